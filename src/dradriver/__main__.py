@@ -1,0 +1,3 @@
+from dradriver.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Generated protobuf/gRPC code for the kubelet APIs (see api/proto and scripts/gen-proto)."""

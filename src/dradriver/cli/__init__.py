@@ -1,0 +1,1 @@
+"""The ``dradriver`` command line: one module per subcommand, wired in ``main``."""

@@ -1,0 +1,1 @@
+"""The NVIDIA GPU driver: slices, prepare/unprepare, config, CDI and checkpoint, on the plugin layer."""

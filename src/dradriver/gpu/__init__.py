@@ -1,0 +1,1 @@
+"""GPU layer: the NVML port, its NVML adapter and simulator, and discovery into our device model."""
