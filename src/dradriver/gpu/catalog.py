@@ -1,0 +1,191 @@
+"""Product data and node profiles for the simulated GPU node, loaded from YAML and validated.
+
+Built-in data lives in ``gpu/data``; users can write their own node profile files in the same format
+(documented in docs/simulator.md).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from dradriver.errors import ConfigError
+from dradriver.gpu.models import MigProfile, Placement
+
+_BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+MEMORY_SLICES_PER_GPU = 8
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+class MigProfileSpec(_Strict):
+    name: str
+    id: int = Field(ge=0)
+    enum: int = Field(ge=0, description="NVML_GPU_INSTANCE_PROFILE_* value used to look the profile up")
+    slices: int = Field(ge=1, le=8)
+    memory_slices: int = Field(alias="memorySlices", ge=1, le=8)
+    max: int = Field(ge=1)
+    memory_mib: int = Field(alias="memoryMiB", gt=0)
+    sm: int = Field(gt=0)
+    ce: int = Field(ge=0)
+    dec: int = Field(ge=0)
+    enc: int = Field(ge=0)
+    jpeg: int = Field(ge=0)
+    ofa: int = Field(ge=0)
+    starts: tuple[int, ...]
+
+    @model_validator(mode="after")
+    def _placements_fit(self) -> MigProfileSpec:
+        for start in self.starts:
+            if start < 0 or start + self.memory_slices > MEMORY_SLICES_PER_GPU:
+                raise ValueError(f"placement start {start} with {self.memory_slices} memory slices does not fit "
+                                 f"in {MEMORY_SLICES_PER_GPU} slices")
+        return self
+
+    def to_profile(self) -> MigProfile:
+        return MigProfile(
+            id=self.id, name=self.name, slice_count=self.slices, memory_slices=self.memory_slices,
+            max_instances=self.max, memory_mib=self.memory_mib, multiprocessors=self.sm, copy_engines=self.ce,
+            decoders=self.dec, encoders=self.enc, jpeg_engines=self.jpeg, ofa_engines=self.ofa,
+            placements=tuple(Placement(start, self.memory_slices) for start in self.starts))
+
+
+class ProductSpec(_Strict):
+    architecture: str
+    compute_capability: str = Field(alias="computeCapability", pattern=r"^\d+\.\d+$")
+    memory_mib: int = Field(alias="memoryMiB", gt=0)
+    multiprocessors: int = Field(gt=0)
+    pci_device_id: int = Field(alias="pciDeviceId", ge=0)
+    nvlinks: int = Field(ge=0, le=36)
+    mig_profiles: tuple[MigProfileSpec, ...] = Field(default=(), alias="migProfiles")
+
+    @property
+    def mig_capable(self) -> bool:
+        return bool(self.mig_profiles)
+
+    def profile_named(self, name: str) -> MigProfileSpec | None:
+        return next((p for p in self.mig_profiles if p.name == name), None)
+
+
+class MigDeviceSpec(_Strict):
+    profile: str
+    start: int = Field(ge=0, le=7)
+
+
+class GpuSpec(_Strict):
+    product: str
+    pci_bus_id: str = Field(alias="pciBusId")
+    numa_node: int | None = Field(default=None, alias="numaNode", ge=0)
+    pcie_root: str | None = Field(default=None, alias="pcieRoot", pattern=r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
+    mig_enabled: bool = Field(default=False, alias="migEnabled")
+    mig_devices: tuple[MigDeviceSpec, ...] = Field(default=(), alias="migDevices")
+
+    @field_validator("pci_bus_id")
+    @classmethod
+    def _bdf(cls, value: str) -> str:
+        value = value.lower()
+        if not _BDF.match(value):
+            raise ValueError(f"{value!r} is not a PCI address like '0000:07:00.0'")
+        return value
+
+
+class NodeProfile(_Strict):
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    description: str = ""
+    driver_version: str = Field(default="580.65.06", alias="driverVersion", pattern=r"^\d+\.\d+(\.\d+)?$")
+    cuda_driver_version: int = Field(default=13000, alias="cudaDriverVersion", ge=1000)
+    nvswitch: bool = Field(default=False, description="every GPU is attached to one NVSwitch fabric")
+    nvlink_bridges: tuple[tuple[int, int], ...] = Field(default=(), alias="nvlinkBridges")
+    gpus: tuple[GpuSpec, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> NodeProfile:
+        products = load_products()
+        seen: set[str] = set()
+        for i, gpu in enumerate(self.gpus):
+            where = f"gpus[{i}]"
+            if gpu.product not in products:
+                raise ValueError(f"{where}.product: unknown product {gpu.product!r}; known: {sorted(products)}")
+            if gpu.pci_bus_id in seen:
+                raise ValueError(f"{where}.pciBusId: {gpu.pci_bus_id} is used by two GPUs")
+            seen.add(gpu.pci_bus_id)
+            product = products[gpu.product]
+            if (gpu.mig_enabled or gpu.mig_devices) and not product.mig_capable:
+                raise ValueError(f"{where}: {gpu.product} does not support MIG; remove migEnabled/migDevices")
+            if gpu.mig_devices and not gpu.mig_enabled:
+                raise ValueError(f"{where}.migDevices: MIG devices need migEnabled: true")
+            for j, dev in enumerate(gpu.mig_devices):
+                if product.profile_named(dev.profile) is None:
+                    known = [p.name for p in product.mig_profiles]
+                    raise ValueError(f"{where}.migDevices[{j}].profile: {gpu.product} has no MIG profile "
+                                     f"{dev.profile!r}; known: {known}")
+        bridged: set[int] = set()
+        for k, (a, b) in enumerate(self.nvlink_bridges):
+            for idx in (a, b):
+                if not 0 <= idx < len(self.gpus):
+                    raise ValueError(f"nvlinkBridges[{k}]: GPU index {idx} does not exist "
+                                     f"(the profile has {len(self.gpus)} GPUs)")
+                if idx in bridged:
+                    raise ValueError(f"nvlinkBridges[{k}]: GPU {idx} is in two bridges")
+                if products[self.gpus[idx].product].nvlinks == 0:
+                    raise ValueError(f"nvlinkBridges[{k}]: {self.gpus[idx].product} has no NVLink")
+                bridged.add(idx)
+            if a == b:
+                raise ValueError(f"nvlinkBridges[{k}]: a GPU cannot be bridged to itself")
+        if self.nvswitch and bridged:
+            raise ValueError("nvswitch and nvlinkBridges cannot be combined in one profile")
+        return self
+
+
+@cache
+def load_products() -> dict[str, ProductSpec]:
+    """Every product we simulate, keyed by its NVML name."""
+    text = resources.files("dradriver.gpu").joinpath("data/products.yaml").read_text()
+    raw = yaml.safe_load(text)
+    return {name: ProductSpec.model_validate(spec) for name, spec in raw.items()}
+
+
+def builtin_profile_names() -> list[str]:
+    folder = resources.files("dradriver.gpu").joinpath("data/nodes")
+    return sorted(entry.name.removesuffix(".yaml") for entry in folder.iterdir() if entry.name.endswith(".yaml"))
+
+
+def load_node_profile(name_or_path: str) -> NodeProfile:
+    """A built-in profile by name, or a profile file by path; ``ConfigError`` names the file and field."""
+    if name_or_path in builtin_profile_names():
+        source = f"built-in profile {name_or_path}"
+        text = resources.files("dradriver.gpu").joinpath(f"data/nodes/{name_or_path}.yaml").read_text()
+    else:
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise ConfigError(f"unknown simulated node profile {name_or_path!r}: not a built-in profile "
+                              f"({', '.join(builtin_profile_names())}) and no such file")
+        source = str(path)
+        text = path.read_text()
+    try:
+        raw: Any = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{source}: not valid YAML: {err}") from err
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: a node profile must be a mapping with 'name' and 'gpus'")
+    try:
+        return NodeProfile.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(f"{source}: invalid node profile: {_describe(err)}") from err
+
+
+def _describe(err: ValidationError) -> str:
+    parts = []
+    for problem in err.errors():
+        location = ".".join(str(p) for p in problem["loc"])
+        message = problem["msg"].removeprefix("Value error, ")
+        parts.append(f"{location}: {message}" if location else message)
+    return "; ".join(parts)

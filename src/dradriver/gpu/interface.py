@@ -1,0 +1,75 @@
+"""The port every GPU backend implements: what the driver needs from NVML, in our own types.
+
+GPUs are addressed by UUID, never by NVML index: indices shift when a GPU drops off the bus. Every method raises
+``dradriver.gpu.errors.GpuError`` subclasses that name the device and the NVML call.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from dradriver.gpu.models import (
+    ComputeInstance,
+    ComputeMode,
+    GpuEvent,
+    GpuInfo,
+    GpuInstance,
+    MigDevice,
+    MigModeState,
+    MigProfile,
+    NvlinkConnection,
+    SystemInfo,
+)
+
+
+class GpuLib(Protocol):
+    def system(self) -> SystemInfo:
+        """Driver and CUDA driver versions of the node."""
+
+    def gpus(self) -> list[GpuInfo]:
+        """Every physical GPU, in NVML enumeration order."""
+
+    def mig_mode(self, gpu_uuid: str) -> MigModeState:
+        """Current and pending MIG mode; ``NotSupported`` for GPUs without MIG."""
+
+    def set_mig_mode(self, gpu_uuid: str, enabled: bool) -> MigModeState:
+        """Request a MIG mode; on Ampere the change stays pending until the GPU is reset."""
+
+    def mig_profiles(self, gpu_uuid: str) -> list[MigProfile]:
+        """Every GPU-instance profile with its possible placements (empty for GPUs without MIG).
+
+        Works whether or not MIG mode is enabled, so partitions can be advertised before they exist."""
+
+    def gpu_instances(self, gpu_uuid: str) -> list[GpuInstance]:
+        """Existing GPU instances with their compute instances (empty when MIG is disabled)."""
+
+    def create_gpu_instance(self, gpu_uuid: str, profile_id: int, placement_start: int) -> GpuInstance:
+        """Create a GPU instance at exactly that placement; ``InsufficientResources`` when it is taken."""
+
+    def destroy_gpu_instance(self, gpu_uuid: str, gpu_instance_id: int) -> None:
+        """Destroy a GPU instance; ``InUse`` while it still has compute instances."""
+
+    def create_compute_instance(self, gpu_uuid: str, gpu_instance_id: int,
+                                slice_count: int | None = None) -> ComputeInstance:
+        """Create a compute instance in a GPU instance (default: one spanning the whole GPU instance)."""
+
+    def destroy_compute_instance(self, gpu_uuid: str, gpu_instance_id: int, compute_instance_id: int) -> None:
+        """Destroy one compute instance."""
+
+    def mig_devices(self, gpu_uuid: str) -> list[MigDevice]:
+        """Usable MIG devices (GPU instance + compute instance pairs) on a GPU."""
+
+    def compute_mode(self, device_uuid: str) -> ComputeMode:
+        """Compute mode of a GPU or MIG device (``GPU-…`` or ``MIG-…`` UUID)."""
+
+    def set_compute_mode(self, device_uuid: str, mode: ComputeMode) -> None:
+        """Set the compute mode of a GPU (MIG disabled) or of a MIG device."""
+
+    def nvlinks(self, gpu_uuid: str) -> list[NvlinkConnection]:
+        """Active NVLinks and what each one reaches."""
+
+    def wait_for_event(self, timeout_s: float) -> GpuEvent | None:
+        """The next XID / GPU-lost event, or None when none came within ``timeout_s``."""
+
+    def close(self) -> None:
+        """Release NVML."""

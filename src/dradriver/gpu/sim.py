@@ -1,0 +1,488 @@
+"""A simulated GPU node: the hardware behind our fake NVML library.
+
+It models what NVML exposes and enforces NVML's rules: MIG placement (a GPU instance only at a valid start, never
+overlapping another, ``INSUFFICIENT_RESOURCES`` when the slot is taken or the profile's instance limit reached),
+GPU-instance ids handed out by the "driver" rather than derived from placement, compute instances inside GPU
+instances, MIG mode changes that stay pending on Ampere until a reset, compute modes, NVLink peers, XID and
+GPU-lost events.
+
+Hardware state outlives a driver process, so state persists in a JSON file when one is given: MIG instances and
+compute modes survive a restart, and a crashed driver can leave them behind, as on a real node.
+
+Errors are ``SimNvmlError`` carrying the NVML return code; ``gpu.fakelib`` turns them into return codes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dradriver.errors import ConfigError
+from dradriver.gpu.catalog import NodeProfile, ProductSpec, load_products
+from dradriver.gpu.models import ComputeMode, MigProfile, NvlinkPeerType, Placement
+
+STATE_KIND = "dradriver-simulated-gpu-state"
+STATE_VERSION = 1
+
+# NVML return codes the simulator produces (same values as NVML_ERROR_*).
+SUCCESS = 0
+INVALID_ARGUMENT = 2
+NOT_SUPPORTED = 3
+NO_PERMISSION = 4
+NOT_FOUND = 6
+TIMEOUT = 10
+GPU_IS_LOST = 15
+IN_USE = 19
+INSUFFICIENT_RESOURCES = 23
+
+COMPUTE_SLICES_PER_GPU = 7
+# NVML_COMPUTE_INSTANCE_PROFILE_* enum → compute slices; the CI profile id equals the enum on real drivers.
+CI_PROFILE_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7, 5: 8, 6: 6, 7: 1, 8: 7}
+# NVSwitch chips per HGX/DGX board, by architecture: DGX A100 has six, HGX H100/H200 four.
+NVSWITCHES = {"Ampere": 6, "Hopper": 4}
+
+
+class SimNvmlError(Exception):
+    """An NVML failure of the simulated node, with its NVML return code."""
+
+    def __init__(self, code: int, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+
+
+@dataclass
+class SimComputeInstance:
+    id: int
+    profile_id: int
+    slices: int
+    uuid: str
+    compute_mode: int = ComputeMode.DEFAULT
+
+
+@dataclass
+class SimGpuInstance:
+    id: int
+    profile: MigProfile
+    placement: Placement
+    compute_instances: dict[int, SimComputeInstance] = field(default_factory=dict)
+
+
+@dataclass
+class SimGpu:
+    index: int
+    uuid: str
+    pci_bus_id: str
+    product_name: str
+    product: ProductSpec
+    numa_node: int | None
+    pcie_root: str | None
+    mig_current: bool = False
+    mig_pending: bool = False
+    compute_mode: int = ComputeMode.DEFAULT
+    lost: bool = False
+    gpu_instances: dict[int, SimGpuInstance] = field(default_factory=dict)
+
+    @property
+    def minor(self) -> int:
+        return self.index
+
+    def mig_profiles(self) -> list[MigProfile]:
+        return [spec.to_profile() for spec in self.product.mig_profiles]
+
+    def profile_by_id(self, profile_id: int) -> MigProfile | None:
+        return next((p for p in self.mig_profiles() if p.id == profile_id), None)
+
+
+@dataclass(frozen=True)
+class SimEvent:
+    sequence: int
+    gpu_index: int
+    xid: int | None
+    gpu_lost: bool
+    gpu_instance_id: int | None
+    compute_instance_id: int | None
+
+
+def _uuid_from(seed: str) -> str:
+    digest = hashlib.sha256(seed.encode()).hexdigest()
+    return f"{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+
+
+class SimulatedNode:
+    """The GPUs of one simulated node. Thread-safe; every mutation is persisted before it returns."""
+
+    def __init__(self, profile: NodeProfile, *, node_name: str = "sim-node", state_path: Path | None = None,
+                 privileged: bool = True) -> None:
+        self.profile = profile
+        self.node_name = node_name
+        self.state_path = state_path
+        self.privileged = privileged
+        self.driver_version = profile.driver_version
+        self.cuda_driver_version = profile.cuda_driver_version
+        self._lock = threading.RLock()
+        self._events_changed = threading.Condition(self._lock)
+        self._events: list[SimEvent] = []
+        self._mig_serial = 0
+        products = load_products()
+        # NVML enumerates GPUs in PCI bus order.
+        ordered = sorted(profile.gpus, key=lambda g: g.pci_bus_id)
+        self.gpus = [
+            SimGpu(index=i, uuid="GPU-" + _uuid_from(f"{node_name}/{spec.pci_bus_id}"), pci_bus_id=spec.pci_bus_id,
+                   product_name=spec.product, product=products[spec.product], numa_node=spec.numa_node,
+                   pcie_root=spec.pcie_root)
+            for i, spec in enumerate(ordered)
+        ]
+        if state_path is not None and state_path.exists():
+            self._load_state(state_path)
+        else:
+            self._apply_profile_mig_layout(ordered)
+            self._save()
+
+    # --- lookup -------------------------------------------------------------------------------------------
+
+    def gpu(self, index: int) -> SimGpu:
+        if not 0 <= index < len(self.gpus):
+            raise SimNvmlError(INVALID_ARGUMENT, f"GPU index {index} out of range 0..{len(self.gpus) - 1}")
+        gpu = self.gpus[index]
+        if gpu.lost:
+            raise SimNvmlError(GPU_IS_LOST, f"GPU {gpu.pci_bus_id} has fallen off the bus")
+        return gpu
+
+    def gpu_instance(self, index: int, gi_id: int) -> SimGpuInstance:
+        gpu = self._mig_enabled_gpu(index)
+        try:
+            return gpu.gpu_instances[gi_id]
+        except KeyError:
+            raise SimNvmlError(NOT_FOUND, f"no GPU instance {gi_id} on {gpu.pci_bus_id}") from None
+
+    def _mig_enabled_gpu(self, index: int) -> SimGpu:
+        gpu = self.gpu(index)
+        if not gpu.product.mig_capable:
+            raise SimNvmlError(NOT_SUPPORTED, f"{gpu.product_name} does not support MIG")
+        if not gpu.mig_current:
+            raise SimNvmlError(NOT_SUPPORTED, f"MIG mode is not enabled on {gpu.pci_bus_id}")
+        return gpu
+
+    def _require_privilege(self, what: str) -> None:
+        if not self.privileged:
+            raise SimNvmlError(NO_PERMISSION, f"{what} needs root")
+
+    # --- MIG mode -----------------------------------------------------------------------------------------
+
+    def set_mig_mode(self, index: int, enabled: bool) -> int:
+        """Request a MIG mode; returns NVML's activation status (SUCCESS even when a reset is still needed)."""
+        with self._lock:
+            gpu = self.gpu(index)
+            if not gpu.product.mig_capable:
+                raise SimNvmlError(NOT_SUPPORTED, f"{gpu.product_name} does not support MIG")
+            self._require_privilege("changing MIG mode")
+            if not enabled and gpu.gpu_instances:
+                raise SimNvmlError(IN_USE, f"{gpu.pci_bus_id} still has {len(gpu.gpu_instances)} GPU instances")
+            gpu.mig_pending = enabled
+            # Hopper and newer switch without a reset; Ampere keeps the change pending until the GPU is reset.
+            if gpu.product.architecture != "Ampere":
+                gpu.mig_current = enabled
+            self._save()
+            return SUCCESS
+
+    def reset_gpu(self, index: int) -> None:
+        """What ``nvidia-smi -r`` does: apply a pending MIG mode. Fails while GPU instances exist."""
+        with self._lock:
+            gpu = self.gpu(index)
+            self._require_privilege("resetting a GPU")
+            if gpu.gpu_instances:
+                raise SimNvmlError(IN_USE, f"{gpu.pci_bus_id} has GPU instances; destroy them before a reset")
+            gpu.mig_current = gpu.mig_pending
+            gpu.compute_mode = ComputeMode.DEFAULT
+            self._save()
+
+    # --- GPU and compute instances -----------------------------------------------------------------------
+
+    def create_gpu_instance(self, index: int, profile_id: int, start: int | None = None) -> SimGpuInstance:
+        """Create a GPU instance at ``start`` (or, like ``nvmlDeviceCreateGpuInstance``, the first free one)."""
+        with self._lock:
+            gpu = self._mig_enabled_gpu(index)
+            self._require_privilege("creating GPU instances")
+            profile = gpu.profile_by_id(profile_id)
+            if profile is None:
+                raise SimNvmlError(INVALID_ARGUMENT, f"{gpu.product_name} has no GPU instance profile {profile_id}")
+            same = [gi for gi in gpu.gpu_instances.values() if gi.profile.id == profile_id]
+            if len(same) >= profile.max_instances:
+                raise SimNvmlError(INSUFFICIENT_RESOURCES,
+                                   f"{profile.name} allows at most {profile.max_instances} instances")
+            used_compute = sum(gi.profile.slice_count for gi in gpu.gpu_instances.values())
+            if used_compute + profile.slice_count > COMPUTE_SLICES_PER_GPU:
+                raise SimNvmlError(INSUFFICIENT_RESOURCES, f"not enough compute slices left for {profile.name}")
+            if start is None:
+                placement = next((p for p in profile.placements if self._placement_free(gpu, p)), None)
+                if placement is None:
+                    raise SimNvmlError(INSUFFICIENT_RESOURCES, f"no free placement for {profile.name}")
+            else:
+                placement = next((p for p in profile.placements if p.start == start), None)
+                if placement is None:
+                    valid = [p.start for p in profile.placements]
+                    raise SimNvmlError(INVALID_ARGUMENT,
+                                       f"{profile.name} cannot start at slice {start}; valid starts: {valid}")
+                # NVML answers an occupied slot with INSUFFICIENT_RESOURCES, not "already exists".
+                if not self._placement_free(gpu, placement):
+                    raise SimNvmlError(INSUFFICIENT_RESOURCES,
+                                       f"slices {placement.start}..{placement.start + placement.size - 1} "
+                                       f"are taken on {gpu.pci_bus_id}")
+            gi = SimGpuInstance(id=self._next_gpu_instance_id(gpu), profile=profile, placement=placement)
+            gpu.gpu_instances[gi.id] = gi
+            self._save()
+            return gi
+
+    @staticmethod
+    def _placement_free(gpu: SimGpu, placement: Placement) -> bool:
+        return not any(gi.placement.overlaps(placement) for gi in gpu.gpu_instances.values())
+
+    @staticmethod
+    def _next_gpu_instance_id(gpu: SimGpu) -> int:
+        # The driver hands out the lowest free id, unrelated to where the instance sits.
+        taken = set(gpu.gpu_instances)
+        return next(i for i in range(1, 64) if i not in taken)
+
+    def destroy_gpu_instance(self, index: int, gi_id: int) -> None:
+        with self._lock:
+            gi = self.gpu_instance(index, gi_id)
+            self._require_privilege("destroying GPU instances")
+            if gi.compute_instances:
+                raise SimNvmlError(IN_USE, f"GPU instance {gi_id} still has compute instances")
+            del self.gpus[index].gpu_instances[gi_id]
+            self._save()
+
+    def create_compute_instance(self, index: int, gi_id: int, ci_profile_id: int) -> SimComputeInstance:
+        with self._lock:
+            gi = self.gpu_instance(index, gi_id)
+            self._require_privilege("creating compute instances")
+            slices = CI_PROFILE_SLICES.get(ci_profile_id)
+            if slices is None:
+                raise SimNvmlError(INVALID_ARGUMENT, f"no compute instance profile {ci_profile_id}")
+            if slices > gi.profile.slice_count:
+                raise SimNvmlError(NOT_SUPPORTED, f"a {slices}-slice compute instance does not fit in "
+                                                  f"GPU instance {gi_id} ({gi.profile.name})")
+            used = sum(ci.slices for ci in gi.compute_instances.values())
+            if used + slices > gi.profile.slice_count:
+                raise SimNvmlError(INSUFFICIENT_RESOURCES, f"GPU instance {gi_id} has no compute slices left")
+            ci_id = next(i for i in range(8) if i not in gi.compute_instances)
+            self._mig_serial += 1
+            gpu = self.gpus[index]
+            uuid = "MIG-" + _uuid_from(f"{gpu.uuid}/{gi_id}/{ci_id}/{self._mig_serial}")
+            ci = SimComputeInstance(id=ci_id, profile_id=ci_profile_id, slices=slices, uuid=uuid)
+            gi.compute_instances[ci_id] = ci
+            self._save()
+            return ci
+
+    def destroy_compute_instance(self, index: int, gi_id: int, ci_id: int) -> None:
+        with self._lock:
+            gi = self.gpu_instance(index, gi_id)
+            self._require_privilege("destroying compute instances")
+            if ci_id not in gi.compute_instances:
+                raise SimNvmlError(NOT_FOUND, f"no compute instance {ci_id} in GPU instance {gi_id}")
+            del gi.compute_instances[ci_id]
+            self._save()
+
+    def mig_devices(self, index: int) -> list[tuple[SimGpuInstance, SimComputeInstance]]:
+        """(GPU instance, compute instance) pairs in NVML's MIG-device order: by GI id, then CI id."""
+        with self._lock:
+            gpu = self.gpu(index)
+            return [(gi, gi.compute_instances[ci_id])
+                    for gi_id, gi in sorted(gpu.gpu_instances.items())
+                    for ci_id in sorted(gi.compute_instances)]
+
+    def find_mig_device(self, uuid: str) -> tuple[int, SimGpuInstance, SimComputeInstance]:
+        with self._lock:
+            for gpu in self.gpus:
+                for gi in gpu.gpu_instances.values():
+                    for ci in gi.compute_instances.values():
+                        if ci.uuid == uuid:
+                            return gpu.index, gi, ci
+            raise SimNvmlError(NOT_FOUND, f"no MIG device {uuid}")
+
+    # --- compute mode -------------------------------------------------------------------------------------
+
+    def set_compute_mode(self, index: int, mode: int, mig: tuple[int, int] | None = None) -> None:
+        """Set the compute mode of a GPU, or of the MIG device (GI id, CI id) when MIG is enabled."""
+        with self._lock:
+            gpu = self.gpu(index)
+            if mode not in {m.value for m in ComputeMode}:
+                raise SimNvmlError(INVALID_ARGUMENT, f"compute mode {mode} does not exist")
+            if mode == ComputeMode.EXCLUSIVE_THREAD:
+                raise SimNvmlError(NOT_SUPPORTED, "EXCLUSIVE_THREAD compute mode is no longer supported")
+            self._require_privilege("setting the compute mode")
+            if mig is None:
+                if gpu.mig_current:
+                    raise SimNvmlError(NOT_SUPPORTED, f"MIG is enabled on {gpu.pci_bus_id}: set the compute "
+                                                      "mode on its MIG devices")
+                gpu.compute_mode = mode
+            else:
+                gi = self.gpu_instance(index, mig[0])
+                try:
+                    gi.compute_instances[mig[1]].compute_mode = mode
+                except KeyError:
+                    raise SimNvmlError(NOT_FOUND, f"no compute instance {mig[1]} in GPU instance {mig[0]}") from None
+            self._save()
+
+    # --- NVLink -------------------------------------------------------------------------------------------
+
+    def nvlink(self, index: int, link: int) -> tuple[str, NvlinkPeerType] | None:
+        """The far end of an active link, None for an inactive one; errors as NVML for missing links."""
+        gpu = self.gpu(index)
+        links = gpu.product.nvlinks
+        if links == 0:
+            raise SimNvmlError(NOT_SUPPORTED, f"{gpu.product_name} has no NVLink")
+        if not 0 <= link < links:
+            raise SimNvmlError(INVALID_ARGUMENT, f"{gpu.product_name} has NVLinks 0..{links - 1}")
+        if self.profile.nvswitch:
+            switches = NVSWITCHES.get(gpu.product.architecture, 4)
+            return f"0000:{0xC4 + link % switches:02x}:00.0", NvlinkPeerType.SWITCH
+        for a, b in self.profile.nvlink_bridges:
+            bus_a, bus_b = (self._profile_bus_id(a), self._profile_bus_id(b))
+            if gpu.pci_bus_id in (bus_a, bus_b):
+                peer = bus_b if gpu.pci_bus_id == bus_a else bus_a
+                return peer, NvlinkPeerType.GPU
+        return None
+
+    def _profile_bus_id(self, profile_index: int) -> str:
+        return self.profile.gpus[profile_index].pci_bus_id
+
+    # --- events -------------------------------------------------------------------------------------------
+
+    def inject_xid(self, index: int, xid: int, *, gpu_instance_id: int | None = None,
+                   compute_instance_id: int | None = None) -> None:
+        """Raise an XID on a GPU (or one of its MIG devices), as the kernel driver would."""
+        with self._lock:
+            self._publish(SimEvent(len(self._events) + 1, index, xid, False, gpu_instance_id, compute_instance_id))
+
+    def lose_gpu(self, index: int) -> None:
+        """The GPU falls off the bus: every later call on it fails with GPU_IS_LOST until a restart."""
+        with self._lock:
+            self.gpus[index].lost = True
+            self._save()
+            self._publish(SimEvent(len(self._events) + 1, index, None, True, None, None))
+
+    def _publish(self, event: SimEvent) -> None:
+        self._events.append(event)
+        self._events_changed.notify_all()
+
+    def last_event_sequence(self) -> int:
+        with self._lock:
+            return len(self._events)
+
+    def wait_event(self, after: int, gpu_indices: set[int], timeout_s: float) -> SimEvent | None:
+        """The first event past sequence ``after`` on one of ``gpu_indices``, waiting up to ``timeout_s``."""
+
+        def pending() -> SimEvent | None:
+            return next((e for e in self._events[after:] if e.gpu_index in gpu_indices), None)
+
+        with self._events_changed:
+            self._events_changed.wait_for(lambda: pending() is not None, timeout=timeout_s)
+            return pending()
+
+    # --- persistence --------------------------------------------------------------------------------------
+
+    def _apply_profile_mig_layout(self, ordered_specs: list[Any]) -> None:
+        for gpu, spec in zip(self.gpus, ordered_specs, strict=True):
+            gpu.mig_current = gpu.mig_pending = spec.mig_enabled
+            for dev in spec.mig_devices:
+                profile_spec = gpu.product.profile_named(dev.profile)
+                assert profile_spec is not None  # checked when the profile was validated
+                try:
+                    gi = self.create_gpu_instance(gpu.index, profile_spec.id, dev.start)
+                    ci_profile = full_compute_instance_profile(gi.profile.slice_count)
+                    self.create_compute_instance(gpu.index, gi.id, ci_profile)
+                except SimNvmlError as err:
+                    raise ConfigError(f"node profile {self.profile.name}: MIG device {dev.profile} at slice "
+                                      f"{dev.start} on {gpu.pci_bus_id}: {err}") from err
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "kind": STATE_KIND,
+            "version": STATE_VERSION,
+            "profile": self.profile.name,
+            "node": self.node_name,
+            "migSerial": self._mig_serial,
+            "gpus": {
+                gpu.pci_bus_id: {
+                    "migCurrent": gpu.mig_current,
+                    "migPending": gpu.mig_pending,
+                    "computeMode": int(gpu.compute_mode),
+                    "lost": gpu.lost,
+                    "gpuInstances": [
+                        {"id": gi.id, "profileId": gi.profile.id, "start": gi.placement.start,
+                         "computeInstances": [
+                             {"id": ci.id, "profileId": ci.profile_id, "uuid": ci.uuid,
+                              "computeMode": int(ci.compute_mode)}
+                             for ci in gi.compute_instances.values()]}
+                        for gi in gpu.gpu_instances.values()],
+                }
+                for gpu in self.gpus
+            },
+        }
+
+    def _save(self) -> None:
+        if self.state_path is None:
+            return
+        path = self.state_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Write-then-rename so a crash never leaves half a state file.
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w") as out:
+            json.dump(self._state(), out, indent=1, sort_keys=True)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+
+    def _load_state(self, path: Path) -> None:
+        def bad(field_name: str, problem: str) -> ConfigError:
+            return ConfigError(f"simulated GPU state file {path}: {field_name}: {problem}; fix or delete the "
+                               "file to start from the profile's initial state")
+
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise bad("(file)", f"not readable JSON ({err})") from err
+        if not isinstance(raw, dict) or raw.get("kind") != STATE_KIND:
+            raise bad("kind", f"expected {STATE_KIND!r}")
+        if raw.get("version") != STATE_VERSION:
+            raise bad("version", f"version {raw.get('version')!r} is not supported (this build reads "
+                                 f"{STATE_VERSION})")
+        if raw.get("profile") != self.profile.name:
+            raise bad("profile", f"written for profile {raw.get('profile')!r}, not {self.profile.name!r}")
+        gpus = raw.get("gpus")
+        if not isinstance(gpus, dict) or set(gpus) != {g.pci_bus_id for g in self.gpus}:
+            raise bad("gpus", "does not list exactly this profile's GPUs by PCI address")
+        try:
+            self._mig_serial = int(raw.get("migSerial", 0))
+            for gpu in self.gpus:
+                entry = gpus[gpu.pci_bus_id]
+                gpu.mig_current = bool(entry["migCurrent"])
+                gpu.mig_pending = bool(entry["migPending"])
+                gpu.compute_mode = ComputeMode(entry["computeMode"])
+                gpu.lost = bool(entry.get("lost", False))
+                for gi_raw in entry["gpuInstances"]:
+                    profile = gpu.profile_by_id(int(gi_raw["profileId"]))
+                    if profile is None:
+                        raise ValueError(f"unknown GPU instance profile {gi_raw['profileId']}")
+                    placement = next(p for p in profile.placements if p.start == int(gi_raw["start"]))
+                    gi = SimGpuInstance(id=int(gi_raw["id"]), profile=profile, placement=placement)
+                    for ci_raw in gi_raw["computeInstances"]:
+                        ci_profile = int(ci_raw["profileId"])
+                        gi.compute_instances[int(ci_raw["id"])] = SimComputeInstance(
+                            id=int(ci_raw["id"]), profile_id=ci_profile, slices=CI_PROFILE_SLICES[ci_profile],
+                            uuid=str(ci_raw["uuid"]), compute_mode=ComputeMode(ci_raw.get("computeMode", 0)))
+                    gpu.gpu_instances[gi.id] = gi
+        except (KeyError, TypeError, ValueError, StopIteration) as err:
+            raise bad("gpus", f"malformed entry ({err!r})") from err
+
+
+def full_compute_instance_profile(slice_count: int) -> int:
+    """The compute-instance profile spanning a whole GPU instance (the default CI of ``nvidia-smi mig -C``)."""
+    return next(enum for enum, slices in CI_PROFILE_SLICES.items() if slices == slice_count)
