@@ -3,19 +3,132 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
 from typing import Any
 
-from dradriver.cli.options import add_gpu_options, add_output_option
+import yaml
+
+from dradriver.cli.options import add_env_option, add_gpu_options, add_output_option, add_slice_options
+from dradriver.driver.slices import SliceSettings, as_resource_slices, build_slice_specs, shape_for
+from dradriver.gpu.backend import open_gpu_backend
+from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode, MigPartition, discover
+from dradriver.gpu.models import MigProfile
 
 
 def register(subcommands: Any) -> None:
     parser: argparse.ArgumentParser = subcommands.add_parser(
-        "inventory", help="list this node's GPUs and MIG partitions",
-        description="Discover GPUs (NVML or a simulated node) and print them.")
+        "inventory", help="list this node's GPUs and MIG devices",
+        description="Discover GPUs (through NVML, or a simulated node) and print what the driver would offer; "
+                    "-o slices prints the ResourceSlices it would publish.")
     add_gpu_options(parser)
-    add_output_option(parser, ("table", "json", "yaml"), "table")
+    add_env_option(parser, "--node-name", env="NODE_NAME", default="sim-node",
+                   help="node name (names the simulated node's GPUs)")
+    add_slice_options(parser)
+    add_output_option(parser, ("table", "json", "yaml", "slices"), "table")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    raise NotImplementedError("inventory is being written")
+    inventory = load_inventory(args)
+    mode = MigMode(args.mig_mode)
+    if args.output == "table":
+        sys.stdout.write(render_table(inventory, mode))
+    elif args.output == "slices":
+        settings = SliceSettings(driver=args.driver_name, mig_mode=mode, shape=shape_for(args.kubernetes_version))
+        slices = as_resource_slices(build_slice_specs(inventory, settings), node_name=args.node_name,
+                                    driver=args.driver_name)
+        sys.stdout.write(yaml.safe_dump_all(slices, sort_keys=False))
+    else:
+        document = inventory_document(inventory, mode, node=args.node_name)
+        if args.output == "json":
+            sys.stdout.write(json.dumps(document, indent=2) + "\n")
+        else:
+            sys.stdout.write(yaml.safe_dump(document, sort_keys=False))
+    return 0
+
+
+def load_inventory(args: argparse.Namespace) -> Inventory:
+    """Discover the devices the GPU flags point at (shared by every subcommand that takes them)."""
+    state = Path(args.sim_state) if args.sim_state else None
+    gpulib, _ = open_gpu_backend(args.gpu_backend, sim_profile=args.sim_profile, sim_state=state,
+                                 node_name=args.node_name)
+    try:
+        return discover(gpulib)
+    finally:
+        gpulib.close()
+
+
+def inventory_document(inventory: Inventory, mode: MigMode, *, node: str) -> dict[str, Any]:
+    offered = inventory.devices(mode)
+    return {
+        "node": node,
+        "driverVersion": inventory.driver_version,
+        "cudaDriverVersion": inventory.cuda_driver_version,
+        "migMode": mode.value,
+        "gpus": [_gpu_document(gpu, inventory) for gpu in inventory.gpus],
+        "offeredDevices": [device.name for device in offered],
+    }
+
+
+def _gpu_document(gpu: GpuDevice, inventory: Inventory) -> dict[str, Any]:
+    info = gpu.info
+    return {
+        "name": gpu.name,
+        "uuid": info.uuid,
+        "productName": info.product_name,
+        "brand": info.brand,
+        "architecture": info.architecture,
+        "cudaComputeCapability": "{}.{}".format(*info.cuda_compute_capability),
+        "memoryBytes": info.memory_bytes,
+        "multiprocessors": info.multiprocessors,
+        "pciBusId": info.pci_bus_id,
+        "pcieRoot": info.pcie_root,
+        "numaNode": info.numa_node,
+        "minor": info.minor,
+        "nvlinkDomain": gpu.nvlink_domain,
+        "migCapable": info.mig_capable,
+        "migEnabled": gpu.mig_enabled,
+        "migProfiles": [_profile_document(p) for p in gpu.mig_profiles],
+        "migDevices": [
+            {"name": d.name, "uuid": d.uuid, "profile": d.profile.name, "placementStart": d.placement.start,
+             "gpuInstanceId": d.existing.gpu_instance_id if d.existing else None,
+             "computeInstanceId": d.existing.compute_instance_id if d.existing else None}
+            for d in inventory.mig_devices if d.parent.name == gpu.name],
+    }
+
+
+def _profile_document(profile: MigProfile) -> dict[str, Any]:
+    return {
+        "name": profile.name, "id": profile.id, "sliceCount": profile.slice_count,
+        "memorySlices": profile.memory_slices, "maxInstances": profile.max_instances,
+        "memoryMiB": profile.memory_mib, "multiprocessors": profile.multiprocessors,
+        "copyEngines": profile.copy_engines, "decoders": profile.decoders, "encoders": profile.encoders,
+        "jpegEngines": profile.jpeg_engines, "ofaEngines": profile.ofa_engines,
+        "placements": [{"start": p.start, "size": p.size} for p in profile.placements],
+    }
+
+
+def render_table(inventory: Inventory, mode: MigMode) -> str:
+    offered = inventory.devices(mode)
+    offered_names = {d.name for d in offered}
+    rows = [("NAME", "PRODUCT", "MEMORY", "NUMA", "NVLINK DOMAIN", "MIG", "OFFERED")]
+    for gpu in inventory.gpus:
+        info = gpu.info
+        mig = "enabled" if gpu.mig_enabled else "disabled" if info.mig_capable else "-"
+        rows.append((gpu.name, info.product_name, f"{info.memory_bytes / 2**30:.1f}Gi",
+                     "-" if info.numa_node is None else str(info.numa_node), gpu.nvlink_domain, mig,
+                     "yes" if gpu.name in offered_names else "no"))
+        for device in (d for d in offered if isinstance(d, MigPartition) and d.parent.name == gpu.name
+                       and d.existing is not None):
+            rows.append((f"  {device.name}", f"MIG {device.profile.name}", f"{device.profile.memory_mib / 1024:.1f}Gi",
+                         "", "", device.uuid or "", "yes"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+    partitions = sum(1 for d in offered if isinstance(d, MigPartition) and d.existing is None)
+    summary = (f"driver {inventory.driver_version}, CUDA {inventory.cuda_driver_version}, MIG mode {mode.value}: "
+               f"{len(offered)} devices offered")
+    if partitions:
+        summary += f" ({partitions} MIG partitions carved on demand; -o json lists them)"
+    return "\n".join([*lines, "", summary]) + "\n"

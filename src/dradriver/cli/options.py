@@ -60,3 +60,15 @@ def add_gpu_options(parser: argparse.ArgumentParser) -> None:
 def add_output_option(parser: argparse.ArgumentParser, choices: Sequence[str], default: str) -> None:
     parser.add_argument("-o", "--output", choices=list(choices), default=default,
                         help=f"output format (default: {default})")
+
+
+def add_slice_options(parser: argparse.ArgumentParser) -> None:
+    """--driver-name and --kubernetes-version: how ResourceSlices are named and shaped."""
+    from dradriver import DEFAULT_DRIVER_NAME
+
+    group = parser.add_argument_group("ResourceSlices")
+    add_env_option(group, "--driver-name", env="DRADRIVER_DRIVER_NAME", default=DEFAULT_DRIVER_NAME,
+                   help="DRA driver name (ResourceSlice spec.driver, attribute domain)")
+    add_env_option(group, "--kubernetes-version", env="DRADRIVER_KUBERNETES_VERSION", default="1.35",
+                   metavar="1.N", help="the cluster's Kubernetes minor version; 1.34 keeps MIG counter sets inline "
+                   "with devices, 1.35 and newer put them in slices of their own")

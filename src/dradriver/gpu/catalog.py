@@ -20,6 +20,7 @@ from dradriver.gpu.models import MigProfile, Placement
 
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 MEMORY_SLICES_PER_GPU = 8
+COMPUTE_SLICES_PER_GPU = 7
 
 
 class _Strict(BaseModel):

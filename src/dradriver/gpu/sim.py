@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dradriver.errors import ConfigError
-from dradriver.gpu.catalog import NodeProfile, ProductSpec, load_products
+from dradriver.gpu.catalog import COMPUTE_SLICES_PER_GPU, NodeProfile, ProductSpec, load_products
 from dradriver.gpu.models import ComputeMode, MigProfile, NvlinkPeerType, Placement
 
 STATE_KIND = "dradriver-simulated-gpu-state"
@@ -41,7 +41,6 @@ GPU_IS_LOST = 15
 IN_USE = 19
 INSUFFICIENT_RESOURCES = 23
 
-COMPUTE_SLICES_PER_GPU = 7
 # NVML_COMPUTE_INSTANCE_PROFILE_* enum → compute slices; the CI profile id equals the enum on real drivers.
 CI_PROFILE_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7, 5: 8, 6: 6, 7: 1, 8: 7}
 # NVSwitch chips per HGX/DGX board, by architecture: DGX A100 has six, HGX H100/H200 four.

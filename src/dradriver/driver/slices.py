@@ -1,0 +1,250 @@
+"""Build the ResourceSlices (resource.k8s.io/v1) that describe a node's GPUs to the scheduler.
+
+Pure: inventory + settings in, JSON-form slice specs out. Every attribute published here is something a claim can
+select on in CEL; every counter is what keeps the scheduler from double-booking a GPU.
+
+Layout (documented in docs/slices.md):
+- ``none`` / ``static``: devices only, up to 128 per slice.
+- ``dynamic``, Kubernetes >= 1.35 (default): the counter sets in slices of their own (8 per slice), then one
+  slice per MIG-capable GPU holding the GPU and all its partitions (27 devices on A100/H100, under the limit of
+  64 for devices that consume counters), then the GPUs without MIG, 128 per slice.
+- ``dynamic``, Kubernetes 1.34: one slice per MIG-capable GPU carrying its own counter set inline (1.34 allows at
+  most 32 counters per slice and a GPU's set has 15), then the GPUs without MIG.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+from functools import cache
+from typing import Any
+
+from dradriver import DEFAULT_DRIVER_NAME
+from dradriver.errors import ConfigError
+from dradriver.gpu.catalog import COMPUTE_SLICES_PER_GPU, MEMORY_SLICES_PER_GPU
+from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode, MigPartition, semver_of_driver
+from dradriver.gpu.models import MigProfile, Placement
+
+STANDARD_DOMAIN = "resource.kubernetes.io"
+MAX_DEVICES_PER_SLICE = 128
+MAX_DEVICES_WITH_COUNTERS = 64
+MAX_COUNTER_SETS_PER_SLICE = 8
+
+
+class KubernetesShape(StrEnum):
+    """Which release's ResourceSlice rules to follow where they differ."""
+
+    V1_35 = "1.35"  # and newer: counter sets in their own slices
+    V1_34 = "1.34"  # counter sets inline with the devices that consume them
+
+
+@dataclass(frozen=True)
+class SliceSettings:
+    driver: str = DEFAULT_DRIVER_NAME
+    mig_mode: MigMode = MigMode.DYNAMIC
+    shape: KubernetesShape = KubernetesShape.V1_35
+
+
+# Counter names (DNS labels) of a GPU's counter set, mapped to the MigProfile field they count.
+ENGINE_COUNTERS = {
+    "multiprocessors": "multiprocessors",
+    "copy-engines": "copy_engines",
+    "decoders": "decoders",
+    "encoders": "encoders",
+    "jpeg-engines": "jpeg_engines",
+    "ofa-engines": "ofa_engines",
+}
+
+
+def build_slice_specs(inventory: Inventory, settings: SliceSettings = SliceSettings()) -> list[dict[str, Any]]:
+    """The pool's slices as ``spec`` fragments: each has ``devices`` and/or ``sharedCounters``.
+
+    The caller (the publisher, or ``as_resource_slices``) adds driver, pool and node fields.
+    """
+    if settings.mig_mode is not MigMode.DYNAMIC:
+        devices = [_device(d, inventory, settings.driver) for d in inventory.devices(settings.mig_mode)]
+        return [{"devices": chunk} for chunk in _chunks(devices, MAX_DEVICES_PER_SLICE)] or [{"devices": []}]
+
+    partitioned = [gpu for gpu in inventory.gpus if gpu.mig_profiles]
+    whole_only = [gpu for gpu in inventory.gpus if not gpu.mig_profiles]
+    specs: list[dict[str, Any]] = []
+    if settings.shape is KubernetesShape.V1_35:
+        sets = [_counter_set(gpu) for gpu in partitioned]
+        specs.extend({"sharedCounters": chunk} for chunk in _chunks(sets, MAX_COUNTER_SETS_PER_SLICE))
+    for gpu in partitioned:
+        devices = [_device(gpu, inventory, settings.driver, counters=True)]
+        devices.extend(_device(p, inventory, settings.driver, counters=True) for p in inventory.partitions(gpu))
+        if len(devices) > MAX_DEVICES_WITH_COUNTERS:
+            raise ValueError(f"{gpu.name} has {len(devices)} devices, more than the {MAX_DEVICES_WITH_COUNTERS} a "
+                             "slice may hold when devices consume counters")
+        spec: dict[str, Any] = {"devices": devices}
+        if settings.shape is KubernetesShape.V1_34:
+            spec["sharedCounters"] = [_counter_set(gpu)]
+        specs.append(spec)
+    plain = [_device(gpu, inventory, settings.driver) for gpu in whole_only]
+    specs.extend({"devices": chunk} for chunk in _chunks(plain, MAX_DEVICES_PER_SLICE))
+    return specs or [{"devices": []}]
+
+
+def as_resource_slices(specs: list[dict[str, Any]], *, node_name: str, driver: str = DEFAULT_DRIVER_NAME,
+                       generation: int = 1) -> list[dict[str, Any]]:
+    """Complete ResourceSlice objects for ``specs`` as one pool named after the node (for printing and tests)."""
+    return [
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": f"{node_name}-{driver}-{index}"},
+            "spec": {
+                "driver": driver,
+                "nodeName": node_name,
+                "pool": {"name": node_name, "generation": generation, "resourceSliceCount": len(specs)},
+                **spec,
+            },
+        }
+        for index, spec in enumerate(specs)
+    ]
+
+
+def counter_set_name(gpu: GpuDevice) -> str:
+    return f"{gpu.name}-counters"
+
+
+def _counter_set(gpu: GpuDevice) -> dict[str, Any]:
+    totals = _counter_totals(gpu)
+    return {"name": counter_set_name(gpu), "counters": {name: {"value": _quantity(v)} for name, v in totals.items()}}
+
+
+def _counter_totals(gpu: GpuDevice) -> dict[str, int]:
+    """What a GPU's counter set holds: enough for every valid set of partitions, and exactly what the whole GPU
+    consumes, so that the whole GPU and any partition exclude each other.
+
+    Memory slices are the placement rule itself (each slice once); the other counters are the largest sums any
+    valid combination of partitions reaches, so they never reject a layout the hardware accepts, yet still stop
+    e.g. a second "+me" partition (the media engines exist once).
+    """
+    best = _largest_sums(gpu.mig_profiles)
+    totals = {
+        "memory": max(best["memory"], gpu.info.memory_bytes),
+        "multiprocessors": max(best["multiprocessors"], gpu.info.multiprocessors),
+    }
+    totals.update({name: best[name] for name in ENGINE_COUNTERS if name not in totals})
+    totals.update({f"memory-slice-{i}": 1 for i in range(MEMORY_SLICES_PER_GPU)})
+    return totals
+
+
+@cache
+def _largest_sums(profiles: tuple[MigProfile, ...]) -> dict[str, int]:
+    best = dict.fromkeys([*ENGINE_COUNTERS, "memory"], 0)
+    for combination in _valid_layouts(profiles):
+        sums = {name: sum(getattr(p, attr) for p, _ in combination) for name, attr in ENGINE_COUNTERS.items()}
+        sums["memory"] = sum(p.memory_bytes for p, _ in combination)
+        best = {name: max(best[name], sums[name]) for name in best}
+    return best
+
+
+def _valid_layouts(profiles: Iterable[MigProfile]) -> Iterator[list[tuple[MigProfile, Placement]]]:
+    """Every maximal set of partitions the hardware accepts together (non-overlapping, within instance limits)."""
+    options = sorted(((p, pl) for p in profiles for pl in p.placements), key=lambda o: (o[1].start, o[0].id))
+
+    def extend(start: int, chosen: list[tuple[MigProfile, Placement]]) -> Iterator[list[tuple[MigProfile, Placement]]]:
+        grew = False
+        for i in range(start, len(options)):
+            profile, placement = options[i]
+            if any(placement.overlaps(other) for _, other in chosen):
+                continue
+            if sum(1 for p, _ in chosen if p.id == profile.id) >= profile.max_instances:
+                continue
+            if sum(p.slice_count for p, _ in chosen) + profile.slice_count > COMPUTE_SLICES_PER_GPU:
+                continue
+            grew = True
+            yield from extend(i + 1, [*chosen, (profile, placement)])
+        if not grew and chosen:
+            yield chosen
+
+    yield from extend(0, [])
+
+
+def _consumption(gpu: GpuDevice, partition: MigPartition | None) -> list[dict[str, Any]]:
+    if partition is None:
+        counters = _counter_totals(gpu)
+    else:
+        profile = partition.profile
+        counters = {name: getattr(profile, attr) for name, attr in ENGINE_COUNTERS.items()}
+        counters = {name: value for name, value in counters.items() if value}
+        counters["memory"] = profile.memory_bytes
+        counters.update({f"memory-slice-{i}": 1 for i in partition.placement.slices})
+    return [{"counterSet": counter_set_name(gpu),
+             "counters": {name: {"value": _quantity(v)} for name, v in counters.items()}}]
+
+
+def _device(device: GpuDevice | MigPartition, inventory: Inventory, driver: str, *,
+            counters: bool = False) -> dict[str, Any]:
+    gpu = device if isinstance(device, GpuDevice) else device.parent
+    info = gpu.info
+    attributes: dict[str, dict[str, Any]] = {}
+    if isinstance(device, GpuDevice):
+        attributes["type"] = {"string": "gpu"}
+        attributes["uuid"] = {"string": info.uuid}
+    else:
+        attributes["type"] = {"string": "mig"}
+        if device.uuid:
+            attributes["uuid"] = {"string": device.uuid}
+        attributes["parentUUID"] = {"string": info.uuid}
+        attributes["profile"] = {"string": device.profile.name}
+        attributes["placementStart"] = {"int": device.placement.start}
+    attributes.update({
+        "productName": {"string": info.product_name},
+        "brand": {"string": info.brand},
+        "architecture": {"string": info.architecture},
+        "cudaComputeCapability": {"version": "{}.{}.0".format(*info.cuda_compute_capability)},
+        "driverVersion": {"version": semver_of_driver(inventory.driver_version)},
+        "cudaDriverVersion": {"version": inventory.cuda_driver_version},
+        "migCapable": {"bool": info.mig_capable},
+        "nvlinkDomain": {"string": gpu.nvlink_domain},
+        f"{STANDARD_DOMAIN}/pciBusID": {"string": info.pci_bus_id},
+    })
+    if info.pcie_root:
+        attributes[f"{STANDARD_DOMAIN}/pcieRoot"] = {"string": info.pcie_root}
+    if info.numa_node is not None:
+        attributes[f"{STANDARD_DOMAIN}/numaNode"] = {"int": info.numa_node}
+
+    if isinstance(device, GpuDevice):
+        capacity = {"memory": info.memory_bytes, "multiprocessors": info.multiprocessors}
+    else:
+        profile = device.profile
+        capacity = {"memory": profile.memory_bytes, "multiprocessors": profile.multiprocessors,
+                    "copyEngines": profile.copy_engines, "decoders": profile.decoders,
+                    "encoders": profile.encoders, "jpegEngines": profile.jpeg_engines,
+                    "ofaEngines": profile.ofa_engines}
+    result: dict[str, Any] = {
+        "name": device.name,
+        "attributes": attributes,
+        "capacity": {name: {"value": _quantity(value)} for name, value in capacity.items()},
+    }
+    if counters:
+        result["consumesCounters"] = _consumption(gpu, None if isinstance(device, GpuDevice) else device)
+    return result
+
+
+def _quantity(value: int) -> str:
+    """Bytes and counts as Kubernetes quantities, in binary units where exact ("80Gi", "9728Mi", "108")."""
+    for suffix, unit in (("Gi", 2**30), ("Mi", 2**20)):
+        if value >= unit and value % unit == 0:
+            return f"{value // unit}{suffix}"
+    return str(value)
+
+
+def _chunks(items: list[Any], size: int) -> list[list[Any]]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def shape_for(kubernetes_version: str) -> KubernetesShape:
+    """The slice shape for a cluster's minor version ("1.34" → V1_34; 1.35 and later → V1_35)."""
+    try:
+        major, minor = (int(part) for part in kubernetes_version.removeprefix("v").split(".")[:2])
+    except ValueError:
+        raise ConfigError(f"--kubernetes-version {kubernetes_version!r} is not a version like 1.35") from None
+    if (major, minor) < (1, 34):
+        raise ConfigError(f"Kubernetes {kubernetes_version} has no resource.k8s.io/v1; DRA needs 1.34 or newer")
+    return KubernetesShape.V1_34 if (major, minor) == (1, 34) else KubernetesShape.V1_35

@@ -1,0 +1,208 @@
+"""Discovery: turn what the GPU layer reports into the node's device model.
+
+Names are derived from the PCI address, never from the NVML index or minor number: those shift when a GPU drops
+off the bus, and a claim must never end up on a different GPU than the one it was allocated.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+from dradriver.gpu.errors import GpuError
+from dradriver.gpu.interface import GpuLib
+from dradriver.gpu.models import GpuInfo, MigDevice, MigProfile, NvlinkPeerType, Placement
+
+log = logging.getLogger(__name__)
+
+
+class MigMode(StrEnum):
+    """Which MIG devices a node offers."""
+
+    NONE = "none"  # whole GPUs only
+    STATIC = "static"  # MIG devices an admin already created
+    DYNAMIC = "dynamic"  # every profile x placement, carved at prepare time
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    """A physical GPU as the driver offers it."""
+
+    name: str
+    info: GpuInfo
+    nvlink_domain: str
+    mig_enabled: bool
+    mig_profiles: tuple[MigProfile, ...]
+
+    @property
+    def uuid(self) -> str:
+        return self.info.uuid
+
+
+@dataclass(frozen=True)
+class MigPartition:
+    """A MIG device by profile and placement on a parent GPU: one that exists, or one that could be carved."""
+
+    name: str
+    parent: GpuDevice
+    profile: MigProfile
+    placement: Placement
+    existing: MigDevice | None = None  # set when the MIG device exists on the GPU now
+
+    @property
+    def uuid(self) -> str | None:
+        return self.existing.uuid if self.existing else None
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """Everything discovered on a node; ``devices(mode)`` picks what to offer."""
+
+    driver_version: str
+    cuda_driver_version: str
+    gpus: tuple[GpuDevice, ...]
+    mig_devices: tuple[MigPartition, ...]  # MIG devices that exist now
+
+    def partitions(self, gpu: GpuDevice) -> list[MigPartition]:
+        """Every profile x placement of ``gpu``; the existing MIG device where one sits exactly there."""
+        existing = {(d.profile.id, d.placement.start): d for d in self.mig_devices if d.parent.name == gpu.name}
+        return [existing.get((profile.id, placement.start))
+                or MigPartition(partition_name(gpu.name, profile, placement), gpu, profile, placement)
+                for profile in gpu.mig_profiles for placement in profile.placements]
+
+    def devices(self, mode: MigMode) -> list[GpuDevice | MigPartition]:
+        """The devices a node offers in ``mode``, each GPU followed by its MIG devices.
+
+        ``dynamic`` offers every GPU whole plus every partition of the MIG-capable ones: prepare switches MIG mode
+        as the allocation needs. ``none`` and ``static`` leave a GPU in MIG mode to its MIG devices, as a GPU in MIG
+        mode cannot run work as a whole GPU.
+        """
+        offered: list[GpuDevice | MigPartition] = []
+        for gpu in self.gpus:
+            if mode is MigMode.DYNAMIC:
+                offered.append(gpu)
+                offered.extend(self.partitions(gpu))
+            else:
+                if not gpu.mig_enabled:
+                    offered.append(gpu)
+                if mode is MigMode.STATIC:
+                    offered.extend(d for d in self.mig_devices if d.parent.name == gpu.name)
+        return offered
+
+
+def gpu_name(pci_bus_id: str) -> str:
+    """``0000:07:00.0`` → ``gpu-0000-07-00-0``: a DNS label that stays with the PCI slot."""
+    return "gpu-" + re.sub(r"[^0-9a-f]", "-", pci_bus_id.lower())
+
+
+def partition_name(parent: str, profile: MigProfile, placement: Placement) -> str:
+    """``gpu-0000-07-00-0-mig-1g10gbme-3`` for profile 1g.10gb+me at memory slice 3."""
+    return f"{parent}-mig-{re.sub(r'[^0-9a-z]', '', profile.name.lower())}-{placement.start}"
+
+
+def cuda_version_string(nvml_version: int) -> str:
+    """NVML's 13000 → "13.0.0" (a semver, as the attribute is published)."""
+    return f"{nvml_version // 1000}.{nvml_version % 1000 // 10}.0"
+
+
+def semver_of_driver(version: str) -> str:
+    """Driver versions like "580.65.06" as semver: numeric parts lose leading zeros ("580.65.6")."""
+    parts = [str(int(p)) for p in version.split(".")]
+    while len(parts) < 3:
+        parts.append("0")
+    return ".".join(parts[:3])
+
+
+def discover(gpulib: GpuLib) -> Inventory:
+    """Read every GPU, its MIG profiles and existing MIG devices, and group GPUs into NVLink domains."""
+    system = gpulib.system()
+    infos = gpulib.gpus()
+    domains = _nvlink_domains(gpulib, infos)
+    gpus: list[GpuDevice] = []
+    mig_devices: list[MigPartition] = []
+    for info in infos:
+        mig_enabled = False
+        profiles: tuple[MigProfile, ...] = ()
+        if info.mig_capable:
+            mig_enabled = gpulib.mig_mode(info.uuid).current
+            profiles = tuple(gpulib.mig_profiles(info.uuid))
+        gpu = GpuDevice(name=gpu_name(info.pci_bus_id), info=info, nvlink_domain=domains[info.uuid],
+                        mig_enabled=mig_enabled, mig_profiles=profiles)
+        gpus.append(gpu)
+        if mig_enabled:
+            mig_devices.extend(_existing_mig_devices(gpulib, gpu))
+    _check_unique_names([g.name for g in gpus] + [d.name for d in mig_devices])
+    return Inventory(driver_version=system.driver_version,
+                     cuda_driver_version=cuda_version_string(system.cuda_driver_version),
+                     gpus=tuple(gpus), mig_devices=tuple(mig_devices))
+
+
+def _existing_mig_devices(gpulib: GpuLib, gpu: GpuDevice) -> list[MigPartition]:
+    found: dict[str, MigPartition] = {}
+    for mig in gpulib.mig_devices(gpu.uuid):
+        name = partition_name(gpu.name, mig.profile, mig.placement)
+        if name in found:
+            # Several compute instances in one GPU instance: we hand out GPU instances whole, so offer the first.
+            log.warning("skipping extra compute instance gpu=%s mig=%s gi=%d ci=%d", gpu.name, mig.uuid,
+                        mig.gpu_instance_id, mig.compute_instance_id)
+            continue
+        found[name] = MigPartition(name, gpu, mig.profile, mig.placement, existing=mig)
+    return list(found.values())
+
+
+def _nvlink_domains(gpulib: GpuLib, infos: list[GpuInfo]) -> dict[str, str]:
+    """GPU UUID → NVLink domain id.
+
+    GPUs on one NVSwitch fabric form one domain; GPUs linked directly (bridges) form one per connected group;
+    a GPU without NVLink peers is a domain of its own. Ids are named after the lowest PCI address in the domain,
+    so they are stable and readable ("nvswitch-0000-07-00-0", "bridge-0000-17-00-0", "single-0000-87-00-0").
+    """
+    by_bus = {info.pci_bus_id: info for info in infos}
+    parent = {info.pci_bus_id: info.pci_bus_id for info in infos}
+
+    def root(bus: str) -> str:
+        while parent[bus] != bus:
+            parent[bus] = parent[parent[bus]]
+            bus = parent[bus]
+        return bus
+
+    def join(a: str, b: str) -> None:
+        ra, rb = root(a), root(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+
+    on_switch: list[str] = []
+    bridged: set[str] = set()
+    for info in infos:
+        try:
+            links = gpulib.nvlinks(info.uuid)
+        except GpuError as err:
+            log.info("NVLink topology unavailable gpu=%s error=%s", info.pci_bus_id, err)
+            links = []
+        for link in links:
+            if link.remote_type is NvlinkPeerType.SWITCH:
+                on_switch.append(info.pci_bus_id)
+            elif link.remote_type is NvlinkPeerType.GPU and link.remote_pci_bus_id in by_bus:
+                join(info.pci_bus_id, link.remote_pci_bus_id)
+                bridged.add(info.pci_bus_id)
+    for bus in on_switch[1:]:
+        join(on_switch[0], bus)
+    switched = set(on_switch)
+
+    domains: dict[str, str] = {}
+    for info in infos:
+        bus = info.pci_bus_id
+        kind = "nvswitch" if bus in switched else "bridge" if bus in bridged else "single"
+        domains[info.uuid] = f"{kind}-{gpu_name(root(bus)).removeprefix('gpu-')}"
+    return domains
+
+
+def _check_unique_names(names: list[str]) -> None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise GpuError(f"two devices would both be named {name!r}; report this with `dradriver inventory "
+                           "-o json` output")
+        seen.add(name)
