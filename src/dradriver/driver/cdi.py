@@ -1,0 +1,143 @@
+"""CDI specs: one transient spec file per prepared claim, which the container runtime reads to inject GPUs.
+
+Each claim gets ``<cdi-dir>/k8s.gpu.dradriver.dev-claim_<claim-uid>.json`` with one CDI device per allocated
+device, named ``<claim-uid>-<device>`` so an id is never reused by another claim. Files are written atomically
+(temp file + rename) because runtimes watch the directory and may read at any moment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dradriver.errors import DeviceError
+
+CDI_VENDOR = "k8s.gpu.dradriver.dev"
+CDI_CLASS = "claim"
+CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"
+
+# Device nodes every CUDA container needs besides its GPUs.
+COMMON_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+
+_CDI_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class CdiDevice:
+    """What one allocated device adds to a container."""
+
+    name: str  # the device's name in the pool, e.g. gpu-0000-07-00-0
+    device_nodes: tuple[str, ...]  # container paths, e.g. /dev/nvidia0
+    env: tuple[str, ...] = ()  # "KEY=VALUE"
+
+
+@dataclass(frozen=True)
+class ClaimSpec:
+    claim_uid: str
+    devices: tuple[CdiDevice, ...]
+    env: tuple[str, ...] = field(default=())  # spec-wide, e.g. NVIDIA_VISIBLE_DEVICES for the whole claim
+
+
+class CdiWriter:
+    """Writes and removes the per-claim CDI spec files in ``cdi_dir``.
+
+    ``host_path`` maps a device node's container path to the host path to bind (None: the same path). A simulated
+    node maps every GPU node to ``/dev/null`` so that a real runtime can still inject the spec.
+    """
+
+    def __init__(self, cdi_dir: Path, *, host_path: Callable[[str], str | None] = lambda _path: None) -> None:
+        self.cdi_dir = cdi_dir
+        self._host_path = host_path
+
+    def spec_path(self, claim_uid: str) -> Path:
+        # The CDI library's transient spec name: vendor-class_<id>, with '/' in the id replaced by '_'.
+        return self.cdi_dir / f"{CDI_VENDOR}-{CDI_CLASS}_{claim_uid.replace('/', '_')}.json"
+
+    @staticmethod
+    def device_id(claim_uid: str, device_name: str) -> str:
+        """The fully qualified CDI id the kubelet hands to the runtime."""
+        return f"{CDI_KIND}={claim_uid}-{device_name}"
+
+    def write(self, claim: ClaimSpec) -> list[str]:
+        """Write the claim's spec (replacing any earlier one) and return its CDI ids, one per device."""
+        spec = self.render(claim)
+        path = self.spec_path(claim.claim_uid)
+        try:
+            self.cdi_dir.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.cdi_dir, prefix=f".{path.stem}.", suffix=".tmp")
+            with os.fdopen(fd, "w") as out:
+                json.dump(spec, out, indent=2)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, path)
+        except OSError as err:
+            raise DeviceError(f"unable to write CDI spec {path} for claim {claim.claim_uid}: {err}; check that "
+                              "--cdi-dir exists and is writable") from err
+        return [self.device_id(claim.claim_uid, device.name) for device in claim.devices]
+
+    def remove(self, claim_uid: str) -> None:
+        """Delete the claim's spec; a missing file is fine (unprepare must be idempotent)."""
+        try:
+            self.spec_path(claim_uid).unlink(missing_ok=True)
+        except OSError as err:
+            raise DeviceError(f"unable to remove CDI spec {self.spec_path(claim_uid)}: {err}") from err
+
+    def claim_uids(self) -> list[str]:
+        """Claims that have a spec file here (used to find leftovers after a crash)."""
+        prefix = f"{CDI_VENDOR}-{CDI_CLASS}_"
+        if not self.cdi_dir.is_dir():
+            return []
+        return sorted(p.name.removeprefix(prefix).removesuffix(".json")
+                      for p in self.cdi_dir.glob(f"{prefix}*.json"))
+
+    def render(self, claim: ClaimSpec) -> dict[str, Any]:
+        """The spec document, with the lowest ``cdiVersion`` that supports what it uses."""
+        if not claim.devices:
+            raise DeviceError(f"claim {claim.claim_uid} has no devices for this driver; a CDI spec needs at least one")
+        devices = []
+        for device in claim.devices:
+            name = f"{claim.claim_uid}-{device.name}"
+            if not _CDI_NAME.match(name):
+                raise DeviceError(f"CDI device name {name!r} of claim {claim.claim_uid} is not valid: use letters, "
+                                  "digits and '-_.:' only")
+            edits: dict[str, Any] = {"deviceNodes": [self._node(path) for path in device.device_nodes]}
+            if device.env:
+                edits["env"] = list(device.env)
+            devices.append({"name": name, "containerEdits": edits})
+        common: dict[str, Any] = {"deviceNodes": [self._node(path) for path in COMMON_DEVICE_NODES]}
+        if claim.env:
+            common["env"] = list(claim.env)
+        spec: dict[str, Any] = {"cdiVersion": "", "kind": CDI_KIND, "devices": devices, "containerEdits": common}
+        spec["cdiVersion"] = minimum_cdi_version(spec)
+        return spec
+
+    def _node(self, path: str) -> dict[str, str]:
+        node = {"path": path}
+        host = self._host_path(path)
+        if host is not None and host != path:
+            node["hostPath"] = host
+        return node
+
+
+def minimum_cdi_version(spec: dict[str, Any]) -> str:
+    """The lowest CDI version that can express ``spec``, as the CDI library computes it.
+
+    Runtimes reject versions newer than their library knows (podman 4.3 refuses 0.6.0), so never claim more.
+    Only the features we emit are checked: hostPath on device nodes and device names starting with a digit need
+    0.5.0; annotations or a '.' in the class would need 0.6.0.
+    """
+    vendor_class = spec["kind"].split("/", 1)[1]
+    if spec.get("annotations") or "." in vendor_class or any(d.get("annotations") for d in spec["devices"]):
+        return "0.6.0"
+    edits: Sequence[dict[str, Any]] = [spec.get("containerEdits") or {}, *(d["containerEdits"] for d in spec["devices"])]
+    if any("hostPath" in node for e in edits for node in e.get("deviceNodes", [])):
+        return "0.5.0"
+    if any(d["name"][:1].isdigit() for d in spec["devices"]):
+        return "0.5.0"
+    return "0.3.0"

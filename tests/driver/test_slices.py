@@ -1,0 +1,190 @@
+"""ResourceSlices built from simulated nodes: shapes, attributes, limits, and counters that match the hardware."""
+
+import itertools
+import re
+from collections import Counter
+
+import kubernetes_validate
+import pytest
+from dradriver.gpu.fakelib import simulated_gpulib
+from dradriver.plugin.slice_validation import SliceShape, validate_pool
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dradriver.driver.slices import (
+    KubernetesShape,
+    SliceSettings,
+    as_resource_slices,
+    build_slice_specs,
+    shape_for,
+)
+from dradriver.errors import ConfigError
+from dradriver.gpu.catalog import builtin_profile_names, load_node_profile
+from dradriver.gpu.inventory import Inventory, MigMode, discover
+from dradriver.gpu.sim import SimNvmlError, SimulatedNode
+
+DOMAIN = "gpu.dradriver.dev"
+
+
+def inventory_of(profile: str) -> Inventory:
+    gpulib, _ = simulated_gpulib(profile)
+    try:
+        return discover(gpulib)
+    finally:
+        gpulib.close()
+
+
+INVENTORIES = {name: inventory_of(name) for name in builtin_profile_names()}
+
+
+def quantity(text: str) -> int:
+    match = re.fullmatch(r"(\d+)(Gi|Mi)?", text)
+    assert match, text
+    return int(match[1]) * {"Gi": 2**30, "Mi": 2**20, None: 1}[match[2]]
+
+
+def slices_for(profile: str, mode: MigMode, shape: KubernetesShape = KubernetesShape.V1_35) -> list[dict]:
+    specs = build_slice_specs(INVENTORIES[profile], SliceSettings(mig_mode=mode, shape=shape))
+    return as_resource_slices(specs, node_name="node-a")
+
+
+@pytest.mark.parametrize("shape", list(KubernetesShape))
+@pytest.mark.parametrize("mode", list(MigMode))
+@pytest.mark.parametrize("profile", builtin_profile_names())
+def test_every_profile_and_mode_passes_both_validators(profile, mode, shape):
+    slices = slices_for(profile, mode, shape)
+    for obj in slices:
+        kubernetes_validate.validate(obj, "1.37.0", strict=True)
+    assert validate_pool(slices, shape=SliceShape(shape.value)) == []
+
+
+def devices_of(slices: list[dict]) -> list[dict]:
+    return [d for s in slices for d in s["spec"].get("devices", [])]
+
+
+def test_full_gpu_attributes_are_typed_as_documented():
+    gpu = devices_of(slices_for("dgx-a100-80gb", MigMode.NONE))[0]
+    assert gpu["name"] == "gpu-0000-07-00-0"
+    attrs = gpu["attributes"]
+    assert attrs["type"] == {"string": "gpu"}
+    assert attrs["productName"] == {"string": "NVIDIA A100-SXM4-80GB"}
+    assert attrs["brand"] == {"string": "Nvidia"}
+    assert attrs["architecture"] == {"string": "Ampere"}
+    assert attrs["cudaComputeCapability"] == {"version": "8.0.0"}
+    assert attrs["driverVersion"] == {"version": "580.65.6"}
+    assert attrs["cudaDriverVersion"] == {"version": "13.0.0"}
+    assert attrs["migCapable"] == {"bool": True}
+    assert attrs["nvlinkDomain"] == {"string": "nvswitch-0000-07-00-0"}
+    assert attrs["resource.kubernetes.io/pciBusID"] == {"string": "0000:07:00.0"}
+    assert attrs["resource.kubernetes.io/pcieRoot"] == {"string": "pci0000:00"}
+    assert attrs["resource.kubernetes.io/numaNode"] == {"int": 0}
+    assert attrs["uuid"]["string"].startswith("GPU-")
+    assert gpu["capacity"] == {"memory": {"value": "80Gi"}, "multiprocessors": {"value": "108"}}
+
+
+def test_mig_partitions_carry_parent_profile_placement_and_their_own_capacity():
+    devices = {d["name"]: d for d in devices_of(slices_for("dgx-a100-80gb", MigMode.DYNAMIC))}
+    mig = devices["gpu-0000-07-00-0-mig-3g40gb-4"]
+    parent = devices["gpu-0000-07-00-0"]
+    assert mig["attributes"]["type"] == {"string": "mig"}
+    assert mig["attributes"]["parentUUID"] == parent["attributes"]["uuid"]
+    assert mig["attributes"]["profile"] == {"string": "3g.40gb"}
+    assert mig["attributes"]["placementStart"] == {"int": 4}
+    assert "uuid" not in mig["attributes"]  # not carved yet
+    assert quantity(mig["capacity"]["memory"]["value"]) == 40192 * 2**20
+    assert mig["capacity"]["multiprocessors"] == {"value": "42"}
+
+
+def test_static_mig_devices_publish_their_uuid():
+    devices = devices_of(slices_for("mixed", MigMode.STATIC))
+    migs = [d for d in devices if d["attributes"]["type"] == {"string": "mig"}]
+    assert len(migs) == 3
+    assert all(d["attributes"]["uuid"]["string"].startswith("MIG-") for d in migs)
+    assert all("consumesCounters" not in d for d in devices)
+
+
+def test_dynamic_layout_for_1_35_puts_counter_sets_in_their_own_slice():
+    slices = slices_for("dgx-a100-80gb", MigMode.DYNAMIC)
+    assert "devices" not in slices[0]["spec"]
+    assert len(slices[0]["spec"]["sharedCounters"]) == 8
+    device_slices = slices[1:]
+    assert len(device_slices) == 8
+    assert all("sharedCounters" not in s["spec"] for s in device_slices)
+    assert all(len(s["spec"]["devices"]) == 26 for s in device_slices)
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {9}
+
+
+def test_dynamic_layout_for_1_34_keeps_each_gpus_counters_inline_within_32_counters():
+    slices = slices_for("dgx-a100-80gb", MigMode.DYNAMIC, KubernetesShape.V1_34)
+    assert len(slices) == 8
+    for s in slices:
+        assert len(s["spec"]["sharedCounters"]) == 1
+        assert sum(len(cs["counters"]) for cs in s["spec"]["sharedCounters"]) <= 32
+
+
+def test_non_mig_gpus_do_not_consume_counters_in_dynamic_mode():
+    devices = devices_of(slices_for("mixed", MigMode.DYNAMIC))
+    l4s = [d for d in devices if d["attributes"]["productName"] == {"string": "NVIDIA L4"}]
+    assert len(l4s) == 2
+    assert all("consumesCounters" not in d for d in l4s)
+
+
+def test_kubernetes_version_picks_the_shape_and_rejects_nonsense():
+    assert shape_for("1.34") is KubernetesShape.V1_34
+    assert shape_for("v1.36.2") is KubernetesShape.V1_35
+    with pytest.raises(ConfigError, match=r"1\.34 or newer"):
+        shape_for("1.33")
+    with pytest.raises(ConfigError, match="not a version"):
+        shape_for("latest")
+
+
+# --- counters versus the hardware --------------------------------------------------------------------------
+
+A100_SLICES = slices_for("dgx-a100-80gb", MigMode.DYNAMIC)
+COUNTER_SETS = {cs["name"]: {k: quantity(v["value"]) for k, v in cs["counters"].items()}
+                for s in A100_SLICES for cs in s["spec"].get("sharedCounters", [])}
+FIRST_GPU = [d for d in devices_of(A100_SLICES) if d["name"].startswith("gpu-0000-07-00-0")]
+PARTITIONS = [d for d in FIRST_GPU if d["attributes"]["type"] == {"string": "mig"}]
+PROFILE_IDS = {"1g.10gb": 19, "1g.10gb+me": 20, "1g.20gb": 15, "2g.20gb": 14, "3g.40gb": 9, "4g.40gb": 5,
+               "7g.80gb": 0}
+
+
+def counters_admit(devices: list[dict]) -> bool:
+    used: Counter[tuple[str, str]] = Counter()
+    for device in devices:
+        for consumption in device["consumesCounters"]:
+            for name, value in consumption["counters"].items():
+                used[consumption["counterSet"], name] += quantity(value["value"])
+    return all(amount <= COUNTER_SETS[cs][name] for (cs, name), amount in used.items())
+
+
+def hardware_accepts(devices: list[dict]) -> bool:
+    node = SimulatedNode(load_node_profile("dgx-a100-80gb"))
+    node.set_mig_mode(0, True)
+    node.reset_gpu(0)
+    try:
+        for device in devices:
+            attrs = device["attributes"]
+            node.create_gpu_instance(0, PROFILE_IDS[attrs["profile"]["string"]], attrs["placementStart"]["int"])
+    except SimNvmlError:
+        return False
+    return True
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(PARTITIONS), min_size=1, max_size=8, unique_by=lambda d: d["name"]))
+def test_counters_admit_exactly_the_partition_sets_the_hardware_accepts(chosen):
+    assert counters_admit(chosen) == hardware_accepts(chosen)
+
+
+def test_every_overlapping_pair_of_partitions_is_rejected_by_the_counters():
+    for a, b in itertools.combinations(PARTITIONS, 2):
+        if not hardware_accepts([a, b]):
+            assert not counters_admit([a, b]), (a["name"], b["name"])
+
+
+def test_the_whole_gpu_excludes_every_partition():
+    whole = next(d for d in FIRST_GPU if d["attributes"]["type"] == {"string": "gpu"})
+    assert counters_admit([whole])
+    for partition in PARTITIONS:
+        assert not counters_admit([whole, partition]), partition["name"]
