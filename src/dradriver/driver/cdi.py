@@ -135,7 +135,8 @@ def minimum_cdi_version(spec: dict[str, Any]) -> str:
     vendor_class = spec["kind"].split("/", 1)[1]
     if spec.get("annotations") or "." in vendor_class or any(d.get("annotations") for d in spec["devices"]):
         return "0.6.0"
-    edits: Sequence[dict[str, Any]] = [spec.get("containerEdits") or {}, *(d["containerEdits"] for d in spec["devices"])]
+    edits: Sequence[dict[str, Any]] = [spec.get("containerEdits") or {},
+                                       *(d["containerEdits"] for d in spec["devices"])]
     if any("hostPath" in node for e in edits for node in e.get("deviceNodes", [])):
         return "0.5.0"
     if any(d["name"][:1].isdigit() for d in spec["devices"]):
