@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
@@ -20,6 +20,10 @@ from dradriver.plugin.claims import ClaimLocks, ClaimSource, base_request_name, 
 from dradriver.plugin.handler import ClaimRef, DriverHandler, PreparedDevice, PrepareResult
 
 logger = logging.getLogger(__name__)
+
+# The kubelet's gRPC client keeps gRPC's default 4 MiB limit on a response; stay below it with room to spare.
+KUBELET_MAX_RESPONSE_BYTES = 4 * 1024 * 1024 - 64 * 1024
+_TRUNCATED = "... (truncated: the response to the kubelet was too large)"
 
 _Outcome = TypeVar("_Outcome")
 _Item = TypeVar("_Item")
@@ -175,6 +179,37 @@ def _distinct(refs: Iterable[ClaimRef]) -> list[ClaimRef]:
     return list(seen.values())
 
 
+class _ClaimsResponse(Protocol):
+    """What all four DRA response messages share: a map from claim UID to an entry with ``error``."""
+
+    @property
+    def claims(self) -> Mapping[str, Any]: ...
+
+    def ByteSize(self) -> int: ...
+
+
+def fit_for_kubelet(response: _ClaimsResponse, limit: int = KUBELET_MAX_RESPONSE_BYTES) -> None:
+    """Shorten per-claim error messages until ``response`` fits the kubelet's receive limit.
+
+    A huge batch of failing claims could otherwise produce a response the kubelet rejects as a whole,
+    failing every claim in it; a shortened message still names what went wrong first.
+    """
+    size = response.ByteSize()
+    if size <= limit:
+        return
+    failed = [entry for entry in response.claims.values() if entry.error]
+    if failed:
+        error_bytes = sum(len(entry.error.encode()) for entry in failed)
+        room = max(limit - (size - error_bytes), 0)
+        keep = max(room // len(failed) - len(_TRUNCATED), 16)
+        for entry in failed:
+            if len(entry.error.encode()) > keep + len(_TRUNCATED):
+                entry.error = entry.error[:keep] + _TRUNCATED
+    if response.ByteSize() > limit:
+        logger.error("response for %d claims is %d bytes, over the kubelet's limit of %d; it will fail",
+                     len(response.claims), response.ByteSize(), limit)
+
+
 def _refs(claims: Iterable[dra_v1_pb2.Claim | dra_v1beta1_pb2.Claim]) -> list[ClaimRef]:
     return [ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims]
 
@@ -199,6 +234,7 @@ class DRAPluginV1(dra_v1_pb2_grpc.DRAPluginServicer):
                                         device_name=device.device, cdi_device_ids=device.cdi_device_ids)
                 if device.share_id is not None:
                     out.share_id = device.share_id
+        fit_for_kubelet(response)
         return response
 
     def NodeUnprepareResources(
@@ -207,6 +243,7 @@ class DRAPluginV1(dra_v1_pb2_grpc.DRAPluginServicer):
         response = dra_v1_pb2.NodeUnprepareResourcesResponse()
         for uid, error in self._processor.unprepare(_refs(request.claims)).items():
             response.claims[uid].error = error or ""
+        fit_for_kubelet(response)
         return response
 
 
@@ -228,6 +265,7 @@ class DRAPluginV1beta1(dra_v1beta1_pb2_grpc.DRAPluginServicer):
             for device in result.devices:
                 entry.devices.add(request_names=device.requests, pool_name=device.pool,
                                   device_name=device.device, cdi_device_ids=device.cdi_device_ids)
+        fit_for_kubelet(response)
         return response
 
     def NodeUnprepareResources(
@@ -236,6 +274,7 @@ class DRAPluginV1beta1(dra_v1beta1_pb2_grpc.DRAPluginServicer):
         response = dra_v1beta1_pb2.NodeUnprepareResourcesResponse()
         for uid, error in self._processor.unprepare(_refs(request.claims)).items():
             response.claims[uid].error = error or ""
+        fit_for_kubelet(response)
         return response
 
 
