@@ -190,3 +190,18 @@ def test_unprepare_rejects_a_non_string_result(claims: FakeClaimSource) -> None:
 
     odd = ClaimProcessor(driver_name=DRIVER, handler=Odd(), claim_source=claims, locks=ClaimLocks())
     assert "not an error string" in (odd.unprepare([ref("a")])["uid-a"] or "")
+
+
+def test_fit_for_kubelet_shortens_errors_to_fit_the_limit() -> None:
+    from dradriver.api.generated import dra_v1_pb2
+    from dradriver.plugin.dra_service import fit_for_kubelet
+
+    response = dra_v1_pb2.NodePrepareResourcesResponse()
+    for i in range(100):
+        response.claims[f"uid-{i}"].error = f"claim {i} failed: " + "x" * 1000
+    response.claims["ok"].devices.add(pool_name="p", device_name="d")
+    fit_for_kubelet(response, limit=20_000)
+    assert response.ByteSize() <= 20_000
+    assert response.claims["uid-7"].error.startswith("claim 7 failed: ")
+    assert response.claims["uid-7"].error.endswith("(truncated: the response to the kubelet was too large)")
+    assert len(response.claims["ok"].devices) == 1
