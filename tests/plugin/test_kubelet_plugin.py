@@ -309,3 +309,17 @@ def test_get_info_answers_the_raw_protobuf(plugin: KubeletPlugin) -> None:
         raw = channel.unary_unary("/pluginregistration.Registration/GetInfo")(b"", timeout=TIMEOUT)
     info = pluginregistration_v1_pb2.PluginInfo.FromString(raw)
     assert info.name == DRIVER
+
+
+def test_run_until_serves_until_the_event_is_set(make_plugin: PluginFactory, kubelet: KubeletStandIn) -> None:
+    plugin = make_plugin()
+    stop = threading.Event()
+    runner = threading.Thread(target=plugin.run_until, args=(stop,))
+    runner.start()
+    assert wait_for(lambda: discover(plugin.registry_dir))
+    with kubelet.register() as registered:
+        assert registered.prepare([]) == {}
+    stop.set()
+    runner.join(TIMEOUT)
+    assert not runner.is_alive()
+    assert not plugin.registration_socket.exists()

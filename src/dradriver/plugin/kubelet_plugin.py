@@ -134,6 +134,14 @@ class KubeletPlugin:
             logger.info("stopped DRA services socket=%s", self.dra_socket)
         self._lock.release()
 
+    def run_until(self, stop: threading.Event) -> None:
+        """Start, serve until ``stop`` is set (e.g. by a SIGTERM handler), then stop in the right order."""
+        self.start()
+        try:
+            stop.wait()
+        finally:
+            self.stop()
+
     def __enter__(self) -> KubeletPlugin:
         self.start()
         return self
