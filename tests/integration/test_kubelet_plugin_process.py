@@ -29,7 +29,8 @@ def dirs() -> Iterator[Path]:
 
 def start(dirs: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, str(SCRIPT), str(dirs / "registry"), str(dirs / "plugin"), str(dirs / "claims.json")],
+        [sys.executable, str(SCRIPT), str(dirs / "registry"), str(dirs / "plugin"),
+         str(dirs / "claims.json")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
