@@ -1,0 +1,111 @@
+"""Claims as the plugin layer sees them: where they come from, how they are checked and serialised."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Collection, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+from dradriver.plugin.handler import ClaimRef
+
+
+class ClaimSource(Protocol):
+    """Read access to ResourceClaims in the API server (the cluster adapter implements it)."""
+
+    def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """The ResourceClaim as JSON (camelCase); raise if it cannot be read (e.g. not found)."""
+        ...
+
+
+def base_request_name(request: str) -> str:
+    """``req/sub`` -> ``req``: the kubelet matches container claim requests against base names only."""
+    return request.split("/", 1)[0]
+
+
+def ref_problem(ref: ClaimRef) -> str | None:
+    """What is wrong with a claim reference from the kubelet, or None if it is usable."""
+    missing = [field for field in ("uid", "namespace", "name") if not getattr(ref, field)]
+    if missing:
+        return (f"claim {ref} has an empty {' and '.join(missing)}: "
+                "the kubelet must send uid, namespace and name")
+    return None
+
+
+def claim_problem(claim: Any, ref: ClaimRef, driver_name: str) -> str | None:
+    """What makes a fetched claim unusable for prepare by ``driver_name``, or None if it can be prepared."""
+    if not isinstance(claim, Mapping):
+        return f"claim {ref}: the API server returned {type(claim).__name__}, not a ResourceClaim object"
+    metadata = claim.get("metadata")
+    uid = metadata.get("uid") if isinstance(metadata, Mapping) else None
+    if uid != ref.uid:
+        return (
+            f"claim {ref.namespace}/{ref.name} was replaced: UID in the API server is {uid or '(none)'}, "
+            f"the kubelet asked for {ref.uid}; the kubelet will retry with the current claim"
+        )
+    status = claim.get("status")
+    allocation = status.get("allocation") if isinstance(status, Mapping) else None
+    if not allocation:
+        return (f"claim {ref} is not allocated (status.allocation is empty): "
+                "the scheduler has not allocated it yet")
+    devices = allocation.get("devices") if isinstance(allocation, Mapping) else None
+    results = devices.get("results") if isinstance(devices, Mapping) else None
+    if not isinstance(results, list):
+        return f"claim {ref}: status.allocation.devices.results is missing or not a list"
+    ours = [r for r in results if isinstance(r, Mapping) and r.get("driver") == driver_name]
+    if not ours:
+        drivers = sorted({str(r.get("driver")) for r in results if isinstance(r, Mapping)})
+        return (
+            f"claim {ref} has no devices allocated by driver {driver_name} in "
+            "status.allocation.devices.results "
+            f"(drivers there: {', '.join(drivers) or 'none'})"
+        )
+    for result in ours:
+        missing = [key for key in ("request", "pool", "device") if not isinstance(result.get(key), str)]
+        if missing:
+            return f"claim {ref}: an allocation result of driver {driver_name} lacks {', '.join(missing)}"
+    return None
+
+
+class ClaimLocks:
+    """Per-claim-UID mutual exclusion: disjoint UID sets run concurrently, overlapping ones in turn.
+
+    A set of UIDs is taken all at once (never one by one), so two batches cannot deadlock on each other.
+    """
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._held: set[str] = set()
+        self._waiting: Counter[str] = Counter()
+
+    @contextmanager
+    def hold(self, uids: Collection[str]) -> Iterator[None]:
+        """Block until none of ``uids`` is held by anyone else, then hold them all for the ``with`` block."""
+        wanted = set(uids)
+        with self._changed:
+            self._waiting.update(wanted)
+            self._changed.notify_all()
+            try:
+                self._changed.wait_for(lambda: self._held.isdisjoint(wanted))
+            finally:
+                self._waiting.subtract(wanted)
+                self._waiting += Counter()  # drop zero counts so the counter does not grow without bound
+            self._held |= wanted
+            self._changed.notify_all()
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._held -= wanted
+                self._changed.notify_all()
+
+    def waiting(self, uid: str) -> int:
+        """How many callers are currently blocked waiting for ``uid``."""
+        with self._changed:
+            return self._waiting[uid]
+
+    def wait_until_waiting(self, uid: str, count: int, timeout: float) -> bool:
+        """Block until at least ``count`` callers wait for ``uid``; False on timeout. Meant for tests."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._waiting[uid] >= count, timeout)

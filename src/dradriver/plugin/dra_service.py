@@ -1,0 +1,284 @@
+"""The DRA node services (v1 and v1beta1): NodePrepareResources and NodeUnprepareResources.
+
+:class:`ClaimProcessor` holds the behaviour shared by both versions: check the kubelet's claim references,
+fetch and check each claim, serialise per claim UID, call the driver's handler and isolate failures so that
+every requested UID gets an entry and one bad claim never affects another. The two servicers only translate
+protobuf messages (v1beta1 has no ``share_id``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
+
+import grpc
+
+from dradriver.api.generated import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
+from dradriver.errors import DradriverError
+from dradriver.plugin.claims import ClaimLocks, ClaimSource, base_request_name, claim_problem, ref_problem
+from dradriver.plugin.handler import ClaimRef, DriverHandler, PreparedDevice, PrepareResult
+
+logger = logging.getLogger(__name__)
+
+# The kubelet's gRPC client keeps gRPC's default 4 MiB limit on a response; stay below it with room to spare.
+KUBELET_MAX_RESPONSE_BYTES = 4 * 1024 * 1024 - 64 * 1024
+_TRUNCATED = "... (truncated: the response to the kubelet was too large)"
+
+_Outcome = TypeVar("_Outcome")
+_Item = TypeVar("_Item")
+
+
+def describe_exception(err: BaseException) -> str:
+    """An exception as a one-line message for the kubelet: ours as they are, others with their type."""
+    if isinstance(err, DradriverError):
+        return str(err)
+    return f"{type(err).__name__}: {err}"
+
+
+class ClaimProcessor:
+    """Runs prepare/unprepare batches from the kubelet through a :class:`DriverHandler`."""
+
+    def __init__(self, *, driver_name: str, handler: DriverHandler, claim_source: ClaimSource,
+                 locks: ClaimLocks) -> None:
+        self.driver_name = driver_name
+        self._handler = handler
+        self._claims = claim_source
+        self._locks = locks
+
+    def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
+        """Prepare the referenced claims; the result has an entry for every distinct UID in ``refs``."""
+        results: dict[str, PrepareResult] = {}
+        fetched: dict[str, Mapping[str, Any]] = {}
+        for ref in _distinct(refs):
+            problem = ref_problem(ref) or self._fetch(ref, fetched)
+            if problem is not None:
+                logger.warning("cannot prepare claim uid=%s claim=%s/%s error=%s",
+                               ref.uid, ref.namespace, ref.name, problem)
+                results[ref.uid] = PrepareResult(error=problem)
+        if fetched:
+            # Fetching happens outside the lock, as in the Go helper: a slow API server must not block
+            # unrelated claims' unprepare calls.
+            with self._locks.hold(fetched.keys()):
+                outcomes = self._run_isolated(
+                    list(fetched.items()),
+                    lambda batch: self._handler.prepare_resource_claims([claim for _, claim in batch]),
+                    "prepare",
+                )
+            for uid, outcome in outcomes.items():
+                results[uid] = self._check_prepare_result(uid, outcome)
+        return results
+
+    def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str | None]:
+        """Unprepare the referenced claims; map each distinct UID in ``refs`` to an error or None."""
+        results: dict[str, str | None] = {}
+        valid: list[tuple[str, ClaimRef]] = []
+        for ref in _distinct(refs):
+            problem = ref_problem(ref)
+            if problem is not None:
+                logger.warning("cannot unprepare claim uid=%s error=%s", ref.uid, problem)
+                results[ref.uid] = problem
+            else:
+                valid.append((ref.uid, ref))
+        if valid:
+            with self._locks.hold([uid for uid, _ in valid]):
+                outcomes = self._run_isolated(
+                    valid, lambda batch: self._handler.unprepare_resource_claims([ref for _, ref in batch]),
+                    "unprepare",
+                )
+            for uid, outcome in outcomes.items():
+                if isinstance(outcome, _Failure):
+                    results[uid] = outcome.message
+                elif outcome is None or isinstance(outcome, str):
+                    results[uid] = outcome or None
+                else:
+                    results[uid] = (f"driver returned {type(outcome).__name__} for claim UID {uid}, "
+                                    "not an error string")
+        return results
+
+    def _fetch(self, ref: ClaimRef, into: dict[str, Mapping[str, Any]]) -> str | None:
+        try:
+            claim = self._claims.get_resource_claim(ref.namespace, ref.name)
+        except Exception as err:
+            return f"cannot get claim {ref} from the API server: {describe_exception(err)}"
+        problem = claim_problem(claim, ref, self.driver_name)
+        if problem is None:
+            into[ref.uid] = claim
+        return problem
+
+    def _run_isolated(
+        self,
+        batch: list[tuple[str, _Item]],
+        call: Callable[[list[tuple[str, _Item]]], Mapping[str, _Outcome]],
+        what: str,
+    ) -> dict[str, _Outcome | _Failure]:
+        """Call the handler on ``batch``; if it raises, call it claim by claim so that one claim's fault stays
+        that claim's error. Every UID of ``batch`` gets an outcome."""
+        try:
+            returned = call(batch)
+        except Exception as err:
+            if len(batch) == 1:
+                uid = batch[0][0]
+                logger.exception("driver failed to %s claim uid=%s", what, uid)
+                return {uid: _Failure(f"{what} failed: {describe_exception(err)}")}
+            logger.warning("driver failed to %s a batch of %d claims, retrying one by one error=%s",
+                           what, len(batch), describe_exception(err))
+            outcomes: dict[str, _Outcome | _Failure] = {}
+            for item in batch:
+                outcomes.update(self._run_isolated([item], call, what))
+            return outcomes
+        if not isinstance(returned, Mapping):
+            message = f"driver returned {type(returned).__name__} from {what}, not a mapping by claim UID"
+            return {uid: _Failure(message) for uid, _ in batch}
+        outcomes = {}
+        for uid, _ in batch:
+            if uid in returned:
+                outcomes[uid] = returned[uid]
+            else:
+                outcomes[uid] = _Failure(f"driver returned no {what} result for claim UID {uid}")
+        extra = set(returned) - set(outcomes)
+        if extra:
+            logger.warning("driver returned %s results for claims it was not asked about uids=%s",
+                           what, sorted(extra))
+        return outcomes
+
+    def _check_prepare_result(self, uid: str, outcome: object) -> PrepareResult:
+        if isinstance(outcome, _Failure):
+            return PrepareResult(error=outcome.message)
+        if not isinstance(outcome, PrepareResult):
+            return PrepareResult(error=f"driver returned {type(outcome).__name__} for claim UID {uid}, "
+                                       "not a PrepareResult")
+        if outcome.error:
+            return PrepareResult(error=outcome.error)
+        devices = []
+        for device in outcome.devices:
+            if not device.pool or not device.device:
+                return PrepareResult(error=f"driver returned a device without pool or device name for claim "
+                                           f"UID {uid}: {device}")
+            devices.append(PreparedDevice(
+                pool=device.pool, device=device.device,
+                requests=tuple(dict.fromkeys(base_request_name(r) for r in device.requests)),
+                cdi_device_ids=tuple(device.cdi_device_ids), share_id=device.share_id,
+            ))
+        return PrepareResult(devices=tuple(devices))
+
+
+
+class _Failure:
+    """A per-claim failure produced by the plugin layer itself (as opposed to a value from the handler)."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+def _distinct(refs: Iterable[ClaimRef]) -> list[ClaimRef]:
+    """The first reference for each UID: the response map is keyed by UID, so a UID is handled once."""
+    seen: dict[str, ClaimRef] = {}
+    for ref in refs:
+        seen.setdefault(ref.uid, ref)
+    return list(seen.values())
+
+
+class _ClaimsResponse(Protocol):
+    """What all four DRA response messages share: a map from claim UID to an entry with ``error``."""
+
+    @property
+    def claims(self) -> Mapping[str, Any]: ...
+
+    def ByteSize(self) -> int: ...
+
+
+def fit_for_kubelet(response: _ClaimsResponse, limit: int = KUBELET_MAX_RESPONSE_BYTES) -> None:
+    """Shorten per-claim error messages until ``response`` fits the kubelet's receive limit.
+
+    A huge batch of failing claims could otherwise produce a response the kubelet rejects as a whole,
+    failing every claim in it; a shortened message still names what went wrong first.
+    """
+    size = response.ByteSize()
+    if size <= limit:
+        return
+    failed = [entry for entry in response.claims.values() if entry.error]
+    if failed:
+        error_bytes = sum(len(entry.error.encode()) for entry in failed)
+        room = max(limit - (size - error_bytes), 0)
+        keep = max(room // len(failed) - len(_TRUNCATED), 16)
+        for entry in failed:
+            if len(entry.error.encode()) > keep + len(_TRUNCATED):
+                entry.error = entry.error[:keep] + _TRUNCATED
+    if response.ByteSize() > limit:
+        logger.error("response for %d claims is %d bytes, over the kubelet's limit of %d; it will fail",
+                     len(response.claims), response.ByteSize(), limit)
+
+
+def _refs(claims: Iterable[dra_v1_pb2.Claim | dra_v1beta1_pb2.Claim]) -> list[ClaimRef]:
+    return [ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims]
+
+
+class DRAPluginV1(dra_v1_pb2_grpc.DRAPluginServicer):
+    """``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`` (kubelet 1.34 and later)."""
+
+    def __init__(self, processor: ClaimProcessor) -> None:
+        self._processor = processor
+
+    def NodePrepareResources(
+        self, request: dra_v1_pb2.NodePrepareResourcesRequest, context: grpc.ServicerContext
+    ) -> dra_v1_pb2.NodePrepareResourcesResponse:
+        response = dra_v1_pb2.NodePrepareResourcesResponse()
+        for uid, result in self._processor.prepare(_refs(request.claims)).items():
+            entry = response.claims[uid]
+            if result.error:
+                entry.error = result.error
+                continue
+            for device in result.devices:
+                out = entry.devices.add(request_names=device.requests, pool_name=device.pool,
+                                        device_name=device.device, cdi_device_ids=device.cdi_device_ids)
+                if device.share_id is not None:
+                    out.share_id = device.share_id
+        fit_for_kubelet(response)
+        return response
+
+    def NodeUnprepareResources(
+        self, request: dra_v1_pb2.NodeUnprepareResourcesRequest, context: grpc.ServicerContext
+    ) -> dra_v1_pb2.NodeUnprepareResourcesResponse:
+        response = dra_v1_pb2.NodeUnprepareResourcesResponse()
+        for uid, error in self._processor.unprepare(_refs(request.claims)).items():
+            response.claims[uid].error = error or ""
+        fit_for_kubelet(response)
+        return response
+
+
+class DRAPluginV1beta1(dra_v1beta1_pb2_grpc.DRAPluginServicer):
+    """``k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin`` (kubelet 1.32, 1.33): v1 without ``share_id``."""
+
+    def __init__(self, processor: ClaimProcessor) -> None:
+        self._processor = processor
+
+    def NodePrepareResources(
+        self, request: dra_v1beta1_pb2.NodePrepareResourcesRequest, context: grpc.ServicerContext
+    ) -> dra_v1beta1_pb2.NodePrepareResourcesResponse:
+        response = dra_v1beta1_pb2.NodePrepareResourcesResponse()
+        for uid, result in self._processor.prepare(_refs(request.claims)).items():
+            entry = response.claims[uid]
+            if result.error:
+                entry.error = result.error
+                continue
+            for device in result.devices:
+                entry.devices.add(request_names=device.requests, pool_name=device.pool,
+                                  device_name=device.device, cdi_device_ids=device.cdi_device_ids)
+        fit_for_kubelet(response)
+        return response
+
+    def NodeUnprepareResources(
+        self, request: dra_v1beta1_pb2.NodeUnprepareResourcesRequest, context: grpc.ServicerContext
+    ) -> dra_v1beta1_pb2.NodeUnprepareResourcesResponse:
+        response = dra_v1beta1_pb2.NodeUnprepareResourcesResponse()
+        for uid, error in self._processor.unprepare(_refs(request.claims)).items():
+            response.claims[uid].error = error or ""
+        fit_for_kubelet(response)
+        return response
+
+
+def add_dra_services(server: grpc.Server, processor: ClaimProcessor) -> None:
+    """Serve both DRA versions on ``server``."""
+    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DRAPluginV1(processor), server)
+    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(DRAPluginV1beta1(processor), server)

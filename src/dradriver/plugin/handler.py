@@ -1,0 +1,147 @@
+"""The interface between the generic kubelet-plugin layer and a device driver.
+
+A driver implements :class:`DriverHandler` (prepare/unprepare batches of claims) and optionally supplies a
+:class:`HealthSource`; the plugin layer does everything that involves the kubelet: sockets, gRPC, fetching and
+checking claims, per-claim serialisation and error isolation. Nothing here knows what a GPU is.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    """A ResourceClaim as the kubelet names it: enough to find it, even after it was deleted."""
+
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name} (UID {self.uid})"
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    """One device prepared for a claim, as reported back to the kubelet.
+
+    ``requests`` are the claim's request names this device serves (a ``req/sub`` name is reduced to ``req`` by
+    the plugin layer); empty means every request of the claim. ``share_id`` is only sent over DRA v1.
+    """
+
+    pool: str
+    device: str
+    requests: tuple[str, ...] = ()
+    cdi_device_ids: tuple[str, ...] = ()
+    share_id: str | None = None
+
+
+@dataclass(frozen=True)
+class PrepareResult:
+    """The outcome of preparing one claim: its devices, or an error message (which wins if set)."""
+
+    devices: tuple[PreparedDevice, ...] = ()
+    error: str | None = None
+
+
+class DriverHandler(Protocol):
+    """What a device driver implements so the plugin layer can serve the kubelet.
+
+    Both calls receive a batch and must return an entry for every claim UID in it. Calls for different claims
+    may run concurrently; the plugin layer never runs two calls that share a claim UID at the same time.
+    If a call raises, the plugin layer retries each claim of the batch on its own so that one bad claim cannot
+    fail the others, and reports the exception as that claim's error: both calls must be idempotent (the
+    kubelet requires that anyway, since it repeats them after restarts).
+    """
+
+    def prepare_resource_claims(self, claims: Sequence[Mapping[str, Any]]) -> Mapping[str, PrepareResult]:
+        """Prepare the devices allocated to ``claims`` and return a result per claim UID.
+
+        Each claim is the full ``resource.k8s.io`` ResourceClaim as JSON (camelCase keys, as the API server
+        returns it). The plugin layer has already checked that its UID is the one the kubelet asked for, that
+        it is allocated and that the allocation has results for this driver.
+        """
+        ...
+
+    def unprepare_resource_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, str | None]:
+        """Undo prepare for ``claims``; return per claim UID an error message or None for success.
+
+        The claims may no longer exist in the API server, and may never have been prepared here (then it is a
+        success).
+        """
+        ...
+
+
+class HealthStatus(enum.IntEnum):
+    """Device health as the kubelet's dra-health API encodes it."""
+
+    UNKNOWN = 0
+    HEALTHY = 1
+    UNHEALTHY = 2
+
+
+@dataclass(frozen=True)
+class DeviceHealth:
+    """The health of one device at ``last_updated`` (Unix seconds).
+
+    ``timeout_seconds`` is how long the kubelet should trust this report (0 = the kubelet's default);
+    ``message`` is shown in pod status (the kubelet truncates it beyond 1024 characters).
+    """
+
+    pool: str
+    device: str
+    status: HealthStatus
+    last_updated: int
+    timeout_seconds: int = 0
+    message: str = ""
+
+
+class HealthSource(Protocol):
+    """The current health of every device of a driver, and a way to hear about changes."""
+
+    def device_health(self) -> Sequence[DeviceHealth]:
+        """The complete, current list (the kubelet treats devices missing from it as unknown)."""
+        ...
+
+    def subscribe(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` (from any thread, quickly) after each change; return an unsubscribe function."""
+        ...
+
+
+class HealthBoard:
+    """A thread-safe :class:`HealthSource` that a driver feeds with :meth:`set_devices`."""
+
+    def __init__(self, devices: Iterable[DeviceHealth] = ()) -> None:
+        self._lock = threading.Lock()
+        self._devices: tuple[DeviceHealth, ...] = tuple(devices)
+        self._subscribers: dict[int, Callable[[], None]] = {}
+        self._next_id = 0
+
+    def device_health(self) -> Sequence[DeviceHealth]:
+        with self._lock:
+            return self._devices
+
+    def set_devices(self, devices: Iterable[DeviceHealth]) -> None:
+        """Replace the complete list and notify subscribers."""
+        with self._lock:
+            self._devices = tuple(devices)
+            subscribers = list(self._subscribers.values())
+        for callback in subscribers:
+            callback()
+
+    def subscribe(self, callback: Callable[[], None]) -> Callable[[], None]:
+        with self._lock:
+            key = self._next_id
+            self._next_id += 1
+            self._subscribers[key] = callback
+
+        def unsubscribe() -> None:
+            with self._lock:
+                self._subscribers.pop(key, None)
+
+        return unsubscribe

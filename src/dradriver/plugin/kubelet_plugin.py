@@ -1,0 +1,181 @@
+"""KubeletPlugin: everything a DRA driver needs to be a kubelet plugin, started and stopped as one object.
+
+Start order matters to the kubelet: it calls the DRA socket as soon as the registration socket appears, so
+the DRA server serves first. Stop order is the reverse: the registration socket goes first (the kubelet
+deregisters the plugin when it disappears), then the DRA server stops.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from pathlib import Path
+from types import TracebackType
+
+import grpc
+
+from dradriver.errors import ConfigError
+from dradriver.plugin.claims import ClaimLocks, ClaimSource
+from dradriver.plugin.dra_service import ClaimProcessor, add_dra_services
+from dradriver.plugin.handler import DriverHandler, HealthSource
+from dradriver.plugin.health import DRAResourceHealthV1alpha1, add_health_service
+from dradriver.plugin.lifecycle import PluginLock, RegistrationWatcher, SocketServer
+from dradriver.plugin.registration import (
+    DRA_V1,
+    DRA_V1BETA1,
+    HEALTH_V1ALPHA1,
+    RegistrationService,
+    RegistrationState,
+    add_registration_service,
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
+DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
+DRA_SOCKET_NAME = "dra.sock"
+LOCK_FILE_NAME = "plugin.lock"
+# A DNS subdomain: what the API server accepts as a DRA driver name (and safe in a file name).
+_DRIVER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+class KubeletPlugin:
+    """Serves a driver to the kubelet: DRA v1 + v1beta1 (+ health v1alpha1) and the registration socket.
+
+    ``handler`` prepares and unprepares claims; ``claim_source`` fetches claims from the API server before
+    prepare; ``health_source``, if given, feeds the health stream (and the service is only advertised then).
+    ``claim_locks`` is a seam for tests that need to observe per-claim serialisation.
+    """
+
+    def __init__(
+        self,
+        *,
+        driver_name: str,
+        node_name: str,
+        handler: DriverHandler,
+        claim_source: ClaimSource,
+        health_source: HealthSource | None = None,
+        registry_dir: Path = DEFAULT_REGISTRY_DIR,
+        plugin_dir: Path | None = None,
+        health_interval: float = 10.0,
+        registration_check_interval: float = 1.0,
+        stop_grace: float = 5.0,
+        max_workers: int = 16,
+        claim_locks: ClaimLocks | None = None,
+    ) -> None:
+        if not _DRIVER_NAME.match(driver_name) or len(driver_name) > 63:
+            raise ConfigError(f"driver name {driver_name!r} is not a lower-case DNS subdomain of at most 63 "
+                              "characters (e.g. gpu.example.com); fix --driver-name")
+        if health_interval <= 0 or registration_check_interval <= 0:
+            raise ConfigError("health_interval and registration_check_interval must be positive (seconds)")
+        self.driver_name = driver_name
+        self.node_name = node_name
+        self.registry_dir = Path(registry_dir).absolute()
+        self.plugin_dir = Path(plugin_dir or DEFAULT_PLUGINS_DIR / driver_name).absolute()
+        self.dra_socket = self.plugin_dir / DRA_SOCKET_NAME
+        self.registration_socket = self.registry_dir / f"{driver_name}-reg.sock"
+        self.registration = RegistrationState()
+        self.claim_locks = claim_locks or ClaimLocks()
+        self._processor = ClaimProcessor(driver_name=driver_name, handler=handler, claim_source=claim_source,
+                                         locks=self.claim_locks)
+        self._health = (DRAResourceHealthV1alpha1(health_source, interval=health_interval)
+                        if health_source is not None else None)
+        self.services: tuple[str, ...] = (DRA_V1, DRA_V1BETA1) + ((HEALTH_V1ALPHA1,) if self._health else ())
+        self._check_interval = registration_check_interval
+        self._stop_grace = stop_grace
+        self._max_workers = max_workers
+        self._lock = PluginLock(self.plugin_dir / LOCK_FILE_NAME)
+        self._dra_server: SocketServer | None = None
+        self._registration_server: SocketServer | None = None
+        self._watcher: RegistrationWatcher | None = None
+        self._mutex = threading.Lock()
+
+    def start(self) -> None:
+        """Take the instance lock, serve the DRA socket, then create the registration socket and its watcher.
+
+        Raises AlreadyRunningError if another instance serves this driver from the same plugin directory, and
+        ConfigError if a socket cannot be created.
+        """
+        self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        self.registry_dir.mkdir(parents=True, exist_ok=True)
+        self._lock.acquire(f"driver {self.driver_name} on node {self.node_name}")
+        try:
+            self._dra_server = SocketServer(self.dra_socket, self._add_dra_services,
+                                            max_workers=self._max_workers)
+            self._dra_server.start()
+            logger.info("serving DRA services socket=%s services=%s",
+                        self.dra_socket, ",".join(self.services))
+            self._start_registration_server()
+            self._watcher = RegistrationWatcher(interval=self._check_interval,
+                                                is_in_place=self._registration_in_place,
+                                                recreate=self._recreate_registration_server,
+                                                directory=self.registry_dir)
+            self._watcher.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Deregister (remove the registration socket), then stop serving DRA calls; safe to call twice."""
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
+        with self._mutex:
+            if self._registration_server is not None:
+                self._registration_server.stop(0)
+                self._registration_server = None
+                logger.info("removed registration socket path=%s", self.registration_socket)
+        if self._health is not None:
+            self._health.stop()
+        if self._dra_server is not None:
+            self._dra_server.stop(self._stop_grace)
+            self._dra_server = None
+            logger.info("stopped DRA services socket=%s", self.dra_socket)
+        self._lock.release()
+
+    def run_until(self, stop: threading.Event) -> None:
+        """Start, serve until ``stop`` is set (e.g. by a SIGTERM handler), then stop in the right order."""
+        self.start()
+        try:
+            stop.wait()
+        finally:
+            self.stop()
+
+    def __enter__(self) -> KubeletPlugin:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def _add_dra_services(self, server: grpc.Server) -> None:
+        add_dra_services(server, self._processor)
+        if self._health is not None:
+            add_health_service(server, self._health)
+
+    def _add_registration_service(self, server: grpc.Server) -> None:
+        add_registration_service(server, RegistrationService(
+            driver_name=self.driver_name, endpoint=str(self.dra_socket), services=self.services,
+            state=self.registration,
+        ))
+
+    def _start_registration_server(self) -> None:
+        server = SocketServer(self.registration_socket, self._add_registration_service, max_workers=2)
+        server.start()
+        with self._mutex:
+            self._registration_server = server
+        logger.info("created registration socket path=%s", self.registration_socket)
+
+    def _registration_in_place(self) -> bool:
+        with self._mutex:
+            return self._registration_server is not None and self._registration_server.is_in_place()
+
+    def _recreate_registration_server(self) -> None:
+        logger.warning("registration socket is gone, re-creating it path=%s", self.registration_socket)
+        with self._mutex:
+            old, self._registration_server = self._registration_server, None
+        if old is not None:
+            old.stop(0)
+        self._start_registration_server()

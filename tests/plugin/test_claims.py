@@ -1,0 +1,52 @@
+"""Claim helpers: request-name reduction and per-UID locking."""
+
+from __future__ import annotations
+
+import threading
+
+from dradriver.plugin.claims import ClaimLocks, base_request_name
+
+
+def test_base_request_name_drops_the_subrequest() -> None:
+    assert base_request_name("gpu/large") == "gpu"
+    assert base_request_name("gpu") == "gpu"
+
+
+def _hold_in_thread(locks: ClaimLocks, uids: list[str], entered: threading.Event,
+                    release: threading.Event) -> threading.Thread:
+    def run() -> None:
+        with locks.hold(uids):
+            entered.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_disjoint_uid_sets_are_held_at_the_same_time() -> None:
+    locks = ClaimLocks()
+    first_in, release = threading.Event(), threading.Event()
+    first = _hold_in_thread(locks, ["a", "b"], first_in, release)
+    assert first_in.wait(10)
+    with locks.hold(["c"]):
+        pass  # would block forever if "c" were serialised with the first holder
+    release.set()
+    first.join(10)
+
+
+def test_overlapping_uid_sets_wait_for_each_other() -> None:
+    locks = ClaimLocks()
+    first_in, first_release = threading.Event(), threading.Event()
+    second_in, second_release = threading.Event(), threading.Event()
+    first = _hold_in_thread(locks, ["a", "b"], first_in, first_release)
+    assert first_in.wait(10)
+    second = _hold_in_thread(locks, ["b", "c"], second_in, second_release)
+    assert locks.wait_until_waiting("b", 1, timeout=10)
+    assert not second_in.is_set()
+    first_release.set()
+    assert second_in.wait(10)
+    assert locks.waiting("b") == 0
+    second_release.set()
+    first.join(10)
+    second.join(10)

@@ -1,0 +1,325 @@
+"""KubeletPlugin over real unix sockets, driven by the kubelet stand-in."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import threading
+from pathlib import Path
+
+import grpc
+import pytest
+from support.kubelet import Claim, KubeletStandIn, RegistrationRejected, discover
+from support.kubelet_plugin_fakes import CDI_VENDOR, DRIVER, FakeClaimSource, FakeHandler, make_claim
+
+from dradriver.api.generated import pluginregistration_v1_pb2
+from dradriver.errors import ConfigError
+from dradriver.plugin.kubelet_plugin import KubeletPlugin
+from dradriver.plugin.lifecycle import AlreadyRunningError
+
+from .conftest import PluginFactory
+
+TIMEOUT = 10.0
+
+
+def wait_for(condition: object, timeout: float = TIMEOUT) -> bool:
+    """Poll ``condition()`` until true or ``timeout``; returns its last value."""
+    ready = threading.Event()
+    deadline = threading.Timer(timeout, ready.set)
+    deadline.start()
+    try:
+        while not condition():  # type: ignore[operator]
+            if ready.wait(0.01):
+                return bool(condition())  # type: ignore[operator]
+        return True
+    finally:
+        deadline.cancel()
+
+
+def test_get_info_advertises_driver_endpoint_and_services(plugin: KubeletPlugin,
+                                                          kubelet: KubeletStandIn) -> None:
+    [reg] = discover(kubelet.registry_dir)
+    assert reg == plugin.registration_socket
+    assert reg.name == f"{DRIVER}-reg.sock"
+    info = kubelet.get_info(reg)
+    assert info.type == "DRAPlugin"
+    assert info.name == DRIVER
+    assert info.endpoint == str(plugin.plugin_dir / "dra.sock")
+    assert Path(info.endpoint).is_absolute()
+    assert list(info.supported_versions) == [
+        "v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
+
+
+def test_health_is_not_advertised_without_a_health_source(make_plugin: PluginFactory,
+                                                          kubelet: KubeletStandIn) -> None:
+    plugin = make_plugin(health_source=None)
+    plugin.start()
+    info = kubelet.get_info(plugin.registration_socket)
+    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+
+
+def test_registration_handshake_picks_v1_and_records_success(plugin: KubeletPlugin,
+                                                             kubelet: KubeletStandIn) -> None:
+    with kubelet.register() as registered:
+        assert registered.version == "v1.DRAPlugin"
+    status = plugin.registration.wait_for_reports(1, TIMEOUT)
+    assert status is not None and status.registered
+
+
+def test_an_older_kubelet_picks_v1beta1(plugin: KubeletPlugin, sock_dir: Path) -> None:
+    old = KubeletStandIn(sock_dir / "registry", supported_versions=["v1beta1.DRAPlugin"])
+    with old.register() as registered:
+        assert registered.version == "v1beta1.DRAPlugin"
+
+
+def test_rejected_registration_is_logged_and_a_retry_succeeds(plugin: KubeletPlugin, sock_dir: Path,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.ERROR, logger="dradriver.plugin.registration")
+    picky = KubeletStandIn(sock_dir / "registry", supported_versions=["v2.DRAPlugin"])
+    with pytest.raises(RegistrationRejected):
+        picky.register()
+    status = plugin.registration.wait_for_reports(1, TIMEOUT)
+    assert status is not None and not status.registered
+    assert "none of the plugin's versions" in caplog.text and DRIVER in caplog.text
+    # The plugin keeps serving: the kubelet's next attempt works.
+    with KubeletStandIn(sock_dir / "registry").register() as registered:
+        assert registered.version == "v1.DRAPlugin"
+    status = plugin.registration.wait_for_reports(2, TIMEOUT)
+    assert status is not None and status.registered
+
+
+@pytest.mark.parametrize("versions", [["v1.DRAPlugin"], ["v1beta1.DRAPlugin"]], ids=["v1", "v1beta1"])
+def test_prepare_and_unprepare_over_each_version(plugin: KubeletPlugin, sock_dir: Path,
+                                                 claims: FakeClaimSource, handler: FakeHandler,
+                                                 versions: list[str]) -> None:
+    share = "4f0a51b3-6c1f-4d0e-9c8e-2b7f3f7b9a10"
+    claims.add(make_claim("a", "uid-a", results=[
+        {"request": "gpu/large", "driver": DRIVER, "pool": "node-a", "device": "gpu-0", "shareID": share},
+        {"request": "other", "driver": "nic.example.com", "pool": "node-a", "device": "nic-0"}]))
+    claims.add(make_claim("b", "uid-b", allocated=False))
+    with KubeletStandIn(sock_dir / "registry", supported_versions=versions).register() as kubelet:
+        result = kubelet.prepare([Claim("default", "a", "uid-a"), Claim("default", "b", "uid-b")])
+        assert set(result) == {"uid-a", "uid-b"}
+        assert result["uid-a"].error == ""
+        expected = {"request_names": ["gpu"], "pool_name": "node-a", "device_name": "gpu-0",
+                    "cdi_device_ids": [f"{CDI_VENDOR}=uid-a-gpu-0"]}
+        if versions == ["v1.DRAPlugin"]:
+            expected["share_id"] = share
+        assert result["uid-a"].devices == [expected]
+        assert "not allocated" in result["uid-b"].error
+        handler.unprepare_errors = {"uid-b": "nothing to undo went wrong"}
+        assert kubelet.unprepare([Claim("default", "a", "uid-a"), Claim("default", "b", "uid-b")]) == {
+            "uid-a": "", "uid-b": "nothing to undo went wrong"}
+
+
+def test_v1_leaves_share_id_unset_when_the_device_has_none(plugin: KubeletPlugin, kubelet: KubeletStandIn,
+                                                           claims: FakeClaimSource) -> None:
+    claims.add(make_claim("a", "uid-a"))
+    with kubelet.register() as registered:
+        [device] = registered.prepare([Claim("default", "a", "uid-a")])["uid-a"].devices
+    assert "share_id" not in device
+
+
+def test_handler_exception_does_not_break_the_server(plugin: KubeletPlugin, kubelet: KubeletStandIn,
+                                                     claims: FakeClaimSource, handler: FakeHandler) -> None:
+    claims.add(make_claim("a", "uid-a"))
+    claims.add(make_claim("b", "uid-b"))
+    handler.raise_for = {"uid-a"}
+    with kubelet.register() as registered:
+        result = registered.prepare([Claim("default", "a", "uid-a"), Claim("default", "b", "uid-b")])
+        assert "simulated driver failure" in result["uid-a"].error
+        assert result["uid-b"].error == "" and result["uid-b"].devices
+        handler.raise_for = set()
+        assert registered.prepare([Claim("default", "a", "uid-a")])["uid-a"].error == ""
+
+
+def test_a_huge_batch_is_answered_over_grpc(plugin: KubeletPlugin, kubelet: KubeletStandIn) -> None:
+    batch = [Claim("default", f"claim-{i}", f"uid-{i:05d}-{'x' * 100}") for i in range(20000)]
+    with kubelet.register() as registered:
+        result = registered.prepare(batch)
+    assert len(result) == 20000
+    assert all("cannot get claim" in entry.error for entry in result.values())
+
+
+def test_claims_of_different_uids_are_prepared_concurrently(plugin: KubeletPlugin, kubelet: KubeletStandIn,
+                                                            claims: FakeClaimSource,
+                                                            handler: FakeHandler) -> None:
+    claims.add(make_claim("a", "uid-a"))
+    claims.add(make_claim("b", "uid-b"))
+    gate = threading.Event()
+    handler.gates = {"uid-a": gate}
+    with kubelet.register() as registered:
+        blocked = registered.prepare_future([Claim("default", "a", "uid-a")])
+        assert handler.wait_until_inside("uid-a")
+        # uid-a is still inside the handler, yet uid-b goes through.
+        assert registered.prepare([Claim("default", "b", "uid-b")])["uid-b"].error == ""
+        assert handler.max_calls_inside == 2
+        gate.set()
+        assert blocked.result(TIMEOUT).claims["uid-a"].error == ""
+
+
+def test_calls_for_the_same_claim_are_serialised(plugin: KubeletPlugin, kubelet: KubeletStandIn,
+                                                 claims: FakeClaimSource, handler: FakeHandler) -> None:
+    claims.add(make_claim("a", "uid-a"))
+    gate = threading.Event()
+    handler.gates = {"uid-a": gate}
+    with kubelet.register() as registered:
+        first = registered.prepare_future([Claim("default", "a", "uid-a")])
+        assert handler.wait_until_inside("uid-a")
+        second = registered.prepare_future([Claim("default", "a", "uid-a")])
+        # The second call has reached the lock and waits there while the first is inside the handler.
+        assert plugin.claim_locks.wait_until_waiting("uid-a", 1, TIMEOUT)
+        assert len(handler.prepare_batches) == 1
+        gate.set()
+        assert first.result(TIMEOUT).claims["uid-a"].error == ""
+        assert second.result(TIMEOUT).claims["uid-a"].error == ""
+    assert len(handler.prepare_batches) == 2
+    assert handler.max_inside_per_uid == 1
+
+
+def test_unknown_methods_get_unimplemented(plugin: KubeletPlugin) -> None:
+    for path in (plugin.dra_socket, plugin.registration_socket):
+        with grpc.insecure_channel(f"unix:{path}") as channel:
+            call = channel.unary_unary("/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeFrobnicate",
+                                       request_serializer=lambda _: b"", response_deserializer=lambda b: b)
+            with pytest.raises(grpc.RpcError) as err:
+                call(None, timeout=TIMEOUT)
+            assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_dra_socket_serves_before_the_registration_socket_appears(make_plugin: PluginFactory,
+                                                                  sock_dir: Path) -> None:
+    plugin = make_plugin()
+    registry = sock_dir / "registry"
+    registry.mkdir()
+    outcome: list[object] = []
+
+    def kubelet_watching() -> None:
+        # Like the kubelet's inotify watcher: act the moment the socket exists.
+        wait_for(lambda: discover(registry))
+        info = KubeletStandIn(registry).get_info(discover(registry)[0])
+        with grpc.insecure_channel(f"unix:{info.endpoint}") as channel:
+            try:
+                grpc.channel_ready_future(channel).result(timeout=0.5)
+                outcome.append("ready")
+            except grpc.FutureTimeoutError as err:
+                outcome.append(err)
+
+    watcher = threading.Thread(target=kubelet_watching)
+    watcher.start()
+    plugin.start()
+    watcher.join(TIMEOUT)
+    assert outcome == ["ready"]
+
+
+def test_stale_socket_files_are_replaced(make_plugin: PluginFactory, sock_dir: Path,
+                                         kubelet: KubeletStandIn) -> None:
+    plugin = make_plugin()
+    for path in (plugin.dra_socket, plugin.registration_socket):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        stale = socket.socket(socket.AF_UNIX)
+        stale.bind(str(path))
+        stale.close()  # a socket file nobody listens on, as a crashed process leaves it
+    (plugin.plugin_dir / "plugin.lock").write_text("12345\n")  # the lock's old PID does not matter
+    plugin.start()
+    with kubelet.register() as registered:
+        assert registered.prepare([]) == {}
+
+
+def test_a_second_instance_is_refused_with_the_lock_and_pid(plugin: KubeletPlugin,
+                                                            make_plugin: PluginFactory,
+                                                            kubelet: KubeletStandIn) -> None:
+    second = make_plugin()
+    with pytest.raises(AlreadyRunningError) as err:
+        second.start()
+    message = str(err.value)
+    assert str(plugin.plugin_dir / "plugin.lock") in message
+    assert f"PID {os.getpid()}" in message
+    assert DRIVER in message and "node-a" in message
+    # The refused instance touched nothing of the running one.
+    with kubelet.register() as registered:
+        assert registered.prepare([]) == {}
+
+
+def test_the_registration_socket_is_recreated_after_deletion(plugin: KubeletPlugin,
+                                                             kubelet: KubeletStandIn) -> None:
+    plugin.registration_socket.unlink()
+    assert wait_for(plugin.registration_socket.exists)
+    with kubelet.register() as registered:
+        assert registered.version == "v1.DRAPlugin"
+
+
+def test_the_registration_socket_is_recreated_when_the_registry_directory_is(
+        plugin: KubeletPlugin, kubelet: KubeletStandIn) -> None:
+    shutil.rmtree(plugin.registry_dir)
+    plugin.registry_dir.mkdir()
+    assert wait_for(lambda: discover(plugin.registry_dir) == [plugin.registration_socket])
+    with kubelet.register() as registered:
+        assert registered.version == "v1.DRAPlugin"
+
+
+def test_stop_removes_both_sockets_and_releases_the_lock(make_plugin: PluginFactory) -> None:
+    plugin = make_plugin()
+    plugin.start()
+    plugin.stop()
+    assert not plugin.registration_socket.exists()
+    assert not plugin.dra_socket.exists()
+    plugin.stop()  # a second stop is harmless
+    again = make_plugin()
+    again.start()
+    assert again.dra_socket.exists()
+
+
+def test_stop_removes_the_registration_socket_before_the_dra_server_stops(
+        make_plugin: PluginFactory, claims: FakeClaimSource, handler: FakeHandler) -> None:
+    plugin = make_plugin(stop_grace=TIMEOUT)
+    plugin.start()
+    claims.add(make_claim("a", "uid-a"))
+    gate = threading.Event()
+    handler.gates = {"uid-a": gate}
+    kubelet = KubeletStandIn(plugin.registry_dir)
+    with kubelet.register() as registered:
+        in_flight = registered.prepare_future([Claim("default", "a", "uid-a")])
+        assert handler.wait_until_inside("uid-a")
+        stopper = threading.Thread(target=plugin.stop)
+        stopper.start()
+        # The plugin is deregistered while a DRA call is still in flight, and that call still completes.
+        assert wait_for(lambda: not plugin.registration_socket.exists())
+        assert handler.inside["uid-a"] == 1
+        gate.set()
+        assert in_flight.result(TIMEOUT).claims["uid-a"].error == ""
+        stopper.join(TIMEOUT)
+    assert not plugin.dra_socket.exists()
+
+
+def test_bad_options_are_config_errors(make_plugin: PluginFactory, sock_dir: Path) -> None:
+    with pytest.raises(ConfigError, match="driver name 'GPU_driver' is not a lower-case DNS subdomain"):
+        make_plugin(driver_name="GPU_driver")
+    with pytest.raises(ConfigError, match="must be positive"):
+        make_plugin(health_interval=0)
+    deep = sock_dir / ("d" * 120)
+    with pytest.raises(ConfigError, match="more than the 107 a unix socket address can hold"):
+        make_plugin(plugin_dir=deep).start()
+
+
+def test_get_info_answers_the_raw_protobuf(plugin: KubeletPlugin) -> None:
+    with grpc.insecure_channel(f"unix:{plugin.registration_socket}") as channel:
+        raw = channel.unary_unary("/pluginregistration.Registration/GetInfo")(b"", timeout=TIMEOUT)
+    info = pluginregistration_v1_pb2.PluginInfo.FromString(raw)
+    assert info.name == DRIVER
+
+
+def test_run_until_serves_until_the_event_is_set(make_plugin: PluginFactory, kubelet: KubeletStandIn) -> None:
+    plugin = make_plugin()
+    stop = threading.Event()
+    runner = threading.Thread(target=plugin.run_until, args=(stop,))
+    runner.start()
+    assert wait_for(lambda: discover(plugin.registry_dir))
+    with kubelet.register() as registered:
+        assert registered.prepare([]) == {}
+    stop.set()
+    runner.join(TIMEOUT)
+    assert not runner.is_alive()
+    assert not plugin.registration_socket.exists()
