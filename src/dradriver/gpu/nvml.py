@@ -1,0 +1,551 @@
+"""``NvmlGpuLib``: the ``GpuLib`` port implemented on NVML through nvidia-ml-py's ``pynvml`` module.
+
+A thin adapter: it calls NVML as the NVIDIA tools do (nvidia-smi, go-nvlib, the NVIDIA DRA driver) and turns the
+answers into our models. Every NVML failure becomes a typed ``GpuError`` naming the device and the NVML function.
+The same class runs on a real node (the default ``import pynvml``) and on the simulator (``gpu.fakelib`` hands it
+a pynvml copy wired to a ``SimulatedNode``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import itertools
+import logging
+import math
+import os
+import threading
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Protocol
+
+from dradriver.gpu.catalog import load_products
+from dradriver.gpu.errors import (
+    GpuError,
+    GpuIsLost,
+    InvalidArgument,
+    LibraryNotFound,
+    NotFound,
+    NotSupported,
+    error_for_code,
+)
+from dradriver.gpu.models import (
+    ComputeInstance,
+    ComputeMode,
+    GpuEvent,
+    GpuInfo,
+    GpuInstance,
+    MigDevice,
+    MigModeState,
+    MigProfile,
+    NvlinkConnection,
+    NvlinkPeerType,
+    Placement,
+    SystemInfo,
+)
+
+log = logging.getLogger(__name__)
+
+LIBRARY_NOT_FOUND_MESSAGE = "NVML library not found: install the NVIDIA driver or use --gpu-backend sim"
+
+_LIBRARY_NOT_FOUND = 12
+_TIMEOUT = 10
+_GPU_IS_LOST = 15
+_NOT_ATTRIBUTABLE = 0xFFFFFFFF
+_CI_PROFILE_1_SLICE_REV1 = 0x7
+_HEALTH_EVENTS = 0x8 | 0x2 | 0x1  # XidCriticalError | DoubleBitEccError | SingleBitEccError
+_XID_EVENT = 0x8
+
+# nvmlDeviceGetArchitecture values → the names go-nvlib and nvidia-smi use.
+ARCHITECTURE_NAMES = {2: "Kepler", 3: "Maxwell", 4: "Pascal", 5: "Volta", 6: "Turing", 7: "Ampere",
+                      8: "Ada Lovelace", 9: "Hopper", 10: "Blackwell", 13: "Rubin"}
+# nvmlDeviceGetBrand values → go-nvlib's brand strings.
+BRAND_NAMES = {0: "Unknown", 1: "Quadro", 2: "Tesla", 3: "NVS", 4: "Grid", 5: "GeForce", 6: "Titan",
+               7: "NvidiaVApps", 8: "NvidiaVPC", 9: "NvidiaVCS", 10: "NvidiaVWS", 11: "NvidiaCloudGaming",
+               12: "QuadroRTX", 13: "NvidiaRTX", 14: "Nvidia", 15: "GeForceRTX", 16: "TitanRTX"}
+# Name suffix of a GPU-instance profile by its NVML_GPU_INSTANCE_PROFILE_* enum (go-nvlib's attributes).
+_PROFILE_SUFFIX = {0x7: "+me", 0x8: "+me", 0xA: "+gfx", 0xB: "+gfx", 0xC: "+gfx", 0x11: "+gfx",
+                   0xD: "-me", 0xE: "-me", 0xF: "+me.all", 0x10: "+me.all"}
+
+
+def normalize_pci_bus_id(bus_id: str) -> str:
+    """NVML's ``00000000:07:00.0`` as sysfs and Kubernetes spell it: ``0000:07:00.0``, lower case."""
+    domain, rest = bus_id.strip().split(":", 1)
+    return f"{int(domain, 16):04x}:{rest.lower()}"
+
+
+def mig_profile_name(enum: int, slice_count: int, memory_mib: int, total_memory_bytes: int) -> str:
+    """A GPU-instance profile's name as nvidia-smi prints it (``3g.40gb``, ``1g.10gb+me``).
+
+    The memory figure is the profile's share of the GPU in eighths, rounded up, times the GPU's memory in whole
+    GiB — how NVIDIA's go-nvlib derives it, so it matches nvidia-smi also where plain rounding would not."""
+    gib = 1024**3
+    fraction = math.ceil(memory_mib * 1024 * 1024 / total_memory_bytes * 8) / 8
+    total_gib = (total_memory_bytes + gib - 1) // gib
+    memory_gb = math.floor(fraction * total_gib + 0.5)
+    return f"{slice_count}g.{memory_gb}gb{_PROFILE_SUFFIX.get(enum, '')}"
+
+
+class PciTopology(Protocol):
+    """Where a GPU sits on the host: facts NVML does not give, read from sysfs on a real node."""
+
+    def numa_node(self, pci_bus_id: str) -> int | None:
+        """NUMA node of the device at normalised ``pci_bus_id``, None when the platform has none."""
+
+    def pcie_root(self, pci_bus_id: str) -> str | None:
+        """PCIe root complex (``pci0000:00``) above the device, None when unknown."""
+
+
+class SysfsPciTopology:
+    """``PciTopology`` from ``/sys/bus/pci/devices/<bdf>`` (``numa_node`` file, and the link target's path)."""
+
+    def __init__(self, root: Path = Path("/sys/bus/pci/devices")) -> None:
+        self.root = root
+
+    def numa_node(self, pci_bus_id: str) -> int | None:
+        try:
+            value = int((self.root / pci_bus_id / "numa_node").read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return None if value < 0 else value
+
+    def pcie_root(self, pci_bus_id: str) -> str | None:
+        # The device link reads like ../../../devices/pci0000:00/0000:00:01.0/0000:07:00.0.
+        try:
+            target = os.readlink(self.root / pci_bus_id)
+        except OSError:
+            return None
+        parts = Path(target).parts
+        for before, after in itertools.pairwise(parts):
+            if before == "devices" and after.startswith("pci"):
+                return after
+        return None
+
+
+class NvmlGpuLib:
+    """The ``GpuLib`` port on NVML. Thread-safe as NVML is; ``close()`` shuts NVML down."""
+
+    def __init__(self, *, nvml: ModuleType | None = None, pci_topology: PciTopology | None = None) -> None:
+        if nvml is None:
+            import pynvml
+
+            nvml = pynvml
+        self._nvml: Any = nvml
+        self._topology = pci_topology if pci_topology is not None else SysfsPciTopology()
+        self._lock = threading.RLock()
+        self._closed = False
+        self._gpus: list[GpuInfo] | None = None
+        self._handles: dict[str, Any] = {}
+        self._profiles: dict[str, list[MigProfile]] = {}
+        self._ci_profiles: dict[tuple[str, int], list[tuple[int, Any]]] = {}
+        self._links: dict[str, list[NvlinkConnection]] = {}
+        self._event_set: Any = None
+        self._event_error: GpuError | None = None
+        self._event_uuids: dict[int, str] = {}
+        self._reported_lost: set[str] = set()
+        self._lost_before_watch: list[str] = []
+        try:
+            self._nvml.nvmlInit()
+        except self._nvml.NVMLError as err:
+            if err.value == _LIBRARY_NOT_FOUND:
+                raise LibraryNotFound(LIBRARY_NOT_FOUND_MESSAGE, call="nvmlInit") from err
+            raise error_for_code(err.value, str(err), call="nvmlInit") from err
+
+    # --- plumbing -----------------------------------------------------------------------------------------
+
+    def _call(self, function: str, *args: Any, device: str | None = None, **kwargs: Any) -> Any:
+        """``pynvml.<function>(*args)``, with NVML errors turned into typed ``GpuError``s."""
+        try:
+            return getattr(self._nvml, function)(*args, **kwargs)
+        except self._nvml.NVMLError as err:
+            raise error_for_code(err.value, str(err), device=device, call=function) from err
+
+    def _handle(self, uuid: str) -> Any:
+        """A device handle for a GPU or MIG UUID (GPU handles are cached: they never change)."""
+        handle = self._handles.get(uuid)
+        if handle is None:
+            self.gpus()
+            handle = self._handles.get(uuid)
+        if handle is None:
+            handle = self._call("nvmlDeviceGetHandleByUUID", uuid, device=uuid)
+        return handle
+
+    @staticmethod
+    def _address(handle: Any) -> int:
+        return ctypes.cast(handle, ctypes.c_void_p).value or 0
+
+    def _gpu_info(self, uuid: str) -> GpuInfo:
+        for gpu in self.gpus():
+            if gpu.uuid == uuid:
+                return gpu
+        raise NotFound(f"no GPU with UUID {uuid} on this node; `dradriver inventory` lists them", device=uuid)
+
+    # --- identity -----------------------------------------------------------------------------------------
+
+    def system(self) -> SystemInfo:
+        extra: dict[str, str] = {}
+        with contextlib.suppress(GpuError):  # informational only
+            extra["nvmlVersion"] = self._call("nvmlSystemGetNVMLVersion")
+        return SystemInfo(driver_version=self._call("nvmlSystemGetDriverVersion"),
+                          cuda_driver_version=self._call("nvmlSystemGetCudaDriverVersion_v2"), extra=extra)
+
+    def gpus(self) -> list[GpuInfo]:
+        with self._lock:
+            if self._gpus is None:
+                self._gpus = [self._read_gpu(i) for i in range(self._call("nvmlDeviceGetCount"))]
+                self._watch_events()
+            return list(self._gpus)
+
+    def _read_gpu(self, index: int) -> GpuInfo:
+        handle = self._call("nvmlDeviceGetHandleByIndex", index, device=f"GPU index {index}")
+        uuid = self._call("nvmlDeviceGetUUID", handle, device=f"GPU index {index}")
+        self._handles[uuid] = handle
+        self._event_uuids[self._address(handle)] = uuid
+        pci = self._call("nvmlDeviceGetPciInfo_v3", handle, device=uuid)
+        bus_id = normalize_pci_bus_id(_text(pci.busId))
+        name = self._call("nvmlDeviceGetName", handle, device=uuid)
+        try:
+            self._call("nvmlDeviceGetMigMode", handle, device=uuid)
+            mig_capable = True
+        except NotSupported:
+            mig_capable = False
+        major, minor = self._call("nvmlDeviceGetCudaComputeCapability", handle, device=uuid)
+        return GpuInfo(
+            index=index,
+            minor=self._call("nvmlDeviceGetMinorNumber", handle, device=uuid),
+            uuid=uuid,
+            product_name=name,
+            brand=BRAND_NAMES.get(self._call("nvmlDeviceGetBrand", handle, device=uuid), "Unknown"),
+            architecture=ARCHITECTURE_NAMES.get(self._call("nvmlDeviceGetArchitecture", handle, device=uuid),
+                                                "Unknown"),
+            cuda_compute_capability=(major, minor),
+            memory_bytes=self._call("nvmlDeviceGetMemoryInfo", handle, device=uuid).total,
+            multiprocessors=self._multiprocessors(handle, uuid, name),
+            pci_bus_id=bus_id,
+            pci_device_id=pci.pciDeviceId >> 16,
+            numa_node=self._topology.numa_node(bus_id),
+            pcie_root=self._topology.pcie_root(bus_id),
+            mig_capable=mig_capable,
+        )
+
+    def _multiprocessors(self, handle: Any, uuid: str, name: str) -> int:
+        # NVML reports SM counts only for MIG device handles; for a whole GPU we know them per product (0 when not).
+        try:
+            return int(self._call("nvmlDeviceGetAttributes_v2", handle, device=uuid).multiprocessorCount)
+        except NotSupported:
+            product = load_products().get(name)
+            return product.multiprocessors if product else 0
+
+    # --- MIG ----------------------------------------------------------------------------------------------
+
+    def mig_mode(self, gpu_uuid: str) -> MigModeState:
+        current, pending = self._call("nvmlDeviceGetMigMode", self._handle(gpu_uuid), device=gpu_uuid)
+        return MigModeState(current=current == 1, pending=pending == 1)
+
+    def set_mig_mode(self, gpu_uuid: str, enabled: bool) -> MigModeState:
+        status = self._call("nvmlDeviceSetMigMode", self._handle(gpu_uuid), int(enabled), device=gpu_uuid)
+        if status != 0:
+            # NVML can accept the request yet report that activating it failed (e.g. the GPU is busy).
+            raise error_for_code(status, "MIG mode change not activated", device=gpu_uuid,
+                                 call="nvmlDeviceSetMigMode")
+        return self.mig_mode(gpu_uuid)
+
+    def mig_profiles(self, gpu_uuid: str) -> list[MigProfile]:
+        with self._lock:
+            cached = self._profiles.get(gpu_uuid)
+            if cached is None:
+                cached = self._profiles[gpu_uuid] = self._read_profiles(gpu_uuid)
+            return list(cached)
+
+    def _read_profiles(self, gpu_uuid: str) -> list[MigProfile]:
+        gpu = self._gpu_info(gpu_uuid)
+        if not gpu.mig_capable:
+            return []
+        handle = self._handle(gpu_uuid)
+        # The versioned call (which also names the profile) answers only while MIG is enabled.
+        version = 2 if self.mig_mode(gpu_uuid).current else 1
+        profiles: dict[int, MigProfile] = {}
+        for enum in range(self._nvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            try:
+                info = self._call("nvmlDeviceGetGpuInstanceProfileInfo", handle, enum, version=version,
+                                  device=gpu_uuid)
+            except (NotSupported, InvalidArgument):
+                continue
+            if info.id in profiles:
+                continue
+            placements = self._placements(handle, gpu_uuid, info.id)
+            name = _text(info.name).removeprefix("MIG ") if version == 2 else ""
+            profiles[info.id] = MigProfile(
+                id=info.id,
+                name=name or mig_profile_name(enum, info.sliceCount, info.memorySizeMB, gpu.memory_bytes),
+                slice_count=info.sliceCount,
+                memory_slices=placements[0].size if placements else 0,
+                max_instances=info.instanceCount,
+                memory_mib=info.memorySizeMB,
+                multiprocessors=info.multiprocessorCount,
+                copy_engines=info.copyEngineCount,
+                decoders=info.decoderCount,
+                encoders=info.encoderCount,
+                jpeg_engines=info.jpegCount,
+                ofa_engines=info.ofaCount,
+                placements=placements,
+            )
+        return list(profiles.values())
+
+    def _placements(self, handle: Any, gpu_uuid: str, profile_id: int) -> tuple[Placement, ...]:
+        count = ctypes.c_uint(0)
+        call = "nvmlDeviceGetGpuInstancePossiblePlacements"
+        self._call(call, handle, profile_id, None, ctypes.byref(count), device=gpu_uuid)
+        buffer = (self._nvml.c_nvmlGpuInstancePlacement_t * max(count.value, 1))()
+        self._call(call, handle, profile_id, buffer, ctypes.byref(count), device=gpu_uuid)
+        return tuple(Placement(buffer[i].start, buffer[i].size) for i in range(count.value))
+
+    def _profile(self, gpu_uuid: str, profile_id: int, call: str) -> MigProfile:
+        profiles = self.mig_profiles(gpu_uuid)
+        for profile in profiles:
+            if profile.id == profile_id:
+                return profile
+        known = ", ".join(f"{p.id} ({p.name})" for p in profiles) or "none: the GPU has no MIG"
+        raise InvalidArgument(f"no MIG profile id {profile_id}; known: {known}", device=gpu_uuid, call=call)
+
+    def gpu_instances(self, gpu_uuid: str) -> list[GpuInstance]:
+        if not self._gpu_info(gpu_uuid).mig_capable or not self.mig_mode(gpu_uuid).current:
+            return []
+        handle = self._handle(gpu_uuid)
+        found: list[GpuInstance] = []
+        for profile in self.mig_profiles(gpu_uuid):
+            capacity = max(profile.max_instances, 1)
+            buffer = (self._nvml.c_nvmlGpuInstance_t * capacity)()
+            count = ctypes.c_uint(capacity)
+            self._call("nvmlDeviceGetGpuInstances", handle, profile.id, buffer, ctypes.byref(count),
+                       device=gpu_uuid)
+            found.extend(self._gpu_instance(buffer[i], gpu_uuid) for i in range(count.value))
+        return sorted(found, key=lambda gi: gi.id)
+
+    def _gpu_instance(self, gi: Any, gpu_uuid: str) -> GpuInstance:
+        info = self._call("nvmlGpuInstanceGetInfo", gi, device=gpu_uuid)
+        computes: list[ComputeInstance] = []
+        for _enum, ci_profile in self._compute_profiles(gi, gpu_uuid, info.profileId):
+            capacity = max(ci_profile.instanceCount, 1)
+            buffer = (self._nvml.c_nvmlComputeInstance_t * capacity)()
+            count = ctypes.c_uint(capacity)
+            self._call("nvmlGpuInstanceGetComputeInstances", gi, ci_profile.id, buffer, ctypes.byref(count),
+                       device=gpu_uuid)
+            for i in range(count.value):
+                ci_info = self._call("nvmlComputeInstanceGetInfo", buffer[i], device=gpu_uuid)
+                computes.append(ComputeInstance(id=ci_info.id, profile_id=ci_info.profileId,
+                                                slice_count=ci_profile.sliceCount))
+        return GpuInstance(id=info.id, profile_id=info.profileId,
+                           placement=Placement(info.placement.start, info.placement.size),
+                           compute_instances=tuple(sorted(computes, key=lambda ci: ci.id)))
+
+    def _compute_profiles(self, gi: Any, gpu_uuid: str, gi_profile_id: int) -> list[tuple[int, Any]]:
+        """(enum, profile info) of every compute-instance profile a GPU instance of this profile offers."""
+        key = (gpu_uuid, gi_profile_id)
+        with self._lock:
+            cached = self._ci_profiles.get(key)
+        if cached is None:
+            cached = []
+            for enum in range(self._nvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
+                try:
+                    info = self._call("nvmlGpuInstanceGetComputeInstanceProfileInfo", gi, enum,
+                                      self._nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED, device=gpu_uuid)
+                except (NotSupported, InvalidArgument):
+                    continue
+                cached.append((enum, info))
+            with self._lock:
+                self._ci_profiles[key] = cached
+        return cached
+
+    def create_gpu_instance(self, gpu_uuid: str, profile_id: int, placement_start: int) -> GpuInstance:
+        call = "nvmlDeviceCreateGpuInstanceWithPlacement"
+        profile = self._profile(gpu_uuid, profile_id, call)
+        placement = self._nvml.c_nvmlGpuInstancePlacement_t(placement_start, profile.memory_slices)
+        gi = self._call(call, self._handle(gpu_uuid), profile_id, ctypes.byref(placement), device=gpu_uuid)
+        created = self._gpu_instance(gi, gpu_uuid)
+        log.info("created GPU instance gpu=%s gi=%d profile=%s start=%d", gpu_uuid, created.id, profile.name,
+                 placement_start)
+        return created
+
+    def destroy_gpu_instance(self, gpu_uuid: str, gpu_instance_id: int) -> None:
+        gi = self._call("nvmlDeviceGetGpuInstanceById", self._handle(gpu_uuid), gpu_instance_id, device=gpu_uuid)
+        self._call("nvmlGpuInstanceDestroy", gi, device=f"{gpu_uuid} GPU instance {gpu_instance_id}")
+        log.info("destroyed GPU instance gpu=%s gi=%d", gpu_uuid, gpu_instance_id)
+
+    def create_compute_instance(self, gpu_uuid: str, gpu_instance_id: int,
+                                slice_count: int | None = None) -> ComputeInstance:
+        gi = self._call("nvmlDeviceGetGpuInstanceById", self._handle(gpu_uuid), gpu_instance_id, device=gpu_uuid)
+        info = self._call("nvmlGpuInstanceGetInfo", gi, device=gpu_uuid)
+        wanted = (slice_count if slice_count is not None
+                  else self._profile(gpu_uuid, info.profileId, "nvmlGpuInstanceGetInfo").slice_count)
+        choice = next((ci for enum, ci in self._compute_profiles(gi, gpu_uuid, info.profileId)
+                       if ci.sliceCount == wanted and enum != _CI_PROFILE_1_SLICE_REV1), None)
+        where = f"{gpu_uuid} GPU instance {gpu_instance_id}"
+        if choice is None:
+            raise NotSupported(f"no {wanted}-slice compute instance profile in this GPU instance",
+                               device=where, call="nvmlGpuInstanceGetComputeInstanceProfileInfo")
+        ci = self._call("nvmlGpuInstanceCreateComputeInstance", gi, choice.id, device=where)
+        ci_info = self._call("nvmlComputeInstanceGetInfo", ci, device=where)
+        log.info("created compute instance gpu=%s gi=%d ci=%d slices=%d", gpu_uuid, gpu_instance_id, ci_info.id,
+                 wanted)
+        return ComputeInstance(id=ci_info.id, profile_id=ci_info.profileId, slice_count=choice.sliceCount)
+
+    def destroy_compute_instance(self, gpu_uuid: str, gpu_instance_id: int, compute_instance_id: int) -> None:
+        gi = self._call("nvmlDeviceGetGpuInstanceById", self._handle(gpu_uuid), gpu_instance_id, device=gpu_uuid)
+        where = f"{gpu_uuid} GPU instance {gpu_instance_id}"
+        ci = self._call("nvmlGpuInstanceGetComputeInstanceById", gi, compute_instance_id, device=where)
+        self._call("nvmlComputeInstanceDestroy", ci, device=f"{where} compute instance {compute_instance_id}")
+        log.info("destroyed compute instance gpu=%s gi=%d ci=%d", gpu_uuid, gpu_instance_id, compute_instance_id)
+
+    def mig_devices(self, gpu_uuid: str) -> list[MigDevice]:
+        if not self._gpu_info(gpu_uuid).mig_capable:
+            return []
+        handle = self._handle(gpu_uuid)
+        devices: list[MigDevice] = []
+        for index in range(self._call("nvmlDeviceGetMaxMigDeviceCount", handle, device=gpu_uuid)):
+            try:
+                mig = self._call("nvmlDeviceGetMigDeviceHandleByIndex", handle, index, device=gpu_uuid)
+            except (NotFound, InvalidArgument):
+                continue
+            gi_id = self._call("nvmlDeviceGetGpuInstanceId", mig, device=gpu_uuid)
+            ci_id = self._call("nvmlDeviceGetComputeInstanceId", mig, device=gpu_uuid)
+            uuid = self._call("nvmlDeviceGetUUID", mig, device=gpu_uuid)
+            gi = self._call("nvmlDeviceGetGpuInstanceById", handle, gi_id, device=gpu_uuid)
+            info = self._call("nvmlGpuInstanceGetInfo", gi, device=gpu_uuid)
+            devices.append(MigDevice(
+                uuid=uuid, parent_uuid=gpu_uuid, gpu_instance_id=gi_id, compute_instance_id=ci_id,
+                profile=self._profile(gpu_uuid, info.profileId, "nvmlGpuInstanceGetInfo"),
+                placement=Placement(info.placement.start, info.placement.size)))
+        return devices
+
+    # --- compute mode -------------------------------------------------------------------------------------
+
+    def compute_mode(self, device_uuid: str) -> ComputeMode:
+        return ComputeMode(self._call("nvmlDeviceGetComputeMode", self._handle(device_uuid), device=device_uuid))
+
+    def set_compute_mode(self, device_uuid: str, mode: ComputeMode) -> None:
+        self._call("nvmlDeviceSetComputeMode", self._handle(device_uuid), int(mode), device=device_uuid)
+        log.info("set compute mode device=%s mode=%s", device_uuid, mode.name)
+
+    # --- NVLink -------------------------------------------------------------------------------------------
+
+    def nvlinks(self, gpu_uuid: str) -> list[NvlinkConnection]:
+        with self._lock:
+            cached = self._links.get(gpu_uuid)
+            if cached is None:
+                cached = self._links[gpu_uuid] = self._read_links(gpu_uuid)
+            return list(cached)
+
+    def _read_links(self, gpu_uuid: str) -> list[NvlinkConnection]:
+        handle = self._handle(gpu_uuid)
+        links: list[NvlinkConnection] = []
+        for link in range(self._nvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                state = self._call("nvmlDeviceGetNvLinkState", handle, link, device=gpu_uuid)
+            except (NotSupported, InvalidArgument):
+                continue
+            if state != self._nvml.NVML_FEATURE_ENABLED:
+                continue
+            remote = self._call("nvmlDeviceGetNvLinkRemotePciInfo", handle, link, device=gpu_uuid)
+            kind = self._call("nvmlDeviceGetNvLinkRemoteDeviceType", handle, link, device=gpu_uuid)
+            links.append(NvlinkConnection(
+                link=link, remote_pci_bus_id=normalize_pci_bus_id(_text(remote.busId)),
+                remote_type=NvlinkPeerType(kind) if kind in NvlinkPeerType._value2member_map_
+                else NvlinkPeerType.UNKNOWN))
+        return links
+
+    # --- health events ------------------------------------------------------------------------------------
+
+    def _watch_events(self) -> None:
+        """Register every GPU for health events. Done with the first enumeration, not the first wait: NVML
+        records only events raised after registration, and none between discovery and the first wait may be
+        lost."""
+        try:
+            event_set = self._call("nvmlEventSetCreate")
+        except GpuError as err:
+            self._event_error = err
+            log.warning("GPU health events unavailable error=%s", err)
+            return
+        assert self._gpus is not None
+        for gpu in self._gpus:
+            handle = self._handles[gpu.uuid]
+            try:
+                supported = self._call("nvmlDeviceGetSupportedEventTypes", handle, device=gpu.uuid)
+                self._call("nvmlDeviceRegisterEvents", handle, _HEALTH_EVENTS & supported, event_set,
+                           device=gpu.uuid)
+            except NotSupported:
+                log.warning("GPU health events not supported; XIDs will not be reported gpu=%s", gpu.uuid)
+            except GpuIsLost:
+                # Lost before we started watching: the first wait reports it.
+                self._reported_lost.add(gpu.uuid)
+                self._lost_before_watch.append(gpu.uuid)
+            except GpuError as err:
+                log.warning("GPU health events unavailable error=%s", err)
+                self._event_error = err
+                with contextlib.suppress(GpuError):
+                    self._call("nvmlEventSetFree", event_set)
+                return
+        self._event_set = event_set
+
+    def wait_for_event(self, timeout_s: float) -> GpuEvent | None:
+        self.gpus()
+        with self._lock:
+            if self._lost_before_watch:
+                return GpuEvent(gpu_uuid=self._lost_before_watch.pop(0), gpu_lost=True)
+            event_set = self._event_set
+            if event_set is None:
+                raise self._event_error or GpuError("GPU health events are not being watched")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining_ms = max(0, round((deadline - time.monotonic()) * 1000))
+            try:
+                data = self._nvml.nvmlEventSetWait_v2(event_set, remaining_ms)
+            except self._nvml.NVMLError as err:
+                if err.value == _TIMEOUT:
+                    return None
+                if err.value == _GPU_IS_LOST:
+                    return self._lost_gpu_event()
+                raise error_for_code(err.value, str(err), call="nvmlEventSetWait_v2") from err
+            # ECC events are registered (as NVIDIA's drivers do) but only XIDs are reported.
+            if data.eventType & _XID_EVENT:
+                return GpuEvent(
+                    gpu_uuid=self._event_gpu(data.device), xid=int(data.eventData),
+                    gpu_instance_id=None if data.gpuInstanceId == _NOT_ATTRIBUTABLE else int(data.gpuInstanceId),
+                    compute_instance_id=(None if data.computeInstanceId == _NOT_ATTRIBUTABLE
+                                         else int(data.computeInstanceId)))
+            if remaining_ms == 0:
+                return None
+
+    def _event_gpu(self, device: Any) -> str:
+        uuid = self._event_uuids.get(self._address(device))
+        return uuid if uuid is not None else str(self._call("nvmlDeviceGetUUID", device))
+
+    def _lost_gpu_event(self) -> GpuEvent:
+        # NVML says a GPU is lost but not which: the lost one is the GPU that no longer answers a UUID lookup.
+        for gpu in self.gpus():
+            if gpu.uuid in self._reported_lost:
+                continue
+            try:
+                self._call("nvmlDeviceGetHandleByUUID", gpu.uuid, device=gpu.uuid)
+            except GpuIsLost:
+                self._reported_lost.add(gpu.uuid)
+                return GpuEvent(gpu_uuid=gpu.uuid, gpu_lost=True)
+        raise GpuIsLost("a GPU fell off the bus (which one is unknown); drain the node and reset or reboot it",
+                        call="nvmlEventSetWait_v2")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._event_set is not None:
+                try:
+                    self._call("nvmlEventSetFree", self._event_set)
+                except GpuError as err:
+                    log.warning("could not free the NVML event set error=%s", err)
+            self._call("nvmlShutdown")
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,457 @@
+"""One contract for the GpuLib port, run against NvmlGpuLib on the fake NVML library (several node profiles) and
+against NvmlGpuLib on the real NVML library when this machine has a GPU (else skipped, with the reason).
+
+On real hardware the read-only checks always run; the ones that change MIG layout or compute modes run only with
+DRADRIVER_GPU_TESTS_MAY_CHANGE_GPUS=1, and fault injection (XIDs, lost GPUs) is simulator-only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from dradriver.gpu.catalog import load_node_profile, load_products
+from dradriver.gpu.errors import (
+    GpuIsLost,
+    InsufficientResources,
+    InUse,
+    InvalidArgument,
+    LibraryNotFound,
+    NoPermission,
+    NotFound,
+    NotSupported,
+)
+from dradriver.gpu.fakelib import SimPciTopology, fake_pynvml, simulated_gpulib
+from dradriver.gpu.models import MIB, ComputeMode, GpuEvent, NvlinkPeerType
+from dradriver.gpu.nvml import ARCHITECTURE_NAMES, BRAND_NAMES, NvmlGpuLib
+from dradriver.gpu.sim import SimulatedNode
+
+SIM_PROFILES = ["dgx-a100-40gb", "hgx-h100-80gb", "h100-nvl-pairs", "mixed"]
+MAY_CHANGE_GPUS = "DRADRIVER_GPU_TESTS_MAY_CHANGE_GPUS"
+
+UUID = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+MIG_UUID = re.compile(r"^MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+BUS_ID = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+# A100/H100-class GPU-instance profiles: real id → (compute slices, memory slices, placement starts).
+MIG_SHAPES = {19: (1, 1, [0, 1, 2, 3, 4, 5, 6]), 20: (1, 1, [0, 1, 2, 3, 4, 5, 6]), 15: (1, 2, [0, 2, 4, 6]),
+              14: (2, 2, [0, 2, 4]), 9: (3, 4, [0, 4]), 5: (4, 4, [0]), 0: (7, 8, [0])}
+P_1G, P_3G = 19, 9
+
+
+@dataclass
+class Backend:
+    lib: NvmlGpuLib
+    node: SimulatedNode | None  # None on real hardware
+
+
+def _real_backend() -> Backend:
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as err:
+        pytest.skip(f"real NVML unavailable on this machine ({err}); the contract ran on the simulator only")
+    pynvml.nvmlShutdown()
+    return Backend(NvmlGpuLib(), None)
+
+
+@pytest.fixture(params=[*SIM_PROFILES, pytest.param("real-nvml", marks=pytest.mark.gpu)])
+def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    if request.param == "real-nvml":
+        chosen = _real_backend()
+    else:
+        lib, node = simulated_gpulib(request.param)
+        chosen = Backend(lib, node)
+    yield chosen
+    chosen.lib.close()
+
+
+def may_change(backend: Backend) -> None:
+    if backend.node is None and os.environ.get(MAY_CHANGE_GPUS) != "1":
+        pytest.skip(f"changes MIG layout / compute modes of real GPUs; set {MAY_CHANGE_GPUS}=1 to allow")
+
+
+def simulated(backend: Backend) -> SimulatedNode:
+    if backend.node is None:
+        pytest.skip("needs fault injection, which only the simulator has")
+    return backend.node
+
+
+def mig_ready_gpu(backend: Backend) -> str:
+    """A MIG-capable GPU with MIG enabled and no GPU instances (enabling it on the simulator if needed)."""
+    lib = backend.lib
+    for gpu in lib.gpus():
+        if not gpu.mig_capable or lib.gpu_instances(gpu.uuid):
+            continue
+        if not lib.mig_mode(gpu.uuid).current:
+            if backend.node is None:
+                continue
+            if not lib.set_mig_mode(gpu.uuid, True).current:
+                backend.node.reset_gpu(gpu.index)  # what `nvidia-smi -r` does on Ampere
+        assert lib.mig_mode(gpu.uuid).current
+        return gpu.uuid
+    pytest.skip("no MIG-capable GPU with MIG enabled and free on this node")
+
+
+def non_mig_gpu(backend: Backend) -> str:
+    """A GPU running as a whole (MIG absent or disabled)."""
+    for gpu in backend.lib.gpus():
+        if not gpu.mig_capable or not backend.lib.mig_mode(gpu.uuid).current:
+            return gpu.uuid
+    pytest.skip("every GPU has MIG enabled")
+
+
+# --- identity -------------------------------------------------------------------------------------------------
+
+
+def test_system_reports_driver_and_cuda_versions(backend: Backend) -> None:
+    system = backend.lib.system()
+    assert re.match(r"^\d+\.\d+(\.\d+)?$", system.driver_version)
+    assert system.cuda_driver_version >= 10000
+    if backend.node:
+        assert (system.driver_version, system.cuda_driver_version) == (
+            backend.node.driver_version, backend.node.cuda_driver_version)
+
+
+def test_gpus_report_identity_as_nvml_does(backend: Backend) -> None:
+    gpus = backend.lib.gpus()
+    assert [g.index for g in gpus] == list(range(len(gpus)))
+    assert len({g.uuid for g in gpus}) == len(gpus)
+    for gpu in gpus:
+        assert UUID.match(gpu.uuid) and BUS_ID.match(gpu.pci_bus_id)
+        assert gpu.memory_bytes > 0 and gpu.architecture in ARCHITECTURE_NAMES.values()
+        assert gpu.brand in BRAND_NAMES.values()
+    if backend.node is None:
+        return
+    products = load_products()
+    for gpu, sim_gpu in zip(gpus, backend.node.gpus, strict=True):
+        product = products[sim_gpu.product_name]
+        major, minor = (int(part) for part in product.compute_capability.split("."))
+        assert gpu.uuid == sim_gpu.uuid
+        assert gpu.product_name == sim_gpu.product_name  # verbatim, e.g. "NVIDIA H100 80GB HBM3"
+        assert gpu.memory_bytes == product.memory_mib * MIB
+        assert (gpu.pci_bus_id, gpu.minor) == (sim_gpu.pci_bus_id, sim_gpu.index)
+        assert (gpu.numa_node, gpu.pcie_root) == (sim_gpu.numa_node, sim_gpu.pcie_root)
+        assert gpu.cuda_compute_capability == (major, minor)
+        assert (gpu.architecture, gpu.brand) == (product.architecture, "Nvidia")
+        assert (gpu.pci_device_id, gpu.multiprocessors) == (product.pci_device_id, product.multiprocessors)
+        assert gpu.mig_capable == product.mig_capable
+
+
+def test_mig_mode_is_reported_for_mig_gpus_and_not_supported_elsewhere(backend: Backend) -> None:
+    for gpu in backend.lib.gpus():
+        if gpu.mig_capable:
+            state = backend.lib.mig_mode(gpu.uuid)
+            if backend.node:
+                sim_gpu = backend.node.gpus[gpu.index]
+                assert (state.current, state.pending) == (sim_gpu.mig_current, sim_gpu.mig_pending)
+        else:
+            with pytest.raises(NotSupported, match=f"nvmlDeviceGetMigMode on {gpu.uuid}"):
+                backend.lib.mig_mode(gpu.uuid)
+
+
+def test_mig_profiles_carry_real_ids_placements_and_names(backend: Backend) -> None:
+    for gpu in backend.lib.gpus():
+        profiles = backend.lib.mig_profiles(gpu.uuid)
+        if not gpu.mig_capable:
+            assert profiles == []
+            continue
+        if gpu.architecture in {"Ampere", "Hopper"}:
+            assert {0, 5, 9, 14, 19} <= {p.id for p in profiles} <= set(MIG_SHAPES)
+        for profile in profiles:
+            assert re.match(r"^\dg\.\d+gb(\+me)?$", profile.name)
+            assert all(p.size == profile.memory_slices and p.start + p.size <= 8 for p in profile.placements)
+            if profile.id in MIG_SHAPES:
+                slices, memory_slices, starts = MIG_SHAPES[profile.id]
+                assert (profile.slice_count, profile.memory_slices) == (slices, memory_slices)
+                assert [p.start for p in profile.placements] == starts
+        if backend.node:
+            # Names come from NVML's v2 struct where MIG is on and are derived where it is off: both must read
+            # exactly as nvidia-smi prints them.
+            specs = {s.id: s for s in backend.node.gpus[gpu.index].product.mig_profiles}
+            assert {p.id: p.name for p in profiles} == {i: s.name for i, s in specs.items()}
+            for profile in profiles:
+                spec = specs[profile.id]
+                assert (profile.memory_mib, profile.multiprocessors, profile.max_instances) == (
+                    spec.memory_mib, spec.sm, spec.max)
+                assert (profile.copy_engines, profile.decoders, profile.encoders, profile.jpeg_engines,
+                        profile.ofa_engines) == (spec.ce, spec.dec, spec.enc, spec.jpeg, spec.ofa)
+
+
+def test_mig_profiles_read_the_same_before_and_after_enabling_mig() -> None:
+    lib, _node = simulated_gpulib("hgx-h100-80gb")
+    fresh, _ = simulated_gpulib("hgx-h100-80gb")
+    uuid = lib.gpus()[0].uuid
+    disabled = lib.mig_profiles(uuid)
+    fresh.set_mig_mode(uuid, True)
+    assert fresh.mig_profiles(uuid) == disabled
+
+
+# --- MIG lifecycle --------------------------------------------------------------------------------------------
+
+
+def test_gpu_and_compute_instances_round_trip_into_mig_devices(backend: Backend) -> None:
+    may_change(backend)
+    lib = backend.lib
+    uuid = mig_ready_gpu(backend)
+    gi = lib.create_gpu_instance(uuid, P_3G, 4)
+    try:
+        assert (gi.profile_id, gi.placement.start, gi.placement.size, gi.compute_instances) == (P_3G, 4, 4, ())
+        ci = lib.create_compute_instance(uuid, gi.id)
+        assert ci.slice_count == 3
+        [listed] = lib.gpu_instances(uuid)
+        assert (listed.id, listed.compute_instances) == (gi.id, (ci,))
+        [device] = lib.mig_devices(uuid)
+        assert MIG_UUID.match(device.uuid)
+        assert (device.parent_uuid, device.gpu_instance_id, device.compute_instance_id) == (uuid, gi.id, ci.id)
+        assert (device.profile.id, device.placement) == (P_3G, gi.placement)
+        lib.destroy_compute_instance(uuid, gi.id, ci.id)
+    finally:
+        lib.destroy_gpu_instance(uuid, gi.id)
+    assert lib.gpu_instances(uuid) == [] and lib.mig_devices(uuid) == []
+
+
+def test_an_occupied_placement_is_insufficient_resources(backend: Backend) -> None:
+    may_change(backend)
+    uuid = mig_ready_gpu(backend)
+    gi = backend.lib.create_gpu_instance(uuid, P_3G, 4)
+    try:
+        with pytest.raises(InsufficientResources, match=f"nvmlDeviceCreateGpuInstanceWithPlacement on {uuid}"):
+            backend.lib.create_gpu_instance(uuid, P_1G, 5)
+        with pytest.raises(InsufficientResources):
+            backend.lib.create_gpu_instance(uuid, P_3G, 4)
+    finally:
+        backend.lib.destroy_gpu_instance(uuid, gi.id)
+
+
+def test_a_start_the_profile_does_not_offer_is_an_invalid_argument(backend: Backend) -> None:
+    may_change(backend)
+    uuid = mig_ready_gpu(backend)
+    with pytest.raises(InvalidArgument):
+        backend.lib.create_gpu_instance(uuid, P_3G, 2)
+    with pytest.raises(InvalidArgument, match="no MIG profile id 42; known: 19 "):
+        backend.lib.create_gpu_instance(uuid, 42, 0)
+
+
+def test_a_gpu_instance_with_a_compute_instance_is_in_use(backend: Backend) -> None:
+    may_change(backend)
+    uuid = mig_ready_gpu(backend)
+    gi = backend.lib.create_gpu_instance(uuid, P_1G, 0)
+    ci = backend.lib.create_compute_instance(uuid, gi.id)
+    try:
+        with pytest.raises(InUse, match="nvmlGpuInstanceDestroy"):
+            backend.lib.destroy_gpu_instance(uuid, gi.id)
+    finally:
+        backend.lib.destroy_compute_instance(uuid, gi.id, ci.id)
+        backend.lib.destroy_gpu_instance(uuid, gi.id)
+
+
+def test_a_compute_instance_shape_the_gpu_instance_lacks_is_not_supported(backend: Backend) -> None:
+    may_change(backend)
+    uuid = mig_ready_gpu(backend)
+    gi = backend.lib.create_gpu_instance(uuid, P_3G, 0)
+    try:
+        with pytest.raises(NotSupported, match="no 4-slice compute instance profile"):
+            backend.lib.create_compute_instance(uuid, gi.id, slice_count=4)
+        assert backend.lib.create_compute_instance(uuid, gi.id, slice_count=1).slice_count == 1
+        assert len(backend.lib.gpu_instances(uuid)[0].compute_instances) == 1
+    finally:
+        for ci in backend.lib.gpu_instances(uuid)[0].compute_instances:
+            backend.lib.destroy_compute_instance(uuid, gi.id, ci.id)
+        backend.lib.destroy_gpu_instance(uuid, gi.id)
+
+
+def test_mig_operations_on_a_gpu_with_mig_disabled_are_not_supported(backend: Backend) -> None:
+    lib = backend.lib
+    uuid = next((g.uuid for g in lib.gpus() if g.mig_capable and not lib.mig_mode(g.uuid).current), None)
+    if uuid is None:
+        pytest.skip("no MIG-capable GPU with MIG disabled")
+    assert lib.gpu_instances(uuid) == [] and lib.mig_devices(uuid) == []
+    assert lib.mig_profiles(uuid)  # advertised before MIG is on
+    may_change(backend)
+    with pytest.raises(NotSupported, match=uuid):
+        lib.create_gpu_instance(uuid, P_1G, 0)
+
+
+def test_pre_existing_mig_devices_are_found() -> None:
+    lib, node = simulated_gpulib("mixed")
+    devices = lib.mig_devices(lib.gpus()[0].uuid)
+    assert [(d.profile.name, d.placement.start, d.placement.size) for d in devices] == [
+        ("3g.20gb", 0, 4), ("2g.10gb", 4, 2), ("1g.5gb", 6, 1)]
+    assert [d.uuid for d in devices] == [ci.uuid for _gi, ci in node.mig_devices(0)]
+
+
+# --- compute mode ---------------------------------------------------------------------------------------------
+
+
+def test_compute_mode_round_trips_on_a_whole_gpu(backend: Backend) -> None:
+    may_change(backend)
+    uuid = non_mig_gpu(backend)
+    before = backend.lib.compute_mode(uuid)
+    try:
+        backend.lib.set_compute_mode(uuid, ComputeMode.PROHIBITED)
+        assert backend.lib.compute_mode(uuid) == ComputeMode.PROHIBITED
+        with pytest.raises(NotSupported, match="nvmlDeviceSetComputeMode"):
+            backend.lib.set_compute_mode(uuid, ComputeMode.EXCLUSIVE_THREAD)
+    finally:
+        backend.lib.set_compute_mode(uuid, before)
+
+
+def test_compute_mode_is_set_on_mig_devices_when_mig_is_enabled(backend: Backend) -> None:
+    may_change(backend)
+    lib = backend.lib
+    uuid = mig_ready_gpu(backend)
+    gi = lib.create_gpu_instance(uuid, P_1G, 0)
+    ci = lib.create_compute_instance(uuid, gi.id)
+    try:
+        [device] = lib.mig_devices(uuid)
+        lib.set_compute_mode(device.uuid, ComputeMode.EXCLUSIVE_PROCESS)
+        assert lib.compute_mode(device.uuid) == ComputeMode.EXCLUSIVE_PROCESS
+        with pytest.raises(NotSupported, match=uuid):
+            lib.set_compute_mode(uuid, ComputeMode.EXCLUSIVE_PROCESS)
+    finally:
+        lib.destroy_compute_instance(uuid, gi.id, ci.id)
+        lib.destroy_gpu_instance(uuid, gi.id)
+
+
+# --- NVLink ---------------------------------------------------------------------------------------------------
+
+
+def test_nvlinks_report_their_peers(backend: Backend) -> None:
+    gpus = backend.lib.gpus()
+    bus_ids = {g.pci_bus_id for g in gpus}
+    for gpu in gpus:
+        links = backend.lib.nvlinks(gpu.uuid)
+        assert len({link.link for link in links}) == len(links)
+        assert all(0 <= link.link < 36 and BUS_ID.match(link.remote_pci_bus_id) for link in links)
+        if backend.node is None:
+            continue
+        profile = backend.node.profile
+        product = backend.node.gpus[gpu.index].product
+        if profile.nvswitch:
+            assert [link.link for link in links] == list(range(product.nvlinks))
+            assert {link.remote_type for link in links} == {NvlinkPeerType.SWITCH}
+            assert not {link.remote_pci_bus_id for link in links} & bus_ids
+        elif product.nvlinks == 0:
+            assert links == []
+        else:
+            partner = _bridge_partner(backend.node, gpu.pci_bus_id)
+            assert len(links) == product.nvlinks
+            assert {(link.remote_pci_bus_id, link.remote_type) for link in links} == {(partner, NvlinkPeerType.GPU)}
+
+
+def _bridge_partner(node: SimulatedNode, bus_id: str) -> str:
+    for a, b in node.profile.nvlink_bridges:
+        pair = (node.profile.gpus[a].pci_bus_id, node.profile.gpus[b].pci_bus_id)
+        if bus_id in pair:
+            return pair[1] if bus_id == pair[0] else pair[0]
+    raise AssertionError(f"{bus_id} has no bridge partner")
+
+
+# --- health events --------------------------------------------------------------------------------------------
+
+
+def test_no_event_within_the_timeout_is_none(backend: Backend) -> None:
+    event = backend.lib.wait_for_event(0.05)
+    assert event is None or isinstance(event, GpuEvent)  # a real node may have a genuine event queued
+    if backend.node:
+        assert event is None
+
+
+def test_an_xid_is_reported_for_its_gpu(backend: Backend) -> None:
+    node = simulated(backend)
+    gpus = backend.lib.gpus()
+    node.inject_xid(1, 79)
+    assert backend.lib.wait_for_event(5) == GpuEvent(gpu_uuid=gpus[1].uuid, xid=79)
+
+
+def test_an_xid_on_a_mig_device_names_its_instances(backend: Backend) -> None:
+    node = simulated(backend)
+    gpus = backend.lib.gpus()
+    node.inject_xid(0, 48, gpu_instance_id=2, compute_instance_id=0)
+    node.inject_xid(0, 31)
+    assert backend.lib.wait_for_event(5) == GpuEvent(gpu_uuid=gpus[0].uuid, xid=48, gpu_instance_id=2,
+                                                     compute_instance_id=0)
+    assert backend.lib.wait_for_event(5) == GpuEvent(gpu_uuid=gpus[0].uuid, xid=31)
+
+
+def test_a_lost_gpu_is_reported_and_then_fails_its_calls(backend: Backend) -> None:
+    node = simulated(backend)
+    gpus = backend.lib.gpus()
+    node.lose_gpu(len(gpus) - 1)
+    lost = gpus[-1].uuid
+    assert backend.lib.wait_for_event(5) == GpuEvent(gpu_uuid=lost, gpu_lost=True)
+    with pytest.raises(GpuIsLost, match="drain the node"):
+        backend.lib.compute_mode(lost)
+    assert backend.lib.compute_mode(gpus[0].uuid) in set(ComputeMode)
+
+
+def test_events_before_the_gpus_were_enumerated_are_not_reported() -> None:
+    lib, node = simulated_gpulib("dgx-a100-40gb")
+    node.inject_xid(0, 79)
+    lib.gpus()
+    assert lib.wait_for_event(0.05) is None
+
+
+# --- errors ---------------------------------------------------------------------------------------------------
+
+
+def test_nvml_errors_name_the_device_and_the_call(backend: Backend) -> None:
+    missing = "GPU-00000000-0000-0000-0000-000000000000"
+    with pytest.raises(NotFound, match=f"nvmlDeviceGetHandleByUUID on {missing}"):
+        backend.lib.compute_mode(missing)
+    mig_on = next((g.uuid for g in backend.lib.gpus() if g.mig_capable and backend.lib.mig_mode(g.uuid).current),
+                  None)
+    if mig_on is not None:
+        with pytest.raises(NotFound, match=f"nvmlDeviceGetGpuInstanceById on {mig_on}"):
+            backend.lib.destroy_gpu_instance(mig_on, 63)
+
+
+def test_an_unprivileged_caller_gets_no_permission_with_the_fix() -> None:
+    node = SimulatedNode(load_node_profile("hgx-h100-80gb"), privileged=False)
+    lib = NvmlGpuLib(nvml=fake_pynvml(node), pci_topology=SimPciTopology(node))
+    uuid = lib.gpus()[0].uuid
+    with pytest.raises(NoPermission, match=r"nvmlDeviceSetMigMode on GPU-.*run the driver as root"):
+        lib.set_mig_mode(uuid, True)
+
+
+def test_real_nvml_without_a_driver_is_library_not_found_with_the_fix() -> None:
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as err:
+        if err.value != pynvml.NVML_ERROR_LIBRARY_NOT_FOUND:
+            pytest.skip(f"NVML fails differently here: {err}")
+    else:
+        pynvml.nvmlShutdown()
+        pytest.skip("this machine has libnvidia-ml")
+    with pytest.raises(LibraryNotFound) as caught:
+        NvmlGpuLib()
+    assert "NVML library not found: install the NVIDIA driver or use --gpu-backend sim" in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+# --- restart --------------------------------------------------------------------------------------------------
+
+
+def test_a_restarted_driver_finds_the_mig_devices_and_compute_modes_it_left(tmp_path: Path) -> None:
+    state = tmp_path / "gpus.json"
+    lib, _ = simulated_gpulib("hgx-h100-80gb", state_path=state)
+    uuid = lib.gpus()[2].uuid
+    lib.set_mig_mode(uuid, True)
+    gi = lib.create_gpu_instance(uuid, P_3G, 0)
+    lib.create_compute_instance(uuid, gi.id)
+    [device] = lib.mig_devices(uuid)
+    lib.set_compute_mode(device.uuid, ComputeMode.PROHIBITED)
+    lib.close()
+
+    again, _ = simulated_gpulib("hgx-h100-80gb", state_path=state)
+    assert again.mig_devices(uuid) == [device]
+    assert again.compute_mode(device.uuid) == ComputeMode.PROHIBITED
+    assert again.mig_mode(uuid).current
