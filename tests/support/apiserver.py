@@ -215,7 +215,7 @@ class FakeApiServer:
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
-    # -- life cycle ----------------------------------------------------------------------------------------
+    # -- life cycle --------------------------------------------------------------------------------
 
     def start(self) -> FakeApiServer:
         handler = type("Handler", (_Handler,), {"api": self})
@@ -257,7 +257,7 @@ class FakeApiServer:
         path.write_text(yaml.safe_dump(config))
         return path
 
-    # -- store (also used by tests as "someone else") ---------------------------------------------------------
+    # -- store (also used by tests as "someone else") ----------------------------------------------
 
     def _bump(self) -> str:
         self._rv += 1
@@ -289,7 +289,8 @@ class FakeApiServer:
         if resource.plural == "resourceslices":
             problems = validate_slice(obj)
             if problems:
-                raise ApiError(422, "Invalid", f"{resource.kind} is invalid: " + "; ".join(map(str, problems)))
+                reasons = "; ".join(map(str, problems))
+                raise ApiError(422, "Invalid", f"{resource.kind} is invalid: {reasons}")
 
     def _fill_slice_defaults(self, obj: dict[str, Any]) -> None:
         # The real server sets a taint's timeAdded when the writer leaves it out.
@@ -312,7 +313,7 @@ class FakeApiServer:
         with self._cond:
             if not meta.get("name"):
                 if not meta.get("generateName"):
-                    raise ApiError(422, "Invalid", f"{resource.kind}: metadata.name or generateName is required")
+                    raise ApiError(422, "Invalid", f"{resource.kind}: name or generateName is required")
                 meta["name"] = meta["generateName"][:58] + "".join(
                     secrets.choice("bcdfghjklmnpqrstvwxz2456789") for _ in range(5))
             for server_field in ("resourceVersion", "uid", "creationTimestamp"):
@@ -420,7 +421,7 @@ class FakeApiServer:
             self._compacted_rv = self._rv
             self._history.clear()
 
-    # -- faults ---------------------------------------------------------------------------------------------
+    # -- faults ------------------------------------------------------------------------------------
 
     def fail_next(self, method: str, path_pattern: str, status: int, *, count: int = 1,
                   message: str = "injected fault") -> None:
@@ -430,7 +431,7 @@ class FakeApiServer:
                                        message=message))
 
     def delay_next(self, method: str, path_pattern: str, seconds: float, *, count: int = 1) -> None:
-        """Hold the next ``count`` matching requests for ``seconds`` before handling them (client timeouts)."""
+        """Hold the next ``count`` matching requests for ``seconds`` before handling them."""
         with self._cond:
             self._faults.append(_Fault(method.upper(), re.compile(path_pattern), count, delay=seconds))
 
@@ -455,7 +456,7 @@ class FakeApiServer:
                     return fault
         return None
 
-    # -- request log and waiting ----------------------------------------------------------------------------
+    # -- request log and waiting -------------------------------------------------------------------
 
     def _record(self, record: RequestRecord) -> None:
         with self._cond:
@@ -481,11 +482,11 @@ class FakeApiServer:
         return [r for r in self.requests_since(mark) if r.is_write]
 
     def wait_until(self, predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-        """Wait (without polling) until ``predicate()`` holds; it is re-checked on every change and request."""
+        """Wait (no polling) until ``predicate()`` holds; re-checked on every change and request."""
         with self._cond:
             return self._cond.wait_for(predicate, timeout)
 
-    # -- watches --------------------------------------------------------------------------------------------
+    # -- watches -----------------------------------------------------------------------------------
 
     def _open_watch(self, watch: _Watch, since: str) -> list[tuple[str, dict[str, Any]]] | ApiError:
         """Register a watch; return the events it must replay first (or the error to send)."""
@@ -526,7 +527,7 @@ class _Handler(BaseHTTPRequestHandler):
         # Without it Nagle's algorithm and delayed ACKs stall every keep-alive reply by ~40 ms.
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: Any) -> None:
         """Quiet: the request log holds what tests need."""
 
     def do_GET(self) -> None:
@@ -604,12 +605,12 @@ class _Handler(BaseHTTPRequestHandler):
                 raise ApiError(fault.status, {409: "Conflict", 429: "TooManyRequests"}.get(
                     fault.status, "InternalError"), fault.message)
             body = self._read_body()
-            resource, namespace, name, subresource = self._route(split.path)
+            route = self._route(split.path)
             if watch:
                 api._record(RequestRecord(method, split.path, query, 200, authorized, watch=True))
-                self._watch(resource, namespace, query)
+                self._watch(route[0], route[1], query)
                 return
-            status, answer = self._dispatch(method, resource, namespace, name, subresource, query, body)
+            status, answer = self._dispatch(method, route, query, body)
             self._send_json(status, answer)
         except ApiError as exc:
             status = exc.code
@@ -628,9 +629,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.rfile.read(length)
             self._body_read = True
 
-    def _dispatch(self, method: str, resource: Resource, namespace: str | None, name: str | None,
-                  subresource: str, query: dict[str, str], body: dict[str, Any] | None
-                  ) -> tuple[int, dict[str, Any]]:
+    def _dispatch(self, method: str, route: tuple[Resource, str | None, str | None, str],
+                  query: dict[str, str], body: dict[str, Any] | None) -> tuple[int, dict[str, Any]]:
+        resource, namespace, name, subresource = route
         api = self.api
         if method == "GET" and name is None:
             fields = _parse_field_selector(query.get("fieldSelector", ""), resource)
@@ -644,7 +645,7 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "GET":
             obj = api.get(resource.plural, str(name), namespace)
             if obj is None:
-                raise ApiError(404, "NotFound", f'{resource.plural}.{resource.group or "core"} "{name}" not found')
+                raise ApiError(404, "NotFound", f'{resource.plural} "{name}" not found')
             return 200, obj
         if method == "POST":
             if name is not None or body is None:
