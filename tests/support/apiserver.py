@@ -221,8 +221,9 @@ class FakeApiServer:
         handler = type("Handler", (_Handler,), {"api": self})
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="apiserver-stand-in",
-                                        daemon=True)
+        # A short poll interval keeps stop() fast; serve_forever checks for shutdown only that often.
+        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.02,),
+                                        name="apiserver-stand-in", daemon=True)
         self._thread.start()
         return self
 

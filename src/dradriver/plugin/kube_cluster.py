@@ -170,9 +170,10 @@ class _KubeWatchStream:
             return
         self._closed.set()
         # shutdown() unblocks a read in progress in another thread; release_conn() alone would not.
-        with contextlib.suppress(AttributeError, OSError):
+        # RuntimeError/ValueError: the response already ended and gave its connection back to the pool.
+        with contextlib.suppress(AttributeError, OSError, RuntimeError, ValueError):
             self._response.shutdown()
-        with contextlib.suppress(AttributeError, OSError):
+        with contextlib.suppress(AttributeError, OSError, RuntimeError, ValueError):
             self._response.release_conn()
 
 
