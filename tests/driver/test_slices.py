@@ -6,13 +6,10 @@ from collections import Counter
 
 import kubernetes_validate
 import pytest
-from dradriver.gpu.fakelib import simulated_gpulib
-from dradriver.plugin.slice_validation import SliceShape, validate_pool
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dradriver.driver.slices import (
-    KubernetesShape,
     SliceSettings,
     as_resource_slices,
     build_slice_specs,
@@ -20,8 +17,10 @@ from dradriver.driver.slices import (
 )
 from dradriver.errors import ConfigError
 from dradriver.gpu.catalog import builtin_profile_names, load_node_profile
+from dradriver.gpu.fakelib import simulated_gpulib
 from dradriver.gpu.inventory import Inventory, MigMode, discover
 from dradriver.gpu.sim import SimNvmlError, SimulatedNode
+from dradriver.plugin.slice_validation import SliceShape, validate_pool
 
 DOMAIN = "gpu.dradriver.dev"
 
@@ -43,19 +42,19 @@ def quantity(text: str) -> int:
     return int(match[1]) * {"Gi": 2**30, "Mi": 2**20, None: 1}[match[2]]
 
 
-def slices_for(profile: str, mode: MigMode, shape: KubernetesShape = KubernetesShape.V1_35) -> list[dict]:
+def slices_for(profile: str, mode: MigMode, shape: SliceShape = SliceShape.V1_35) -> list[dict]:
     specs = build_slice_specs(INVENTORIES[profile], SliceSettings(mig_mode=mode, shape=shape))
     return as_resource_slices(specs, node_name="node-a")
 
 
-@pytest.mark.parametrize("shape", list(KubernetesShape))
+@pytest.mark.parametrize("shape", list(SliceShape))
 @pytest.mark.parametrize("mode", list(MigMode))
 @pytest.mark.parametrize("profile", builtin_profile_names())
 def test_every_profile_and_mode_passes_both_validators(profile, mode, shape):
     slices = slices_for(profile, mode, shape)
     for obj in slices:
         kubernetes_validate.validate(obj, "1.37.0", strict=True)
-    assert validate_pool(slices, shape=SliceShape(shape.value)) == []
+    assert validate_pool(slices, shape=shape) == []
 
 
 def devices_of(slices: list[dict]) -> list[dict]:
@@ -115,7 +114,7 @@ def test_dynamic_layout_for_1_35_puts_counter_sets_in_their_own_slice():
 
 
 def test_dynamic_layout_for_1_34_keeps_each_gpus_counters_inline_within_32_counters():
-    slices = slices_for("dgx-a100-80gb", MigMode.DYNAMIC, KubernetesShape.V1_34)
+    slices = slices_for("dgx-a100-80gb", MigMode.DYNAMIC, SliceShape.V1_34)
     assert len(slices) == 8
     for s in slices:
         assert len(s["spec"]["sharedCounters"]) == 1
@@ -130,8 +129,8 @@ def test_non_mig_gpus_do_not_consume_counters_in_dynamic_mode():
 
 
 def test_kubernetes_version_picks_the_shape_and_rejects_nonsense():
-    assert shape_for("1.34") is KubernetesShape.V1_34
-    assert shape_for("v1.36.2") is KubernetesShape.V1_35
+    assert shape_for("1.34") is SliceShape.V1_34
+    assert shape_for("v1.36.2") is SliceShape.V1_35
     with pytest.raises(ConfigError, match=r"1\.34 or newer"):
         shape_for("1.33")
     with pytest.raises(ConfigError, match="not a version"):

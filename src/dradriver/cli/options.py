@@ -52,7 +52,7 @@ def add_gpu_options(parser: argparse.ArgumentParser) -> None:
     add_env_option(group, "--sim-state", env="DRADRIVER_SIM_STATE", metavar="PATH",
                    help="JSON file holding simulated hardware state (MIG instances, compute modes) "
                         "across restarts; in memory when unset")
-    add_env_option(group, "--mig-mode", env="DRADRIVER_MIG_MODE", default="dynamic",
+    add_env_option(group, "--mig-mode", env="DRADRIVER_MIG_MODE", default="static",
                    choices=("none", "static", "dynamic"),
                    help="publish whole GPUs only, existing MIG devices, or every MIG profile x placement")
 

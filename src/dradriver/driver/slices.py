@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from enum import StrEnum
 from functools import cache
 from typing import Any
 
@@ -25,6 +24,7 @@ from dradriver.errors import ConfigError
 from dradriver.gpu.catalog import COMPUTE_SLICES_PER_GPU, MEMORY_SLICES_PER_GPU
 from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode, MigPartition, semver_of_driver
 from dradriver.gpu.models import MigProfile, Placement
+from dradriver.plugin.slice_validation import SliceShape
 
 STANDARD_DOMAIN = "resource.kubernetes.io"
 MAX_DEVICES_PER_SLICE = 128
@@ -32,18 +32,11 @@ MAX_DEVICES_WITH_COUNTERS = 64
 MAX_COUNTER_SETS_PER_SLICE = 8
 
 
-class KubernetesShape(StrEnum):
-    """Which release's ResourceSlice rules to follow where they differ."""
-
-    V1_35 = "1.35"  # and newer: counter sets in their own slices
-    V1_34 = "1.34"  # counter sets inline with the devices that consume them
-
-
 @dataclass(frozen=True)
 class SliceSettings:
     driver: str = DEFAULT_DRIVER_NAME
     mig_mode: MigMode = MigMode.DYNAMIC
-    shape: KubernetesShape = KubernetesShape.V1_35
+    shape: SliceShape = SliceShape.V1_35
 
 
 # Counter names (DNS labels) of a GPU's counter set, mapped to the MigProfile field they count.
@@ -69,7 +62,7 @@ def build_slice_specs(inventory: Inventory, settings: SliceSettings = SliceSetti
     partitioned = [gpu for gpu in inventory.gpus if gpu.mig_profiles]
     whole_only = [gpu for gpu in inventory.gpus if not gpu.mig_profiles]
     specs: list[dict[str, Any]] = []
-    if settings.shape is KubernetesShape.V1_35:
+    if settings.shape is SliceShape.V1_35:
         sets = [_counter_set(gpu) for gpu in partitioned]
         specs.extend({"sharedCounters": chunk} for chunk in _chunks(sets, MAX_COUNTER_SETS_PER_SLICE))
     for gpu in partitioned:
@@ -79,7 +72,7 @@ def build_slice_specs(inventory: Inventory, settings: SliceSettings = SliceSetti
             raise ValueError(f"{gpu.name} has {len(devices)} devices, more than the {MAX_DEVICES_WITH_COUNTERS} a "
                              "slice may hold when devices consume counters")
         spec: dict[str, Any] = {"devices": devices}
-        if settings.shape is KubernetesShape.V1_34:
+        if settings.shape is SliceShape.V1_34:
             spec["sharedCounters"] = [_counter_set(gpu)]
         specs.append(spec)
     plain = [_device(gpu, inventory, settings.driver) for gpu in whole_only]
@@ -239,7 +232,7 @@ def _chunks(items: list[Any], size: int) -> list[list[Any]]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
-def shape_for(kubernetes_version: str) -> KubernetesShape:
+def shape_for(kubernetes_version: str) -> SliceShape:
     """The slice shape for a cluster's minor version ("1.34" → V1_34; 1.35 and later → V1_35)."""
     try:
         major, minor = (int(part) for part in kubernetes_version.removeprefix("v").split(".")[:2])
@@ -247,4 +240,4 @@ def shape_for(kubernetes_version: str) -> KubernetesShape:
         raise ConfigError(f"--kubernetes-version {kubernetes_version!r} is not a version like 1.35") from None
     if (major, minor) < (1, 34):
         raise ConfigError(f"Kubernetes {kubernetes_version} has no resource.k8s.io/v1; DRA needs 1.34 or newer")
-    return KubernetesShape.V1_34 if (major, minor) == (1, 34) else KubernetesShape.V1_35
+    return SliceShape.V1_34 if (major, minor) == (1, 34) else SliceShape.V1_35

@@ -26,12 +26,11 @@ from types import ModuleType
 from typing import Any
 
 from dradriver.gpu import sim
-from dradriver.gpu.catalog import MigProfileSpec, load_node_profile
+from dradriver.gpu.catalog import COMPUTE_SLICES_PER_GPU, MigProfileSpec, load_node_profile
 from dradriver.gpu.models import MIB
 from dradriver.gpu.nvml import NvmlGpuLib
 from dradriver.gpu.sim import (
     CI_PROFILE_SLICES,
-    COMPUTE_SLICES_PER_GPU,
     SimComputeInstance,
     SimGpu,
     SimGpuInstance,

@@ -1,0 +1,132 @@
+"""The GPU driver behind the kubelet plugin: prepare and unprepare claims for this node's GPUs.
+
+Prepare reads as its recipe: find our allocated devices in the claim, resolve each to a GPU or MIG device of this
+node, write the claim's CDI spec, report the CDI ids. Everything a claim gets is derived from the claim and the
+node's stable device names, so a repeated prepare (a kubelet retry, or after a driver restart) returns exactly the
+same ids. Carving MIG partitions, sharing and a checkpoint of side effects arrive with dynamic MIG support.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dradriver.driver.cdi import CdiDevice, CdiWriter, ClaimSpec
+from dradriver.errors import ClaimError, DradriverError
+from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode, MigPartition
+from dradriver.plugin.handler import ClaimRef, PreparedDevice, PrepareResult
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AllocatedDevice:
+    """One entry of ``status.allocation.devices.results`` that belongs to this driver."""
+
+    request: str
+    pool: str
+    device: str
+
+
+class GpuDriver:
+    """Implements the plugin layer's ``DriverHandler`` for NVIDIA GPUs."""
+
+    def __init__(self, *, driver_name: str, pool: str, inventory: Inventory, mig_mode: MigMode,
+                 cdi: CdiWriter) -> None:
+        self.driver_name = driver_name
+        self.pool = pool
+        self.cdi = cdi
+        self._lock = threading.Lock()
+        self._devices: dict[str, GpuDevice | MigPartition] = {}
+        self.update_inventory(inventory, mig_mode)
+
+    def update_inventory(self, inventory: Inventory, mig_mode: MigMode) -> None:
+        """Use a fresh inventory (after rediscovery) for later prepares."""
+        devices = {d.name: d for d in inventory.devices(mig_mode)}
+        with self._lock:
+            self._devices = devices
+
+    # --- DriverHandler ------------------------------------------------------------------------------------
+
+    def prepare_resource_claims(self, claims: Sequence[Mapping[str, Any]]) -> Mapping[str, PrepareResult]:
+        results: dict[str, PrepareResult] = {}
+        for claim in claims:
+            uid = str(claim["metadata"]["uid"])
+            try:
+                results[uid] = PrepareResult(devices=self.prepare(claim))
+            except DradriverError as err:
+                log.warning("prepare failed claim=%s error=%s", uid, err)
+                results[uid] = PrepareResult(error=str(err))
+        return results
+
+    def unprepare_resource_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, str | None]:
+        results: dict[str, str | None] = {}
+        for ref in claims:
+            try:
+                self.unprepare(ref)
+                results[ref.uid] = None
+            except DradriverError as err:
+                log.warning("unprepare failed claim=%s error=%s", ref.uid, err)
+                results[ref.uid] = str(err)
+        return results
+
+    # --- the recipe ---------------------------------------------------------------------------------------
+
+    def prepare(self, claim: Mapping[str, Any]) -> tuple[PreparedDevice, ...]:
+        """Prepare one claim: all of its devices or, on any error, none (nothing is written)."""
+        uid = str(claim["metadata"]["uid"])
+        name = f"{claim['metadata'].get('namespace')}/{claim['metadata'].get('name')}"
+        allocated = self.allocated_devices(claim)
+        by_device: dict[str, list[str]] = {}
+        for result in allocated:
+            by_device.setdefault(result.device, []).append(result.request)
+        resolved = [self._resolve(uid, name, device) for device in by_device]
+        uuids = [d.uuid for d in resolved]
+        spec = ClaimSpec(
+            claim_uid=uid,
+            devices=tuple(CdiDevice(name=d.name, device_nodes=_device_nodes(d)) for d in resolved),
+            env=(f"NVIDIA_VISIBLE_DEVICES={','.join(u for u in uuids if u)}",),
+        )
+        cdi_ids = self.cdi.write(spec)
+        log.info("prepared claim=%s name=%s devices=%s", uid, name, ",".join(by_device))
+        return tuple(
+            PreparedDevice(pool=self.pool, device=device, requests=tuple(requests), cdi_device_ids=(cdi_id,))
+            for (device, requests), cdi_id in zip(by_device.items(), cdi_ids, strict=True))
+
+    def unprepare(self, ref: ClaimRef) -> None:
+        """Undo prepare: remove the claim's CDI spec (a claim never prepared here is already done)."""
+        self.cdi.remove(ref.uid)
+        log.info("unprepared claim=%s", ref.uid)
+
+    def allocated_devices(self, claim: Mapping[str, Any]) -> list[AllocatedDevice]:
+        """This driver's allocation results, checked to belong to this node's pool."""
+        uid = claim["metadata"]["uid"]
+        results = claim["status"]["allocation"]["devices"]["results"]
+        ours = [AllocatedDevice(str(r["request"]), str(r["pool"]), str(r["device"]))
+                for r in results if r.get("driver") == self.driver_name]
+        for result in ours:
+            if result.pool != self.pool:
+                raise ClaimError(f"claim {uid}: device {result.device} was allocated from pool {result.pool}, but "
+                                 f"this driver serves pool {self.pool} (node {self.pool}); the claim belongs to "
+                                 "another node's driver")
+        return ours
+
+    def _resolve(self, uid: str, name: str, device: str) -> GpuDevice | MigPartition:
+        with self._lock:
+            found = self._devices.get(device)
+        if found is None:
+            raise ClaimError(f"claim {name} ({uid}): device {device} is not offered by this node any more; "
+                             "delete the claim so the scheduler allocates a device that exists")
+        if isinstance(found, MigPartition) and found.existing is None:
+            raise ClaimError(f"claim {name} ({uid}): MIG partition {device} does not exist yet and this version "
+                             "does not carve partitions at prepare; run with --mig-mode static and create MIG "
+                             "devices with nvidia-smi, or request a whole GPU")
+        return found
+
+
+def _device_nodes(device: GpuDevice | MigPartition) -> tuple[str, ...]:
+    gpu = device if isinstance(device, GpuDevice) else device.parent
+    return (f"/dev/nvidia{gpu.info.minor}",)
