@@ -1,0 +1,35 @@
+"""Prometheus metrics of prepare and unprepare, recorded by wrapping any ``DriverHandler``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from prometheus_client import Counter, Histogram
+
+from dradriver.plugin.handler import ClaimRef, DriverHandler, PrepareResult
+
+CLAIMS = Counter("dradriver_claims_total", "Claims handled, by operation and result", ["operation", "result"])
+DURATION = Histogram("dradriver_request_duration_seconds", "Time to handle one kubelet batch, by operation",
+                     ["operation"], buckets=[0.05 * 2**k for k in range(10)])
+
+
+class InstrumentedHandler:
+    """Counts claims (ok / error) and times batches for the handler it wraps."""
+
+    def __init__(self, handler: DriverHandler) -> None:
+        self._handler = handler
+
+    def prepare_resource_claims(self, claims: Sequence[Mapping[str, Any]]) -> Mapping[str, PrepareResult]:
+        with DURATION.labels("prepare").time():
+            results = self._handler.prepare_resource_claims(claims)
+        for result in results.values():
+            CLAIMS.labels("prepare", "error" if result.error else "ok").inc()
+        return results
+
+    def unprepare_resource_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, str | None]:
+        with DURATION.labels("unprepare").time():
+            results = self._handler.unprepare_resource_claims(claims)
+        for error in results.values():
+            CLAIMS.labels("unprepare", "error" if error else "ok").inc()
+        return results

@@ -1,0 +1,205 @@
+"""`dradriver run` as a real process on a simulated node, against the API server and kubelet stand-ins."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from support.apiserver import FakeApiServer
+from support.kubelet import Claim, KubeletStandIn, discover
+
+DRIVER = "gpu.dradriver.dev"
+NODE = "node-a"
+TIMEOUT = 30.0
+FIRST_GPU = "gpu-0000-07-00-0"
+
+
+class DriverProcess:
+    """A running `dradriver run`; ``ready`` is set when it logs that it serves, ``lines`` holds its log."""
+
+    def __init__(self, root: Path, kubeconfig: Path) -> None:
+        self.root = root
+        self.lines: list[str] = []
+        self.ready = threading.Event()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dradriver", "run", "--node-name", NODE, "--kubeconfig", str(kubeconfig),
+             "--gpu-backend", "sim", "--sim-profile", "dgx-a100-40gb", "--sim-state", str(root / "sim.json"),
+             "--registry-dir", str(root / "registry"), "--plugin-dir", str(root / "plugin"),
+             "--cdi-dir", str(root / "cdi"), "--log-format", "json"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+            if '"msg": "ready ' in line:
+                self.ready.set()
+        self.ready.set()  # the process ended: stop waiting either way
+
+    def wait_ready(self) -> None:
+        assert self.ready.wait(TIMEOUT) and self.proc.poll() is None, "".join(self.lines)
+
+    def stop(self, signum: int = signal.SIGTERM) -> int:
+        self.proc.send_signal(signum)
+        code = self.proc.wait(TIMEOUT)
+        self._reader.join(TIMEOUT)
+        return code
+
+    @property
+    def log(self) -> str:
+        return "".join(self.lines)
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))  # short: unix socket paths are limited
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def api(root: Path) -> Iterator[FakeApiServer]:
+    with FakeApiServer() as server:
+        server.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        yield server
+
+
+@pytest.fixture
+def driver(root: Path, api: FakeApiServer) -> Iterator[DriverProcess]:
+    process = DriverProcess(root, api.write_kubeconfig(root / "kubeconfig"))
+    process.wait_ready()
+    yield process
+    if process.proc.poll() is None:
+        process.stop(signal.SIGKILL)
+
+
+def allocated_claim(api: FakeApiServer, name: str, devices: list[str]) -> Claim:
+    created = api.create("resourceclaims", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {"deviceClassName": DRIVER,
+                                                                        "count": len(devices)}}]}},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "gpus", "driver": DRIVER, "pool": NODE, "device": d} for d in devices]}}},
+    }, namespace="default")
+    return Claim("default", name, created["metadata"]["uid"])
+
+
+def eventually(condition: Callable[[], bool], timeout: float = TIMEOUT) -> bool:
+    """Whether ``condition`` holds within ``timeout``, checking every 50 ms (for files only a poll can see)."""
+    deadline = time.monotonic() + timeout
+    pause = threading.Event()
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        pause.wait(0.05)
+    return True
+
+
+def our_slices(api: FakeApiServer) -> list[dict]:
+    return [s for s in api.list("resourceslices") if s["spec"]["driver"] == DRIVER]
+
+
+def test_run_publishes_slices_owned_by_the_node(driver: DriverProcess, api: FakeApiServer) -> None:
+    assert api.wait_until(lambda: len(our_slices(api)) == 1, TIMEOUT), driver.log
+    [published] = our_slices(api)
+    assert published["spec"]["nodeName"] == NODE
+    assert len(published["spec"]["devices"]) == 8
+    node_uid = api.get("nodes", NODE)["metadata"]["uid"]  # type: ignore[index]
+    assert published["metadata"]["ownerReferences"][0]["uid"] == node_uid
+
+
+@pytest.mark.parametrize("version", ["v1.DRAPlugin", "v1beta1.DRAPlugin"])
+def test_prepare_and_unprepare_round_trip_over_each_dra_version(driver: DriverProcess, api: FakeApiServer,
+                                                                 root: Path, version: str) -> None:
+    claim = allocated_claim(api, "two-gpus", [FIRST_GPU, "gpu-0000-0f-00-0"])
+    kubelet = KubeletStandIn(root / "registry", supported_versions=[version])
+    with kubelet.register() as plugin:
+        assert plugin.version == version
+        result = plugin.prepare([claim])[claim.uid]
+        assert result.error == ""
+        assert [d["device_name"] for d in result.devices] == [FIRST_GPU, "gpu-0000-0f-00-0"]
+        assert result.devices[0] == {
+            "request_names": ["gpus"], "pool_name": NODE, "device_name": FIRST_GPU,
+            "cdi_device_ids": [f"k8s.gpu.dradriver.dev/claim={claim.uid}-{FIRST_GPU}"]}
+        spec = json.loads((root / "cdi" / f"k8s.gpu.dradriver.dev-claim_{claim.uid}.json").read_text())
+        [env] = spec["containerEdits"]["env"]
+        assert env.startswith("NVIDIA_VISIBLE_DEVICES=GPU-") and env.count("GPU-") == 2
+        assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia0",
+                                                                        "hostPath": "/dev/null"}]
+        assert plugin.unprepare([claim]) == {claim.uid: ""}
+        assert not list((root / "cdi").iterdir())
+
+
+def test_bad_claims_fail_alone_in_a_batch(driver: DriverProcess, api: FakeApiServer, root: Path) -> None:
+    good = allocated_claim(api, "good", [FIRST_GPU])
+    elsewhere = api.create("resourceclaims", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "elsewhere", "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {"deviceClassName": DRIVER}}]}},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "gpus", "driver": DRIVER, "pool": "node-b", "device": FIRST_GPU}]}}},
+    }, namespace="default")
+    missing_device = allocated_claim(api, "ghost", ["gpu-0000-ff-00-0"])
+    with KubeletStandIn(root / "registry").register() as plugin:
+        result = plugin.prepare([good, Claim("default", "elsewhere", elsewhere["metadata"]["uid"]), missing_device,
+                                 Claim("default", "absent", "uid-absent"), Claim("default", "good", "")])
+    assert result[good.uid].error == ""
+    assert "pool node-b" in result[elsewhere["metadata"]["uid"]].error
+    assert "not offered by this node" in result[missing_device.uid].error
+    assert result["uid-absent"].error
+    assert "empty uid" in result[""].error
+
+
+def test_prepare_is_idempotent_across_sigterm_and_sigkill_restarts(driver: DriverProcess, api: FakeApiServer,
+                                                                  root: Path) -> None:
+    claim = allocated_claim(api, "survivor", [FIRST_GPU])
+    with KubeletStandIn(root / "registry").register() as plugin:
+        before = plugin.prepare([claim])[claim.uid]
+    assert driver.stop(signal.SIGTERM) == 0
+    assert discover(root / "registry") == []  # deregistered on the way out
+
+    again = DriverProcess(root, root / "kubeconfig")
+    again.wait_ready()
+    with KubeletStandIn(root / "registry").register() as plugin:
+        assert plugin.prepare([claim])[claim.uid] == before
+    again.stop(signal.SIGKILL)  # leaves its sockets and lock file behind
+
+    third = DriverProcess(root, root / "kubeconfig")
+    try:
+        third.wait_ready()
+        with KubeletStandIn(root / "registry").register() as plugin:
+            assert plugin.prepare([claim])[claim.uid] == before
+    finally:
+        third.stop()
+
+
+def test_a_second_instance_is_refused_and_the_first_keeps_serving(driver: DriverProcess, root: Path) -> None:
+    twin = DriverProcess(root, root / "kubeconfig")
+    code = twin.proc.wait(TIMEOUT)
+    twin._reader.join(TIMEOUT)
+    assert code == 2
+    assert f"PID {driver.proc.pid}" in twin.log
+    with KubeletStandIn(root / "registry").register() as plugin:
+        assert plugin.unprepare([Claim("default", "x", "uid-x")]) == {"uid-x": ""}
+
+
+def test_registration_socket_comes_back_after_the_registry_dir_is_wiped(driver: DriverProcess,
+                                                                        root: Path) -> None:
+    registry = root / "registry"
+    shutil.rmtree(registry)
+    registry.mkdir()
+    assert eventually(lambda: bool(discover(registry))), driver.log
+    with KubeletStandIn(registry).register() as plugin:
+        assert plugin.unprepare([Claim("default", "x", "uid-x")]) == {"uid-x": ""}
