@@ -1,0 +1,75 @@
+"""Device health from NVML events on a simulated node."""
+
+import threading
+
+from dradriver.driver.health import GpuHealth
+from dradriver.gpu.fakelib import simulated_gpulib
+from dradriver.gpu.inventory import MigMode, discover
+from dradriver.gpu.models import GpuEvent
+from dradriver.plugin.handler import HealthStatus
+
+
+def setup(profile: str = "mixed", mode: MigMode = MigMode.STATIC):
+    gpulib, node = simulated_gpulib(profile)
+    inventory = discover(gpulib)
+    return gpulib, node, inventory, GpuHealth(inventory=inventory, mig_mode=mode, pool="node-a", clock=lambda: 1000)
+
+
+def statuses(health: GpuHealth) -> dict[str, HealthStatus]:
+    return {d.device: d.status for d in health.device_health()}
+
+
+def test_every_offered_device_starts_healthy_and_is_stamped_now():
+    gpulib, _, inventory, health = setup()
+    reported = health.device_health()
+    assert {d.device for d in reported} == {d.name for d in inventory.devices(MigMode.STATIC)}
+    assert {(d.status, d.last_updated, d.pool) for d in reported} == {(HealthStatus.HEALTHY, 1000, "node-a")}
+    gpulib.close()
+
+
+def test_a_critical_xid_marks_the_gpu_unhealthy_and_notifies():
+    gpulib, _, inventory, health = setup()
+    heard = threading.Event()
+    health.subscribe(heard.set)
+    target = inventory.gpus[1]
+    health.handle(GpuEvent(gpu_uuid=target.uuid, xid=79))
+    assert heard.is_set()
+    assert statuses(health)[target.name] is HealthStatus.UNHEALTHY
+    assert [d.message for d in health.device_health() if d.device == target.name] == [f"XID 79 on GPU {target.uuid}"]
+    assert sum(s is HealthStatus.UNHEALTHY for s in statuses(health).values()) == 1
+    gpulib.close()
+
+
+def test_application_xids_are_ignored():
+    gpulib, _, inventory, health = setup()
+    heard = threading.Event()
+    health.subscribe(heard.set)
+    health.handle(GpuEvent(gpu_uuid=inventory.gpus[1].uuid, xid=31))
+    assert not heard.is_set()
+    assert set(statuses(health).values()) == {HealthStatus.HEALTHY}
+    gpulib.close()
+
+
+def test_an_xid_on_one_gpu_instance_spares_its_sibling_mig_devices():
+    gpulib, _, inventory, health = setup()
+    mig = next(d for d in inventory.mig_devices if d.profile.name == "2g.10gb")
+    assert mig.existing is not None
+    health.handle(GpuEvent(gpu_uuid=mig.parent.uuid, xid=48, gpu_instance_id=mig.existing.gpu_instance_id))
+    unhealthy = {name for name, s in statuses(health).items() if s is HealthStatus.UNHEALTHY}
+    assert unhealthy == {mig.name}
+    gpulib.close()
+
+
+def test_events_from_the_simulator_reach_the_board_through_the_event_thread():
+    gpulib, node, inventory, health = setup()
+    heard = threading.Event()
+    health.subscribe(heard.set)
+    health.start(gpulib, poll_seconds=0.05)
+    try:
+        node.lose_gpu(4)
+        assert heard.wait(10)
+    finally:
+        health.stop()
+    lost = next(g for g in inventory.gpus if g.info.index == 4)
+    assert statuses(health)[lost.name] is HealthStatus.UNHEALTHY
+    gpulib.close()

@@ -1,0 +1,89 @@
+"""The GPU driver's prepare and unprepare, on a simulated node, without sockets."""
+
+from pathlib import Path
+
+import pytest
+
+from dradriver.driver.cdi import CdiWriter
+from dradriver.driver.state import GpuDriver
+from dradriver.gpu.fakelib import simulated_gpulib
+from dradriver.gpu.inventory import Inventory, MigMode, discover
+from dradriver.plugin.handler import ClaimRef
+
+DRIVER = "gpu.dradriver.dev"
+
+
+def inventory_of(profile: str) -> Inventory:
+    gpulib, _ = simulated_gpulib(profile)
+    try:
+        return discover(gpulib)
+    finally:
+        gpulib.close()
+
+
+def claim(uid: str, *results: tuple[str, str], pool: str = "node-a", driver: str = DRIVER) -> dict:
+    return {
+        "metadata": {"uid": uid, "name": f"claim-{uid}", "namespace": "default"},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": request, "driver": driver, "pool": pool, "device": device} for request, device in results]}}},
+    }
+
+
+@pytest.fixture
+def driver(tmp_path: Path) -> GpuDriver:
+    return GpuDriver(driver_name=DRIVER, pool="node-a", inventory=inventory_of("mixed"), mig_mode=MigMode.STATIC,
+                     cdi=CdiWriter(tmp_path))
+
+
+def test_prepare_returns_one_cdi_id_per_device_with_its_requests(driver: GpuDriver):
+    result = driver.prepare_resource_claims([claim("u1", ("a", "gpu-0000-0f-00-0"), ("b", "gpu-0000-47-00-0"),
+                                                   ("c", "gpu-0000-0f-00-0"))])["u1"]
+    assert result.error is None
+    assert [(d.device, d.requests) for d in result.devices] == [("gpu-0000-0f-00-0", ("a", "c")),
+                                                                ("gpu-0000-47-00-0", ("b",))]
+    assert result.devices[0].cdi_device_ids == ("k8s.gpu.dradriver.dev/claim=u1-gpu-0000-0f-00-0",)
+
+
+def test_prepare_is_deterministic(driver: GpuDriver):
+    first = driver.prepare_resource_claims([claim("u1", ("a", "gpu-0000-0f-00-0"))])
+    assert driver.prepare_resource_claims([claim("u1", ("a", "gpu-0000-0f-00-0"))]) == first
+
+
+def test_existing_mig_devices_are_prepared_with_their_parents_device_node(driver: GpuDriver, tmp_path: Path):
+    result = driver.prepare_resource_claims([claim("u2", ("mig", "gpu-0000-07-00-0-mig-3g20gb-0"))])["u2"]
+    assert result.error is None
+    assert '"/dev/nvidia0"' in (tmp_path / "k8s.gpu.dradriver.dev-claim_u2.json").read_text()
+    assert "MIG-" in (tmp_path / "k8s.gpu.dradriver.dev-claim_u2.json").read_text()
+
+
+def test_other_drivers_results_are_ignored(driver: GpuDriver):
+    mixed = claim("u3", ("a", "gpu-0000-0f-00-0"))
+    mixed["status"]["allocation"]["devices"]["results"].append(
+        {"request": "nic", "driver": "nic.example.com", "pool": "node-a", "device": "eth0"})
+    assert [d.device for d in driver.prepare_resource_claims([mixed])["u3"].devices] == ["gpu-0000-0f-00-0"]
+
+
+@pytest.mark.parametrize(("bad", "message"), [
+    (claim("x", ("a", "gpu-0000-0f-00-0"), pool="node-b"), "pool node-b"),
+    (claim("x", ("a", "gpu-0000-ff-00-0")), "not offered by this node"),
+    (claim("x", ("a", "gpu-0000-07-00-0")), "not offered by this node"),  # in MIG mode: static leaves it out
+])
+def test_bad_allocations_fail_the_claim_and_write_nothing(driver: GpuDriver, tmp_path: Path, bad, message):
+    result = driver.prepare_resource_claims([bad])["x"]
+    assert message in (result.error or "")
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_partition_not_carved_yet_is_refused_with_the_way_out(tmp_path: Path):
+    dynamic = GpuDriver(driver_name=DRIVER, pool="node-a", inventory=inventory_of("dgx-a100-80gb"),
+                        mig_mode=MigMode.DYNAMIC, cdi=CdiWriter(tmp_path))
+    result = dynamic.prepare_resource_claims([claim("u4", ("m", "gpu-0000-07-00-0-mig-1g10gb-0"))])["u4"]
+    assert "--mig-mode static" in (result.error or "")
+
+
+def test_unprepare_removes_the_spec_and_is_idempotent(driver: GpuDriver, tmp_path: Path):
+    driver.prepare_resource_claims([claim("u5", ("a", "gpu-0000-0f-00-0"))])
+    ref = ClaimRef("default", "claim-u5", "u5")
+    assert driver.unprepare_resource_claims([ref]) == {"u5": None}
+    assert driver.unprepare_resource_claims([ref, ClaimRef("default", "never", "u6")]) == {"u5": None, "u6": None}
+    assert not list(tmp_path.iterdir())
