@@ -154,12 +154,15 @@ class NvmlGpuLib:
 
     # --- plumbing -----------------------------------------------------------------------------------------
 
-    def _call(self, function: str, *args: Any, device: str | None = None, **kwargs: Any) -> Any:
-        """``pynvml.<function>(*args)``, with NVML errors turned into typed ``GpuError``s."""
+    def _call(self, function: str, *args: Any, device: str | None = None, context: str | None = None,
+              **kwargs: Any) -> Any:
+        """``pynvml.<function>(*args)``, with NVML errors turned into typed ``GpuError``s (``context`` says what
+        was being attempted, for the message)."""
         try:
             return getattr(self._nvml, function)(*args, **kwargs)
         except self._nvml.NVMLError as err:
-            raise error_for_code(err.value, str(err), device=device, call=function) from err
+            text = f"{context}: {err}" if context else str(err)
+            raise error_for_code(err.value, text, device=device, call=function) from err
 
     def _handle(self, uuid: str) -> Any:
         """A device handle for a GPU or MIG UUID (GPU handles are cached: they never change)."""
@@ -362,7 +365,10 @@ class NvmlGpuLib:
         call = "nvmlDeviceCreateGpuInstanceWithPlacement"
         profile = self._profile(gpu_uuid, profile_id, call)
         placement = self._nvml.c_nvmlGpuInstancePlacement_t(placement_start, profile.memory_slices)
-        gi = self._call(call, self._handle(gpu_uuid), profile_id, ctypes.byref(placement), device=gpu_uuid)
+        starts = ", ".join(str(p.start) for p in profile.placements)
+        gi = self._call(call, self._handle(gpu_uuid), profile_id, ctypes.byref(placement), device=gpu_uuid,
+                        context=f"GPU instance {profile.name} (profile {profile_id}) at slice {placement_start} "
+                                f"(valid starts: {starts})")
         created = self._gpu_instance(gi, gpu_uuid)
         log.info("created GPU instance gpu=%s gi=%d profile=%s start=%d", gpu_uuid, created.id, profile.name,
                  placement_start)
