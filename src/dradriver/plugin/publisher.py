@@ -336,7 +336,7 @@ class Publisher:
                 invalid[name] = tuple(problems)
                 for problem in problems:
                     log.error(
-                        "pool not published: invalid slice pool=%s slice_index=%s device=%s field=%s "
+                        "pool not published: invalid slice pool=%s slice=%s device=%s field=%s "
                         "rule=%s problem=%s",
                         name,
                         problem.slice,
