@@ -290,7 +290,9 @@ def test_load_api_client_falls_back_to_the_kubeconfig_variable(
 ) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setenv("KUBECONFIG", str(api.server.write_kubeconfig(tmp_path / "env")))
-    assert load_api_client().configuration.host == api.server.url
+    api_client = load_api_client()
+    assert api_client.configuration.host == api.server.url
+    api_client.close()
 
 
 def test_load_api_client_explains_a_missing_kubeconfig(tmp_path: Path) -> None:

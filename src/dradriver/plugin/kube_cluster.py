@@ -156,6 +156,7 @@ class _KubeWatchStream:
             kind = event.get("type")
             obj = event.get("object") or {}
             if kind == "ERROR":
+                self.close()
                 raise error_for_status(
                     int(obj.get("code", 500)), json.dumps(obj).encode(), self._what, "watch"
                 )
