@@ -30,22 +30,33 @@ def api(tmp_path: Path) -> Iterator[ApiEnv]:
         yield env
 
 
-def a_slice(name: str = "", *, driver: str = DRIVER, node: str = "node-1", devices: int = 1) -> dict[str, Any]:
+def a_slice(
+    name: str = "", *, driver: str = DRIVER, node: str = "node-1", devices: int = 1
+) -> dict[str, Any]:
     meta = {"name": name} if name else {"generateName": f"00000-{driver}-{node}-"}
     return {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": meta,
-        "spec": {"driver": driver, "nodeName": node,
-                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                 "devices": [{"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"}}}
-                             for i in range(devices)]},
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": meta,
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [
+                {"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"}}} for i in range(devices)
+            ],
+        },
     }
 
 
 def a_claim(name: str = "claim-1", namespace: str = "ns") -> dict[str, Any]:
     return {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.dradriver.dev"}}]}},
+        "spec": {
+            "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.dradriver.dev"}}]}
+        },
     }
 
 
@@ -73,9 +84,24 @@ def test_fields_unknown_to_the_client_models_are_kept(api: ApiEnv) -> None:
 def test_claim_status_update_replaces_status_and_checks_the_resource_version(api: ApiEnv) -> None:
     api.server.create("resourceclaims", a_claim())
     claim = api.cluster.get_resource_claim("ns", "claim-1")
-    claim["status"] = {"devices": [{"driver": DRIVER, "pool": "node-1", "device": "gpu-0",
-                                    "conditions": [{"type": "Ready", "status": "True", "reason": "Prepared",
-                                                    "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}]}
+    claim["status"] = {
+        "devices": [
+            {
+                "driver": DRIVER,
+                "pool": "node-1",
+                "device": "gpu-0",
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "Prepared",
+                        "message": "",
+                        "lastTransitionTime": "2026-01-01T00:00:00Z",
+                    }
+                ],
+            }
+        ]
+    }
     updated = api.cluster.update_resource_claim_status(claim)
     assert updated["status"]["devices"][0]["device"] == "gpu-0"
     with pytest.raises(ConflictError, match="ResourceClaim ns/claim-1 status"):
@@ -101,8 +127,10 @@ def test_list_filters_by_driver_and_node_and_returns_a_resource_version(api: Api
 def test_create_with_generate_name_gets_a_name_uid_and_resource_version(api: ApiEnv) -> None:
     stored = api.cluster.create_resource_slice(a_slice())
     meta = stored["metadata"]
-    assert meta["name"].startswith(f"00000-{DRIVER}-node-1-") and len(meta["name"]) == len(
-        f"00000-{DRIVER}-node-1-") + 5
+    assert (
+        meta["name"].startswith(f"00000-{DRIVER}-node-1-")
+        and len(meta["name"]) == len(f"00000-{DRIVER}-node-1-") + 5
+    )
     assert meta["uid"] and meta["resourceVersion"]
 
 
@@ -171,8 +199,9 @@ def _events(stream: Any, count: int) -> list[WatchEvent]:
 def test_watch_streams_added_modified_deleted_after_the_given_version(api: ApiEnv) -> None:
     api.server.create("resourceslices", a_slice("before"))
     _, rv = api.cluster.list_resource_slices(driver=DRIVER, node_name="node-1")
-    stream = api.cluster.watch_resource_slices(driver=DRIVER, node_name="node-1", resource_version=rv,
-                                               timeout_seconds=30)
+    stream = api.cluster.watch_resource_slices(
+        driver=DRIVER, node_name="node-1", resource_version=rv, timeout_seconds=30
+    )
     try:
         assert next(stream).type == "BOOKMARK"
         created = api.cluster.create_resource_slice(a_slice("s1"))
@@ -184,15 +213,19 @@ def test_watch_streams_added_modified_deleted_after_the_given_version(api: ApiEn
     finally:
         stream.close()
     assert [(e.type, e.object["metadata"]["name"]) for e in events] == [
-        ("ADDED", "s1"), ("MODIFIED", "s1"), ("DELETED", "s1")]
+        ("ADDED", "s1"),
+        ("MODIFIED", "s1"),
+        ("DELETED", "s1"),
+    ]
     assert int(events[-1].resource_version) > int(events[0].resource_version)
 
 
 def test_watch_resumes_from_a_resource_version_with_the_events_since(api: ApiEnv) -> None:
     _, rv = api.cluster.list_resource_slices(driver=DRIVER, node_name="node-1")
     api.server.create("resourceslices", a_slice("missed"))
-    stream = api.cluster.watch_resource_slices(driver=DRIVER, node_name="node-1", resource_version=rv,
-                                               timeout_seconds=30)
+    stream = api.cluster.watch_resource_slices(
+        driver=DRIVER, node_name="node-1", resource_version=rv, timeout_seconds=30
+    )
     try:
         event = next(stream)
     finally:
@@ -204,27 +237,31 @@ def test_watch_from_a_compacted_version_raises_watch_expired(api: ApiEnv) -> Non
     api.server.create("resourceslices", a_slice("s1"))
     api.server.create("resourceslices", a_slice("s2"))
     api.server.compact()
-    stream = api.cluster.watch_resource_slices(driver=DRIVER, node_name="node-1", resource_version="1",
-                                               timeout_seconds=30)
+    stream = api.cluster.watch_resource_slices(
+        driver=DRIVER, node_name="node-1", resource_version="1", timeout_seconds=30
+    )
     with pytest.raises(WatchExpiredError):
         next(stream)
 
 
 def test_watch_ends_when_the_server_times_it_out_or_drops_it(api: ApiEnv) -> None:
     rv = api.server.resource_version
-    timed = api.cluster.watch_resource_slices(driver=DRIVER, node_name="node-1", resource_version=rv,
-                                              timeout_seconds=0)
+    timed = api.cluster.watch_resource_slices(
+        driver=DRIVER, node_name="node-1", resource_version=rv, timeout_seconds=0
+    )
     assert [e.type for e in timed] == ["BOOKMARK"]
-    dropped = api.cluster.watch_resource_slices(driver=DRIVER, node_name="node-1", resource_version=rv,
-                                                timeout_seconds=30)
+    dropped = api.cluster.watch_resource_slices(
+        driver=DRIVER, node_name="node-1", resource_version=rv, timeout_seconds=30
+    )
     assert next(dropped).type == "BOOKMARK"
     api.server.drop_watches()
     assert list(dropped) == []
 
 
 def test_closing_a_watch_from_another_thread_ends_a_blocked_read(api: ApiEnv) -> None:
-    stream = api.cluster.watch_resource_slices(driver=DRIVER, node_name="node-1",
-                                               resource_version=api.server.resource_version, timeout_seconds=60)
+    stream = api.cluster.watch_resource_slices(
+        driver=DRIVER, node_name="node-1", resource_version=api.server.resource_version, timeout_seconds=60
+    )
     assert next(stream).type == "BOOKMARK"
     done = threading.Event()
     consumed: list[WatchEvent] = []
@@ -253,7 +290,9 @@ def test_load_api_client_falls_back_to_the_kubeconfig_variable(
 ) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setenv("KUBECONFIG", str(api.server.write_kubeconfig(tmp_path / "env")))
-    assert load_api_client().configuration.host == api.server.url
+    api_client = load_api_client()
+    assert api_client.configuration.host == api.server.url
+    api_client.close()
 
 
 def test_load_api_client_explains_a_missing_kubeconfig(tmp_path: Path) -> None:

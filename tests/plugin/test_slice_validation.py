@@ -68,8 +68,9 @@ def counter_set(name: str = "gpu-0-counters", n: int = 2) -> Obj:
 
 
 def consuming(name: str, set_name: str = "gpu-0-counters", counters: tuple[str, ...] = ("c0",)) -> Obj:
-    return device(name, consumesCounters=[{"counterSet": set_name,
-                                           "counters": {c: {"value": "1"} for c in counters}}])
+    return device(
+        name, consumesCounters=[{"counterSet": set_name, "counters": {c: {"value": "1"} for c in counters}}]
+    )
 
 
 def rules(obj: Obj, shape: SliceShape = SliceShape.V1_35) -> set[str]:
@@ -77,8 +78,12 @@ def rules(obj: Obj, shape: SliceShape = SliceShape.V1_35) -> set[str]:
 
 
 def test_a_good_slice_has_no_problems_and_passes_kubernetes_validate() -> None:
-    obj = slice_obj([device("gpu-0"), device("gpu-1", taints=[{"key": "example.com/xid", "value": "79",
-                                                               "effect": "NoSchedule"}])])
+    obj = slice_obj(
+        [
+            device("gpu-0"),
+            device("gpu-1", taints=[{"key": "example.com/xid", "value": "79", "effect": "NoSchedule"}]),
+        ]
+    )
     assert validate_slice(obj) == []
     check_slice(obj)
     kubernetes_validate.validate(obj, "1.37.0", strict=True)
@@ -102,8 +107,11 @@ _DELETE = object()
 
 BROKEN: list[tuple[str, Callable[[Obj], None], str]] = [
     ("slice name not a DNS subdomain", _set("metadata", {"name": "Bad_Name"}), "slice-name-dns-subdomain"),
-    ("generateName not a subdomain prefix", _set("metadata", {"generateName": "UPPER-"}),
-     "slice-name-dns-subdomain"),
+    (
+        "generateName not a subdomain prefix",
+        _set("metadata", {"generateName": "UPPER-"}),
+        "slice-name-dns-subdomain",
+    ),
     ("no name at all", _set("metadata", {}), "required"),
     ("driver missing", _set("spec.driver", ""), "required"),
     ("driver upper case", _set("spec.driver", "GPU.example.com"), "driver-name"),
@@ -115,67 +123,133 @@ BROKEN: list[tuple[str, Callable[[Obj], None], str]] = [
     ("no node selection", _set("spec.nodeName", _DELETE), "one-node-selection"),
     ("two node selections", _set("spec.allNodes", True), "one-node-selection"),
     ("allNodes false", lambda o: (o["spec"].pop("nodeName"), o["spec"].update(allNodes=False)), "all-nodes"),
-    ("node selector with two terms",
-     lambda o: (o["spec"].pop("nodeName"), o["spec"].update(nodeSelector={"nodeSelectorTerms": [{}, {}]})),
-     "node-selector-one-term"),
+    (
+        "node selector with two terms",
+        lambda o: (o["spec"].pop("nodeName"), o["spec"].update(nodeSelector={"nodeSelectorTerms": [{}, {}]})),
+        "node-selector-one-term",
+    ),
     ("device name not a DNS label", _set("spec.devices.0.name", "GPU_0"), "device-name-dns-label"),
     ("device name too long", _set("spec.devices.0.name", "g" * 64), "device-name-dns-label"),
     ("duplicate device name", lambda o: o["spec"]["devices"].append(device("gpu-0")), "device-name-unique"),
-    ("attribute with two values", _set("spec.devices.0.attributes.type", {"string": "gpu", "int": 1}),
-     "attribute-one-value"),
+    (
+        "attribute with two values",
+        _set("spec.devices.0.attributes.type", {"string": "gpu", "int": 1}),
+        "attribute-one-value",
+    ),
     ("attribute with no value", _set("spec.devices.0.attributes.type", {}), "attribute-one-value"),
-    ("string attribute too long", _set("spec.devices.0.attributes.type", {"string": "x" * 65}),
-     "string-length"),
+    (
+        "string attribute too long",
+        _set("spec.devices.0.attributes.type", {"string": "x" * 65}),
+        "string-length",
+    ),
     ("version not semver", _set("spec.devices.0.attributes.driverVersion", {"version": "580.65"}), "semver"),
-    ("version with leading zero", _set("spec.devices.0.attributes.driverVersion", {"version": "1.02.3"}),
-     "semver"),
-    ("attribute name not a C identifier", _set("spec.devices.0.attributes.bad-name", {"int": 1}),
-     "attribute-name"),
+    (
+        "version with leading zero",
+        _set("spec.devices.0.attributes.driverVersion", {"version": "1.02.3"}),
+        "semver",
+    ),
+    (
+        "attribute name not a C identifier",
+        _set("spec.devices.0.attributes.bad-name", {"int": 1}),
+        "attribute-name",
+    ),
     ("attribute name too long", _set("spec.devices.0.attributes." + "a" * 33, {"int": 1}), "attribute-name"),
-    ("attribute domain not a subdomain", _set("spec.devices.0.attributes.Bad_Domain/x", {"int": 1}),
-     "attribute-name"),
+    (
+        "attribute domain not a subdomain",
+        _set("spec.devices.0.attributes.Bad_Domain/x", {"int": 1}),
+        "attribute-name",
+    ),
     ("capacity name bad", _set("spec.devices.0.capacity.9lives", {"value": "1"}), "capacity-name"),
     ("capacity not a quantity", _set("spec.devices.0.capacity.memory", {"value": "80 GiB"}), "quantity"),
-    ("too many attributes and capacities",
-     _set("spec.devices.0.attributes", {f"a{i}": {"int": i} for i in range(31)}), "max-attributes"),
-    ("taint effect unknown",
-     _set("spec.devices.0.taints", [{"key": "example.com/x", "effect": "Bogus"}]), "taint-effect"),
-    ("taint key invalid", _set("spec.devices.0.taints", [{"key": "bad key", "effect": "NoSchedule"}]),
-     "taint-key"),
-    ("taint value invalid",
-     _set("spec.devices.0.taints", [{"key": "k", "value": "-bad-", "effect": "NoSchedule"}]), "taint-value"),
-    ("too many taints",
-     _set("spec.devices.0.taints", [{"key": f"k{i}", "effect": "NoSchedule"} for i in range(17)]),
-     "max-taints"),
-    ("too many devices", lambda o: o["spec"].update(devices=[device(f"gpu-{i}") for i in range(129)]),
-     "max-devices"),
-    ("65 devices when one has taints",
-     lambda o: o["spec"].update(devices=[device(f"gpu-{i}") for i in range(64)] + [
-         device("gpu-64", taints=[{"key": "k", "effect": "NoSchedule"}])]), "max-devices"),
-    ("devices and counter sets in one slice", _set("spec.sharedCounters", [counter_set()]),
-     "devices-or-counters"),
-    ("three consumesCounters entries",
-     _set("spec.devices.0.consumesCounters", [{"counterSet": f"s{i}", "counters": {"c": {"value": "1"}}}
-                                              for i in range(3)]), "max-consumes-counters"),
-    ("same counter set consumed twice",
-     _set("spec.devices.0.consumesCounters", [{"counterSet": "s", "counters": {"c": {"value": "1"}}}] * 2),
-     "consumes-counters-unique"),
-    ("33 consumed counters in one entry",
-     _set("spec.devices.0.consumesCounters",
-          [{"counterSet": "s", "counters": {f"c{i}": {"value": "1"} for i in range(33)}}]), "max-counters"),
-    ("consumed counter name not a DNS label",
-     _set("spec.devices.0.consumesCounters", [{"counterSet": "s", "counters": {"C_0": {"value": "1"}}}]),
-     "counter-name-dns-label"),
-    ("consumed counter value not a quantity",
-     _set("spec.devices.0.consumesCounters", [{"counterSet": "s", "counters": {"c": {"value": "lots"}}}]),
-     "quantity"),
-    ("binding conditions over the limit", _set("spec.devices.0.bindingConditions", list("abcde")),
-     "max-binding-conditions"),
-    ("per-device node name without perDeviceNodeSelection", _set("spec.devices.0.nodeName", "node-1"),
-     "device-node-selection"),
-    ("request policy without allowMultipleAllocations",
-     _set("spec.devices.0.capacity.memory", {"value": "80Gi", "requestPolicy": {"default": "1Gi"}}),
-     "request-policy"),
+    (
+        "too many attributes and capacities",
+        _set("spec.devices.0.attributes", {f"a{i}": {"int": i} for i in range(31)}),
+        "max-attributes",
+    ),
+    (
+        "taint effect unknown",
+        _set("spec.devices.0.taints", [{"key": "example.com/x", "effect": "Bogus"}]),
+        "taint-effect",
+    ),
+    (
+        "taint key invalid",
+        _set("spec.devices.0.taints", [{"key": "bad key", "effect": "NoSchedule"}]),
+        "taint-key",
+    ),
+    (
+        "taint value invalid",
+        _set("spec.devices.0.taints", [{"key": "k", "value": "-bad-", "effect": "NoSchedule"}]),
+        "taint-value",
+    ),
+    (
+        "too many taints",
+        _set("spec.devices.0.taints", [{"key": f"k{i}", "effect": "NoSchedule"} for i in range(17)]),
+        "max-taints",
+    ),
+    (
+        "too many devices",
+        lambda o: o["spec"].update(devices=[device(f"gpu-{i}") for i in range(129)]),
+        "max-devices",
+    ),
+    (
+        "65 devices when one has taints",
+        lambda o: o["spec"].update(
+            devices=[device(f"gpu-{i}") for i in range(64)]
+            + [device("gpu-64", taints=[{"key": "k", "effect": "NoSchedule"}])]
+        ),
+        "max-devices",
+    ),
+    (
+        "devices and counter sets in one slice",
+        _set("spec.sharedCounters", [counter_set()]),
+        "devices-or-counters",
+    ),
+    (
+        "three consumesCounters entries",
+        _set(
+            "spec.devices.0.consumesCounters",
+            [{"counterSet": f"s{i}", "counters": {"c": {"value": "1"}}} for i in range(3)],
+        ),
+        "max-consumes-counters",
+    ),
+    (
+        "same counter set consumed twice",
+        _set("spec.devices.0.consumesCounters", [{"counterSet": "s", "counters": {"c": {"value": "1"}}}] * 2),
+        "consumes-counters-unique",
+    ),
+    (
+        "33 consumed counters in one entry",
+        _set(
+            "spec.devices.0.consumesCounters",
+            [{"counterSet": "s", "counters": {f"c{i}": {"value": "1"} for i in range(33)}}],
+        ),
+        "max-counters",
+    ),
+    (
+        "consumed counter name not a DNS label",
+        _set("spec.devices.0.consumesCounters", [{"counterSet": "s", "counters": {"C_0": {"value": "1"}}}]),
+        "counter-name-dns-label",
+    ),
+    (
+        "consumed counter value not a quantity",
+        _set("spec.devices.0.consumesCounters", [{"counterSet": "s", "counters": {"c": {"value": "lots"}}}]),
+        "quantity",
+    ),
+    (
+        "binding conditions over the limit",
+        _set("spec.devices.0.bindingConditions", list("abcde")),
+        "max-binding-conditions",
+    ),
+    (
+        "per-device node name without perDeviceNodeSelection",
+        _set("spec.devices.0.nodeName", "node-1"),
+        "device-node-selection",
+    ),
+    (
+        "request policy without allowMultipleAllocations",
+        _set("spec.devices.0.capacity.memory", {"value": "80Gi", "requestPolicy": {"default": "1Gi"}}),
+        "request-policy",
+    ),
 ]
 
 
@@ -218,9 +292,19 @@ def test_check_slice_raises_a_dradriver_error_listing_every_problem() -> None:
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [("80Gi", Decimal(80 * 2**30)), ("108", Decimal(108)), ("500m", Decimal("0.5")), ("1e3", Decimal(1000)),
-     ("1E", Decimal(10**18)), ("1.5k", Decimal(1500)), (7, Decimal(7)), ("1Gi ", None), ("Gi", None),
-     ("1GB", None), (True, None)],
+    [
+        ("80Gi", Decimal(80 * 2**30)),
+        ("108", Decimal(108)),
+        ("500m", Decimal("0.5")),
+        ("1e3", Decimal(1000)),
+        ("1E", Decimal(10**18)),
+        ("1.5k", Decimal(1500)),
+        (7, Decimal(7)),
+        ("1Gi ", None),
+        ("Gi", None),
+        ("1GB", None),
+        (True, None),
+    ],
 )
 def test_quantities_parse_like_the_api_server(value: object, expected: Decimal | None) -> None:
     assert parse_quantity(value) == expected
@@ -236,11 +320,15 @@ def test_1_34_shape_allows_counters_inline_with_devices() -> None:
 
 
 def test_1_34_shape_checks_counter_references_inside_the_slice() -> None:
-    obj = slice_obj([consuming("gpu-0", counters=("nope",)), consuming("gpu-1", set_name="other")],
-                    sharedCounters=[counter_set()])
+    obj = slice_obj(
+        [consuming("gpu-0", counters=("nope",)), consuming("gpu-1", set_name="other")],
+        sharedCounters=[counter_set()],
+    )
     problems = validate_slice(obj, shape=SliceShape.V1_34)
-    assert [(p.rule, p.device) for p in problems] == [("counter-reference", "gpu-0"),
-                                                      ("counter-reference", "gpu-1")]
+    assert [(p.rule, p.device) for p in problems] == [
+        ("counter-reference", "gpu-0"),
+        ("counter-reference", "gpu-1"),
+    ]
 
 
 def test_1_34_shape_limits_counters_summed_over_sets() -> None:
@@ -277,11 +365,15 @@ def test_a_pool_with_counters_in_their_own_slice_is_valid() -> None:
 
 
 def test_pool_rejects_counter_references_to_unknown_sets_or_counters() -> None:
-    pool = _pool(counters_slice([counter_set()]),
-                 slice_obj([consuming("gpu-0", set_name="missing"), consuming("gpu-1", counters=("c9",))]))
+    pool = _pool(
+        counters_slice([counter_set()]),
+        slice_obj([consuming("gpu-0", set_name="missing"), consuming("gpu-1", counters=("c9",))]),
+    )
     problems = validate_pool(pool)
-    assert [(p.rule, p.device) for p in problems] == [("counter-reference", "gpu-0"),
-                                                      ("counter-reference", "gpu-1")]
+    assert [(p.rule, p.device) for p in problems] == [
+        ("counter-reference", "gpu-0"),
+        ("counter-reference", "gpu-1"),
+    ]
 
 
 def test_pool_rejects_device_names_repeated_across_slices() -> None:

@@ -62,8 +62,14 @@ class Resource:
 RESOURCES = {
     r.plural: r
     for r in (
-        Resource("resourceslices", "resource.k8s.io", "v1", "ResourceSlice", False,
-                 field_selectors=("spec.driver", "spec.nodeName")),
+        Resource(
+            "resourceslices",
+            "resource.k8s.io",
+            "v1",
+            "ResourceSlice",
+            False,
+            field_selectors=("spec.driver", "spec.nodeName"),
+        ),
         Resource("resourceclaims", "resource.k8s.io", "v1", "ResourceClaim", True, has_status=True),
         Resource("deviceclasses", "resource.k8s.io", "v1", "DeviceClass", False),
         Resource("nodes", "", "v1", "Node", False, has_status=True),
@@ -82,8 +88,15 @@ class ApiError(Exception):
         self.message = message
 
     def status(self) -> dict[str, Any]:
-        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                "message": self.message, "reason": self.reason, "code": self.code}
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        }
 
 
 @dataclass(frozen=True)
@@ -142,8 +155,7 @@ def _parse_field_selector(text: str, resource: Resource) -> list[tuple[str, str,
             raise ApiError(400, "BadRequest", f"invalid field selector term {term!r}")
         key, op, value = match.groups()
         if key not in ("metadata.name", "metadata.namespace", *resource.field_selectors):
-            raise ApiError(400, "BadRequest",
-                           f'field label not supported: "{key}" for {resource.plural}')
+            raise ApiError(400, "BadRequest", f'field label not supported: "{key}" for {resource.plural}')
         terms.append((key, "!=" if op == "!=" else "=", value))
     return terms
 
@@ -177,8 +189,12 @@ def _parse_label_selector(text: str) -> list[tuple[str, str, tuple[str, ...]]]:
     return terms
 
 
-def _matches(obj: dict[str, Any], namespace: str | None, fields: list[tuple[str, str, str]],
-             labels: list[tuple[str, str, tuple[str, ...]]]) -> bool:
+def _matches(
+    obj: dict[str, Any],
+    namespace: str | None,
+    fields: list[tuple[str, str, str]],
+    labels: list[tuple[str, str, tuple[str, ...]]],
+) -> bool:
     meta = obj.get("metadata", {})
     if namespace is not None and meta.get("namespace") != namespace:
         return False
@@ -222,8 +238,9 @@ class FakeApiServer:
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._httpd.daemon_threads = True
         # A short poll interval keeps stop() fast; serve_forever checks for shutdown only that often.
-        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.02,),
-                                        name="apiserver-stand-in", daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, args=(0.02,), name="apiserver-stand-in", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -250,7 +267,9 @@ class FakeApiServer:
     def write_kubeconfig(self, path: Path) -> Path:
         """Write a kubeconfig that points at this server (bearer token :data:`TOKEN`) and return its path."""
         config = {
-            "apiVersion": "v1", "kind": "Config", "current-context": "stand-in",
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "stand-in",
             "clusters": [{"name": "stand-in", "cluster": {"server": self.url}}],
             "users": [{"name": "stand-in", "user": {"token": TOKEN}}],
             "contexts": [{"name": "stand-in", "context": {"cluster": "stand-in", "user": "stand-in"}}],
@@ -270,8 +289,9 @@ class FakeApiServer:
             self._compacted_rv = self._history[0][0]
             del self._history[0]
         for watch in self._watches:
-            if watch.resource is resource and _matches(obj, watch.namespace, watch.field_selector,
-                                                       watch.label_selector):
+            if watch.resource is resource and _matches(
+                obj, watch.namespace, watch.field_selector, watch.label_selector
+            ):
                 watch.events.put((kind, copy.deepcopy(obj)))
         self._cond.notify_all()
 
@@ -299,8 +319,9 @@ class FakeApiServer:
             for taint in device.get("taints") or []:
                 taint.setdefault("timeAdded", _now())
 
-    def create(self, plural: str, obj: dict[str, Any], *, namespace: str | None = None,
-               keep_status: bool = True) -> dict[str, Any]:
+    def create(
+        self, plural: str, obj: dict[str, Any], *, namespace: str | None = None, keep_status: bool = True
+    ) -> dict[str, Any]:
         """Store a new object (validated) and return it as stored."""
         resource = RESOURCES[plural]
         stored = copy.deepcopy(obj)
@@ -316,14 +337,16 @@ class FakeApiServer:
                 if not meta.get("generateName"):
                     raise ApiError(422, "Invalid", f"{resource.kind}: name or generateName is required")
                 meta["name"] = meta["generateName"][:58] + "".join(
-                    secrets.choice("bcdfghjklmnpqrstvwxz2456789") for _ in range(5))
+                    secrets.choice("bcdfghjklmnpqrstvwxz2456789") for _ in range(5)
+                )
             for server_field in ("resourceVersion", "uid", "creationTimestamp"):
                 meta.pop(server_field, None)
             self._validate(resource, stored)
             key = self._key(resource, stored)
             if key in self._objects[plural]:
-                raise ApiError(409, "AlreadyExists",
-                               f'{plural}.{resource.group or "core"} "{key[1]}" already exists')
+                raise ApiError(
+                    409, "AlreadyExists", f'{plural}.{resource.group or "core"} "{key[1]}" already exists'
+                )
             meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), resourceVersion=self._bump())
             meta.setdefault("generation", 1)
             if plural == "resourceslices":
@@ -341,8 +364,11 @@ class FakeApiServer:
     def list(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
         """Copies of the stored objects of a resource (in one namespace if given)."""
         with self._cond:
-            return [copy.deepcopy(o) for (ns, _), o in sorted(self._objects[plural].items())
-                    if namespace is None or ns == namespace]
+            return [
+                copy.deepcopy(o)
+                for (ns, _), o in sorted(self._objects[plural].items())
+                if namespace is None or ns == namespace
+            ]
 
     def replace(self, plural: str, obj: dict[str, Any], *, subresource: str = "") -> dict[str, Any]:
         """Update a stored object; a resourceVersion in ``obj`` must be current (else 409)."""
@@ -355,7 +381,8 @@ class FakeApiServer:
             given_rv = obj.get("metadata", {}).get("resourceVersion")
             if given_rv and given_rv != current["metadata"]["resourceVersion"]:
                 raise ApiError(
-                    409, "Conflict",
+                    409,
+                    "Conflict",
                     f'Operation cannot be fulfilled on {plural}.{resource.group or "core"} "{key[1]}": the '
                     "object has been modified; please apply your changes to the latest version and try again",
                 )
@@ -378,7 +405,8 @@ class FakeApiServer:
             meta.pop("resourceVersion", None)
             self._validate(resource, updated)
             meta["generation"] = current["metadata"].get("generation", 1) + (
-                subresource != "status" and updated.get("spec") != current.get("spec"))
+                subresource != "status" and updated.get("spec") != current.get("spec")
+            )
             meta["resourceVersion"] = self._bump()
             if plural == "resourceslices":
                 self._fill_slice_defaults(updated)
@@ -387,14 +415,22 @@ class FakeApiServer:
             return copy.deepcopy(updated)
 
     def _check_immutable(self, resource: Resource, current: dict[str, Any], updated: dict[str, Any]) -> None:
-        fields = {"resourceslices": ("spec.driver", "spec.pool.name", "spec.nodeName"),
-                  "resourceclaims": ("spec",)}.get(resource.plural, ())
+        fields = {
+            "resourceslices": ("spec.driver", "spec.pool.name", "spec.nodeName"),
+            "resourceclaims": ("spec",),
+        }.get(resource.plural, ())
         for dotted in fields:
             if _lookup(current, dotted) != _lookup(updated, dotted):
                 raise ApiError(422, "Invalid", f"{resource.kind} is invalid: {dotted}: field is immutable")
 
-    def delete(self, plural: str, name: str, namespace: str | None = None, *,
-               preconditions: dict[str, str] | None = None) -> dict[str, Any]:
+    def delete(
+        self,
+        plural: str,
+        name: str,
+        namespace: str | None = None,
+        *,
+        preconditions: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
         """Delete a stored object, honouring ``{uid, resourceVersion}`` preconditions (409 if they fail)."""
         resource = RESOURCES[plural]
         with self._cond:
@@ -407,7 +443,8 @@ class FakeApiServer:
                 wanted = (preconditions or {}).get(field_name)
                 if wanted and wanted != meta.get(field_name):
                     raise ApiError(
-                        409, "Conflict",
+                        409,
+                        "Conflict",
                         f"Precondition failed: {field_name} in precondition: {wanted}, "
                         f"{field_name} in object meta: {meta.get(field_name)}",
                     )
@@ -424,12 +461,14 @@ class FakeApiServer:
 
     # -- faults ------------------------------------------------------------------------------------
 
-    def fail_next(self, method: str, path_pattern: str, status: int, *, count: int = 1,
-                  message: str = "injected fault") -> None:
+    def fail_next(
+        self, method: str, path_pattern: str, status: int, *, count: int = 1, message: str = "injected fault"
+    ) -> None:
         """Answer the next ``count`` requests whose method and path (with query) match with ``status``."""
         with self._cond:
-            self._faults.append(_Fault(method.upper(), re.compile(path_pattern), count, status=status,
-                                       message=message))
+            self._faults.append(
+                _Fault(method.upper(), re.compile(path_pattern), count, status=status, message=message)
+            )
 
     def delay_next(self, method: str, path_pattern: str, seconds: float, *, count: int = 1) -> None:
         """Hold the next ``count`` matching requests for ``seconds`` before handling them."""
@@ -494,15 +533,22 @@ class FakeApiServer:
         with self._cond:
             replay: list[tuple[str, dict[str, Any]]] = []
             if since in ("", "0"):
-                replay = [("ADDED", copy.deepcopy(o)) for o in self._objects[watch.resource.plural].values()
-                          if _matches(o, watch.namespace, watch.field_selector, watch.label_selector)]
+                replay = [
+                    ("ADDED", copy.deepcopy(o))
+                    for o in self._objects[watch.resource.plural].values()
+                    if _matches(o, watch.namespace, watch.field_selector, watch.label_selector)
+                ]
             else:
                 rv = int(since)
                 if rv < self._compacted_rv:
                     return ApiError(410, "Expired", f"too old resource version: {rv} ({self._compacted_rv})")
-                replay = [(kind, copy.deepcopy(o)) for at, plural, kind, o in self._history
-                          if at > rv and plural == watch.resource.plural
-                          and _matches(o, watch.namespace, watch.field_selector, watch.label_selector)]
+                replay = [
+                    (kind, copy.deepcopy(o))
+                    for at, plural, kind, o in self._history
+                    if at > rv
+                    and plural == watch.resource.plural
+                    and _matches(o, watch.namespace, watch.field_selector, watch.label_selector)
+                ]
             self._watches.append(watch)
             self._cond.notify_all()
             return replay
@@ -597,14 +643,16 @@ class _Handler(BaseHTTPRequestHandler):
         authorized = self.headers.get("Authorization") == f"Bearer {TOKEN}"
         watch = method == "GET" and query.get("watch") in ("true", "1")
         self._body_read = False
-        status = 500
         try:
             fault = api._take_fault(method, self.path)
             if fault is not None and fault.delay:
                 api._closing.wait(fault.delay)
             if fault is not None and fault.status:
-                raise ApiError(fault.status, {409: "Conflict", 429: "TooManyRequests"}.get(
-                    fault.status, "InternalError"), fault.message)
+                raise ApiError(
+                    fault.status,
+                    {409: "Conflict", 429: "TooManyRequests"}.get(fault.status, "InternalError"),
+                    fault.message,
+                )
             body = self._read_body()
             route = self._route(split.path)
             if watch:
@@ -612,16 +660,14 @@ class _Handler(BaseHTTPRequestHandler):
                 self._watch(route[0], route[1], query)
                 return
             status, answer = self._dispatch(method, route, query, body)
-            self._send_json(status, answer)
         except ApiError as exc:
-            status = exc.code
+            status, answer = exc.code, exc.status()
             with contextlib.suppress(OSError):
                 self._read_rest()
-                self._send_json(exc.code, exc.status())
-        except OSError:
-            return  # the client went away (timed out): nothing to answer
-        if not watch:
-            api._record(RequestRecord(method, split.path, query, status, authorized))
+        # Logged before the answer is sent, so a client that has its answer finds the request in the log.
+        api._record(RequestRecord(method, split.path, query, status, authorized))
+        with contextlib.suppress(OSError):  # the client may have gone away (timed out)
+            self._send_json(status, answer)
 
     def _read_rest(self) -> None:
         # An error raised before the body was read must still drain it, or keep-alive breaks.
@@ -630,17 +676,27 @@ class _Handler(BaseHTTPRequestHandler):
             self.rfile.read(length)
             self._body_read = True
 
-    def _dispatch(self, method: str, route: tuple[Resource, str | None, str | None, str],
-                  query: dict[str, str], body: dict[str, Any] | None) -> tuple[int, dict[str, Any]]:
+    def _dispatch(
+        self,
+        method: str,
+        route: tuple[Resource, str | None, str | None, str],
+        query: dict[str, str],
+        body: dict[str, Any] | None,
+    ) -> tuple[int, dict[str, Any]]:
         resource, namespace, name, subresource = route
         api = self.api
         if method == "GET" and name is None:
             fields = _parse_field_selector(query.get("fieldSelector", ""), resource)
             labels = _parse_label_selector(query.get("labelSelector", ""))
-            items = [o for o in api.list(resource.plural, namespace)
-                     if _matches(o, namespace, fields, labels)]
-            return 200, {"apiVersion": resource.api_version, "kind": f"{resource.kind}List",
-                         "metadata": {"resourceVersion": api.resource_version}, "items": items}
+            items = [
+                o for o in api.list(resource.plural, namespace) if _matches(o, namespace, fields, labels)
+            ]
+            return 200, {
+                "apiVersion": resource.api_version,
+                "kind": f"{resource.kind}List",
+                "metadata": {"resourceVersion": api.resource_version},
+                "items": items,
+            }
         if name is None and method != "POST":
             raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on a collection")
         if method == "GET":
@@ -669,24 +725,37 @@ class _Handler(BaseHTTPRequestHandler):
 
     @staticmethod
     def _check_body(resource: Resource, namespace: str | None, body: dict[str, Any]) -> None:
-        if body.get("apiVersion", resource.api_version) != resource.api_version or \
-                body.get("kind", resource.kind) != resource.kind:
-            raise ApiError(400, "BadRequest",
-                           f"the body is a {body.get('apiVersion')}/{body.get('kind')}, the URL wants "
-                           f"{resource.api_version}/{resource.kind}")
+        if (
+            body.get("apiVersion", resource.api_version) != resource.api_version
+            or body.get("kind", resource.kind) != resource.kind
+        ):
+            raise ApiError(
+                400,
+                "BadRequest",
+                f"the body is a {body.get('apiVersion')}/{body.get('kind')}, the URL wants "
+                f"{resource.api_version}/{resource.kind}",
+            )
         body_ns = body.get("metadata", {}).get("namespace")
         if resource.namespaced and body_ns and body_ns != namespace:
             raise ApiError(400, "BadRequest", "the namespace of the body does not match the URL")
 
     def _watch(self, resource: Resource, namespace: str | None, query: dict[str, str]) -> None:
         api = self.api
-        watch = _Watch(resource, namespace, _parse_field_selector(query.get("fieldSelector", ""), resource),
-                       _parse_label_selector(query.get("labelSelector", "")))
+        watch = _Watch(
+            resource,
+            namespace,
+            _parse_field_selector(query.get("fieldSelector", ""), resource),
+            _parse_label_selector(query.get("labelSelector", "")),
+        )
         opened = api._open_watch(watch, query.get("resourceVersion", ""))
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
+        # A watch connection is never reused, which lets a reader thread notice the client hanging up.
+        self.send_header("Connection", "close")
+        self.close_connection = True
         self.end_headers()
+        threading.Thread(target=self._await_hangup, args=(watch,), daemon=True).start()
         deadline_s = float(query.get("timeoutSeconds") or 1800)
         clean_end = True
         try:
@@ -696,9 +765,16 @@ class _Handler(BaseHTTPRequestHandler):
             for kind, obj in opened:
                 self._chunk({"type": kind, "object": obj})
             if query.get("allowWatchBookmarks") in ("true", "1"):
-                self._chunk({"type": "BOOKMARK", "object": {
-                    "apiVersion": resource.api_version, "kind": resource.kind,
-                    "metadata": {"resourceVersion": api.resource_version}}})
+                self._chunk(
+                    {
+                        "type": "BOOKMARK",
+                        "object": {
+                            "apiVersion": resource.api_version,
+                            "kind": resource.kind,
+                            "metadata": {"resourceVersion": api.resource_version},
+                        },
+                    }
+                )
             deadline = threading.Event()
             timer = threading.Timer(deadline_s, lambda: (deadline.set(), watch.events.put(None)))
             timer.daemon = True
@@ -725,6 +801,12 @@ class _Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
                 with contextlib.suppress(OSError):
                     self.connection.shutdown(socket.SHUT_RDWR)
+
+    def _await_hangup(self, watch: _Watch) -> None:
+        with contextlib.suppress(OSError):
+            while self.connection.recv(4096):
+                pass
+        watch.events.put(None)
 
     def _chunk(self, event: dict[str, Any]) -> None:
         data = json.dumps(event).encode() + b"\n"

@@ -156,6 +156,7 @@ class _KubeWatchStream:
             kind = event.get("type")
             obj = event.get("object") or {}
             if kind == "ERROR":
+                self.close()
                 raise error_for_status(
                     int(obj.get("code", 500)), json.dumps(obj).encode(), self._what, "watch"
                 )
@@ -169,12 +170,13 @@ class _KubeWatchStream:
         if self._closed.is_set():
             return
         self._closed.set()
-        # shutdown() unblocks a read in progress in another thread; release_conn() alone would not.
+        # shutdown() (SHUT_RD) unblocks a read in progress in another thread; close() then closes the
+        # connection, so the server sees the watch end. A half-read watch must never go back to the pool.
         # RuntimeError/ValueError: the response already ended and gave its connection back to the pool.
         with contextlib.suppress(AttributeError, OSError, RuntimeError, ValueError):
             self._response.shutdown()
         with contextlib.suppress(AttributeError, OSError, RuntimeError, ValueError):
-            self._response.release_conn()
+            self._response.close()
 
 
 class KubeCluster:

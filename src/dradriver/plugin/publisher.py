@@ -336,7 +336,7 @@ class Publisher:
                 invalid[name] = tuple(problems)
                 for problem in problems:
                     log.error(
-                        "pool not published: invalid slice pool=%s slice_index=%s device=%s field=%s "
+                        "pool not published: invalid slice pool=%s slice=%s device=%s field=%s "
                         "rule=%s problem=%s",
                         name,
                         problem.slice,
@@ -526,9 +526,8 @@ class Publisher:
             retrying = tenacity.Retrying(
                 # Every failure is retried with backoff: the thread must keep publishing, not die.
                 retry=tenacity.retry_if_not_exception_type(_Interrupted),
-                wait=tenacity.wait_exponential_jitter(
-                    initial=self._backoff.initial, max=self._backoff.maximum, jitter=self._backoff.jitter
-                ),
+                wait=tenacity.wait_exponential(multiplier=self._backoff.initial, max=self._backoff.maximum)
+                + tenacity.wait_random(0, self._backoff.jitter),
                 stop=tenacity.stop_when_event_set(self._stopping),
                 sleep=self._backoff_sleep,
                 before_sleep=before_sleep,
