@@ -17,7 +17,7 @@ from dradriver.driver.health import GpuHealth
 from dradriver.driver.metrics import InstrumentedHandler
 from dradriver.driver.slices import SliceSettings, build_slice_specs, shape_for
 from dradriver.driver.state import GpuDriver
-from dradriver.errors import ConfigError
+from dradriver.errors import ConfigError, DradriverError
 from dradriver.gpu.backend import open_gpu_backend
 from dradriver.gpu.inventory import MigMode, discover
 from dradriver.plugin.cluster import ClusterError
@@ -44,6 +44,9 @@ def register(subcommands: Any) -> None:
                    help="where per-claim CDI specs are written")
     add_env_option(parser, "--metrics-address", env="DRADRIVER_METRICS_ADDRESS", default="",
                    help="HOST:PORT serving /metrics, /healthz and /readyz (empty: off)")
+    add_env_option(parser, "--rescan-interval", env="DRADRIVER_RESCAN_INTERVAL", default=60.0, type=float,
+                   metavar="SECONDS", help="how often to rediscover GPUs and republish slices if they changed "
+                   "(MIG devices created out of band, a GPU gone); 0: never")
     add_env_option(parser, "--log-format", env="DRADRIVER_LOG_FORMAT", default="text", choices=("text", "json"),
                    help="log line format")
     add_env_option(parser, "--log-level", env="DRADRIVER_LOG_LEVEL", default="info",
@@ -69,10 +72,10 @@ def run(args: argparse.Namespace) -> int:
 
     cluster = KubeCluster.from_kubeconfig(args.kubeconfig)
     node_uid = _node_uid(cluster, node)
-    specs = build_slice_specs(inventory, SliceSettings(driver=args.driver_name, mig_mode=mig_mode, shape=shape))
+    settings = SliceSettings(driver=args.driver_name, mig_mode=mig_mode, shape=shape)
+    specs = build_slice_specs(inventory, settings)
     publisher = Publisher(cluster, driver=args.driver_name, node_name=node, node_uid=node_uid, shape=shape,
-                          pools={node: [SliceSpec.of(s.get("devices", ()), s.get("sharedCounters", ()))
-                                        for s in specs]})
+                          pools=_pools(node, specs))
 
     # A simulated node has no /dev/nvidia*: bind /dev/null so a real runtime can still inject the spec.
     cdi = CdiWriter(Path(args.cdi_dir), host_path=(lambda _path: "/dev/null") if simulated else lambda _path: None)
@@ -94,10 +97,28 @@ def run(args: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
 
+    def rescan() -> None:
+        nonlocal specs
+        while not stop.wait(args.rescan_interval):
+            try:
+                fresh = discover(gpulib)
+            except DradriverError as err:
+                log.warning("rediscovery failed; keeping the last inventory error=%s", err)
+                continue
+            fresh_specs = build_slice_specs(fresh, settings)
+            if fresh_specs != specs:
+                log.info("inventory changed; republishing gpus=%d mig_devices=%d", len(fresh.gpus),
+                         len(fresh.mig_devices))
+                specs = fresh_specs
+                driver.update_inventory(fresh, mig_mode)
+                publisher.update(_pools(node, fresh_specs))
+
     publisher.start()
     health.start(gpulib)
     if status:
         status.start()
+    if args.rescan_interval > 0:
+        threading.Thread(target=rescan, name="rescan", daemon=True).start()
     try:
         plugin.start()
         log.info("ready node=%s driver=%s mig_mode=%s devices=%d", node, args.driver_name, mig_mode.value,
@@ -105,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
         stop.wait()
         log.info("stopping")
     finally:
+        stop.set()
         plugin.stop()
         if status:
             status.stop()
@@ -113,6 +135,11 @@ def run(args: argparse.Namespace) -> int:
         gpulib.close()
         cluster.close()
     return 0
+
+
+def _pools(node: str, specs: list[dict[str, Any]]) -> dict[str, list[SliceSpec]]:
+    """The one pool a node publishes, named after the node."""
+    return {node: [SliceSpec.of(s.get("devices", ()), s.get("sharedCounters", ())) for s in specs]}
 
 
 def _node_uid(cluster: KubeCluster, node: str) -> str | None:
