@@ -26,7 +26,7 @@ def add_env_option(
     metavar: str | None = None,
 ) -> None:
     """Add ``flag`` whose default comes from ``env`` (then ``default``); the help names the variable."""
-    shown = f" (default: {default})" if default is not None else ""
+    shown = f" (default: {default})" if default not in (None, "") else ""
     kwargs: dict[str, Any] = {
         "default": env_default(env, default),
         "help": f"{help}{shown} [env {env}]",
