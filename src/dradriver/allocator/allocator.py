@@ -87,7 +87,11 @@ class Search:
         self.results: list[tuple[Request, Device]] = []
         self.chosen: dict[int, Request] = {}
         self.disabled_constraints: set[int] = set()
-        self.ignore_in_use = False
+        # Every usable device in the scheduler's order; a request's n-th device is only sought after its
+        # (n-1)-th: orders of the same set end in the same state (constraints and counters are monotonic),
+        # so this finds the same first solution while exploring combinations instead of permutations.
+        self.order = [d for pool in self.pools if not (pool.incomplete or pool.invalid) for d in pool.devices]
+        self.position = {id(d): i for i, d in enumerate(self.order)}
 
     def fresh(self) -> Search:
         """A new search over the same inputs (for what-if questions)."""
@@ -165,6 +169,7 @@ class Search:
             return False
         if picked >= needed:
             return self._group(group + 1)
+        start = self.position[id(self.results[-1][1])] + 1 if picked else 0
         if len(self.results) + needed - picked > MAX_RESULTS:
             return False
         if request.all_devices:
@@ -175,26 +180,22 @@ class Search:
                 return True
             self.remove_last()
             return False
-        for pool in self.pools:
-            if pool.incomplete or pool.invalid:
+        for device in self.order[start:]:
+            if device.id in self.allocating:
                 continue
-            for device in pool.devices:
-                if device.id in self.allocating:
-                    continue
-                if not request.admin_access and not self.ignore_in_use and device.id in self.in_use:
-                    continue
-                if not self.selectable(request, device):
-                    continue
-                if not self.try_add(request, device, must=False):
-                    continue
-                if self._fill(group, request, picked + 1):
-                    return True
-                self.remove_last()
+            if not request.admin_access and device.id in self.in_use:
+                continue
+            if not self.selectable(request, device):
+                continue
+            if not self.try_add(request, device, must=False):
+                continue
+            if self._fill(group, request, picked + 1):
+                return True
+            self.remove_last()
         return False
 
     def try_add(self, request: Request, device: Device, *, must: bool) -> bool:
-        if device.id in self.allocating or (not request.admin_access and device.id in self.in_use
-                                            and not self.ignore_in_use):
+        if device.id in self.allocating or (not request.admin_access and device.id in self.in_use):
             return False
         if self.ledger.shortfall(device) is not None:
             return False

@@ -280,7 +280,7 @@ def _combination_reasons(search: Search) -> list[str]:
 
 
 def _constraint_values(search: Search, constraint: Any) -> str:
-    values: Counter[str] = Counter()
+    holders: dict[str, set[str]] = {}
     for group in search.groups:
         for request in group.alternatives:
             if not constraint.applies(request.name, request.parent):
@@ -289,7 +289,9 @@ def _constraint_values(search: Search, constraint: Any) -> str:
                 for device in pool.devices:
                     if device.id in search.in_use or not _quiet_selectable(search, request, device):
                         continue
-                    values[_value_text(lookup_attribute(device, constraint.attribute))] += 1
+                    value = _value_text(lookup_attribute(device, constraint.attribute))
+                    holders.setdefault(value, set()).add(device.label)
+    values = Counter({value: len(labels) for value, labels in holders.items()})
     if not values:
         return "no matching device has that attribute"
     shown = ", ".join(f"{v} on {n} devices" for v, n in values.most_common(MAX_LISTED))
