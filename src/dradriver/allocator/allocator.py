@@ -68,7 +68,7 @@ class Search:
         self.classes = {str((c.get("metadata") or {}).get("name")): c for c in classes}
         self.groups: list[RequestGroup] = parse_requests(claim, self.classes)
         self.constraints: list[Constraint] = parse_constraints(self.spec)
-        index = all_devices(slices)
+        index = all_devices(slices) if allocated else {}
         self.in_use: set[DeviceID] = set()
         taken: list[Device] = []
         for other in allocated:
@@ -81,7 +81,8 @@ class Search:
                 if device_id in index:
                     taken.append(index[device_id])
         self.ledger = CounterLedger(self.pools, taken)
-        self.selectable_cache: dict[tuple[int, int], bool] = {}
+        # (request, device) -> index of the first selector that is false, or -1 when all are true
+        self.selectable_cache: dict[tuple[int, int], int] = {}
         self.all_lists: dict[int, list[Device]] = {}
         self.allocating: set[DeviceID] = set()
         self.results: list[tuple[Request, Device]] = []
@@ -104,19 +105,19 @@ class Search:
         key = (id(request), id(device))
         cached = self.selectable_cache.get(key)
         if cached is not None:
-            return cached
-        result = True
-        for ref in request.selectors:
+            return cached < 0
+        failed = -1
+        for position, ref in enumerate(request.selectors):
             try:
                 matched = ref.selector.matches(device.raw, driver=device.driver)
             except CelEvaluationError as err:
-                raise AllocationError(f"{_owner(ref.label, self.claim_name)} on device {device.label}: CEL runtime "
-                                      f"error: {err}") from err
+                raise AllocationError(f"{_owner(ref.label, self.claim_name)} on device {device.label}: "
+                                      f"CEL runtime error: {err}") from err
             if not matched:
-                result = False
+                failed = position
                 break
-        self.selectable_cache[key] = result
-        return result
+        self.selectable_cache[key] = failed
+        return failed < 0
 
     def prepare(self) -> None:
         """What the scheduler checks before searching: All-mode device lists and the result size limit."""
@@ -347,10 +348,13 @@ def explain_claim(claim: dict[str, Any], *, slices: list[dict[str, Any]], classe
         report.error = str(err)
         return report
     if fits:
-        report = diagnose(search.fresh(), what_if=False)
-        report.fits = True
-        report.allocation = search.allocation()
+        allocation = search.allocation()
         chosen = {(r.full_name, d.label) for r, d in search.results}
+        while search.results:  # back to the state before the search; the selector results stay cached
+            search.remove_last()
+        report = diagnose(search, what_if=False)
+        report.fits = True
+        report.allocation = allocation
         for request_report in report.requests:
             request_report.allocated = [label for name, label in sorted(chosen) if name == request_report.request]
         return report

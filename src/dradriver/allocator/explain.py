@@ -157,10 +157,18 @@ def request_report(search: Search, request: Request) -> RequestReport:
         report.hints.append(f"pools {', '.join(incomplete)} are incomplete or invalid; the scheduler waits "
                             f"for the driver to finish publishing them")
 
-    for ref in request.selectors:
+    cache = search.selectable_cache
+    for position, ref in enumerate(request.selectors):
         entering, passed, missing = survivors, [], Counter[str]()
         stage = Stage(ref.label, len(entering), 0)
         for device in entering:
+            known = cache.get((id(request), id(device)))
+            if known is not None:  # the search already evaluated this device's selectors
+                if known < 0 or known > position:
+                    passed.append(device)
+                else:
+                    reject(device, f"{ref.label} is false")
+                continue
             try:
                 ok = ref.selector.matches(device.raw, driver=device.driver)
             except CelEvaluationError as err:

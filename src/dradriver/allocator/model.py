@@ -147,28 +147,24 @@ class Pool:
         return f"{self.driver}/{self.name}"
 
 
-@dataclass(eq=False)
 class Device:
-    pool: Pool
-    raw: dict[str, Any]
-    slice: dict[str, Any]
+    """One device of a pool, as the search sees it; ``id`` and ``label`` are computed once."""
 
-    @property
-    def name(self) -> str:
-        return str(self.raw.get("name", ""))
+    __slots__ = ("_consumption", "driver", "id", "label", "name", "pool", "raw", "slice")
 
-    @property
-    def driver(self) -> str:
-        return self.pool.driver
-
-    @property
-    def id(self) -> DeviceID:
-        return (self.pool.driver, self.pool.name, self.name)
-
-    @property
-    def label(self) -> str:
-        return "/".join(self.id)
+    def __init__(self, pool: Pool, raw: dict[str, Any], slice_: dict[str, Any]) -> None:
+        self.pool = pool
+        self.raw = raw
+        self.slice = slice_
+        self.name = str(raw.get("name", ""))
+        self.driver = pool.driver
+        self.id: DeviceID = (pool.driver, pool.name, self.name)
+        self.label = f"{pool.driver}/{pool.name}/{self.name}"
+        self._consumption: list[tuple[str, dict[str, Fraction]]] | None = None
 
     def consumption(self) -> list[tuple[str, dict[str, Fraction]]]:
-        return [(str(c.get("counterSet")), {k: quantity(v) for k, v in (c.get("counters") or {}).items()})
+        if self._consumption is None:
+            self._consumption = [
+                (str(c.get("counterSet")), {k: quantity(v) for k, v in (c.get("counters") or {}).items()})
                 for c in self.raw.get("consumesCounters") or []]
+        return self._consumption
