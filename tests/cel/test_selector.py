@@ -1,6 +1,6 @@
-from dradriver.cel import CelCompileError, CelEvaluationError, compile_selector
-
 import pytest
+
+from dradriver.cel import CelCompileError, CelEvaluationError, compile_selector
 
 DRIVER = "gpu.dradriver.dev"
 
@@ -44,7 +44,11 @@ def test_selector_is_evaluated_once_per_distinct_projection(gpu):
     selector = compile_selector('device.attributes["gpu.dradriver.dev"].architecture == "Ampere" && true')
     before = selector.evaluations
     for i in range(50):
-        device = {**gpu, "name": f"gpu-{i}", "attributes": {**gpu["attributes"], "uuid": {"string": f"GPU-{i}"}}}
+        device = {
+            **gpu,
+            "name": f"gpu-{i}",
+            "attributes": {**gpu["attributes"], "uuid": {"string": f"GPU-{i}"}},
+        }
         assert selector.matches(device, driver=DRIVER)
     assert selector.evaluations - before == 1
 
@@ -72,8 +76,9 @@ def test_whole_domain_reads_are_memoised_on_the_domain(gpu):
 def test_invalid_version_attribute_is_a_runtime_error(gpu):
     gpu["attributes"]["driverVersion"] = {"version": "580.65"}
     with pytest.raises(CelEvaluationError):
-        compile_selector('device.attributes["gpu.dradriver.dev"].type == "gpu"').matches(gpu, driver=DRIVER,
-                                                                                         memoize=False)
+        compile_selector('device.attributes["gpu.dradriver.dev"].type == "gpu"').matches(
+            gpu, driver=DRIVER, memoize=False
+        )
 
 
 def test_comprehension_cost_is_estimated_at_compile_time():

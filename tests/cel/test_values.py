@@ -4,8 +4,18 @@ from dradriver.cel.quantity import Quantity, QuantityError
 from dradriver.cel.semver import Semver, SemverError
 
 
-@pytest.mark.parametrize(("text", "value"), [("80Gi", 80 * 2**30), ("500m", 0.5), ("1e3", 1000), ("1.5k", 1500),
-                                              ("+2", 2), ("-1Ki", -1024), (".5", 0.5)])
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("80Gi", 80 * 2**30),
+        ("500m", 0.5),
+        ("1e3", 1000),
+        ("1.5k", 1500),
+        ("+2", 2),
+        ("-1Ki", -1024),
+        (".5", 0.5),
+    ],
+)
 def test_quantity_parses_kubernetes_formats(text, value):
     assert Quantity.parse(text).value == value
 

@@ -28,7 +28,7 @@ spec:
 """
 
 
-def write_claim(tmp_path, name="c", cls="gpu.dradriver.dev", count=1, expr="true", extra=""):
+def write_claim(tmp_path, *, name="c", cls="gpu.dradriver.dev", count=1, expr="true", extra=""):
     path = tmp_path / f"{name}.yaml"
     path.write_text(CLAIM % {"name": name, "cls": cls, "count": count, "expr": expr} + extra)
     return str(path)
@@ -127,10 +127,18 @@ def test_claim_is_explained_on_every_node(tmp_path, capsys):
 
 def test_already_allocated_claims_consume_devices(tmp_path, capsys):
     allocated = tmp_path / "allocated.yaml"
-    results = "\n".join(f"        - {{request: r, driver: gpu.dradriver.dev, pool: node-a, device: {d}}}"
-                        for d in ["gpu-0000-07-00-0", "gpu-0000-0f-00-0", "gpu-0000-47-00-0",
-                                  "gpu-0000-4e-00-0", "gpu-0000-87-00-0", "gpu-0000-90-00-0",
-                                  "gpu-0000-b7-00-0"])
+    results = "\n".join(
+        f"        - {{request: r, driver: gpu.dradriver.dev, pool: node-a, device: {d}}}"
+        for d in [
+            "gpu-0000-07-00-0",
+            "gpu-0000-0f-00-0",
+            "gpu-0000-47-00-0",
+            "gpu-0000-4e-00-0",
+            "gpu-0000-87-00-0",
+            "gpu-0000-90-00-0",
+            "gpu-0000-b7-00-0",
+        ]
+    )
     allocated.write_text(f"""apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
 metadata: {{name: other, namespace: default}}
@@ -141,15 +149,24 @@ status:
       results:
 {results}
 """)
-    code = main(["explain", write_claim(tmp_path, count=2), "--slices", SLICES, "--allocated", str(allocated)])
+    code = main(
+        ["explain", write_claim(tmp_path, count=2), "--slices", SLICES, "--allocated", str(allocated)]
+    )
     out = capsys.readouterr().out
     assert code == 1
     assert "7 matching devices are allocated to other claims" in out
 
 
 def test_selector_mode_lists_every_device(capsys):
-    code = main(["explain", "--selector", 'device.attributes["gpu.dradriver.dev"].profile == "7g.80gb"',
-                 "--slices", MIG_SLICES])
+    code = main(
+        [
+            "explain",
+            "--selector",
+            'device.attributes["gpu.dradriver.dev"].profile == "7g.80gb"',
+            "--slices",
+            MIG_SLICES,
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     assert "gpu-0000-07-00-0-mig-7g80gb-0: match" in out

@@ -41,24 +41,49 @@ class FakeReader:
 
 
 def pod(*entries, statuses=()):
-    return {"metadata": {"name": "trainer", "namespace": "ml"},
-            "spec": {"resourceClaims": list(entries)},
-            "status": {"resourceClaimStatuses": list(statuses)}}
+    return {
+        "metadata": {"name": "trainer", "namespace": "ml"},
+        "spec": {"resourceClaims": list(entries)},
+        "status": {"resourceClaimStatuses": list(statuses)},
+    }
 
 
 def template(count):
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-            "metadata": {"name": "gpus", "namespace": "ml"},
-            "spec": {"spec": {"devices": {"requests": [
-                {"name": "gpu", "exactly": {"deviceClassName": "gpu.dradriver.dev", "count": count}}]}}}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "gpus", "namespace": "ml"},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {"name": "gpu", "exactly": {"deviceClassName": "gpu.dradriver.dev", "count": count}}
+                    ]
+                }
+            }
+        },
+    }
 
 
 def allocated_claim(name, devices):
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}"},
-            "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "gpu.dradriver.dev"}}]}},
-            "status": {"allocation": {"devices": {"results": [
-                {"request": "r", "driver": "gpu.dradriver.dev", "pool": "node-a", "device": d} for d in devices]}}}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}"},
+        "spec": {
+            "devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "gpu.dradriver.dev"}}]}
+        },
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "r", "driver": "gpu.dradriver.dev", "pool": "node-a", "device": d}
+                        for d in devices
+                    ]
+                }
+            }
+        },
+    }
 
 
 def test_template_claim_not_yet_generated_is_explained_from_the_template(capsys):
@@ -68,9 +93,12 @@ def test_template_claim_not_yet_generated_is_explained_from_the_template(capsys)
 
 
 def test_pending_pod_is_explained_against_other_claims_allocations(capsys):
-    taken = allocated_claim("busy", [f"gpu-0000-{b}-00-0" for b in ("07", "0f", "47", "4e", "87", "90", "b7")])
-    reader = FakeReader(pod({"name": "gpus", "resourceClaimTemplateName": "gpus"}), claims=[taken],
-                        templates=[template(2)])
+    taken = allocated_claim(
+        "busy", [f"gpu-0000-{b}-00-0" for b in ("07", "0f", "47", "4e", "87", "90", "b7")]
+    )
+    reader = FakeReader(
+        pod({"name": "gpus", "resourceClaimTemplateName": "gpus"}), claims=[taken], templates=[template(2)]
+    )
     assert explain_pod_with(reader, "ml/trainer", "json") == 1
     data = json.loads(capsys.readouterr().out)
     hints = data["claims"][0]["report"]["requests"][0]["hints"]
@@ -79,10 +107,15 @@ def test_pending_pod_is_explained_against_other_claims_allocations(capsys):
 
 def test_generated_claim_is_preferred_over_the_template():
     generated = allocated_claim("trainer-gpus-x", ["gpu-0000-07-00-0"])
-    reader = FakeReader(pod({"name": "gpus", "resourceClaimTemplateName": "gpus"},
-                            statuses=[{"name": "gpus", "resourceClaimName": "trainer-gpus-x"}]),
-                        claims=[generated], templates=[template(1)])
-    ((name, obj, note),) = pod_claims(reader, reader.pod)
+    reader = FakeReader(
+        pod(
+            {"name": "gpus", "resourceClaimTemplateName": "gpus"},
+            statuses=[{"name": "gpus", "resourceClaimName": "trainer-gpus-x"}],
+        ),
+        claims=[generated],
+        templates=[template(1)],
+    )
+    ((_name, obj, note),) = pod_claims(reader, reader.pod)
     assert obj is generated and not note
 
 

@@ -30,7 +30,9 @@ def test_there_are_examples():
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_example_fits_its_profile(path, capsys):
     fixture = ROOT / "tests/fixtures/slices" / FIXTURES[profile_of(path)]
-    code = main(["explain", str(path), "--slices", str(fixture), "--classes", str(ROOT / "manifests/deviceclasses")])
+    code = main(
+        ["explain", str(path), "--slices", str(fixture), "--classes", str(ROOT / "manifests/deviceclasses")]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     assert " fits on node " in out

@@ -47,8 +47,9 @@ def tolerates(toleration: dict[str, Any], taint: dict[str, Any]) -> bool:
 def blocking_taint(device: Device, request: Request) -> dict[str, Any] | None:
     """The first NoSchedule/NoExecute taint of ``device`` that ``request`` does not tolerate."""
     for taint in device.raw.get("taints") or []:
-        if taint.get("effect") in ("NoSchedule", "NoExecute") and \
-                not any(tolerates(t, taint) for t in request.tolerations):
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not any(
+            tolerates(t, taint) for t in request.tolerations
+        ):
             return dict(taint)
     return None
 
@@ -56,11 +57,24 @@ def blocking_taint(device: Device, request: Request) -> dict[str, Any] | None:
 class Search:
     """The state of one allocation attempt; also what ``explain.diagnose`` reads."""
 
-    def __init__(self, claim: dict[str, Any], *, slices: list[dict[str, Any]], classes: list[dict[str, Any]],
-                 allocated: list[dict[str, Any]], node: str | None, node_labels: dict[str, str] | None) -> None:
+    def __init__(
+        self,
+        claim: dict[str, Any],
+        *,
+        slices: list[dict[str, Any]],
+        classes: list[dict[str, Any]],
+        allocated: list[dict[str, Any]],
+        node: str | None,
+        node_labels: dict[str, str] | None,
+    ) -> None:
         self.claim = claim
-        self._inputs: dict[str, Any] = {"slices": slices, "classes": classes, "allocated": allocated,
-                                        "node": node, "node_labels": node_labels}
+        self._inputs: dict[str, Any] = {
+            "slices": slices,
+            "classes": classes,
+            "allocated": allocated,
+            "node": node,
+            "node_labels": node_labels,
+        }
         self.claim_name = claim_name(claim)
         self.node = node
         self.spec = claim_spec(claim)
@@ -72,7 +86,9 @@ class Search:
         self.in_use: set[DeviceID] = set()
         taken: list[Device] = []
         for other in allocated:
-            results = (((other.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")
+            results = (((other.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
+                "results"
+            )
             for result in results or []:
                 if result.get("adminAccess"):
                     continue  # admin access does not make a device unavailable to others
@@ -111,8 +127,9 @@ class Search:
             try:
                 matched = ref.selector.matches(device.raw, driver=device.driver)
             except CelEvaluationError as err:
-                raise AllocationError(f"{_owner(ref.label, self.claim_name)} on device {device.label}: "
-                                      f"CEL runtime error: {err}") from err
+                raise AllocationError(
+                    f"{_owner(ref.label, self.claim_name)} on device {device.label}: CEL runtime error: {err}"
+                ) from err
             if not matched:
                 failed = position
                 break
@@ -129,13 +146,17 @@ class Search:
                     devices = []
                     for pool in self.pools:
                         if pool.incomplete:
-                            raise AllocationError(f"claim {self.claim_name}, request {request.full_name}: asks "
-                                                  f"for all devices, but resource pool {pool.label} is "
-                                                  f"currently being updated")
+                            raise AllocationError(
+                                f"claim {self.claim_name}, request {request.full_name}: asks "
+                                f"for all devices, but resource pool {pool.label} is "
+                                f"currently being updated"
+                            )
                         if pool.invalid:
-                            raise AllocationError(f"claim {self.claim_name}, request {request.full_name}: asks "
-                                                  f"for all devices, but resource pool {pool.label} is "
-                                                  f"currently invalid ({pool.invalid})")
+                            raise AllocationError(
+                                f"claim {self.claim_name}, request {request.full_name}: asks "
+                                f"for all devices, but resource pool {pool.label} is "
+                                f"currently invalid ({pool.invalid})"
+                            )
                         devices += [d for d in pool.devices if self.selectable(request, d)]
                     self.all_lists[id(request)] = devices
                     needs.append(len(devices))
@@ -143,8 +164,10 @@ class Search:
                     needs.append(request.count)
             minimum += min(needs) if needs else 0
         if minimum > MAX_RESULTS:
-            raise AllocationError(f"claim {self.claim_name}: number of requested devices {minimum} exceeds the "
-                                  f"claim limit of {MAX_RESULTS}")
+            raise AllocationError(
+                f"claim {self.claim_name}: number of requested devices {minimum} exceeds the "
+                f"claim limit of {MAX_RESULTS}"
+            )
 
     # Search ---------------------------------------------------------------------------------------------
 
@@ -204,15 +227,19 @@ class Search:
             return False
         added: list[Constraint] = []
         for constraint in self.constraints:
-            if constraint.index in self.disabled_constraints or not constraint.applies(request.name, request.parent):
+            if constraint.index in self.disabled_constraints or not constraint.applies(
+                request.name, request.parent
+            ):
                 continue
             if not constraint.add(device):
                 for undo in added:
                     undo.remove()
                 if must:
-                    raise AllocationError(f"claim {self.claim_name}, request {request.full_name}: cannot add "
-                                          f"device {device.label} because a claim constraint would not be "
-                                          f"satisfied ({constraint.label})")
+                    raise AllocationError(
+                        f"claim {self.claim_name}, request {request.full_name}: cannot add "
+                        f"device {device.label} because a claim constraint would not be "
+                        f"satisfied ({constraint.label})"
+                    )
                 return False
             added.append(constraint)
         self.ledger.take(device)
@@ -223,8 +250,9 @@ class Search:
     def remove_last(self) -> None:
         request, device = self.results.pop()
         for constraint in self.constraints:
-            if constraint.index not in self.disabled_constraints and constraint.applies(request.name,
-                                                                                      request.parent):
+            if constraint.index not in self.disabled_constraints and constraint.applies(
+                request.name, request.parent
+            ):
                 constraint.remove()
         self.ledger.give_back(device)
         self.allocating.discard(device.id)
@@ -235,8 +263,12 @@ class Search:
         """``status.allocation`` for the solution found."""
         results = []
         for request, device in self.results:
-            entry: dict[str, Any] = {"request": request.full_name, "driver": device.driver,
-                                     "pool": device.pool.name, "device": device.name}
+            entry: dict[str, Any] = {
+                "request": request.full_name,
+                "driver": device.driver,
+                "pool": device.pool.name,
+                "device": device.name,
+            }
             if request.admin_access:
                 entry["adminAccess"] = True
             if request.tolerations:
@@ -264,14 +296,20 @@ class Search:
                 continue
             start = len(config)
             for entry in (request.class_obj.get("spec") or {}).get("config") or []:
-                config.append({"source": "FromClass", "requests": [request.full_name],
-                               **{k: v for k, v in entry.items() if k != "requests"}})
+                config.append(
+                    {
+                        "source": "FromClass",
+                        "requests": [request.full_name],
+                        **{k: v for k, v in entry.items() if k != "requests"},
+                    }
+                )
             class_ranges[request.class_name] = (start, len(config))
         for entry in (self.spec.get("devices") or {}).get("config") or []:
             wanted = list(entry.get("requests") or [])
             body = {k: v for k, v in entry.items() if k != "requests"}
-            chosen_names = {r.parent or r.name for r in self.chosen.values()} | \
-                {r.full_name for r in self.chosen.values()}
+            chosen_names = {r.parent or r.name for r in self.chosen.values()} | {
+                r.full_name for r in self.chosen.values()
+            }
             if not wanted or any(name in chosen_names for name in wanted):
                 config.append({"source": "FromClaim", "requests": wanted, **body})
         for entry in config:
@@ -286,8 +324,15 @@ class Search:
             spec = device.slice.get("spec") or {}
             source = device.raw if spec.get("perDeviceNodeSelection") else spec
             if source.get("nodeName"):
-                return {"nodeSelectorTerms": [{"matchFields": [
-                    {"key": "metadata.name", "operator": "In", "values": [source["nodeName"]]}]}]}
+                return {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": [source["nodeName"]]}
+                            ]
+                        }
+                    ]
+                }
             terms = (source.get("nodeSelector") or {}).get("nodeSelectorTerms") or []
             if len(terms) == 1:
                 for requirement in terms[0].get("matchFields") or []:
@@ -308,9 +353,15 @@ def _owner(label: str, claim: str) -> str:
     return label if label.startswith("class ") else f"claim {claim}: {label}"
 
 
-def allocate(claim: dict[str, Any], *, slices: list[dict[str, Any]], classes: list[dict[str, Any]],
-             allocated: list[dict[str, Any]] | None = None, node: str | None = None,
-             node_labels: dict[str, str] | None = None) -> dict[str, Any]:
+def allocate(
+    claim: dict[str, Any],
+    *,
+    slices: list[dict[str, Any]],
+    classes: list[dict[str, Any]],
+    allocated: list[dict[str, Any]] | None = None,
+    node: str | None = None,
+    node_labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Allocate devices for ``claim`` (a v1 ResourceClaim or ResourceClaimTemplate) as the scheduler would.
 
     ``slices`` and ``classes`` are v1 ResourceSlices and DeviceClasses; ``allocated`` are claims whose
@@ -321,8 +372,14 @@ def allocate(claim: dict[str, Any], *, slices: list[dict[str, Any]], classes: li
     Raises Unsatisfiable when no allocation exists (its message and ``report`` say, per request, how many
     devices passed each filter) and AllocationError when the scheduler would fail with an error instead.
     """
-    search = Search(claim, slices=slices, classes=classes, allocated=list(allocated or []), node=node,
-                    node_labels=node_labels)
+    search = Search(
+        claim,
+        slices=slices,
+        classes=classes,
+        allocated=list(allocated or []),
+        node=node,
+        node_labels=node_labels,
+    )
     if search.run():
         log.debug("allocated claim=%s node=%s devices=%d", search.claim_name, node, len(search.results))
         return search.allocation()
@@ -330,17 +387,29 @@ def allocate(claim: dict[str, Any], *, slices: list[dict[str, Any]], classes: li
     raise Unsatisfiable(report.summary(), report)
 
 
-def explain_claim(claim: dict[str, Any], *, slices: list[dict[str, Any]], classes: list[dict[str, Any]],
-                  allocated: list[dict[str, Any]] | None = None, node: str | None = None,
-                  node_labels: dict[str, str] | None = None) -> ClaimReport:
+def explain_claim(
+    claim: dict[str, Any],
+    *,
+    slices: list[dict[str, Any]],
+    classes: list[dict[str, Any]],
+    allocated: list[dict[str, Any]] | None = None,
+    node: str | None = None,
+    node_labels: dict[str, str] | None = None,
+) -> ClaimReport:
     """Allocate ``claim`` and say why it fits or not: per request, how many devices passed each filter,
     which devices matched, what rejected the others, and what would make it fit.
 
     Never raises for an unsatisfiable claim or an allocation error; both are recorded in the report.
     Invalid input (an unknown DeviceClass, a selector that does not compile) raises AllocationError.
     """
-    search = Search(claim, slices=slices, classes=classes, allocated=list(allocated or []), node=node,
-                    node_labels=node_labels)
+    search = Search(
+        claim,
+        slices=slices,
+        classes=classes,
+        allocated=list(allocated or []),
+        node=node,
+        node_labels=node_labels,
+    )
     try:
         fits = search.run()
     except AllocationError as err:
@@ -356,6 +425,8 @@ def explain_claim(claim: dict[str, Any], *, slices: list[dict[str, Any]], classe
         report.fits = True
         report.allocation = allocation
         for request_report in report.requests:
-            request_report.allocated = [label for name, label in sorted(chosen) if name == request_report.request]
+            request_report.allocated = [
+                label for name, label in sorted(chosen) if name == request_report.request
+            ]
         return report
     return diagnose(search)

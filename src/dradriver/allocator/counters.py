@@ -14,7 +14,8 @@ class CounterLedger:
         self.available: dict[tuple[str, str], dict[str, dict[str, Fraction]]] = {}
         for pool in pools:
             self.available[(pool.driver, pool.name)] = {
-                name: dict(counters) for name, counters in pool.counter_sets.items()}
+                name: dict(counters) for name, counters in pool.counter_sets.items()
+            }
         for device in allocated:
             sets = self.available.get((device.pool.driver, device.pool.name))
             if sets is None:
@@ -33,8 +34,10 @@ class CounterLedger:
                 continue
             for name, amount in counters.items():
                 if name in left and left[name] < amount:
-                    return f"counter {name} of counter set {set_name} has {_show(left[name])} left, " \
-                           f"the device needs {_show(amount)}"
+                    return (
+                        f"counter {name} of counter set {set_name} has {_show(left[name])} left, "
+                        f"the device needs {_show(amount)}"
+                    )
         return None
 
     def take(self, device: Device) -> None:

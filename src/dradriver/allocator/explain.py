@@ -66,10 +66,14 @@ class ClaimReport:
             head = f"claim {self.claim} does not fit{where}"
         lines = [head]
         for request in self.requests:
-            funnel = " -> ".join(f"{s.passed} {s.label}" + (f" ({s.errors} errors)" if s.errors else "")
-                                 for s in request.stages)
-            lines.append(f"  request {request.request} (class {request.device_class}, wants {request.wanted}): "
-                         f"{funnel}")
+            funnel = " -> ".join(
+                f"{s.passed} {s.label}" + (f" ({s.errors} errors)" if s.errors else "")
+                for s in request.stages
+            )
+            lines.append(
+                f"  request {request.request} (class {request.device_class}, wants {request.wanted}): "
+                f"{funnel}"
+            )
             lines += [f"    {hint}" for hint in request.hints]
         lines += [f"  {line}" for line in self.explanation]
         return "\n".join(lines)
@@ -83,8 +87,11 @@ def _wanted(request: Request) -> str:
 
 
 def _expression_literals(ref: SelectorRef) -> list[str]:
-    return [str(n.value) for n in cel_ast.walk(ref.selector.tree) if isinstance(n, cel_ast.Const)
-            and n.type == "string"]
+    return [
+        str(n.value)
+        for n in cel_ast.walk(ref.selector.tree)
+        if isinstance(n, cel_ast.Const) and n.type == "string"
+    ]
 
 
 def _value_text(value: tuple[str, Any] | None) -> str:
@@ -128,8 +135,10 @@ def _guard_hint(ref: SelectorRef, missing: Counter[str], count: int, message: st
     if missing:
         attribute, _ = missing.most_common(1)[0]
         domain, _, name = attribute.rpartition("/")
-        return (f"{count} devices make {ref.label} fail: {message}; guard it with "
-                f'"{name}" in device.attributes["{domain}"] && ... (the scheduler aborts on such errors)')
+        return (
+            f"{count} devices make {ref.label} fail: {message}; guard it with "
+            f'"{name}" in device.attributes["{domain}"] && ... (the scheduler aborts on such errors)'
+        )
     return f"{count} devices make {ref.label} fail: {message} (the scheduler aborts on such errors)"
 
 
@@ -146,16 +155,24 @@ def request_report(search: Search, request: Request) -> RequestReport:
     for device in devices:
         pool = device.pool
         if pool.incomplete or pool.invalid:
-            reject(device, f"pool {pool.label} is " + (f"invalid ({pool.invalid})" if pool.invalid else
-                                                        f"incomplete ({len(pool.slices)} of {pool.slice_count} "
-                                                        f"slices)"))
+            reject(
+                device,
+                f"pool {pool.label} is "
+                + (
+                    f"invalid ({pool.invalid})"
+                    if pool.invalid
+                    else f"incomplete ({len(pool.slices)} of {pool.slice_count} slices)"
+                ),
+            )
         else:
             survivors.append(device)
     if len(survivors) != len(devices):
         report.stages.append(Stage("in complete pools", len(devices), len(survivors)))
         incomplete = sorted({d.pool.label for d in devices if d.pool.incomplete or d.pool.invalid})
-        report.hints.append(f"pools {', '.join(incomplete)} are incomplete or invalid; the scheduler waits "
-                            f"for the driver to finish publishing them")
+        report.hints.append(
+            f"pools {', '.join(incomplete)} are incomplete or invalid; the scheduler waits "
+            f"for the driver to finish publishing them"
+        )
 
     cache = search.selectable_cache
     for position, ref in enumerate(request.selectors):
@@ -187,8 +204,16 @@ def request_report(search: Search, request: Request) -> RequestReport:
         if stage.errors:
             report.hints.append(_guard_hint(ref, missing, stage.errors, stage.error or ""))
         if not passed and entering and stage.errors < len(entering):
-            report.hints.append(_selector_hint(ref, [d for d in entering if d.label not in report.rejected
-                                                     or "is false" in report.rejected[d.label]]))
+            report.hints.append(
+                _selector_hint(
+                    ref,
+                    [
+                        d
+                        for d in entering
+                        if d.label not in report.rejected or "is false" in report.rejected[d.label]
+                    ],
+                )
+            )
         survivors = passed
 
     if not request.admin_access:
@@ -198,7 +223,9 @@ def request_report(search: Search, request: Request) -> RequestReport:
                 reject(device, "allocated to another claim")
         report.stages.append(Stage("not allocated to other claims", len(survivors), len(free)))
         if len(free) < len(survivors) and len(free) < max(request.count, 1):
-            report.hints.append(f"{len(survivors) - len(free)} matching devices are allocated to other claims")
+            report.hints.append(
+                f"{len(survivors) - len(free)} matching devices are allocated to other claims"
+            )
         survivors = free
 
     from dradriver.allocator.allocator import blocking_taint
@@ -215,8 +242,11 @@ def request_report(search: Search, request: Request) -> RequestReport:
             reject(device, f"taint {text} not tolerated")
     if taints:
         report.stages.append(Stage("taints tolerated", len(survivors), len(untainted)))
-        report.hints.append("untolerated device taints: " + ", ".join(f"{t} ({n})" for t, n in taints.items())
-                            + "; add a matching toleration to the request if that is intended")
+        report.hints.append(
+            "untolerated device taints: "
+            + ", ".join(f"{t} ({n})" for t, n in taints.items())
+            + "; add a matching toleration to the request if that is intended"
+        )
     survivors = untainted
 
     fitting = []
@@ -231,9 +261,11 @@ def request_report(search: Search, request: Request) -> RequestReport:
     if any(d.raw.get("consumesCounters") for d in survivors):
         report.stages.append(Stage("shared counters available", len(survivors), len(fitting)))
     if shortfalls:
-        report.hints.append(f"{sum(shortfalls.values())} devices need shared counters that other claims' devices "
-                            f"already use (e.g. {shortfalls.most_common(1)[0][0]}): a partition cannot be "
-                            f"allocated while its parent GPU, or an overlapping partition, is")
+        report.hints.append(
+            f"{sum(shortfalls.values())} devices need shared counters that other claims' devices "
+            f"already use (e.g. {shortfalls.most_common(1)[0][0]}): a partition cannot be "
+            f"allocated while its parent GPU, or an overlapping partition, is"
+        )
     report.matched = [d.label for d in fitting]
     if not request.all_devices and len(fitting) < request.count and fitting and not report.hints:
         report.hints.append(f"only {len(fitting)} of the {request.count} wanted devices pass every filter")
@@ -280,11 +312,15 @@ def _combination_reasons(search: Search) -> list[str]:
                 trial = search.fresh()
                 trial.disabled_constraints = {constraint.index}
                 if _fits(trial) or len(search.constraints) == 1:
-                    reasons.append(f"{constraint.label} cannot be met: " + _constraint_values(search, constraint))
+                    reasons.append(
+                        f"{constraint.label} cannot be met: " + _constraint_values(search, constraint)
+                    )
             return reasons or ["the constraints together cannot be met by the devices that pass every filter"]
-    return ["every request has enough matching devices on its own, but not together: they share counters "
-            "(e.g. MIG partitions of one GPU, or a GPU and its partitions) or the same devices, so no "
-            "combination fits; ask for fewer or smaller devices"]
+    return [
+        "every request has enough matching devices on its own, but not together: they share counters "
+        "(e.g. MIG partitions of one GPU, or a GPU and its partitions) or the same devices, so no "
+        "combination fits; ask for fewer or smaller devices"
+    ]
 
 
 def _constraint_values(search: Search, constraint: Any) -> str:

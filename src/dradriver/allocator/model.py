@@ -67,7 +67,7 @@ class Request:
 
 @dataclass
 class RequestGroup:
-    """One entry of ``spec.devices.requests``: a single request, or the ordered alternatives of firstAvailable."""
+    """One entry of ``spec.devices.requests``: one request, or the ordered alternatives of firstAvailable."""
 
     name: str
     alternatives: list[Request]
@@ -78,7 +78,9 @@ def compile_selectors(origin: str, raw_selectors: list[dict[str, Any]] | None) -
     for index, raw in enumerate(raw_selectors or []):
         expression = ((raw or {}).get("cel") or {}).get("expression")
         if not isinstance(expression, str):
-            raise AllocationError(f"{origin} selector #{index}: CEL expression empty (unsupported selector type?)")
+            raise AllocationError(
+                f"{origin} selector #{index}: CEL expression empty (unsupported selector type?)"
+            )
         try:
             refs.append(SelectorRef(origin, index, compile_selector(expression)))
         except CelCompileError as err:
@@ -98,14 +100,21 @@ def parse_requests(claim: dict[str, Any], classes: dict[str, dict[str, Any]]) ->
         elif raw.get("exactly") is not None:
             alternatives = [_request(name, raw["exactly"], None, classes, request_name=request_name)]
         else:
-            raise AllocationError(f"claim {name}, request {request_name}: neither exactly nor firstAvailable "
-                                  f"is set (unsupported request type?)")
+            raise AllocationError(
+                f"claim {name}, request {request_name}: neither exactly nor firstAvailable "
+                f"is set (unsupported request type?)"
+            )
         groups.append(RequestGroup(request_name, alternatives))
     return groups
 
 
-def _request(claim: str, raw: dict[str, Any], parent: str | None, classes: dict[str, dict[str, Any]],
-             request_name: str | None = None) -> Request:
+def _request(
+    claim: str,
+    raw: dict[str, Any],
+    parent: str | None,
+    classes: dict[str, dict[str, Any]],
+    request_name: str | None = None,
+) -> Request:
     name = request_name if request_name is not None else str(raw.get("name", ""))
     shown = f"{parent}/{name}" if parent else name
     class_name = raw.get("deviceClassName")
@@ -113,18 +122,27 @@ def _request(claim: str, raw: dict[str, Any], parent: str | None, classes: dict[
         raise AllocationError(f"claim {claim}, request {shown}: missing device class name")
     class_obj = classes.get(class_name)
     if class_obj is None:
-        raise AllocationError(f"claim {claim}, request {shown}: device class {class_name} not found; "
-                              f"create it or fix deviceClassName")
+        raise AllocationError(
+            f"claim {claim}, request {shown}: device class {class_name} not found; "
+            f"create it or fix deviceClassName"
+        )
     mode = raw.get("allocationMode") or "ExactCount"
     if mode not in ("ExactCount", "All"):
         raise AllocationError(f"claim {claim}, request {shown}: unsupported count mode {mode}")
     count = int(raw.get("count") or 1) if mode == "ExactCount" else 0
     return Request(
-        name=name, parent=parent, class_name=class_name, class_obj=class_obj,
+        name=name,
+        parent=parent,
+        class_name=class_name,
+        class_obj=class_obj,
         selectors=compile_selectors(f"class {class_name}", (class_obj.get("spec") or {}).get("selectors"))
         + compile_selectors(f"request {shown}", raw.get("selectors")),
-        all_devices=mode == "All", count=count, admin_access=bool(raw.get("adminAccess")),
-        tolerations=list(raw.get("tolerations") or []), raw=raw)
+        all_devices=mode == "All",
+        count=count,
+        admin_access=bool(raw.get("adminAccess")),
+        tolerations=list(raw.get("tolerations") or []),
+        raw=raw,
+    )
 
 
 @dataclass
@@ -166,5 +184,6 @@ class Device:
         if self._consumption is None:
             self._consumption = [
                 (str(c.get("counterSet")), {k: quantity(v) for k, v in (c.get("counters") or {}).items()})
-                for c in self.raw.get("consumesCounters") or []]
+                for c in self.raw.get("consumesCounters") or []
+            ]
         return self._consumption

@@ -7,8 +7,13 @@ from typing import Any
 from dradriver.allocator.model import Device, Pool, quantity
 
 
-def node_matches(node: str | None, labels: dict[str, str], node_name: str | None, all_nodes: bool,
-                 selector: dict[str, Any] | None) -> bool:
+def node_matches(
+    node: str | None,
+    labels: dict[str, str],
+    node_name: str | None,
+    all_nodes: bool,
+    selector: dict[str, Any] | None,
+) -> bool:
     """Whether a slice (or device) with this node selection is usable on ``node`` (None: any node)."""
     if node is None:
         return True
@@ -56,13 +61,16 @@ def _slice_targets(slice_: dict[str, Any], node: str | None, labels: dict[str, s
     if spec.get("perDeviceNodeSelection"):
         return None
     if spec.get("nodeName") or spec.get("allNodes") or spec.get("nodeSelector"):
-        return node_matches(node, labels, spec.get("nodeName"), bool(spec.get("allNodes")), spec.get("nodeSelector"))
+        return node_matches(
+            node, labels, spec.get("nodeName"), bool(spec.get("allNodes")), spec.get("nodeSelector")
+        )
     # Neither set: a slice that only carries sharedCounters, or an unknown future node selection.
     return False
 
 
-def gather_pools(slices: list[dict[str, Any]], node: str | None,
-                 labels: dict[str, str] | None = None) -> list[Pool]:
+def gather_pools(
+    slices: list[dict[str, Any]], node: str | None, labels: dict[str, str] | None = None
+) -> list[Pool]:
     """The pools with at least one slice usable on ``node``, each with the slices of its newest generation.
 
     Pools come sorted by driver and name (the scheduler's order is that of a Go map, i.e. unspecified);
@@ -77,7 +85,9 @@ def gather_pools(slices: list[dict[str, Any]], node: str | None,
         generation = int(pool_spec.get("generation") or 0)
         pool = pools.get(key)
         if pool is None or generation > pool.generation:
-            pool = pools[key] = Pool(key[0], key[1], generation, int(pool_spec.get("resourceSliceCount") or 1))
+            pool = pools[key] = Pool(
+                key[0], key[1], generation, int(pool_spec.get("resourceSliceCount") or 1)
+            )
         elif generation < pool.generation:
             continue
         pool.slices.append(slice_)
@@ -91,15 +101,21 @@ def gather_pools(slices: list[dict[str, Any]], node: str | None,
             spec = slice_.get("spec") or {}
             for counter_set in spec.get("sharedCounters") or []:
                 pool.counter_sets[str(counter_set.get("name"))] = {
-                    name: quantity(c) for name, c in (counter_set.get("counters") or {}).items()}
+                    name: quantity(c) for name, c in (counter_set.get("counters") or {}).items()
+                }
             targets = _slice_targets(slice_, node, labels)
             for raw in spec.get("devices") or []:
                 name = str(raw.get("name", ""))
                 if name in seen and pool.invalid is None:
                     pool.invalid = f"duplicate device name {name}"
                 seen.add(name)
-                on_node = targets if targets is not None else node_matches(
-                    node, labels, raw.get("nodeName"), bool(raw.get("allNodes")), raw.get("nodeSelector"))
+                on_node = (
+                    targets
+                    if targets is not None
+                    else node_matches(
+                        node, labels, raw.get("nodeName"), bool(raw.get("allNodes")), raw.get("nodeSelector")
+                    )
+                )
                 if on_node:
                     pool.devices.append(Device(pool, raw, slice_))
                     usable = True

@@ -84,17 +84,24 @@ class Checker:
         self.exact: set[int] = set()
 
     def error(self, message: str, node: ast.Node, hint: str | None = None) -> CelCompileError:
-        return CelCompileError(message, expression=self.expression, line=node.pos[0], column=node.pos[1],
-                               hint=hint)
+        return CelCompileError(
+            message, expression=self.expression, line=node.pos[0], column=node.pos[1], hint=hint
+        )
 
     def check(self, root: ast.Node) -> CheckResult:
         result_type, cost = self.visit(root, dict(self.variables))
         if result_type not in ("bool", DYN):
-            raise self.error(f"a selector must evaluate to bool, not {type_str(result_type)}", root,
-                             hint="compare the value, e.g. ... == \"value\" or ....compareTo(...) >= 0")
+            raise self.error(
+                f"a selector must evaluate to bool, not {type_str(result_type)}",
+                root,
+                hint='compare the value, e.g. ... == "value" or ....compareTo(...) >= 0',
+            )
         if cost > MAX_COST:
-            raise self.error(f"estimated cost {cost} exceeds the limit of {MAX_COST}", root,
-                             hint="avoid nested comprehensions over large lists")
+            raise self.error(
+                f"estimated cost {cost} exceeds the limit of {MAX_COST}",
+                root,
+                hint="avoid nested comprehensions over large lists",
+            )
         return CheckResult(result_type, cost, self.overloads, self.exact)
 
     def visit(self, node: ast.Node, scope: dict[str, Type]) -> tuple[Type, int]:
@@ -112,16 +119,20 @@ class Checker:
             return "type", 0
         names = [*scope, *TYPE_NAMES]
         close = difflib.get_close_matches(node.name, names, n=1)
-        hint = f"did you mean '{close[0]}'?" if close else \
-            "the only variable of a device selector is 'device'"
+        hint = (
+            f"did you mean '{close[0]}'?" if close else "the only variable of a device selector is 'device'"
+        )
         raise self.error(f"undeclared reference to '{node.name}'", node, hint=hint)
 
     def _select_type(self, node: ast.Select | ast.Has, operand: Type) -> Type:
         if isinstance(operand, ObjectType):
             if node.field not in operand.fields:
                 close = difflib.get_close_matches(node.field, list(operand.fields), n=1)
-                hint = f"did you mean '{close[0]}'?" if close else \
-                    f"{operand.name} has {', '.join(sorted(operand.fields))}"
+                hint = (
+                    f"did you mean '{close[0]}'?"
+                    if close
+                    else f"{operand.name} has {', '.join(sorted(operand.fields))}"
+                )
                 raise self.error(f"undefined field '{node.field}'", node, hint=hint)
             return operand.fields[node.field]
         if isinstance(operand, tuple) and operand[0] == "map":
@@ -151,14 +162,19 @@ class Checker:
             return operand[1], total
         if isinstance(operand, tuple) and operand[0] == "map":
             if not _assignable(operand[1], index):
-                raise self.error(f"a key of {type_str(operand)} must be {type_str(operand[1])}, not "
-                                 f"{type_str(index)}", node.index)
+                raise self.error(
+                    f"a key of {type_str(operand)} must be {type_str(operand[1])}, not {type_str(index)}",
+                    node.index,
+                )
             return operand[2], total
         if operand == DYN:
             return DYN, total
         hint = "use .charAt(i) or .substring(i, j)" if operand == "string" else None
-        raise self.error(f"found no matching overload for '_[_]' applied to '({type_str(operand)}, "
-                         f"{type_str(index)})'", node, hint=hint)
+        raise self.error(
+            f"found no matching overload for '_[_]' applied to '({type_str(operand)}, {type_str(index)})'",
+            node,
+            hint=hint,
+        )
 
     def _ListExpr(self, node: ast.ListExpr, scope: dict[str, Type]) -> tuple[Type, int]:
         types, cost = [], 1
@@ -187,8 +203,11 @@ class Checker:
         elif range_type == DYN:
             element = DYN
         else:
-            raise self.error(f"expression of type '{type_str(range_type)}' cannot be the range of a "
-                             f"comprehension ({node.kind})", node.range)
+            raise self.error(
+                f"expression of type '{type_str(range_type)}' cannot be the range of a "
+                f"comprehension ({node.kind})",
+                node.range,
+            )
         inner = {**scope, node.var: element}
         body_type, body_cost = self.visit(node.body, inner)
         predicate_cost = 0
@@ -202,8 +221,10 @@ class Checker:
         if node.kind == "map":
             return ("list", body_type), cost
         if node.kind == "filter":
-            return range_type if isinstance(range_type, tuple) and range_type[0] == "list" else \
-                ("list", element), cost
+            return range_type if isinstance(range_type, tuple) and range_type[0] == "list" else (
+                "list",
+                element,
+            ), cost
         return "bool", cost
 
     def _want_bool(self, t: Type, node: ast.Node, what: str) -> None:
@@ -220,8 +241,12 @@ class Checker:
         if name in ("_&&_", "_||_", "!_", "_?_:_"):
             return self._logical(node, scope)
         target = node.target
-        if target is not None and isinstance(target, ast.Ident) and target.name not in scope \
-                and f"{target.name}.{name}" in FUNCTIONS:
+        if (
+            target is not None
+            and isinstance(target, ast.Ident)
+            and target.name not in scope
+            and f"{target.name}.{name}" in FUNCTIONS
+        ):
             name, target = f"{target.name}.{name}", None
         arg_nodes = ([target] if target is not None else []) + list(node.args)
         types, cost = [], 1
@@ -245,15 +270,19 @@ class Checker:
         for t, arg in zip(types, node.args, strict=True):
             if t not in ("bool", DYN):
                 op = {"_&&_": "&&", "_||_": "||", "!_": "!"}[node.function]
-                raise self.error(f"found no matching overload for '{op}' applied to {type_str(t)}", arg,
-                                 hint=f"'{op}' needs bool operands")
+                raise self.error(
+                    f"found no matching overload for '{op}' applied to {type_str(t)}",
+                    arg,
+                    hint=f"'{op}' needs bool operands",
+                )
         return "bool", cost
 
     def _operator(self, node: ast.Call, name: str, types: list[Type]) -> Type:
         def fail(hint: str | None = None) -> CelCompileError:
             shown = ", ".join(type_str(t) for t in types)
-            return self.error(f"found no matching overload for '{name}' applied to '({shown})'", node,
-                              hint=hint)
+            return self.error(
+                f"found no matching overload for '{name}' applied to '({shown})'", node, hint=hint
+            )
 
         kinds = set(types)
         special = kinds & {"Quantity", "Semver"}
@@ -265,9 +294,11 @@ class Checker:
         if name in ("_<_", "_<=_", "_>_", "_>=_"):
             if special:
                 kind = special.pop()
-                helper = "quantity(\"40Gi\")" if kind == "Quantity" else "semver(\"1.2.3\")"
-                raise fail(f"compare {type_str(kind)} values with .compareTo({helper}) >= 0, "
-                           f".isGreaterThan(...) or .isLessThan(...)")
+                helper = 'quantity("40Gi")' if kind == "Quantity" else 'semver("1.2.3")'
+                raise fail(
+                    f"compare {type_str(kind)} values with .compareTo({helper}) >= 0, "
+                    f".isGreaterThan(...) or .isLessThan(...)"
+                )
             a, b = types
             if DYN in (a, b):
                 return "bool"
@@ -294,30 +325,46 @@ class Checker:
             return a if a == b else ("list", DYN)
         if a != b:
             raise fail(_literal_hint(types))
-        allowed = {"_+_": ("int", "uint", "double", "string", "bytes"), "_-_": _NUMERIC, "_*_": _NUMERIC,
-                   "_/_": _NUMERIC, "_%_": ("int", "uint")}[name]
+        allowed = {
+            "_+_": ("int", "uint", "double", "string", "bytes"),
+            "_-_": _NUMERIC,
+            "_*_": _NUMERIC,
+            "_/_": _NUMERIC,
+            "_%_": ("int", "uint"),
+        }[name]
         if a not in allowed:
             raise fail()
         return a
 
-    def _function(self, node: ast.Call, name: str, member: bool, types: list[Type],
-                  arg_nodes: list[ast.Node]) -> Type:
+    def _function(
+        self, node: ast.Call, name: str, member: bool, types: list[Type], arg_nodes: list[ast.Node]
+    ) -> Type:
         if name not in FUNCTIONS:
             if name in UNSUPPORTED:
-                raise self.error(f"function '{name}' is part of Kubernetes' CEL but this evaluator does "
-                                 f"not provide it", node)
+                raise self.error(
+                    f"function '{name}' is part of Kubernetes' CEL but this evaluator does not provide it",
+                    node,
+                )
             close = difflib.get_close_matches(name, list(FUNCTIONS), n=1)
             hint = f"did you mean '{close[0]}'?" if close else None
             raise self.error(f"undeclared reference to '{name}'", node, hint=hint)
-        candidates = tuple(o for o in FUNCTIONS[name]
-                           if o.member == member and len(o.params) == len(types)
-                           and all(_assignable(p, t) for p, t in zip(o.params, types, strict=True)))
+        candidates = tuple(
+            o
+            for o in FUNCTIONS[name]
+            if o.member == member
+            and len(o.params) == len(types)
+            and all(_assignable(p, t) for p, t in zip(o.params, types, strict=True))
+        )
         if not candidates:
-            shown = ", ".join(type_str(t) for t in types[1:] if member) if member else \
-                ", ".join(type_str(t) for t in types)
+            shown = (
+                ", ".join(type_str(t) for t in types[1:] if member)
+                if member
+                else ", ".join(type_str(t) for t in types)
+            )
             call = f"{type_str(types[0])}.{name}({shown})" if member else f"{name}({shown})"
-            raise self.error(f"found no matching overload for {call}", node, hint=_function_hint(name, types,
-                                                                                                   member))
+            raise self.error(
+                f"found no matching overload for {call}", node, hint=_function_hint(name, types, member)
+            )
         self.overloads[id(node)] = candidates
         if all(_known(t) for t in types) and len(candidates) == 1:
             self.exact.add(id(node))
@@ -353,21 +400,24 @@ def _literal_hint(types: list[Type]) -> str | None:
     if kinds == {"int", "uint"}:
         return "write unsigned literals with a u suffix (1u), or use int(x) / uint(x)"
     if "string" in kinds and kinds & {"int", "uint", "double", "bool"}:
-        return "compare like with like: quote numbers that are strings, or convert with int(\"...\")"
+        return 'compare like with like: quote numbers that are strings, or convert with int("...")'
     return None
 
 
 def _function_hint(name: str, types: list[Type], member: bool) -> str | None:
     if name in ("compareTo", "isGreaterThan", "isLessThan") and member and len(types) == 2:
         if types[0] == "Quantity":
-            return "the argument must be a quantity too: quantity(\"40Gi\")"
+            return 'the argument must be a quantity too: quantity("40Gi")'
         if types[0] == "Semver":
-            return "the argument must be a version too: semver(\"1.2.3\")"
+            return 'the argument must be a version too: semver("1.2.3")'
         if types[0] == "string":
-            return "convert first: semver(\"...\") or quantity(\"...\")"
+            return 'convert first: semver("...") or quantity("...")'
     if name in ("major", "minor", "patch") and types and types[0] == "string":
         return "convert first: semver(s).major()"
-    if name in ("lowerAscii", "upperAscii", "split", "trim", "startsWith", "endsWith", "contains") and \
-            types and types[0] in ("Semver", "Quantity"):
+    if (
+        name in ("lowerAscii", "upperAscii", "split", "trim", "startsWith", "endsWith", "contains")
+        and types
+        and types[0] in ("Semver", "Quantity")
+    ):
         return "these functions take strings; versions and quantities are not strings"
     return None

@@ -10,12 +10,15 @@ from dradriver.cel.interpreter import AttributeMap, DomainMap
 from dradriver.cel.quantity import Quantity, QuantityError
 from dradriver.cel.semver import Semver, SemverError
 
-DEVICE_TYPE = ObjectType("kubernetes.DRADevice", {
-    "driver": "string",
-    "attributes": ("map", "string", ("map", "string", "dyn")),
-    "capacity": ("map", "string", ("map", "string", "Quantity")),
-    "allowMultipleAllocations": "bool",
-})
+DEVICE_TYPE = ObjectType(
+    "kubernetes.DRADevice",
+    {
+        "driver": "string",
+        "attributes": ("map", "string", ("map", "string", "dyn")),
+        "capacity": ("map", "string", ("map", "string", "Quantity")),
+        "allowMultipleAllocations": "bool",
+    },
+)
 VARIABLES: dict[str, Any] = {"device": DEVICE_TYPE}
 
 

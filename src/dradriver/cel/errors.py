@@ -15,8 +15,9 @@ class CelCompileError(CelError, ConfigError):
     ``line`` and ``column`` are 1-based positions in the expression; ``hint`` says how to fix it.
     """
 
-    def __init__(self, message: str, *, expression: str, line: int = 1, column: int = 1,
-                 hint: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, expression: str, line: int = 1, column: int = 1, hint: str | None = None
+    ) -> None:
         self.message = message
         self.expression = expression
         self.line = line
@@ -35,8 +36,14 @@ class CelEvaluationError(CelError):
     error, when that was the cause; the selector should guard it with ``in`` or ``has()``.
     """
 
-    def __init__(self, message: str, *, missing_attribute: str | None = None, line: int | None = None,
-                 column: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        missing_attribute: str | None = None,
+        line: int | None = None,
+        column: int | None = None,
+    ) -> None:
         self.message = message
         self.missing_attribute = missing_attribute
         self.line = line

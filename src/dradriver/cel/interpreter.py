@@ -49,8 +49,9 @@ class AttributeMap(dict[str, Any]):
 def missing_key(mapping: dict[Any, Any], key: Any) -> CelEvaluationError:
     if isinstance(mapping, AttributeMap):
         qualified = f"{mapping.domain}/{key}"
-        return MissingKey(f"no such key: {key} (the device has no {mapping.kind} {qualified})",
-                          missing_attribute=qualified)
+        return MissingKey(
+            f"no such key: {key} (the device has no {mapping.kind} {qualified})", missing_attribute=qualified
+        )
     return MissingKey(f"no such key: {key!r}")
 
 
@@ -89,9 +90,17 @@ def _runtime_match(param: Type, value: Any) -> bool:
         param = param[0]
     kind = type(value)
     return {
-        "int": kind is int, "uint": kind is Uint, "double": kind is float, "string": kind is str,
-        "bytes": kind is bytes, "bool": kind is bool, "null": value is None, "list": kind is list,
-        "map": isinstance(value, dict), "Quantity": kind is Quantity, "Semver": kind is Semver,
+        "int": kind is int,
+        "uint": kind is Uint,
+        "double": kind is float,
+        "string": kind is str,
+        "bytes": kind is bytes,
+        "bool": kind is bool,
+        "null": value is None,
+        "list": kind is list,
+        "map": isinstance(value, dict),
+        "Quantity": kind is Quantity,
+        "Semver": kind is Semver,
         "type": kind is CelType,
     }.get(param, False)
 
@@ -126,6 +135,7 @@ class Compiler:
 
             def ident_or_type(env: Env) -> Any:
                 return env.get(name, type_value)
+
             return ident_or_type
         return lambda env: env[name]
 
@@ -141,6 +151,7 @@ class Compiler:
             if isinstance(mapping, dict):
                 return name in mapping
             raise CelEvaluationError(f"has(): type '{type_name(mapping)}' does not support field selection")
+
         return has
 
     def _Index(self, node: ast.Index) -> Program:
@@ -164,6 +175,7 @@ class Compiler:
                     raise CelEvaluationError(f"repeated key in map literal: {key!r}")
                 result[key] = value_program(env)
             return result
+
         return build
 
     def _Bind(self, node: ast.Bind) -> Program:
@@ -183,8 +195,9 @@ class Compiler:
                 if steps[0] > MAX_ITERATIONS:
                     raise CelEvaluationError("operation cancelled: actual cost limit exceeded")
                 return list(container)
-            raise CelEvaluationError(f"expression of type '{type_name(container)}' cannot be the range "
-                                     f"of a comprehension")
+            raise CelEvaluationError(
+                f"expression of type '{type_name(container)}' cannot be the range of a comprehension"
+            )
 
         def run_bool(env: Env, absorbing: bool) -> bool:
             # exists: true absorbs errors; all: false absorbs errors.
@@ -238,6 +251,7 @@ class Compiler:
                 if type(value) is not bool:
                     raise values.no_overload("!_", value)
                 return not value
+
             return negate
         operator = _OPERATORS.get(name)
         if operator is not None:
@@ -271,6 +285,7 @@ class Compiler:
             if a is True and b is True:
                 return True
             raise values.no_overload("_&&_", a, b)
+
         return logical_and
 
     def _or(self, node: ast.Call) -> Program:
@@ -295,6 +310,7 @@ class Compiler:
             if a is False and b is False:
                 return False
             raise values.no_overload("_||_", a, b)
+
         return logical_or
 
     def _conditional(self, node: ast.Call) -> Program:
@@ -307,6 +323,7 @@ class Compiler:
             if chosen is False:
                 return if_false(env)
             raise values.no_overload("_?_:_", chosen)
+
         return conditional
 
     def _function(self, node: ast.Call) -> Program:
@@ -316,8 +333,9 @@ class Compiler:
         if target is not None and (not candidates[0].member):
             target = None  # a namespaced global function such as strings.quote
             name = f"{node.target.name}.{name}" if isinstance(node.target, ast.Ident) else name
-        arg_programs = ([self.compile(target)] if target is not None else []) + \
-            [self.compile(a) for a in node.args]
+        arg_programs = ([self.compile(target)] if target is not None else []) + [
+            self.compile(a) for a in node.args
+        ]
         if id(node) in self.exact:
             impl = candidates[0].impl
             return lambda env: _call_impl(name, impl, [a(env) for a in arg_programs])
@@ -328,6 +346,7 @@ class Compiler:
                 if all(_runtime_match(p, v) for p, v in zip(overload.params, args, strict=True)):
                     return _call_impl(name, overload.impl, args)
             raise values.no_overload(name, *args)
+
         return dispatch
 
 
@@ -336,9 +355,17 @@ def _not_equals(a: Any, b: Any) -> bool:
 
 
 _OPERATORS: dict[str, Callable[..., Any]] = {
-    "_==_": values.equals, "_!=_": _not_equals,
-    "_<_": values.less, "_<=_": values.less_equal, "_>_": values.greater, "_>=_": values.greater_equal,
-    "_+_": values.add, "_-_": values.subtract, "_*_": values.multiply, "_/_": values.divide,
-    "_%_": values.modulo, "-_": values.negate,
+    "_==_": values.equals,
+    "_!=_": _not_equals,
+    "_<_": values.less,
+    "_<=_": values.less_equal,
+    "_>_": values.greater,
+    "_>=_": values.greater_equal,
+    "_+_": values.add,
+    "_-_": values.subtract,
+    "_*_": values.multiply,
+    "_/_": values.divide,
+    "_%_": values.modulo,
+    "-_": values.negate,
     "_in_": lambda item, container: values.contains(container, item),
 }

@@ -146,8 +146,18 @@ def _to_string(value: Any) -> str:
     raise CelEvaluationError(f"no such overload: string({type_name(value)})")
 
 
-_BOOL_STRINGS = {"1": True, "t": True, "true": True, "TRUE": True, "True": True,
-                 "0": False, "f": False, "false": False, "FALSE": False, "False": False}
+_BOOL_STRINGS = {
+    "1": True,
+    "t": True,
+    "true": True,
+    "TRUE": True,
+    "True": True,
+    "0": False,
+    "f": False,
+    "false": False,
+    "FALSE": False,
+    "False": False,
+}
 
 
 def _to_bool(value: Any) -> bool:
@@ -197,6 +207,7 @@ def _quantity_arith(op: str) -> Callable[[Quantity, Any], Quantity]:
         if type(other) is bool or not isinstance(other, (Quantity, int)):
             raise CelEvaluationError(f"no such overload: {op}(kubernetes.Quantity, {type_name(other)})")
         return q.add(other) if op == "add" else q.sub(other)
+
     return apply
 
 
@@ -222,9 +233,10 @@ def _list_extreme(name: str, pick_less: bool) -> Callable[[list[Any]], Any]:
             raise CelEvaluationError(f"{name}() called on an empty list")
         best = values[0]
         for value in values[1:]:
-            if (less(value, best) if pick_less else less(best, value)):
+            if less(value, best) if pick_less else less(best, value):
                 best = value
         return best
+
     return extreme
 
 
@@ -271,21 +283,26 @@ FUNCTIONS: dict[str, tuple[Overload, ...]] = {
     "contains": (_o(True, ("string", "string"), "bool", lambda s, t: t in s),),
     "startsWith": (_o(True, ("string", "string"), "bool", lambda s, t: s.startswith(t)),),
     "endsWith": (_o(True, ("string", "string"), "bool", lambda s, t: s.endswith(t)),),
-    "matches": (_o(True, ("string", "string"), "bool", _matches),
-                _o(False, ("string", "string"), "bool", _matches)),
+    "matches": (
+        _o(True, ("string", "string"), "bool", _matches),
+        _o(False, ("string", "string"), "bool", _matches),
+    ),
     "int": tuple(_o(False, (t,), "int", _to_int) for t in ("int", "uint", "double", "string")),
     "uint": tuple(_o(False, (t,), "uint", _to_uint) for t in ("int", "uint", "double", "string")),
     "double": tuple(_o(False, (t,), "double", _to_double) for t in ("int", "uint", "double", "string")),
-    "string": tuple(_o(False, (t,), "string", _to_string)
-                    for t in ("int", "uint", "double", "string", "bytes", "bool")),
+    "string": tuple(
+        _o(False, (t,), "string", _to_string) for t in ("int", "uint", "double", "string", "bytes", "bool")
+    ),
     "bool": tuple(_o(False, (t,), "bool", _to_bool) for t in ("bool", "string")),
     "bytes": tuple(_o(False, (t,), "bytes", _to_bytes) for t in ("bytes", "string")),
     "dyn": (_o(False, ("any",), "dyn", lambda v: v),),
     "type": (_o(False, ("any",), "type", _type_of),),
     # Kubernetes regex library
     "find": (_o(True, ("string", "string"), "string", _find),),
-    "findAll": (_o(True, ("string", "string"), ("list", "string"), _find_all),
-                _o(True, ("string", "string", "int"), ("list", "string"), _find_all)),
+    "findAll": (
+        _o(True, ("string", "string"), ("list", "string"), _find_all),
+        _o(True, ("string", "string", "int"), ("list", "string"), _find_all),
+    ),
     # Kubernetes lists library (indexOf/lastIndexOf are shared with the strings extension)
     "isSorted": (_o(True, ("list",), "bool", _list_sorted),),
     "sum": (_o(True, ("list",), "elem", _list_sum),),
@@ -307,17 +324,25 @@ FUNCTIONS: dict[str, tuple[Overload, ...]] = {
     "sub": (_o(True, (Q, Q), Q, _quantity_arith("sub")), _o(True, (Q, "int"), Q, _quantity_arith("sub"))),
     # Kubernetes semver library (compareTo / isGreaterThan / isLessThan are shared with quantity)
     "semver": (_o(False, ("string",), S, _semver), _o(False, ("string", "bool"), S, _semver)),
-    "isSemver": (_o(False, ("string",), "bool", is_semver),
-                 _o(False, ("string", "bool"), "bool", lambda s, n: is_semver(s, normalize=n))),
+    "isSemver": (
+        _o(False, ("string",), "bool", is_semver),
+        _o(False, ("string", "bool"), "bool", lambda s, n: is_semver(s, normalize=n)),
+    ),
     "major": (_o(True, (S,), "int", lambda v: v.major),),
     "minor": (_o(True, (S,), "int", lambda v: v.minor),),
     "patch": (_o(True, (S,), "int", lambda v: v.patch),),
-    "compareTo": (_o(True, (Q, Q), "int", lambda a, b: a.compare(b)),
-                  _o(True, (S, S), "int", lambda a, b: a.compare(b))),
-    "isGreaterThan": (_o(True, (Q, Q), "bool", lambda a, b: a.compare(b) > 0),
-                      _o(True, (S, S), "bool", lambda a, b: a.compare(b) > 0)),
-    "isLessThan": (_o(True, (Q, Q), "bool", lambda a, b: a.compare(b) < 0),
-                   _o(True, (S, S), "bool", lambda a, b: a.compare(b) < 0)),
+    "compareTo": (
+        _o(True, (Q, Q), "int", lambda a, b: a.compare(b)),
+        _o(True, (S, S), "int", lambda a, b: a.compare(b)),
+    ),
+    "isGreaterThan": (
+        _o(True, (Q, Q), "bool", lambda a, b: a.compare(b) > 0),
+        _o(True, (S, S), "bool", lambda a, b: a.compare(b) > 0),
+    ),
+    "isLessThan": (
+        _o(True, (Q, Q), "bool", lambda a, b: a.compare(b) < 0),
+        _o(True, (S, S), "bool", lambda a, b: a.compare(b) < 0),
+    ),
 }
 
 for _name, _overloads in STRING_FUNCTIONS.items():
@@ -328,8 +353,39 @@ FUNCTIONS["lastIndexOf"] += (_o(True, ("list", "any"), "int", _list_last_index),
 
 # Functions that exist in Kubernetes' CEL but not here: a compile error names them instead of
 # "undeclared reference", so the user knows the expression is valid upstream.
-UNSUPPORTED = {"timestamp", "duration", "getFullYear", "getMonth", "getDate", "getDayOfMonth",
-               "getDayOfWeek", "getDayOfYear", "getHours", "getMinutes", "getSeconds", "getMilliseconds",
-               "ip", "isIP", "cidr", "isCIDR", "url", "isURL", "format", "optional", "orValue", "hasValue",
-               "math.greatest", "math.least", "base64.encode", "base64.decode", "reverse_list", "flatten",
-               "slice", "distinct", "sort", "sortBy", "jsonpatch.escapeKey", "authorizer"}
+UNSUPPORTED = {
+    "timestamp",
+    "duration",
+    "getFullYear",
+    "getMonth",
+    "getDate",
+    "getDayOfMonth",
+    "getDayOfWeek",
+    "getDayOfYear",
+    "getHours",
+    "getMinutes",
+    "getSeconds",
+    "getMilliseconds",
+    "ip",
+    "isIP",
+    "cidr",
+    "isCIDR",
+    "url",
+    "isURL",
+    "format",
+    "optional",
+    "orValue",
+    "hasValue",
+    "math.greatest",
+    "math.least",
+    "base64.encode",
+    "base64.decode",
+    "reverse_list",
+    "flatten",
+    "slice",
+    "distinct",
+    "sort",
+    "sortBy",
+    "jsonpatch.escapeKey",
+    "authorizer",
+}

@@ -18,10 +18,18 @@ MAX_NESTING = 64
 
 _MACROS = {"all", "exists", "exists_one", "filter", "map"}
 _BINARY = {
-    "relation_lt": "_<_", "relation_le": "_<=_", "relation_gt": "_>_", "relation_ge": "_>=_",
-    "relation_eq": "_==_", "relation_ne": "_!=_", "relation_in": "_in_",
-    "addition_add": "_+_", "addition_sub": "_-_",
-    "multiplication_mul": "_*_", "multiplication_div": "_/_", "multiplication_mod": "_%_",
+    "relation_lt": "_<_",
+    "relation_le": "_<=_",
+    "relation_gt": "_>_",
+    "relation_ge": "_>=_",
+    "relation_eq": "_==_",
+    "relation_ne": "_!=_",
+    "relation_in": "_in_",
+    "addition_add": "_+_",
+    "addition_sub": "_-_",
+    "multiplication_mul": "_*_",
+    "multiplication_div": "_/_",
+    "multiplication_mod": "_%_",
 }
 INT64_MIN, INT64_MAX, UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
 
@@ -36,19 +44,30 @@ def _parser() -> CELParser:
 def parse(expression: str) -> ast.Node:
     """The AST of ``expression``; raises CelCompileError (with line and column) when it is not valid CEL."""
     if not expression.strip():
-        raise CelCompileError("the expression is empty", expression=expression,
-                              hint='write a boolean expression, e.g. device.driver == "gpu.dradriver.dev"')
+        raise CelCompileError(
+            "the expression is empty",
+            expression=expression,
+            hint='write a boolean expression, e.g. device.driver == "gpu.dradriver.dev"',
+        )
     if len(expression) > MAX_EXPRESSION_LENGTH:
-        raise CelCompileError(f"the expression is {len(expression)} characters long, more than the "
-                              f"{MAX_EXPRESSION_LENGTH} Kubernetes accepts", expression=expression)
+        raise CelCompileError(
+            f"the expression is {len(expression)} characters long, more than the "
+            f"{MAX_EXPRESSION_LENGTH} Kubernetes accepts",
+            expression=expression,
+        )
     _check_nesting(expression)
     try:
         tree = _parser().parse(expression)
     except CELParseError as err:
         line = getattr(err, "line", None) or 1
         column = getattr(err, "column", None) or 1
-        raise CelCompileError(f"syntax error: {_first_line(err)}", expression=expression, line=line,
-                              column=column, hint=_syntax_hint(expression)) from None
+        raise CelCompileError(
+            f"syntax error: {_first_line(err)}",
+            expression=expression,
+            line=line,
+            column=column,
+            hint=_syntax_hint(expression),
+        ) from None
     return _Converter(expression).convert(tree)
 
 
@@ -75,8 +94,12 @@ def _check_nesting(expression: str) -> None:
             depth += 1
             if depth > MAX_NESTING:
                 line = expression.count("\n", 0, index) + 1
-                raise CelCompileError(f"expression nested more than {MAX_NESTING} levels deep",
-                                      expression=expression, line=line, column=index + 1)
+                raise CelCompileError(
+                    f"expression nested more than {MAX_NESTING} levels deep",
+                    expression=expression,
+                    line=line,
+                    column=index + 1,
+                )
         elif char in ")]}":
             depth -= 1
 
@@ -143,8 +166,12 @@ class _Converter:
         op, operand = kids
         name = "!_" if op.data == "unary_not" else "-_"
         inner = self.convert(operand)
-        if name == "-_" and isinstance(inner, ast.Const) and inner.type in ("int", "double") \
-                and not str(operand.children[0]).startswith("-"):
+        if (
+            name == "-_"
+            and isinstance(inner, ast.Const)
+            and inner.type in ("int", "double")
+            and not str(operand.children[0]).startswith("-")
+        ):
             value = -inner.value
             if inner.type == "int" and not INT64_MIN <= value <= INT64_MAX:
                 raise self.error("integer literal out of range", tree)
@@ -175,11 +202,15 @@ class _Converter:
         if name in _MACROS and len(arg_trees) in (2, 3) and not (name != "map" and len(arg_trees) == 3):
             var = self.convert(arg_trees[0])
             if not isinstance(var, ast.Ident):
-                raise self.error(f"the first argument of {name}() must be a simple variable name",
-                                 arg_trees[0], hint=f"write e.g. list.{name}(x, x > 0)")
+                raise self.error(
+                    f"the first argument of {name}() must be a simple variable name",
+                    arg_trees[0],
+                    hint=f"write e.g. list.{name}(x, x > 0)",
+                )
             if len(arg_trees) == 3:
-                return ast.Comprehension(pos, "map", operand, var.name, self.convert(arg_trees[2]),
-                                         self.convert(arg_trees[1]))
+                return ast.Comprehension(
+                    pos, "map", operand, var.name, self.convert(arg_trees[2]), self.convert(arg_trees[1])
+                )
             return ast.Comprehension(pos, name, operand, var.name, self.convert(arg_trees[1]))
         return ast.Call(pos, name, operand, tuple(self.convert(a) for a in arg_trees))
 
@@ -188,8 +219,9 @@ class _Converter:
         return ast.Index(_pos(tree), self.convert(operand), self.convert(index))
 
     def _member_object(self, tree: Tree) -> ast.Node:
-        raise self.error("message construction (Type{field: value}) is not available in device selectors",
-                         tree)
+        raise self.error(
+            "message construction (Type{field: value}) is not available in device selectors", tree
+        )
 
     def _ident(self, tree: Tree) -> ast.Node:
         token = tree.children[0]
@@ -202,9 +234,12 @@ class _Converter:
         args = tuple(self.convert(a) for a in tree.children[1].children) if len(tree.children) > 1 else ()
         if str(token) == "has":
             if len(args) != 1 or not isinstance(args[0], ast.Select):
-                raise self.error("has() needs one field selection argument, e.g. has(m.field)", tree,
-                                 hint='for attributes: has(device.attributes["domain"].name) or '
-                                      '"name" in device.attributes["domain"]')
+                raise self.error(
+                    "has() needs one field selection argument, e.g. has(m.field)",
+                    tree,
+                    hint='for attributes: has(device.attributes["domain"].name) or '
+                    '"name" in device.attributes["domain"]',
+                )
             return ast.Has(_pos(token), args[0].operand, args[0].field)
         return ast.Call(_pos(token), str(token), None, args)
 

@@ -26,8 +26,16 @@ Projection = Callable[[dict[str, Any], str], Any]
 class Selector:
     """One compiled CEL selector; thread-compatible (the memo is a plain dict of immutable entries)."""
 
-    def __init__(self, expression: str, tree: ast.Node, program: Program, *, projection: Projection,
-                 reads: tuple[tuple[str, ...], ...], cost: int) -> None:
+    def __init__(
+        self,
+        expression: str,
+        tree: ast.Node,
+        program: Program,
+        *,
+        projection: Projection,
+        reads: tuple[tuple[str, ...], ...],
+        cost: int,
+    ) -> None:
         self.expression = expression
         self.tree = tree
         self.reads = reads
@@ -71,8 +79,9 @@ class Selector:
     def _decide(self, device: dict[str, Any], driver: str) -> bool:
         result = self.evaluate(device, driver=driver)
         if type(result) is not bool:
-            raise CelEvaluationError(f"the selector evaluated to {type(result).__name__} {result!r}, "
-                                     f"not a bool")
+            raise CelEvaluationError(
+                f"the selector evaluated to {type(result).__name__} {result!r}, not a bool"
+            )
         return result
 
     def __repr__(self) -> str:
@@ -125,18 +134,31 @@ def _read_of(node: ast.Node, parents: dict[int, ast.Node]) -> tuple[str, ...]:
         return ("device",)
     kind = "attribute" if parent.field == "attributes" else "capacity"
     domain_node = parents.get(id(parent))
-    if not (isinstance(domain_node, ast.Index) and domain_node.operand is parent
-            and isinstance(domain_node.index, ast.Const) and domain_node.index.type == "string"):
+    if not (
+        isinstance(domain_node, ast.Index)
+        and domain_node.operand is parent
+        and isinstance(domain_node.index, ast.Const)
+        and domain_node.index.type == "string"
+    ):
         return (kind + "s",)
     domain = str(domain_node.index.value)
     name_node = parents.get(id(domain_node))
     if isinstance(name_node, ast.Select | ast.Has) and name_node.operand is domain_node:
         return (kind, domain, name_node.field)
-    if isinstance(name_node, ast.Index) and name_node.operand is domain_node \
-            and isinstance(name_node.index, ast.Const) and name_node.index.type == "string":
+    if (
+        isinstance(name_node, ast.Index)
+        and name_node.operand is domain_node
+        and isinstance(name_node.index, ast.Const)
+        and name_node.index.type == "string"
+    ):
         return (kind, domain, str(name_node.index.value))
-    if isinstance(name_node, ast.Call) and name_node.function == "_in_" and name_node.args[1] is domain_node \
-            and isinstance(name_node.args[0], ast.Const) and name_node.args[0].type == "string":
+    if (
+        isinstance(name_node, ast.Call)
+        and name_node.function == "_in_"
+        and name_node.args[1] is domain_node
+        and isinstance(name_node.args[0], ast.Const)
+        and name_node.args[0].type == "string"
+    ):
         return (kind, domain, str(name_node.args[0].value))
     return (kind + "-domain", domain)
 
@@ -153,8 +175,11 @@ def _projection(reads: tuple[tuple[str, ...], ...]) -> Projection:
     """A function device → hashable key that differs whenever a value the expression reads differs."""
     if reads == (("device",),):
         return lambda device, driver: (
-            driver, _freeze(device.get("attributes")), _freeze(device.get("capacity")),
-            device.get("allowMultipleAllocations"))
+            driver,
+            _freeze(device.get("attributes")),
+            _freeze(device.get("capacity")),
+            device.get("allowMultipleAllocations"),
+        )
     getters: list[Callable[[dict[str, Any], str], Any]] = []
     for read in reads:
         getters.append(_getter(read))
@@ -183,9 +208,13 @@ def _getter(read: tuple[str, ...]) -> Callable[[dict[str, Any], str], Any]:
             if value is _MISSING and domain == driver:
                 value = entries.get(name, _MISSING)
             if isinstance(value, dict):
-                return tuple(value.items()) if len(value) == 1 and not isinstance(
-                    next(iter(value.values())), (list, dict)) else _freeze(value)
+                return (
+                    tuple(value.items())
+                    if len(value) == 1 and not isinstance(next(iter(value.values())), (list, dict))
+                    else _freeze(value)
+                )
             return value
+
         return one
     if what in ("attribute-domain", "capacity-domain"):
         domain = read[1]
@@ -193,7 +222,13 @@ def _getter(read: tuple[str, ...]) -> Callable[[dict[str, Any], str], Any]:
 
         def whole_domain(device: dict[str, Any], driver: str) -> Any:
             entries = device.get(field) or {}
-            return _freeze({k: v for k, v in entries.items()
-                            if k.startswith(prefix) or (domain == driver and "/" not in k)})
+            return _freeze(
+                {
+                    k: v
+                    for k, v in entries.items()
+                    if k.startswith(prefix) or (domain == driver and "/" not in k)
+                }
+            )
+
         return whole_domain
     return lambda device, driver: _freeze(device.get(field))

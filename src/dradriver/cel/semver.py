@@ -8,7 +8,8 @@ import re
 _SEMVER = re.compile(
     r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)"
     r"(?:-((?:0|[1-9][0-9]*|[0-9]*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9][0-9]*|[0-9]*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
-    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$")
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
+)
 
 
 class SemverError(ValueError):
@@ -21,8 +22,9 @@ class Semver:
 
     __slots__ = ("build", "major", "minor", "patch", "prerelease", "text")
 
-    def __init__(self, text: str, major: int, minor: int, patch: int, *, prerelease: tuple[str, ...],
-                 build: str) -> None:
+    def __init__(
+        self, text: str, major: int, minor: int, patch: int, *, prerelease: tuple[str, ...], build: str
+    ) -> None:
         self.text = text
         self.major = major
         self.minor = minor
@@ -66,8 +68,14 @@ def _parse(text: str) -> Semver:
     if not match:
         raise SemverError(f"{text!r} is not a semantic version (MAJOR.MINOR.PATCH, semver 2.0.0)")
     major, minor, patch, pre, build = match.groups()
-    return Semver(text, int(major), int(minor), int(patch), prerelease=tuple(pre.split(".")) if pre else (),
-                  build=build or "")
+    return Semver(
+        text,
+        int(major),
+        int(minor),
+        int(patch),
+        prerelease=tuple(pre.split(".")) if pre else (),
+        build=build or "",
+    )
 
 
 def _normalize(text: str) -> str:

@@ -16,7 +16,7 @@ def _range_error(function: str, index: int) -> CelEvaluationError:
 def char_at(text: str, index: int) -> str:
     if index < 0 or index > len(text):
         raise _range_error("charAt", index)
-    return text[index:index + 1]
+    return text[index : index + 1]
 
 
 def index_of(text: str, sub: str, offset: int = 0) -> int:
@@ -51,7 +51,7 @@ def split(text: str, separator: str, limit: int = -1) -> list[str]:
     if separator == "":
         parts = list(text)
         if 0 < limit < len(parts):
-            parts = [*parts[:limit - 1], "".join(parts[limit - 1:])]
+            parts = [*parts[: limit - 1], "".join(parts[limit - 1 :])]
         return parts
     return text.split(separator, limit - 1 if limit > 0 else -1)
 
@@ -61,8 +61,9 @@ def substring(text: str, start: int, end: int | None = None) -> str:
     if start < 0 or start > len(text):
         raise _range_error("substring", start)
     if stop < start or stop > len(text):
-        raise CelEvaluationError(f"substring: invalid range [{start}, {stop}) of a string of length "
-                                 f"{len(text)}")
+        raise CelEvaluationError(
+            f"substring: invalid range [{start}, {stop}) of a string of length {len(text)}"
+        )
     return text[start:stop]
 
 

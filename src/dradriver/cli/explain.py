@@ -20,7 +20,7 @@ import yaml
 
 from dradriver.allocator import AllocationError, ClaimReport, explain_claim
 from dradriver.cel import CelCompileError, CelEvaluationError, compile_selector
-from dradriver.cli.explain_input import BUILTIN_CLASSES, Document, Inputs, check_class, check_claim, load
+from dradriver.cli.explain_input import BUILTIN_CLASSES, Document, Inputs, check_claim, check_class, load
 from dradriver.cli.options import add_env_option, add_output_option
 from dradriver.errors import ConfigError
 
@@ -30,29 +30,59 @@ MAX_NODES_SHOWN = 10
 
 def register(subcommands: Any) -> None:
     parser: argparse.ArgumentParser = subcommands.add_parser(
-        "explain", help="explain whether ResourceClaims fit a node's devices, and why not",
+        "explain",
+        help="explain whether ResourceClaims fit a node's devices, and why not",
         description="Allocate ResourceClaims / ResourceClaimTemplates offline as the scheduler would and "
-                    "explain the result per request: which devices matched every selector, what rejected "
-                    "the others, and what would make the claim fit.")
-    parser.add_argument("claims", nargs="*", metavar="CLAIM.yaml",
-                        help="files or directories with ResourceClaims / ResourceClaimTemplates (they may also "
-                             "hold DeviceClasses and ResourceSlices)")
-    parser.add_argument("--classes", action="append", default=[], metavar="FILE|DIR",
-                        help="DeviceClasses (default: dradriver's gpu.dradriver.dev and mig.dradriver.dev)")
+        "explain the result per request: which devices matched every selector, what rejected "
+        "the others, and what would make the claim fit.",
+    )
+    parser.add_argument(
+        "claims",
+        nargs="*",
+        metavar="CLAIM.yaml",
+        help="files or directories with ResourceClaims / ResourceClaimTemplates (they may also "
+        "hold DeviceClasses and ResourceSlices)",
+    )
+    parser.add_argument(
+        "--classes",
+        action="append",
+        default=[],
+        metavar="FILE|DIR",
+        help="DeviceClasses (default: dradriver's gpu.dradriver.dev and mig.dradriver.dev)",
+    )
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--slices", action="append", default=[], metavar="FILE|DIR",
-                        help="ResourceSlices to allocate from")
+    source.add_argument(
+        "--slices", action="append", default=[], metavar="FILE|DIR", help="ResourceSlices to allocate from"
+    )
     source.add_argument("--sim-profile", metavar="NAME", help="build ResourceSlices from a simulated node")
-    add_env_option(parser, "--mig-mode", env="DRADRIVER_MIG_MODE", default="dynamic",
-                   choices=("none", "static", "dynamic"), help="with --sim-profile: how MIG is published")
-    parser.add_argument("--allocated", action="append", default=[], metavar="FILE|DIR",
-                        help="ResourceClaims whose status.allocation already holds devices")
+    add_env_option(
+        parser,
+        "--mig-mode",
+        env="DRADRIVER_MIG_MODE",
+        default="dynamic",
+        choices=("none", "static", "dynamic"),
+        help="with --sim-profile: how MIG is published",
+    )
+    parser.add_argument(
+        "--allocated",
+        action="append",
+        default=[],
+        metavar="FILE|DIR",
+        help="ResourceClaims whose status.allocation already holds devices",
+    )
     parser.add_argument("--node", help="explain for this node only (default: every node of the slices)")
     parser.add_argument("--selector", metavar="EXPR", help="test one CEL selector against every device")
-    parser.add_argument("--driver", default="gpu.dradriver.dev",
-                        help="with --selector and no slices: the driver name devices belong to")
-    parser.add_argument("--pod", metavar="NS/NAME", help="read a pod's claims from the cluster: why is it Pending?")
-    parser.add_argument("--kubeconfig", help="with --pod: kubeconfig file (default: in-cluster or ~/.kube/config)")
+    parser.add_argument(
+        "--driver",
+        default="gpu.dradriver.dev",
+        help="with --selector and no slices: the driver name devices belong to",
+    )
+    parser.add_argument(
+        "--pod", metavar="NS/NAME", help="read a pod's claims from the cluster: why is it Pending?"
+    )
+    parser.add_argument(
+        "--kubeconfig", help="with --pod: kubeconfig file (default: in-cluster or ~/.kube/config)"
+    )
     parser.add_argument("--context", help="with --pod: kubeconfig context")
     add_output_option(parser, ("text", "json"), "text")
     parser.set_defaults(handler=run)
@@ -66,8 +96,10 @@ def slices_from_sim_profile(profile: str, mig_mode: str) -> list[dict[str, Any]]
         slice_builder = None
     build = getattr(slice_builder, "slices_for_sim_profile", None)
     if build is None:
-        raise ConfigError("--sim-profile is not available in this build yet (the slice builder "
-                          "dradriver.driver.slices is missing); pass --slices FILE|DIR with ResourceSlice YAML")
+        raise ConfigError(
+            "--sim-profile is not available in this build yet (the slice builder "
+            "dradriver.driver.slices is missing); pass --slices FILE|DIR with ResourceSlice YAML"
+        )
     result: list[dict[str, Any]] = build(profile, mig_mode=mig_mode)
     return result
 
@@ -121,8 +153,9 @@ def run(args: argparse.Namespace) -> int:
         if problems:
             inputs.errors += problems
             continue
-        outcomes.append(explain_document(doc, slices=slices, classes=classes, allocated=allocated,
-                                         node=args.node))
+        outcomes.append(
+            explain_document(doc, slices=slices, classes=classes, allocated=allocated, node=args.node)
+        )
     render(outcomes, inputs.errors, args.output, builtin_classes=not class_docs)
     if inputs.errors:
         return EXIT_INVALID
@@ -136,15 +169,23 @@ def nodes_of(slices: list[dict[str, Any]]) -> list[str | None]:
     return list(nodes) or [None]
 
 
-def explain_document(doc: Document, *, slices: list[dict[str, Any]], classes: list[dict[str, Any]],
-                     allocated: list[dict[str, Any]], node: str | None) -> ClaimOutcome:
+def explain_document(
+    doc: Document,
+    *,
+    slices: list[dict[str, Any]],
+    classes: list[dict[str, Any]],
+    allocated: list[dict[str, Any]],
+    node: str | None,
+) -> ClaimOutcome:
     """Explain one claim on ``node``, or on every node of the slices (the first that fits is shown)."""
     outcome = ClaimOutcome(doc)
     candidates: list[str | None] = [node] if node else nodes_of(slices)
     best: tuple[int, str | None, ClaimReport] | None = None
     for candidate in candidates:
         try:
-            report = explain_claim(doc.obj, slices=slices, classes=classes, allocated=allocated, node=candidate)
+            report = explain_claim(
+                doc.obj, slices=slices, classes=classes, allocated=allocated, node=candidate
+            )
         except AllocationError as err:
             outcome.error = str(err)
             return outcome
@@ -170,7 +211,9 @@ def _one_line(report: ClaimReport) -> str:
     for request in report.requests:
         if request.hints:
             return f"does not fit: request {request.request}: {request.hints[0]}"
-    return "does not fit: " + (report.explanation[0] if report.explanation else "no combination of devices fits")
+    return "does not fit: " + (
+        report.explanation[0] if report.explanation else "no combination of devices fits"
+    )
 
 
 def render(outcomes: list[ClaimOutcome], errors: list[str], output: str, *, builtin_classes: bool) -> None:
@@ -187,10 +230,16 @@ def render(outcomes: list[ClaimOutcome], errors: list[str], output: str, *, buil
 
 
 def _outcome_dict(outcome: ClaimOutcome) -> dict[str, Any]:
-    return {"source": outcome.document.source, "kind": outcome.document.kind, "name": outcome.document.name,
-            "fits": outcome.fits, "node": outcome.node, "error": outcome.error,
-            "report": outcome.report.to_dict() if outcome.report else None,
-            "otherNodes": outcome.other_nodes}
+    return {
+        "source": outcome.document.source,
+        "kind": outcome.document.kind,
+        "name": outcome.document.name,
+        "fits": outcome.fits,
+        "node": outcome.node,
+        "error": outcome.error,
+        "report": outcome.report.to_dict() if outcome.report else None,
+        "otherNodes": outcome.other_nodes,
+    }
 
 
 def _devices(labels: list[str]) -> str:
@@ -259,8 +308,11 @@ def explain_selector(args: argparse.Namespace, slices: list[dict[str, Any]], err
     matched = sum(1 for r in rows if r["result"] == "match")
     failed = sum(1 for r in rows if r["result"].startswith("error"))
     if args.output == "json":
-        json.dump({"expression": args.selector, "matched": matched, "errors": failed, "devices": rows},
-                  sys.stdout, indent=2)
+        json.dump(
+            {"expression": args.selector, "matched": matched, "errors": failed, "devices": rows},
+            sys.stdout,
+            indent=2,
+        )
         sys.stdout.write("\n")
     else:
         for row in rows:

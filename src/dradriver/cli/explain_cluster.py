@@ -40,8 +40,11 @@ class KubernetesReader:
     """ClusterReader over the ``kubernetes`` client (GET and LIST only)."""
 
     def __init__(self, kubeconfig: str | None, context: str | None) -> None:
-        from kubernetes import client, config
+        import kubernetes
 
+        # The client's stubs are partial; treat it as untyped here, at the edge.
+        client: Any = kubernetes.client
+        config: Any = kubernetes.config
         try:
             if kubeconfig or context:
                 config.load_kube_config(config_file=kubeconfig, context=context)
@@ -52,15 +55,16 @@ class KubernetesReader:
                     config.load_kube_config()
         except (config.ConfigException, OSError) as err:
             raise ConfigError(f"cannot load cluster credentials: {err}; pass --kubeconfig/--context") from err
-        self._api = client.ApiClient()
+        self._api: Any = client.ApiClient()
         self._core = client.CoreV1Api(self._api)
-        self._custom = client.CustomObjectsApi(self._api)
+        self._custom: Any = client.CustomObjectsApi(self._api)
         self._errors = client.exceptions.ApiException
 
     def _get(self, namespace: str, plural: str, name: str) -> dict[str, Any] | None:
         try:
-            result: dict[str, Any] = self._custom.get_namespaced_custom_object(GROUP, VERSION, namespace, plural,
-                                                                              name)
+            result: dict[str, Any] = self._custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, plural, name
+            )
         except self._errors as err:
             if err.status == 404:
                 return None
@@ -72,9 +76,14 @@ class KubernetesReader:
             result = self._custom.list_cluster_custom_object(GROUP, VERSION, plural)
         except self._errors as err:
             raise ConfigError(f"listing {plural}: {err.status} {err.reason}") from err
-        kind = {"deviceclasses": "DeviceClass", "resourceslices": "ResourceSlice",
-                "resourceclaims": "ResourceClaim"}[plural]
-        return [{"apiVersion": f"{GROUP}/{VERSION}", "kind": kind, **item} for item in result.get("items", [])]
+        kind = {
+            "deviceclasses": "DeviceClass",
+            "resourceslices": "ResourceSlice",
+            "resourceclaims": "ResourceClaim",
+        }[plural]
+        return [
+            {"apiVersion": f"{GROUP}/{VERSION}", "kind": kind, **item} for item in result.get("items", [])
+        ]
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         try:
@@ -104,8 +113,10 @@ def pod_claims(reader: ClusterReader, pod: dict[str, Any]) -> list[tuple[str, di
     """(pod claim name, claim or template object or None, note) for every entry of spec.resourceClaims."""
     meta = pod.get("metadata") or {}
     namespace = str(meta.get("namespace") or "default")
-    statuses = {s.get("name"): s.get("resourceClaimName")
-                for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []}
+    statuses = {
+        s.get("name"): s.get("resourceClaimName")
+        for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+    }
     found = []
     for entry in (pod.get("spec") or {}).get("resourceClaims") or []:
         name = str(entry.get("name"))
@@ -118,8 +129,11 @@ def pod_claims(reader: ClusterReader, pod: dict[str, Any]) -> list[tuple[str, di
             claim = reader.get_claim(namespace, generated) if generated else None
             if claim is None:
                 template = reader.get_claim_template(namespace, entry["resourceClaimTemplateName"])
-                note = "" if template else \
-                    f"ResourceClaimTemplate {namespace}/{entry['resourceClaimTemplateName']} does not exist"
+                note = (
+                    ""
+                    if template
+                    else f"ResourceClaimTemplate {namespace}/{entry['resourceClaimTemplateName']} is missing"
+                )
                 found.append((name, template, note))
             else:
                 found.append((name, claim, ""))
@@ -150,8 +164,11 @@ def explain_pod_with(reader: ClusterReader, pod_ref: str, output: str) -> int:
         if allocation:
             results.append({"podClaim": pod_claim, "fits": True, "allocated": allocation})
             continue
-        others = [c for c in all_claims if (c.get("status") or {}).get("allocation")
-                  and (c.get("metadata") or {}).get("uid") != uid]
+        others = [
+            c
+            for c in all_claims
+            if (c.get("status") or {}).get("allocation") and (c.get("metadata") or {}).get("uid") != uid
+        ]
         doc = Document(obj, f"pod {pod_ref} claim {pod_claim}")
         outcome = explain_document(doc, slices=slices, classes=classes, allocated=others, node=None)
         fits = fits and outcome.fits
@@ -168,10 +185,16 @@ def _render_pod(pod_ref: str, results: list[dict[str, Any]], output: str) -> Non
             if outcome is None:
                 rendered.append(result)
                 continue
-            rendered.append({"podClaim": result["podClaim"], "fits": outcome.fits, "node": outcome.node,
-                             "error": outcome.error,
-                             "report": outcome.report.to_dict() if outcome.report else None,
-                             "otherNodes": outcome.other_nodes})
+            rendered.append(
+                {
+                    "podClaim": result["podClaim"],
+                    "fits": outcome.fits,
+                    "node": outcome.node,
+                    "error": outcome.error,
+                    "report": outcome.report.to_dict() if outcome.report else None,
+                    "otherNodes": outcome.other_nodes,
+                }
+            )
         json.dump({"pod": pod_ref, "claims": rendered}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return

@@ -15,10 +15,21 @@ KINDS = ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass", "ResourceSlice
 SUFFIXES = (".yaml", ".yml", ".json")
 
 BUILTIN_CLASSES: list[dict[str, Any]] = [
-    {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": f"{kind}.dradriver.dev"},
-     "spec": {"selectors": [{"cel": {"expression":
-                                     f'device.driver == "gpu.dradriver.dev" && '
-                                     f'device.attributes["gpu.dradriver.dev"].type == "{kind}"'}}]}}
+    {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": f"{kind}.dradriver.dev"},
+        "spec": {
+            "selectors": [
+                {
+                    "cel": {
+                        "expression": f'device.driver == "gpu.dradriver.dev" && '
+                        f'device.attributes["gpu.dradriver.dev"].type == "{kind}"'
+                    }
+                }
+            ]
+        },
+    }
     for kind in ("gpu", "mig")
 ]
 
@@ -57,7 +68,7 @@ def _files(path: Path) -> list[Path]:
 
 
 def load(paths: list[str], inputs: Inputs, *, want: tuple[str, ...] = KINDS) -> None:
-    """Add the documents of every file (or directory) in ``paths`` to ``inputs``; record one error per bad one."""
+    """Add the documents of the files (or directories) in ``paths`` to ``inputs``; one error per bad one."""
     for raw_path in paths:
         path = Path(raw_path)
         if not path.exists():
@@ -84,19 +95,27 @@ def _add(doc: Any, source: str, inputs: Inputs, want: tuple[str, ...]) -> None:
     kind = doc.get("kind")
     if isinstance(kind, str) and kind.endswith("List") and isinstance(doc.get("items"), list):
         for i, item in enumerate(doc["items"]):
-            _add({"kind": kind.removesuffix("List"), **item} if isinstance(item, dict) else item,
-                 f"{source} items[{i}]", inputs, want)
+            _add(
+                {"kind": kind.removesuffix("List"), **item} if isinstance(item, dict) else item,
+                f"{source} items[{i}]",
+                inputs,
+                want,
+            )
         return
     if kind not in want:
         inputs.errors.append(f"{source}: kind {kind!r} is not one of {', '.join(want)}; field kind")
         return
     api = str(doc.get("apiVersion", ""))
     if not api.startswith("resource.k8s.io/"):
-        inputs.errors.append(f"{source}: {kind} has apiVersion {api!r}; want resource.k8s.io/v1 (field apiVersion)")
+        inputs.errors.append(
+            f"{source}: {kind} has apiVersion {api!r}; want resource.k8s.io/v1 (field apiVersion)"
+        )
         return
     if api != "resource.k8s.io/v1":
-        inputs.errors.append(f"{source}: {kind} uses {api}; dradriver explain reads resource.k8s.io/v1 objects "
-                             f"(field apiVersion)")
+        inputs.errors.append(
+            f"{source}: {kind} uses {api}; dradriver explain reads resource.k8s.io/v1 objects "
+            f"(field apiVersion)"
+        )
         return
     if not isinstance(doc.get("spec"), dict):
         inputs.errors.append(f"{source}: {kind} has no spec (field spec)")
@@ -127,7 +146,7 @@ def check_claim(doc: Document, class_names: set[str]) -> list[str]:
     """Problems that make a claim unexplainable: unknown classes, selectors that do not compile."""
     errors: list[str] = []
     template = doc.kind == "ResourceClaimTemplate"
-    spec = (doc.obj.get("spec") or {})
+    spec = doc.obj.get("spec") or {}
     prefix = "spec.spec" if template else "spec"
     if template:
         spec = spec.get("spec") or {}
@@ -141,7 +160,9 @@ def check_claim(doc: Document, class_names: set[str]) -> list[str]:
             errors.append(f"{doc.source}: {what}: field {base}: not a mapping")
             continue
         if request.get("firstAvailable"):
-            entries = [(f"{base}.firstAvailable[{j}]", sub) for j, sub in enumerate(request["firstAvailable"])]
+            entries = [
+                (f"{base}.firstAvailable[{j}]", sub) for j, sub in enumerate(request["firstAvailable"])
+            ]
         elif isinstance(request.get("exactly"), dict):
             entries = [(f"{base}.exactly", request["exactly"])]
         else:
@@ -153,8 +174,10 @@ def check_claim(doc: Document, class_names: set[str]) -> list[str]:
                 errors.append(f"{doc.source}: {what}: field {path}.deviceClassName: missing")
             elif class_name not in class_names:
                 known = ", ".join(sorted(class_names)) or "none"
-                errors.append(f"{doc.source}: {what}: field {path}.deviceClassName: DeviceClass {class_name} "
-                              f"does not exist (known: {known}); pass it with --classes")
+                errors.append(
+                    f"{doc.source}: {what}: field {path}.deviceClassName: DeviceClass {class_name} "
+                    f"does not exist (known: {known}); pass it with --classes"
+                )
             for j, selector in enumerate(entry.get("selectors") or []):
                 expression = ((selector or {}).get("cel") or {}).get("expression")
                 field_path = f"{path}.selectors[{j}].cel.expression"
