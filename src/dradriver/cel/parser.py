@@ -62,7 +62,7 @@ def parse(expression: str) -> ast.Node:
         line = getattr(err, "line", None) or 1
         column = getattr(err, "column", None) or 1
         raise CelCompileError(
-            f"syntax error: {_first_line(err)}",
+            f"syntax error: {_unexpected(expression, line, column)}",
             expression=expression,
             line=line,
             column=column,
@@ -71,10 +71,12 @@ def parse(expression: str) -> ast.Node:
     return _Converter(expression).convert(tree)
 
 
-def _first_line(err: Exception) -> str:
-    text = str(err.args[0]) if err.args else str(err)
-    lines = [line for line in text.splitlines() if line.strip()]
-    return "unexpected input near " + repr(lines[0].strip()) if lines else "unexpected input"
+def _unexpected(expression: str, line: int, column: int) -> str:
+    lines = expression.splitlines() or [""]
+    text = lines[min(line, len(lines)) - 1][column - 1 :]
+    if not text.strip():
+        return "the expression ends too early"
+    return f"unexpected {text[:24]!r}" + ("…" if len(text) > 24 else "")
 
 
 def _syntax_hint(expression: str) -> str | None:
