@@ -13,6 +13,7 @@ from dradriver.cli.main import main
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples/claims").glob("*.yaml"))
 MANIFESTS = sorted((ROOT / "manifests/deviceclasses").glob("*.yaml"))
+FIXTURE_SLICES = sorted((ROOT / "tests/fixtures/slices").glob("*.yaml"))
 # The hand-made slices standing in for each simulated profile (until --sim-profile builds them).
 FIXTURES = {("dgx-a100-80gb", False): "dgx-a100-80gb.yaml", ("dgx-a100-80gb", True): "dgx-a100-80gb-mig.yaml"}
 
@@ -38,7 +39,9 @@ def test_example_fits_its_profile(path, capsys):
     assert " fits on node " in out
 
 
-@pytest.mark.parametrize("path", EXAMPLES + MANIFESTS, ids=[p.name for p in EXAMPLES + MANIFESTS])
+@pytest.mark.parametrize(
+    "path", EXAMPLES + MANIFESTS + FIXTURE_SLICES, ids=[p.name for p in EXAMPLES + MANIFESTS + FIXTURE_SLICES]
+)
 def test_object_is_valid_for_kubernetes_1_37(path):
     for doc in yaml.safe_load_all(path.read_text()):
         kubernetes_validate.validate(doc, "1.37.0", strict=True)
