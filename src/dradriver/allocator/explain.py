@@ -1,0 +1,349 @@
+"""Why a claim fits or not: per request, a funnel of filters over the node's devices, and hints.
+
+``diagnose`` looks at every device (the search itself stops at the first solution), so it also answers
+"which devices would match" and "what would make it fit".
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from dradriver.allocator.constraints import lookup_attribute
+from dradriver.allocator.errors import AllocationError
+from dradriver.allocator.model import Device, Request, SelectorRef
+from dradriver.cel import CelEvaluationError
+from dradriver.cel import ast as cel_ast
+
+if TYPE_CHECKING:
+    from dradriver.allocator.allocator import Search
+
+MAX_LISTED = 8
+
+
+@dataclass
+class Stage:
+    """One filter: how many devices reached it and how many passed."""
+
+    label: str
+    entered: int
+    passed: int
+    errors: int = 0
+    error: str | None = None
+
+
+@dataclass
+class RequestReport:
+    request: str
+    device_class: str
+    wanted: str
+    stages: list[Stage] = field(default_factory=list)
+    matched: list[str] = field(default_factory=list)  # devices that pass every filter
+    rejected: dict[str, str] = field(default_factory=dict)  # device → the first filter that rejected it
+    allocated: list[str] = field(default_factory=list)
+    hints: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ClaimReport:
+    claim: str
+    node: str | None
+    fits: bool = False
+    allocation: dict[str, Any] | None = None
+    error: str | None = None
+    requests: list[RequestReport] = field(default_factory=list)
+    explanation: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        where = f" on node {self.node}" if self.node else ""
+        if self.fits:
+            head = f"claim {self.claim} fits{where}"
+        elif self.error:
+            head = f"claim {self.claim} cannot be allocated{where}: {self.error}"
+        else:
+            head = f"claim {self.claim} does not fit{where}"
+        lines = [head]
+        for request in self.requests:
+            funnel = " -> ".join(
+                f"{s.passed} {s.label}" + (f" ({s.errors} errors)" if s.errors else "")
+                for s in request.stages
+            )
+            lines.append(
+                f"  request {request.request} (class {request.device_class}, wants {request.wanted}): "
+                f"{funnel}"
+            )
+            lines += [f"    {hint}" for hint in request.hints]
+        lines += [f"  {line}" for line in self.explanation]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _wanted(request: Request) -> str:
+    return "all matching devices" if request.all_devices else str(request.count)
+
+
+def _expression_literals(ref: SelectorRef) -> list[str]:
+    return [
+        str(n.value)
+        for n in cel_ast.walk(ref.selector.tree)
+        if isinstance(n, cel_ast.Const) and n.type == "string"
+    ]
+
+
+def _value_text(value: tuple[str, Any] | None) -> str:
+    if value is None:
+        return "(missing)"
+    kind, raw = value
+    return f'"{raw}"' if kind in ("string", "version") else str(raw).lower() if kind == "bool" else str(raw)
+
+
+def _selector_hint(ref: SelectorRef, devices: list[Device]) -> str:
+    reads = [r for r in ref.selector.reads if r[0] in ("attribute", "capacity")]
+    parts = []
+    literals = _expression_literals(ref)
+    for kind, domain, name in reads[:3]:
+        qualified = f"{domain}/{name}"
+        if kind == "attribute":
+            values = Counter(_value_text(lookup_attribute(d, qualified)) for d in devices)
+        else:
+            values = Counter(_capacity_text(d, domain, name) for d in devices)
+        shown = ", ".join(f"{v} ({n})" for v, n in values.most_common(4))
+        part = f"{qualified} is {shown}"
+        candidates = [v.strip('"') for v in values if v != "(missing)"]
+        for literal in literals:
+            close = difflib.get_close_matches(literal, candidates, n=1, cutoff=0.5)
+            if close and close[0] != literal:
+                part += f'; closest to "{literal}": "{close[0]}"'
+        parts.append(part)
+    where = f"among the {len(devices)} devices that reached it, " if parts else ""
+    return f"no device passes {ref.label} ({ref.selector.expression}); {where}{'; '.join(parts)}".rstrip("; ")
+
+
+def _capacity_text(device: Device, domain: str, name: str) -> str:
+    capacity = device.raw.get("capacity") or {}
+    raw = capacity.get(f"{domain}/{name}") or (capacity.get(name) if domain == device.driver else None)
+    if raw is None:
+        return "(missing)"
+    return str(raw.get("value") if isinstance(raw, dict) else raw)
+
+
+def _guard_hint(ref: SelectorRef, missing: Counter[str], count: int, message: str) -> str:
+    if missing:
+        attribute, _ = missing.most_common(1)[0]
+        domain, _, name = attribute.rpartition("/")
+        return (
+            f"{count} devices make {ref.label} fail: {message}; guard it with "
+            f'"{name}" in device.attributes["{domain}"] && ... (the scheduler aborts on such errors)'
+        )
+    return f"{count} devices make {ref.label} fail: {message} (the scheduler aborts on such errors)"
+
+
+def request_report(search: Search, request: Request) -> RequestReport:
+    report = RequestReport(request.full_name, request.class_name, _wanted(request))
+    devices = [d for pool in search.pools for d in pool.devices]
+    where = f"devices on node {search.node}" if search.node else "devices"
+    report.stages.append(Stage(where, len(devices), len(devices)))
+
+    def reject(device: Device, reason: str) -> None:
+        report.rejected[device.label] = reason
+
+    survivors = []
+    for device in devices:
+        pool = device.pool
+        if pool.incomplete or pool.invalid:
+            reject(
+                device,
+                f"pool {pool.label} is "
+                + (
+                    f"invalid ({pool.invalid})"
+                    if pool.invalid
+                    else f"incomplete ({len(pool.slices)} of {pool.slice_count} slices)"
+                ),
+            )
+        else:
+            survivors.append(device)
+    if len(survivors) != len(devices):
+        report.stages.append(Stage("in complete pools", len(devices), len(survivors)))
+        incomplete = sorted({d.pool.label for d in devices if d.pool.incomplete or d.pool.invalid})
+        report.hints.append(
+            f"pools {', '.join(incomplete)} are incomplete or invalid; the scheduler waits "
+            f"for the driver to finish publishing them"
+        )
+
+    cache = search.selectable_cache
+    for position, ref in enumerate(request.selectors):
+        entering, passed, missing = survivors, [], Counter[str]()
+        stage = Stage(ref.label, len(entering), 0)
+        for device in entering:
+            known = cache.get((id(request), id(device)))
+            if known is not None:  # the search already evaluated this device's selectors
+                if known < 0 or known > position:
+                    passed.append(device)
+                else:
+                    reject(device, f"{ref.label} is false")
+                continue
+            try:
+                ok = ref.selector.matches(device.raw, driver=device.driver)
+            except CelEvaluationError as err:
+                stage.errors += 1
+                stage.error = stage.error or str(err)
+                if err.missing_attribute:
+                    missing[err.missing_attribute] += 1
+                reject(device, f"{ref.label} failed: {err}")
+                continue
+            if ok:
+                passed.append(device)
+            else:
+                reject(device, f"{ref.label} is false")
+        stage.passed = len(passed)
+        report.stages.append(stage)
+        if stage.errors:
+            report.hints.append(_guard_hint(ref, missing, stage.errors, stage.error or ""))
+        if not passed and entering and stage.errors < len(entering):
+            report.hints.append(
+                _selector_hint(
+                    ref,
+                    [
+                        d
+                        for d in entering
+                        if d.label not in report.rejected or "is false" in report.rejected[d.label]
+                    ],
+                )
+            )
+        survivors = passed
+
+    if not request.admin_access:
+        free = [d for d in survivors if d.id not in search.in_use]
+        for device in survivors:
+            if device.id in search.in_use:
+                reject(device, "allocated to another claim")
+        report.stages.append(Stage("not allocated to other claims", len(survivors), len(free)))
+        if len(free) < len(survivors) and len(free) < max(request.count, 1):
+            report.hints.append(
+                f"{len(survivors) - len(free)} matching devices are allocated to other claims"
+            )
+        survivors = free
+
+    from dradriver.allocator.allocator import blocking_taint
+
+    untainted = []
+    taints: Counter[str] = Counter()
+    for device in survivors:
+        taint = blocking_taint(device, request)
+        if taint is None:
+            untainted.append(device)
+        else:
+            text = f"{taint.get('key')}={taint.get('value', '')}:{taint.get('effect')}"
+            taints[text] += 1
+            reject(device, f"taint {text} not tolerated")
+    if taints:
+        report.stages.append(Stage("taints tolerated", len(survivors), len(untainted)))
+        report.hints.append(
+            "untolerated device taints: "
+            + ", ".join(f"{t} ({n})" for t, n in taints.items())
+            + "; add a matching toleration to the request if that is intended"
+        )
+    survivors = untainted
+
+    fitting = []
+    shortfalls: Counter[str] = Counter()
+    for device in survivors:
+        shortfall = search.ledger.shortfall(device)
+        if shortfall is None:
+            fitting.append(device)
+        else:
+            shortfalls[shortfall.split(" has ")[0]] += 1
+            reject(device, f"shared counters exhausted by other claims: {shortfall}")
+    if any(d.raw.get("consumesCounters") for d in survivors):
+        report.stages.append(Stage("shared counters available", len(survivors), len(fitting)))
+    if shortfalls:
+        report.hints.append(
+            f"{sum(shortfalls.values())} devices need shared counters that other claims' devices "
+            f"already use (e.g. {shortfalls.most_common(1)[0][0]}): a partition cannot be "
+            f"allocated while its parent GPU, or an overlapping partition, is"
+        )
+    report.matched = [d.label for d in fitting]
+    if not request.all_devices and len(fitting) < request.count and fitting and not report.hints:
+        report.hints.append(f"only {len(fitting)} of the {request.count} wanted devices pass every filter")
+    return report
+
+
+def diagnose(search: Search, *, what_if: bool = True) -> ClaimReport:
+    """A report for every request (and firstAvailable alternative) of the search's claim.
+
+    With ``what_if``, also explain a failure that no single request explains: a constraint, or devices
+    that cannot be combined because they share counters.
+    """
+    report = ClaimReport(search.claim_name, search.node)
+    for group in search.groups:
+        for request in group.alternatives:
+            report.requests.append(request_report(search, request))
+    if not what_if:
+        return report
+    each_could = all(any(_enough(report, r) for r in group.alternatives) for group in search.groups)
+    if each_could and search.groups:
+        report.explanation += _combination_reasons(search)
+    return report
+
+
+def _enough(report: ClaimReport, request: Request) -> bool:
+    entry = next(r for r in report.requests if r.request == request.full_name)
+    return len(entry.matched) >= max(request.count, 1)
+
+
+def _fits(search: Search) -> bool:
+    try:
+        return search.run()
+    except AllocationError:
+        return False
+
+
+def _combination_reasons(search: Search) -> list[str]:
+    if search.constraints:
+        relaxed = search.fresh()
+        relaxed.disabled_constraints = {c.index for c in search.constraints}
+        if _fits(relaxed):
+            reasons = []
+            for constraint in search.constraints:
+                trial = search.fresh()
+                trial.disabled_constraints = {constraint.index}
+                if _fits(trial) or len(search.constraints) == 1:
+                    reasons.append(
+                        f"{constraint.label} cannot be met: " + _constraint_values(search, constraint)
+                    )
+            return reasons or ["the constraints together cannot be met by the devices that pass every filter"]
+    return [
+        "every request has enough matching devices on its own, but not together: they share counters "
+        "(e.g. MIG partitions of one GPU, or a GPU and its partitions) or the same devices, so no "
+        "combination fits; ask for fewer or smaller devices"
+    ]
+
+
+def _constraint_values(search: Search, constraint: Any) -> str:
+    holders: dict[str, set[str]] = {}
+    for group in search.groups:
+        for request in group.alternatives:
+            if not constraint.applies(request.name, request.parent):
+                continue
+            for pool in search.pools:
+                for device in pool.devices:
+                    if device.id in search.in_use or not _quiet_selectable(search, request, device):
+                        continue
+                    value = _value_text(lookup_attribute(device, constraint.attribute))
+                    holders.setdefault(value, set()).add(device.label)
+    values = Counter({value: len(labels) for value, labels in holders.items()})
+    if not values:
+        return "no matching device has that attribute"
+    shown = ", ".join(f"{v} on {n} devices" for v, n in values.most_common(MAX_LISTED))
+    return f"matching devices have {constraint.attribute} = {shown}"
+
+
+def _quiet_selectable(search: Search, request: Request, device: Device) -> bool:
+    try:
+        return search.selectable(request, device)
+    except AllocationError:
+        return False

@@ -1,0 +1,133 @@
+"""Gather resource pools from ResourceSlices: newest generation only, node selection, completeness."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dradriver.allocator.model import Device, Pool, quantity
+
+
+def node_matches(
+    node: str | None,
+    labels: dict[str, str],
+    node_name: str | None,
+    all_nodes: bool,
+    selector: dict[str, Any] | None,
+) -> bool:
+    """Whether a slice (or device) with this node selection is usable on ``node`` (None: any node)."""
+    if node is None:
+        return True
+    if node_name:
+        return node_name == node
+    if all_nodes:
+        return True
+    if selector:
+        return any(_term_matches(term, node, labels) for term in selector.get("nodeSelectorTerms") or [])
+    return False
+
+
+def _term_matches(term: dict[str, Any], node: str, labels: dict[str, str]) -> bool:
+    fields = {"metadata.name": node}
+    for requirement in term.get("matchFields") or []:
+        if not _requirement_matches(requirement, fields):
+            return False
+    return all(_requirement_matches(r, labels) for r in term.get("matchExpressions") or [])
+
+
+def _requirement_matches(requirement: dict[str, Any], values: dict[str, str]) -> bool:
+    key, op, wanted = requirement.get("key"), requirement.get("operator"), requirement.get("values") or []
+    present = key in values
+    value = values.get(str(key))
+    if op == "In":
+        return present and value in wanted
+    if op == "NotIn":
+        return not present or value not in wanted
+    if op == "Exists":
+        return present
+    if op == "DoesNotExist":
+        return not present
+    if op in ("Gt", "Lt") and present and wanted:
+        try:
+            a, b = int(str(value)), int(wanted[0])
+        except ValueError:
+            return False
+        return a > b if op == "Gt" else a < b
+    return False
+
+
+def _slice_targets(slice_: dict[str, Any], node: str | None, labels: dict[str, str]) -> bool | None:
+    """True/False for slice-level node selection; None when each device selects its own nodes."""
+    spec = slice_.get("spec") or {}
+    if spec.get("perDeviceNodeSelection"):
+        return None
+    if spec.get("nodeName") or spec.get("allNodes") or spec.get("nodeSelector"):
+        return node_matches(
+            node, labels, spec.get("nodeName"), bool(spec.get("allNodes")), spec.get("nodeSelector")
+        )
+    # Neither set: a slice that only carries sharedCounters, or an unknown future node selection.
+    return False
+
+
+def gather_pools(
+    slices: list[dict[str, Any]], node: str | None, labels: dict[str, str] | None = None
+) -> list[Pool]:
+    """The pools with at least one slice usable on ``node``, each with the slices of its newest generation.
+
+    Pools come sorted by driver and name (the scheduler's order is that of a Go map, i.e. unspecified);
+    devices keep the order of their slices and of ``spec.devices``.
+    """
+    labels = labels or {}
+    pools: dict[tuple[str, str], Pool] = {}
+    for slice_ in slices:
+        spec = slice_.get("spec") or {}
+        pool_spec = spec.get("pool") or {}
+        key = (str(spec.get("driver", "")), str(pool_spec.get("name", "")))
+        generation = int(pool_spec.get("generation") or 0)
+        pool = pools.get(key)
+        if pool is None or generation > pool.generation:
+            pool = pools[key] = Pool(
+                key[0], key[1], generation, int(pool_spec.get("resourceSliceCount") or 1)
+            )
+        elif generation < pool.generation:
+            continue
+        pool.slices.append(slice_)
+
+    result = []
+    for key in sorted(pools):
+        pool = pools[key]
+        seen: set[str] = set()
+        usable = False
+        for slice_ in pool.slices:
+            spec = slice_.get("spec") or {}
+            for counter_set in spec.get("sharedCounters") or []:
+                pool.counter_sets[str(counter_set.get("name"))] = {
+                    name: quantity(c) for name, c in (counter_set.get("counters") or {}).items()
+                }
+            targets = _slice_targets(slice_, node, labels)
+            for raw in spec.get("devices") or []:
+                name = str(raw.get("name", ""))
+                if name in seen and pool.invalid is None:
+                    pool.invalid = f"duplicate device name {name}"
+                seen.add(name)
+                on_node = (
+                    targets
+                    if targets is not None
+                    else node_matches(
+                        node, labels, raw.get("nodeName"), bool(raw.get("allNodes")), raw.get("nodeSelector")
+                    )
+                )
+                if on_node:
+                    pool.devices.append(Device(pool, raw, slice_))
+                    usable = True
+        if usable:
+            result.append(pool)
+    return result
+
+
+def all_devices(slices: list[dict[str, Any]]) -> dict[tuple[str, str, str], Device]:
+    """Every device of the newest generation of every pool, regardless of node, by (driver, pool, name)."""
+    found = {}
+    for pool in gather_pools(slices, None):
+        for device in pool.devices:
+            found[device.id] = device
+    return found

@@ -1,0 +1,371 @@
+"""Turn a checked AST into a tree of Python closures: ``program(variables) -> value``.
+
+Errors are ``CelEvaluationError`` exceptions. ``&&``, ``||``, ``exists`` and ``all`` absorb an error when
+another operand decides the result (``false && error`` is false, ``error || true`` is true), as the CEL
+specification requires; everything else propagates it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from dradriver.cel import ast, values
+from dradriver.cel.checker import CheckResult, Type
+from dradriver.cel.errors import CelEvaluationError
+from dradriver.cel.library import Overload
+from dradriver.cel.quantity import Quantity
+from dradriver.cel.semver import Semver
+from dradriver.cel.values import CelType, Uint, type_name
+
+Env = dict[str, Any]
+Program = Callable[[Env], Any]
+MAX_ITERATIONS = 1_000_000  # a runtime cost guard for comprehensions, per evaluation
+STEPS = "@steps"
+
+
+class MissingKey(CelEvaluationError):
+    """A map lookup found no such key."""
+
+
+class DomainMap(dict[str, Any]):
+    """``device.attributes`` / ``device.capacity``: an unknown domain gives an empty map, as in Kubernetes."""
+
+    kind = "attribute"
+
+    def missing(self, domain: str) -> AttributeMap:
+        empty = AttributeMap()
+        empty.domain, empty.kind = domain, self.kind
+        return empty
+
+
+class AttributeMap(dict[str, Any]):
+    """The attributes (or capacities) of one domain; a missing name is an error naming the attribute."""
+
+    domain = ""
+    kind = "attribute"
+
+
+def missing_key(mapping: dict[Any, Any], key: Any) -> CelEvaluationError:
+    if isinstance(mapping, AttributeMap):
+        qualified = f"{mapping.domain}/{key}"
+        return MissingKey(
+            f"no such key: {key} (the device has no {mapping.kind} {qualified})", missing_attribute=qualified
+        )
+    return MissingKey(f"no such key: {key!r}")
+
+
+def select(mapping: Any, name: str) -> Any:
+    if isinstance(mapping, dict):
+        if name in mapping:
+            return mapping[name]
+        if isinstance(mapping, DomainMap):
+            return mapping.missing(name)
+        raise missing_key(mapping, name)
+    raise CelEvaluationError(f"type '{type_name(mapping)}' does not support field selection")
+
+
+def index(container: Any, key: Any) -> Any:
+    if isinstance(container, dict):
+        found, value = values.lookup(container, key)
+        if found:
+            return value
+        if isinstance(container, DomainMap) and type(key) is str:
+            return container.missing(key)
+        raise missing_key(container, key)
+    if isinstance(container, list):
+        kind = type(key)
+        if kind is not int and kind is not Uint:
+            raise values.no_overload("_[_]", container, key)
+        if not 0 <= key < len(container):
+            raise CelEvaluationError(f"index out of range: {key}")
+        return container[key]
+    raise values.no_overload("_[_]", container, key)
+
+
+def _runtime_match(param: Type, value: Any) -> bool:
+    if param in ("any", "dyn"):
+        return True
+    if isinstance(param, tuple):
+        param = param[0]
+    kind = type(value)
+    return {
+        "int": kind is int,
+        "uint": kind is Uint,
+        "double": kind is float,
+        "string": kind is str,
+        "bytes": kind is bytes,
+        "bool": kind is bool,
+        "null": value is None,
+        "list": kind is list,
+        "map": isinstance(value, dict),
+        "Quantity": kind is Quantity,
+        "Semver": kind is Semver,
+        "type": kind is CelType,
+    }.get(param, False)
+
+
+def _call_impl(name: str, impl: Callable[..., Any], args: list[Any]) -> Any:
+    try:
+        return impl(*args)
+    except CelEvaluationError:
+        raise
+    except (TypeError, ValueError, OverflowError, AttributeError) as err:
+        raise CelEvaluationError(f"{name}: {err}") from None
+
+
+class Compiler:
+    def __init__(self, checked: CheckResult) -> None:
+        self.overloads = checked.overloads
+        self.exact = checked.exact
+
+    def compile(self, node: ast.Node) -> Program:
+        method = getattr(self, "_" + type(node).__name__)
+        program: Program = method(node)
+        return program
+
+    def _Const(self, node: ast.Const) -> Program:
+        value = Uint(node.value) if node.type == "uint" else node.value
+        return lambda env: value
+
+    def _Ident(self, node: ast.Ident) -> Program:
+        name = node.name
+        if name in values.TYPE_NAMES:
+            type_value = CelType(name)
+
+            def ident_or_type(env: Env) -> Any:
+                return env.get(name, type_value)
+
+            return ident_or_type
+        return lambda env: env[name]
+
+    def _Select(self, node: ast.Select) -> Program:
+        operand, name = self.compile(node.operand), node.field
+        return lambda env: select(operand(env), name)
+
+    def _Has(self, node: ast.Has) -> Program:
+        operand, name = self.compile(node.operand), node.field
+
+        def has(env: Env) -> bool:
+            mapping = operand(env)
+            if isinstance(mapping, dict):
+                return name in mapping
+            raise CelEvaluationError(f"has(): type '{type_name(mapping)}' does not support field selection")
+
+        return has
+
+    def _Index(self, node: ast.Index) -> Program:
+        operand, key = self.compile(node.operand), self.compile(node.index)
+        return lambda env: index(operand(env), key(env))
+
+    def _ListExpr(self, node: ast.ListExpr) -> Program:
+        items = [self.compile(item) for item in node.items]
+        return lambda env: [item(env) for item in items]
+
+    def _MapExpr(self, node: ast.MapExpr) -> Program:
+        entries = [(self.compile(k), self.compile(v)) for k, v in node.entries]
+
+        def build(env: Env) -> dict[Any, Any]:
+            result: dict[Any, Any] = {}
+            for key_program, value_program in entries:
+                key = key_program(env)
+                if type(key) not in (str, int, Uint, bool):
+                    raise CelEvaluationError(f"unsupported map key type: {type_name(key)}")
+                if values.lookup(result, key)[0]:
+                    raise CelEvaluationError(f"repeated key in map literal: {key!r}")
+                result[key] = value_program(env)
+            return result
+
+        return build
+
+    def _Bind(self, node: ast.Bind) -> Program:
+        init, body, var = self.compile(node.init), self.compile(node.body), node.var
+        return lambda env: body({**env, var: init(env)})
+
+    def _Comprehension(self, node: ast.Comprehension) -> Program:
+        range_program, body, var = self.compile(node.range), self.compile(node.body), node.var
+        predicate = self.compile(node.predicate) if node.predicate is not None else None
+        kind = node.kind
+
+        def items(env: Env) -> list[Any]:
+            container = range_program(env)
+            if isinstance(container, (list, dict)):
+                steps = env[STEPS]
+                steps[0] += len(container)
+                if steps[0] > MAX_ITERATIONS:
+                    raise CelEvaluationError("operation cancelled: actual cost limit exceeded")
+                return list(container)
+            raise CelEvaluationError(
+                f"expression of type '{type_name(container)}' cannot be the range of a comprehension"
+            )
+
+        def run_bool(env: Env, absorbing: bool) -> bool:
+            # exists: true absorbs errors; all: false absorbs errors.
+            error: CelEvaluationError | None = None
+            for item in items(env):
+                try:
+                    result = body({**env, var: item})
+                except CelEvaluationError as err:
+                    error = error or err
+                    continue
+                if result is absorbing:
+                    return bool(absorbing)
+                if type(result) is not bool:
+                    error = error or values.no_overload(kind, result)
+            if error is not None:
+                raise error
+            return not absorbing
+
+        if kind == "exists":
+            return lambda env: run_bool(env, True)
+        if kind == "all":
+            return lambda env: run_bool(env, False)
+
+        def want_bool(result: Any) -> bool:
+            if type(result) is not bool:
+                raise values.no_overload(kind, result)
+            return bool(result)
+
+        if kind == "exists_one":
+            return lambda env: sum(1 for i in items(env) if want_bool(body({**env, var: i}))) == 1
+        if kind == "filter":
+            return lambda env: [i for i in items(env) if want_bool(body({**env, var: i}))]
+        if predicate is not None:
+            keep = predicate
+            return lambda env: [body({**env, var: i}) for i in items(env) if want_bool(keep({**env, var: i}))]
+        return lambda env: [body({**env, var: i}) for i in items(env)]
+
+    def _Call(self, node: ast.Call) -> Program:
+        name = node.function
+        if name == "_&&_":
+            return self._and(node)
+        if name == "_||_":
+            return self._or(node)
+        if name == "_?_:_":
+            return self._conditional(node)
+        if name == "!_":
+            operand = self.compile(node.args[0])
+
+            def negate(env: Env) -> bool:
+                value = operand(env)
+                if type(value) is not bool:
+                    raise values.no_overload("!_", value)
+                return not value
+
+            return negate
+        operator = _OPERATORS.get(name)
+        if operator is not None:
+            args = [self.compile(a) for a in node.args]
+            if len(args) == 1:
+                (a,) = args
+                return lambda env: operator(a(env))
+            left, right = args
+            return lambda env: operator(left(env), right(env))
+        return self._function(node)
+
+    def _and(self, node: ast.Call) -> Program:
+        left, right = (self.compile(a) for a in node.args)
+
+        def logical_and(env: Env) -> bool:
+            error: CelEvaluationError | None = None
+            try:
+                a = left(env)
+            except CelEvaluationError as err:
+                error, a = err, None
+            if a is False:
+                return False
+            try:
+                b = right(env)
+            except CelEvaluationError as err:
+                error, b = error or err, None
+            if b is False:
+                return False
+            if error is not None:
+                raise error
+            if a is True and b is True:
+                return True
+            raise values.no_overload("_&&_", a, b)
+
+        return logical_and
+
+    def _or(self, node: ast.Call) -> Program:
+        left, right = (self.compile(a) for a in node.args)
+
+        def logical_or(env: Env) -> bool:
+            error: CelEvaluationError | None = None
+            try:
+                a = left(env)
+            except CelEvaluationError as err:
+                error, a = err, None
+            if a is True:
+                return True
+            try:
+                b = right(env)
+            except CelEvaluationError as err:
+                error, b = error or err, None
+            if b is True:
+                return True
+            if error is not None:
+                raise error
+            if a is False and b is False:
+                return False
+            raise values.no_overload("_||_", a, b)
+
+        return logical_or
+
+    def _conditional(self, node: ast.Call) -> Program:
+        condition, if_true, if_false = (self.compile(a) for a in node.args)
+
+        def conditional(env: Env) -> Any:
+            chosen = condition(env)
+            if chosen is True:
+                return if_true(env)
+            if chosen is False:
+                return if_false(env)
+            raise values.no_overload("_?_:_", chosen)
+
+        return conditional
+
+    def _function(self, node: ast.Call) -> Program:
+        candidates: tuple[Overload, ...] = self.overloads[id(node)]
+        name = node.function
+        target = node.target
+        if target is not None and (not candidates[0].member):
+            target = None  # a namespaced global function such as strings.quote
+            name = f"{node.target.name}.{name}" if isinstance(node.target, ast.Ident) else name
+        arg_programs = ([self.compile(target)] if target is not None else []) + [
+            self.compile(a) for a in node.args
+        ]
+        if id(node) in self.exact:
+            impl = candidates[0].impl
+            return lambda env: _call_impl(name, impl, [a(env) for a in arg_programs])
+
+        def dispatch(env: Env) -> Any:
+            args = [a(env) for a in arg_programs]
+            for overload in candidates:
+                if all(_runtime_match(p, v) for p, v in zip(overload.params, args, strict=True)):
+                    return _call_impl(name, overload.impl, args)
+            raise values.no_overload(name, *args)
+
+        return dispatch
+
+
+def _not_equals(a: Any, b: Any) -> bool:
+    return not values.equals(a, b)
+
+
+_OPERATORS: dict[str, Callable[..., Any]] = {
+    "_==_": values.equals,
+    "_!=_": _not_equals,
+    "_<_": values.less,
+    "_<=_": values.less_equal,
+    "_>_": values.greater,
+    "_>=_": values.greater_equal,
+    "_+_": values.add,
+    "_-_": values.subtract,
+    "_*_": values.multiply,
+    "_/_": values.divide,
+    "_%_": values.modulo,
+    "-_": values.negate,
+    "_in_": lambda item, container: values.contains(container, item),
+}

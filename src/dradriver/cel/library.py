@@ -1,0 +1,391 @@
+"""The functions a DRA selector may call, with their signatures (for the checker) and implementations.
+
+What is here mirrors the Kubernetes CEL environment for device selectors: CEL's standard functions, the
+cel-go strings extension, and the Kubernetes libraries quantity, semver, regex, lists and sets. Not
+provided (a compile error names them): timestamps and durations, the ip/cidr/url/format libraries.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import re2  # type: ignore[import-untyped]
+
+from dradriver.cel.errors import CelEvaluationError
+from dradriver.cel.quantity import Quantity, QuantityError, is_quantity
+from dradriver.cel.semver import Semver, SemverError, is_semver
+from dradriver.cel.strings_ext import STRING_FUNCTIONS
+from dradriver.cel.values import INT64_MAX, INT64_MIN, UINT64_MAX, CelType, Uint, equals, less, type_name
+
+# A type is a name ("int", "string", "Quantity", "dyn", …) or ("list", elem) / ("map", key, value).
+# In parameters, "any" accepts every type and "list" / "map" any list / map; the result "elem" is the
+# element type of the first (receiver) argument.
+Type = Any
+
+
+class Overload(NamedTuple):
+    member: bool
+    params: tuple[Type, ...]
+    result: Type
+    impl: Callable[..., Any]
+
+
+def _size(value: Any) -> int:
+    if isinstance(value, (str, bytes, list, dict)):
+        return len(value)
+    raise CelEvaluationError(f"no such overload: size({type_name(value)})")
+
+
+_regex_cache: dict[str, Any] = {}
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # the error is reported to the user; RE2's own logging would only add noise
+
+
+def compile_regex(pattern: str) -> Any:
+    compiled = _regex_cache.get(pattern)
+    if compiled is None:
+        try:
+            compiled = re2.compile(pattern, _RE2_OPTIONS)
+        except re2.error as err:
+            detail = err.args[0].decode() if err.args and isinstance(err.args[0], bytes) else str(err)
+            raise CelEvaluationError(f"invalid regular expression {pattern!r}: {detail}") from None
+        if len(_regex_cache) > 1024:
+            _regex_cache.clear()
+        _regex_cache[pattern] = compiled
+    return compiled
+
+
+def _matches(text: str, pattern: str) -> bool:
+    return compile_regex(pattern).search(text) is not None
+
+
+def _find(text: str, pattern: str) -> str:
+    match = compile_regex(pattern).search(text)
+    return str(match.group(0)) if match else ""
+
+
+def _find_all(text: str, pattern: str, limit: int = -1) -> list[str]:
+    if limit == 0:
+        return []
+    found = [str(m.group(0)) for m in compile_regex(pattern).finditer(text)]
+    return found if limit < 0 else found[:limit]
+
+
+def _to_int(value: Any) -> int:
+    kind = type(value)
+    if kind is int or kind is Uint:
+        if value > INT64_MAX:
+            raise CelEvaluationError("integer overflow converting to int")
+        return int(value)
+    if kind is float:
+        if math.isnan(value) or not INT64_MIN <= value < 2.0**63:
+            raise CelEvaluationError("double out of the int range")
+        return int(value)
+    if kind is str:
+        try:
+            result = int(value, 10)
+        except ValueError:
+            raise CelEvaluationError(f"cannot convert {value!r} to int") from None
+        if not INT64_MIN <= result <= INT64_MAX:
+            raise CelEvaluationError("integer overflow converting to int")
+        return result
+    raise CelEvaluationError(f"no such overload: int({type_name(value)})")
+
+
+def _to_uint(value: Any) -> Uint:
+    kind = type(value)
+    if kind is int or kind is Uint:
+        if value < 0:
+            raise CelEvaluationError("negative value converting to uint")
+        return Uint(value)
+    if kind is float:
+        if math.isnan(value) or not 0 <= value < 2.0**64:
+            raise CelEvaluationError("double out of the uint range")
+        return Uint(int(value))
+    if kind is str:
+        try:
+            result = int(value.removesuffix("u"), 10)
+        except ValueError:
+            raise CelEvaluationError(f"cannot convert {value!r} to uint") from None
+        if not 0 <= result <= UINT64_MAX:
+            raise CelEvaluationError("unsigned integer overflow converting to uint")
+        return Uint(result)
+    raise CelEvaluationError(f"no such overload: uint({type_name(value)})")
+
+
+def _to_double(value: Any) -> float:
+    if type(value) in (int, Uint, float):
+        return float(value)
+    if type(value) is str:
+        try:
+            return float(value)
+        except ValueError:
+            raise CelEvaluationError(f"cannot convert {value!r} to double") from None
+    raise CelEvaluationError(f"no such overload: double({type_name(value)})")
+
+
+def _to_string(value: Any) -> str:
+    kind = type(value)
+    if kind is str:
+        return str(value)
+    if kind is bool:
+        return "true" if value else "false"
+    if kind in (int, Uint):
+        return str(int(value))
+    if kind is float:
+        return repr(value) if not value.is_integer() or abs(value) >= 1e21 else f"{value:.0f}"
+    if kind is bytes:
+        try:
+            return str(value.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise CelEvaluationError("invalid UTF-8 in bytes converting to string") from None
+    raise CelEvaluationError(f"no such overload: string({type_name(value)})")
+
+
+_BOOL_STRINGS = {
+    "1": True,
+    "t": True,
+    "true": True,
+    "TRUE": True,
+    "True": True,
+    "0": False,
+    "f": False,
+    "false": False,
+    "FALSE": False,
+    "False": False,
+}
+
+
+def _to_bool(value: Any) -> bool:
+    if type(value) is bool:
+        return bool(value)
+    if type(value) is str and value in _BOOL_STRINGS:
+        return _BOOL_STRINGS[value]
+    raise CelEvaluationError(f"cannot convert {value!r} to bool")
+
+
+def _to_bytes(value: Any) -> bytes:
+    if type(value) is bytes:
+        return bytes(value)
+    if type(value) is str:
+        return value.encode("utf-8")
+    raise CelEvaluationError(f"no such overload: bytes({type_name(value)})")
+
+
+def _type_of(value: Any) -> CelType:
+    name = type_name(value)
+    return CelType(name)
+
+
+def _quantity(text: str) -> Quantity:
+    try:
+        return Quantity.parse(text)
+    except QuantityError as err:
+        raise CelEvaluationError(str(err)) from None
+
+
+def _semver(text: str, normalize: bool = False) -> Semver:
+    try:
+        return Semver.parse(text, normalize=normalize)
+    except SemverError as err:
+        raise CelEvaluationError(str(err)) from None
+
+
+def _as_integer(q: Quantity) -> int:
+    try:
+        return q.as_integer()
+    except QuantityError as err:
+        raise CelEvaluationError(str(err)) from None
+
+
+def _quantity_arith(op: str) -> Callable[[Quantity, Any], Quantity]:
+    def apply(q: Quantity, other: Any) -> Quantity:
+        if type(other) is bool or not isinstance(other, (Quantity, int)):
+            raise CelEvaluationError(f"no such overload: {op}(kubernetes.Quantity, {type_name(other)})")
+        return q.add(other) if op == "add" else q.sub(other)
+
+    return apply
+
+
+def _list_sorted(values: list[Any]) -> bool:
+    return all(not less(b, a) for a, b in itertools.pairwise(values))
+
+
+def _list_sum(values: list[Any]) -> Any:
+    if not values:
+        return 0
+    kind = type(values[0])
+    if kind not in (int, Uint, float) or any(type(v) is not kind for v in values):
+        raise CelEvaluationError("sum() needs a list of numbers of one type")
+    total = sum(values)
+    if kind is int and not INT64_MIN <= total <= INT64_MAX:
+        raise CelEvaluationError("integer overflow")
+    return Uint(total) if kind is Uint else total
+
+
+def _list_extreme(name: str, pick_less: bool) -> Callable[[list[Any]], Any]:
+    def extreme(values: list[Any]) -> Any:
+        if not values:
+            raise CelEvaluationError(f"{name}() called on an empty list")
+        best = values[0]
+        for value in values[1:]:
+            if less(value, best) if pick_less else less(best, value):
+                best = value
+        return best
+
+    return extreme
+
+
+def _list_index(values: list[Any], item: Any) -> int:
+    for i, value in enumerate(values):
+        if equals(value, item):
+            return i
+    return -1
+
+
+def _list_last_index(values: list[Any], item: Any) -> int:
+    for i in range(len(values) - 1, -1, -1):
+        if equals(values[i], item):
+            return i
+    return -1
+
+
+def _sets_contains(a: list[Any], b: list[Any]) -> bool:
+    return all(any(equals(x, y) for y in a) for x in b)
+
+
+def _sets_intersects(a: list[Any], b: list[Any]) -> bool:
+    return any(any(equals(x, y) for y in a) for x in b)
+
+
+def _sets_equivalent(a: list[Any], b: list[Any]) -> bool:
+    return _sets_contains(a, b) and _sets_contains(b, a)
+
+
+def _quote(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+Q, S = "Quantity", "Semver"
+SIZED = ("string", "bytes", "list", "map")
+
+
+def _o(member: bool, params: tuple[Type, ...], result: Type, impl: Callable[..., Any]) -> Overload:
+    return Overload(member, params, result, impl)
+
+
+FUNCTIONS: dict[str, tuple[Overload, ...]] = {
+    "size": tuple(_o(m, (t,), "int", _size) for m in (False, True) for t in SIZED),
+    "contains": (_o(True, ("string", "string"), "bool", lambda s, t: t in s),),
+    "startsWith": (_o(True, ("string", "string"), "bool", lambda s, t: s.startswith(t)),),
+    "endsWith": (_o(True, ("string", "string"), "bool", lambda s, t: s.endswith(t)),),
+    "matches": (
+        _o(True, ("string", "string"), "bool", _matches),
+        _o(False, ("string", "string"), "bool", _matches),
+    ),
+    "int": tuple(_o(False, (t,), "int", _to_int) for t in ("int", "uint", "double", "string")),
+    "uint": tuple(_o(False, (t,), "uint", _to_uint) for t in ("int", "uint", "double", "string")),
+    "double": tuple(_o(False, (t,), "double", _to_double) for t in ("int", "uint", "double", "string")),
+    "string": tuple(
+        _o(False, (t,), "string", _to_string) for t in ("int", "uint", "double", "string", "bytes", "bool")
+    ),
+    "bool": tuple(_o(False, (t,), "bool", _to_bool) for t in ("bool", "string")),
+    "bytes": tuple(_o(False, (t,), "bytes", _to_bytes) for t in ("bytes", "string")),
+    "dyn": (_o(False, ("any",), "dyn", lambda v: v),),
+    "type": (_o(False, ("any",), "type", _type_of),),
+    # Kubernetes regex library
+    "find": (_o(True, ("string", "string"), "string", _find),),
+    "findAll": (
+        _o(True, ("string", "string"), ("list", "string"), _find_all),
+        _o(True, ("string", "string", "int"), ("list", "string"), _find_all),
+    ),
+    # Kubernetes lists library (indexOf/lastIndexOf are shared with the strings extension)
+    "isSorted": (_o(True, ("list",), "bool", _list_sorted),),
+    "sum": (_o(True, ("list",), "elem", _list_sum),),
+    "min": (_o(True, ("list",), "elem", _list_extreme("min", True)),),
+    "max": (_o(True, ("list",), "elem", _list_extreme("max", False)),),
+    # cel-go sets extension
+    "sets.contains": (_o(False, ("list", "list"), "bool", _sets_contains),),
+    "sets.equivalent": (_o(False, ("list", "list"), "bool", _sets_equivalent),),
+    "sets.intersects": (_o(False, ("list", "list"), "bool", _sets_intersects),),
+    "strings.quote": (_o(False, ("string",), "string", _quote),),
+    # Kubernetes quantity library
+    "quantity": (_o(False, ("string",), Q, _quantity),),
+    "isQuantity": (_o(False, ("string",), "bool", is_quantity),),
+    "sign": (_o(True, (Q,), "int", lambda q: q.sign()),),
+    "asInteger": (_o(True, (Q,), "int", _as_integer),),
+    "asApproximateFloat": (_o(True, (Q,), "double", lambda q: q.as_float()),),
+    "isInteger": (_o(True, (Q,), "bool", lambda q: q.is_integer()),),
+    "add": (_o(True, (Q, Q), Q, _quantity_arith("add")), _o(True, (Q, "int"), Q, _quantity_arith("add"))),
+    "sub": (_o(True, (Q, Q), Q, _quantity_arith("sub")), _o(True, (Q, "int"), Q, _quantity_arith("sub"))),
+    # Kubernetes semver library (compareTo / isGreaterThan / isLessThan are shared with quantity)
+    "semver": (_o(False, ("string",), S, _semver), _o(False, ("string", "bool"), S, _semver)),
+    "isSemver": (
+        _o(False, ("string",), "bool", is_semver),
+        _o(False, ("string", "bool"), "bool", lambda s, n: is_semver(s, normalize=n)),
+    ),
+    "major": (_o(True, (S,), "int", lambda v: v.major),),
+    "minor": (_o(True, (S,), "int", lambda v: v.minor),),
+    "patch": (_o(True, (S,), "int", lambda v: v.patch),),
+    "compareTo": (
+        _o(True, (Q, Q), "int", lambda a, b: a.compare(b)),
+        _o(True, (S, S), "int", lambda a, b: a.compare(b)),
+    ),
+    "isGreaterThan": (
+        _o(True, (Q, Q), "bool", lambda a, b: a.compare(b) > 0),
+        _o(True, (S, S), "bool", lambda a, b: a.compare(b) > 0),
+    ),
+    "isLessThan": (
+        _o(True, (Q, Q), "bool", lambda a, b: a.compare(b) < 0),
+        _o(True, (S, S), "bool", lambda a, b: a.compare(b) < 0),
+    ),
+}
+
+for _name, _overloads in STRING_FUNCTIONS.items():
+    FUNCTIONS[_name] = tuple(Overload(*o) for o in _overloads) + FUNCTIONS.get(_name, ())
+
+FUNCTIONS["indexOf"] += (_o(True, ("list", "any"), "int", _list_index),)
+FUNCTIONS["lastIndexOf"] += (_o(True, ("list", "any"), "int", _list_last_index),)
+
+# Functions that exist in Kubernetes' CEL but not here: a compile error names them instead of
+# "undeclared reference", so the user knows the expression is valid upstream.
+UNSUPPORTED = {
+    "timestamp",
+    "duration",
+    "getFullYear",
+    "getMonth",
+    "getDate",
+    "getDayOfMonth",
+    "getDayOfWeek",
+    "getDayOfYear",
+    "getHours",
+    "getMinutes",
+    "getSeconds",
+    "getMilliseconds",
+    "ip",
+    "isIP",
+    "cidr",
+    "isCIDR",
+    "url",
+    "isURL",
+    "format",
+    "optional",
+    "orValue",
+    "hasValue",
+    "math.greatest",
+    "math.least",
+    "base64.encode",
+    "base64.decode",
+    "reverse_list",
+    "flatten",
+    "slice",
+    "distinct",
+    "sort",
+    "sortBy",
+    "jsonpatch.escapeKey",
+    "authorizer",
+}

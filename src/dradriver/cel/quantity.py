@@ -1,0 +1,126 @@
+"""Kubernetes ``resource.Quantity`` as a CEL value (the ``quantity`` library of k8s.io/apiserver)."""
+
+from __future__ import annotations
+
+import functools
+import re
+from fractions import Fraction
+
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {
+    "n": Fraction(1, 10**9),
+    "u": Fraction(1, 10**6),
+    "m": Fraction(1, 1000),
+    "": Fraction(1),
+    "k": Fraction(10**3),
+    "M": Fraction(10**6),
+    "G": Fraction(10**9),
+    "T": Fraction(10**12),
+    "P": Fraction(10**15),
+    "E": Fraction(10**18),
+}
+_FORMAT = re.compile(
+    r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
+    r"(?:([eE][+-]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?)$"
+)
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+
+class QuantityError(ValueError):
+    """A string is not a Kubernetes quantity, or a quantity does not fit the requested form."""
+
+
+@functools.total_ordering
+class Quantity:
+    """An exact quantity (``80Gi``, ``500m``, ``1e3``); compares by value, keeps its original spelling."""
+
+    __slots__ = ("text", "value")
+
+    def __init__(self, value: Fraction, text: str | None = None) -> None:
+        self.value = value
+        self.text = text if text is not None else _format(value)
+
+    @classmethod
+    def parse(cls, text: str) -> Quantity:
+        return _parse_cached(text)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Quantity) and self.value == other.value
+
+    def __lt__(self, other: Quantity) -> bool:
+        return self.value < other.value
+
+    def __hash__(self) -> int:
+        return hash(("quantity", self.value))
+
+    def __repr__(self) -> str:
+        return f"quantity({self.text!r})"
+
+    def __str__(self) -> str:
+        return self.text
+
+    def compare(self, other: Quantity) -> int:
+        return (self.value > other.value) - (self.value < other.value)
+
+    def add(self, other: Quantity | int) -> Quantity:
+        return Quantity(self.value + (other.value if isinstance(other, Quantity) else other))
+
+    def sub(self, other: Quantity | int) -> Quantity:
+        return Quantity(self.value - (other.value if isinstance(other, Quantity) else other))
+
+    def sign(self) -> int:
+        return (self.value > 0) - (self.value < 0)
+
+    def is_integer(self) -> bool:
+        return self.value.denominator == 1 and INT64_MIN <= self.value <= INT64_MAX
+
+    def as_integer(self) -> int:
+        if not self.is_integer():
+            raise QuantityError(f"cannot convert value {self.text} to integer")
+        return int(self.value)
+
+    def as_float(self) -> float:
+        return float(self.value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_cached(text: str) -> Quantity:
+    match = _FORMAT.match(text.strip()) if text == text.strip() else None
+    if not match or not text:
+        raise QuantityError(
+            f"quantities must match the regular expression "
+            f"'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$': {text!r}"
+        )
+    number, exponent, suffix = match.groups()
+    value = Fraction(number)
+    if exponent:
+        value *= Fraction(10) ** int(exponent[1:])
+    elif suffix in _BINARY:
+        value *= _BINARY[suffix]
+    else:
+        value *= _DECIMAL[suffix or ""]
+    return Quantity(value, text)
+
+
+def is_quantity(text: str) -> bool:
+    try:
+        Quantity.parse(text)
+    except QuantityError:
+        return False
+    return True
+
+
+def _format(value: Fraction) -> str:
+    if value.denominator == 1:
+        number = int(value)
+        for suffix in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki"):
+            if number and number % _BINARY[suffix] == 0:
+                return f"{number // _BINARY[suffix]}{suffix}"
+        return str(number)
+    for suffix in ("m", "u", "n"):
+        scaled = value / _DECIMAL[suffix]
+        if scaled.denominator == 1:
+            return f"{int(scaled)}{suffix}"
+    return f"{float(value)}"

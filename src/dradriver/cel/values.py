@@ -1,0 +1,273 @@
+"""Runtime values of the evaluator and CEL's equality, ordering and arithmetic over them.
+
+CEL types map onto Python as: bool → bool, int → int, uint → ``Uint``, double → float, string → str,
+bytes → bytes, null → None, list → list, map → dict, type → ``CelType``; the Kubernetes types are
+``Quantity`` and ``Semver``. Errors are raised as ``CelEvaluationError``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from dradriver.cel.errors import CelEvaluationError
+from dradriver.cel.quantity import Quantity
+from dradriver.cel.semver import Semver
+
+INT64_MIN, INT64_MAX, UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
+
+
+class Uint(int):
+    """A CEL ``uint``: an int that keeps its type through the evaluator."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"{int(self)}u"
+
+
+class CelType:
+    """A type value, as returned by ``type(x)`` and named by the identifiers ``int``, ``string``, …"""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CelType) and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash(("type", self.name))
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+TYPE_NAMES = ("bool", "int", "uint", "double", "string", "bytes", "list", "map", "null_type", "type")
+
+
+def type_name(value: Any) -> str:
+    """The CEL type name of a runtime value."""
+    kind = type(value)
+    if kind is bool:
+        return "bool"
+    if kind is Uint:
+        return "uint"
+    if kind is int:
+        return "int"
+    if kind is float:
+        return "double"
+    if kind is str:
+        return "string"
+    if kind is bytes:
+        return "bytes"
+    if value is None:
+        return "null_type"
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, dict):
+        return "map"
+    if kind is Quantity:
+        return "kubernetes.Quantity"
+    if kind is Semver:
+        return "kubernetes.Semver"
+    if kind is CelType:
+        return "type"
+    return kind.__name__
+
+
+def no_overload(function: str, *args: Any) -> CelEvaluationError:
+    types = ", ".join(type_name(a) for a in args)
+    return CelEvaluationError(f"no such overload: {function}({types})")
+
+
+def _is_number(value: Any) -> bool:
+    kind = type(value)
+    return kind is int or kind is float or kind is Uint
+
+
+def equals(a: Any, b: Any) -> bool:
+    """CEL ``==``, heterogeneous (``1 == 1.0``; ``1 == "a"`` is false); Quantity/Semver only to their kind."""
+    ka, kb = type(a), type(b)
+    if ka is kb and ka in (str, bool, int, bytes, Uint):
+        return bool(a == b)
+    if ka in (Quantity, Semver) or kb in (Quantity, Semver):
+        # k8s.io/apiserver: Semver.Equal and Quantity.Equal answer "no such overload" for other types.
+        if ka is not kb:
+            raise no_overload("_==_", a, b)
+        return bool(a == b)
+    if _is_number(a) and _is_number(b):
+        if ka is bool or kb is bool:
+            return False
+        return bool(a == b)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(equals(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        if len(a) != len(b):
+            return False
+        for key, value in a.items():
+            found, other = lookup(b, key)
+            if not found or not equals(value, other):
+                return False
+        return True
+    if ka is not kb:
+        return False
+    return bool(a == b)
+
+
+def lookup(mapping: dict[Any, Any], key: Any) -> tuple[bool, Any]:
+    """Find ``key`` in a CEL map; numeric keys match across int/uint/double, bool keys only bool keys."""
+    if type(key) is str:
+        return (True, mapping[key]) if key in mapping else (False, None)
+    if type(key) is float and not key.is_integer():
+        return False, None
+    for k, v in mapping.items():
+        if (type(k) is bool) == (type(key) is bool) and type(k) is not str and k == key:
+            return True, v
+    return False, None
+
+
+def compare(function: str, a: Any, b: Any) -> int:
+    """Order two values for ``<``, ``<=``, ``>``, ``>=``; numbers compare across int/uint/double."""
+    ka, kb = type(a), type(b)
+    if _is_number(a) and _is_number(b) and ka is not bool and kb is not bool:
+        if (isinstance(a, float) and math.isnan(a)) or (isinstance(b, float) and math.isnan(b)):
+            raise _NaN()
+        return int(a > b) - int(a < b)
+    if ka is kb and ka in (str, bytes, bool):
+        return int(a > b) - int(a < b)
+    raise no_overload(function, a, b)
+
+
+class _NaN(Exception):
+    """Comparisons with NaN are false rather than an error."""
+
+
+def less(a: Any, b: Any) -> bool:
+    try:
+        return compare("_<_", a, b) < 0
+    except _NaN:
+        return False
+
+
+def less_equal(a: Any, b: Any) -> bool:
+    try:
+        return compare("_<=_", a, b) <= 0
+    except _NaN:
+        return False
+
+
+def greater(a: Any, b: Any) -> bool:
+    try:
+        return compare("_>_", a, b) > 0
+    except _NaN:
+        return False
+
+
+def greater_equal(a: Any, b: Any) -> bool:
+    try:
+        return compare("_>=_", a, b) >= 0
+    except _NaN:
+        return False
+
+
+def _check_int(value: int) -> int:
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise CelEvaluationError("integer overflow")
+    return value
+
+
+def _check_uint(value: int) -> Uint:
+    if not 0 <= value <= UINT64_MAX:
+        raise CelEvaluationError("unsigned integer overflow")
+    return Uint(value)
+
+
+def add(a: Any, b: Any) -> Any:
+    ka, kb = type(a), type(b)
+    if ka is not kb:
+        if isinstance(a, list) and isinstance(b, list):
+            return [*a, *b]
+        raise no_overload("_+_", a, b)
+    if ka is int:
+        return _check_int(a + b)
+    if ka is Uint:
+        return _check_uint(a + b)
+    if ka in (float, str, bytes):
+        return a + b
+    if ka is list:
+        return [*a, *b]
+    raise no_overload("_+_", a, b)
+
+
+def subtract(a: Any, b: Any) -> Any:
+    ka = type(a)
+    if ka is not type(b):
+        raise no_overload("_-_", a, b)
+    if ka is int:
+        return _check_int(a - b)
+    if ka is Uint:
+        return _check_uint(a - b)
+    if ka is float:
+        return a - b
+    raise no_overload("_-_", a, b)
+
+
+def multiply(a: Any, b: Any) -> Any:
+    ka = type(a)
+    if ka is not type(b):
+        raise no_overload("_*_", a, b)
+    if ka is int:
+        return _check_int(a * b)
+    if ka is Uint:
+        return _check_uint(a * b)
+    if ka is float:
+        return a * b
+    raise no_overload("_*_", a, b)
+
+
+def divide(a: Any, b: Any) -> Any:
+    ka = type(a)
+    if ka is not type(b):
+        raise no_overload("_/_", a, b)
+    if ka is float:
+        if b == 0:
+            return math.copysign(math.inf, a) * math.copysign(1.0, b) if a != 0 else math.nan
+        return a / b
+    if ka is int or ka is Uint:
+        if b == 0:
+            raise CelEvaluationError("division by zero")
+        quotient = abs(a) // abs(b)
+        if (a < 0) != (b < 0):
+            quotient = -quotient
+        return _check_int(quotient) if ka is int else Uint(quotient)
+    raise no_overload("_/_", a, b)
+
+
+def modulo(a: Any, b: Any) -> Any:
+    ka = type(a)
+    if ka is not type(b) or ka not in (int, Uint):
+        raise no_overload("_%_", a, b)
+    if b == 0:
+        raise CelEvaluationError("modulus by zero")
+    remainder = abs(a) % abs(b)
+    return (-remainder if a < 0 else remainder) if ka is int else Uint(remainder)
+
+
+def negate(a: Any) -> Any:
+    kind = type(a)
+    if kind is int:
+        return _check_int(-a)
+    if kind is float:
+        return -a
+    raise no_overload("-_", a)
+
+
+def contains(container: Any, item: Any) -> bool:
+    """CEL ``in``: list membership by ``==``, map membership by key."""
+    if isinstance(container, dict):
+        return lookup(container, item)[0]
+    if isinstance(container, list):
+        return any(equals(item, element) for element in container)
+    raise no_overload("_in_", item, container)

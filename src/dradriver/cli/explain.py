@@ -1,0 +1,323 @@
+"""``dradriver explain``: will my claim fit, and why not? (offline, with the scheduler's semantics)
+
+    dradriver explain CLAIM.yaml [--classes FILE|DIR] [--slices FILE|DIR | --sim-profile NAME] [-o json]
+    dradriver explain --selector 'EXPR' [--slices …]
+    dradriver explain --pod NS/NAME [--kubeconfig …] [--context …]
+
+Exit status: 0 when every claim fits (or the selector matches a device), 1 when one does not, 2 on
+invalid input (each bad document is reported; the others are still explained).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from dradriver.allocator import AllocationError, ClaimReport, explain_claim
+from dradriver.cel import CelCompileError, CelEvaluationError, compile_selector
+from dradriver.cli.explain_input import BUILTIN_CLASSES, Document, Inputs, check_claim, check_class, load
+from dradriver.cli.options import add_env_option, add_output_option
+from dradriver.errors import ConfigError
+
+EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_INVALID = 0, 1, 2
+MAX_NODES_SHOWN = 10
+
+
+def register(subcommands: Any) -> None:
+    parser: argparse.ArgumentParser = subcommands.add_parser(
+        "explain",
+        help="explain whether ResourceClaims fit a node's devices, and why not",
+        description="Allocate ResourceClaims / ResourceClaimTemplates offline as the scheduler would and "
+        "explain the result per request: which devices matched every selector, what rejected "
+        "the others, and what would make the claim fit.",
+    )
+    parser.add_argument(
+        "claims",
+        nargs="*",
+        metavar="CLAIM.yaml",
+        help="files or directories with ResourceClaims / ResourceClaimTemplates (they may also "
+        "hold DeviceClasses and ResourceSlices)",
+    )
+    parser.add_argument(
+        "--classes",
+        action="append",
+        default=[],
+        metavar="FILE|DIR",
+        help="DeviceClasses (default: dradriver's gpu.dradriver.dev and mig.dradriver.dev)",
+    )
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "--slices", action="append", default=[], metavar="FILE|DIR", help="ResourceSlices to allocate from"
+    )
+    source.add_argument("--sim-profile", metavar="NAME", help="build ResourceSlices from a simulated node")
+    add_env_option(
+        parser,
+        "--mig-mode",
+        env="DRADRIVER_MIG_MODE",
+        default="dynamic",
+        choices=("none", "static", "dynamic"),
+        help="with --sim-profile: how MIG is published",
+    )
+    parser.add_argument(
+        "--allocated",
+        action="append",
+        default=[],
+        metavar="FILE|DIR",
+        help="ResourceClaims whose status.allocation already holds devices",
+    )
+    parser.add_argument("--node", help="explain for this node only (default: every node of the slices)")
+    parser.add_argument("--selector", metavar="EXPR", help="test one CEL selector against every device")
+    parser.add_argument(
+        "--driver",
+        default="gpu.dradriver.dev",
+        help="with --selector and no slices: the driver name devices belong to",
+    )
+    parser.add_argument(
+        "--pod", metavar="NS/NAME", help="read a pod's claims from the cluster: why is it Pending?"
+    )
+    parser.add_argument(
+        "--kubeconfig", help="with --pod: kubeconfig file (default: in-cluster or ~/.kube/config)"
+    )
+    parser.add_argument("--context", help="with --pod: kubeconfig context")
+    add_output_option(parser, ("text", "json"), "text")
+    parser.set_defaults(handler=run)
+
+
+def slices_from_sim_profile(profile: str, mig_mode: str) -> list[dict[str, Any]]:
+    """ResourceSlices a simulated node of ``profile`` would publish (the driver's slice builder)."""
+    try:
+        from dradriver.driver import slices as slice_builder  # type: ignore[attr-defined,unused-ignore]
+    except ImportError:
+        slice_builder = None
+    build = getattr(slice_builder, "slices_for_sim_profile", None)
+    if build is None:
+        raise ConfigError(
+            "--sim-profile is not available in this build yet (the slice builder "
+            "dradriver.driver.slices is missing); pass --slices FILE|DIR with ResourceSlice YAML"
+        )
+    result: list[dict[str, Any]] = build(profile, mig_mode=mig_mode)
+    return result
+
+
+@dataclass
+class ClaimOutcome:
+    document: Document
+    node: str | None = None
+    report: ClaimReport | None = None
+    other_nodes: dict[str, str] = field(default_factory=dict)  # node → one-line verdict
+    error: str | None = None
+
+    @property
+    def fits(self) -> bool:
+        return self.report is not None and self.report.fits
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.pod:
+        from dradriver.cli.explain_cluster import explain_pod
+
+        return explain_pod(args)
+    inputs = Inputs()
+    load(args.claims, inputs)
+    if args.classes:
+        load(args.classes, inputs, want=("DeviceClass",))
+    if args.slices:
+        load(args.slices, inputs, want=("ResourceSlice",))
+    allocated_inputs = Inputs()
+    if args.allocated:
+        load(args.allocated, allocated_inputs, want=("ResourceClaim",))
+    inputs.errors += allocated_inputs.errors
+    slices = [d.obj for d in inputs.of_kind("ResourceSlice")]
+    if args.sim_profile:
+        slices += slices_from_sim_profile(args.sim_profile, args.mig_mode)
+    if args.selector is not None:
+        return explain_selector(args, slices, inputs.errors)
+    if not args.claims:
+        raise ConfigError("give CLAIM.yaml files, --selector EXPR or --pod NS/NAME")
+    if not slices:
+        raise ConfigError("no ResourceSlices to allocate from: pass --slices FILE|DIR or --sim-profile NAME")
+    class_docs = inputs.of_kind("DeviceClass")
+    classes = [d.obj for d in class_docs] or list(BUILTIN_CLASSES)
+    for doc in class_docs:
+        inputs.errors += check_class(doc)
+    class_names = {str((c.get("metadata") or {}).get("name")) for c in classes}
+    allocated = [d.obj for d in allocated_inputs.documents]
+    outcomes = []
+    for doc in inputs.of_kind("ResourceClaim", "ResourceClaimTemplate"):
+        problems = check_claim(doc, class_names)
+        if problems:
+            inputs.errors += problems
+            continue
+        outcomes.append(
+            explain_document(doc, slices=slices, classes=classes, allocated=allocated, node=args.node)
+        )
+    render(outcomes, inputs.errors, args.output, builtin_classes=not class_docs)
+    if inputs.errors:
+        return EXIT_INVALID
+    if not outcomes:
+        raise ConfigError("no ResourceClaim or ResourceClaimTemplate found in " + ", ".join(args.claims))
+    return EXIT_FITS if all(o.fits for o in outcomes) else EXIT_DOES_NOT_FIT
+
+
+def nodes_of(slices: list[dict[str, Any]]) -> list[str | None]:
+    nodes = sorted({str(s["spec"]["nodeName"]) for s in slices if (s.get("spec") or {}).get("nodeName")})
+    return list(nodes) or [None]
+
+
+def explain_document(
+    doc: Document,
+    *,
+    slices: list[dict[str, Any]],
+    classes: list[dict[str, Any]],
+    allocated: list[dict[str, Any]],
+    node: str | None,
+) -> ClaimOutcome:
+    """Explain one claim on ``node``, or on every node of the slices (the first that fits is shown)."""
+    outcome = ClaimOutcome(doc)
+    candidates: list[str | None] = [node] if node else nodes_of(slices)
+    best: tuple[int, str | None, ClaimReport] | None = None
+    for candidate in candidates:
+        try:
+            report = explain_claim(
+                doc.obj, slices=slices, classes=classes, allocated=allocated, node=candidate
+            )
+        except AllocationError as err:
+            outcome.error = str(err)
+            return outcome
+        score = sum(len(r.matched) for r in report.requests) + (10**9 if report.fits else 0)
+        if best is None or score > best[0]:
+            best = (score, candidate, report)
+        if candidate is not None:
+            outcome.other_nodes[candidate] = _one_line(report)
+        if report.fits:
+            break
+    assert best is not None
+    _, outcome.node, outcome.report = best
+    if outcome.node is not None:
+        outcome.other_nodes.pop(outcome.node, None)
+    return outcome
+
+
+def _one_line(report: ClaimReport) -> str:
+    if report.fits:
+        return "fits"
+    if report.error:
+        return f"error: {report.error}"
+    for request in report.requests:
+        if request.hints:
+            return f"does not fit: request {request.request}: {request.hints[0]}"
+    return "does not fit: " + (
+        report.explanation[0] if report.explanation else "no combination of devices fits"
+    )
+
+
+def render(outcomes: list[ClaimOutcome], errors: list[str], output: str, *, builtin_classes: bool) -> None:
+    if output == "json":
+        json.dump({"errors": errors, "claims": [_outcome_dict(o) for o in outcomes]}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return
+    for error in errors:
+        print(f"error: {error}", file=sys.stderr)
+    if builtin_classes and outcomes:
+        print("(no --classes given: using dradriver's DeviceClasses gpu.dradriver.dev and mig.dradriver.dev)")
+    for outcome in outcomes:
+        print(render_outcome(outcome))
+
+
+def _outcome_dict(outcome: ClaimOutcome) -> dict[str, Any]:
+    return {
+        "source": outcome.document.source,
+        "kind": outcome.document.kind,
+        "name": outcome.document.name,
+        "fits": outcome.fits,
+        "node": outcome.node,
+        "error": outcome.error,
+        "report": outcome.report.to_dict() if outcome.report else None,
+        "otherNodes": outcome.other_nodes,
+    }
+
+
+def _devices(labels: list[str]) -> str:
+    names = [label.rsplit("/", 1)[-1] for label in labels]
+    shown = ", ".join(names[:6])
+    return shown + (f", … ({len(names)} in all)" if len(names) > 6 else "")
+
+
+def render_outcome(outcome: ClaimOutcome) -> str:
+    doc = outcome.document
+    head = f"{doc.kind} {doc.name} ({doc.source})"
+    if outcome.error:
+        return f"{head}: ERROR (the scheduler would fail with an error)\n  {outcome.error}\n"
+    report = outcome.report
+    assert report is not None
+    where = f" on node {outcome.node}" if outcome.node else ""
+    verdict = "fits" if report.fits else "cannot be allocated" if report.error else "does NOT fit"
+    lines = [f"{head}: {verdict}{where}"]
+    if report.error:
+        lines.append(f"  error: {report.error}")
+    for request in report.requests:
+        lines.append(f"  request {request.request} (class {request.device_class}, wants {request.wanted}):")
+        for stage in request.stages:
+            errors = f", {stage.errors} failed with an error" if stage.errors else ""
+            lines.append(f"    {stage.passed:>6} {stage.label}{errors}")
+        if request.matched:
+            lines.append(f"    matched every filter: {_devices(request.matched)}")
+        if request.allocated:
+            lines.append(f"    allocated: {_devices(request.allocated)}")
+        lines += [f"    why: {hint}" for hint in request.hints if not report.fits or "fail" in hint]
+    lines += [f"  why: {line}" for line in report.explanation]
+    if report.allocation:
+        text = yaml.safe_dump({"allocation": report.allocation}, sort_keys=False).rstrip()
+        lines += ["  status:"] + [f"    {line}" for line in text.splitlines()]
+    shown = list(outcome.other_nodes.items())[:MAX_NODES_SHOWN]
+    if shown:
+        lines.append("  other nodes:")
+        lines += [f"    {node}: {verdict_line}" for node, verdict_line in shown]
+        if len(outcome.other_nodes) > MAX_NODES_SHOWN:
+            lines.append(f"    … {len(outcome.other_nodes) - MAX_NODES_SHOWN} more")
+    return "\n".join(lines) + "\n"
+
+
+def explain_selector(args: argparse.Namespace, slices: list[dict[str, Any]], errors: list[str]) -> int:
+    """Evaluate one selector against every device; exit 0 when at least one device matches."""
+    for error in errors:
+        print(f"error: {error}", file=sys.stderr)
+    try:
+        selector = compile_selector(args.selector)
+    except CelCompileError as err:
+        raise ConfigError(f"--selector: invalid CEL at {err}") from err
+    if not slices:
+        raise ConfigError("no devices to test the selector on: pass --slices FILE|DIR or --sim-profile NAME")
+    rows = []
+    for slice_ in slices:
+        spec = slice_.get("spec") or {}
+        if args.node and spec.get("nodeName") != args.node:
+            continue
+        driver = str(spec.get("driver", args.driver))
+        for device in spec.get("devices") or []:
+            try:
+                verdict = "match" if selector.matches(device, driver=driver) else "no match"
+            except CelEvaluationError as err:
+                verdict = f"error: {err}"
+            rows.append({"node": spec.get("nodeName"), "device": device.get("name"), "result": verdict})
+    matched = sum(1 for r in rows if r["result"] == "match")
+    failed = sum(1 for r in rows if r["result"].startswith("error"))
+    if args.output == "json":
+        json.dump(
+            {"expression": args.selector, "matched": matched, "errors": failed, "devices": rows},
+            sys.stdout,
+            indent=2,
+        )
+        sys.stdout.write("\n")
+    else:
+        for row in rows:
+            print(f"{row['node'] or '-'}  {row['device']}: {row['result']}")
+        print(f"{matched} of {len(rows)} devices match; {failed} failed with an error")
+    if errors:
+        return EXIT_INVALID
+    return EXIT_FITS if matched else EXIT_DOES_NOT_FIT

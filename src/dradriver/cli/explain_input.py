@@ -1,0 +1,191 @@
+"""Reading and checking the objects ``dradriver explain`` works on: YAML files and directories of
+ResourceClaims, ResourceClaimTemplates, DeviceClasses and ResourceSlices."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dradriver.cel import CelCompileError, compile_selector
+
+KINDS = ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass", "ResourceSlice")
+SUFFIXES = (".yaml", ".yml", ".json")
+
+BUILTIN_CLASSES: list[dict[str, Any]] = [
+    {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": f"{kind}.dradriver.dev"},
+        "spec": {
+            "selectors": [
+                {
+                    "cel": {
+                        "expression": f'device.driver == "gpu.dradriver.dev" && '
+                        f'device.attributes["gpu.dradriver.dev"].type == "{kind}"'
+                    }
+                }
+            ]
+        },
+    }
+    for kind in ("gpu", "mig")
+]
+
+
+@dataclass
+class Document:
+    """One object and where it came from: ``claims.yaml #2``."""
+
+    obj: dict[str, Any]
+    source: str
+
+    @property
+    def kind(self) -> str:
+        return str(self.obj.get("kind"))
+
+    @property
+    def name(self) -> str:
+        meta = self.obj.get("metadata") or {}
+        name = str(meta.get("name", "<unnamed>"))
+        return f"{meta['namespace']}/{name}" if meta.get("namespace") else name
+
+
+@dataclass
+class Inputs:
+    documents: list[Document] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def of_kind(self, *kinds: str) -> list[Document]:
+        return [d for d in self.documents if d.kind in kinds]
+
+
+def _files(path: Path) -> list[Path]:
+    if path.is_dir():
+        return sorted(p for p in path.rglob("*") if p.suffix in SUFFIXES and p.is_file())
+    return [path]
+
+
+def load(paths: list[str], inputs: Inputs, *, want: tuple[str, ...] = KINDS) -> None:
+    """Add the documents of the files (or directories) in ``paths`` to ``inputs``; one error per bad one."""
+    for raw_path in paths:
+        path = Path(raw_path)
+        if not path.exists():
+            inputs.errors.append(f"{raw_path}: no such file or directory")
+            continue
+        for file in _files(path):
+            try:
+                docs = list(yaml.safe_load_all(file.read_text()))
+            except (yaml.YAMLError, UnicodeDecodeError, OSError) as err:
+                inputs.errors.append(f"{file}: not valid YAML: {str(err).splitlines()[0]}")
+                continue
+            number = 0
+            for doc in docs:
+                if doc is None:
+                    continue
+                number += 1
+                _add(doc, f"{file} #{number}", inputs, want)
+
+
+def _add(doc: Any, source: str, inputs: Inputs, want: tuple[str, ...]) -> None:
+    if not isinstance(doc, dict):
+        inputs.errors.append(f"{source}: not a Kubernetes object (a YAML mapping with apiVersion and kind)")
+        return
+    kind = doc.get("kind")
+    if isinstance(kind, str) and kind.endswith("List") and isinstance(doc.get("items"), list):
+        for i, item in enumerate(doc["items"]):
+            _add(
+                {"kind": kind.removesuffix("List"), **item} if isinstance(item, dict) else item,
+                f"{source} items[{i}]",
+                inputs,
+                want,
+            )
+        return
+    if kind not in want:
+        inputs.errors.append(f"{source}: kind {kind!r} is not one of {', '.join(want)}; field kind")
+        return
+    api = str(doc.get("apiVersion", ""))
+    if not api.startswith("resource.k8s.io/"):
+        inputs.errors.append(
+            f"{source}: {kind} has apiVersion {api!r}; want resource.k8s.io/v1 (field apiVersion)"
+        )
+        return
+    if api != "resource.k8s.io/v1":
+        inputs.errors.append(
+            f"{source}: {kind} uses {api}; dradriver explain reads resource.k8s.io/v1 objects "
+            f"(field apiVersion)"
+        )
+        return
+    if not isinstance(doc.get("spec"), dict):
+        inputs.errors.append(f"{source}: {kind} has no spec (field spec)")
+        return
+    inputs.documents.append(Document(doc, source))
+
+
+def selector_error(source: str, what: str, field_path: str, err: CelCompileError) -> str:
+    return f"{source}: {what}: field {field_path}: invalid CEL at {err}"
+
+
+def check_class(doc: Document) -> list[str]:
+    errors = []
+    for i, selector in enumerate((doc.obj.get("spec") or {}).get("selectors") or []):
+        expression = ((selector or {}).get("cel") or {}).get("expression")
+        path = f"spec.selectors[{i}].cel.expression"
+        if not isinstance(expression, str):
+            errors.append(f"{doc.source}: DeviceClass {doc.name}: field {path}: missing CEL expression")
+            continue
+        try:
+            compile_selector(expression)
+        except CelCompileError as err:
+            errors.append(selector_error(doc.source, f"DeviceClass {doc.name}", path, err))
+    return errors
+
+
+def check_claim(doc: Document, class_names: set[str]) -> list[str]:
+    """Problems that make a claim unexplainable: unknown classes, selectors that do not compile."""
+    errors: list[str] = []
+    template = doc.kind == "ResourceClaimTemplate"
+    spec = doc.obj.get("spec") or {}
+    prefix = "spec.spec" if template else "spec"
+    if template:
+        spec = spec.get("spec") or {}
+    what = f"{doc.kind} {doc.name}"
+    requests = (spec.get("devices") or {}).get("requests")
+    if not requests:
+        return [f"{doc.source}: {what}: field {prefix}.devices.requests: no requests"]
+    for i, request in enumerate(requests):
+        base = f"{prefix}.devices.requests[{i}]"
+        if not isinstance(request, dict):
+            errors.append(f"{doc.source}: {what}: field {base}: not a mapping")
+            continue
+        if request.get("firstAvailable"):
+            entries = [
+                (f"{base}.firstAvailable[{j}]", sub) for j, sub in enumerate(request["firstAvailable"])
+            ]
+        elif isinstance(request.get("exactly"), dict):
+            entries = [(f"{base}.exactly", request["exactly"])]
+        else:
+            errors.append(f"{doc.source}: {what}: field {base}: set exactly or firstAvailable")
+            continue
+        for path, entry in entries:
+            class_name = entry.get("deviceClassName")
+            if not class_name:
+                errors.append(f"{doc.source}: {what}: field {path}.deviceClassName: missing")
+            elif class_name not in class_names:
+                known = ", ".join(sorted(class_names)) or "none"
+                errors.append(
+                    f"{doc.source}: {what}: field {path}.deviceClassName: DeviceClass {class_name} "
+                    f"does not exist (known: {known}); pass it with --classes"
+                )
+            for j, selector in enumerate(entry.get("selectors") or []):
+                expression = ((selector or {}).get("cel") or {}).get("expression")
+                field_path = f"{path}.selectors[{j}].cel.expression"
+                if not isinstance(expression, str):
+                    errors.append(f"{doc.source}: {what}: field {field_path}: missing CEL expression")
+                    continue
+                try:
+                    compile_selector(expression)
+                except CelCompileError as err:
+                    errors.append(selector_error(doc.source, what, field_path, err))
+    return errors

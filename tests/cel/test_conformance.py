@@ -1,0 +1,224 @@
+"""Conformance table: expressions with the result (or error) the Kubernetes scheduler's CEL gives.
+
+Written from the CEL language definition, cel-go's behaviour, and the Kubernetes CEL library and DRA
+documentation. ``COMPILE`` means a compile (type-check) error, ``ERROR`` a runtime error for this device.
+"""
+
+import pytest
+
+from dradriver.cel import CelCompileError, CelEvaluationError, compile_selector
+
+DRIVER = "gpu.dradriver.dev"
+COMPILE, ERROR = "compile", "error"
+A = 'device.attributes["gpu.dradriver.dev"]'
+C = 'device.capacity["gpu.dradriver.dev"]'
+K = 'device.attributes["resource.kubernetes.io"]'
+
+CASES = [
+    # the device variable
+    ('device.driver == "gpu.dradriver.dev"', True),
+    ('device.driver != "gpu.dradriver.dev"', False),
+    (f'{A}.type == "gpu"', True),
+    (f'{A}.productName == "NVIDIA A100-SXM4-80GB"', True),
+    (f'{A}.productName == "NVIDIA A100-SXM4-40GB"', False),
+    (f'{A}["productName"] == "NVIDIA A100-SXM4-80GB"', True),
+    (f"{K}.numaNode == 1", True),
+    (f'{K}.pcieRoot == "pci0000:00"', True),
+    (f"{A}.migCapable", True),
+    (f"{A}.migCapable == true", True),
+    (f"!{A}.migCapable", False),
+    ("device.allowMultipleAllocations == false", True),
+    ('device.name == "x"', COMPILE),
+    ('devices.driver == "x"', COMPILE),
+    # missing attributes and domains: runtime errors, unless guarded
+    (f'{A}.noSuchAttribute == "x"', ERROR),
+    ('device.attributes["nvidia.com"].model == "x"', ERROR),
+    (f'"noSuchAttribute" in {A} && {A}.noSuchAttribute == "x"', False),
+    (f'has({A}.noSuchAttribute) && {A}.noSuchAttribute == "x"', False),
+    (f"has({A}.productName)", True),
+    ('"nvidia.com" in device.attributes', False),
+    ('"gpu.dradriver.dev" in device.attributes', True),
+    ('device.attributes["nvidia.com"].size() == 0', True),
+    (f"{A}.size() == 8", True),
+    (f'{C}.noSuchCapacity.compareTo(quantity("1")) > 0', ERROR),
+    # && and || absorb errors when the other side decides
+    (f'false && {A}.missing == "x"', False),
+    (f'{A}.missing == "x" && false', False),
+    (f'true || {A}.missing == "x"', True),
+    (f'{A}.missing == "x" || true', True),
+    (f'true && {A}.missing == "x"', ERROR),
+    (f'false || {A}.missing == "x"', ERROR),
+    (f'{A}.missing == "x" || {A}.other == "y"', ERROR),
+    (f'({A}.missing == "x") ? true : false', ERROR),
+    (f"false ? {A}.missing : true", True),
+    # result must be a bool
+    ("1", COMPILE),
+    ('"true"', COMPILE),
+    (f"{A}.productName", ERROR),
+    (f"{A}.numaNode", ERROR),
+    ("true", True),
+    ("false", False),
+    # versions are semver values, not strings
+    (f'{A}.driverVersion == "580.65.6"', ERROR),
+    (f'{A}.driverVersion == semver("580.65.6")', True),
+    (f'{A}.driverVersion.isGreaterThan(semver("550.0.0"))', True),
+    (f'{A}.driverVersion.isLessThan(semver("550.0.0"))', False),
+    (f'{A}.driverVersion.compareTo(semver("580.65.6")) == 0', True),
+    (f'{A}.driverVersion.compareTo(semver("600.0.0")) == -1', True),
+    (f"{A}.driverVersion.major() == 580", True),
+    (f"{A}.driverVersion.minor() == 65 && {A}.driverVersion.patch() == 6", True),
+    (f'{A}.driverVersion > semver("1.0.0")', COMPILE),
+    (f'{A}.cudaComputeCapability.isGreaterThan(semver("7.5.0"))', True),
+    ('semver("1.2.3").isLessThan(semver("1.10.0"))', True),
+    ('semver("1.0.0-alpha").isLessThan(semver("1.0.0"))', True),
+    ('semver("1.0.0-alpha.1").compareTo(semver("1.0.0-alpha.beta")) == -1', True),
+    ('semver("1.0.0+build1") == semver("1.0.0+build2")', True),
+    ('isSemver("1.2.3")', True),
+    ('isSemver("v1.2.3")', False),
+    ('isSemver("v1.2", true)', True),
+    ('isSemver("01.2.3")', False),
+    ('semver("01.02.03", true).major() == 1', True),
+    ('semver("not-a-version").major() == 1', ERROR),
+    ('semver("1.2.3") > semver("1.0.0")', COMPILE),
+    ('semver("1.2.3").compareTo("1.0.0") > 0', COMPILE),
+    # quantities
+    (f'{C}.memory.compareTo(quantity("80Gi")) == 0', True),
+    (f'{C}.memory.compareTo(quantity("40Gi")) > 0', True),
+    (f'{C}.memory.isGreaterThan(quantity("79Gi"))', True),
+    (f'{C}.memory.isLessThan(quantity("1Ti"))', True),
+    (f"{C}.memory > 10", COMPILE),
+    (f'{C}.memory == quantity("80Gi")', True),
+    (f'{C}.memory == quantity("85899345920")', True),
+    (f"{C}.memory.asInteger() == 85899345920", True),
+    (f"{C}.multiprocessors.asInteger() >= 100", True),
+    (f'{C}.memory.compareTo("80Gi") == 0', COMPILE),
+    ('quantity("1.5Gi").isInteger()', True),
+    ('quantity("500m").isInteger()', False),
+    ('quantity("500m").asInteger() == 0', ERROR),
+    ('quantity("500m").asApproximateFloat() == 0.5', True),
+    ('quantity("1k") == quantity("1000")', True),
+    ('quantity("1Ki") == quantity("1024")', True),
+    ('quantity("1e3") == quantity("1k")', True),
+    ('quantity("-1").sign() == -1 && quantity("0").sign() == 0', True),
+    ('quantity("1Gi").add(quantity("1Gi")) == quantity("2Gi")', True),
+    ('quantity("1Gi").sub(1073741823) == quantity("1")', True),
+    ('quantity("2x")  == quantity("2")', ERROR),
+    ('isQuantity("2x")', False),
+    ('isQuantity("100Mi")', True),
+    ('quantity("1") + quantity("1") == quantity("2")', COMPILE),
+    # strings: standard functions and the strings extension
+    (f'{A}.productName.startsWith("NVIDIA A100")', True),
+    (f'{A}.productName.endsWith("80GB")', True),
+    (f'{A}.productName.contains("SXM4")', True),
+    (f'{A}.productName.matches("^NVIDIA A100-SXM4-(40|80)GB$")', True),
+    (f'{A}.productName.lowerAscii() == "nvidia a100-sxm4-80gb"', True),
+    (f'{A}.productName.upperAscii().contains("NVIDIA")', True),
+    (f'{A}.productName.split(" ")[1] == "A100-SXM4-80GB"', True),
+    (f'{A}.productName.split("-").size() == 3', True),
+    ('"a-b-c".split("-", 2) == ["a", "b-c"]', True),
+    ('["a", "b"].join(",") == "a,b"', True),
+    ('["a", "b"].join() == "ab"', True),
+    ('"hello".substring(1, 3) == "el"', True),
+    ('"hello".substring(4, 10) == "o"', ERROR),
+    ('"hello".indexOf("l") == 2 && "hello".lastIndexOf("l") == 3', True),
+    ('"hello".indexOf("z") == -1', True),
+    ('"hello".charAt(1) == "e"', True),
+    ('"a.b.c".replace(".", "-") == "a-b-c"', True),
+    ('"a.b.c".replace(".", "-", 1) == "a-b.c"', True),
+    ('"  x ".trim() == "x"', True),
+    ('"abc".reverse() == "cba"', True),
+    ('strings.quote("a\\"b") == "\\"a\\\\\\"b\\""', True),
+    ('size("abc") == 3 && "abc".size() == 3', True),
+    ('"abc"[0] == "a"', COMPILE),
+    ('"abc" + "def" == "abcdef"', True),
+    ('"x".matches("[")', ERROR),
+    # regex library
+    ('"GPU-1234-abcd".find("[0-9]+") == "1234"', True),
+    ('"a1b22c333".findAll("[0-9]+") == ["1", "22", "333"]', True),
+    ('"a1b22c333".findAll("[0-9]+", 2) == ["1", "22"]', True),
+    ('"abc".find("[0-9]+") == ""', True),
+    # lists library and macros
+    ("[1, 2, 3].isSorted() && ![3, 1].isSorted()", True),
+    ("[1, 2, 3].sum() == 6", True),
+    ("[3, 1, 2].min() == 1 && [3, 1, 2].max() == 3", True),
+    ("[1, 2, 3].indexOf(2) == 1 && [1, 2, 2].lastIndexOf(2) == 2", True),
+    ("[].min() == 0", ERROR),
+    ("[1, 2, 3].exists(x, x > 2)", True),
+    ("[1, 2, 3].all(x, x > 0)", True),
+    ("[1, 2, 3].exists_one(x, x > 1)", False),
+    ("[1, 2, 3].filter(x, x > 1) == [2, 3]", True),
+    ("[1, 2, 3].map(x, x * 2) == [2, 4, 6]", True),
+    ("[1, 2, 3].map(x, x > 1, x * 10) == [20, 30]", True),
+    ("[0, 1].exists(x, 10 / x == 10)", True),
+    ("[1, 0].exists(x, 10 / x == 10)", True),
+    ("[0].exists(x, 10 / x == 10)", ERROR),
+    ("[0, 1].all(x, 10 / x == 1)", False),
+    ("[1].all(x, 10 / x == 10)", True),
+    (f'{A}.exists(k, k == "productName")', True),
+    (f'{A}.productName in ["NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"]', True),
+    ('cel.bind(a, device.attributes["gpu.dradriver.dev"], a.type == "gpu" && a.migCapable)', True),
+    ("sets.contains([1, 2, 3], [2, 3]) && !sets.contains([1], [2])", True),
+    ("sets.intersects([1, 2], [2, 5]) && sets.equivalent([1, 2], [2, 1])", True),
+    ("[1, 2].exists(x, x)", COMPILE),
+    ("1.exists(x, x > 0)", COMPILE),
+    # arithmetic, equality and types
+    ("1 + 2 == 3", True),
+    ("7 / 2 == 3 && -7 / 2 == -3 && -7 % 2 == -1", True),
+    ("1 / 0 == 1", ERROR),
+    ("5 % 0 == 1", ERROR),
+    ("9223372036854775807 + 1 > 0", ERROR),
+    ("-9223372036854775808 - 1 < 0", ERROR),
+    ("2u + 3u == 5u", True),
+    ("1u - 2u == 0u", ERROR),
+    ("1.5 + 1.5 == 3.0", True),
+    ("1 + 1.0 == 2.0", COMPILE),
+    ("1 == 1.0", COMPILE),
+    ("dyn(1) == 1.0", True),
+    ("dyn(1) == 1u", True),
+    ('dyn(1) == "1"', False),
+    ("1 < 2.5", True),
+    ('1 < "a"', COMPILE),
+    ('int("42") == 42 && string(42) == "42"', True),
+    ('int("x") == 1', ERROR),
+    ('double("1.5") == 1.5 && uint(3) == 3u', True),
+    ('bool("true") && !bool("false")', True),
+    ('type(1) == int && type("a") == string && type(1u) == uint', True),
+    (f"type({A}.numaNode) == int || true", True),
+    ("[1, 2] == [1, 2] && [1] != [2]", True),
+    ('{"a": 1}["a"] == 1 && {"a": 1}.a == 1', True),
+    ('{"a": 1}["b"] == 1', ERROR),
+    ('{"a": 1, "a": 2}.a == 1', ERROR),
+    ("[1, 2][5] == 1", ERROR),
+    ("null == null", True),
+    ("true ? 1 : 2", COMPILE),
+    ("(true ? 1 : 2) == 1", True),
+    ("!1", COMPILE),
+    ("1 && true", COMPILE),
+    # syntax and unknown names
+    ('device.driver = "x"', COMPILE),
+    ("device.driver == ", COMPILE),
+    ("noSuchFunction(1)", COMPILE),
+    ('"a".noSuchMethod()', COMPILE),
+    ('timestamp("2024-01-01T00:00:00Z") > timestamp("2023-01-01T00:00:00Z")', COMPILE),
+    ("", COMPILE),
+    ("x", COMPILE),
+    ("Foo{a: 1}", COMPILE),
+]
+
+
+@pytest.mark.parametrize(("expression", "expected"), CASES, ids=[c[0][:60] for c in CASES])
+def test_expression_matches_the_scheduler(gpu, expression, expected):
+    if expected == COMPILE:
+        with pytest.raises(CelCompileError):
+            compile_selector(expression)
+        return
+    selector = compile_selector(expression)
+    if expected == ERROR:
+        with pytest.raises(CelEvaluationError):
+            selector.matches(gpu, driver=DRIVER)
+        return
+    assert selector.matches(gpu, driver=DRIVER) is expected
+
+
+def test_the_table_is_large_enough():
+    assert len(CASES) >= 100

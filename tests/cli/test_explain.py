@@ -1,0 +1,184 @@
+"""``dradriver explain`` end to end through the CLI entry point."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dradriver.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+SLICES = str(ROOT / "tests/fixtures/slices/dgx-a100-80gb.yaml")
+MIG_SLICES = str(ROOT / "tests/fixtures/slices/dgx-a100-80gb-mig.yaml")
+CLASSES = str(ROOT / "manifests/deviceclasses")
+
+CLAIM = """
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: %(name)s, namespace: default}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: %(cls)s
+        count: %(count)d
+        selectors:
+        - cel: {expression: '%(expr)s'}
+"""
+
+
+def write_claim(tmp_path, *, name="c", cls="gpu.dradriver.dev", count=1, expr="true", extra=""):
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(CLAIM % {"name": name, "cls": cls, "count": count, "expr": expr} + extra)
+    return str(path)
+
+
+def test_fitting_claim_exits_zero_and_shows_the_allocation(tmp_path, capsys):
+    code = main(["explain", write_claim(tmp_path, count=2), "--slices", SLICES, "--classes", CLASSES])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "fits on node node-a" in out
+    assert "device: gpu-0000-0f-00-0" in out
+
+
+def test_claim_that_does_not_fit_exits_one_with_the_reason(tmp_path, capsys):
+    expr = 'device.attributes["gpu.dradriver.dev"].productName == "NVIDIA H100 80GB HBM3"'
+    code = main(["explain", write_claim(tmp_path, expr=expr), "--slices", SLICES])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "does NOT fit" in out
+    assert 'gpu.dradriver.dev/productName is "NVIDIA A100-SXM4-80GB" (8)' in out
+
+
+def test_json_output_carries_the_report(tmp_path, capsys):
+    code = main(["explain", write_claim(tmp_path), "--slices", SLICES, "-o", "json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert data["claims"][0]["fits"] is True
+    assert data["claims"][0]["report"]["allocation"]["devices"]["results"][0]["device"] == "gpu-0000-07-00-0"
+
+
+def test_runtime_error_names_the_missing_attribute(tmp_path, capsys):
+    expr = 'device.attributes["gpu.dradriver.dev"].model == "x"'
+    code = main(["explain", write_claim(tmp_path, expr=expr), "--slices", SLICES])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "gpu.dradriver.dev/model" in out
+    assert "ERROR" in out or "cannot be allocated" in out
+
+
+def test_unknown_device_class_is_bad_input_naming_file_document_and_field(tmp_path, capsys):
+    good = write_claim(tmp_path, name="good")
+    bad = write_claim(tmp_path, name="bad", cls="nvidia.com")
+    code = main(["explain", good, bad, "--slices", SLICES])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert "bad.yaml #1" in captured.err
+    assert "spec.devices.requests[0].exactly.deviceClassName" in captured.err
+    assert "DeviceClass nvidia.com does not exist" in captured.err
+    assert "ResourceClaim default/good" in captured.out  # the other document is still explained
+
+
+def test_invalid_cel_is_bad_input_with_line_and_column(tmp_path, capsys):
+    code = main(["explain", write_claim(tmp_path, expr='device.driver = "x"'), "--slices", SLICES])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "selectors[0].cel.expression" in err
+    assert "line 1, column" in err
+
+
+def test_unknown_kind_and_non_objects_are_reported(tmp_path, capsys):
+    extra = "---\napiVersion: v1\nkind: Pod\nmetadata: {name: p}\n---\n- just\n- a list\n"
+    code = main(["explain", write_claim(tmp_path, extra=extra), "--slices", SLICES])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "#2: kind 'Pod' is not one of" in err
+    assert "#3: not a Kubernetes object" in err
+
+
+def test_broken_yaml_is_reported(tmp_path, capsys):
+    path = tmp_path / "broken.yaml"
+    path.write_text("kind: [unclosed\n")
+    assert main(["explain", str(path), "--slices", SLICES]) == 2
+    assert "not valid YAML" in capsys.readouterr().err
+
+
+def test_missing_slices_is_a_usage_error(tmp_path, capsys):
+    assert main(["explain", write_claim(tmp_path)]) == 2
+    assert "--slices" in capsys.readouterr().err
+
+
+def test_sim_profile_without_the_slice_builder_fails_clearly(tmp_path, capsys):
+    code = main(["explain", write_claim(tmp_path), "--sim-profile", "dgx-a100-80gb"])
+    err = capsys.readouterr().err
+    if code == 2:
+        assert "--slices" in err
+    else:
+        assert code in (0, 1)
+
+
+def test_claim_is_explained_on_every_node(tmp_path, capsys):
+    code = main(["explain", write_claim(tmp_path, count=3), "--slices", SLICES, "--slices", MIG_SLICES])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "fits on node node-a" in out
+
+
+def test_already_allocated_claims_consume_devices(tmp_path, capsys):
+    allocated = tmp_path / "allocated.yaml"
+    results = "\n".join(
+        f"        - {{request: r, driver: gpu.dradriver.dev, pool: node-a, device: {d}}}"
+        for d in [
+            "gpu-0000-07-00-0",
+            "gpu-0000-0f-00-0",
+            "gpu-0000-47-00-0",
+            "gpu-0000-4e-00-0",
+            "gpu-0000-87-00-0",
+            "gpu-0000-90-00-0",
+            "gpu-0000-b7-00-0",
+        ]
+    )
+    allocated.write_text(f"""apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {{name: other, namespace: default}}
+spec: {{devices: {{requests: [{{name: r, exactly: {{deviceClassName: gpu.dradriver.dev, count: 7}}}}]}}}}
+status:
+  allocation:
+    devices:
+      results:
+{results}
+""")
+    code = main(
+        ["explain", write_claim(tmp_path, count=2), "--slices", SLICES, "--allocated", str(allocated)]
+    )
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "7 matching devices are allocated to other claims" in out
+
+
+def test_selector_mode_lists_every_device(capsys):
+    code = main(
+        [
+            "explain",
+            "--selector",
+            'device.attributes["gpu.dradriver.dev"].profile == "7g.80gb"',
+            "--slices",
+            MIG_SLICES,
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "gpu-0000-07-00-0-mig-7g80gb-0: match" in out
+    assert "gpu-0000-07-00-0: error: no such key: profile" in out
+    assert "2 of 52 devices match; 2 failed with an error" in out
+
+
+def test_selector_mode_rejects_invalid_cel(capsys):
+    assert main(["explain", "--selector", "device.nope", "--slices", SLICES]) == 2
+    assert "undefined field 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("output", ["text", "json"])
+def test_selector_mode_exit_one_when_nothing_matches(capsys, output):
+    assert main(["explain", "--selector", "false", "--slices", SLICES, "-o", output]) == 1

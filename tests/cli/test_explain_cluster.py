@@ -1,0 +1,138 @@
+"""``dradriver explain --pod``: assembling a pod's claims from a cluster (through a fake reader)."""
+
+import copy
+import json
+from pathlib import Path
+
+import yaml
+
+from dradriver.cli.explain_cluster import explain_pod_with, pod_claims
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(path):
+    return [d for d in yaml.safe_load_all((ROOT / path).read_text()) if d]
+
+
+class FakeReader:
+    def __init__(self, pod, claims=(), templates=()):
+        self.pod = pod
+        self.claims = {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in claims}
+        self.templates = {(t["metadata"]["namespace"], t["metadata"]["name"]): t for t in templates}
+
+    def get_pod(self, namespace, name):
+        return self.pod
+
+    def get_claim(self, namespace, name):
+        return self.claims.get((namespace, name))
+
+    def get_claim_template(self, namespace, name):
+        return self.templates.get((namespace, name))
+
+    def list_device_classes(self):
+        return [d for f in sorted((ROOT / "manifests/deviceclasses").glob("*.yaml")) for d in _load(f)]
+
+    def list_resource_slices(self):
+        return _load("tests/fixtures/slices/dgx-a100-80gb.yaml")
+
+    def list_claims(self):
+        return list(self.claims.values())
+
+
+def pod(*entries, statuses=()):
+    return {
+        "metadata": {"name": "trainer", "namespace": "ml"},
+        "spec": {"resourceClaims": list(entries)},
+        "status": {"resourceClaimStatuses": list(statuses)},
+    }
+
+
+def template(count):
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "gpus", "namespace": "ml"},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {"name": "gpu", "exactly": {"deviceClassName": "gpu.dradriver.dev", "count": count}}
+                    ]
+                }
+            }
+        },
+    }
+
+
+def allocated_claim(name, devices):
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}"},
+        "spec": {
+            "devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "gpu.dradriver.dev"}}]}
+        },
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "r", "driver": "gpu.dradriver.dev", "pool": "node-a", "device": d}
+                        for d in devices
+                    ]
+                }
+            }
+        },
+    }
+
+
+def test_template_claim_not_yet_generated_is_explained_from_the_template(capsys):
+    reader = FakeReader(pod({"name": "gpus", "resourceClaimTemplateName": "gpus"}), templates=[template(2)])
+    assert explain_pod_with(reader, "ml/trainer", "text") == 0
+    assert "fits on node node-a" in capsys.readouterr().out
+
+
+def test_pending_pod_is_explained_against_other_claims_allocations(capsys):
+    taken = allocated_claim(
+        "busy", [f"gpu-0000-{b}-00-0" for b in ("07", "0f", "47", "4e", "87", "90", "b7")]
+    )
+    reader = FakeReader(
+        pod({"name": "gpus", "resourceClaimTemplateName": "gpus"}), claims=[taken], templates=[template(2)]
+    )
+    assert explain_pod_with(reader, "ml/trainer", "json") == 1
+    data = json.loads(capsys.readouterr().out)
+    hints = data["claims"][0]["report"]["requests"][0]["hints"]
+    assert any("allocated to other claims" in h for h in hints)
+
+
+def test_generated_claim_is_preferred_over_the_template():
+    generated = allocated_claim("trainer-gpus-x", ["gpu-0000-07-00-0"])
+    reader = FakeReader(
+        pod(
+            {"name": "gpus", "resourceClaimTemplateName": "gpus"},
+            statuses=[{"name": "gpus", "resourceClaimName": "trainer-gpus-x"}],
+        ),
+        claims=[generated],
+        templates=[template(1)],
+    )
+    ((_name, obj, note),) = pod_claims(reader, reader.pod)
+    assert obj is generated and not note
+
+
+def test_missing_claim_is_reported(capsys):
+    reader = FakeReader(pod({"name": "gpus", "resourceClaimName": "nope"}))
+    assert explain_pod_with(reader, "ml/trainer", "text") == 1
+    assert "ResourceClaim ml/nope does not exist" in capsys.readouterr().out
+
+
+def test_pod_without_claims_is_not_pending_because_of_dra(capsys):
+    reader = FakeReader(pod())
+    assert explain_pod_with(reader, "ml/trainer", "text") == 0
+    assert "no spec.resourceClaims" in capsys.readouterr().out
+
+
+def test_allocated_claim_is_reported_as_allocated(capsys):
+    claim = copy.deepcopy(allocated_claim("ready", ["gpu-0000-07-00-0"]))
+    reader = FakeReader(pod({"name": "gpus", "resourceClaimName": "ready"}), claims=[claim])
+    assert explain_pod_with(reader, "ml/trainer", "text") == 0
+    assert "already allocated" in capsys.readouterr().out
