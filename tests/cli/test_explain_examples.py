@@ -14,14 +14,12 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples/claims").glob("*.yaml"))
 MANIFESTS = sorted((ROOT / "manifests/deviceclasses").glob("*.yaml"))
 FIXTURE_SLICES = sorted((ROOT / "tests/fixtures/slices").glob("*.yaml"))
-# The hand-made slices standing in for each simulated profile (until --sim-profile builds them).
-FIXTURES = {("dgx-a100-80gb", False): "dgx-a100-80gb.yaml", ("dgx-a100-80gb", True): "dgx-a100-80gb-mig.yaml"}
 
 
-def profile_of(path: Path) -> tuple[str, bool]:
-    match = re.search(r"^# Profile: (\S+)(.*)$", path.read_text(), re.M)
-    assert match, f"{path.name} must start with a '# Profile: NAME' comment"
-    return match.group(1), "--mig-mode dynamic" in match.group(2)
+def profile_of(path: Path) -> tuple[str, str]:
+    match = re.search(r"^# Profile: (\S+)(?: --mig-mode (\S+))?", path.read_text(), re.M)
+    assert match, f"{path.name} must start with a '# Profile: NAME [--mig-mode MODE]' comment"
+    return match.group(1), match.group(2) or "none"
 
 
 def test_there_are_examples():
@@ -30,10 +28,9 @@ def test_there_are_examples():
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_example_fits_its_profile(path, capsys):
-    fixture = ROOT / "tests/fixtures/slices" / FIXTURES[profile_of(path)]
-    code = main(
-        ["explain", str(path), "--slices", str(fixture), "--classes", str(ROOT / "manifests/deviceclasses")]
-    )
+    profile, mig_mode = profile_of(path)
+    code = main(["explain", str(path), "--sim-profile", profile, "--mig-mode", mig_mode,
+                 "--classes", str(ROOT / "manifests/deviceclasses")])
     out = capsys.readouterr().out
     assert code == 0, out
     assert " fits on node " in out

@@ -89,19 +89,22 @@ def register(subcommands: Any) -> None:
 
 
 def slices_from_sim_profile(profile: str, mig_mode: str) -> list[dict[str, Any]]:
-    """ResourceSlices a simulated node of ``profile`` would publish (the driver's slice builder)."""
+    """The ResourceSlices a simulated node of ``profile`` publishes, built by the driver's own slice builder.
+
+    The node (and pool) is named after the profile, so explanations read "fits on node dgx-a100-80gb"."""
+    from dradriver.driver.slices import SliceSettings, as_resource_slices, build_slice_specs
+    from dradriver.gpu.backend import open_gpu_backend
+    from dradriver.gpu.catalog import load_node_profile
+    from dradriver.gpu.inventory import MigMode, discover
+
+    node = load_node_profile(profile).name
+    gpulib, _ = open_gpu_backend("sim", sim_profile=profile, node_name=node)
     try:
-        from dradriver.driver import slices as slice_builder  # type: ignore[attr-defined,unused-ignore]
-    except ImportError:
-        slice_builder = None
-    build = getattr(slice_builder, "slices_for_sim_profile", None)
-    if build is None:
-        raise ConfigError(
-            "--sim-profile is not available in this build yet (the slice builder "
-            "dradriver.driver.slices is missing); pass --slices FILE|DIR with ResourceSlice YAML"
-        )
-    result: list[dict[str, Any]] = build(profile, mig_mode=mig_mode)
-    return result
+        inventory = discover(gpulib)
+    finally:
+        gpulib.close()
+    specs = build_slice_specs(inventory, SliceSettings(mig_mode=MigMode(mig_mode)))
+    return as_resource_slices(specs, node_name=node)
 
 
 @dataclass
