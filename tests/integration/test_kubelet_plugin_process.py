@@ -12,8 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.kubelet import Claim, KubeletStandIn, discover
 from support.kubelet_plugin_fakes import DRIVER, make_claim
+
+from dradriver.plugin.kubelet_client import Claim, KubeletClient, discover
 
 SCRIPT = Path(__file__).resolve().parents[1] / "support" / "kubelet_plugin_process.py"
 TIMEOUT = 20.0
@@ -39,7 +40,7 @@ def test_plugin_process_serves_refuses_a_twin_and_deregisters_on_sigterm(dirs: P
     try:
         assert first.stdout is not None
         assert first.stdout.readline().strip() == "ready"
-        with KubeletStandIn(dirs / "registry").register() as kubelet:
+        with KubeletClient(dirs / "registry").register() as kubelet:
             result = kubelet.prepare([Claim("default", "a", "uid-a"), Claim("default", "gone", "uid-gone")])
             assert result["uid-a"].error == ""
             assert "cannot get claim default/gone" in result["uid-gone"].error

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 from support.apiserver import FakeApiServer
-from support.kubelet import Claim, KubeletStandIn, discover
+
+from dradriver.plugin.kubelet_client import Claim, KubeletClient, discover
 
 DRIVER = "gpu.dradriver.dev"
 NODE = "node-a"
@@ -124,7 +125,7 @@ def test_run_publishes_slices_owned_by_the_node(driver: DriverProcess, api: Fake
 def test_prepare_and_unprepare_round_trip_over_each_dra_version(driver: DriverProcess, api: FakeApiServer,
                                                                  root: Path, version: str) -> None:
     claim = allocated_claim(api, "two-gpus", [FIRST_GPU, "gpu-0000-0f-00-0"])
-    kubelet = KubeletStandIn(root / "registry", supported_versions=[version])
+    kubelet = KubeletClient(root / "registry", supported_versions=[version])
     with kubelet.register() as plugin:
         assert plugin.version == version
         result = plugin.prepare([claim])[claim.uid]
@@ -152,7 +153,7 @@ def test_bad_claims_fail_alone_in_a_batch(driver: DriverProcess, api: FakeApiSer
             {"request": "gpus", "driver": DRIVER, "pool": "node-b", "device": FIRST_GPU}]}}},
     }, namespace="default")
     missing_device = allocated_claim(api, "ghost", ["gpu-0000-ff-00-0"])
-    with KubeletStandIn(root / "registry").register() as plugin:
+    with KubeletClient(root / "registry").register() as plugin:
         result = plugin.prepare([good, Claim("default", "elsewhere", elsewhere["metadata"]["uid"]), missing_device,
                                  Claim("default", "absent", "uid-absent"), Claim("default", "good", "")])
     assert result[good.uid].error == ""
@@ -165,21 +166,21 @@ def test_bad_claims_fail_alone_in_a_batch(driver: DriverProcess, api: FakeApiSer
 def test_prepare_is_idempotent_across_sigterm_and_sigkill_restarts(driver: DriverProcess, api: FakeApiServer,
                                                                   root: Path) -> None:
     claim = allocated_claim(api, "survivor", [FIRST_GPU])
-    with KubeletStandIn(root / "registry").register() as plugin:
+    with KubeletClient(root / "registry").register() as plugin:
         before = plugin.prepare([claim])[claim.uid]
     assert driver.stop(signal.SIGTERM) == 0
     assert discover(root / "registry") == []  # deregistered on the way out
 
     again = DriverProcess(root, root / "kubeconfig")
     again.wait_ready()
-    with KubeletStandIn(root / "registry").register() as plugin:
+    with KubeletClient(root / "registry").register() as plugin:
         assert plugin.prepare([claim])[claim.uid] == before
     again.stop(signal.SIGKILL)  # leaves its sockets and lock file behind
 
     third = DriverProcess(root, root / "kubeconfig")
     try:
         third.wait_ready()
-        with KubeletStandIn(root / "registry").register() as plugin:
+        with KubeletClient(root / "registry").register() as plugin:
             assert plugin.prepare([claim])[claim.uid] == before
     finally:
         third.stop()
@@ -191,7 +192,7 @@ def test_a_second_instance_is_refused_and_the_first_keeps_serving(driver: Driver
     twin._reader.join(TIMEOUT)
     assert code == 2
     assert f"PID {driver.proc.pid}" in twin.log
-    with KubeletStandIn(root / "registry").register() as plugin:
+    with KubeletClient(root / "registry").register() as plugin:
         assert plugin.unprepare([Claim("default", "x", "uid-x")]) == {"uid-x": ""}
 
 
@@ -201,5 +202,5 @@ def test_registration_socket_comes_back_after_the_registry_dir_is_wiped(driver: 
     shutil.rmtree(registry)
     registry.mkdir()
     assert eventually(lambda: bool(discover(registry))), driver.log
-    with KubeletStandIn(registry).register() as plugin:
+    with KubeletClient(registry).register() as plugin:
         assert plugin.unprepare([Claim("default", "x", "uid-x")]) == {"uid-x": ""}

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.kubelet import KubeletStandIn
 from support.kubelet_plugin_fakes import DRIVER, FakeClaimSource, FakeHandler
 
 from dradriver.plugin.handler import HealthBoard
+from dradriver.plugin.kubelet_client import KubeletClient
 from dradriver.plugin.kubelet_plugin import KubeletPlugin
 
 
@@ -73,5 +73,5 @@ def plugin(make_plugin: PluginFactory) -> KubeletPlugin:
 
 
 @pytest.fixture
-def kubelet(sock_dir: Path) -> KubeletStandIn:
-    return KubeletStandIn(sock_dir / "registry")
+def kubelet(sock_dir: Path) -> KubeletClient:
+    return KubeletClient(sock_dir / "registry")

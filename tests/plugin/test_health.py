@@ -7,10 +7,10 @@ import threading
 from typing import Any
 
 import grpc
-from support.kubelet import KubeletStandIn
 
 from dradriver.api.generated import dra_health_v1alpha1_pb2 as pb
 from dradriver.plugin.handler import DeviceHealth, HealthBoard, HealthStatus
+from dradriver.plugin.kubelet_client import KubeletClient
 
 from .conftest import PluginFactory
 
@@ -50,7 +50,7 @@ GPU1_OK = DeviceHealth(pool="node-a", device="gpu-1", status=HealthStatus.HEALTH
 
 
 def test_stream_sends_the_list_at_once_and_on_every_change(make_plugin: PluginFactory, health: HealthBoard,
-                                                           kubelet: KubeletStandIn) -> None:
+                                                           kubelet: KubeletClient) -> None:
     health.set_devices([GPU0_OK, GPU1_OK])
     make_plugin().start()
     with kubelet.register() as registered:
@@ -66,7 +66,7 @@ def test_stream_sends_the_list_at_once_and_on_every_change(make_plugin: PluginFa
 
 
 def test_stream_repeats_the_list_periodically(make_plugin: PluginFactory, health: HealthBoard,
-                                              kubelet: KubeletStandIn) -> None:
+                                              kubelet: KubeletClient) -> None:
     health.set_devices([GPU0_OK])
     make_plugin(health_interval=0.05).start()
     with kubelet.register() as registered:
@@ -78,7 +78,7 @@ def test_stream_repeats_the_list_periodically(make_plugin: PluginFactory, health
 
 
 def test_stop_ends_open_streams_and_unsubscribes(make_plugin: PluginFactory, health: HealthBoard,
-                                                 kubelet: KubeletStandIn) -> None:
+                                                 kubelet: KubeletClient) -> None:
     plugin = make_plugin()
     plugin.start()
     with kubelet.register() as registered:

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import grpc
 import pytest
-from support.kubelet import Claim, KubeletStandIn, RegistrationRejected, discover
 from support.kubelet_plugin_fakes import CDI_VENDOR, DRIVER, FakeClaimSource, FakeHandler, make_claim
 
 from dradriver.api.generated import pluginregistration_v1_pb2
 from dradriver.errors import ConfigError
+from dradriver.plugin.kubelet_client import Claim, KubeletClient, RegistrationRejected, discover
 from dradriver.plugin.kubelet_plugin import KubeletPlugin
 from dradriver.plugin.lifecycle import AlreadyRunningError
 
@@ -39,7 +39,7 @@ def wait_for(condition: object, timeout: float = TIMEOUT) -> bool:
 
 
 def test_get_info_advertises_driver_endpoint_and_services(plugin: KubeletPlugin,
-                                                          kubelet: KubeletStandIn) -> None:
+                                                          kubelet: KubeletClient) -> None:
     [reg] = discover(kubelet.registry_dir)
     assert reg == plugin.registration_socket
     assert reg.name == f"{DRIVER}-reg.sock"
@@ -53,7 +53,7 @@ def test_get_info_advertises_driver_endpoint_and_services(plugin: KubeletPlugin,
 
 
 def test_health_is_not_advertised_without_a_health_source(make_plugin: PluginFactory,
-                                                          kubelet: KubeletStandIn) -> None:
+                                                          kubelet: KubeletClient) -> None:
     plugin = make_plugin(health_source=None)
     plugin.start()
     info = kubelet.get_info(plugin.registration_socket)
@@ -61,7 +61,7 @@ def test_health_is_not_advertised_without_a_health_source(make_plugin: PluginFac
 
 
 def test_registration_handshake_picks_v1_and_records_success(plugin: KubeletPlugin,
-                                                             kubelet: KubeletStandIn) -> None:
+                                                             kubelet: KubeletClient) -> None:
     with kubelet.register() as registered:
         assert registered.version == "v1.DRAPlugin"
     status = plugin.registration.wait_for_reports(1, TIMEOUT)
@@ -69,7 +69,7 @@ def test_registration_handshake_picks_v1_and_records_success(plugin: KubeletPlug
 
 
 def test_an_older_kubelet_picks_v1beta1(plugin: KubeletPlugin, sock_dir: Path) -> None:
-    old = KubeletStandIn(sock_dir / "registry", supported_versions=["v1beta1.DRAPlugin"])
+    old = KubeletClient(sock_dir / "registry", supported_versions=["v1beta1.DRAPlugin"])
     with old.register() as registered:
         assert registered.version == "v1beta1.DRAPlugin"
 
@@ -77,14 +77,14 @@ def test_an_older_kubelet_picks_v1beta1(plugin: KubeletPlugin, sock_dir: Path) -
 def test_rejected_registration_is_logged_and_a_retry_succeeds(plugin: KubeletPlugin, sock_dir: Path,
                                                               caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.ERROR, logger="dradriver.plugin.registration")
-    picky = KubeletStandIn(sock_dir / "registry", supported_versions=["v2.DRAPlugin"])
+    picky = KubeletClient(sock_dir / "registry", supported_versions=["v2.DRAPlugin"])
     with pytest.raises(RegistrationRejected):
         picky.register()
     status = plugin.registration.wait_for_reports(1, TIMEOUT)
     assert status is not None and not status.registered
     assert "none of the plugin's versions" in caplog.text and DRIVER in caplog.text
     # The plugin keeps serving: the kubelet's next attempt works.
-    with KubeletStandIn(sock_dir / "registry").register() as registered:
+    with KubeletClient(sock_dir / "registry").register() as registered:
         assert registered.version == "v1.DRAPlugin"
     status = plugin.registration.wait_for_reports(2, TIMEOUT)
     assert status is not None and status.registered
@@ -99,7 +99,7 @@ def test_prepare_and_unprepare_over_each_version(plugin: KubeletPlugin, sock_dir
         {"request": "gpu/large", "driver": DRIVER, "pool": "node-a", "device": "gpu-0", "shareID": share},
         {"request": "other", "driver": "nic.example.com", "pool": "node-a", "device": "nic-0"}]))
     claims.add(make_claim("b", "uid-b", allocated=False))
-    with KubeletStandIn(sock_dir / "registry", supported_versions=versions).register() as kubelet:
+    with KubeletClient(sock_dir / "registry", supported_versions=versions).register() as kubelet:
         result = kubelet.prepare([Claim("default", "a", "uid-a"), Claim("default", "b", "uid-b")])
         assert set(result) == {"uid-a", "uid-b"}
         assert result["uid-a"].error == ""
@@ -114,7 +114,7 @@ def test_prepare_and_unprepare_over_each_version(plugin: KubeletPlugin, sock_dir
             "uid-a": "", "uid-b": "nothing to undo went wrong"}
 
 
-def test_v1_leaves_share_id_unset_when_the_device_has_none(plugin: KubeletPlugin, kubelet: KubeletStandIn,
+def test_v1_leaves_share_id_unset_when_the_device_has_none(plugin: KubeletPlugin, kubelet: KubeletClient,
                                                            claims: FakeClaimSource) -> None:
     claims.add(make_claim("a", "uid-a"))
     with kubelet.register() as registered:
@@ -122,7 +122,7 @@ def test_v1_leaves_share_id_unset_when_the_device_has_none(plugin: KubeletPlugin
     assert "share_id" not in device
 
 
-def test_handler_exception_does_not_break_the_server(plugin: KubeletPlugin, kubelet: KubeletStandIn,
+def test_handler_exception_does_not_break_the_server(plugin: KubeletPlugin, kubelet: KubeletClient,
                                                      claims: FakeClaimSource, handler: FakeHandler) -> None:
     claims.add(make_claim("a", "uid-a"))
     claims.add(make_claim("b", "uid-b"))
@@ -135,7 +135,7 @@ def test_handler_exception_does_not_break_the_server(plugin: KubeletPlugin, kube
         assert registered.prepare([Claim("default", "a", "uid-a")])["uid-a"].error == ""
 
 
-def test_a_huge_batch_is_answered_over_grpc(plugin: KubeletPlugin, kubelet: KubeletStandIn) -> None:
+def test_a_huge_batch_is_answered_over_grpc(plugin: KubeletPlugin, kubelet: KubeletClient) -> None:
     batch = [Claim("default", f"claim-{i}", f"uid-{i:05d}-{'x' * 100}") for i in range(20000)]
     with kubelet.register() as registered:
         result = registered.prepare(batch)
@@ -143,7 +143,7 @@ def test_a_huge_batch_is_answered_over_grpc(plugin: KubeletPlugin, kubelet: Kube
     assert all("cannot get claim" in entry.error for entry in result.values())
 
 
-def test_claims_of_different_uids_are_prepared_concurrently(plugin: KubeletPlugin, kubelet: KubeletStandIn,
+def test_claims_of_different_uids_are_prepared_concurrently(plugin: KubeletPlugin, kubelet: KubeletClient,
                                                             claims: FakeClaimSource,
                                                             handler: FakeHandler) -> None:
     claims.add(make_claim("a", "uid-a"))
@@ -160,7 +160,7 @@ def test_claims_of_different_uids_are_prepared_concurrently(plugin: KubeletPlugi
         assert blocked.result(TIMEOUT).claims["uid-a"].error == ""
 
 
-def test_calls_for_the_same_claim_are_serialised(plugin: KubeletPlugin, kubelet: KubeletStandIn,
+def test_calls_for_the_same_claim_are_serialised(plugin: KubeletPlugin, kubelet: KubeletClient,
                                                  claims: FakeClaimSource, handler: FakeHandler) -> None:
     claims.add(make_claim("a", "uid-a"))
     gate = threading.Event()
@@ -199,7 +199,7 @@ def test_dra_socket_serves_before_the_registration_socket_appears(make_plugin: P
     def kubelet_watching() -> None:
         # Like the kubelet's inotify watcher: act the moment the socket exists.
         wait_for(lambda: discover(registry))
-        info = KubeletStandIn(registry).get_info(discover(registry)[0])
+        info = KubeletClient(registry).get_info(discover(registry)[0])
         with grpc.insecure_channel(f"unix:{info.endpoint}") as channel:
             try:
                 grpc.channel_ready_future(channel).result(timeout=0.5)
@@ -215,7 +215,7 @@ def test_dra_socket_serves_before_the_registration_socket_appears(make_plugin: P
 
 
 def test_stale_socket_files_are_replaced(make_plugin: PluginFactory, sock_dir: Path,
-                                         kubelet: KubeletStandIn) -> None:
+                                         kubelet: KubeletClient) -> None:
     plugin = make_plugin()
     for path in (plugin.dra_socket, plugin.registration_socket):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -230,7 +230,7 @@ def test_stale_socket_files_are_replaced(make_plugin: PluginFactory, sock_dir: P
 
 def test_a_second_instance_is_refused_with_the_lock_and_pid(plugin: KubeletPlugin,
                                                             make_plugin: PluginFactory,
-                                                            kubelet: KubeletStandIn) -> None:
+                                                            kubelet: KubeletClient) -> None:
     second = make_plugin()
     with pytest.raises(AlreadyRunningError) as err:
         second.start()
@@ -244,7 +244,7 @@ def test_a_second_instance_is_refused_with_the_lock_and_pid(plugin: KubeletPlugi
 
 
 def test_the_registration_socket_is_recreated_after_deletion(plugin: KubeletPlugin,
-                                                             kubelet: KubeletStandIn) -> None:
+                                                             kubelet: KubeletClient) -> None:
     plugin.registration_socket.unlink()
     assert wait_for(plugin.registration_socket.exists)
     with kubelet.register() as registered:
@@ -252,7 +252,7 @@ def test_the_registration_socket_is_recreated_after_deletion(plugin: KubeletPlug
 
 
 def test_the_registration_socket_is_recreated_when_the_registry_directory_is(
-        plugin: KubeletPlugin, kubelet: KubeletStandIn) -> None:
+        plugin: KubeletPlugin, kubelet: KubeletClient) -> None:
     shutil.rmtree(plugin.registry_dir)
     plugin.registry_dir.mkdir()
     assert wait_for(lambda: discover(plugin.registry_dir) == [plugin.registration_socket])
@@ -279,7 +279,7 @@ def test_stop_removes_the_registration_socket_before_the_dra_server_stops(
     claims.add(make_claim("a", "uid-a"))
     gate = threading.Event()
     handler.gates = {"uid-a": gate}
-    kubelet = KubeletStandIn(plugin.registry_dir)
+    kubelet = KubeletClient(plugin.registry_dir)
     with kubelet.register() as registered:
         in_flight = registered.prepare_future([Claim("default", "a", "uid-a")])
         assert handler.wait_until_inside("uid-a")
@@ -311,7 +311,7 @@ def test_get_info_answers_the_raw_protobuf(plugin: KubeletPlugin) -> None:
     assert info.name == DRIVER
 
 
-def test_run_until_serves_until_the_event_is_set(make_plugin: PluginFactory, kubelet: KubeletStandIn) -> None:
+def test_run_until_serves_until_the_event_is_set(make_plugin: PluginFactory, kubelet: KubeletClient) -> None:
     plugin = make_plugin()
     stop = threading.Event()
     runner = threading.Thread(target=plugin.run_until, args=(stop,))

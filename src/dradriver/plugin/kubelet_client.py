@@ -1,4 +1,4 @@
-"""A stand-in for the kubelet's side of the DRA plugin protocol, over real unix sockets.
+"""A client that talks to a DRA plugin the way the kubelet does, over real unix sockets (tests, demo, probes).
 
 It does what the kubelet's plugin watcher and DRA manager do: find registration sockets in a directory,
 GetInfo, pick the first DRA version it supports in the plugin's order, NotifyRegistrationStatus, then call
@@ -113,10 +113,11 @@ class RegisteredPlugin:
             result[uid] = PreparedClaim(error=entry.error, devices=devices)
         return result
 
-    def prepare_future(self, claims: Sequence[Claim]) -> grpc.Future:
+    def prepare_future(self, claims: Sequence[Claim]) -> grpc.Future[Any]:
         """NodePrepareResources started in the background (for concurrency tests)."""
         request = self._request("NodePrepareResourcesRequest", claims)
-        return self._dra.NodePrepareResources.future(request, timeout=CALL_TIMEOUT)
+        future: grpc.Future[Any] = self._dra.NodePrepareResources.future(request, timeout=CALL_TIMEOUT)
+        return future
 
     def unprepare(self, claims: Sequence[Claim], timeout: float = CALL_TIMEOUT) -> dict[str, str]:
         """NodeUnprepareResources; claim UID -> error ("" for success)."""
@@ -130,7 +131,7 @@ class RegisteredPlugin:
                                                timeout=timeout)
 
 
-class KubeletStandIn:
+class KubeletClient:
     """Registers plugins found in ``registry_dir`` the way the kubelet does."""
 
     def __init__(self, registry_dir: Path, *,
