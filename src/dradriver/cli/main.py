@@ -16,7 +16,7 @@ EXIT_USAGE = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dradriver.cli import explain, inventory, run
+    from dradriver.cli import demo, explain, inventory, run
 
     parser = argparse.ArgumentParser(
         prog="dradriver",
@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"dradriver {__version__}")
     subcommands = parser.add_subparsers(dest="command", metavar="COMMAND")
     subcommands.required = True
-    for module in (inventory, run, explain):
+    for module in (demo, inventory, explain, run):
         module.register(subcommands)
     return parser
 

@@ -1,0 +1,159 @@
+"""``dradriver demo``: the whole driver on a simulated node, no cluster needed.
+
+It runs the real pieces end to end, each for real except the API server (an in-memory one) and the scheduler
+(our allocator): discover GPUs, publish ResourceSlices, allocate a claim, register with a kubelet-like client over
+the real gRPC sockets, prepare (CDI spec written), unprepare (CDI spec removed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dradriver.allocator import AllocationError, Unsatisfiable, allocate
+from dradriver.cli.explain_input import BUILTIN_CLASSES
+from dradriver.cli.inventory import render_table
+from dradriver.cli.options import add_env_option, add_gpu_options
+from dradriver.driver.cdi import CdiWriter
+from dradriver.driver.slices import SliceSettings, build_slice_specs
+from dradriver.driver.state import GpuDriver
+from dradriver.errors import ConfigError
+from dradriver.gpu.backend import open_gpu_backend
+from dradriver.gpu.inventory import MigMode, discover
+from dradriver.plugin.kubelet_client import Claim, KubeletClient
+from dradriver.plugin.kubelet_plugin import KubeletPlugin
+from dradriver.plugin.memory_cluster import MemoryCluster
+from dradriver.plugin.publisher import Publisher, SliceSpec
+
+DRIVER = "gpu.dradriver.dev"
+
+# Two whole GPUs that share an NVLink domain: what a user would write for a 2-GPU training job.
+DEFAULT_CLAIM: dict[str, Any] = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "ResourceClaim",
+    "metadata": {"name": "two-nvlinked-gpus", "namespace": "default"},
+    "spec": {"devices": {
+        "requests": [{"name": "gpus", "exactly": {"deviceClassName": "gpu.dradriver.dev", "count": 2}}],
+        "constraints": [{"requests": ["gpus"], "matchAttribute": f"{DRIVER}/nvlinkDomain"}],
+    }},
+}
+
+
+def register(subcommands: Any) -> None:
+    parser: argparse.ArgumentParser = subcommands.add_parser(
+        "demo", help="run the whole driver on a simulated node, without a cluster",
+        description="Discover a simulated node, publish its ResourceSlices to an in-memory API server, allocate a "
+                    "claim, then register with a kubelet-like client over real gRPC sockets, prepare the claim "
+                    "(printing its CDI spec) and unprepare it.")
+    add_gpu_options(parser)
+    parser.set_defaults(gpu_backend="sim")
+    add_env_option(parser, "--node-name", env="NODE_NAME", default="demo-node", help="the simulated node's name")
+    parser.add_argument("--claim", metavar="FILE",
+                        help="a ResourceClaim or ResourceClaimTemplate (YAML) to allocate and prepare "
+                             "(default: two GPUs on one NVLink domain)")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    node = args.node_name
+    mig_mode = MigMode(args.mig_mode)
+    claim = _load_claim(Path(args.claim)) if args.claim else json.loads(json.dumps(DEFAULT_CLAIM))
+
+    gpulib, _ = open_gpu_backend(args.gpu_backend, sim_profile=args.sim_profile, node_name=node)
+    try:
+        inventory = discover(gpulib)
+    finally:
+        gpulib.close()
+    _step(f"1. Discovered node {node} ({args.gpu_backend}: {args.sim_profile})")
+    print(render_table(inventory, mig_mode), end="")
+
+    cluster = MemoryCluster()
+    cluster.add_node(node)
+    specs = build_slice_specs(inventory, SliceSettings(driver=DRIVER, mig_mode=mig_mode))
+    publisher = Publisher(cluster, driver=DRIVER, node_name=node, node_uid=cluster.get_node(node)["metadata"]["uid"],
+                          pools={node: [SliceSpec.of(s.get("devices", ()), s.get("sharedCounters", ()))
+                                        for s in specs]})
+    publisher.reconcile()
+    _step("2. Published ResourceSlices to the (in-memory) API server")
+    invalid = publisher.status.invalid_pools
+    if invalid:
+        print(f"the slices break the API server's rules, nothing was published: {invalid}")
+        return 1
+    slices = cluster.slice_objects()
+    devices = sum(len(s["spec"].get("devices", [])) for s in slices)
+    print(f"{len(slices)} slice{'s' if len(slices) != 1 else ''}, {devices} devices, pool {node} generation "
+          f"{slices[0]['spec']['pool']['generation']}; every slice passed the API server's validation rules")
+
+    _step(f"3. Allocated claim {claim['metadata']['namespace']}/{claim['metadata']['name']} as the scheduler would")
+    try:
+        allocation = allocate(claim, slices=slices, classes=BUILTIN_CLASSES, node=node)
+    except (Unsatisfiable, AllocationError) as err:
+        print(f"the claim does not fit this node: {err}\n(try `dradriver explain` for the details)")
+        return 1
+    claim["status"] = {"allocation": allocation}
+    stored = cluster.add_resource_claim(claim)
+    for entry in allocation["devices"]["results"]:
+        print(f"request {entry['request']}: {entry['device']}")
+
+    root = Path(tempfile.mkdtemp(prefix="dradriver-demo-", dir="/tmp"))
+    try:
+        return _prepare_and_unprepare(root, node, inventory, mig_mode, cluster, stored)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _prepare_and_unprepare(root: Path, node: str, inventory: Any, mig_mode: MigMode, cluster: MemoryCluster,
+                           claim: dict[str, Any]) -> int:
+    cdi = CdiWriter(root / "cdi", host_path=lambda _path: "/dev/null")
+    driver = GpuDriver(driver_name=DRIVER, pool=node, inventory=inventory, mig_mode=mig_mode, cdi=cdi)
+    plugin = KubeletPlugin(driver_name=DRIVER, node_name=node, handler=driver, claim_source=cluster,
+                           registry_dir=root / "registry", plugin_dir=root / "plugin")
+    ref = Claim(claim["metadata"]["namespace"], claim["metadata"]["name"], claim["metadata"]["uid"])
+    with plugin, KubeletClient(root / "registry").register() as kubelet:
+        _step("4. Registered with the kubelet over gRPC")
+        print(f"plugin {kubelet.info.name}, endpoint {kubelet.info.endpoint}, the kubelet chose {kubelet.version}")
+
+        prepared = kubelet.prepare([ref])[ref.uid]
+        _step("5. NodePrepareResources")
+        if prepared.error:
+            print(f"prepare failed: {prepared.error}")
+            return 1
+        for device in prepared.devices:
+            print(f"{device['device_name']}: {', '.join(device['cdi_device_ids'])}")
+        spec_path = cdi.spec_path(ref.uid)
+        print(f"CDI spec {spec_path.name}:")
+        print(spec_path.read_text())
+
+        errors = kubelet.unprepare([ref])
+        _step("6. NodeUnprepareResources")
+        print(errors[ref.uid] or f"done; CDI spec removed: {not spec_path.exists()}")
+    return 0
+
+
+def _load_claim(path: Path) -> dict[str, Any]:
+    try:
+        documents = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    except (OSError, yaml.YAMLError) as err:
+        raise ConfigError(f"--claim {path}: cannot read YAML: {err}") from err
+    for document in documents:
+        kind = document.get("kind") if isinstance(document, dict) else None
+        if kind == "ResourceClaim":
+            return document
+        if kind == "ResourceClaimTemplate":
+            metadata = document.get("metadata") or {}
+            return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                    "metadata": {"name": f"{metadata.get('name', 'claim')}-demo",
+                                 "namespace": metadata.get("namespace", "default")},
+                    "spec": (document.get("spec") or {}).get("spec") or {}}
+    raise ConfigError(f"--claim {path}: no ResourceClaim or ResourceClaimTemplate in the file")
+
+
+def _step(title: str) -> None:
+    print(f"\n==> {title}", file=sys.stdout)

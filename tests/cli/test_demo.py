@@ -1,0 +1,43 @@
+"""`dradriver demo` runs the whole driver on a simulated node and cleans up after itself."""
+
+from pathlib import Path
+
+from dradriver.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_demo_allocates_prepares_and_unprepares_the_default_claim(capsys):
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    for step in ("1. Discovered", "2. Published", "3. Allocated", "4. Registered", "5. NodePrepareResources",
+                 "6. NodeUnprepareResources"):
+        assert f"==> {step}" in out
+    assert "the kubelet chose v1.DRAPlugin" in out
+    assert '"NVIDIA_VISIBLE_DEVICES=GPU-' in out
+    assert "CDI spec removed: True" in out
+
+
+def test_demo_prepares_an_existing_mig_device_from_a_claim_file(capsys):
+    claim = ROOT / "examples/claims/mig-static.yaml"
+    assert main(["demo", "--sim-profile", "mixed", "--mig-mode", "static", "--claim", str(claim)]) == 0
+    out = capsys.readouterr().out
+    assert "gpu-0000-07-00-0-mig-" in out
+    assert "MIG-" in out
+
+
+def test_demo_reports_a_claim_that_does_not_fit(tmp_path, capsys):
+    claim = tmp_path / "nine.yaml"
+    claim.write_text(
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: nine, namespace: default}\n"
+        "spec:\n  devices:\n    requests:\n    - name: gpus\n      exactly: {deviceClassName: gpu.dradriver.dev, "
+        "count: 9}\n")
+    assert main(["demo", "--claim", str(claim)]) == 1
+    assert "does not fit" in capsys.readouterr().out
+
+
+def test_demo_rejects_a_file_without_a_claim(tmp_path, capsys):
+    empty = tmp_path / "class.yaml"
+    empty.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")
+    assert main(["demo", "--claim", str(empty)]) == 2
+    assert "no ResourceClaim or ResourceClaimTemplate" in capsys.readouterr().err
