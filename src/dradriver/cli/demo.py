@@ -26,7 +26,7 @@ from dradriver.driver.slices import SliceSettings, build_slice_specs
 from dradriver.driver.state import GpuDriver
 from dradriver.errors import ConfigError
 from dradriver.gpu.backend import open_gpu_backend
-from dradriver.gpu.inventory import MigMode, discover
+from dradriver.gpu.inventory import Inventory, MigMode, discover
 from dradriver.plugin.kubelet_client import Claim, KubeletClient
 from dradriver.plugin.kubelet_plugin import KubeletPlugin
 from dradriver.plugin.memory_cluster import MemoryCluster
@@ -104,13 +104,14 @@ def run(args: argparse.Namespace) -> int:
 
     root = Path(tempfile.mkdtemp(prefix="dradriver-demo-", dir="/tmp"))
     try:
-        return _prepare_and_unprepare(root, node, inventory, mig_mode, cluster, stored)
+        return _prepare_and_unprepare(root, node, inventory=inventory, mig_mode=mig_mode, cluster=cluster,
+                                      claim=stored)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _prepare_and_unprepare(root: Path, node: str, inventory: Any, mig_mode: MigMode, cluster: MemoryCluster,
-                           claim: dict[str, Any]) -> int:
+def _prepare_and_unprepare(root: Path, node: str, *, inventory: Inventory, mig_mode: MigMode,
+                           cluster: MemoryCluster, claim: dict[str, Any]) -> int:
     cdi = CdiWriter(root / "cdi", host_path=lambda _path: "/dev/null")
     driver = GpuDriver(driver_name=DRIVER, pool=node, inventory=inventory, mig_mode=mig_mode, cdi=cdi)
     plugin = KubeletPlugin(driver_name=DRIVER, node_name=node, handler=driver, claim_source=cluster,
@@ -145,7 +146,7 @@ def _load_claim(path: Path) -> dict[str, Any]:
     for document in documents:
         kind = document.get("kind") if isinstance(document, dict) else None
         if kind == "ResourceClaim":
-            return document
+            return dict(document)
         if kind == "ResourceClaimTemplate":
             metadata = document.get("metadata") or {}
             return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
