@@ -157,7 +157,7 @@ status:
     assert "7 matching devices are allocated to other claims" in out
 
 
-def test_selector_mode_lists_every_device(capsys):
+def test_selector_mode_groups_devices_by_outcome(capsys):
     code = main(
         [
             "explain",
@@ -169,9 +169,21 @@ def test_selector_mode_lists_every_device(capsys):
     )
     out = capsys.readouterr().out
     assert code == 0
-    assert "gpu-0000-07-00-0-mig-7g80gb-0: match" in out
-    assert "gpu-0000-07-00-0: error: no such key: profile" in out
+    match_line = next(line for line in out.splitlines() if "  match: " in line)
+    assert "gpu-0000-07-00-0-mig-7g80gb-0" in match_line
+    error_line = next(line for line in out.splitlines() if "error: no such key: profile" in line)
+    assert "gpu-0000-07-00-0" in error_line
     assert "2 of 52 devices match; 2 failed with an error" in out
+
+
+def test_selector_mode_json_lists_every_device(capsys):
+    code = main(["explain", "--selector", 'device.attributes["gpu.dradriver.dev"].profile == "7g.80gb"',
+                 "--slices", MIG_SLICES, "-o", "json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert len(report["devices"]) == 52
+    assert {"node": report["devices"][0]["node"], "device": "gpu-0000-07-00-0",
+            "result": report["devices"][0]["result"]} in report["devices"]
 
 
 def test_selector_mode_rejects_invalid_cel(capsys):

@@ -26,6 +26,7 @@ from dradriver.errors import ConfigError
 
 EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_INVALID = 0, 1, 2
 MAX_NODES_SHOWN = 10
+MAX_DEVICES_SHOWN = 6
 
 
 def register(subcommands: Any) -> None:
@@ -318,8 +319,14 @@ def explain_selector(args: argparse.Namespace, slices: list[dict[str, Any]], err
         )
         sys.stdout.write("\n")
     else:
+        # Devices of a node mostly behave alike: one line per (node, outcome), naming a few of its devices.
+        groups: dict[tuple[str, str], list[str]] = {}
         for row in rows:
-            print(f"{row['node'] or '-'}  {row['device']}: {row['result']}")
+            groups.setdefault((row["node"] or "-", row["result"]), []).append(str(row["device"]))
+        for (node, result), names in groups.items():
+            shown = ", ".join(names[:MAX_DEVICES_SHOWN]) + (f", … ({len(names)} in all)"
+                                                            if len(names) > MAX_DEVICES_SHOWN else "")
+            print(f"{node}  {result}: {shown}")
         print(f"{matched} of {len(rows)} devices match; {failed} failed with an error")
     if errors:
         return EXIT_INVALID
