@@ -130,5 +130,5 @@ def render_table(inventory: Inventory, mode: MigMode) -> str:
     summary = (f"driver {inventory.driver_version}, CUDA {inventory.cuda_driver_version}, MIG mode {mode.value}: "
                f"{len(offered)} devices offered")
     if partitions:
-        summary += f" ({partitions} MIG partitions carved on demand; -o json lists them)"
+        summary += f" ({partitions} of them MIG partitions that do not exist yet; -o json lists them)"
     return "\n".join([*lines, "", summary]) + "\n"

@@ -1,0 +1,28 @@
+"""`dradriver run` refuses bad settings with one clear line, before touching anything."""
+
+from dradriver.cli.main import main
+
+
+def test_run_needs_a_node_name(monkeypatch, capsys, tmp_path):
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    assert main(["run", "--gpu-backend", "sim", "--registry-dir", str(tmp_path)]) == 2
+    assert "--node-name (or NODE_NAME) is required" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_run_rejects_a_kubernetes_version_without_dra(capsys):
+    assert main(["run", "--node-name", "n", "--gpu-backend", "sim", "--kubernetes-version", "1.30"]) == 2
+    assert "DRA needs 1.34 or newer" in capsys.readouterr().err
+
+
+def test_run_without_nvml_fails_with_one_line(capsys):
+    assert main(["run", "--node-name", "n", "--gpu-backend", "nvml"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "dradriver run: error: nvmlInit: NVML library not found: install the NVIDIA driver or use " \
+                  "--gpu-backend sim"
+
+
+def test_run_with_an_unreadable_kubeconfig_names_it(capsys, tmp_path):
+    missing = tmp_path / "nope"
+    assert main(["run", "--node-name", "n", "--gpu-backend", "sim", "--kubeconfig", str(missing)]) == 2
+    assert str(missing) in capsys.readouterr().err

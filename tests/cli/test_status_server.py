@@ -1,0 +1,40 @@
+"""The --metrics-address endpoint: metrics, liveness and readiness with its reasons."""
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+
+from dradriver.cli.status_server import StatusServer
+from dradriver.errors import ConfigError
+
+
+def fetch(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def test_serves_metrics_liveness_and_readiness_with_reasons():
+    state = {"ready": False}
+    server = StatusServer("127.0.0.1:0", lambda: (state["ready"], {"registered": state["ready"]}))
+    server.start()
+    try:
+        assert fetch(server.port, "/healthz") == (200, "ok\n")
+        code, body = fetch(server.port, "/readyz")
+        assert code == 503 and json.loads(body) == {"ready": False, "registered": False}
+        state["ready"] = True
+        assert fetch(server.port, "/readyz")[0] == 200
+        code, body = fetch(server.port, "/metrics")
+        assert code == 200 and "python_info" in body
+        assert fetch(server.port, "/nope")[0] == 404
+    finally:
+        server.stop()
+
+
+def test_a_bad_address_names_the_flag():
+    with pytest.raises(ConfigError, match="--metrics-address"):
+        StatusServer("localhost:http", lambda: (True, {}))
