@@ -8,6 +8,7 @@ import kubernetes_validate
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.nodes import inventory_of
 
 from dradriver.driver.slices import (
     SliceSettings,
@@ -17,20 +18,13 @@ from dradriver.driver.slices import (
 )
 from dradriver.errors import ConfigError
 from dradriver.gpu.catalog import builtin_profile_names, load_node_profile
-from dradriver.gpu.fakelib import simulated_gpulib
-from dradriver.gpu.inventory import Inventory, MigMode, discover
+from dradriver.gpu.inventory import MigMode
 from dradriver.gpu.sim import SimNvmlError, SimulatedNode
 from dradriver.plugin.slice_validation import SliceShape, validate_pool
 
 DOMAIN = "gpu.dradriver.dev"
 
 
-def inventory_of(profile: str) -> Inventory:
-    gpulib, _ = simulated_gpulib(profile)
-    try:
-        return discover(gpulib)
-    finally:
-        gpulib.close()
 
 
 INVENTORIES = {name: inventory_of(name) for name in builtin_profile_names()}

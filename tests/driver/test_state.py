@@ -3,22 +3,16 @@
 from pathlib import Path
 
 import pytest
+from support.nodes import inventory_of
 
 from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.state import GpuDriver
-from dradriver.gpu.fakelib import simulated_gpulib
-from dradriver.gpu.inventory import Inventory, MigMode, discover
+from dradriver.gpu.inventory import MigMode
 from dradriver.plugin.handler import ClaimRef
 
 DRIVER = "gpu.dradriver.dev"
 
 
-def inventory_of(profile: str) -> Inventory:
-    gpulib, _ = simulated_gpulib(profile)
-    try:
-        return discover(gpulib)
-    finally:
-        gpulib.close()
 
 
 def claim(uid: str, *results: tuple[str, str], pool: str = "node-a", driver: str = DRIVER) -> dict:

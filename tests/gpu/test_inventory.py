@@ -1,22 +1,15 @@
 """Discovery on simulated nodes: names, identities, NVLink domains and what each MIG mode offers."""
 
-from pathlib import Path
 
 import pytest
-from dradriver.gpu.fakelib import simulated_gpulib
+from support.nodes import inventory_of
 
-from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode, MigPartition, discover, gpu_name
+from dradriver.gpu.inventory import GpuDevice, MigMode, MigPartition, gpu_name
 
 DGX_A100_BUSES = ["0000:07:00.0", "0000:0f:00.0", "0000:47:00.0", "0000:4e:00.0",
                   "0000:87:00.0", "0000:90:00.0", "0000:b7:00.0", "0000:bd:00.0"]
 
 
-def inventory_of(profile: str, state: Path | None = None, node: str = "sim-node") -> Inventory:
-    gpulib, _ = simulated_gpulib(profile, node_name=node, state_path=state)
-    try:
-        return discover(gpulib)
-    finally:
-        gpulib.close()
 
 
 def test_dgx_a100_80gb_lists_eight_gpus_named_after_their_pci_address():

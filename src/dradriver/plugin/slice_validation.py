@@ -16,10 +16,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
 from enum import StrEnum
+from fractions import Fraction
 from typing import Any
 
+from dradriver.cel.quantity import Quantity, QuantityError
 from dradriver.errors import DradriverError
 
 MAX_DEVICES = 128
@@ -59,48 +60,18 @@ _SEMVER = re.compile(
     r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
     r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
 )
-_QUANTITY = re.compile(
-    r"^(?P<num>[+-]?(?:\d+(?:\.\d*)?|\.\d+))(?P<suffix>[eE][+-]?\d+|Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$"
-)
-_SUFFIXES = {
-    "": Decimal(1),
-    "n": Decimal("1e-9"),
-    "u": Decimal("1e-6"),
-    "m": Decimal("1e-3"),
-    "k": Decimal("1e3"),
-    "M": Decimal("1e6"),
-    "G": Decimal("1e9"),
-    "T": Decimal("1e12"),
-    "P": Decimal("1e15"),
-    "E": Decimal("1e18"),
-    "Ki": Decimal(2**10),
-    "Mi": Decimal(2**20),
-    "Gi": Decimal(2**30),
-    "Ti": Decimal(2**40),
-    "Pi": Decimal(2**50),
-    "Ei": Decimal(2**60),
-}
-
-
-def parse_quantity(value: object) -> Decimal | None:
-    """The numeric value of a Kubernetes quantity string (``"80Gi"``, ``"100m"``, ``"1e3"``), or None if it
-    does not parse. Integers are accepted as the API server accepts them in JSON."""
+def parse_quantity(value: object) -> Fraction | None:
+    """The exact value of a Kubernetes quantity (``"80Gi"``, ``"100m"``, ``"1e3"``), or None if it does not
+    parse. Integers are accepted as the API server accepts them in JSON."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return Decimal(value)
+        return Fraction(value)
     if not isinstance(value, str):
         return None
-    match = _QUANTITY.match(value)
-    if match is None:
-        return None
-    suffix = match.group("suffix") or ""
     try:
-        number = Decimal(match.group("num"))
-        if suffix[:1] in ("e", "E") and len(suffix) > 1:
-            return number.scaleb(int(suffix[1:]))
-        return number * _SUFFIXES[suffix]
-    except (InvalidOperation, ValueError):
+        return Quantity.parse(value).value
+    except QuantityError:
         return None
 
 
@@ -188,7 +159,7 @@ class _Checker:
                 device,
             )
 
-    def quantity(self, value: object, field: str, device: str | None) -> Decimal | None:
+    def quantity(self, value: object, field: str, device: str | None) -> Fraction | None:
         parsed = parse_quantity(value)
         if parsed is None:
             self.add(field, "quantity", f"{value!r} is not a quantity (e.g. '80Gi', '108', '500m')", device)
