@@ -399,3 +399,34 @@ def test_mig_devices_that_do_not_fit_are_a_config_error(profile_file: Callable[[
                         "migEnabled: true, migDevices: [{profile: 3g.20gb, start: 0}, {profile: 4g.20gb, start: 0}]}\n")
     with pytest.raises(ConfigError, match=r"MIG device 4g.20gb at slice 0 on 0000:07:00.0"):
         make_node(path)
+
+
+def test_a_second_process_sharing_the_state_file_sees_and_makes_changes_like_shared_hardware(tmp_path):
+    from dradriver.gpu.catalog import load_node_profile
+    from dradriver.gpu.sim import SimulatedNode, full_compute_instance_profile
+
+    state = tmp_path / "state.json"
+    driver_view = SimulatedNode(load_node_profile("mixed"), state_path=state)
+    kept = driver_view.mig_devices(0)
+    admin = SimulatedNode(load_node_profile("mixed"), state_path=state)  # think: nvidia-smi on the same node
+    admin.set_mig_mode(1, True)
+    admin.reset_gpu(1)
+    gi = admin.create_gpu_instance(1, 19, 0)
+    ci = admin.create_compute_instance(1, gi.id, full_compute_instance_profile(1))
+
+    assert driver_view.gpu(1).mig_current
+    assert [(g.id, c.uuid) for g, c in driver_view.mig_devices(1)] == [(gi.id, ci.uuid)]
+    # Instances that did not change keep their identity, so NVML handles to them stay valid.
+    assert [pair[1] for pair in driver_view.mig_devices(0)] == [pair[1] for pair in kept]
+    assert all(a[1] is b[1] for a, b in zip(driver_view.mig_devices(0), kept, strict=True))
+
+
+def test_a_corrupt_shared_state_file_is_ignored_by_a_running_simulator(tmp_path):
+    from dradriver.gpu.catalog import load_node_profile
+    from dradriver.gpu.sim import SimulatedNode
+
+    state = tmp_path / "state.json"
+    node = SimulatedNode(load_node_profile("mixed"), state_path=state)
+    before = len(node.mig_devices(0))
+    state.write_text("{broken")
+    assert len(node.mig_devices(0)) == before

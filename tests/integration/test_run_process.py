@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from support.apiserver import FakeApiServer
 
+from dradriver.gpu.catalog import load_node_profile
+from dradriver.gpu.sim import SimulatedNode, full_compute_instance_profile
 from dradriver.plugin.kubelet_client import Claim, KubeletClient, discover
 
 DRIVER = "gpu.dradriver.dev"
@@ -27,15 +29,15 @@ FIRST_GPU = "gpu-0000-07-00-0"
 class DriverProcess:
     """A running `dradriver run`; ``ready`` is set when it logs that it serves, ``lines`` holds its log."""
 
-    def __init__(self, root: Path, kubeconfig: Path) -> None:
+    def __init__(self, root: Path, kubeconfig: Path, *extra: str, profile: str = "dgx-a100-40gb") -> None:
         self.root = root
         self.lines: list[str] = []
         self.ready = threading.Event()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dradriver", "run", "--node-name", NODE, "--kubeconfig", str(kubeconfig),
-             "--gpu-backend", "sim", "--sim-profile", "dgx-a100-40gb", "--sim-state", str(root / "sim.json"),
+             "--gpu-backend", "sim", "--sim-profile", profile, "--sim-state", str(root / "sim.json"),
              "--registry-dir", str(root / "registry"), "--plugin-dir", str(root / "plugin"),
-             "--cdi-dir", str(root / "cdi"), "--log-format", "json"],
+             "--cdi-dir", str(root / "cdi"), "--log-format", "json", *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -204,3 +206,26 @@ def test_registration_socket_comes_back_after_the_registry_dir_is_wiped(driver: 
     assert eventually(lambda: bool(discover(registry))), driver.log
     with KubeletClient(registry).register() as plugin:
         assert plugin.unprepare([Claim("default", "x", "uid-x")]) == {"uid-x": ""}
+
+
+def test_mig_devices_created_out_of_band_are_published_at_the_next_rescan(root: Path, api: FakeApiServer) -> None:
+    driver = DriverProcess(root, api.write_kubeconfig(root / "kubeconfig"), "--mig-mode", "static",
+                           "--rescan-interval", "0.2", profile="mixed")
+    try:
+        driver.wait_ready()
+
+        def published() -> set[str]:
+            return {d["name"] for s in our_slices(api) for d in s["spec"].get("devices", [])}
+
+        assert eventually(lambda: "gpu-0000-0f-00-0" in published()), driver.log
+        # An admin splits the second A100 with nvidia-smi: here, a second simulator on the same hardware state.
+        admin = SimulatedNode(load_node_profile("mixed"), node_name=NODE, state_path=root / "sim.json")
+        admin.set_mig_mode(1, True)
+        admin.reset_gpu(1)
+        instance = admin.create_gpu_instance(1, 19, 0)
+        admin.create_compute_instance(1, instance.id, full_compute_instance_profile(1))
+
+        assert eventually(lambda: "gpu-0000-0f-00-0-mig-1g5gb-0" in published()), driver.log
+        assert "gpu-0000-0f-00-0" not in published()  # in MIG mode it is no longer offered whole
+    finally:
+        driver.stop()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tempfile
 import threading
@@ -26,6 +27,8 @@ from typing import Any
 from dradriver.errors import ConfigError
 from dradriver.gpu.catalog import COMPUTE_SLICES_PER_GPU, NodeProfile, ProductSpec, load_products
 from dradriver.gpu.models import ComputeMode, MigProfile, NvlinkPeerType, Placement
+
+log = logging.getLogger(__name__)
 
 STATE_KIND = "dradriver-simulated-gpu-state"
 STATE_VERSION = 1
@@ -128,6 +131,7 @@ class SimulatedNode:
         self._events_changed = threading.Condition(self._lock)
         self._events: list[SimEvent] = []
         self._mig_serial = 0
+        self._stamp: tuple[int, int, int] | None = None
         products = load_products()
         # NVML enumerates GPUs in PCI bus order.
         ordered = sorted(profile.gpus, key=lambda g: g.pci_bus_id)
@@ -148,6 +152,8 @@ class SimulatedNode:
     def gpu(self, index: int) -> SimGpu:
         if not 0 <= index < len(self.gpus):
             raise SimNvmlError(INVALID_ARGUMENT, f"GPU index {index} out of range 0..{len(self.gpus) - 1}")
+        with self._lock:
+            self._refresh()
         gpu = self.gpus[index]
         if gpu.lost:
             raise SimNvmlError(GPU_IS_LOST, f"GPU {gpu.pci_bus_id} has fallen off the bus")
@@ -438,6 +444,7 @@ class SimulatedNode:
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, path)
+        self._stamp = _file_stamp(path)
 
     def _load_state(self, path: Path) -> None:
         def bad(field_name: str, problem: str) -> ConfigError:
@@ -458,28 +465,88 @@ class SimulatedNode:
         gpus = raw.get("gpus")
         if not isinstance(gpus, dict) or set(gpus) != {g.pci_bus_id for g in self.gpus}:
             raise bad("gpus", "does not list exactly this profile's GPUs by PCI address")
+        # Parse everything before touching the live state, so a bad file changes nothing.
         try:
-            self._mig_serial = int(raw.get("migSerial", 0))
-            for gpu in self.gpus:
-                entry = gpus[gpu.pci_bus_id]
-                gpu.mig_current = bool(entry["migCurrent"])
-                gpu.mig_pending = bool(entry["migPending"])
-                gpu.compute_mode = ComputeMode(entry["computeMode"])
-                gpu.lost = bool(entry.get("lost", False))
-                for gi_raw in entry["gpuInstances"]:
-                    profile = gpu.profile_by_id(int(gi_raw["profileId"]))
-                    if profile is None:
-                        raise ValueError(f"unknown GPU instance profile {gi_raw['profileId']}")
-                    placement = next(p for p in profile.placements if p.start == int(gi_raw["start"]))
-                    gi = SimGpuInstance(id=int(gi_raw["id"]), profile=profile, placement=placement)
-                    for ci_raw in gi_raw["computeInstances"]:
-                        ci_profile = int(ci_raw["profileId"])
-                        gi.compute_instances[int(ci_raw["id"])] = SimComputeInstance(
-                            id=int(ci_raw["id"]), profile_id=ci_profile, slices=CI_PROFILE_SLICES[ci_profile],
-                            uuid=str(ci_raw["uuid"]), compute_mode=ComputeMode(ci_raw.get("computeMode", 0)))
-                    gpu.gpu_instances[gi.id] = gi
+            serial = int(raw.get("migSerial", 0))
+            parsed = {gpu.pci_bus_id: _parse_gpu_state(gpu, gpus[gpu.pci_bus_id]) for gpu in self.gpus}
         except (KeyError, TypeError, ValueError, StopIteration) as err:
             raise bad("gpus", f"malformed entry ({err!r})") from err
+        self._mig_serial = max(self._mig_serial, serial)
+        for gpu in self.gpus:
+            state = parsed[gpu.pci_bus_id]
+            gpu.mig_current, gpu.mig_pending, gpu.compute_mode, gpu.lost = (
+                state.mig_current, state.mig_pending, state.compute_mode, state.lost)
+            gpu.gpu_instances = _keep_identities(gpu.gpu_instances, state.gpu_instances)
+        self._stamp = _file_stamp(path)
+
+    def _refresh(self) -> None:
+        """Pick up changes another process made to the shared state file (an admin carving MIG devices with
+        a second simulator, as nvidia-smi would on real hardware)."""
+        if self.state_path is None:
+            return
+        stamp = _file_stamp(self.state_path)
+        if stamp is None or stamp == self._stamp:
+            return
+        try:
+            self._load_state(self.state_path)
+        except ConfigError as err:
+            log.warning("ignoring unreadable simulated GPU state error=%s", err)
+            self._stamp = stamp
+
+
+@dataclass
+class _GpuState:
+    mig_current: bool
+    mig_pending: bool
+    compute_mode: int
+    lost: bool
+    gpu_instances: dict[int, SimGpuInstance]
+
+
+def _parse_gpu_state(gpu: SimGpu, entry: dict[str, Any]) -> _GpuState:
+    instances: dict[int, SimGpuInstance] = {}
+    for gi_raw in entry["gpuInstances"]:
+        profile = gpu.profile_by_id(int(gi_raw["profileId"]))
+        if profile is None:
+            raise ValueError(f"unknown GPU instance profile {gi_raw['profileId']}")
+        placement = next(p for p in profile.placements if p.start == int(gi_raw["start"]))
+        gi = SimGpuInstance(id=int(gi_raw["id"]), profile=profile, placement=placement)
+        for ci_raw in gi_raw["computeInstances"]:
+            ci_profile = int(ci_raw["profileId"])
+            gi.compute_instances[int(ci_raw["id"])] = SimComputeInstance(
+                id=int(ci_raw["id"]), profile_id=ci_profile, slices=CI_PROFILE_SLICES[ci_profile],
+                uuid=str(ci_raw["uuid"]), compute_mode=ComputeMode(ci_raw.get("computeMode", 0)))
+        instances[gi.id] = gi
+    return _GpuState(bool(entry["migCurrent"]), bool(entry["migPending"]), ComputeMode(entry["computeMode"]),
+                     bool(entry.get("lost", False)), instances)
+
+
+def _keep_identities(old: dict[int, SimGpuInstance], new: dict[int, SimGpuInstance]) -> dict[int, SimGpuInstance]:
+    """``new``, reusing the objects of ``old`` that describe the same instance, so NVML handles to instances
+    that still exist stay valid across a reload (and handles to re-created ones do not)."""
+    merged: dict[int, SimGpuInstance] = {}
+    for gi_id, gi in new.items():
+        kept = old.get(gi_id)
+        if kept is None or (kept.profile.id, kept.placement) != (gi.profile.id, gi.placement):
+            merged[gi_id] = gi
+            continue
+        cis: dict[int, SimComputeInstance] = {}
+        for ci_id, ci in gi.compute_instances.items():
+            old_ci = kept.compute_instances.get(ci_id)
+            if old_ci is not None and old_ci.uuid == ci.uuid:
+                old_ci.compute_mode = ci.compute_mode
+            cis[ci_id] = old_ci if old_ci is not None and old_ci.uuid == ci.uuid else ci
+        kept.compute_instances = cis
+        merged[gi_id] = kept
+    return merged
+
+
+def _file_stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
 
 
 def full_compute_instance_profile(slice_count: int) -> int:
