@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from support.apiserver import FakeApiServer
 
+from dradriver.cli.main import main
 from dradriver.gpu.catalog import load_node_profile
 from dradriver.gpu.sim import SimulatedNode, full_compute_instance_profile
 from dradriver.plugin.kubelet_client import Claim, KubeletClient, discover
@@ -229,3 +230,20 @@ def test_mig_devices_created_out_of_band_are_published_at_the_next_rescan(root: 
         assert "gpu-0000-0f-00-0" not in published()  # in MIG mode it is no longer offered whole
     finally:
         driver.stop()
+
+
+def test_an_xid_raised_with_dradriver_sim_reaches_the_kubelets_health_stream(driver: DriverProcess,
+                                                                             root: Path) -> None:
+    with KubeletClient(root / "registry").register() as plugin:
+        stream = plugin.watch_health(timeout=TIMEOUT)
+        first = next(stream)
+        assert {d.health for d in first.devices} == {1}  # HEALTHY
+        assert main(["sim", "--sim-profile", "dgx-a100-40gb", "--node-name", NODE, "--sim-state",
+                     str(root / "sim.json"), "xid", "0000:0f:00.0", "79"]) == 0
+        for update in stream:
+            unhealthy = [d.device.device_name for d in update.devices if d.health == 2]
+            if unhealthy:
+                break
+        stream.cancel()
+    assert unhealthy == ["gpu-0000-0f-00-0"]
+    assert "XID 79" in next(d.message for d in update.devices if d.health == 2)

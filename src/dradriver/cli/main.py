@@ -16,7 +16,7 @@ EXIT_USAGE = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dradriver.cli import demo, explain, inventory, run
+    from dradriver.cli import demo, explain, inventory, run, sim
 
     parser = argparse.ArgumentParser(
         prog="dradriver",
@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"dradriver {__version__}")
     subcommands = parser.add_subparsers(dest="command", metavar="COMMAND")
     subcommands.required = True
-    for module in (demo, inventory, explain, run):
+    for module in (demo, inventory, explain, run, sim):
         module.register(subcommands)
     return parser
 
@@ -41,3 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`dradriver … | head`): stop quietly, as other command-line tools do.
+        sys.stderr.close()
+        return 0

@@ -20,6 +20,7 @@ import logging
 import os
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,10 @@ from dradriver.gpu.catalog import COMPUTE_SLICES_PER_GPU, NodeProfile, ProductSp
 from dradriver.gpu.models import ComputeMode, MigProfile, NvlinkPeerType, Placement
 
 log = logging.getLogger(__name__)
+
+# How often a waiting event reader looks for events another process wrote to the shared state file.
+SHARED_STATE_POLL_SECONDS = 0.25
+EVENT_LOG_LENGTH = 64
 
 STATE_KIND = "dradriver-simulated-gpu-state"
 STATE_VERSION = 1
@@ -132,6 +137,8 @@ class SimulatedNode:
         self._events: list[SimEvent] = []
         self._mig_serial = 0
         self._stamp: tuple[int, int, int] | None = None
+        self._event_id = 0  # the last event id in the shared state file that this process knows
+        self._event_log: list[dict[str, Any]] = []
         products = load_products()
         # NVML enumerates GPUs in PCI bus order.
         ordered = sorted(profile.gpus, key=lambda g: g.pci_bus_id)
@@ -364,17 +371,28 @@ class SimulatedNode:
                    compute_instance_id: int | None = None) -> None:
         """Raise an XID on a GPU (or one of its MIG devices), as the kernel driver would."""
         with self._lock:
-            self._publish(SimEvent(len(self._events) + 1, index, xid, False, gpu_instance_id, compute_instance_id))
+            self._raise({"gpu": index, "xid": xid, "gpuInstanceId": gpu_instance_id,
+                         "computeInstanceId": compute_instance_id})
 
     def lose_gpu(self, index: int) -> None:
-        """The GPU falls off the bus: every later call on it fails with GPU_IS_LOST until a restart."""
+        """The GPU falls off the bus: every later call on it fails with GPU_IS_LOST while the state says so."""
         with self._lock:
+            self._refresh()
             self.gpus[index].lost = True
-            self._save()
-            self._publish(SimEvent(len(self._events) + 1, index, None, True, None, None))
+            self._raise({"gpu": index, "lost": True})
 
-    def _publish(self, event: SimEvent) -> None:
-        self._events.append(event)
+    def _raise(self, event: dict[str, Any]) -> None:
+        # Events go through the state file too, so a driver sharing it (another process) hears them.
+        self._refresh()
+        self._event_id += 1
+        self._event_log = [*self._event_log, {**event, "id": self._event_id}][-EVENT_LOG_LENGTH:]
+        self._save()
+        self._publish(event)
+
+    def _publish(self, event: dict[str, Any]) -> None:
+        self._events.append(SimEvent(len(self._events) + 1, int(event["gpu"]), event.get("xid"),
+                                     bool(event.get("lost", False)), event.get("gpuInstanceId"),
+                                     event.get("computeInstanceId")))
         self._events_changed.notify_all()
 
     def last_event_sequence(self) -> int:
@@ -387,9 +405,16 @@ class SimulatedNode:
         def pending() -> SimEvent | None:
             return next((e for e in self._events[after:] if e.gpu_index in gpu_indices), None)
 
+        deadline = time.monotonic() + timeout_s
         with self._events_changed:
-            self._events_changed.wait_for(lambda: pending() is not None, timeout=timeout_s)
-            return pending()
+            while True:
+                self._refresh()  # events raised by another process sharing the state file
+                found = pending()
+                remaining = deadline - time.monotonic()
+                if found is not None or remaining <= 0:
+                    return found
+                self._events_changed.wait_for(lambda: pending() is not None,
+                                              timeout=min(remaining, SHARED_STATE_POLL_SECONDS))
 
     # --- persistence --------------------------------------------------------------------------------------
 
@@ -414,6 +439,7 @@ class SimulatedNode:
             "profile": self.profile.name,
             "node": self.node_name,
             "migSerial": self._mig_serial,
+            "events": self._event_log,
             "gpus": {
                 gpu.pci_bus_id: {
                     "migCurrent": gpu.mig_current,
@@ -472,12 +498,26 @@ class SimulatedNode:
         except (KeyError, TypeError, ValueError, StopIteration) as err:
             raise bad("gpus", f"malformed entry ({err!r})") from err
         self._mig_serial = max(self._mig_serial, serial)
+        self._take_events(raw.get("events"))
         for gpu in self.gpus:
             state = parsed[gpu.pci_bus_id]
             gpu.mig_current, gpu.mig_pending, gpu.compute_mode, gpu.lost = (
                 state.mig_current, state.mig_pending, state.compute_mode, state.lost)
             gpu.gpu_instances = _keep_identities(gpu.gpu_instances, state.gpu_instances)
         self._stamp = _file_stamp(path)
+
+    def _take_events(self, logged: Any) -> None:
+        """Publish events another process appended to the shared log (on first load: just note where it ends)."""
+        if not isinstance(logged, list):
+            return
+        fresh = [e for e in logged if isinstance(e, dict) and isinstance(e.get("id"), int)
+                 and isinstance(e.get("gpu"), int) and 0 <= e["gpu"] < len(self.gpus) and e["id"] > self._event_id]
+        first_load = self._stamp is None
+        for event in fresh:
+            if not first_load:
+                self._publish(event)
+        self._event_log = [e for e in logged if isinstance(e, dict)][-EVENT_LOG_LENGTH:]
+        self._event_id = max([self._event_id, *(e["id"] for e in fresh)])
 
     def _refresh(self) -> None:
         """Pick up changes another process made to the shared state file (an admin carving MIG devices with

@@ -1,0 +1,159 @@
+"""``dradriver sim``: what nvidia-smi is to a real node, for a simulated one.
+
+It acts on the simulated hardware state file that a running ``dradriver run --gpu-backend sim --sim-state FILE``
+shares, so an admin (or a test) can carve MIG devices out of band, change modes, or break a GPU, and watch the
+driver react: rediscovery republishes slices, health events reach the kubelet's health stream.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from dradriver.cli.options import add_env_option
+from dradriver.errors import ConfigError, DeviceError
+from dradriver.gpu.catalog import load_node_profile
+from dradriver.gpu.models import ComputeMode
+from dradriver.gpu.sim import SimGpu, SimNvmlError, SimulatedNode, full_compute_instance_profile
+
+
+def register(subcommands: Any) -> None:
+    parser: argparse.ArgumentParser = subcommands.add_parser(
+        "sim", help="change a simulated node's hardware state (MIG, compute mode, faults), like nvidia-smi",
+        description="Act on the hardware state file of a simulated node, as an admin with nvidia-smi would on a "
+                    "real one. A running `dradriver run --gpu-backend sim` on the same --sim-state sees it.")
+    add_env_option(parser, "--sim-profile", env="DRADRIVER_SIM_PROFILE", default="dgx-a100-80gb",
+                   metavar="NAME|FILE", help="the simulated node's profile")
+    add_env_option(parser, "--sim-state", env="DRADRIVER_SIM_STATE", metavar="PATH",
+                   help="the hardware state file shared with the driver (required)")
+    add_env_option(parser, "--node-name", env="NODE_NAME", default="sim-node",
+                   help="node name (the driver's --node-name: it seeds the GPU UUIDs)")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION")
+    actions.required = True
+
+    show = actions.add_parser("show", help="print GPUs, MIG mode, compute mode and MIG devices")
+    show.set_defaults(sim_action=_show)
+
+    mode = actions.add_parser("mig-mode", help="enable or disable MIG (Ampere: pending until `reset`)")
+    mode.add_argument("gpu", help="PCI address (0000:0f:00.0) or index")
+    mode.add_argument("state", choices=("enable", "disable"))
+    mode.set_defaults(sim_action=_mig_mode)
+
+    reset = actions.add_parser("reset", help="reset a GPU (applies a pending MIG mode), like nvidia-smi -r")
+    reset.add_argument("gpu")
+    reset.set_defaults(sim_action=_reset)
+
+    create = actions.add_parser("mig-create", help="create a GPU instance with its full compute instance")
+    create.add_argument("gpu")
+    create.add_argument("profile", help="MIG profile name, e.g. 1g.10gb")
+    create.add_argument("--start", type=int, help="memory slice to place it at (default: the first free one)")
+    create.set_defaults(sim_action=_mig_create)
+
+    destroy = actions.add_parser("mig-destroy", help="destroy a GPU instance and its compute instances")
+    destroy.add_argument("gpu")
+    destroy.add_argument("gpu_instance", type=int, help="GPU instance id (see `show`)")
+    destroy.set_defaults(sim_action=_mig_destroy)
+
+    compute = actions.add_parser("compute-mode", help="set a GPU's compute mode")
+    compute.add_argument("gpu")
+    compute.add_argument("mode", choices=[m.name for m in ComputeMode])
+    compute.set_defaults(sim_action=_compute_mode)
+
+    xid = actions.add_parser("xid", help="raise an XID error on a GPU")
+    xid.add_argument("gpu")
+    xid.add_argument("xid", type=int)
+    xid.set_defaults(sim_action=_xid)
+
+    lose = actions.add_parser("lose", help="make a GPU fall off the bus (GPU_IS_LOST until the state is reset)")
+    lose.add_argument("gpu")
+    lose.set_defaults(sim_action=_lose)
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.sim_state:
+        raise ConfigError("--sim-state is required: the state file the simulated node's driver uses")
+    node = SimulatedNode(load_node_profile(args.sim_profile), node_name=args.node_name,
+                         state_path=Path(args.sim_state))
+    try:
+        args.sim_action(node, args)
+    except SimNvmlError as err:
+        raise DeviceError(f"simulated NVML refused: {err} (NVML error {err.code})") from err
+    return 0
+
+
+def _gpu(node: SimulatedNode, which: str) -> SimGpu:
+    for gpu in node.gpus:
+        if which in (gpu.pci_bus_id, str(gpu.index), gpu.uuid):
+            return gpu
+    known = ", ".join(g.pci_bus_id for g in node.gpus)
+    raise ConfigError(f"no GPU {which!r} on this simulated node: use a PCI address ({known}), an index or a UUID")
+
+
+def _show(node: SimulatedNode, args: argparse.Namespace) -> None:
+    for gpu in node.gpus:
+        mig = "lost" if gpu.lost else ("enabled" if gpu.mig_current else "disabled") + (
+            " (pending {})".format("enable" if gpu.mig_pending else "disable")
+            if gpu.mig_pending != gpu.mig_current else "")
+        print(f"{gpu.index}  {gpu.pci_bus_id}  {gpu.product_name}  {gpu.uuid}  MIG {mig}  "
+              f"compute mode {ComputeMode(gpu.compute_mode).name}")
+        if gpu.lost:
+            continue
+        for gi, ci in node.mig_devices(gpu.index):
+            print(f"     GI {gi.id:<2} {gi.profile.name:<11} slices {gi.placement.start}-"
+                  f"{gi.placement.start + gi.placement.size - 1}  CI {ci.id}  {ci.uuid}")
+
+
+def _mig_mode(node: SimulatedNode, args: argparse.Namespace) -> None:
+    gpu = _gpu(node, args.gpu)
+    node.set_mig_mode(gpu.index, args.state == "enable")
+    if gpu.mig_pending != gpu.mig_current:
+        print(f"MIG mode change pending on {gpu.pci_bus_id}: `dradriver sim reset {gpu.pci_bus_id}` applies it")
+    else:
+        print(f"MIG {'enabled' if gpu.mig_current else 'disabled'} on {gpu.pci_bus_id}")
+
+
+def _reset(node: SimulatedNode, args: argparse.Namespace) -> None:
+    gpu = _gpu(node, args.gpu)
+    node.reset_gpu(gpu.index)
+    print(f"reset {gpu.pci_bus_id}: MIG {'enabled' if gpu.mig_current else 'disabled'}")
+
+
+def _mig_create(node: SimulatedNode, args: argparse.Namespace) -> None:
+    gpu = _gpu(node, args.gpu)
+    profile = next((p for p in gpu.mig_profiles() if p.name == args.profile), None)
+    if profile is None:
+        names = ", ".join(p.name for p in gpu.mig_profiles()) or "none: it has no MIG"
+        raise ConfigError(f"{gpu.product_name} has no MIG profile {args.profile!r}; its profiles: {names}")
+    gi = node.create_gpu_instance(gpu.index, profile.id, args.start)
+    ci = node.create_compute_instance(gpu.index, gi.id, full_compute_instance_profile(profile.slice_count))
+    print(f"created GPU instance {gi.id} ({profile.name} at slice {gi.placement.start}) with compute instance "
+          f"{ci.id}: {ci.uuid}")
+
+
+def _mig_destroy(node: SimulatedNode, args: argparse.Namespace) -> None:
+    gpu = _gpu(node, args.gpu)
+    gi = node.gpu_instance(gpu.index, args.gpu_instance)
+    for ci_id in list(gi.compute_instances):
+        node.destroy_compute_instance(gpu.index, gi.id, ci_id)
+    node.destroy_gpu_instance(gpu.index, gi.id)
+    print(f"destroyed GPU instance {args.gpu_instance} on {gpu.pci_bus_id}")
+
+
+def _compute_mode(node: SimulatedNode, args: argparse.Namespace) -> None:
+    gpu = _gpu(node, args.gpu)
+    node.set_compute_mode(gpu.index, ComputeMode[args.mode])
+    print(f"compute mode of {gpu.pci_bus_id}: {args.mode}")
+
+
+def _xid(node: SimulatedNode, args: argparse.Namespace) -> None:
+    gpu = _gpu(node, args.gpu)
+    node.inject_xid(gpu.index, args.xid)
+    print(f"XID {args.xid} raised on {gpu.pci_bus_id}")
+
+
+def _lose(node: SimulatedNode, args: argparse.Namespace) -> None:
+    gpu = _gpu(node, args.gpu)
+    node.lose_gpu(gpu.index)
+    print(f"{gpu.pci_bus_id} fell off the bus")

@@ -1,0 +1,59 @@
+"""`dradriver sim`: an admin's nvidia-smi for a simulated node, acting on the shared state file."""
+
+from pathlib import Path
+
+import pytest
+
+from dradriver.cli.main import main
+from dradriver.gpu.catalog import load_node_profile
+from dradriver.gpu.sim import SimulatedNode
+
+
+def sim(state: Path, *args: str) -> int:
+    return main(["sim", "--sim-profile", "mixed", "--sim-state", str(state), *args])
+
+
+def test_carving_a_mig_device_on_an_ampere_gpu_takes_enable_reset_create(tmp_path, capsys):
+    state = tmp_path / "state.json"
+    assert sim(state, "mig-mode", "0000:0f:00.0", "enable") == 0
+    assert "pending" in capsys.readouterr().out
+    assert sim(state, "reset", "0000:0f:00.0") == 0
+    assert sim(state, "mig-create", "1", "3g.20gb", "--start", "4") == 0
+    assert "3g.20gb at slice 4" in capsys.readouterr().out
+    node = SimulatedNode(load_node_profile("mixed"), state_path=state)
+    assert [(gi.profile.name, gi.placement.start) for gi, _ in node.mig_devices(1)] == [("3g.20gb", 4)]
+    assert sim(state, "show") == 0
+    assert "GI 1  3g.20gb     slices 4-7" in capsys.readouterr().out
+
+
+def test_destroying_a_gpu_instance_frees_its_slices(tmp_path, capsys):
+    state = tmp_path / "state.json"
+    assert sim(state, "mig-destroy", "0000:07:00.0", "1") == 0
+    assert sim(state, "mig-create", "0", "3g.20gb", "--start", "0") == 0
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("mig-create", "0", "3g.20gb", "--start", "0"), "(NVML error 23)"),
+    (("mig-create", "4", "1g.5gb"), "NVIDIA L4 has no MIG profile"),
+    (("mig-create", "0000:99:00.0", "1g.5gb"), "no GPU '0000:99:00.0'"),
+    (("compute-mode", "1", "EXCLUSIVE_THREAD"), "no longer supported"),
+])
+def test_refusals_are_one_clear_line(tmp_path, capsys, args, message):
+    assert sim(tmp_path / "state.json", *args) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_state_file_is_required(capsys, monkeypatch):
+    monkeypatch.delenv("DRADRIVER_SIM_STATE", raising=False)
+    assert main(["sim", "show"]) == 2
+    assert "--sim-state is required" in capsys.readouterr().err
+
+
+def test_a_lost_gpu_shows_as_lost_and_refuses_work(tmp_path, capsys):
+    state = tmp_path / "state.json"
+    assert sim(state, "lose", "2") == 0
+    assert sim(state, "show") == 0
+    assert "0000:47:00.0  NVIDIA A100-SXM4-40GB" in (out := capsys.readouterr().out) and "MIG lost" in out
+    assert sim(state, "mig-mode", "2", "enable") == 2
+    assert "fallen off the bus" in capsys.readouterr().err
