@@ -159,3 +159,29 @@ def test_events_need_registration_and_a_lost_gpu_ends_the_wait_with_gpu_is_lost(
     node.lose_gpu(5)
     assert code_of(nvml, lambda: nvml.nvmlEventSetWait_v2(event_set, 1000)) == nvml.NVML_ERROR_GPU_IS_LOST
     assert code_of(nvml, lambda: nvml.nvmlDeviceGetUUID(handle)) == nvml.NVML_ERROR_GPU_IS_LOST
+
+
+def test_fabric_info_fills_the_versioned_struct_and_refuses_an_unknown_version() -> None:
+    nvml, _ = loaded("hgx-h100-80gb")
+    handle = nvml.nvmlDeviceGetHandleByIndex(2)
+    v3 = nvml.c_nvmlGpuFabricInfo_v3_t()  # pynvml's constructor sets version = nvmlGpuFabricInfo_v3
+    assert nvml.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(v3)) == nvml.NVML_SUCCESS
+    assert (bytes(v3.clusterUuid), v3.cliqueId) == (bytes(16), 0)
+    assert (v3.state, v3.status, v3.healthMask) == (nvml.NVML_GPU_FABRIC_STATE_COMPLETED, nvml.NVML_SUCCESS, 0)
+    v2 = nvml.c_nvmlGpuFabricInfo_v2_t()
+    nvml.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(v2))
+    assert v2.state == nvml.NVML_GPU_FABRIC_STATE_COMPLETED
+    v2.version = 0x01000024
+    assert code_of(nvml, lambda: nvml.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(v2))) \
+        == nvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+
+
+def test_fabric_info_is_not_supported_before_hopper_and_a_state_without_nvswitch() -> None:
+    ampere, _ = loaded("dgx-a100-80gb")
+    info = ampere.c_nvmlGpuFabricInfo_v3_t()
+    assert code_of(ampere, lambda: ampere.nvmlDeviceGetGpuFabricInfoV(
+        ampere.nvmlDeviceGetHandleByIndex(0), ctypes.byref(info))) == ampere.NVML_ERROR_NOT_SUPPORTED
+    pairs, _ = loaded("h100-nvl-pairs")
+    info = pairs.c_nvmlGpuFabricInfo_v3_t()
+    pairs.nvmlDeviceGetGpuFabricInfoV(pairs.nvmlDeviceGetHandleByIndex(0), ctypes.byref(info))
+    assert info.state == pairs.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED

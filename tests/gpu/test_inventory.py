@@ -1,15 +1,29 @@
 """Discovery on simulated nodes: names, identities, NVLink domains and what each MIG mode offers."""
 
+import logging
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from support.nodes import inventory_of
 
-from dradriver.gpu.inventory import GpuDevice, MigMode, MigPartition, gpu_name
+from dradriver.gpu.errors import GpuError
+from dradriver.gpu.fakelib import simulated_gpulib
+from dradriver.gpu.inventory import GpuDevice, MigMode, MigPartition, discover, gpu_name
+from dradriver.gpu.models import FabricInfo, FabricState
 
 DGX_A100_BUSES = ["0000:07:00.0", "0000:0f:00.0", "0000:47:00.0", "0000:4e:00.0",
                   "0000:87:00.0", "0000:90:00.0", "0000:b7:00.0", "0000:bd:00.0"]
-
-
+CLUSTER = "6f1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
+CLIQUE_NODE = f"""\
+name: gh200-clique
+nvswitch: true
+fabric: {{clusterUuid: {CLUSTER}, cliqueId: 7}}
+gpus:
+  - {{product: NVIDIA H100 80GB HBM3, pciBusId: "0000:1b:00.0"}}
+  - {{product: NVIDIA H100 80GB HBM3, pciBusId: "0000:43:00.0"}}
+  - {{product: NVIDIA H100 80GB HBM3, pciBusId: "0000:52:00.0"}}
+"""
 
 
 def test_dgx_a100_80gb_lists_eight_gpus_named_after_their_pci_address():
@@ -29,6 +43,66 @@ def test_dgx_a100_80gb_lists_eight_gpus_named_after_their_pci_address():
 def test_gpus_on_one_nvswitch_fabric_share_one_nvlink_domain():
     inventory = inventory_of("hgx-h100-80gb")
     assert {g.nvlink_domain for g in inventory.gpus} == {"nvswitch-0000-1b-00-0"}
+
+
+def test_pre_hopper_gpus_without_fabric_info_still_share_their_nvswitch_domain():
+    assert {g.nvlink_domain for g in inventory_of("dgx-a100-80gb").gpus} == {"nvswitch-0000-07-00-0"}
+
+
+@pytest.mark.parametrize(("state", "status"), [
+    (FabricState.IN_PROGRESS, 0), (FabricState.NOT_STARTED, 0), (FabricState.COMPLETED, 999),
+])
+def test_a_gpu_whose_fabric_registration_is_not_complete_is_left_out_of_the_switch_domain(
+        state: FabricState, status: int, caplog: pytest.LogCaptureFixture) -> None:
+    gpulib, node = simulated_gpulib("hgx-h100-80gb")
+    node.set_fabric_state(0, state, status)
+    with caplog.at_level(logging.WARNING, logger="dradriver.gpu.inventory"):
+        domains = [g.nvlink_domain for g in discover(gpulib).gpus]
+    assert domains[0] == "single-0000-1b-00-0"
+    # The switch domain is named after its lowest PCI address among the GPUs that are in it.
+    assert set(domains[1:]) == {"nvswitch-0000-43-00-0"}
+    assert f"gpu=0000:1b:00.0 state={state.name} status={status}" in caplog.text
+
+
+def test_a_gpu_joins_the_switch_domain_once_its_registration_completes():
+    gpulib, node = simulated_gpulib("hgx-h100-80gb")
+    node.set_fabric_state(7, FabricState.IN_PROGRESS)
+    assert discover(gpulib).gpus[7].nvlink_domain == "single-0000-df-00-0"
+    node.set_fabric_state(7, FabricState.COMPLETED)
+    assert discover(gpulib).gpus[7].nvlink_domain == "nvswitch-0000-1b-00-0"  # a rescan with the same NVML
+
+
+def test_gpus_of_a_multi_node_clique_share_one_domain_across_nodes(profile_file: Callable[[str], str]):
+    path = profile_file(CLIQUE_NODE)
+    node_a = inventory_of(path, node="node-a")
+    node_b = inventory_of(path, node="node-b")
+    expected = f"clique-{CLUSTER}.7"
+    assert len(expected) <= 64  # the API server's limit for a string attribute
+    assert {g.nvlink_domain for g in node_a.gpus} == {g.nvlink_domain for g in node_b.gpus} == {expected}
+
+
+def test_a_clique_gpu_still_registering_gets_its_own_domain(profile_file: Callable[[str], str]):
+    gpulib, node = simulated_gpulib(profile_file(CLIQUE_NODE))
+    node.set_fabric_state(1, FabricState.IN_PROGRESS)
+    domains = [g.nvlink_domain for g in discover(gpulib).gpus]
+    assert domains == [f"clique-{CLUSTER}.7", "single-0000-43-00-0", f"clique-{CLUSTER}.7"]
+
+
+class _FabricFails:
+    """The simulated NVML, except that fabric info fails (as on a driver without the call)."""
+
+    def __init__(self, profile: str) -> None:
+        self.inner, _ = simulated_gpulib(profile)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def fabric_info(self, gpu_uuid: str) -> FabricInfo | None:
+        raise GpuError("Function Not Found", device=gpu_uuid, call="nvmlDeviceGetGpuFabricInfoV")
+
+
+def test_when_fabric_info_cannot_be_read_the_nvlinks_alone_decide():
+    assert {g.nvlink_domain for g in discover(_FabricFails("hgx-h100-80gb")).gpus} == {"nvswitch-0000-1b-00-0"}
 
 
 def test_bridged_pairs_form_one_domain_each_and_lone_gpus_their_own():

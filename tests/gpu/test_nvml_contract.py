@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from dradriver.gpu.catalog import load_node_profile, load_products
+from dradriver.gpu.catalog import FABRIC_ARCHITECTURES, load_node_profile, load_products
 from dradriver.gpu.errors import (
+    GpuError,
     GpuIsLost,
     InsufficientResources,
     InUse,
@@ -27,13 +29,14 @@ from dradriver.gpu.errors import (
     NotSupported,
 )
 from dradriver.gpu.fakelib import SimPciTopology, fake_pynvml, simulated_gpulib
-from dradriver.gpu.models import MIB, ComputeMode, GpuEvent, NvlinkPeerType
+from dradriver.gpu.models import MIB, NO_CLUSTER_UUID, ComputeMode, FabricInfo, FabricState, GpuEvent, NvlinkPeerType
 from dradriver.gpu.nvml import ARCHITECTURE_NAMES, BRAND_NAMES, NvmlGpuLib
 from dradriver.gpu.sim import SimulatedNode
 
 SIM_PROFILES = ["dgx-a100-40gb", "hgx-h100-80gb", "h100-nvl-pairs", "mixed"]
 MAY_CHANGE_GPUS = "DRADRIVER_GPU_TESTS_MAY_CHANGE_GPUS"
 
+CLUSTER_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 UUID = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 MIG_UUID = re.compile(r"^MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 BUS_ID = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
@@ -351,6 +354,102 @@ def _bridge_partner(node: SimulatedNode, bus_id: str) -> str:
         if bus_id in pair:
             return pair[1] if bus_id == pair[0] else pair[0]
     raise AssertionError(f"{bus_id} has no bridge partner")
+
+
+# --- NVLink fabric -------------------------------------------------------------------------------------------
+
+CLIQUE_PROFILE = """\
+name: gh200-clique
+description: two GPUs of a multi-node NVLink clique
+nvswitch: true
+fabric: {clusterUuid: 6F1B2C3D-4E5F-4A6B-8C7D-9E0F1A2B3C4D, cliqueId: 7}
+gpus:
+  - {product: NVIDIA H100 80GB HBM3, pciBusId: "0000:1b:00.0"}
+  - {product: NVIDIA H100 80GB HBM3, pciBusId: "0000:43:00.0"}
+"""
+SINGLE_NODE_HGX = FabricInfo(cluster_uuid=NO_CLUSTER_UUID, clique_id=0, state=FabricState.COMPLETED, status=0,
+                             health_mask=0)
+
+
+def test_fabric_info_exists_from_hopper_on_and_reads_as_nvml_reports_it(backend: Backend) -> None:
+    for gpu in backend.lib.gpus():
+        fabric = backend.lib.fabric_info(gpu.uuid)
+        if gpu.architecture not in FABRIC_ARCHITECTURES:
+            assert fabric is None  # NOT_SUPPORTED before Hopper
+            continue
+        if fabric is not None:
+            assert CLUSTER_UUID.match(fabric.cluster_uuid)
+            assert fabric.state in {FabricState.NOT_STARTED, FabricState.IN_PROGRESS, FabricState.COMPLETED}
+        if backend.node is not None:
+            # Hopper on an NVSwitch board registers (single node: zero cluster UUID); without NVSwitch: no fabric.
+            assert fabric == (SINGLE_NODE_HGX if backend.node.profile.nvswitch else None)
+
+
+@pytest.mark.parametrize(("profile", "expected"), [
+    ("hgx-h100-80gb", SINGLE_NODE_HGX),
+    ("hgx-h200", SINGLE_NODE_HGX),
+    ("dgx-a100-80gb", None),  # Ampere: NOT_SUPPORTED
+    ("h100-nvl-pairs", None),  # Hopper on bridges only: state NOT_SUPPORTED
+])
+def test_fabric_info_of_built_in_profiles(profile: str, expected: FabricInfo | None) -> None:
+    lib, _ = simulated_gpulib(profile)
+    assert {lib.fabric_info(g.uuid) for g in lib.gpus()} == {expected}
+
+
+def test_fabric_info_of_a_multi_node_clique_carries_its_cluster_uuid_and_clique(
+        profile_file: Callable[[str], str]) -> None:
+    lib, _ = simulated_gpulib(profile_file(CLIQUE_PROFILE))
+    for gpu in lib.gpus():
+        fabric = lib.fabric_info(gpu.uuid)
+        assert fabric == FabricInfo(cluster_uuid="6f1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d", clique_id=7,
+                                    state=FabricState.COMPLETED, status=0, health_mask=0)
+        assert fabric.registered and fabric.multi_node
+        assert fabric.clique == "6f1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d.7"
+
+
+def test_a_registration_in_progress_is_read_again_until_it_completes() -> None:
+    lib, node = simulated_gpulib("hgx-h100-80gb")
+    uuid = lib.gpus()[3].uuid
+    node.set_fabric_state(3, FabricState.IN_PROGRESS)
+    fabric = lib.fabric_info(uuid)
+    assert fabric is not None and (fabric.state, fabric.registered) == (FabricState.IN_PROGRESS, False)
+    node.set_fabric_state(3, FabricState.COMPLETED, status=999)  # registration failed
+    fabric = lib.fabric_info(uuid)
+    assert fabric is not None and (fabric.state, fabric.status, fabric.registered) == (FabricState.COMPLETED, 999,
+                                                                                       False)
+    node.set_fabric_state(3, FabricState.COMPLETED)
+    assert lib.fabric_info(uuid) == SINGLE_NODE_HGX
+
+
+def test_a_driver_without_the_v3_struct_is_asked_with_the_v2_one() -> None:
+    node = SimulatedNode(load_node_profile("hgx-h100-80gb"))
+    nvml = fake_pynvml(node)
+    lookup = nvml._nvmlGetFunctionPointer
+    versions: list[int] = []
+
+    def older_driver(name: str) -> Any:
+        function = lookup(name)
+        if name != "nvmlDeviceGetGpuFabricInfoV":
+            return function
+
+        def v2_only(handle: Any, info: Any) -> int:
+            versions.append(info._obj.version)
+            return 25 if info._obj.version == nvml.nvmlGpuFabricInfo_v3 else function(handle, info)
+
+        return v2_only
+
+    nvml._nvmlGetFunctionPointer = older_driver
+    lib = NvmlGpuLib(nvml=nvml, pci_topology=SimPciTopology(node))
+    assert lib.fabric_info(lib.gpus()[0].uuid) == SINGLE_NODE_HGX
+    assert versions == [nvml.nvmlGpuFabricInfo_v3, nvml.nvmlGpuFabricInfo_v2]
+
+
+def test_fabric_info_of_a_lost_gpu_fails_with_the_fix() -> None:
+    lib, node = simulated_gpulib("hgx-h100-80gb")
+    uuid = lib.gpus()[5].uuid
+    node.lose_gpu(5)
+    with pytest.raises(GpuError, match=f"nvmlDeviceGetGpuFabricInfoV on {uuid}.*drain the node"):
+        lib.fabric_info(uuid)
 
 
 # --- health events --------------------------------------------------------------------------------------------

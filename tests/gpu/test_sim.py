@@ -10,7 +10,7 @@ import pytest
 
 from dradriver.errors import ConfigError
 from dradriver.gpu.catalog import builtin_profile_names, load_node_profile
-from dradriver.gpu.models import ComputeMode, NvlinkPeerType
+from dradriver.gpu.models import NO_CLUSTER_UUID, ComputeMode, FabricState, NvlinkPeerType
 from dradriver.gpu.sim import (
     GPU_IS_LOST,
     IN_USE,
@@ -19,6 +19,7 @@ from dradriver.gpu.sim import (
     NO_PERMISSION,
     NOT_FOUND,
     NOT_SUPPORTED,
+    SimFabric,
     SimNvmlError,
     SimulatedNode,
     full_compute_instance_profile,
@@ -308,6 +309,60 @@ def test_a_lost_gpu_fails_every_call_and_raises_an_event(make_node: MakeNode) ->
     assert node.gpu(1).index == 1
 
 
+# --- NVLink fabric ---------------------------------------------------------------------------------------------
+
+REGISTERED = SimFabric(FabricState.COMPLETED, 0, NO_CLUSTER_UUID, 0)
+CLIQUE_NODE = ("name: clique\nnvswitch: true\n"
+               "fabric: {clusterUuid: 6f1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d, cliqueId: 7}\n"
+               "gpus:\n  - {product: NVIDIA H200, pciBusId: '0000:1b:00.0'}\n")
+
+
+def test_hopper_on_nvswitch_is_registered_without_a_cluster_and_without_nvswitch_has_no_fabric(
+        make_node: MakeNode) -> None:
+    assert {make_node("hgx-h200").fabric(i) for i in range(8)} == {REGISTERED}
+    pairs = make_node("h100-nvl-pairs")
+    assert pairs.fabric(0) == SimFabric(FabricState.NOT_SUPPORTED, 0, NO_CLUSTER_UUID, 0)
+    assert code_of(lambda: make_node("dgx-a100-40gb").fabric(0)) == NOT_SUPPORTED
+    mixed = make_node("mixed")
+    assert code_of(lambda: mixed.fabric(4)) == NOT_SUPPORTED  # L4, Ada Lovelace
+
+
+def test_a_clique_profile_reports_its_cluster_only_while_registration_succeeded(
+        make_node: MakeNode, profile_file: Callable[[str], str]) -> None:
+    node = make_node(profile_file(CLIQUE_NODE))
+    assert node.fabric(0) == SimFabric(FabricState.COMPLETED, 0, "6f1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d", 7)
+    node.set_fabric_state(0, FabricState.IN_PROGRESS)
+    assert node.fabric(0) == SimFabric(FabricState.IN_PROGRESS, 0, NO_CLUSTER_UUID, 0)
+    node.set_fabric_state(0, FabricState.COMPLETED, status=999)
+    assert node.fabric(0) == SimFabric(FabricState.COMPLETED, 999, NO_CLUSTER_UUID, 0)
+
+
+def test_an_injected_fabric_state_outlives_a_restart(make_node: MakeNode, tmp_path: Path) -> None:
+    state = tmp_path / "state.json"
+    make_node("hgx-h100-80gb", state_path=state).set_fabric_state(2, FabricState.NOT_STARTED)
+    again = make_node("hgx-h100-80gb", state_path=state)
+    assert again.fabric(2).state == FabricState.NOT_STARTED
+    assert again.fabric(1) == REGISTERED
+
+
+def test_a_state_file_from_before_fabric_info_keeps_the_profiles_fabric(make_node: MakeNode, tmp_path: Path) -> None:
+    state = tmp_path / "state.json"
+    make_node("hgx-h100-80gb", state_path=state)
+    raw = json.loads(state.read_text())
+    for entry in raw["gpus"].values():
+        del entry["fabric"]
+    state.write_text(json.dumps(raw))
+    assert make_node("hgx-h100-80gb", state_path=state).fabric(0) == REGISTERED
+
+
+def test_fabric_state_cannot_be_injected_where_nvml_has_no_fabric_info(make_node: MakeNode) -> None:
+    node = make_node("dgx-a100-80gb")
+    with pytest.raises(ValueError, match="only Hopper and newer"):
+        node.set_fabric_state(0, FabricState.IN_PROGRESS)
+    with pytest.raises(ValueError, match="7 is not a valid FabricState"):
+        make_node("hgx-h100-80gb").set_fabric_state(0, 7)
+
+
 # --- built-in profiles ----------------------------------------------------------------------------------------
 
 EXPECTED_PROFILES = {
@@ -364,6 +419,7 @@ def test_gpu_uuids_are_stable_per_node_name_and_differ_between_nodes(make_node: 
 # --- bad profile files ----------------------------------------------------------------------------------------
 
 GOOD_GPU = '{product: NVIDIA A100-SXM4-40GB, pciBusId: "0000:07:00.0"}'
+H200 = '{product: NVIDIA H200, pciBusId: "0000:1b:00.0"}'
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -378,6 +434,16 @@ GOOD_GPU = '{product: NVIDIA A100-SXM4-40GB, pciBusId: "0000:07:00.0"}'
     ("- just\n- a list\n", "must be a mapping"),
     ("name: x\ngpus:\n  - {product: NVIDIA L4, pciBusId: '7:0.0'}\n", "gpus.0.pciBusId"),
     (f"name: x\ncolour: blue\ngpus:\n  - {GOOD_GPU}\n", "colour: Extra inputs are not permitted"),
+    (f"name: x\nfabric: {{clusterUuid: {'1' * 8}-1111-1111-1111-{'1' * 12}, cliqueId: 1}}\ngpus:\n  - {H200}\n",
+     "fabric: a multi-node NVLink clique needs an NVSwitch fabric; add nvswitch: true"),
+    (f"name: x\nnvswitch: true\nfabric: {{clusterUuid: {'1' * 8}-1111-1111-1111-{'1' * 12}, cliqueId: 1}}\n"
+     f"gpus:\n  - {GOOD_GPU}\n", "fabric: gpus[0] is NVIDIA A100-SXM4-40GB (Ampere), which has no fabric info"),
+    (f"name: x\nnvswitch: true\nfabric: {{clusterUuid: cluster-1, cliqueId: 1}}\ngpus:\n  - {H200}\n",
+     "fabric.clusterUuid: 'cluster-1' is not a UUID"),
+    (f"name: x\nnvswitch: true\nfabric: {{clusterUuid: '{NO_CLUSTER_UUID}', cliqueId: 1}}\ngpus:\n  - {H200}\n",
+     "fabric.clusterUuid: the all-zero UUID means 'not in a multi-node clique'; omit fabric instead"),
+    (f"name: x\nnvswitch: true\nfabric: {{clusterUuid: {'1' * 8}-1111-1111-1111-{'1' * 12}, cliqueId: -1}}\n"
+     f"gpus:\n  - {H200}\n", "fabric.cliqueId: Input should be greater than or equal to 0"),
 ])
 def test_a_bad_profile_file_is_a_config_error_naming_the_field(profile_file: Callable[[str], str], text: str,
                                                                 expected: str) -> None:

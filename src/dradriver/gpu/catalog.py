@@ -16,11 +16,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dradriver.errors import ConfigError
-from dradriver.gpu.models import MigProfile, Placement
+from dradriver.gpu.models import NO_CLUSTER_UUID, MigProfile, Placement
 
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 MEMORY_SLICES_PER_GPU = 8
 COMPUTE_SLICES_PER_GPU = 7
+# Architectures whose GPUs report NVLink fabric registration (nvmlDeviceGetGpuFabricInfoV): Hopper and newer.
+FABRIC_ARCHITECTURES = frozenset({"Hopper", "Blackwell", "Rubin"})
 
 
 class _Strict(BaseModel):
@@ -98,6 +101,23 @@ class GpuSpec(_Strict):
         return value
 
 
+class FabricSpec(_Strict):
+    """The multi-node NVLink clique the node's GPUs registered into (GH200 NVL32, GB200 NVL72 style)."""
+
+    cluster_uuid: str = Field(alias="clusterUuid")
+    clique_id: int = Field(alias="cliqueId", ge=0, le=0xFFFFFFFF)
+
+    @field_validator("cluster_uuid")
+    @classmethod
+    def _uuid(cls, value: str) -> str:
+        value = value.lower()
+        if not _UUID.match(value):
+            raise ValueError(f"{value!r} is not a UUID like '6f1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d'")
+        if value == NO_CLUSTER_UUID:
+            raise ValueError("the all-zero UUID means 'not in a multi-node clique'; omit fabric instead")
+        return value
+
+
 class NodeProfile(_Strict):
     name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     description: str = ""
@@ -105,6 +125,7 @@ class NodeProfile(_Strict):
     cuda_driver_version: int = Field(default=13000, alias="cudaDriverVersion", ge=1000)
     nvswitch: bool = Field(default=False, description="every GPU is attached to one NVSwitch fabric")
     nvlink_bridges: tuple[tuple[int, int], ...] = Field(default=(), alias="nvlinkBridges")
+    fabric: FabricSpec | None = Field(default=None, description="multi-node NVLink clique of the NVSwitch fabric")
     gpus: tuple[GpuSpec, ...] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -143,6 +164,14 @@ class NodeProfile(_Strict):
                 raise ValueError(f"nvlinkBridges[{k}]: a GPU cannot be bridged to itself")
         if self.nvswitch and bridged:
             raise ValueError("nvswitch and nvlinkBridges cannot be combined in one profile")
+        if self.fabric is not None:
+            if not self.nvswitch:
+                raise ValueError("fabric: a multi-node NVLink clique needs an NVSwitch fabric; add nvswitch: true")
+            for i, gpu in enumerate(self.gpus):
+                architecture = products[gpu.product].architecture
+                if architecture not in FABRIC_ARCHITECTURES:
+                    raise ValueError(f"fabric: gpus[{i}] is {gpu.product} ({architecture}), which has no fabric "
+                                     "info; multi-node NVLink needs Hopper or newer GPUs")
         return self
 
 

@@ -19,6 +19,7 @@ import itertools
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -761,6 +762,25 @@ class FakeNvmlLibrary:
         if peer is None:
             return sim.NOT_SUPPORTED
         _target(kind).value = int(peer[1])
+        return sim.SUCCESS
+
+    # --- NVLink fabric -------------------------------------------------------------------------------------
+
+    def nvmlDeviceGetGpuFabricInfoV(self, handle: Any, info: Any) -> int:
+        gpu = self._gpu(handle)
+        fabric = self.node.fabric(gpu.index)  # NOT_SUPPORTED before Hopper
+        out = _target(info)
+        # The versioned call accepts the v2 and v3 layouts; v3 only adds healthSummary at the end.
+        if out.version not in {self._module.nvmlGpuFabricInfo_v2, self._module.nvmlGpuFabricInfo_v3}:
+            return ARGUMENT_VERSION_MISMATCH
+        out.clusterUuid[:] = list(uuid.UUID(fabric.cluster_uuid).bytes)
+        out.status = fabric.status
+        out.cliqueId = fabric.clique_id
+        out.state = int(fabric.state)
+        out.healthMask = fabric.health_mask
+        if out.version == self._module.nvmlGpuFabricInfo_v3:
+            # Hopper reports no health summary (NVML_GPU_FABRIC_HEALTH_SUMMARY_NOT_SUPPORTED).
+            out.healthSummary = 0
         return sim.SUCCESS
 
     # --- events -------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from typing import Protocol
 from dradriver.gpu.models import (
     ComputeInstance,
     ComputeMode,
+    FabricInfo,
     GpuEvent,
     GpuInfo,
     GpuInstance,
@@ -67,6 +68,10 @@ class GpuLib(Protocol):
 
     def nvlinks(self, gpu_uuid: str) -> list[NvlinkConnection]:
         """Active NVLinks and what each one reaches."""
+
+    def fabric_info(self, gpu_uuid: str) -> FabricInfo | None:
+        """The GPU's NVLink fabric registration; None where NVML says fabric info is not supported (GPUs before
+        Hopper, and Hopper GPUs on no NVSwitch fabric, whose state is NOT_SUPPORTED)."""
 
     def wait_for_event(self, timeout_s: float) -> GpuEvent | None:
         """The next XID / GPU-lost event, or None when none came within ``timeout_s``."""

@@ -13,7 +13,7 @@ from enum import StrEnum
 
 from dradriver.gpu.errors import GpuError
 from dradriver.gpu.interface import GpuLib
-from dradriver.gpu.models import GpuInfo, MigDevice, MigProfile, NvlinkPeerType, Placement
+from dradriver.gpu.models import FabricInfo, FabricState, GpuInfo, MigDevice, MigProfile, NvlinkPeerType, Placement
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +158,11 @@ def _nvlink_domains(gpulib: GpuLib, infos: list[GpuInfo]) -> dict[str, str]:
     GPUs on one NVSwitch fabric form one domain; GPUs linked directly (bridges) form one per connected group;
     a GPU without NVLink peers is a domain of its own. Ids are named after the lowest PCI address in the domain,
     so they are stable and readable ("nvswitch-0000-07-00-0", "bridge-0000-17-00-0", "single-0000-87-00-0").
+
+    A GPU with links to NVSwitches joins the switch domain only when its fabric registration allows traffic: no
+    fabric info (before Hopper) or registration COMPLETED with SUCCESS. One still registering, or whose
+    registration failed, gets a domain of its own. A registered GPU of a multi-node NVLink clique (non-zero
+    cluster UUID) is in the clique's domain, "clique-<clusterUuid>.<cliqueId>", the same on every node of it.
     """
     by_bus = {info.pci_bus_id: info for info in infos}
     parent = {info.pci_bus_id: info.pci_bus_id for info in infos}
@@ -174,6 +179,7 @@ def _nvlink_domains(gpulib: GpuLib, infos: list[GpuInfo]) -> dict[str, str]:
             parent[max(ra, rb)] = min(ra, rb)
 
     on_switch: list[str] = []
+    cliques: dict[str, str] = {}  # bus id → clique key, for GPUs of a multi-node NVLink clique
     bridged: set[str] = set()
     for info in infos:
         try:
@@ -181,12 +187,26 @@ def _nvlink_domains(gpulib: GpuLib, infos: list[GpuInfo]) -> dict[str, str]:
         except GpuError as err:
             log.info("NVLink topology unavailable gpu=%s error=%s", info.pci_bus_id, err)
             links = []
+        switch_links = False
         for link in links:
             if link.remote_type is NvlinkPeerType.SWITCH:
-                on_switch.append(info.pci_bus_id)
+                switch_links = True
             elif link.remote_type is NvlinkPeerType.GPU and link.remote_pci_bus_id in by_bus:
                 join(info.pci_bus_id, link.remote_pci_bus_id)
                 bridged.add(info.pci_bus_id)
+        if not switch_links:
+            continue
+        fabric = _fabric_info(gpulib, info)
+        if fabric is None:
+            on_switch.append(info.pci_bus_id)
+        elif not fabric.registered:
+            # Its NVLinks reach the switches but carry no traffic until the fabric manager has registered it.
+            log.warning("GPU left out of its NVSwitch domain: NVLink fabric registration not complete gpu=%s "
+                        "state=%s status=%d", info.pci_bus_id, _state_name(fabric.state), fabric.status)
+        elif fabric.multi_node:
+            cliques[info.pci_bus_id] = fabric.clique
+        else:
+            on_switch.append(info.pci_bus_id)
     for bus in on_switch[1:]:
         join(on_switch[0], bus)
     switched = set(on_switch)
@@ -194,9 +214,26 @@ def _nvlink_domains(gpulib: GpuLib, infos: list[GpuInfo]) -> dict[str, str]:
     domains: dict[str, str] = {}
     for info in infos:
         bus = info.pci_bus_id
+        if bus in cliques:
+            # At most 7 + 36 + 1 + 10 = 54 characters: within the 64 an attribute string may have.
+            domains[info.uuid] = f"clique-{cliques[bus]}"
+            continue
         kind = "nvswitch" if bus in switched else "bridge" if bus in bridged else "single"
         domains[info.uuid] = f"{kind}-{gpu_name(root(bus)).removeprefix('gpu-')}"
     return domains
+
+
+def _fabric_info(gpulib: GpuLib, info: GpuInfo) -> FabricInfo | None:
+    """The GPU's fabric registration; None when NVML has none for it, or cannot say (then the NVLinks decide)."""
+    try:
+        return gpulib.fabric_info(info.uuid)
+    except GpuError as err:
+        log.info("NVLink fabric info unavailable gpu=%s error=%s", info.pci_bus_id, err)
+        return None
+
+
+def _state_name(state: int) -> str:
+    return FabricState(state).name if state in FabricState._value2member_map_ else str(state)
 
 
 def _check_unique_names(names: list[str]) -> None:

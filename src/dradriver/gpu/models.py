@@ -17,6 +17,15 @@ class ComputeMode(IntEnum):
     EXCLUSIVE_PROCESS = 3
 
 
+class FabricState(IntEnum):
+    """Where a GPU's NVLink fabric registration stands (``NVML_GPU_FABRIC_STATE_*``)."""
+
+    NOT_SUPPORTED = 0
+    NOT_STARTED = 1
+    IN_PROGRESS = 2
+    COMPLETED = 3
+
+
 class NvlinkPeerType(IntEnum):
     """What the far end of an NVLink is (``NVML_NVLINK_DEVICE_TYPE_*``)."""
 
@@ -124,6 +133,38 @@ class NvlinkConnection:
     link: int
     remote_pci_bus_id: str
     remote_type: NvlinkPeerType
+
+
+NO_CLUSTER_UUID = "00000000-0000-0000-0000-000000000000"
+
+
+@dataclass(frozen=True)
+class FabricInfo:
+    """A GPU's NVLink fabric registration, as ``nvmlDeviceGetGpuFabricInfoV`` reports it (Hopper and newer).
+
+    ``status`` is an NVML return code and means something only once ``state`` is COMPLETED. An all-zero
+    ``cluster_uuid`` means the GPU is not part of a multi-node NVLink system (normal on a single-node HGX)."""
+
+    cluster_uuid: str  # the 16-byte clusterUuid as a UUID string, "00000000-0000-0000-0000-000000000000" when none
+    clique_id: int
+    state: int  # NVML_GPU_FABRIC_STATE_*: see FabricState
+    status: int  # NVML return code (0 = success), valid only when state is COMPLETED
+    health_mask: int
+
+    @property
+    def registered(self) -> bool:
+        """The fabric manager finished registering the GPU, successfully: its NVLinks to switches carry traffic."""
+        return self.state == FabricState.COMPLETED and self.status == 0
+
+    @property
+    def multi_node(self) -> bool:
+        """The GPU belongs to a multi-node NVLink clique (a non-zero cluster UUID)."""
+        return self.cluster_uuid != NO_CLUSTER_UUID
+
+    @property
+    def clique(self) -> str:
+        """The clique key as NVIDIA's DRA driver writes it: ``<clusterUuid>.<cliqueId>``."""
+        return f"{self.cluster_uuid}.{self.clique_id}"
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import math
 import os
 import threading
 import time
+import uuid as uuid_lib
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
@@ -33,6 +34,8 @@ from dradriver.gpu.errors import (
 from dradriver.gpu.models import (
     ComputeInstance,
     ComputeMode,
+    FabricInfo,
+    FabricState,
     GpuEvent,
     GpuInfo,
     GpuInstance,
@@ -52,6 +55,7 @@ LIBRARY_NOT_FOUND_MESSAGE = "NVML library not found: install the NVIDIA driver o
 _LIBRARY_NOT_FOUND = 12
 _TIMEOUT = 10
 _GPU_IS_LOST = 15
+_ARGUMENT_VERSION_MISMATCH = 25
 _NOT_ATTRIBUTABLE = 0xFFFFFFFF
 _CI_PROFILE_1_SLICE_REV1 = 0x7
 _HEALTH_EVENTS = 0x8 | 0x2 | 0x1  # XidCriticalError | DoubleBitEccError | SingleBitEccError
@@ -140,6 +144,7 @@ class NvmlGpuLib:
         self._profiles: dict[str, list[MigProfile]] = {}
         self._ci_profiles: dict[tuple[str, int], list[tuple[int, Any]]] = {}
         self._links: dict[str, list[NvlinkConnection]] = {}
+        self._fabric: dict[str, FabricInfo | None] = {}
         self._event_set: Any = None
         self._event_error: GpuError | None = None
         self._event_uuids: dict[int, str] = {}
@@ -460,6 +465,47 @@ class NvmlGpuLib:
                 remote_type=NvlinkPeerType(kind) if kind in NvlinkPeerType._value2member_map_
                 else NvlinkPeerType.UNKNOWN))
         return links
+
+    # --- NVLink fabric ------------------------------------------------------------------------------------
+
+    def fabric_info(self, gpu_uuid: str) -> FabricInfo | None:
+        with self._lock:
+            if gpu_uuid in self._fabric:
+                return self._fabric[gpu_uuid]
+        info = self._read_fabric(gpu_uuid)
+        # Only settled answers are kept: a registration that is still running (or failed and will be retried by
+        # the fabric manager) must be read again at the next rescan, or the GPU would never join its domain.
+        if info is None or info.registered:
+            with self._lock:
+                self._fabric[gpu_uuid] = info
+        return info
+
+    def _read_fabric(self, gpu_uuid: str) -> FabricInfo | None:
+        handle = self._handle(gpu_uuid)
+        call = "nvmlDeviceGetGpuFabricInfoV"
+        # pynvml's v3 struct constructor sets the version too; set it explicitly as the C API requires, so an
+        # older pynvml whose struct lacks that constructor still passes a valid version.
+        info = self._nvml.c_nvmlGpuFabricInfo_v3_t()
+        info.version = self._nvml.nvmlGpuFabricInfo_v3
+        try:
+            self._call(call, handle, ctypes.byref(info), device=gpu_uuid)
+        except NotSupported:
+            return None
+        except GpuError as err:
+            if err.code != _ARGUMENT_VERSION_MISMATCH:
+                raise
+            # Drivers that predate the v3 struct (healthSummary) answer the v2 one, which has every field we read.
+            info = self._nvml.c_nvmlGpuFabricInfo_v2_t()
+            info.version = self._nvml.nvmlGpuFabricInfo_v2
+            try:
+                self._call(call, handle, ctypes.byref(info), device=gpu_uuid)
+            except NotSupported:
+                return None
+        if info.state == FabricState.NOT_SUPPORTED:
+            return None
+        return FabricInfo(cluster_uuid=str(uuid_lib.UUID(bytes=bytes(info.clusterUuid))),
+                          clique_id=int(info.cliqueId), state=int(info.state), status=int(info.status),
+                          health_mask=int(info.healthMask))
 
     # --- health events ------------------------------------------------------------------------------------
 

@@ -3,8 +3,8 @@
 It models what NVML exposes and enforces NVML's rules: MIG placement (a GPU instance only at a valid start, never
 overlapping another, ``INSUFFICIENT_RESOURCES`` when the slot is taken or the profile's instance limit reached),
 GPU-instance ids handed out by the "driver" rather than derived from placement, compute instances inside GPU
-instances, MIG mode changes that stay pending on Ampere until a reset, compute modes, NVLink peers, XID and
-GPU-lost events.
+instances, MIG mode changes that stay pending on Ampere until a reset, compute modes, NVLink peers, NVLink fabric
+registration (Hopper and newer), XID and GPU-lost events.
 
 Hardware state outlives a driver process, so state persists in a JSON file when one is given: MIG instances and
 compute modes survive a restart, and a crashed driver can leave them behind, as on a real node.
@@ -26,8 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from dradriver.errors import ConfigError
-from dradriver.gpu.catalog import COMPUTE_SLICES_PER_GPU, NodeProfile, ProductSpec, load_products
-from dradriver.gpu.models import ComputeMode, MigProfile, NvlinkPeerType, Placement
+from dradriver.gpu.catalog import (
+    COMPUTE_SLICES_PER_GPU,
+    FABRIC_ARCHITECTURES,
+    NodeProfile,
+    ProductSpec,
+    load_products,
+)
+from dradriver.gpu.models import NO_CLUSTER_UUID, ComputeMode, FabricState, MigProfile, NvlinkPeerType, Placement
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +100,8 @@ class SimGpu:
     compute_mode: int = ComputeMode.DEFAULT
     lost: bool = False
     gpu_instances: dict[int, SimGpuInstance] = field(default_factory=dict)
+    fabric_state: FabricState | None = None  # None: no fabric info at all (before Hopper)
+    fabric_status: int = SUCCESS  # NVML return code of the registration, meaningful once COMPLETED
 
     @property
     def minor(self) -> int:
@@ -104,6 +112,17 @@ class SimGpu:
 
     def profile_by_id(self, profile_id: int) -> MigProfile | None:
         return next((p for p in self.mig_profiles() if p.id == profile_id), None)
+
+
+@dataclass(frozen=True)
+class SimFabric:
+    """A GPU's NVLink fabric registration as ``nvmlDeviceGetGpuFabricInfoV`` reports it."""
+
+    state: FabricState
+    status: int
+    cluster_uuid: str
+    clique_id: int
+    health_mask: int = 0
 
 
 @dataclass(frozen=True)
@@ -148,6 +167,8 @@ class SimulatedNode:
                    pcie_root=spec.pcie_root)
             for i, spec in enumerate(ordered)
         ]
+        for gpu in self.gpus:
+            gpu.fabric_state = self._initial_fabric_state(gpu)
         if state_path is not None and state_path.exists():
             self._load_state(state_path)
         else:
@@ -362,6 +383,41 @@ class SimulatedNode:
                 return peer, NvlinkPeerType.GPU
         return None
 
+    # --- NVLink fabric -------------------------------------------------------------------------------------
+
+    def _initial_fabric_state(self, gpu: SimGpu) -> FabricState | None:
+        # Hopper and newer report a fabric state: registered once the fabric manager is up on an NVSwitch system,
+        # NOT_SUPPORTED without NVSwitches (H100 NVL pairs, PCIe cards). Older GPUs have no fabric info at all.
+        if gpu.product.architecture not in FABRIC_ARCHITECTURES or gpu.product.nvlinks == 0:
+            return None
+        return FabricState.COMPLETED if self.profile.nvswitch else FabricState.NOT_SUPPORTED
+
+    def fabric(self, index: int) -> SimFabric:
+        """The GPU's fabric registration; ``NOT_SUPPORTED`` for GPUs before Hopper."""
+        with self._lock:
+            gpu = self.gpu(index)
+            if gpu.fabric_state is None:
+                raise SimNvmlError(NOT_SUPPORTED, f"{gpu.product_name} ({gpu.product.architecture}) has no "
+                                                  "NVLink fabric info")
+            # The fabric manager assigns cluster and clique only when the registration succeeds; a single-node
+            # NVSwitch system is not multi-node capable and reports the all-zero cluster UUID and clique 0.
+            clique = self.profile.fabric
+            if clique is None or gpu.fabric_state != FabricState.COMPLETED or gpu.fabric_status != SUCCESS:
+                return SimFabric(gpu.fabric_state, gpu.fabric_status, NO_CLUSTER_UUID, 0)
+            return SimFabric(gpu.fabric_state, gpu.fabric_status, clique.cluster_uuid, clique.clique_id)
+
+    def set_fabric_state(self, index: int, state: int, status: int = SUCCESS) -> None:
+        """Set a GPU's fabric registration state (``FabricState``) and, for COMPLETED, its NVML status, as the
+        fabric manager would while it (re)registers the GPU. Persisted: it outlives a driver restart."""
+        with self._lock:
+            gpu = self.gpu(index)
+            if gpu.fabric_state is None:
+                raise ValueError(f"GPU {index} ({gpu.product_name}, {gpu.product.architecture}) has no NVLink "
+                                 "fabric info: only Hopper and newer GPUs with NVLink have one")
+            gpu.fabric_state = FabricState(state)
+            gpu.fabric_status = status
+            self._save()
+
     def _profile_bus_id(self, profile_index: int) -> str:
         return self.profile.gpus[profile_index].pci_bus_id
 
@@ -446,6 +502,8 @@ class SimulatedNode:
                     "migPending": gpu.mig_pending,
                     "computeMode": int(gpu.compute_mode),
                     "lost": gpu.lost,
+                    "fabric": (None if gpu.fabric_state is None
+                               else {"state": int(gpu.fabric_state), "status": gpu.fabric_status}),
                     "gpuInstances": [
                         {"id": gi.id, "profileId": gi.profile.id, "start": gi.placement.start,
                          "computeInstances": [
@@ -503,6 +561,9 @@ class SimulatedNode:
             state = parsed[gpu.pci_bus_id]
             gpu.mig_current, gpu.mig_pending, gpu.compute_mode, gpu.lost = (
                 state.mig_current, state.mig_pending, state.compute_mode, state.lost)
+            # Files written before fabric info was modelled lack it: the profile's initial state holds.
+            if state.fabric is not None and gpu.fabric_state is not None:
+                gpu.fabric_state, gpu.fabric_status = state.fabric
             gpu.gpu_instances = _keep_identities(gpu.gpu_instances, state.gpu_instances)
         self._stamp = _file_stamp(path)
 
@@ -541,6 +602,7 @@ class _GpuState:
     compute_mode: int
     lost: bool
     gpu_instances: dict[int, SimGpuInstance]
+    fabric: tuple[FabricState, int] | None
 
 
 def _parse_gpu_state(gpu: SimGpu, entry: dict[str, Any]) -> _GpuState:
@@ -557,8 +619,10 @@ def _parse_gpu_state(gpu: SimGpu, entry: dict[str, Any]) -> _GpuState:
                 id=int(ci_raw["id"]), profile_id=ci_profile, slices=CI_PROFILE_SLICES[ci_profile],
                 uuid=str(ci_raw["uuid"]), compute_mode=ComputeMode(ci_raw.get("computeMode", 0)))
         instances[gi.id] = gi
+    fabric = entry.get("fabric")
     return _GpuState(bool(entry["migCurrent"]), bool(entry["migPending"]), ComputeMode(entry["computeMode"]),
-                     bool(entry.get("lost", False)), instances)
+                     bool(entry.get("lost", False)), instances,
+                     (FabricState(int(fabric["state"])), int(fabric["status"])) if fabric is not None else None)
 
 
 def _keep_identities(old: dict[int, SimGpuInstance], new: dict[int, SimGpuInstance]) -> dict[int, SimGpuInstance]:
