@@ -201,6 +201,20 @@ def test_devices_allocated_to_a_claim_in_another_namespace_are_not_available(
     assert "allocated to other claims" in out.split("why:", 1)[1]
 
 
+def test_claim_naming_a_missing_device_class_is_the_schedulers_error(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster.add_node("node-a")
+    spec = claim_spec(1)
+    spec["devices"]["requests"][0]["exactly"]["deviceClassName"] = "nvidia.com"
+    cluster.add_claim("typo", spec)
+    cluster.add_pod("trainer", {"name": "gpu", "resourceClaimName": "typo"})
+    assert cluster.explain("ml/trainer") == 1
+    out = capsys.readouterr().out
+    assert "ResourceClaim ml/typo (pod ml/trainer claim gpu): ERROR" in out
+    assert "device class nvidia.com not found" in out
+
+
 # -- (3) objects that do not exist -------------------------------------------------------------------
 
 

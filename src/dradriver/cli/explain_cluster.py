@@ -91,11 +91,15 @@ class KubernetesReader:
             data: bytes = response.read() or b""
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise ConfigError(
-                f"cannot reach the API server at {host} to read {what}: {exc}; "
-                "check --kubeconfig/--context"
+                f"cannot reach the API server at {host} to read {what}: {exc}; check --kubeconfig/--context"
             ) from exc
         except k8s_client.ApiException as exc:
-            raise self._error(exc.status or 0, (exc.body or str(exc.reason)).encode(), what) from exc
+            if not exc.status:  # the client's own failure before any answer (TLS, for one)
+                raise ConfigError(
+                    f"cannot reach the API server at {host} to read {what}: {exc.reason}; "
+                    "check --kubeconfig/--context"
+                ) from exc
+            raise self._error(exc.status, (exc.body or str(exc.reason)).encode(), what) from exc
         if not 200 <= response.status <= 299:
             raise self._error(response.status, data, what)
         try:
@@ -128,7 +132,9 @@ class KubernetesReader:
             query = [("limit", str(self._page_size))] + ([("continue", token)] if token else [])
             page = self._request(path, f"{kind}s (all namespaces)", query)
             # Items of a list carry no apiVersion/kind of their own; the allocator wants whole objects.
-            items += [{"apiVersion": f"{GROUP}/{VERSION}", "kind": kind, **item} for item in page.get("items") or []]
+            items += [
+                {"apiVersion": f"{GROUP}/{VERSION}", "kind": kind, **item} for item in page.get("items") or []
+            ]
             token = str((page.get("metadata") or {}).get("continue") or "")
             if not token:
                 return items
@@ -176,7 +182,6 @@ def pod_claims(reader: ClusterReader, pod: dict[str, Any]) -> list[PodClaim]:
     """Resolve every entry of the pod's ``spec.resourceClaims``, in order."""
     meta = pod.get("metadata") or {}
     namespace = str(meta.get("namespace") or "default")
-    pod_name = f"pod {namespace}/{meta.get('name')}"
     statuses = {
         s.get("name"): s.get("resourceClaimName")
         for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
@@ -191,7 +196,7 @@ def pod_claims(reader: ClusterReader, pod: dict[str, Any]) -> list[PodClaim]:
             error = (
                 ""
                 if claim
-                else f"ResourceClaim {namespace}/{claim_name} does not exist ({pod_name} names it in "
+                else f"ResourceClaim {namespace}/{claim_name} does not exist (named in "
                 f"{field}.resourceClaimName; the pod stays Pending until it is created)"
             )
             found.append(PodClaim(name, claim, error))
@@ -206,13 +211,13 @@ def pod_claims(reader: ClusterReader, pod: dict[str, Any]) -> list[PodClaim]:
             error = (
                 ""
                 if template
-                else f"ResourceClaimTemplate {namespace}/{template_name} does not exist ({pod_name} names it "
-                f"in {field}.resourceClaimTemplateName; no claim can be generated until it is created)"
+                else f"ResourceClaimTemplate {namespace}/{template_name} does not exist (named in "
+                f"{field}.resourceClaimTemplateName; no claim can be generated until it is created)"
             )
             found.append(PodClaim(name, template, error))
         else:
             found.append(
-                PodClaim(name, None, f"{pod_name} {field} names neither a claim nor a claim template")
+                PodClaim(name, None, f"{field} sets neither resourceClaimName nor resourceClaimTemplateName")
             )
     return found
 
@@ -244,7 +249,8 @@ def explain_pod_with(reader: ClusterReader, pod_ref: str, output: str) -> int:
             continue
         allocation = _allocation(claim.obj)
         if allocation:
-            results.append({"podClaim": claim.name, "name": Document(claim.obj, "").name, "allocated": allocation})
+            name = Document(claim.obj, "").name
+            results.append({"podClaim": claim.name, "name": name, "allocated": allocation})
             continue
         uid = (claim.obj.get("metadata") or {}).get("uid")
         others = [
