@@ -115,14 +115,14 @@ def test_generated_claim_is_preferred_over_the_template():
         claims=[generated],
         templates=[template(1)],
     )
-    ((_name, obj, note),) = pod_claims(reader, reader.pod)
-    assert obj is generated and not note
+    (resolved,) = pod_claims(reader, reader.pod)
+    assert resolved.obj is generated and not resolved.error
 
 
-def test_missing_claim_is_reported(capsys):
+def test_missing_claim_is_an_error_naming_it(capsys):
     reader = FakeReader(pod({"name": "gpus", "resourceClaimName": "nope"}))
-    assert explain_pod_with(reader, "ml/trainer", "text") == 1
-    assert "ResourceClaim ml/nope does not exist" in capsys.readouterr().out
+    assert explain_pod_with(reader, "ml/trainer", "text") == 2
+    assert "ResourceClaim ml/nope does not exist" in capsys.readouterr().err
 
 
 def test_pod_without_claims_is_not_pending_because_of_dra(capsys):

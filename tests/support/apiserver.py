@@ -1,8 +1,9 @@
 """A stand-in for the Kubernetes API server, for tests that drive the real ``kubernetes`` client.
 
-A threaded HTTP server on 127.0.0.1 (random port) that serves the few resources the plugin layer uses, with
-the behaviour the plugin layer depends on: monotonic resourceVersions, generated names and uids, optimistic
-concurrency (409 on a stale resourceVersion), delete preconditions, field and label selectors, streaming
+A threaded HTTP server on 127.0.0.1 (random port) that serves the few resources the plugin layer and
+``explain --pod`` use, with the behaviour they depend on: monotonic resourceVersions, generated names and uids,
+optimistic concurrency (409 on a stale resourceVersion), delete preconditions, field and label selectors,
+paged lists (``limit``/``continue``), lists across namespaces, streaming
 watches with history (resume from a resourceVersion; 410 once compacted), and validation of every written
 object with ``kubernetes-validate`` (strict, 1.37.0) plus our ResourceSlice rules, answered with 422 and a
 Status body as a real server does.
@@ -71,6 +72,7 @@ RESOURCES = {
             field_selectors=("spec.driver", "spec.nodeName"),
         ),
         Resource("resourceclaims", "resource.k8s.io", "v1", "ResourceClaim", True, has_status=True),
+        Resource("resourceclaimtemplates", "resource.k8s.io", "v1", "ResourceClaimTemplate", True),
         Resource("deviceclasses", "resource.k8s.io", "v1", "DeviceClass", False),
         Resource("nodes", "", "v1", "Node", False, has_status=True),
         Resource("pods", "", "v1", "Pod", True, has_status=True, field_selectors=("spec.nodeName",)),
@@ -691,10 +693,18 @@ class _Handler(BaseHTTPRequestHandler):
             items = [
                 o for o in api.list(resource.plural, namespace) if _matches(o, namespace, fields, labels)
             ]
+            metadata = {"resourceVersion": api.resource_version}
+            # Paging: our continue token is the offset of the next item (the real one is opaque).
+            limit = int(query.get("limit") or 0)
+            if limit > 0:
+                start = int(query.get("continue") or 0)
+                if start + limit < len(items):
+                    metadata["continue"] = str(start + limit)
+                items = items[start : start + limit]
             return 200, {
                 "apiVersion": resource.api_version,
                 "kind": f"{resource.kind}List",
-                "metadata": {"resourceVersion": api.resource_version},
+                "metadata": metadata,
                 "items": items,
             }
         if name is None and method != "POST":

@@ -1,27 +1,44 @@
-"""``dradriver explain --pod NS/NAME``: why is this pod Pending? Reads the cluster (read-only)."""
+"""``dradriver explain --pod NS/NAME``: why is this pod Pending? Reads the cluster (GET and LIST only)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import quote
+
+import urllib3
 
 from dradriver.cli.explain import (
     EXIT_DOES_NOT_FIT,
     EXIT_FITS,
+    EXIT_INVALID,
     ClaimOutcome,
     explain_document,
     render_outcome,
 )
 from dradriver.cli.explain_input import Document
 from dradriver.errors import ConfigError
+from dradriver.plugin.cluster import ClusterError, ForbiddenError, NotFoundError
+from dradriver.plugin.kube_cluster import error_for_status, k8s_client, load_api_client
 
 GROUP, VERSION = "resource.k8s.io", "v1"
+# (connect, read) seconds per request: explain is interactive, a hung API server must not hang it.
+REQUEST_TIMEOUT = (5.0, 60.0)
+# Objects per LIST page, as kubectl asks for.
+PAGE_SIZE = 500
+RBAC_HINT = (
+    "dradriver explain --pod needs get on pods, resourceclaims and resourceclaimtemplates in the pod's "
+    "namespace and list on deviceclasses, resourceslices and resourceclaims cluster-wide"
+)
 
 
 class ClusterReader(Protocol):
-    """The read-only cluster access ``--pod`` needs; every object is returned as its JSON dict."""
+    """The read-only cluster access ``--pod`` needs; every object is returned as its JSON dict.
+
+    ``get_pod`` raises :class:`ConfigError` when the pod does not exist; the other getters return None."""
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]: ...
 
@@ -36,68 +53,108 @@ class ClusterReader(Protocol):
     def list_claims(self) -> list[dict[str, Any]]: ...
 
 
+_KINDS = {
+    "deviceclasses": "DeviceClass",
+    "resourceslices": "ResourceSlice",
+    "resourceclaims": "ResourceClaim",
+    "resourceclaimtemplates": "ResourceClaimTemplate",
+}
+
+
 class KubernetesReader:
-    """ClusterReader over the ``kubernetes`` client (GET and LIST only)."""
+    """ClusterReader over the ``kubernetes`` client's ``ApiClient`` (GET and LIST only).
 
-    def __init__(self, kubeconfig: str | None, context: str | None) -> None:
-        import kubernetes
+    Bodies are read as raw JSON rather than through the client's models: those drop fields they do not
+    know and reject values they do not expect, and explain must see what a newer API server sends."""
 
-        # The client's stubs are partial; treat it as untyped here, at the edge.
-        client: Any = kubernetes.client
-        config: Any = kubernetes.config
+    def __init__(
+        self, kubeconfig: str | None, context: str | None, *, page_size: int = PAGE_SIZE
+    ) -> None:
+        self._api: Any = load_api_client(kubeconfig, context=context)
+        self._page_size = page_size
+
+    def close(self) -> None:
+        """Release the client's connections."""
+        self._api.close()
+
+    def _request(self, path: str, what: str, query: list[tuple[str, str]] | None = None) -> dict[str, Any]:
+        request = self._api.param_serialize(
+            method="GET",
+            resource_path=path,
+            query_params=query or None,
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        host = self._api.configuration.host
         try:
-            if kubeconfig or context:
-                config.load_kube_config(config_file=kubeconfig, context=context)
-            else:
-                try:
-                    config.load_incluster_config()
-                except config.ConfigException:
-                    config.load_kube_config()
-        except (config.ConfigException, OSError) as err:
-            raise ConfigError(f"cannot load cluster credentials: {err}; pass --kubeconfig/--context") from err
-        self._api: Any = client.ApiClient()
-        self._core = client.CoreV1Api(self._api)
-        self._custom: Any = client.CustomObjectsApi(self._api)
-        self._errors = client.exceptions.ApiException
-
-    def _get(self, namespace: str, plural: str, name: str) -> dict[str, Any] | None:
+            response = self._api.call_api(*request, _request_timeout=REQUEST_TIMEOUT)
+            data: bytes = response.read() or b""
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ConfigError(
+                f"cannot reach the API server at {host} to read {what}: {exc}; check --kubeconfig/--context"
+            ) from exc
+        except k8s_client.ApiException as exc:
+            if not exc.status:  # the client's own failure before any answer (TLS, for one)
+                raise ConfigError(
+                    f"cannot reach the API server at {host} to read {what}: {exc.reason}; "
+                    "check --kubeconfig/--context"
+                ) from exc
+            raise self._error(exc.status, (exc.body or str(exc.reason)).encode(), what) from exc
+        if not 200 <= response.status <= 299:
+            raise self._error(response.status, data, what)
         try:
-            result: dict[str, Any] = self._custom.get_namespaced_custom_object(
-                GROUP, VERSION, namespace, plural, name
-            )
-        except self._errors as err:
-            if err.status == 404:
-                return None
-            raise ConfigError(f"reading {plural} {namespace}/{name}: {err.status} {err.reason}") from err
+            result = json.loads(data)
+        except ValueError as exc:
+            raise ConfigError(f"reading {what} from {host}: the answer is not JSON: {data[:200]!r}") from exc
+        if not isinstance(result, dict):
+            raise ConfigError(f"reading {what} from {host}: the answer is not a JSON object")
         return result
+
+    @staticmethod
+    def _error(status: int, body: bytes, what: str) -> ClusterError:
+        error = error_for_status(status, body, what, "GET")
+        if isinstance(error, ForbiddenError):
+            return type(error)(f"{error}; {RBAC_HINT}", status=error.status, reason=error.reason)
+        return error
+
+    def _get(self, path: str, what: str) -> dict[str, Any] | None:
+        try:
+            return self._request(path, what)
+        except NotFoundError:
+            return None
 
     def _list(self, plural: str) -> list[dict[str, Any]]:
-        try:
-            result = self._custom.list_cluster_custom_object(GROUP, VERSION, plural)
-        except self._errors as err:
-            raise ConfigError(f"listing {plural}: {err.status} {err.reason}") from err
-        kind = {
-            "deviceclasses": "DeviceClass",
-            "resourceslices": "ResourceSlice",
-            "resourceclaims": "ResourceClaim",
-        }[plural]
-        return [
-            {"apiVersion": f"{GROUP}/{VERSION}", "kind": kind, **item} for item in result.get("items", [])
-        ]
+        kind = _KINDS[plural]
+        path = f"/apis/{GROUP}/{VERSION}/{plural}"
+        items: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            query = [("limit", str(self._page_size))] + ([("continue", token)] if token else [])
+            page = self._request(path, f"{kind}s (all namespaces)", query)
+            # Items of a list carry no apiVersion/kind of their own; the allocator wants whole objects.
+            items += [
+                {"apiVersion": f"{GROUP}/{VERSION}", "kind": kind, **item} for item in page.get("items") or []
+            ]
+            token = str((page.get("metadata") or {}).get("continue") or "")
+            if not token:
+                return items
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
-        try:
-            pod = self._core.read_namespaced_pod(name, namespace)
-        except self._errors as err:
-            raise ConfigError(f"reading pod {namespace}/{name}: {err.status} {err.reason}") from err
-        result: dict[str, Any] = self._api.sanitize_for_serialization(pod)
-        return result
+        path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}"
+        pod = self._get(path, f"Pod {namespace}/{name}")
+        if pod is None:
+            raise ConfigError(f"pod {namespace}/{name} does not exist (check the namespace and name)")
+        return pod
+
+    def _get_namespaced(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{plural}/{quote(name)}"
+        return self._get(path, f"{_KINDS[plural]} {namespace}/{name}")
 
     def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self._get(namespace, "resourceclaims", name)
+        return self._get_namespaced("resourceclaims", namespace, name)
 
     def get_claim_template(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self._get(namespace, "resourceclaimtemplates", name)
+        return self._get_namespaced("resourceclaimtemplates", namespace, name)
 
     def list_device_classes(self) -> list[dict[str, Any]]:
         return self._list("deviceclasses")
@@ -109,8 +166,20 @@ class KubernetesReader:
         return self._list("resourceclaims")
 
 
-def pod_claims(reader: ClusterReader, pod: dict[str, Any]) -> list[tuple[str, dict[str, Any] | None, str]]:
-    """(pod claim name, claim or template object or None, note) for every entry of spec.resourceClaims."""
+@dataclass
+class PodClaim:
+    """One entry of a pod's ``spec.resourceClaims`` and what it resolved to.
+
+    ``obj`` is the ResourceClaim (generated or named), or the ResourceClaimTemplate while the claim has
+    not been generated yet; None, with ``error`` saying why, when neither exists."""
+
+    name: str
+    obj: dict[str, Any] | None
+    error: str = ""
+
+
+def pod_claims(reader: ClusterReader, pod: dict[str, Any]) -> list[PodClaim]:
+    """Resolve every entry of the pod's ``spec.resourceClaims``, in order."""
     meta = pod.get("metadata") or {}
     namespace = str(meta.get("namespace") or "default")
     statuses = {
@@ -118,76 +187,111 @@ def pod_claims(reader: ClusterReader, pod: dict[str, Any]) -> list[tuple[str, di
         for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
     }
     found = []
-    for entry in (pod.get("spec") or {}).get("resourceClaims") or []:
+    for index, entry in enumerate((pod.get("spec") or {}).get("resourceClaims") or []):
         name = str(entry.get("name"))
+        field = f"spec.resourceClaims[{index}]"
         if entry.get("resourceClaimName"):
-            claim = reader.get_claim(namespace, entry["resourceClaimName"])
-            note = "" if claim else f"ResourceClaim {namespace}/{entry['resourceClaimName']} does not exist"
-            found.append((name, claim, note))
+            claim_name = str(entry["resourceClaimName"])
+            claim = reader.get_claim(namespace, claim_name)
+            error = (
+                ""
+                if claim
+                else f"ResourceClaim {namespace}/{claim_name} does not exist (named in "
+                f"{field}.resourceClaimName; the pod stays Pending until it is created)"
+            )
+            found.append(PodClaim(name, claim, error))
         elif entry.get("resourceClaimTemplateName"):
             generated = statuses.get(name)
-            claim = reader.get_claim(namespace, generated) if generated else None
-            if claim is None:
-                template = reader.get_claim_template(namespace, entry["resourceClaimTemplateName"])
-                note = (
-                    ""
-                    if template
-                    else f"ResourceClaimTemplate {namespace}/{entry['resourceClaimTemplateName']} is missing"
-                )
-                found.append((name, template, note))
-            else:
-                found.append((name, claim, ""))
+            claim = reader.get_claim(namespace, str(generated)) if generated else None
+            if claim is not None:
+                found.append(PodClaim(name, claim))
+                continue
+            template_name = str(entry["resourceClaimTemplateName"])
+            template = reader.get_claim_template(namespace, template_name)
+            error = (
+                ""
+                if template
+                else f"ResourceClaimTemplate {namespace}/{template_name} does not exist (named in "
+                f"{field}.resourceClaimTemplateName; no claim can be generated until it is created)"
+            )
+            found.append(PodClaim(name, template, error))
+        else:
+            found.append(
+                PodClaim(name, None, f"{field} sets neither resourceClaimName nor resourceClaimTemplateName")
+            )
     return found
 
 
 def explain_pod_with(reader: ClusterReader, pod_ref: str, output: str) -> int:
+    """Explain every unallocated claim of pod ``NAMESPACE/NAME``; the explain exit status."""
     namespace, _, name = pod_ref.rpartition("/")
     if not name:
-        raise ConfigError(f"--pod {pod_ref!r}: want NAMESPACE/NAME")
-    pod = reader.get_pod(namespace or "default", name)
+        raise ConfigError(f"--pod {pod_ref!r}: want NAMESPACE/NAME (NAME alone means namespace default)")
+    namespace = namespace or "default"
+    pod_ref = f"{namespace}/{name}"
+    pod = reader.get_pod(namespace, name)
     claims = pod_claims(reader, pod)
     if not claims:
         print(f"pod {pod_ref} has no spec.resourceClaims: DRA is not why it is Pending")
         return EXIT_FITS
-    classes = reader.list_device_classes()
-    slices = reader.list_resource_slices()
-    all_claims = reader.list_claims()
-    results = []
-    fits = True
-    for pod_claim, obj, note in claims:
-        if obj is None:
-            results.append({"podClaim": pod_claim, "fits": False, "error": note})
-            fits = False
+    errors = [f"pod {pod_ref} claim {c.name}: {c.error}" for c in claims if c.obj is None]
+    pending = [c for c in claims if c.obj is not None and not _allocation(c.obj)]
+    slices: list[dict[str, Any]] = []
+    classes: list[dict[str, Any]] = []
+    all_claims: list[dict[str, Any]] = []
+    if pending:
+        classes = reader.list_device_classes()
+        slices = reader.list_resource_slices()
+        all_claims = reader.list_claims()
+    results: list[dict[str, Any]] = []
+    for claim in claims:
+        if claim.obj is None:
             continue
-        uid = (obj.get("metadata") or {}).get("uid")
-        allocation = (obj.get("status") or {}).get("allocation")
+        allocation = _allocation(claim.obj)
         if allocation:
-            results.append({"podClaim": pod_claim, "fits": True, "allocated": allocation})
+            name = Document(claim.obj, "").name
+            results.append({"podClaim": claim.name, "name": name, "allocated": allocation})
             continue
+        uid = (claim.obj.get("metadata") or {}).get("uid")
         others = [
-            c
-            for c in all_claims
-            if (c.get("status") or {}).get("allocation") and (c.get("metadata") or {}).get("uid") != uid
+            c for c in all_claims if _allocation(c) and (c.get("metadata") or {}).get("uid") != uid
         ]
-        doc = Document(obj, f"pod {pod_ref} claim {pod_claim}")
+        doc = Document(claim.obj, f"pod {pod_ref} claim {claim.name}")
         outcome = explain_document(doc, slices=slices, classes=classes, allocated=others, node=None)
-        fits = fits and outcome.fits
-        results.append({"podClaim": pod_claim, "outcome": outcome})
-    _render_pod(pod_ref, results, output)
+        results.append({"podClaim": claim.name, "outcome": outcome})
+    _render_pod(pod_ref, results, errors, output)
+    if errors:
+        return EXIT_INVALID
+    fits = all(r["outcome"].fits for r in results if "outcome" in r)
     return EXIT_FITS if fits else EXIT_DOES_NOT_FIT
 
 
-def _render_pod(pod_ref: str, results: list[dict[str, Any]], output: str) -> None:
+def _allocation(obj: dict[str, Any]) -> dict[str, Any] | None:
+    allocation: dict[str, Any] | None = (obj.get("status") or {}).get("allocation")
+    return allocation or None
+
+
+def _allocated_node(allocation: dict[str, Any]) -> str:
+    for term in (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or []:
+        for match in term.get("matchFields") or []:
+            if match.get("key") == "metadata.name" and match.get("values"):
+                return str(match["values"][0])
+    return ""
+
+
+def _render_pod(pod_ref: str, results: list[dict[str, Any]], errors: list[str], output: str) -> None:
     if output == "json":
         rendered = []
         for result in results:
             outcome: ClaimOutcome | None = result.get("outcome")
             if outcome is None:
-                rendered.append(result)
+                rendered.append({**result, "fits": True})
                 continue
             rendered.append(
                 {
                     "podClaim": result["podClaim"],
+                    "kind": outcome.document.kind,
+                    "name": outcome.document.name,
                     "fits": outcome.fits,
                     "node": outcome.node,
                     "error": outcome.error,
@@ -195,20 +299,27 @@ def _render_pod(pod_ref: str, results: list[dict[str, Any]], output: str) -> Non
                     "otherNodes": outcome.other_nodes,
                 }
             )
-        json.dump({"pod": pod_ref, "claims": rendered}, sys.stdout, indent=2)
+        json.dump({"pod": pod_ref, "errors": errors, "claims": rendered}, sys.stdout, indent=2)
         sys.stdout.write("\n")
+        return
+    for error in errors:
+        print(f"error: {error}", file=sys.stderr)
+    if not results:
         return
     print(f"pod {pod_ref}:")
     for result in results:
         outcome = result.get("outcome")
         if outcome is not None:
             print(render_outcome(outcome))
-        elif result.get("allocated"):
-            print(f"claim {result['podClaim']}: already allocated")
-        else:
-            print(f"claim {result['podClaim']}: {result['error']}")
+            continue
+        node = _allocated_node(result["allocated"])
+        where = f" on node {node}" if node else ""
+        print(f"claim {result['podClaim']}: ResourceClaim {result['name']} is already allocated{where}")
 
 
 def explain_pod(args: argparse.Namespace) -> int:
     reader = KubernetesReader(args.kubeconfig, args.context)
-    return explain_pod_with(reader, args.pod, args.output)
+    try:
+        return explain_pod_with(reader, args.pod, args.output)
+    finally:
+        reader.close()
