@@ -1,6 +1,21 @@
 """`dradriver run` refuses bad settings with one clear line, before touching anything."""
 
+import logging
+from collections.abc import Iterator
+
+import pytest
+
 from dradriver.cli.main import main
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """`run` points the root logger at this test's (captured, soon closed) stderr: put it back afterwards."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def test_run_needs_a_node_name(monkeypatch, capsys, tmp_path):
