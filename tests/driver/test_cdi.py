@@ -6,9 +6,10 @@ import pytest
 
 from dradriver.driver.cdi import CDI_KIND, CdiDevice, CdiWriter, ClaimSpec, minimum_cdi_version
 from dradriver.errors import DeviceError
+from dradriver.gpu.models import DeviceNode
 
 UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
-GPU = CdiDevice(name="gpu-0000-07-00-0", device_nodes=("/dev/nvidia0",),
+GPU = CdiDevice(name="gpu-0000-07-00-0", device_nodes=(DeviceNode("/dev/nvidia0"),),
                 env=("NVIDIA_VISIBLE_DEVICES=GPU-1",))
 
 
@@ -45,7 +46,7 @@ def test_cdi_version_is_the_minimum_the_content_needs(tmp_path):
 def test_rewriting_replaces_the_spec_and_leaves_no_temp_files(tmp_path):
     writer = CdiWriter(tmp_path)
     writer.write(ClaimSpec(UID, (GPU,)))
-    other = CdiDevice(name="gpu-0000-0f-00-0", device_nodes=("/dev/nvidia1",))
+    other = CdiDevice(name="gpu-0000-0f-00-0", device_nodes=(DeviceNode("/dev/nvidia1"),))
     writer.write(ClaimSpec(UID, (GPU, other)))
     spec = json.loads(writer.spec_path(UID).read_text())
     assert len(spec["devices"]) == 2
@@ -74,3 +75,12 @@ def test_unwritable_directory_names_the_flag_to_fix(tmp_path):
     blocker.write_text("")
     with pytest.raises(DeviceError, match="--cdi-dir"):
         CdiWriter(blocker / "cdi").write(ClaimSpec(UID, (GPU,)))
+
+
+def test_fully_described_nodes_carry_type_major_minor_and_mode(tmp_path):
+    cap = DeviceNode("/dev/nvidia-caps/nvidia-cap30", major=508, minor=30, file_mode=0o444)
+    spec = CdiWriter(tmp_path).render(ClaimSpec("abc", (CdiDevice("mig", (DeviceNode("/dev/nvidia0"), cap)),)))
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/nvidia0"},
+        {"path": "/dev/nvidia-caps/nvidia-cap30", "type": "c", "major": 508, "minor": 30, "fileMode": 0o444}]
+    assert spec["cdiVersion"] == "0.3.0"

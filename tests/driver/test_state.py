@@ -1,5 +1,6 @@
 """The GPU driver's prepare and unprepare, on a simulated node, without sockets."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -7,7 +8,12 @@ from support.nodes import inventory_of
 
 from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.state import GpuDriver
-from dradriver.gpu.inventory import MigMode
+from dradriver.gpu.caps import ProcMigCapabilities
+from dradriver.gpu.catalog import load_node_profile
+from dradriver.gpu.fakelib import SimPciTopology, fake_pynvml
+from dradriver.gpu.inventory import MigMode, discover
+from dradriver.gpu.nvml import NvmlGpuLib
+from dradriver.gpu.sim import SimulatedNode
 from dradriver.plugin.handler import ClaimRef
 
 DRIVER = "gpu.dradriver.dev"
@@ -43,11 +49,29 @@ def test_prepare_is_deterministic(driver: GpuDriver):
     assert driver.prepare_resource_claims([claim("u1", ("a", "gpu-0000-0f-00-0"))]) == first
 
 
-def test_existing_mig_devices_are_prepared_with_their_parents_device_node(driver: GpuDriver, tmp_path: Path):
+def test_existing_mig_devices_get_their_parents_node_and_their_capability_nodes(driver: GpuDriver, tmp_path: Path):
     result = driver.prepare_resource_claims([claim("u2", ("mig", "gpu-0000-07-00-0-mig-3g20gb-0"))])["u2"]
     assert result.error is None
-    assert '"/dev/nvidia0"' in (tmp_path / "k8s.gpu.dradriver.dev-claim_u2.json").read_text()
-    assert "MIG-" in (tmp_path / "k8s.gpu.dradriver.dev-claim_u2.json").read_text()
+    spec = json.loads((tmp_path / "k8s.gpu.dradriver.dev-claim_u2.json").read_text())
+    nodes = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
+    assert nodes[0] == "/dev/nvidia0"
+    assert len(nodes) == 3 and all(p.startswith("/dev/nvidia-caps/nvidia-cap") for p in nodes[1:])
+    assert "MIG-" in spec["containerEdits"]["env"][0]
+
+
+def test_a_mig_device_whose_capabilities_cannot_be_read_is_refused(tmp_path: Path):
+    node = SimulatedNode(load_node_profile("mixed"))
+    gpulib = NvmlGpuLib(nvml=fake_pynvml(node), pci_topology=SimPciTopology(node),
+                        mig_capabilities=ProcMigCapabilities(tmp_path / "no-proc"))
+    try:
+        inventory = discover(gpulib)
+    finally:
+        gpulib.close()
+    blind = GpuDriver(driver_name=DRIVER, pool="node-a", inventory=inventory, mig_mode=MigMode.STATIC,
+                      cdi=CdiWriter(tmp_path / "cdi"))
+    result = blind.prepare_resource_claims([claim("u7", ("mig", "gpu-0000-07-00-0-mig-3g20gb-0"))])["u7"]
+    assert "MIG capability device nodes" in (result.error or "")
+    assert not (tmp_path / "cdi").exists()
 
 
 def test_other_drivers_results_are_ignored(driver: GpuDriver):

@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from dradriver.errors import DeviceError
+from dradriver.gpu.models import DeviceNode
 
 CDI_VENDOR = "k8s.gpu.dradriver.dev"
 CDI_CLASS = "claim"
 CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"
 
 # Device nodes every CUDA container needs besides its GPUs.
-COMMON_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+COMMON_DEVICE_NODES = tuple(DeviceNode(path) for path in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"))
 
 _CDI_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
 
@@ -33,7 +34,7 @@ class CdiDevice:
     """What one allocated device adds to a container."""
 
     name: str  # the device's name in the pool, e.g. gpu-0000-07-00-0
-    device_nodes: tuple[str, ...]  # container paths, e.g. /dev/nvidia0
+    device_nodes: tuple[DeviceNode, ...]  # e.g. /dev/nvidia0; MIG devices add their /dev/nvidia-caps nodes
     env: tuple[str, ...] = ()  # "KEY=VALUE"
 
 
@@ -106,23 +107,28 @@ class CdiWriter:
             if not _CDI_NAME.match(name):
                 raise DeviceError(f"CDI device name {name!r} of claim {claim.claim_uid} is not valid: use letters, "
                                   "digits and '-_.:' only")
-            edits: dict[str, Any] = {"deviceNodes": [self._node(path) for path in device.device_nodes]}
+            edits: dict[str, Any] = {"deviceNodes": [self._node(node) for node in device.device_nodes]}
             if device.env:
                 edits["env"] = list(device.env)
             devices.append({"name": name, "containerEdits": edits})
-        common: dict[str, Any] = {"deviceNodes": [self._node(path) for path in COMMON_DEVICE_NODES]}
+        common: dict[str, Any] = {"deviceNodes": [self._node(node) for node in COMMON_DEVICE_NODES]}
         if claim.env:
             common["env"] = list(claim.env)
         spec: dict[str, Any] = {"cdiVersion": "", "kind": CDI_KIND, "devices": devices, "containerEdits": common}
         spec["cdiVersion"] = minimum_cdi_version(spec)
         return spec
 
-    def _node(self, path: str) -> dict[str, str]:
-        node = {"path": path}
-        host = self._host_path(path)
-        if host is not None and host != path:
-            node["hostPath"] = host
-        return node
+    def _node(self, node: DeviceNode) -> dict[str, Any]:
+        rendered: dict[str, Any] = {"path": node.path}
+        host = self._host_path(node.path)
+        if host is not None and host != node.path:
+            rendered["hostPath"] = host
+        elif node.major is not None and node.minor is not None:
+            # Fully described, so the runtime creates it even where the host has no node at that path.
+            rendered.update({"type": "c", "major": node.major, "minor": node.minor})
+            if node.file_mode is not None:
+                rendered["fileMode"] = node.file_mode
+        return rendered
 
 
 def minimum_cdi_version(spec: dict[str, Any]) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 from dradriver.driver.cdi import CdiDevice, CdiWriter, ClaimSpec
 from dradriver.errors import ClaimError, DradriverError
 from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode, MigPartition
+from dradriver.gpu.models import DeviceNode
 from dradriver.plugin.handler import ClaimRef, PreparedDevice, PrepareResult
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ class GpuDriver:
         uuids = [d.uuid for d in resolved]
         spec = ClaimSpec(
             claim_uid=uid,
-            devices=tuple(CdiDevice(name=d.name, device_nodes=_device_nodes(d)) for d in resolved),
+            devices=tuple(CdiDevice(name=d.name, device_nodes=_device_nodes(d, f"{name} ({uid})")) for d in resolved),
             env=(f"NVIDIA_VISIBLE_DEVICES={','.join(u for u in uuids if u)}",),
         )
         cdi_ids = self.cdi.write(spec)
@@ -127,6 +128,13 @@ class GpuDriver:
         return found
 
 
-def _device_nodes(device: GpuDevice | MigPartition) -> tuple[str, ...]:
+def _device_nodes(device: GpuDevice | MigPartition, claim: str) -> tuple[DeviceNode, ...]:
     gpu = device if isinstance(device, GpuDevice) else device.parent
-    return (f"/dev/nvidia{gpu.info.minor}",)
+    parent = DeviceNode(f"/dev/nvidia{gpu.info.minor}")
+    if isinstance(device, GpuDevice) or device.existing is None:
+        return (parent,)
+    if not device.existing.capability_nodes:
+        raise ClaimError(f"claim {claim}: the MIG capability device nodes of {device.name} cannot be read "
+                         f"(/proc/driver/nvidia/capabilities/gpu{gpu.info.minor}/mig/…); is /proc from the host "
+                         "and the NVIDIA driver's MIG support available to the driver?")
+    return (parent, *device.existing.capability_nodes)

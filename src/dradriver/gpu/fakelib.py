@@ -27,8 +27,9 @@ from types import ModuleType
 from typing import Any
 
 from dradriver.gpu import sim
+from dradriver.gpu.caps import CAPS_DIR
 from dradriver.gpu.catalog import COMPUTE_SLICES_PER_GPU, MigProfileSpec, load_node_profile
-from dradriver.gpu.models import MIB
+from dradriver.gpu.models import MIB, DeviceNode
 from dradriver.gpu.nvml import NvmlGpuLib
 from dradriver.gpu.sim import (
     CI_PROFILE_SLICES,
@@ -104,11 +105,23 @@ class SimPciTopology:
         return gpu.pcie_root if gpu else None
 
 
+class SimMigCapabilities:
+    """MIG capability nodes of the simulated node, numbered as ``/proc/driver/nvidia-caps/mig-minors`` lays them
+    out (config 1, monitor 2, then per GPU 15 GPU instances, each with its access node and 8 compute instances).
+    A simulated node has no such host nodes, so no major number is given."""
+
+    def device_nodes(self, gpu_minor: int, gpu_instance_id: int, compute_instance_id: int) -> tuple[DeviceNode, ...]:
+        gi_minor = 3 + gpu_minor * 15 * 9 + gpu_instance_id * 9
+        return tuple(DeviceNode(path=f"{CAPS_DIR}/nvidia-cap{minor}", minor=minor)
+                     for minor in (gi_minor, gi_minor + 1 + compute_instance_id))
+
+
 def simulated_gpulib(profile: str, *, node_name: str = "sim-node",
                      state_path: Path | None = None) -> tuple[NvmlGpuLib, SimulatedNode]:
     """``NvmlGpuLib`` on a simulated node built from a node profile (built-in name or file path)."""
     node = SimulatedNode(load_node_profile(profile), node_name=node_name, state_path=state_path)
-    return NvmlGpuLib(nvml=fake_pynvml(node), pci_topology=SimPciTopology(node)), node
+    return NvmlGpuLib(nvml=fake_pynvml(node), pci_topology=SimPciTopology(node),
+                      mig_capabilities=SimMigCapabilities()), node
 
 
 # --- what the opaque handles point at -------------------------------------------------------------------------

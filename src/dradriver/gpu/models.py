@@ -117,6 +117,16 @@ class GpuInstance:
 
 
 @dataclass(frozen=True)
+class DeviceNode:
+    """A device node a container needs; ``major``/``minor`` set when the node must be described exactly."""
+
+    path: str
+    major: int | None = None
+    minor: int | None = None
+    file_mode: int | None = None
+
+
+@dataclass(frozen=True)
 class MigDevice:
     """A usable MIG device: a compute instance inside a GPU instance, with its own UUID."""
 
@@ -126,6 +136,7 @@ class MigDevice:
     compute_instance_id: int
     profile: MigProfile
     placement: Placement
+    capability_nodes: tuple[DeviceNode, ...] = ()  # /dev/nvidia-caps nodes; empty when they cannot be read
 
 
 @dataclass(frozen=True)

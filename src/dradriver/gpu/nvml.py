@@ -21,6 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
+from dradriver.gpu.caps import MigCapabilities, ProcMigCapabilities
 from dradriver.gpu.catalog import load_products
 from dradriver.gpu.errors import (
     GpuError,
@@ -34,6 +35,7 @@ from dradriver.gpu.errors import (
 from dradriver.gpu.models import (
     ComputeInstance,
     ComputeMode,
+    DeviceNode,
     FabricInfo,
     FabricState,
     GpuEvent,
@@ -130,13 +132,15 @@ class SysfsPciTopology:
 class NvmlGpuLib:
     """The ``GpuLib`` port on NVML. Thread-safe as NVML is; ``close()`` shuts NVML down."""
 
-    def __init__(self, *, nvml: ModuleType | None = None, pci_topology: PciTopology | None = None) -> None:
+    def __init__(self, *, nvml: ModuleType | None = None, pci_topology: PciTopology | None = None,
+                 mig_capabilities: MigCapabilities | None = None) -> None:
         if nvml is None:
             import pynvml
 
             nvml = pynvml
         self._nvml: Any = nvml
         self._topology = pci_topology if pci_topology is not None else SysfsPciTopology()
+        self._capabilities = mig_capabilities if mig_capabilities is not None else ProcMigCapabilities()
         self._lock = threading.RLock()
         self._closed = False
         self._gpus: list[GpuInfo] | None = None
@@ -427,8 +431,17 @@ class NvmlGpuLib:
             devices.append(MigDevice(
                 uuid=uuid, parent_uuid=gpu_uuid, gpu_instance_id=gi_id, compute_instance_id=ci_id,
                 profile=self._profile(gpu_uuid, info.profileId, "nvmlGpuInstanceGetInfo"),
-                placement=Placement(info.placement.start, info.placement.size)))
+                placement=Placement(info.placement.start, info.placement.size),
+                capability_nodes=self._capability_nodes(gpu_uuid, gi_id, ci_id)))
         return devices
+
+    def _capability_nodes(self, gpu_uuid: str, gi_id: int, ci_id: int) -> tuple[DeviceNode, ...]:
+        # Missing capability files leave the MIG device listed but unpreparable: prepare says why.
+        try:
+            return self._capabilities.device_nodes(self._gpu_info(gpu_uuid).minor, gi_id, ci_id)
+        except GpuError as err:
+            log.warning("no MIG capability nodes gpu=%s gi=%d ci=%d error=%s", gpu_uuid, gi_id, ci_id, err)
+            return ()
 
     # --- compute mode -------------------------------------------------------------------------------------
 
