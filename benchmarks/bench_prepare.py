@@ -1,6 +1,6 @@
 """Benchmark: kubelet-facing latency of NodePrepareResources / NodeUnprepareResources on a simulated node.
 
-    PYTHONPATH=src python benchmarks/bench_prepare.py [--claims 200] [--threads 8]
+    PYTHONPATH=src python benchmarks/bench_prepare.py [--claims 200]
 
 Everything real except the API server (in memory) and the hardware (the simulator behind the NVML adapter):
 gRPC over unix sockets, claim GET and checks, CDI spec written with fsync, per-claim locks. The kubelet allows
@@ -47,7 +47,6 @@ def percentiles(samples: list[float]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--claims", type=int, default=200)
-    parser.add_argument("--threads", type=int, default=8)
     args = parser.parse_args()
 
     gpulib, _ = simulated_gpulib("dgx-a100-80gb", node_name=NODE)
@@ -90,20 +89,35 @@ def main() -> int:
 
             kubelet.prepare(claims[:5])  # warm up channels and caches
             kubelet.unprepare(claims[:5])
-            print(f"prepare, one claim per call:      {percentiles([timed('prepare', c) for c in claims])}")
-            print(f"unprepare, one claim per call:    {percentiles([timed('unprepare', c) for c in claims])}")
-            with ThreadPoolExecutor(args.threads) as pool:
+            # A GPU is prepared for one claim at a time, so each claim is unprepared before the next one comes.
+            prepare_times, unprepare_times = [], []
+            for claim in claims:
+                prepare_times.append(timed("prepare", claim))
+                unprepare_times.append(timed("unprepare", claim))
+            print(f"prepare, one claim per call:      {percentiles(prepare_times)}")
+            print(f"unprepare, one claim per call:    {percentiles(unprepare_times)}")
+
+            def one_gpu(gpu: int) -> list[float]:
+                # Like pods starting one after another on each GPU, all GPUs at once.
+                mine = [c for i, c in enumerate(claims) if i % len(devices) == gpu]
+                samples = []
+                for claim in mine:
+                    samples.append(timed("prepare", claim))
+                    timed("unprepare", claim)
+                return samples
+
+            with ThreadPoolExecutor(len(devices)) as pool:
                 began = time.perf_counter()
-                samples = list(pool.map(lambda c: timed("prepare", c), claims))
+                samples = [t for per_gpu in pool.map(one_gpu, range(len(devices))) for t in per_gpu]
                 wall = time.perf_counter() - began
-            print(f"prepare, {args.threads} kubelet calls at once:  {percentiles(samples)}; "
-                  f"{len(claims) / wall:.0f} claims/s")
-            kubelet.unprepare(claims)
-            batch = claims[:64]
+            print(f"prepare, {len(devices)} GPUs busy at once:    {percentiles(samples)}; "
+                  f"{len(claims) / wall:.0f} prepare+unprepare cycles/s")
+            batch = claims[:len(devices)]
             began = time.perf_counter()
             result = kubelet.prepare(batch)
-            print(f"prepare, one batch of {len(batch)} claims: {(time.perf_counter() - began) * 1000:.1f} ms "
-                  f"({sum(1 for r in result.values() if not r.error)} ok)")
+            ok = sum(1 for r in result.values() if not r.error)
+            print(f"prepare, one batch of {len(batch)} claims (one per GPU): "
+                  f"{(time.perf_counter() - began) * 1000:.1f} ms ({ok} ok)")
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return 0

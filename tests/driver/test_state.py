@@ -105,3 +105,27 @@ def test_unprepare_removes_the_spec_and_is_idempotent(driver: GpuDriver, tmp_pat
     assert driver.unprepare_resource_claims([ref]) == {"u5": None}
     assert driver.unprepare_resource_claims([ref, ClaimRef("default", "never", "u6")]) == {"u5": None, "u6": None}
     assert not list(tmp_path.iterdir())
+
+
+def test_a_device_prepared_for_one_claim_is_refused_to_another(driver: GpuDriver):
+    assert driver.prepare_resource_claims([claim("a", ("g", "gpu-0000-0f-00-0"))])["a"].error is None
+    refused = driver.prepare_resource_claims([claim("b", ("g", "gpu-0000-0f-00-0"))])["b"]
+    assert "gpu-0000-0f-00-0 is already prepared for claim a" in (refused.error or "")
+    assert driver.prepare_resource_claims([claim("a", ("g", "gpu-0000-0f-00-0"))])["a"].error is None  # idempotent
+    driver.unprepare_resource_claims([ClaimRef("default", "claim-a", "a")])
+    assert driver.prepare_resource_claims([claim("b", ("g", "gpu-0000-0f-00-0"))])["b"].error is None
+
+
+def test_admin_access_may_share_a_prepared_device(driver: GpuDriver):
+    assert driver.prepare_resource_claims([claim("a", ("g", "gpu-0000-0f-00-0"))])["a"].error is None
+    monitor = claim("m", ("all", "gpu-0000-0f-00-0"))
+    monitor["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    assert driver.prepare_resource_claims([monitor])["m"].error is None
+
+
+def test_an_admin_access_claim_does_not_block_a_regular_one(driver: GpuDriver, tmp_path: Path):
+    monitor = claim("m", ("all", "gpu-0000-0f-00-0"))
+    monitor["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    assert driver.prepare_resource_claims([monitor])["m"].error is None
+    assert "DRA_ADMIN_ACCESS=true" in (tmp_path / "k8s.gpu.dradriver.dev-claim_m.json").read_text()
+    assert driver.prepare_resource_claims([claim("b", ("g", "gpu-0000-0f-00-0"))])["b"].error is None

@@ -23,6 +23,9 @@ CDI_VENDOR = "k8s.gpu.dradriver.dev"
 CDI_CLASS = "claim"
 CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"
 
+# Marks a device given with admin access (monitoring): the container may see it, and it stays shareable.
+ADMIN_ACCESS_ENV = "DRA_ADMIN_ACCESS=true"
+
 # Device nodes every CUDA container needs besides its GPUs.
 COMMON_DEVICE_NODES = tuple(DeviceNode(path) for path in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"))
 
@@ -96,6 +99,23 @@ class CdiWriter:
             return []
         return sorted(p.name.removeprefix(prefix).removesuffix(".json")
                       for p in self.cdi_dir.glob(f"{prefix}*.json"))
+
+    def prepared_devices(self) -> dict[str, list[str]]:
+        """Claim UID → the devices its spec file holds exclusively (admin-access devices left out): what is
+        prepared on this node right now."""
+        found: dict[str, list[str]] = {}
+        for uid in self.claim_uids():
+            try:
+                spec = json.loads(self.spec_path(uid).read_text())
+                names = [str(d["name"]) for d in spec["devices"]
+                         if ADMIN_ACCESS_ENV not in d["containerEdits"].get("env", [])]
+            except FileNotFoundError:
+                continue  # unprepared meanwhile
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                raise DeviceError(f"CDI spec {self.spec_path(uid)} is unreadable ({err}); remove it if claim {uid} "
+                                  "is no longer prepared") from err
+            found[uid] = [n.removeprefix(f"{uid}-") for n in names]
+        return found
 
     def render(self, claim: ClaimSpec) -> dict[str, Any]:
         """The spec document, with the lowest ``cdiVersion`` that supports what it uses."""

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dradriver.driver.cdi import CdiDevice, CdiWriter, ClaimSpec
+from dradriver.driver.cdi import ADMIN_ACCESS_ENV, CdiDevice, CdiWriter, ClaimSpec
 from dradriver.errors import ClaimError, DradriverError
 from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode, MigPartition
 from dradriver.gpu.models import DeviceNode
@@ -30,6 +30,7 @@ class AllocatedDevice:
     request: str
     pool: str
     device: str
+    admin_access: bool = False
 
 
 class GpuDriver:
@@ -41,6 +42,7 @@ class GpuDriver:
         self.pool = pool
         self.cdi = cdi
         self._lock = threading.Lock()
+        self._prepare_lock = threading.Lock()
         self._devices: dict[str, GpuDevice | MigPartition] = {}
         self.update_inventory(inventory, mig_mode)
 
@@ -85,17 +87,32 @@ class GpuDriver:
         for result in allocated:
             by_device.setdefault(result.device, []).append(result.request)
         resolved = [self._resolve(uid, name, device) for device in by_device]
+        exclusive = {r.device for r in allocated if not r.admin_access}
         uuids = [d.uuid for d in resolved]
         spec = ClaimSpec(
             claim_uid=uid,
-            devices=tuple(CdiDevice(name=d.name, device_nodes=_device_nodes(d, f"{name} ({uid})")) for d in resolved),
+            devices=tuple(CdiDevice(name=d.name, device_nodes=_device_nodes(d, f"{name} ({uid})"),
+                                    env=() if d.name in exclusive else (ADMIN_ACCESS_ENV,)) for d in resolved),
             env=(f"NVIDIA_VISIBLE_DEVICES={','.join(u for u in uuids if u)}",),
         )
-        cdi_ids = self.cdi.write(spec)
+        # Check and write under one lock, so two claims racing for one device cannot both pass the check.
+        with self._prepare_lock:
+            self._refuse_overlap(uid, name, exclusive)
+            cdi_ids = self.cdi.write(spec)
         log.info("prepared claim=%s name=%s devices=%s", uid, name, ",".join(by_device))
         return tuple(
             PreparedDevice(pool=self.pool, device=device, requests=tuple(requests), cdi_device_ids=(cdi_id,))
             for (device, requests), cdi_id in zip(by_device.items(), cdi_ids, strict=True))
+
+    def _refuse_overlap(self, uid: str, name: str, devices: set[str]) -> None:
+        """A device is prepared for one claim at a time (admin access excepted): after a scheduler race or a
+        force-deleted claim, two claims can name the same device, and both must not get it."""
+        for other, prepared in self.cdi.prepared_devices().items():
+            shared = devices.intersection(prepared) if other != uid else set()
+            if shared:
+                raise ClaimError(f"claim {name} ({uid}): device {', '.join(sorted(shared))} is already prepared for "
+                                 f"claim {other}; it is released when that claim is unprepared (if that claim is "
+                                 "gone, its pod is still being torn down)")
 
     def unprepare(self, ref: ClaimRef) -> None:
         """Undo prepare: remove the claim's CDI spec (a claim never prepared here is already done)."""
@@ -106,7 +123,7 @@ class GpuDriver:
         """This driver's allocation results, checked to belong to this node's pool."""
         uid = claim["metadata"]["uid"]
         results = claim["status"]["allocation"]["devices"]["results"]
-        ours = [AllocatedDevice(str(r["request"]), str(r["pool"]), str(r["device"]))
+        ours = [AllocatedDevice(str(r["request"]), str(r["pool"]), str(r["device"]), bool(r.get("adminAccess")))
                 for r in results if r.get("driver") == self.driver_name]
         for result in ours:
             if result.pool != self.pool:
