@@ -214,8 +214,7 @@ class CapacityLedger:
             if taken + amount.value > spec.value.value:
                 left = format_like(max(spec.value.value - taken, Fraction(0)), spec.value)
                 return (
-                    f"capacity {name}: {_asked(demand, name, spec)}, {left} left of {spec.value.text} "
-                    f"on {device.label}"
+                    f"capacity {name}: {_asked(demand, name, spec)}, {left} left of {spec.value.text} on {device.label}"
                 )
         return None
 
@@ -259,7 +258,5 @@ def parse_consumed(raw: Any, where: str) -> dict[str, Quantity]:
         try:
             parsed[str(name)] = Quantity.parse(str(value))
         except QuantityError as err:
-            raise AllocationError(
-                f"{where}.consumedCapacity[{name}]: {err}; use a quantity such as 40Gi"
-            ) from err
+            raise AllocationError(f"{where}.consumedCapacity[{name}]: {err}; use a quantity such as 40Gi") from err
     return parsed
