@@ -359,3 +359,11 @@ def test_all_mode_takes_every_device_with_enough_capacity(shared_gpus, classes):
     }
     allocation = allocate(claim(every), slices=shared_gpus, classes=classes)
     assert [r["device"] for r in results(allocation)] == [GPU1, GPU2, GPU3]
+
+
+def test_invalid_consumed_capacity_of_an_allocated_claim_is_an_error_naming_it(shared_gpus, classes):
+    other = claim(request(memory="10Gi", selector=FREE), name="other")
+    done = allocated(other, allocate(other, slices=shared_gpus, classes=classes))
+    done["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"] = {"memory": "ten"}
+    with pytest.raises(AllocationError, match=r"claim default/other: .*results\[0\]\.consumedCapacity\[memory\]"):
+        allocate(claim(request(memory="10Gi")), slices=shared_gpus, classes=classes, allocated=[done])

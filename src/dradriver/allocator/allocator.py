@@ -250,8 +250,6 @@ class Search:
                 continue
             if not self.selectable(request, device):
                 continue
-            if (device.multi or request.capacity_requests) and self.capacity.shortfall(request, device):
-                continue
             if not self.try_add(request, device, must=False):
                 continue
             if self._fill(group, request, picked + 1):
