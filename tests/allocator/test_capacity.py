@@ -192,6 +192,9 @@ def test_amounts_above_the_policy_maximum_do_not_match(shared_gpus, classes):
         allocate(claim(request(memory="50Gi", selector=RANGE)), slices=shared_gpus, classes=classes)
     with pytest.raises(Unsatisfiable, match=re.escape("requestPolicy.validValues are 10Gi, 20Gi, 40Gi, 80Gi")):
         allocate(claim(request(memory="81Gi", selector=VALUES)), slices=shared_gpus, classes=classes)
+    rounded = "45Gi requested (50Gi after requestPolicy rounding), but requestPolicy.validRange allows at most 40Gi"
+    with pytest.raises(Unsatisfiable, match=re.escape(rounded)):
+        allocate(claim(request(memory="45Gi", selector=RANGE)), slices=shared_gpus, classes=classes)
     # without a selector, the first device that allows 50Gi is taken instead
     allocation = allocate(claim(request(memory="50Gi")), slices=shared_gpus, classes=classes)
     assert only(allocation)["device"] == GPU1

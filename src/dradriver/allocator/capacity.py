@@ -159,8 +159,8 @@ def compute_demand(request: Request, specs: dict[str, CapacitySpec] | str, devic
         amount = consumed_amount(requested, spec)
         violation = policy_violation(amount, spec)
         if violation is not None:
-            asked = requested.text if requested is not None else f"{amount} (nothing requested)"
-            demand.problem = f"capacity {name}: {asked} requested, but {violation} on {device.label}"
+            asked = _asked(requested, amount, spec)
+            demand.problem = f"capacity {name}: {asked}, but {violation} on {device.label}"
             return demand
         demand.amounts[name] = amount
     return demand
@@ -213,9 +213,8 @@ class CapacityLedger:
             taken = used.get(name, Fraction(0))
             if taken + amount.value > spec.value.value:
                 left = format_like(max(spec.value.value - taken, Fraction(0)), spec.value)
-                return (
-                    f"capacity {name}: {_asked(demand, name, spec)}, {left} left of {spec.value.text} on {device.label}"
-                )
+                asked = _asked(demand.requested.get(name), amount, spec)
+                return f"capacity {name}: {asked}, {left} left of {spec.value.text} on {device.label}"
         return None
 
     def take(self, request: Request, device: Device) -> None:
@@ -231,9 +230,8 @@ class CapacityLedger:
         self.shares[device.id] = self.shares.get(device.id, 0) + sign
 
 
-def _asked(demand: Demand, name: str, spec: CapacitySpec) -> str:
-    amount = demand.amounts[name]
-    requested = demand.requested.get(name)
+def _asked(requested: Quantity | None, amount: Quantity, spec: CapacitySpec) -> str:
+    """``30Gi requested``, with the rounding or the default that turned it into ``amount``."""
     if requested is None:
         source = "requestPolicy.default" if spec.default is not None else "the whole capacity"
         return f"{amount.text} needed ({source}; the request names no amount)"
