@@ -25,3 +25,9 @@ def mig_node() -> list[dict]:
 @pytest.fixture(scope="session")
 def classes() -> list[dict]:
     return [d for f in sorted((ROOT / "manifests/deviceclasses").glob("*.yaml")) for d in load(f)]
+
+
+@pytest.fixture(scope="session")
+def shared_gpus() -> list[dict]:
+    """node-s: three A100s that allow multiple allocations (consumable memory) and one exclusive one."""
+    return load(ROOT / "tests/fixtures/slices/shared-gpus-consumable.yaml")

@@ -4,7 +4,7 @@ from dradriver.allocator import allocate, Unsatisfiable, AllocationError
 allocation = allocate(claim, slices=[...], classes=[...], allocated=[...], node="node-a")
 """
 
-from dradriver.allocator.allocator import allocate, explain_claim
+from dradriver.allocator.allocator import ShareIDs, allocate, explain_claim, stable_share_id
 from dradriver.allocator.errors import AllocationError, Unsatisfiable
 from dradriver.allocator.explain import ClaimReport, RequestReport, Stage
 
@@ -12,8 +12,10 @@ __all__ = [
     "AllocationError",
     "ClaimReport",
     "RequestReport",
+    "ShareIDs",
     "Stage",
     "Unsatisfiable",
     "allocate",
     "explain_claim",
+    "stable_share_id",
 ]

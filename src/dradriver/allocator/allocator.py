@@ -2,15 +2,23 @@
 
 It follows k8s.io/dynamic-resource-allocation/structured: requests in order (a firstAvailable request
 tries its sub-requests in order), for each wanted device the first device in pool/slice/device order that
-is not in use, matches the class and request selectors, has its shared counters available, tolerates its
-taints and keeps the claim's constraints; on a dead end it backtracks. The first full solution wins.
+is not in use, matches the class and request selectors, has the capacity the request consumes left, has
+its shared counters available, tolerates its taints and keeps the claim's constraints; on a dead end it
+backtracks. The first full solution wins.
+
+Devices with ``allowMultipleAllocations: true`` are never "in use": any number of requests and claims may
+share one, as long as its capacities cover what they consume (``capacity``); each such result carries a
+``shareID`` and its ``consumedCapacity``. One request never gets the same device twice.
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
+from collections.abc import Callable
 from typing import Any
 
+from dradriver.allocator.capacity import CapacityLedger, consumed_capacity, parse_consumed
 from dradriver.allocator.constraints import Constraint, parse_constraints
 from dradriver.allocator.counters import CounterLedger
 from dradriver.allocator.errors import AllocationError, Unsatisfiable
@@ -30,6 +38,20 @@ from dradriver.allocator.pools import all_devices, gather_pools
 from dradriver.cel import CelEvaluationError
 
 log = logging.getLogger(__name__)
+
+ShareIDs = Callable[[str, str, DeviceID], str]
+"""Makes the ``shareID`` of a result: (claim uid, or namespace/name without one; request; device) -> UUID."""
+
+_SHARE_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_DNS, "share.dradriver.dev")
+
+
+def stable_share_id(claim: str, request: str, device: DeviceID) -> str:
+    """A lowercase RFC-4122 UUID (version 5) that is the same for the same claim, request and device.
+
+    The scheduler draws a random one; a simulation gives stable output instead. One request never holds a
+    device twice, so the IDs of one claim differ.
+    """
+    return str(uuid.uuid5(_SHARE_NAMESPACE, "/".join((claim, request, *device))))
 
 
 def tolerates(toleration: dict[str, Any], taint: dict[str, Any]) -> bool:
@@ -66,6 +88,7 @@ class Search:
         allocated: list[dict[str, Any]],
         node: str | None,
         node_labels: dict[str, str] | None,
+        share_ids: ShareIDs | None = None,
     ) -> None:
         self.claim = claim
         self._inputs: dict[str, Any] = {
@@ -74,7 +97,9 @@ class Search:
             "allocated": allocated,
             "node": node,
             "node_labels": node_labels,
+            "share_ids": share_ids,
         }
+        self.share_ids: ShareIDs = share_ids or stable_share_id
         self.claim_name = claim_name(claim)
         self.node = node
         self.spec = claim_spec(claim)
@@ -84,18 +109,28 @@ class Search:
         self.constraints: list[Constraint] = parse_constraints(self.spec)
         index = all_devices(slices) if allocated else {}
         self.in_use: set[DeviceID] = set()
+        self.capacity = CapacityLedger()
         taken: list[Device] = []
         for other in allocated:
             results = (((other.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
                 "results"
             )
-            for result in results or []:
+            for position, result in enumerate(results or []):
                 if result.get("adminAccess"):
                     continue  # admin access does not make a device unavailable to others
                 device_id = (str(result.get("driver")), str(result.get("pool")), str(result.get("device")))
-                self.in_use.add(device_id)
-                if device_id in index:
+                if result.get("shareID"):
+                    # One share of a multi-allocatable device: it stays available, minus its capacity;
+                    # its shared counters are taken once, however many shares there are.
+                    where = f"claim {claim_name(other)}: status.allocation.devices.results[{position}]"
+                    first = device_id not in self.capacity.shares
+                    self.capacity.add_allocated(device_id, parse_consumed(result.get("consumedCapacity"), where))
+                    if first and device_id not in self.in_use and device_id in index:
+                        taken.append(index[device_id])
+                    continue
+                if device_id not in self.in_use and device_id not in self.capacity.shares and device_id in index:
                     taken.append(index[device_id])
+                self.in_use.add(device_id)
         self.ledger = CounterLedger(self.pools, taken)
         # (request, device) -> index of the first selector that is false, or -1 when all are true
         self.selectable_cache: dict[tuple[int, int], int] = {}
@@ -157,7 +192,11 @@ class Search:
                                 f"for all devices, but resource pool {pool.label} is "
                                 f"currently invalid ({pool.invalid})"
                             )
-                        devices += [d for d in pool.devices if self.selectable(request, d)]
+                        devices += [
+                            d
+                            for d in pool.devices
+                            if self.selectable(request, d) and self.capacity_fits(request, d)
+                        ]
                     self.all_lists[id(request)] = devices
                     needs.append(len(devices))
                 else:
@@ -218,10 +257,25 @@ class Search:
             self.remove_last()
         return False
 
+    def capacity_fits(self, request: Request, device: Device) -> bool:
+        """Whether ``device`` has the capacity ``request`` consumes left (always, for plain requests)."""
+        if not (device.multi or request.capacity_requests):
+            return True
+        return self.capacity.shortfall(request, device) is None
+
+    def counter_shortfall(self, device: Device) -> str | None:
+        """Which shared counter ``device`` would run out of; None while a share of it already holds them."""
+        if device.multi and self.capacity.shares.get(device.id):
+            return None
+        return self.ledger.shortfall(device)
+
     def try_add(self, request: Request, device: Device, *, must: bool) -> bool:
         if device.id in self.allocating or (not request.admin_access and device.id in self.in_use):
             return False
-        if self.ledger.shortfall(device) is not None:
+        if not self.capacity_fits(request, device):
+            return False
+        takes_counters = not (device.multi and self.capacity.shares.get(device.id))
+        if takes_counters and self.ledger.shortfall(device) is not None:
             return False
         if blocking_taint(device, request) is not None:
             return False
@@ -242,8 +296,12 @@ class Search:
                     )
                 return False
             added.append(constraint)
-        self.ledger.take(device)
-        self.allocating.add(device.id)
+        if takes_counters:
+            self.ledger.take(device)
+        if device.multi:
+            self.capacity.take(request, device)
+        else:
+            self.allocating.add(device.id)
         self.results.append((request, device))
         return True
 
@@ -254,8 +312,13 @@ class Search:
                 request.name, request.parent
             ):
                 constraint.remove()
-        self.ledger.give_back(device)
-        self.allocating.discard(device.id)
+        if device.multi:
+            self.capacity.give_back(request, device)
+            if not self.capacity.shares.get(device.id):
+                self.ledger.give_back(device)
+        else:
+            self.ledger.give_back(device)
+            self.allocating.discard(device.id)
 
     # Result ---------------------------------------------------------------------------------------------
 
@@ -273,6 +336,11 @@ class Search:
                 entry["adminAccess"] = True
             if request.tolerations:
                 entry["tolerations"] = request.tolerations
+            if device.multi:
+                entry["shareID"] = self.share_ids(self._claim_key(), request.full_name, device.id)
+                consumed = consumed_capacity(self.capacity.demand(request, device))
+                if consumed:
+                    entry["consumedCapacity"] = consumed
             results.append(entry)
         devices: dict[str, Any] = {"results": results}
         config = self._config()
@@ -283,6 +351,10 @@ class Search:
         if selector is not None:
             allocation["nodeSelector"] = selector
         return allocation
+
+    def _claim_key(self) -> str:
+        uid = (self.claim.get("metadata") or {}).get("uid")
+        return str(uid) if uid else self.claim_name
 
     def _config(self) -> list[dict[str, Any]]:
         config: list[dict[str, Any]] = []
@@ -361,6 +433,7 @@ def allocate(
     allocated: list[dict[str, Any]] | None = None,
     node: str | None = None,
     node_labels: dict[str, str] | None = None,
+    share_ids: ShareIDs | None = None,
 ) -> dict[str, Any]:
     """Allocate devices for ``claim`` (a v1 ResourceClaim or ResourceClaimTemplate) as the scheduler would.
 
@@ -368,6 +441,11 @@ def allocate(
     ``status.allocation`` already holds devices (those devices, and their shared counters, are taken);
     ``node`` restricts allocation to devices available on that node (None: every slice), with
     ``node_labels`` for slices that select nodes by label. Returns a ``status.allocation`` dict.
+
+    Allocated claims consume their devices' counters and capacity: a result with a ``shareID`` takes its
+    ``consumedCapacity`` from a multi-allocatable device, any other result takes the whole device. Results
+    on multi-allocatable devices get a ``shareID`` from ``share_ids`` (default: ``stable_share_id``) and
+    the ``consumedCapacity`` the request takes.
 
     Raises Unsatisfiable when no allocation exists (its message and ``report`` say, per request, how many
     devices passed each filter) and AllocationError when the scheduler would fail with an error instead.
@@ -379,6 +457,7 @@ def allocate(
         allocated=list(allocated or []),
         node=node,
         node_labels=node_labels,
+        share_ids=share_ids,
     )
     if search.run():
         log.debug("allocated claim=%s node=%s devices=%d", search.claim_name, node, len(search.results))
@@ -395,6 +474,7 @@ def explain_claim(
     allocated: list[dict[str, Any]] | None = None,
     node: str | None = None,
     node_labels: dict[str, str] | None = None,
+    share_ids: ShareIDs | None = None,
 ) -> ClaimReport:
     """Allocate ``claim`` and say why it fits or not: per request, how many devices passed each filter,
     which devices matched, what rejected the others, and what would make it fit.
@@ -409,6 +489,7 @@ def explain_claim(
         allocated=list(allocated or []),
         node=node,
         node_labels=node_labels,
+        share_ids=share_ids,
     )
     try:
         fits = search.run()

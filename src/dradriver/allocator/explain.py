@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -228,6 +229,8 @@ def request_report(search: Search, request: Request) -> RequestReport:
             )
         survivors = free
 
+    survivors = _capacity_stage(search, request, report, survivors, reject)
+
     from dradriver.allocator.allocator import blocking_taint
 
     untainted = []
@@ -252,7 +255,7 @@ def request_report(search: Search, request: Request) -> RequestReport:
     fitting = []
     shortfalls: Counter[str] = Counter()
     for device in survivors:
-        shortfall = search.ledger.shortfall(device)
+        shortfall = search.counter_shortfall(device)
         if shortfall is None:
             fitting.append(device)
         else:
@@ -270,6 +273,34 @@ def request_report(search: Search, request: Request) -> RequestReport:
     if not request.all_devices and len(fitting) < request.count and fitting and not report.hints:
         report.hints.append(f"only {len(fitting)} of the {request.count} wanted devices pass every filter")
     return report
+
+
+def _capacity_stage(
+    search: Search,
+    request: Request,
+    report: RequestReport,
+    survivors: list[Device],
+    reject: Callable[[Device, str], None],
+) -> list[Device]:
+    """Devices with the capacity ``request`` consumes left; a stage only where capacity is in play."""
+    if not request.capacity_requests and not any(d.multi for d in survivors):
+        return survivors
+    fitting = []
+    short: list[str] = []
+    for device in survivors:
+        reason = (
+            search.capacity.shortfall(request, device) if device.multi or request.capacity_requests else None
+        )
+        if reason is None:
+            fitting.append(device)
+        else:
+            short.append(reason)
+            reject(device, reason)
+    report.stages.append(Stage("capacity available", len(survivors), len(fitting)))
+    if short:
+        example = short[0] if len(short) == 1 else f"e.g. {short[0]}"
+        report.hints.append(f"{len(short)} devices cannot provide the capacity this request consumes: {example}")
+    return fitting
 
 
 def diagnose(search: Search, *, what_if: bool = True) -> ClaimReport:
@@ -318,8 +349,9 @@ def _combination_reasons(search: Search) -> list[str]:
             return reasons or ["the constraints together cannot be met by the devices that pass every filter"]
     return [
         "every request has enough matching devices on its own, but not together: they share counters "
-        "(e.g. MIG partitions of one GPU, or a GPU and its partitions) or the same devices, so no "
-        "combination fits; ask for fewer or smaller devices"
+        "(e.g. MIG partitions of one GPU, or a GPU and its partitions), the capacity of a shared "
+        "(allowMultipleAllocations) device, or the same devices, so no combination fits; ask for fewer "
+        "or smaller devices"
     ]
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from dradriver.allocator.errors import AllocationError
 from dradriver.cel import CelCompileError, Quantity, Selector, compile_selector
+from dradriver.cel.quantity import QuantityError
 
 DeviceID = tuple[str, str, str]  # driver, pool, device
 MAX_RESULTS = 32  # resource.k8s.io: AllocationResultsMaxSize
@@ -59,6 +60,7 @@ class Request:
     admin_access: bool
     tolerations: list[dict[str, Any]]
     raw: dict[str, Any]
+    capacity_requests: dict[str, Quantity] = field(default_factory=dict)  # capacity.requests
 
     @property
     def full_name(self) -> str:
@@ -142,7 +144,26 @@ def _request(
         admin_access=bool(raw.get("adminAccess")),
         tolerations=list(raw.get("tolerations") or []),
         raw=raw,
+        capacity_requests=_capacity_requests(claim, shown, raw),
     )
+
+
+def _capacity_requests(claim: str, shown: str, raw: dict[str, Any]) -> dict[str, Quantity]:
+    requests = (raw.get("capacity") or {}).get("requests") or {}
+    if not isinstance(requests, dict):
+        raise AllocationError(
+            f"claim {claim}, request {shown}: capacity.requests must map capacity names to quantities"
+        )
+    parsed = {}
+    for name, value in requests.items():
+        try:
+            parsed[str(name)] = Quantity.parse(str(value))
+        except QuantityError as err:
+            raise AllocationError(
+                f"claim {claim}, request {shown}: capacity.requests[{name}]: {err}; "
+                f"use a quantity such as 40Gi"
+            ) from err
+    return parsed
 
 
 @dataclass
@@ -168,7 +189,7 @@ class Pool:
 class Device:
     """One device of a pool, as the search sees it; ``id`` and ``label`` are computed once."""
 
-    __slots__ = ("_consumption", "driver", "id", "label", "name", "pool", "raw", "slice")
+    __slots__ = ("_consumption", "driver", "id", "label", "multi", "name", "pool", "raw", "slice")
 
     def __init__(self, pool: Pool, raw: dict[str, Any], slice_: dict[str, Any]) -> None:
         self.pool = pool
@@ -178,6 +199,7 @@ class Device:
         self.driver = pool.driver
         self.id: DeviceID = (pool.driver, pool.name, self.name)
         self.label = f"{pool.driver}/{pool.name}/{self.name}"
+        self.multi = raw.get("allowMultipleAllocations") is True  # shareable (consumable capacity)
         self._consumption: list[tuple[str, dict[str, Fraction]]] | None = None
 
     def consumption(self) -> list[tuple[str, dict[str, Fraction]]]:
