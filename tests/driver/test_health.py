@@ -73,3 +73,21 @@ def test_events_from_the_simulator_reach_the_board_through_the_event_thread():
     lost = next(g for g in inventory.gpus if g.info.index == 4)
     assert statuses(health)[lost.name] is HealthStatus.UNHEALTHY
     gpulib.close()
+
+
+def test_a_new_inventory_adds_and_drops_devices_and_keeps_known_health():
+    gpulib, node, inventory, health = setup()
+    sick = inventory.gpus[2]
+    health.handle(GpuEvent(gpu_uuid=sick.uuid, xid=79))
+    heard = threading.Event()
+    health.subscribe(heard.set)
+    node.set_mig_mode(1, True)
+    node.reset_gpu(1)
+    node.create_gpu_instance(1, 19, 0)
+    fresh = discover(gpulib)
+    health.update_inventory(fresh, MigMode.STATIC)
+    assert heard.is_set()
+    now = statuses(health)
+    assert "gpu-0000-0f-00-0" not in now  # in MIG mode now: offered through its MIG devices
+    assert now[sick.name] is HealthStatus.UNHEALTHY
+    gpulib.close()

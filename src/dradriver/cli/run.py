@@ -111,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
                          len(fresh.mig_devices))
                 specs = fresh_specs
                 driver.update_inventory(fresh, mig_mode)
+                health.update_inventory(fresh, mig_mode)
                 publisher.update(_pools(node, fresh_specs))
 
     publisher.start()

@@ -43,16 +43,29 @@ class GpuHealth:
         self._clock = clock
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
-        for device in inventory.devices(mig_mode):
-            if isinstance(device, GpuDevice):
-                self._entries[device.name] = _Entry(device.uuid, None)
-            else:
-                gi = device.existing.gpu_instance_id if device.existing else None
-                self._entries[device.name] = _Entry(device.parent.uuid, gi)
         self._subscribers: dict[int, Callable[[], None]] = {}
         self._next = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.update_inventory(inventory, mig_mode)
+
+    def update_inventory(self, inventory: Inventory, mig_mode: MigMode) -> None:
+        """Report the devices of a fresh inventory; a device still there keeps its health."""
+        with self._lock:
+            entries: dict[str, _Entry] = {}
+            for device in inventory.devices(mig_mode):
+                if isinstance(device, GpuDevice):
+                    fresh = _Entry(device.uuid, None)
+                else:
+                    gi = device.existing.gpu_instance_id if device.existing else None
+                    fresh = _Entry(device.parent.uuid, gi)
+                kept = self._entries.get(device.name)
+                entries[device.name] = kept if kept is not None and kept.gpu_uuid == fresh.gpu_uuid else fresh
+            changed = entries.keys() != self._entries.keys()
+            self._entries = entries
+            subscribers = list(self._subscribers.values()) if changed else []
+        for callback in subscribers:
+            callback()
 
     # --- HealthSource ---------------------------------------------------------------------------------------
 
