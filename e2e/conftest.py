@@ -5,6 +5,7 @@ Runs only where Docker and kind (and kubectl) exist; everywhere else every test 
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import uuid
@@ -17,6 +18,8 @@ from kindutil import run
 ROOT = Path(__file__).resolve().parent.parent
 REQUIRED_TOOLS = ("docker", "kind", "kubectl")
 IMAGE = "dradriver:e2e"
+# DRA's resource.k8s.io/v1 needs Kubernetes 1.34 or newer; override with KIND_NODE_IMAGE.
+NODE_IMAGE = os.environ.get("KIND_NODE_IMAGE", "kindest/node:v1.34.0")
 
 
 def missing_tools() -> list[str]:
@@ -43,7 +46,7 @@ def cluster() -> Iterator[str]:
     """A kind cluster with the driver deployed on a simulated dgx-a100-80gb node; deleted afterwards."""
     name = f"dradriver-e2e-{uuid.uuid4().hex[:6]}"
     run("docker", "build", "-t", IMAGE, str(ROOT), timeout=900)
-    run("kind", "create", "cluster", "--name", name, "--wait", "120s", timeout=600)
+    run("kind", "create", "cluster", "--name", name, "--image", NODE_IMAGE, "--wait", "120s", timeout=600)
     try:
         run("kind", "load", "docker-image", IMAGE, "--name", name)
         context = f"kind-{name}"
