@@ -20,7 +20,7 @@ from functools import cache
 from typing import Any
 
 from dradriver import DEFAULT_DRIVER_NAME
-from dradriver.errors import ConfigError
+from dradriver.errors import ConfigError, DeviceError
 from dradriver.gpu.catalog import COMPUTE_SLICES_PER_GPU, MEMORY_SLICES_PER_GPU
 from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode, MigPartition, semver_of_driver
 from dradriver.gpu.models import MigProfile, Placement
@@ -69,8 +69,9 @@ def build_slice_specs(inventory: Inventory, settings: SliceSettings = SliceSetti
         devices = [_device(gpu, inventory, settings.driver, counters=True)]
         devices.extend(_device(p, inventory, settings.driver, counters=True) for p in inventory.partitions(gpu))
         if len(devices) > MAX_DEVICES_WITH_COUNTERS:
-            raise ValueError(f"{gpu.name} has {len(devices)} devices, more than the {MAX_DEVICES_WITH_COUNTERS} a "
-                             "slice may hold when devices consume counters")
+            raise DeviceError(f"{gpu.name} has {len(devices)} devices, more than the {MAX_DEVICES_WITH_COUNTERS} a "
+                              "slice may hold when devices consume counters; nothing is published for this node: "
+                              "use --mig-mode static or none")
         spec: dict[str, Any] = {"devices": devices}
         if settings.shape is SliceShape.V1_34:
             spec["sharedCounters"] = [_counter_set(gpu)]
