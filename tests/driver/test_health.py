@@ -3,6 +3,7 @@
 import threading
 
 from dradriver.driver.health import GpuHealth
+from dradriver.gpu.errors import GpuIsLost
 from dradriver.gpu.fakelib import simulated_gpulib
 from dradriver.gpu.inventory import MigMode, discover
 from dradriver.gpu.models import GpuEvent
@@ -91,3 +92,27 @@ def test_a_new_inventory_adds_and_drops_devices_and_keeps_known_health():
     assert "gpu-0000-0f-00-0" not in now  # in MIG mode now: offered through its MIG devices
     assert now[sick.name] is HealthStatus.UNHEALTHY
     gpulib.close()
+
+
+class _FailingEvents:
+    """A GPU layer whose event wait fails with ``error``: all the health thread calls."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def wait_for_event(self, timeout_s: float) -> GpuEvent | None:
+        raise self.error
+
+
+def test_a_gpu_lost_without_saying_which_marks_every_device_unhealthy():
+    gpulib, _, _, health = setup()
+    heard = threading.Event()
+    health.subscribe(heard.set)
+    health.start(_FailingEvents(GpuIsLost("a GPU fell off the bus (which one is unknown)")))  # type: ignore[arg-type]
+    try:
+        assert heard.wait(10)
+    finally:
+        health.stop()
+    assert set(statuses(health).values()) == {HealthStatus.UNHEALTHY}
+    gpulib.close()
+

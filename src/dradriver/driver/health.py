@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from dradriver.gpu.errors import GpuError
+from dradriver.gpu.errors import GpuError, GpuIsLost
 from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode
 from dradriver.gpu.models import GpuEvent
@@ -112,6 +112,19 @@ class GpuHealth:
         for callback in subscribers:
             callback()
 
+    def _mark_all(self, status: HealthStatus, message: str) -> None:
+        """Give every device not already unhealthy ``status``; subscribers hear about it when one changed."""
+        with self._lock:
+            changed = False
+            for name, entry in self._entries.items():
+                if entry.status is HealthStatus.UNHEALTHY or entry.status is status:
+                    continue
+                self._entries[name] = _Entry(entry.gpu_uuid, entry.gi, status, message)
+                changed = True
+            subscribers = list(self._subscribers.values()) if changed else []
+        for callback in subscribers:
+            callback()
+
     def start(self, gpulib: GpuLib, *, poll_seconds: float = 5.0) -> None:
         """Watch NVML events in a background thread until ``stop``."""
         self._thread = threading.Thread(target=self._run, args=(gpulib, poll_seconds), name="gpu-health",
@@ -127,6 +140,12 @@ class GpuHealth:
         while not self._stop.is_set():
             try:
                 event = gpulib.wait_for_event(poll_seconds)
+            except GpuIsLost as err:
+                # NVML says a GPU fell off the bus but not which one: any device may be on it, so none is trusted
+                # (NVIDIA's plugins mark every device lost too).
+                log.error("a GPU fell off the bus, NVML cannot say which; every device is unhealthy error=%s", err)
+                self._mark_all(HealthStatus.UNHEALTHY, f"a GPU of this node fell off the bus ({err})")
+                return
             except GpuError as err:
                 log.error("cannot read GPU events; health is no longer watched error=%s", err)
                 return
