@@ -47,6 +47,7 @@ class GpuHealth:
         self._next = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._fresh = (HealthStatus.HEALTHY, "")  # what a newly seen device reports
         self.update_inventory(inventory, mig_mode)
 
     def update_inventory(self, inventory: Inventory, mig_mode: MigMode) -> None:
@@ -55,10 +56,10 @@ class GpuHealth:
             entries: dict[str, _Entry] = {}
             for device in inventory.devices(mig_mode):
                 if isinstance(device, GpuDevice):
-                    fresh = _Entry(device.uuid, None)
+                    fresh = _Entry(device.uuid, None, *self._fresh)
                 else:
                     gi = device.existing.gpu_instance_id if device.existing else None
-                    fresh = _Entry(device.parent.uuid, gi)
+                    fresh = _Entry(device.parent.uuid, gi, *self._fresh)
                 kept = self._entries.get(device.name)
                 entries[device.name] = kept if kept is not None and kept.gpu_uuid == fresh.gpu_uuid else fresh
             changed = entries.keys() != self._entries.keys()
@@ -70,7 +71,8 @@ class GpuHealth:
     # --- HealthSource ---------------------------------------------------------------------------------------
 
     def device_health(self) -> Sequence[DeviceHealth]:
-        # Stamped now: the monitor runs, so every device it has not flagged is healthy as of this moment.
+        # Stamped now: while the monitor runs, every device it has not flagged is healthy as of this moment (once it
+        # stopped, they read UNKNOWN).
         now = int(self._clock())
         with self._lock:
             return [DeviceHealth(pool=self.pool, device=name, status=e.status, last_updated=now, message=e.message)
@@ -115,6 +117,7 @@ class GpuHealth:
     def _mark_all(self, status: HealthStatus, message: str) -> None:
         """Give every device not already unhealthy ``status``; subscribers hear about it when one changed."""
         with self._lock:
+            self._fresh = (status, message)
             changed = False
             for name, entry in self._entries.items():
                 if entry.status is HealthStatus.UNHEALTHY or entry.status is status:
@@ -147,7 +150,9 @@ class GpuHealth:
                 self._mark_all(HealthStatus.UNHEALTHY, f"a GPU of this node fell off the bus ({err})")
                 return
             except GpuError as err:
+                # Blind from here on: report UNKNOWN rather than a freshly stamped HEALTHY nobody checks.
                 log.error("cannot read GPU events; health is no longer watched error=%s", err)
+                self._mark_all(HealthStatus.UNKNOWN, f"GPU health is not watched: {err}")
                 return
             if event is not None:
                 self.handle(event)
