@@ -98,8 +98,10 @@ def gpu_name(pci_bus_id: str) -> str:
 
 
 def partition_name(parent: str, profile: MigProfile, placement: Placement) -> str:
-    """``gpu-0000-07-00-0-mig-1g10gbme-3`` for profile 1g.10gb+me at memory slice 3."""
-    return f"{parent}-mig-{re.sub(r'[^0-9a-z]', '', profile.name.lower())}-{placement.start}"
+    """``gpu-0000-07-00-0-mig-1g10gbme-3`` for profile 1g.10gb+me at memory slice 3.
+
+    Dots and ``+`` go, ``-`` stays: 1g.24gb+me and 1g.24gb-me are different profiles of one GPU (Blackwell)."""
+    return f"{parent}-mig-{re.sub(r'[^0-9a-z-]', '', profile.name.lower())}-{placement.start}"
 
 
 def cuda_version_string(nvml_version: int) -> str:
