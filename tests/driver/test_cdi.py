@@ -84,3 +84,12 @@ def test_fully_described_nodes_carry_type_major_minor_and_mode(tmp_path):
         {"path": "/dev/nvidia0"},
         {"path": "/dev/nvidia-caps/nvidia-cap30", "type": "c", "major": 508, "minor": 30, "fileMode": 0o444}]
     assert spec["cdiVersion"] == "0.3.0"
+
+
+def test_a_failed_write_leaves_no_temp_file_behind(tmp_path):
+    writer = CdiWriter(tmp_path)
+    writer.spec_path(UID).mkdir()  # the rename onto the spec's name fails
+    for _ in range(2):  # the kubelet retries a failed prepare
+        with pytest.raises(DeviceError, match="unable to write CDI spec"):
+            writer.write(ClaimSpec(UID, (GPU,)))
+    assert [p.name for p in tmp_path.iterdir()] == [writer.spec_path(UID).name]

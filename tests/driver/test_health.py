@@ -3,6 +3,7 @@
 import threading
 
 from dradriver.driver.health import GpuHealth
+from dradriver.gpu.errors import GpuError, GpuIsLost
 from dradriver.gpu.fakelib import simulated_gpulib
 from dradriver.gpu.inventory import MigMode, discover
 from dradriver.gpu.models import GpuEvent
@@ -90,4 +91,53 @@ def test_a_new_inventory_adds_and_drops_devices_and_keeps_known_health():
     now = statuses(health)
     assert "gpu-0000-0f-00-0" not in now  # in MIG mode now: offered through its MIG devices
     assert now[sick.name] is HealthStatus.UNHEALTHY
+    gpulib.close()
+
+
+class _FailingEvents:
+    """A GPU layer whose event wait fails with ``error``: all the health thread calls."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def wait_for_event(self, timeout_s: float) -> GpuEvent | None:
+        raise self.error
+
+
+def test_a_gpu_lost_without_saying_which_marks_every_device_unhealthy():
+    gpulib, _, _, health = setup()
+    heard = threading.Event()
+    health.subscribe(heard.set)
+    health.start(_FailingEvents(GpuIsLost("a GPU fell off the bus (which one is unknown)")))  # type: ignore[arg-type]
+    try:
+        assert heard.wait(10)
+    finally:
+        health.stop()
+    assert set(statuses(health).values()) == {HealthStatus.UNHEALTHY}
+    gpulib.close()
+
+
+def test_devices_are_unknown_once_events_can_no_longer_be_watched():
+    gpulib, node, inventory, health = setup()
+    sick = inventory.gpus[1]
+    health.handle(GpuEvent(gpu_uuid=sick.uuid, xid=79))
+    heard = threading.Event()
+    health.subscribe(heard.set)
+    health.start(_FailingEvents(GpuError("nvmlEventSetWait_v2: Unknown Error")))  # type: ignore[arg-type]
+    try:
+        assert heard.wait(10)
+    finally:
+        health.stop()
+    now = statuses(health)
+    assert now.pop(sick.name) is HealthStatus.UNHEALTHY
+    assert set(now.values()) == {HealthStatus.UNKNOWN}
+    assert all("not watched" in d.message for d in health.device_health() if d.device != sick.name)
+    node.set_mig_mode(2, True)
+    node.reset_gpu(2)
+    gi = node.create_gpu_instance(2, 19, 0)
+    node.create_compute_instance(2, gi.id, 0)
+    fresh = discover(gpulib)
+    health.update_inventory(fresh, MigMode.STATIC)  # a device seen only now is not watched either
+    new = next(d for d in fresh.mig_devices if d.parent.name == inventory.gpus[2].name)
+    assert statuses(health)[new.name] is HealthStatus.UNKNOWN
     gpulib.close()

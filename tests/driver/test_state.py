@@ -99,6 +99,16 @@ def test_a_partition_not_carved_yet_is_refused_with_the_way_out(tmp_path: Path):
     assert "--mig-mode static" in (result.error or "")
 
 
+
+def test_a_whole_gpu_in_mig_mode_is_refused_with_the_way_out(tmp_path: Path):
+    # mixed: the first A100 is in MIG mode; dynamic mode offers it whole, but as a whole GPU it runs no work.
+    dynamic = GpuDriver(driver_name=DRIVER, pool="node-a", inventory=inventory_of("mixed"),
+                        mig_mode=MigMode.DYNAMIC, cdi=CdiWriter(tmp_path))
+    result = dynamic.prepare_resource_claims([claim("u5", ("g", "gpu-0000-07-00-0"))])["u5"]
+    assert "gpu-0000-07-00-0" in (result.error or "") and "MIG mode" in (result.error or "")
+    assert not list(tmp_path.iterdir())
+    assert dynamic.prepare_resource_claims([claim("u6", ("g", "gpu-0000-0f-00-0"))])["u6"].error is None
+
 def test_unprepare_removes_the_spec_and_is_idempotent(driver: GpuDriver, tmp_path: Path):
     driver.prepare_resource_claims([claim("u5", ("a", "gpu-0000-0f-00-0"))])
     ref = ClaimRef("default", "claim-u5", "u5")

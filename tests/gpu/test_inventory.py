@@ -9,8 +9,8 @@ from support.nodes import inventory_of
 
 from dradriver.gpu.errors import GpuError
 from dradriver.gpu.fakelib import simulated_gpulib
-from dradriver.gpu.inventory import GpuDevice, MigMode, MigPartition, discover, gpu_name
-from dradriver.gpu.models import FabricInfo, FabricState
+from dradriver.gpu.inventory import GpuDevice, MigMode, MigPartition, discover, gpu_name, partition_name
+from dradriver.gpu.models import FabricInfo, FabricState, MigProfile, Placement
 
 DGX_A100_BUSES = ["0000:07:00.0", "0000:0f:00.0", "0000:47:00.0", "0000:4e:00.0",
                   "0000:87:00.0", "0000:90:00.0", "0000:b7:00.0", "0000:bd:00.0"]
@@ -175,3 +175,17 @@ def test_names_follow_the_pci_address_not_the_order_in_the_profile(tmp_path):
     inventory = inventory_of(str(profile))
     assert [g.name for g in inventory.gpus] == ["gpu-0000-17-00-0", "gpu-0000-b1-00-0"]
     assert [g.info.index for g in inventory.gpus] == [0, 1]
+
+
+def _profile(name: str, profile_id: int) -> MigProfile:
+    return MigProfile(id=profile_id, name=name, slice_count=1, memory_slices=1, max_instances=1, memory_mib=24064,
+                      multiprocessors=16, copy_engines=1, decoders=1, encoders=0, jpeg_engines=1, ofa_engines=1,
+                      placements=(Placement(0, 1),))
+
+
+def test_media_extension_and_no_media_profiles_get_different_names():
+    # Blackwell offers both 1g.24gb+me (NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1) and 1g.24gb-me (…_1_SLICE_NO_ME).
+    with_me = partition_name("gpu-0000-07-00-0", _profile("1g.24gb+me", 20), Placement(3, 1))
+    without_me = partition_name("gpu-0000-07-00-0", _profile("1g.24gb-me", 24), Placement(3, 1))
+    assert with_me == "gpu-0000-07-00-0-mig-1g24gbme-3"  # docs/slices.md: without dots or +
+    assert without_me == "gpu-0000-07-00-0-mig-1g24gb-me-3"

@@ -7,6 +7,7 @@ device, named ``<claim-uid>-<device>`` so an id is never reused by another claim
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -72,6 +73,7 @@ class CdiWriter:
         """Write the claim's spec (replacing any earlier one) and return its CDI ids, one per device."""
         spec = self.render(claim)
         path = self.spec_path(claim.claim_uid)
+        tmp: str | None = None
         try:
             self.cdi_dir.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.cdi_dir, prefix=f".{path.stem}.", suffix=".tmp")
@@ -81,6 +83,10 @@ class CdiWriter:
                 os.fsync(out.fileno())
             os.replace(tmp, path)
         except OSError as err:
+            if tmp is not None:
+                # Every kubelet retry would otherwise leave one more temp file in the CDI directory.
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
             raise DeviceError(f"unable to write CDI spec {path} for claim {claim.claim_uid}: {err}; check that "
                               "--cdi-dir exists and is writable") from err
         return [self.device_id(claim.claim_uid, device.name) for device in claim.devices]

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from dradriver.gpu.errors import GpuError
+from dradriver.gpu.errors import GpuError, GpuIsLost
 from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode
 from dradriver.gpu.models import GpuEvent
@@ -47,6 +47,7 @@ class GpuHealth:
         self._next = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._fresh = (HealthStatus.HEALTHY, "")  # what a newly seen device reports
         self.update_inventory(inventory, mig_mode)
 
     def update_inventory(self, inventory: Inventory, mig_mode: MigMode) -> None:
@@ -55,10 +56,10 @@ class GpuHealth:
             entries: dict[str, _Entry] = {}
             for device in inventory.devices(mig_mode):
                 if isinstance(device, GpuDevice):
-                    fresh = _Entry(device.uuid, None)
+                    fresh = _Entry(device.uuid, None, *self._fresh)
                 else:
                     gi = device.existing.gpu_instance_id if device.existing else None
-                    fresh = _Entry(device.parent.uuid, gi)
+                    fresh = _Entry(device.parent.uuid, gi, *self._fresh)
                 kept = self._entries.get(device.name)
                 entries[device.name] = kept if kept is not None and kept.gpu_uuid == fresh.gpu_uuid else fresh
             changed = entries.keys() != self._entries.keys()
@@ -70,7 +71,8 @@ class GpuHealth:
     # --- HealthSource ---------------------------------------------------------------------------------------
 
     def device_health(self) -> Sequence[DeviceHealth]:
-        # Stamped now: the monitor runs, so every device it has not flagged is healthy as of this moment.
+        # Stamped now: while the monitor runs, every device it has not flagged is healthy as of this moment (once it
+        # stopped, they read UNKNOWN).
         now = int(self._clock())
         with self._lock:
             return [DeviceHealth(pool=self.pool, device=name, status=e.status, last_updated=now, message=e.message)
@@ -112,6 +114,20 @@ class GpuHealth:
         for callback in subscribers:
             callback()
 
+    def _mark_all(self, status: HealthStatus, message: str) -> None:
+        """Give every device not already unhealthy ``status``; subscribers hear about it when one changed."""
+        with self._lock:
+            self._fresh = (status, message)
+            changed = False
+            for name, entry in self._entries.items():
+                if entry.status is HealthStatus.UNHEALTHY or entry.status is status:
+                    continue
+                self._entries[name] = _Entry(entry.gpu_uuid, entry.gi, status, message)
+                changed = True
+            subscribers = list(self._subscribers.values()) if changed else []
+        for callback in subscribers:
+            callback()
+
     def start(self, gpulib: GpuLib, *, poll_seconds: float = 5.0) -> None:
         """Watch NVML events in a background thread until ``stop``."""
         self._thread = threading.Thread(target=self._run, args=(gpulib, poll_seconds), name="gpu-health",
@@ -127,8 +143,16 @@ class GpuHealth:
         while not self._stop.is_set():
             try:
                 event = gpulib.wait_for_event(poll_seconds)
+            except GpuIsLost as err:
+                # NVML says a GPU fell off the bus but not which one: any device may be on it, so none is trusted
+                # (NVIDIA's plugins mark every device lost too).
+                log.error("a GPU fell off the bus, NVML cannot say which; every device is unhealthy error=%s", err)
+                self._mark_all(HealthStatus.UNHEALTHY, f"a GPU of this node fell off the bus ({err})")
+                return
             except GpuError as err:
+                # Blind from here on: report UNKNOWN rather than a freshly stamped HEALTHY nobody checks.
                 log.error("cannot read GPU events; health is no longer watched error=%s", err)
+                self._mark_all(HealthStatus.UNKNOWN, f"GPU health is not watched: {err}")
                 return
             if event is not None:
                 self.handle(event)

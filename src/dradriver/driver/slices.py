@@ -6,7 +6,7 @@ select on in CEL; every counter is what keeps the scheduler from double-booking 
 Layout (documented in docs/slices.md):
 - ``none`` / ``static``: devices only, up to 128 per slice.
 - ``dynamic``, Kubernetes >= 1.35 (default): the counter sets in slices of their own (8 per slice), then one
-  slice per MIG-capable GPU holding the GPU and all its partitions (27 devices on A100/H100, under the limit of
+  slice per MIG-capable GPU holding the GPU and all its partitions (26 devices on A100/H100, under the limit of
   64 for devices that consume counters), then the GPUs without MIG, 128 per slice.
 - ``dynamic``, Kubernetes 1.34: one slice per MIG-capable GPU carrying its own counter set inline (1.34 allows at
   most 32 counters per slice and a GPU's set has 15), then the GPUs without MIG.

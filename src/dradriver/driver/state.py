@@ -142,6 +142,11 @@ class GpuDriver:
             raise ClaimError(f"claim {name} ({uid}): MIG partition {device} does not exist yet and this version "
                              "does not carve partitions at prepare; run with --mig-mode static and create MIG "
                              "devices with nvidia-smi, or request a whole GPU")
+        if isinstance(found, GpuDevice) and found.mig_enabled:
+            # With MIG on, a GPU runs work only through its MIG devices, and this version does not switch MIG off.
+            raise ClaimError(f"claim {name} ({uid}): GPU {device} is in MIG mode, so as a whole GPU it cannot run "
+                             "work and this version does not switch MIG mode at prepare; delete the claim so the "
+                             "scheduler picks another device, or disable MIG on the GPU (nvidia-smi -i <gpu> -mig 0)")
         return found
 
 

@@ -75,8 +75,9 @@ class Inventory:
     def devices(self, mode: MigMode) -> list[GpuDevice | MigPartition]:
         """The devices a node offers in ``mode``, each GPU followed by its MIG devices.
 
-        ``dynamic`` offers every GPU whole plus every partition of the MIG-capable ones: prepare switches MIG mode
-        as the allocation needs. ``none`` and ``static`` leave a GPU in MIG mode to its MIG devices, as a GPU in MIG
+        ``dynamic`` offers every GPU whole plus every partition of the MIG-capable ones, for prepare to switch MIG
+        mode as the allocation needs (until it does, prepare refuses a whole GPU in MIG mode and a partition that
+        does not exist). ``none`` and ``static`` leave a GPU in MIG mode to its MIG devices, as a GPU in MIG
         mode cannot run work as a whole GPU.
         """
         offered: list[GpuDevice | MigPartition] = []
@@ -98,8 +99,10 @@ def gpu_name(pci_bus_id: str) -> str:
 
 
 def partition_name(parent: str, profile: MigProfile, placement: Placement) -> str:
-    """``gpu-0000-07-00-0-mig-1g10gbme-3`` for profile 1g.10gb+me at memory slice 3."""
-    return f"{parent}-mig-{re.sub(r'[^0-9a-z]', '', profile.name.lower())}-{placement.start}"
+    """``gpu-0000-07-00-0-mig-1g10gbme-3`` for profile 1g.10gb+me at memory slice 3.
+
+    Dots and ``+`` go, ``-`` stays: 1g.24gb+me and 1g.24gb-me are different profiles of one GPU (Blackwell)."""
+    return f"{parent}-mig-{re.sub(r'[^0-9a-z-]', '', profile.name.lower())}-{placement.start}"
 
 
 def cuda_version_string(nvml_version: int) -> str:
