@@ -22,7 +22,7 @@ def test_spec_file_is_named_like_the_cdi_librarys_transient_specs(tmp_path):
 
 
 def test_spec_holds_each_device_and_the_common_nodes(tmp_path):
-    writer = CdiWriter(tmp_path)
+    writer = CdiWriter(tmp_path, node_exists=lambda _path: True)
     writer.write(ClaimSpec(UID, (GPU,), env=("NVIDIA_VISIBLE_DEVICES=GPU-1",)))
     spec = json.loads(writer.spec_path(UID).read_text())
     assert spec["kind"] == CDI_KIND
@@ -93,3 +93,9 @@ def test_a_failed_write_leaves_no_temp_file_behind(tmp_path):
         with pytest.raises(DeviceError, match="unable to write CDI spec"):
             writer.write(ClaimSpec(UID, (GPU,)))
     assert [p.name for p in tmp_path.iterdir()] == [writer.spec_path(UID).name]
+
+
+def test_common_nodes_missing_on_the_host_are_left_out(tmp_path):
+    writer = CdiWriter(tmp_path, node_exists=lambda path: path != "/dev/nvidia-uvm-tools")
+    spec = writer.render(ClaimSpec("abc", (GPU,)))
+    assert [n["path"] for n in spec["containerEdits"]["deviceNodes"]] == ["/dev/nvidiactl", "/dev/nvidia-uvm"]

@@ -53,12 +53,16 @@ class CdiWriter:
     """Writes and removes the per-claim CDI spec files in ``cdi_dir``.
 
     ``host_path`` maps a device node's container path to the host path to bind (None: the same path). A simulated
-    node maps every GPU node to ``/dev/null`` so that a real runtime can still inject the spec.
+    node maps every GPU node to ``/dev/null`` so that a real runtime can still inject the spec. ``node_exists``
+    tells whether a host node is there: the common nodes (``/dev/nvidiactl``, ``/dev/nvidia-uvm*``) are left out
+    when missing (the uvm module loads on first use), since the runtime fails a container over a missing node.
     """
 
-    def __init__(self, cdi_dir: Path, *, host_path: Callable[[str], str | None] = lambda _path: None) -> None:
+    def __init__(self, cdi_dir: Path, *, host_path: Callable[[str], str | None] = lambda _path: None,
+                 node_exists: Callable[[str], bool] = os.path.exists) -> None:
         self.cdi_dir = cdi_dir
         self._host_path = host_path
+        self._node_exists = node_exists
 
     def spec_path(self, claim_uid: str) -> Path:
         # The CDI library's transient spec name: vendor-class_<id>, with '/' in the id replaced by '_'.
@@ -137,7 +141,9 @@ class CdiWriter:
             if device.env:
                 edits["env"] = list(device.env)
             devices.append({"name": name, "containerEdits": edits})
-        common: dict[str, Any] = {"deviceNodes": [self._node(node) for node in COMMON_DEVICE_NODES]}
+        present = [node for node in COMMON_DEVICE_NODES
+                   if self._node_exists(self._host_path(node.path) or node.path)]
+        common: dict[str, Any] = {"deviceNodes": [self._node(node) for node in present]}
         if claim.env:
             common["env"] = list(claim.env)
         spec: dict[str, Any] = {"cdiVersion": "", "kind": CDI_KIND, "devices": devices, "containerEdits": common}
