@@ -247,3 +247,17 @@ def test_an_xid_raised_with_dradriver_sim_reaches_the_kubelets_health_stream(dri
         stream.cancel()
     assert unhealthy == ["gpu-0000-0f-00-0"]
     assert "XID 79" in next(d.message for d in update.devices if d.health == 2)
+
+
+def test_a_refused_second_instance_touches_no_slices(driver: DriverProcess, api: FakeApiServer,
+                                                     root: Path) -> None:
+    # Published, its request logged, and the first instance is idle, watching.
+    assert api.wait_until(lambda: len(our_slices(api)) == 1 and len(api.writes_since(0)) == 1
+                          and api.active_watches == 1, TIMEOUT), driver.log
+    mark = api.mark()
+    # Other settings, other slices: had the twin published anything, it would have rewritten them.
+    twin = DriverProcess(root, root / "kubeconfig", "--mig-mode", "dynamic")
+    assert twin.proc.wait(TIMEOUT) == 2
+    twin._reader.join(TIMEOUT)
+    assert "already running" in twin.log
+    assert api.writes_since(mark) == [], twin.log

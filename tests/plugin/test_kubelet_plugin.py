@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import socket
 import threading
@@ -302,6 +303,22 @@ def test_bad_options_are_config_errors(make_plugin: PluginFactory, sock_dir: Pat
     deep = sock_dir / ("d" * 120)
     with pytest.raises(ConfigError, match="more than the 107 a unix socket address can hold"):
         make_plugin(plugin_dir=deep).start()
+
+
+@pytest.mark.parametrize("which", ["plugin_dir", "registry_dir"])
+def test_an_unusable_directory_is_a_config_error_naming_it(make_plugin: PluginFactory, sock_dir: Path,
+                                                            which: str) -> None:
+    blocker = sock_dir / "not-a-dir"
+    blocker.write_text("a file where a directory should be")
+    with pytest.raises(ConfigError, match=re.escape(str(blocker / "sub")) + ".*Not a directory"):
+        make_plugin(**{which: blocker / "sub"}).start()
+
+
+def test_an_unwritable_lock_file_is_a_config_error_naming_it(make_plugin: PluginFactory,
+                                                              sock_dir: Path) -> None:
+    (sock_dir / "plugin" / "plugin.lock").mkdir(parents=True)  # a directory cannot be opened for writing
+    with pytest.raises(ConfigError, match=r"lock file .*plugin\.lock"):
+        make_plugin().start()
 
 
 def test_get_info_answers_the_raw_protobuf(plugin: KubeletPlugin) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -518,3 +519,40 @@ def test_the_publisher_works_over_the_in_memory_cluster(make_publisher: Publishe
     publisher.sync_now()
     assert publisher.wait_synced(10)
     assert [s["spec"]["devices"][0]["name"] for s in memory.slice_objects()] == ["gpu-0"]
+
+
+class FightingCluster(MemoryCluster):
+    """Someone else rewrites every slice right after we write it, so the publisher can never win."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.our_writes = 0
+        self._round = 0
+
+    def create_resource_slice(self, obj: dict[str, Any]) -> dict[str, Any]:
+        stored = super().create_resource_slice(obj)
+        self._fight(stored)
+        return stored
+
+    def update_resource_slice(self, obj: dict[str, Any]) -> dict[str, Any]:
+        stored = super().update_resource_slice(obj)
+        self._fight(stored)
+        return stored
+
+    def _fight(self, stored: dict[str, Any]) -> None:
+        self.our_writes += 1
+        self._round += 1
+        edited = copy.deepcopy(stored)
+        edited["spec"]["devices"][0]["attributes"]["owner"] = {"int": self._round}
+        super().update_resource_slice(edited)
+
+
+def test_a_writer_fighting_over_the_slices_makes_the_publisher_back_off_instead_of_spinning(
+    make_publisher: PublisherFactory, sleeps: Sleeps
+) -> None:
+    fighting = FightingCluster()
+    fighting.add_node(NODE)
+    sleeps.hold.set()
+    make_publisher({NODE: [spec("gpu-0")]}, cluster=fighting)
+    assert sleeps.held.wait(10), f"no backoff after {fighting.our_writes} writes"
+    assert fighting.our_writes == 3  # one create, then two passes that restored the slice

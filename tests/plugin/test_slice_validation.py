@@ -200,6 +200,14 @@ BROKEN: list[tuple[str, Callable[[Obj], None], str]] = [
         "max-devices",
     ),
     (
+        "65 devices when one has a list attribute",
+        lambda o: o["spec"].update(
+            devices=[device(f"gpu-{i}") for i in range(64)]
+            + [device("gpu-64", attributes={"peers": {"strings": ["gpu-0"]}})]
+        ),
+        "max-devices",
+    ),
+    (
         "devices and counter sets in one slice",
         _set("spec.sharedCounters", [counter_set()]),
         "devices-or-counters",

@@ -114,14 +114,17 @@ def run(args: argparse.Namespace) -> int:
                 health.update_inventory(fresh, mig_mode)
                 publisher.update(_pools(node, fresh_specs))
 
-    publisher.start()
-    health.start(gpulib)
-    if status:
-        status.start()
-    if args.rescan_interval > 0:
-        threading.Thread(target=rescan, name="rescan", daemon=True).start()
+    status_started = False
     try:
+        # The instance lock comes first: a second instance must be refused before it publishes anything.
         plugin.start()
+        publisher.start()
+        health.start(gpulib)
+        if status:
+            status.start()
+            status_started = True
+        if args.rescan_interval > 0:
+            threading.Thread(target=rescan, name="rescan", daemon=True).start()
         log.info("ready node=%s driver=%s mig_mode=%s devices=%d", node, args.driver_name, mig_mode.value,
                  sum(len(s.get("devices", ())) for s in specs))
         stop.wait()
@@ -129,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         stop.set()
         plugin.stop()
-        if status:
+        if status and status_started:
             status.stop()
         publisher.stop()
         health.stop()

@@ -95,10 +95,10 @@ class KubeletPlugin:
         """Take the instance lock, serve the DRA socket, then create the registration socket and its watcher.
 
         Raises AlreadyRunningError if another instance serves this driver from the same plugin directory, and
-        ConfigError if a socket cannot be created.
+        ConfigError if a directory, the lock file or a socket cannot be created.
         """
-        self.plugin_dir.mkdir(parents=True, exist_ok=True)
-        self.registry_dir.mkdir(parents=True, exist_ok=True)
+        _make_dir(self.plugin_dir, "plugin directory", "--plugin-dir")
+        _make_dir(self.registry_dir, "kubelet plugin registration directory", "--registry-dir")
         self._lock.acquire(f"driver {self.driver_name} on node {self.node_name}")
         try:
             self._dra_server = SocketServer(self.dra_socket, self._add_dra_services,
@@ -179,3 +179,12 @@ class KubeletPlugin:
         if old is not None:
             old.stop(0)
         self._start_registration_server()
+
+
+def _make_dir(path: Path, what: str, flag: str) -> None:
+    """Create ``path`` if missing, or raise :class:`ConfigError` naming it (never a bare OSError)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"cannot create the {what} {path}: {err.strerror or err}; fix {flag} or the "
+                          "permissions of its parent") from err

@@ -40,8 +40,14 @@ class PluginLock:
         self._fd: int | None = None
 
     def acquire(self, description: str) -> None:
-        """Take the lock or raise :class:`AlreadyRunningError` naming the lock file and the holder's PID."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        """Take the lock or raise :class:`AlreadyRunningError` naming the lock file and the holder's PID
+        (:class:`ConfigError` if the file cannot be opened)."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise ConfigError(f"cannot open the instance lock file {self.path}: {err.strerror or err}; fix its "
+                              "permissions or remove what is there, or give this one a different --plugin-dir"
+                              ) from err
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

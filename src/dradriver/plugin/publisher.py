@@ -49,8 +49,8 @@ from dradriver.plugin.slice_validation import Problem, SliceShape, parse_quantit
 log = logging.getLogger(__name__)
 
 _INDEX = re.compile(r"^([0-9a-f]{5})-")
-# Consecutive passes that still had to write before the publisher goes on to watch anyway; guards against
-# a server that keeps changing what we write.
+# Consecutive passes that may still have to write before the publisher backs off as after a failure; guards
+# against someone else who keeps changing what we write (each of our writes would otherwise trigger the next).
 _MAX_PASSES = 3
 
 
@@ -130,6 +130,10 @@ class SyncResult:
 
 class _Interrupted(Exception):
     """Internal: a backoff sleep was cut short by stop()."""
+
+
+class _StillChanging(Exception):
+    """Internal: the slices still needed writes after :data:`_MAX_PASSES` passes; back off before the next."""
 
 
 def slice_index(name: str) -> int | None:
@@ -544,7 +548,8 @@ class Publisher:
 
     def _cycle(self) -> None:
         """Sync until nothing is left to write, then watch until something changes. Returns normally when
-        a new pass is due; raises ClusterError when a request failed (the caller backs off)."""
+        a new pass is due; raises ClusterError when a request failed, or _StillChanging when the slices would not
+        settle (the caller backs off)."""
         for _ in range(_MAX_PASSES):
             self._wake.clear()
             with self._lock:
@@ -556,8 +561,12 @@ class Publisher:
                     self._changed.notify_all()
                 break
         else:
-            log.warning(
-                "slices still changed after %d passes; watching anyway node=%s", _MAX_PASSES, self._node_name
+            # Watching now would start from a list older than our own last writes and wake at once, so
+            # back off instead: two writers fighting over the slices must not spin.
+            raise _StillChanging(
+                f"ResourceSlices of driver {self._driver} on node {self._node_name} still needed writes after "
+                f"{_MAX_PASSES} passes: something else keeps changing them (another instance of this driver "
+                "with a different plugin directory?); stop the other writer"
             )
         if self._stopping.is_set() or self._wake.is_set():
             return

@@ -336,14 +336,17 @@ class _Checker:
                 "a slice carries either devices or sharedCounters, not both: put the counter sets "
                 "in a slice of their own in the same pool",
             )
+        # Kubernetes 1.36 counts list-type attributes (alpha) as heavy too; they exist only from 1.36.
         heavy = any(
-            isinstance(d, Mapping) and (d.get("taints") or d.get("consumesCounters")) for d in devices
+            isinstance(d, Mapping) and (d.get("taints") or d.get("consumesCounters") or _has_list_attribute(d))
+            for d in devices
         )
         limit = (
             MAX_DEVICES_WITH_TAINTS_OR_COUNTERS if heavy and self.shape is SliceShape.V1_35 else MAX_DEVICES
         )
         if len(devices) > limit:
-            why = " because a device has taints or consumesCounters" if limit < MAX_DEVICES else ""
+            why = (" because a device has taints, consumesCounters or list attributes"
+                   if limit < MAX_DEVICES else "")
             self.add(
                 "spec.devices",
                 "max-devices",
@@ -633,6 +636,16 @@ class _Checker:
                     f"{taint.get('effect')!r} is not one of {', '.join(TAINT_EFFECTS)}",
                     device,
                 )
+
+
+def _has_list_attribute(device: Mapping[str, Any]) -> bool:
+    attributes = device.get("attributes")
+    if not isinstance(attributes, Mapping):
+        return False
+    return any(
+        isinstance(a, Mapping) and any(a.get(kind) is not None for kind in ("ints", "bools", "strings", "versions"))
+        for a in attributes.values()
+    )
 
 
 def _is_label_key(key: object) -> bool:
