@@ -100,12 +100,13 @@ def run(args: argparse.Namespace) -> int:
     def rescan() -> None:
         nonlocal specs
         while not stop.wait(args.rescan_interval):
+            # One bad rescan must not end rescanning for the life of the process: keep the last inventory.
             try:
                 fresh = discover(gpulib)
+                fresh_specs = build_slice_specs(fresh, settings)
             except DradriverError as err:
                 log.warning("rediscovery failed; keeping the last inventory error=%s", err)
                 continue
-            fresh_specs = build_slice_specs(fresh, settings)
             if fresh_specs != specs:
                 log.info("inventory changed; republishing gpus=%d mig_devices=%d", len(fresh.gpus),
                          len(fresh.mig_devices))
@@ -113,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
                 driver.update_inventory(fresh, mig_mode)
                 health.update_inventory(fresh, mig_mode)
                 publisher.update(_pools(node, fresh_specs))
+
+    rescanner = threading.Thread(target=rescan, name="rescan", daemon=True)
 
     status_started = False
     try:
@@ -124,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
             status.start()
             status_started = True
         if args.rescan_interval > 0:
-            threading.Thread(target=rescan, name="rescan", daemon=True).start()
+            rescanner.start()
         log.info("ready node=%s driver=%s mig_mode=%s devices=%d", node, args.driver_name, mig_mode.value,
                  sum(len(s.get("devices", ())) for s in specs))
         stop.wait()
@@ -136,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
             status.stop()
         publisher.stop()
         health.stop()
+        if rescanner.is_alive():
+            rescanner.join(timeout=30)  # a rediscovery in flight finishes before NVML shuts down
         gpulib.close()
         cluster.close()
     return 0
