@@ -82,7 +82,8 @@ def _to_int(value: Any) -> int:
             raise CelEvaluationError("integer overflow converting to int")
         return int(value)
     if kind is float:
-        if math.isnan(value) or not INT64_MIN <= value < 2.0**63:
+        # cel-go: -2**63 itself is refused too (doubleToInt64Checked compares with <=)
+        if math.isnan(value) or not INT64_MIN < value < 2.0**63:
             raise CelEvaluationError("double out of the int range")
         return int(value)
     if kind is str:
