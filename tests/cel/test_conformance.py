@@ -96,6 +96,8 @@ CASES = [
     ('quantity("500m").isInteger()', False),
     ('quantity("500m").asInteger() == 0', ERROR),
     ('quantity("500m").asApproximateFloat() == 0.5', True),
+    ('quantity("1e400").asApproximateFloat() > 1.0e308', True),
+    ('quantity("-1e400").asApproximateFloat() < -1.0e308', True),
     ('quantity("1k") == quantity("1000")', True),
     ('quantity("1Ki") == quantity("1024")', True),
     ('quantity("1e3") == quantity("1k")', True),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import re
 from fractions import Fraction
 
@@ -85,7 +86,10 @@ class Quantity:
         return int(self.value)
 
     def as_float(self) -> float:
-        return float(self.value)
+        try:
+            return float(self.value)
+        except OverflowError:  # Kubernetes' AsApproximateFloat64 gives ±Inf beyond the float range
+            return math.inf if self.value > 0 else -math.inf
 
 
 @functools.lru_cache(maxsize=4096)
