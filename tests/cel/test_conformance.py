@@ -186,6 +186,12 @@ CASES = [
     ('1 < "a"', COMPILE),
     ('int("42") == 42 && string(42) == "42"', True),
     ('int("x") == 1', ERROR),
+    # string(double) is Go's %g (cel-go), shortest digits, exponent from 1e+06 on
+    ('string(1.5) == "1.5" && string(100.0) == "100" && string(-0.5) == "-0.5"', True),
+    ('string(1000000.0) == "1e+06" && string(123456.0) == "123456"', True),
+    ('string(1234567.5) == "1.2345675e+06" && string(0.00001) == "1e-05"', True),
+    ('string(0.0001) == "0.0001" && string(1e100) == "1e+100"', True),
+    ('string(1.0/0.0) == "+Inf" && string(-1.0/0.0) == "-Inf" && string(0.0/0.0) == "NaN"', True),
     ('double("1.5") == 1.5 && uint(3) == 3u', True),
     ('bool("true") && !bool("false")', True),
     ('type(1) == int && type("a") == string && type(1u) == uint', True),

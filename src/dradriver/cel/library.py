@@ -11,6 +11,7 @@ import itertools
 import json
 import math
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any, NamedTuple
 
 import re2  # type: ignore[import-untyped]
@@ -138,13 +139,39 @@ def _to_string(value: Any) -> str:
     if kind in (int, Uint):
         return str(int(value))
     if kind is float:
-        return repr(value) if not value.is_integer() or abs(value) >= 1e21 else f"{value:.0f}"
+        return _go_g(value)
     if kind is bytes:
         try:
             return str(value.decode("utf-8"))
         except UnicodeDecodeError:
             raise CelEvaluationError("invalid UTF-8 in bytes converting to string") from None
     raise CelEvaluationError(f"no such overload: string({type_name(value)})")
+
+
+def _go_g(value: float) -> str:
+    """Go's ``fmt.Sprintf("%g", value)``, which cel-go's string(double) uses: the shortest digits that
+    round-trip, in exponent form when the decimal exponent is below -4 or at least 6."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if value == 0:
+        return "-0" if math.copysign(1.0, value) < 0 else "0"
+    # repr gives the shortest digits that round-trip, as Go's shortest formatting does.
+    parts = Decimal(repr(abs(value))).as_tuple()
+    digits = "".join(map(str, parts.digits))
+    point = len(digits) + int(parts.exponent)  # the decimal point sits after this many digits
+    digits = digits.rstrip("0")
+    sign = "-" if value < 0 else ""
+    exponent = point - 1
+    if exponent < -4 or exponent >= 6:
+        head = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
+        return f"{sign}{head}e{'-' if exponent < 0 else '+'}{abs(exponent):02d}"
+    if point <= 0:
+        return f"{sign}0.{'0' * -point}{digits}"
+    if point >= len(digits):
+        return f"{sign}{digits}{'0' * (point - len(digits))}"
+    return f"{sign}{digits[:point]}.{digits[point:]}"
 
 
 _BOOL_STRINGS = {
