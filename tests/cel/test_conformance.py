@@ -186,6 +186,14 @@ CASES = [
     ('1 < "a"', COMPILE),
     ('int("42") == 42 && string(42) == "42"', True),
     ('int("x") == 1', ERROR),
+    # Go's strconv: no blanks, no digit underscores, no "u" suffix
+    ('int("+42") == 42 && int("-42") == -42 && uint("42") == 42u', True),
+    ('int(" 42") == 42', ERROR),
+    ('int("1_000") == 1000', ERROR),
+    ('uint("1u") == 1u', ERROR),
+    ('double(" 1.5") == 1.5', ERROR),
+    ('double("1_0.5") == 10.5', ERROR),
+    ('double("1e3") == 1000.0 && double("-Inf") < 0.0 && double(".5") == 0.5', True),
     # string(double) is Go's %g (cel-go), shortest digits, exponent from 1e+06 on
     ('string(1.5) == "1.5" && string(100.0) == "100" && string(-0.5) == "-0.5"', True),
     ('string(1000000.0) == "1e+06" && string(123456.0) == "123456"', True),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any, NamedTuple
@@ -76,6 +77,13 @@ def _find_all(text: str, pattern: str, limit: int = -1) -> list[str]:
     return found if limit < 0 else found[:limit]
 
 
+# What Go's strconv.ParseInt/ParseUint (base 10) and ParseFloat accept; Python's int() and float() also
+# take blanks around the number and "_" between digits.
+_GO_INT = re.compile(r"[+-]?[0-9]+\Z")
+_GO_UINT = re.compile(r"[0-9]+\Z")
+_GO_FLOAT = re.compile(r"(?i)(?:[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?|inf|infinity)|nan)\Z")
+
+
 def _to_int(value: Any) -> int:
     kind = type(value)
     if kind is int or kind is Uint:
@@ -88,10 +96,9 @@ def _to_int(value: Any) -> int:
             raise CelEvaluationError("double out of the int range")
         return int(value)
     if kind is str:
-        try:
-            result = int(value, 10)
-        except ValueError:
-            raise CelEvaluationError(f"cannot convert {value!r} to int") from None
+        if not _GO_INT.match(value):
+            raise CelEvaluationError(f"cannot convert {value!r} to int")
+        result = int(value, 10)
         if not INT64_MIN <= result <= INT64_MAX:
             raise CelEvaluationError("integer overflow converting to int")
         return result
@@ -109,10 +116,9 @@ def _to_uint(value: Any) -> Uint:
             raise CelEvaluationError("double out of the uint range")
         return Uint(int(value))
     if kind is str:
-        try:
-            result = int(value.removesuffix("u"), 10)
-        except ValueError:
-            raise CelEvaluationError(f"cannot convert {value!r} to uint") from None
+        if not _GO_UINT.match(value):
+            raise CelEvaluationError(f"cannot convert {value!r} to uint")
+        result = int(value, 10)
         if not 0 <= result <= UINT64_MAX:
             raise CelEvaluationError("unsigned integer overflow converting to uint")
         return Uint(result)
@@ -123,10 +129,9 @@ def _to_double(value: Any) -> float:
     if type(value) in (int, Uint, float):
         return float(value)
     if type(value) is str:
-        try:
-            return float(value)
-        except ValueError:
-            raise CelEvaluationError(f"cannot convert {value!r} to double") from None
+        if not _GO_FLOAT.match(value):
+            raise CelEvaluationError(f"cannot convert {value!r} to double")
+        return float(value)
     raise CelEvaluationError(f"no such overload: double({type_name(value)})")
 
 
