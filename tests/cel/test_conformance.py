@@ -128,6 +128,8 @@ CASES = [
     ('"a.b.c".replace(".", "-") == "a-b-c"', True),
     ('"a.b.c".replace(".", "-", 1) == "a-b.c"', True),
     ('"  x ".trim() == "x"', True),
+    ('"\\t\\u00a0\\u3000x\\n".trim() == "x"', True),
+    ('"\\x1fx".trim() == "\\x1fx"', True),
     ('"abc".reverse() == "cba"', True),
     ('strings.quote("a\\"b") == "\\"a\\\\\\"b\\""', True),
     ('size("abc") == 3 && "abc".size() == 3', True),
