@@ -547,3 +547,10 @@ def test_explain_reports_guard_hint_for_missing_attributes(whole_gpus, classes):
     report = explain_claim(claim(exact(selectors=[f'{A}.model == "x"'])), slices=whole_gpus, classes=classes)
     assert report.error and "CEL runtime error" in report.error
     assert any('"model" in device.attributes["gpu.dradriver.dev"]' in h for h in report.requests[0].hints)
+
+
+@pytest.mark.parametrize("count", ["abc", [1], -1, 0, 1.5, True])
+def test_a_count_that_is_not_a_positive_integer_is_an_error(whole_gpus, classes, count):
+    # The API server requires count > 0 (an integer); an odd value must not crash or allocate nothing.
+    with pytest.raises(AllocationError, match=r"request gpu: count"):
+        allocate(claim(exact(count=count)), slices=whole_gpus, classes=classes, node="node-a")

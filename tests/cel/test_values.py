@@ -1,3 +1,5 @@
+from fractions import Fraction
+
 import pytest
 
 from dradriver.cel.quantity import Quantity, QuantityError
@@ -40,3 +42,24 @@ def test_semver_is_strict_without_normalisation(text):
 
 def test_semver_normalisation_matches_kubernetes():
     assert Semver.parse("v1.02", normalize=True) == Semver.parse("1.2.0")
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("1e-10", Fraction(1, 10**9)),
+        ("0.1n", Fraction(1, 10**9)),
+        ("-0.1n", Fraction(-1, 10**9)),
+        ("1.0000000001", Fraction(1_000_000_001, 10**9)),
+        ("1e-9999999999", Fraction(1, 10**9)),
+        ("0e-9999999999", 0),
+    ],
+)
+def test_quantity_rounds_below_a_nano_up_like_kubernetes(text, value):
+    # resource.ParseQuantity rounds non-zero values away from zero to a multiple of 1n.
+    assert Quantity.parse(text).value == value
+
+
+def test_quantity_with_a_huge_exponent_is_rejected_quickly():
+    with pytest.raises(QuantityError, match="exponent"):
+        Quantity.parse("1e9999999999")

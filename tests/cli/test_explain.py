@@ -194,3 +194,10 @@ def test_selector_mode_rejects_invalid_cel(capsys):
 @pytest.mark.parametrize("output", ["text", "json"])
 def test_selector_mode_exit_one_when_nothing_matches(capsys, output):
     assert main(["explain", "--selector", "false", "--slices", SLICES, "-o", output]) == 1
+
+
+def test_a_count_below_one_is_bad_input_naming_the_field(tmp_path, capsys):
+    code = main(["explain", write_claim(tmp_path, name="zero", count=0), "--slices", SLICES])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert "spec.devices.requests[0].exactly.count" in captured.err

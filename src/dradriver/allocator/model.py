@@ -131,7 +131,7 @@ def _request(
     mode = raw.get("allocationMode") or "ExactCount"
     if mode not in ("ExactCount", "All"):
         raise AllocationError(f"claim {claim}, request {shown}: unsupported count mode {mode}")
-    count = int(raw.get("count") or 1) if mode == "ExactCount" else 0
+    count = _count(claim, shown, raw) if mode == "ExactCount" else 0
     return Request(
         name=name,
         parent=parent,
@@ -146,6 +146,18 @@ def _request(
         raw=raw,
         capacity_requests=_capacity_requests(claim, shown, raw),
     )
+
+
+def _count(claim: str, shown: str, raw: dict[str, Any]) -> int:
+    count = raw.get("count")
+    if count is None:
+        return 1
+    if type(count) is not int or count <= 0:
+        raise AllocationError(
+            f"claim {claim}, request {shown}: count {count!r} is not a whole number greater than zero; "
+            f"leave it out for one device"
+        )
+    return count
 
 
 def _capacity_requests(claim: str, shown: str, raw: dict[str, Any]) -> dict[str, Quantity]:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any, NamedTuple
 
 import re2  # type: ignore[import-untyped]
@@ -75,6 +77,13 @@ def _find_all(text: str, pattern: str, limit: int = -1) -> list[str]:
     return found if limit < 0 else found[:limit]
 
 
+# What Go's strconv.ParseInt/ParseUint (base 10) and ParseFloat accept; Python's int() and float() also
+# take blanks around the number and "_" between digits.
+_GO_INT = re.compile(r"[+-]?[0-9]+\Z")
+_GO_UINT = re.compile(r"[0-9]+\Z")
+_GO_FLOAT = re.compile(r"(?i)(?:[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?|inf|infinity)|nan)\Z")
+
+
 def _to_int(value: Any) -> int:
     kind = type(value)
     if kind is int or kind is Uint:
@@ -82,14 +91,14 @@ def _to_int(value: Any) -> int:
             raise CelEvaluationError("integer overflow converting to int")
         return int(value)
     if kind is float:
-        if math.isnan(value) or not INT64_MIN <= value < 2.0**63:
+        # cel-go: -2**63 itself is refused too (doubleToInt64Checked compares with <=)
+        if math.isnan(value) or not INT64_MIN < value < 2.0**63:
             raise CelEvaluationError("double out of the int range")
         return int(value)
     if kind is str:
-        try:
-            result = int(value, 10)
-        except ValueError:
-            raise CelEvaluationError(f"cannot convert {value!r} to int") from None
+        if not _GO_INT.match(value):
+            raise CelEvaluationError(f"cannot convert {value!r} to int")
+        result = int(value, 10)
         if not INT64_MIN <= result <= INT64_MAX:
             raise CelEvaluationError("integer overflow converting to int")
         return result
@@ -107,10 +116,9 @@ def _to_uint(value: Any) -> Uint:
             raise CelEvaluationError("double out of the uint range")
         return Uint(int(value))
     if kind is str:
-        try:
-            result = int(value.removesuffix("u"), 10)
-        except ValueError:
-            raise CelEvaluationError(f"cannot convert {value!r} to uint") from None
+        if not _GO_UINT.match(value):
+            raise CelEvaluationError(f"cannot convert {value!r} to uint")
+        result = int(value, 10)
         if not 0 <= result <= UINT64_MAX:
             raise CelEvaluationError("unsigned integer overflow converting to uint")
         return Uint(result)
@@ -121,10 +129,9 @@ def _to_double(value: Any) -> float:
     if type(value) in (int, Uint, float):
         return float(value)
     if type(value) is str:
-        try:
-            return float(value)
-        except ValueError:
-            raise CelEvaluationError(f"cannot convert {value!r} to double") from None
+        if not _GO_FLOAT.match(value):
+            raise CelEvaluationError(f"cannot convert {value!r} to double")
+        return float(value)
     raise CelEvaluationError(f"no such overload: double({type_name(value)})")
 
 
@@ -137,13 +144,39 @@ def _to_string(value: Any) -> str:
     if kind in (int, Uint):
         return str(int(value))
     if kind is float:
-        return repr(value) if not value.is_integer() or abs(value) >= 1e21 else f"{value:.0f}"
+        return _go_g(value)
     if kind is bytes:
         try:
             return str(value.decode("utf-8"))
         except UnicodeDecodeError:
             raise CelEvaluationError("invalid UTF-8 in bytes converting to string") from None
     raise CelEvaluationError(f"no such overload: string({type_name(value)})")
+
+
+def _go_g(value: float) -> str:
+    """Go's ``fmt.Sprintf("%g", value)``, which cel-go's string(double) uses: the shortest digits that
+    round-trip, in exponent form when the decimal exponent is below -4 or at least 6."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if value == 0:
+        return "-0" if math.copysign(1.0, value) < 0 else "0"
+    # repr gives the shortest digits that round-trip, as Go's shortest formatting does.
+    parts = Decimal(repr(abs(value))).as_tuple()
+    digits = "".join(map(str, parts.digits))
+    point = len(digits) + int(parts.exponent)  # the decimal point sits after this many digits
+    digits = digits.rstrip("0")
+    sign = "-" if value < 0 else ""
+    exponent = point - 1
+    if exponent < -4 or exponent >= 6:
+        head = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
+        return f"{sign}{head}e{'-' if exponent < 0 else '+'}{abs(exponent):02d}"
+    if point <= 0:
+        return f"{sign}0.{'0' * -point}{digits}"
+    if point >= len(digits):
+        return f"{sign}{digits}{'0' * (point - len(digits))}"
+    return f"{sign}{digits[:point]}.{digits[point:]}"
 
 
 _BOOL_STRINGS = {

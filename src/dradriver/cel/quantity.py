@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import re
 from fractions import Fraction
 
@@ -26,6 +27,9 @@ _FORMAT = re.compile(
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
+# Beyond this a decimal exponent names no real amount; refusing it keeps 10**exponent from taking minutes.
+MAX_EXPONENT = 1000
+_NANO = 10**9
 
 
 class QuantityError(ValueError):
@@ -82,7 +86,10 @@ class Quantity:
         return int(self.value)
 
     def as_float(self) -> float:
-        return float(self.value)
+        try:
+            return float(self.value)
+        except OverflowError:  # Kubernetes' AsApproximateFloat64 gives ±Inf beyond the float range
+            return math.inf if self.value > 0 else -math.inf
 
 
 @functools.lru_cache(maxsize=4096)
@@ -96,12 +103,28 @@ def _parse_cached(text: str) -> Quantity:
     number, exponent, suffix = match.groups()
     value = Fraction(number)
     if exponent:
-        value *= Fraction(10) ** int(exponent[1:])
+        power = int(exponent[1:])
+        if power > MAX_EXPONENT:
+            raise QuantityError(f"{text!r}: exponent {power} is larger than {MAX_EXPONENT}")
+        if power < -(len(number) + 10):
+            # Far below 1n: only the sign survives Kubernetes' rounding, so skip computing 10**power.
+            value = Fraction(value.numerator and (1 if value > 0 else -1), _NANO * 10)
+        else:
+            value *= Fraction(10) ** power
     elif suffix in _BINARY:
         value *= _BINARY[suffix]
     else:
         value *= _DECIMAL[suffix or ""]
-    return Quantity(value, text)
+    return Quantity(_round_to_nano(value), text)
+
+
+def _round_to_nano(value: Fraction) -> Fraction:
+    """resource.ParseQuantity rounds a non-zero value away from zero to a whole number of nanos."""
+    nanos = value * _NANO
+    if nanos.denominator == 1:
+        return value
+    magnitude = -(-abs(nanos.numerator) // nanos.denominator)
+    return Fraction(magnitude if value > 0 else -magnitude, _NANO)
 
 
 def is_quantity(text: str) -> bool:

@@ -67,8 +67,12 @@ def substring(text: str, start: int, end: int | None = None) -> str:
     return text[start:stop]
 
 
+# Go's unicode.IsSpace (strings.TrimSpace); Python's str.strip() also strips \x1c-\x1f.
+_GO_SPACE = "\t\n\v\f\r \x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000"
+
+
 def trim(text: str) -> str:
-    return text.strip()
+    return text.strip(_GO_SPACE)
 
 
 def join(values: list[Any], separator: str = "") -> str:

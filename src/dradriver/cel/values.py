@@ -251,6 +251,8 @@ def modulo(a: Any, b: Any) -> Any:
         raise no_overload("_%_", a, b)
     if b == 0:
         raise CelEvaluationError("modulus by zero")
+    if ka is int and a == INT64_MIN and b == -1:
+        raise CelEvaluationError("integer overflow")  # cel-go: as for MinInt64 / -1
     remainder = abs(a) % abs(b)
     return (-remainder if a < 0 else remainder) if ka is int else Uint(remainder)
 

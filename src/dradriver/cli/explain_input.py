@@ -178,6 +178,12 @@ def check_claim(doc: Document, class_names: set[str]) -> list[str]:
                     f"{doc.source}: {what}: field {path}.deviceClassName: DeviceClass {class_name} "
                     f"does not exist (known: {known}); pass it with --classes"
                 )
+            count = entry.get("count")
+            if count is not None and (type(count) is not int or count <= 0):
+                errors.append(
+                    f"{doc.source}: {what}: field {path}.count: {count!r} is not a whole number greater "
+                    f"than zero; leave it out for one device"
+                )
             for j, selector in enumerate(entry.get("selectors") or []):
                 expression = ((selector or {}).get("cel") or {}).get("expression")
                 field_path = f"{path}.selectors[{j}].cel.expression"
