@@ -554,3 +554,17 @@ def test_a_count_that_is_not_a_positive_integer_is_an_error(whole_gpus, classes,
     # The API server requires count > 0 (an integer); an odd value must not crash or allocate nothing.
     with pytest.raises(AllocationError, match=r"request gpu: count"):
         allocate(claim(exact(count=count)), slices=whole_gpus, classes=classes, node="node-a")
+
+
+def test_a_combinatorial_search_gives_up_with_an_error_as_the_scheduler_would(classes):
+    # 64 alike GPUs on 4 PCIe roots; 5 with distinct roots cannot exist, and proving it means trying every
+    # combination: the scheduler's filter timeout would fail the claim, and the search stops likewise.
+    devices = [{"name": f"gpu-{i}", "attributes": {
+        "type": {"string": "gpu"}, "resource.kubernetes.io/pcieRoot": {"string": f"pci000{i % 4}:00"}}}
+        for i in range(64)]
+    slices = [{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "s"},
+               "spec": {"driver": "gpu.dradriver.dev", "nodeName": "node-x", "devices": devices,
+                        "pool": {"name": "node-x", "generation": 1, "resourceSliceCount": 1}}}]
+    with pytest.raises(AllocationError, match="gave up after"):
+        allocate(claim(exact(count=5), constraints=[{"distinctAttribute": "resource.kubernetes.io/pcieRoot"}]),
+                 slices=slices, classes=classes, max_attempts=20_000)

@@ -45,6 +45,11 @@ ShareIDs = Callable[[str, str, DeviceID], str]
 _SHARE_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_DNS, "share.dradriver.dev")
 
 
+# How many device placements one search may try before it gives up, as the scheduler's filter timeout would
+# (a plain claim over 200,000 MIG devices needs a fraction of this).
+MAX_SEARCH_ATTEMPTS = 1_000_000
+
+
 def stable_share_id(claim: str, request: str, device: DeviceID) -> str:
     """A lowercase RFC-4122 UUID (version 5) that is the same for the same claim, request and device.
 
@@ -89,8 +94,11 @@ class Search:
         node: str | None,
         node_labels: dict[str, str] | None,
         share_ids: ShareIDs | None = None,
+        max_attempts: int = MAX_SEARCH_ATTEMPTS,
     ) -> None:
         self.claim = claim
+        self.max_attempts = max_attempts
+        self.attempts = 0
         self._inputs: dict[str, Any] = {
             "slices": slices,
             "classes": classes,
@@ -98,6 +106,7 @@ class Search:
             "node": node,
             "node_labels": node_labels,
             "share_ids": share_ids,
+            "max_attempts": max_attempts,
         }
         self.share_ids: ShareIDs = share_ids or stable_share_id
         self.claim_name = claim_name(claim)
@@ -270,6 +279,14 @@ class Search:
         return self.ledger.shortfall(device)
 
     def try_add(self, request: Request, device: Device, *, must: bool) -> bool:
+        self.attempts += 1
+        if self.attempts > self.max_attempts:
+            # Constraints over many alike devices make the search combinatorial; the scheduler bounds it with
+            # its filter timeout (DRASchedulerFilterTimeout) and fails the claim, and so do we.
+            raise AllocationError(
+                f"claim {self.claim_name}: the allocation search gave up after {self.max_attempts:,} device "
+                "attempts, as the scheduler would time out; narrow the selectors or loosen the constraints "
+                "(distinctAttribute/matchAttribute over many alike devices search every combination)")
         if device.id in self.allocating or (not request.admin_access and device.id in self.in_use):
             return False
         if not self.capacity_fits(request, device):
@@ -434,6 +451,7 @@ def allocate(
     node: str | None = None,
     node_labels: dict[str, str] | None = None,
     share_ids: ShareIDs | None = None,
+    max_attempts: int = MAX_SEARCH_ATTEMPTS,
 ) -> dict[str, Any]:
     """Allocate devices for ``claim`` (a v1 ResourceClaim or ResourceClaimTemplate) as the scheduler would.
 
@@ -445,7 +463,8 @@ def allocate(
     Allocated claims consume their devices' counters and capacity: a result with a ``shareID`` takes its
     ``consumedCapacity`` from a multi-allocatable device, any other result takes the whole device. Results
     on multi-allocatable devices get a ``shareID`` from ``share_ids`` (default: ``stable_share_id``) and
-    the ``consumedCapacity`` the request takes.
+    the ``consumedCapacity`` the request takes. ``max_attempts`` bounds the search (device placements tried),
+    as the scheduler's filter timeout does; past it, AllocationError.
 
     Raises Unsatisfiable when no allocation exists (its message and ``report`` say, per request, how many
     devices passed each filter) and AllocationError when the scheduler would fail with an error instead.
@@ -458,6 +477,7 @@ def allocate(
         node=node,
         node_labels=node_labels,
         share_ids=share_ids,
+        max_attempts=max_attempts,
     )
     if search.run():
         log.debug("allocated claim=%s node=%s devices=%d", search.claim_name, node, len(search.results))
@@ -475,6 +495,7 @@ def explain_claim(
     node: str | None = None,
     node_labels: dict[str, str] | None = None,
     share_ids: ShareIDs | None = None,
+    max_attempts: int = MAX_SEARCH_ATTEMPTS,
 ) -> ClaimReport:
     """Allocate ``claim`` and say why it fits or not: per request, how many devices passed each filter,
     which devices matched, what rejected the others, and what would make it fit.
@@ -490,6 +511,7 @@ def explain_claim(
         node=node,
         node_labels=node_labels,
         share_ids=share_ids,
+        max_attempts=max_attempts,
     )
     try:
         fits = search.run()
