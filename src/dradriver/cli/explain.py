@@ -222,7 +222,7 @@ def _one_line(report: ClaimReport) -> str:
 
 def render(outcomes: list[ClaimOutcome], errors: list[str], output: str, *, builtin_classes: bool) -> None:
     if output == "json":
-        json.dump({"errors": errors, "claims": [_outcome_dict(o) for o in outcomes]}, sys.stdout, indent=2)
+        json.dump({"errors": errors, "claims": [outcome_dict(o) for o in outcomes]}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return
     for error in errors:
@@ -233,7 +233,7 @@ def render(outcomes: list[ClaimOutcome], errors: list[str], output: str, *, buil
         print(render_outcome(outcome))
 
 
-def _outcome_dict(outcome: ClaimOutcome) -> dict[str, Any]:
+def outcome_dict(outcome: ClaimOutcome) -> dict[str, Any]:
     return {
         "source": outcome.document.source,
         "kind": outcome.document.kind,

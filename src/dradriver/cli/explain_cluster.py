@@ -17,6 +17,7 @@ from dradriver.cli.explain import (
     EXIT_INVALID,
     ClaimOutcome,
     explain_document,
+    outcome_dict,
     render_outcome,
 )
 from dradriver.cli.explain_input import Document
@@ -287,18 +288,9 @@ def _render_pod(pod_ref: str, results: list[dict[str, Any]], errors: list[str], 
             if outcome is None:
                 rendered.append({**result, "fits": True})
                 continue
-            rendered.append(
-                {
-                    "podClaim": result["podClaim"],
-                    "kind": outcome.document.kind,
-                    "name": outcome.document.name,
-                    "fits": outcome.fits,
-                    "node": outcome.node,
-                    "error": outcome.error,
-                    "report": outcome.report.to_dict() if outcome.report else None,
-                    "otherNodes": outcome.other_nodes,
-                }
-            )
+            described = outcome_dict(outcome)
+            del described["source"]  # the object came from the API server, not a file
+            rendered.append({"podClaim": result["podClaim"], **described})
         json.dump({"pod": pod_ref, "errors": errors, "claims": rendered}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return
