@@ -2,7 +2,7 @@ from fractions import Fraction
 
 import pytest
 
-from dradriver.cel.quantity import Quantity, QuantityError
+from dradriver.quantity import Quantity, QuantityError
 from dradriver.cel.semver import Semver, SemverError
 
 

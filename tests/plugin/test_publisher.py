@@ -190,6 +190,21 @@ def test_quantities_the_server_rewrote_in_canonical_form_count_as_unchanged(
     assert api.server.writes_since(mark) == []
 
 
+def test_a_zero_counter_the_server_rewrote_in_canonical_form_counts_as_unchanged(
+    api: ApiEnv, make_publisher: PublisherFactory
+) -> None:
+    counters = [{"name": "gpu-0-counters", "counters": {"memory": {"value": "0Gi"}}}]
+    publisher = make_publisher({NODE: [SliceSpec.of(shared_counters=counters)]})
+    assert publisher.wait_synced(10)
+    [stored] = slices(api)
+    stored["spec"]["sharedCounters"][0]["counters"]["memory"]["value"] = "0"
+    mark = api.server.mark()
+    api.server.replace("resourceslices", stored)  # the real server stores 0Gi as "0"
+    publisher.sync_now()
+    assert publisher.wait_synced(10)
+    assert api.server.writes_since(mark) == []
+
+
 # -- others changing our slices ----------------------------------------------------------------------------
 
 

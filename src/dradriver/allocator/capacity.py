@@ -21,7 +21,7 @@ from typing import Any
 
 from dradriver.allocator.errors import AllocationError
 from dradriver.allocator.model import Device, DeviceID, Request
-from dradriver.cel.quantity import Quantity, QuantityError
+from dradriver.quantity import Quantity, QuantityError
 
 _BINARY_SUFFIXES = ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
 _DECIMAL_SUFFIXES = ((18, "E"), (15, "P"), (12, "T"), (9, "G"), (6, "M"), (3, "k"))

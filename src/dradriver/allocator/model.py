@@ -8,7 +8,7 @@ from typing import Any
 
 from dradriver.allocator.errors import AllocationError
 from dradriver.cel import CelCompileError, Quantity, Selector, compile_selector
-from dradriver.cel.quantity import QuantityError
+from dradriver.quantity import QuantityError
 
 DeviceID = tuple[str, str, str]  # driver, pool, device
 MAX_RESULTS = 32  # resource.k8s.io: AllocationResultsMaxSize

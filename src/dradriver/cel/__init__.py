@@ -6,7 +6,7 @@ sel.matches(device, driver="gpu.dradriver.dev")
 """
 
 from dradriver.cel.errors import CelCompileError, CelError, CelEvaluationError
-from dradriver.cel.quantity import Quantity
+from dradriver.quantity import Quantity
 from dradriver.cel.selector import Selector, compile_selector
 from dradriver.cel.semver import Semver
 

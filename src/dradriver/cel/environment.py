@@ -7,7 +7,7 @@ from typing import Any
 from dradriver.cel.checker import ObjectType
 from dradriver.cel.errors import CelEvaluationError
 from dradriver.cel.interpreter import AttributeMap, DomainMap
-from dradriver.cel.quantity import Quantity, QuantityError
+from dradriver.quantity import Quantity, QuantityError
 from dradriver.cel.semver import Semver, SemverError
 
 DEVICE_TYPE = ObjectType(

@@ -14,7 +14,7 @@ from dradriver.cel import ast, values
 from dradriver.cel.checker import CheckResult, Type
 from dradriver.cel.errors import CelEvaluationError
 from dradriver.cel.library import Overload
-from dradriver.cel.quantity import Quantity
+from dradriver.quantity import Quantity
 from dradriver.cel.semver import Semver
 from dradriver.cel.values import CelType, Uint, type_name
 

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import re2  # type: ignore[import-untyped]
 
 from dradriver.cel.errors import CelEvaluationError
-from dradriver.cel.quantity import Quantity, QuantityError, is_quantity
+from dradriver.quantity import Quantity, QuantityError, is_quantity
 from dradriver.cel.semver import Semver, SemverError, is_semver
 from dradriver.cel.strings_ext import STRING_FUNCTIONS
 from dradriver.cel.values import INT64_MAX, INT64_MIN, UINT64_MAX, CelType, Uint, equals, less, type_name

@@ -11,7 +11,7 @@ import math
 from typing import Any
 
 from dradriver.cel.errors import CelEvaluationError
-from dradriver.cel.quantity import Quantity
+from dradriver.quantity import Quantity
 from dradriver.cel.semver import Semver
 
 INT64_MIN, INT64_MAX, UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1

@@ -44,7 +44,8 @@ from dradriver.plugin.cluster import (
     NotFoundError,
     WatchStream,
 )
-from dradriver.plugin.slice_validation import Problem, SliceShape, parse_quantity, validate_pool
+from dradriver.plugin.slice_validation import Problem, SliceShape, validate_pool
+from dradriver.quantity import parse_quantity
 
 log = logging.getLogger(__name__)
 
@@ -147,14 +148,14 @@ def _normalised_spec(spec: Mapping[str, Any]) -> Any:
     server stored (the server rewrites quantities in canonical form, e.g. ``1024Mi`` as ``1Gi``)."""
     spec = copy.deepcopy(dict(spec))
 
-    def fix_counters(counters: Any) -> None:
-        for counter in (counters or {}).values():
-            if isinstance(counter, dict) and "value" in counter:
-                counter["value"] = str(parse_quantity(counter["value"]) or counter["value"])
-
     def fix(value: Any) -> Any:
         parsed = parse_quantity(value)
         return str(parsed) if parsed is not None else value
+
+    def fix_counters(counters: Any) -> None:
+        for counter in (counters or {}).values():
+            if isinstance(counter, dict) and "value" in counter:
+                counter["value"] = fix(counter["value"])
 
     for counter_set in spec.get("sharedCounters") or []:
         fix_counters(counter_set.get("counters"))

@@ -20,7 +20,7 @@ from enum import StrEnum
 from fractions import Fraction
 from typing import Any
 
-from dradriver.cel.quantity import Quantity, QuantityError
+from dradriver.quantity import Quantity, QuantityError, parse_quantity
 from dradriver.errors import DradriverError
 
 MAX_DEVICES = 128
@@ -60,21 +60,6 @@ _SEMVER = re.compile(
     r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
     r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
 )
-def parse_quantity(value: object) -> Fraction | None:
-    """The exact value of a Kubernetes quantity (``"80Gi"``, ``"100m"``, ``"1e3"``), or None if it does not
-    parse. Integers are accepted as the API server accepts them in JSON."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return Fraction(value)
-    if not isinstance(value, str):
-        return None
-    try:
-        return Quantity.parse(value).value
-    except QuantityError:
-        return None
-
-
 def is_dns_label(value: object) -> bool:
     """True for an RFC 1123 label: lower-case alphanumerics and '-', at most 63 characters."""
     return isinstance(value, str) and len(value) <= 63 and bool(_DNS_LABEL.match(value))

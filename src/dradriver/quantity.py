@@ -1,4 +1,7 @@
-"""Kubernetes ``resource.Quantity`` as a CEL value (the ``quantity`` library of k8s.io/apiserver)."""
+"""Kubernetes ``resource.Quantity``: parsing, exact arithmetic and canonical form.
+
+A Kubernetes type, not a CEL one: the CEL `quantity` library, the allocator and the slice validator all use it.
+"""
 
 from __future__ import annotations
 
@@ -147,3 +150,18 @@ def _format(value: Fraction) -> str:
         if scaled.denominator == 1:
             return f"{int(scaled)}{suffix}"
     return f"{float(value)}"
+
+
+def parse_quantity(value: object) -> Fraction | None:
+    """The exact value of a Kubernetes quantity (``"80Gi"``, ``"100m"``, ``"1e3"``), or None if it does not
+    parse. Integers are accepted as the API server accepts them in JSON."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return Fraction(value)
+    if not isinstance(value, str):
+        return None
+    try:
+        return Quantity.parse(value).value
+    except QuantityError:
+        return None
