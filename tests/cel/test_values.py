@@ -2,8 +2,8 @@ from fractions import Fraction
 
 import pytest
 
-from dradriver.quantity import Quantity, QuantityError
 from dradriver.cel.semver import Semver, SemverError
+from dradriver.quantity import Quantity, QuantityError
 
 
 @pytest.mark.parametrize(

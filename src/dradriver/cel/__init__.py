@@ -6,9 +6,9 @@ sel.matches(device, driver="gpu.dradriver.dev")
 """
 
 from dradriver.cel.errors import CelCompileError, CelError, CelEvaluationError
-from dradriver.quantity import Quantity
 from dradriver.cel.selector import Selector, compile_selector
 from dradriver.cel.semver import Semver
+from dradriver.quantity import Quantity
 
 __all__ = [
     "CelCompileError",

@@ -7,8 +7,8 @@ from typing import Any
 from dradriver.cel.checker import ObjectType
 from dradriver.cel.errors import CelEvaluationError
 from dradriver.cel.interpreter import AttributeMap, DomainMap
-from dradriver.quantity import Quantity, QuantityError
 from dradriver.cel.semver import Semver, SemverError
+from dradriver.quantity import Quantity, QuantityError
 
 DEVICE_TYPE = ObjectType(
     "kubernetes.DRADevice",

@@ -14,9 +14,9 @@ from dradriver.cel import ast, values
 from dradriver.cel.checker import CheckResult, Type
 from dradriver.cel.errors import CelEvaluationError
 from dradriver.cel.library import Overload
-from dradriver.quantity import Quantity
 from dradriver.cel.semver import Semver
 from dradriver.cel.values import CelType, Uint, type_name
+from dradriver.quantity import Quantity
 
 Env = dict[str, Any]
 Program = Callable[[Env], Any]

@@ -18,10 +18,10 @@ from typing import Any, NamedTuple
 import re2  # type: ignore[import-untyped]
 
 from dradriver.cel.errors import CelEvaluationError
-from dradriver.quantity import Quantity, QuantityError, is_quantity
 from dradriver.cel.semver import Semver, SemverError, is_semver
 from dradriver.cel.strings_ext import STRING_FUNCTIONS
 from dradriver.cel.values import INT64_MAX, INT64_MIN, UINT64_MAX, CelType, Uint, equals, less, type_name
+from dradriver.quantity import Quantity, QuantityError, is_quantity
 
 # A type is a name ("int", "string", "Quantity", "dyn", …) or ("list", elem) / ("map", key, value).
 # In parameters, "any" accepts every type and "list" / "map" any list / map; the result "elem" is the

@@ -11,8 +11,8 @@ import math
 from typing import Any
 
 from dradriver.cel.errors import CelEvaluationError
-from dradriver.quantity import Quantity
 from dradriver.cel.semver import Semver
+from dradriver.quantity import Quantity
 
 INT64_MIN, INT64_MAX, UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
 

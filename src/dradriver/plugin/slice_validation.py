@@ -20,8 +20,8 @@ from enum import StrEnum
 from fractions import Fraction
 from typing import Any
 
-from dradriver.quantity import Quantity, QuantityError, parse_quantity
 from dradriver.errors import DradriverError
+from dradriver.quantity import parse_quantity
 
 MAX_DEVICES = 128
 MAX_DEVICES_WITH_TAINTS_OR_COUNTERS = 64
