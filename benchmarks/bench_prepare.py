@@ -40,8 +40,10 @@ def percentiles(samples: list[float]) -> str:
     def at(q: float) -> float:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
-    return (f"p50 {at(0.50):6.2f} ms  p90 {at(0.90):6.2f} ms  p99 {at(0.99):6.2f} ms  "
-            f"mean {statistics.fmean(ordered) * 1000:6.2f} ms  (n={len(ordered)})")
+    return (
+        f"p50 {at(0.50):6.2f} ms  p90 {at(0.90):6.2f} ms  p99 {at(0.99):6.2f} ms  "
+        f"mean {statistics.fmean(ordered) * 1000:6.2f} ms  (n={len(ordered)})"
+    )
 
 
 def main() -> int:
@@ -64,22 +66,40 @@ def main() -> int:
     devices = [g.name for g in inventory.gpus]
     claims = []
     for i in range(args.claims):
-        stored = cluster.add_resource_claim({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": f"claim-{i}", "namespace": "bench"},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
-            "status": {"allocation": {"devices": {"results": [
-                {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": devices[i % len(devices)]}]}}},
-        })
+        stored = cluster.add_resource_claim(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": f"claim-{i}", "namespace": "bench"},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
+                "status": {
+                    "allocation": {
+                        "devices": {
+                            "results": [
+                                {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": devices[i % len(devices)]}
+                            ]
+                        }
+                    }
+                },
+            }
+        )
         claims.append(Claim("bench", stored["metadata"]["name"], stored["metadata"]["uid"]))
 
     root = Path(tempfile.mkdtemp(prefix="dra-bench-", dir="/tmp"))
     try:
-        driver = GpuDriver(driver_name=DRIVER, pool=NODE, inventory=inventory, mig_mode=MigMode.STATIC,
-                           cdi=CdiWriter(root / "cdi"))
-        plugin = KubeletPlugin(driver_name=DRIVER, node_name=NODE, handler=driver, claim_source=cluster,
-                               registry_dir=root / "registry", plugin_dir=root / "plugin")
+        driver = GpuDriver(
+            driver_name=DRIVER, pool=NODE, inventory=inventory, mig_mode=MigMode.STATIC, cdi=CdiWriter(root / "cdi")
+        )
+        plugin = KubeletPlugin(
+            driver_name=DRIVER,
+            node_name=NODE,
+            handler=driver,
+            claim_source=cluster,
+            registry_dir=root / "registry",
+            plugin_dir=root / "plugin",
+        )
         with plugin, KubeletClient(root / "registry").register() as kubelet:
+
             def timed(call: str, claim: Claim) -> float:
                 began = time.perf_counter()
                 result = getattr(kubelet, call)([claim])[claim.uid]
@@ -110,14 +130,18 @@ def main() -> int:
                 began = time.perf_counter()
                 samples = [t for per_gpu in pool.map(one_gpu, range(len(devices))) for t in per_gpu]
                 wall = time.perf_counter() - began
-            print(f"prepare, {len(devices)} GPUs busy at once:    {percentiles(samples)}; "
-                  f"{len(claims) / wall:.0f} prepare+unprepare cycles/s")
-            batch = claims[:len(devices)]
+            print(
+                f"prepare, {len(devices)} GPUs busy at once:    {percentiles(samples)}; "
+                f"{len(claims) / wall:.0f} prepare+unprepare cycles/s"
+            )
+            batch = claims[: len(devices)]
             began = time.perf_counter()
             result = kubelet.prepare(batch)
             ok = sum(1 for r in result.values() if not r.error)
-            print(f"prepare, one batch of {len(batch)} claims (one per GPU): "
-                  f"{(time.perf_counter() - began) * 1000:.1f} ms ({ok} ok)")
+            print(
+                f"prepare, one batch of {len(batch)} claims (one per GPU): "
+                f"{(time.perf_counter() - began) * 1000:.1f} ms ({ok} ok)"
+            )
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return 0

@@ -52,12 +52,41 @@ def cluster() -> Iterator[str]:
         context = f"kind-{name}"
         for folder in ("manifests/driver/namespace.yaml", "manifests/driver", "manifests/deviceclasses"):
             run("kubectl", "--context", context, "apply", "-f", str(ROOT / folder))
-        run("kubectl", "--context", context, "-n", "dradriver", "set", "image", "daemonset/dradriver-kubelet-plugin",
-            f"plugin={IMAGE}")
-        run("kubectl", "--context", context, "-n", "dradriver", "set", "env", "daemonset/dradriver-kubelet-plugin",
-            "DRADRIVER_GPU_BACKEND=sim", "DRADRIVER_SIM_PROFILE=dgx-a100-80gb", "DRADRIVER_MIG_MODE=none")
-        run("kubectl", "--context", context, "-n", "dradriver", "rollout", "status",
-            "daemonset/dradriver-kubelet-plugin", "--timeout=180s")
+        run(
+            "kubectl",
+            "--context",
+            context,
+            "-n",
+            "dradriver",
+            "set",
+            "image",
+            "daemonset/dradriver-kubelet-plugin",
+            f"plugin={IMAGE}",
+        )
+        run(
+            "kubectl",
+            "--context",
+            context,
+            "-n",
+            "dradriver",
+            "set",
+            "env",
+            "daemonset/dradriver-kubelet-plugin",
+            "DRADRIVER_GPU_BACKEND=sim",
+            "DRADRIVER_SIM_PROFILE=dgx-a100-80gb",
+            "DRADRIVER_MIG_MODE=none",
+        )
+        run(
+            "kubectl",
+            "--context",
+            context,
+            "-n",
+            "dradriver",
+            "rollout",
+            "status",
+            "daemonset/dradriver-kubelet-plugin",
+            "--timeout=180s",
+        )
         yield context
     finally:
         subprocess.run(["kind", "delete", "cluster", "--name", name], capture_output=True, check=False, timeout=300)

@@ -35,14 +35,25 @@ spec:
 
 def test_the_driver_publishes_eight_gpus_for_the_node(cluster: str) -> None:
     out = run("kubectl", "--context", cluster, "get", "resourceslices", "-o", "json")
-    devices = [d for s in json.loads(out)["items"] if s["spec"]["driver"] == "gpu.dradriver.dev"
-               for d in s["spec"].get("devices", [])]
+    devices = [
+        d
+        for s in json.loads(out)["items"]
+        if s["spec"]["driver"] == "gpu.dradriver.dev"
+        for d in s["spec"].get("devices", [])
+    ]
     assert len(devices) == 8
 
 
 def test_a_pod_gets_a_prepared_gpu_injected_through_cdi(cluster: str) -> None:
     run("kubectl", "--context", cluster, "apply", "-f", "-", input=POD)
-    run("kubectl", "--context", cluster, "wait", "pod/gpu-pod", "--for=jsonpath={.status.phase}=Succeeded",
-        "--timeout=180s")
+    run(
+        "kubectl",
+        "--context",
+        cluster,
+        "wait",
+        "pod/gpu-pod",
+        "--for=jsonpath={.status.phase}=Succeeded",
+        "--timeout=180s",
+    )
     logs = run("kubectl", "--context", cluster, "logs", "gpu-pod")
     assert "NVIDIA_VISIBLE_DEVICES=GPU-" in logs

@@ -14,6 +14,5 @@ def test_version_flag_prints_the_package_version(capsys):
 
 
 def test_module_runs_as_a_program():
-    out = subprocess.run([sys.executable, "-m", "dradriver", "--help"], capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run([sys.executable, "-m", "dradriver", "--help"], capture_output=True, text=True, check=True)
     assert "inventory" in out.stdout

@@ -100,8 +100,7 @@ def _parse_cached(text: str) -> Quantity:
     match = _FORMAT.match(text.strip()) if text == text.strip() else None
     if not match or not text:
         raise QuantityError(
-            f"quantities must match the regular expression "
-            f"'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$': {text!r}"
+            f"quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$': {text!r}"
         )
     number, exponent, suffix = match.groups()
     value = Fraction(number)

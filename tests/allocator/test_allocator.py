@@ -146,12 +146,8 @@ def test_product_name_mismatch_is_unsatisfiable_with_a_closest_value(whole_gpus,
 
 
 def test_memory_capacity_selector(whole_gpus, classes):
-    fits = claim(
-        exact(selectors=['device.capacity["gpu.dradriver.dev"].memory.compareTo(quantity("80Gi")) >= 0'])
-    )
-    too_big = claim(
-        exact(selectors=['device.capacity["gpu.dradriver.dev"].memory.isGreaterThan(quantity("80Gi"))'])
-    )
+    fits = claim(exact(selectors=['device.capacity["gpu.dradriver.dev"].memory.compareTo(quantity("80Gi")) >= 0']))
+    too_big = claim(exact(selectors=['device.capacity["gpu.dradriver.dev"].memory.isGreaterThan(quantity("80Gi"))']))
     assert devices(allocate(fits, slices=whole_gpus, classes=classes))
     with pytest.raises(Unsatisfiable):
         allocate(too_big, slices=whole_gpus, classes=classes)
@@ -193,9 +189,7 @@ def test_selector_that_does_not_compile_is_an_error(whole_gpus, classes):
 
 
 def test_all_mode_takes_every_matching_device(whole_gpus, classes):
-    allocation = allocate(
-        claim(exact(allocationMode="All")), slices=whole_gpus, classes=classes, node="node-a"
-    )
+    allocation = allocate(claim(exact(allocationMode="All")), slices=whole_gpus, classes=classes, node="node-a")
     assert len(devices(allocation)) == 8
 
 
@@ -559,12 +553,33 @@ def test_a_count_that_is_not_a_positive_integer_is_an_error(whole_gpus, classes,
 def test_a_combinatorial_search_gives_up_with_an_error_as_the_scheduler_would(classes):
     # 64 alike GPUs on 4 PCIe roots; 5 with distinct roots cannot exist, and proving it means trying every
     # combination: the scheduler's filter timeout would fail the claim, and the search stops likewise.
-    devices = [{"name": f"gpu-{i}", "attributes": {
-        "type": {"string": "gpu"}, "resource.kubernetes.io/pcieRoot": {"string": f"pci000{i % 4}:00"}}}
-        for i in range(64)]
-    slices = [{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "s"},
-               "spec": {"driver": "gpu.dradriver.dev", "nodeName": "node-x", "devices": devices,
-                        "pool": {"name": "node-x", "generation": 1, "resourceSliceCount": 1}}}]
+    devices = [
+        {
+            "name": f"gpu-{i}",
+            "attributes": {
+                "type": {"string": "gpu"},
+                "resource.kubernetes.io/pcieRoot": {"string": f"pci000{i % 4}:00"},
+            },
+        }
+        for i in range(64)
+    ]
+    slices = [
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": "s"},
+            "spec": {
+                "driver": "gpu.dradriver.dev",
+                "nodeName": "node-x",
+                "devices": devices,
+                "pool": {"name": "node-x", "generation": 1, "resourceSliceCount": 1},
+            },
+        }
+    ]
     with pytest.raises(AllocationError, match="gave up after"):
-        allocate(claim(exact(count=5), constraints=[{"distinctAttribute": "resource.kubernetes.io/pcieRoot"}]),
-                 slices=slices, classes=classes, max_attempts=20_000)
+        allocate(
+            claim(exact(count=5), constraints=[{"distinctAttribute": "resource.kubernetes.io/pcieRoot"}]),
+            slices=slices,
+            classes=classes,
+            max_attempts=20_000,
+        )

@@ -10,8 +10,14 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_demo_allocates_prepares_and_unprepares_the_default_claim(capsys):
     assert main(["demo"]) == 0
     out = capsys.readouterr().out
-    for step in ("1. Discovered", "2. Published", "3. Allocated", "4. Registered", "5. NodePrepareResources",
-                 "6. NodeUnprepareResources"):
+    for step in (
+        "1. Discovered",
+        "2. Published",
+        "3. Allocated",
+        "4. Registered",
+        "5. NodePrepareResources",
+        "6. NodeUnprepareResources",
+    ):
         assert f"==> {step}" in out
     assert "the kubelet chose v1.DRAPlugin" in out
     assert '"NVIDIA_VISIBLE_DEVICES=GPU-' in out
@@ -31,7 +37,8 @@ def test_demo_reports_a_claim_that_does_not_fit(tmp_path, capsys):
     claim.write_text(
         "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: nine, namespace: default}\n"
         "spec:\n  devices:\n    requests:\n    - name: gpus\n      exactly: {deviceClassName: gpu.dradriver.dev, "
-        "count: 9}\n")
+        "count: 9}\n"
+    )
     assert main(["demo", "--claim", str(claim)]) == 1
     assert "does not fit" in capsys.readouterr().out
 

@@ -149,9 +149,7 @@ status:
       results:
 {results}
 """)
-    code = main(
-        ["explain", write_claim(tmp_path, count=2), "--slices", SLICES, "--allocated", str(allocated)]
-    )
+    code = main(["explain", write_claim(tmp_path, count=2), "--slices", SLICES, "--allocated", str(allocated)])
     out = capsys.readouterr().out
     assert code == 1
     assert "7 matching devices are allocated to other claims" in out
@@ -177,13 +175,25 @@ def test_selector_mode_groups_devices_by_outcome(capsys):
 
 
 def test_selector_mode_json_lists_every_device(capsys):
-    code = main(["explain", "--selector", 'device.attributes["gpu.dradriver.dev"].profile == "7g.80gb"',
-                 "--slices", MIG_SLICES, "-o", "json"])
+    code = main(
+        [
+            "explain",
+            "--selector",
+            'device.attributes["gpu.dradriver.dev"].profile == "7g.80gb"',
+            "--slices",
+            MIG_SLICES,
+            "-o",
+            "json",
+        ]
+    )
     report = json.loads(capsys.readouterr().out)
     assert code == 0
     assert len(report["devices"]) == 52
-    assert {"node": report["devices"][0]["node"], "device": "gpu-0000-07-00-0",
-            "result": report["devices"][0]["result"]} in report["devices"]
+    assert {
+        "node": report["devices"][0]["node"],
+        "device": "gpu-0000-07-00-0",
+        "result": report["devices"][0]["result"],
+    } in report["devices"]
 
 
 def test_selector_mode_rejects_invalid_cel(capsys):

@@ -56,9 +56,7 @@ def template(count):
         "spec": {
             "spec": {
                 "devices": {
-                    "requests": [
-                        {"name": "gpu", "exactly": {"deviceClassName": "gpu.dradriver.dev", "count": count}}
-                    ]
+                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.dradriver.dev", "count": count}}]
                 }
             }
         },
@@ -70,15 +68,12 @@ def allocated_claim(name, devices):
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}"},
-        "spec": {
-            "devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "gpu.dradriver.dev"}}]}
-        },
+        "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "gpu.dradriver.dev"}}]}},
         "status": {
             "allocation": {
                 "devices": {
                     "results": [
-                        {"request": "r", "driver": "gpu.dradriver.dev", "pool": "node-a", "device": d}
-                        for d in devices
+                        {"request": "r", "driver": "gpu.dradriver.dev", "pool": "node-a", "device": d} for d in devices
                     ]
                 }
             }
@@ -93,9 +88,7 @@ def test_template_claim_not_yet_generated_is_explained_from_the_template(capsys)
 
 
 def test_pending_pod_is_explained_against_other_claims_allocations(capsys):
-    taken = allocated_claim(
-        "busy", [f"gpu-0000-{b}-00-0" for b in ("07", "0f", "47", "4e", "87", "90", "b7")]
-    )
+    taken = allocated_claim("busy", [f"gpu-0000-{b}-00-0" for b in ("07", "0f", "47", "4e", "87", "90", "b7")])
     reader = FakeReader(
         pod({"name": "gpus", "resourceClaimTemplateName": "gpus"}), claims=[taken], templates=[template(2)]
     )

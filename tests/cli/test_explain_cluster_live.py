@@ -96,14 +96,10 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 def allocation_of(node: str, devices: list[str]) -> dict[str, Any]:
     return {
         "devices": {
-            "results": [
-                {"request": "gpus", "driver": GPU_CLASS, "pool": node, "device": device} for device in devices
-            ]
+            "results": [{"request": "gpus", "driver": GPU_CLASS, "pool": node, "device": device} for device in devices]
         },
         "nodeSelector": {
-            "nodeSelectorTerms": [
-                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
-            ]
+            "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]
         },
     }
 
@@ -147,9 +143,7 @@ def test_claim_not_yet_generated_is_explained_from_its_template(
     )
 
 
-def test_standalone_claim_fits_and_json_names_the_node(
-    cluster: Cluster, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_standalone_claim_fits_and_json_names_the_node(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
     cluster.add_node("node-a")
     cluster.add_claim("shared-gpu", claim_spec(1))
     cluster.add_pod("trainer", {"name": "gpu", "resourceClaimName": "shared-gpu"})
@@ -313,7 +307,7 @@ def test_reader_follows_list_pages_across_namespaces(cluster: Cluster) -> None:
 def test_forbidden_list_names_the_rbac_explain_needs(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
     cluster.add_claim("one", claim_spec(1))
     cluster.add_pod("trainer", {"name": "gpu", "resourceClaimName": "one"})
-    cluster.server.fail_next("GET", "/resourceslices", 403, message='resourceslices.resource.k8s.io is forbidden')
+    cluster.server.fail_next("GET", "/resourceslices", 403, message="resourceslices.resource.k8s.io is forbidden")
     assert cluster.explain("ml/trainer") == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert "HTTP 403: resourceslices.resource.k8s.io is forbidden" in line

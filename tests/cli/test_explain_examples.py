@@ -29,8 +29,18 @@ def test_there_are_examples():
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_example_fits_its_profile(path, capsys):
     profile, mig_mode = profile_of(path)
-    code = main(["explain", str(path), "--sim-profile", profile, "--mig-mode", mig_mode,
-                 "--classes", str(ROOT / "manifests/deviceclasses")])
+    code = main(
+        [
+            "explain",
+            str(path),
+            "--sim-profile",
+            profile,
+            "--mig-mode",
+            mig_mode,
+            "--classes",
+            str(ROOT / "manifests/deviceclasses"),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     assert " fits on node " in out

@@ -12,8 +12,13 @@ from dradriver.cli.main import main
 def dradriver(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     import os
 
-    return subprocess.run([sys.executable, "-m", "dradriver", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "dradriver", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
 
 
 def test_json_lists_the_dgx_a100_80gb_with_profiles_and_placements():
@@ -34,9 +39,17 @@ def test_json_lists_the_dgx_a100_80gb_with_profiles_and_placements():
 
 
 def test_flags_come_from_environment_variables():
-    done = dradriver("inventory", "-o", "yaml",
-                     env={"DRADRIVER_GPU_BACKEND": "sim", "DRADRIVER_SIM_PROFILE": "mixed",
-                          "DRADRIVER_MIG_MODE": "none", "NODE_NAME": "node-x"})
+    done = dradriver(
+        "inventory",
+        "-o",
+        "yaml",
+        env={
+            "DRADRIVER_GPU_BACKEND": "sim",
+            "DRADRIVER_SIM_PROFILE": "mixed",
+            "DRADRIVER_MIG_MODE": "none",
+            "NODE_NAME": "node-x",
+        },
+    )
     assert done.returncode == 0, done.stderr
     document = yaml.safe_load(done.stdout)
     assert document["node"] == "node-x"
@@ -45,8 +58,22 @@ def test_flags_come_from_environment_variables():
 
 
 def test_slices_output_is_a_multi_document_stream_of_resource_slices(capsys):
-    assert main(["inventory", "--gpu-backend", "sim", "--sim-profile", "hgx-h100-80gb", "--mig-mode", "dynamic",
-                 "-o", "slices"]) == 0
+    assert (
+        main(
+            [
+                "inventory",
+                "--gpu-backend",
+                "sim",
+                "--sim-profile",
+                "hgx-h100-80gb",
+                "--mig-mode",
+                "dynamic",
+                "-o",
+                "slices",
+            ]
+        )
+        == 0
+    )
     slices = list(yaml.safe_load_all(capsys.readouterr().out))
     assert len(slices) == 9
     assert all(s["kind"] == "ResourceSlice" for s in slices)
@@ -57,7 +84,8 @@ def test_missing_nvml_is_one_line_and_exit_2():
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "dradriver inventory: error: nvmlInit: NVML library not found: install the NVIDIA driver or use "
-        "--gpu-backend sim"]
+        "--gpu-backend sim"
+    ]
     assert "Traceback" not in done.stderr
 
 

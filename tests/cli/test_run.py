@@ -33,8 +33,10 @@ def test_run_rejects_a_kubernetes_version_without_dra(capsys):
 def test_run_without_nvml_fails_with_one_line(capsys):
     assert main(["run", "--node-name", "n", "--gpu-backend", "nvml"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "dradriver run: error: nvmlInit: NVML library not found: install the NVIDIA driver or use " \
-                  "--gpu-backend sim"
+    assert (
+        err == "dradriver run: error: nvmlInit: NVML library not found: install the NVIDIA driver or use "
+        "--gpu-backend sim"
+    )
 
 
 def test_run_with_an_unreadable_kubeconfig_names_it(capsys, tmp_path):

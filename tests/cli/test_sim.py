@@ -33,12 +33,15 @@ def test_destroying_a_gpu_instance_frees_its_slices(tmp_path, capsys):
     capsys.readouterr()
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (("mig-create", "0", "3g.20gb", "--start", "0"), "(NVML error 23)"),
-    (("mig-create", "4", "1g.5gb"), "NVIDIA L4 has no MIG profile"),
-    (("mig-create", "0000:99:00.0", "1g.5gb"), "no GPU '0000:99:00.0'"),
-    (("compute-mode", "1", "EXCLUSIVE_THREAD"), "no longer supported"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("mig-create", "0", "3g.20gb", "--start", "0"), "(NVML error 23)"),
+        (("mig-create", "4", "1g.5gb"), "NVIDIA L4 has no MIG profile"),
+        (("mig-create", "0000:99:00.0", "1g.5gb"), "no GPU '0000:99:00.0'"),
+        (("compute-mode", "1", "EXCLUSIVE_THREAD"), "no longer supported"),
+    ],
+)
 def test_refusals_are_one_clear_line(tmp_path, capsys, args, message):
     assert sim(tmp_path / "state.json", *args) == 2
     assert message in capsys.readouterr().err

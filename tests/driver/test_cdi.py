@@ -9,8 +9,9 @@ from dradriver.errors import DeviceError
 from dradriver.gpu.models import DeviceNode
 
 UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
-GPU = CdiDevice(name="gpu-0000-07-00-0", device_nodes=(DeviceNode("/dev/nvidia0"),),
-                env=("NVIDIA_VISIBLE_DEVICES=GPU-1",))
+GPU = CdiDevice(
+    name="gpu-0000-07-00-0", device_nodes=(DeviceNode("/dev/nvidia0"),), env=("NVIDIA_VISIBLE_DEVICES=GPU-1",)
+)
 
 
 def test_spec_file_is_named_like_the_cdi_librarys_transient_specs(tmp_path):
@@ -82,7 +83,8 @@ def test_fully_described_nodes_carry_type_major_minor_and_mode(tmp_path):
     spec = CdiWriter(tmp_path).render(ClaimSpec("abc", (CdiDevice("mig", (DeviceNode("/dev/nvidia0"), cap)),)))
     assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [
         {"path": "/dev/nvidia0"},
-        {"path": "/dev/nvidia-caps/nvidia-cap30", "type": "c", "major": 508, "minor": 30, "fileMode": 0o444}]
+        {"path": "/dev/nvidia-caps/nvidia-cap30", "type": "c", "major": 508, "minor": 30, "fileMode": 0o444},
+    ]
     assert spec["cdiVersion"] == "0.3.0"
 
 

@@ -25,8 +25,6 @@ from dradriver.plugin.slice_validation import SliceShape, validate_pool
 DOMAIN = "gpu.dradriver.dev"
 
 
-
-
 INVENTORIES = {name: inventory_of(name) for name in builtin_profile_names()}
 
 
@@ -134,12 +132,14 @@ def test_kubernetes_version_picks_the_shape_and_rejects_nonsense():
 # --- counters versus the hardware --------------------------------------------------------------------------
 
 A100_SLICES = slices_for("dgx-a100-80gb", MigMode.DYNAMIC)
-COUNTER_SETS = {cs["name"]: {k: quantity(v["value"]) for k, v in cs["counters"].items()}
-                for s in A100_SLICES for cs in s["spec"].get("sharedCounters", [])}
+COUNTER_SETS = {
+    cs["name"]: {k: quantity(v["value"]) for k, v in cs["counters"].items()}
+    for s in A100_SLICES
+    for cs in s["spec"].get("sharedCounters", [])
+}
 FIRST_GPU = [d for d in devices_of(A100_SLICES) if d["name"].startswith("gpu-0000-07-00-0")]
 PARTITIONS = [d for d in FIRST_GPU if d["attributes"]["type"] == {"string": "mig"}]
-PROFILE_IDS = {"1g.10gb": 19, "1g.10gb+me": 20, "1g.20gb": 15, "2g.20gb": 14, "3g.40gb": 9, "4g.40gb": 5,
-               "7g.80gb": 0}
+PROFILE_IDS = {"1g.10gb": 19, "1g.10gb+me": 20, "1g.20gb": 15, "2g.20gb": 14, "3g.40gb": 9, "4g.40gb": 5, "7g.80gb": 0}
 
 
 def counters_admit(devices: list[dict]) -> bool:

@@ -19,28 +19,42 @@ from dradriver.plugin.handler import ClaimRef
 DRIVER = "gpu.dradriver.dev"
 
 
-
-
 def claim(uid: str, *results: tuple[str, str], pool: str = "node-a", driver: str = DRIVER) -> dict:
     return {
         "metadata": {"uid": uid, "name": f"claim-{uid}", "namespace": "default"},
-        "status": {"allocation": {"devices": {"results": [
-            {"request": request, "driver": driver, "pool": pool, "device": device} for request, device in results]}}},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": request, "driver": driver, "pool": pool, "device": device}
+                        for request, device in results
+                    ]
+                }
+            }
+        },
     }
 
 
 @pytest.fixture
 def driver(tmp_path: Path) -> GpuDriver:
-    return GpuDriver(driver_name=DRIVER, pool="node-a", inventory=inventory_of("mixed"), mig_mode=MigMode.STATIC,
-                     cdi=CdiWriter(tmp_path))
+    return GpuDriver(
+        driver_name=DRIVER,
+        pool="node-a",
+        inventory=inventory_of("mixed"),
+        mig_mode=MigMode.STATIC,
+        cdi=CdiWriter(tmp_path),
+    )
 
 
 def test_prepare_returns_one_cdi_id_per_device_with_its_requests(driver: GpuDriver):
-    result = driver.prepare_resource_claims([claim("u1", ("a", "gpu-0000-0f-00-0"), ("b", "gpu-0000-47-00-0"),
-                                                   ("c", "gpu-0000-0f-00-0"))])["u1"]
+    result = driver.prepare_resource_claims(
+        [claim("u1", ("a", "gpu-0000-0f-00-0"), ("b", "gpu-0000-47-00-0"), ("c", "gpu-0000-0f-00-0"))]
+    )["u1"]
     assert result.error is None
-    assert [(d.device, d.requests) for d in result.devices] == [("gpu-0000-0f-00-0", ("a", "c")),
-                                                                ("gpu-0000-47-00-0", ("b",))]
+    assert [(d.device, d.requests) for d in result.devices] == [
+        ("gpu-0000-0f-00-0", ("a", "c")),
+        ("gpu-0000-47-00-0", ("b",)),
+    ]
     assert result.devices[0].cdi_device_ids == ("k8s.gpu.dradriver.dev/claim=u1-gpu-0000-0f-00-0",)
 
 
@@ -61,14 +75,18 @@ def test_existing_mig_devices_get_their_parents_node_and_their_capability_nodes(
 
 def test_a_mig_device_whose_capabilities_cannot_be_read_is_refused(tmp_path: Path):
     node = SimulatedNode(load_node_profile("mixed"))
-    gpulib = NvmlGpuLib(nvml=fake_pynvml(node), pci_topology=SimPciTopology(node),
-                        mig_capabilities=ProcMigCapabilities(tmp_path / "no-proc"))
+    gpulib = NvmlGpuLib(
+        nvml=fake_pynvml(node),
+        pci_topology=SimPciTopology(node),
+        mig_capabilities=ProcMigCapabilities(tmp_path / "no-proc"),
+    )
     try:
         inventory = discover(gpulib)
     finally:
         gpulib.close()
-    blind = GpuDriver(driver_name=DRIVER, pool="node-a", inventory=inventory, mig_mode=MigMode.STATIC,
-                      cdi=CdiWriter(tmp_path / "cdi"))
+    blind = GpuDriver(
+        driver_name=DRIVER, pool="node-a", inventory=inventory, mig_mode=MigMode.STATIC, cdi=CdiWriter(tmp_path / "cdi")
+    )
     result = blind.prepare_resource_claims([claim("u7", ("mig", "gpu-0000-07-00-0-mig-3g20gb-0"))])["u7"]
     assert "MIG capability device nodes" in (result.error or "")
     assert not (tmp_path / "cdi").exists()
@@ -77,15 +95,19 @@ def test_a_mig_device_whose_capabilities_cannot_be_read_is_refused(tmp_path: Pat
 def test_other_drivers_results_are_ignored(driver: GpuDriver):
     mixed = claim("u3", ("a", "gpu-0000-0f-00-0"))
     mixed["status"]["allocation"]["devices"]["results"].append(
-        {"request": "nic", "driver": "nic.example.com", "pool": "node-a", "device": "eth0"})
+        {"request": "nic", "driver": "nic.example.com", "pool": "node-a", "device": "eth0"}
+    )
     assert [d.device for d in driver.prepare_resource_claims([mixed])["u3"].devices] == ["gpu-0000-0f-00-0"]
 
 
-@pytest.mark.parametrize(("bad", "message"), [
-    (claim("x", ("a", "gpu-0000-0f-00-0"), pool="node-b"), "pool node-b"),
-    (claim("x", ("a", "gpu-0000-ff-00-0")), "not offered by this node"),
-    (claim("x", ("a", "gpu-0000-07-00-0")), "not offered by this node"),  # in MIG mode: static leaves it out
-])
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (claim("x", ("a", "gpu-0000-0f-00-0"), pool="node-b"), "pool node-b"),
+        (claim("x", ("a", "gpu-0000-ff-00-0")), "not offered by this node"),
+        (claim("x", ("a", "gpu-0000-07-00-0")), "not offered by this node"),  # in MIG mode: static leaves it out
+    ],
+)
 def test_bad_allocations_fail_the_claim_and_write_nothing(driver: GpuDriver, tmp_path: Path, bad, message):
     result = driver.prepare_resource_claims([bad])["x"]
     assert message in (result.error or "")
@@ -93,21 +115,31 @@ def test_bad_allocations_fail_the_claim_and_write_nothing(driver: GpuDriver, tmp
 
 
 def test_a_partition_not_carved_yet_is_refused_with_the_way_out(tmp_path: Path):
-    dynamic = GpuDriver(driver_name=DRIVER, pool="node-a", inventory=inventory_of("dgx-a100-80gb"),
-                        mig_mode=MigMode.DYNAMIC, cdi=CdiWriter(tmp_path))
+    dynamic = GpuDriver(
+        driver_name=DRIVER,
+        pool="node-a",
+        inventory=inventory_of("dgx-a100-80gb"),
+        mig_mode=MigMode.DYNAMIC,
+        cdi=CdiWriter(tmp_path),
+    )
     result = dynamic.prepare_resource_claims([claim("u4", ("m", "gpu-0000-07-00-0-mig-1g10gb-0"))])["u4"]
     assert "--mig-mode static" in (result.error or "")
 
 
-
 def test_a_whole_gpu_in_mig_mode_is_refused_with_the_way_out(tmp_path: Path):
     # mixed: the first A100 is in MIG mode; dynamic mode offers it whole, but as a whole GPU it runs no work.
-    dynamic = GpuDriver(driver_name=DRIVER, pool="node-a", inventory=inventory_of("mixed"),
-                        mig_mode=MigMode.DYNAMIC, cdi=CdiWriter(tmp_path))
+    dynamic = GpuDriver(
+        driver_name=DRIVER,
+        pool="node-a",
+        inventory=inventory_of("mixed"),
+        mig_mode=MigMode.DYNAMIC,
+        cdi=CdiWriter(tmp_path),
+    )
     result = dynamic.prepare_resource_claims([claim("u5", ("g", "gpu-0000-07-00-0"))])["u5"]
     assert "gpu-0000-07-00-0" in (result.error or "") and "MIG mode" in (result.error or "")
     assert not list(tmp_path.iterdir())
     assert dynamic.prepare_resource_claims([claim("u6", ("g", "gpu-0000-0f-00-0"))])["u6"].error is None
+
 
 def test_unprepare_removes_the_spec_and_is_idempotent(driver: GpuDriver, tmp_path: Path):
     driver.prepare_resource_claims([claim("u5", ("a", "gpu-0000-0f-00-0"))])

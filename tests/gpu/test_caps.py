@@ -24,7 +24,8 @@ def test_reads_the_gpu_and_compute_instance_nodes(tmp_path):
     proc = fake_proc(tmp_path, gpu=1, gi=2, ci=0, gi_minor=156, ci_minor=157)
     assert ProcMigCapabilities(proc).device_nodes(1, 2, 0) == (
         DeviceNode("/dev/nvidia-caps/nvidia-cap156", major=508, minor=156, file_mode=0o444),
-        DeviceNode("/dev/nvidia-caps/nvidia-cap157", major=508, minor=157, file_mode=0o444))
+        DeviceNode("/dev/nvidia-caps/nvidia-cap157", major=508, minor=157, file_mode=0o444),
+    )
 
 
 def test_a_missing_capability_file_names_it(tmp_path):

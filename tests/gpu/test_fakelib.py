@@ -82,8 +82,10 @@ def test_versioned_profile_info_needs_mig_enabled_while_v1_always_answers() -> N
     disabled = nvml.nvmlDeviceGetHandleByIndex(1)
     enabled = nvml.nvmlDeviceGetHandleByIndex(0)
     one_slice = nvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE
-    assert code_of(nvml, lambda: nvml.nvmlDeviceGetGpuInstanceProfileInfo(disabled, one_slice)) \
+    assert (
+        code_of(nvml, lambda: nvml.nvmlDeviceGetGpuInstanceProfileInfo(disabled, one_slice))
         == nvml.NVML_ERROR_NOT_SUPPORTED
+    )
     assert nvml.nvmlDeviceGetGpuInstanceProfileInfo(disabled, one_slice, version=1).id == 19
     info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(enabled, nvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1)
     assert (info.id, info.name, info.memorySizeMB) == (20, "MIG 1g.5gb+me", 4864)
@@ -92,10 +94,14 @@ def test_versioned_profile_info_needs_mig_enabled_while_v1_always_answers() -> N
 def test_profile_enums_the_product_lacks_or_past_the_end_are_skippable_errors() -> None:
     nvml, _ = loaded()
     handle = nvml.nvmlDeviceGetHandleByIndex(0)
-    assert code_of(nvml, lambda: nvml.nvmlDeviceGetGpuInstanceProfileInfo(
-        handle, nvml.NVML_GPU_INSTANCE_PROFILE_8_SLICE)) == nvml.NVML_ERROR_NOT_SUPPORTED
-    assert code_of(nvml, lambda: nvml.nvmlDeviceGetGpuInstanceProfileInfo(
-        handle, nvml.NVML_GPU_INSTANCE_PROFILE_COUNT)) == nvml.NVML_ERROR_INVALID_ARGUMENT
+    assert (
+        code_of(nvml, lambda: nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, nvml.NVML_GPU_INSTANCE_PROFILE_8_SLICE))
+        == nvml.NVML_ERROR_NOT_SUPPORTED
+    )
+    assert (
+        code_of(nvml, lambda: nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, nvml.NVML_GPU_INSTANCE_PROFILE_COUNT))
+        == nvml.NVML_ERROR_INVALID_ARGUMENT
+    )
 
 
 def test_placements_answer_a_count_query_and_refuse_a_short_buffer_even_with_mig_disabled() -> None:
@@ -106,8 +112,10 @@ def test_placements_answer_a_count_query_and_refuse_a_short_buffer_even_with_mig
     assert count.value == 4
     short = (nvml.c_nvmlGpuInstancePlacement_t * 2)()
     count = ctypes.c_uint(2)
-    assert code_of(nvml, lambda: nvml.nvmlDeviceGetGpuInstancePossiblePlacements(
-        handle, 15, short, ctypes.byref(count))) == nvml.NVML_ERROR_INSUFFICIENT_SIZE
+    assert (
+        code_of(nvml, lambda: nvml.nvmlDeviceGetGpuInstancePossiblePlacements(handle, 15, short, ctypes.byref(count)))
+        == nvml.NVML_ERROR_INSUFFICIENT_SIZE
+    )
     buffer = (nvml.c_nvmlGpuInstancePlacement_t * 8)()
     count = ctypes.c_uint(8)
     nvml.nvmlDeviceGetGpuInstancePossiblePlacements(handle, 15, buffer, ctypes.byref(count))
@@ -152,8 +160,7 @@ def test_events_need_registration_and_a_lost_gpu_ends_the_wait_with_gpu_is_lost(
     node.inject_xid(4, 13)  # another GPU, not registered
     node.inject_xid(5, 94)
     data = nvml.nvmlEventSetWait_v2(event_set, 1000)
-    assert (data.eventType, data.eventData, data.gpuInstanceId) == (
-        nvml.nvmlEventTypeXidCriticalError, 94, 0xFFFFFFFF)
+    assert (data.eventType, data.eventData, data.gpuInstanceId) == (nvml.nvmlEventTypeXidCriticalError, 94, 0xFFFFFFFF)
     assert nvml.nvmlDeviceGetUUID(data.device) == node.gpus[5].uuid
     assert code_of(nvml, lambda: nvml.nvmlEventSetWait_v2(event_set, 10)) == nvml.NVML_ERROR_TIMEOUT
     node.lose_gpu(5)
@@ -172,15 +179,21 @@ def test_fabric_info_fills_the_versioned_struct_and_refuses_an_unknown_version()
     nvml.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(v2))
     assert v2.state == nvml.NVML_GPU_FABRIC_STATE_COMPLETED
     v2.version = 0x01000024
-    assert code_of(nvml, lambda: nvml.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(v2))) \
+    assert (
+        code_of(nvml, lambda: nvml.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(v2)))
         == nvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+    )
 
 
 def test_fabric_info_is_not_supported_before_hopper_and_a_state_without_nvswitch() -> None:
     ampere, _ = loaded("dgx-a100-80gb")
     info = ampere.c_nvmlGpuFabricInfo_v3_t()
-    assert code_of(ampere, lambda: ampere.nvmlDeviceGetGpuFabricInfoV(
-        ampere.nvmlDeviceGetHandleByIndex(0), ctypes.byref(info))) == ampere.NVML_ERROR_NOT_SUPPORTED
+    assert (
+        code_of(
+            ampere, lambda: ampere.nvmlDeviceGetGpuFabricInfoV(ampere.nvmlDeviceGetHandleByIndex(0), ctypes.byref(info))
+        )
+        == ampere.NVML_ERROR_NOT_SUPPORTED
+    )
     pairs, _ = loaded("h100-nvl-pairs")
     info = pairs.c_nvmlGpuFabricInfo_v3_t()
     pairs.nvmlDeviceGetGpuFabricInfoV(pairs.nvmlDeviceGetHandleByIndex(0), ctypes.byref(info))

@@ -12,8 +12,16 @@ from dradriver.gpu.fakelib import simulated_gpulib
 from dradriver.gpu.inventory import GpuDevice, MigMode, MigPartition, discover, gpu_name, partition_name
 from dradriver.gpu.models import FabricInfo, FabricState, MigProfile, Placement
 
-DGX_A100_BUSES = ["0000:07:00.0", "0000:0f:00.0", "0000:47:00.0", "0000:4e:00.0",
-                  "0000:87:00.0", "0000:90:00.0", "0000:b7:00.0", "0000:bd:00.0"]
+DGX_A100_BUSES = [
+    "0000:07:00.0",
+    "0000:0f:00.0",
+    "0000:47:00.0",
+    "0000:4e:00.0",
+    "0000:87:00.0",
+    "0000:90:00.0",
+    "0000:b7:00.0",
+    "0000:bd:00.0",
+]
 CLUSTER = "6f1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
 CLIQUE_NODE = f"""\
 name: gh200-clique
@@ -49,11 +57,17 @@ def test_pre_hopper_gpus_without_fabric_info_still_share_their_nvswitch_domain()
     assert {g.nvlink_domain for g in inventory_of("dgx-a100-80gb").gpus} == {"nvswitch-0000-07-00-0"}
 
 
-@pytest.mark.parametrize(("state", "status"), [
-    (FabricState.IN_PROGRESS, 0), (FabricState.NOT_STARTED, 0), (FabricState.COMPLETED, 999),
-])
+@pytest.mark.parametrize(
+    ("state", "status"),
+    [
+        (FabricState.IN_PROGRESS, 0),
+        (FabricState.NOT_STARTED, 0),
+        (FabricState.COMPLETED, 999),
+    ],
+)
 def test_a_gpu_whose_fabric_registration_is_not_complete_is_left_out_of_the_switch_domain(
-        state: FabricState, status: int, caplog: pytest.LogCaptureFixture) -> None:
+    state: FabricState, status: int, caplog: pytest.LogCaptureFixture
+) -> None:
     gpulib, node = simulated_gpulib("hgx-h100-80gb")
     node.set_fabric_state(0, state, status)
     with caplog.at_level(logging.WARNING, logger="dradriver.gpu.inventory"):
@@ -119,7 +133,14 @@ def test_every_mig_profile_and_placement_is_discovered_with_real_profile_ids():
     gpu = inventory_of("dgx-a100-80gb").gpus[0]
     by_name = {p.name: p for p in gpu.mig_profiles}
     assert {name: p.id for name, p in by_name.items()} == {
-        "1g.10gb": 19, "1g.10gb+me": 20, "1g.20gb": 15, "2g.20gb": 14, "3g.40gb": 9, "4g.40gb": 5, "7g.80gb": 0}
+        "1g.10gb": 19,
+        "1g.10gb+me": 20,
+        "1g.20gb": 15,
+        "2g.20gb": 14,
+        "3g.40gb": 9,
+        "4g.40gb": 5,
+        "7g.80gb": 0,
+    }
     assert [p.start for p in by_name["1g.10gb"].placements] == [0, 1, 2, 3, 4, 5, 6]
     assert [(p.start, p.size) for p in by_name["3g.40gb"].placements] == [(0, 4), (4, 4)]
     assert [(p.start, p.size) for p in by_name["7g.80gb"].placements] == [(0, 8)]
@@ -138,11 +159,14 @@ def test_existing_mig_devices_are_found_and_named_by_profile_and_placement():
     assert all(d.uuid and d.uuid.startswith("MIG-") for d in inventory.mig_devices)
 
 
-@pytest.mark.parametrize(("mode", "gpus", "migs"), [
-    (MigMode.NONE, 5, 0),  # the MIG-enabled A100 is left to its MIG devices
-    (MigMode.STATIC, 5, 3),
-    (MigMode.DYNAMIC, 6, 4 * 25),  # every A100-40GB offers 25 profile x placement partitions
-])
+@pytest.mark.parametrize(
+    ("mode", "gpus", "migs"),
+    [
+        (MigMode.NONE, 5, 0),  # the MIG-enabled A100 is left to its MIG devices
+        (MigMode.STATIC, 5, 3),
+        (MigMode.DYNAMIC, 6, 4 * 25),  # every A100-40GB offers 25 profile x placement partitions
+    ],
+)
 def test_each_mig_mode_offers_its_devices(mode, gpus, migs):
     offered = inventory_of("mixed").devices(mode)
     assert sum(isinstance(d, GpuDevice) for d in offered) == gpus
@@ -171,16 +195,29 @@ def test_names_follow_the_pci_address_not_the_order_in_the_profile(tmp_path):
         "name: reversed\n"
         "gpus:\n"
         "  - {product: Tesla T4, pciBusId: '0000:b1:00.0'}\n"
-        "  - {product: Tesla T4, pciBusId: '0000:17:00.0'}\n")
+        "  - {product: Tesla T4, pciBusId: '0000:17:00.0'}\n"
+    )
     inventory = inventory_of(str(profile))
     assert [g.name for g in inventory.gpus] == ["gpu-0000-17-00-0", "gpu-0000-b1-00-0"]
     assert [g.info.index for g in inventory.gpus] == [0, 1]
 
 
 def _profile(name: str, profile_id: int) -> MigProfile:
-    return MigProfile(id=profile_id, name=name, slice_count=1, memory_slices=1, max_instances=1, memory_mib=24064,
-                      multiprocessors=16, copy_engines=1, decoders=1, encoders=0, jpeg_engines=1, ofa_engines=1,
-                      placements=(Placement(0, 1),))
+    return MigProfile(
+        id=profile_id,
+        name=name,
+        slice_count=1,
+        memory_slices=1,
+        max_instances=1,
+        memory_mib=24064,
+        multiprocessors=16,
+        copy_engines=1,
+        decoders=1,
+        encoders=0,
+        jpeg_engines=1,
+        ofa_engines=1,
+        placements=(Placement(0, 1),),
+    )
 
 
 def test_media_extension_and_no_media_profiles_get_different_names():

@@ -12,10 +12,15 @@ from dradriver.gpu.models import MIB
 from dradriver.gpu.nvml import SysfsPciTopology, mig_profile_name, normalize_pci_bus_id
 
 
-@pytest.mark.parametrize(("nvml", "sysfs"), [
-    ("00000000:07:00.0", "0000:07:00.0"), ("00000000:BD:00.0", "0000:bd:00.0"), ("00000001:0F:00.1", "0001:0f:00.1"),
-    ("0000:c4:00.0", "0000:c4:00.0"),
-])
+@pytest.mark.parametrize(
+    ("nvml", "sysfs"),
+    [
+        ("00000000:07:00.0", "0000:07:00.0"),
+        ("00000000:BD:00.0", "0000:bd:00.0"),
+        ("00000001:0F:00.1", "0001:0f:00.1"),
+        ("0000:c4:00.0", "0000:c4:00.0"),
+    ],
+)
 def test_nvml_bus_ids_are_normalised_to_the_sysfs_form(nvml: str, sysfs: str) -> None:
     assert normalize_pci_bus_id(nvml) == sysfs
 
@@ -24,8 +29,7 @@ def test_nvml_bus_ids_are_normalised_to_the_sysfs_form(nvml: str, sysfs: str) ->
 def test_derived_profile_names_match_nvidia_smi_for_every_product(product: str) -> None:
     spec = load_products()[product]
     for profile in spec.mig_profiles:
-        assert mig_profile_name(profile.enum, profile.slices, profile.memory_mib, spec.memory_mib * MIB) \
-            == profile.name
+        assert mig_profile_name(profile.enum, profile.slices, profile.memory_mib, spec.memory_mib * MIB) == profile.name
 
 
 def test_profile_name_suffixes_follow_the_profile_enum() -> None:

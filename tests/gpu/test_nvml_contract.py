@@ -41,8 +41,15 @@ UUID = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f
 MIG_UUID = re.compile(r"^MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 BUS_ID = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 # A100/H100-class GPU-instance profiles: real id → (compute slices, memory slices, placement starts).
-MIG_SHAPES = {19: (1, 1, [0, 1, 2, 3, 4, 5, 6]), 20: (1, 1, [0, 1, 2, 3, 4, 5, 6]), 15: (1, 2, [0, 2, 4, 6]),
-              14: (2, 2, [0, 2, 4]), 9: (3, 4, [0, 4]), 5: (4, 4, [0]), 0: (7, 8, [0])}
+MIG_SHAPES = {
+    19: (1, 1, [0, 1, 2, 3, 4, 5, 6]),
+    20: (1, 1, [0, 1, 2, 3, 4, 5, 6]),
+    15: (1, 2, [0, 2, 4, 6]),
+    14: (2, 2, [0, 2, 4]),
+    9: (3, 4, [0, 4]),
+    5: (4, 4, [0]),
+    0: (7, 8, [0]),
+}
 P_1G, P_3G = 19, 9
 
 
@@ -118,7 +125,9 @@ def test_system_reports_driver_and_cuda_versions(backend: Backend) -> None:
     assert system.cuda_driver_version >= 10000
     if backend.node:
         assert (system.driver_version, system.cuda_driver_version) == (
-            backend.node.driver_version, backend.node.cuda_driver_version)
+            backend.node.driver_version,
+            backend.node.cuda_driver_version,
+        )
 
 
 def test_gpus_report_identity_as_nvml_does(backend: Backend) -> None:
@@ -181,9 +190,17 @@ def test_mig_profiles_carry_real_ids_placements_and_names(backend: Backend) -> N
             for profile in profiles:
                 spec = specs[profile.id]
                 assert (profile.memory_mib, profile.multiprocessors, profile.max_instances) == (
-                    spec.memory_mib, spec.sm, spec.max)
-                assert (profile.copy_engines, profile.decoders, profile.encoders, profile.jpeg_engines,
-                        profile.ofa_engines) == (spec.ce, spec.dec, spec.enc, spec.jpeg, spec.ofa)
+                    spec.memory_mib,
+                    spec.sm,
+                    spec.max,
+                )
+                assert (
+                    profile.copy_engines,
+                    profile.decoders,
+                    profile.encoders,
+                    profile.jpeg_engines,
+                    profile.ofa_engines,
+                ) == (spec.ce, spec.dec, spec.enc, spec.jpeg, spec.ofa)
 
 
 def test_mig_profiles_read_the_same_before_and_after_enabling_mig() -> None:
@@ -285,7 +302,10 @@ def test_pre_existing_mig_devices_are_found() -> None:
     lib, node = simulated_gpulib("mixed")
     devices = lib.mig_devices(lib.gpus()[0].uuid)
     assert [(d.profile.name, d.placement.start, d.placement.size) for d in devices] == [
-        ("3g.20gb", 0, 4), ("2g.10gb", 4, 2), ("1g.5gb", 6, 1)]
+        ("3g.20gb", 0, 4),
+        ("2g.10gb", 4, 2),
+        ("1g.5gb", 6, 1),
+    ]
     assert [d.uuid for d in devices] == [ci.uuid for _gi, ci in node.mig_devices(0)]
 
 
@@ -367,8 +387,9 @@ gpus:
   - {product: NVIDIA H100 80GB HBM3, pciBusId: "0000:1b:00.0"}
   - {product: NVIDIA H100 80GB HBM3, pciBusId: "0000:43:00.0"}
 """
-SINGLE_NODE_HGX = FabricInfo(cluster_uuid=NO_CLUSTER_UUID, clique_id=0, state=FabricState.COMPLETED, status=0,
-                             health_mask=0)
+SINGLE_NODE_HGX = FabricInfo(
+    cluster_uuid=NO_CLUSTER_UUID, clique_id=0, state=FabricState.COMPLETED, status=0, health_mask=0
+)
 
 
 def test_fabric_info_exists_from_hopper_on_and_reads_as_nvml_reports_it(backend: Backend) -> None:
@@ -385,24 +406,33 @@ def test_fabric_info_exists_from_hopper_on_and_reads_as_nvml_reports_it(backend:
             assert fabric == (SINGLE_NODE_HGX if backend.node.profile.nvswitch else None)
 
 
-@pytest.mark.parametrize(("profile", "expected"), [
-    ("hgx-h100-80gb", SINGLE_NODE_HGX),
-    ("hgx-h200", SINGLE_NODE_HGX),
-    ("dgx-a100-80gb", None),  # Ampere: NOT_SUPPORTED
-    ("h100-nvl-pairs", None),  # Hopper on bridges only: state NOT_SUPPORTED
-])
+@pytest.mark.parametrize(
+    ("profile", "expected"),
+    [
+        ("hgx-h100-80gb", SINGLE_NODE_HGX),
+        ("hgx-h200", SINGLE_NODE_HGX),
+        ("dgx-a100-80gb", None),  # Ampere: NOT_SUPPORTED
+        ("h100-nvl-pairs", None),  # Hopper on bridges only: state NOT_SUPPORTED
+    ],
+)
 def test_fabric_info_of_built_in_profiles(profile: str, expected: FabricInfo | None) -> None:
     lib, _ = simulated_gpulib(profile)
     assert {lib.fabric_info(g.uuid) for g in lib.gpus()} == {expected}
 
 
 def test_fabric_info_of_a_multi_node_clique_carries_its_cluster_uuid_and_clique(
-        profile_file: Callable[[str], str]) -> None:
+    profile_file: Callable[[str], str],
+) -> None:
     lib, _ = simulated_gpulib(profile_file(CLIQUE_PROFILE))
     for gpu in lib.gpus():
         fabric = lib.fabric_info(gpu.uuid)
-        assert fabric == FabricInfo(cluster_uuid="6f1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d", clique_id=7,
-                                    state=FabricState.COMPLETED, status=0, health_mask=0)
+        assert fabric == FabricInfo(
+            cluster_uuid="6f1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d",
+            clique_id=7,
+            state=FabricState.COMPLETED,
+            status=0,
+            health_mask=0,
+        )
         assert fabric.registered and fabric.multi_node
         assert fabric.clique == "6f1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d.7"
 
@@ -415,8 +445,11 @@ def test_a_registration_in_progress_is_read_again_until_it_completes() -> None:
     assert fabric is not None and (fabric.state, fabric.registered) == (FabricState.IN_PROGRESS, False)
     node.set_fabric_state(3, FabricState.COMPLETED, status=999)  # registration failed
     fabric = lib.fabric_info(uuid)
-    assert fabric is not None and (fabric.state, fabric.status, fabric.registered) == (FabricState.COMPLETED, 999,
-                                                                                       False)
+    assert fabric is not None and (fabric.state, fabric.status, fabric.registered) == (
+        FabricState.COMPLETED,
+        999,
+        False,
+    )
     node.set_fabric_state(3, FabricState.COMPLETED)
     assert lib.fabric_info(uuid) == SINGLE_NODE_HGX
 
@@ -474,8 +507,9 @@ def test_an_xid_on_a_mig_device_names_its_instances(backend: Backend) -> None:
     gpus = backend.lib.gpus()
     node.inject_xid(0, 48, gpu_instance_id=2, compute_instance_id=0)
     node.inject_xid(0, 31)
-    assert backend.lib.wait_for_event(5) == GpuEvent(gpu_uuid=gpus[0].uuid, xid=48, gpu_instance_id=2,
-                                                     compute_instance_id=0)
+    assert backend.lib.wait_for_event(5) == GpuEvent(
+        gpu_uuid=gpus[0].uuid, xid=48, gpu_instance_id=2, compute_instance_id=0
+    )
     assert backend.lib.wait_for_event(5) == GpuEvent(gpu_uuid=gpus[0].uuid, xid=31)
 
 
@@ -504,8 +538,7 @@ def test_nvml_errors_name_the_device_and_the_call(backend: Backend) -> None:
     missing = "GPU-00000000-0000-0000-0000-000000000000"
     with pytest.raises(NotFound, match=f"nvmlDeviceGetHandleByUUID on {missing}"):
         backend.lib.compute_mode(missing)
-    mig_on = next((g.uuid for g in backend.lib.gpus() if g.mig_capable and backend.lib.mig_mode(g.uuid).current),
-                  None)
+    mig_on = next((g.uuid for g in backend.lib.gpus() if g.mig_capable and backend.lib.mig_mode(g.uuid).current), None)
     if mig_on is not None:
         with pytest.raises(NotFound, match=f"nvmlDeviceGetGpuInstanceById on {mig_on}"):
             backend.lib.destroy_gpu_instance(mig_on, 63)

@@ -57,8 +57,9 @@ def test_gpu_instance_lands_at_the_requested_valid_placement(make_node: MakeNode
 
 
 @pytest.mark.parametrize(("profile_id", "start"), [(P_3G, 2), (P_2G, 6), (P_7G, 1), (P_1G, 7), (P_4G, 4)])
-def test_a_start_the_profile_does_not_offer_is_an_invalid_argument(make_node: MakeNode, profile_id: int,
-                                                                    start: int) -> None:
+def test_a_start_the_profile_does_not_offer_is_an_invalid_argument(
+    make_node: MakeNode, profile_id: int, start: int
+) -> None:
     node = mig_node(make_node)
     assert code_of(lambda: node.create_gpu_instance(0, profile_id, start)) == INVALID_ARGUMENT
 
@@ -151,11 +152,12 @@ def test_a_gpu_instance_with_compute_instances_is_in_use(make_node: MakeNode) ->
 def test_compute_instances_cannot_exceed_their_gpu_instance(make_node: MakeNode) -> None:
     node = mig_node(make_node)
     gi = node.create_gpu_instance(0, P_3G, 0)
-    assert code_of(lambda: node.create_compute_instance(0, gi.id, full_compute_instance_profile(4))) \
-        == NOT_SUPPORTED
+    assert code_of(lambda: node.create_compute_instance(0, gi.id, full_compute_instance_profile(4))) == NOT_SUPPORTED
     node.create_compute_instance(0, gi.id, full_compute_instance_profile(2))
-    assert code_of(lambda: node.create_compute_instance(0, gi.id, full_compute_instance_profile(2))) \
+    assert (
+        code_of(lambda: node.create_compute_instance(0, gi.id, full_compute_instance_profile(2)))
         == INSUFFICIENT_RESOURCES
+    )
     assert node.create_compute_instance(0, gi.id, full_compute_instance_profile(1)).slices == 1
 
 
@@ -225,8 +227,7 @@ def test_an_unprivileged_caller_gets_no_permission(make_node: MakeNode) -> None:
 # --- persistence ----------------------------------------------------------------------------------------------
 
 
-def test_a_restarted_node_sees_the_same_instances_uuids_and_compute_modes(make_node: MakeNode,
-                                                                          tmp_path: Path) -> None:
+def test_a_restarted_node_sees_the_same_instances_uuids_and_compute_modes(make_node: MakeNode, tmp_path: Path) -> None:
     state = tmp_path / "state.json"
     node = make_node("dgx-a100-80gb", state_path=state)
     node.set_mig_mode(0, True)
@@ -266,11 +267,19 @@ def _state_with(state: Path, change: str) -> None:
     state.write_text(json.dumps(raw))
 
 
-@pytest.mark.parametrize(("change", "field"), [
-    ("corrupt", "(file)"), ("version", "version"), ("profile", "profile"), ("kind", "kind"), ("gpus", "gpus"),
-])
-def test_a_bad_state_file_is_a_config_error_and_is_left_alone(make_node: MakeNode, tmp_path: Path, change: str,
-                                                              field: str) -> None:
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ("corrupt", "(file)"),
+        ("version", "version"),
+        ("profile", "profile"),
+        ("kind", "kind"),
+        ("gpus", "gpus"),
+    ],
+)
+def test_a_bad_state_file_is_a_config_error_and_is_left_alone(
+    make_node: MakeNode, tmp_path: Path, change: str, field: str
+) -> None:
     state = tmp_path / "state.json"
     make_node("dgx-a100-40gb", state_path=state)
     if change == "corrupt":
@@ -312,13 +321,16 @@ def test_a_lost_gpu_fails_every_call_and_raises_an_event(make_node: MakeNode) ->
 # --- NVLink fabric ---------------------------------------------------------------------------------------------
 
 REGISTERED = SimFabric(FabricState.COMPLETED, 0, NO_CLUSTER_UUID, 0)
-CLIQUE_NODE = ("name: clique\nnvswitch: true\n"
-               "fabric: {clusterUuid: 6f1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d, cliqueId: 7}\n"
-               "gpus:\n  - {product: NVIDIA H200, pciBusId: '0000:1b:00.0'}\n")
+CLIQUE_NODE = (
+    "name: clique\nnvswitch: true\n"
+    "fabric: {clusterUuid: 6f1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d, cliqueId: 7}\n"
+    "gpus:\n  - {product: NVIDIA H200, pciBusId: '0000:1b:00.0'}\n"
+)
 
 
 def test_hopper_on_nvswitch_is_registered_without_a_cluster_and_without_nvswitch_has_no_fabric(
-        make_node: MakeNode) -> None:
+    make_node: MakeNode,
+) -> None:
     assert {make_node("hgx-h200").fabric(i) for i in range(8)} == {REGISTERED}
     pairs = make_node("h100-nvl-pairs")
     assert pairs.fabric(0) == SimFabric(FabricState.NOT_SUPPORTED, 0, NO_CLUSTER_UUID, 0)
@@ -328,7 +340,8 @@ def test_hopper_on_nvswitch_is_registered_without_a_cluster_and_without_nvswitch
 
 
 def test_a_clique_profile_reports_its_cluster_only_while_registration_succeeded(
-        make_node: MakeNode, profile_file: Callable[[str], str]) -> None:
+    make_node: MakeNode, profile_file: Callable[[str], str]
+) -> None:
     node = make_node(profile_file(CLIQUE_NODE))
     assert node.fabric(0) == SimFabric(FabricState.COMPLETED, 0, "6f1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d", 7)
     node.set_fabric_state(0, FabricState.IN_PROGRESS)
@@ -422,31 +435,52 @@ GOOD_GPU = '{product: NVIDIA A100-SXM4-40GB, pciBusId: "0000:07:00.0"}'
 H200 = '{product: NVIDIA H200, pciBusId: "0000:1b:00.0"}'
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("name: x\ngpus:\n  - {product: NVIDIA Z100, pciBusId: '0000:07:00.0'}\n", "gpus[0].product: unknown product"),
-    (f"name: x\ngpus:\n  - {GOOD_GPU}\n  - {GOOD_GPU}\n", "gpus[1].pciBusId: 0000:07:00.0 is used by two GPUs"),
-    ("name: x\ngpus:\n  - {product: NVIDIA L4, pciBusId: '0000:07:00.0', migEnabled: true}\n",
-     "gpus[0]: NVIDIA L4 does not support MIG"),
-    (f"name: x\nnvlinkBridges: [[0, 3]]\ngpus:\n  - {GOOD_GPU}\n", "nvlinkBridges[0]: GPU index 3 does not exist"),
-    ("name: x\ngpus:\n  - {product: NVIDIA A100-SXM4-40GB, pciBusId: '0000:07:00.0', migEnabled: true,"
-     " migDevices: [{profile: 5g.25gb, start: 0}]}\n", "gpus[0].migDevices[0].profile: NVIDIA A100-SXM4-40GB has no"),
-    ("name: x\ngpus: [\n", "not valid YAML"),
-    ("- just\n- a list\n", "must be a mapping"),
-    ("name: x\ngpus:\n  - {product: NVIDIA L4, pciBusId: '7:0.0'}\n", "gpus.0.pciBusId"),
-    (f"name: x\ncolour: blue\ngpus:\n  - {GOOD_GPU}\n", "colour: Extra inputs are not permitted"),
-    (f"name: x\nfabric: {{clusterUuid: {'1' * 8}-1111-1111-1111-{'1' * 12}, cliqueId: 1}}\ngpus:\n  - {H200}\n",
-     "fabric: a multi-node NVLink clique needs an NVSwitch fabric; add nvswitch: true"),
-    (f"name: x\nnvswitch: true\nfabric: {{clusterUuid: {'1' * 8}-1111-1111-1111-{'1' * 12}, cliqueId: 1}}\n"
-     f"gpus:\n  - {GOOD_GPU}\n", "fabric: gpus[0] is NVIDIA A100-SXM4-40GB (Ampere), which has no fabric info"),
-    (f"name: x\nnvswitch: true\nfabric: {{clusterUuid: cluster-1, cliqueId: 1}}\ngpus:\n  - {H200}\n",
-     "fabric.clusterUuid: 'cluster-1' is not a UUID"),
-    (f"name: x\nnvswitch: true\nfabric: {{clusterUuid: '{NO_CLUSTER_UUID}', cliqueId: 1}}\ngpus:\n  - {H200}\n",
-     "fabric.clusterUuid: the all-zero UUID means 'not in a multi-node clique'; omit fabric instead"),
-    (f"name: x\nnvswitch: true\nfabric: {{clusterUuid: {'1' * 8}-1111-1111-1111-{'1' * 12}, cliqueId: -1}}\n"
-     f"gpus:\n  - {H200}\n", "fabric.cliqueId: Input should be greater than or equal to 0"),
-])
-def test_a_bad_profile_file_is_a_config_error_naming_the_field(profile_file: Callable[[str], str], text: str,
-                                                                expected: str) -> None:
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("name: x\ngpus:\n  - {product: NVIDIA Z100, pciBusId: '0000:07:00.0'}\n", "gpus[0].product: unknown product"),
+        (f"name: x\ngpus:\n  - {GOOD_GPU}\n  - {GOOD_GPU}\n", "gpus[1].pciBusId: 0000:07:00.0 is used by two GPUs"),
+        (
+            "name: x\ngpus:\n  - {product: NVIDIA L4, pciBusId: '0000:07:00.0', migEnabled: true}\n",
+            "gpus[0]: NVIDIA L4 does not support MIG",
+        ),
+        (f"name: x\nnvlinkBridges: [[0, 3]]\ngpus:\n  - {GOOD_GPU}\n", "nvlinkBridges[0]: GPU index 3 does not exist"),
+        (
+            "name: x\ngpus:\n  - {product: NVIDIA A100-SXM4-40GB, pciBusId: '0000:07:00.0', migEnabled: true,"
+            " migDevices: [{profile: 5g.25gb, start: 0}]}\n",
+            "gpus[0].migDevices[0].profile: NVIDIA A100-SXM4-40GB has no",
+        ),
+        ("name: x\ngpus: [\n", "not valid YAML"),
+        ("- just\n- a list\n", "must be a mapping"),
+        ("name: x\ngpus:\n  - {product: NVIDIA L4, pciBusId: '7:0.0'}\n", "gpus.0.pciBusId"),
+        (f"name: x\ncolour: blue\ngpus:\n  - {GOOD_GPU}\n", "colour: Extra inputs are not permitted"),
+        (
+            f"name: x\nfabric: {{clusterUuid: {'1' * 8}-1111-1111-1111-{'1' * 12}, cliqueId: 1}}\ngpus:\n  - {H200}\n",
+            "fabric: a multi-node NVLink clique needs an NVSwitch fabric; add nvswitch: true",
+        ),
+        (
+            f"name: x\nnvswitch: true\nfabric: {{clusterUuid: {'1' * 8}-1111-1111-1111-{'1' * 12}, cliqueId: 1}}\n"
+            f"gpus:\n  - {GOOD_GPU}\n",
+            "fabric: gpus[0] is NVIDIA A100-SXM4-40GB (Ampere), which has no fabric info",
+        ),
+        (
+            f"name: x\nnvswitch: true\nfabric: {{clusterUuid: cluster-1, cliqueId: 1}}\ngpus:\n  - {H200}\n",
+            "fabric.clusterUuid: 'cluster-1' is not a UUID",
+        ),
+        (
+            f"name: x\nnvswitch: true\nfabric: {{clusterUuid: '{NO_CLUSTER_UUID}', cliqueId: 1}}\ngpus:\n  - {H200}\n",
+            "fabric.clusterUuid: the all-zero UUID means 'not in a multi-node clique'; omit fabric instead",
+        ),
+        (
+            f"name: x\nnvswitch: true\nfabric: {{clusterUuid: {'1' * 8}-1111-1111-1111-{'1' * 12}, cliqueId: -1}}\n"
+            f"gpus:\n  - {H200}\n",
+            "fabric.cliqueId: Input should be greater than or equal to 0",
+        ),
+    ],
+)
+def test_a_bad_profile_file_is_a_config_error_naming_the_field(
+    profile_file: Callable[[str], str], text: str, expected: str
+) -> None:
     path = profile_file(text)
     with pytest.raises(ConfigError) as caught:
         load_node_profile(path)
@@ -459,10 +493,13 @@ def test_an_unknown_profile_name_lists_the_built_in_ones() -> None:
         load_node_profile("no-such-profile")
 
 
-def test_mig_devices_that_do_not_fit_are_a_config_error(profile_file: Callable[[str], str],
-                                                        make_node: MakeNode) -> None:
-    path = profile_file("name: x\ngpus:\n  - {product: NVIDIA A100-SXM4-40GB, pciBusId: '0000:07:00.0', "
-                        "migEnabled: true, migDevices: [{profile: 3g.20gb, start: 0}, {profile: 4g.20gb, start: 0}]}\n")
+def test_mig_devices_that_do_not_fit_are_a_config_error(
+    profile_file: Callable[[str], str], make_node: MakeNode
+) -> None:
+    path = profile_file(
+        "name: x\ngpus:\n  - {product: NVIDIA A100-SXM4-40GB, pciBusId: '0000:07:00.0', "
+        "migEnabled: true, migDevices: [{profile: 3g.20gb, start: 0}, {profile: 4g.20gb, start: 0}]}\n"
+    )
     with pytest.raises(ConfigError, match=r"MIG device 4g.20gb at slice 0 on 0000:07:00.0"):
         make_node(path)
 

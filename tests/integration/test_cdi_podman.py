@@ -38,8 +38,10 @@ def _missing() -> list[str]:
     return missing
 
 
-pytestmark = pytest.mark.skipif(bool(_missing()), reason=f"a real CDI consumer needs {', '.join(_missing())} "
-                                                         "(podman, runc and busybox-static from apt, run as root)")
+pytestmark = pytest.mark.skipif(
+    bool(_missing()),
+    reason=f"a real CDI consumer needs {', '.join(_missing())} (podman, runc and busybox-static from apt, run as root)",
+)
 
 
 @pytest.fixture
@@ -61,34 +63,60 @@ def world() -> Iterator[Path]:
 
 def podman_run(root: Path, cdi_ids: list[str], script: str) -> subprocess.CompletedProcess[str]:
     devices = " ".join(f"--device {cdi_id}" for cdi_id in cdi_ids)
-    inner = (f"mount --make-rprivate / && mount -t tmpfs t /run && mkdir -p /run/cdi && "
-             f"mount --bind {root}/cdi /run/cdi && "
-             f"if [ -d /etc/cdi ]; then mount --bind {root}/empty /etc/cdi; fi && "
-             f"exec podman --root {root}/store --runroot {root}/run --tmpdir {root}/tmp --events-backend none "
-             f"--cgroup-manager cgroupfs run --rm --network=none {devices} --rootfs {root}/rootfs "
-             f"/bin/sh -c '{script}'")
-    return subprocess.run(["unshare", "--mount", "sh", "-c", inner], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "CONTAINERS_CONF": str(root / "containers.conf")}, check=False)
+    inner = (
+        f"mount --make-rprivate / && mount -t tmpfs t /run && mkdir -p /run/cdi && "
+        f"mount --bind {root}/cdi /run/cdi && "
+        f"if [ -d /etc/cdi ]; then mount --bind {root}/empty /etc/cdi; fi && "
+        f"exec podman --root {root}/store --runroot {root}/run --tmpdir {root}/tmp --events-backend none "
+        f"--cgroup-manager cgroupfs run --rm --network=none {devices} --rootfs {root}/rootfs "
+        f"/bin/sh -c '{script}'"
+    )
+    return subprocess.run(
+        ["unshare", "--mount", "sh", "-c", inner],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "CONTAINERS_CONF": str(root / "containers.conf")},
+        check=False,
+    )
 
 
 def claim(uid: str, *devices: str) -> dict:
-    return {"metadata": {"uid": uid, "name": uid, "namespace": "default"},
-            "status": {"allocation": {"devices": {"results": [
-                {"request": f"r{i}", "driver": DRIVER, "pool": "node-a", "device": device}
-                for i, device in enumerate(devices)]}}}}
+    return {
+        "metadata": {"uid": uid, "name": uid, "namespace": "default"},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": f"r{i}", "driver": DRIVER, "pool": "node-a", "device": device}
+                        for i, device in enumerate(devices)
+                    ]
+                }
+            }
+        },
+    }
 
 
 def test_podman_injects_a_prepared_gpu_and_mig_device_and_refuses_them_after_unprepare(world: Path) -> None:
-    driver = GpuDriver(driver_name=DRIVER, pool="node-a", inventory=inventory_of("mixed"), mig_mode=MigMode.STATIC,
-                       cdi=CdiWriter(world / "cdi", host_path=lambda _path: "/dev/null"))
+    driver = GpuDriver(
+        driver_name=DRIVER,
+        pool="node-a",
+        inventory=inventory_of("mixed"),
+        mig_mode=MigMode.STATIC,
+        cdi=CdiWriter(world / "cdi", host_path=lambda _path: "/dev/null"),
+    )
     uid = "5e0c1a2b-claim"
     prepared = driver.prepare_resource_claims([claim(uid, "gpu-0000-0f-00-0", "gpu-0000-07-00-0-mig-3g20gb-0")])
     result = prepared[uid]
     assert result.error is None
     cdi_ids = [i for d in result.devices for i in d.cdi_device_ids]
 
-    done = podman_run(world, cdi_ids, "echo NVD=$NVIDIA_VISIBLE_DEVICES; ls /dev/nvidia1 /dev/nvidia0 "
-                                      "/dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-caps")
+    done = podman_run(
+        world,
+        cdi_ids,
+        "echo NVD=$NVIDIA_VISIBLE_DEVICES; ls /dev/nvidia1 /dev/nvidia0 "
+        "/dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-caps",
+    )
     assert done.returncode == 0, done.stderr
     assert "NVD=GPU-" in done.stdout and "MIG-" in done.stdout
     assert "/dev/nvidia1" in done.stdout and "/dev/nvidiactl" in done.stdout

@@ -30,9 +30,11 @@ def dirs() -> Iterator[Path]:
 
 def start(dirs: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, str(SCRIPT), str(dirs / "registry"), str(dirs / "plugin"),
-         str(dirs / "claims.json")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [sys.executable, str(SCRIPT), str(dirs / "registry"), str(dirs / "plugin"), str(dirs / "claims.json")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_plugin_process_serves_refuses_a_twin_and_deregisters_on_sigterm(dirs: Path) -> None:

@@ -35,11 +35,35 @@ class DriverProcess:
         self.lines: list[str] = []
         self.ready = threading.Event()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dradriver", "run", "--node-name", NODE, "--kubeconfig", str(kubeconfig),
-             "--gpu-backend", "sim", "--sim-profile", profile, "--sim-state", str(root / "sim.json"),
-             "--registry-dir", str(root / "registry"), "--plugin-dir", str(root / "plugin"),
-             "--cdi-dir", str(root / "cdi"), "--log-format", "json", *extra],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            [
+                sys.executable,
+                "-m",
+                "dradriver",
+                "run",
+                "--node-name",
+                NODE,
+                "--kubeconfig",
+                str(kubeconfig),
+                "--gpu-backend",
+                "sim",
+                "--sim-profile",
+                profile,
+                "--sim-state",
+                str(root / "sim.json"),
+                "--registry-dir",
+                str(root / "registry"),
+                "--plugin-dir",
+                str(root / "plugin"),
+                "--cdi-dir",
+                str(root / "cdi"),
+                "--log-format",
+                "json",
+                *extra,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -89,14 +113,27 @@ def driver(root: Path, api: FakeApiServer) -> Iterator[DriverProcess]:
 
 
 def allocated_claim(api: FakeApiServer, name: str, devices: list[str]) -> Claim:
-    created = api.create("resourceclaims", {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {"deviceClassName": DRIVER,
-                                                                        "count": len(devices)}}]}},
-        "status": {"allocation": {"devices": {"results": [
-            {"request": "gpus", "driver": DRIVER, "pool": NODE, "device": d} for d in devices]}}},
-    }, namespace="default")
+    created = api.create(
+        "resourceclaims",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "gpus", "exactly": {"deviceClassName": DRIVER, "count": len(devices)}}]
+                }
+            },
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [{"request": "gpus", "driver": DRIVER, "pool": NODE, "device": d} for d in devices]
+                    }
+                }
+            },
+        },
+        namespace="default",
+    )
     return Claim("default", name, created["metadata"]["uid"])
 
 
@@ -125,8 +162,9 @@ def test_run_publishes_slices_owned_by_the_node(driver: DriverProcess, api: Fake
 
 
 @pytest.mark.parametrize("version", ["v1.DRAPlugin", "v1beta1.DRAPlugin"])
-def test_prepare_and_unprepare_round_trip_over_each_dra_version(driver: DriverProcess, api: FakeApiServer,
-                                                                 root: Path, version: str) -> None:
+def test_prepare_and_unprepare_round_trip_over_each_dra_version(
+    driver: DriverProcess, api: FakeApiServer, root: Path, version: str
+) -> None:
     claim = allocated_claim(api, "two-gpus", [FIRST_GPU, "gpu-0000-0f-00-0"])
     kubelet = KubeletClient(root / "registry", supported_versions=[version])
     with kubelet.register() as plugin:
@@ -135,30 +173,51 @@ def test_prepare_and_unprepare_round_trip_over_each_dra_version(driver: DriverPr
         assert result.error == ""
         assert [d["device_name"] for d in result.devices] == [FIRST_GPU, "gpu-0000-0f-00-0"]
         assert result.devices[0] == {
-            "request_names": ["gpus"], "pool_name": NODE, "device_name": FIRST_GPU,
-            "cdi_device_ids": [f"k8s.gpu.dradriver.dev/claim={claim.uid}-{FIRST_GPU}"]}
+            "request_names": ["gpus"],
+            "pool_name": NODE,
+            "device_name": FIRST_GPU,
+            "cdi_device_ids": [f"k8s.gpu.dradriver.dev/claim={claim.uid}-{FIRST_GPU}"],
+        }
         spec = json.loads((root / "cdi" / f"k8s.gpu.dradriver.dev-claim_{claim.uid}.json").read_text())
         [env] = spec["containerEdits"]["env"]
         assert env.startswith("NVIDIA_VISIBLE_DEVICES=GPU-") and env.count("GPU-") == 2
-        assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia0",
-                                                                        "hostPath": "/dev/null"}]
+        assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [
+            {"path": "/dev/nvidia0", "hostPath": "/dev/null"}
+        ]
         assert plugin.unprepare([claim]) == {claim.uid: ""}
         assert not list((root / "cdi").iterdir())
 
 
 def test_bad_claims_fail_alone_in_a_batch(driver: DriverProcess, api: FakeApiServer, root: Path) -> None:
     good = allocated_claim(api, "good", [FIRST_GPU])
-    elsewhere = api.create("resourceclaims", {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": "elsewhere", "namespace": "default"},
-        "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {"deviceClassName": DRIVER}}]}},
-        "status": {"allocation": {"devices": {"results": [
-            {"request": "gpus", "driver": DRIVER, "pool": "node-b", "device": FIRST_GPU}]}}},
-    }, namespace="default")
+    elsewhere = api.create(
+        "resourceclaims",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "elsewhere", "namespace": "default"},
+            "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {"deviceClassName": DRIVER}}]}},
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [{"request": "gpus", "driver": DRIVER, "pool": "node-b", "device": FIRST_GPU}]
+                    }
+                }
+            },
+        },
+        namespace="default",
+    )
     missing_device = allocated_claim(api, "ghost", ["gpu-0000-ff-00-0"])
     with KubeletClient(root / "registry").register() as plugin:
-        result = plugin.prepare([good, Claim("default", "elsewhere", elsewhere["metadata"]["uid"]), missing_device,
-                                 Claim("default", "absent", "uid-absent"), Claim("default", "good", "")])
+        result = plugin.prepare(
+            [
+                good,
+                Claim("default", "elsewhere", elsewhere["metadata"]["uid"]),
+                missing_device,
+                Claim("default", "absent", "uid-absent"),
+                Claim("default", "good", ""),
+            ]
+        )
     assert result[good.uid].error == ""
     assert "pool node-b" in result[elsewhere["metadata"]["uid"]].error
     assert "not offered by this node" in result[missing_device.uid].error
@@ -166,8 +225,9 @@ def test_bad_claims_fail_alone_in_a_batch(driver: DriverProcess, api: FakeApiSer
     assert "empty uid" in result[""].error
 
 
-def test_prepare_is_idempotent_across_sigterm_and_sigkill_restarts(driver: DriverProcess, api: FakeApiServer,
-                                                                  root: Path) -> None:
+def test_prepare_is_idempotent_across_sigterm_and_sigkill_restarts(
+    driver: DriverProcess, api: FakeApiServer, root: Path
+) -> None:
     claim = allocated_claim(api, "survivor", [FIRST_GPU])
     with KubeletClient(root / "registry").register() as plugin:
         before = plugin.prepare([claim])[claim.uid]
@@ -199,8 +259,7 @@ def test_a_second_instance_is_refused_and_the_first_keeps_serving(driver: Driver
         assert plugin.unprepare([Claim("default", "x", "uid-x")]) == {"uid-x": ""}
 
 
-def test_registration_socket_comes_back_after_the_registry_dir_is_wiped(driver: DriverProcess,
-                                                                        root: Path) -> None:
+def test_registration_socket_comes_back_after_the_registry_dir_is_wiped(driver: DriverProcess, root: Path) -> None:
     registry = root / "registry"
     shutil.rmtree(registry)
     registry.mkdir()
@@ -210,8 +269,15 @@ def test_registration_socket_comes_back_after_the_registry_dir_is_wiped(driver: 
 
 
 def test_mig_devices_created_out_of_band_are_published_at_the_next_rescan(root: Path, api: FakeApiServer) -> None:
-    driver = DriverProcess(root, api.write_kubeconfig(root / "kubeconfig"), "--mig-mode", "static",
-                           "--rescan-interval", "0.2", profile="mixed")
+    driver = DriverProcess(
+        root,
+        api.write_kubeconfig(root / "kubeconfig"),
+        "--mig-mode",
+        "static",
+        "--rescan-interval",
+        "0.2",
+        profile="mixed",
+    )
     try:
         driver.wait_ready()
 
@@ -232,14 +298,28 @@ def test_mig_devices_created_out_of_band_are_published_at_the_next_rescan(root: 
         driver.stop()
 
 
-def test_an_xid_raised_with_dradriver_sim_reaches_the_kubelets_health_stream(driver: DriverProcess,
-                                                                             root: Path) -> None:
+def test_an_xid_raised_with_dradriver_sim_reaches_the_kubelets_health_stream(driver: DriverProcess, root: Path) -> None:
     with KubeletClient(root / "registry").register() as plugin:
         stream = plugin.watch_health(timeout=TIMEOUT)
         first = next(stream)
         assert {d.health for d in first.devices} == {1}  # HEALTHY
-        assert main(["sim", "--sim-profile", "dgx-a100-40gb", "--node-name", NODE, "--sim-state",
-                     str(root / "sim.json"), "xid", "0000:0f:00.0", "79"]) == 0
+        assert (
+            main(
+                [
+                    "sim",
+                    "--sim-profile",
+                    "dgx-a100-40gb",
+                    "--node-name",
+                    NODE,
+                    "--sim-state",
+                    str(root / "sim.json"),
+                    "xid",
+                    "0000:0f:00.0",
+                    "79",
+                ]
+            )
+            == 0
+        )
         for update in stream:
             unhealthy = [d.device.device_name for d in update.devices if d.health == 2]
             if unhealthy:
@@ -249,11 +329,11 @@ def test_an_xid_raised_with_dradriver_sim_reaches_the_kubelets_health_stream(dri
     assert "XID 79" in next(d.message for d in update.devices if d.health == 2)
 
 
-def test_a_refused_second_instance_touches_no_slices(driver: DriverProcess, api: FakeApiServer,
-                                                     root: Path) -> None:
+def test_a_refused_second_instance_touches_no_slices(driver: DriverProcess, api: FakeApiServer, root: Path) -> None:
     # Published, its request logged, and the first instance is idle, watching.
-    assert api.wait_until(lambda: len(our_slices(api)) == 1 and len(api.writes_since(0)) == 1
-                          and api.active_watches == 1, TIMEOUT), driver.log
+    assert api.wait_until(
+        lambda: len(our_slices(api)) == 1 and len(api.writes_since(0)) == 1 and api.active_watches == 1, TIMEOUT
+    ), driver.log
     mark = api.mark()
     # Other settings, other slices: had the twin published anything, it would have rewritten them.
     twin = DriverProcess(root, root / "kubeconfig", "--mig-mode", "dynamic")

@@ -43,16 +43,24 @@ PluginFactory = Callable[..., KubeletPlugin]
 
 
 @pytest.fixture
-def make_plugin(sock_dir: Path, claims: FakeClaimSource, handler: FakeHandler,
-                health: HealthBoard) -> Iterator[PluginFactory]:
+def make_plugin(
+    sock_dir: Path, claims: FakeClaimSource, handler: FakeHandler, health: HealthBoard
+) -> Iterator[PluginFactory]:
     """Builds (not starts) plugins with test-friendly intervals; stops them all at teardown."""
     built: list[KubeletPlugin] = []
 
     def build(**overrides: Any) -> KubeletPlugin:
         options: dict[str, Any] = {
-            "driver_name": DRIVER, "node_name": "node-a", "handler": handler, "claim_source": claims,
-            "health_source": health, "registry_dir": sock_dir / "registry", "plugin_dir": sock_dir / "plugin",
-            "health_interval": 30.0, "registration_check_interval": 0.02, "stop_grace": 1.0,
+            "driver_name": DRIVER,
+            "node_name": "node-a",
+            "handler": handler,
+            "claim_source": claims,
+            "health_source": health,
+            "registry_dir": sock_dir / "registry",
+            "plugin_dir": sock_dir / "plugin",
+            "health_interval": 30.0,
+            "registration_check_interval": 0.02,
+            "stop_grace": 1.0,
         }
         options.update(overrides)
         plugin = KubeletPlugin(**options)

@@ -12,8 +12,9 @@ def test_base_request_name_drops_the_subrequest() -> None:
     assert base_request_name("gpu") == "gpu"
 
 
-def _hold_in_thread(locks: ClaimLocks, uids: list[str], entered: threading.Event,
-                    release: threading.Event) -> threading.Thread:
+def _hold_in_thread(
+    locks: ClaimLocks, uids: list[str], entered: threading.Event, release: threading.Event
+) -> threading.Thread:
     def run() -> None:
         with locks.hold(uids):
             entered.set()

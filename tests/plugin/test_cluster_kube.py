@@ -30,9 +30,7 @@ def api(tmp_path: Path) -> Iterator[ApiEnv]:
         yield env
 
 
-def a_slice(
-    name: str = "", *, driver: str = DRIVER, node: str = "node-1", devices: int = 1
-) -> dict[str, Any]:
+def a_slice(name: str = "", *, driver: str = DRIVER, node: str = "node-1", devices: int = 1) -> dict[str, Any]:
     meta = {"name": name} if name else {"generateName": f"00000-{driver}-{node}-"}
     return {
         "apiVersion": "resource.k8s.io/v1",
@@ -42,9 +40,7 @@ def a_slice(
             "driver": driver,
             "nodeName": node,
             "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": [
-                {"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"}}} for i in range(devices)
-            ],
+            "devices": [{"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"}}} for i in range(devices)],
         },
     }
 
@@ -54,9 +50,7 @@ def a_claim(name: str = "claim-1", namespace: str = "ns") -> dict[str, Any]:
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.dradriver.dev"}}]}
-        },
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.dradriver.dev"}}]}},
     }
 
 
@@ -128,8 +122,7 @@ def test_create_with_generate_name_gets_a_name_uid_and_resource_version(api: Api
     stored = api.cluster.create_resource_slice(a_slice())
     meta = stored["metadata"]
     assert (
-        meta["name"].startswith(f"00000-{DRIVER}-node-1-")
-        and len(meta["name"]) == len(f"00000-{DRIVER}-node-1-") + 5
+        meta["name"].startswith(f"00000-{DRIVER}-node-1-") and len(meta["name"]) == len(f"00000-{DRIVER}-node-1-") + 5
     )
     assert meta["uid"] and meta["resourceVersion"]
 
@@ -246,9 +239,7 @@ def test_watch_from_a_compacted_version_raises_watch_expired(api: ApiEnv) -> Non
 
 def test_watch_ends_when_the_server_times_it_out_or_drops_it(api: ApiEnv) -> None:
     rv = api.server.resource_version
-    timed = api.cluster.watch_resource_slices(
-        driver=DRIVER, node_name="node-1", resource_version=rv, timeout_seconds=0
-    )
+    timed = api.cluster.watch_resource_slices(driver=DRIVER, node_name="node-1", resource_version=rv, timeout_seconds=0)
     assert [e.type for e in timed] == ["BOOKMARK"]
     dropped = api.cluster.watch_resource_slices(
         driver=DRIVER, node_name="node-1", resource_version=rv, timeout_seconds=30

@@ -68,9 +68,7 @@ def test_watch_replays_events_after_a_version_then_streams_until_closed() -> Non
     first = cluster.create_resource_slice(a_slice())
     _, rv = cluster.list_resource_slices(driver=DRIVER, node_name="node-1")
     cluster.create_resource_slice(a_slice(device="gpu-1"))
-    stream = cluster.watch_resource_slices(
-        driver=DRIVER, node_name="node-1", resource_version=rv, timeout_seconds=1
-    )
+    stream = cluster.watch_resource_slices(driver=DRIVER, node_name="node-1", resource_version=rv, timeout_seconds=1)
     assert isinstance(stream, WatchStream)
     assert next(stream).type == "ADDED"
     cluster.create_resource_slice(a_slice("node-2"))  # not ours: not delivered

@@ -25,12 +25,20 @@ def ref(name: str, uid: str | None = None, namespace: str = "default") -> ClaimR
 def test_prepare_returns_the_handlers_devices(processor: ClaimProcessor, claims: FakeClaimSource) -> None:
     claims.add(make_claim("a", "uid-a"))
     result = processor.prepare([ref("a")])
-    assert result == {"uid-a": PrepareResult(devices=(PreparedDevice(
-        pool="node-a", device="gpu-0", requests=("gpu",), cdi_device_ids=(f"{CDI_VENDOR}=uid-a-gpu-0",)),))}
+    assert result == {
+        "uid-a": PrepareResult(
+            devices=(
+                PreparedDevice(
+                    pool="node-a", device="gpu-0", requests=("gpu",), cdi_device_ids=(f"{CDI_VENDOR}=uid-a-gpu-0",)
+                ),
+            )
+        )
+    }
 
 
-def test_prepare_hands_the_handler_the_full_claim_object(processor: ClaimProcessor, claims: FakeClaimSource,
-                                                         handler: FakeHandler) -> None:
+def test_prepare_hands_the_handler_the_full_claim_object(
+    processor: ClaimProcessor, claims: FakeClaimSource, handler: FakeHandler
+) -> None:
     seen: list[Any] = []
     original = handler.prepare_resource_claims
 
@@ -45,18 +53,27 @@ def test_prepare_hands_the_handler_the_full_claim_object(processor: ClaimProcess
     assert seen == [claim]
 
 
-def test_subrequest_suffixes_are_stripped_from_request_names(processor: ClaimProcessor,
-                                                             claims: FakeClaimSource) -> None:
-    claims.add(make_claim("a", "uid-a", results=[
-        {"request": "gpu/large", "driver": DRIVER, "pool": "node-a", "device": "gpu-0"}]))
+def test_subrequest_suffixes_are_stripped_from_request_names(
+    processor: ClaimProcessor, claims: FakeClaimSource
+) -> None:
+    claims.add(
+        make_claim(
+            "a", "uid-a", results=[{"request": "gpu/large", "driver": DRIVER, "pool": "node-a", "device": "gpu-0"}]
+        )
+    )
     [device] = processor.prepare([ref("a")])["uid-a"].devices
     assert device.requests == ("gpu",)
 
 
 def test_share_id_is_passed_through(processor: ClaimProcessor, claims: FakeClaimSource) -> None:
     share = "4f0a51b3-6c1f-4d0e-9c8e-2b7f3f7b9a10"
-    claims.add(make_claim("a", "uid-a", results=[
-        {"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": "gpu-0", "shareID": share}]))
+    claims.add(
+        make_claim(
+            "a",
+            "uid-a",
+            results=[{"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": "gpu-0", "shareID": share}],
+        )
+    )
     [device] = processor.prepare([ref("a")])["uid-a"].devices
     assert device.share_id == share
 
@@ -68,23 +85,51 @@ def test_share_id_is_passed_through(processor: ClaimProcessor, claims: FakeClaim
         (ref("", uid="uid-x"), None, "empty name"),
         (ref("a", namespace=""), make_claim("a", "uid-a"), "empty namespace"),
         (ref("missing"), None, "cannot get claim default/missing (UID uid-missing) from the API server"),
-        (ref("a", uid="uid-old"), make_claim("a", "uid-new"),
-         "claim default/a was replaced: UID in the API server is uid-new, the kubelet asked for uid-old"),
+        (
+            ref("a", uid="uid-old"),
+            make_claim("a", "uid-new"),
+            "claim default/a was replaced: UID in the API server is uid-new, the kubelet asked for uid-old",
+        ),
         (ref("a"), make_claim("a", "uid-a", allocated=False), "is not allocated"),
-        (ref("a"), make_claim("a", "uid-a", results=[
-            {"request": "gpu", "driver": "other.example.com", "pool": "p", "device": "d"}]),
-         "has no devices allocated by driver gpu.example.com"),
-        (ref("a"), {"metadata": {"uid": "uid-a"}, "status": {"allocation": {"devices": {"results": "x"}}}},
-         "results is missing or not a list"),
-        (ref("a"), {"metadata": {"uid": "uid-a"}, "status": {"allocation": {"devices": {"results": [
-            {"driver": DRIVER, "device": "d"}]}}}}, "lacks request, pool"),
+        (
+            ref("a"),
+            make_claim(
+                "a", "uid-a", results=[{"request": "gpu", "driver": "other.example.com", "pool": "p", "device": "d"}]
+            ),
+            "has no devices allocated by driver gpu.example.com",
+        ),
+        (
+            ref("a"),
+            {"metadata": {"uid": "uid-a"}, "status": {"allocation": {"devices": {"results": "x"}}}},
+            "results is missing or not a list",
+        ),
+        (
+            ref("a"),
+            {
+                "metadata": {"uid": "uid-a"},
+                "status": {"allocation": {"devices": {"results": [{"driver": DRIVER, "device": "d"}]}}},
+            },
+            "lacks request, pool",
+        ),
     ],
-    ids=["empty-uid", "empty-name", "empty-namespace", "unknown-claim", "uid-mismatch", "not-allocated",
-         "other-driver", "malformed-results", "malformed-result"],
+    ids=[
+        "empty-uid",
+        "empty-name",
+        "empty-namespace",
+        "unknown-claim",
+        "uid-mismatch",
+        "not-allocated",
+        "other-driver",
+        "malformed-results",
+        "malformed-result",
+    ],
 )
 def test_bad_claims_get_an_error_and_do_not_affect_a_good_one(
-        processor: ClaimProcessor, claims: FakeClaimSource, handler: FakeHandler,
-        case: tuple[ClaimRef, dict[str, Any] | None, str]) -> None:
+    processor: ClaimProcessor,
+    claims: FakeClaimSource,
+    handler: FakeHandler,
+    case: tuple[ClaimRef, dict[str, Any] | None, str],
+) -> None:
     claim_ref, stored, expected = case
     if stored is not None:
         stored.setdefault("metadata", {}).update(name=claim_ref.name or "a", namespace="default")
@@ -102,13 +147,15 @@ def test_a_failed_get_fails_only_that_claim(processor: ClaimProcessor, claims: F
     claims.add(make_claim("b", "uid-b"))
     claims.errors["a"] = ConnectionError("apiserver unreachable")
     result = processor.prepare([ref("a"), ref("b")])
-    assert result["uid-a"].error == ("cannot get claim default/a (UID uid-a) from the API server: "
-                                     "ConnectionError: apiserver unreachable")
+    assert result["uid-a"].error == (
+        "cannot get claim default/a (UID uid-a) from the API server: ConnectionError: apiserver unreachable"
+    )
     assert result["uid-b"].error is None
 
 
 def test_a_handler_exception_becomes_only_the_faulty_claims_error(
-        processor: ClaimProcessor, claims: FakeClaimSource, handler: FakeHandler) -> None:
+    processor: ClaimProcessor, claims: FakeClaimSource, handler: FakeHandler
+) -> None:
     for name in ("a", "b", "c"):
         claims.add(make_claim(name, f"uid-{name}"))
     handler.raise_for = {"uid-b"}
@@ -119,8 +166,9 @@ def test_a_handler_exception_becomes_only_the_faulty_claims_error(
     assert handler.prepare_batches == [["uid-a", "uid-b", "uid-c"], ["uid-a"], ["uid-b"], ["uid-c"]]
 
 
-def test_our_own_errors_reach_the_kubelet_without_a_type_prefix(processor: ClaimProcessor,
-                                                                claims: FakeClaimSource) -> None:
+def test_our_own_errors_reach_the_kubelet_without_a_type_prefix(
+    processor: ClaimProcessor, claims: FakeClaimSource
+) -> None:
     class Failing(FakeHandler):
         def prepare_resource_claims(self, claims: Any) -> Any:
             raise ClaimError("claim default/a: opaque config field sharing.strategy is unknown")
@@ -141,8 +189,7 @@ def test_our_own_errors_reach_the_kubelet_without_a_type_prefix(processor: Claim
         ({"uid-a": PrepareResult(devices=(PreparedDevice(pool="p", device="d"),), error="boom")}, "boom"),
     ],
 )
-def test_bad_handler_results_become_claim_errors(claims: FakeClaimSource, returned: Any,
-                                                 expected: str) -> None:
+def test_bad_handler_results_become_claim_errors(claims: FakeClaimSource, returned: Any, expected: str) -> None:
     class Odd(FakeHandler):
         def prepare_resource_claims(self, claims: Any) -> Any:
             return returned
@@ -153,8 +200,9 @@ def test_bad_handler_results_become_claim_errors(claims: FakeClaimSource, return
     assert expected in (result.error or "") and not result.devices
 
 
-def test_a_uid_sent_twice_is_handled_once(processor: ClaimProcessor, claims: FakeClaimSource,
-                                          handler: FakeHandler) -> None:
+def test_a_uid_sent_twice_is_handled_once(
+    processor: ClaimProcessor, claims: FakeClaimSource, handler: FakeHandler
+) -> None:
     claims.add(make_claim("a", "uid-a"))
     assert list(processor.prepare([ref("a"), ref("a")])) == ["uid-a"]
     assert handler.prepare_batches == [["uid-a"]]

@@ -18,8 +18,17 @@ TIMEOUT = 10.0
 
 
 def _devices(response: pb.NodeWatchResourcesResponse) -> list[tuple[str, str, int, int, int, str]]:
-    return [(d.device.pool_name, d.device.device_name, d.health, d.last_updated_time,
-             d.health_check_timeout_seconds, d.message) for d in response.devices]
+    return [
+        (
+            d.device.pool_name,
+            d.device.device_name,
+            d.health,
+            d.last_updated_time,
+            d.health_check_timeout_seconds,
+            d.message,
+        )
+        for d in response.devices
+    ]
 
 
 class StreamReader:
@@ -44,29 +53,45 @@ class StreamReader:
         return item
 
 
-GPU0_OK = DeviceHealth(pool="node-a", device="gpu-0", status=HealthStatus.HEALTHY, last_updated=1_700_000_000,
-                       timeout_seconds=60)
+GPU0_OK = DeviceHealth(
+    pool="node-a", device="gpu-0", status=HealthStatus.HEALTHY, last_updated=1_700_000_000, timeout_seconds=60
+)
 GPU1_OK = DeviceHealth(pool="node-a", device="gpu-1", status=HealthStatus.HEALTHY, last_updated=1_700_000_000)
 
 
-def test_stream_sends_the_list_at_once_and_on_every_change(make_plugin: PluginFactory, health: HealthBoard,
-                                                           kubelet: KubeletClient) -> None:
+def test_stream_sends_the_list_at_once_and_on_every_change(
+    make_plugin: PluginFactory, health: HealthBoard, kubelet: KubeletClient
+) -> None:
     health.set_devices([GPU0_OK, GPU1_OK])
     make_plugin().start()
     with kubelet.register() as registered:
         reader = StreamReader(registered.watch_health())
-        assert _devices(reader.next()) == [("node-a", "gpu-0", pb.HEALTHY, 1_700_000_000, 60, ""),
-                                           ("node-a", "gpu-1", pb.HEALTHY, 1_700_000_000, 0, "")]
-        failed = DeviceHealth(pool="node-a", device="gpu-1", status=HealthStatus.UNHEALTHY,
-                              last_updated=1_700_000_100, message="XID 79: GPU has fallen off the bus")
+        assert _devices(reader.next()) == [
+            ("node-a", "gpu-0", pb.HEALTHY, 1_700_000_000, 60, ""),
+            ("node-a", "gpu-1", pb.HEALTHY, 1_700_000_000, 0, ""),
+        ]
+        failed = DeviceHealth(
+            pool="node-a",
+            device="gpu-1",
+            status=HealthStatus.UNHEALTHY,
+            last_updated=1_700_000_100,
+            message="XID 79: GPU has fallen off the bus",
+        )
         health.set_devices([GPU0_OK, failed])
-        assert _devices(reader.next())[1] == ("node-a", "gpu-1", pb.UNHEALTHY, 1_700_000_100, 0,
-                                              "XID 79: GPU has fallen off the bus")
+        assert _devices(reader.next())[1] == (
+            "node-a",
+            "gpu-1",
+            pb.UNHEALTHY,
+            1_700_000_100,
+            0,
+            "XID 79: GPU has fallen off the bus",
+        )
         reader.stream.cancel()
 
 
-def test_stream_repeats_the_list_periodically(make_plugin: PluginFactory, health: HealthBoard,
-                                              kubelet: KubeletClient) -> None:
+def test_stream_repeats_the_list_periodically(
+    make_plugin: PluginFactory, health: HealthBoard, kubelet: KubeletClient
+) -> None:
     health.set_devices([GPU0_OK])
     make_plugin(health_interval=0.05).start()
     with kubelet.register() as registered:
@@ -77,8 +102,9 @@ def test_stream_repeats_the_list_periodically(make_plugin: PluginFactory, health
         reader.stream.cancel()
 
 
-def test_stop_ends_open_streams_and_unsubscribes(make_plugin: PluginFactory, health: HealthBoard,
-                                                 kubelet: KubeletClient) -> None:
+def test_stop_ends_open_streams_and_unsubscribes(
+    make_plugin: PluginFactory, health: HealthBoard, kubelet: KubeletClient
+) -> None:
     plugin = make_plugin()
     plugin.start()
     with kubelet.register() as registered:

@@ -39,8 +39,7 @@ def wait_for(condition: object, timeout: float = TIMEOUT) -> bool:
         deadline.cancel()
 
 
-def test_get_info_advertises_driver_endpoint_and_services(plugin: KubeletPlugin,
-                                                          kubelet: KubeletClient) -> None:
+def test_get_info_advertises_driver_endpoint_and_services(plugin: KubeletPlugin, kubelet: KubeletClient) -> None:
     [reg] = discover(kubelet.registry_dir)
     assert reg == plugin.registration_socket
     assert reg.name == f"{DRIVER}-reg.sock"
@@ -49,20 +48,17 @@ def test_get_info_advertises_driver_endpoint_and_services(plugin: KubeletPlugin,
     assert info.name == DRIVER
     assert info.endpoint == str(plugin.plugin_dir / "dra.sock")
     assert Path(info.endpoint).is_absolute()
-    assert list(info.supported_versions) == [
-        "v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
+    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
 
 
-def test_health_is_not_advertised_without_a_health_source(make_plugin: PluginFactory,
-                                                          kubelet: KubeletClient) -> None:
+def test_health_is_not_advertised_without_a_health_source(make_plugin: PluginFactory, kubelet: KubeletClient) -> None:
     plugin = make_plugin(health_source=None)
     plugin.start()
     info = kubelet.get_info(plugin.registration_socket)
     assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
 
 
-def test_registration_handshake_picks_v1_and_records_success(plugin: KubeletPlugin,
-                                                             kubelet: KubeletClient) -> None:
+def test_registration_handshake_picks_v1_and_records_success(plugin: KubeletPlugin, kubelet: KubeletClient) -> None:
     with kubelet.register() as registered:
         assert registered.version == "v1.DRAPlugin"
     status = plugin.registration.wait_for_reports(1, TIMEOUT)
@@ -75,8 +71,9 @@ def test_an_older_kubelet_picks_v1beta1(plugin: KubeletPlugin, sock_dir: Path) -
         assert registered.version == "v1beta1.DRAPlugin"
 
 
-def test_rejected_registration_is_logged_and_a_retry_succeeds(plugin: KubeletPlugin, sock_dir: Path,
-                                                              caplog: pytest.LogCaptureFixture) -> None:
+def test_rejected_registration_is_logged_and_a_retry_succeeds(
+    plugin: KubeletPlugin, sock_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.ERROR, logger="dradriver.plugin.registration")
     picky = KubeletClient(sock_dir / "registry", supported_versions=["v2.DRAPlugin"])
     with pytest.raises(RegistrationRejected):
@@ -92,39 +89,54 @@ def test_rejected_registration_is_logged_and_a_retry_succeeds(plugin: KubeletPlu
 
 
 @pytest.mark.parametrize("versions", [["v1.DRAPlugin"], ["v1beta1.DRAPlugin"]], ids=["v1", "v1beta1"])
-def test_prepare_and_unprepare_over_each_version(plugin: KubeletPlugin, sock_dir: Path,
-                                                 claims: FakeClaimSource, handler: FakeHandler,
-                                                 versions: list[str]) -> None:
+def test_prepare_and_unprepare_over_each_version(
+    plugin: KubeletPlugin, sock_dir: Path, claims: FakeClaimSource, handler: FakeHandler, versions: list[str]
+) -> None:
     share = "4f0a51b3-6c1f-4d0e-9c8e-2b7f3f7b9a10"
-    claims.add(make_claim("a", "uid-a", results=[
-        {"request": "gpu/large", "driver": DRIVER, "pool": "node-a", "device": "gpu-0", "shareID": share},
-        {"request": "other", "driver": "nic.example.com", "pool": "node-a", "device": "nic-0"}]))
+    claims.add(
+        make_claim(
+            "a",
+            "uid-a",
+            results=[
+                {"request": "gpu/large", "driver": DRIVER, "pool": "node-a", "device": "gpu-0", "shareID": share},
+                {"request": "other", "driver": "nic.example.com", "pool": "node-a", "device": "nic-0"},
+            ],
+        )
+    )
     claims.add(make_claim("b", "uid-b", allocated=False))
     with KubeletClient(sock_dir / "registry", supported_versions=versions).register() as kubelet:
         result = kubelet.prepare([Claim("default", "a", "uid-a"), Claim("default", "b", "uid-b")])
         assert set(result) == {"uid-a", "uid-b"}
         assert result["uid-a"].error == ""
-        expected = {"request_names": ["gpu"], "pool_name": "node-a", "device_name": "gpu-0",
-                    "cdi_device_ids": [f"{CDI_VENDOR}=uid-a-gpu-0"]}
+        expected = {
+            "request_names": ["gpu"],
+            "pool_name": "node-a",
+            "device_name": "gpu-0",
+            "cdi_device_ids": [f"{CDI_VENDOR}=uid-a-gpu-0"],
+        }
         if versions == ["v1.DRAPlugin"]:
             expected["share_id"] = share
         assert result["uid-a"].devices == [expected]
         assert "not allocated" in result["uid-b"].error
         handler.unprepare_errors = {"uid-b": "nothing to undo went wrong"}
         assert kubelet.unprepare([Claim("default", "a", "uid-a"), Claim("default", "b", "uid-b")]) == {
-            "uid-a": "", "uid-b": "nothing to undo went wrong"}
+            "uid-a": "",
+            "uid-b": "nothing to undo went wrong",
+        }
 
 
-def test_v1_leaves_share_id_unset_when_the_device_has_none(plugin: KubeletPlugin, kubelet: KubeletClient,
-                                                           claims: FakeClaimSource) -> None:
+def test_v1_leaves_share_id_unset_when_the_device_has_none(
+    plugin: KubeletPlugin, kubelet: KubeletClient, claims: FakeClaimSource
+) -> None:
     claims.add(make_claim("a", "uid-a"))
     with kubelet.register() as registered:
         [device] = registered.prepare([Claim("default", "a", "uid-a")])["uid-a"].devices
     assert "share_id" not in device
 
 
-def test_handler_exception_does_not_break_the_server(plugin: KubeletPlugin, kubelet: KubeletClient,
-                                                     claims: FakeClaimSource, handler: FakeHandler) -> None:
+def test_handler_exception_does_not_break_the_server(
+    plugin: KubeletPlugin, kubelet: KubeletClient, claims: FakeClaimSource, handler: FakeHandler
+) -> None:
     claims.add(make_claim("a", "uid-a"))
     claims.add(make_claim("b", "uid-b"))
     handler.raise_for = {"uid-a"}
@@ -144,9 +156,9 @@ def test_a_huge_batch_is_answered_over_grpc(plugin: KubeletPlugin, kubelet: Kube
     assert all("cannot get claim" in entry.error for entry in result.values())
 
 
-def test_claims_of_different_uids_are_prepared_concurrently(plugin: KubeletPlugin, kubelet: KubeletClient,
-                                                            claims: FakeClaimSource,
-                                                            handler: FakeHandler) -> None:
+def test_claims_of_different_uids_are_prepared_concurrently(
+    plugin: KubeletPlugin, kubelet: KubeletClient, claims: FakeClaimSource, handler: FakeHandler
+) -> None:
     claims.add(make_claim("a", "uid-a"))
     claims.add(make_claim("b", "uid-b"))
     gate = threading.Event()
@@ -161,8 +173,9 @@ def test_claims_of_different_uids_are_prepared_concurrently(plugin: KubeletPlugi
         assert blocked.result(TIMEOUT).claims["uid-a"].error == ""
 
 
-def test_calls_for_the_same_claim_are_serialised(plugin: KubeletPlugin, kubelet: KubeletClient,
-                                                 claims: FakeClaimSource, handler: FakeHandler) -> None:
+def test_calls_for_the_same_claim_are_serialised(
+    plugin: KubeletPlugin, kubelet: KubeletClient, claims: FakeClaimSource, handler: FakeHandler
+) -> None:
     claims.add(make_claim("a", "uid-a"))
     gate = threading.Event()
     handler.gates = {"uid-a": gate}
@@ -183,15 +196,17 @@ def test_calls_for_the_same_claim_are_serialised(plugin: KubeletPlugin, kubelet:
 def test_unknown_methods_get_unimplemented(plugin: KubeletPlugin) -> None:
     for path in (plugin.dra_socket, plugin.registration_socket):
         with grpc.insecure_channel(f"unix:{path}") as channel:
-            call = channel.unary_unary("/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeFrobnicate",
-                                       request_serializer=lambda _: b"", response_deserializer=lambda b: b)
+            call = channel.unary_unary(
+                "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeFrobnicate",
+                request_serializer=lambda _: b"",
+                response_deserializer=lambda b: b,
+            )
             with pytest.raises(grpc.RpcError) as err:
                 call(None, timeout=TIMEOUT)
             assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
-def test_dra_socket_serves_before_the_registration_socket_appears(make_plugin: PluginFactory,
-                                                                  sock_dir: Path) -> None:
+def test_dra_socket_serves_before_the_registration_socket_appears(make_plugin: PluginFactory, sock_dir: Path) -> None:
     plugin = make_plugin()
     registry = sock_dir / "registry"
     registry.mkdir()
@@ -215,8 +230,7 @@ def test_dra_socket_serves_before_the_registration_socket_appears(make_plugin: P
     assert outcome == ["ready"]
 
 
-def test_stale_socket_files_are_replaced(make_plugin: PluginFactory, sock_dir: Path,
-                                         kubelet: KubeletClient) -> None:
+def test_stale_socket_files_are_replaced(make_plugin: PluginFactory, sock_dir: Path, kubelet: KubeletClient) -> None:
     plugin = make_plugin()
     for path in (plugin.dra_socket, plugin.registration_socket):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -229,9 +243,9 @@ def test_stale_socket_files_are_replaced(make_plugin: PluginFactory, sock_dir: P
         assert registered.prepare([]) == {}
 
 
-def test_a_second_instance_is_refused_with_the_lock_and_pid(plugin: KubeletPlugin,
-                                                            make_plugin: PluginFactory,
-                                                            kubelet: KubeletClient) -> None:
+def test_a_second_instance_is_refused_with_the_lock_and_pid(
+    plugin: KubeletPlugin, make_plugin: PluginFactory, kubelet: KubeletClient
+) -> None:
     second = make_plugin()
     with pytest.raises(AlreadyRunningError) as err:
         second.start()
@@ -244,8 +258,7 @@ def test_a_second_instance_is_refused_with_the_lock_and_pid(plugin: KubeletPlugi
         assert registered.prepare([]) == {}
 
 
-def test_the_registration_socket_is_recreated_after_deletion(plugin: KubeletPlugin,
-                                                             kubelet: KubeletClient) -> None:
+def test_the_registration_socket_is_recreated_after_deletion(plugin: KubeletPlugin, kubelet: KubeletClient) -> None:
     plugin.registration_socket.unlink()
     assert wait_for(plugin.registration_socket.exists)
     with kubelet.register() as registered:
@@ -253,7 +266,8 @@ def test_the_registration_socket_is_recreated_after_deletion(plugin: KubeletPlug
 
 
 def test_the_registration_socket_is_recreated_when_the_registry_directory_is(
-        plugin: KubeletPlugin, kubelet: KubeletClient) -> None:
+    plugin: KubeletPlugin, kubelet: KubeletClient
+) -> None:
     shutil.rmtree(plugin.registry_dir)
     plugin.registry_dir.mkdir()
     assert wait_for(lambda: discover(plugin.registry_dir) == [plugin.registration_socket])
@@ -274,7 +288,8 @@ def test_stop_removes_both_sockets_and_releases_the_lock(make_plugin: PluginFact
 
 
 def test_stop_removes_the_registration_socket_before_the_dra_server_stops(
-        make_plugin: PluginFactory, claims: FakeClaimSource, handler: FakeHandler) -> None:
+    make_plugin: PluginFactory, claims: FakeClaimSource, handler: FakeHandler
+) -> None:
     plugin = make_plugin(stop_grace=TIMEOUT)
     plugin.start()
     claims.add(make_claim("a", "uid-a"))
@@ -306,16 +321,16 @@ def test_bad_options_are_config_errors(make_plugin: PluginFactory, sock_dir: Pat
 
 
 @pytest.mark.parametrize("which", ["plugin_dir", "registry_dir"])
-def test_an_unusable_directory_is_a_config_error_naming_it(make_plugin: PluginFactory, sock_dir: Path,
-                                                            which: str) -> None:
+def test_an_unusable_directory_is_a_config_error_naming_it(
+    make_plugin: PluginFactory, sock_dir: Path, which: str
+) -> None:
     blocker = sock_dir / "not-a-dir"
     blocker.write_text("a file where a directory should be")
     with pytest.raises(ConfigError, match=re.escape(str(blocker / "sub")) + ".*Not a directory"):
         make_plugin(**{which: blocker / "sub"}).start()
 
 
-def test_an_unwritable_lock_file_is_a_config_error_naming_it(make_plugin: PluginFactory,
-                                                              sock_dir: Path) -> None:
+def test_an_unwritable_lock_file_is_a_config_error_naming_it(make_plugin: PluginFactory, sock_dir: Path) -> None:
     (sock_dir / "plugin" / "plugin.lock").mkdir(parents=True)  # a directory cannot be opened for writing
     with pytest.raises(ConfigError, match=r"lock file .*plugin\.lock"):
         make_plugin().start()

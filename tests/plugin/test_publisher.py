@@ -92,9 +92,7 @@ def spec(*names: str, **extra: Any) -> SliceSpec:
 def slices(api: ApiEnv) -> list[dict[str, Any]]:
     """Our slices on the server, in index order."""
     found = [
-        s
-        for s in api.server.list("resourceslices")
-        if s["spec"]["driver"] == DRIVER and s["spec"]["nodeName"] == NODE
+        s for s in api.server.list("resourceslices") if s["spec"]["driver"] == DRIVER and s["spec"]["nodeName"] == NODE
     ]
     return sorted(found, key=lambda s: (s["spec"]["pool"]["name"], s["metadata"]["name"]))
 
@@ -117,9 +115,7 @@ def methods(records: list[Any]) -> list[str]:
 # -- publishing ------------------------------------------------------------------------------------------
 
 
-def test_first_publish_creates_the_slice_owned_by_the_node(
-    api: ApiEnv, make_publisher: PublisherFactory
-) -> None:
+def test_first_publish_creates_the_slice_owned_by_the_node(api: ApiEnv, make_publisher: PublisherFactory) -> None:
     publisher = make_publisher({NODE: [spec("gpu-0", "gpu-1")]})
     assert publisher.wait_synced(10)
     [published] = slices(api)
@@ -147,9 +143,7 @@ def test_republishing_the_same_pools_writes_nothing(api: ApiEnv, make_publisher:
     assert any(r.method == "GET" for r in api.server.requests_since(mark))  # it did look
 
 
-def test_a_restarted_publisher_adopts_its_slices_without_writing(
-    api: ApiEnv, make_publisher: PublisherFactory
-) -> None:
+def test_a_restarted_publisher_adopts_its_slices_without_writing(api: ApiEnv, make_publisher: PublisherFactory) -> None:
     pools = {NODE: [spec("gpu-0"), spec("gpu-1")]}
     first = make_publisher(pools)
     assert first.wait_synced(10)
@@ -221,9 +215,7 @@ def test_a_slice_deleted_by_someone_else_is_recreated(api: ApiEnv, make_publishe
     assert pool_fields(api) == {(NODE, 1, 1)}
 
 
-def test_a_slice_edited_by_someone_else_is_restored_in_place(
-    api: ApiEnv, make_publisher: PublisherFactory
-) -> None:
+def test_a_slice_edited_by_someone_else_is_restored_in_place(api: ApiEnv, make_publisher: PublisherFactory) -> None:
     publisher = make_publisher({NODE: [spec("gpu-0", "gpu-1")]})
     assert publisher.wait_synced(10)
     assert api.server.wait_until(lambda: api.server.active_watches == 1)
@@ -309,9 +301,7 @@ def test_a_failure_is_surfaced_in_the_status_while_retrying(
     assert sleeps.held.wait(10)
     status = publisher.status
     assert not status.ready
-    assert (
-        status.last_error is not None and "503" in status.last_error and "etcd is down" in status.last_error
-    )
+    assert status.last_error is not None and "503" in status.last_error and "etcd is down" in status.last_error
     assert status.consecutive_failures == 1
     sleeps.hold.clear()
     sleeps.release.set()
@@ -319,9 +309,7 @@ def test_a_failure_is_surfaced_in_the_status_while_retrying(
     assert publisher.status.ready
 
 
-def test_a_conflict_on_update_is_resolved_by_listing_again(
-    api: ApiEnv, make_publisher: PublisherFactory
-) -> None:
+def test_a_conflict_on_update_is_resolved_by_listing_again(api: ApiEnv, make_publisher: PublisherFactory) -> None:
     publisher = make_publisher({NODE: [spec("gpu-0")]})
     assert publisher.wait_synced(10)
     api.server.fail_next("PUT", "/resourceslices/", 409)
@@ -346,9 +334,7 @@ def test_publishing_resumes_after_the_watch_is_dropped(
     assert api.server.wait_until(lambda: device_names(api) == [["gpu-0"]])
 
 
-def test_stop_is_prompt_and_leaves_the_slices_published(
-    api: ApiEnv, make_publisher: PublisherFactory
-) -> None:
+def test_stop_is_prompt_and_leaves_the_slices_published(api: ApiEnv, make_publisher: PublisherFactory) -> None:
     publisher = make_publisher({NODE: [spec("gpu-0")]})
     assert publisher.wait_synced(10)
     assert api.server.wait_until(lambda: api.server.active_watches == 1)
@@ -447,16 +433,12 @@ def test_many_devices_split_by_the_caller_are_published_as_several_slices(
 def test_several_pools_and_a_counter_slice_are_published_together(
     api: ApiEnv, make_publisher: PublisherFactory
 ) -> None:
-    counters = SliceSpec.of(
-        shared_counters=[{"name": "gpu-0-counters", "counters": {"memory": {"value": "80Gi"}}}]
-    )
+    counters = SliceSpec.of(shared_counters=[{"name": "gpu-0-counters", "counters": {"memory": {"value": "80Gi"}}}])
     partition = gpu(
         "gpu-0-mig-1g10gb-0",
         consumesCounters=[{"counterSet": "gpu-0-counters", "counters": {"memory": {"value": "10Gi"}}}],
     )
-    publisher = make_publisher(
-        {"pool-a": [counters, SliceSpec.of(devices=[partition])], "pool-b": [spec("gpu-1")]}
-    )
+    publisher = make_publisher({"pool-a": [counters, SliceSpec.of(devices=[partition])], "pool-b": [spec("gpu-1")]})
     assert publisher.wait_synced(10)
     assert pool_fields(api) == {("pool-a", 1, 2), ("pool-b", 1, 1)}
     publisher.update({"pool-b": [spec("gpu-1")]})
@@ -501,9 +483,7 @@ def test_an_invalid_pool_is_not_published_and_the_status_names_the_device(
     assert publisher.status.ready and publisher.status.invalid_pools == {}
 
 
-def test_an_invalid_update_leaves_the_published_pool_alone(
-    api: ApiEnv, make_publisher: PublisherFactory
-) -> None:
+def test_an_invalid_update_leaves_the_published_pool_alone(api: ApiEnv, make_publisher: PublisherFactory) -> None:
     publisher = make_publisher({NODE: [spec("gpu-0")]})
     assert publisher.wait_synced(10)
     mark = api.server.mark()

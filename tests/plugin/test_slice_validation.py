@@ -68,9 +68,7 @@ def counter_set(name: str = "gpu-0-counters", n: int = 2) -> Obj:
 
 
 def consuming(name: str, set_name: str = "gpu-0-counters", counters: tuple[str, ...] = ("c0",)) -> Obj:
-    return device(
-        name, consumesCounters=[{"counterSet": set_name, "counters": {c: {"value": "1"} for c in counters}}]
-    )
+    return device(name, consumesCounters=[{"counterSet": set_name, "counters": {c: {"value": "1"} for c in counters}}])
 
 
 def rules(obj: Obj, shape: SliceShape = SliceShape.V1_35) -> set[str]:

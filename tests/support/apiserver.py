@@ -346,9 +346,7 @@ class FakeApiServer:
             self._validate(resource, stored)
             key = self._key(resource, stored)
             if key in self._objects[plural]:
-                raise ApiError(
-                    409, "AlreadyExists", f'{plural}.{resource.group or "core"} "{key[1]}" already exists'
-                )
+                raise ApiError(409, "AlreadyExists", f'{plural}.{resource.group or "core"} "{key[1]}" already exists')
             meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), resourceVersion=self._bump())
             meta.setdefault("generation", 1)
             if plural == "resourceslices":
@@ -468,9 +466,7 @@ class FakeApiServer:
     ) -> None:
         """Answer the next ``count`` requests whose method and path (with query) match with ``status``."""
         with self._cond:
-            self._faults.append(
-                _Fault(method.upper(), re.compile(path_pattern), count, status=status, message=message)
-            )
+            self._faults.append(_Fault(method.upper(), re.compile(path_pattern), count, status=status, message=message))
 
     def delay_next(self, method: str, path_pattern: str, seconds: float, *, count: int = 1) -> None:
         """Hold the next ``count`` matching requests for ``seconds`` before handling them."""
@@ -690,9 +686,7 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "GET" and name is None:
             fields = _parse_field_selector(query.get("fieldSelector", ""), resource)
             labels = _parse_label_selector(query.get("labelSelector", ""))
-            items = [
-                o for o in api.list(resource.plural, namespace) if _matches(o, namespace, fields, labels)
-            ]
+            items = [o for o in api.list(resource.plural, namespace) if _matches(o, namespace, fields, labels)]
             metadata = {"resourceVersion": api.resource_version}
             # Paging: our continue token is the offset of the next item (the real one is opaque).
             limit = int(query.get("limit") or 0)

@@ -14,8 +14,15 @@ DRIVER = "gpu.example.com"
 CDI_VENDOR = "k8s.gpu.example.com/device"
 
 
-def make_claim(name: str, uid: str, *, namespace: str = "default", driver: str = DRIVER,
-               results: Sequence[Mapping[str, Any]] | None = None, allocated: bool = True) -> dict[str, Any]:
+def make_claim(
+    name: str,
+    uid: str,
+    *,
+    namespace: str = "default",
+    driver: str = DRIVER,
+    results: Sequence[Mapping[str, Any]] | None = None,
+    allocated: bool = True,
+) -> dict[str, Any]:
     """A ResourceClaim as the API server returns it (JSON, camelCase), allocated to ``driver`` by default."""
     claim: dict[str, Any] = {
         "apiVersion": "resource.k8s.io/v1",
@@ -112,10 +119,15 @@ class FakeHandler:
             results = {}
             for claim, uid in zip(claims, uids, strict=True):
                 devices = tuple(
-                    PreparedDevice(pool=r["pool"], device=r["device"], requests=(r["request"],),
-                                   cdi_device_ids=(f"{CDI_VENDOR}={uid}-{r['device']}",),
-                                   share_id=r.get("shareID"))
-                    for r in claim["status"]["allocation"]["devices"]["results"] if r["driver"] == self.driver
+                    PreparedDevice(
+                        pool=r["pool"],
+                        device=r["device"],
+                        requests=(r["request"],),
+                        cdi_device_ids=(f"{CDI_VENDOR}={uid}-{r['device']}",),
+                        share_id=r.get("shareID"),
+                    )
+                    for r in claim["status"]["allocation"]["devices"]["results"]
+                    if r["driver"] == self.driver
                 )
                 results[uid] = PrepareResult(devices=devices)
             return results

@@ -24,9 +24,13 @@ def main() -> int:
     registry_dir, plugin_dir, claims_file = (Path(arg) for arg in sys.argv[1:4])
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     plugin = KubeletPlugin(
-        driver_name=DRIVER, node_name="node-a", handler=FakeHandler(),
+        driver_name=DRIVER,
+        node_name="node-a",
+        handler=FakeHandler(),
         claim_source=FakeClaimSource(json.loads(claims_file.read_text())),
-        registry_dir=registry_dir, plugin_dir=plugin_dir, stop_grace=5.0,
+        registry_dir=registry_dir,
+        plugin_dir=plugin_dir,
+        stop_grace=5.0,
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -121,9 +121,7 @@ class Search:
         self.capacity = CapacityLedger()
         taken: list[Device] = []
         for other in allocated:
-            results = (((other.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
-                "results"
-            )
+            results = (((other.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")
             for position, result in enumerate(results or []):
                 if result.get("adminAccess"):
                     continue  # admin access does not make a device unavailable to others
@@ -202,9 +200,7 @@ class Search:
                                 f"currently invalid ({pool.invalid})"
                             )
                         devices += [
-                            d
-                            for d in pool.devices
-                            if self.selectable(request, d) and self.capacity_fits(request, d)
+                            d for d in pool.devices if self.selectable(request, d) and self.capacity_fits(request, d)
                         ]
                     self.all_lists[id(request)] = devices
                     needs.append(len(devices))
@@ -286,7 +282,8 @@ class Search:
             raise AllocationError(
                 f"claim {self.claim_name}: the allocation search gave up after {self.max_attempts:,} device "
                 "attempts, as the scheduler would time out; narrow the selectors or loosen the constraints "
-                "(distinctAttribute/matchAttribute over many alike devices search every combination)")
+                "(distinctAttribute/matchAttribute over many alike devices search every combination)"
+            )
         if device.id in self.allocating or (not request.admin_access and device.id in self.in_use):
             return False
         if not self.capacity_fits(request, device):
@@ -298,9 +295,7 @@ class Search:
             return False
         added: list[Constraint] = []
         for constraint in self.constraints:
-            if constraint.index in self.disabled_constraints or not constraint.applies(
-                request.name, request.parent
-            ):
+            if constraint.index in self.disabled_constraints or not constraint.applies(request.name, request.parent):
                 continue
             if not constraint.add(device):
                 for undo in added:
@@ -325,9 +320,7 @@ class Search:
     def remove_last(self) -> None:
         request, device = self.results.pop()
         for constraint in self.constraints:
-            if constraint.index not in self.disabled_constraints and constraint.applies(
-                request.name, request.parent
-            ):
+            if constraint.index not in self.disabled_constraints and constraint.applies(request.name, request.parent):
                 constraint.remove()
         if device.multi:
             self.capacity.give_back(request, device)
@@ -415,11 +408,7 @@ class Search:
             if source.get("nodeName"):
                 return {
                     "nodeSelectorTerms": [
-                        {
-                            "matchFields": [
-                                {"key": "metadata.name", "operator": "In", "values": [source["nodeName"]]}
-                            ]
-                        }
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [source["nodeName"]]}]}
                     ]
                 }
             terms = (source.get("nodeSelector") or {}).get("nodeSelectorTerms") or []
@@ -528,8 +517,6 @@ def explain_claim(
         report.fits = True
         report.allocation = allocation
         for request_report in report.requests:
-            request_report.allocated = [
-                label for name, label in sorted(chosen) if name == request_report.request
-            ]
+            request_report.allocated = [label for name, label in sorted(chosen) if name == request_report.request]
         return report
     return diagnose(search)

@@ -68,12 +68,10 @@ class ClaimReport:
         lines = [head]
         for request in self.requests:
             funnel = " -> ".join(
-                f"{s.passed} {s.label}" + (f" ({s.errors} errors)" if s.errors else "")
-                for s in request.stages
+                f"{s.passed} {s.label}" + (f" ({s.errors} errors)" if s.errors else "") for s in request.stages
             )
             lines.append(
-                f"  request {request.request} (class {request.device_class}, wants {request.wanted}): "
-                f"{funnel}"
+                f"  request {request.request} (class {request.device_class}, wants {request.wanted}): {funnel}"
             )
             lines += [f"    {hint}" for hint in request.hints]
         lines += [f"  {line}" for line in self.explanation]
@@ -89,9 +87,7 @@ def _wanted(request: Request) -> str:
 
 def _expression_literals(ref: SelectorRef) -> list[str]:
     return [
-        str(n.value)
-        for n in cel_ast.walk(ref.selector.tree)
-        if isinstance(n, cel_ast.Const) and n.type == "string"
+        str(n.value) for n in cel_ast.walk(ref.selector.tree) if isinstance(n, cel_ast.Const) and n.type == "string"
     ]
 
 
@@ -208,11 +204,7 @@ def request_report(search: Search, request: Request) -> RequestReport:
             report.hints.append(
                 _selector_hint(
                     ref,
-                    [
-                        d
-                        for d in entering
-                        if d.label not in report.rejected or "is false" in report.rejected[d.label]
-                    ],
+                    [d for d in entering if d.label not in report.rejected or "is false" in report.rejected[d.label]],
                 )
             )
         survivors = passed
@@ -224,9 +216,7 @@ def request_report(search: Search, request: Request) -> RequestReport:
                 reject(device, "allocated to another claim")
         report.stages.append(Stage("not allocated to other claims", len(survivors), len(free)))
         if len(free) < len(survivors) and len(free) < max(request.count, 1):
-            report.hints.append(
-                f"{len(survivors) - len(free)} matching devices are allocated to other claims"
-            )
+            report.hints.append(f"{len(survivors) - len(free)} matching devices are allocated to other claims")
         survivors = free
 
     survivors = _capacity_stage(search, request, report, survivors, reject)
@@ -288,9 +278,7 @@ def _capacity_stage(
     fitting = []
     short: list[str] = []
     for device in survivors:
-        reason = (
-            search.capacity.shortfall(request, device) if device.multi or request.capacity_requests else None
-        )
+        reason = search.capacity.shortfall(request, device) if device.multi or request.capacity_requests else None
         if reason is None:
             fitting.append(device)
         else:
@@ -343,9 +331,7 @@ def _combination_reasons(search: Search) -> list[str]:
                 trial = search.fresh()
                 trial.disabled_constraints = {constraint.index}
                 if _fits(trial) or len(search.constraints) == 1:
-                    reasons.append(
-                        f"{constraint.label} cannot be met: " + _constraint_values(search, constraint)
-                    )
+                    reasons.append(f"{constraint.label} cannot be met: " + _constraint_values(search, constraint))
             return reasons or ["the constraints together cannot be met by the devices that pass every filter"]
     return [
         "every request has enough matching devices on its own, but not together: they share counters "

@@ -80,9 +80,7 @@ def compile_selectors(origin: str, raw_selectors: list[dict[str, Any]] | None) -
     for index, raw in enumerate(raw_selectors or []):
         expression = ((raw or {}).get("cel") or {}).get("expression")
         if not isinstance(expression, str):
-            raise AllocationError(
-                f"{origin} selector #{index}: CEL expression empty (unsupported selector type?)"
-            )
+            raise AllocationError(f"{origin} selector #{index}: CEL expression empty (unsupported selector type?)")
         try:
             refs.append(SelectorRef(origin, index, compile_selector(expression)))
         except CelCompileError as err:
@@ -125,8 +123,7 @@ def _request(
     class_obj = classes.get(class_name)
     if class_obj is None:
         raise AllocationError(
-            f"claim {claim}, request {shown}: device class {class_name} not found; "
-            f"create it or fix deviceClassName"
+            f"claim {claim}, request {shown}: device class {class_name} not found; create it or fix deviceClassName"
         )
     mode = raw.get("allocationMode") or "ExactCount"
     if mode not in ("ExactCount", "All"):
@@ -172,8 +169,7 @@ def _capacity_requests(claim: str, shown: str, raw: dict[str, Any]) -> dict[str,
             parsed[str(name)] = Quantity.parse(str(value))
         except QuantityError as err:
             raise AllocationError(
-                f"claim {claim}, request {shown}: capacity.requests[{name}]: {err}; "
-                f"use a quantity such as 40Gi"
+                f"claim {claim}, request {shown}: capacity.requests[{name}]: {err}; use a quantity such as 40Gi"
             ) from err
     return parsed
 

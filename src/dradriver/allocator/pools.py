@@ -61,16 +61,12 @@ def _slice_targets(slice_: dict[str, Any], node: str | None, labels: dict[str, s
     if spec.get("perDeviceNodeSelection"):
         return None
     if spec.get("nodeName") or spec.get("allNodes") or spec.get("nodeSelector"):
-        return node_matches(
-            node, labels, spec.get("nodeName"), bool(spec.get("allNodes")), spec.get("nodeSelector")
-        )
+        return node_matches(node, labels, spec.get("nodeName"), bool(spec.get("allNodes")), spec.get("nodeSelector"))
     # Neither set: a slice that only carries sharedCounters, or an unknown future node selection.
     return False
 
 
-def gather_pools(
-    slices: list[dict[str, Any]], node: str | None, labels: dict[str, str] | None = None
-) -> list[Pool]:
+def gather_pools(slices: list[dict[str, Any]], node: str | None, labels: dict[str, str] | None = None) -> list[Pool]:
     """The pools with at least one slice usable on ``node``, each with the slices of its newest generation.
 
     Pools come sorted by driver and name (the scheduler's order is that of a Go map, i.e. unspecified);
@@ -85,9 +81,7 @@ def gather_pools(
         generation = int(pool_spec.get("generation") or 0)
         pool = pools.get(key)
         if pool is None or generation > pool.generation:
-            pool = pools[key] = Pool(
-                key[0], key[1], generation, int(pool_spec.get("resourceSliceCount") or 1)
-            )
+            pool = pools[key] = Pool(key[0], key[1], generation, int(pool_spec.get("resourceSliceCount") or 1))
         elif generation < pool.generation:
             continue
         pool.slices.append(slice_)

@@ -84,9 +84,7 @@ class Checker:
         self.exact: set[int] = set()
 
     def error(self, message: str, node: ast.Node, hint: str | None = None) -> CelCompileError:
-        return CelCompileError(
-            message, expression=self.expression, line=node.pos[0], column=node.pos[1], hint=hint
-        )
+        return CelCompileError(message, expression=self.expression, line=node.pos[0], column=node.pos[1], hint=hint)
 
     def check(self, root: ast.Node) -> CheckResult:
         result_type, cost = self.visit(root, dict(self.variables))
@@ -119,9 +117,7 @@ class Checker:
             return "type", 0
         names = [*scope, *TYPE_NAMES]
         close = difflib.get_close_matches(node.name, names, n=1)
-        hint = (
-            f"did you mean '{close[0]}'?" if close else "the only variable of a device selector is 'device'"
-        )
+        hint = f"did you mean '{close[0]}'?" if close else "the only variable of a device selector is 'device'"
         raise self.error(f"undeclared reference to '{node.name}'", node, hint=hint)
 
     def _select_type(self, node: ast.Select | ast.Has, operand: Type) -> Type:
@@ -204,8 +200,7 @@ class Checker:
             element = DYN
         else:
             raise self.error(
-                f"expression of type '{type_str(range_type)}' cannot be the range of a "
-                f"comprehension ({node.kind})",
+                f"expression of type '{type_str(range_type)}' cannot be the range of a comprehension ({node.kind})",
                 node.range,
             )
         inner = {**scope, node.var: element}
@@ -280,9 +275,7 @@ class Checker:
     def _operator(self, node: ast.Call, name: str, types: list[Type]) -> Type:
         def fail(hint: str | None = None) -> CelCompileError:
             shown = ", ".join(type_str(t) for t in types)
-            return self.error(
-                f"found no matching overload for '{name}' applied to '({shown})'", node, hint=hint
-            )
+            return self.error(f"found no matching overload for '{name}' applied to '({shown})'", node, hint=hint)
 
         kinds = set(types)
         special = kinds & {"Quantity", "Semver"}
@@ -336,9 +329,7 @@ class Checker:
             raise fail()
         return a
 
-    def _function(
-        self, node: ast.Call, name: str, member: bool, types: list[Type], arg_nodes: list[ast.Node]
-    ) -> Type:
+    def _function(self, node: ast.Call, name: str, member: bool, types: list[Type], arg_nodes: list[ast.Node]) -> Type:
         if name not in FUNCTIONS:
             if name in UNSUPPORTED:
                 raise self.error(
@@ -357,14 +348,10 @@ class Checker:
         )
         if not candidates:
             shown = (
-                ", ".join(type_str(t) for t in types[1:] if member)
-                if member
-                else ", ".join(type_str(t) for t in types)
+                ", ".join(type_str(t) for t in types[1:] if member) if member else ", ".join(type_str(t) for t in types)
             )
             call = f"{type_str(types[0])}.{name}({shown})" if member else f"{name}({shown})"
-            raise self.error(
-                f"found no matching overload for {call}", node, hint=_function_hint(name, types, member)
-            )
+            raise self.error(f"found no matching overload for {call}", node, hint=_function_hint(name, types, member))
         self.overloads[id(node)] = candidates
         if all(_known(t) for t in types) and len(candidates) == 1:
             self.exact.add(id(node))

@@ -333,9 +333,7 @@ class Compiler:
         if target is not None and (not candidates[0].member):
             target = None  # a namespaced global function such as strings.quote
             name = f"{node.target.name}.{name}" if isinstance(node.target, ast.Ident) else name
-        arg_programs = ([self.compile(target)] if target is not None else []) + [
-            self.compile(a) for a in node.args
-        ]
+        arg_programs = ([self.compile(target)] if target is not None else []) + [self.compile(a) for a in node.args]
         if id(node) in self.exact:
             impl = candidates[0].impl
             return lambda env: _call_impl(name, impl, [a(env) for a in arg_programs])

@@ -221,9 +221,7 @@ class _Converter:
         return ast.Index(_pos(tree), self.convert(operand), self.convert(index))
 
     def _member_object(self, tree: Tree) -> ast.Node:
-        raise self.error(
-            "message construction (Type{field: value}) is not available in device selectors", tree
-        )
+        raise self.error("message construction (Type{field: value}) is not available in device selectors", tree)
 
     def _ident(self, tree: Tree) -> ast.Node:
         token = tree.children[0]

@@ -79,9 +79,7 @@ class Selector:
     def _decide(self, device: dict[str, Any], driver: str) -> bool:
         result = self.evaluate(device, driver=driver)
         if type(result) is not bool:
-            raise CelEvaluationError(
-                f"the selector evaluated to {type(result).__name__} {result!r}, not a bool"
-            )
+            raise CelEvaluationError(f"the selector evaluated to {type(result).__name__} {result!r}, not a bool")
         return result
 
     def __repr__(self) -> str:
@@ -223,11 +221,7 @@ def _getter(read: tuple[str, ...]) -> Callable[[dict[str, Any], str], Any]:
         def whole_domain(device: dict[str, Any], driver: str) -> Any:
             entries = device.get(field) or {}
             return _freeze(
-                {
-                    k: v
-                    for k, v in entries.items()
-                    if k.startswith(prefix) or (domain == driver and "/" not in k)
-                }
+                {k: v for k, v in entries.items() if k.startswith(prefix) or (domain == driver and "/" not in k)}
             )
 
         return whole_domain

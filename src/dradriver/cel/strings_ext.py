@@ -61,9 +61,7 @@ def substring(text: str, start: int, end: int | None = None) -> str:
     if start < 0 or start > len(text):
         raise _range_error("substring", start)
     if stop < start or stop > len(text):
-        raise CelEvaluationError(
-            f"substring: invalid range [{start}, {stop}) of a string of length {len(text)}"
-        )
+        raise CelEvaluationError(f"substring: invalid range [{start}, {stop}) of a string of length {len(text)}")
     return text[start:stop]
 
 

@@ -39,25 +39,32 @@ DEFAULT_CLAIM: dict[str, Any] = {
     "apiVersion": "resource.k8s.io/v1",
     "kind": "ResourceClaim",
     "metadata": {"name": "two-nvlinked-gpus", "namespace": "default"},
-    "spec": {"devices": {
-        "requests": [{"name": "gpus", "exactly": {"deviceClassName": "gpu.dradriver.dev", "count": 2}}],
-        "constraints": [{"requests": ["gpus"], "matchAttribute": f"{DRIVER}/nvlinkDomain"}],
-    }},
+    "spec": {
+        "devices": {
+            "requests": [{"name": "gpus", "exactly": {"deviceClassName": "gpu.dradriver.dev", "count": 2}}],
+            "constraints": [{"requests": ["gpus"], "matchAttribute": f"{DRIVER}/nvlinkDomain"}],
+        }
+    },
 }
 
 
 def register(subcommands: Any) -> None:
     parser: argparse.ArgumentParser = subcommands.add_parser(
-        "demo", help="run the whole driver on a simulated node, without a cluster",
+        "demo",
+        help="run the whole driver on a simulated node, without a cluster",
         description="Discover a simulated node, publish its ResourceSlices to an in-memory API server, allocate a "
-                    "claim, then register with a kubelet-like client over real gRPC sockets, prepare the claim "
-                    "(printing its CDI spec) and unprepare it.")
+        "claim, then register with a kubelet-like client over real gRPC sockets, prepare the claim "
+        "(printing its CDI spec) and unprepare it.",
+    )
     add_gpu_options(parser)
     parser.set_defaults(gpu_backend="sim")
     add_env_option(parser, "--node-name", env="NODE_NAME", default="demo-node", help="the simulated node's name")
-    parser.add_argument("--claim", metavar="FILE",
-                        help="a ResourceClaim or ResourceClaimTemplate (YAML) to allocate and prepare "
-                             "(default: two GPUs on one NVLink domain)")
+    parser.add_argument(
+        "--claim",
+        metavar="FILE",
+        help="a ResourceClaim or ResourceClaimTemplate (YAML) to allocate and prepare "
+        "(default: two GPUs on one NVLink domain)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -77,9 +84,13 @@ def run(args: argparse.Namespace) -> int:
     cluster = MemoryCluster()
     cluster.add_node(node)
     specs = build_slice_specs(inventory, SliceSettings(driver=DRIVER, mig_mode=mig_mode))
-    publisher = Publisher(cluster, driver=DRIVER, node_name=node, node_uid=cluster.get_node(node)["metadata"]["uid"],
-                          pools={node: [SliceSpec.of(s.get("devices", ()), s.get("sharedCounters", ()))
-                                        for s in specs]})
+    publisher = Publisher(
+        cluster,
+        driver=DRIVER,
+        node_name=node,
+        node_uid=cluster.get_node(node)["metadata"]["uid"],
+        pools={node: [SliceSpec.of(s.get("devices", ()), s.get("sharedCounters", ())) for s in specs]},
+    )
     publisher.reconcile()
     _step("2. Published ResourceSlices to the (in-memory) API server")
     invalid = publisher.status.invalid_pools
@@ -88,8 +99,10 @@ def run(args: argparse.Namespace) -> int:
         return 1
     slices = cluster.slice_objects()
     devices = sum(len(s["spec"].get("devices", [])) for s in slices)
-    print(f"{len(slices)} slice{'s' if len(slices) != 1 else ''}, {devices} devices, pool {node} generation "
-          f"{slices[0]['spec']['pool']['generation']}; every slice passed the API server's validation rules")
+    print(
+        f"{len(slices)} slice{'s' if len(slices) != 1 else ''}, {devices} devices, pool {node} generation "
+        f"{slices[0]['spec']['pool']['generation']}; every slice passed the API server's validation rules"
+    )
 
     _step(f"3. Allocated claim {claim['metadata']['namespace']}/{claim['metadata']['name']} as the scheduler would")
     try:
@@ -104,18 +117,24 @@ def run(args: argparse.Namespace) -> int:
 
     root = Path(tempfile.mkdtemp(prefix="dradriver-demo-", dir="/tmp"))
     try:
-        return _prepare_and_unprepare(root, node, inventory=inventory, mig_mode=mig_mode, cluster=cluster,
-                                      claim=stored)
+        return _prepare_and_unprepare(root, node, inventory=inventory, mig_mode=mig_mode, cluster=cluster, claim=stored)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _prepare_and_unprepare(root: Path, node: str, *, inventory: Inventory, mig_mode: MigMode,
-                           cluster: MemoryCluster, claim: dict[str, Any]) -> int:
+def _prepare_and_unprepare(
+    root: Path, node: str, *, inventory: Inventory, mig_mode: MigMode, cluster: MemoryCluster, claim: dict[str, Any]
+) -> int:
     cdi = CdiWriter(root / "cdi", host_path=lambda _path: "/dev/null")
     driver = GpuDriver(driver_name=DRIVER, pool=node, inventory=inventory, mig_mode=mig_mode, cdi=cdi)
-    plugin = KubeletPlugin(driver_name=DRIVER, node_name=node, handler=driver, claim_source=cluster,
-                           registry_dir=root / "registry", plugin_dir=root / "plugin")
+    plugin = KubeletPlugin(
+        driver_name=DRIVER,
+        node_name=node,
+        handler=driver,
+        claim_source=cluster,
+        registry_dir=root / "registry",
+        plugin_dir=root / "plugin",
+    )
     ref = Claim(claim["metadata"]["namespace"], claim["metadata"]["name"], claim["metadata"]["uid"])
     with plugin, KubeletClient(root / "registry").register() as kubelet:
         _step("4. Registered with the kubelet over gRPC")
@@ -149,10 +168,15 @@ def _load_claim(path: Path) -> dict[str, Any]:
             return dict(document)
         if kind == "ResourceClaimTemplate":
             metadata = document.get("metadata") or {}
-            return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                    "metadata": {"name": f"{metadata.get('name', 'claim')}-demo",
-                                 "namespace": metadata.get("namespace", "default")},
-                    "spec": (document.get("spec") or {}).get("spec") or {}}
+            return {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {
+                    "name": f"{metadata.get('name', 'claim')}-demo",
+                    "namespace": metadata.get("namespace", "default"),
+                },
+                "spec": (document.get("spec") or {}).get("spec") or {},
+            }
     raise ConfigError(f"--claim {path}: no ResourceClaim or ResourceClaimTemplate in the file")
 
 

@@ -78,12 +78,8 @@ def register(subcommands: Any) -> None:
         default="gpu.dradriver.dev",
         help="with --selector and no slices: the driver name devices belong to",
     )
-    parser.add_argument(
-        "--pod", metavar="NS/NAME", help="read a pod's claims from the cluster: why is it Pending?"
-    )
-    parser.add_argument(
-        "--kubeconfig", help="with --pod: kubeconfig file (default: in-cluster or ~/.kube/config)"
-    )
+    parser.add_argument("--pod", metavar="NS/NAME", help="read a pod's claims from the cluster: why is it Pending?")
+    parser.add_argument("--kubeconfig", help="with --pod: kubeconfig file (default: in-cluster or ~/.kube/config)")
     parser.add_argument("--context", help="with --pod: kubeconfig context")
     add_output_option(parser, ("text", "json"), "text")
     parser.set_defaults(handler=run)
@@ -157,9 +153,7 @@ def run(args: argparse.Namespace) -> int:
         if problems:
             inputs.errors += problems
             continue
-        outcomes.append(
-            explain_document(doc, slices=slices, classes=classes, allocated=allocated, node=args.node)
-        )
+        outcomes.append(explain_document(doc, slices=slices, classes=classes, allocated=allocated, node=args.node))
     render(outcomes, inputs.errors, args.output, builtin_classes=not class_docs)
     if inputs.errors:
         return EXIT_INVALID
@@ -187,9 +181,7 @@ def explain_document(
     best: tuple[int, str | None, ClaimReport] | None = None
     for candidate in candidates:
         try:
-            report = explain_claim(
-                doc.obj, slices=slices, classes=classes, allocated=allocated, node=candidate
-            )
+            report = explain_claim(doc.obj, slices=slices, classes=classes, allocated=allocated, node=candidate)
         except AllocationError as err:
             outcome.error = str(err)
             return outcome
@@ -215,9 +207,7 @@ def _one_line(report: ClaimReport) -> str:
     for request in report.requests:
         if request.hints:
             return f"does not fit: request {request.request}: {request.hints[0]}"
-    return "does not fit: " + (
-        report.explanation[0] if report.explanation else "no combination of devices fits"
-    )
+    return "does not fit: " + (report.explanation[0] if report.explanation else "no combination of devices fits")
 
 
 def render(outcomes: list[ClaimOutcome], errors: list[str], output: str, *, builtin_classes: bool) -> None:
@@ -324,8 +314,9 @@ def explain_selector(args: argparse.Namespace, slices: list[dict[str, Any]], err
         for row in rows:
             groups.setdefault((row["node"] or "-", row["result"]), []).append(str(row["device"]))
         for (node, result), names in groups.items():
-            shown = ", ".join(names[:MAX_DEVICES_SHOWN]) + (f", … ({len(names)} in all)"
-                                                            if len(names) > MAX_DEVICES_SHOWN else "")
+            shown = ", ".join(names[:MAX_DEVICES_SHOWN]) + (
+                f", … ({len(names)} in all)" if len(names) > MAX_DEVICES_SHOWN else ""
+            )
             print(f"{node}  {result}: {shown}")
         print(f"{matched} of {len(rows)} devices match; {failed} failed with an error")
     if errors:

@@ -68,9 +68,7 @@ class KubernetesReader:
     Bodies are read as raw JSON rather than through the client's models: those drop fields they do not
     know and reject values they do not expect, and explain must see what a newer API server sends."""
 
-    def __init__(
-        self, kubeconfig: str | None, context: str | None, *, page_size: int = PAGE_SIZE
-    ) -> None:
+    def __init__(self, kubeconfig: str | None, context: str | None, *, page_size: int = PAGE_SIZE) -> None:
         self._api: Any = load_api_client(kubeconfig, context=context)
         self._page_size = page_size
 
@@ -97,8 +95,7 @@ class KubernetesReader:
         except k8s_client.ApiException as exc:
             if not exc.status:  # the client's own failure before any answer (TLS, for one)
                 raise ConfigError(
-                    f"cannot reach the API server at {host} to read {what}: {exc.reason}; "
-                    "check --kubeconfig/--context"
+                    f"cannot reach the API server at {host} to read {what}: {exc.reason}; check --kubeconfig/--context"
                 ) from exc
             raise self._error(exc.status, (exc.body or str(exc.reason)).encode(), what) from exc
         if not 200 <= response.status <= 299:
@@ -133,9 +130,7 @@ class KubernetesReader:
             query = [("limit", str(self._page_size))] + ([("continue", token)] if token else [])
             page = self._request(path, f"{kind}s (all namespaces)", query)
             # Items of a list carry no apiVersion/kind of their own; the allocator wants whole objects.
-            items += [
-                {"apiVersion": f"{GROUP}/{VERSION}", "kind": kind, **item} for item in page.get("items") or []
-            ]
+            items += [{"apiVersion": f"{GROUP}/{VERSION}", "kind": kind, **item} for item in page.get("items") or []]
             token = str((page.get("metadata") or {}).get("continue") or "")
             if not token:
                 return items
@@ -184,8 +179,7 @@ def pod_claims(reader: ClusterReader, pod: dict[str, Any]) -> list[PodClaim]:
     meta = pod.get("metadata") or {}
     namespace = str(meta.get("namespace") or "default")
     statuses = {
-        s.get("name"): s.get("resourceClaimName")
-        for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+        s.get("name"): s.get("resourceClaimName") for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
     }
     found = []
     for index, entry in enumerate((pod.get("spec") or {}).get("resourceClaims") or []):
@@ -217,9 +211,7 @@ def pod_claims(reader: ClusterReader, pod: dict[str, Any]) -> list[PodClaim]:
             )
             found.append(PodClaim(name, template, error))
         else:
-            found.append(
-                PodClaim(name, None, f"{field} sets neither resourceClaimName nor resourceClaimTemplateName")
-            )
+            found.append(PodClaim(name, None, f"{field} sets neither resourceClaimName nor resourceClaimTemplateName"))
     return found
 
 
@@ -254,9 +246,7 @@ def explain_pod_with(reader: ClusterReader, pod_ref: str, output: str) -> int:
             results.append({"podClaim": claim.name, "name": name, "allocated": allocation})
             continue
         uid = (claim.obj.get("metadata") or {}).get("uid")
-        others = [
-            c for c in all_claims if _allocation(c) and (c.get("metadata") or {}).get("uid") != uid
-        ]
+        others = [c for c in all_claims if _allocation(c) and (c.get("metadata") or {}).get("uid") != uid]
         doc = Document(claim.obj, f"pod {pod_ref} claim {claim.name}")
         outcome = explain_document(doc, slices=slices, classes=classes, allocated=others, node=None)
         results.append({"podClaim": claim.name, "outcome": outcome})

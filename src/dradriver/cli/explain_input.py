@@ -107,14 +107,11 @@ def _add(doc: Any, source: str, inputs: Inputs, want: tuple[str, ...]) -> None:
         return
     api = str(doc.get("apiVersion", ""))
     if not api.startswith("resource.k8s.io/"):
-        inputs.errors.append(
-            f"{source}: {kind} has apiVersion {api!r}; want resource.k8s.io/v1 (field apiVersion)"
-        )
+        inputs.errors.append(f"{source}: {kind} has apiVersion {api!r}; want resource.k8s.io/v1 (field apiVersion)")
         return
     if api != "resource.k8s.io/v1":
         inputs.errors.append(
-            f"{source}: {kind} uses {api}; dradriver explain reads resource.k8s.io/v1 objects "
-            f"(field apiVersion)"
+            f"{source}: {kind} uses {api}; dradriver explain reads resource.k8s.io/v1 objects (field apiVersion)"
         )
         return
     if not isinstance(doc.get("spec"), dict):
@@ -160,9 +157,7 @@ def check_claim(doc: Document, class_names: set[str]) -> list[str]:
             errors.append(f"{doc.source}: {what}: field {base}: not a mapping")
             continue
         if request.get("firstAvailable"):
-            entries = [
-                (f"{base}.firstAvailable[{j}]", sub) for j, sub in enumerate(request["firstAvailable"])
-            ]
+            entries = [(f"{base}.firstAvailable[{j}]", sub) for j, sub in enumerate(request["firstAvailable"])]
         elif isinstance(request.get("exactly"), dict):
             entries = [(f"{base}.exactly", request["exactly"])]
         else:

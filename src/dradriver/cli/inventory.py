@@ -19,12 +19,15 @@ from dradriver.gpu.models import MigProfile
 
 def register(subcommands: Any) -> None:
     parser: argparse.ArgumentParser = subcommands.add_parser(
-        "inventory", help="list this node's GPUs and MIG devices",
+        "inventory",
+        help="list this node's GPUs and MIG devices",
         description="Discover GPUs (through NVML, or a simulated node) and print what the driver would offer; "
-                    "-o slices prints the ResourceSlices it would publish.")
+        "-o slices prints the ResourceSlices it would publish.",
+    )
     add_gpu_options(parser)
-    add_env_option(parser, "--node-name", env="NODE_NAME", default="sim-node",
-                   help="node name (names the simulated node's GPUs)")
+    add_env_option(
+        parser, "--node-name", env="NODE_NAME", default="sim-node", help="node name (names the simulated node's GPUs)"
+    )
     add_slice_options(parser)
     add_output_option(parser, ("table", "json", "yaml", "slices"), "table")
     parser.set_defaults(handler=run)
@@ -37,8 +40,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(render_table(inventory, mode))
     elif args.output == "slices":
         settings = SliceSettings(driver=args.driver_name, mig_mode=mode, shape=shape_for(args.kubernetes_version))
-        slices = as_resource_slices(build_slice_specs(inventory, settings), node_name=args.node_name,
-                                    driver=args.driver_name)
+        slices = as_resource_slices(
+            build_slice_specs(inventory, settings), node_name=args.node_name, driver=args.driver_name
+        )
         sys.stdout.write(yaml.safe_dump_all(slices, sort_keys=False))
     else:
         document = inventory_document(inventory, mode, node=args.node_name)
@@ -52,8 +56,9 @@ def run(args: argparse.Namespace) -> int:
 def load_inventory(args: argparse.Namespace) -> Inventory:
     """Discover the devices the GPU flags point at (shared by every subcommand that takes them)."""
     state = Path(args.sim_state) if args.sim_state else None
-    gpulib, _ = open_gpu_backend(args.gpu_backend, sim_profile=args.sim_profile, sim_state=state,
-                                 node_name=args.node_name)
+    gpulib, _ = open_gpu_backend(
+        args.gpu_backend, sim_profile=args.sim_profile, sim_state=state, node_name=args.node_name
+    )
     try:
         return discover(gpulib)
     finally:
@@ -92,20 +97,34 @@ def _gpu_document(gpu: GpuDevice, inventory: Inventory) -> dict[str, Any]:
         "migEnabled": gpu.mig_enabled,
         "migProfiles": [_profile_document(p) for p in gpu.mig_profiles],
         "migDevices": [
-            {"name": d.name, "uuid": d.uuid, "profile": d.profile.name, "placementStart": d.placement.start,
-             "gpuInstanceId": d.existing.gpu_instance_id if d.existing else None,
-             "computeInstanceId": d.existing.compute_instance_id if d.existing else None}
-            for d in inventory.mig_devices if d.parent.name == gpu.name],
+            {
+                "name": d.name,
+                "uuid": d.uuid,
+                "profile": d.profile.name,
+                "placementStart": d.placement.start,
+                "gpuInstanceId": d.existing.gpu_instance_id if d.existing else None,
+                "computeInstanceId": d.existing.compute_instance_id if d.existing else None,
+            }
+            for d in inventory.mig_devices
+            if d.parent.name == gpu.name
+        ],
     }
 
 
 def _profile_document(profile: MigProfile) -> dict[str, Any]:
     return {
-        "name": profile.name, "id": profile.id, "sliceCount": profile.slice_count,
-        "memorySlices": profile.memory_slices, "maxInstances": profile.max_instances,
-        "memoryMiB": profile.memory_mib, "multiprocessors": profile.multiprocessors,
-        "copyEngines": profile.copy_engines, "decoders": profile.decoders, "encoders": profile.encoders,
-        "jpegEngines": profile.jpeg_engines, "ofaEngines": profile.ofa_engines,
+        "name": profile.name,
+        "id": profile.id,
+        "sliceCount": profile.slice_count,
+        "memorySlices": profile.memory_slices,
+        "maxInstances": profile.max_instances,
+        "memoryMiB": profile.memory_mib,
+        "multiprocessors": profile.multiprocessors,
+        "copyEngines": profile.copy_engines,
+        "decoders": profile.decoders,
+        "encoders": profile.encoders,
+        "jpegEngines": profile.jpeg_engines,
+        "ofaEngines": profile.ofa_engines,
         "placements": [{"start": p.start, "size": p.size} for p in profile.placements],
     }
 
@@ -117,18 +136,38 @@ def render_table(inventory: Inventory, mode: MigMode) -> str:
     for gpu in inventory.gpus:
         info = gpu.info
         mig = "enabled" if gpu.mig_enabled else "disabled" if info.mig_capable else "-"
-        rows.append((gpu.name, info.product_name, f"{info.memory_bytes / 2**30:.1f}Gi",
-                     "-" if info.numa_node is None else str(info.numa_node), gpu.nvlink_domain, mig,
-                     "yes" if gpu.name in offered_names else "no"))
-        for device in (d for d in offered if isinstance(d, MigPartition) and d.parent.name == gpu.name
-                       and d.existing is not None):
-            rows.append((f"  {device.name}", f"MIG {device.profile.name}", f"{device.profile.memory_mib / 1024:.1f}Gi",
-                         "", "", device.uuid or "", "yes"))
+        rows.append(
+            (
+                gpu.name,
+                info.product_name,
+                f"{info.memory_bytes / 2**30:.1f}Gi",
+                "-" if info.numa_node is None else str(info.numa_node),
+                gpu.nvlink_domain,
+                mig,
+                "yes" if gpu.name in offered_names else "no",
+            )
+        )
+        for device in (
+            d for d in offered if isinstance(d, MigPartition) and d.parent.name == gpu.name and d.existing is not None
+        ):
+            rows.append(
+                (
+                    f"  {device.name}",
+                    f"MIG {device.profile.name}",
+                    f"{device.profile.memory_mib / 1024:.1f}Gi",
+                    "",
+                    "",
+                    device.uuid or "",
+                    "yes",
+                )
+            )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
     partitions = sum(1 for d in offered if isinstance(d, MigPartition) and d.existing is None)
-    summary = (f"driver {inventory.driver_version}, CUDA {inventory.cuda_driver_version}, MIG mode {mode.value}: "
-               f"{len(offered)} devices offered")
+    summary = (
+        f"driver {inventory.driver_version}, CUDA {inventory.cuda_driver_version}, MIG mode {mode.value}: "
+        f"{len(offered)} devices offered"
+    )
     if partitions:
         summary += f" ({partitions} of them MIG partitions that do not exist yet; -o json lists them)"
     return "\n".join([*lines, "", summary]) + "\n"

@@ -45,21 +45,44 @@ def add_env_option(
 def add_gpu_options(parser: argparse.ArgumentParser) -> None:
     """--gpu-backend, --sim-profile, --sim-state and --mig-mode: which GPUs and how MIG is published."""
     group = parser.add_argument_group("GPU discovery")
-    add_env_option(group, "--gpu-backend", env="DRADRIVER_GPU_BACKEND", default="nvml",
-                   choices=("nvml", "sim"), help="where GPUs come from: NVML, or a simulated node")
-    add_env_option(group, "--sim-profile", env="DRADRIVER_SIM_PROFILE", default="dgx-a100-80gb",
-                   metavar="NAME|FILE", help="simulated node: a built-in profile name or a profile file")
-    add_env_option(group, "--sim-state", env="DRADRIVER_SIM_STATE", metavar="PATH",
-                   help="JSON file holding simulated hardware state (MIG instances, compute modes) "
-                        "across restarts; in memory when unset")
-    add_env_option(group, "--mig-mode", env="DRADRIVER_MIG_MODE", default="static",
-                   choices=("none", "static", "dynamic"),
-                   help="publish whole GPUs only, existing MIG devices, or every MIG profile x placement")
+    add_env_option(
+        group,
+        "--gpu-backend",
+        env="DRADRIVER_GPU_BACKEND",
+        default="nvml",
+        choices=("nvml", "sim"),
+        help="where GPUs come from: NVML, or a simulated node",
+    )
+    add_env_option(
+        group,
+        "--sim-profile",
+        env="DRADRIVER_SIM_PROFILE",
+        default="dgx-a100-80gb",
+        metavar="NAME|FILE",
+        help="simulated node: a built-in profile name or a profile file",
+    )
+    add_env_option(
+        group,
+        "--sim-state",
+        env="DRADRIVER_SIM_STATE",
+        metavar="PATH",
+        help="JSON file holding simulated hardware state (MIG instances, compute modes) "
+        "across restarts; in memory when unset",
+    )
+    add_env_option(
+        group,
+        "--mig-mode",
+        env="DRADRIVER_MIG_MODE",
+        default="static",
+        choices=("none", "static", "dynamic"),
+        help="publish whole GPUs only, existing MIG devices, or every MIG profile x placement",
+    )
 
 
 def add_output_option(parser: argparse.ArgumentParser, choices: Sequence[str], default: str) -> None:
-    parser.add_argument("-o", "--output", choices=list(choices), default=default,
-                        help=f"output format (default: {default})")
+    parser.add_argument(
+        "-o", "--output", choices=list(choices), default=default, help=f"output format (default: {default})"
+    )
 
 
 def add_slice_options(parser: argparse.ArgumentParser) -> None:
@@ -67,8 +90,19 @@ def add_slice_options(parser: argparse.ArgumentParser) -> None:
     from dradriver import DEFAULT_DRIVER_NAME
 
     group = parser.add_argument_group("ResourceSlices")
-    add_env_option(group, "--driver-name", env="DRADRIVER_DRIVER_NAME", default=DEFAULT_DRIVER_NAME,
-                   help="DRA driver name (ResourceSlice spec.driver, attribute domain)")
-    add_env_option(group, "--kubernetes-version", env="DRADRIVER_KUBERNETES_VERSION", default="1.35",
-                   metavar="1.N", help="the cluster's Kubernetes minor version; 1.34 keeps MIG counter sets inline "
-                   "with devices, 1.35 and newer put them in slices of their own")
+    add_env_option(
+        group,
+        "--driver-name",
+        env="DRADRIVER_DRIVER_NAME",
+        default=DEFAULT_DRIVER_NAME,
+        help="DRA driver name (ResourceSlice spec.driver, attribute domain)",
+    )
+    add_env_option(
+        group,
+        "--kubernetes-version",
+        env="DRADRIVER_KUBERNETES_VERSION",
+        default="1.35",
+        metavar="1.N",
+        help="the cluster's Kubernetes minor version; 1.34 keeps MIG counter sets inline "
+        "with devices, 1.35 and newer put them in slices of their own",
+    )

@@ -30,27 +30,71 @@ log = logging.getLogger("dradriver.run")
 
 def register(subcommands: Any) -> None:
     parser: argparse.ArgumentParser = subcommands.add_parser(
-        "run", help="run the kubelet plugin (the DaemonSet entry point)",
+        "run",
+        help="run the kubelet plugin (the DaemonSet entry point)",
         description="Discover this node's GPUs, publish them as ResourceSlices and serve the kubelet's DRA "
-                    "gRPC API until SIGTERM.")
+        "gRPC API until SIGTERM.",
+    )
     add_env_option(parser, "--node-name", env="NODE_NAME", help="this node's name (required)")
-    add_env_option(parser, "--kubeconfig", env="DRADRIVER_KUBECONFIG",
-                   help="kubeconfig file; default: in-cluster service account, then $KUBECONFIG")
-    add_env_option(parser, "--registry-dir", env="DRADRIVER_REGISTRY_DIR", default=str(DEFAULT_REGISTRY_DIR),
-                   help="kubelet plugin registration directory")
-    add_env_option(parser, "--plugin-dir", env="DRADRIVER_PLUGIN_DIR",
-                   help=f"directory for the DRA socket and lock (default: {DEFAULT_PLUGINS_DIR}/<driver-name>)")
-    add_env_option(parser, "--cdi-dir", env="DRADRIVER_CDI_DIR", default="/var/run/cdi",
-                   help="where per-claim CDI specs are written")
-    add_env_option(parser, "--metrics-address", env="DRADRIVER_METRICS_ADDRESS", default="",
-                   help="HOST:PORT serving /metrics, /healthz and /readyz (empty: off)")
-    add_env_option(parser, "--rescan-interval", env="DRADRIVER_RESCAN_INTERVAL", default=60.0, type=float,
-                   metavar="SECONDS", help="how often to rediscover GPUs and republish slices if they changed "
-                   "(MIG devices created out of band, a GPU gone); 0: never")
-    add_env_option(parser, "--log-format", env="DRADRIVER_LOG_FORMAT", default="text", choices=("text", "json"),
-                   help="log line format")
-    add_env_option(parser, "--log-level", env="DRADRIVER_LOG_LEVEL", default="info",
-                   choices=("debug", "info", "warning", "error"), help="log level")
+    add_env_option(
+        parser,
+        "--kubeconfig",
+        env="DRADRIVER_KUBECONFIG",
+        help="kubeconfig file; default: in-cluster service account, then $KUBECONFIG",
+    )
+    add_env_option(
+        parser,
+        "--registry-dir",
+        env="DRADRIVER_REGISTRY_DIR",
+        default=str(DEFAULT_REGISTRY_DIR),
+        help="kubelet plugin registration directory",
+    )
+    add_env_option(
+        parser,
+        "--plugin-dir",
+        env="DRADRIVER_PLUGIN_DIR",
+        help=f"directory for the DRA socket and lock (default: {DEFAULT_PLUGINS_DIR}/<driver-name>)",
+    )
+    add_env_option(
+        parser,
+        "--cdi-dir",
+        env="DRADRIVER_CDI_DIR",
+        default="/var/run/cdi",
+        help="where per-claim CDI specs are written",
+    )
+    add_env_option(
+        parser,
+        "--metrics-address",
+        env="DRADRIVER_METRICS_ADDRESS",
+        default="",
+        help="HOST:PORT serving /metrics, /healthz and /readyz (empty: off)",
+    )
+    add_env_option(
+        parser,
+        "--rescan-interval",
+        env="DRADRIVER_RESCAN_INTERVAL",
+        default=60.0,
+        type=float,
+        metavar="SECONDS",
+        help="how often to rediscover GPUs and republish slices if they changed "
+        "(MIG devices created out of band, a GPU gone); 0: never",
+    )
+    add_env_option(
+        parser,
+        "--log-format",
+        env="DRADRIVER_LOG_FORMAT",
+        default="text",
+        choices=("text", "json"),
+        help="log line format",
+    )
+    add_env_option(
+        parser,
+        "--log-level",
+        env="DRADRIVER_LOG_LEVEL",
+        default="info",
+        choices=("debug", "info", "warning", "error"),
+        help="log level",
+    )
     add_gpu_options(parser)
     add_slice_options(parser)
     parser.set_defaults(handler=run)
@@ -64,33 +108,52 @@ def run(args: argparse.Namespace) -> int:
     mig_mode = MigMode(args.mig_mode)
     shape = shape_for(args.kubernetes_version)
 
-    gpulib, simulated = open_gpu_backend(args.gpu_backend, sim_profile=args.sim_profile, node_name=node,
-                                         sim_state=Path(args.sim_state) if args.sim_state else None)
+    gpulib, simulated = open_gpu_backend(
+        args.gpu_backend,
+        sim_profile=args.sim_profile,
+        node_name=node,
+        sim_state=Path(args.sim_state) if args.sim_state else None,
+    )
     inventory = discover(gpulib)
-    log.info("discovered gpus=%d mig_devices=%d driver=%s backend=%s", len(inventory.gpus),
-             len(inventory.mig_devices), inventory.driver_version, args.gpu_backend)
+    log.info(
+        "discovered gpus=%d mig_devices=%d driver=%s backend=%s",
+        len(inventory.gpus),
+        len(inventory.mig_devices),
+        inventory.driver_version,
+        args.gpu_backend,
+    )
 
     cluster = KubeCluster.from_kubeconfig(args.kubeconfig)
     node_uid = _node_uid(cluster, node)
     settings = SliceSettings(driver=args.driver_name, mig_mode=mig_mode, shape=shape)
     specs = build_slice_specs(inventory, settings)
-    publisher = Publisher(cluster, driver=args.driver_name, node_name=node, node_uid=node_uid, shape=shape,
-                          pools=_pools(node, specs))
+    publisher = Publisher(
+        cluster, driver=args.driver_name, node_name=node, node_uid=node_uid, shape=shape, pools=_pools(node, specs)
+    )
 
     # A simulated node has no /dev/nvidia*: bind /dev/null so a real runtime can still inject the spec.
     cdi = CdiWriter(Path(args.cdi_dir), host_path=(lambda _path: "/dev/null") if simulated else lambda _path: None)
     driver = GpuDriver(driver_name=args.driver_name, pool=node, inventory=inventory, mig_mode=mig_mode, cdi=cdi)
     health = GpuHealth(inventory=inventory, mig_mode=mig_mode, pool=node)
-    plugin = KubeletPlugin(driver_name=args.driver_name, node_name=node, handler=InstrumentedHandler(driver),
-                           claim_source=cluster, health_source=health, registry_dir=Path(args.registry_dir),
-                           plugin_dir=Path(args.plugin_dir) if args.plugin_dir else None)
+    plugin = KubeletPlugin(
+        driver_name=args.driver_name,
+        node_name=node,
+        handler=InstrumentedHandler(driver),
+        claim_source=cluster,
+        health_source=health,
+        registry_dir=Path(args.registry_dir),
+        plugin_dir=Path(args.plugin_dir) if args.plugin_dir else None,
+    )
 
     def readiness() -> tuple[bool, dict[str, Any]]:
         published = publisher.status
         registered = plugin.registration.status
         ready = published.ready and registered is not None and registered.registered
-        return ready, {"slicesPublished": published.ready, "publishError": published.last_error,
-                       "registered": bool(registered and registered.registered)}
+        return ready, {
+            "slicesPublished": published.ready,
+            "publishError": published.last_error,
+            "registered": bool(registered and registered.registered),
+        }
 
     status = StatusServer(args.metrics_address, readiness) if args.metrics_address else None
     stop = threading.Event()
@@ -108,8 +171,9 @@ def run(args: argparse.Namespace) -> int:
                 log.warning("rediscovery failed; keeping the last inventory error=%s", err)
                 continue
             if fresh_specs != specs:
-                log.info("inventory changed; republishing gpus=%d mig_devices=%d", len(fresh.gpus),
-                         len(fresh.mig_devices))
+                log.info(
+                    "inventory changed; republishing gpus=%d mig_devices=%d", len(fresh.gpus), len(fresh.mig_devices)
+                )
                 specs = fresh_specs
                 driver.update_inventory(fresh, mig_mode)
                 health.update_inventory(fresh, mig_mode)
@@ -128,8 +192,13 @@ def run(args: argparse.Namespace) -> int:
             status_started = True
         if args.rescan_interval > 0:
             rescanner.start()
-        log.info("ready node=%s driver=%s mig_mode=%s devices=%d", node, args.driver_name, mig_mode.value,
-                 sum(len(s.get("devices", ())) for s in specs))
+        log.info(
+            "ready node=%s driver=%s mig_mode=%s devices=%d",
+            node,
+            args.driver_name,
+            mig_mode.value,
+            sum(len(s.get("devices", ())) for s in specs),
+        )
         stop.wait()
         log.info("stopping")
     finally:

@@ -20,15 +20,33 @@ from dradriver.gpu.sim import SimGpu, SimNvmlError, SimulatedNode, full_compute_
 
 def register(subcommands: Any) -> None:
     parser: argparse.ArgumentParser = subcommands.add_parser(
-        "sim", help="change a simulated node's hardware state (MIG, compute mode, faults), like nvidia-smi",
+        "sim",
+        help="change a simulated node's hardware state (MIG, compute mode, faults), like nvidia-smi",
         description="Act on the hardware state file of a simulated node, as an admin with nvidia-smi would on a "
-                    "real one. A running `dradriver run --gpu-backend sim` on the same --sim-state sees it.")
-    add_env_option(parser, "--sim-profile", env="DRADRIVER_SIM_PROFILE", default="dgx-a100-80gb",
-                   metavar="NAME|FILE", help="the simulated node's profile")
-    add_env_option(parser, "--sim-state", env="DRADRIVER_SIM_STATE", metavar="PATH",
-                   help="the hardware state file shared with the driver (required)")
-    add_env_option(parser, "--node-name", env="NODE_NAME", default="sim-node",
-                   help="node name (the driver's --node-name: it seeds the GPU UUIDs)")
+        "real one. A running `dradriver run --gpu-backend sim` on the same --sim-state sees it.",
+    )
+    add_env_option(
+        parser,
+        "--sim-profile",
+        env="DRADRIVER_SIM_PROFILE",
+        default="dgx-a100-80gb",
+        metavar="NAME|FILE",
+        help="the simulated node's profile",
+    )
+    add_env_option(
+        parser,
+        "--sim-state",
+        env="DRADRIVER_SIM_STATE",
+        metavar="PATH",
+        help="the hardware state file shared with the driver (required)",
+    )
+    add_env_option(
+        parser,
+        "--node-name",
+        env="NODE_NAME",
+        default="sim-node",
+        help="node name (the driver's --node-name: it seeds the GPU UUIDs)",
+    )
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
 
@@ -74,8 +92,7 @@ def register(subcommands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     if not args.sim_state:
         raise ConfigError("--sim-state is required: the state file the simulated node's driver uses")
-    node = SimulatedNode(load_node_profile(args.sim_profile), node_name=args.node_name,
-                         state_path=Path(args.sim_state))
+    node = SimulatedNode(load_node_profile(args.sim_profile), node_name=args.node_name, state_path=Path(args.sim_state))
     try:
         args.sim_action(node, args)
     except SimNvmlError as err:
@@ -93,16 +110,27 @@ def _gpu(node: SimulatedNode, which: str) -> SimGpu:
 
 def _show(node: SimulatedNode, args: argparse.Namespace) -> None:
     for gpu in node.gpus:
-        mig = "lost" if gpu.lost else ("enabled" if gpu.mig_current else "disabled") + (
-            " (pending {})".format("enable" if gpu.mig_pending else "disable")
-            if gpu.mig_pending != gpu.mig_current else "")
-        print(f"{gpu.index}  {gpu.pci_bus_id}  {gpu.product_name}  {gpu.uuid}  MIG {mig}  "
-              f"compute mode {ComputeMode(gpu.compute_mode).name}")
+        mig = (
+            "lost"
+            if gpu.lost
+            else ("enabled" if gpu.mig_current else "disabled")
+            + (
+                " (pending {})".format("enable" if gpu.mig_pending else "disable")
+                if gpu.mig_pending != gpu.mig_current
+                else ""
+            )
+        )
+        print(
+            f"{gpu.index}  {gpu.pci_bus_id}  {gpu.product_name}  {gpu.uuid}  MIG {mig}  "
+            f"compute mode {ComputeMode(gpu.compute_mode).name}"
+        )
         if gpu.lost:
             continue
         for gi, ci in node.mig_devices(gpu.index):
-            print(f"     GI {gi.id:<2} {gi.profile.name:<11} slices {gi.placement.start}-"
-                  f"{gi.placement.start + gi.placement.size - 1}  CI {ci.id}  {ci.uuid}")
+            print(
+                f"     GI {gi.id:<2} {gi.profile.name:<11} slices {gi.placement.start}-"
+                f"{gi.placement.start + gi.placement.size - 1}  CI {ci.id}  {ci.uuid}"
+            )
 
 
 def _mig_mode(node: SimulatedNode, args: argparse.Namespace) -> None:
@@ -128,8 +156,10 @@ def _mig_create(node: SimulatedNode, args: argparse.Namespace) -> None:
         raise ConfigError(f"{gpu.product_name} has no MIG profile {args.profile!r}; its profiles: {names}")
     gi = node.create_gpu_instance(gpu.index, profile.id, args.start)
     ci = node.create_compute_instance(gpu.index, gi.id, full_compute_instance_profile(profile.slice_count))
-    print(f"created GPU instance {gi.id} ({profile.name} at slice {gi.placement.start}) with compute instance "
-          f"{ci.id}: {ci.uuid}")
+    print(
+        f"created GPU instance {gi.id} ({profile.name} at slice {gi.placement.start}) with compute instance "
+        f"{ci.id}: {ci.uuid}"
+    )
 
 
 def _mig_destroy(node: SimulatedNode, args: argparse.Namespace) -> None:

@@ -58,8 +58,13 @@ class CdiWriter:
     when missing (the uvm module loads on first use), since the runtime fails a container over a missing node.
     """
 
-    def __init__(self, cdi_dir: Path, *, host_path: Callable[[str], str | None] = lambda _path: None,
-                 node_exists: Callable[[str], bool] = os.path.exists) -> None:
+    def __init__(
+        self,
+        cdi_dir: Path,
+        *,
+        host_path: Callable[[str], str | None] = lambda _path: None,
+        node_exists: Callable[[str], bool] = os.path.exists,
+    ) -> None:
         self.cdi_dir = cdi_dir
         self._host_path = host_path
         self._node_exists = node_exists
@@ -91,8 +96,10 @@ class CdiWriter:
                 # Every kubelet retry would otherwise leave one more temp file in the CDI directory.
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
-            raise DeviceError(f"unable to write CDI spec {path} for claim {claim.claim_uid}: {err}; check that "
-                              "--cdi-dir exists and is writable") from err
+            raise DeviceError(
+                f"unable to write CDI spec {path} for claim {claim.claim_uid}: {err}; check that "
+                "--cdi-dir exists and is writable"
+            ) from err
         return [self.device_id(claim.claim_uid, device.name) for device in claim.devices]
 
     def remove(self, claim_uid: str) -> None:
@@ -107,8 +114,7 @@ class CdiWriter:
         prefix = f"{CDI_VENDOR}-{CDI_CLASS}_"
         if not self.cdi_dir.is_dir():
             return []
-        return sorted(p.name.removeprefix(prefix).removesuffix(".json")
-                      for p in self.cdi_dir.glob(f"{prefix}*.json"))
+        return sorted(p.name.removeprefix(prefix).removesuffix(".json") for p in self.cdi_dir.glob(f"{prefix}*.json"))
 
     def prepared_devices(self) -> dict[str, list[str]]:
         """Claim UID → the devices its spec file holds exclusively (admin-access devices left out): what is
@@ -117,13 +123,18 @@ class CdiWriter:
         for uid in self.claim_uids():
             try:
                 spec = json.loads(self.spec_path(uid).read_text())
-                names = [str(d["name"]) for d in spec["devices"]
-                         if ADMIN_ACCESS_ENV not in d["containerEdits"].get("env", [])]
+                names = [
+                    str(d["name"])
+                    for d in spec["devices"]
+                    if ADMIN_ACCESS_ENV not in d["containerEdits"].get("env", [])
+                ]
             except FileNotFoundError:
                 continue  # unprepared meanwhile
             except (OSError, ValueError, KeyError, TypeError) as err:
-                raise DeviceError(f"CDI spec {self.spec_path(uid)} is unreadable ({err}); remove it if claim {uid} "
-                                  "is no longer prepared") from err
+                raise DeviceError(
+                    f"CDI spec {self.spec_path(uid)} is unreadable ({err}); remove it if claim {uid} "
+                    "is no longer prepared"
+                ) from err
             found[uid] = [n.removeprefix(f"{uid}-") for n in names]
         return found
 
@@ -135,14 +146,15 @@ class CdiWriter:
         for device in claim.devices:
             name = f"{claim.claim_uid}-{device.name}"
             if not _CDI_NAME.match(name):
-                raise DeviceError(f"CDI device name {name!r} of claim {claim.claim_uid} is not valid: use letters, "
-                                  "digits and '-_.:' only")
+                raise DeviceError(
+                    f"CDI device name {name!r} of claim {claim.claim_uid} is not valid: use letters, "
+                    "digits and '-_.:' only"
+                )
             edits: dict[str, Any] = {"deviceNodes": [self._node(node) for node in device.device_nodes]}
             if device.env:
                 edits["env"] = list(device.env)
             devices.append({"name": name, "containerEdits": edits})
-        present = [node for node in COMMON_DEVICE_NODES
-                   if self._node_exists(self._host_path(node.path) or node.path)]
+        present = [node for node in COMMON_DEVICE_NODES if self._node_exists(self._host_path(node.path) or node.path)]
         common: dict[str, Any] = {"deviceNodes": [self._node(node) for node in present]}
         if claim.env:
             common["env"] = list(claim.env)
@@ -173,8 +185,10 @@ def minimum_cdi_version(spec: dict[str, Any]) -> str:
     vendor_class = spec["kind"].split("/", 1)[1]
     if spec.get("annotations") or "." in vendor_class or any(d.get("annotations") for d in spec["devices"]):
         return "0.6.0"
-    edits: Sequence[dict[str, Any]] = [spec.get("containerEdits") or {},
-                                       *(d["containerEdits"] for d in spec["devices"])]
+    edits: Sequence[dict[str, Any]] = [
+        spec.get("containerEdits") or {},
+        *(d["containerEdits"] for d in spec["devices"]),
+    ]
     if any("hostPath" in node for e in edits for node in e.get("deviceNodes", [])):
         return "0.5.0"
     if any(d["name"][:1].isdigit() for d in spec["devices"]):

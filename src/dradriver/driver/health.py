@@ -37,8 +37,9 @@ class _Entry:
 class GpuHealth:
     """A ``HealthSource`` for the plugin layer, fed by ``handle(event)`` or by its own event thread."""
 
-    def __init__(self, *, inventory: Inventory, mig_mode: MigMode, pool: str,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, *, inventory: Inventory, mig_mode: MigMode, pool: str, clock: Callable[[], float] = time.time
+    ) -> None:
         self.pool = pool
         self._clock = clock
         self._lock = threading.Lock()
@@ -75,8 +76,10 @@ class GpuHealth:
         # stopped, they read UNKNOWN).
         now = int(self._clock())
         with self._lock:
-            return [DeviceHealth(pool=self.pool, device=name, status=e.status, last_updated=now, message=e.message)
-                    for name, e in self._entries.items()]
+            return [
+                DeviceHealth(pool=self.pool, device=name, status=e.status, last_updated=now, message=e.message)
+                for name, e in self._entries.items()
+            ]
 
     def subscribe(self, callback: Callable[[], None]) -> Callable[[], None]:
         with self._lock:
@@ -97,8 +100,9 @@ class GpuHealth:
         if event.xid is not None and event.xid in IGNORED_XIDS:
             log.info("ignoring application XID gpu=%s xid=%d", event.gpu_uuid, event.xid)
             return
-        message = (f"GPU {event.gpu_uuid} fell off the bus" if event.gpu_lost
-                   else f"XID {event.xid} on GPU {event.gpu_uuid}")
+        message = (
+            f"GPU {event.gpu_uuid} fell off the bus" if event.gpu_lost else f"XID {event.xid} on GPU {event.gpu_uuid}"
+        )
         changed = False
         with self._lock:
             for name, entry in self._entries.items():
@@ -130,8 +134,7 @@ class GpuHealth:
 
     def start(self, gpulib: GpuLib, *, poll_seconds: float = 5.0) -> None:
         """Watch NVML events in a background thread until ``stop``."""
-        self._thread = threading.Thread(target=self._run, args=(gpulib, poll_seconds), name="gpu-health",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(gpulib, poll_seconds), name="gpu-health", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -156,4 +159,3 @@ class GpuHealth:
                 return
             if event is not None:
                 self.handle(event)
-

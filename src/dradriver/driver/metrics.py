@@ -10,8 +10,12 @@ from prometheus_client import Counter, Histogram
 from dradriver.plugin.handler import ClaimRef, DriverHandler, PrepareResult
 
 CLAIMS = Counter("dradriver_claims_total", "Claims handled, by operation and result", ["operation", "result"])
-DURATION = Histogram("dradriver_request_duration_seconds", "Time to handle one kubelet batch, by operation",
-                     ["operation"], buckets=[0.05 * 2**k for k in range(10)])
+DURATION = Histogram(
+    "dradriver_request_duration_seconds",
+    "Time to handle one kubelet batch, by operation",
+    ["operation"],
+    buckets=[0.05 * 2**k for k in range(10)],
+)
 
 
 class InstrumentedHandler:

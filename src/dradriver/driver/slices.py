@@ -69,9 +69,11 @@ def build_slice_specs(inventory: Inventory, settings: SliceSettings = SliceSetti
         devices = [_device(gpu, inventory, settings.driver, counters=True)]
         devices.extend(_device(p, inventory, settings.driver, counters=True) for p in inventory.partitions(gpu))
         if len(devices) > MAX_DEVICES_WITH_COUNTERS:
-            raise DeviceError(f"{gpu.name} has {len(devices)} devices, more than the {MAX_DEVICES_WITH_COUNTERS} a "
-                              "slice may hold when devices consume counters; nothing is published for this node: "
-                              "use --mig-mode static or none")
+            raise DeviceError(
+                f"{gpu.name} has {len(devices)} devices, more than the {MAX_DEVICES_WITH_COUNTERS} a "
+                "slice may hold when devices consume counters; nothing is published for this node: "
+                "use --mig-mode static or none"
+            )
         spec: dict[str, Any] = {"devices": devices}
         if settings.shape is SliceShape.V1_34:
             spec["sharedCounters"] = [_counter_set(gpu)]
@@ -81,8 +83,9 @@ def build_slice_specs(inventory: Inventory, settings: SliceSettings = SliceSetti
     return specs or [{"devices": []}]
 
 
-def as_resource_slices(specs: list[dict[str, Any]], *, node_name: str, driver: str = DEFAULT_DRIVER_NAME,
-                       generation: int = 1) -> list[dict[str, Any]]:
+def as_resource_slices(
+    specs: list[dict[str, Any]], *, node_name: str, driver: str = DEFAULT_DRIVER_NAME, generation: int = 1
+) -> list[dict[str, Any]]:
     """Complete ResourceSlice objects for ``specs`` as one pool named after the node (for printing and tests)."""
     return [
         {
@@ -168,12 +171,17 @@ def _consumption(gpu: GpuDevice, partition: MigPartition | None) -> list[dict[st
         counters = {name: value for name, value in counters.items() if value}
         counters["memory"] = profile.memory_bytes
         counters.update({f"memory-slice-{i}": 1 for i in partition.placement.slices})
-    return [{"counterSet": counter_set_name(gpu),
-             "counters": {name: {"value": _quantity(v)} for name, v in counters.items()}}]
+    return [
+        {
+            "counterSet": counter_set_name(gpu),
+            "counters": {name: {"value": _quantity(v)} for name, v in counters.items()},
+        }
+    ]
 
 
-def _device(device: GpuDevice | MigPartition, inventory: Inventory, driver: str, *,
-            counters: bool = False) -> dict[str, Any]:
+def _device(
+    device: GpuDevice | MigPartition, inventory: Inventory, driver: str, *, counters: bool = False
+) -> dict[str, Any]:
     gpu = device if isinstance(device, GpuDevice) else device.parent
     info = gpu.info
     attributes: dict[str, dict[str, Any]] = {}
@@ -187,17 +195,19 @@ def _device(device: GpuDevice | MigPartition, inventory: Inventory, driver: str,
         attributes["parentUUID"] = {"string": info.uuid}
         attributes["profile"] = {"string": device.profile.name}
         attributes["placementStart"] = {"int": device.placement.start}
-    attributes.update({
-        "productName": {"string": info.product_name},
-        "brand": {"string": info.brand},
-        "architecture": {"string": info.architecture},
-        "cudaComputeCapability": {"version": "{}.{}.0".format(*info.cuda_compute_capability)},
-        "driverVersion": {"version": semver_of_driver(inventory.driver_version)},
-        "cudaDriverVersion": {"version": inventory.cuda_driver_version},
-        "migCapable": {"bool": info.mig_capable},
-        "nvlinkDomain": {"string": gpu.nvlink_domain},
-        f"{STANDARD_DOMAIN}/pciBusID": {"string": info.pci_bus_id},
-    })
+    attributes.update(
+        {
+            "productName": {"string": info.product_name},
+            "brand": {"string": info.brand},
+            "architecture": {"string": info.architecture},
+            "cudaComputeCapability": {"version": "{}.{}.0".format(*info.cuda_compute_capability)},
+            "driverVersion": {"version": semver_of_driver(inventory.driver_version)},
+            "cudaDriverVersion": {"version": inventory.cuda_driver_version},
+            "migCapable": {"bool": info.mig_capable},
+            "nvlinkDomain": {"string": gpu.nvlink_domain},
+            f"{STANDARD_DOMAIN}/pciBusID": {"string": info.pci_bus_id},
+        }
+    )
     if info.pcie_root:
         attributes[f"{STANDARD_DOMAIN}/pcieRoot"] = {"string": info.pcie_root}
     if info.numa_node is not None:
@@ -207,10 +217,15 @@ def _device(device: GpuDevice | MigPartition, inventory: Inventory, driver: str,
         capacity = {"memory": info.memory_bytes, "multiprocessors": info.multiprocessors}
     else:
         profile = device.profile
-        capacity = {"memory": profile.memory_bytes, "multiprocessors": profile.multiprocessors,
-                    "copyEngines": profile.copy_engines, "decoders": profile.decoders,
-                    "encoders": profile.encoders, "jpegEngines": profile.jpeg_engines,
-                    "ofaEngines": profile.ofa_engines}
+        capacity = {
+            "memory": profile.memory_bytes,
+            "multiprocessors": profile.multiprocessors,
+            "copyEngines": profile.copy_engines,
+            "decoders": profile.decoders,
+            "encoders": profile.encoders,
+            "jpegEngines": profile.jpeg_engines,
+            "ofaEngines": profile.ofa_engines,
+        }
     result: dict[str, Any] = {
         "name": device.name,
         "attributes": attributes,
@@ -230,7 +245,7 @@ def _quantity(value: int) -> str:
 
 
 def _chunks(items: list[Any], size: int) -> list[list[Any]]:
-    return [items[i:i + size] for i in range(0, len(items), size)]
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 def shape_for(kubernetes_version: str) -> SliceShape:

@@ -36,8 +36,7 @@ class AllocatedDevice:
 class GpuDriver:
     """Implements the plugin layer's ``DriverHandler`` for NVIDIA GPUs."""
 
-    def __init__(self, *, driver_name: str, pool: str, inventory: Inventory, mig_mode: MigMode,
-                 cdi: CdiWriter) -> None:
+    def __init__(self, *, driver_name: str, pool: str, inventory: Inventory, mig_mode: MigMode, cdi: CdiWriter) -> None:
         self.driver_name = driver_name
         self.pool = pool
         self.cdi = cdi
@@ -91,8 +90,14 @@ class GpuDriver:
         uuids = [d.uuid for d in resolved]
         spec = ClaimSpec(
             claim_uid=uid,
-            devices=tuple(CdiDevice(name=d.name, device_nodes=_device_nodes(d, f"{name} ({uid})"),
-                                    env=() if d.name in exclusive else (ADMIN_ACCESS_ENV,)) for d in resolved),
+            devices=tuple(
+                CdiDevice(
+                    name=d.name,
+                    device_nodes=_device_nodes(d, f"{name} ({uid})"),
+                    env=() if d.name in exclusive else (ADMIN_ACCESS_ENV,),
+                )
+                for d in resolved
+            ),
             env=(f"NVIDIA_VISIBLE_DEVICES={','.join(u for u in uuids if u)}",),
         )
         # Check and write under one lock, so two claims racing for one device cannot both pass the check.
@@ -102,7 +107,8 @@ class GpuDriver:
         log.info("prepared claim=%s name=%s devices=%s", uid, name, ",".join(by_device))
         return tuple(
             PreparedDevice(pool=self.pool, device=device, requests=tuple(requests), cdi_device_ids=(cdi_id,))
-            for (device, requests), cdi_id in zip(by_device.items(), cdi_ids, strict=True))
+            for (device, requests), cdi_id in zip(by_device.items(), cdi_ids, strict=True)
+        )
 
     def _refuse_overlap(self, uid: str, name: str, devices: set[str]) -> None:
         """A device is prepared for one claim at a time (admin access excepted): after a scheduler race or a
@@ -110,9 +116,11 @@ class GpuDriver:
         for other, prepared in self.cdi.prepared_devices().items():
             shared = devices.intersection(prepared) if other != uid else set()
             if shared:
-                raise ClaimError(f"claim {name} ({uid}): device {', '.join(sorted(shared))} is already prepared for "
-                                 f"claim {other}; it is released when that claim is unprepared (if that claim is "
-                                 "gone, its pod is still being torn down)")
+                raise ClaimError(
+                    f"claim {name} ({uid}): device {', '.join(sorted(shared))} is already prepared for "
+                    f"claim {other}; it is released when that claim is unprepared (if that claim is "
+                    "gone, its pod is still being torn down)"
+                )
 
     def unprepare(self, ref: ClaimRef) -> None:
         """Undo prepare: remove the claim's CDI spec (a claim never prepared here is already done)."""
@@ -123,30 +131,41 @@ class GpuDriver:
         """This driver's allocation results, checked to belong to this node's pool."""
         uid = claim["metadata"]["uid"]
         results = claim["status"]["allocation"]["devices"]["results"]
-        ours = [AllocatedDevice(str(r["request"]), str(r["pool"]), str(r["device"]), bool(r.get("adminAccess")))
-                for r in results if r.get("driver") == self.driver_name]
+        ours = [
+            AllocatedDevice(str(r["request"]), str(r["pool"]), str(r["device"]), bool(r.get("adminAccess")))
+            for r in results
+            if r.get("driver") == self.driver_name
+        ]
         for result in ours:
             if result.pool != self.pool:
-                raise ClaimError(f"claim {uid}: device {result.device} was allocated from pool {result.pool}, but "
-                                 f"this driver serves pool {self.pool} (node {self.pool}); the claim belongs to "
-                                 "another node's driver")
+                raise ClaimError(
+                    f"claim {uid}: device {result.device} was allocated from pool {result.pool}, but "
+                    f"this driver serves pool {self.pool} (node {self.pool}); the claim belongs to "
+                    "another node's driver"
+                )
         return ours
 
     def _resolve(self, uid: str, name: str, device: str) -> GpuDevice | MigPartition:
         with self._lock:
             found = self._devices.get(device)
         if found is None:
-            raise ClaimError(f"claim {name} ({uid}): device {device} is not offered by this node any more; "
-                             "delete the claim so the scheduler allocates a device that exists")
+            raise ClaimError(
+                f"claim {name} ({uid}): device {device} is not offered by this node any more; "
+                "delete the claim so the scheduler allocates a device that exists"
+            )
         if isinstance(found, MigPartition) and found.existing is None:
-            raise ClaimError(f"claim {name} ({uid}): MIG partition {device} does not exist yet and this version "
-                             "does not carve partitions at prepare; run with --mig-mode static and create MIG "
-                             "devices with nvidia-smi, or request a whole GPU")
+            raise ClaimError(
+                f"claim {name} ({uid}): MIG partition {device} does not exist yet and this version "
+                "does not carve partitions at prepare; run with --mig-mode static and create MIG "
+                "devices with nvidia-smi, or request a whole GPU"
+            )
         if isinstance(found, GpuDevice) and found.mig_enabled:
             # With MIG on, a GPU runs work only through its MIG devices, and this version does not switch MIG off.
-            raise ClaimError(f"claim {name} ({uid}): GPU {device} is in MIG mode, so as a whole GPU it cannot run "
-                             "work and this version does not switch MIG mode at prepare; delete the claim so the "
-                             "scheduler picks another device, or disable MIG on the GPU (nvidia-smi -i <gpu> -mig 0)")
+            raise ClaimError(
+                f"claim {name} ({uid}): GPU {device} is in MIG mode, so as a whole GPU it cannot run "
+                "work and this version does not switch MIG mode at prepare; delete the claim so the "
+                "scheduler picks another device, or disable MIG on the GPU (nvidia-smi -i <gpu> -mig 0)"
+            )
         return found
 
 
@@ -156,7 +175,9 @@ def _device_nodes(device: GpuDevice | MigPartition, claim: str) -> tuple[DeviceN
     if isinstance(device, GpuDevice) or device.existing is None:
         return (parent,)
     if not device.existing.capability_nodes:
-        raise ClaimError(f"claim {claim}: the MIG capability device nodes of {device.name} cannot be read "
-                         f"(/proc/driver/nvidia/capabilities/gpu{gpu.info.minor}/mig/…); is /proc from the host "
-                         "and the NVIDIA driver's MIG support available to the driver?")
+        raise ClaimError(
+            f"claim {claim}: the MIG capability device nodes of {device.name} cannot be read "
+            f"(/proc/driver/nvidia/capabilities/gpu{gpu.info.minor}/mig/…); is /proc from the host "
+            "and the NVIDIA driver's MIG support available to the driver?"
+        )
     return (parent, *device.existing.capability_nodes)

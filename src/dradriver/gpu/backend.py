@@ -8,8 +8,9 @@ from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.sim import SimulatedNode
 
 
-def open_gpu_backend(backend: str, *, sim_profile: str, sim_state: Path | None = None,
-                     node_name: str = "sim-node") -> tuple[GpuLib, SimulatedNode | None]:
+def open_gpu_backend(
+    backend: str, *, sim_profile: str, sim_state: Path | None = None, node_name: str = "sim-node"
+) -> tuple[GpuLib, SimulatedNode | None]:
     """A ``GpuLib`` for ``backend`` ("nvml" or "sim"), and the simulated node behind it when simulated.
 
     Both run the same NVML adapter; "sim" loads it over our fake NVML library instead of libnvidia-ml.

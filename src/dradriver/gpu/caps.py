@@ -36,20 +36,26 @@ class ProcMigCapabilities:
         base = self._root / f"driver/nvidia/capabilities/gpu{gpu_minor}/mig/gi{gpu_instance_id}"
         major = self._major()
         return tuple(
-            DeviceNode(path=f"{CAPS_DIR}/nvidia-cap{self._minor(access)}", major=major,
-                       minor=self._minor(access), file_mode=CAP_FILE_MODE)
-            for access in (base / "access", base / f"ci{compute_instance_id}" / "access"))
+            DeviceNode(
+                path=f"{CAPS_DIR}/nvidia-cap{self._minor(access)}",
+                major=major,
+                minor=self._minor(access),
+                file_mode=CAP_FILE_MODE,
+            )
+            for access in (base / "access", base / f"ci{compute_instance_id}" / "access")
+        )
 
     def _minor(self, access: Path) -> int:
         try:
             text = access.read_text()
         except OSError as err:
-            raise GpuError(f"cannot read MIG capability {access}: {err}; is the NVIDIA driver loaded with MIG "
-                           "support, and /proc mounted from the host?") from err
+            raise GpuError(
+                f"cannot read MIG capability {access}: {err}; is the NVIDIA driver loaded with MIG "
+                "support, and /proc mounted from the host?"
+            ) from err
         match = re.search(r"^DeviceFileMinor:\s*(\d+)\s*$", text, re.M)
         if match is None:
-            raise GpuError(f"{access} has no 'DeviceFileMinor: N' line; this NVIDIA driver's format is not "
-                           "supported")
+            raise GpuError(f"{access} has no 'DeviceFileMinor: N' line; this NVIDIA driver's format is not supported")
         return int(match.group(1))
 
     def _major(self) -> int:
@@ -61,6 +67,8 @@ class ProcMigCapabilities:
         character = text.split("Block devices:")[0]
         match = re.search(r"^\s*(\d+)\s+nvidia-caps\s*$", character, re.M)
         if match is None:
-            raise GpuError(f"no nvidia-caps character device in {devices}: load the NVIDIA driver's nvidia-caps "
-                           "support (nvidia.ko with MIG)")
+            raise GpuError(
+                f"no nvidia-caps character device in {devices}: load the NVIDIA driver's nvidia-caps "
+                "support (nvidia.ko with MIG)"
+            )
         return int(match.group(1))

@@ -50,16 +50,28 @@ class MigProfileSpec(_Strict):
     def _placements_fit(self) -> MigProfileSpec:
         for start in self.starts:
             if start < 0 or start + self.memory_slices > MEMORY_SLICES_PER_GPU:
-                raise ValueError(f"placement start {start} with {self.memory_slices} memory slices does not fit "
-                                 f"in {MEMORY_SLICES_PER_GPU} slices")
+                raise ValueError(
+                    f"placement start {start} with {self.memory_slices} memory slices does not fit "
+                    f"in {MEMORY_SLICES_PER_GPU} slices"
+                )
         return self
 
     def to_profile(self) -> MigProfile:
         return MigProfile(
-            id=self.id, name=self.name, slice_count=self.slices, memory_slices=self.memory_slices,
-            max_instances=self.max, memory_mib=self.memory_mib, multiprocessors=self.sm, copy_engines=self.ce,
-            decoders=self.dec, encoders=self.enc, jpeg_engines=self.jpeg, ofa_engines=self.ofa,
-            placements=tuple(Placement(start, self.memory_slices) for start in self.starts))
+            id=self.id,
+            name=self.name,
+            slice_count=self.slices,
+            memory_slices=self.memory_slices,
+            max_instances=self.max,
+            memory_mib=self.memory_mib,
+            multiprocessors=self.sm,
+            copy_engines=self.ce,
+            decoders=self.dec,
+            encoders=self.enc,
+            jpeg_engines=self.jpeg,
+            ofa_engines=self.ofa,
+            placements=tuple(Placement(start, self.memory_slices) for start in self.starts),
+        )
 
 
 class ProductSpec(_Strict):
@@ -147,14 +159,17 @@ class NodeProfile(_Strict):
             for j, dev in enumerate(gpu.mig_devices):
                 if product.profile_named(dev.profile) is None:
                     known = [p.name for p in product.mig_profiles]
-                    raise ValueError(f"{where}.migDevices[{j}].profile: {gpu.product} has no MIG profile "
-                                     f"{dev.profile!r}; known: {known}")
+                    raise ValueError(
+                        f"{where}.migDevices[{j}].profile: {gpu.product} has no MIG profile "
+                        f"{dev.profile!r}; known: {known}"
+                    )
         bridged: set[int] = set()
         for k, (a, b) in enumerate(self.nvlink_bridges):
             for idx in (a, b):
                 if not 0 <= idx < len(self.gpus):
-                    raise ValueError(f"nvlinkBridges[{k}]: GPU index {idx} does not exist "
-                                     f"(the profile has {len(self.gpus)} GPUs)")
+                    raise ValueError(
+                        f"nvlinkBridges[{k}]: GPU index {idx} does not exist (the profile has {len(self.gpus)} GPUs)"
+                    )
                 if idx in bridged:
                     raise ValueError(f"nvlinkBridges[{k}]: GPU {idx} is in two bridges")
                 if products[self.gpus[idx].product].nvlinks == 0:
@@ -170,8 +185,10 @@ class NodeProfile(_Strict):
             for i, gpu in enumerate(self.gpus):
                 architecture = products[gpu.product].architecture
                 if architecture not in FABRIC_ARCHITECTURES:
-                    raise ValueError(f"fabric: gpus[{i}] is {gpu.product} ({architecture}), which has no fabric "
-                                     "info; multi-node NVLink needs Hopper or newer GPUs")
+                    raise ValueError(
+                        f"fabric: gpus[{i}] is {gpu.product} ({architecture}), which has no fabric "
+                        "info; multi-node NVLink needs Hopper or newer GPUs"
+                    )
         return self
 
 
@@ -196,8 +213,10 @@ def load_node_profile(name_or_path: str) -> NodeProfile:
     else:
         path = Path(name_or_path)
         if not path.is_file():
-            raise ConfigError(f"unknown simulated node profile {name_or_path!r}: not a built-in profile "
-                              f"({', '.join(builtin_profile_names())}) and no such file")
+            raise ConfigError(
+                f"unknown simulated node profile {name_or_path!r}: not a built-in profile "
+                f"({', '.join(builtin_profile_names())}) and no such file"
+            )
         source = str(path)
         text = path.read_text()
     try:

@@ -71,8 +71,21 @@ class UnknownNvmlError(GpuError):
 
 _BY_CODE: dict[int, type[GpuError]] = {
     cls.code: cls
-    for cls in (Uninitialized, InvalidArgument, NotSupported, NoPermission, NotFound, DriverNotLoaded, Timeout,
-                LibraryNotFound, GpuIsLost, ResetRequired, InUse, InsufficientResources, UnknownNvmlError)
+    for cls in (
+        Uninitialized,
+        InvalidArgument,
+        NotSupported,
+        NoPermission,
+        NotFound,
+        DriverNotLoaded,
+        Timeout,
+        LibraryNotFound,
+        GpuIsLost,
+        ResetRequired,
+        InUse,
+        InsufficientResources,
+        UnknownNvmlError,
+    )
     if cls.code is not None
 }
 

@@ -55,15 +55,35 @@ EVENT_XID = 0x8
 SUPPORTED_EVENTS = EVENT_SINGLE_BIT_ECC | EVENT_DOUBLE_BIT_ECC | EVENT_XID
 NOT_ATTRIBUTABLE = 0xFFFFFFFF
 BRAND_NVIDIA = 14
-ARCHITECTURES = {"Kepler": 2, "Maxwell": 3, "Pascal": 4, "Volta": 5, "Turing": 6, "Ampere": 7,
-                 "Ada Lovelace": 8, "Hopper": 9, "Blackwell": 10}
+ARCHITECTURES = {
+    "Kepler": 2,
+    "Maxwell": 3,
+    "Pascal": 4,
+    "Volta": 5,
+    "Turing": 6,
+    "Ampere": 7,
+    "Ada Lovelace": 8,
+    "Hopper": 9,
+    "Blackwell": 10,
+}
 # What an idle GPU reports as used memory (driver reservations), in bytes.
 IDLE_USED_BYTES = 1 * MIB
 
-_ERROR_TEXT = {0: "Success", 1: "Uninitialized", 2: "Invalid Argument", 3: "Not Supported",
-               4: "Insufficient Permissions", 6: "Not Found", 7: "Insufficient Size", 10: "Timeout",
-               13: "Function Not Found", 15: "GPU is lost", 19: "In use by another client",
-               23: "Insufficient Resources", 25: "Argument Version Mismatch"}
+_ERROR_TEXT = {
+    0: "Success",
+    1: "Uninitialized",
+    2: "Invalid Argument",
+    3: "Not Supported",
+    4: "Insufficient Permissions",
+    6: "Not Found",
+    7: "Insufficient Size",
+    10: "Timeout",
+    13: "Function Not Found",
+    15: "GPU is lost",
+    19: "In use by another client",
+    23: "Insufficient Resources",
+    25: "Argument Version Mismatch",
+}
 
 _copies = itertools.count(1)
 
@@ -112,16 +132,20 @@ class SimMigCapabilities:
 
     def device_nodes(self, gpu_minor: int, gpu_instance_id: int, compute_instance_id: int) -> tuple[DeviceNode, ...]:
         gi_minor = 3 + gpu_minor * 15 * 9 + gpu_instance_id * 9
-        return tuple(DeviceNode(path=f"{CAPS_DIR}/nvidia-cap{minor}", minor=minor)
-                     for minor in (gi_minor, gi_minor + 1 + compute_instance_id))
+        return tuple(
+            DeviceNode(path=f"{CAPS_DIR}/nvidia-cap{minor}", minor=minor)
+            for minor in (gi_minor, gi_minor + 1 + compute_instance_id)
+        )
 
 
-def simulated_gpulib(profile: str, *, node_name: str = "sim-node",
-                     state_path: Path | None = None) -> tuple[NvmlGpuLib, SimulatedNode]:
+def simulated_gpulib(
+    profile: str, *, node_name: str = "sim-node", state_path: Path | None = None
+) -> tuple[NvmlGpuLib, SimulatedNode]:
     """``NvmlGpuLib`` on a simulated node built from a node profile (built-in name or file path)."""
     node = SimulatedNode(load_node_profile(profile), node_name=node_name, state_path=state_path)
-    return NvmlGpuLib(nvml=fake_pynvml(node), pci_topology=SimPciTopology(node),
-                      mig_capabilities=SimMigCapabilities()), node
+    return NvmlGpuLib(
+        nvml=fake_pynvml(node), pci_topology=SimPciTopology(node), mig_capabilities=SimMigCapabilities()
+    ), node
 
 
 # --- what the opaque handles point at -------------------------------------------------------------------------
@@ -514,8 +538,9 @@ class FakeNvmlLibrary:
         out.name = f"MIG {spec.name}".encode()
         return sim.SUCCESS
 
-    def nvmlDeviceGetGpuInstancePossiblePlacements_v2(self, handle: Any, profile_id: Any, placements: Any,
-                                                      count: Any) -> int:
+    def nvmlDeviceGetGpuInstancePossiblePlacements_v2(
+        self, handle: Any, profile_id: Any, placements: Any, count: Any
+    ) -> int:
         gpu = self._gpu(handle)
         if not gpu.product.mig_capable:
             return sim.NOT_SUPPORTED
@@ -543,8 +568,7 @@ class FakeNvmlLibrary:
         pointer.contents = self._gi_pointer(type(pointer)._type_, index, gi).contents
         return sim.SUCCESS
 
-    def nvmlDeviceCreateGpuInstanceWithPlacement(self, handle: Any, profile_id: Any, placement: Any,
-                                                 out: Any) -> int:
+    def nvmlDeviceCreateGpuInstanceWithPlacement(self, handle: Any, profile_id: Any, placement: Any, out: Any) -> int:
         gpu = self._gpu(handle)
         wanted = _target(placement)
         profile = gpu.profile_by_id(_int(profile_id))
@@ -833,8 +857,9 @@ class FakeNvmlLibrary:
         target = self._event_set(handle)
         deadline = time.monotonic() + _int(timeout_ms) / 1000
         while True:
-            event = self.node.wait_event(target.cursor, set(target.registrations),
-                                         max(0.0, deadline - time.monotonic()))
+            event = self.node.wait_event(
+                target.cursor, set(target.registrations), max(0.0, deadline - time.monotonic())
+            )
             if event is None:
                 return sim.TIMEOUT
             target.cursor = event.sequence
@@ -849,8 +874,7 @@ class FakeNvmlLibrary:
             out.eventType = EVENT_XID
             out.eventData = event.xid or 0
             out.gpuInstanceId = NOT_ATTRIBUTABLE if event.gpu_instance_id is None else event.gpu_instance_id
-            out.computeInstanceId = (NOT_ATTRIBUTABLE if event.compute_instance_id is None
-                                     else event.compute_instance_id)
+            out.computeInstanceId = NOT_ATTRIBUTABLE if event.compute_instance_id is None else event.compute_instance_id
             return sim.SUCCESS
 
 
@@ -877,4 +901,3 @@ def _ci_shape_name(gi_name: str, gi_slices: int, ci_slices: int) -> str:
 
 def _ci_name(gi: SimGpuInstance, ci: SimComputeInstance) -> str:
     return _ci_shape_name(gi.profile.name, gi.profile.slice_count, ci.slices)
-

@@ -50,8 +50,9 @@ class GpuLib(Protocol):
     def destroy_gpu_instance(self, gpu_uuid: str, gpu_instance_id: int) -> None:
         """Destroy a GPU instance; ``InUse`` while it still has compute instances."""
 
-    def create_compute_instance(self, gpu_uuid: str, gpu_instance_id: int,
-                                slice_count: int | None = None) -> ComputeInstance:
+    def create_compute_instance(
+        self, gpu_uuid: str, gpu_instance_id: int, slice_count: int | None = None
+    ) -> ComputeInstance:
         """Create a compute instance in a GPU instance (default: one spanning the whole GPU instance)."""
 
     def destroy_compute_instance(self, gpu_uuid: str, gpu_instance_id: int, compute_instance_id: int) -> None:

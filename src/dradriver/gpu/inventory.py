@@ -68,9 +68,12 @@ class Inventory:
     def partitions(self, gpu: GpuDevice) -> list[MigPartition]:
         """Every profile x placement of ``gpu``; the existing MIG device where one sits exactly there."""
         existing = {(d.profile.id, d.placement.start): d for d in self.mig_devices if d.parent.name == gpu.name}
-        return [existing.get((profile.id, placement.start))
-                or MigPartition(partition_name(gpu.name, profile, placement), gpu, profile, placement)
-                for profile in gpu.mig_profiles for placement in profile.placements]
+        return [
+            existing.get((profile.id, placement.start))
+            or MigPartition(partition_name(gpu.name, profile, placement), gpu, profile, placement)
+            for profile in gpu.mig_profiles
+            for placement in profile.placements
+        ]
 
     def devices(self, mode: MigMode) -> list[GpuDevice | MigPartition]:
         """The devices a node offers in ``mode``, each GPU followed by its MIG devices.
@@ -131,15 +134,23 @@ def discover(gpulib: GpuLib) -> Inventory:
         if info.mig_capable:
             mig_enabled = gpulib.mig_mode(info.uuid).current
             profiles = tuple(gpulib.mig_profiles(info.uuid))
-        gpu = GpuDevice(name=gpu_name(info.pci_bus_id), info=info, nvlink_domain=domains[info.uuid],
-                        mig_enabled=mig_enabled, mig_profiles=profiles)
+        gpu = GpuDevice(
+            name=gpu_name(info.pci_bus_id),
+            info=info,
+            nvlink_domain=domains[info.uuid],
+            mig_enabled=mig_enabled,
+            mig_profiles=profiles,
+        )
         gpus.append(gpu)
         if mig_enabled:
             mig_devices.extend(_existing_mig_devices(gpulib, gpu))
     _check_unique_names([g.name for g in gpus] + [d.name for d in mig_devices])
-    return Inventory(driver_version=system.driver_version,
-                     cuda_driver_version=cuda_version_string(system.cuda_driver_version),
-                     gpus=tuple(gpus), mig_devices=tuple(mig_devices))
+    return Inventory(
+        driver_version=system.driver_version,
+        cuda_driver_version=cuda_version_string(system.cuda_driver_version),
+        gpus=tuple(gpus),
+        mig_devices=tuple(mig_devices),
+    )
 
 
 def _existing_mig_devices(gpulib: GpuLib, gpu: GpuDevice) -> list[MigPartition]:
@@ -148,8 +159,13 @@ def _existing_mig_devices(gpulib: GpuLib, gpu: GpuDevice) -> list[MigPartition]:
         name = partition_name(gpu.name, mig.profile, mig.placement)
         if name in found:
             # Several compute instances in one GPU instance: we hand out GPU instances whole, so offer the first.
-            log.warning("skipping extra compute instance gpu=%s mig=%s gi=%d ci=%d", gpu.name, mig.uuid,
-                        mig.gpu_instance_id, mig.compute_instance_id)
+            log.warning(
+                "skipping extra compute instance gpu=%s mig=%s gi=%d ci=%d",
+                gpu.name,
+                mig.uuid,
+                mig.gpu_instance_id,
+                mig.compute_instance_id,
+            )
             continue
         found[name] = MigPartition(name, gpu, mig.profile, mig.placement, existing=mig)
     return list(found.values())
@@ -204,8 +220,13 @@ def _nvlink_domains(gpulib: GpuLib, infos: list[GpuInfo]) -> dict[str, str]:
             on_switch.append(info.pci_bus_id)
         elif not fabric.registered:
             # Its NVLinks reach the switches but carry no traffic until the fabric manager has registered it.
-            log.warning("GPU left out of its NVSwitch domain: NVLink fabric registration not complete gpu=%s "
-                        "state=%s status=%d", info.pci_bus_id, _state_name(fabric.state), fabric.status)
+            log.warning(
+                "GPU left out of its NVSwitch domain: NVLink fabric registration not complete gpu=%s "
+                "state=%s status=%d",
+                info.pci_bus_id,
+                _state_name(fabric.state),
+                fabric.status,
+            )
         elif fabric.multi_node:
             cliques[info.pci_bus_id] = fabric.clique
         else:
@@ -243,6 +264,7 @@ def _check_unique_names(names: list[str]) -> None:
     seen: set[str] = set()
     for name in names:
         if name in seen:
-            raise GpuError(f"two devices would both be named {name!r}; report this with `dradriver inventory "
-                           "-o json` output")
+            raise GpuError(
+                f"two devices would both be named {name!r}; report this with `dradriver inventory -o json` output"
+            )
         seen.add(name)

@@ -64,15 +64,51 @@ _HEALTH_EVENTS = 0x8 | 0x2 | 0x1  # XidCriticalError | DoubleBitEccError | Singl
 _XID_EVENT = 0x8
 
 # nvmlDeviceGetArchitecture values → the names go-nvlib and nvidia-smi use.
-ARCHITECTURE_NAMES = {2: "Kepler", 3: "Maxwell", 4: "Pascal", 5: "Volta", 6: "Turing", 7: "Ampere",
-                      8: "Ada Lovelace", 9: "Hopper", 10: "Blackwell", 13: "Rubin"}
+ARCHITECTURE_NAMES = {
+    2: "Kepler",
+    3: "Maxwell",
+    4: "Pascal",
+    5: "Volta",
+    6: "Turing",
+    7: "Ampere",
+    8: "Ada Lovelace",
+    9: "Hopper",
+    10: "Blackwell",
+    13: "Rubin",
+}
 # nvmlDeviceGetBrand values → go-nvlib's brand strings.
-BRAND_NAMES = {0: "Unknown", 1: "Quadro", 2: "Tesla", 3: "NVS", 4: "Grid", 5: "GeForce", 6: "Titan",
-               7: "NvidiaVApps", 8: "NvidiaVPC", 9: "NvidiaVCS", 10: "NvidiaVWS", 11: "NvidiaCloudGaming",
-               12: "QuadroRTX", 13: "NvidiaRTX", 14: "Nvidia", 15: "GeForceRTX", 16: "TitanRTX"}
+BRAND_NAMES = {
+    0: "Unknown",
+    1: "Quadro",
+    2: "Tesla",
+    3: "NVS",
+    4: "Grid",
+    5: "GeForce",
+    6: "Titan",
+    7: "NvidiaVApps",
+    8: "NvidiaVPC",
+    9: "NvidiaVCS",
+    10: "NvidiaVWS",
+    11: "NvidiaCloudGaming",
+    12: "QuadroRTX",
+    13: "NvidiaRTX",
+    14: "Nvidia",
+    15: "GeForceRTX",
+    16: "TitanRTX",
+}
 # Name suffix of a GPU-instance profile by its NVML_GPU_INSTANCE_PROFILE_* enum (go-nvlib's attributes).
-_PROFILE_SUFFIX = {0x7: "+me", 0x8: "+me", 0xA: "+gfx", 0xB: "+gfx", 0xC: "+gfx", 0x11: "+gfx",
-                   0xD: "-me", 0xE: "-me", 0xF: "+me.all", 0x10: "+me.all"}
+_PROFILE_SUFFIX = {
+    0x7: "+me",
+    0x8: "+me",
+    0xA: "+gfx",
+    0xB: "+gfx",
+    0xC: "+gfx",
+    0x11: "+gfx",
+    0xD: "-me",
+    0xE: "-me",
+    0xF: "+me.all",
+    0x10: "+me.all",
+}
 
 
 def normalize_pci_bus_id(bus_id: str) -> str:
@@ -132,8 +168,13 @@ class SysfsPciTopology:
 class NvmlGpuLib:
     """The ``GpuLib`` port on NVML. Thread-safe as NVML is; ``close()`` shuts NVML down."""
 
-    def __init__(self, *, nvml: ModuleType | None = None, pci_topology: PciTopology | None = None,
-                 mig_capabilities: MigCapabilities | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        nvml: ModuleType | None = None,
+        pci_topology: PciTopology | None = None,
+        mig_capabilities: MigCapabilities | None = None,
+    ) -> None:
         if nvml is None:
             import pynvml
 
@@ -163,8 +204,9 @@ class NvmlGpuLib:
 
     # --- plumbing -----------------------------------------------------------------------------------------
 
-    def _call(self, function: str, *args: Any, device: str | None = None, context: str | None = None,
-              **kwargs: Any) -> Any:
+    def _call(
+        self, function: str, *args: Any, device: str | None = None, context: str | None = None, **kwargs: Any
+    ) -> Any:
         """``pynvml.<function>(*args)``, with NVML errors turned into typed ``GpuError``s (``context`` says what
         was being attempted, for the message)."""
         try:
@@ -199,8 +241,11 @@ class NvmlGpuLib:
         extra: dict[str, str] = {}
         with contextlib.suppress(GpuError):  # informational only
             extra["nvmlVersion"] = self._call("nvmlSystemGetNVMLVersion")
-        return SystemInfo(driver_version=self._call("nvmlSystemGetDriverVersion"),
-                          cuda_driver_version=self._call("nvmlSystemGetCudaDriverVersion_v2"), extra=extra)
+        return SystemInfo(
+            driver_version=self._call("nvmlSystemGetDriverVersion"),
+            cuda_driver_version=self._call("nvmlSystemGetCudaDriverVersion_v2"),
+            extra=extra,
+        )
 
     def gpus(self) -> list[GpuInfo]:
         with self._lock:
@@ -229,8 +274,9 @@ class NvmlGpuLib:
             uuid=uuid,
             product_name=name,
             brand=BRAND_NAMES.get(self._call("nvmlDeviceGetBrand", handle, device=uuid), "Unknown"),
-            architecture=ARCHITECTURE_NAMES.get(self._call("nvmlDeviceGetArchitecture", handle, device=uuid),
-                                                "Unknown"),
+            architecture=ARCHITECTURE_NAMES.get(
+                self._call("nvmlDeviceGetArchitecture", handle, device=uuid), "Unknown"
+            ),
             cuda_compute_capability=(major, minor),
             memory_bytes=self._call("nvmlDeviceGetMemoryInfo", handle, device=uuid).total,
             multiprocessors=self._multiprocessors(handle, uuid, name),
@@ -259,8 +305,7 @@ class NvmlGpuLib:
         status = self._call("nvmlDeviceSetMigMode", self._handle(gpu_uuid), int(enabled), device=gpu_uuid)
         if status != 0:
             # NVML can accept the request yet report that activating it failed (e.g. the GPU is busy).
-            raise error_for_code(status, "MIG mode change not activated", device=gpu_uuid,
-                                 call="nvmlDeviceSetMigMode")
+            raise error_for_code(status, "MIG mode change not activated", device=gpu_uuid, call="nvmlDeviceSetMigMode")
         return self.mig_mode(gpu_uuid)
 
     def mig_profiles(self, gpu_uuid: str) -> list[MigProfile]:
@@ -280,8 +325,7 @@ class NvmlGpuLib:
         profiles: dict[int, MigProfile] = {}
         for enum in range(self._nvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
             try:
-                info = self._call("nvmlDeviceGetGpuInstanceProfileInfo", handle, enum, version=version,
-                                  device=gpu_uuid)
+                info = self._call("nvmlDeviceGetGpuInstanceProfileInfo", handle, enum, version=version, device=gpu_uuid)
             except (NotSupported, InvalidArgument):
                 continue
             if info.id in profiles:
@@ -330,8 +374,7 @@ class NvmlGpuLib:
             capacity = max(profile.max_instances, 1)
             buffer = (self._nvml.c_nvmlGpuInstance_t * capacity)()
             count = ctypes.c_uint(capacity)
-            self._call("nvmlDeviceGetGpuInstances", handle, profile.id, buffer, ctypes.byref(count),
-                       device=gpu_uuid)
+            self._call("nvmlDeviceGetGpuInstances", handle, profile.id, buffer, ctypes.byref(count), device=gpu_uuid)
             found.extend(self._gpu_instance(buffer[i], gpu_uuid) for i in range(count.value))
         return sorted(found, key=lambda gi: gi.id)
 
@@ -342,15 +385,20 @@ class NvmlGpuLib:
             capacity = max(ci_profile.instanceCount, 1)
             buffer = (self._nvml.c_nvmlComputeInstance_t * capacity)()
             count = ctypes.c_uint(capacity)
-            self._call("nvmlGpuInstanceGetComputeInstances", gi, ci_profile.id, buffer, ctypes.byref(count),
-                       device=gpu_uuid)
+            self._call(
+                "nvmlGpuInstanceGetComputeInstances", gi, ci_profile.id, buffer, ctypes.byref(count), device=gpu_uuid
+            )
             for i in range(count.value):
                 ci_info = self._call("nvmlComputeInstanceGetInfo", buffer[i], device=gpu_uuid)
-                computes.append(ComputeInstance(id=ci_info.id, profile_id=ci_info.profileId,
-                                                slice_count=ci_profile.sliceCount))
-        return GpuInstance(id=info.id, profile_id=info.profileId,
-                           placement=Placement(info.placement.start, info.placement.size),
-                           compute_instances=tuple(sorted(computes, key=lambda ci: ci.id)))
+                computes.append(
+                    ComputeInstance(id=ci_info.id, profile_id=ci_info.profileId, slice_count=ci_profile.sliceCount)
+                )
+        return GpuInstance(
+            id=info.id,
+            profile_id=info.profileId,
+            placement=Placement(info.placement.start, info.placement.size),
+            compute_instances=tuple(sorted(computes, key=lambda ci: ci.id)),
+        )
 
     def _compute_profiles(self, gi: Any, gpu_uuid: str, gi_profile_id: int) -> list[tuple[int, Any]]:
         """(enum, profile info) of every compute-instance profile a GPU instance of this profile offers."""
@@ -361,8 +409,13 @@ class NvmlGpuLib:
             cached = []
             for enum in range(self._nvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
                 try:
-                    info = self._call("nvmlGpuInstanceGetComputeInstanceProfileInfo", gi, enum,
-                                      self._nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED, device=gpu_uuid)
+                    info = self._call(
+                        "nvmlGpuInstanceGetComputeInstanceProfileInfo",
+                        gi,
+                        enum,
+                        self._nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+                        device=gpu_uuid,
+                    )
                 except (NotSupported, InvalidArgument):
                     continue
                 cached.append((enum, info))
@@ -375,12 +428,19 @@ class NvmlGpuLib:
         profile = self._profile(gpu_uuid, profile_id, call)
         placement = self._nvml.c_nvmlGpuInstancePlacement_t(placement_start, profile.memory_slices)
         starts = ", ".join(str(p.start) for p in profile.placements)
-        gi = self._call(call, self._handle(gpu_uuid), profile_id, ctypes.byref(placement), device=gpu_uuid,
-                        context=f"GPU instance {profile.name} (profile {profile_id}) at slice {placement_start} "
-                                f"(valid starts: {starts})")
+        gi = self._call(
+            call,
+            self._handle(gpu_uuid),
+            profile_id,
+            ctypes.byref(placement),
+            device=gpu_uuid,
+            context=f"GPU instance {profile.name} (profile {profile_id}) at slice {placement_start} "
+            f"(valid starts: {starts})",
+        )
         created = self._gpu_instance(gi, gpu_uuid)
-        log.info("created GPU instance gpu=%s gi=%d profile=%s start=%d", gpu_uuid, created.id, profile.name,
-                 placement_start)
+        log.info(
+            "created GPU instance gpu=%s gi=%d profile=%s start=%d", gpu_uuid, created.id, profile.name, placement_start
+        )
         return created
 
     def destroy_gpu_instance(self, gpu_uuid: str, gpu_instance_id: int) -> None:
@@ -388,22 +448,34 @@ class NvmlGpuLib:
         self._call("nvmlGpuInstanceDestroy", gi, device=f"{gpu_uuid} GPU instance {gpu_instance_id}")
         log.info("destroyed GPU instance gpu=%s gi=%d", gpu_uuid, gpu_instance_id)
 
-    def create_compute_instance(self, gpu_uuid: str, gpu_instance_id: int,
-                                slice_count: int | None = None) -> ComputeInstance:
+    def create_compute_instance(
+        self, gpu_uuid: str, gpu_instance_id: int, slice_count: int | None = None
+    ) -> ComputeInstance:
         gi = self._call("nvmlDeviceGetGpuInstanceById", self._handle(gpu_uuid), gpu_instance_id, device=gpu_uuid)
         info = self._call("nvmlGpuInstanceGetInfo", gi, device=gpu_uuid)
-        wanted = (slice_count if slice_count is not None
-                  else self._profile(gpu_uuid, info.profileId, "nvmlGpuInstanceGetInfo").slice_count)
-        choice = next((ci for enum, ci in self._compute_profiles(gi, gpu_uuid, info.profileId)
-                       if ci.sliceCount == wanted and enum != _CI_PROFILE_1_SLICE_REV1), None)
+        wanted = (
+            slice_count
+            if slice_count is not None
+            else self._profile(gpu_uuid, info.profileId, "nvmlGpuInstanceGetInfo").slice_count
+        )
+        choice = next(
+            (
+                ci
+                for enum, ci in self._compute_profiles(gi, gpu_uuid, info.profileId)
+                if ci.sliceCount == wanted and enum != _CI_PROFILE_1_SLICE_REV1
+            ),
+            None,
+        )
         where = f"{gpu_uuid} GPU instance {gpu_instance_id}"
         if choice is None:
-            raise NotSupported(f"no {wanted}-slice compute instance profile in this GPU instance",
-                               device=where, call="nvmlGpuInstanceGetComputeInstanceProfileInfo")
+            raise NotSupported(
+                f"no {wanted}-slice compute instance profile in this GPU instance",
+                device=where,
+                call="nvmlGpuInstanceGetComputeInstanceProfileInfo",
+            )
         ci = self._call("nvmlGpuInstanceCreateComputeInstance", gi, choice.id, device=where)
         ci_info = self._call("nvmlComputeInstanceGetInfo", ci, device=where)
-        log.info("created compute instance gpu=%s gi=%d ci=%d slices=%d", gpu_uuid, gpu_instance_id, ci_info.id,
-                 wanted)
+        log.info("created compute instance gpu=%s gi=%d ci=%d slices=%d", gpu_uuid, gpu_instance_id, ci_info.id, wanted)
         return ComputeInstance(id=ci_info.id, profile_id=ci_info.profileId, slice_count=choice.sliceCount)
 
     def destroy_compute_instance(self, gpu_uuid: str, gpu_instance_id: int, compute_instance_id: int) -> None:
@@ -428,11 +500,17 @@ class NvmlGpuLib:
             uuid = self._call("nvmlDeviceGetUUID", mig, device=gpu_uuid)
             gi = self._call("nvmlDeviceGetGpuInstanceById", handle, gi_id, device=gpu_uuid)
             info = self._call("nvmlGpuInstanceGetInfo", gi, device=gpu_uuid)
-            devices.append(MigDevice(
-                uuid=uuid, parent_uuid=gpu_uuid, gpu_instance_id=gi_id, compute_instance_id=ci_id,
-                profile=self._profile(gpu_uuid, info.profileId, "nvmlGpuInstanceGetInfo"),
-                placement=Placement(info.placement.start, info.placement.size),
-                capability_nodes=self._capability_nodes(gpu_uuid, gi_id, ci_id)))
+            devices.append(
+                MigDevice(
+                    uuid=uuid,
+                    parent_uuid=gpu_uuid,
+                    gpu_instance_id=gi_id,
+                    compute_instance_id=ci_id,
+                    profile=self._profile(gpu_uuid, info.profileId, "nvmlGpuInstanceGetInfo"),
+                    placement=Placement(info.placement.start, info.placement.size),
+                    capability_nodes=self._capability_nodes(gpu_uuid, gi_id, ci_id),
+                )
+            )
         return devices
 
     def _capability_nodes(self, gpu_uuid: str, gi_id: int, ci_id: int) -> tuple[DeviceNode, ...]:
@@ -473,10 +551,15 @@ class NvmlGpuLib:
                 continue
             remote = self._call("nvmlDeviceGetNvLinkRemotePciInfo", handle, link, device=gpu_uuid)
             kind = self._call("nvmlDeviceGetNvLinkRemoteDeviceType", handle, link, device=gpu_uuid)
-            links.append(NvlinkConnection(
-                link=link, remote_pci_bus_id=normalize_pci_bus_id(_text(remote.busId)),
-                remote_type=NvlinkPeerType(kind) if kind in NvlinkPeerType._value2member_map_
-                else NvlinkPeerType.UNKNOWN))
+            links.append(
+                NvlinkConnection(
+                    link=link,
+                    remote_pci_bus_id=normalize_pci_bus_id(_text(remote.busId)),
+                    remote_type=NvlinkPeerType(kind)
+                    if kind in NvlinkPeerType._value2member_map_
+                    else NvlinkPeerType.UNKNOWN,
+                )
+            )
         return links
 
     # --- NVLink fabric ------------------------------------------------------------------------------------
@@ -516,9 +599,13 @@ class NvmlGpuLib:
                 return None
         if info.state == FabricState.NOT_SUPPORTED:
             return None
-        return FabricInfo(cluster_uuid=str(uuid_lib.UUID(bytes=bytes(info.clusterUuid))),
-                          clique_id=int(info.cliqueId), state=int(info.state), status=int(info.status),
-                          health_mask=int(info.healthMask))
+        return FabricInfo(
+            cluster_uuid=str(uuid_lib.UUID(bytes=bytes(info.clusterUuid))),
+            clique_id=int(info.cliqueId),
+            state=int(info.state),
+            status=int(info.status),
+            health_mask=int(info.healthMask),
+        )
 
     # --- health events ------------------------------------------------------------------------------------
 
@@ -537,8 +624,7 @@ class NvmlGpuLib:
             handle = self._handles[gpu.uuid]
             try:
                 supported = self._call("nvmlDeviceGetSupportedEventTypes", handle, device=gpu.uuid)
-                self._call("nvmlDeviceRegisterEvents", handle, _HEALTH_EVENTS & supported, event_set,
-                           device=gpu.uuid)
+                self._call("nvmlDeviceRegisterEvents", handle, _HEALTH_EVENTS & supported, event_set, device=gpu.uuid)
             except NotSupported:
                 log.warning("GPU health events not supported; XIDs will not be reported gpu=%s", gpu.uuid)
             except GpuIsLost:
@@ -575,10 +661,13 @@ class NvmlGpuLib:
             # ECC events are registered (as NVIDIA's drivers do) but only XIDs are reported.
             if data.eventType & _XID_EVENT:
                 return GpuEvent(
-                    gpu_uuid=self._event_gpu(data.device), xid=int(data.eventData),
+                    gpu_uuid=self._event_gpu(data.device),
+                    xid=int(data.eventData),
                     gpu_instance_id=None if data.gpuInstanceId == _NOT_ATTRIBUTABLE else int(data.gpuInstanceId),
-                    compute_instance_id=(None if data.computeInstanceId == _NOT_ATTRIBUTABLE
-                                         else int(data.computeInstanceId)))
+                    compute_instance_id=(
+                        None if data.computeInstanceId == _NOT_ATTRIBUTABLE else int(data.computeInstanceId)
+                    ),
+                )
             if remaining_ms == 0:
                 return None
 
@@ -596,8 +685,10 @@ class NvmlGpuLib:
             except GpuIsLost:
                 self._reported_lost.add(gpu.uuid)
                 return GpuEvent(gpu_uuid=gpu.uuid, gpu_lost=True)
-        raise GpuIsLost("a GPU fell off the bus (which one is unknown); drain the node and reset or reboot it",
-                        call="nvmlEventSetWait_v2")
+        raise GpuIsLost(
+            "a GPU fell off the bus (which one is unknown); drain the node and reset or reboot it",
+            call="nvmlEventSetWait_v2",
+        )
 
     def close(self) -> None:
         with self._lock:

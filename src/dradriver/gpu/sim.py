@@ -143,8 +143,14 @@ def _uuid_from(seed: str) -> str:
 class SimulatedNode:
     """The GPUs of one simulated node. Thread-safe; every mutation is persisted before it returns."""
 
-    def __init__(self, profile: NodeProfile, *, node_name: str = "sim-node", state_path: Path | None = None,
-                 privileged: bool = True) -> None:
+    def __init__(
+        self,
+        profile: NodeProfile,
+        *,
+        node_name: str = "sim-node",
+        state_path: Path | None = None,
+        privileged: bool = True,
+    ) -> None:
         self.profile = profile
         self.node_name = node_name
         self.state_path = state_path
@@ -162,9 +168,15 @@ class SimulatedNode:
         # NVML enumerates GPUs in PCI bus order.
         ordered = sorted(profile.gpus, key=lambda g: g.pci_bus_id)
         self.gpus = [
-            SimGpu(index=i, uuid="GPU-" + _uuid_from(f"{node_name}/{spec.pci_bus_id}"), pci_bus_id=spec.pci_bus_id,
-                   product_name=spec.product, product=products[spec.product], numa_node=spec.numa_node,
-                   pcie_root=spec.pcie_root)
+            SimGpu(
+                index=i,
+                uuid="GPU-" + _uuid_from(f"{node_name}/{spec.pci_bus_id}"),
+                pci_bus_id=spec.pci_bus_id,
+                product_name=spec.product,
+                product=products[spec.product],
+                numa_node=spec.numa_node,
+                pcie_root=spec.pcie_root,
+            )
             for i, spec in enumerate(ordered)
         ]
         for gpu in self.gpus:
@@ -247,8 +259,9 @@ class SimulatedNode:
                 raise SimNvmlError(INVALID_ARGUMENT, f"{gpu.product_name} has no GPU instance profile {profile_id}")
             same = [gi for gi in gpu.gpu_instances.values() if gi.profile.id == profile_id]
             if len(same) >= profile.max_instances:
-                raise SimNvmlError(INSUFFICIENT_RESOURCES,
-                                   f"{profile.name} allows at most {profile.max_instances} instances")
+                raise SimNvmlError(
+                    INSUFFICIENT_RESOURCES, f"{profile.name} allows at most {profile.max_instances} instances"
+                )
             used_compute = sum(gi.profile.slice_count for gi in gpu.gpu_instances.values())
             if used_compute + profile.slice_count > COMPUTE_SLICES_PER_GPU:
                 raise SimNvmlError(INSUFFICIENT_RESOURCES, f"not enough compute slices left for {profile.name}")
@@ -260,13 +273,16 @@ class SimulatedNode:
                 placement = next((p for p in profile.placements if p.start == start), None)
                 if placement is None:
                     valid = [p.start for p in profile.placements]
-                    raise SimNvmlError(INVALID_ARGUMENT,
-                                       f"{profile.name} cannot start at slice {start}; valid starts: {valid}")
+                    raise SimNvmlError(
+                        INVALID_ARGUMENT, f"{profile.name} cannot start at slice {start}; valid starts: {valid}"
+                    )
                 # NVML answers an occupied slot with INSUFFICIENT_RESOURCES, not "already exists".
                 if not self._placement_free(gpu, placement):
-                    raise SimNvmlError(INSUFFICIENT_RESOURCES,
-                                       f"slices {placement.start}..{placement.start + placement.size - 1} "
-                                       f"are taken on {gpu.pci_bus_id}")
+                    raise SimNvmlError(
+                        INSUFFICIENT_RESOURCES,
+                        f"slices {placement.start}..{placement.start + placement.size - 1} "
+                        f"are taken on {gpu.pci_bus_id}",
+                    )
             gi = SimGpuInstance(id=self._next_gpu_instance_id(gpu), profile=profile, placement=placement)
             gpu.gpu_instances[gi.id] = gi
             self._save()
@@ -299,8 +315,10 @@ class SimulatedNode:
             if slices is None:
                 raise SimNvmlError(INVALID_ARGUMENT, f"no compute instance profile {ci_profile_id}")
             if slices > gi.profile.slice_count:
-                raise SimNvmlError(NOT_SUPPORTED, f"a {slices}-slice compute instance does not fit in "
-                                                  f"GPU instance {gi_id} ({gi.profile.name})")
+                raise SimNvmlError(
+                    NOT_SUPPORTED,
+                    f"a {slices}-slice compute instance does not fit in GPU instance {gi_id} ({gi.profile.name})",
+                )
             used = sum(ci.slices for ci in gi.compute_instances.values())
             if used + slices > gi.profile.slice_count:
                 raise SimNvmlError(INSUFFICIENT_RESOURCES, f"GPU instance {gi_id} has no compute slices left")
@@ -326,9 +344,11 @@ class SimulatedNode:
         """(GPU instance, compute instance) pairs in NVML's MIG-device order: by GI id, then CI id."""
         with self._lock:
             gpu = self.gpu(index)
-            return [(gi, gi.compute_instances[ci_id])
-                    for gi_id, gi in sorted(gpu.gpu_instances.items())
-                    for ci_id in sorted(gi.compute_instances)]
+            return [
+                (gi, gi.compute_instances[ci_id])
+                for gi_id, gi in sorted(gpu.gpu_instances.items())
+                for ci_id in sorted(gi.compute_instances)
+            ]
 
     def find_mig_device(self, uuid: str) -> tuple[int, SimGpuInstance, SimComputeInstance]:
         with self._lock:
@@ -352,8 +372,9 @@ class SimulatedNode:
             self._require_privilege("setting the compute mode")
             if mig is None:
                 if gpu.mig_current:
-                    raise SimNvmlError(NOT_SUPPORTED, f"MIG is enabled on {gpu.pci_bus_id}: set the compute "
-                                                      "mode on its MIG devices")
+                    raise SimNvmlError(
+                        NOT_SUPPORTED, f"MIG is enabled on {gpu.pci_bus_id}: set the compute mode on its MIG devices"
+                    )
                 gpu.compute_mode = mode
             else:
                 gi = self.gpu_instance(index, mig[0])
@@ -397,8 +418,9 @@ class SimulatedNode:
         with self._lock:
             gpu = self.gpu(index)
             if gpu.fabric_state is None:
-                raise SimNvmlError(NOT_SUPPORTED, f"{gpu.product_name} ({gpu.product.architecture}) has no "
-                                                  "NVLink fabric info")
+                raise SimNvmlError(
+                    NOT_SUPPORTED, f"{gpu.product_name} ({gpu.product.architecture}) has no NVLink fabric info"
+                )
             # The fabric manager assigns cluster and clique only when the registration succeeds; a single-node
             # NVSwitch system is not multi-node capable and reports the all-zero cluster UUID and clique 0.
             clique = self.profile.fabric
@@ -412,8 +434,10 @@ class SimulatedNode:
         with self._lock:
             gpu = self.gpu(index)
             if gpu.fabric_state is None:
-                raise ValueError(f"GPU {index} ({gpu.product_name}, {gpu.product.architecture}) has no NVLink "
-                                 "fabric info: only Hopper and newer GPUs with NVLink have one")
+                raise ValueError(
+                    f"GPU {index} ({gpu.product_name}, {gpu.product.architecture}) has no NVLink "
+                    "fabric info: only Hopper and newer GPUs with NVLink have one"
+                )
             gpu.fabric_state = FabricState(state)
             gpu.fabric_status = status
             self._save()
@@ -423,12 +447,14 @@ class SimulatedNode:
 
     # --- events -------------------------------------------------------------------------------------------
 
-    def inject_xid(self, index: int, xid: int, *, gpu_instance_id: int | None = None,
-                   compute_instance_id: int | None = None) -> None:
+    def inject_xid(
+        self, index: int, xid: int, *, gpu_instance_id: int | None = None, compute_instance_id: int | None = None
+    ) -> None:
         """Raise an XID on a GPU (or one of its MIG devices), as the kernel driver would."""
         with self._lock:
-            self._raise({"gpu": index, "xid": xid, "gpuInstanceId": gpu_instance_id,
-                         "computeInstanceId": compute_instance_id})
+            self._raise(
+                {"gpu": index, "xid": xid, "gpuInstanceId": gpu_instance_id, "computeInstanceId": compute_instance_id}
+            )
 
     def lose_gpu(self, index: int) -> None:
         """The GPU falls off the bus: every later call on it fails with GPU_IS_LOST while the state says so."""
@@ -446,9 +472,16 @@ class SimulatedNode:
         self._publish(event)
 
     def _publish(self, event: dict[str, Any]) -> None:
-        self._events.append(SimEvent(len(self._events) + 1, int(event["gpu"]), event.get("xid"),
-                                     bool(event.get("lost", False)), event.get("gpuInstanceId"),
-                                     event.get("computeInstanceId")))
+        self._events.append(
+            SimEvent(
+                len(self._events) + 1,
+                int(event["gpu"]),
+                event.get("xid"),
+                bool(event.get("lost", False)),
+                event.get("gpuInstanceId"),
+                event.get("computeInstanceId"),
+            )
+        )
         self._events_changed.notify_all()
 
     def last_event_sequence(self) -> int:
@@ -469,8 +502,9 @@ class SimulatedNode:
                 remaining = deadline - time.monotonic()
                 if found is not None or remaining <= 0:
                     return found
-                self._events_changed.wait_for(lambda: pending() is not None,
-                                              timeout=min(remaining, SHARED_STATE_POLL_SECONDS))
+                self._events_changed.wait_for(
+                    lambda: pending() is not None, timeout=min(remaining, SHARED_STATE_POLL_SECONDS)
+                )
 
     # --- persistence --------------------------------------------------------------------------------------
 
@@ -485,8 +519,10 @@ class SimulatedNode:
                     ci_profile = full_compute_instance_profile(gi.profile.slice_count)
                     self.create_compute_instance(gpu.index, gi.id, ci_profile)
                 except SimNvmlError as err:
-                    raise ConfigError(f"node profile {self.profile.name}: MIG device {dev.profile} at slice "
-                                      f"{dev.start} on {gpu.pci_bus_id}: {err}") from err
+                    raise ConfigError(
+                        f"node profile {self.profile.name}: MIG device {dev.profile} at slice "
+                        f"{dev.start} on {gpu.pci_bus_id}: {err}"
+                    ) from err
 
     def _state(self) -> dict[str, Any]:
         return {
@@ -502,15 +538,28 @@ class SimulatedNode:
                     "migPending": gpu.mig_pending,
                     "computeMode": int(gpu.compute_mode),
                     "lost": gpu.lost,
-                    "fabric": (None if gpu.fabric_state is None
-                               else {"state": int(gpu.fabric_state), "status": gpu.fabric_status}),
+                    "fabric": (
+                        None
+                        if gpu.fabric_state is None
+                        else {"state": int(gpu.fabric_state), "status": gpu.fabric_status}
+                    ),
                     "gpuInstances": [
-                        {"id": gi.id, "profileId": gi.profile.id, "start": gi.placement.start,
-                         "computeInstances": [
-                             {"id": ci.id, "profileId": ci.profile_id, "uuid": ci.uuid,
-                              "computeMode": int(ci.compute_mode)}
-                             for ci in gi.compute_instances.values()]}
-                        for gi in gpu.gpu_instances.values()],
+                        {
+                            "id": gi.id,
+                            "profileId": gi.profile.id,
+                            "start": gi.placement.start,
+                            "computeInstances": [
+                                {
+                                    "id": ci.id,
+                                    "profileId": ci.profile_id,
+                                    "uuid": ci.uuid,
+                                    "computeMode": int(ci.compute_mode),
+                                }
+                                for ci in gi.compute_instances.values()
+                            ],
+                        }
+                        for gi in gpu.gpu_instances.values()
+                    ],
                 }
                 for gpu in self.gpus
             },
@@ -532,8 +581,10 @@ class SimulatedNode:
 
     def _load_state(self, path: Path) -> None:
         def bad(field_name: str, problem: str) -> ConfigError:
-            return ConfigError(f"simulated GPU state file {path}: {field_name}: {problem}; fix or delete the "
-                               "file to start from the profile's initial state")
+            return ConfigError(
+                f"simulated GPU state file {path}: {field_name}: {problem}; fix or delete the "
+                "file to start from the profile's initial state"
+            )
 
         try:
             raw = json.loads(path.read_text())
@@ -542,8 +593,7 @@ class SimulatedNode:
         if not isinstance(raw, dict) or raw.get("kind") != STATE_KIND:
             raise bad("kind", f"expected {STATE_KIND!r}")
         if raw.get("version") != STATE_VERSION:
-            raise bad("version", f"version {raw.get('version')!r} is not supported (this build reads "
-                                 f"{STATE_VERSION})")
+            raise bad("version", f"version {raw.get('version')!r} is not supported (this build reads {STATE_VERSION})")
         if raw.get("profile") != self.profile.name:
             raise bad("profile", f"written for profile {raw.get('profile')!r}, not {self.profile.name!r}")
         gpus = raw.get("gpus")
@@ -560,7 +610,11 @@ class SimulatedNode:
         for gpu in self.gpus:
             state = parsed[gpu.pci_bus_id]
             gpu.mig_current, gpu.mig_pending, gpu.compute_mode, gpu.lost = (
-                state.mig_current, state.mig_pending, state.compute_mode, state.lost)
+                state.mig_current,
+                state.mig_pending,
+                state.compute_mode,
+                state.lost,
+            )
             # Files written before fabric info was modelled lack it: the profile's initial state holds.
             if state.fabric is not None and gpu.fabric_state is not None:
                 gpu.fabric_state, gpu.fabric_status = state.fabric
@@ -571,8 +625,15 @@ class SimulatedNode:
         """Publish events another process appended to the shared log (on first load: just note where it ends)."""
         if not isinstance(logged, list):
             return
-        fresh = [e for e in logged if isinstance(e, dict) and isinstance(e.get("id"), int)
-                 and isinstance(e.get("gpu"), int) and 0 <= e["gpu"] < len(self.gpus) and e["id"] > self._event_id]
+        fresh = [
+            e
+            for e in logged
+            if isinstance(e, dict)
+            and isinstance(e.get("id"), int)
+            and isinstance(e.get("gpu"), int)
+            and 0 <= e["gpu"] < len(self.gpus)
+            and e["id"] > self._event_id
+        ]
         first_load = self._stamp is None
         for event in fresh:
             if not first_load:
@@ -616,13 +677,22 @@ def _parse_gpu_state(gpu: SimGpu, entry: dict[str, Any]) -> _GpuState:
         for ci_raw in gi_raw["computeInstances"]:
             ci_profile = int(ci_raw["profileId"])
             gi.compute_instances[int(ci_raw["id"])] = SimComputeInstance(
-                id=int(ci_raw["id"]), profile_id=ci_profile, slices=CI_PROFILE_SLICES[ci_profile],
-                uuid=str(ci_raw["uuid"]), compute_mode=ComputeMode(ci_raw.get("computeMode", 0)))
+                id=int(ci_raw["id"]),
+                profile_id=ci_profile,
+                slices=CI_PROFILE_SLICES[ci_profile],
+                uuid=str(ci_raw["uuid"]),
+                compute_mode=ComputeMode(ci_raw.get("computeMode", 0)),
+            )
         instances[gi.id] = gi
     fabric = entry.get("fabric")
-    return _GpuState(bool(entry["migCurrent"]), bool(entry["migPending"]), ComputeMode(entry["computeMode"]),
-                     bool(entry.get("lost", False)), instances,
-                     (FabricState(int(fabric["state"])), int(fabric["status"])) if fabric is not None else None)
+    return _GpuState(
+        bool(entry["migCurrent"]),
+        bool(entry["migPending"]),
+        ComputeMode(entry["computeMode"]),
+        bool(entry.get("lost", False)),
+        instances,
+        (FabricState(int(fabric["state"])), int(fabric["status"])) if fabric is not None else None,
+    )
 
 
 def _keep_identities(old: dict[int, SimGpuInstance], new: dict[int, SimGpuInstance]) -> dict[int, SimGpuInstance]:

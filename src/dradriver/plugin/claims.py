@@ -28,8 +28,7 @@ def ref_problem(ref: ClaimRef) -> str | None:
     """What is wrong with a claim reference from the kubelet, or None if it is usable."""
     missing = [field for field in ("uid", "namespace", "name") if not getattr(ref, field)]
     if missing:
-        return (f"claim {ref} has an empty {' and '.join(missing)}: "
-                "the kubelet must send uid, namespace and name")
+        return f"claim {ref} has an empty {' and '.join(missing)}: the kubelet must send uid, namespace and name"
     return None
 
 
@@ -47,8 +46,7 @@ def claim_problem(claim: Any, ref: ClaimRef, driver_name: str) -> str | None:
     status = claim.get("status")
     allocation = status.get("allocation") if isinstance(status, Mapping) else None
     if not allocation:
-        return (f"claim {ref} is not allocated (status.allocation is empty): "
-                "the scheduler has not allocated it yet")
+        return f"claim {ref} is not allocated (status.allocation is empty): the scheduler has not allocated it yet"
     devices = allocation.get("devices") if isinstance(allocation, Mapping) else None
     results = devices.get("results") if isinstance(devices, Mapping) else None
     if not isinstance(results, list):

@@ -39,8 +39,9 @@ def describe_exception(err: BaseException) -> str:
 class ClaimProcessor:
     """Runs prepare/unprepare batches from the kubelet through a :class:`DriverHandler`."""
 
-    def __init__(self, *, driver_name: str, handler: DriverHandler, claim_source: ClaimSource,
-                 locks: ClaimLocks) -> None:
+    def __init__(
+        self, *, driver_name: str, handler: DriverHandler, claim_source: ClaimSource, locks: ClaimLocks
+    ) -> None:
         self.driver_name = driver_name
         self._handler = handler
         self._claims = claim_source
@@ -53,8 +54,9 @@ class ClaimProcessor:
         for ref in _distinct(refs):
             problem = ref_problem(ref) or self._fetch(ref, fetched)
             if problem is not None:
-                logger.warning("cannot prepare claim uid=%s claim=%s/%s error=%s",
-                               ref.uid, ref.namespace, ref.name, problem)
+                logger.warning(
+                    "cannot prepare claim uid=%s claim=%s/%s error=%s", ref.uid, ref.namespace, ref.name, problem
+                )
                 results[ref.uid] = PrepareResult(error=problem)
         if fetched:
             # Fetching happens outside the lock, as in the Go helper: a slow API server must not block
@@ -83,7 +85,8 @@ class ClaimProcessor:
         if valid:
             with self._locks.hold([uid for uid, _ in valid]):
                 outcomes = self._run_isolated(
-                    valid, lambda batch: self._handler.unprepare_resource_claims([ref for _, ref in batch]),
+                    valid,
+                    lambda batch: self._handler.unprepare_resource_claims([ref for _, ref in batch]),
                     "unprepare",
                 )
             for uid, outcome in outcomes.items():
@@ -92,8 +95,7 @@ class ClaimProcessor:
                 elif outcome is None or isinstance(outcome, str):
                     results[uid] = outcome or None
                 else:
-                    results[uid] = (f"driver returned {type(outcome).__name__} for claim UID {uid}, "
-                                    "not an error string")
+                    results[uid] = f"driver returned {type(outcome).__name__} for claim UID {uid}, not an error string"
         return results
 
     def _fetch(self, ref: ClaimRef, into: dict[str, Mapping[str, Any]]) -> str | None:
@@ -121,8 +123,12 @@ class ClaimProcessor:
                 uid = batch[0][0]
                 logger.exception("driver failed to %s claim uid=%s", what, uid)
                 return {uid: _Failure(f"{what} failed: {describe_exception(err)}")}
-            logger.warning("driver failed to %s a batch of %d claims, retrying one by one error=%s",
-                           what, len(batch), describe_exception(err))
+            logger.warning(
+                "driver failed to %s a batch of %d claims, retrying one by one error=%s",
+                what,
+                len(batch),
+                describe_exception(err),
+            )
             outcomes: dict[str, _Outcome | _Failure] = {}
             for item in batch:
                 outcomes.update(self._run_isolated([item], call, what))
@@ -138,30 +144,34 @@ class ClaimProcessor:
                 outcomes[uid] = _Failure(f"driver returned no {what} result for claim UID {uid}")
         extra = set(returned) - set(outcomes)
         if extra:
-            logger.warning("driver returned %s results for claims it was not asked about uids=%s",
-                           what, sorted(extra))
+            logger.warning("driver returned %s results for claims it was not asked about uids=%s", what, sorted(extra))
         return outcomes
 
     def _check_prepare_result(self, uid: str, outcome: object) -> PrepareResult:
         if isinstance(outcome, _Failure):
             return PrepareResult(error=outcome.message)
         if not isinstance(outcome, PrepareResult):
-            return PrepareResult(error=f"driver returned {type(outcome).__name__} for claim UID {uid}, "
-                                       "not a PrepareResult")
+            return PrepareResult(
+                error=f"driver returned {type(outcome).__name__} for claim UID {uid}, not a PrepareResult"
+            )
         if outcome.error:
             return PrepareResult(error=outcome.error)
         devices = []
         for device in outcome.devices:
             if not device.pool or not device.device:
-                return PrepareResult(error=f"driver returned a device without pool or device name for claim "
-                                           f"UID {uid}: {device}")
-            devices.append(PreparedDevice(
-                pool=device.pool, device=device.device,
-                requests=tuple(dict.fromkeys(base_request_name(r) for r in device.requests)),
-                cdi_device_ids=tuple(device.cdi_device_ids), share_id=device.share_id,
-            ))
+                return PrepareResult(
+                    error=f"driver returned a device without pool or device name for claim UID {uid}: {device}"
+                )
+            devices.append(
+                PreparedDevice(
+                    pool=device.pool,
+                    device=device.device,
+                    requests=tuple(dict.fromkeys(base_request_name(r) for r in device.requests)),
+                    cdi_device_ids=tuple(device.cdi_device_ids),
+                    share_id=device.share_id,
+                )
+            )
         return PrepareResult(devices=tuple(devices))
-
 
 
 class _Failure:
@@ -206,8 +216,12 @@ def fit_for_kubelet(response: _ClaimsResponse, limit: int = KUBELET_MAX_RESPONSE
             if len(entry.error.encode()) > keep + len(_TRUNCATED):
                 entry.error = entry.error[:keep] + _TRUNCATED
     if response.ByteSize() > limit:
-        logger.error("response for %d claims is %d bytes, over the kubelet's limit of %d; it will fail",
-                     len(response.claims), response.ByteSize(), limit)
+        logger.error(
+            "response for %d claims is %d bytes, over the kubelet's limit of %d; it will fail",
+            len(response.claims),
+            response.ByteSize(),
+            limit,
+        )
 
 
 def _refs(claims: Iterable[dra_v1_pb2.Claim | dra_v1beta1_pb2.Claim]) -> list[ClaimRef]:
@@ -230,8 +244,12 @@ class DRAPluginV1(dra_v1_pb2_grpc.DRAPluginServicer):
                 entry.error = result.error
                 continue
             for device in result.devices:
-                out = entry.devices.add(request_names=device.requests, pool_name=device.pool,
-                                        device_name=device.device, cdi_device_ids=device.cdi_device_ids)
+                out = entry.devices.add(
+                    request_names=device.requests,
+                    pool_name=device.pool,
+                    device_name=device.device,
+                    cdi_device_ids=device.cdi_device_ids,
+                )
                 if device.share_id is not None:
                     out.share_id = device.share_id
         fit_for_kubelet(response)
@@ -263,8 +281,12 @@ class DRAPluginV1beta1(dra_v1beta1_pb2_grpc.DRAPluginServicer):
                 entry.error = result.error
                 continue
             for device in result.devices:
-                entry.devices.add(request_names=device.requests, pool_name=device.pool,
-                                  device_name=device.device, cdi_device_ids=device.cdi_device_ids)
+                entry.devices.add(
+                    request_names=device.requests,
+                    pool_name=device.pool,
+                    device_name=device.device,
+                    cdi_device_ids=device.cdi_device_ids,
+                )
         fit_for_kubelet(response)
         return response
 

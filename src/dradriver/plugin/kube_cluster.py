@@ -125,11 +125,7 @@ class _KubeWatchStream:
         buffer = b""
         while not self._closed.is_set():
             try:
-                chunk = (
-                    self._response.read1(65536)
-                    if hasattr(self._response, "read1")
-                    else self._response.read(65536)
-                )
+                chunk = self._response.read1(65536) if hasattr(self._response, "read1") else self._response.read(65536)
             except (urllib3.exceptions.HTTPError, OSError, ValueError, AttributeError):
                 # A dropped connection or our own close(): the watch is over either way.
                 return
@@ -157,9 +153,7 @@ class _KubeWatchStream:
             obj = event.get("object") or {}
             if kind == "ERROR":
                 self.close()
-                raise error_for_status(
-                    int(obj.get("code", 500)), json.dumps(obj).encode(), self._what, "watch"
-                )
+                raise error_for_status(int(obj.get("code", 500)), json.dumps(obj).encode(), self._what, "watch")
             if kind in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK"):
                 return WatchEvent(type=kind, object=obj)
             log.warning("watch sent an unknown event type what=%s type=%s", self._what, kind)
@@ -251,9 +245,7 @@ class KubeCluster:
         meta = claim.get("metadata", {})
         namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
         path = f"/apis/resource.k8s.io/v1/namespaces/{quote(namespace)}/resourceclaims/{quote(name)}/status"
-        result: JsonObject = self._send(
-            "PUT", path, describe("ResourceClaim", name, namespace) + " status", body=claim
-        )
+        result: JsonObject = self._send("PUT", path, describe("ResourceClaim", name, namespace) + " status", body=claim)
         return result
 
     def get_node(self, name: str) -> JsonObject:
@@ -281,9 +273,7 @@ class KubeCluster:
 
     def update_resource_slice(self, obj: JsonObject) -> JsonObject:
         name = str(obj.get("metadata", {}).get("name", ""))
-        result: JsonObject = self._send(
-            "PUT", f"{_SLICES}/{quote(name)}", describe("ResourceSlice", name), body=obj
-        )
+        result: JsonObject = self._send("PUT", f"{_SLICES}/{quote(name)}", describe("ResourceSlice", name), body=obj)
         return result
 
     def delete_resource_slice(self, name: str, *, uid: str, resource_version: str) -> None:

@@ -97,15 +97,16 @@ class RegisteredPlugin:
 
     def prepare(self, claims: Sequence[Claim], timeout: float = CALL_TIMEOUT) -> dict[str, PreparedClaim]:
         """NodePrepareResources; the response map as plain data, devices as dicts of the proto's fields."""
-        response = self._dra.NodePrepareResources(self._request("NodePrepareResourcesRequest", claims),
-                                                  timeout=timeout)
+        response = self._dra.NodePrepareResources(self._request("NodePrepareResourcesRequest", claims), timeout=timeout)
         result = {}
         for uid, entry in response.claims.items():
             devices = []
             for device in entry.devices:
                 as_dict: dict[str, Any] = {
-                    "request_names": list(device.request_names), "pool_name": device.pool_name,
-                    "device_name": device.device_name, "cdi_device_ids": list(device.cdi_device_ids),
+                    "request_names": list(device.request_names),
+                    "pool_name": device.pool_name,
+                    "device_name": device.device_name,
+                    "cdi_device_ids": list(device.cdi_device_ids),
                 }
                 if "share_id" in device.DESCRIPTOR.fields_by_name and device.HasField("share_id"):
                     as_dict["share_id"] = device.share_id
@@ -121,21 +122,20 @@ class RegisteredPlugin:
 
     def unprepare(self, claims: Sequence[Claim], timeout: float = CALL_TIMEOUT) -> dict[str, str]:
         """NodeUnprepareResources; claim UID -> error ("" for success)."""
-        response = self._dra.NodeUnprepareResources(self._request("NodeUnprepareResourcesRequest", claims),
-                                                    timeout=timeout)
+        response = self._dra.NodeUnprepareResources(
+            self._request("NodeUnprepareResourcesRequest", claims), timeout=timeout
+        )
         return {uid: entry.error for uid, entry in response.claims.items()}
 
     def watch_health(self, timeout: float = CALL_TIMEOUT) -> Any:
         """Open NodeWatchResources; iterate for responses, ``.cancel()`` the result to end it."""
-        return self._health.NodeWatchResources(dra_health_v1alpha1_pb2.NodeWatchResourcesRequest(),
-                                               timeout=timeout)
+        return self._health.NodeWatchResources(dra_health_v1alpha1_pb2.NodeWatchResourcesRequest(), timeout=timeout)
 
 
 class KubeletClient:
     """Registers plugins found in ``registry_dir`` the way the kubelet does."""
 
-    def __init__(self, registry_dir: Path, *,
-                 supported_versions: Sequence[str] = KUBELET_DRA_VERSIONS) -> None:
+    def __init__(self, registry_dir: Path, *, supported_versions: Sequence[str] = KUBELET_DRA_VERSIONS) -> None:
         self.registry_dir = registry_dir
         self.supported_versions = tuple(supported_versions)
 
@@ -143,15 +143,16 @@ class KubeletClient:
         with grpc.insecure_channel(f"unix:{socket}") as channel:
             stub = pluginregistration_v1_pb2_grpc.RegistrationStub(channel)
             info: pluginregistration_v1_pb2.PluginInfo = stub.GetInfo(
-                pluginregistration_v1_pb2.InfoRequest(), timeout=timeout)
+                pluginregistration_v1_pb2.InfoRequest(), timeout=timeout
+            )
             return info
 
     def notify(self, socket: Path, registered: bool, error: str = "", timeout: float = 5.0) -> None:
         with grpc.insecure_channel(f"unix:{socket}") as channel:
             stub = pluginregistration_v1_pb2_grpc.RegistrationStub(channel)
             stub.NotifyRegistrationStatus(
-                pluginregistration_v1_pb2.RegistrationStatus(plugin_registered=registered, error=error),
-                timeout=timeout)
+                pluginregistration_v1_pb2.RegistrationStatus(plugin_registered=registered, error=error), timeout=timeout
+            )
 
     def register(self, socket: Path | None = None) -> RegisteredPlugin:
         """Run the registration handshake with ``socket`` (default: the only socket in the directory)."""
@@ -168,8 +169,10 @@ class KubeletClient:
             problem = f"endpoint {info.endpoint!r} is not an absolute path"
         version = next((v for v in info.supported_versions if v in self.supported_versions), None)
         if problem is None and version is None:
-            problem = (f"none of the plugin's versions {list(info.supported_versions)} is supported "
-                       f"(supported: {list(self.supported_versions)})")
+            problem = (
+                f"none of the plugin's versions {list(info.supported_versions)} is supported "
+                f"(supported: {list(self.supported_versions)})"
+            )
         if problem is not None or version is None:
             self.notify(socket, False, problem or "")
             raise RegistrationRejected(problem)

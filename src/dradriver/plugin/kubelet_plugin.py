@@ -65,8 +65,10 @@ class KubeletPlugin:
         claim_locks: ClaimLocks | None = None,
     ) -> None:
         if not _DRIVER_NAME.match(driver_name) or len(driver_name) > 63:
-            raise ConfigError(f"driver name {driver_name!r} is not a lower-case DNS subdomain of at most 63 "
-                              "characters (e.g. gpu.example.com); fix --driver-name")
+            raise ConfigError(
+                f"driver name {driver_name!r} is not a lower-case DNS subdomain of at most 63 "
+                "characters (e.g. gpu.example.com); fix --driver-name"
+            )
         if health_interval <= 0 or registration_check_interval <= 0:
             raise ConfigError("health_interval and registration_check_interval must be positive (seconds)")
         self.driver_name = driver_name
@@ -77,10 +79,12 @@ class KubeletPlugin:
         self.registration_socket = self.registry_dir / f"{driver_name}-reg.sock"
         self.registration = RegistrationState()
         self.claim_locks = claim_locks or ClaimLocks()
-        self._processor = ClaimProcessor(driver_name=driver_name, handler=handler, claim_source=claim_source,
-                                         locks=self.claim_locks)
-        self._health = (DRAResourceHealthV1alpha1(health_source, interval=health_interval)
-                        if health_source is not None else None)
+        self._processor = ClaimProcessor(
+            driver_name=driver_name, handler=handler, claim_source=claim_source, locks=self.claim_locks
+        )
+        self._health = (
+            DRAResourceHealthV1alpha1(health_source, interval=health_interval) if health_source is not None else None
+        )
         self.services: tuple[str, ...] = (DRA_V1, DRA_V1BETA1) + ((HEALTH_V1ALPHA1,) if self._health else ())
         self._check_interval = registration_check_interval
         self._stop_grace = stop_grace
@@ -101,16 +105,16 @@ class KubeletPlugin:
         _make_dir(self.registry_dir, "kubelet plugin registration directory", "--registry-dir")
         self._lock.acquire(f"driver {self.driver_name} on node {self.node_name}")
         try:
-            self._dra_server = SocketServer(self.dra_socket, self._add_dra_services,
-                                            max_workers=self._max_workers)
+            self._dra_server = SocketServer(self.dra_socket, self._add_dra_services, max_workers=self._max_workers)
             self._dra_server.start()
-            logger.info("serving DRA services socket=%s services=%s",
-                        self.dra_socket, ",".join(self.services))
+            logger.info("serving DRA services socket=%s services=%s", self.dra_socket, ",".join(self.services))
             self._start_registration_server()
-            self._watcher = RegistrationWatcher(interval=self._check_interval,
-                                                is_in_place=self._registration_in_place,
-                                                recreate=self._recreate_registration_server,
-                                                directory=self.registry_dir)
+            self._watcher = RegistrationWatcher(
+                interval=self._check_interval,
+                is_in_place=self._registration_in_place,
+                recreate=self._recreate_registration_server,
+                directory=self.registry_dir,
+            )
             self._watcher.start()
         except BaseException:
             self.stop()
@@ -146,8 +150,9 @@ class KubeletPlugin:
         self.start()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
     def _add_dra_services(self, server: grpc.Server) -> None:
@@ -156,10 +161,15 @@ class KubeletPlugin:
             add_health_service(server, self._health)
 
     def _add_registration_service(self, server: grpc.Server) -> None:
-        add_registration_service(server, RegistrationService(
-            driver_name=self.driver_name, endpoint=str(self.dra_socket), services=self.services,
-            state=self.registration,
-        ))
+        add_registration_service(
+            server,
+            RegistrationService(
+                driver_name=self.driver_name,
+                endpoint=str(self.dra_socket),
+                services=self.services,
+                state=self.registration,
+            ),
+        )
 
     def _start_registration_server(self) -> None:
         server = SocketServer(self.registration_socket, self._add_registration_service, max_workers=2)
@@ -186,5 +196,6 @@ def _make_dir(path: Path, what: str, flag: str) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise ConfigError(f"cannot create the {what} {path}: {err.strerror or err}; fix {flag} or the "
-                          "permissions of its parent") from err
+        raise ConfigError(
+            f"cannot create the {what} {path}: {err.strerror or err}; fix {flag} or the permissions of its parent"
+        ) from err

@@ -45,9 +45,10 @@ class PluginLock:
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as err:
-            raise ConfigError(f"cannot open the instance lock file {self.path}: {err.strerror or err}; fix its "
-                              "permissions or remove what is there, or give this one a different --plugin-dir"
-                              ) from err
+            raise ConfigError(
+                f"cannot open the instance lock file {self.path}: {err.strerror or err}; fix its "
+                "permissions or remove what is there, or give this one a different --plugin-dir"
+            ) from err
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -108,8 +109,9 @@ class SocketServer:
         try:
             self._server.add_insecure_port(f"unix:{self.path}")
         except RuntimeError as err:
-            raise ConfigError(f"cannot serve on socket {self.path}: {err}; check the directory exists and is "
-                              "writable") from err
+            raise ConfigError(
+                f"cannot serve on socket {self.path}: {err}; check the directory exists and is writable"
+            ) from err
         self._server.start()
         self.inode = os.stat(self.path).st_ino
 
@@ -140,8 +142,9 @@ class RegistrationWatcher:
     Polling keeps this free of inotify; the check is one ``stat``.
     """
 
-    def __init__(self, *, interval: float, is_in_place: Callable[[], bool], recreate: Callable[[], None],
-                 directory: Path) -> None:
+    def __init__(
+        self, *, interval: float, is_in_place: Callable[[], bool], recreate: Callable[[], None], directory: Path
+    ) -> None:
         self._interval = interval
         self._is_in_place = is_in_place
         self._recreate = recreate

@@ -173,9 +173,7 @@ class MemoryCluster:
         if self._validate:
             problems = validate_slice(obj)
             if problems:
-                raise InvalidObjectError(
-                    f"{verb} {what}: invalid: " + "; ".join(str(p) for p in problems), status=422
-                )
+                raise InvalidObjectError(f"{verb} {what}: invalid: " + "; ".join(str(p) for p in problems), status=422)
 
     def create_resource_slice(self, obj: JsonObject) -> JsonObject:
         stored = copy.deepcopy(obj)
@@ -235,9 +233,7 @@ class MemoryCluster:
         with self._lock:
             since = int(resource_version or 0)
             if self._history and since < self._history[0][0] - 1 and len(self._history) >= _HISTORY:
-                raise WatchExpiredError(
-                    f"watch ResourceSlices: resourceVersion {since} is too old", status=410
-                )
+                raise WatchExpiredError(f"watch ResourceSlices: resourceVersion {since} is too old", status=410)
             for rv, event in self._history:
                 if rv > since and _slice_matches(event.object, driver, node_name):
                     events.put(event)

@@ -256,9 +256,7 @@ class Publisher:
         with self._lock:
             if self._thread is not None:
                 return
-            self._thread = threading.Thread(
-                target=self._run, name=f"slice-publisher-{self._driver}", daemon=True
-            )
+            self._thread = threading.Thread(target=self._run, name=f"slice-publisher-{self._driver}", daemon=True)
             self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -316,9 +314,7 @@ class Publisher:
             # Anything, not only ClusterError: a slice the server sent in an unexpected shape must show up
             # in the status instead of silently ending publishing.
             with self._lock:
-                self._last_error = (
-                    str(exc) if isinstance(exc, ClusterError) else f"{type(exc).__name__}: {exc}"
-                )
+                self._last_error = str(exc) if isinstance(exc, ClusterError) else f"{type(exc).__name__}: {exc}"
                 self._failures += 1
             raise
         with self._lock:
@@ -341,8 +337,7 @@ class Publisher:
                 invalid[name] = tuple(problems)
                 for problem in problems:
                     log.error(
-                        "pool not published: invalid slice pool=%s slice=%s device=%s field=%s "
-                        "rule=%s problem=%s",
+                        "pool not published: invalid slice pool=%s slice=%s device=%s field=%s rule=%s problem=%s",
                         name,
                         problem.slice,
                         problem.device,
@@ -387,8 +382,7 @@ class Publisher:
     def _owner_ok(self, existing: Mapping[str, Any]) -> bool:
         refs = (existing.get("metadata") or {}).get("ownerReferences") or []
         return any(
-            r.get("kind") == "Node" and r.get("uid") == self._node_uid and r.get("controller") is True
-            for r in refs
+            r.get("kind") == "Node" and r.get("uid") == self._node_uid and r.get("controller") is True for r in refs
         )
 
     def _same(self, pool: str, index: int, desired: JsonObject, existing: Mapping[str, Any]) -> bool:
@@ -418,9 +412,7 @@ class Publisher:
         if not self._node_uid:
             node = self._cluster.get_node(self._node_name)
             self._node_uid = str((node.get("metadata") or {}).get("uid") or "")
-        existing, resource_version = self._cluster.list_resource_slices(
-            driver=self._driver, node_name=self._node_name
-        )
+        existing, resource_version = self._cluster.list_resource_slices(driver=self._driver, node_name=self._node_name)
         by_pool: dict[str, list[JsonObject]] = {}
         for obj in existing:
             name = str(((obj.get("spec") or {}).get("pool") or {}).get("name", ""))
@@ -433,9 +425,7 @@ class Publisher:
             created, updated, deleted = created + c, updated + u, deleted + d
         return SyncResult(created, updated, deleted, resource_version)
 
-    def _sync_pool(
-        self, pool: str, specs: Sequence[SliceSpec], existing: list[JsonObject]
-    ) -> tuple[int, int, int]:
+    def _sync_pool(self, pool: str, specs: Sequence[SliceSpec], existing: list[JsonObject]) -> tuple[int, int, int]:
         generation = max((_generation(e) for e in existing), default=0)
         obsolete = [e for e in existing if _generation(e) < generation]
         current = sorted((e for e in existing if _generation(e) == generation), key=_name)

@@ -66,10 +66,10 @@ class RegistrationState:
 class RegistrationService(pb_grpc.RegistrationServicer):
     """Answers GetInfo with the DRA endpoint and services, and records NotifyRegistrationStatus."""
 
-    def __init__(self, *, driver_name: str, endpoint: str, services: Sequence[str],
-                 state: RegistrationState) -> None:
-        self._info = pb.PluginInfo(type=PLUGIN_TYPE, name=driver_name, endpoint=endpoint,
-                                   supported_versions=list(services))
+    def __init__(self, *, driver_name: str, endpoint: str, services: Sequence[str], state: RegistrationState) -> None:
+        self._info = pb.PluginInfo(
+            type=PLUGIN_TYPE, name=driver_name, endpoint=endpoint, supported_versions=list(services)
+        )
         self._state = state
 
     def GetInfo(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.PluginInfo:
@@ -82,12 +82,14 @@ class RegistrationService(pb_grpc.RegistrationServicer):
         status = RegistrationStatus(registered=request.plugin_registered, error=request.error)
         self._state.report(status)
         if status.registered:
-            logger.info("kubelet registered the plugin driver=%s endpoint=%s",
-                        self._info.name, self._info.endpoint)
+            logger.info("kubelet registered the plugin driver=%s endpoint=%s", self._info.name, self._info.endpoint)
         else:
             # The kubelet retries registration from scratch (GetInfo again), so stay up and keep answering.
-            logger.error("kubelet rejected the plugin registration driver=%s error=%s; waiting for a retry",
-                         self._info.name, status.error or "(no reason given)")
+            logger.error(
+                "kubelet rejected the plugin registration driver=%s error=%s; waiting for a retry",
+                self._info.name,
+                status.error or "(no reason given)",
+            )
         return pb.RegistrationStatusResponse()
 
 

@@ -60,6 +60,8 @@ _SEMVER = re.compile(
     r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
     r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
 )
+
+
 def is_dns_label(value: object) -> bool:
     """True for an RFC 1123 label: lower-case alphanumerics and '-', at most 63 characters."""
     return isinstance(value, str) and len(value) <= 63 and bool(_DNS_LABEL.match(value))
@@ -96,9 +98,7 @@ class SliceValidationError(DradriverError):
     def __init__(self, problems: Sequence[Problem]) -> None:
         self.problems = list(problems)
         lines = "\n  ".join(str(p) for p in self.problems)
-        super().__init__(
-            f"{len(self.problems)} ResourceSlice problem(s); fix the devices named below:\n  {lines}"
-        )
+        super().__init__(f"{len(self.problems)} ResourceSlice problem(s); fix the devices named below:\n  {lines}")
 
 
 def slice_label(obj: Mapping[str, Any], index: int | None = None) -> str:
@@ -132,9 +132,7 @@ class _Checker:
             return
         domain, _, ident = key.rpartition("/")
         if "/" in key and (not is_dns_subdomain(domain) or len(domain) > 63):
-            self.add(
-                field, rule, f"domain {domain!r} must be a DNS subdomain of at most 63 characters", device
-            )
+            self.add(field, rule, f"domain {domain!r} must be a DNS subdomain of at most 63 characters", device)
         if not _C_IDENTIFIER.match(ident) or len(ident) > 32:
             self.add(
                 field,
@@ -219,9 +217,7 @@ class _Checker:
         if not name:
             self.add("spec.pool.name", "required", "pool name is required")
         elif (
-            not isinstance(name, str)
-            or len(name) > 253
-            or not all(is_dns_subdomain(part) for part in name.split("/"))
+            not isinstance(name, str) or len(name) > 253 or not all(is_dns_subdomain(part) for part in name.split("/"))
         ):
             self.add(
                 "spec.pool.name",
@@ -241,8 +237,7 @@ class _Checker:
             self.add(
                 "spec",
                 "one-node-selection",
-                f"exactly one of {', '.join(NODE_SELECTION_FIELDS)} must be set, found "
-                f"{', '.join(present) or 'none'}",
+                f"exactly one of {', '.join(NODE_SELECTION_FIELDS)} must be set, found {', '.join(present) or 'none'}",
             )
         self.node_selection_values(spec, "spec", None)
         if spec.get("perDeviceNodeSelection") is not None and spec.get("perDeviceNodeSelection") is not True:
@@ -251,9 +246,7 @@ class _Checker:
     def node_selection_values(self, where: Mapping[str, Any], field: str, device: str | None) -> None:
         node_name = where.get("nodeName")
         if node_name is not None and not is_dns_subdomain(node_name):
-            self.add(
-                f"{field}.nodeName", "node-name", "must be a non-empty node name (DNS subdomain)", device
-            )
+            self.add(f"{field}.nodeName", "node-name", "must be a non-empty node name (DNS subdomain)", device)
         if where.get("allNodes") is not None and where.get("allNodes") is not True:
             self.add(f"{field}.allNodes", "all-nodes", "must be true if set", device)
         selector = where.get("nodeSelector")
@@ -288,9 +281,7 @@ class _Checker:
                 continue
             name = counter_set.get("name")
             if not is_dns_label(name):
-                self.add(
-                    f"{field}.name", "counter-set-name-dns-label", "counter set name must be a DNS label"
-                )
+                self.add(f"{field}.name", "counter-set-name-dns-label", "counter set name must be a DNS label")
             elif name in seen:
                 self.add(f"{field}.name", "counter-set-name-unique", f"counter set {name} is listed twice")
             else:
@@ -326,12 +317,9 @@ class _Checker:
             isinstance(d, Mapping) and (d.get("taints") or d.get("consumesCounters") or _has_list_attribute(d))
             for d in devices
         )
-        limit = (
-            MAX_DEVICES_WITH_TAINTS_OR_COUNTERS if heavy and self.shape is SliceShape.V1_35 else MAX_DEVICES
-        )
+        limit = MAX_DEVICES_WITH_TAINTS_OR_COUNTERS if heavy and self.shape is SliceShape.V1_35 else MAX_DEVICES
         if len(devices) > limit:
-            why = (" because a device has taints, consumesCounters or list attributes"
-                   if limit < MAX_DEVICES else "")
+            why = " because a device has taints, consumesCounters or list attributes" if limit < MAX_DEVICES else ""
             self.add(
                 "spec.devices",
                 "max-devices",
@@ -366,9 +354,7 @@ class _Checker:
                 f"{MAX_CONSUMED_COUNTERS_PER_SLICE_1_34} allowed per slice",
             )
 
-    def device(
-        self, device: Mapping[str, Any], field: str, label: str | None, spec: Mapping[str, Any]
-    ) -> int:
+    def device(self, device: Mapping[str, Any], field: str, label: str | None, spec: Mapping[str, Any]) -> int:
         attributes = device.get("attributes") or {}
         capacity = device.get("capacity") or {}
         if len(attributes) + len(capacity) > MAX_ATTRIBUTES_AND_CAPACITIES:
@@ -432,8 +418,7 @@ class _Checker:
             self.add(
                 field,
                 "attribute-one-value",
-                f"must have exactly one of {', '.join(ATTRIBUTE_VALUE_FIELDS)}, found "
-                f"{', '.join(present) or 'none'}",
+                f"must have exactly one of {', '.join(ATTRIBUTE_VALUE_FIELDS)}, found {', '.join(present) or 'none'}",
                 device,
             )
         for kind in present:
@@ -464,9 +449,7 @@ class _Checker:
                         )
         return sum(len(attribute[k]) for k in present if k.endswith("s") and isinstance(attribute[k], list))
 
-    def capacity(
-        self, key: object, cap: object, field: str, device: str | None, owner: Mapping[str, Any]
-    ) -> None:
+    def capacity(self, key: object, cap: object, field: str, device: str | None, owner: Mapping[str, Any]) -> None:
         self.qualified_name(key, field, "capacity-name", device)
         if not isinstance(cap, Mapping) or cap.get("value") is None:
             self.add(f"{field}.value", "required", "capacity value is required", device)
@@ -486,19 +469,14 @@ class _Checker:
             return
         values, valid_range = policy.get("validValues"), policy.get("validRange")
         if values is not None and valid_range is not None:
-            self.add(
-                f"{field}.requestPolicy", "request-policy", "set validValues or validRange, not both", device
-            )
+            self.add(f"{field}.requestPolicy", "request-policy", "set validValues or validRange, not both", device)
         default = (
             self.quantity(policy["default"], f"{field}.requestPolicy.default", device)
             if policy.get("default") is not None
             else None
         )
         if values is not None:
-            parsed = [
-                self.quantity(v, f"{field}.requestPolicy.validValues[{i}]", device)
-                for i, v in enumerate(values)
-            ]
+            parsed = [self.quantity(v, f"{field}.requestPolicy.validValues[{i}]", device) for i, v in enumerate(values)]
             numbers = [p for p in parsed if p is not None]
             if len(values) > MAX_VALID_VALUES:
                 self.add(
@@ -535,9 +513,7 @@ class _Checker:
                 device,
             )
 
-    def consumes_counters(
-        self, entries: object, field: str, device: str | None, spec: Mapping[str, Any]
-    ) -> int:
+    def consumes_counters(self, entries: object, field: str, device: str | None, spec: Mapping[str, Any]) -> int:
         if entries is None:
             return 0
         if not isinstance(entries, list):
@@ -611,9 +587,7 @@ class _Checker:
                 )
             value = taint.get("value")
             if value and (not isinstance(value, str) or len(value) > 63 or not _LABEL_NAME.match(value)):
-                self.add(
-                    f"{where}.value", "taint-value", "must be a label value (at most 63 characters)", device
-                )
+                self.add(f"{where}.value", "taint-value", "must be a label value (at most 63 characters)", device)
             if taint.get("effect") not in TAINT_EFFECTS:
                 self.add(
                     f"{where}.effect",
@@ -676,9 +650,7 @@ def validate_slice(
     return _Checker(obj, label or slice_label(obj), shape).check()
 
 
-def validate_pool(
-    slices: Sequence[Mapping[str, Any]], *, shape: SliceShape = SliceShape.V1_35
-) -> list[Problem]:
+def validate_pool(slices: Sequence[Mapping[str, Any]], *, shape: SliceShape = SliceShape.V1_35) -> list[Problem]:
     """Every rule the slices of one pool break, alone or together.
 
     On top of :func:`validate_slice` for each slice: all slices name the same pool and carry the same
