@@ -96,14 +96,17 @@ class GatedPod:
         return None
 
     def delete(self) -> None:
-        """Delete the pod at once (no kubelet will confirm it) and wait for the claim controller to remove the
-        generated claim, which frees its devices for the next test."""
+        """End the pod as a kubelet would (phase Succeeded), wait for the claim controller to delete the claim it
+        generated (which frees its devices for the next test), then delete the pod at once (no kubelet will)."""
+        if self.kube.find("pods", self.name, NAMESPACE) is not None:
+            self.kube.patch("pods", self.name, {"status": {"phase": "Succeeded"}}, NAMESPACE, sub="status")
+        if getattr(self, "claim_name", None):
+            self.kube.wait(
+                f"claim {self.claim_name} to be removed",
+                lambda: self.kube.find("resourceclaims", self.claim_name, NAMESPACE) is None,
+                TIMEOUT,
+            )
         self.kube.delete("pods", self.name, NAMESPACE, gracePeriodSeconds="0")
-        self.kube.wait(
-            f"claim {self.claim_name} to be removed",
-            lambda: self.kube.find("resourceclaims", self.claim_name, NAMESPACE) is None,
-            TIMEOUT,
-        )
 
 
 def kubectl() -> str:

@@ -278,7 +278,7 @@ class ControlPlane:
             "--endpoint-reconciler-type=none",
             "--v=1",
         )
-        self._wait(apiserver, self._apiserver_ready)
+        self._wait(apiserver, self.kube.healthy)
         admin = str(self.kubeconfig)
         scheduler_port = free_port()
         insecure = ssl.create_default_context()
@@ -314,13 +314,6 @@ class ControlPlane:
         self._wait(manager, lambda: _healthy(f"https://127.0.0.1:{manager_port}/healthz", insecure))
         # Pods need their namespace's default ServiceAccount (admission looks it up): made by the controller.
         self.kube.wait("the default ServiceAccount", lambda: self.kube.find("serviceaccounts", "default", "default"))
-
-    def _apiserver_ready(self) -> bool:
-        try:
-            self.kube.request("GET", "/readyz")
-        except (ApiError, OSError, Exception):
-            return False
-        return True
 
     def dead_components(self) -> list[str]:
         return [c.name for c in self.components if not c.alive()]

@@ -63,6 +63,7 @@ class Kube:
             key_file=str(creds.key_file),
             timeout=urllib3.Timeout(connect=5.0, read=30.0),
             retries=False,
+            maxsize=4,
         )
 
     def path(self, plural: str, name: str = "", namespace: str = "", sub: str = "") -> str:
@@ -90,6 +91,13 @@ class Kube:
             except json.JSONDecodeError:
                 raise ApiError(response.status, text) from None
         return json.loads(text) if text else None
+
+    def healthy(self, path: str = "/readyz") -> bool:
+        """Whether ``path`` (a plain-text health endpoint) answers 200."""
+        try:
+            return bool(self._http.request("GET", self.server + path).status == 200)
+        except urllib3.exceptions.HTTPError:
+            return False
 
     def get(self, plural: str, name: str, namespace: str = "") -> dict[str, Any]:
         result: dict[str, Any] = self.request("GET", self.path(plural, name, namespace))
