@@ -13,6 +13,7 @@ from dradriver.cli.logs import configure_logging
 from dradriver.cli.options import add_env_option, add_gpu_options, add_slice_options
 from dradriver.cli.status_server import StatusServer
 from dradriver.driver.cdi import CdiWriter
+from dradriver.driver.driver_root import DriverRoot, discover_driver_root
 from dradriver.driver.health import GpuHealth
 from dradriver.driver.metrics import InstrumentedHandler
 from dradriver.driver.slices import SliceSettings, build_slice_specs, shape_for
@@ -20,6 +21,8 @@ from dradriver.driver.state import GpuDriver
 from dradriver.errors import ConfigError, DradriverError
 from dradriver.gpu.backend import open_gpu_backend
 from dradriver.gpu.inventory import MigMode, discover
+from dradriver.gpu.sim_driver_root import write_stub_driver_root
+from dradriver.plugin.claim_status import ClaimStatusWriter
 from dradriver.plugin.cluster import ClusterError
 from dradriver.plugin.kube_cluster import KubeCluster
 from dradriver.plugin.kubelet_plugin import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, KubeletPlugin
@@ -97,7 +100,46 @@ def register(subcommands: Any) -> None:
     )
     add_gpu_options(parser)
     add_slice_options(parser)
+    add_driver_root_options(parser)
     parser.set_defaults(handler=run)
+
+
+def add_driver_root_options(parser: argparse.ArgumentParser) -> None:
+    """Where the NVIDIA driver's files are, for the CDI specs; and whether claims get device status."""
+    group = parser.add_argument_group("CDI specs and claim status")
+    add_env_option(
+        group,
+        "--driver-root",
+        env="DRADRIVER_DRIVER_ROOT",
+        default="/",
+        help="host path of the NVIDIA driver's files: / where the driver is installed on the host, "
+        "/run/nvidia/driver with the GPU Operator's driver container (simulated node: a stub root in the "
+        "plugin directory when left at /)",
+    )
+    add_env_option(
+        group,
+        "--container-driver-root",
+        env="DRADRIVER_CONTAINER_DRIVER_ROOT",
+        help="where this container mounts --driver-root, e.g. /driver-root (default: the same path)",
+    )
+    add_env_option(
+        group,
+        "--nvidia-cdi-hook-path",
+        env="DRADRIVER_NVIDIA_CDI_HOOK_PATH",
+        default="",
+        metavar="PATH|none",
+        help="host path of NVIDIA's nvidia-cdi-hook for the create-symlinks and update-ldcache hooks; "
+        "empty: use <driver-root>/usr/bin/nvidia-cdi-hook if it exists; none: no hooks",
+    )
+    add_env_option(
+        group,
+        "--claim-device-status",
+        env="DRADRIVER_CLAIM_DEVICE_STATUS",
+        default="true",
+        choices=("true", "false"),
+        help="write prepared devices into the claims' status.devices (API server 1.33+, feature "
+        "DRAResourceClaimDeviceStatus)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -132,8 +174,17 @@ def run(args: argparse.Namespace) -> int:
     )
 
     # A simulated node has no /dev/nvidia*: bind /dev/null so a real runtime can still inject the spec.
-    cdi = CdiWriter(Path(args.cdi_dir), host_path=(lambda _path: "/dev/null") if simulated else lambda _path: None)
+    cdi = CdiWriter(
+        Path(args.cdi_dir),
+        host_path=(lambda _path: "/dev/null") if simulated else lambda _path: None,
+        driver_root=_driver_root(args, inventory.driver_version, simulated=simulated is not None),
+    )
     driver = GpuDriver(driver_name=args.driver_name, pool=node, inventory=inventory, mig_mode=mig_mode, cdi=cdi)
+    claim_status = (
+        ClaimStatusWriter(cluster, driver_name=args.driver_name, node_name=node)
+        if args.claim_device_status == "true"
+        else None
+    )
     health = GpuHealth(inventory=inventory, mig_mode=mig_mode, pool=node)
     plugin = KubeletPlugin(
         driver_name=args.driver_name,
@@ -143,6 +194,7 @@ def run(args: argparse.Namespace) -> int:
         health_source=health,
         registry_dir=Path(args.registry_dir),
         plugin_dir=Path(args.plugin_dir) if args.plugin_dir else None,
+        claim_status=claim_status,
     )
 
     def readiness() -> tuple[bool, dict[str, Any]]:
@@ -213,6 +265,21 @@ def run(args: argparse.Namespace) -> int:
         gpulib.close()
         cluster.close()
     return 0
+
+
+def _driver_root(args: argparse.Namespace, version: str, *, simulated: bool) -> DriverRoot:
+    """Discover the driver root; a simulated node left at --driver-root / gets a stub root of its own."""
+    hook = None if args.nvidia_cdi_hook_path == "none" else args.nvidia_cdi_hook_path
+    if simulated and args.driver_root == "/" and not args.container_driver_root:
+        plugin_dir = Path(args.plugin_dir) if args.plugin_dir else DEFAULT_PLUGINS_DIR / args.driver_name
+        stub = write_stub_driver_root(plugin_dir.absolute() / "sim-driver-root", version)
+        return discover_driver_root(host_root=str(stub), version=version, cdi_hook=hook)
+    return discover_driver_root(
+        host_root=args.driver_root,
+        container_root=args.container_driver_root or args.driver_root,
+        version=version,
+        cdi_hook=hook,
+    )
 
 
 def _pools(node: str, specs: list[dict[str, Any]]) -> dict[str, list[SliceSpec]]:

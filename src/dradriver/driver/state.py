@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dradriver.driver.cdi import CdiWriter, ClaimSpec, cdi_device
+from dradriver.driver.device_status import device_status_data
 from dradriver.errors import ClaimError, DradriverError
 from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode, MigPartition
 from dradriver.gpu.models import DeviceNode
@@ -100,8 +101,14 @@ class GpuDriver:
             cdi_ids = self.cdi.write(spec)
         log.info("prepared claim=%s name=%s devices=%s", uid, name, ",".join(by_device))
         return tuple(
-            PreparedDevice(pool=self.pool, device=device, requests=tuple(requests), cdi_device_ids=(cdi_id,))
-            for (device, requests), cdi_id in zip(by_device.items(), cdi_ids, strict=True)
+            PreparedDevice(
+                pool=self.pool,
+                device=device,
+                requests=tuple(requests),
+                cdi_device_ids=(cdi_id,),
+                status_data=device_status_data(found, admin_access=device not in exclusive),
+            )
+            for (device, requests), cdi_id, found in zip(by_device.items(), cdi_ids, resolved, strict=True)
         )
 
     def _refuse_overlap(self, uid: str, name: str, devices: set[str]) -> None:

@@ -16,6 +16,7 @@ import grpc
 
 from dradriver.api.generated import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from dradriver.errors import DradriverError
+from dradriver.plugin.claim_status import ClaimStatusWriter
 from dradriver.plugin.claims import ClaimLocks, ClaimSource, base_request_name, claim_problem, ref_problem
 from dradriver.plugin.handler import ClaimRef, DriverHandler, PreparedDevice, PrepareResult
 
@@ -40,12 +41,19 @@ class ClaimProcessor:
     """Runs prepare/unprepare batches from the kubelet through a :class:`DriverHandler`."""
 
     def __init__(
-        self, *, driver_name: str, handler: DriverHandler, claim_source: ClaimSource, locks: ClaimLocks
+        self,
+        *,
+        driver_name: str,
+        handler: DriverHandler,
+        claim_source: ClaimSource,
+        locks: ClaimLocks,
+        claim_status: ClaimStatusWriter | None = None,
     ) -> None:
         self.driver_name = driver_name
         self._handler = handler
         self._claims = claim_source
         self._locks = locks
+        self._claim_status = claim_status
 
     def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         """Prepare the referenced claims; the result has an entry for every distinct UID in ``refs``."""
@@ -69,6 +77,8 @@ class ClaimProcessor:
                 )
             for uid, outcome in outcomes.items():
                 results[uid] = self._check_prepare_result(uid, outcome)
+                if self._claim_status is not None and results[uid].error is None:
+                    self._claim_status.prepared(_ref_of(fetched[uid]), results[uid].devices)
         return results
 
     def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str | None]:
@@ -89,6 +99,7 @@ class ClaimProcessor:
                     lambda batch: self._handler.unprepare_resource_claims([ref for _, ref in batch]),
                     "unprepare",
                 )
+            refs_by_uid = dict(valid)
             for uid, outcome in outcomes.items():
                 if isinstance(outcome, _Failure):
                     results[uid] = outcome.message
@@ -96,6 +107,8 @@ class ClaimProcessor:
                     results[uid] = outcome or None
                 else:
                     results[uid] = f"driver returned {type(outcome).__name__} for claim UID {uid}, not an error string"
+                if self._claim_status is not None and results[uid] is None:
+                    self._claim_status.unprepared(refs_by_uid[uid])
         return results
 
     def _fetch(self, ref: ClaimRef, into: dict[str, Mapping[str, Any]]) -> str | None:
@@ -169,6 +182,7 @@ class ClaimProcessor:
                     requests=tuple(dict.fromkeys(base_request_name(r) for r in device.requests)),
                     cdi_device_ids=tuple(device.cdi_device_ids),
                     share_id=device.share_id,
+                    status_data=device.status_data,
                 )
             )
         return PrepareResult(devices=tuple(devices))
@@ -179,6 +193,11 @@ class _Failure:
 
     def __init__(self, message: str) -> None:
         self.message = message
+
+
+def _ref_of(claim: Mapping[str, Any]) -> ClaimRef:
+    meta = claim["metadata"]
+    return ClaimRef(namespace=str(meta.get("namespace", "")), name=str(meta.get("name", "")), uid=str(meta["uid"]))
 
 
 def _distinct(refs: Iterable[ClaimRef]) -> list[ClaimRef]:

@@ -16,6 +16,7 @@ from types import TracebackType
 import grpc
 
 from dradriver.errors import ConfigError
+from dradriver.plugin.claim_status import ClaimStatusWriter
 from dradriver.plugin.claims import ClaimLocks, ClaimSource
 from dradriver.plugin.dra_service import ClaimProcessor, add_dra_services
 from dradriver.plugin.handler import DriverHandler, HealthSource
@@ -45,7 +46,8 @@ class KubeletPlugin:
 
     ``handler`` prepares and unprepares claims; ``claim_source`` fetches claims from the API server before
     prepare; ``health_source``, if given, feeds the health stream (and the service is only advertised then).
-    ``claim_locks`` is a seam for tests that need to observe per-claim serialisation.
+    ``claim_locks`` is a seam for tests that need to observe per-claim serialisation. ``claim_status``, if
+    given, writes each prepared claim's ``status.devices`` and clears it at unprepare.
     """
 
     def __init__(
@@ -63,6 +65,7 @@ class KubeletPlugin:
         stop_grace: float = 5.0,
         max_workers: int = 16,
         claim_locks: ClaimLocks | None = None,
+        claim_status: ClaimStatusWriter | None = None,
     ) -> None:
         if not _DRIVER_NAME.match(driver_name) or len(driver_name) > 63:
             raise ConfigError(
@@ -79,8 +82,13 @@ class KubeletPlugin:
         self.registration_socket = self.registry_dir / f"{driver_name}-reg.sock"
         self.registration = RegistrationState()
         self.claim_locks = claim_locks or ClaimLocks()
+        self.claim_status = claim_status
         self._processor = ClaimProcessor(
-            driver_name=driver_name, handler=handler, claim_source=claim_source, locks=self.claim_locks
+            driver_name=driver_name,
+            handler=handler,
+            claim_source=claim_source,
+            locks=self.claim_locks,
+            claim_status=claim_status,
         )
         self._health = (
             DRAResourceHealthV1alpha1(health_source, interval=health_interval) if health_source is not None else None
@@ -136,6 +144,8 @@ class KubeletPlugin:
             self._dra_server.stop(self._stop_grace)
             self._dra_server = None
             logger.info("stopped DRA services socket=%s", self.dra_socket)
+        if self.claim_status is not None:
+            self.claim_status.stop()
         self._lock.release()
 
     def run_until(self, stop: threading.Event) -> None:
