@@ -8,6 +8,7 @@ mount namespace where /run/cdi is the driver's CDI directory (see shared tooling
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -23,6 +24,9 @@ from dradriver.driver.driver_root import discover_driver_root
 from dradriver.driver.state import GpuDriver
 from dradriver.gpu.inventory import MigMode
 from dradriver.gpu.sim_driver_root import write_stub_driver_root
+from dradriver.plugin.claims import ClaimLocks
+from dradriver.plugin.device_metadata import DeviceMetadataWriter
+from dradriver.plugin.dra_service import ClaimProcessor
 from dradriver.plugin.handler import ClaimRef
 
 DRIVER = "gpu.dradriver.dev"
@@ -197,3 +201,34 @@ def test_the_runtime_runs_nvidias_hooks_with_the_rendered_arguments(world: Path)
     calls = (world / "hook.log").read_text().splitlines()
     assert any(c.startswith("create-symlinks ") and f"libcuda.so.{VERSION}::{LIBDIR}/libcuda.so.1" in c for c in calls)
     assert f"update-ldcache --folder {LIBDIR}" in calls
+
+
+class _Claims:
+    def __init__(self, *claims: dict) -> None:
+        self.claims = {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in claims}
+
+    def get_resource_claim(self, namespace: str, name: str) -> dict:
+        return self.claims[(namespace, name)]
+
+
+def test_a_container_reads_the_device_metadata_of_its_own_request_only(world: Path) -> None:
+    spec_claim = claim("3c-meta", ("first", GPU_A), ("second", GPU_B))
+    processor = ClaimProcessor(
+        driver_name=DRIVER,
+        handler=gpu_driver(world),
+        claim_source=_Claims(spec_claim),
+        locks=ClaimLocks(),
+        device_metadata=DeviceMetadataWriter(driver_name=DRIVER, plugin_dir=world / "plugin", cdi_dir=world / "cdi"),
+    )
+    result = processor.prepare([ClaimRef("default", "3c-meta", "3c-meta")])["3c-meta"]
+    assert result.error is None
+    first_ids = [i for d in result.devices if "first" in d.requests for i in d.cdi_device_ids]
+    base = "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/3c-meta"
+
+    done = podman_run(world, first_ids, f"ls {base}; cat {base}/first/{DRIVER}-metadata.json")
+    assert done.returncode == 0, done.stderr
+    listed, _, document = done.stdout.partition("{")
+    assert listed.split() == ["first"]
+    metadata = json.loads("{" + document)
+    [device] = metadata["requests"][0]["devices"]
+    assert device["name"] == GPU_A and device["attributes"]["uuid"]["string"].startswith("GPU-")

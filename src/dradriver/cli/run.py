@@ -140,6 +140,14 @@ def add_driver_root_options(parser: argparse.ArgumentParser) -> None:
         help="write prepared devices into the claims' status.devices (API server 1.33+, feature "
         "DRAResourceClaimDeviceStatus)",
     )
+    add_env_option(
+        group,
+        "--device-metadata",
+        env="DRADRIVER_DEVICE_METADATA",
+        default="false",
+        choices=("true", "false"),
+        help="give containers KEP-5304 device metadata files under /var/run/kubernetes.io/dra-device-attributes",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -195,6 +203,7 @@ def run(args: argparse.Namespace) -> int:
         registry_dir=Path(args.registry_dir),
         plugin_dir=Path(args.plugin_dir) if args.plugin_dir else None,
         claim_status=claim_status,
+        device_metadata_cdi_dir=Path(args.cdi_dir) if args.device_metadata == "true" else None,
     )
 
     def readiness() -> tuple[bool, dict[str, Any]]:

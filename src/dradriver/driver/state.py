@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dradriver.driver.cdi import CdiWriter, ClaimSpec, cdi_device
-from dradriver.driver.device_status import device_status_data
+from dradriver.driver.device_status import device_metadata_attributes, device_status_data
 from dradriver.errors import ClaimError, DradriverError
 from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode, MigPartition
 from dradriver.gpu.models import DeviceNode
@@ -107,6 +107,7 @@ class GpuDriver:
                 requests=tuple(requests),
                 cdi_device_ids=(cdi_id,),
                 status_data=device_status_data(found, admin_access=device not in exclusive),
+                metadata=device_metadata_attributes(found),
             )
             for (device, requests), cdi_id, found in zip(by_device.items(), cdi_ids, resolved, strict=True)
         )

@@ -18,6 +18,7 @@ import grpc
 from dradriver.errors import ConfigError
 from dradriver.plugin.claim_status import ClaimStatusWriter
 from dradriver.plugin.claims import ClaimLocks, ClaimSource
+from dradriver.plugin.device_metadata import DeviceMetadataWriter
 from dradriver.plugin.dra_service import ClaimProcessor, add_dra_services
 from dradriver.plugin.handler import DriverHandler, HealthSource
 from dradriver.plugin.health import DRAResourceHealthV1alpha1, add_health_service
@@ -48,6 +49,7 @@ class KubeletPlugin:
     prepare; ``health_source``, if given, feeds the health stream (and the service is only advertised then).
     ``claim_locks`` is a seam for tests that need to observe per-claim serialisation. ``claim_status``, if
     given, writes each prepared claim's ``status.devices`` and clears it at unprepare.
+    ``device_metadata_cdi_dir``, if given, turns on KEP-5304 device metadata files, with their CDI specs there.
     """
 
     def __init__(
@@ -66,6 +68,7 @@ class KubeletPlugin:
         max_workers: int = 16,
         claim_locks: ClaimLocks | None = None,
         claim_status: ClaimStatusWriter | None = None,
+        device_metadata_cdi_dir: Path | None = None,
     ) -> None:
         if not _DRIVER_NAME.match(driver_name) or len(driver_name) > 63:
             raise ConfigError(
@@ -89,6 +92,13 @@ class KubeletPlugin:
             claim_source=claim_source,
             locks=self.claim_locks,
             claim_status=claim_status,
+            device_metadata=(
+                DeviceMetadataWriter(
+                    driver_name=driver_name, plugin_dir=self.plugin_dir, cdi_dir=device_metadata_cdi_dir
+                )
+                if device_metadata_cdi_dir is not None
+                else None
+            ),
         )
         self._health = (
             DRAResourceHealthV1alpha1(health_source, interval=health_interval) if health_source is not None else None
