@@ -113,8 +113,8 @@ def add_driver_root_options(parser: argparse.ArgumentParser) -> None:
         env="DRADRIVER_DRIVER_ROOT",
         default="/",
         help="host path of the NVIDIA driver's files: / where the driver is installed on the host, "
-        "/run/nvidia/driver with the GPU Operator's driver container (simulated node: a stub root in the "
-        "plugin directory when left at /)",
+        "/run/nvidia/driver with the GPU Operator's driver container (a simulated node uses a stub root in the "
+        "plugin directory instead)",
     )
     add_env_option(
         group,
@@ -173,6 +173,9 @@ def run(args: argparse.Namespace) -> int:
         args.gpu_backend,
     )
 
+    # Before any cluster access: without the driver's libraries no container could use a GPU of this node.
+    driver_root = driver_root_for(args, inventory.driver_version, simulated=simulated is not None)
+
     cluster = KubeCluster.from_kubeconfig(args.kubeconfig)
     node_uid = _node_uid(cluster, node)
     settings = SliceSettings(driver=args.driver_name, mig_mode=mig_mode, shape=shape)
@@ -185,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
     cdi = CdiWriter(
         Path(args.cdi_dir),
         host_path=(lambda _path: "/dev/null") if simulated else lambda _path: None,
-        driver_root=_driver_root(args, inventory.driver_version, simulated=simulated is not None),
+        driver_root=driver_root,
     )
     driver = GpuDriver(driver_name=args.driver_name, pool=node, inventory=inventory, mig_mode=mig_mode, cdi=cdi)
     claim_status = (
@@ -276,10 +279,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _driver_root(args: argparse.Namespace, version: str, *, simulated: bool) -> DriverRoot:
-    """Discover the driver root; a simulated node left at --driver-root / gets a stub root of its own."""
+def driver_root_for(args: argparse.Namespace, version: str, *, simulated: bool) -> DriverRoot:
+    """Discover the driver root. A simulated node has no driver installed: it gets a stub root in the plugin
+    directory, a path the DaemonSet mounts at the same place as on the host, so host and container paths agree."""
     hook = None if args.nvidia_cdi_hook_path == "none" else args.nvidia_cdi_hook_path
-    if simulated and args.driver_root == "/" and not args.container_driver_root:
+    if simulated:
         plugin_dir = Path(args.plugin_dir) if args.plugin_dir else DEFAULT_PLUGINS_DIR / args.driver_name
         stub = write_stub_driver_root(plugin_dir.absolute() / "sim-driver-root", version)
         return discover_driver_root(host_root=str(stub), version=version, cdi_hook=hook)
