@@ -127,3 +127,32 @@ def test_writing_the_stub_root_twice_is_harmless(root: Path):
     write_stub_driver_root(root, VERSION, machine="x86_64")
     assert (root / "usr/bin/nvidia-smi").stat().st_mode & 0o111
     assert os.readlink(root / LIBDIR / "libcuda.so.1") == f"libcuda.so.{VERSION}"
+
+
+def test_only_the_native_library_directory_is_mounted(root: Path):
+    # A 64-bit RHEL-style host: /usr/lib64 first, 32-bit compatibility copies in /usr/lib.
+    lib64 = root / "usr/lib64"
+    lib64.mkdir()
+    (lib64 / f"libcuda.so.{VERSION}").write_text("64-bit")
+    (lib64 / f"libnvidia-ml.so.{VERSION}").write_text("64-bit")
+    (lib64 / "libcuda.so.1").symlink_to(f"libcuda.so.{VERSION}")
+    (root / "usr/lib" / f"libcuda.so.{VERSION}").write_text("32-bit")
+    found = discover(root)
+    assert found.libcuda.container_path == f"/usr/lib64/libcuda.so.{VERSION}"
+    assert {f.container_path for f in found.libraries} == {
+        f"/usr/lib64/libcuda.so.{VERSION}",
+        f"/usr/lib64/libnvidia-ml.so.{VERSION}",
+    }
+    assert found.library_dirs == ("/usr/lib64",)
+    assert {s.link for s in found.symlinks} == {"/usr/lib64/libcuda.so.1", "/usr/lib64/libcuda.so"}
+
+
+def test_an_absolute_directory_link_is_followed_inside_the_root_not_in_this_container(root: Path):
+    real = root / "opt/driver"
+    real.parent.mkdir(parents=True)
+    (root / LIBDIR).rename(real)
+    (root / LIBDIR).symlink_to("/opt/driver")  # on the host this means <driver root>/opt/driver
+    found = discover(root)
+    assert found.libcuda.container_path == f"/opt/driver/libcuda.so.{VERSION}"
+    assert all(str(f.path).startswith("opt/driver/") for f in found.libraries)
+    assert "/opt/driver/libcuda.so.1" in {s.link for s in found.symlinks}

@@ -5,8 +5,8 @@ tools such as ``nvidia-smi``: those must match the kernel module, so they come f
 them the way NVIDIA's container toolkit does for ``nvidia-ctk cdi generate``:
 
 - the driver version is the running one (from NVML), and ``libcuda.so.<version>`` must be there;
-- libraries: every ``*.so.<version>`` in the library directories that hold the driver's versioned libraries
-  (and their ``vdpau/`` subdirectory), plus ``libnvidia-nvvm70.so.*``;
+- libraries: every ``*.so.<version>`` in the library directory that holds ``libcuda.so.<version>`` (the first in
+  the toolkit's search order) and its ``vdpau/`` subdirectory, plus ``libnvidia-nvvm70.so.*``;
 - the soname links the installer made (``libcuda.so.1`` → ``libcuda.so.<version>``), to recreate in the container;
 - the GSP firmware (``lib/firmware/nvidia/<version>/gsp*.bin``), the binaries (``nvidia-smi``, …) and the
   persistenced/fabricmanager sockets, each skipped when missing.
@@ -96,6 +96,7 @@ class DriverRoot:
     host_root: PurePosixPath
     container_root: Path
     version: str
+    libcuda: DriverFile
     libraries: tuple[DriverFile, ...]
     symlinks: tuple[Symlink, ...]
     firmware: tuple[DriverFile, ...]
@@ -111,10 +112,6 @@ class DriverRoot:
     def library_dirs(self) -> tuple[str, ...]:
         """The container directories holding the mounted libraries, for the linker cache."""
         return tuple(dict.fromkeys(str(PurePosixPath(f.container_path).parent) for f in self.libraries))
-
-    @property
-    def libcuda(self) -> DriverFile:
-        return next(f for f in self.libraries if f.path.name == f"libcuda.so.{self.version}")
 
 
 def discover_driver_root(
@@ -145,8 +142,11 @@ def discover_driver_root(
         )
     dirs = library_dirs(machine)
     libcuda_name = f"libcuda.so.{version}"
-    holding = [d for d in dirs if _regular_file(root, PurePosixPath(d) / libcuda_name) is not None]
-    if not holding:
+    located = next(
+        ((d, found) for d in dirs if (found := _regular_file(root, PurePosixPath(d) / libcuda_name)) is not None),
+        None,
+    )
+    if located is None:
         searched = ", ".join(f"{root}/{d}" for d in dirs)
         raise DriverRootError(
             f"{libcuda_name} of the running NVIDIA driver {version} was not found in driver root {root} "
@@ -154,9 +154,13 @@ def discover_driver_root(
             "path, e.g. /run/nvidia/driver with the GPU Operator) and --container-driver-root (its mount in "
             "this container) at the root that has them"
         )
-    libraries = _libraries(root, dirs, version)
-    found = {f.path for f in libraries}
-    symlinks = _soname_links(root, dirs, found)
+    # The driver's libraries sit beside libcuda: the first directory in search order that has it is the native
+    # one (a 64-bit host's /usr/lib may hold the 32-bit compatibility copies, which must not shadow it).
+    native_dir, libcuda = located
+    # Where libcuda was found, and where its file really is when that is a link into another directory.
+    native = tuple(dict.fromkeys(str(d) for d in (_resolve(root, PurePosixPath(native_dir)), libcuda.parent) if d))
+    libraries = _libraries(root, native, version)
+    symlinks = _soname_links(root, native, {f.path for f in libraries})
     firmware = _firmware(root, version, kernel_release or platform.release())
     binaries = tuple(DriverFile(path) for name in BINARIES if (path := _first_file(root, BINARY_DIRS, name)))
     sockets = tuple(DriverFile(PurePosixPath("run") / sock) for sock in IPC_SOCKETS if (root / "run" / sock).exists())
@@ -169,6 +173,7 @@ def discover_driver_root(
         host_root=host,
         container_root=root,
         version=version,
+        libcuda=DriverFile(libcuda),
         libraries=libraries,
         symlinks=symlinks,
         firmware=firmware,
@@ -196,8 +201,8 @@ def _libraries(root: Path, dirs: tuple[str, ...], version: str) -> tuple[DriverF
     for directory in dirs:
         for sub in (PurePosixPath(directory), PurePosixPath(directory) / "vdpau"):
             folder = root / sub
-            if not folder.is_dir() or folder.is_symlink():
-                continue  # lib64 → usr/lib64 style links: the real directory is searched on its own
+            if not folder.is_dir():
+                continue
             names = sorted(
                 entry.name
                 for entry in folder.iterdir()
@@ -216,7 +221,7 @@ def _soname_links(root: Path, dirs: tuple[str, ...], libraries: set[PurePosixPat
     links: dict[str, Symlink] = {}
     for directory in dirs:
         folder = root / directory
-        if not folder.is_dir() or folder.is_symlink():
+        if not folder.is_dir():
             continue
         for entry in sorted(folder.iterdir(), key=lambda e: e.name):
             if not entry.is_symlink() or ".so" not in entry.name:
@@ -259,9 +264,15 @@ def _first_file(root: Path, dirs: tuple[str, ...], name: str) -> PurePosixPath |
     return None
 
 
-def _regular_file(root: Path, relative: PurePosixPath, *, depth: int = 0) -> PurePosixPath | None:
+def _regular_file(root: Path, relative: PurePosixPath) -> PurePosixPath | None:
+    """``relative`` resolved inside ``root`` if it ends at a regular file, else None."""
+    resolved = _resolve(root, relative)
+    return resolved if resolved is not None and (root / resolved).is_file() else None
+
+
+def _resolve(root: Path, relative: PurePosixPath, *, depth: int = 0) -> PurePosixPath | None:
     """``relative`` with symlinks followed *inside* ``root`` (an absolute link target means root-relative, as
-    on the host), if it ends at a regular file; None when missing, dangling, looping or leaving the root."""
+    on the host); None when missing, dangling or looping. ``..`` never leaves the root."""
     if depth > 40:
         return None
     current = PurePosixPath()
@@ -278,10 +289,9 @@ def _regular_file(root: Path, relative: PurePosixPath, *, depth: int = 0) -> Pur
             rest = PurePosixPath(*parts[index + 1 :]) if index + 1 < len(parts) else PurePosixPath()
             base = PurePosixPath() if target.is_absolute() else current
             joined = PurePosixPath(*[p for p in (base / target / rest).parts if p != "/"])
-            return _regular_file(root, _normalise(joined), depth=depth + 1)
+            return _resolve(root, _normalise(joined), depth=depth + 1)
         current = current / part
-    full = root / current
-    return current if full.is_file() and not full.is_symlink() else None
+    return current if (root / current).exists() and not (root / current).is_symlink() else None
 
 
 def _normalise(path: PurePosixPath) -> PurePosixPath:
