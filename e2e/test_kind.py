@@ -27,7 +27,7 @@ spec:
   containers:
     - name: main
       image: busybox:1.36
-      command: ["sh", "-c", "env | grep -E '^(NVIDIA_VISIBLE_DEVICES|DRADRIVER_DEVICE_)'; nvidia-smi; ls /dev/nvidia0"]
+      command: ["sh", "-c", "env | grep -E '^(NVIDIA_VISIBLE_DEVICES|DRADRIVER_DEVICE_)'; nvidia-smi; ls /dev/nvidia*"]
       resources:
         claims: [{name: gpu}]
 """
@@ -59,4 +59,4 @@ def test_a_pod_gets_a_prepared_gpu_injected_through_cdi(cluster: str) -> None:
     assert "NVIDIA_VISIBLE_DEVICES=void" in logs
     assert "DRADRIVER_DEVICE_GPU_" in logs and "=GPU-" in logs
     assert "simulated NVIDIA driver" in logs  # the stub driver root's nvidia-smi, mounted by the CDI spec
-    assert "/dev/nvidia0" in logs
+    assert "/dev/nvidiactl" in logs
