@@ -123,12 +123,6 @@ def test_the_hook_is_found_in_the_driver_root_or_taken_as_given(root: Path):
     )
 
 
-def test_writing_the_stub_root_twice_is_harmless(root: Path):
-    write_stub_driver_root(root, VERSION, machine="x86_64")
-    assert (root / "usr/bin/nvidia-smi").stat().st_mode & 0o111
-    assert os.readlink(root / LIBDIR / "libcuda.so.1") == f"libcuda.so.{VERSION}"
-
-
 def test_only_the_native_library_directory_is_mounted(root: Path):
     # A 64-bit RHEL-style host: /usr/lib64 first, 32-bit compatibility copies in /usr/lib.
     lib64 = root / "usr/lib64"
