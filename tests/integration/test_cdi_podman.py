@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -110,11 +111,29 @@ def claim(uid: str, *results: tuple[str, str]) -> dict:
     }
 
 
+# A stand-in for NVIDIA's nvidia-cdi-hook: it logs its arguments and does what create-symlinks does, in the
+# container's root file system found from the OCI state on stdin (runc runs createContainer hooks on the host).
+HOOK = """#!{python}
+import json, os, sys
+with open("{log}", "a") as log:
+    log.write(" ".join(sys.argv[1:]) + "\\n")
+state = json.load(sys.stdin)
+with open(os.path.join(state["bundle"], "config.json")) as config:
+    root = json.load(config)["root"]["path"]
+root = os.path.join(state["bundle"], root)
+if sys.argv[1] == "create-symlinks":
+    for target, link in (a.split("::") for a in sys.argv[2:] if a != "--link"):
+        path = os.path.join(root, link.lstrip("/"))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if not os.path.lexists(path):
+            os.symlink(target, path)
+"""
+
+
 def gpu_driver(world: Path, *, hook: bool = False) -> GpuDriver:
     root = write_stub_driver_root(world / "driver-root", VERSION)
     if hook:
-        # Records how the runtime called it; NVIDIA's real hook would edit the container's root file system.
-        (root / "usr/bin/nvidia-cdi-hook").write_text(f'#!/bin/sh\necho "$@" >> {world}/hook.log\n')
+        (root / "usr/bin/nvidia-cdi-hook").write_text(HOOK.format(python=sys.executable, log=world / "hook.log"))
         (root / "usr/bin/nvidia-cdi-hook").chmod(0o755)
     return GpuDriver(
         driver_name=DRIVER,
@@ -196,8 +215,10 @@ def test_a_container_given_one_request_of_a_two_request_claim_sees_only_its_devi
 def test_the_runtime_runs_nvidias_hooks_with_the_rendered_arguments(world: Path) -> None:
     driver = gpu_driver(world, hook=True)
     ids = cdi_ids_by_request(driver, claim("9a-hooks", ("gpu", GPU_A)))
-    done = podman_run(world, ids["gpu"], "true")
+    done = podman_run(world, ids["gpu"], f"cat {LIBDIR}/libcuda.so {LIBDIR}/libcuda.so.1")
     assert done.returncode == 0, done.stderr
+    # Both links exist only because the hook made them: without a hook libcuda.so is not there at all.
+    assert done.stdout.count(f"stub libcuda.so.{VERSION}") == 2
     calls = (world / "hook.log").read_text().splitlines()
     assert any(c.startswith("create-symlinks ") and f"libcuda.so.{VERSION}::{LIBDIR}/libcuda.so.1" in c for c in calls)
     assert f"update-ldcache --folder {LIBDIR}" in calls
