@@ -160,3 +160,17 @@ def test_the_stand_in_rejects_status_for_a_device_that_is_not_allocated(api: Api
     assert devices_of(api) == []
     rejected = [r for r in api.server.requests if r.method == "PUT" and r.status == 422]
     assert len(rejected) == 1
+
+
+def test_stop_drops_queued_updates_and_a_later_update_starts_the_writer_again(
+    api: ApiEnv, writer: ClaimStatusWriter
+) -> None:
+    ref = stored_claim(api)
+    api.server.delay_next("GET", r"/resourceclaims/c1$", 0.5)
+    writer.prepared(ref, [PreparedDevice(pool="node-a", device="gpu-0")])
+    writer.prepared(ref, [PreparedDevice(pool="node-a", device="gpu-1")])
+    writer.stop()
+    assert writer.wait_idle(1)
+    writer.prepared(ref, [PreparedDevice(pool="node-a", device="gpu-0")])
+    assert writer.wait_idle(10)
+    assert [d["device"] for d in devices_of(api)] == ["gpu-0"]

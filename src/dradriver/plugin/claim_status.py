@@ -104,6 +104,18 @@ class ClaimStatusWriter:
         self._stop.set()
         self._jobs.put(None)
         thread.join(timeout)
+        dropped = 0
+        while True:
+            try:
+                if self._jobs.get_nowait() is not None:
+                    dropped += 1
+            except queue.Empty:
+                break
+        with self._idle:
+            self._pending -= dropped
+            self._idle.notify_all()
+        if dropped:
+            logger.info("claim status updates dropped at stop count=%d", dropped)
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until every queued job is done (or given up); False on timeout."""
