@@ -221,6 +221,8 @@ class FakeApiServer:
 
     def __init__(self, *, validate: bool = True) -> None:
         self.validate = validate
+        # What GET /version answers: set another release to exercise the driver's version detection.
+        self.version: dict[str, str] = {"major": "1", "minor": "35", "gitVersion": "v1.35.0", "platform": "linux/amd64"}
         self._cond = threading.Condition()
         self._rv = 0
         self._objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {r: {} for r in RESOURCES}
@@ -652,6 +654,11 @@ class _Handler(BaseHTTPRequestHandler):
                     fault.message,
                 )
             body = self._read_body()
+            if method == "GET" and split.path == "/version":
+                # The discovery document real servers answer (any client may read it).
+                api._record(RequestRecord(method, split.path, query, 200, authorized))
+                self._send_json(200, dict(api.version))
+                return
             route = self._route(split.path)
             if watch:
                 api._record(RequestRecord(method, split.path, query, 200, authorized, watch=True))
