@@ -36,7 +36,7 @@ import kubernetes_validate
 import yaml
 
 from dradriver.plugin.kube_cluster import KubeCluster, k8s_client
-from dradriver.plugin.slice_validation import validate_slice
+from dradriver.plugin.slice_validation import SliceShape, validate_slice
 
 TOKEN = "stand-in-token"
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -306,13 +306,15 @@ class FakeApiServer:
     def _validate(self, resource: Resource, obj: dict[str, Any]) -> None:
         if not self.validate:
             return
+        # Judge by the release this server claims to be (/version): 1.34 has other slice rules than 1.35+.
+        minor = int(self.version.get("minor", "35").rstrip("+"))
         try:
-            kubernetes_validate.validate(obj, "1.37.0", strict=True)
+            kubernetes_validate.validate(obj, f"1.{min(max(minor, 34), 37)}.0", strict=True)
         except kubernetes_validate.utils.ValidationError as exc:
             path = ".".join(str(p) for p in getattr(exc, "path", []))
             raise ApiError(422, "Invalid", f"{resource.kind} is invalid: {path}: {exc.message}") from exc
         if resource.plural == "resourceslices":
-            problems = validate_slice(obj)
+            problems = validate_slice(obj, shape=SliceShape.V1_34 if minor == 34 else SliceShape.V1_35)
             if problems:
                 reasons = "; ".join(map(str, problems))
                 raise ApiError(422, "Invalid", f"{resource.kind} is invalid: {reasons}")
