@@ -5,12 +5,11 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from support.nodes import inventory_of
-
 from dradriver.driver.slices import SliceSettings, build_slice_specs
 from dradriver.gpu.inventory import MigMode
 from dradriver.plugin.memory_cluster import MemoryCluster
 from dradriver.plugin.publisher import Publisher, SliceSpec
+from support.nodes import inventory_of
 
 DRIVER = "gpu.dradriver.dev"
 
