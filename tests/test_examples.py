@@ -138,7 +138,7 @@ def test_scenario_objects_pass_the_official_schemas(path: Path, version: str) ->
 def test_our_allocator_allocates_the_scenario_on_its_node(path: Path) -> None:
     profile, _, mode = header(path, "Node").partition(" --mig-mode ")
     node = "sim-node"
-    slices = published_slices(profile, mode or "none", node=node) + [nic_slice(node)]
+    slices = [*published_slices(profile, mode or "none", node=node), nic_slice(node)]
     taint(slices, [d for d in documents(path) if d["kind"] == "DeviceTaintRule"])
     claims = claims_of(path)
     assert claims, f"{path.name} holds no claim"
