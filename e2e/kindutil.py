@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
 
 
 def run(*args: str, timeout: float = 300, input: str | None = None) -> str:
@@ -11,3 +16,14 @@ def run(*args: str, timeout: float = 300, input: str | None = None) -> str:
     if done.returncode != 0:
         raise AssertionError(f"{' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
     return done.stdout
+
+
+def header(path: Path, field: str) -> str | None:
+    """An example's ``# Field: value`` header line, or None."""
+    match = re.search(rf"^# {field}: (.+)$", path.read_text(), re.M)
+    return match.group(1).strip() if match else None
+
+
+def workloads(path: Path) -> list[dict[str, Any]]:
+    """The Pods and Deployments of an example file."""
+    return [d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] in ("Pod", "Deployment")]
