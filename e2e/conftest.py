@@ -38,8 +38,6 @@ def missing_tools() -> list[str]:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
     ours = [item for item in items if Path(str(item.fspath)).is_relative_to(here)]
-    for item in ours:
-        item.add_marker(pytest.mark.e2e)
     missing = missing_tools()
     if not missing:
         return

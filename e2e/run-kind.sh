@@ -15,4 +15,4 @@ if ((${#missing[@]})); then
   echo "e2e needs: ${missing[*]} (install them, or run the normal suite: pytest tests)" >&2
   exit 2
 fi
-exec "${PYTHON:-python3}" -m pytest e2e -m e2e -v -p no:xdist "$@"
+exec "${PYTHON:-python3}" -m pytest e2e -v -p no:xdist "$@"

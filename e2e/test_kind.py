@@ -13,6 +13,7 @@ import pytest
 from conftest import DAEMONSET, NAMESPACE, ROOT, Cluster
 from kindutil import header, workloads
 
+pytestmark = pytest.mark.e2e
 SCENARIOS = sorted((ROOT / "examples/scenarios").glob("*.yaml"))
 DRIVER = "gpu.dradriver.dev"
 
