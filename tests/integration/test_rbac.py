@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from integration.test_run_process import NODE, TIMEOUT, DriverProcess, allocated_claim
 from support.apiserver import FakeApiServer, RequestRecord
 
 from dradriver.plugin.kubelet_client import KubeletClient
+from integration.test_run_process import NODE, TIMEOUT, DriverProcess, allocated_claim
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = "gpu.dradriver.dev"
