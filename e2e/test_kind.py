@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DAEMONSET, NAMESPACE, ROOT, Cluster
-from kindutil import header, workloads
+from kindutil import DAEMONSET, NAMESPACE, ROOT, Cluster, header, workloads
 
 pytestmark = pytest.mark.e2e
 SCENARIOS = sorted((ROOT / "examples/scenarios").glob("*.yaml"))

@@ -52,11 +52,11 @@ def test_registration_socket_names_fall_back_to_a_hash_when_too_long() -> None:
     uid = "6b0e3b9c-2f0e-4a9e-8f5e-1c2d3e4f5a6b"
     short = rolling_update_registration_socket(Path("/var/lib/kubelet/plugins_registry"), "gpu.dradriver.dev", uid)
     assert short.name == f"gpu.dradriver.dev-{uid}-reg.sock"
-    deep = Path("/" + "d" * 40)
+    deep = Path("/" + "d" * 50)
     hashed = rolling_update_registration_socket(deep, "gpu.dradriver.dev", uid)
     assert hashed.name.startswith("gpu.dradriver.dev-") and uid not in hashed.name
     assert len(bytes(hashed)) <= MAX_SOCKET_PATH_BYTES
-    deeper = Path("/" + "d" * 70)
+    deeper = Path("/" + "d" * 72)
     last = rolling_update_registration_socket(deeper, "gpu.dradriver.dev", uid)
     assert last.name.startswith("dra-") and len(last.name) == len("dra-") + 16 + len("-reg.sock")
     assert "/" not in last.name and "+" not in last.name
