@@ -60,3 +60,55 @@ def test_registration_socket_names_fall_back_to_a_hash_when_too_long() -> None:
     last = rolling_update_registration_socket(deeper, "gpu.dradriver.dev", uid)
     assert last.name.startswith("dra-") and len(last.name) == len("dra-") + 16 + len("-reg.sock")
     assert "/" not in last.name and "+" not in last.name
+
+
+class _Recorder:
+    """A handler that records how many calls run at once."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+        self.running = 0
+        self.most = 0
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def _call(self) -> None:
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        self.entered.set()
+        self.release.wait(5)
+        with self.lock:
+            self.running -= 1
+
+    def prepare_resource_claims(self, claims):  # type: ignore[no-untyped-def]
+        self._call()
+        return {c["metadata"]["uid"]: None for c in claims}
+
+    def unprepare_resource_claims(self, claims):  # type: ignore[no-untyped-def]
+        self._call()
+        return {c.uid: None for c in claims}
+
+
+def test_instances_of_a_rolling_update_never_prepare_at_the_same_time(tmp_path: Path) -> None:
+    import threading
+
+    from dradriver.plugin.handler import ClaimRef
+    from dradriver.plugin.lifecycle import SerializedHandler
+
+    recorder = _Recorder()
+    old = SerializedHandler(recorder, tmp_path / "serialize.lock")
+    new = SerializedHandler(recorder, tmp_path / "serialize.lock")
+    first = threading.Thread(target=old.prepare_resource_claims, args=([{"metadata": {"uid": "a"}}],))
+    first.start()
+    assert recorder.entered.wait(5)
+    second = threading.Thread(target=new.unprepare_resource_claims, args=([ClaimRef("ns", "b", "b")],))
+    second.start()
+    second.join(0.3)  # bounded wait: the second call must still be blocked on the file lock
+    assert second.is_alive() and recorder.running == 1
+    recorder.release.set()
+    first.join(5)
+    second.join(5)
+    assert recorder.most == 1 and not second.is_alive()
