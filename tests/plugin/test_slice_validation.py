@@ -10,12 +10,8 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from dradriver.errors import DradriverError
 from dradriver.plugin.slice_validation import (
     SliceShape,
-    SliceValidationError,
-    check_pool,
-    check_slice,
     parse_quantity,
     validate_pool,
     validate_slice,
@@ -83,7 +79,6 @@ def test_a_good_slice_has_no_problems_and_passes_kubernetes_validate() -> None:
         ]
     )
     assert validate_slice(obj) == []
-    check_slice(obj)
     kubernetes_validate.validate(obj, "1.37.0", strict=True)
 
 
@@ -287,13 +282,12 @@ def test_all_problems_are_returned_not_only_the_first() -> None:
     assert {"device-name-dns-label", "taint-effect", "required"} <= rules(obj)
 
 
-def test_check_slice_raises_a_dradriver_error_listing_every_problem() -> None:
+def test_validate_slice_lists_every_problem_naming_its_device() -> None:
     obj = slice_obj([device("Bad_0"), device("Bad_1")])
-    with pytest.raises(SliceValidationError) as raised:
-        check_slice(obj)
-    assert isinstance(raised.value, DradriverError)
-    assert len(raised.value.problems) == 2
-    assert "Bad_0" in str(raised.value) and "Bad_1" in str(raised.value)
+    problems = validate_slice(obj)
+    assert len(problems) == 2
+    shown = "; ".join(str(p) for p in problems)
+    assert "Bad_0" in shown and "Bad_1" in shown
 
 
 @pytest.mark.parametrize(
@@ -367,7 +361,6 @@ def _pool(*slices: Obj) -> list[Obj]:
 def test_a_pool_with_counters_in_their_own_slice_is_valid() -> None:
     pool = _pool(counters_slice([counter_set()]), slice_obj([consuming("gpu-0"), consuming("gpu-1")]))
     assert validate_pool(pool) == []
-    check_pool(pool)
 
 
 def test_pool_rejects_counter_references_to_unknown_sets_or_counters() -> None:
@@ -401,11 +394,9 @@ def test_pool_rejects_inconsistent_generation_and_slice_count() -> None:
     assert {"pool-consistent", "pool-slice-count"} <= found
 
 
-def test_check_pool_raises_with_every_problem() -> None:
+def test_validate_pool_lists_every_problem() -> None:
     pool = _pool(slice_obj([device("gpu-0")]), slice_obj([device("gpu-0"), device("X")]))
-    with pytest.raises(SliceValidationError) as raised:
-        check_pool(pool)
-    assert {p.rule for p in raised.value.problems} == {"device-name-unique", "device-name-dns-label"}
+    assert {p.rule for p in validate_pool(pool)} == {"device-name-unique", "device-name-dns-label"}
 
 
 def test_validation_does_not_modify_its_input() -> None:
