@@ -9,6 +9,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+from support.slice_rules import slice_errors
 
 from dradriver.plugin.slice_validation import (
     SliceShape,
@@ -259,6 +260,52 @@ def test_each_broken_rule_is_reported_by_name(mutate: Callable[[Obj], None], rul
     obj = slice_obj()
     mutate(obj)
     assert rule in rules(obj)
+
+
+def _api_server_rejects(obj: Obj) -> bool:
+    """The API stand-in's verdict: the upstream schema, then its own rules (written apart from ours)."""
+    try:
+        kubernetes_validate.validate(obj, "1.37.0", strict=True)
+    except kubernetes_validate.utils.ValidationError:
+        return True
+    return bool(slice_errors(obj))
+
+
+@pytest.mark.parametrize("mutate", [m for _, m, _ in BROKEN], ids=[b[0] for b in BROKEN])
+def test_the_api_stand_in_independently_rejects_each_broken_slice(mutate: Callable[[Obj], None]) -> None:
+    obj = slice_obj()
+    mutate(obj)
+    assert _api_server_rejects(obj)
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        slice_obj([device("gpu-0"), device("gpu-1", taints=[{"key": "example.com/xid", "effect": "NoExecute"}])]),
+        slice_obj([device(f"gpu-{i}", taints=[{"key": "k", "effect": "NoSchedule"}]) for i in range(64)]),
+        slice_obj([device(f"gpu-{i}") for i in range(128)]),
+        counters_slice([counter_set(f"s{i}", 32) for i in range(8)]),
+        slice_obj([consuming("gpu-0"), device("gpu-1", attributes={"peers": {"strings": ["gpu-0"]}})]),
+        slice_obj(
+            [
+                device(
+                    "shared",
+                    allowMultipleAllocations=True,
+                    capacity={
+                        "memory": {
+                            "value": "80Gi",
+                            "requestPolicy": {"default": "10Gi", "validValues": ["10Gi", "40Gi"]},
+                        }
+                    },
+                )
+            ]
+        ),
+    ],
+    ids=["taints", "64-tainted", "128-plain", "8-counter-sets", "consuming-and-lists", "request-policy"],
+)
+def test_the_api_stand_in_and_the_validator_both_accept_good_slices(obj: Obj) -> None:
+    assert validate_slice(obj) == []
+    assert not _api_server_rejects(obj)
 
 
 def test_sixty_four_devices_with_taints_are_accepted() -> None:
