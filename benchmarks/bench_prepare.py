@@ -25,7 +25,7 @@ from dradriver.driver.cdi import CdiWriter  # noqa: E402
 from dradriver.driver.slices import SliceSettings, build_slice_specs  # noqa: E402
 from dradriver.driver.state import GpuDriver  # noqa: E402
 from dradriver.gpu.fakelib import simulated_gpulib  # noqa: E402
-from dradriver.gpu.inventory import Inventory, MigMode, discover  # noqa: E402
+from dradriver.gpu.inventory import MigMode, discover  # noqa: E402
 from dradriver.plugin.kubelet_client import Claim, KubeletClient  # noqa: E402
 from dradriver.plugin.kubelet_plugin import KubeletPlugin  # noqa: E402
 from dradriver.plugin.memory_cluster import MemoryCluster  # noqa: E402
@@ -46,10 +46,26 @@ def percentiles(samples: list[float]) -> str:
     )
 
 
-def _allocated_claims(cluster: MemoryCluster, devices: list[str], count: int) -> list[Claim]:
-    """``count`` claims, each allocated one of ``devices`` in turn, stored in ``cluster``."""
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--claims", type=int, default=200)
+    args = parser.parse_args()
+
+    gpulib, _ = simulated_gpulib("dgx-a100-80gb", node_name=NODE)
+    started = time.perf_counter()
+    inventory = discover(gpulib)
+    discovered = time.perf_counter() - started
+    started = time.perf_counter()
+    specs = build_slice_specs(inventory, SliceSettings(mig_mode=MigMode.DYNAMIC))
+    built = time.perf_counter() - started
+    gpulib.close()
+    print(f"discovery of 8 GPUs (NVML adapter on the simulator): {discovered * 1000:.1f} ms")
+    print(f"slices for dynamic MIG ({sum(len(s.get('devices', ())) for s in specs)} devices): {built * 1000:.1f} ms")
+
+    cluster = MemoryCluster(validate=False)
+    devices = [g.name for g in inventory.gpus]
     claims = []
-    for i in range(count):
+    for i in range(args.claims):
         stored = cluster.add_resource_claim(
             {
                 "apiVersion": "resource.k8s.io/v1",
@@ -68,33 +84,6 @@ def _allocated_claims(cluster: MemoryCluster, devices: list[str], count: int) ->
             }
         )
         claims.append(Claim("bench", stored["metadata"]["name"], stored["metadata"]["uid"]))
-    return claims
-
-
-def _timed_discovery() -> Inventory:
-    """Discover the simulated node and build its slices, printing how long each took."""
-    gpulib, _ = simulated_gpulib("dgx-a100-80gb", node_name=NODE)
-    started = time.perf_counter()
-    inventory = discover(gpulib)
-    discovered = time.perf_counter() - started
-    started = time.perf_counter()
-    specs = build_slice_specs(inventory, SliceSettings(mig_mode=MigMode.DYNAMIC))
-    built = time.perf_counter() - started
-    gpulib.close()
-    print(f"discovery of 8 GPUs (NVML adapter on the simulator): {discovered * 1000:.1f} ms")
-    print(f"slices for dynamic MIG ({sum(len(s.get('devices', ())) for s in specs)} devices): {built * 1000:.1f} ms")
-    return inventory
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--claims", type=int, default=200)
-    args = parser.parse_args()
-
-    inventory = _timed_discovery()
-    cluster = MemoryCluster(validate=False)
-    devices = [g.name for g in inventory.gpus]
-    claims = _allocated_claims(cluster, devices, args.claims)
 
     root = Path(tempfile.mkdtemp(prefix="dra-bench-", dir="/tmp"))
     try:
