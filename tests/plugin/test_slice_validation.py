@@ -390,6 +390,21 @@ def test_1_34_shape_allows_only_four_taints_but_128_tainted_devices() -> None:
     assert validate_slice(many, shape=SliceShape.V1_34) == []
 
 
+def test_the_api_stand_in_judges_a_1_34_server_by_its_own_limits_too() -> None:
+    inline = slice_obj([consuming("gpu-0")], sharedCounters=[counter_set()])
+    five = slice_obj([device(taints=[{"key": f"k{i}", "effect": "None"} for i in range(5)])])
+    many = slice_obj([device(f"g-{i}", taints=[{"key": "k", "effect": "None"}]) for i in range(100)])
+    summed = slice_obj([device()], sharedCounters=[counter_set("a", 20), counter_set("b", 20)])
+    assert [bool(slice_errors(o, minor=34)) for o in (inline, five, many, summed)] == [False, True, False, True]
+    assert [bool(validate_slice(o, shape=SliceShape.V1_34)) for o in (inline, five, many, summed)] == [
+        False,
+        True,
+        False,
+        True,
+    ]
+    assert slice_errors(inline) and slice_errors(many)
+
+
 def test_1_35_shape_limits_counter_sets_and_counters_per_set() -> None:
     obj = counters_slice([counter_set(f"s{i}") for i in range(9)] + [counter_set("big", 33)])
     assert {"max-counter-sets", "max-counters"} <= rules(obj)

@@ -2,11 +2,13 @@
 
 ``kubernetes-validate`` checks types, required fields and unknown fields only (see /work/shared/spec/tooling.md
 §3). A real API server also checks names, one-of fields, limits, enums and value formats; this module states those
-rules as the v1 API documents them (kubelet-api.md §5.1, §5.2, §5.6: Kubernetes 1.35 and later). It is written
+rules as the v1 API documents them (kubelet-api.md §5.1, §5.2, with the limits of §5.6 by release). It is written
 apart from ``dradriver.plugin.slice_validation`` on purpose: the stand-in grades the driver's writes, so it must
 not share the driver's reading of the rules. Cross-slice rules (a pool's slices agreeing) are not the server's.
 
-``slice_errors(obj)`` returns one line per broken rule, in the server's ``field: Invalid value: ...`` style.
+``slice_errors(obj, minor=...)`` returns one line per broken rule, in the server's ``field: Invalid value: ...``
+style, for a 1.<minor> server (34: counter sets beside devices, 4 taints; 35: sets in their own slices, 64 devices
+with taints or counters; 36 and later: list attributes count toward the 64 too).
 """
 
 from __future__ import annotations
@@ -95,8 +97,9 @@ class _Judge:
             self.errors.append(f"{field}: Too many: {len(items)}: must have at most {limit} items")
 
 
-def slice_errors(obj: Mapping[str, Any]) -> list[str]:
-    """Every rule of the v1 API that ``obj`` (a ResourceSlice, JSON form) breaks beyond the schema."""
+def slice_errors(obj: Mapping[str, Any], *, minor: int = 37) -> list[str]:
+    """Every rule of the v1 API of Kubernetes 1.<minor> that ``obj`` (a ResourceSlice, JSON form) breaks beyond
+    the schema."""
     judge = _Judge()
     _metadata(judge, obj.get("metadata") or {})
     spec = obj.get("spec") or {}
@@ -111,21 +114,46 @@ def slice_errors(obj: Mapping[str, Any]) -> list[str]:
     _node_selection(judge, spec, "spec", NODE_SELECTION)
     devices = spec.get("devices") or []
     counter_sets = spec.get("sharedCounters") or []
-    if devices and counter_sets:
-        judge.bad("spec", "devices and sharedCounters", "a slice carries devices or sharedCounters, not both")
-    limited = any(d.get("taints") or d.get("consumesCounters") or _has_list_attribute(d) for d in devices)
-    judge.too_many("spec.devices", devices, 64 if limited else 128)
-    judge.too_many("spec.sharedCounters", counter_sets, 8)
     for i, counter_set in enumerate(counter_sets):
         where = f"spec.sharedCounters[{i}]"
         judge.check(_label(counter_set.get("name")), f"{where}.name", counter_set.get("name"), "a DNS label")
         _counters(judge, counter_set.get("counters") or {}, f"{where}.counters")
+    if minor <= 34:
+        _limits_1_34(judge, devices, counter_sets)
+    else:
+        judge.too_many("spec.sharedCounters", counter_sets, 8)
+        if devices and counter_sets:
+            judge.bad("spec", "devices and sharedCounters", "a slice carries devices or sharedCounters, not both")
+        limited = any(
+            d.get("taints") or d.get("consumesCounters") or (minor >= 36 and _has_list_attribute(d)) for d in devices
+        )
+        judge.too_many("spec.devices", devices, 64 if limited else 128)
     seen: set[str] = set()
     for i, device in enumerate(devices):
         judge.check(device.get("name") not in seen, f"spec.devices[{i}].name", device.get("name"), "duplicate")
         seen.add(device.get("name"))
         _device(judge, device, f"spec.devices[{i}]", per_device=spec.get("perDeviceNodeSelection") is True)
+        if minor > 34:
+            where = f"spec.devices[{i}]"
+            consumes = device.get("consumesCounters") or []
+            judge.too_many(f"{where}.consumesCounters", consumes, 2)
+            sets = [entry.get("counterSet") for entry in consumes]
+            judge.check(len(sets) == len(set(sets)), f"{where}.consumesCounters", sets, "one entry per counter set")
+        judge.too_many(f"spec.devices[{i}].taints", device.get("taints"), 4 if minor <= 34 else 16)
     return judge.errors
+
+
+def _limits_1_34(judge: _Judge, devices: list[Any], counter_sets: list[Any]) -> None:
+    """1.34: sets beside devices, ≤32 counters over all sets, ≤32 consumed per device and ≤1024 per slice."""
+    judge.too_many("spec.devices", devices, 128)
+    counters = sum(len(c.get("counters") or {}) for c in counter_sets)
+    judge.check(counters <= 32, "spec.sharedCounters", counters, "at most 32 counters over all sets")
+    consumed = 0
+    for i, device in enumerate(devices):
+        mine = sum(len(e.get("counters") or {}) for e in device.get("consumesCounters") or [])
+        judge.check(mine <= 32, f"spec.devices[{i}].consumesCounters", mine, "at most 32 counters per device")
+        consumed += mine
+    judge.check(consumed <= 1024, "spec.devices", consumed, "at most 1024 consumed counters per slice")
 
 
 def _metadata(judge: _Judge, meta: Mapping[str, Any]) -> None:
@@ -165,15 +193,9 @@ def _device(judge: _Judge, device: Mapping[str, Any], field: str, *, per_device:
         judge.bad(f"{field}.attributes", values, "at most 48 attribute list values per device")
     for name, entry in capacity.items():
         _capacity(judge, name, entry, f"{field}.capacity[{name}]", shared=device.get("allowMultipleAllocations"))
-    consumes = device.get("consumesCounters") or []
-    judge.too_many(f"{field}.consumesCounters", consumes, 2)
-    sets = [entry.get("counterSet") for entry in consumes]
-    judge.check(len(sets) == len(set(sets)), f"{field}.consumesCounters", sets, "one entry per counter set")
-    for i, entry in enumerate(consumes):
+    for i, entry in enumerate(device.get("consumesCounters") or []):
         _counters(judge, entry.get("counters") or {}, f"{field}.consumesCounters[{i}].counters")
-    taints = device.get("taints") or []
-    judge.too_many(f"{field}.taints", taints, 16)
-    for i, taint in enumerate(taints):
+    for i, taint in enumerate(device.get("taints") or []):
         where = f"{field}.taints[{i}]"
         judge.check(_label_key(taint.get("key")), f"{where}.key", taint.get("key"), "a label key")
         judge.check(_label_value(taint.get("value")), f"{where}.value", taint.get("value"), "a label value")
