@@ -124,10 +124,26 @@ class Search:
         self.classes = {str((c.get("metadata") or {}).get("name")): c for c in inputs.classes}
         self.groups: list[RequestGroup] = parse_requests(inputs.claim, self.classes)
         self.constraints: list[Constraint] = parse_constraints(self.spec)
-        allocated = inputs.allocated or []
-        index = all_devices(inputs.slices) if allocated else {}
         self.in_use: set[DeviceID] = set()
         self.capacity = CapacityLedger()
+        taken = self._take_allocated(inputs.allocated or [])
+        self.ledger = CounterLedger(self.pools, taken)
+        self._selections: dict[tuple[int, int], Selection] = {}  # by (id(request), id(device))
+        self.all_lists: dict[int, list[Device]] = {}
+        self.allocating: set[DeviceID] = set()
+        self.results: list[Placement] = []
+        self.chosen: dict[int, Request] = {}
+        self.disabled_constraints: set[int] = set()
+        # Every usable device in the scheduler's order; a request's n-th device is only sought after its
+        # (n-1)-th: orders of the same set end in the same state (constraints and counters are monotonic),
+        # so this finds the same first solution while exploring combinations instead of permutations.
+        self.order = [d for pool in self.pools if not (pool.incomplete or pool.invalid) for d in pool.devices]
+        self.position = {id(d): i for i, d in enumerate(self.order)}
+
+    def _take_allocated(self, allocated: list[dict[str, Any]]) -> list[Device]:
+        """Mark what other claims hold: whole devices in use, shares of multi-allocatable devices as used
+        capacity. Returns the devices whose shared counters they take (each once)."""
+        index = all_devices(self.inputs.slices) if allocated else {}
         taken: list[Device] = []
         for other in allocated:
             results = (((other.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")
@@ -147,18 +163,7 @@ class Search:
                 if device_id not in self.in_use and device_id not in self.capacity.shares and device_id in index:
                     taken.append(index[device_id])
                 self.in_use.add(device_id)
-        self.ledger = CounterLedger(self.pools, taken)
-        self._selections: dict[tuple[int, int], Selection] = {}  # by (id(request), id(device))
-        self.all_lists: dict[int, list[Device]] = {}
-        self.allocating: set[DeviceID] = set()
-        self.results: list[Placement] = []
-        self.chosen: dict[int, Request] = {}
-        self.disabled_constraints: set[int] = set()
-        # Every usable device in the scheduler's order; a request's n-th device is only sought after its
-        # (n-1)-th: orders of the same set end in the same state (constraints and counters are monotonic),
-        # so this finds the same first solution while exploring combinations instead of permutations.
-        self.order = [d for pool in self.pools if not (pool.incomplete or pool.invalid) for d in pool.devices]
-        self.position = {id(d): i for i, d in enumerate(self.order)}
+        return taken
 
     def fresh(self) -> Search:
         """A new search over the same inputs (for what-if questions)."""
