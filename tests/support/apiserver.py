@@ -311,9 +311,10 @@ class FakeApiServer:
             path = ".".join(str(p) for p in getattr(exc, "path", []))
             raise ApiError(422, "Invalid", f"{resource.kind} is invalid: {path}: {exc.message}") from exc
         if resource.plural == "resourceslices":
-            errors = slice_errors(obj)
-            if errors:
-                raise ApiError(422, "Invalid", f"{resource.kind} is invalid: {'; '.join(errors)}")
+            problems = slice_errors(obj)
+            if problems:
+                reasons = "; ".join(map(str, problems))
+                raise ApiError(422, "Invalid", f"{resource.kind} is invalid: {reasons}")
 
     def _fill_slice_defaults(self, obj: dict[str, Any]) -> None:
         # The real server sets a taint's timeAdded when the writer leaves it out.
