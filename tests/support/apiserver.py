@@ -5,8 +5,9 @@ A threaded HTTP server on 127.0.0.1 (random port) that serves the few resources 
 optimistic concurrency (409 on a stale resourceVersion), delete preconditions, field and label selectors,
 paged lists (``limit``/``continue``), lists across namespaces, streaming
 watches with history (resume from a resourceVersion; 410 once compacted), and validation of every written
-object with ``kubernetes-validate`` (strict, 1.37.0) plus our ResourceSlice rules, answered with 422 and a
-Status body as a real server does.
+object with ``kubernetes-validate`` (strict, 1.37.0, the upstream schema) plus, for ResourceSlices, the server's
+rules that the schema cannot express (``slice_rules``, written apart from the driver's own validator so that it
+can catch the validator's mistakes), answered with 422 and a Status body as a real server does.
 
 Tests reach into it directly to act as "someone else" (:meth:`FakeApiServer.create`, ``replace``,
 ``delete``), to inject faults (:meth:`fail_next`, :meth:`delay_next`, :meth:`drop_watches`), to read the
@@ -36,7 +37,7 @@ import kubernetes_validate
 import yaml
 
 from dradriver.plugin.kube_cluster import KubeCluster, k8s_client
-from dradriver.plugin.slice_validation import SliceShape, validate_slice
+from support.slice_rules import slice_errors
 
 TOKEN = "stand-in-token"
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -314,7 +315,7 @@ class FakeApiServer:
             path = ".".join(str(p) for p in getattr(exc, "path", []))
             raise ApiError(422, "Invalid", f"{resource.kind} is invalid: {path}: {exc.message}") from exc
         if resource.plural == "resourceslices":
-            problems = validate_slice(obj, shape=SliceShape.V1_34 if minor == 34 else SliceShape.V1_35)
+            problems = slice_errors(obj, minor=minor)
             if problems:
                 reasons = "; ".join(map(str, problems))
                 raise ApiError(422, "Invalid", f"{resource.kind} is invalid: {reasons}")
