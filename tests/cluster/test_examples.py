@@ -27,6 +27,23 @@ EXAMPLES = sorted((REPO / "examples" / "claims").glob("*.yaml"))
 NO_CARVING_YET = "does not carve partitions at prepare"
 
 
+def node_for(example: Path, nodes: dict[str, SimNode]) -> SimNode:
+    """The simulated node an example is written for: its "# Profile: NAME [--mig-mode MODE]" header."""
+    header = next(line for line in example.read_text().splitlines() if line.startswith("# Profile:"))
+    words = header.removeprefix("# Profile:").split()
+    mode = words[words.index("--mig-mode") + 1] if "--mig-mode" in words and "(any" not in words else None
+    for node in nodes.values():
+        if node.profile == words[0] and mode in (None, node.mig_mode):
+            return node
+    raise AssertionError(f"{example.name}: no simulated node for {header!r}; add one to NODES in conftest.py")
+
+
+def status_devices(kube: Kube, claim: dict[str, Any]) -> list[tuple[str, str, str]]:
+    fresh = kube.get("resourceclaims", claim["metadata"]["name"], NAMESPACE)
+    entries = fresh.get("status", {}).get("devices") or []
+    return sorted((e["driver"], e["pool"], e["device"]) for e in entries if e["driver"] == DRIVER)
+
+
 def cdi_ids_on_disk(cdi_dir: Path) -> set[str]:
     """Fully qualified CDI device names (vendor/class=name) of every spec file in ``cdi_dir``, as a CDI
     registry resolves them."""
@@ -52,8 +69,12 @@ def prepare_and_unprepare(node: SimNode, pod: GatedPod) -> None:
     for device in result.devices:
         assert device["pool_name"] == node.name
         assert device["cdi_device_ids"] and set(device["cdi_device_ids"]) <= on_disk, (device, on_disk)
+    # The driver reports the prepared devices in status.devices, through the real status subresource.
+    kube = node.kubelet.kube
+    kube.wait("status.devices after prepare", lambda: status_devices(kube, claim) == sorted(allocated))
     uid = claim["metadata"]["uid"]
     assert node.kubelet.unprepare([Claim(NAMESPACE, claim["metadata"]["name"], uid)]) == {uid: ""}
+    kube.wait("status.devices cleared at unprepare", lambda: status_devices(kube, claim) == [])
     assert not [p for p in node.cdi_dir.glob("*.json") if uid in p.name], "the claim's CDI spec outlived unprepare"
 
 
@@ -63,12 +84,14 @@ def test_every_example_is_scheduled_prepared_and_cleaned_up(
 ) -> None:
     [template] = [doc for doc in yaml.safe_load_all(example.read_text()) if doc]
     kubectl_apply(kubectl(), control_plane.kubeconfig, example)
-    pod = GatedPod(kube, f"example-{example.stem}", template["metadata"]["name"]).create()
+    node = node_for(example, nodes)
+    pod = GatedPod(kube, f"example-{example.stem}", template["metadata"]["name"], node=node.name).create()
     try:
         code, explained = pod.explain(control_plane.kubeconfig)
         assert code == EXIT_FITS, explained
         assert pod.release() == "scheduled", pod.get().get("status")
-        prepare_and_unprepare(nodes[pod.get()["spec"]["nodeName"]], pod)
+        assert pod.get()["spec"]["nodeName"] == node.name
+        prepare_and_unprepare(node, pod)
     finally:
         pod.delete()
 

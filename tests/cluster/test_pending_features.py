@@ -25,8 +25,3 @@ def test_the_own_node_policy_refuses_a_slice_write_for_another_node() -> None:
 def test_the_config_policy_refuses_a_malformed_opaque_config() -> None:
     """A claim whose opaque config for gpu.dradriver.dev is malformed is refused at create time."""
 
-
-@pytest.mark.skip(reason="needs the driver to write status.devices at prepare (branch cdi)")
-def test_prepare_writes_status_devices_through_the_real_status_subresource() -> None:
-    """After prepare through the kubelet stand-in, the claim's status.devices lists each prepared device of our
-    driver (driver, pool, device, conditions/data as the driver writes them); unprepare leaves it valid."""

@@ -41,6 +41,7 @@ class DriverRun:
                 "--cdi-dir", str(root / "cdi"),
                 "--rescan-interval", "0",
                 "--log-format", "json",
+                "--metrics-address", "127.0.0.1:0",
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

@@ -37,6 +37,7 @@ class GatedPod:
     kube: Kube
     name: str
     template: str
+    node: str | None = None  # pinned with a kubernetes.io/hostname node selector
 
     def create(self) -> GatedPod:
         self.kube.create(
@@ -47,6 +48,7 @@ class GatedPod:
                 "metadata": {"name": self.name, "namespace": NAMESPACE},
                 "spec": {
                     "schedulingGates": [{"name": GATE}],
+                    **({"nodeSelector": {"kubernetes.io/hostname": self.node}} if self.node else {}),
                     "terminationGracePeriodSeconds": 0,
                     "resourceClaims": [{"name": "dev", "resourceClaimTemplateName": self.template}],
                     "containers": [
