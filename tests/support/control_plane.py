@@ -276,6 +276,7 @@ class ControlPlane:
             f"--feature-gates={FEATURE_GATES}",
             "--runtime-config=resource.k8s.io/v1=true",
             "--endpoint-reconciler-type=none",
+            "--allow-privileged=true",  # as kubeadm and kind run it: the plugin DaemonSet is privileged
             "--v=1",
         )
         self._wait(apiserver, self.kube.healthy)

@@ -45,10 +45,13 @@ class ApiError(Exception):
 
 @dataclass(frozen=True)
 class Credentials:
+    """A client certificate (``cert_file``/``key_file``) or a bearer ``token``."""
+
     server: str
     ca_file: Path
-    cert_file: Path
-    key_file: Path
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    token: str | None = None
 
 
 class Kube:
@@ -56,11 +59,12 @@ class Kube:
 
     def __init__(self, creds: Credentials) -> None:
         self.server = creds.server
+        self._auth = {"Authorization": f"Bearer {creds.token}"} if creds.token else {}
         self._http = urllib3.PoolManager(
             cert_reqs="CERT_REQUIRED",
             ca_certs=str(creds.ca_file),
-            cert_file=str(creds.cert_file),
-            key_file=str(creds.key_file),
+            cert_file=str(creds.cert_file) if creds.cert_file else None,
+            key_file=str(creds.key_file) if creds.key_file else None,
             timeout=urllib3.Timeout(connect=5.0, read=30.0),
             retries=False,
             maxsize=4,
@@ -83,7 +87,7 @@ class Kube:
     ) -> Any:
         url = self.server + path + (f"?{urlencode(query)}" if query else "")
         data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
-        response = self._http.request(method, url, body=data, headers={"Content-Type": content_type})
+        response = self._http.request(method, url, body=data, headers={"Content-Type": content_type, **self._auth})
         text = response.data.decode()
         if response.status >= 300:
             try:
