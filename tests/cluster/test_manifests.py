@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.cluster_node import DRIVER, SimNode
-from support.cluster_pods import kubectl
-from support.control_plane import ControlPlane
+from support.cluster_node import DRIVER, DriverRun, KubeletStandIn, SimNode
+from support.cluster_pods import GatedPod, allocated_devices, kubectl, kubectl_apply
+from support.control_plane import ControlPlane, NodeKeeper, write_kubeconfig
 from support.kube_rest import ApiError, Credentials, Kube
 
 REPO = Path(__file__).resolve().parents[2]
@@ -117,3 +117,66 @@ def test_a_token_bound_to_no_pod_names_no_node_and_is_refused(
         plugin.create("resourceslices", a_slice("gpu-dgx"))
     assert refused.value.status == 403
     assert "names no node" in str(refused.value)
+
+
+def test_the_driver_runs_on_its_own_rbac_under_the_policy(
+    installed: None, nodes: dict[str, SimNode], control_plane: ControlPlane, kube: Kube
+) -> None:
+    """`dradriver run` with the plugin's bound token instead of admin: the ClusterRole in manifests/ and the
+    own-node policy must let it publish, read the claim at prepare and write status.devices (on 1.37 that also
+    takes the granular `resourceclaims/driver` rule)."""
+    name = "gpu-rbac"
+    root = control_plane.root / name
+    root.mkdir()
+    keeper = NodeKeeper(kube, name)
+    pod = kube.create(
+        "pods",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"plugin-on-{name}", "namespace": NAMESPACE},
+            "spec": {"nodeName": name, "serviceAccountName": ACCOUNT, "automountServiceAccountToken": False,
+                     "containers": [{"name": "plugin", "image": "dradriver:dev"}]},
+        },
+        NAMESPACE,
+    )  # fmt: skip
+    kubeconfig = write_kubeconfig(
+        root / "plugin.kubeconfig", control_plane.server, control_plane.pki.ca_cert, token=bound_token(kube, pod)
+    )
+    driver = DriverRun(root, name, kubeconfig, profile="dgx-a100-40gb", mig_mode="none", version="1.35")
+    node = SimNode(name, "dgx-a100-40gb", "none", "1.35", root, kubeconfig, keeper, driver,
+                   KubeletStandIn(kube, name, root / "registry"))  # fmt: skip
+    claim_pod = GatedPod(kube, "rbac-single-gpu", "single-gpu", node=name)
+    try:
+        kube.wait(
+            "slices published with the plugin's token",
+            lambda: kube.list("resourceslices", fieldSelector=f"spec.nodeName={name}"),
+        )
+        kubectl_apply(kubectl(), control_plane.kubeconfig, REPO / "examples" / "claims" / "single-gpu.yaml")
+        claim_pod.create()
+        assert claim_pod.release() == "scheduled"
+        claim = claim_pod.claim()
+        prepared = node.kubelet.prepare(claim_pod.get())[claim["metadata"]["uid"]]
+        assert prepared.error == ""
+        [device] = allocated_devices(claim)
+        kube.wait(
+            "status.devices written with the plugin's token",
+            lambda: (
+                [
+                    (d["driver"], d["pool"], d["device"])
+                    for d in kube.get("resourceclaims", claim["metadata"]["name"], "default")
+                    .get("status", {})
+                    .get("devices")
+                    or []
+                ]
+                == [device]
+            ),
+        )
+        assert "Forbidden" not in driver.log and "403" not in driver.log, driver.log
+    finally:
+        (control_plane.logs / f"dradriver-{name}.log").write_text(driver.log)
+        claim_pod.delete()
+        node.stop()
+        kube.delete("pods", pod["metadata"]["name"], NAMESPACE, gracePeriodSeconds="0")
+        kube.delete_all("resourceslices", fieldSelector=f"spec.nodeName={name}")
+        kube.delete("nodes", name)

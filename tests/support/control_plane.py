@@ -153,11 +153,15 @@ def write_pki(directory: Path) -> Pki:
     return pki
 
 
-def write_kubeconfig(path: Path, server: str, ca: Path, cert: Path, key: Path) -> Path:
+def write_kubeconfig(
+    path: Path, server: str, ca: Path, cert: Path | None = None, key: Path | None = None, *, token: str = ""
+) -> Path:
+    """A kubeconfig with a client certificate, or with a bearer token."""
+    user = f"token: {token}" if token else f"client-certificate: {cert}\n    client-key: {key}"
     path.write_text(
         "apiVersion: v1\nkind: Config\n"
         f"clusters:\n- name: test\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\n"
-        f"users:\n- name: admin\n  user:\n    client-certificate: {cert}\n    client-key: {key}\n"
+        f"users:\n- name: admin\n  user:\n    {user}\n"
         "contexts:\n- name: test\n  context:\n    cluster: test\n    user: admin\n"
         "current-context: test\n"
     )
