@@ -193,3 +193,43 @@ def test_offline_explain_picks_the_device_the_scheduler_picked_when_there_is_one
         assert {device for _, _, device in allocated_devices(pod.claim())} == expected
     finally:
         pod.delete()
+
+
+def test_a_device_taint_rule_keeps_the_scheduler_and_explain_away_and_a_toleration_lets_a_pod_through(
+    nodes: dict[str, SimNode], control_plane: ControlPlane, kube: Kube, tmp_path: Path
+) -> None:
+    rule = kube.create(
+        "devicetaintrules",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceTaintRule",
+            "metadata": {"generateName": "maintenance-"},
+            "spec": {
+                "deviceSelector": {"driver": DRIVER, "pool": "gpu-nvl"},
+                "taint": {"key": "dradriver.dev/maintenance", "value": "true", "effect": "NoSchedule"},
+            },
+        },
+    )
+    try:
+        spec = whole_gpus(4, PRODUCT.format("NVIDIA H100 NVL"))
+        apply_template(control_plane, tmp_path, "tainted-nvl", spec)
+        pod = GatedPod(kube, "taint-refused", "tainted-nvl").create()
+        try:
+            code, explained = pod.explain(control_plane.kubeconfig)
+            assert code == EXIT_DOES_NOT_FIT, explained
+            assert pod.release() == "unschedulable"
+        finally:
+            pod.delete()
+        spec["devices"]["requests"][0]["exactly"]["tolerations"] = [
+            {"key": "dradriver.dev/maintenance", "operator": "Exists", "effect": "NoSchedule"}
+        ]
+        apply_template(control_plane, tmp_path, "tolerating-nvl", spec)
+        pod = GatedPod(kube, "taint-tolerated", "tolerating-nvl").create()
+        try:
+            code, explained = pod.explain(control_plane.kubeconfig)
+            assert code == EXIT_FITS, explained
+            assert pod.release() == "scheduled"
+        finally:
+            pod.delete()
+    finally:
+        kube.delete("devicetaintrules", rule["metadata"]["name"])

@@ -11,6 +11,7 @@ from urllib.parse import quote
 
 import urllib3
 
+from dradriver.allocator.taints import with_taint_rules
 from dradriver.cli.explain import (
     EXIT_DOES_NOT_FIT,
     EXIT_FITS,
@@ -32,7 +33,7 @@ REQUEST_TIMEOUT = (5.0, 60.0)
 PAGE_SIZE = 500
 RBAC_HINT = (
     "dradriver explain --pod needs get on pods, resourceclaims and resourceclaimtemplates in the pod's "
-    "namespace and list on deviceclasses, resourceslices and resourceclaims cluster-wide"
+    "namespace and list on deviceclasses, resourceslices, resourceclaims and devicetaintrules cluster-wide"
 )
 
 
@@ -53,12 +54,15 @@ class ClusterReader(Protocol):
 
     def list_claims(self) -> list[dict[str, Any]]: ...
 
+    def list_device_taint_rules(self) -> list[dict[str, Any]]: ...
+
 
 _KINDS = {
     "deviceclasses": "DeviceClass",
     "resourceslices": "ResourceSlice",
     "resourceclaims": "ResourceClaim",
     "resourceclaimtemplates": "ResourceClaimTemplate",
+    "devicetaintrules": "DeviceTaintRule",
 }
 
 
@@ -161,6 +165,13 @@ class KubernetesReader:
     def list_claims(self) -> list[dict[str, Any]]:
         return self._list("resourceclaims")
 
+    def list_device_taint_rules(self) -> list[dict[str, Any]]:
+        # resource.k8s.io/v1 serves DeviceTaintRules from 1.37; an older server has none there.
+        try:
+            return self._list("devicetaintrules")
+        except NotFoundError:
+            return []
+
 
 @dataclass
 class PodClaim:
@@ -234,7 +245,8 @@ def explain_pod_with(reader: ClusterReader, pod_ref: str, output: str) -> int:
     all_claims: list[dict[str, Any]] = []
     if pending:
         classes = reader.list_device_classes()
-        slices = reader.list_resource_slices()
+        # The scheduler adds the taints of DeviceTaintRules to the devices they select.
+        slices = with_taint_rules(reader.list_resource_slices(), reader.list_device_taint_rules())
         all_claims = reader.list_claims()
     results: list[dict[str, Any]] = []
     for claim in claims:
