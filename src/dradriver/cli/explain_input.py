@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from dradriver.cel import CelCompileError, compile_selector
+from dradriver.claim_validation import default_namespace, validate_claim, validate_class
+from dradriver.inputs import InputError, load_yaml_file, type_name
+from dradriver.plugin.slice_validation import validate_slice
 
 KINDS = ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass", "ResourceSlice")
 SUFFIXES = (".yaml", ".yml", ".json")
@@ -76,24 +77,25 @@ def load(paths: list[str], inputs: Inputs, *, want: tuple[str, ...] = KINDS) -> 
             continue
         for file in _files(path):
             try:
-                docs = list(yaml.safe_load_all(file.read_text()))
-            except (yaml.YAMLError, UnicodeDecodeError, OSError) as err:
-                inputs.errors.append(f"{file}: not valid YAML: {str(err).splitlines()[0]}")
+                docs = load_yaml_file(file)
+            except InputError as err:
+                inputs.errors.append(str(err))
                 continue
-            number = 0
-            for doc in docs:
-                if doc is None:
-                    continue
-                number += 1
+            for number, doc in enumerate(docs, start=1):
                 _add(doc, f"{file} #{number}", inputs, want)
 
 
 def _add(doc: Any, source: str, inputs: Inputs, want: tuple[str, ...]) -> None:
     if not isinstance(doc, dict):
-        inputs.errors.append(f"{source}: not a Kubernetes object (a YAML mapping with apiVersion and kind)")
+        inputs.errors.append(
+            f"{source}: not a Kubernetes object (a YAML mapping with apiVersion and kind): got {type_name(doc)}"
+        )
         return
     kind = doc.get("kind")
-    if isinstance(kind, str) and kind.endswith("List") and isinstance(doc.get("items"), list):
+    if isinstance(kind, str) and kind.endswith("List") and "items" in doc:
+        if not isinstance(doc["items"], list):
+            inputs.errors.append(f"{source}: items: expected a list, got {type_name(doc['items'])}")
+            return
         for i, item in enumerate(doc["items"]):
             _add(
                 {"kind": kind.removesuffix("List"), **item} if isinstance(item, dict) else item,
@@ -105,8 +107,8 @@ def _add(doc: Any, source: str, inputs: Inputs, want: tuple[str, ...]) -> None:
     if kind not in want:
         inputs.errors.append(f"{source}: kind {kind!r} is not one of {', '.join(want)}; field kind")
         return
-    api = str(doc.get("apiVersion", ""))
-    if not api.startswith("resource.k8s.io/"):
+    api = doc.get("apiVersion")
+    if not isinstance(api, str) or not api.startswith("resource.k8s.io/"):
         inputs.errors.append(f"{source}: {kind} has apiVersion {api!r}; want resource.k8s.io/v1 (field apiVersion)")
         return
     if api != "resource.k8s.io/v1":
@@ -114,10 +116,48 @@ def _add(doc: Any, source: str, inputs: Inputs, want: tuple[str, ...]) -> None:
             f"{source}: {kind} uses {api}; dradriver explain reads resource.k8s.io/v1 objects (field apiVersion)"
         )
         return
-    if not isinstance(doc.get("spec"), dict):
-        inputs.errors.append(f"{source}: {kind} has no spec (field spec)")
+    problems = _problems(doc, kind)
+    if problems:
+        inputs.errors += [f"{source}: {problem}" for problem in problems]
         return
     inputs.documents.append(Document(doc, source))
+
+
+def _problems(doc: dict[str, Any], kind: str) -> list[str]:
+    """What the API server would refuse in ``doc``, each ``field.path: problem``."""
+    if kind in ("ResourceClaim", "ResourceClaimTemplate"):
+        default_namespace(doc)
+        problems = validate_claim(doc)
+        return problems + (_allocation_problems(doc) if not problems and "status" in doc else [])
+    if kind == "DeviceClass":
+        return validate_class(doc)
+    if not isinstance(doc.get("spec"), dict):
+        return [f"spec: expected a mapping, got {type_name(doc.get('spec'))}"]
+    return [f"{p.field}{f' (device {p.device})' if p.device else ''}: {p.message}" for p in validate_slice(doc)]
+
+
+def _allocation_problems(doc: dict[str, Any]) -> list[str]:
+    """The fields of ``status.allocation`` that explain reads, typed (an allocated claim's devices)."""
+    status = doc.get("status")
+    if not isinstance(status, dict):
+        return [f"status: expected a mapping, got {type_name(status)}"]
+    allocation = status.get("allocation")
+    if allocation is None:
+        return []
+    path = "status.allocation.devices.results"
+    devices = allocation.get("devices") if isinstance(allocation, dict) else None
+    results = devices.get("results") if isinstance(devices, dict) else None
+    if not isinstance(results, list):
+        return [f"{path}: expected a list, got {type_name(results)}"]
+    problems = []
+    for i, result in enumerate(results):
+        if not isinstance(result, dict):
+            problems.append(f"{path}[{i}]: expected a mapping, got {type_name(result)}")
+            continue
+        for key in ("request", "driver", "pool", "device"):
+            if not isinstance(result.get(key), str):
+                problems.append(f"{path}[{i}].{key}: expected a string, got {type_name(result.get(key))}")
+    return problems
 
 
 def selector_error(source: str, what: str, field_path: str, err: CelCompileError) -> str:
