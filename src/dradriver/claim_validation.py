@@ -191,7 +191,7 @@ def _device_request(check: _Checker, value: Any, path: str, *, exact: bool) -> N
     _selectors(check, request.get("selectors"), f"{path}.selectors")
     mode = request.get("allocationMode")
     check.enum(mode, f"{path}.allocationMode", ALLOCATION_MODES)
-    count = request.get("count")
+    count: Any = request.get("count")
     if mode == "All":
         if count is not None:
             check.add(f"{path}.count", "must be unset with allocationMode All")
@@ -215,10 +215,10 @@ def _selectors(check: _Checker, value: Any, path: str) -> None:
     for i, selector in enumerate(check.items(value, path, MAX_SELECTORS)):
         where = f"{path}[{i}]"
         cel = check.mapping(check.mapping(selector, where, required=True).get("cel"), f"{where}.cel", required=True)
-        expression = cel.get("expression")
-        if check.typed(expression, f"{where}.cel.expression", str, required=bool(cel)):
-            if len(expression) > MAX_CEL_LENGTH:
-                check.add(f"{where}.cel.expression", f"{len(expression)} characters; at most {MAX_CEL_LENGTH}")
+        expression: Any = cel.get("expression")
+        typed = check.typed(expression, f"{where}.cel.expression", str, required=bool(cel))
+        if typed and len(expression) > MAX_CEL_LENGTH:
+            check.add(f"{where}.cel.expression", f"{len(expression)} characters; at most {MAX_CEL_LENGTH}")
 
 
 def _toleration(check: _Checker, value: Any, path: str) -> None:

@@ -67,7 +67,7 @@ class _BoundedLoader(yaml.SafeLoader):
         self.depth += 1
         try:
             if self.depth > MAX_YAML_DEPTH:
-                mark = self.peek_event().start_mark
+                mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
                 raise InputError(
                     f"line {mark.line + 1}: nested deeper than {MAX_YAML_DEPTH} levels; "
                     "no Kubernetes object needs that many"
@@ -91,7 +91,7 @@ def parse_yaml(text: str, *, source: str) -> list[Any]:
     loader = _BoundedLoader(text)
     documents: list[Any] = []
     try:
-        while loader.check_data():
+        while loader.check_data():  # type: ignore[no-untyped-call]
             document = loader.get_data()
             if document is not None:
                 documents.append(document)
