@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dradriver.inputs import type_name
+from dradriver.quantity import is_quantity
 
 MAX_REQUESTS = 32
 MAX_CONSTRAINTS = 32
@@ -209,6 +210,8 @@ def _device_request(check: _Checker, value: Any, path: str, *, exact: bool) -> N
             check.add(f"{path}.capacity.requests", f"{key!r} is not a capacity name like memory or domain/name")
         elif isinstance(quantity, bool) or not isinstance(quantity, str | int):
             check.add(f"{path}.capacity.requests.{key}", f"expected a quantity like 10Gi, got {type_name(quantity)}")
+        elif isinstance(quantity, str) and not is_quantity(quantity):
+            check.add(f"{path}.capacity.requests.{key}", f"{quantity!r} is not a quantity like 10Gi or 500M")
 
 
 def _selectors(check: _Checker, value: Any, path: str) -> None:

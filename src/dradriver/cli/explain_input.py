@@ -3,6 +3,7 @@ ResourceClaims, ResourceClaimTemplates, DeviceClasses and ResourceSlices."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,10 +63,21 @@ class Inputs:
         return [d for d in self.documents if d.kind in kinds]
 
 
+MAX_FILES = 10_000
+
+
 def _files(path: Path) -> list[Path]:
-    if path.is_dir():
-        return sorted(p for p in path.rglob("*") if p.suffix in SUFFIXES and p.is_file())
-    return [path]
+    """``path`` itself, or the YAML and JSON files under the directory ``path`` (symbolic links not followed)."""
+    if not path.is_dir():
+        return [path]
+    files: list[Path] = []
+    for folder, _dirs, names in os.walk(path, onerror=lambda _err: None):
+        files += [Path(folder, n) for n in names if Path(n).suffix in SUFFIXES and Path(folder, n).is_file()]
+        if len(files) > MAX_FILES:
+            raise InputError(
+                f"{path}: more than {MAX_FILES} YAML and JSON files; point at the directory that holds the objects"
+            )
+    return sorted(files)
 
 
 def load(paths: list[str], inputs: Inputs, *, want: tuple[str, ...] = KINDS) -> None:
@@ -75,7 +87,12 @@ def load(paths: list[str], inputs: Inputs, *, want: tuple[str, ...] = KINDS) -> 
         if not path.exists():
             inputs.errors.append(f"{raw_path}: no such file or directory")
             continue
-        for file in _files(path):
+        try:
+            files = _files(path)
+        except InputError as err:
+            inputs.errors.append(str(err))
+            continue
+        for file in files:
             try:
                 docs = load_yaml_file(file)
             except InputError as err:

@@ -6,10 +6,12 @@ import argparse
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from dradriver.claim_validation import is_dns_subdomain
 from dradriver.errors import ConfigError
+from dradriver.inputs import load_yaml_file, type_name
 
 
 def env_default(var: str, default: Any = None) -> Any:
@@ -118,8 +120,34 @@ def kubernetes_version(text: str) -> str:
     try:
         shape_for(text)
     except ConfigError as err:
-        raise argparse.ArgumentTypeError(str(err).removeprefix(f"--kubernetes-version {text!r} ")) from None
+        raise argparse.ArgumentTypeError(str(err).removeprefix("--kubernetes-version ")) from None
     return text
+
+
+def check_kubeconfig(flag: str, path: str) -> None:
+    """Read a kubeconfig through the bounded loader first, so that a huge, binary or hostile file is refused
+    with one line before the Kubernetes client (which reads files whole) sees it."""
+    documents = load_yaml_file(Path(path))
+    if len(documents) != 1 or not isinstance(documents[0], dict):
+        got = f"{len(documents)} documents" if len(documents) != 1 else type_name(documents[0])
+        raise ConfigError(f"{flag} {path}: expected one kubeconfig mapping (kind: Config), got {got}")
+
+
+def check_writable_dir(flag: str, path: Path) -> None:
+    """``path`` is a writable directory, or can be created as one."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{flag} {path}: {existing} is not a directory; point {flag} at a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {path}: {existing} is not writable by this process; fix its permissions")
+
+
+def check_writable_file(flag: str, path: Path) -> None:
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"{flag} {path}: not a regular file; point {flag} at a file")
+    check_writable_dir(f"{flag}'s directory", path.parent)
 
 
 def add_gpu_options(parser: argparse.ArgumentParser) -> None:

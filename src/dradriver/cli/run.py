@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import threading
 from pathlib import Path
 from typing import Any
 
 from dradriver.cli.logs import configure_logging
-from dradriver.cli.options import add_env_option, add_gpu_options, add_slice_options, dns_subdomain, interval_seconds
+from dradriver.cli.options import (
+    add_env_option,
+    add_gpu_options,
+    add_slice_options,
+    check_kubeconfig,
+    check_writable_dir,
+    check_writable_file,
+    dns_subdomain,
+    interval_seconds,
+)
 from dradriver.cli.status_server import StatusServer, check_bindable
 from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.health import GpuHealth
@@ -21,7 +29,6 @@ from dradriver.driver.state import GpuDriver
 from dradriver.errors import ConfigError, DradriverError
 from dradriver.gpu.backend import open_gpu_backend
 from dradriver.gpu.inventory import MigMode, discover
-from dradriver.inputs import load_yaml_file
 from dradriver.plugin.cluster import ClusterError
 from dradriver.plugin.kube_cluster import KubeCluster
 from dradriver.plugin.kubelet_plugin import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, KubeletPlugin
@@ -127,30 +134,7 @@ def check_config(args: argparse.Namespace) -> None:
     if args.sim_state:
         check_writable_file("--sim-state", Path(args.sim_state))
     if args.kubeconfig:
-        check_kubeconfig(args.kubeconfig)
-
-
-def check_writable_dir(flag: str, path: Path) -> None:
-    """``path`` is a writable directory, or can be created as one."""
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ConfigError(f"{flag} {path}: {existing} is not a directory; point {flag} at a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"{flag} {path}: {existing} is not writable by this process; fix its permissions")
-
-
-def check_writable_file(flag: str, path: Path) -> None:
-    if path.exists() and not path.is_file():
-        raise ConfigError(f"{flag} {path}: not a regular file; point {flag} at a file")
-    check_writable_dir(f"{flag}'s directory", path.parent)
-
-
-def check_kubeconfig(path: str) -> None:
-    documents = load_yaml_file(Path(path))
-    if len(documents) != 1 or not isinstance(documents[0], dict):
-        raise ConfigError(f"--kubeconfig {path}: expected one kubeconfig mapping (apiVersion: v1, kind: Config)")
+        check_kubeconfig("--kubeconfig", args.kubeconfig)
 
 
 class DriverProcess:

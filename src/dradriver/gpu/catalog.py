@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from dradriver.errors import ConfigError
 from dradriver.gpu.models import NO_CLUSTER_UUID, MigProfile, Placement
+from dradriver.inputs import parse_yaml, read_text
 
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -212,17 +213,15 @@ def load_node_profile(name_or_path: str) -> NodeProfile:
         text = resources.files("dradriver.gpu").joinpath(f"data/nodes/{name_or_path}.yaml").read_text()
     else:
         path = Path(name_or_path)
-        if not path.is_file():
+        if not path.exists():
             raise ConfigError(
                 f"unknown simulated node profile {name_or_path!r}: not a built-in profile "
                 f"({', '.join(builtin_profile_names())}) and no such file"
             )
         source = str(path)
-        text = path.read_text()
-    try:
-        raw: Any = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{source}: not valid YAML: {err}") from err
+        text = read_text(path)
+    documents = parse_yaml(text, source=source)
+    raw: Any = documents[0] if len(documents) == 1 else None
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: a node profile must be a mapping with 'name' and 'gpus'")
     try:
