@@ -42,9 +42,7 @@ def test_an_unexpected_exception_is_one_line_and_exit_70(monkeypatch, capsys):
     monkeypatch.setattr("dradriver.cli.inventory.render_table", _crash)
     assert main(["inventory", "--gpu-backend", "sim"]) == 70
     err = capsys.readouterr().err
-    assert err == (
-        "dradriver inventory: internal error: RuntimeError: boom; rerun with --debug for the traceback\n"
-    )
+    assert err == ("dradriver inventory: internal error: RuntimeError: boom; rerun with --debug for the traceback\n")
 
 
 def test_debug_shows_the_traceback_wherever_it_is_given(monkeypatch, capsys):

@@ -171,7 +171,7 @@ def _request(check: _Checker, value: Any, path: str, names: dict[str, set[str]])
         _device_request(check, exactly, f"{path}.exactly", exact=True)
         return
     subrequests = check.items(first, f"{path}.firstAvailable", MAX_SUBREQUESTS)
-    if check.typed(first, f"{path}.firstAvailable", list) and not subrequests:
+    if isinstance(first, list) and not subrequests:
         check.add(f"{path}.firstAvailable", "empty; list at least one subrequest")
     for j, sub in enumerate(subrequests):
         where = f"{path}.firstAvailable[{j}]"

@@ -140,6 +140,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.claims:
         raise ConfigError("give CLAIM.yaml files, --selector EXPR or --pod NS/NAME")
     if not slices:
+        if inputs.errors:  # the slices given could not be read: say why rather than that there are none
+            render([], inputs.errors, args.output, builtin_classes=False)
+            return EXIT_INVALID
         raise ConfigError("no ResourceSlices to allocate from: pass --slices FILE|DIR or --sim-profile NAME")
     class_docs = inputs.of_kind("DeviceClass")
     classes = [d.obj for d in class_docs] or list(BUILTIN_CLASSES)

@@ -119,9 +119,14 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--sim-state is required: the state file the simulated node's driver uses")
     state = Path(args.sim_state)
     check_writable_file("--sim-state", state)
-    # Reading must not create anything: without a state file, show the profile's initial state from memory.
-    state_path = None if args.read_only and not state.exists() else state
-    node = SimulatedNode(load_node_profile(args.sim_profile), node_name=args.node_name, state_path=state_path)
+    profile = load_node_profile(args.sim_profile)
+    # Nothing is created before the values are known good, and reading creates nothing: without a state file,
+    # the GPU is looked up (and `show` shows) the profile's initial state from memory.
+    node = SimulatedNode(profile, node_name=args.node_name, state_path=state if state.exists() else None)
+    if getattr(args, "gpu", None) is not None:
+        _gpu(node, args.gpu)
+    if node.state_path is None and not args.read_only:
+        node = SimulatedNode(profile, node_name=args.node_name, state_path=state)
     try:
         args.sim_action(node, args)
     except SimNvmlError as err:
