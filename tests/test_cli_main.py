@@ -70,7 +70,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize(
-    ("var", "value", "argv", "message"),
+    "case",
     [
         ("DRADRIVER_MIG_MODE", "Static", ["inventory", "--gpu-backend", "sim"], "choose one of none, static, dynamic"),
         ("DRADRIVER_LOG_FORMAT", "xml", ["run", "--node-name", "n"], "choose one of text, json"),
@@ -84,7 +84,8 @@ def _env(**extra: str) -> dict[str, str]:
         ("NODE_NAME", "Node_1", ["demo"], "'Node_1' is not a valid node name"),
     ],
 )
-def test_environment_variables_are_checked_like_their_flags(monkeypatch, capsys, var, value, argv, message):
+def test_environment_variables_are_checked_like_their_flags(monkeypatch, capsys, case):
+    var, value, argv, message = case
     for name in list(os.environ):
         if name.startswith("DRADRIVER_"):
             monkeypatch.delenv(name)

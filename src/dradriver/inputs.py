@@ -88,8 +88,12 @@ _BoundedLoader.add_constructor("tag:yaml.org,2002:binary", _as_string)
 
 def parse_yaml(text: str, *, source: str) -> list[Any]:
     """The documents of YAML (or JSON) ``text``, empty ones dropped; ``InputError`` names ``source``."""
-    loader = _BoundedLoader(text)
     documents: list[Any] = []
+    try:
+        # The reader checks the characters as it is built: a control character fails here already.
+        loader = _BoundedLoader(text)
+    except yaml.YAMLError as err:
+        raise InputError(f"{source}: not valid YAML: {_one_line(err)}") from None
     try:
         while loader.check_data():  # type: ignore[no-untyped-call]
             document = loader.get_data()

@@ -56,7 +56,8 @@ def test_demo_rejects_a_file_without_a_claim(tmp_path, capsys):
     ("text", "message"),
     [
         (
-            "kind: ResourceClaim\napiVersion: resource.k8s.io/v1\nmetadata: {name: c}\nspec: {devices: {requests: 3}}\n",
+            "kind: ResourceClaim\napiVersion: resource.k8s.io/v1\nmetadata: {name: c}\n"
+            "spec: {devices: {requests: 3}}\n",
             "spec.devices.requests: expected a list, got a number",
         ),
         (
