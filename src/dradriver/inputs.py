@@ -27,14 +27,35 @@ class InputError(ConfigError):
     """A file cannot be read as the input it should be; the message names the file and the fix."""
 
 
+def path_exists(path: Path) -> bool:
+    """Whether ``path`` exists; a path the system cannot even look up (too long, no permission) is an
+    ``InputError`` naming it, where ``Path.exists`` would raise ``OSError``."""
+    try:
+        path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as err:
+        raise InputError(f"{_shown(path)}: cannot look it up: {err.strerror or err}") from None
+    except ValueError:
+        raise InputError(f"{_shown(path)!r}: a path cannot contain a NUL character") from None
+    return True
+
+
+def _shown(path: Path) -> str:
+    text = str(path)
+    return text if len(text) <= 120 else f"{text[:60]}…{text[-40:]}"
+
+
 def read_text(path: Path, *, limit: int = MAX_FILE_BYTES) -> str:
     """The UTF-8 text of the regular file ``path`` (at most ``limit`` bytes); ``InputError`` otherwise."""
     try:
         info = path.stat()
     except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
+        raise InputError(f"{_shown(path)}: no such file") from None
     except OSError as err:
-        raise InputError(f"{path}: cannot read: {err.strerror or err}") from None
+        raise InputError(f"{_shown(path)}: cannot read: {err.strerror or err}") from None
+    except ValueError:
+        raise InputError(f"{_shown(path)!r}: a path cannot contain a NUL character") from None
     if stat.S_ISDIR(info.st_mode):
         raise InputError(f"{path}: is a directory; pass a file")
     if not stat.S_ISREG(info.st_mode):

@@ -299,3 +299,42 @@ def test_a_claim_without_namespace_is_in_default_as_with_kubectl(tmp_path, capsy
 def test_kubeconfig_for_pod_goes_through_the_loader(capsys):
     assert main(["explain", "--pod", "default/p", "--kubeconfig", "/dev/zero"]) == 2
     assert "explain: error: /dev/zero: not a regular file" in capsys.readouterr().err
+
+
+SLICE = (
+    "apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata: {name: s}\nspec:\n  driver: gpu.dradriver.dev\n"
+    "  nodeName: n\n  pool: {name: n, generation: 1, resourceSliceCount: 1}\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (SLICE + "  devices: x\n", "spec.devices: expected a list, got a string"),
+        (SLICE + "  devices: [1]\n", "spec.devices[0]: expected a mapping, got a number"),
+        (SLICE + "  devices: [{name: d, attributes: [1]}]\n", "spec.devices[0].attributes: expected a mapping"),
+        (SLICE + "  devices: [{name: d, attributes: {a: 5}}]\n", "spec.devices[0].attributes.a: expected a mapping"),
+        (SLICE + "  devices: [{name: d, capacity: {m: {value: [1]}}}]\n", "capacity.m.value: expected a quantity"),
+        (SLICE + "  devices: [{name: d, consumesCounters: x}]\n", "consumesCounters: expected a list"),
+        (SLICE.replace("pool: {name: n, generation: 1, resourceSliceCount: 1}", "pool: n"), "spec.pool: expected a"),
+        (SLICE.replace("nodeName: n", "nodeName: 5"), "spec.nodeName: expected a string, got a number"),
+        (SLICE + "  sharedCounters: x\n", "spec.sharedCounters: expected a list, got a string"),
+        (SLICE + "  devices: [{name: d}, {name: d}]\n", "device d is listed twice"),
+    ],
+)
+def test_careless_slices_are_one_error_naming_the_field(tmp_path, capsys, text, message):
+    slices = tmp_path / "slices.yaml"
+    slices.write_text(text)
+    assert main(["explain", write_claim(tmp_path), "--slices", str(slices)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"error: {slices} #1: " in err and message in err
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [("a" * 5000, "cannot look it up: File name too long"), ("bad\0name", "a path cannot contain a NUL character")],
+)
+def test_paths_the_system_cannot_look_up_are_one_error(capsys, path, message):
+    assert main(["explain", path, "--slices", SLICES]) == 2
+    assert message in capsys.readouterr().err

@@ -126,3 +126,10 @@ def test_a_state_file_that_is_not_json_is_refused_and_kept(tmp_path, capsys):
     assert sim(state, "show") == 2
     assert "not UTF-8 text" in capsys.readouterr().err
     assert state.read_bytes() == b"\xff\xfe"
+
+
+@pytest.mark.parametrize("flag", ["--sim-state", "--sim-profile"])
+def test_a_path_too_long_to_look_up_is_one_error(tmp_path, capsys, flag):
+    args = {"--sim-state": str(tmp_path / "s.json"), "--sim-profile": "mixed", flag: "x" * 5000}
+    assert main(["sim", *(item for pair in args.items() for item in pair), "show"]) == 2
+    assert "cannot look it up: File name too long" in capsys.readouterr().err

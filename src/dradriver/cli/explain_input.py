@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from dradriver.cel import CelCompileError, compile_selector
-from dradriver.claim_validation import default_namespace, validate_claim, validate_class
-from dradriver.inputs import InputError, load_yaml_file, type_name
+from dradriver.inputs import InputError, load_yaml_file, path_exists, type_name
 from dradriver.plugin.slice_validation import validate_slice
+from dradriver.validation import default_namespace, validate_claim, validate_class, validate_slice_fields
 
 KINDS = ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass", "ResourceSlice")
 SUFFIXES = (".yaml", ".yml", ".json")
@@ -84,10 +84,10 @@ def load(paths: list[str], inputs: Inputs, *, want: tuple[str, ...] = KINDS) -> 
     """Add the documents of the files (or directories) in ``paths`` to ``inputs``; one error per bad one."""
     for raw_path in paths:
         path = Path(raw_path)
-        if not path.exists():
-            inputs.errors.append(f"{raw_path}: no such file or directory")
-            continue
         try:
+            if not path_exists(path):
+                inputs.errors.append(f"{raw_path}: no such file or directory")
+                continue
             files = _files(path)
         except InputError as err:
             inputs.errors.append(str(err))
@@ -148,8 +148,9 @@ def _problems(doc: dict[str, Any], kind: str) -> list[str]:
         return problems + (_allocation_problems(doc) if not problems and "status" in doc else [])
     if kind == "DeviceClass":
         return validate_class(doc)
-    if not isinstance(doc.get("spec"), dict):
-        return [f"spec: expected a mapping, got {type_name(doc.get('spec'))}"]
+    problems = validate_slice_fields(doc)
+    if problems:
+        return problems
     return [f"{p.field}{f' (device {p.device})' if p.device else ''}: {p.message}" for p in validate_slice(doc)]
 
 

@@ -15,6 +15,7 @@ from dradriver.driver.slices import SliceSettings, as_resource_slices, build_sli
 from dradriver.gpu.backend import open_gpu_backend
 from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode, MigPartition, discover
 from dradriver.gpu.models import MigProfile
+from dradriver.inputs import path_exists
 
 
 def register(subcommands: Any) -> None:
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
 def load_inventory(args: argparse.Namespace) -> Inventory:
     """Discover the devices the GPU flags point at (shared by every subcommand that takes them)."""
     state = Path(args.sim_state) if args.sim_state else None
-    if state is not None and not state.exists():
+    if state is not None and not path_exists(state):
         state = None  # listing devices must not create the state file: the profile's initial state it is
     gpulib, _ = open_gpu_backend(
         args.gpu_backend, sim_profile=args.sim_profile, sim_state=state, node_name=args.node_name

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dradriver.claim_validation import is_dns_subdomain
 from dradriver.errors import ConfigError
-from dradriver.inputs import load_yaml_file, type_name
+from dradriver.inputs import load_yaml_file, path_exists, type_name
+from dradriver.validation import is_dns_subdomain
 
 
 def env_default(var: str, default: Any = None) -> Any:
@@ -136,7 +136,7 @@ def check_kubeconfig(flag: str, path: str) -> None:
 def check_writable_dir(flag: str, path: Path) -> None:
     """``path`` is a writable directory, or can be created as one."""
     existing = path
-    while not existing.exists() and existing != existing.parent:
+    while not path_exists(existing) and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
         raise ConfigError(f"{flag} {path}: {existing} is not a directory; point {flag} at a directory")
@@ -145,7 +145,7 @@ def check_writable_dir(flag: str, path: Path) -> None:
 
 
 def check_writable_file(flag: str, path: Path) -> None:
-    if path.exists() and not path.is_file():
+    if path_exists(path) and not path.is_file():
         raise ConfigError(f"{flag} {path}: not a regular file; point {flag} at a file")
     check_writable_dir(f"{flag}'s directory", path.parent)
 

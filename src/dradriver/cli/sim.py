@@ -16,6 +16,7 @@ from dradriver.errors import ConfigError, DeviceError
 from dradriver.gpu.catalog import load_node_profile
 from dradriver.gpu.models import ComputeMode
 from dradriver.gpu.sim import SimGpu, SimNvmlError, SimulatedNode, full_compute_instance_profile
+from dradriver.inputs import path_exists
 
 
 def register(subcommands: Any) -> None:
@@ -122,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     profile = load_node_profile(args.sim_profile)
     # Nothing is created before the values are known good, and reading creates nothing: without a state file,
     # the GPU is looked up (and `show` shows) the profile's initial state from memory.
-    node = SimulatedNode(profile, node_name=args.node_name, state_path=state if state.exists() else None)
+    node = SimulatedNode(profile, node_name=args.node_name, state_path=state if path_exists(state) else None)
     if getattr(args, "gpu", None) is not None:
         _gpu(node, args.gpu)
     if node.state_path is None and not args.read_only:

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from dradriver.errors import ConfigError
 from dradriver.gpu.models import NO_CLUSTER_UUID, MigProfile, Placement
-from dradriver.inputs import parse_yaml, read_text
+from dradriver.inputs import parse_yaml, path_exists, read_text
 
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -213,7 +213,7 @@ def load_node_profile(name_or_path: str) -> NodeProfile:
         text = resources.files("dradriver.gpu").joinpath(f"data/nodes/{name_or_path}.yaml").read_text()
     else:
         path = Path(name_or_path)
-        if not path.exists():
+        if not path_exists(path):
             raise ConfigError(
                 f"unknown simulated node profile {name_or_path!r}: not a built-in profile "
                 f"({', '.join(builtin_profile_names())}) and no such file"

@@ -34,7 +34,7 @@ from dradriver.gpu.catalog import (
     load_products,
 )
 from dradriver.gpu.models import NO_CLUSTER_UUID, ComputeMode, FabricState, MigProfile, NvlinkPeerType, Placement
-from dradriver.inputs import InputError, read_text
+from dradriver.inputs import InputError, path_exists, read_text
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ class SimulatedNode:
         ]
         for gpu in self.gpus:
             gpu.fabric_state = self._initial_fabric_state(gpu)
-        if state_path is not None and state_path.exists():
+        if state_path is not None and path_exists(state_path):
             self._load_state(state_path)
         else:
             self._apply_profile_mig_layout(ordered)

@@ -1,4 +1,5 @@
-"""ResourceClaims, ResourceClaimTemplates and DeviceClasses checked as the API server checks them (resource.k8s.io/v1).
+"""ResourceClaims, ResourceClaimTemplates and DeviceClasses checked as the API server checks them (resource.k8s.io/v1),
+and ResourceSlices read from files typed field by field before anything reads them.
 
 A claim that the API server would refuse must not be "explained" or demonstrated as if it could exist: two
 requests of one name, a count of "two", a request with both ``exactly`` and ``firstAvailable``. The checks also
@@ -266,3 +267,67 @@ def _opaque(check: _Checker, value: Any, path: str, *, required: bool = False) -
     if isinstance(driver, str) and len(driver) > MAX_OPAQUE_DRIVER_LENGTH:
         check.add(f"{path}.driver", f"at most {MAX_OPAQUE_DRIVER_LENGTH} characters")
     check.typed(opaque.get("parameters"), f"{path}.parameters", dict, required=True)
+
+
+def validate_slice_fields(obj: dict[str, Any]) -> list[str]:
+    """The type of every ResourceSlice field dradriver reads; the API server's rules come after (they assume
+    JSON of the right shape, as the API server's decoder guarantees)."""
+    check = _Checker()
+    check.mapping(obj.get("metadata"), "metadata")
+    spec = check.mapping(obj.get("spec"), "spec", required=True)
+    if not spec:
+        return check.problems
+    check.typed(spec.get("driver"), "spec.driver", str, required=True)
+    pool = check.mapping(spec.get("pool"), "spec.pool", required=True)
+    check.typed(pool.get("name"), "spec.pool.name", str, required=bool(pool))
+    check.typed(pool.get("generation"), "spec.pool.generation", int)
+    check.typed(pool.get("resourceSliceCount"), "spec.pool.resourceSliceCount", int)
+    _node_fields(check, spec, "spec")
+    for i, device in enumerate(check.items(spec.get("devices"), "spec.devices", 10_000)):
+        _slice_device(check, device, f"spec.devices[{i}]")
+    for i, counter_set in enumerate(check.items(spec.get("sharedCounters"), "spec.sharedCounters", 10_000)):
+        where = f"spec.sharedCounters[{i}]"
+        entry = check.mapping(counter_set, where, required=True)
+        check.typed(entry.get("name"), f"{where}.name", str, required=bool(entry))
+        _quantities(check, entry.get("counters"), f"{where}.counters")
+    return check.problems
+
+
+def _node_fields(check: _Checker, spec: dict[str, Any], path: str) -> None:
+    check.typed(spec.get("nodeName"), f"{path}.nodeName", str)
+    check.typed(spec.get("allNodes"), f"{path}.allNodes", bool)
+    check.mapping(spec.get("nodeSelector"), f"{path}.nodeSelector")
+
+
+def _slice_device(check: _Checker, value: Any, path: str) -> None:
+    device = check.mapping(value, path, required=True)
+    if not device:
+        return
+    check.typed(device.get("name"), f"{path}.name", str, required=True)
+    for name, attribute in check.mapping(device.get("attributes"), f"{path}.attributes").items():
+        where = f"{path}.attributes.{name}"
+        entry = check.mapping(attribute, where, required=True)
+        for key, kind in (("int", int), ("bool", bool), ("string", str), ("version", str)):
+            check.typed(entry.get(key), f"{where}.{key}", kind)
+    _quantities(check, device.get("capacity"), f"{path}.capacity")
+    for j, consumption in enumerate(check.items(device.get("consumesCounters"), f"{path}.consumesCounters", 10_000)):
+        where = f"{path}.consumesCounters[{j}]"
+        entry = check.mapping(consumption, where, required=True)
+        check.typed(entry.get("counterSet"), f"{where}.counterSet", str, required=bool(entry))
+        _quantities(check, entry.get("counters"), f"{where}.counters")
+    for j, taint in enumerate(check.items(device.get("taints"), f"{path}.taints", 10_000)):
+        entry = check.mapping(taint, f"{path}.taints[{j}]", required=True)
+        for key in ("key", "value", "effect"):
+            check.typed(entry.get(key), f"{path}.taints[{j}].{key}", str)
+    check.typed(device.get("allowMultipleAllocations"), f"{path}.allowMultipleAllocations", bool)
+    _node_fields(check, device, path)
+
+
+def _quantities(check: _Checker, value: Any, path: str) -> None:
+    """A map of names to ``{value: QUANTITY}`` (counters, capacities)."""
+    for name, entry in check.mapping(value, path).items():
+        if not check.typed(entry, f"{path}.{name}", dict, required=True):
+            continue
+        quantity = entry.get("value")
+        if isinstance(quantity, bool) or not isinstance(quantity, str | int):
+            check.add(f"{path}.{name}.value", f"expected a quantity like 80Gi, got {type_name(quantity)}")

@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from dradriver.claim_validation import default_namespace, validate_claim, validate_class
+from dradriver.validation import default_namespace, validate_claim, validate_class
 
 GOOD: dict[str, Any] = {
     "apiVersion": "resource.k8s.io/v1",
