@@ -301,8 +301,7 @@ def _render_pod(pod_ref: str, results: list[dict[str, Any]], errors: list[str], 
 
 
 def explain_pod(args: argparse.Namespace) -> int:
-    if args.kubeconfig:
-        check_kubeconfig("--kubeconfig", args.kubeconfig)
+    check_kubeconfig("--kubeconfig", args.kubeconfig)
     reader = KubernetesReader(args.kubeconfig, args.context)
     try:
         return explain_pod_with(reader, args.pod, args.output)

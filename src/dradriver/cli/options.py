@@ -124,13 +124,23 @@ def kubernetes_version(text: str) -> str:
     return text
 
 
-def check_kubeconfig(flag: str, path: str) -> None:
-    """Read a kubeconfig through the bounded loader first, so that a huge, binary or hostile file is refused
-    with one line before the Kubernetes client (which reads files whole) sees it."""
-    documents = load_yaml_file(Path(path))
-    if len(documents) != 1 or not isinstance(documents[0], dict):
-        got = f"{len(documents)} documents" if len(documents) != 1 else type_name(documents[0])
-        raise ConfigError(f"{flag} {path}: expected one kubeconfig mapping (kind: Config), got {got}")
+def check_kubeconfig(flag: str, path: str | None) -> None:
+    """Read the kubeconfig files the Kubernetes client will read (``path``, else ``$KUBECONFIG`` or
+    ``~/.kube/config`` outside a pod) through the bounded loader first, so that a huge, binary or hostile file
+    is refused with one line before the client (which reads files whole) sees it."""
+    if path:
+        files, source = [Path(path)], flag
+    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return  # the in-cluster service account: no file
+    elif os.environ.get("KUBECONFIG"):
+        files, source = [Path(p) for p in os.environ["KUBECONFIG"].split(os.pathsep) if p], "KUBECONFIG"
+    else:
+        files, source = [p for p in [Path.home() / ".kube" / "config"] if path_exists(p)], "~/.kube/config"
+    for file in files:
+        documents = load_yaml_file(file)
+        if len(documents) != 1 or not isinstance(documents[0], dict):
+            got = f"{len(documents)} documents" if len(documents) != 1 else type_name(documents[0])
+            raise ConfigError(f"{source} {file}: expected one kubeconfig mapping (kind: Config), got {got}")
 
 
 def check_writable_dir(flag: str, path: Path) -> None:

@@ -133,8 +133,7 @@ def check_config(args: argparse.Namespace) -> None:
             check_writable_dir(flag, Path(value))
     if args.sim_state:
         check_writable_file("--sim-state", Path(args.sim_state))
-    if args.kubeconfig:
-        check_kubeconfig("--kubeconfig", args.kubeconfig)
+    check_kubeconfig("--kubeconfig", args.kubeconfig)
 
 
 class DriverProcess:
