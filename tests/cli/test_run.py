@@ -62,6 +62,8 @@ def run_args(tmp_path, *extra: str) -> list[str]:
         str(tmp_path / "cdi"),
         "--sim-state",
         str(tmp_path / "state.json"),
+        "--metrics-address",
+        "",
         *extra,
     ]
 

@@ -114,9 +114,11 @@ def dns_subdomain(what: str, max_length: int = 253) -> Callable[[str], str]:
 
 
 def kubernetes_version(text: str) -> str:
-    """A Kubernetes minor version with resource.k8s.io/v1 (1.34 or newer)."""
+    """A Kubernetes minor version with resource.k8s.io/v1 (1.34 or newer); empty: ask the API server."""
     from dradriver.driver.slices import shape_for
 
+    if text == "":
+        return text
     try:
         shape_for(text)
     except ConfigError as err:
@@ -203,8 +205,9 @@ def add_output_option(parser: argparse.ArgumentParser, choices: Sequence[str], d
     )
 
 
-def add_slice_options(parser: argparse.ArgumentParser) -> None:
-    """--driver-name and --kubernetes-version: how ResourceSlices are named and shaped."""
+def add_slice_options(parser: argparse.ArgumentParser, *, version_default: str = "1.35") -> None:
+    """--driver-name and --kubernetes-version: how ResourceSlices are named and shaped (an empty
+    ``version_default`` means: ask the API server)."""
     from dradriver import DEFAULT_DRIVER_NAME
 
     group = parser.add_argument_group("ResourceSlices")
@@ -220,9 +223,10 @@ def add_slice_options(parser: argparse.ArgumentParser) -> None:
         group,
         "--kubernetes-version",
         env="DRADRIVER_KUBERNETES_VERSION",
-        default="1.35",
+        default=version_default,
         type=kubernetes_version,
         metavar="1.N",
         help="the cluster's Kubernetes minor version; 1.34 keeps MIG counter sets inline "
-        "with devices, 1.35 and newer put them in slices of their own",
+        "with devices, 1.35 and newer put them in slices of their own ('dradriver run' reads it from the API "
+        "server when unset)",
     )

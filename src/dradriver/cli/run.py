@@ -29,12 +29,14 @@ from dradriver.driver.state import GpuDriver
 from dradriver.errors import ConfigError, DradriverError
 from dradriver.gpu.backend import open_gpu_backend
 from dradriver.gpu.inventory import MigMode, discover
-from dradriver.plugin.cluster import ClusterError
+from dradriver.plugin.cluster import ClusterError, kubernetes_minor_version
 from dradriver.plugin.kube_cluster import KubeCluster
 from dradriver.plugin.kubelet_plugin import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, KubeletPlugin
 from dradriver.plugin.publisher import Publisher, SliceSpec
 
 log = logging.getLogger("dradriver.run")
+# Probes reach the pod's IP, so listen on every interface; the DaemonSet declares the port.
+DEFAULT_STATUS_ADDRESS = ":8080"
 
 
 def register(subcommands: Any) -> None:
@@ -77,8 +79,15 @@ def register(subcommands: Any) -> None:
         parser,
         "--metrics-address",
         env="DRADRIVER_METRICS_ADDRESS",
-        default="",
-        help="HOST:PORT serving /metrics, /healthz and /readyz (empty: off)",
+        default=DEFAULT_STATUS_ADDRESS,
+        help="HOST:PORT serving /metrics, /healthz and /readyz, which the DaemonSet's probes call (empty: off)",
+    )
+    add_env_option(
+        parser,
+        "--pod-uid",
+        env="POD_UID",
+        help="this pod's UID (downward API metadata.uid): per-pod socket names, so a rolling update can start "
+        "the new pod before the old one stops (kubelet 1.33+); unset: fixed names, one instance per node",
     )
     add_env_option(
         parser,
@@ -107,7 +116,7 @@ def register(subcommands: Any) -> None:
         help="log level",
     )
     add_gpu_options(parser)
-    add_slice_options(parser)
+    add_slice_options(parser, version_default="")
     parser.set_defaults(handler=run)
 
 
@@ -121,7 +130,8 @@ def check_config(args: argparse.Namespace) -> None:
     """Refuse a configuration that cannot work before anything is created, bound or published (exit 2)."""
     if not args.node_name:
         raise ConfigError("--node-name (or NODE_NAME) is required: set it from the pod's spec.nodeName")
-    shape_for(args.kubernetes_version)
+    if args.kubernetes_version:
+        shape_for(args.kubernetes_version)  # when unset, the API server is asked later
     if args.metrics_address:
         check_bindable("--metrics-address", args.metrics_address)
     for flag, value in (
@@ -144,8 +154,6 @@ class DriverProcess:
         self.args = args
         self.node: str = args.node_name
         self.mig_mode = MigMode(args.mig_mode)
-        self.shape = shape_for(args.kubernetes_version)
-        self.settings = SliceSettings(driver=args.driver_name, mig_mode=self.mig_mode, shape=self.shape)
         self.stop = threading.Event()
 
     def serve(self) -> int:
@@ -187,6 +195,12 @@ class DriverProcess:
 
     def _connect(self) -> None:
         self.cluster = KubeCluster.from_kubeconfig(self.args.kubeconfig)
+        try:
+            self.shape = shape_for(self.args.kubernetes_version or _detect_kubernetes_version(self.cluster))
+        except BaseException:
+            self.cluster.close()
+            raise
+        self.settings = SliceSettings(driver=self.args.driver_name, mig_mode=self.mig_mode, shape=self.shape)
 
     def _assemble(self) -> None:
         args, node = self.args, self.node
@@ -214,6 +228,7 @@ class DriverProcess:
             health_source=self.health,
             registry_dir=Path(args.registry_dir),
             plugin_dir=Path(args.plugin_dir) if args.plugin_dir else None,
+            pod_uid=args.pod_uid or None,
         )
         self.status = StatusServer(args.metrics_address, self._readiness) if args.metrics_address else None
         self.rescanner = threading.Thread(target=self._rescan_loop, name="rescan", daemon=True)
@@ -283,6 +298,19 @@ class DriverProcess:
 def _pools(node: str, specs: list[dict[str, Any]]) -> dict[str, list[SliceSpec]]:
     """The one pool a node publishes, named after the node."""
     return {node: [SliceSpec.of(s.get("devices", ()), s.get("sharedCounters", ())) for s in specs]}
+
+
+def _detect_kubernetes_version(cluster: KubeCluster) -> str:
+    """The cluster's ``1.N`` from the API server's /version (the slice layout depends on it)."""
+    try:
+        version = kubernetes_minor_version(cluster.server_version())
+    except ClusterError as err:
+        raise ConfigError(
+            f"cannot read the API server's version to choose the ResourceSlice layout: {err}; "
+            "fix the API server connection or set --kubernetes-version (DRADRIVER_KUBERNETES_VERSION)"
+        ) from err
+    log.info("detected Kubernetes version=%s (override with --kubernetes-version)", version)
+    return version
 
 
 def _node_uid(cluster: KubeCluster, node: str) -> str | None:
