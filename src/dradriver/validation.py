@@ -197,8 +197,8 @@ def _device_request(check: _Checker, value: Any, path: str, *, exact: bool) -> N
     if mode == "All":
         if count is not None:
             check.add(f"{path}.count", "must be unset with allocationMode All")
-    elif check.typed(count, f"{path}.count", int) and count <= 0:
-        check.add(f"{path}.count", f"{count} is not greater than zero; leave it out for one device")
+    elif check.typed(count, f"{path}.count", int) and not 0 < count < 2**63:
+        check.add(f"{path}.count", f"{count} is not a whole number from 1 to 2^63-1; leave it out for one device")
     admin = request.get("adminAccess")
     if admin is not None and not exact:
         check.add(f"{path}.adminAccess", "only allowed in exactly, not in a firstAvailable subrequest")

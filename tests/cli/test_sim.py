@@ -133,3 +133,10 @@ def test_a_path_too_long_to_look_up_is_one_error(tmp_path, capsys, flag):
     args = {"--sim-state": str(tmp_path / "s.json"), "--sim-profile": "mixed", flag: "x" * 5000}
     assert main(["sim", *(item for pair in args.items() for item in pair), "show"]) == 2
     assert "cannot look it up: File name too long" in capsys.readouterr().err
+
+
+def test_a_state_file_that_cannot_be_written_is_one_error(capsys):
+    # /proc takes no new files, even for root (whom permission checks would let through).
+    assert main(["sim", "--sim-state", "/proc/dradriver-test/state.json", "lose", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--sim-state /proc/" in err

@@ -20,6 +20,7 @@ from dradriver.cli.options import (
     dns_subdomain,
     interval_seconds,
 )
+from dradriver.cli.sim import unwritable_state
 from dradriver.cli.status_server import StatusServer, check_bindable
 from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.health import GpuHealth
@@ -174,12 +175,15 @@ class DriverProcess:
 
     def _open_gpus(self) -> None:
         args = self.args
-        self.gpulib, self.simulated = open_gpu_backend(
-            args.gpu_backend,
-            sim_profile=args.sim_profile,
-            node_name=self.node,
-            sim_state=Path(args.sim_state) if args.sim_state else None,
-        )
+        state = Path(args.sim_state) if args.sim_state else None
+        try:
+            self.gpulib, self.simulated = open_gpu_backend(
+                args.gpu_backend, sim_profile=args.sim_profile, node_name=self.node, sim_state=state
+            )
+        except OSError as err:
+            if state is None:
+                raise
+            raise unwritable_state(state, err) from None
         try:
             self.inventory = discover(self.gpulib)
         except BaseException:

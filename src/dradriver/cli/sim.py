@@ -126,13 +126,22 @@ def run(args: argparse.Namespace) -> int:
     node = SimulatedNode(profile, node_name=args.node_name, state_path=state if path_exists(state) else None)
     if getattr(args, "gpu", None) is not None:
         _gpu(node, args.gpu)
-    if node.state_path is None and not args.read_only:
-        node = SimulatedNode(profile, node_name=args.node_name, state_path=state)
     try:
+        if node.state_path is None and not args.read_only:
+            node = SimulatedNode(profile, node_name=args.node_name, state_path=state)
         args.sim_action(node, args)
     except SimNvmlError as err:
         raise DeviceError(f"simulated NVML refused: {err} (NVML error {err.code})") from err
+    except OSError as err:
+        raise unwritable_state(state, err) from None
     return 0
+
+
+def unwritable_state(state: Path, err: OSError) -> ConfigError:
+    return ConfigError(
+        f"--sim-state {state}: cannot write the state file ({err.strerror or err}); "
+        "point --sim-state at a file in a writable directory"
+    )
 
 
 def _gpu(node: SimulatedNode, which: str) -> SimGpu:
