@@ -338,3 +338,8 @@ def test_careless_slices_are_one_error_naming_the_field(tmp_path, capsys, text, 
 def test_paths_the_system_cannot_look_up_are_one_error(capsys, path, message):
     assert main(["explain", path, "--slices", SLICES]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_selector_longer_than_the_api_server_accepts_is_refused(capsys):
+    assert main(["explain", "--selector", "true && " * 2000 + "true", "--slices", SLICES]) == 2
+    assert "--selector: 16004 characters; the API server accepts at most 10240" in capsys.readouterr().err

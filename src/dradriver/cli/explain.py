@@ -23,6 +23,7 @@ from dradriver.cel import CelCompileError, CelEvaluationError, compile_selector
 from dradriver.cli.explain_input import BUILTIN_CLASSES, Document, Inputs, check_claim, check_class, load
 from dradriver.cli.options import add_env_option, add_output_option
 from dradriver.errors import ConfigError
+from dradriver.validation import MAX_CEL_LENGTH
 
 EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_INVALID = 0, 1, 2
 MAX_NODES_SHOWN = 10
@@ -284,6 +285,10 @@ def explain_selector(args: argparse.Namespace, slices: list[dict[str, Any]], err
     """Evaluate one selector against every device; exit 0 when at least one device matches."""
     for error in errors:
         print(f"error: {error}", file=sys.stderr)
+    if len(args.selector) > MAX_CEL_LENGTH:
+        raise ConfigError(
+            f"--selector: {len(args.selector)} characters; the API server accepts at most {MAX_CEL_LENGTH}"
+        )
     try:
         selector = compile_selector(args.selector)
     except CelCompileError as err:

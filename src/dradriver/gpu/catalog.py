@@ -139,7 +139,8 @@ class NodeProfile(_Strict):
     nvswitch: bool = Field(default=False, description="every GPU is attached to one NVSwitch fabric")
     nvlink_bridges: tuple[tuple[int, int], ...] = Field(default=(), alias="nvlinkBridges")
     fabric: FabricSpec | None = Field(default=None, description="multi-node NVLink clique of the NVSwitch fabric")
-    gpus: tuple[GpuSpec, ...] = Field(min_length=1)
+    # NVML numbers GPUs per node; no server holds more than a few dozen (and each costs simulation time).
+    gpus: tuple[GpuSpec, ...] = Field(min_length=1, max_length=64)
 
     @model_validator(mode="after")
     def _consistent(self) -> NodeProfile:
