@@ -539,5 +539,5 @@ def test_a_profile_with_more_gpus_than_a_node_holds_is_refused(tmp_path: Path) -
     gpus = "".join(f"- {{product: A100-SXM4-80GB, pciBusId: '0000:{i:02x}:00.0'}}\n" for i in range(65))
     profile = tmp_path / "big.yaml"
     profile.write_text("name: big\ngpus:\n" + gpus)
-    with pytest.raises(ConfigError, match="gpus: .*at most 64"):
+    with pytest.raises(ConfigError, match=r"gpus: .*at most 64"):
         load_node_profile(str(profile))
