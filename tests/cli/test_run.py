@@ -114,16 +114,3 @@ def test_a_kubeconfig_that_is_no_mapping_is_named(tmp_path, capsys):
     assert f"--kubeconfig {config}: expected one kubeconfig mapping (kind: Config), got a list" in (
         capsys.readouterr().err
     )
-
-
-def test_a_second_instance_on_the_same_registry_dir_is_refused(tmp_path, capsys):
-    registry = tmp_path / "registry"
-    registry.mkdir()
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as live:
-        live.bind(str(registry / "gpu.dradriver.dev-reg.sock"))
-        live.listen()
-        assert main(run_args(tmp_path)) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1
-    assert "another instance of this driver is already running: it is registered with the kubelet at" in err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["registry"]

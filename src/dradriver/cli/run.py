@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
-import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -146,25 +145,6 @@ def check_config(args: argparse.Namespace) -> None:
     if args.sim_state:
         check_writable_file("--sim-state", Path(args.sim_state))
     check_kubeconfig("--kubeconfig", args.kubeconfig)
-    if not args.pod_uid:
-        check_not_registered(Path(args.registry_dir) / f"{args.driver_name}-reg.sock")
-
-
-def check_not_registered(socket_path: Path) -> None:
-    """Outside a rolling update (no pod UID) one instance serves a node: refuse to replace a live instance's
-    registration socket (a stale socket file, nobody listening, is fine: the plugin replaces it)."""
-    if not socket_path.is_socket():
-        return
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(1.0)
-        try:
-            probe.connect(str(socket_path))
-        except OSError:
-            return
-    raise ConfigError(
-        f"another instance of this driver is already running: it is registered with the kubelet at {socket_path}; "
-        "stop it first, or set --pod-uid (POD_UID) on both for a rolling update"
-    )
 
 
 class DriverProcess:
