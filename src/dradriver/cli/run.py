@@ -13,7 +13,15 @@ from dradriver.cli.logs import configure_logging
 from dradriver.cli.options import add_env_option, add_gpu_options, add_slice_options
 from dradriver.cli.status_server import StatusServer
 from dradriver.driver.cdi import CdiWriter
-from dradriver.driver.health import GpuHealth
+from dradriver.driver.health import (
+    DEFAULT_FATAL_XIDS,
+    DEFAULT_IGNORED_XIDS,
+    DEFAULT_RECOVERY_PERIOD,
+    GpuHealth,
+    HealthPolicy,
+    TaintEffect,
+    parse_xids,
+)
 from dradriver.driver.metrics import InstrumentedHandler
 from dradriver.driver.slices import SliceSettings, build_slice_specs, shape_for
 from dradriver.driver.state import GpuDriver
@@ -77,7 +85,7 @@ def register(subcommands: Any) -> None:
         type=float,
         metavar="SECONDS",
         help="how often to rediscover GPUs and republish slices if they changed "
-        "(MIG devices created out of band, a GPU gone); 0: never",
+        "(MIG devices created out of band, a GPU gone); 0: only when device health changes",
     )
     add_env_option(
         parser,
@@ -97,7 +105,67 @@ def register(subcommands: Any) -> None:
     )
     add_gpu_options(parser)
     add_slice_options(parser)
+    _add_health_options(parser)
     parser.set_defaults(handler=run)
+
+
+def _add_health_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("device health (docs/health.md)")
+    add_env_option(
+        group,
+        "--health-ignore-xids",
+        env="DRADRIVER_HEALTH_IGNORE_XIDS",
+        default=",".join(map(str, sorted(DEFAULT_IGNORED_XIDS))),
+        metavar="XID,...",
+        help="XIDs applications cause (informational taint only); 'none' for none",
+    )
+    add_env_option(
+        group,
+        "--health-fatal-xids",
+        env="DRADRIVER_HEALTH_FATAL_XIDS",
+        default=",".join(map(str, sorted(DEFAULT_FATAL_XIDS))),
+        metavar="XID,...",
+        help="XIDs that always make a GPU unhealthy, even if also ignored; 'none' for none",
+    )
+    add_env_option(
+        group,
+        "--health-taint-effect",
+        env="DRADRIVER_HEALTH_TAINT_EFFECT",
+        default=TaintEffect.NO_SCHEDULE.value,
+        choices=(TaintEffect.NO_SCHEDULE.value, TaintEffect.NO_EXECUTE.value),
+        help="effect of the taints on unhealthy devices (NoExecute also evicts pods that do not tolerate it)",
+    )
+    add_env_option(
+        group,
+        "--health-recovery-period",
+        env="DRADRIVER_HEALTH_RECOVERY_PERIOD",
+        default=DEFAULT_RECOVERY_PERIOD,
+        type=float,
+        metavar="SECONDS",
+        help="a condition without a GPU reset clears after this long without a new event; 0: only a reset clears",
+    )
+    add_env_option(
+        group,
+        "--health-taint-fallback",
+        env="DRADRIVER_HEALTH_TAINT_FALLBACK",
+        default="withdraw",
+        choices=("withdraw", "keep"),
+        help="where the API server drops device taints: withdraw unhealthy devices from the slices, or keep "
+        "offering them",
+    )
+
+
+def _health_policy(args: argparse.Namespace) -> HealthPolicy:
+    def xids(value: str, flag: str) -> frozenset[int]:
+        return frozenset() if value.strip().lower() == "none" else parse_xids(value, flag)
+
+    return HealthPolicy(
+        ignored_xids=xids(args.health_ignore_xids, "--health-ignore-xids"),
+        fatal_xids=xids(args.health_fatal_xids, "--health-fatal-xids"),
+        taint_effect=TaintEffect(args.health_taint_effect),
+        recovery_period=args.health_recovery_period,
+        taint_domain=args.driver_name,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -107,6 +175,8 @@ def run(args: argparse.Namespace) -> int:
     node = args.node_name
     mig_mode = MigMode(args.mig_mode)
     shape = shape_for(args.kubernetes_version)
+    policy = _health_policy(args)
+    plugin_dir = Path(args.plugin_dir) if args.plugin_dir else DEFAULT_PLUGINS_DIR / args.driver_name
 
     gpulib, simulated = open_gpu_backend(
         args.gpu_backend,
@@ -126,15 +196,30 @@ def run(args: argparse.Namespace) -> int:
     cluster = KubeCluster.from_kubeconfig(args.kubeconfig)
     node_uid = _node_uid(cluster, node)
     settings = SliceSettings(driver=args.driver_name, mig_mode=mig_mode, shape=shape)
-    specs = build_slice_specs(inventory, settings)
+    health = GpuHealth(
+        inventory=inventory, mig_mode=mig_mode, pool=node, policy=policy, state_path=plugin_dir / "health.json"
+    )
+    specs = build_slice_specs(inventory, settings, taints=health.taints)
     publisher = Publisher(
-        cluster, driver=args.driver_name, node_name=node, node_uid=node_uid, shape=shape, pools=_pools(node, specs)
+        cluster,
+        driver=args.driver_name,
+        node_name=node,
+        node_uid=node_uid,
+        shape=shape,
+        pools=_pools(node, specs),
+        withdraw_tainted_if_dropped=args.health_taint_fallback == "withdraw",
     )
 
     # A simulated node has no /dev/nvidia*: bind /dev/null so a real runtime can still inject the spec.
     cdi = CdiWriter(Path(args.cdi_dir), host_path=(lambda _path: "/dev/null") if simulated else lambda _path: None)
-    driver = GpuDriver(driver_name=args.driver_name, pool=node, inventory=inventory, mig_mode=mig_mode, cdi=cdi)
-    health = GpuHealth(inventory=inventory, mig_mode=mig_mode, pool=node)
+    driver = GpuDriver(
+        driver_name=args.driver_name,
+        pool=node,
+        inventory=inventory,
+        mig_mode=mig_mode,
+        cdi=cdi,
+        device_problem=health.problem,
+    )
     plugin = KubeletPlugin(
         driver_name=args.driver_name,
         node_name=node,
@@ -160,23 +245,34 @@ def run(args: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
 
+    # A health change (a taint to add or remove, a lost GPU back) rescans at once, not at the next interval.
+    refresh = threading.Event()
+    health.subscribe(refresh.set)
+
     def rescan() -> None:
         nonlocal specs
-        while not stop.wait(args.rescan_interval):
+        while not stop.is_set():
+            refresh.wait(args.rescan_interval if args.rescan_interval > 0 else None)
+            refresh.clear()
+            if stop.is_set():
+                return
             # One bad rescan must not end rescanning for the life of the process: keep the last inventory.
             try:
                 fresh = discover(gpulib)
-                fresh_specs = build_slice_specs(fresh, settings)
+                health.update_inventory(fresh, mig_mode)
+                fresh_specs = build_slice_specs(fresh, settings, taints=health.taints)
             except DradriverError as err:
                 log.warning("rediscovery failed; keeping the last inventory error=%s", err)
                 continue
             if fresh_specs != specs:
                 log.info(
-                    "inventory changed; republishing gpus=%d mig_devices=%d", len(fresh.gpus), len(fresh.mig_devices)
+                    "devices or their health changed; republishing gpus=%d mig_devices=%d lost_gpus=%d",
+                    len(fresh.gpus),
+                    len(fresh.mig_devices),
+                    len(fresh.lost_gpus),
                 )
                 specs = fresh_specs
                 driver.update_inventory(fresh, mig_mode)
-                health.update_inventory(fresh, mig_mode)
                 publisher.update(_pools(node, fresh_specs))
 
     rescanner = threading.Thread(target=rescan, name="rescan", daemon=True)
@@ -186,12 +282,11 @@ def run(args: argparse.Namespace) -> int:
         # The instance lock comes first: a second instance must be refused before it publishes anything.
         plugin.start()
         publisher.start()
-        health.start(gpulib)
+        health.start(gpulib, poll_seconds=1.0)
         if status:
             status.start()
             status_started = True
-        if args.rescan_interval > 0:
-            rescanner.start()
+        rescanner.start()
         log.info(
             "ready node=%s driver=%s mig_mode=%s devices=%d",
             node,
@@ -203,6 +298,7 @@ def run(args: argparse.Namespace) -> int:
         log.info("stopping")
     finally:
         stop.set()
+        refresh.set()
         plugin.stop()
         if status and status_started:
             status.stop()

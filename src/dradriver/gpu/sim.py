@@ -489,11 +489,15 @@ class SimulatedNode:
             gpu.ecc_aggregate += count
             self._raise({"gpu": index, "ecc": True})
 
-    def lose_gpu(self, index: int) -> None:
-        """The GPU falls off the bus: every later call on it fails with GPU_IS_LOST while the state says so."""
+    def lose_gpu(self, index: int, *, attributable: bool = True) -> None:
+        """The GPU falls off the bus: every later call on it fails with GPU_IS_LOST until ``reset_gpu``.
+
+        Not ``attributable``: NVML's event wait reports a lost GPU, but every GPU still answers, so no call can
+        say which one it was (a GPU that dropped off and came straight back)."""
         with self._lock:
             self._refresh()
-            self.gpus[index].lost = True
+            if attributable:
+                self.gpus[index].lost = True
             self._raise({"gpu": index, "lost": True})
 
     def _raise(self, event: dict[str, Any]) -> None:
