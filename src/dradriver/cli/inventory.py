@@ -90,6 +90,7 @@ def inventory_document(
     inventory: Inventory, mode: MigMode, *, node: str, health: GpuHealth | None = None
 ) -> dict[str, Any]:
     offered = inventory.devices(mode)
+    lost = health.lost_gpus(inventory) if health is not None else list(inventory.lost_gpus)
     document: dict[str, Any] = {
         "node": node,
         "driverVersion": inventory.driver_version,
@@ -97,12 +98,10 @@ def inventory_document(
         "migMode": mode.value,
         "gpus": [_gpu_document(gpu, inventory) for gpu in inventory.gpus],
         "offeredDevices": [device.name for device in offered],
-        "lostGpus": [
-            {"index": g.index, "name": g.name, "uuid": g.uuid, "reason": g.reason} for g in inventory.lost_gpus
-        ],
+        "lostGpus": [{"index": g.index, "name": g.name, "uuid": g.uuid, "reason": g.reason} for g in lost],
     }
     if health is not None:
-        names = [d.name for d in offered] + [g.name for g in inventory.lost_gpus if g.name]
+        names = [d.name for d in offered] + [g.name for g in lost if g.name]
         document["deviceHealth"] = {name: _health_document(health, name) for name in names}
     return document
 
@@ -211,8 +210,9 @@ def render_table(inventory: Inventory, mode: MigMode, health: GpuHealth | None =
                     *_health_cells(health, device.name),
                 )
             )
+    lost_gpus = health.lost_gpus(inventory) if health is not None else list(inventory.lost_gpus)
     if health is not None:
-        for lost in inventory.lost_gpus:
+        for lost in lost_gpus:
             name = lost.name or f"(GPU index {lost.index})"
             rows.append((name, "-", "-", "-", "-", "-", "no", "lost", *_health_cells(health, name)[1:]))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -224,7 +224,7 @@ def render_table(inventory: Inventory, mode: MigMode, health: GpuHealth | None =
     )
     if partitions:
         summary += f" ({partitions} of them MIG partitions that do not exist yet; -o json lists them)"
-    notes = [f"lost: {lost.name or f'GPU index {lost.index}'}: {lost.reason}" for lost in inventory.lost_gpus]
+    notes = [f"lost: {lost.name or f'GPU index {lost.index}'}: {lost.reason}" for lost in lost_gpus]
     if health is not None:
         for name in sorted(offered_names):
             status, message = health.status(name)

@@ -38,7 +38,7 @@ from dradriver.driver.metrics import DEVICE_HEALTH, GPU_EVENTS
 from dradriver.errors import ConfigError
 from dradriver.gpu.errors import GpuError, GpuIsLost
 from dradriver.gpu.interface import GpuLib
-from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode
+from dradriver.gpu.inventory import GpuDevice, Inventory, LostGpu, MigMode
 from dradriver.gpu.models import GpuEvent, GpuProbe
 from dradriver.plugin.handler import DeviceHealth, HealthBoard, HealthStatus
 
@@ -170,6 +170,8 @@ class _Device:
 class _State:
     devices: dict[str, _Device] = field(default_factory=dict)
     conditions: dict[tuple[str, Cause, bool, int | None], Condition] = field(default_factory=dict)
+    # Every GPU seen: NVML index → (UUID, device name), to name a GPU that is lost before it can be read again.
+    gpus: dict[int, tuple[str, str]] = field(default_factory=dict)
 
 
 def _time(seconds: float) -> str:
@@ -205,7 +207,7 @@ class GpuHealth:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if state_path is not None:
-            self._state.conditions = _load_conditions(state_path)
+            self._state.conditions, self._state.gpus = _load_state(state_path)
         self.update_inventory(inventory, mig_mode)
 
     # --- inventory ------------------------------------------------------------------------------------------
@@ -222,18 +224,33 @@ class GpuHealth:
                 else:
                     gi = device.existing.gpu_instance_id if device.existing else None
                     devices[device.name] = _Device(device.parent.uuid, gi)
-            lost = {g.uuid: g for g in inventory.lost_gpus if g.uuid is not None}
+            for gpu in inventory.gpus:
+                self._state.gpus[gpu.info.index] = (gpu.uuid, gpu.name)
+            lost = {g.uuid: g for g in self._named(inventory.lost_gpus) if g.uuid is not None}
             for name, known in self._state.devices.items():
                 if known.gpu_uuid in lost and name not in devices:
                     devices[name] = known
-            for uuid, gpu in lost.items():
-                if gpu.name is not None:
-                    devices.setdefault(gpu.name, _Device(uuid, None))
+            for uuid, missing in lost.items():
+                if missing.name is not None:
+                    devices.setdefault(missing.name, _Device(uuid, None))
                 if not any(c.gpu_uuid == uuid and c.cause is Cause.LOST for c in self._state.conditions.values()):
-                    message = f"GPU {uuid} is lost: {gpu.reason}"
+                    message = f"GPU {uuid} is lost: {missing.reason}"
                     self._add(Condition(uuid, Cause.LOST, "", self.policy.taint_effect, now, now, message))
             self._state.devices = devices
         self._changed()
+
+    def _named(self, lost: Iterable[LostGpu]) -> list[LostGpu]:
+        return [
+            replace(g, uuid=self._state.gpus[g.index][0], name=self._state.gpus[g.index][1])
+            if g.uuid is None and g.index in self._state.gpus
+            else g
+            for g in lost
+        ]
+
+    def lost_gpus(self, inventory: Inventory) -> list[LostGpu]:
+        """``inventory.lost_gpus``, named where this node's GPU was seen before (at this index)."""
+        with self._lock:
+            return self._named(inventory.lost_gpus)
 
     # --- what others read -----------------------------------------------------------------------------------
 
@@ -485,13 +502,14 @@ class GpuHealth:
                 )
                 DEVICE_HEALTH.labels(name).set(int(status))
             conditions = list(self._state.conditions.values())
+            gpus = dict(self._state.gpus)
             snapshot = (tuple(entries), tuple(sorted(conditions, key=repr)))
             if snapshot == self._published:
                 return
             self._published = snapshot
         if self._state_path is not None and self._save_state:
             try:
-                _save_conditions(self._state_path, conditions)
+                _save_state(self._state_path, conditions, gpus)
             except OSError as err:
                 log.warning("cannot save device health path=%s error=%s", self._state_path, err)
         self._board.set_devices(entries)
@@ -542,11 +560,12 @@ class GpuHealth:
 # --- the state file ---------------------------------------------------------------------------------------------
 
 
-def _save_conditions(path: Path, conditions: Iterable[Condition]) -> None:
+def _save_state(path: Path, conditions: Iterable[Condition], gpus: dict[int, tuple[str, str]]) -> None:
     document = {
         "kind": STATE_KIND,
         "version": STATE_VERSION,
         "conditions": [{**asdict(c), "cause": c.cause.value, "effect": c.effect.value} for c in conditions],
+        "gpus": [{"index": i, "uuid": uuid, "name": name} for i, (uuid, name) in sorted(gpus.items())],
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -559,19 +578,25 @@ def _save_conditions(path: Path, conditions: Iterable[Condition]) -> None:
             os.unlink(tmp)
 
 
-def _load_conditions(path: Path) -> dict[tuple[str, Cause, bool, int | None], Condition]:
-    """The conditions saved at ``path``; an unreadable file is logged and ignored (health starts clean)."""
+def _load_state(
+    path: Path,
+) -> tuple[dict[tuple[str, Cause, bool, int | None], Condition], dict[int, tuple[str, str]]]:
+    """The conditions and GPUs saved at ``path``; an unreadable file is logged and ignored (health starts clean)."""
     try:
         raw = json.loads(path.read_text())
     except FileNotFoundError:
-        return {}
+        return {}, {}
     except (OSError, ValueError) as err:
         log.warning("ignoring unreadable device health file path=%s error=%s", path, err)
-        return {}
+        return {}, {}
     conditions: dict[tuple[str, Cause, bool, int | None], Condition] = {}
     if not isinstance(raw, dict) or raw.get("kind") != STATE_KIND or raw.get("version") != STATE_VERSION:
         log.warning("ignoring device health file of another kind or version path=%s", path)
-        return {}
+        return {}, {}
+    gpus: dict[int, tuple[str, str]] = {}
+    for entry in raw.get("gpus") or []:
+        with contextlib.suppress(TypeError, ValueError, KeyError):
+            gpus[int(entry["index"])] = (str(entry["uuid"]), str(entry["name"]))
     for entry in raw.get("conditions") or []:
         try:
             condition = Condition(**{**entry, "cause": Cause(entry["cause"]), "effect": TaintEffect(entry["effect"])})
@@ -579,9 +604,9 @@ def _load_conditions(path: Path) -> dict[tuple[str, Cause, bool, int | None], Co
             log.warning("ignoring a malformed device health entry path=%s error=%r", path, err)
             continue
         conditions[condition.key] = condition
-    return conditions
+    return conditions, gpus
 
 
 def read_conditions(path: Path) -> list[Condition]:
-    """The conditions a running driver saved (for ``dradriver inventory``)."""
-    return list(_load_conditions(path).values())
+    """The conditions a running driver saved."""
+    return list(_load_state(path)[0].values())

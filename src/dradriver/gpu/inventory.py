@@ -141,9 +141,10 @@ def discover(gpulib: GpuLib) -> Inventory:
     A GPU that is lost or fails an NVML call is skipped and listed in ``lost_gpus``: one broken GPU must not take
     the node's other GPUs down with it."""
     system = gpulib.system()
+    readable = gpulib.gpus()
     lost = [LostGpu(u.index, None, None, u.error) for u in gpulib.unreadable_gpus()]
     infos: list[GpuInfo] = []
-    for info in gpulib.gpus():
+    for info in readable:
         try:
             gpulib.probe(info.uuid)
         except GpuError as err:
