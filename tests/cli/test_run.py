@@ -43,3 +43,17 @@ def test_run_with_an_unreadable_kubeconfig_names_it(capsys, tmp_path):
     missing = tmp_path / "nope"
     assert main(["run", "--node-name", "n", "--gpu-backend", "sim", "--kubeconfig", str(missing)]) == 2
     assert str(missing) in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--health-ignore-xids", "13,x"], "--health-ignore-xids '13,x': 'x' is not an XID number"),
+        (["--health-fatal-xids", "1000"], "--health-fatal-xids '1000': XID 1000 is outside 1..999"),
+        (["--health-recovery-period", "-5"], "--health-recovery-period -5.0: seconds, 0 or more"),
+    ],
+)
+def test_run_refuses_a_bad_health_policy_with_one_line(capsys, tmp_path, flags, message):
+    assert main(["run", "--node-name", "n", "--gpu-backend", "sim", "--registry-dir", str(tmp_path), *flags]) == 2
+    assert message in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
