@@ -209,8 +209,19 @@ def test_mig_partitions_carry_their_parents_taints_in_dynamic_mode():
 
 def test_a_device_gets_no_more_taints_than_its_kubernetes_version_allows():
     inventory = inventory_of("dgx-a100-40gb")
-    many = [{"key": f"{DOMAIN}/k{i}", "value": "", "effect": "None"} for i in range(20)]
+    many = [{"key": f"{DOMAIN}/k{i}", "value": "", "effect": "NoSchedule"} for i in range(20)]
     for shape, limit in ((SliceShape.V1_34, 4), (SliceShape.V1_35, 16)):
         specs = build_slice_specs(inventory, SliceSettings(mig_mode=MigMode.NONE, shape=shape), taints=lambda n: many)
         assert {len(d["taints"]) for s in specs for d in s["devices"]} == {limit}
         assert validate_pool(as_resource_slices(specs, node_name="node-a"), shape=shape) == []
+
+
+def test_informational_taints_are_left_out_for_kubernetes_1_34():
+    inventory = inventory_of("dgx-a100-40gb")
+    both = [
+        {"key": f"{DOMAIN}/xid", "value": "79", "effect": "NoSchedule"},
+        {"key": f"{DOMAIN}/xid", "value": "31", "effect": "None"},
+    ]
+    for shape, effects in ((SliceShape.V1_34, ["NoSchedule"]), (SliceShape.V1_35, ["NoSchedule", "None"])):
+        specs = build_slice_specs(inventory, SliceSettings(mig_mode=MigMode.NONE, shape=shape), taints=lambda n: both)
+        assert [t["effect"] for t in specs[0]["devices"][0]["taints"]] == effects

@@ -1,4 +1,5 @@
-"""Prometheus metrics of prepare and unprepare, recorded by wrapping any ``DriverHandler``."""
+"""Prometheus metrics: prepare and unprepare (recorded by wrapping any ``DriverHandler``), device health and GPU
+events (recorded by ``driver.health``)."""
 
 from __future__ import annotations
 

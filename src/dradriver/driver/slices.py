@@ -70,6 +70,10 @@ def build_slice_specs(
     def device(d: GpuDevice | MigPartition, *, counters: bool = False) -> dict[str, Any]:
         built = _device(d, inventory, settings.driver, counters=counters)
         found = taints(d.name) if taints is not None else []
+        if settings.shape is SliceShape.V1_34:
+            # Effect None (informational) is in the v1 types of 1.36, not in those of 1.33/1.34: a 1.34 server
+            # could refuse the whole slice for it, so such taints are left out there.
+            found = [t for t in found if t.get("effect") != "None"]
         if found:
             built["taints"] = found[: MAX_TAINTS_PER_DEVICE[settings.shape]]
         return built
