@@ -578,3 +578,17 @@ def test_a_corrupt_shared_state_file_is_ignored_by_a_running_simulator(tmp_path)
     before = len(node.mig_devices(0))
     state.write_text("{broken")
     assert len(node.mig_devices(0)) == before
+
+
+def test_event_ids_are_never_reused_after_a_reset_removed_the_logged_events(
+    make_node: MakeNode, tmp_path: Path
+) -> None:
+    state = tmp_path / "state.json"
+    driver = make_node(state_path=state)
+    after = driver.last_event_sequence()
+    make_node(state_path=state).lose_gpu(2)
+    assert driver.wait_event(after, {2}, timeout_s=5) is not None
+    make_node(state_path=state).reset_gpu(2)  # another process: the log no longer holds the lost event
+    make_node(state_path=state).inject_xid(1, 79)
+    event = driver.wait_event(after, {1}, timeout_s=5)
+    assert event is not None and event.xid == 79

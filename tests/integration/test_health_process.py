@@ -187,7 +187,7 @@ def test_each_fault_reaches_the_stream_the_slice_inventory_and_prepare_and_a_res
 def test_conditions_clear_after_the_quiet_period_and_mig_partitions_follow_their_parent(root: Path) -> None:
     with FakeApiServer() as api:
         api.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
-        driver = start(root, api, "--health-recovery-period", "6", "--mig-mode", "dynamic")
+        driver = start(root, api, "--health-recovery-period", "10", "--mig-mode", "dynamic")
         watch = HealthWatch(root / "registry")
         try:
             assert eventually(lambda: any(n.startswith(f"{GPU[1]}-mig-") for n in published(api))), driver.log
@@ -201,17 +201,22 @@ def test_conditions_clear_after_the_quiet_period_and_mig_partitions_follow_their
                 driver.log
             )
             assert taints(api, GPU[2]) == [] and watch.status(GPU[2]) == HEALTHY
-            # Six quiet seconds later, the condition is gone.
+            # Ten quiet seconds later, the condition is gone.
             assert eventually(lambda: all(all_taints(api)[n] == [] for n in family)), driver.log
             assert eventually(lambda: all(watch.status(n) == HEALTHY for n in family)), driver.log
 
             # NVML reports a lost GPU but cannot say which: every device is tainted until the quiet period ends.
             sim(root, "lose", BUS[6], "--unattributable")
+            attempts = iter(range(1000))
+
+            def refused() -> bool:
+                claim = allocated_claim(api, f"anywhere-{next(attempts)}", [GPU[2]])
+                return "NVML cannot say which" in watch.plugin.prepare([claim])[claim.uid].error
+
+            assert eventually(refused), driver.log
             lost = [(f"{DRIVER}/gpu-lost", "unattributed", "NoSchedule")]
             assert eventually(lambda: all(t == lost for t in all_taints(api).values())), driver.log
             assert eventually(lambda: any(set(u.values()) == {UNHEALTHY} for u in watch.history)), driver.log
-            claim = allocated_claim(api, "anywhere", [GPU[2]])
-            assert "NVML cannot say which" in watch.plugin.prepare([claim])[claim.uid].error
             assert eventually(lambda: all(t == [] for t in all_taints(api).values())), driver.log
             assert eventually(lambda: {s for s, _ in watch.latest.values()} == {HEALTHY}), driver.log
         finally:
@@ -232,5 +237,22 @@ def test_where_the_api_server_drops_taints_unhealthy_devices_are_withdrawn(root:
             sim(root, "xid", BUS[2], "48")
             assert eventually(lambda: GPU[2] not in published(api)), driver.log
             assert driver.log.count("dropped devices[].taints") == 1
+        finally:
+            driver.stop(signal.SIGKILL)
+
+
+def test_a_gpu_lost_before_the_driver_starts_does_not_take_the_node_down(root: Path) -> None:
+    sim(root, "lose", BUS[2])
+    with FakeApiServer() as api:
+        api.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        driver = start(root, api)
+        try:
+            assert eventually(lambda: len(published(api)) == 7), driver.log
+            assert GPU[2] not in published(api)
+            assert "GPU skipped" in driver.log
+            sim(root, "reset", BUS[2])
+            # Read again at the next rescan (here: none configured, so at the next health change).
+            sim(root, "xid", BUS[1], "79")
+            assert eventually(lambda: GPU[2] in published(api)), driver.log
         finally:
             driver.stop(signal.SIGKILL)

@@ -198,7 +198,6 @@ class GpuHealth:
         self.pool = pool
         self.policy = policy or HealthPolicy()
         self._state_path = state_path
-        self._save_state = save_state
         self._clock = clock
         self._lock = threading.Lock()
         self._state = _State()
@@ -208,7 +207,10 @@ class GpuHealth:
         self._thread: threading.Thread | None = None
         if state_path is not None:
             self._state.conditions, self._state.gpus = _load_state(state_path)
+        # Nothing is written while starting: a second instance that is about to be refused must not touch it.
+        self._save_state = False
         self.update_inventory(inventory, mig_mode)
+        self._save_state = save_state
 
     # --- inventory ------------------------------------------------------------------------------------------
 
@@ -518,6 +520,14 @@ class GpuHealth:
 
     def start(self, gpulib: GpuLib, *, poll_seconds: float = 5.0) -> None:
         """Watch NVML events and probe GPUs with conditions in a background thread until ``stop``."""
+        if self._state_path is not None and self._save_state:
+            # Written once now too, so that a GPU lost before the next start is still known by name.
+            with self._lock:
+                conditions, gpus = list(self._state.conditions.values()), dict(self._state.gpus)
+            try:
+                _save_state(self._state_path, conditions, gpus)
+            except OSError as err:
+                log.warning("cannot save device health path=%s error=%s", self._state_path, err)
         self._thread = threading.Thread(target=self._run, args=(gpulib, poll_seconds), name="gpu-health", daemon=True)
         self._thread.start()
 

@@ -577,6 +577,8 @@ class SimulatedNode:
             "node": self.node_name,
             "migSerial": self._mig_serial,
             "events": self._event_log,
+            # Kept apart from the log: a reset removes a GPU's events, and ids must never be handed out twice.
+            "lastEventId": self._event_id,
             "gpus": {
                 gpu.pci_bus_id: {
                     "migCurrent": gpu.mig_current,
@@ -654,6 +656,8 @@ class SimulatedNode:
             raise bad("gpus", f"malformed entry ({err!r})") from err
         self._mig_serial = max(self._mig_serial, serial)
         self._take_events(raw.get("events"))
+        last_id = raw.get("lastEventId", 0)
+        self._event_id = max(self._event_id, last_id if isinstance(last_id, int) else 0)
         for gpu in self.gpus:
             state = parsed[gpu.pci_bus_id]
             gpu.mig_current, gpu.mig_pending, gpu.compute_mode, gpu.lost = (
