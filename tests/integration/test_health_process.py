@@ -102,6 +102,91 @@ def taints(api: FakeApiServer, device: str) -> list[tuple[str, str, str]] | None
     return all_taints(api).get(device)
 
 
+class Node:
+    """A running driver with the kubelet's health stream open, on a simulated node and the API stand-in."""
+
+    def __init__(self, root: Path, api: FakeApiServer, driver: DriverProcess, watch: HealthWatch) -> None:
+        self.root, self.api, self.driver, self.watch = root, api, driver, watch
+
+    def prepare_error(self, name: str, device: str) -> str:
+        claim = allocated_claim(self.api, name, [device])
+        return str(self.watch.plugin.prepare([claim])[claim.uid].error)
+
+
+def _fatal_xid(node: Node) -> None:
+    """A critical XID: unhealthy, tainted NoSchedule with the XID, refused at prepare."""
+    sim(node.root, "xid", BUS[1], "79")
+    assert eventually(lambda: node.watch.status(GPU[1]) == UNHEALTHY), node.driver.log
+    assert "XID 79" in node.watch.latest[GPU[1]][1]
+    assert eventually(lambda: taints(node.api, GPU[1]) == [(f"{DRIVER}/xid", "79", "NoSchedule")]), node.driver.log
+    assert published(node.api)[GPU[1]]["taints"][0]["timeAdded"].endswith("Z")
+    error = node.prepare_error("on-xid", GPU[1])
+    assert "is unhealthy: XID 79" in error and "since 20" in error
+
+
+def _application_xid(node: Node) -> None:
+    """An application XID: informational taint only; the device is still healthy and still given out."""
+    sim(node.root, "xid", BUS[2], "31")
+    assert eventually(lambda: taints(node.api, GPU[2]) == [(f"{DRIVER}/xid", "31", "None")]), node.driver.log
+    assert node.watch.status(GPU[2]) == HEALTHY
+    assert node.prepare_error("on-app-xid", GPU[2]) == ""
+
+
+def _ecc_burst(node: Node) -> None:
+    """A burst of double-bit ECC errors: the count is the taint's value."""
+    sim(node.root, "ecc", BUS[3], "--count", "5")
+    assert eventually(lambda: taints(node.api, GPU[3]) == [(f"{DRIVER}/ecc", "5", "NoSchedule")]), node.driver.log
+    assert node.watch.status(GPU[3]) == UNHEALTHY
+    assert "double-bit ECC" in node.prepare_error("on-ecc", GPU[3])
+
+
+def _lost_gpu(node: Node) -> None:
+    """A lost GPU: withdrawn from the slice, still unhealthy in the stream, the other GPUs keep serving."""
+    sim(node.root, "lose", BUS[4])
+    assert eventually(lambda: GPU[4] not in published(node.api) and len(published(node.api)) == 7), node.driver.log
+    assert eventually(lambda: node.watch.status(GPU[4]) == UNHEALTHY), node.driver.log
+    assert "fell off the bus" in node.prepare_error("on-lost", GPU[4])
+    assert node.prepare_error("elsewhere", GPU[5]) == ""
+
+
+def _inventory_shows_it(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
+    document = inventory(node.root, capsys, "-o", "json")
+    health = document["deviceHealth"]
+    assert health[GPU[1]]["status"] == "UNHEALTHY"
+    assert health[GPU[1]]["taints"][0]["value"] == "79"
+    assert health[GPU[2]]["status"] == "HEALTHY"
+    assert [t["effect"] for t in health[GPU[2]]["taints"]] == ["None"]
+    assert health[GPU[3]]["taints"][0]["key"] == f"{DRIVER}/ecc"
+    assert [g["name"] for g in document["lostGpus"]] == [GPU[4]]
+    assert health[GPU[4]]["status"] == "UNHEALTHY"
+    table = inventory(node.root, capsys)
+    assert "HEALTH" in table and "TAINTS" in table
+    row = next(line for line in table.splitlines() if line.startswith(GPU[1]))
+    assert "unhealthy" in row and "xid=79:NoSchedule" in row
+    assert any(line.startswith(GPU[4]) and "lost" in line for line in table.splitlines())
+
+
+def _resets_recover(node: Node) -> None:
+    """The ECC GPU and the lost one are healthy again within 30 s of their reset, the lost one under its name."""
+    sim(node.root, "reset", BUS[3])
+    sim(node.root, "reset", BUS[4])
+    reset_at = time.monotonic()
+    assert eventually(
+        lambda: (
+            node.watch.status(GPU[3]) == HEALTHY
+            and node.watch.status(GPU[4]) == HEALTHY
+            and taints(node.api, GPU[3]) == []
+            and taints(node.api, GPU[4]) == []
+        ),
+        timeout=30,
+    ), node.driver.log
+    assert time.monotonic() - reset_at < 30
+    assert node.prepare_error("after-reset", GPU[4]) == ""
+    # The XID without a reset or a quiet period stays.
+    assert taints(node.api, GPU[1]) == [(f"{DRIVER}/xid", "79", "NoSchedule")]
+    assert "device unhealthy" in node.driver.log and "cause=ecc" in node.driver.log
+
+
 def test_each_fault_reaches_the_stream_the_slice_inventory_and_prepare_and_a_reset_recovers(
     root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -109,76 +194,15 @@ def test_each_fault_reaches_the_stream_the_slice_inventory_and_prepare_and_a_res
         api.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         driver = start(root, api, "--health-recovery-period", "0")
         watch = HealthWatch(root / "registry")
+        node = Node(root, api, driver, watch)
         try:
             assert eventually(lambda: watch.status(GPU[1]) == HEALTHY and len(published(api)) == 8), driver.log
-
-            # A critical XID: unhealthy, tainted NoSchedule with the XID, refused at prepare, shown in inventory.
-            sim(root, "xid", BUS[1], "79")
-            assert eventually(lambda: watch.status(GPU[1]) == UNHEALTHY), driver.log
-            assert "XID 79" in watch.latest[GPU[1]][1]
-            assert eventually(lambda: taints(api, GPU[1]) == [(f"{DRIVER}/xid", "79", "NoSchedule")]), driver.log
-            assert published(api)[GPU[1]]["taints"][0]["timeAdded"].endswith("Z")
-            refused = allocated_claim(api, "on-xid", [GPU[1]])
-            error = watch.plugin.prepare([refused])[refused.uid].error
-            assert "is unhealthy: XID 79" in error and "since 20" in error
-
-            # An application XID: informational taint only; the device is still healthy and still given out.
-            sim(root, "xid", BUS[2], "31")
-            assert eventually(lambda: taints(api, GPU[2]) == [(f"{DRIVER}/xid", "31", "None")]), driver.log
-            assert watch.status(GPU[2]) == HEALTHY
-            fine = allocated_claim(api, "on-app-xid", [GPU[2]])
-            assert watch.plugin.prepare([fine])[fine.uid].error == ""
-
-            # A burst of double-bit ECC errors: the count is the taint's value.
-            sim(root, "ecc", BUS[3], "--count", "5")
-            assert eventually(lambda: taints(api, GPU[3]) == [(f"{DRIVER}/ecc", "5", "NoSchedule")]), driver.log
-            assert watch.status(GPU[3]) == UNHEALTHY
-            on_ecc = allocated_claim(api, "on-ecc", [GPU[3]])
-            assert "double-bit ECC" in watch.plugin.prepare([on_ecc])[on_ecc.uid].error
-
-            # A lost GPU: withdrawn from the slice, still unhealthy in the stream, the other GPUs keep serving.
-            sim(root, "lose", BUS[4])
-            assert eventually(lambda: GPU[4] not in published(api) and len(published(api)) == 7), driver.log
-            assert eventually(lambda: watch.status(GPU[4]) == UNHEALTHY), driver.log
-            on_lost = allocated_claim(api, "on-lost", [GPU[4]])
-            assert "fell off the bus" in watch.plugin.prepare([on_lost])[on_lost.uid].error
-            other = allocated_claim(api, "elsewhere", [GPU[5]])
-            assert watch.plugin.prepare([other])[other.uid].error == ""
-
-            document = inventory(root, capsys, "-o", "json")
-            health = document["deviceHealth"]
-            assert health[GPU[1]]["status"] == "UNHEALTHY"
-            assert health[GPU[1]]["taints"][0]["value"] == "79"
-            assert health[GPU[2]]["status"] == "HEALTHY"
-            assert [t["effect"] for t in health[GPU[2]]["taints"]] == ["None"]
-            assert health[GPU[3]]["taints"][0]["key"] == f"{DRIVER}/ecc"
-            assert [g["name"] for g in document["lostGpus"]] == [GPU[4]]
-            assert health[GPU[4]]["status"] == "UNHEALTHY"
-            table = inventory(root, capsys)
-            assert "HEALTH" in table and "TAINTS" in table
-            row = next(line for line in table.splitlines() if line.startswith(GPU[1]))
-            assert "unhealthy" in row and "xid=79:NoSchedule" in row
-            assert any(line.startswith(GPU[4]) and "lost" in line for line in table.splitlines())
-
-            # Resets: the ECC GPU and the lost one are healthy again within 30 s, the lost one under its name.
-            sim(root, "reset", BUS[3])
-            sim(root, "reset", BUS[4])
-            reset_at = time.monotonic()
-            assert eventually(
-                lambda: (
-                    watch.status(GPU[3]) == HEALTHY
-                    and watch.status(GPU[4]) == HEALTHY
-                    and taints(api, GPU[3]) == []
-                    and taints(api, GPU[4]) == []
-                ),
-                timeout=30,
-            ), driver.log
-            assert time.monotonic() - reset_at < 30
-            again = allocated_claim(api, "after-reset", [GPU[4]])
-            assert watch.plugin.prepare([again])[again.uid].error == ""
-            # The XID without a reset or a quiet period stays.
-            assert taints(api, GPU[1]) == [(f"{DRIVER}/xid", "79", "NoSchedule")]
-            assert "device unhealthy" in driver.log and "cause=ecc" in driver.log
+            _fatal_xid(node)
+            _application_xid(node)
+            _ecc_burst(node)
+            _lost_gpu(node)
+            _inventory_shows_it(node, capsys)
+            _resets_recover(node)
         finally:
             watch.close()
             driver.stop(signal.SIGKILL)
