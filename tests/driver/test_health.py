@@ -9,10 +9,12 @@ from prometheus_client import REGISTRY
 
 from dradriver.driver.health import GpuHealth, HealthPolicy, TaintEffect, parse_xids, read_conditions
 from dradriver.errors import ConfigError
+from dradriver.gpu.catalog import load_node_profile
 from dradriver.gpu.errors import GpuError, GpuIsLost
 from dradriver.gpu.fakelib import simulated_gpulib
 from dradriver.gpu.inventory import MigMode, MigPartition, discover
 from dradriver.gpu.models import GpuEvent
+from dradriver.gpu.sim import SimulatedNode
 from dradriver.plugin.handler import HealthStatus
 
 
@@ -337,3 +339,20 @@ def test_xid_lists_parse_and_bad_ones_name_the_flag():
         parse_xids("13,abc", "--health-ignore-xids")
     with pytest.raises(ConfigError, match=r"outside 1\.\.999"):
         parse_xids("0", "--health-fatal-xids")
+
+
+def test_a_gpu_lost_before_it_was_ever_read_nudges_a_rescan_once_it_answers(tmp_path: Path):
+    state = tmp_path / "sim.json"
+    admin = SimulatedNode(load_node_profile("dgx-a100-40gb"), state_path=state)
+    admin.lose_gpu(3)
+    gpulib, _ = simulated_gpulib("dgx-a100-40gb", state_path=state)
+    inventory = discover(gpulib)
+    health = GpuHealth(inventory=inventory, mig_mode=MigMode.STATIC, pool="node-a")
+    heard = threading.Event()
+    health.subscribe(heard.set)
+    assert not health.retry_unreadable(gpulib)
+    admin.reset_gpu(3)
+    assert health.retry_unreadable(gpulib)
+    assert heard.is_set()
+    assert len(discover(gpulib).gpus) == 8
+    gpulib.close()

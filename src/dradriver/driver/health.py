@@ -203,6 +203,7 @@ class GpuHealth:
         self._state = _State()
         self._board = HealthBoard()
         self._published: tuple[Any, ...] | None = None  # what subscribers last heard, to tell them only of changes
+        self._unreadable: set[int] = set()  # NVML indices of GPUs lost before they could be read
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if state_path is not None:
@@ -228,6 +229,7 @@ class GpuHealth:
                     devices[device.name] = _Device(device.parent.uuid, gi)
             for gpu in inventory.gpus:
                 self._state.gpus[gpu.info.index] = (gpu.uuid, gpu.name)
+            self._unreadable = {g.index for g in inventory.lost_gpus if g.uuid is None}
             lost = {g.uuid: g for g in self._named(inventory.lost_gpus) if g.uuid is not None}
             for name, known in self._state.devices.items():
                 if known.gpu_uuid in lost and name not in devices:
@@ -463,6 +465,21 @@ class GpuHealth:
             changed = True
         return changed
 
+    def retry_unreadable(self, gpulib: GpuLib) -> bool:
+        """Read again the GPUs that were lost before they could ever be read; when one answers now, tell the
+        subscribers (the driver rescans and offers it). True when one came back."""
+        if gpulib.unreadable_gpus():
+            gpulib.gpus()
+        missing = {u.index for u in gpulib.unreadable_gpus()}
+        with self._lock:
+            back = self._unreadable - missing
+            self._unreadable = missing
+        if not back:
+            return False
+        log.info("GPU answers again; rescanning gpu_indices=%s", ",".join(map(str, sorted(back))))
+        self._board.set_devices(self._board.device_health())  # the same list: a nudge to rescan
+        return True
+
     def _clear_unattributed(self, now: float) -> bool:
         # By now every GPU that does not answer carries its own gpu-lost condition (``_apply_probe``).
         condition = self._state.conditions.get((ALL_GPUS, Cause.LOST, True, None))
@@ -563,6 +580,7 @@ class GpuHealth:
                 next_probe = time.monotonic() + self.policy.probe_interval
                 try:
                     self.check_recovery(gpulib)
+                    self.retry_unreadable(gpulib)
                 except Exception:
                     log.exception("GPU health probe failed; trying again at the next interval")
 
