@@ -20,7 +20,9 @@ def test_demo_allocates_prepares_and_unprepares_the_default_claim(capsys):
     ):
         assert f"==> {step}" in out
     assert "the kubelet chose v1.DRAPlugin" in out
-    assert '"NVIDIA_VISIBLE_DEVICES=GPU-' in out
+    assert '"NVIDIA_VISIBLE_DEVICES=void"' in out
+    assert '"DRADRIVER_DEVICE_GPU_' in out and "/libcuda.so." in out
+    assert '"type": "Ready"' in out and '"uuid": "GPU-' in out  # the claim's status.devices
     assert "CDI spec removed: True" in out
 
 
