@@ -10,11 +10,29 @@ from pathlib import Path
 from typing import Any
 
 from dradriver.cli.logs import configure_logging
-from dradriver.cli.options import add_env_option, add_gpu_options, add_slice_options
-from dradriver.cli.status_server import StatusServer
+from dradriver.cli.options import (
+    add_env_option,
+    add_gpu_options,
+    add_slice_options,
+    check_kubeconfig,
+    check_writable_dir,
+    check_writable_file,
+    dns_subdomain,
+    interval_seconds,
+)
+from dradriver.cli.sim import unwritable_state
+from dradriver.cli.status_server import StatusServer, check_bindable
 from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.driver_root import DriverRoot, discover_driver_root
-from dradriver.driver.health import GpuHealth
+from dradriver.driver.health import (
+    DEFAULT_FATAL_XIDS,
+    DEFAULT_IGNORED_XIDS,
+    DEFAULT_RECOVERY_PERIOD,
+    GpuHealth,
+    HealthPolicy,
+    TaintEffect,
+    parse_xids,
+)
 from dradriver.driver.metrics import InstrumentedHandler
 from dradriver.driver.slices import SliceSettings, build_slice_specs, shape_for
 from dradriver.driver.state import GpuDriver
@@ -40,7 +58,9 @@ def register(subcommands: Any) -> None:
         description="Discover this node's GPUs, publish them as ResourceSlices and serve the kubelet's DRA "
         "gRPC API until SIGTERM.",
     )
-    add_env_option(parser, "--node-name", env="NODE_NAME", help="this node's name (required)")
+    add_env_option(
+        parser, "--node-name", env="NODE_NAME", type=dns_subdomain("node name"), help="this node's name (required)"
+    )
     add_env_option(
         parser,
         "--kubeconfig",
@@ -86,10 +106,10 @@ def register(subcommands: Any) -> None:
         "--rescan-interval",
         env="DRADRIVER_RESCAN_INTERVAL",
         default=60.0,
-        type=float,
+        type=interval_seconds,
         metavar="SECONDS",
         help="how often to rediscover GPUs and republish slices if they changed "
-        "(MIG devices created out of band, a GPU gone); 0: never",
+        "(MIG devices created out of band, a GPU gone); 0: only when device health changes",
     )
     add_env_option(
         parser,
@@ -110,6 +130,7 @@ def register(subcommands: Any) -> None:
     add_gpu_options(parser)
     add_slice_options(parser, version_default="")
     add_driver_root_options(parser)
+    _add_health_options(parser)
     parser.set_defaults(handler=run)
 
 
@@ -159,72 +180,246 @@ def add_driver_root_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_health_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("device health (docs/health.md)")
+    add_env_option(
+        group,
+        "--health-ignore-xids",
+        env="DRADRIVER_HEALTH_IGNORE_XIDS",
+        default=",".join(map(str, sorted(DEFAULT_IGNORED_XIDS))),
+        metavar="XID,...",
+        help="XIDs applications cause (informational taint only); 'none' for none",
+    )
+    add_env_option(
+        group,
+        "--health-fatal-xids",
+        env="DRADRIVER_HEALTH_FATAL_XIDS",
+        default=",".join(map(str, sorted(DEFAULT_FATAL_XIDS))),
+        metavar="XID,...",
+        help="XIDs that always make a GPU unhealthy, even if also ignored; 'none' for none",
+    )
+    add_env_option(
+        group,
+        "--health-taint-effect",
+        env="DRADRIVER_HEALTH_TAINT_EFFECT",
+        default=TaintEffect.NO_SCHEDULE.value,
+        choices=(TaintEffect.NO_SCHEDULE.value, TaintEffect.NO_EXECUTE.value),
+        help="effect of the taints on unhealthy devices (NoExecute also evicts pods that do not tolerate it)",
+    )
+    add_env_option(
+        group,
+        "--health-recovery-period",
+        env="DRADRIVER_HEALTH_RECOVERY_PERIOD",
+        default=DEFAULT_RECOVERY_PERIOD,
+        type=float,
+        metavar="SECONDS",
+        help="a condition without a GPU reset clears after this long without a new event; 0: only a reset clears",
+    )
+    add_env_option(
+        group,
+        "--health-taint-fallback",
+        env="DRADRIVER_HEALTH_TAINT_FALLBACK",
+        default="withdraw",
+        choices=("withdraw", "keep"),
+        help="where the API server drops device taints: withdraw unhealthy devices from the slices, or keep "
+        "offering them",
+    )
+
+
+def _health_policy(args: argparse.Namespace) -> HealthPolicy:
+    def xids(value: str, flag: str) -> frozenset[int]:
+        return frozenset() if value.strip().lower() == "none" else parse_xids(value, flag)
+
+    return HealthPolicy(
+        ignored_xids=xids(args.health_ignore_xids, "--health-ignore-xids"),
+        fatal_xids=xids(args.health_fatal_xids, "--health-fatal-xids"),
+        taint_effect=TaintEffect(args.health_taint_effect),
+        recovery_period=args.health_recovery_period,
+        taint_domain=args.driver_name,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_format, args.log_level)
+    check_config(args)
+    return DriverProcess(args).serve()
+
+
+def check_config(args: argparse.Namespace) -> None:
+    """Refuse a configuration that cannot work before anything is created, bound or published (exit 2)."""
     if not args.node_name:
         raise ConfigError("--node-name (or NODE_NAME) is required: set it from the pod's spec.nodeName")
-    node = args.node_name
-    mig_mode = MigMode(args.mig_mode)
     if args.kubernetes_version:
-        shape = shape_for(args.kubernetes_version)  # fails fast, before touching GPUs or the API server
+        shape_for(args.kubernetes_version)  # when unset, the API server is asked later
+    if args.metrics_address:
+        check_bindable("--metrics-address", args.metrics_address)
+    for flag, value in (
+        ("--registry-dir", args.registry_dir),
+        ("--plugin-dir", args.plugin_dir),
+        ("--cdi-dir", args.cdi_dir),
+    ):
+        if value:
+            check_writable_dir(flag, Path(value))
+    if args.sim_state:
+        check_writable_file("--sim-state", Path(args.sim_state))
+    check_kubeconfig("--kubeconfig", args.kubeconfig)
+    _health_policy(args)
 
-    gpulib, simulated = open_gpu_backend(
-        args.gpu_backend,
-        sim_profile=args.sim_profile,
-        node_name=node,
-        sim_state=Path(args.sim_state) if args.sim_state else None,
-    )
-    inventory = discover(gpulib)
-    log.info(
-        "discovered gpus=%d mig_devices=%d driver=%s backend=%s",
-        len(inventory.gpus),
-        len(inventory.mig_devices),
-        inventory.driver_version,
-        args.gpu_backend,
-    )
 
-    # Before any cluster access: without the driver's libraries no container could use a GPU of this node.
-    driver_root = driver_root_for(args, inventory.driver_version, simulated=simulated is not None)
+class DriverProcess:
+    """One driver instance: discovery, the cluster connection, slice publishing, the kubelet plugin, the
+    status endpoint and periodic rediscovery, started in that order and stopped in reverse."""
 
-    cluster = KubeCluster.from_kubeconfig(args.kubeconfig)
-    if not args.kubernetes_version:
-        shape = shape_for(_detect_kubernetes_version(cluster))
-    node_uid = _node_uid(cluster, node)
-    settings = SliceSettings(driver=args.driver_name, mig_mode=mig_mode, shape=shape)
-    specs = build_slice_specs(inventory, settings)
-    publisher = Publisher(
-        cluster, driver=args.driver_name, node_name=node, node_uid=node_uid, shape=shape, pools=_pools(node, specs)
-    )
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.node: str = args.node_name
+        self.mig_mode = MigMode(args.mig_mode)
+        self.stop = threading.Event()
 
-    # A simulated node has no /dev/nvidia*: bind /dev/null so a real runtime can still inject the spec.
-    cdi = CdiWriter(
-        Path(args.cdi_dir),
-        host_path=(lambda _path: "/dev/null") if simulated else lambda _path: None,
-        driver_root=driver_root,
-    )
-    driver = GpuDriver(driver_name=args.driver_name, pool=node, inventory=inventory, mig_mode=mig_mode, cdi=cdi)
-    claim_status = (
-        ClaimStatusWriter(cluster, driver_name=args.driver_name, node_name=node)
-        if args.claim_device_status == "true"
-        else None
-    )
-    health = GpuHealth(inventory=inventory, mig_mode=mig_mode, pool=node)
-    plugin = KubeletPlugin(
-        driver_name=args.driver_name,
-        node_name=node,
-        handler=InstrumentedHandler(driver),
-        claim_source=cluster,
-        health_source=health,
-        registry_dir=Path(args.registry_dir),
-        plugin_dir=Path(args.plugin_dir) if args.plugin_dir else None,
-        claim_status=claim_status,
-        device_metadata_cdi_dir=Path(args.cdi_dir) if args.device_metadata == "true" else None,
-        pod_uid=args.pod_uid or None,
-    )
+    def serve(self) -> int:
+        """Run until SIGTERM or SIGINT; release everything on the way out, whatever happened."""
+        self._open_gpus()
+        try:
+            # Before any cluster access: without the driver's libraries no container could use a GPU here.
+            simulated = self.simulated is not None
+            self.driver_root = driver_root_for(self.args, self.inventory.driver_version, simulated=simulated)
+            self._connect()
+            try:
+                self._assemble()
+                self._run_until_stopped()
+            finally:
+                self.cluster.close()
+        finally:
+            self.gpulib.close()
+        return 0
 
-    def readiness() -> tuple[bool, dict[str, Any]]:
-        published = publisher.status
-        registered = plugin.registration.status
+    # -- steps ---------------------------------------------------------------------------------------
+
+    def _open_gpus(self) -> None:
+        args = self.args
+        state = Path(args.sim_state) if args.sim_state else None
+        try:
+            self.gpulib, self.simulated = open_gpu_backend(
+                args.gpu_backend, sim_profile=args.sim_profile, node_name=self.node, sim_state=state
+            )
+        except OSError as err:
+            if state is None:
+                raise
+            raise unwritable_state(state, err) from None
+        try:
+            self.inventory = discover(self.gpulib)
+        except BaseException:
+            self.gpulib.close()
+            raise
+        log.info(
+            "discovered gpus=%d mig_devices=%d driver=%s backend=%s",
+            len(self.inventory.gpus),
+            len(self.inventory.mig_devices),
+            self.inventory.driver_version,
+            args.gpu_backend,
+        )
+
+    def _connect(self) -> None:
+        self.cluster = KubeCluster.from_kubeconfig(self.args.kubeconfig)
+        try:
+            self.shape = shape_for(self.args.kubernetes_version or _detect_kubernetes_version(self.cluster))
+        except BaseException:
+            self.cluster.close()
+            raise
+        self.settings = SliceSettings(driver=self.args.driver_name, mig_mode=self.mig_mode, shape=self.shape)
+
+    def _assemble(self) -> None:
+        args, node = self.args, self.node
+        plugin_dir = Path(args.plugin_dir) if args.plugin_dir else DEFAULT_PLUGINS_DIR / args.driver_name
+        self.health = GpuHealth(
+            inventory=self.inventory,
+            mig_mode=self.mig_mode,
+            pool=node,
+            policy=_health_policy(args),
+            state_path=plugin_dir / "health.json",
+        )
+        self.specs = build_slice_specs(self.inventory, self.settings, taints=self.health.taints)
+        self.publisher = Publisher(
+            self.cluster,
+            driver=args.driver_name,
+            node_name=node,
+            node_uid=_node_uid(self.cluster, node),
+            shape=self.shape,
+            pools=_pools(node, self.specs),
+            withdraw_tainted_if_dropped=args.health_taint_fallback == "withdraw",
+        )
+        # A simulated node has no /dev/nvidia*: bind /dev/null so a real runtime can still inject the spec.
+        simulated = self.simulated is not None
+        cdi = CdiWriter(
+            Path(args.cdi_dir),
+            host_path=(lambda _path: "/dev/null") if simulated else lambda _path: None,
+            driver_root=self.driver_root,
+        )
+        self.driver = GpuDriver(
+            driver_name=args.driver_name,
+            pool=node,
+            inventory=self.inventory,
+            mig_mode=self.mig_mode,
+            cdi=cdi,
+            device_problem=self.health.problem,
+        )
+        claim_status = (
+            ClaimStatusWriter(self.cluster, driver_name=args.driver_name, node_name=node)
+            if args.claim_device_status == "true"
+            else None
+        )
+        self.plugin = KubeletPlugin(
+            driver_name=args.driver_name,
+            node_name=node,
+            handler=InstrumentedHandler(self.driver),
+            claim_source=self.cluster,
+            health_source=self.health,
+            registry_dir=Path(args.registry_dir),
+            plugin_dir=Path(args.plugin_dir) if args.plugin_dir else None,
+            claim_status=claim_status,
+            device_metadata_cdi_dir=Path(args.cdi_dir) if args.device_metadata == "true" else None,
+            pod_uid=args.pod_uid or None,
+        )
+        self.status = StatusServer(args.metrics_address, self._readiness) if args.metrics_address else None
+        # A health change (a taint to add or remove, a lost GPU back) rescans at once, not at the next interval.
+        self.refresh = threading.Event()
+        self.health.subscribe(self.refresh.set)
+        self.rescanner = threading.Thread(target=self._rescan_loop, name="rescan", daemon=True)
+
+    def _run_until_stopped(self) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: self.stop.set())
+        try:
+            # The instance lock comes first: a second instance must be refused before it publishes anything.
+            self.plugin.start()
+            self.publisher.start()
+            self.health.start(self.gpulib, poll_seconds=1.0)
+            if self.status:
+                self.status.start()
+            self.rescanner.start()
+            log.info(
+                "ready node=%s driver=%s mig_mode=%s devices=%d",
+                self.node,
+                self.args.driver_name,
+                self.mig_mode.value,
+                sum(len(s.get("devices", ())) for s in self.specs),
+            )
+            self.stop.wait()
+            log.info("stopping")
+        finally:
+            self.stop.set()
+            self.refresh.set()
+            self.plugin.stop()
+            if self.status:
+                self.status.stop()
+            self.publisher.stop()
+            self.health.stop()
+            if self.rescanner.is_alive():
+                self.rescanner.join(timeout=30)  # a rediscovery in flight finishes before NVML shuts down
+
+    def _readiness(self) -> tuple[bool, dict[str, Any]]:
+        published = self.publisher.status
+        registered = self.plugin.registration.status
         ready = published.ready and registered is not None and registered.registered
         return ready, {
             "slicesPublished": published.ready,
@@ -232,64 +427,36 @@ def run(args: argparse.Namespace) -> int:
             "registered": bool(registered and registered.registered),
         }
 
-    status = StatusServer(args.metrics_address, readiness) if args.metrics_address else None
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+    def _rescan_loop(self) -> None:
+        interval = self.args.rescan_interval if self.args.rescan_interval > 0 else None
+        while not self.stop.is_set():
+            self.refresh.wait(interval)
+            self.refresh.clear()
+            if self.stop.is_set():
+                return
+            self._rescan()
 
-    def rescan() -> None:
-        nonlocal specs
-        while not stop.wait(args.rescan_interval):
-            # One bad rescan must not end rescanning for the life of the process: keep the last inventory.
-            try:
-                fresh = discover(gpulib)
-                fresh_specs = build_slice_specs(fresh, settings)
-            except DradriverError as err:
-                log.warning("rediscovery failed; keeping the last inventory error=%s", err)
-                continue
-            if fresh_specs != specs:
-                log.info(
-                    "inventory changed; republishing gpus=%d mig_devices=%d", len(fresh.gpus), len(fresh.mig_devices)
-                )
-                specs = fresh_specs
-                driver.update_inventory(fresh, mig_mode)
-                health.update_inventory(fresh, mig_mode)
-                publisher.update(_pools(node, fresh_specs))
-
-    rescanner = threading.Thread(target=rescan, name="rescan", daemon=True)
-
-    status_started = False
-    try:
-        # The instance lock comes first: a second instance must be refused before it publishes anything.
-        plugin.start()
-        publisher.start()
-        health.start(gpulib)
-        if status:
-            status.start()
-            status_started = True
-        if args.rescan_interval > 0:
-            rescanner.start()
+    def _rescan(self) -> None:
+        """Rediscover and republish if the devices or their health changed; one bad rescan keeps the last
+        inventory."""
+        try:
+            fresh = discover(self.gpulib)
+            self.health.update_inventory(fresh, self.mig_mode)
+            fresh_specs = build_slice_specs(fresh, self.settings, taints=self.health.taints)
+        except DradriverError as err:
+            log.warning("rediscovery failed; keeping the last inventory error=%s", err)
+            return
+        if fresh_specs == self.specs:
+            return
         log.info(
-            "ready node=%s driver=%s mig_mode=%s devices=%d",
-            node,
-            args.driver_name,
-            mig_mode.value,
-            sum(len(s.get("devices", ())) for s in specs),
+            "devices or their health changed; republishing gpus=%d mig_devices=%d lost_gpus=%d",
+            len(fresh.gpus),
+            len(fresh.mig_devices),
+            len(fresh.lost_gpus),
         )
-        stop.wait()
-        log.info("stopping")
-    finally:
-        stop.set()
-        plugin.stop()
-        if status and status_started:
-            status.stop()
-        publisher.stop()
-        health.stop()
-        if rescanner.is_alive():
-            rescanner.join(timeout=30)  # a rediscovery in flight finishes before NVML shuts down
-        gpulib.close()
-        cluster.close()
-    return 0
+        self.specs = fresh_specs
+        self.driver.update_inventory(fresh, self.mig_mode)
+        self.publisher.update(_pools(self.node, fresh_specs))
 
 
 def driver_root_for(args: argparse.Namespace, version: str, *, simulated: bool) -> DriverRoot:
