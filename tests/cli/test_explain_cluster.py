@@ -106,6 +106,17 @@ def test_device_taint_rules_keep_the_devices_they_select_out_as_the_scheduler_do
     assert "does NOT fit" in capsys.readouterr().out
 
 
+def test_a_pod_pinned_to_a_node_is_explained_on_that_node_only(capsys):
+    # Found against the real scheduler (tests/cluster): it honours the pod's node selector; explain did not.
+    pinned = pod({"name": "gpus", "resourceClaimTemplateName": "gpus"})
+    pinned["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "node-b"}
+    reader = FakeReader(pinned, templates=[template(1)])
+    assert explain_pod_with(reader, "ml/trainer", "text") == 1
+    reader.pod["spec"] = {**pinned["spec"], "nodeSelector": {}, "nodeName": "node-a"}
+    assert explain_pod_with(reader, "ml/trainer", "text") == 0
+    assert "fits on node node-a" in capsys.readouterr().out
+
+
 def test_pending_pod_is_explained_against_other_claims_allocations(capsys):
     taken = allocated_claim("busy", [f"gpu-0000-{b}-00-0" for b in ("07", "0f", "47", "4e", "87", "90", "b7")])
     reader = FakeReader(

@@ -233,3 +233,62 @@ def test_a_device_taint_rule_keeps_the_scheduler_and_explain_away_and_a_tolerati
             pod.delete()
     finally:
         kube.delete("devicetaintrules", rule["metadata"]["name"])
+
+
+def test_an_unhealthy_devices_taint_keeps_the_scheduler_away_and_a_toleration_lets_a_pod_through(
+    control_plane: ControlPlane, kube: Kube, tmp_path: Path, nodes: dict[str, SimNode]
+) -> None:
+    name = "gpu-sick"
+    node = SimNode.start(
+        kube, control_plane.kubeconfig, control_plane.root / name, name, profile="h100-nvl-pairs", mig_mode="none"
+    )
+    try:
+        sick = "gpu-0000-17-00-0"
+        sim = [
+            "sim",
+            "--sim-profile",
+            "h100-nvl-pairs",
+            "--node-name",
+            name,
+            "--sim-state",
+            str(node.root / "sim.json"),
+        ]
+        assert main([*sim, "xid", "0000:17:00.0", "79"]) == 0
+
+        def taints() -> list[dict[str, Any]]:
+            return [
+                t
+                for s in kube.list("resourceslices", fieldSelector=f"spec.nodeName={name}")
+                for d in s["spec"].get("devices") or []
+                if d["name"] == sick
+                for t in d.get("taints") or []
+            ]
+
+        [taint] = kube.wait(f"the XID taint on {sick}", taints)
+        assert (taint["key"], taint["value"], taint["effect"]) == ("gpu.dradriver.dev/xid", "79", "NoSchedule")
+        spec = whole_gpus(1, 'device.attributes["resource.kubernetes.io"].pciBusID == "0000:17:00.0"')
+        apply_template(control_plane, tmp_path, "the-sick-gpu", spec)
+        pod = GatedPod(kube, "sick-refused", "the-sick-gpu", node=name).create()
+        try:
+            code, explained = pod.explain(control_plane.kubeconfig)
+            assert code == EXIT_DOES_NOT_FIT, explained
+            assert pod.release() == "unschedulable"
+        finally:
+            pod.delete()
+        spec["devices"]["requests"][0]["exactly"]["tolerations"] = [
+            {"key": "gpu.dradriver.dev/xid", "operator": "Exists", "effect": "NoSchedule"}
+        ]
+        apply_template(control_plane, tmp_path, "the-sick-gpu-tolerated", spec)
+        pod = GatedPod(kube, "sick-tolerated", "the-sick-gpu-tolerated", node=name).create()
+        try:
+            code, explained = pod.explain(control_plane.kubeconfig)
+            assert code == EXIT_FITS, explained
+            assert pod.release() == "scheduled"
+            assert allocated_devices(pod.claim()) == [(DRIVER, name, sick)]
+        finally:
+            pod.delete()
+    finally:
+        (control_plane.logs / f"dradriver-{name}.log").write_text(node.driver.log)
+        node.stop()
+        kube.delete_all("resourceslices", fieldSelector=f"spec.nodeName={name}")
+        kube.delete("nodes", name)

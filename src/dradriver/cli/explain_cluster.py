@@ -227,6 +227,15 @@ def pod_claims(reader: ClusterReader, pod: dict[str, Any]) -> list[PodClaim]:
     return found
 
 
+def pinned_node(pod: dict[str, Any]) -> str | None:
+    """The node the scheduler may use for ``pod``, where the pod names one: ``spec.nodeName``, or a
+    ``kubernetes.io/hostname`` node selector (taken as the node's name, as kubelets set it). Other node
+    selectors and affinities are not evaluated: explain then considers every node."""
+    spec = pod.get("spec") or {}
+    pinned = spec.get("nodeName") or (spec.get("nodeSelector") or {}).get("kubernetes.io/hostname")
+    return str(pinned) if pinned else None
+
+
 def explain_pod_with(reader: ClusterReader, pod_ref: str, output: str) -> int:
     """Explain every unallocated claim of pod ``NAMESPACE/NAME``; the explain exit status."""
     namespace, _, name = pod_ref.rpartition("/")
@@ -261,7 +270,7 @@ def explain_pod_with(reader: ClusterReader, pod_ref: str, output: str) -> int:
         uid = (claim.obj.get("metadata") or {}).get("uid")
         others = [c for c in all_claims if _allocation(c) and (c.get("metadata") or {}).get("uid") != uid]
         doc = Document(claim.obj, f"pod {pod_ref} claim {claim.name}")
-        outcome = explain_document(doc, slices=slices, classes=classes, allocated=others, node=None)
+        outcome = explain_document(doc, slices=slices, classes=classes, allocated=others, node=pinned_node(pod))
         results.append({"podClaim": claim.name, "outcome": outcome})
     _render_pod(pod_ref, results, errors, output)
     if errors:
