@@ -292,3 +292,20 @@ def test_an_unhealthy_devices_taint_keeps_the_scheduler_away_and_a_toleration_le
         node.stop()
         kube.delete_all("resourceslices", fieldSelector=f"spec.nodeName={name}")
         kube.delete("nodes", name)
+
+
+def test_a_selector_that_fails_at_runtime_is_an_error_for_both(
+    nodes: dict[str, SimNode], control_plane: ControlPlane, kube: Kube, tmp_path: Path
+) -> None:
+    # No device has this attribute: CEL fails with "no such key", and the scheduler errors rather than decides.
+    spec = whole_gpus(1, 'device.attributes["gpu.dradriver.dev"].noSuchAttribute == "x"')
+    apply_template(control_plane, tmp_path, "runtime-error", spec)
+    pod = GatedPod(kube, "cel-runtime-error", "runtime-error").create()
+    try:
+        code, explained = pod.explain(control_plane.kubeconfig)
+        assert code == EXIT_DOES_NOT_FIT, explained
+        [claim] = explained["claims"]
+        assert "no such key" in json.dumps(claim), claim
+        assert pod.release() == "error"
+    finally:
+        pod.delete()

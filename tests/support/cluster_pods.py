@@ -84,7 +84,7 @@ class GatedPod:
         return code, json.loads(out.getvalue())
 
     def release(self) -> str:
-        """Lift the gate; "scheduled" or "unschedulable", as the real scheduler decides."""
+        """Lift the gate; "scheduled", "unschedulable" or "error", as the real scheduler decides."""
         self.kube.patch("pods", self.name, {"spec": {"schedulingGates": None}}, NAMESPACE)
         return self.kube.wait(f"the scheduler to decide on pod {self.name}", self._outcome, TIMEOUT)
 
@@ -95,6 +95,8 @@ class GatedPod:
         for condition in pod.get("status", {}).get("conditions") or []:
             if condition["type"] == "PodScheduled" and condition.get("reason") == "Unschedulable":
                 return "unschedulable"
+            if condition["type"] == "PodScheduled" and condition.get("reason") == "SchedulerError":
+                return "error"
         return None
 
     def delete(self) -> None:
