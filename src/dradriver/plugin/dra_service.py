@@ -16,8 +16,15 @@ import grpc
 
 from dradriver.api.generated import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from dradriver.errors import DradriverError
-from dradriver.plugin.claims import ClaimLocks, ClaimSource, base_request_name, claim_problem, ref_problem
-from dradriver.plugin.handler import ClaimRef, DriverHandler, PreparedDevice, PrepareResult
+from dradriver.plugin.claims import (
+    ClaimLocks,
+    ClaimSource,
+    allocated_claim,
+    base_request_name,
+    claim_problem,
+    ref_problem,
+)
+from dradriver.plugin.handler import AllocatedClaim, ClaimRef, DriverHandler, PreparedDevice, PrepareResult
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +57,7 @@ class ClaimProcessor:
     def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         """Prepare the referenced claims; the result has an entry for every distinct UID in ``refs``."""
         results: dict[str, PrepareResult] = {}
-        fetched: dict[str, Mapping[str, Any]] = {}
+        fetched: dict[str, AllocatedClaim] = {}
         for ref in _distinct(refs):
             problem = ref_problem(ref) or self._fetch(ref, fetched)
             if problem is not None:
@@ -98,14 +105,14 @@ class ClaimProcessor:
                     results[uid] = f"driver returned {type(outcome).__name__} for claim UID {uid}, not an error string"
         return results
 
-    def _fetch(self, ref: ClaimRef, into: dict[str, Mapping[str, Any]]) -> str | None:
+    def _fetch(self, ref: ClaimRef, into: dict[str, AllocatedClaim]) -> str | None:
         try:
             claim = self._claims.get_resource_claim(ref.namespace, ref.name)
         except Exception as err:
             return f"cannot get claim {ref} from the API server: {describe_exception(err)}"
         problem = claim_problem(claim, ref, self.driver_name)
         if problem is None:
-            into[ref.uid] = claim
+            into[ref.uid] = allocated_claim(claim, ref, self.driver_name)
         return problem
 
     def _run_isolated(
