@@ -232,7 +232,7 @@ def test_a_failed_rollback_is_recorded_and_finished_by_the_next_prepare(h100: No
     [record] = h100.driver.checkpoint.records()
     assert record.state is ClaimState.PREPARE_STARTED and "gpu-instance" in (record.rollback_error or "")
     assert h100.instances() == [(19, 3, 0)]
-    ids, error = h100.prepare(claim("u1", f"{H100}-mig-1g10gb-3"))
+    _ids, error = h100.prepare(claim("u1", f"{H100}-mig-1g10gb-3"))
     assert error is None and h100.instances() == [(19, 3, 1)]
 
 
@@ -257,7 +257,7 @@ def test_prepare_after_a_restart_returns_the_recorded_ids_without_touching_the_h
 
 def test_ampere_switches_mig_mode_with_a_reset_when_nothing_uses_the_gpu(a100: Node):
     assert not a100.sim.gpus[0].mig_current
-    ids, error = a100.prepare(claim("p", f"{A100}-mig-3g20gb-0"))
+    _ids, error = a100.prepare(claim("p", f"{A100}-mig-3g20gb-0"))
     assert error is None and a100.sim.gpus[0].mig_current and a100.instances() == [(9, 0, 1)]
     a100.driver.unprepare_resource_claims([ref("p")])
     assert a100.prepare(claim("w", A100))[1] is None
