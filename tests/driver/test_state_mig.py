@@ -279,3 +279,53 @@ def test_static_mode_never_carves(tmp_path: Path):
     assert len(node.sim.gpus[0].gpu_instances) == 3
     node.driver.unprepare_resource_claims([ref("u2")])
     assert len(node.sim.gpus[0].gpu_instances) == 3  # the admin's instance stays
+
+
+# --- start-up reconciliation ----------------------------------------------------------------------------------
+
+
+def test_reconcile_finishes_a_rollback_that_failed_before_the_restart(h100: Node):
+    h100.sim.inject_fault("nvmlGpuInstanceCreateComputeInstance", INSUFFICIENT_RESOURCES)
+    h100.sim.inject_fault("nvmlGpuInstanceDestroy", 999)
+    h100.prepare(claim("u1", f"{H100}-mig-1g10gb-3"))
+    assert h100.instances() == [(19, 3, 0)]
+    h100.restart().reconcile()
+    h100.assert_clean(mig_current=False)
+
+
+def test_reconcile_unprepares_claims_the_api_server_no_longer_has(h100: Node):
+    h100.prepare(claim("gone", f"{H100}-mig-3g40gb-0"))
+    h100.prepare(claim("kept", f"{H100}-mig-3g40gb-4"))
+    h100.prepare(claim("unknown", H100.replace("1b", "43")))
+    asked: list[str] = []
+
+    def exists(ref: ClaimRef) -> bool | None:
+        asked.append(ref.uid)
+        return {"gone": False, "kept": True}.get(ref.uid)  # None: the API server cannot tell now
+
+    h100.restart().reconcile(exists)
+    assert sorted(asked) == ["gone", "kept", "unknown"]
+    assert sorted(r.uid for r in h100.driver.checkpoint.records()) == ["kept", "unknown"]
+    assert h100.instances() == [(9, 4, 1)]
+    assert "k8s.gpu.dradriver.dev-claim_gone.json" not in h100.cdi_files()
+
+
+def test_reconcile_destroys_instances_no_claim_owns_in_dynamic_mode_only(h100: Node, tmp_path: Path):
+    h100.prepare(claim("u1", f"{H100}-mig-1g10gb-0"))
+    orphan = h100.sim.create_gpu_instance(0, 19, 6)
+    h100.sim.create_compute_instance(0, orphan.id, 0)
+    (h100.cdi_dir / "k8s.gpu.dradriver.dev-claim_stray.json").write_text("{}")
+    h100.restart().reconcile()
+    assert h100.instances() == [(19, 0, 1)]
+    assert h100.cdi_files() == ["k8s.gpu.dradriver.dev-claim_u1.json"]
+
+    static = Node(tmp_path / "static", "mixed", MigMode.STATIC)
+    before = static.instances()
+    static.driver.reconcile()
+    assert static.instances() == before and len(before) == 3  # the admin's instances stay
+
+
+def test_a_new_boot_discards_the_checkpoint_and_its_leftovers(h100: Node):
+    h100.prepare(claim("u1", f"{H100}-mig-1g10gb-0"))
+    h100.restart(boot_id="boot-2").reconcile()
+    h100.assert_clean()
