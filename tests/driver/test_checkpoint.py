@@ -17,7 +17,7 @@ from dradriver.driver.checkpoint import (
     DeviceRecord,
     checksum,
 )
-from dradriver.errors import ConfigError
+from dradriver.plugin.lifecycle import AlreadyRunningError
 
 
 def record(uid: str = "u1") -> ClaimRecord:
@@ -74,7 +74,7 @@ def test_records_survive_a_restart_exactly(tmp_path: Path):
 
 def test_a_second_process_cannot_open_the_same_checkpoint(tmp_path: Path):
     first = CheckpointStore.open(tmp_path, boot_id="b1")
-    with pytest.raises(ConfigError, match="in use by another dradriver process"):
+    with pytest.raises(AlreadyRunningError, match="already running"):
         CheckpointStore.open(tmp_path, boot_id="b1")
     first.close()
     CheckpointStore.open(tmp_path, boot_id="b1").close()
@@ -118,8 +118,9 @@ def test_a_newer_minor_version_is_read_and_its_unknown_fields_kept_on_rewrite(tm
     doc["data"]["nodeFeature"] = {"added": "in 1.7"}
     doc["data"]["claims"]["u1"]["priority"] = 3
     doc["data"]["claims"]["u1"]["devices"][0]["computeMode"] = "EXCLUSIVE_PROCESS"
-    doc["data"]["claims"]["u1"]["actions"] = [{"step": "compute-mode", "device": "x", "params": {}, "done": True,
-                                               "undoHint": "reset"}]
+    doc["data"]["claims"]["u1"]["actions"] = [
+        {"step": "compute-mode", "device": "x", "params": {}, "done": True, "undoHint": "reset"}
+    ]
     doc["checksum"] = checksum(doc["data"])
     write_doc(tmp_path, doc)
     store = CheckpointStore.open(tmp_path, boot_id="b1")

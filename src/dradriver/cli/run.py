@@ -13,6 +13,7 @@ from dradriver.cli.logs import configure_logging
 from dradriver.cli.options import add_env_option, add_gpu_options, add_slice_options
 from dradriver.cli.status_server import StatusServer
 from dradriver.driver.cdi import CdiWriter
+from dradriver.driver.checkpoint import CheckpointStore
 from dradriver.driver.health import GpuHealth
 from dradriver.driver.metrics import InstrumentedHandler
 from dradriver.driver.slices import SliceSettings, build_slice_specs, shape_for
@@ -20,7 +21,8 @@ from dradriver.driver.state import GpuDriver
 from dradriver.errors import ConfigError, DradriverError
 from dradriver.gpu.backend import open_gpu_backend
 from dradriver.gpu.inventory import MigMode, discover
-from dradriver.plugin.cluster import ClusterError
+from dradriver.plugin.cluster import ClusterError, NotFoundError
+from dradriver.plugin.handler import ClaimRef
 from dradriver.plugin.kube_cluster import KubeCluster
 from dradriver.plugin.kubelet_plugin import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, KubeletPlugin
 from dradriver.plugin.publisher import Publisher, SliceSpec
@@ -61,6 +63,13 @@ def register(subcommands: Any) -> None:
         env="DRADRIVER_CDI_DIR",
         default="/var/run/cdi",
         help="where per-claim CDI specs are written",
+    )
+    add_env_option(
+        parser,
+        "--state-dir",
+        env="DRADRIVER_STATE_DIR",
+        help="where the checkpoint of prepared claims lives (default: the plugin directory); it must survive "
+        "plugin restarts but not reboots (a checkpoint from an earlier boot is discarded)",
     )
     add_env_option(
         parser,
@@ -133,7 +142,24 @@ def run(args: argparse.Namespace) -> int:
 
     # A simulated node has no /dev/nvidia*: bind /dev/null so a real runtime can still inject the spec.
     cdi = CdiWriter(Path(args.cdi_dir), host_path=(lambda _path: "/dev/null") if simulated else lambda _path: None)
-    driver = GpuDriver(driver_name=args.driver_name, pool=node, inventory=inventory, mig_mode=mig_mode, cdi=cdi)
+    state_dir = Path(args.state_dir or args.plugin_dir or DEFAULT_PLUGINS_DIR / args.driver_name)
+    checkpoint = CheckpointStore.open(state_dir)
+    driver = GpuDriver(
+        driver_name=args.driver_name,
+        pool=node,
+        inventory=inventory,
+        mig_mode=mig_mode,
+        cdi=cdi,
+        gpulib=gpulib,
+        checkpoint=checkpoint,
+    )
+    # Before the kubelet can call: finish what a crash left half done, drop what is gone, destroy orphans.
+    driver.reconcile(lambda ref: _claim_exists(cluster, ref))
+    if mig_mode is MigMode.DYNAMIC:
+        inventory = discover(gpulib)  # reconciliation may have destroyed MIG instances
+        driver.update_inventory(inventory, mig_mode)
+        specs = build_slice_specs(inventory, settings)
+        publisher.update(_pools(node, specs))
     health = GpuHealth(inventory=inventory, mig_mode=mig_mode, pool=node)
     plugin = KubeletPlugin(
         driver_name=args.driver_name,
@@ -212,7 +238,20 @@ def run(args: argparse.Namespace) -> int:
             rescanner.join(timeout=30)  # a rediscovery in flight finishes before NVML shuts down
         gpulib.close()
         cluster.close()
+        checkpoint.close()
     return 0
+
+
+def _claim_exists(cluster: KubeCluster, ref: ClaimRef) -> bool | None:
+    """Whether the API server still has the claim (False also when it was replaced); None when it cannot say."""
+    try:
+        uid = cluster.get_resource_claim(ref.namespace, ref.name).get("metadata", {}).get("uid")
+    except NotFoundError:
+        return False
+    except ClusterError as err:
+        log.warning("cannot tell whether claim %s still exists; keeping it error=%s", ref, err)
+        return None
+    return bool(uid == ref.uid)
 
 
 def _pools(node: str, specs: list[dict[str, Any]]) -> dict[str, list[SliceSpec]]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import fcntl
 import hashlib
 import json
 import logging
@@ -31,9 +30,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from dradriver.errors import ConfigError, DeviceError
+from dradriver.plugin.lifecycle import PluginLock
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +238,7 @@ class CheckpointStore:
         self._lock = threading.Lock()
         self._claims: dict[str, dict[str, Any]] = {}
         self._extra: dict[str, Any] = {}
-        self._lock_file: TextIO | None = None
+        self._file_lock: PluginLock | None = None
         #: Claims dropped at load because the checkpoint is from an earlier boot (reconciliation logs them).
         self.discarded: list[ClaimRecord] = []
 
@@ -259,26 +259,19 @@ class CheckpointStore:
         return store
 
     def close(self) -> None:
-        if self._lock_file is not None:
-            self._lock_file.close()  # releases the flock
-            self._lock_file = None
+        if self._file_lock is not None:
+            self._file_lock.release()
+            self._file_lock = None
 
     def _acquire(self) -> None:
         assert self.state_dir is not None
         try:
             self.state_dir.mkdir(parents=True, exist_ok=True)
-            handle = open(self.state_dir / LOCK_NAME, "a")  # noqa: SIM115 - held for the store's lifetime
         except OSError as err:
-            raise ConfigError(f"cannot use state directory {self.state_dir}: {err}; check --state-dir") from err
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            handle.close()
-            raise ConfigError(
-                f"the checkpoint in {self.state_dir} is in use by another dradriver process; run one driver per "
-                "node (stop the other one, or give this one its own --state-dir)"
-            ) from err
-        self._lock_file = handle
+            raise ConfigError(f"cannot create state directory {self.state_dir}: {err}; check --state-dir") from err
+        lock = PluginLock(self.state_dir / LOCK_NAME)
+        lock.acquire(f"the driver whose checkpoint is in {self.state_dir}")
+        self._file_lock = lock
 
     def _load(self) -> None:
         path = self.path
