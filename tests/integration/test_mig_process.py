@@ -3,7 +3,9 @@ prepare and restarted; start-up reconciliation leaves no orphan instance or CDI 
 
 from __future__ import annotations
 
+import shutil
 import signal
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +18,6 @@ from dradriver.gpu.catalog import load_node_profile
 from dradriver.gpu.sim import SimulatedNode
 from dradriver.plugin.kubelet_client import KubeletClient
 from integration.test_run_process import NODE, TIMEOUT, DriverProcess, allocated_claim
-from integration.test_run_process import root as root
 
 PROFILE = "hgx-h100-80gb"
 GPU = "gpu-0000-1b-00-0"
@@ -46,6 +47,13 @@ def hardware(root: Path) -> list[tuple[int, int, int]]:
 
 def cdi_files(root: Path) -> list[str]:
     return sorted(p.name for p in (root / "cdi").glob("*.json")) if (root / "cdi").exists() else []
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))  # short: unix socket paths are limited
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
