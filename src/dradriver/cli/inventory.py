@@ -11,6 +11,8 @@ from typing import Any
 import yaml
 
 from dradriver.cli.options import add_env_option, add_gpu_options, add_output_option, add_slice_options
+from dradriver.driver import slice_map
+from dradriver.driver.slice_map import InstanceCell, owners_from_checkpoint
 from dradriver.driver.slices import SliceSettings, as_resource_slices, build_slice_specs, shape_for
 from dradriver.gpu.backend import open_gpu_backend
 from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode, MigPartition, discover
@@ -29,6 +31,12 @@ def register(subcommands: Any) -> None:
         parser, "--node-name", env="NODE_NAME", default="sim-node", help="node name (names the simulated node's GPUs)"
     )
     add_slice_options(parser)
+    add_env_option(
+        parser,
+        "--state-dir",
+        env="DRADRIVER_STATE_DIR",
+        help="the driver's state directory: the slice maps name the claim that owns each MIG instance",
+    )
     add_output_option(parser, ("table", "json", "yaml", "slices"), "table")
     parser.set_defaults(handler=run)
 
@@ -38,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     mode = MigMode(args.mig_mode)
     if args.output == "table":
         sys.stdout.write(render_table(inventory, mode))
+        sys.stdout.write(render_slice_maps(inventory, owners_from_checkpoint(_state_dir(args))))
     elif args.output == "slices":
         settings = SliceSettings(driver=args.driver_name, mig_mode=mode, shape=shape_for(args.kubernetes_version))
         slices = as_resource_slices(
@@ -51,6 +60,26 @@ def run(args: argparse.Namespace) -> int:
         else:
             sys.stdout.write(yaml.safe_dump(document, sort_keys=False))
     return 0
+
+
+def render_slice_maps(inventory: Inventory, owned_by: dict[tuple[str, int], str]) -> str:
+    """Each MIG-capable GPU's memory-slice map: which slices its GPU instances cover, and their claims."""
+    lines = []
+    for gpu in inventory.gpus:
+        if not gpu.info.mig_capable:
+            continue
+        cells = [
+            InstanceCell(d.existing.gpu_instance_id, d.profile.name, d.placement.start, d.placement.size)
+            for d in inventory.mig_devices
+            if d.parent.name == gpu.name and d.existing is not None
+        ]
+        lines += ["", f"{gpu.name} (MIG {'enabled' if gpu.mig_enabled else 'disabled'})"]
+        lines += ["  " + line for line in slice_map.render(gpu.uuid, cells, owned_by)]
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def _state_dir(args: argparse.Namespace) -> Path | None:
+    return Path(args.state_dir) if args.state_dir else None
 
 
 def load_inventory(args: argparse.Namespace) -> Inventory:

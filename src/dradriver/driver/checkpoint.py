@@ -402,6 +402,26 @@ class CheckpointStore:
                     os.unlink(tmp)
 
 
+def read_records(path: Path) -> list[ClaimRecord]:
+    """The claims of a checkpoint file, read without locking or changing it (for display); none when there is
+    no file. Raises ``CorruptCheckpoint`` (or ``OSError``) when it cannot be read."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    try:
+        doc = json.loads(text)
+    except ValueError as err:
+        raise CorruptCheckpoint(f"not JSON: {err}") from err
+    if not isinstance(doc, dict) or doc.get("kind") != KIND or _version(doc.get("version"))[0] != MAJOR_VERSION:
+        raise CorruptCheckpoint(f"not a checkpoint of format {MAJOR_VERSION}.x")
+    data = doc.get("data")
+    claims = data.get("claims") if isinstance(data, dict) else None
+    if not isinstance(claims, dict):
+        raise CorruptCheckpoint("no claims")
+    return [ClaimRecord.from_json(uid, raw) for uid, raw in claims.items()]
+
+
 def _version(raw: Any) -> tuple[int, int]:
     if not isinstance(raw, str):
         raise CorruptCheckpoint(f"version {raw!r} is not a 'MAJOR.MINOR' string")
