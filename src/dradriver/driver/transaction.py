@@ -60,10 +60,14 @@ class Transaction:
     def run(
         self, step: str, device: str, params: dict[str, Any], change: Callable[[dict[str, Any]], dict[str, Any]]
     ) -> dict[str, Any]:
-        """Record the intent, call ``change(params)``, record its result (merged into ``params``) and return it.
+        """Record the intent (durably, with the results of earlier steps), call ``change(params)``, note its
+        result (merged into ``params``) and return it.
 
-        If ``change`` raises, nothing was changed (NVML calls are all-or-nothing), so the intent is dropped and
-        :class:`StepFailed` raised; the caller rolls back what was done before."""
+        The result is written with the next checkpoint write (the next intent, or the claim's completion): a
+        crash before that leaves the intent only, and every undo handles an intent whose change may or may not
+        have happened. That halves the writes (each one two fsyncs) without losing anything recovery needs.
+        If ``change`` raises, nothing was changed (NVML calls are all-or-nothing; a step that reads back after
+        changing cleans up itself), so the intent is dropped and :class:`StepFailed` raised."""
         if step not in self._undo:
             raise ValueError(f"step {step!r} has no undo registered")
         action = Action(step=step, device=device, params=dict(params))
@@ -73,12 +77,13 @@ class Transaction:
         try:
             result = change(dict(action.params))
         except DradriverError as err:
+            # Written at once: after a crash, an undo of this intent might destroy what another party created
+            # (an admin's instance at the placement this create was refused).
             self.record.actions.remove(action)
             self._store.put(self.record)
             raise StepFailed(device, step, err) from err
         action.params.update(result)
         action.done = True
-        self._store.put(self.record)
         crash_point(f"after:{step}")
         return action.params
 
