@@ -19,8 +19,9 @@ from support.nodes import inventory_of
 
 from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.state import GpuDriver
-from dradriver.gpu.inventory import MigMode
-from dradriver.plugin.handler import ClaimRef
+from dradriver.gpu.fakelib import simulated_gpulib
+from dradriver.gpu.inventory import MigMode, discover
+from dradriver.plugin.handler import AllocatedClaim, AllocatedDevice, ClaimRef
 
 DRIVER = "gpu.dradriver.dev"
 TOOLS = ("podman", "runc", "busybox", "unshare")
@@ -81,20 +82,11 @@ def podman_run(root: Path, cdi_ids: list[str], script: str) -> subprocess.Comple
     )
 
 
-def claim(uid: str, *devices: str) -> dict:
-    return {
-        "metadata": {"uid": uid, "name": uid, "namespace": "default"},
-        "status": {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {"request": f"r{i}", "driver": DRIVER, "pool": "node-a", "device": device}
-                        for i, device in enumerate(devices)
-                    ]
-                }
-            }
-        },
-    }
+def claim(uid: str, *devices: str) -> AllocatedClaim:
+    return AllocatedClaim(
+        ref=ClaimRef("default", uid, uid),
+        devices=tuple(AllocatedDevice(request=f"r{i}", pool="node-a", device=d) for i, d in enumerate(devices)),
+    )
 
 
 def test_podman_injects_a_prepared_gpu_and_mig_device_and_refuses_them_after_unprepare(world: Path) -> None:
@@ -126,3 +118,33 @@ def test_podman_injects_a_prepared_gpu_and_mig_device_and_refuses_them_after_unp
     gone = podman_run(world, cdi_ids[:1], "true")
     assert gone.returncode != 0
     assert "unresolvable CDI devices" in gone.stderr
+
+
+def test_podman_sees_a_carved_mig_devices_uuid_and_capability_nodes(world: Path) -> None:
+    gpulib, node = simulated_gpulib("hgx-h100-80gb", node_name="node-a")
+    driver = GpuDriver(
+        driver_name=DRIVER,
+        pool="node-a",
+        inventory=discover(gpulib),
+        mig_mode=MigMode.DYNAMIC,
+        cdi=CdiWriter(world / "cdi", host_path=lambda _path: "/dev/null"),
+        gpulib=gpulib,
+    )
+    uid = "7a1d-mig-claim"
+    result = driver.prepare_resource_claims([claim(uid, "gpu-0000-1b-00-0-mig-2g20gb-4")])[uid]
+    assert result.error is None
+    [record] = driver.checkpoint.records()
+    mig_uuid = record.devices[0].mig_uuid
+    assert mig_uuid is not None and mig_uuid.startswith("MIG-")
+    caps = [
+        c.path for c in gpulib.mig_device(node.gpus[0].uuid, record.devices[0].gpu_instance_id or 0, 0).capability_nodes
+    ]
+    done = podman_run(
+        world, list(result.devices[0].cdi_device_ids), f"echo NVD=$NVIDIA_VISIBLE_DEVICES; ls {' '.join(caps)}"
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"NVD={mig_uuid}" in done.stdout
+    assert all(path in done.stdout for path in caps) and len(caps) == 2
+    driver.unprepare_resource_claims([ClaimRef("default", uid, uid)])
+    assert node.gpus[0].gpu_instances == {}
+    gpulib.close()
