@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from dradriver.driver import transaction
 from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.checkpoint import CheckpointStore, ClaimState
 from dradriver.driver.state import GpuDriver
@@ -329,3 +330,36 @@ def test_a_new_boot_discards_the_checkpoint_and_its_leftovers(h100: Node):
     h100.prepare(claim("u1", f"{H100}-mig-1g10gb-0"))
     h100.restart(boot_id="boot-2").reconcile()
     h100.assert_clean()
+
+
+class Crash(BaseException):
+    """Stands in for SIGKILL: nothing after the crash point runs, and the driver's memory is thrown away."""
+
+
+@pytest.mark.parametrize(
+    "point",
+    [
+        "prepare-started",
+        "before:mig-mode",
+        "after:mig-mode",
+        "before:gpu-instance",
+        "after:gpu-instance",
+        "before:compute-instance",
+        "after:compute-instance",
+        "before:cdi-spec",
+        "after:cdi-spec",
+    ],
+)
+def test_a_crash_at_any_point_of_prepare_is_undone_at_start_up(h100: Node, monkeypatch: pytest.MonkeyPatch, point: str):
+    def crash() -> None:
+        raise Crash(point)
+
+    monkeypatch.setattr(transaction, "die", crash)
+    monkeypatch.setenv(transaction.CRASH_ENV, point)
+    with pytest.raises(Crash):
+        h100.driver.prepare(claim("u1", f"{H100}-mig-3g40gb-4"))
+    monkeypatch.delenv(transaction.CRASH_ENV)
+    h100.restart().reconcile()
+    h100.assert_clean(mig_current=False)
+    ids, error = h100.prepare(claim("u1", f"{H100}-mig-3g40gb-4"))
+    assert error is None and ids == [f"k8s.gpu.dradriver.dev/claim=u1-{H100}-mig-3g40gb-4"]
