@@ -48,3 +48,12 @@ def test_demo_rejects_a_file_without_a_claim(tmp_path, capsys):
     empty.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")
     assert main(["demo", "--claim", str(empty)]) == 2
     assert "no ResourceClaim or ResourceClaimTemplate" in capsys.readouterr().err
+
+
+def test_demo_carves_mig_partitions_in_dynamic_mode(capsys):
+    claim = ROOT / "examples/claims/mig-same-parent.yaml"
+    assert main(["demo", "--sim-profile", "dgx-a100-80gb", "--mig-mode", "dynamic", "--claim", str(claim)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("-mig-1g10gb-") >= 3
+    assert '"NVIDIA_VISIBLE_DEVICES=MIG-' in out
+    assert "CDI spec removed: True" in out

@@ -26,6 +26,7 @@ from dradriver.driver.slices import SliceSettings, build_slice_specs
 from dradriver.driver.state import GpuDriver
 from dradriver.errors import ConfigError
 from dradriver.gpu.backend import open_gpu_backend
+from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.inventory import Inventory, MigMode, discover
 from dradriver.plugin.kubelet_client import Claim, KubeletClient
 from dradriver.plugin.kubelet_plugin import KubeletPlugin
@@ -75,9 +76,13 @@ def run(args: argparse.Namespace) -> int:
 
     gpulib, _ = open_gpu_backend(args.gpu_backend, sim_profile=args.sim_profile, node_name=node)
     try:
-        inventory = discover(gpulib)
+        return _demo(node, mig_mode, claim, gpulib, args)
     finally:
         gpulib.close()
+
+
+def _demo(node: str, mig_mode: MigMode, claim: dict[str, Any], gpulib: GpuLib, args: argparse.Namespace) -> int:
+    inventory = discover(gpulib)
     _step(f"1. Discovered node {node} ({args.gpu_backend}: {args.sim_profile})")
     print(render_table(inventory, mig_mode), end="")
 
@@ -117,16 +122,25 @@ def run(args: argparse.Namespace) -> int:
 
     root = Path(tempfile.mkdtemp(prefix="dradriver-demo-", dir="/tmp"))
     try:
-        return _prepare_and_unprepare(root, node, inventory=inventory, mig_mode=mig_mode, cluster=cluster, claim=stored)
+        return _prepare_and_unprepare(
+            root, node, inventory=inventory, gpulib=gpulib, mig_mode=mig_mode, cluster=cluster, claim=stored
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
 def _prepare_and_unprepare(
-    root: Path, node: str, *, inventory: Inventory, mig_mode: MigMode, cluster: MemoryCluster, claim: dict[str, Any]
+    root: Path,
+    node: str,
+    *,
+    inventory: Inventory,
+    gpulib: GpuLib,
+    mig_mode: MigMode,
+    cluster: MemoryCluster,
+    claim: dict[str, Any],
 ) -> int:
     cdi = CdiWriter(root / "cdi", host_path=lambda _path: "/dev/null")
-    driver = GpuDriver(driver_name=DRIVER, pool=node, inventory=inventory, mig_mode=mig_mode, cdi=cdi)
+    driver = GpuDriver(driver_name=DRIVER, pool=node, inventory=inventory, mig_mode=mig_mode, cdi=cdi, gpulib=gpulib)
     plugin = KubeletPlugin(
         driver_name=DRIVER,
         node_name=node,
