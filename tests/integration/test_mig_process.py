@@ -128,3 +128,23 @@ def test_a_placement_taken_with_dradriver_sim_gives_a_clear_error_and_nothing_le
         assert cdi_files(root) == []
     finally:
         driver.stop()
+
+
+def test_a_claim_deleted_while_the_driver_was_down_is_unprepared_at_start_up(root: Path, api: FakeApiServer) -> None:
+    driver = start(root, api)
+    driver.wait_ready()
+    gone = allocated_claim(api, "gone", [PARTITION])
+    kept = allocated_claim(api, "kept", [f"{GPU}-mig-1g10gb-0"])
+    with KubeletClient(root / "registry").register() as plugin:
+        assert {uid: r.error for uid, r in plugin.prepare([gone, kept]).items()} == {gone.uid: "", kept.uid: ""}
+    driver.stop(signal.SIGKILL)
+    api.delete("resourceclaims", "gone", namespace="default")
+
+    again = start(root, api)
+    try:
+        again.wait_ready()
+        assert "reconcile: unpreparing a claim the API server no longer has" in again.log
+        assert hardware(root) == [(19, 0, 1)]
+        assert cdi_files(root) == [f"k8s.gpu.dradriver.dev-claim_{kept.uid}.json"]
+    finally:
+        again.stop()
