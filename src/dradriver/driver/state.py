@@ -202,8 +202,8 @@ class GpuDriver:
                 f"undoing it failed too ({rollback_error}); the rest is recorded in the checkpoint and "
                 "finished at the next prepare or start-up"
             )
-        where = f"at {err}" if isinstance(err, StepFailed) else f": {err}"
-        return ClaimError(f"claim {record}: prepare failed {where}; {outcome}")
+        where = f" at {err}" if isinstance(err, StepFailed) else f": {err}"
+        return ClaimError(f"claim {record}: prepare failed{where}; {outcome}")
 
     # --- steps --------------------------------------------------------------------------------------------
 
