@@ -102,7 +102,13 @@ class Transaction:
             action = self.record.actions[-1]
             if not skip(action):
                 try:
-                    self._undo[action.step](self.record, action)
+                    undo = self._undo.get(action.step)
+                    if undo is None:
+                        raise DradriverError(
+                            f"this driver version cannot undo step {action.step!r} (a newer version recorded it); "
+                            "run that version to unprepare the claim"
+                        )
+                    undo(self.record, action)
                 except (DradriverError, KeyError) as err:
                     message = f"undoing {action.step} of {action.device or 'the claim'} failed: {err}"
                     log.error(
