@@ -236,11 +236,6 @@ class GpuDriver:
         problem = self._device_problem(name) if self._device_problem is not None else None
         if problem is not None:
             raise ClaimError(f"claim {ref}: device {name} cannot be prepared: {problem}")
-        if self.mig_mode is not MigMode.DYNAMIC and isinstance(found, MigPartition) and found.existing is None:
-            raise ClaimError(
-                f"claim {ref}: MIG partition {name} does not exist; with --mig-mode {self.mig_mode.value} "
-                "partitions are not carved at prepare: create it with nvidia-smi, or use --mig-mode dynamic"
-            )
         if self.mig_mode is MigMode.DYNAMIC and self._mig is None and _needs_hardware(found):
             raise ClaimError(
                 f"claim {ref}: device {name} needs a MIG mode change or a MIG partition carved at prepare, but this "
@@ -274,8 +269,7 @@ class GpuDriver:
                 )
                 mig = self._mig.carve(txn, device)
                 record.gpu_instance_id, record.compute_instance_id = mig.gpu_instance_id, mig.compute_instance_id
-                record.mig_uuid = mig.uuid
-        assert mig is not None  # _resolve refused partitions that do not exist in static mode
+        assert mig is not None  # static and none modes offer only partitions that exist
         record.mig_uuid = mig.uuid
         return ReadyDevice(device.name, mig.uuid, _mig_device_nodes(device, mig), planned.admin_access)
 
