@@ -363,3 +363,28 @@ def test_a_crash_at_any_point_of_prepare_is_undone_at_start_up(h100: Node, monke
     h100.assert_clean(mig_current=False)
     ids, error = h100.prepare(claim("u1", f"{H100}-mig-3g40gb-4"))
     assert error is None and ids == [f"k8s.gpu.dradriver.dev/claim=u1-{H100}-mig-3g40gb-4"]
+
+
+def test_claims_on_different_gpus_carve_in_parallel(h100: Node):
+    import threading
+
+    entered, release = threading.Event(), threading.Event()
+    gpulib = h100.driver.gpulib
+    assert gpulib is not None
+    real_create = gpulib.create_gpu_instance
+
+    def slow_on_first_gpu(gpu_uuid: str, profile_id: int, start: int):
+        if gpu_uuid == h100.sim.gpus[0].uuid:
+            entered.set()
+            assert release.wait(10)
+        return real_create(gpu_uuid, profile_id, start)
+
+    gpulib.create_gpu_instance = slow_on_first_gpu  # type: ignore[method-assign]
+    first = threading.Thread(target=h100.prepare, args=(claim("a", f"{H100}-mig-1g10gb-0"),))
+    first.start()
+    assert entered.wait(10)
+    # GPU 0 is busy mid-carve; a claim on GPU 1 does not wait for it.
+    assert h100.prepare(claim("b", "gpu-0000-43-00-0-mig-1g10gb-0"))[1] is None
+    release.set()
+    first.join(10)
+    assert sorted(r.uid for r in h100.driver.checkpoint.records()) == ["a", "b"]
