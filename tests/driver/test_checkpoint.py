@@ -171,3 +171,13 @@ def test_a_checkpoint_from_an_earlier_boot_is_discarded(tmp_path: Path):
     store = CheckpointStore.open(tmp_path, boot_id="b2")
     assert store.records() == [] and [r.uid for r in store.discarded] == ["u1"]
     assert json.loads((tmp_path / FILE_NAME).read_text())["data"] == {"bootId": "b2", "claims": {}}
+
+
+def test_shared_stores_of_a_rolling_update_see_each_others_writes(tmp_path: Path):
+    old = CheckpointStore.open(tmp_path, boot_id="b1", shared=True)
+    new = CheckpointStore.open(tmp_path, boot_id="b1", shared=True)
+    old.put(record("u1"))
+    assert [r.uid for r in new.records()] == ["u1"]
+    new.put(record("u2"))
+    old.remove("u1")
+    assert [r.uid for r in new.records()] == ["u2"] and [r.uid for r in old.records()] == ["u2"]

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import logging
+import os
 import signal
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +25,20 @@ from dradriver.driver.state import GpuDriver
 from dradriver.errors import ConfigError, DradriverError
 from dradriver.gpu.backend import open_gpu_backend
 from dradriver.gpu.inventory import MigMode, discover
-from dradriver.plugin.cluster import ClusterError, NotFoundError
+from dradriver.plugin.cluster import ClusterError, NotFoundError, kubernetes_minor_version
 from dradriver.plugin.handler import ClaimRef
 from dradriver.plugin.kube_cluster import KubeCluster
-from dradriver.plugin.kubelet_plugin import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, KubeletPlugin
+from dradriver.plugin.kubelet_plugin import (
+    DEFAULT_PLUGINS_DIR,
+    DEFAULT_REGISTRY_DIR,
+    SERIALIZE_LOCK_NAME,
+    KubeletPlugin,
+)
 from dradriver.plugin.publisher import Publisher, SliceSpec
 
 log = logging.getLogger("dradriver.run")
+# Probes reach the pod's IP, so listen on every interface; the DaemonSet declares the port.
+DEFAULT_STATUS_ADDRESS = ":8080"
 
 
 def register(subcommands: Any) -> None:
@@ -75,8 +86,15 @@ def register(subcommands: Any) -> None:
         parser,
         "--metrics-address",
         env="DRADRIVER_METRICS_ADDRESS",
-        default="",
-        help="HOST:PORT serving /metrics, /healthz and /readyz (empty: off)",
+        default=DEFAULT_STATUS_ADDRESS,
+        help="HOST:PORT serving /metrics, /healthz and /readyz, which the DaemonSet's probes call (empty: off)",
+    )
+    add_env_option(
+        parser,
+        "--pod-uid",
+        env="POD_UID",
+        help="this pod's UID (downward API metadata.uid): per-pod socket names, so a rolling update can start "
+        "the new pod before the old one stops (kubelet 1.33+); unset: fixed names, one instance per node",
     )
     add_env_option(
         parser,
@@ -105,7 +123,7 @@ def register(subcommands: Any) -> None:
         help="log level",
     )
     add_gpu_options(parser)
-    add_slice_options(parser)
+    add_slice_options(parser, version_default="")
     parser.set_defaults(handler=run)
 
 
@@ -115,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--node-name (or NODE_NAME) is required: set it from the pod's spec.nodeName")
     node = args.node_name
     mig_mode = MigMode(args.mig_mode)
-    shape = shape_for(args.kubernetes_version)
+    if args.kubernetes_version:
+        shape = shape_for(args.kubernetes_version)  # fails fast, before touching GPUs or the API server
 
     gpulib, simulated = open_gpu_backend(
         args.gpu_backend,
@@ -133,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
     )
 
     cluster = KubeCluster.from_kubeconfig(args.kubeconfig)
+    if not args.kubernetes_version:
+        shape = shape_for(_detect_kubernetes_version(cluster))
     node_uid = _node_uid(cluster, node)
     settings = SliceSettings(driver=args.driver_name, mig_mode=mig_mode, shape=shape)
     specs = build_slice_specs(inventory, settings)
@@ -143,7 +164,8 @@ def run(args: argparse.Namespace) -> int:
     # A simulated node has no /dev/nvidia*: bind /dev/null so a real runtime can still inject the spec.
     cdi = CdiWriter(Path(args.cdi_dir), host_path=(lambda _path: "/dev/null") if simulated else lambda _path: None)
     state_dir = Path(args.state_dir or args.plugin_dir or DEFAULT_PLUGINS_DIR / args.driver_name)
-    checkpoint = CheckpointStore.open(state_dir)
+    # In rolling-update mode the old and the new pod share the checkpoint (their calls are serialised).
+    checkpoint = CheckpointStore.open(state_dir, shared=bool(args.pod_uid))
     driver = GpuDriver(
         driver_name=args.driver_name,
         pool=node,
@@ -153,13 +175,6 @@ def run(args: argparse.Namespace) -> int:
         gpulib=gpulib,
         checkpoint=checkpoint,
     )
-    # Before the kubelet can call: finish what a crash left half done, drop what is gone, destroy orphans.
-    driver.reconcile(lambda ref: _claim_exists(cluster, ref))
-    if mig_mode is MigMode.DYNAMIC:
-        inventory = discover(gpulib)  # reconciliation may have destroyed MIG instances
-        driver.update_inventory(inventory, mig_mode)
-        specs = build_slice_specs(inventory, settings)
-        publisher.update(_pools(node, specs))
     health = GpuHealth(inventory=inventory, mig_mode=mig_mode, pool=node)
     plugin = KubeletPlugin(
         driver_name=args.driver_name,
@@ -169,7 +184,17 @@ def run(args: argparse.Namespace) -> int:
         health_source=health,
         registry_dir=Path(args.registry_dir),
         plugin_dir=Path(args.plugin_dir) if args.plugin_dir else None,
+        pod_uid=args.pod_uid or None,
     )
+    # Before the kubelet can call: finish what a crash left half done, drop what is gone, destroy orphans.
+    with _serialised_with_other_pods(plugin.plugin_dir, enabled=bool(args.pod_uid)):
+        driver.reconcile(lambda ref: _claim_exists(cluster, ref))
+    if mig_mode is MigMode.DYNAMIC:
+        inventory = discover(gpulib)  # reconciliation may have destroyed MIG instances
+        driver.update_inventory(inventory, mig_mode)
+        health.update_inventory(inventory, mig_mode)
+        specs = build_slice_specs(inventory, settings)
+        publisher.update(_pools(node, specs))
 
     def readiness() -> tuple[bool, dict[str, Any]]:
         published = publisher.status
@@ -242,6 +267,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _serialised_with_other_pods(plugin_dir: Path, *, enabled: bool) -> Iterator[None]:
+    """In rolling-update mode, hold the lock the pods' prepare and unprepare calls take (SerializedHandler), so
+    reconciliation never rolls back a prepare the other pod is in the middle of."""
+    if not enabled:
+        yield
+        return
+    plugin_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(plugin_dir / SERIALIZE_LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def _claim_exists(cluster: KubeCluster, ref: ClaimRef) -> bool | None:
     """Whether the API server still has the claim (False also when it was replaced); None when it cannot say."""
     try:
@@ -257,6 +298,19 @@ def _claim_exists(cluster: KubeCluster, ref: ClaimRef) -> bool | None:
 def _pools(node: str, specs: list[dict[str, Any]]) -> dict[str, list[SliceSpec]]:
     """The one pool a node publishes, named after the node."""
     return {node: [SliceSpec.of(s.get("devices", ()), s.get("sharedCounters", ())) for s in specs]}
+
+
+def _detect_kubernetes_version(cluster: KubeCluster) -> str:
+    """The cluster's ``1.N`` from the API server's /version (the slice layout depends on it)."""
+    try:
+        version = kubernetes_minor_version(cluster.server_version())
+    except ClusterError as err:
+        raise ConfigError(
+            f"cannot read the API server's version to choose the ResourceSlice layout: {err}; "
+            "fix the API server connection or set --kubernetes-version (DRADRIVER_KUBERNETES_VERSION)"
+        ) from err
+    log.info("detected Kubernetes version=%s (override with --kubernetes-version)", version)
+    return version
 
 
 def _node_uid(cluster: KubeCluster, node: str) -> str | None:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from dradriver.errors import ConfigError, DeviceError
-from dradriver.plugin.lifecycle import PluginLock
+from dradriver.plugin.lifecycle import InstanceLock
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +238,8 @@ class CheckpointStore:
         self._lock = threading.Lock()
         self._claims: dict[str, dict[str, Any]] = {}
         self._extra: dict[str, Any] = {}
-        self._file_lock: PluginLock | None = None
+        self._file_lock: InstanceLock | None = None
+        self._stamp: tuple[int, int, int] | None = None  # of the file as last read or written
         #: Claims dropped at load because the checkpoint is from an earlier boot (reconciliation logs them).
         self.discarded: list[ClaimRecord] = []
 
@@ -247,10 +248,15 @@ class CheckpointStore:
         return self.state_dir / FILE_NAME if self.state_dir is not None else None
 
     @classmethod
-    def open(cls, state_dir: Path, *, boot_id: str | None = None) -> CheckpointStore:
-        """Lock ``state_dir`` and load its checkpoint (see the module docstring for what happens to bad files)."""
+    def open(cls, state_dir: Path, *, boot_id: str | None = None, shared: bool = False) -> CheckpointStore:
+        """Load the checkpoint in ``state_dir`` (see the module docstring for what happens to bad files).
+
+        Unless ``shared``, the directory is locked for this process. ``shared`` is for rolling updates, where the
+        old and the new driver pod serve at once: they serialise every prepare, unprepare and reconciliation
+        with a lock of their own, and the store re-reads the file whenever another process rewrote it."""
         store = cls(state_dir, boot_id=read_boot_id() if boot_id is None else boot_id)
-        store._acquire()
+        if not shared:
+            store._acquire()
         try:
             store._load()
         except BaseException:
@@ -269,7 +275,7 @@ class CheckpointStore:
             self.state_dir.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise ConfigError(f"cannot create state directory {self.state_dir}: {err}; check --state-dir") from err
-        lock = PluginLock(self.state_dir / LOCK_NAME)
+        lock = InstanceLock(self.state_dir / LOCK_NAME)
         lock.acquire(f"the driver whose checkpoint is in {self.state_dir}")
         self._file_lock = lock
 
@@ -327,6 +333,15 @@ class CheckpointStore:
             self._save()
             return
         self._claims = {uid: r.to_json() for uid, r in records.items()}
+        self._stamp = _file_stamp(path)
+
+    def _refresh(self) -> None:
+        """Re-read the file if another process rewrote it (rolling updates; see ``open``)."""
+        path = self.path
+        if path is None or _file_stamp(path) == self._stamp:
+            return
+        self._claims, self._extra = {}, {}
+        self._load()
 
     def _move_aside(self, path: Path, why: str) -> None:
         aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
@@ -343,16 +358,19 @@ class CheckpointStore:
 
     def get(self, uid: str) -> ClaimRecord | None:
         with self._lock:
+            self._refresh()
             raw = self._claims.get(uid)
             return ClaimRecord.from_json(uid, copy.deepcopy(raw)) if raw is not None else None
 
     def records(self) -> list[ClaimRecord]:
         with self._lock:
+            self._refresh()
             return [ClaimRecord.from_json(uid, copy.deepcopy(raw)) for uid, raw in self._claims.items()]
 
     def put(self, record: ClaimRecord) -> None:
         """Store ``record`` (replacing the claim's earlier one) and write the file before returning."""
         with self._lock:
+            self._refresh()
             self._claims[record.uid] = record.to_json()
             self._save()
 
@@ -360,6 +378,7 @@ class CheckpointStore:
         """Call ``check(other records)`` and store ``record`` under one lock, so two claims racing for a
         device cannot both pass the check. ``check`` raises to refuse."""
         with self._lock:
+            self._refresh()
             others = [
                 ClaimRecord.from_json(uid, copy.deepcopy(raw)) for uid, raw in self._claims.items() if uid != record.uid
             ]
@@ -369,6 +388,7 @@ class CheckpointStore:
 
     def remove(self, uid: str) -> None:
         with self._lock:
+            self._refresh()
             if self._claims.pop(uid, None) is not None:
                 self._save()
 
@@ -389,6 +409,7 @@ class CheckpointStore:
                 os.fsync(out.fileno())
             os.replace(tmp, path)
             tmp = None
+            self._stamp = _file_stamp(path)
             dir_fd = os.open(path.parent, os.O_RDONLY)
             try:
                 os.fsync(dir_fd)  # the rename itself must survive a power loss
@@ -400,6 +421,14 @@ class CheckpointStore:
             if tmp is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
+
+
+def _file_stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
 
 
 def read_records(path: Path) -> list[ClaimRecord]:
