@@ -20,7 +20,9 @@ def test_demo_allocates_prepares_and_unprepares_the_default_claim(capsys):
     ):
         assert f"==> {step}" in out
     assert "the kubelet chose v1.DRAPlugin" in out
-    assert '"NVIDIA_VISIBLE_DEVICES=GPU-' in out
+    assert '"NVIDIA_VISIBLE_DEVICES=void"' in out
+    assert '"DRADRIVER_DEVICE_GPU_' in out and "/libcuda.so." in out
+    assert '"type": "Ready"' in out and '"uuid": "GPU-' in out  # the claim's status.devices
     assert "CDI spec removed: True" in out
 
 
@@ -55,5 +57,5 @@ def test_demo_carves_mig_partitions_in_dynamic_mode(capsys):
     assert main(["demo", "--sim-profile", "dgx-a100-80gb", "--mig-mode", "dynamic", "--claim", str(claim)]) == 0
     out = capsys.readouterr().out
     assert out.count("-mig-1g10gb-") >= 3
-    assert '"NVIDIA_VISIBLE_DEVICES=MIG-' in out
+    assert out.count("_MIG_1G10GB_") >= 3 and "=MIG-" in out  # each partition's own DRADRIVER_DEVICE_… env
     assert "CDI spec removed: True" in out

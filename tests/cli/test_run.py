@@ -43,3 +43,38 @@ def test_run_with_an_unreadable_kubeconfig_names_it(capsys, tmp_path):
     missing = tmp_path / "nope"
     assert main(["run", "--node-name", "n", "--gpu-backend", "sim", "--kubeconfig", str(missing)]) == 2
     assert str(missing) in capsys.readouterr().err
+
+
+def test_a_driver_root_without_libcuda_is_a_start_up_error_naming_the_flags(tmp_path):
+    import argparse
+
+    from dradriver.cli.run import driver_root_for
+    from dradriver.errors import ConfigError
+
+    (tmp_path / "usr/lib").mkdir(parents=True)
+    args = argparse.Namespace(
+        driver_root="/run/nvidia/driver",
+        container_driver_root=str(tmp_path),
+        nvidia_cdi_hook_path="",
+        plugin_dir=None,
+        driver_name="gpu.dradriver.dev",
+    )
+    with pytest.raises(ConfigError, match=r"libcuda\.so\.580\.65\.06 .* --driver-root .* --container-driver-root"):
+        driver_root_for(args, "580.65.06", simulated=False)
+
+
+def test_a_simulated_node_gets_a_stub_driver_root_in_its_plugin_directory(tmp_path):
+    import argparse
+
+    from dradriver.cli.run import driver_root_for
+
+    args = argparse.Namespace(
+        driver_root="/",
+        container_driver_root="/driver-root",  # the DaemonSet's setting does not matter on a simulated node
+        nvidia_cdi_hook_path="none",
+        plugin_dir=str(tmp_path / "plugin"),
+        driver_name="gpu.dradriver.dev",
+    )
+    root = driver_root_for(args, "550.163.01", simulated=True)
+    assert str(root.host_root) == str(tmp_path / "plugin/sim-driver-root")
+    assert root.libcuda.path.name == "libcuda.so.550.163.01" and root.cdi_hook is None

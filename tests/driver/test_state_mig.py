@@ -114,7 +114,7 @@ def test_one_partition_is_carved_and_its_mig_device_handed_to_the_container(h100
     assert h100.instances() == [(9, 4, 1)]
     mig_uuid = next(iter(next(iter(h100.sim.gpus[0].gpu_instances.values())).compute_instances.values())).uuid
     spec = h100.spec("u1")
-    assert spec["containerEdits"]["env"] == [f"NVIDIA_VISIBLE_DEVICES={mig_uuid}"]
+    assert f"DRADRIVER_DEVICE_GPU_0000_1B_00_0_MIG_3G40GB_4={mig_uuid}" in spec["devices"][0]["containerEdits"]["env"]
     nodes = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
     assert nodes[0] == "/dev/nvidia0" and len(nodes) == 3
     assert all(p.startswith("/dev/nvidia-caps/nvidia-cap") for p in nodes[1:])
@@ -135,7 +135,7 @@ def test_several_partitions_of_one_claim_on_one_gpu(h100: Node):
     ids, error = h100.prepare(claim("u1", f"{H100}-mig-1g10gb-0", f"{H100}-mig-1g10gb-1", f"{H100}-mig-3g40gb-4"))
     assert error is None and len(ids) == 3
     assert h100.instances() == [(9, 4, 1), (19, 0, 1), (19, 1, 1)]
-    uuids = h100.spec("u1")["containerEdits"]["env"][0].removeprefix("NVIDIA_VISIBLE_DEVICES=").split(",")
+    uuids = [e.split("=", 1)[1] for d in h100.spec("u1")["devices"] for e in d["containerEdits"]["env"]]
     assert len(uuids) == 3 and all(u.startswith("MIG-") for u in uuids)
 
 
@@ -155,7 +155,9 @@ def test_the_whole_gpu_after_its_partitions_are_released_leaves_mig_mode(h100: N
     ids, error = h100.prepare(claim("w", H100))
     assert error is None and ids == [f"k8s.gpu.dradriver.dev/claim=w-{H100}"]
     assert not h100.sim.gpus[0].mig_current
-    assert h100.spec("w")["containerEdits"]["env"] == [f"NVIDIA_VISIBLE_DEVICES={h100.sim.gpus[0].uuid}"]
+    assert h100.spec("w")["devices"][0]["containerEdits"]["env"] == [
+        f"DRADRIVER_DEVICE_GPU_0000_1B_00_0={h100.sim.gpus[0].uuid}"
+    ]
     [record] = h100.driver.checkpoint.records()
     assert record.devices[0].previous_mig_mode is True
 

@@ -22,12 +22,15 @@ from dradriver.cli.explain_input import BUILTIN_CLASSES
 from dradriver.cli.inventory import render_table
 from dradriver.cli.options import add_env_option, add_gpu_options
 from dradriver.driver.cdi import CdiWriter
+from dradriver.driver.driver_root import discover_driver_root
 from dradriver.driver.slices import SliceSettings, build_slice_specs
 from dradriver.driver.state import GpuDriver
 from dradriver.errors import ConfigError
 from dradriver.gpu.backend import open_gpu_backend
 from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.inventory import Inventory, MigMode, discover
+from dradriver.gpu.sim_driver_root import write_stub_driver_root
+from dradriver.plugin.claim_status import ClaimStatusWriter
 from dradriver.plugin.kubelet_client import Claim, KubeletClient
 from dradriver.plugin.kubelet_plugin import KubeletPlugin
 from dradriver.plugin.memory_cluster import MemoryCluster
@@ -139,8 +142,11 @@ def _prepare_and_unprepare(
     cluster: MemoryCluster,
     claim: dict[str, Any],
 ) -> int:
-    cdi = CdiWriter(root / "cdi", host_path=lambda _path: "/dev/null")
+    stub_root = write_stub_driver_root(root / "driver-root", inventory.driver_version)
+    driver_root = discover_driver_root(host_root=str(stub_root), version=inventory.driver_version)
+    cdi = CdiWriter(root / "cdi", host_path=lambda _path: "/dev/null", driver_root=driver_root)
     driver = GpuDriver(driver_name=DRIVER, pool=node, inventory=inventory, mig_mode=mig_mode, cdi=cdi, gpulib=gpulib)
+    claim_status = ClaimStatusWriter(cluster, driver_name=DRIVER, node_name=node)
     plugin = KubeletPlugin(
         driver_name=DRIVER,
         node_name=node,
@@ -148,6 +154,7 @@ def _prepare_and_unprepare(
         claim_source=cluster,
         registry_dir=root / "registry",
         plugin_dir=root / "plugin",
+        claim_status=claim_status,
     )
     ref = Claim(claim["metadata"]["namespace"], claim["metadata"]["name"], claim["metadata"]["uid"])
     with plugin, KubeletClient(root / "registry").register() as kubelet:
@@ -164,6 +171,10 @@ def _prepare_and_unprepare(
         spec_path = cdi.spec_path(ref.uid)
         print(f"CDI spec {spec_path.name}:")
         print(spec_path.read_text())
+        claim_status.wait_idle(10)
+        stored = cluster.get_resource_claim(ref.namespace, ref.name)
+        print("claim status.devices:")
+        print(json.dumps(stored.get("status", {}).get("devices", []), indent=2))
 
         errors = kubelet.unprepare([ref])
         _step("6. NodeUnprepareResources")

@@ -18,6 +18,7 @@ from dradriver.cli.options import add_env_option, add_gpu_options, add_slice_opt
 from dradriver.cli.status_server import StatusServer
 from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.checkpoint import CheckpointStore
+from dradriver.driver.driver_root import DriverRoot, discover_driver_root
 from dradriver.driver.health import GpuHealth
 from dradriver.driver.metrics import InstrumentedHandler
 from dradriver.driver.slices import SliceSettings, build_slice_specs, shape_for
@@ -25,6 +26,8 @@ from dradriver.driver.state import GpuDriver
 from dradriver.errors import ConfigError, DradriverError
 from dradriver.gpu.backend import open_gpu_backend
 from dradriver.gpu.inventory import MigMode, discover
+from dradriver.gpu.sim_driver_root import write_stub_driver_root
+from dradriver.plugin.claim_status import ClaimStatusWriter
 from dradriver.plugin.cluster import ClusterError, NotFoundError, kubernetes_minor_version
 from dradriver.plugin.handler import ClaimRef
 from dradriver.plugin.kube_cluster import KubeCluster
@@ -124,7 +127,54 @@ def register(subcommands: Any) -> None:
     )
     add_gpu_options(parser)
     add_slice_options(parser, version_default="")
+    add_driver_root_options(parser)
     parser.set_defaults(handler=run)
+
+
+def add_driver_root_options(parser: argparse.ArgumentParser) -> None:
+    """Where the NVIDIA driver's files are, for the CDI specs; and whether claims get device status."""
+    group = parser.add_argument_group("CDI specs and claim status")
+    add_env_option(
+        group,
+        "--driver-root",
+        env="DRADRIVER_DRIVER_ROOT",
+        default="/",
+        help="host path of the NVIDIA driver's files: / where the driver is installed on the host, "
+        "/run/nvidia/driver with the GPU Operator's driver container (a simulated node uses a stub root in the "
+        "plugin directory instead)",
+    )
+    add_env_option(
+        group,
+        "--container-driver-root",
+        env="DRADRIVER_CONTAINER_DRIVER_ROOT",
+        help="where this container mounts --driver-root, e.g. /driver-root (default: the same path)",
+    )
+    add_env_option(
+        group,
+        "--nvidia-cdi-hook-path",
+        env="DRADRIVER_NVIDIA_CDI_HOOK_PATH",
+        default="",
+        metavar="PATH|none",
+        help="host path of NVIDIA's nvidia-cdi-hook for the create-symlinks and update-ldcache hooks; "
+        "empty: use <driver-root>/usr/bin/nvidia-cdi-hook if it exists; none: no hooks",
+    )
+    add_env_option(
+        group,
+        "--claim-device-status",
+        env="DRADRIVER_CLAIM_DEVICE_STATUS",
+        default="true",
+        choices=("true", "false"),
+        help="write prepared devices into the claims' status.devices (API server 1.33+, feature "
+        "DRAResourceClaimDeviceStatus)",
+    )
+    add_env_option(
+        group,
+        "--device-metadata",
+        env="DRADRIVER_DEVICE_METADATA",
+        default="false",
+        choices=("true", "false"),
+        help="give containers KEP-5304 device metadata files under /var/run/kubernetes.io/dra-device-attributes",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -151,6 +201,9 @@ def run(args: argparse.Namespace) -> int:
         args.gpu_backend,
     )
 
+    # Before any cluster access: without the driver's libraries no container could use a GPU of this node.
+    driver_root = driver_root_for(args, inventory.driver_version, simulated=simulated is not None)
+
     cluster = KubeCluster.from_kubeconfig(args.kubeconfig)
     if not args.kubernetes_version:
         shape = shape_for(_detect_kubernetes_version(cluster))
@@ -162,7 +215,11 @@ def run(args: argparse.Namespace) -> int:
     )
 
     # A simulated node has no /dev/nvidia*: bind /dev/null so a real runtime can still inject the spec.
-    cdi = CdiWriter(Path(args.cdi_dir), host_path=(lambda _path: "/dev/null") if simulated else lambda _path: None)
+    cdi = CdiWriter(
+        Path(args.cdi_dir),
+        host_path=(lambda _path: "/dev/null") if simulated else lambda _path: None,
+        driver_root=driver_root,
+    )
     state_dir = Path(args.state_dir or args.plugin_dir or DEFAULT_PLUGINS_DIR / args.driver_name)
     # In rolling-update mode the old and the new pod share the checkpoint (their calls are serialised).
     checkpoint = CheckpointStore.open(state_dir, shared=bool(args.pod_uid))
@@ -175,6 +232,11 @@ def run(args: argparse.Namespace) -> int:
         gpulib=gpulib,
         checkpoint=checkpoint,
     )
+    claim_status = (
+        ClaimStatusWriter(cluster, driver_name=args.driver_name, node_name=node)
+        if args.claim_device_status == "true"
+        else None
+    )
     health = GpuHealth(inventory=inventory, mig_mode=mig_mode, pool=node)
     plugin = KubeletPlugin(
         driver_name=args.driver_name,
@@ -184,6 +246,8 @@ def run(args: argparse.Namespace) -> int:
         health_source=health,
         registry_dir=Path(args.registry_dir),
         plugin_dir=Path(args.plugin_dir) if args.plugin_dir else None,
+        claim_status=claim_status,
+        device_metadata_cdi_dir=Path(args.cdi_dir) if args.device_metadata == "true" else None,
         pod_uid=args.pod_uid or None,
     )
     # Before the kubelet can call: finish what a crash left half done, drop what is gone, destroy orphans.
@@ -293,6 +357,22 @@ def _claim_exists(cluster: KubeCluster, ref: ClaimRef) -> bool | None:
         log.warning("cannot tell whether claim %s still exists; keeping it error=%s", ref, err)
         return None
     return bool(uid == ref.uid)
+
+
+def driver_root_for(args: argparse.Namespace, version: str, *, simulated: bool) -> DriverRoot:
+    """Discover the driver root. A simulated node has no driver installed: it gets a stub root in the plugin
+    directory, a path the DaemonSet mounts at the same place as on the host, so host and container paths agree."""
+    hook = None if args.nvidia_cdi_hook_path == "none" else args.nvidia_cdi_hook_path
+    if simulated:
+        plugin_dir = Path(args.plugin_dir) if args.plugin_dir else DEFAULT_PLUGINS_DIR / args.driver_name
+        stub = write_stub_driver_root(plugin_dir.absolute() / "sim-driver-root", version)
+        return discover_driver_root(host_root=str(stub), version=version, cdi_hook=hook)
+    return discover_driver_root(
+        host_root=args.driver_root,
+        container_root=args.container_driver_root or args.driver_root,
+        version=version,
+        cdi_hook=hook,
+    )
 
 
 def _pools(node: str, specs: list[dict[str, Any]]) -> dict[str, list[SliceSpec]]:

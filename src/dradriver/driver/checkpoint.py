@@ -110,6 +110,8 @@ class DeviceRecord:
     mig_uuid: str | None = None
     previous_mig_mode: bool | None = None  # the parent's MIG mode before this claim changed it (None: unchanged)
     cdi_device_ids: list[str] = field(default_factory=list)
+    status_data: dict[str, Any] | None = None  # what the claim's status reports about the device
+    metadata: dict[str, Any] | None = None  # the device's attributes for its metadata file
     extra: dict[str, Any] = field(default_factory=dict)
 
     _FIELDS = {
@@ -127,6 +129,8 @@ class DeviceRecord:
         "migUUID": "mig_uuid",
         "previousMigMode": "previous_mig_mode",
         "cdiDeviceIds": "cdi_device_ids",
+        "statusData": "status_data",
+        "metadata": "metadata",
     }
 
     @property

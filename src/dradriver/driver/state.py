@@ -17,10 +17,11 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from dradriver.driver.cdi import ADMIN_ACCESS_ENV, CdiDevice, CdiWriter, ClaimSpec
+from dradriver.driver.cdi import CdiWriter, ClaimSpec, cdi_device
 from dradriver.driver.checkpoint import Action, CheckpointStore, ClaimRecord, ClaimState, DeviceRecord
+from dradriver.driver.device_status import device_metadata_attributes, device_status_data
 from dradriver.driver.mig import STEP_COMPUTE_INSTANCE, STEP_GPU_INSTANCE, STEP_MIG_MODE, MigSteps
 from dradriver.driver.transaction import StepFailed, Transaction, Undo, crash_point
 from dradriver.errors import ClaimError, DeviceError, DradriverError
@@ -54,12 +55,15 @@ class PlannedDevice:
 
 @dataclass(frozen=True)
 class ReadyDevice:
-    """A device ready for a container: what the CDI spec step needs."""
+    """A device ready for a container: what the CDI spec step needs. A partition carries its MIG device now."""
 
-    name: str
-    uuid: str
+    device: GpuDevice | MigPartition
     device_nodes: tuple[DeviceNode, ...]
     admin_access: bool
+
+    @property
+    def name(self) -> str:
+        return self.device.name
 
 
 class GpuDriver:
@@ -257,7 +261,7 @@ class GpuDriver:
                     txn, device, False, self._users(txn.record.uid, device.name)
                 )
             parent = DeviceNode(f"/dev/nvidia{device.info.minor}")
-            return ReadyDevice(device.name, device.uuid, (parent,), planned.admin_access)
+            return ReadyDevice(device, (parent,), planned.admin_access)
         mig = device.existing
         if self.mig_mode is MigMode.DYNAMIC:
             assert self._mig is not None  # checked in _resolve
@@ -271,7 +275,7 @@ class GpuDriver:
                 record.gpu_instance_id, record.compute_instance_id = mig.gpu_instance_id, mig.compute_instance_id
         assert mig is not None  # static and none modes offer only partitions that exist
         record.mig_uuid = mig.uuid
-        return ReadyDevice(device.name, mig.uuid, _mig_device_nodes(device, mig), planned.admin_access)
+        return ReadyDevice(replace(device, existing=mig), _mig_device_nodes(device, mig), planned.admin_access)
 
     def _existing(self, partition: MigPartition) -> MigDevice:
         """Admin access to a dynamic partition: monitoring what another claim carved; nothing is created."""
@@ -287,8 +291,11 @@ class GpuDriver:
         """The CDI spec step: the claim's spec file, one CDI device per allocated device."""
         spec = build_claim_spec(txn.record.uid, ready)
         ids = txn.run(STEP_CDI_SPEC, "", {}, lambda _p: {"cdiDeviceIds": self.cdi.write(spec)})["cdiDeviceIds"]
-        for record, cdi_id in zip(txn.record.devices, ids, strict=True):
+        for record, cdi_id, device in zip(txn.record.devices, ids, ready, strict=True):
             record.cdi_device_ids = [cdi_id]
+            # What the claim reports about its devices is recorded too, so a repeated prepare returns it as is.
+            record.status_data = device_status_data(device.device, admin_access=device.admin_access)
+            record.metadata = device_metadata_attributes(device.device)
 
     def _undo_steps(self) -> dict[str, Undo]:
         undo: dict[str, Undo] = {STEP_CDI_SPEC: lambda record, _action: self.cdi.remove(record.uid)}
@@ -307,7 +314,12 @@ class GpuDriver:
     def _reported(self, record: ClaimRecord) -> tuple[PreparedDevice, ...]:
         return tuple(
             PreparedDevice(
-                pool=self.pool, device=d.name, requests=tuple(d.requests), cdi_device_ids=tuple(d.cdi_device_ids)
+                pool=self.pool,
+                device=d.name,
+                requests=tuple(d.requests),
+                cdi_device_ids=tuple(d.cdi_device_ids),
+                status_data=d.status_data,
+                metadata=d.metadata,
             )
             for d in record.devices
         )
@@ -393,14 +405,10 @@ class GpuDriver:
 
 
 def build_claim_spec(claim_uid: str, devices: Sequence[ReadyDevice]) -> ClaimSpec:
-    """The claim's CDI spec: per device its nodes (admin-access ones marked); claim-wide the visible UUIDs."""
+    """The claim's CDI spec: per device its nodes and its own environment (admin-access ones marked)."""
     return ClaimSpec(
         claim_uid=claim_uid,
-        devices=tuple(
-            CdiDevice(name=d.name, device_nodes=d.device_nodes, env=(ADMIN_ACCESS_ENV,) if d.admin_access else ())
-            for d in devices
-        ),
-        env=(f"NVIDIA_VISIBLE_DEVICES={','.join(d.uuid for d in devices if d.uuid)}",),
+        devices=tuple(cdi_device(d.device, d.device_nodes, admin_access=d.admin_access) for d in devices),
     )
 
 
