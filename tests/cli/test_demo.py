@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import pytest
+
 from dradriver.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,3 +61,45 @@ def test_demo_carves_mig_partitions_in_dynamic_mode(capsys):
     assert out.count("-mig-1g10gb-") >= 3
     assert out.count("_MIG_1G10GB_") >= 3 and "=MIG-" in out  # each partition's own DRADRIVER_DEVICE_… env
     assert "CDI spec removed: True" in out
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "kind: ResourceClaim\napiVersion: resource.k8s.io/v1\nmetadata: {name: c}\n"
+            "spec: {devices: {requests: 3}}\n",
+            "spec.devices.requests: expected a list, got a number",
+        ),
+        (
+            "kind: ResourceClaim\napiVersion: resource.k8s.io/v1\nmetadata: [c]\nspec: {}\n",
+            "metadata: expected a mapping",
+        ),
+        (
+            "kind: ResourceClaimTemplate\napiVersion: resource.k8s.io/v1\nmetadata: {name: t}\nspec: {spec: x}\n",
+            "spec.spec: expected a mapping, got a string",
+        ),
+        (
+            "kind: ResourceClaim\napiVersion: resource.k8s.io/v1\nmetadata: {name: c}\nspec: {devices: {requests: "
+            "[{name: a, exactly: {deviceClassName: gpu.dradriver.dev}}, {name: a, exactly: {deviceClassName: x}}]}}\n",
+            "request name 'a' is used twice",
+        ),
+        (
+            "kind: ResourceClaim\napiVersion: resource.k8s.io/v1\nmetadata: {name: c}\nspec: {devices: {requests: "
+            "[{name: a, exactly: {deviceClassName: nope.example.com}}]}}\n",
+            "DeviceClass nope.example.com does not exist",
+        ),
+    ],
+)
+def test_demo_refuses_a_claim_the_api_server_would_refuse(tmp_path, capsys, text, message):
+    path = tmp_path / "claim.yaml"
+    path.write_text(text)
+    assert main(["demo", "--claim", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+@pytest.mark.parametrize("special", ["/dev/zero", "/nonexistent/claim.yaml"])
+def test_demo_refuses_a_claim_path_that_is_no_file(capsys, special):
+    assert main(["demo", "--claim", special]) == 2
+    assert f"--claim {special}" in capsys.readouterr().err

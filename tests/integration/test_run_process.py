@@ -288,7 +288,7 @@ def test_mig_devices_created_out_of_band_are_published_at_the_next_rescan(root: 
         "--mig-mode",
         "static",
         "--rescan-interval",
-        "0.2",
+        "1",
         profile="mixed",
     )
     try:

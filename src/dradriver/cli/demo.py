@@ -15,12 +15,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from dradriver.allocator import AllocationError, Unsatisfiable, allocate
-from dradriver.cli.explain_input import BUILTIN_CLASSES
+from dradriver.cli.explain_input import BUILTIN_CLASSES, Inputs, check_claim, load
 from dradriver.cli.inventory import render_table
-from dradriver.cli.options import add_env_option, add_gpu_options
+from dradriver.cli.options import add_env_option, add_gpu_options, dns_subdomain
 from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.driver_root import discover_driver_root
 from dradriver.driver.slices import SliceSettings, build_slice_specs
@@ -62,7 +60,14 @@ def register(subcommands: Any) -> None:
     )
     add_gpu_options(parser)
     parser.set_defaults(gpu_backend="sim")
-    add_env_option(parser, "--node-name", env="NODE_NAME", default="demo-node", help="the simulated node's name")
+    add_env_option(
+        parser,
+        "--node-name",
+        env="NODE_NAME",
+        default="demo-node",
+        type=dns_subdomain("node name"),
+        help="the simulated node's name",
+    )
     parser.add_argument(
         "--claim",
         metavar="FILE",
@@ -183,26 +188,27 @@ def _prepare_and_unprepare(
 
 
 def _load_claim(path: Path) -> dict[str, Any]:
-    try:
-        documents = [d for d in yaml.safe_load_all(path.read_text()) if d]
-    except (OSError, yaml.YAMLError) as err:
-        raise ConfigError(f"--claim {path}: cannot read YAML: {err}") from err
-    for document in documents:
-        kind = document.get("kind") if isinstance(document, dict) else None
-        if kind == "ResourceClaim":
-            return dict(document)
-        if kind == "ResourceClaimTemplate":
-            metadata = document.get("metadata") or {}
-            return {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "ResourceClaim",
-                "metadata": {
-                    "name": f"{metadata.get('name', 'claim')}-demo",
-                    "namespace": metadata.get("namespace", "default"),
-                },
-                "spec": (document.get("spec") or {}).get("spec") or {},
-            }
-    raise ConfigError(f"--claim {path}: no ResourceClaim or ResourceClaimTemplate in the file")
+    """The first ResourceClaim (or a claim made from the first ResourceClaimTemplate) of the file, checked as
+    the API server would check it."""
+    inputs = Inputs()
+    load([str(path)], inputs, want=("ResourceClaim", "ResourceClaimTemplate", "DeviceClass", "ResourceSlice"))
+    documents = inputs.of_kind("ResourceClaim", "ResourceClaimTemplate")
+    if not documents:
+        found = f" ({inputs.errors[0]})" if inputs.errors else ""
+        raise ConfigError(f"--claim {path}: no ResourceClaim or ResourceClaimTemplate usable in the file{found}")
+    problems = check_claim(documents[0], {c["metadata"]["name"] for c in BUILTIN_CLASSES})
+    if problems:
+        raise ConfigError(f"--claim {problems[0]}")
+    document = documents[0].obj
+    if document["kind"] == "ResourceClaim":
+        return dict(document)
+    metadata = document["metadata"]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": f"{metadata['name']}-demo", "namespace": metadata["namespace"]},
+        "spec": document["spec"]["spec"],
+    }
 
 
 def _step(title: str) -> None:

@@ -14,8 +14,18 @@ from pathlib import Path
 from typing import Any
 
 from dradriver.cli.logs import configure_logging
-from dradriver.cli.options import add_env_option, add_gpu_options, add_slice_options
-from dradriver.cli.status_server import StatusServer
+from dradriver.cli.options import (
+    add_env_option,
+    add_gpu_options,
+    add_slice_options,
+    check_kubeconfig,
+    check_writable_dir,
+    check_writable_file,
+    dns_subdomain,
+    interval_seconds,
+)
+from dradriver.cli.sim import unwritable_state
+from dradriver.cli.status_server import StatusServer, check_bindable
 from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.checkpoint import CheckpointStore
 from dradriver.driver.driver_root import DriverRoot, discover_driver_root
@@ -51,7 +61,9 @@ def register(subcommands: Any) -> None:
         description="Discover this node's GPUs, publish them as ResourceSlices and serve the kubelet's DRA "
         "gRPC API until SIGTERM.",
     )
-    add_env_option(parser, "--node-name", env="NODE_NAME", help="this node's name (required)")
+    add_env_option(
+        parser, "--node-name", env="NODE_NAME", type=dns_subdomain("node name"), help="this node's name (required)"
+    )
     add_env_option(
         parser,
         "--kubeconfig",
@@ -104,7 +116,7 @@ def register(subcommands: Any) -> None:
         "--rescan-interval",
         env="DRADRIVER_RESCAN_INTERVAL",
         default=60.0,
-        type=float,
+        type=interval_seconds,
         metavar="SECONDS",
         help="how often to rediscover GPUs and republish slices if they changed "
         "(MIG devices created out of band, a GPU gone); 0: never",
@@ -179,90 +191,194 @@ def add_driver_root_options(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_format, args.log_level)
+    check_config(args)
+    return DriverProcess(args).serve()
+
+
+def check_config(args: argparse.Namespace) -> None:
+    """Refuse a configuration that cannot work before anything is created, bound or published (exit 2)."""
     if not args.node_name:
         raise ConfigError("--node-name (or NODE_NAME) is required: set it from the pod's spec.nodeName")
-    node = args.node_name
-    mig_mode = MigMode(args.mig_mode)
     if args.kubernetes_version:
-        shape = shape_for(args.kubernetes_version)  # fails fast, before touching GPUs or the API server
+        shape_for(args.kubernetes_version)  # when unset, the API server is asked later
+    if args.metrics_address:
+        check_bindable("--metrics-address", args.metrics_address)
+    for flag, value in (
+        ("--registry-dir", args.registry_dir),
+        ("--plugin-dir", args.plugin_dir),
+        ("--cdi-dir", args.cdi_dir),
+        ("--state-dir", args.state_dir),
+    ):
+        if value:
+            check_writable_dir(flag, Path(value))
+    if args.sim_state:
+        check_writable_file("--sim-state", Path(args.sim_state))
+    check_kubeconfig("--kubeconfig", args.kubeconfig)
 
-    gpulib, simulated = open_gpu_backend(
-        args.gpu_backend,
-        sim_profile=args.sim_profile,
-        node_name=node,
-        sim_state=Path(args.sim_state) if args.sim_state else None,
-    )
-    inventory = discover(gpulib)
-    log.info(
-        "discovered gpus=%d mig_devices=%d driver=%s backend=%s",
-        len(inventory.gpus),
-        len(inventory.mig_devices),
-        inventory.driver_version,
-        args.gpu_backend,
-    )
 
-    # Before any cluster access: without the driver's libraries no container could use a GPU of this node.
-    driver_root = driver_root_for(args, inventory.driver_version, simulated=simulated is not None)
+class DriverProcess:
+    """One driver instance: discovery, the cluster connection, slice publishing, the kubelet plugin, the
+    status endpoint and periodic rediscovery, started in that order and stopped in reverse."""
 
-    cluster = KubeCluster.from_kubeconfig(args.kubeconfig)
-    if not args.kubernetes_version:
-        shape = shape_for(_detect_kubernetes_version(cluster))
-    node_uid = _node_uid(cluster, node)
-    settings = SliceSettings(driver=args.driver_name, mig_mode=mig_mode, shape=shape)
-    specs = build_slice_specs(inventory, settings)
-    publisher = Publisher(
-        cluster, driver=args.driver_name, node_name=node, node_uid=node_uid, shape=shape, pools=_pools(node, specs)
-    )
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.node: str = args.node_name
+        self.mig_mode = MigMode(args.mig_mode)
+        self.stop = threading.Event()
+        self.checkpoint: CheckpointStore | None = None
 
-    # A simulated node has no /dev/nvidia*: bind /dev/null so a real runtime can still inject the spec.
-    cdi = CdiWriter(
-        Path(args.cdi_dir),
-        host_path=(lambda _path: "/dev/null") if simulated else lambda _path: None,
-        driver_root=driver_root,
-    )
-    state_dir = Path(args.state_dir or args.plugin_dir or DEFAULT_PLUGINS_DIR / args.driver_name)
-    # In rolling-update mode the old and the new pod share the checkpoint (their calls are serialised).
-    checkpoint = CheckpointStore.open(state_dir, shared=bool(args.pod_uid))
-    driver = GpuDriver(
-        driver_name=args.driver_name,
-        pool=node,
-        inventory=inventory,
-        mig_mode=mig_mode,
-        cdi=cdi,
-        gpulib=gpulib,
-        checkpoint=checkpoint,
-    )
-    claim_status = (
-        ClaimStatusWriter(cluster, driver_name=args.driver_name, node_name=node)
-        if args.claim_device_status == "true"
-        else None
-    )
-    health = GpuHealth(inventory=inventory, mig_mode=mig_mode, pool=node)
-    plugin = KubeletPlugin(
-        driver_name=args.driver_name,
-        node_name=node,
-        handler=InstrumentedHandler(driver),
-        claim_source=cluster,
-        health_source=health,
-        registry_dir=Path(args.registry_dir),
-        plugin_dir=Path(args.plugin_dir) if args.plugin_dir else None,
-        claim_status=claim_status,
-        device_metadata_cdi_dir=Path(args.cdi_dir) if args.device_metadata == "true" else None,
-        pod_uid=args.pod_uid or None,
-    )
-    # Before the kubelet can call: finish what a crash left half done, drop what is gone, destroy orphans.
-    with _serialised_with_other_pods(plugin.plugin_dir, enabled=bool(args.pod_uid)):
-        driver.reconcile(lambda ref: _claim_exists(cluster, ref))
-    if mig_mode is MigMode.DYNAMIC:
-        inventory = discover(gpulib)  # reconciliation may have destroyed MIG instances
-        driver.update_inventory(inventory, mig_mode)
-        health.update_inventory(inventory, mig_mode)
-        specs = build_slice_specs(inventory, settings)
-        publisher.update(_pools(node, specs))
+    def serve(self) -> int:
+        """Run until SIGTERM or SIGINT; release everything on the way out, whatever happened."""
+        self._open_gpus()
+        try:
+            # Before any cluster access: without the driver's libraries no container could use a GPU here.
+            simulated = self.simulated is not None
+            self.driver_root = driver_root_for(self.args, self.inventory.driver_version, simulated=simulated)
+            self._connect()
+            try:
+                self._assemble()
+                self._run_until_stopped()
+            finally:
+                self.cluster.close()
+                if self.checkpoint is not None:
+                    self.checkpoint.close()
+        finally:
+            self.gpulib.close()
+        return 0
 
-    def readiness() -> tuple[bool, dict[str, Any]]:
-        published = publisher.status
-        registered = plugin.registration.status
+    # -- steps ---------------------------------------------------------------------------------------
+
+    def _open_gpus(self) -> None:
+        args = self.args
+        state = Path(args.sim_state) if args.sim_state else None
+        try:
+            self.gpulib, self.simulated = open_gpu_backend(
+                args.gpu_backend, sim_profile=args.sim_profile, node_name=self.node, sim_state=state
+            )
+        except OSError as err:
+            if state is None:
+                raise
+            raise unwritable_state(state, err) from None
+        try:
+            self.inventory = discover(self.gpulib)
+        except BaseException:
+            self.gpulib.close()
+            raise
+        log.info(
+            "discovered gpus=%d mig_devices=%d driver=%s backend=%s",
+            len(self.inventory.gpus),
+            len(self.inventory.mig_devices),
+            self.inventory.driver_version,
+            args.gpu_backend,
+        )
+
+    def _connect(self) -> None:
+        self.cluster = KubeCluster.from_kubeconfig(self.args.kubeconfig)
+        try:
+            self.shape = shape_for(self.args.kubernetes_version or _detect_kubernetes_version(self.cluster))
+        except BaseException:
+            self.cluster.close()
+            raise
+        self.settings = SliceSettings(driver=self.args.driver_name, mig_mode=self.mig_mode, shape=self.shape)
+
+    def _assemble(self) -> None:
+        args, node = self.args, self.node
+        self.specs = build_slice_specs(self.inventory, self.settings)
+        self.publisher = Publisher(
+            self.cluster,
+            driver=args.driver_name,
+            node_name=node,
+            node_uid=_node_uid(self.cluster, node),
+            shape=self.shape,
+            pools=_pools(node, self.specs),
+        )
+        # A simulated node has no /dev/nvidia*: bind /dev/null so a real runtime can still inject the spec.
+        simulated = self.simulated is not None
+        cdi = CdiWriter(
+            Path(args.cdi_dir),
+            host_path=(lambda _path: "/dev/null") if simulated else lambda _path: None,
+            driver_root=self.driver_root,
+        )
+        state_dir = Path(args.state_dir or args.plugin_dir or DEFAULT_PLUGINS_DIR / args.driver_name)
+        # In rolling-update mode the old and the new pod share the checkpoint (their calls are serialised).
+        self.checkpoint = CheckpointStore.open(state_dir, shared=bool(args.pod_uid))
+        self.driver = GpuDriver(
+            driver_name=args.driver_name,
+            pool=node,
+            inventory=self.inventory,
+            mig_mode=self.mig_mode,
+            cdi=cdi,
+            gpulib=self.gpulib,
+            checkpoint=self.checkpoint,
+        )
+        claim_status = (
+            ClaimStatusWriter(self.cluster, driver_name=args.driver_name, node_name=node)
+            if args.claim_device_status == "true"
+            else None
+        )
+        self.health = GpuHealth(inventory=self.inventory, mig_mode=self.mig_mode, pool=node)
+        self.plugin = KubeletPlugin(
+            driver_name=args.driver_name,
+            node_name=node,
+            handler=InstrumentedHandler(self.driver),
+            claim_source=self.cluster,
+            health_source=self.health,
+            registry_dir=Path(args.registry_dir),
+            plugin_dir=Path(args.plugin_dir) if args.plugin_dir else None,
+            claim_status=claim_status,
+            device_metadata_cdi_dir=Path(args.cdi_dir) if args.device_metadata == "true" else None,
+            pod_uid=args.pod_uid or None,
+        )
+        self._reconcile()
+        self.status = StatusServer(args.metrics_address, self._readiness) if args.metrics_address else None
+        self.rescanner = threading.Thread(target=self._rescan_loop, name="rescan", daemon=True)
+
+    def _reconcile(self) -> None:
+        """Before the kubelet can call: finish what a crash left half done, drop what is gone, destroy orphans."""
+        cluster = self.cluster
+        with _serialised_with_other_pods(self.plugin.plugin_dir, enabled=bool(self.args.pod_uid)):
+            self.driver.reconcile(lambda ref: _claim_exists(cluster, ref))
+        if self.mig_mode is MigMode.DYNAMIC:
+            self.inventory = discover(self.gpulib)  # reconciliation may have destroyed MIG instances
+            self.driver.update_inventory(self.inventory, self.mig_mode)
+            self.health.update_inventory(self.inventory, self.mig_mode)
+            self.specs = build_slice_specs(self.inventory, self.settings)
+            self.publisher.update(_pools(self.node, self.specs))
+
+    def _run_until_stopped(self) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: self.stop.set())
+        try:
+            # The instance lock comes first: a second instance must be refused before it publishes anything.
+            self.plugin.start()
+            self.publisher.start()
+            self.health.start(self.gpulib)
+            if self.status:
+                self.status.start()
+            if self.args.rescan_interval > 0:
+                self.rescanner.start()
+            log.info(
+                "ready node=%s driver=%s mig_mode=%s devices=%d",
+                self.node,
+                self.args.driver_name,
+                self.mig_mode.value,
+                sum(len(s.get("devices", ())) for s in self.specs),
+            )
+            self.stop.wait()
+            log.info("stopping")
+        finally:
+            self.stop.set()
+            self.plugin.stop()
+            if self.status:
+                self.status.stop()
+            self.publisher.stop()
+            self.health.stop()
+            if self.rescanner.is_alive():
+                self.rescanner.join(timeout=30)  # a rediscovery in flight finishes before NVML shuts down
+
+    def _readiness(self) -> tuple[bool, dict[str, Any]]:
+        published = self.publisher.status
+        registered = self.plugin.registration.status
         ready = published.ready and registered is not None and registered.registered
         return ready, {
             "slicesPublished": published.ready,
@@ -270,65 +386,41 @@ def run(args: argparse.Namespace) -> int:
             "registered": bool(registered and registered.registered),
         }
 
-    status = StatusServer(args.metrics_address, readiness) if args.metrics_address else None
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+    def _rescan_loop(self) -> None:
+        while not self.stop.wait(self.args.rescan_interval):
+            self._rescan()
 
-    def rescan() -> None:
-        nonlocal specs
-        while not stop.wait(args.rescan_interval):
-            # One bad rescan must not end rescanning for the life of the process: keep the last inventory.
-            try:
-                fresh = discover(gpulib)
-                fresh_specs = build_slice_specs(fresh, settings)
-            except DradriverError as err:
-                log.warning("rediscovery failed; keeping the last inventory error=%s", err)
-                continue
-            if fresh_specs != specs:
-                log.info(
-                    "inventory changed; republishing gpus=%d mig_devices=%d", len(fresh.gpus), len(fresh.mig_devices)
-                )
-                specs = fresh_specs
-                driver.update_inventory(fresh, mig_mode)
-                health.update_inventory(fresh, mig_mode)
-                publisher.update(_pools(node, fresh_specs))
+    def _rescan(self) -> None:
+        """Rediscover and republish if the devices changed; one bad rescan keeps the last inventory."""
+        try:
+            fresh = discover(self.gpulib)
+            fresh_specs = build_slice_specs(fresh, self.settings)
+        except DradriverError as err:
+            log.warning("rediscovery failed; keeping the last inventory error=%s", err)
+            return
+        if fresh_specs == self.specs:
+            return
+        log.info("inventory changed; republishing gpus=%d mig_devices=%d", len(fresh.gpus), len(fresh.mig_devices))
+        self.specs = fresh_specs
+        self.driver.update_inventory(fresh, self.mig_mode)
+        self.health.update_inventory(fresh, self.mig_mode)
+        self.publisher.update(_pools(self.node, fresh_specs))
 
-    rescanner = threading.Thread(target=rescan, name="rescan", daemon=True)
 
-    status_started = False
-    try:
-        # The instance lock comes first: a second instance must be refused before it publishes anything.
-        plugin.start()
-        publisher.start()
-        health.start(gpulib)
-        if status:
-            status.start()
-            status_started = True
-        if args.rescan_interval > 0:
-            rescanner.start()
-        log.info(
-            "ready node=%s driver=%s mig_mode=%s devices=%d",
-            node,
-            args.driver_name,
-            mig_mode.value,
-            sum(len(s.get("devices", ())) for s in specs),
-        )
-        stop.wait()
-        log.info("stopping")
-    finally:
-        stop.set()
-        plugin.stop()
-        if status and status_started:
-            status.stop()
-        publisher.stop()
-        health.stop()
-        if rescanner.is_alive():
-            rescanner.join(timeout=30)  # a rediscovery in flight finishes before NVML shuts down
-        gpulib.close()
-        cluster.close()
-        checkpoint.close()
-    return 0
+def driver_root_for(args: argparse.Namespace, version: str, *, simulated: bool) -> DriverRoot:
+    """Discover the driver root. A simulated node has no driver installed: it gets a stub root in the plugin
+    directory, a path the DaemonSet mounts at the same place as on the host, so host and container paths agree."""
+    hook = None if args.nvidia_cdi_hook_path == "none" else args.nvidia_cdi_hook_path
+    if simulated:
+        plugin_dir = Path(args.plugin_dir) if args.plugin_dir else DEFAULT_PLUGINS_DIR / args.driver_name
+        stub = write_stub_driver_root(plugin_dir.absolute() / "sim-driver-root", version)
+        return discover_driver_root(host_root=str(stub), version=version, cdi_hook=hook)
+    return discover_driver_root(
+        host_root=args.driver_root,
+        container_root=args.container_driver_root or args.driver_root,
+        version=version,
+        cdi_hook=hook,
+    )
 
 
 @contextlib.contextmanager
@@ -357,22 +449,6 @@ def _claim_exists(cluster: KubeCluster, ref: ClaimRef) -> bool | None:
         log.warning("cannot tell whether claim %s still exists; keeping it error=%s", ref, err)
         return None
     return bool(uid == ref.uid)
-
-
-def driver_root_for(args: argparse.Namespace, version: str, *, simulated: bool) -> DriverRoot:
-    """Discover the driver root. A simulated node has no driver installed: it gets a stub root in the plugin
-    directory, a path the DaemonSet mounts at the same place as on the host, so host and container paths agree."""
-    hook = None if args.nvidia_cdi_hook_path == "none" else args.nvidia_cdi_hook_path
-    if simulated:
-        plugin_dir = Path(args.plugin_dir) if args.plugin_dir else DEFAULT_PLUGINS_DIR / args.driver_name
-        stub = write_stub_driver_root(plugin_dir.absolute() / "sim-driver-root", version)
-        return discover_driver_root(host_root=str(stub), version=version, cdi_hook=hook)
-    return discover_driver_root(
-        host_root=args.driver_root,
-        container_root=args.container_driver_root or args.driver_root,
-        version=version,
-        cdi_hook=hook,
-    )
 
 
 def _pools(node: str, specs: list[dict[str, Any]]) -> dict[str, list[SliceSpec]]:
