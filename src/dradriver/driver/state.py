@@ -85,6 +85,10 @@ class GpuDriver:
         checkpoint: CheckpointStore | None = None,
         device_problem: DeviceProblem | None = None,
     ) -> None:
+        """``device_problem`` says why a device must not be given to a new claim (its health: cause and time),
+        or None when it may; consulted for each device of a claim that is not prepared yet (a claim prepared
+        before its device turned unhealthy is returned as recorded: its pod learns of the fault from the health
+        stream)."""
         self.driver_name = driver_name
         self.pool = pool
         self.cdi = cdi
@@ -232,14 +236,17 @@ class GpuDriver:
     def _resolve(self, ref: ClaimRef, name: str) -> GpuDevice | MigPartition:
         with self._lock:
             found = self._devices.get(name)
+        problem = self._device_problem(name) if self._device_problem is not None else None
+        if problem is not None:
+            raise ClaimError(
+                f"claim {ref}: device {name} is unhealthy: {problem}; delete the claim so the scheduler allocates "
+                "a healthy device (the device is tainted until it recovers)"
+            )
         if found is None:
             raise ClaimError(
                 f"claim {ref}: device {name} is not offered by this node any more; delete the claim so the "
                 "scheduler allocates a device that exists"
             )
-        problem = self._device_problem(name) if self._device_problem is not None else None
-        if problem is not None:
-            raise ClaimError(f"claim {ref}: device {name} cannot be prepared: {problem}")
         if self.mig_mode is MigMode.DYNAMIC and self._mig is None and _needs_hardware(found):
             raise ClaimError(
                 f"claim {ref}: device {name} needs a MIG mode change or a MIG partition carved at prepare, but this "
