@@ -7,6 +7,7 @@ provided (a compile error names them): timestamps and durations, the ip/cidr/url
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -20,7 +21,19 @@ import re2  # type: ignore[import-untyped]
 from dradriver.cel.errors import CelEvaluationError
 from dradriver.cel.semver import Semver, SemverError, is_semver
 from dradriver.cel.strings_ext import STRING_FUNCTIONS
-from dradriver.cel.values import INT64_MAX, INT64_MIN, UINT64_MAX, CelType, Uint, equals, less, type_name
+from dradriver.cel.values import (
+    INT64_MAX,
+    INT64_MIN,
+    NONE,
+    UINT64_MAX,
+    CelType,
+    OptionalValue,
+    Uint,
+    compare,
+    equals,
+    less,
+    type_name,
+)
 from dradriver.quantity import Quantity, QuantityError, is_quantity
 
 # A type is a name ("int", "string", "Quantity", "dyn", …) or ("list", elem) / ("map", key, value).
@@ -45,6 +58,9 @@ def _size(value: Any) -> int:
 _regex_cache: dict[str, Any] = {}
 _RE2_OPTIONS = re2.Options()
 _RE2_OPTIONS.log_errors = False  # the error is reported to the user; RE2's own logging would only add noise
+
+
+REGEX_FUNCTIONS = ("matches", "find", "findAll")
 
 
 def compile_regex(pattern: str) -> Any:
@@ -303,6 +319,108 @@ def _quote(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
+# cel-go's optional library (Kubernetes enables optional types since 1.28)
+def _optional_of(value: Any) -> OptionalValue:
+    return OptionalValue(True, value)
+
+
+def _is_zero(value: Any) -> bool:
+    if value is None:
+        return True
+    if type(value) in (bool, int, Uint, float, str, bytes, list, dict) or isinstance(value, (list, dict)):
+        return not value
+    return False
+
+
+def _optional_of_non_zero(value: Any) -> OptionalValue:
+    return NONE if _is_zero(value) else OptionalValue(True, value)
+
+
+def _optional_value(opt: OptionalValue) -> Any:
+    if not opt.has:
+        raise CelEvaluationError("optional.none() dereference")
+    return opt.value
+
+
+def _optional_or_value(opt: OptionalValue, other: Any) -> Any:
+    return opt.value if opt.has else other
+
+
+def _optional_or(opt: OptionalValue, other: OptionalValue) -> OptionalValue:
+    return opt if opt.has else other
+
+
+# cel-go's lists extension (ext.Lists version 3, Kubernetes 1.34+)
+MAX_RANGE = 1_000_000  # lists.range(n) beyond the cost limit could never finish within it
+
+
+def _list_slice(values: list[Any], start: int, end: int) -> list[Any]:
+    if start < 0 or end < 0:
+        raise CelEvaluationError(f"cannot slice({start}, {end}), negative indexes not supported")
+    if start > end:
+        raise CelEvaluationError(f"cannot slice({start}, {end}), start index must be less than or equal to end index")
+    if end > len(values):
+        raise CelEvaluationError(f"cannot slice({start}, {end}), list is length {len(values)}")
+    return values[start:end]
+
+
+def _list_flatten(values: list[Any], depth: int = 1) -> list[Any]:
+    if depth < 0:
+        raise CelEvaluationError("level must be non-negative")
+    out: list[Any] = []
+    for value in values:
+        if isinstance(value, list) and depth > 0:
+            out.extend(_list_flatten(value, depth - 1))
+        else:
+            out.append(value)
+    return out
+
+
+def _list_distinct(values: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for value in values:
+        if not any(equals(value, seen) for seen in out):
+            out.append(value)
+    return out
+
+
+def _list_sort(values: list[Any]) -> list[Any]:
+    if not values:
+        return []
+    kind = type(values[0])
+    if kind not in (int, Uint, float, str, bytes, bool, Quantity, Semver) or any(type(v) is not kind for v in values):
+        raise CelEvaluationError("sort() needs a list of comparable elements of one type")
+    return sorted(values, key=functools.cmp_to_key(_key_compare))
+
+
+def sort_by_keys(values: list[Any], keys: list[Any]) -> list[Any]:
+    """The elements of ``values`` ordered by ``keys`` (sortBy's implementation)."""
+    order = _list_sort(list(keys))
+    del order  # validates the keys: one comparable type
+
+    def by_key(i: int, j: int) -> int:
+        return _key_compare(keys[i], keys[j])
+
+    indexed: list[int] = sorted(range(len(values)), key=functools.cmp_to_key(by_key))
+    return [values[i] for i in indexed]
+
+
+def _key_compare(a: Any, b: Any) -> int:
+    if type(a) in (Quantity, Semver):
+        return int(a.compare(b))
+    return compare("sortBy", a, b)
+
+
+def _lists_range(count: int) -> list[int]:
+    if count > MAX_RANGE:
+        raise CelEvaluationError("operation cancelled: actual cost limit exceeded (lists.range)")
+    return list(range(max(0, count)))
+
+
+def _list_reverse(values: list[Any]) -> list[Any]:
+    return values[::-1]
+
+
 Q, S = "Quantity", "Semver"
 SIZED = ("string", "bytes", "list", "map")
 
@@ -346,6 +464,24 @@ FUNCTIONS: dict[str, tuple[Overload, ...]] = {
     "sets.equivalent": (_o(False, ("list", "list"), "bool", _sets_equivalent),),
     "sets.intersects": (_o(False, ("list", "list"), "bool", _sets_intersects),),
     "strings.quote": (_o(False, ("string",), "string", _quote),),
+    # optional types
+    "optional.of": (_o(False, ("any",), "opt_arg0", _optional_of),),
+    "optional.ofNonZeroValue": (_o(False, ("any",), "opt_arg0", _optional_of_non_zero),),
+    "optional.none": (_o(False, (), ("optional", "dyn"), lambda: NONE),),
+    "hasValue": (_o(True, ("optional",), "bool", lambda o: o.has),),
+    "value": (_o(True, ("optional",), "inner0", _optional_value),),
+    "orValue": (_o(True, ("optional", "any"), "inner0", _optional_or_value),),
+    "or": (_o(True, ("optional", "optional"), "arg0", _optional_or),),
+    # cel-go lists extension, version 3
+    "slice": (_o(True, ("list", "int", "int"), "arg0", _list_slice),),
+    "flatten": (
+        _o(True, ("list",), ("list", "dyn"), _list_flatten),
+        _o(True, ("list", "int"), ("list", "dyn"), _list_flatten),
+    ),
+    "distinct": (_o(True, ("list",), "arg0", _list_distinct),),
+    "reverse": (_o(True, ("list",), "arg0", _list_reverse),),
+    "sort": (_o(True, ("list",), "arg0", _list_sort),),
+    "lists.range": (_o(False, ("int",), ("list", "int"), _lists_range),),
     # Kubernetes quantity library
     "quantity": (_o(False, ("string",), Q, _quantity),),
     "isQuantity": (_o(False, ("string",), "bool", is_quantity),),
@@ -406,19 +542,10 @@ UNSUPPORTED = {
     "url",
     "isURL",
     "format",
-    "optional",
-    "orValue",
-    "hasValue",
     "math.greatest",
     "math.least",
     "base64.encode",
     "base64.decode",
-    "reverse_list",
-    "flatten",
-    "slice",
-    "distinct",
-    "sort",
-    "sortBy",
     "jsonpatch.escapeKey",
     "authorizer",
 }

@@ -109,7 +109,10 @@ def device_reads(tree: ast.Node) -> tuple[tuple[str, ...], ...]:
     for node in ast.walk(tree):
         for child in ast.children(node):
             parents[id(child)] = node
-    shadowed = any(isinstance(n, ast.Comprehension | ast.Bind) and n.var == "device" for n in ast.walk(tree))
+    shadowed = any(
+        isinstance(n, ast.Comprehension | ast.Bind) and "device" in (n.var, getattr(n, "var2", None))
+        for n in ast.walk(tree)
+    )
     reads: set[tuple[str, ...]] = set()
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Ident) and node.name == "device"):

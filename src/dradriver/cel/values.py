@@ -44,6 +44,21 @@ class CelType:
         return self.name
 
 
+class OptionalValue:
+    """A CEL ``optional_type`` value: ``optional.of(x)`` (``has`` true) or ``optional.none()``."""
+
+    __slots__ = ("has", "value")
+
+    def __init__(self, has: bool, value: Any = None) -> None:
+        self.has = has
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"optional.of({self.value!r})" if self.has else "optional.none()"
+
+
+NONE = OptionalValue(False)
+
 TYPE_NAMES = ("bool", "int", "uint", "double", "string", "bytes", "list", "map", "null_type", "type")
 
 
@@ -74,6 +89,8 @@ def type_name(value: Any) -> str:
         return "kubernetes.Semver"
     if kind is CelType:
         return "type"
+    if kind is OptionalValue:
+        return "optional_type"
     return kind.__name__
 
 
@@ -88,29 +105,56 @@ def _is_number(value: Any) -> bool:
 
 
 def equals(a: Any, b: Any) -> bool:
-    """CEL ``==``, heterogeneous (``1 == 1.0``; ``1 == "a"`` is false); Quantity/Semver only to their kind."""
+    """CEL ``==`` as cel-go evaluates it: heterogeneous (``dyn(1) == 1.0``; ``1 == "a"`` is false).
+
+    The left operand decides, as cel-go calls ``lhs.Equal(rhs)``: a Kubernetes quantity or version compared
+    with anything else is a "no such overload" error, but a string (or int, …) compared with a quantity
+    or version is just false. null equals only null, whatever the other side.
+    """
+    result = _equal(a, b)
+    if result is None:
+        raise no_overload("_==_", a, b)
+    return result
+
+
+def _equal(a: Any, b: Any) -> bool | None:
+    """True, False, or None for an error (cel-go's MaybeNoSuchOverloadErr)."""
     ka, kb = type(a), type(b)
     if ka is kb and ka in (str, bool, int, bytes, Uint):
         return bool(a == b)
-    if ka in (Quantity, Semver) or kb in (Quantity, Semver):
-        # k8s.io/apiserver: Semver.Equal and Quantity.Equal answer "no such overload" for other types.
-        if ka is not kb:
-            raise no_overload("_==_", a, b)
-        return bool(a == b)
-    if _is_number(a) and _is_number(b):
-        if ka is bool or kb is bool:
+    if a is None or b is None:
+        return a is None and b is None
+    if ka is Quantity or ka is Semver:
+        # k8s.io/apiserver: Quantity.Equal and Semver.Equal answer "no such overload" for other types.
+        return bool(a == b) if ka is kb else None
+    if _is_number(a):
+        if ka is bool or kb is bool or not _is_number(b):
             return False
         return bool(a == b)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(equals(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, dict) and isinstance(b, dict):
-        if len(a) != len(b):
+    if isinstance(a, list):
+        if not isinstance(b, list) or len(a) != len(b):
+            return False
+        # an error between two elements does not make the lists unequal (cel-go: only False does)
+        return all(_equal(x, y) is not False for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        if not isinstance(b, dict) or len(a) != len(b):
             return False
         for key, value in a.items():
             found, other = lookup(b, key)
-            if not found or not equals(value, other):
+            if not found:
+                return False
+            if (value is None or other is None) and value is not other:
+                return False
+            if _equal(value, other) is False:
                 return False
         return True
+    if ka is OptionalValue:
+        if kb is not OptionalValue:
+            return False
+        if not a.has or not b.has:
+            return bool(a.has == b.has)
+        inner: bool | None = _equal(a.value, b.value)
+        return inner
     if ka is not kb:
         return False
     return bool(a == b)
@@ -267,9 +311,9 @@ def negate(a: Any) -> Any:
 
 
 def contains(container: Any, item: Any) -> bool:
-    """CEL ``in``: list membership by ``==``, map membership by key."""
+    """CEL ``in``: list membership by the item's ``==`` (an error counts as no match), map membership by key."""
     if isinstance(container, dict):
         return lookup(container, item)[0]
     if isinstance(container, list):
-        return any(equals(item, element) for element in container)
+        return any(_equal(item, element) is True for element in container)
     raise no_overload("_in_", item, container)
