@@ -133,9 +133,9 @@ class Checker:
     def error(self, message: str, node: ast.Node, hint: str | None = None) -> CelCompileError:
         return CelCompileError(message, expression=self.expression, line=node.pos[0], column=node.pos[1], hint=hint)
 
-    def check(self, root: ast.Node) -> CheckResult:
+    def check(self, root: ast.Node, *, want_bool: bool = True) -> CheckResult:
         result_type, cost = self.visit(root, dict(self.variables))
-        if result_type not in ("bool", DYN):
+        if want_bool and result_type not in ("bool", DYN):
             raise self.error(
                 f"a selector must evaluate to bool, not {type_str(result_type)}",
                 root,

@@ -79,7 +79,9 @@ def index(container: Any, key: Any) -> Any:
         raise missing_key(container, key)
     if isinstance(container, list):
         kind = type(key)
-        if kind is not int and kind is not Uint:
+        if kind is float and key.is_integer():
+            key = int(key)  # cel-go accepts a double index that is a whole number
+        elif kind is not int and kind is not Uint:
             raise values.no_overload("_[_]", container, key)
         if not 0 <= key < len(container):
             raise CelEvaluationError(f"index out of range: {key}")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import json
 import math
 import re
 from collections.abc import Callable
@@ -315,8 +314,13 @@ def _sets_equivalent(a: list[Any], b: list[Any]) -> bool:
     return _sets_contains(a, b) and _sets_contains(b, a)
 
 
+_QUOTE_ESCAPES = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}
+_QUOTE_ESCAPES.update({"\\": "\\\\", '"': '\\"'})
+
+
 def _quote(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False)
+    """cel-go's strings.quote: the escapes CEL string literals know; everything else as it is."""
+    return '"' + "".join(_QUOTE_ESCAPES.get(c, c) for c in text) + '"'
 
 
 # cel-go's optional library (Kubernetes enables optional types since 1.28)

@@ -9,10 +9,10 @@ from typing import Any
 
 import lark
 from celpy.celparser import CELParseError, CELParser
-from celpy.evaluation import celbytes, celstr
 
 from dradriver.cel import ast
 from dradriver.cel.errors import CelCompileError
+from dradriver.cel.literals import LiteralError, decode
 from dradriver.cel.optional_syntax import MARKER, original_position, rewrite
 
 MAX_EXPRESSION_LENGTH = 10 * 1024  # resource.k8s.io: CELSelectorExpressionMaxLength
@@ -389,10 +389,12 @@ class _Converter:
             return ast.Const(pos, value, "uint")
         if kind == "FLOAT_LIT":
             return ast.Const(pos, float(text), "double")
-        if kind in ("STRING_LIT", "MLSTRING_LIT"):
-            return ast.Const(pos, str(celstr(token)), "string")
-        if kind == "BYTES_LIT":
-            return ast.Const(pos, bytes(celbytes(token)), "bytes")
+        if kind in ("STRING_LIT", "MLSTRING_LIT", "BYTES_LIT"):
+            try:
+                value = decode(text)
+            except LiteralError as err:
+                raise self.error(str(err), token) from None
+            return ast.Const(pos, value, "bytes" if isinstance(value, bytes) else "string")
         if kind == "BOOL_LIT":
             return ast.Const(pos, text == "true", "bool")
         if kind == "NULL_LIT":

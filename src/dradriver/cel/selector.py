@@ -101,6 +101,22 @@ def compile_selector(expression: str) -> Selector:
     return Selector(expression, tree, program, projection=_projection(reads), reads=reads, cost=checked.cost)
 
 
+def compile_expression(expression: str) -> Callable[[], Any]:
+    """Compile any CEL expression of the selector environment, whatever its result type, into a function
+    that evaluates it without a device (for tests and tools; selectors go through ``compile_selector``)."""
+    tree = parse(expression)
+    checked = Checker(expression, VARIABLES).check(tree, want_bool=False)
+    program = Compiler(checked).compile(tree)
+
+    def evaluate() -> Any:
+        try:
+            return program({STEPS: [0]})
+        except RecursionError:
+            raise CelEvaluationError("expression too deeply nested to evaluate") from None
+
+    return evaluate
+
+
 def device_reads(tree: ast.Node) -> tuple[tuple[str, ...], ...]:
     """What of ``device`` the expression can read: ("driver",), ("attribute", domain, name),
     ("attribute-domain", domain), ("attributes",), the same for capacity, ("allowMultipleAllocations",),

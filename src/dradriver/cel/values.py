@@ -59,7 +59,7 @@ class OptionalValue:
 
 NONE = OptionalValue(False)
 
-TYPE_NAMES = ("bool", "int", "uint", "double", "string", "bytes", "list", "map", "null_type", "type")
+TYPE_NAMES = ("bool", "int", "uint", "double", "string", "bytes", "list", "map", "null_type", "type", "optional_type")
 
 
 def type_name(value: Any) -> str:
@@ -130,6 +130,8 @@ def _equal(a: Any, b: Any) -> bool | None:
     if _is_number(a):
         if ka is bool or kb is bool or not _is_number(b):
             return False
+        if ka is float or kb is float:
+            return float(a) == float(b)  # as cel-go: the int side converted to double
         return bool(a == b)
     if isinstance(a, list):
         if not isinstance(b, list) or len(a) != len(b):
@@ -176,8 +178,11 @@ def compare(function: str, a: Any, b: Any) -> int:
     """Order two values for ``<``, ``<=``, ``>``, ``>=``; numbers compare across int/uint/double."""
     ka, kb = type(a), type(b)
     if _is_number(a) and _is_number(b) and ka is not bool and kb is not bool:
-        if (isinstance(a, float) and math.isnan(a)) or (isinstance(b, float) and math.isnan(b)):
-            raise _NaN()
+        if ka is float or kb is float:
+            # cel-go compares an int or uint with a double as doubles (lossy above 2**53, like cel-go)
+            a, b = float(a), float(b)
+            if math.isnan(a) or math.isnan(b):
+                raise _NaN()
         return int(a > b) - int(a < b)
     if ka is kb and ka in (str, bytes, bool):
         return int(a > b) - int(a < b)
