@@ -13,6 +13,7 @@ COMPILE, ERROR = "compile", "error"
 A = 'device.attributes["gpu.dradriver.dev"]'
 C = 'device.capacity["gpu.dradriver.dev"]'
 K = 'device.attributes["resource.kubernetes.io"]'
+REPLACE = '.replace("", "' + "x" * 60 + '")'
 
 CASES = [
     # the device variable
@@ -217,6 +218,73 @@ CASES = [
     ("(true ? 1 : 2) == 1", True),
     ("!1", COMPILE),
     ("1 && true", COMPILE),
+    # optional types (cel-go's optional library; Kubernetes 1.28+)
+    (f'{A}.?model.orValue("none") == "none"', True),
+    (f"{A}.?productName.hasValue()", True),
+    (f'{A}.?productName.value().startsWith("NVIDIA")', True),
+    (f'{A}[?"productName"].orValue("") == "NVIDIA A100-SXM4-80GB"', True),
+    (f"{A}.?model.value() == 1", ERROR),
+    (f"{K}.?numaNode.orValue(0) == 1", True),
+    # Kubernetes' device maps find every domain, so an unknown one is an empty map, not none
+    ('device.attributes[?"nvidia.com"].hasValue()', True),
+    ('device.attributes[?"nvidia.com"].?model.hasValue()', False),
+    (f'optional.of({A}).productName.orValue("") != ""', True),
+    ("optional.none().orValue(true)", True),
+    ("optional.ofNonZeroValue(0).hasValue()", False),
+    ("optional.of(1).or(optional.of(2)).value() == 1 && optional.none().or(optional.of(2)).value() == 2", True),
+    ("[?optional.of(1), ?optional.none(), 3] == [1, 3]", True),
+    ('{?"a": optional.none(), "b": 2}.size() == 1', True),
+    ("optional.of(2).optMap(x, x * 2).value() == 4", True),
+    ("[1, ?2] == [1, 2]", COMPILE),
+    ("optional.of(1) == 1", COMPILE),
+    # two-variable comprehensions (cel-go ext.TwoVarComprehensions; Kubernetes 1.32+)
+    (f'{A}.exists(k, v, k == "productName" && v == "NVIDIA A100-SXM4-80GB")', True),
+    ('["a", "b"].all(i, v, i == 0 && v == "a" || i == 1 && v == "b")', True),
+    ("[1, 2, 3].existsOne(i, v, v > i + 1)", False),
+    ("[10, 20].transformList(i, v, i + v) == [10, 21]", True),
+    ("[10, 20, 30].transformList(i, v, i > 0, v) == [20, 30]", True),
+    ('{"a": 1, "b": 2}.transformMap(k, v, v * 10) == {"a": 10, "b": 20}', True),
+    ('{"a": 1}.transformMapEntry(k, v, {v: k}) == {1: "a"}', True),
+    ('{"a": 1, "b": 1}.transformMapEntry(k, v, {v: k}).size() == 1', ERROR),
+    ("[1, 2].exists(i, i, i > 0)", COMPILE),
+    # heterogeneous equality as cel-go: the left operand's Equal decides
+    (f'"580.65.6" == {A}.driverVersion', False),
+    (f'dyn("80Gi") == {C}.memory', False),
+    (f'{C}.memory == dyn("80Gi")', ERROR),
+    (f'"80Gi" == {C}.memory', COMPILE),
+    (f'{A}.driverVersion in ["580.65.6"]', False),
+    (f'"580.65.6" in [{A}.driverVersion]', False),
+    # cel-go's list equality treats an element error as "not unequal"
+    (f'[{A}.driverVersion] == ["580.65.6"]', True),
+    (f'["580.65.6"] == [{A}.driverVersion]', False),
+    (f"{A}.driverVersion == null", False),
+    ("dyn(1) == 1.0 && dyn(1u) == 1 && dyn(2.5) != 2", True),
+    ('dyn(1) in [1.0] && !(dyn("1") in [1])', True),
+    # compile-time checks the API server makes
+    ('[1, "a"].size() == 2', COMPILE),
+    ('[1, dyn("a")].size() == 2', True),
+    ('{"a": 1, "b": "x"}.size() == 2', COMPILE),
+    ("[[1], [2.0]].size() == 2", COMPILE),
+    ('"x".find("(")  == ""', COMPILE),
+    ('"x".findAll("[a-", 1).size() == 0', COMPILE),
+    ('"a".matches("^a$")', True),
+    ('"ab"' + REPLACE * 6 + ' == ""', COMPILE),  # grows to ~10^11 characters: refused by the cost estimate
+    ('"ab"' + REPLACE * 2 + ' != ""', True),
+    (
+        "[1,2,3,4,5,6,7,8,9,10].map(a, [1,2,3,4,5,6,7,8,9,10].map(b, [1,2,3,4,5,6,7,8,9,10].map(c, "
+        "[1,2,3,4,5,6,7,8,9,10].map(d, [1,2,3,4,5,6,7,8,9,10].map(e, [1,2,3,4,5,6,7,8,9,10].map(f, "
+        "'x'))))))).size() == 10",
+        COMPILE,
+    ),
+    # lists extension v3 (Kubernetes 1.34+); string reverse() is strings v3, not enabled
+    ("[3, 1, 2].sort() == [1, 2, 3] && [1, 2, 1].distinct() == [1, 2] && [1, 2].reverse() == [2, 1]", True),
+    ("[1, [2, [3]]].flatten() == [1, 2, [3]] && [1, [2, [3]]].flatten(2) == [1, 2, 3]", COMPILE),
+    ("[dyn(1), [2, dyn([3])]].flatten().size() == 3 && [[1], [2, 3]].flatten() == [1, 2, 3]", True),
+    ("[1, 2, 3, 4].slice(1, 3) == [2, 3] && lists.range(3) == [0, 1, 2]", True),
+    ('["bb", "a"].sortBy(s, s.size()) == ["a", "bb"]', True),
+    ("[1, 2].slice(2, 1) == []", ERROR),
+    ("lists.range(2000000).size() > 0", ERROR),
+    ("[true, false].sort() == [false, true]", True),
     # syntax and unknown names
     ('device.driver = "x"', COMPILE),
     ("device.driver == ", COMPILE),

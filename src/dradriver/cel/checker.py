@@ -625,7 +625,7 @@ def _call_cost(name: str, types: list[Type], sizes: list[Size], grown: Size | No
         return 64 + _traversal(sizes[0]) * 4
     if grown is not None:
         return 1 + _traversal(grown)
-    if name in ("contains", "startsWith", "endsWith", "indexOf", "lastIndexOf", "size") and sizes:
+    if name in ("contains", "startsWith", "endsWith", "indexOf", "lastIndexOf") and sizes:
         return 1 + _traversal(sizes[0])
     if name in ("sets.contains", "sets.intersects", "sets.equivalent") and len(sizes) == 2:
         return 1 + length(sizes[0]) * length(sizes[1])

@@ -134,6 +134,8 @@ def optional_select(value: Any, name: str) -> OptionalValue:
     if isinstance(value, dict):
         if name in value:
             return OptionalValue(True, value[name])
+        if isinstance(value, DomainMap):  # Kubernetes' map finds every domain (an empty one if absent)
+            return OptionalValue(True, value.missing(name))
         return NONE
     raise CelEvaluationError(f"type '{type_name(value)}' does not support field selection")
 
@@ -146,6 +148,8 @@ def optional_index(container: Any, key: Any) -> OptionalValue:
         container = container.value
     if isinstance(container, dict):
         found, value = values.lookup(container, key)
+        if not found and isinstance(container, DomainMap) and type(key) is str:
+            return OptionalValue(True, container.missing(key))
         return OptionalValue(True, value) if found else NONE
     if isinstance(container, list):
         kind = type(key)
@@ -205,6 +209,8 @@ class Compiler:
                 if not mapping.has:
                     return False
                 mapping = mapping.value
+            if isinstance(mapping, DomainMap):
+                return True  # Kubernetes' device maps find every domain, so has() is true for any
             if isinstance(mapping, dict):
                 return name in mapping
             raise CelEvaluationError(f"has(): type '{type_name(mapping)}' does not support field selection")

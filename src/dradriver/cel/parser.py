@@ -155,8 +155,11 @@ def _pos(item: Any) -> ast.Pos:
     if isinstance(item, lark.Token):
         return (item.line or 1, item.column or 1)
     meta = getattr(item, "meta", None)
-    if meta is not None and not getattr(meta, "empty", True):
-        return (meta.line, meta.column)
+    if meta is not None and not getattr(meta, "empty", True) and meta.line is not None:
+        return (meta.line, meta.column or 1)
+    if isinstance(item, lark.Tree):
+        for token in item.scan_values(lambda v: isinstance(v, lark.Token)):
+            return (token.line or 1, token.column or 1)
     return (1, 1)
 
 
@@ -176,8 +179,12 @@ class _Converter:
         return CelCompileError(message, expression=self.expression, line=line, column=column, hint=hint)
 
     def convert(self, tree: Tree) -> ast.Node:
-        while tree.data in _PASS_THROUGH and len(tree.children) == 1 and isinstance(tree.children[0], lark.Tree):
-            tree = tree.children[0]
+        while (
+            (tree.data in _PASS_THROUGH or tree.data == "paren_expr")
+            and len(tree.children) == 1
+            and isinstance(tree.children[0], lark.Tree)
+        ):
+            tree = tree.children[0]  # parentheses are limited by _check_nesting
         method = getattr(self, "_" + str(tree.data), None)
         if method is None:
             raise self.error(f"unsupported syntax ({tree.data})", tree)
@@ -391,10 +398,10 @@ class _Converter:
             return ast.Const(pos, float(text), "double")
         if kind in ("STRING_LIT", "MLSTRING_LIT", "BYTES_LIT"):
             try:
-                value = decode(text)
+                decoded = decode(text)
             except LiteralError as err:
                 raise self.error(str(err), token) from None
-            return ast.Const(pos, value, "bytes" if isinstance(value, bytes) else "string")
+            return ast.Const(pos, decoded, "bytes" if isinstance(decoded, bytes) else "string")
         if kind == "BOOL_LIT":
             return ast.Const(pos, text == "true", "bool")
         if kind == "NULL_LIT":
