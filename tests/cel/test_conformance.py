@@ -262,7 +262,11 @@ CASES = [
     ('dyn(1) in [1.0] && !(dyn("1") in [1])', True),
     # compile-time checks the API server makes
     ('[1, "a"].size() == 2', COMPILE),
-    ('[1, dyn("a")].size() == 2', True),
+    ('[1, dyn("a")].size() == 2', COMPILE),  # cel-go compares literal element types exactly: dyn is not int
+    ('[dyn(1), dyn("a")].size() == 2', True),
+    ('"%s has %d GPUs".format(["node-a", 8]) == "node-a has 8 GPUs"', True),  # format() arguments may mix
+    ('"%.2f".format([1.005]) == "1.00" && "%x".format(["hi"]) == "6869"', True),
+    ('"%d".format([1.5]) == ""', ERROR),
     ('{"a": 1, "b": "x"}.size() == 2', COMPILE),
     ("[[1], [2.0]].size() == 2", COMPILE),
     ('"x".find("(")  == ""', COMPILE),
@@ -279,7 +283,7 @@ CASES = [
     # lists extension v3 (Kubernetes 1.34+); string reverse() is strings v3, not enabled
     ("[3, 1, 2].sort() == [1, 2, 3] && [1, 2, 1].distinct() == [1, 2] && [1, 2].reverse() == [2, 1]", True),
     ("[1, [2, [3]]].flatten() == [1, 2, [3]] && [1, [2, [3]]].flatten(2) == [1, 2, 3]", COMPILE),
-    ("[dyn(1), [2, dyn([3])]].flatten().size() == 3 && [[1], [2, 3]].flatten() == [1, 2, 3]", True),
+    ("[dyn(1), dyn([2, 3])].flatten().size() == 3 && [[1], [2, 3]].flatten() == [1, 2, 3]", True),
     ("[1, 2, 3, 4].slice(1, 3) == [2, 3] && lists.range(3) == [0, 1, 2]", True),
     ('["bb", "a"].sortBy(s, s.size()) == ["a", "bb"]', True),
     ("[1, 2].slice(2, 1) == []", ERROR),

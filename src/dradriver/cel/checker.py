@@ -46,6 +46,8 @@ class CheckResult:
     overloads: dict[int, tuple[Overload, ...]] = field(default_factory=dict)
     exact: set[int] = field(default_factory=set)  # calls whose argument types are all statically known
     costs: dict[int, int] = field(default_factory=dict)  # estimated cost of every node, for the runtime budget
+    # selections and indexes whose operand may be an optional value at run time (optional or dyn type)
+    maybe_optional: set[int] = field(default_factory=set)
 
 
 def length(size: Size) -> int:
@@ -126,6 +128,8 @@ class Checker:
         self.exact: set[int] = set()
         self.sizes: dict[int, Size] = {}
         self.costs: dict[int, int] = {}
+        self.maybe_optional: set[int] = set()
+        self.format_depth = 0  # literals inside format() calls are exempt from the homogeneity rule
 
     def size(self, node: ast.Node) -> Size:
         return self.sizes.get(id(node), 1)
@@ -148,7 +152,7 @@ class Checker:
                 root,
                 hint="avoid nested comprehensions over large lists and functions that grow strings in a chain",
             )
-        return CheckResult(result_type, cost, self.overloads, self.exact, self.costs)
+        return CheckResult(result_type, cost, self.overloads, self.exact, self.costs, self.maybe_optional)
 
     def visit(self, node: ast.Node, scope: dict[str, Type]) -> tuple[Type, int]:
         method = getattr(self, "_" + type(node).__name__)
@@ -195,6 +199,8 @@ class Checker:
     def _Select(self, node: ast.Select, scope: dict[str, Type]) -> tuple[Type, int]:
         operand, cost = self.visit(node.operand, scope)
         self.sizes[id(node)] = _field_size(node.field, self.size(node.operand))
+        if operand == DYN or _is_optional(operand):
+            self.maybe_optional.add(id(node))
         if _is_optional(operand):
             return ("optional", self._select_type(node, operand[1])), cost + 1
         if node.optional:
@@ -211,6 +217,8 @@ class Checker:
         index, index_cost = self.visit(node.index, scope)
         total = cost + index_cost + 1
         self.sizes[id(node)] = _index_size(node, self.size(node.operand))
+        if operand == DYN or _is_optional(operand):
+            self.maybe_optional.add(id(node))
         if _is_optional(operand) or node.optional:
             base = operand[1] if _is_optional(operand) else operand
             return ("optional", self._index_type(node, base, index)), total
@@ -244,7 +252,8 @@ class Checker:
             t, c = self.visit(item, scope)
             if position in node.optional:
                 t = self._optional_entry(t, item, "list element")
-            types.append((t, item))
+            if not _is_open(item):  # [], {} and optional.none() have open types: they join any element type
+                types.append((t, item))
             cost += c
             element_size = _max_size(element_size, self.size(item))
         self.sizes[id(node)] = (len(node.items), element_size)
@@ -269,7 +278,7 @@ class Checker:
             if joined is None:
                 joined = t
                 continue
-            if _assignable(joined, t) or _assignable(t, joined):
+            if self.format_depth or _equivalent(joined, t):
                 joined = _general(joined, t)
                 continue
             raise self.error(
@@ -290,7 +299,8 @@ class Checker:
             if k not in ("int", "uint", "bool", "string", DYN):
                 raise self.error(f"unsupported map key type {type_str(k)}", key_node)
             keys.append((k, key_node))
-            values.append((v, value_node))
+            if not _is_open(value_node):
+                values.append((v, value_node))
             cost += kc + vc
             value_size = _max_size(value_size, self.size(value_node))
         self.sizes[id(node)] = (len(node.entries), value_size)
@@ -396,10 +406,14 @@ class Checker:
             name, target = f"{target.name}.{name}", None
         arg_nodes = ([target] if target is not None else []) + list(node.args)
         types, cost = [], 1
-        for arg in arg_nodes:
-            t, c = self.visit(arg, scope)
-            types.append(t)
-            cost += c
+        self.format_depth += name == "format"
+        try:
+            for arg in arg_nodes:
+                t, c = self.visit(arg, scope)
+                types.append(t)
+                cost += c
+        finally:
+            self.format_depth -= name == "format"
         sizes = [self.size(a) for a in arg_nodes]
         if name.startswith("_") or name == "-_":
             result_type = self._operator(node, name, types)
@@ -548,6 +562,30 @@ def _is_list(t: Type) -> bool:
 
 def _is_optional(t: Type) -> bool:
     return isinstance(t, tuple) and t[0] == "optional"
+
+
+def _is_open(node: ast.Node) -> bool:
+    """Whether the node's type has a free type parameter in cel-go ([], {}, optional.none(), and what is
+    selected from them), which unifies with any other element type of the literal."""
+    while True:
+        if isinstance(node, ast.ListExpr | ast.MapExpr):
+            return not (node.items if isinstance(node, ast.ListExpr) else node.entries)
+        if isinstance(node, ast.Call):
+            return node.function == "none" and isinstance(node.target, ast.Ident) and node.target.name == "optional"
+        if isinstance(node, ast.Select | ast.Index):
+            node = node.operand
+            continue
+        return False
+
+
+def _equivalent(a: Type, b: Type) -> bool:
+    """cel-go's Type.IsEquivalentType for literal elements: the same type; an element type left open by an
+    empty literal ([] or {}) matches any."""
+    if a == b:
+        return True
+    if isinstance(a, tuple) and isinstance(b, tuple) and a[0] == b[0] and len(a) == len(b):
+        return all(x == y or DYN in (x, y) or _equivalent(x, y) for x, y in zip(a[1:], b[1:], strict=True))
+    return False
 
 
 def _general(a: Type, b: Type) -> Type:

@@ -166,6 +166,7 @@ class Compiler:
         self.overloads = checked.overloads
         self.exact = checked.exact
         self.costs = checked.costs
+        self.maybe_optional = checked.maybe_optional
 
     def compile(self, node: ast.Node) -> Program:
         method = getattr(self, "_" + type(node).__name__)
@@ -191,6 +192,8 @@ class Compiler:
         operand, name = self.compile(node.operand), node.field
         if node.optional:
             return lambda env: optional_select(operand(env), name)
+        if id(node) not in self.maybe_optional:
+            return lambda env: select(operand(env), name)
 
         def select_or_chain(env: Env) -> Any:
             value = operand(env)
@@ -221,6 +224,8 @@ class Compiler:
         operand, key = self.compile(node.operand), self.compile(node.index)
         if node.optional:
             return lambda env: optional_index(operand(env), key(env))
+        if id(node) not in self.maybe_optional:
+            return lambda env: index(operand(env), key(env))
 
         def index_or_chain(env: Env) -> Any:
             container = operand(env)

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import re2  # type: ignore[import-untyped]
 
 from dradriver.cel.errors import CelEvaluationError
+from dradriver.cel.format_ext import format_string
 from dradriver.cel.semver import Semver, SemverError, is_semver
 from dradriver.cel.strings_ext import STRING_FUNCTIONS
 from dradriver.cel.values import (
@@ -150,7 +151,7 @@ def _to_double(value: Any) -> float:
     raise CelEvaluationError(f"no such overload: double({type_name(value)})")
 
 
-def _to_string(value: Any) -> str:
+def to_string(value: Any) -> str:
     kind = type(value)
     if kind is str:
         return str(value)
@@ -445,9 +446,7 @@ FUNCTIONS: dict[str, tuple[Overload, ...]] = {
     "int": tuple(_o(False, (t,), "int", _to_int) for t in ("int", "uint", "double", "string")),
     "uint": tuple(_o(False, (t,), "uint", _to_uint) for t in ("int", "uint", "double", "string")),
     "double": tuple(_o(False, (t,), "double", _to_double) for t in ("int", "uint", "double", "string")),
-    "string": tuple(
-        _o(False, (t,), "string", _to_string) for t in ("int", "uint", "double", "string", "bytes", "bool")
-    ),
+    "string": tuple(_o(False, (t,), "string", to_string) for t in ("int", "uint", "double", "string", "bytes", "bool")),
     "bool": tuple(_o(False, (t,), "bool", _to_bool) for t in ("bool", "string")),
     "bytes": tuple(_o(False, (t,), "bytes", _to_bytes) for t in ("bytes", "string")),
     "dyn": (_o(False, ("any",), "dyn", lambda v: v),),
@@ -468,6 +467,7 @@ FUNCTIONS: dict[str, tuple[Overload, ...]] = {
     "sets.equivalent": (_o(False, ("list", "list"), "bool", _sets_equivalent),),
     "sets.intersects": (_o(False, ("list", "list"), "bool", _sets_intersects),),
     "strings.quote": (_o(False, ("string",), "string", _quote),),
+    "format": (_o(True, ("string", "list"), "string", format_string),),
     # optional types
     "optional.of": (_o(False, ("any",), "opt_arg0", _optional_of),),
     "optional.ofNonZeroValue": (_o(False, ("any",), "opt_arg0", _optional_of_non_zero),),
@@ -545,7 +545,6 @@ UNSUPPORTED = {
     "isCIDR",
     "url",
     "isURL",
-    "format",
     "math.greatest",
     "math.least",
     "base64.encode",

@@ -111,6 +111,9 @@ def equals(a: Any, b: Any) -> bool:
     with anything else is a "no such overload" error, but a string (or int, …) compared with a quantity
     or version is just false. null equals only null, whatever the other side.
     """
+    kind = type(a)
+    if kind is type(b) and (kind is str or kind is int or kind is bool):
+        return bool(a == b)
     result = _equal(a, b)
     if result is None:
         raise no_overload("_==_", a, b)
