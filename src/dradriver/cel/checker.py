@@ -404,6 +404,11 @@ class Checker:
             and f"{target.name}.{name}" in FUNCTIONS
         ):
             name, target = f"{target.name}.{name}", None
+        if isinstance(target, ast.Ident) and target.name not in scope and f"{target.name}.{name}" in UNSUPPORTED:
+            raise self.error(
+                f"function '{target.name}.{name}' is part of Kubernetes' CEL but this evaluator does not provide it",
+                node,
+            )
         arg_nodes = ([target] if target is not None else []) + list(node.args)
         types, cost = [], 1
         self.format_depth += name == "format"

@@ -1,8 +1,9 @@
 """The functions a DRA selector may call, with their signatures (for the checker) and implementations.
 
-What is here mirrors the Kubernetes CEL environment for device selectors: CEL's standard functions, the
-cel-go strings extension, and the Kubernetes libraries quantity, semver, regex, lists and sets. Not
-provided (a compile error names them): timestamps and durations, the ip/cidr/url/format libraries.
+What is here mirrors the Kubernetes CEL environment for device selectors (docs/explain.md has the table
+per Kubernetes version): CEL's standard functions, optional types, cel-go's strings (v2), sets and lists
+(v3) extensions, and the Kubernetes libraries quantity, semver, regex and lists. Not provided (a compile
+error names them): timestamps and durations, and Kubernetes' ip/cidr/url/format libraries.
 """
 
 from __future__ import annotations
@@ -550,5 +551,32 @@ UNSUPPORTED = {
     "base64.encode",
     "base64.decode",
     "jsonpatch.escapeKey",
+    "format.named",
+    "format.dns1123Label",
+    "format.dns1123Subdomain",
+    "format.dns1035Label",
+    "format.qualifiedName",
+    "format.labelValue",
+    "format.uri",
+    "format.uuid",
+    "format.byte",
+    "format.date",
+    "format.datetime",
+    "getScheme",
+    "getHost",
+    "getHostname",
+    "getPort",
+    "getEscapedPath",
+    "getQuery",
+    "containsIP",
+    "containsCIDR",
+    "family",
+    "isLoopback",
+    "isUnspecified",
+    "isGlobalUnicast",
+    "isLinkLocalMulticast",
+    "isLinkLocalUnicast",
+    "prefixLength",
+    "masked",
     "authorizer",
 }
