@@ -267,6 +267,7 @@ CASES = [
     ('"%s has %d GPUs".format(["node-a", 8]) == "node-a has 8 GPUs"', True),  # format() arguments may mix
     ('"%.2f".format([1.005]) == "1.00" && "%x".format(["hi"]) == "6869"', True),
     ('"%d".format([1.5]) == ""', ERROR),
+    ('"%.999999999f".format([1.5]) == ""', ERROR),
     ('{"a": 1, "b": "x"}.size() == 2', COMPILE),
     ("[[1], [2.0]].size() == 2", COMPILE),
     ('"x".find("(")  == ""', COMPILE),

@@ -18,6 +18,7 @@ from dradriver.cel.values import CelType, Uint, type_name
 from dradriver.quantity import Quantity
 
 DEFAULT_PRECISION = 6
+MAX_PRECISION = 1000
 _SPECIAL = ("NaN", "Infinity", "-Infinity")
 
 
@@ -194,6 +195,10 @@ def format_string(template: str, arguments: list[Any]) -> str:
                     "format: could not parse formatting clause: unable to find end of precision specifier"
                 )
             precision = int(template[i + 1 : j])
+            if precision > MAX_PRECISION:
+                # version 2 sets no limit (version 5 caps at 100); an unbounded one could build a string
+                # of any length, so this evaluator refuses it
+                raise CelEvaluationError(f"format: precision {precision} is more than {MAX_PRECISION}")
             i = j
         verb = template[i]
         clauses: dict[str, Callable[[Any], str]] = {
