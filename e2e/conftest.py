@@ -1,6 +1,7 @@
-"""The kind end-to-end suite: a real cluster with the driver running on a simulated GPU node.
+"""The kind end-to-end suite: a real cluster with the driver (manifests/overlays/sim) running on a simulated
+GPU node. Start it with e2e/run-kind.sh, or `pytest e2e -m e2e`.
 
-Runs only where Docker and kind (and kubectl) exist; everywhere else every test is skipped, saying what is missing.
+Runs only where Docker, kind and kubectl exist; everywhere else every test is skipped, saying what is missing.
 """
 
 from __future__ import annotations
@@ -13,13 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kindutil import run
+from kindutil import DAEMONSET, NAMESPACE, ROOT, Cluster, kubectl_binary, run
 
-ROOT = Path(__file__).resolve().parent.parent
 REQUIRED_TOOLS = ("docker", "kind", "kubectl")
 IMAGE = "dradriver:e2e"
-# DRA's resource.k8s.io/v1 needs Kubernetes 1.34 or newer; override with KIND_NODE_IMAGE.
-NODE_IMAGE = os.environ.get("KIND_NODE_IMAGE", "kindest/node:v1.34.0")
+# resource.k8s.io/v1 needs Kubernetes 1.34 or newer; override with KIND_NODE_IMAGE.
+NODE_IMAGE = os.environ.get("KIND_NODE_IMAGE", "kindest/node:v1.35.0")
 
 
 def missing_tools() -> list[str]:
@@ -32,61 +32,34 @@ def missing_tools() -> list[str]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    ours = [item for item in items if Path(str(item.fspath)).is_relative_to(here)]
     missing = missing_tools()
     if not missing:
         return
-    skip = pytest.mark.skip(reason=f"kind e2e suite needs Docker and kind: missing {', '.join(missing)}")
-    for item in items:
-        if Path(str(item.fspath)).is_relative_to(Path(__file__).parent):
-            item.add_marker(skip)
+    skip = pytest.mark.skip(reason=f"kind e2e suite needs Docker, kind and kubectl: missing {', '.join(missing)}")
+    for item in ours:
+        item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
-def cluster() -> Iterator[str]:
-    """A kind cluster with the driver deployed on a simulated dgx-a100-80gb node; deleted afterwards."""
+def cluster() -> Iterator[Cluster]:
+    """A kind cluster with the sim overlay installed and rolled out; deleted afterwards (unless
+    E2E_KEEP_CLUSTER=1)."""
     name = f"dradriver-e2e-{uuid.uuid4().hex[:6]}"
     run("docker", "build", "-t", IMAGE, str(ROOT), timeout=900)
-    run("kind", "create", "cluster", "--name", name, "--image", NODE_IMAGE, "--wait", "120s", timeout=600)
+    config = str(ROOT / "e2e/kind-config.yaml")
+    run("kind", "create", "cluster", "--name", name, "--image", NODE_IMAGE, "--config", config, "--wait", "180s",
+        timeout=900)  # fmt: skip
     try:
-        run("kind", "load", "docker-image", IMAGE, "--name", name)
-        context = f"kind-{name}"
-        for folder in ("manifests/driver/namespace.yaml", "manifests/driver", "manifests/deviceclasses"):
-            run("kubectl", "--context", context, "apply", "-f", str(ROOT / folder))
-        run(
-            "kubectl",
-            "--context",
-            context,
-            "-n",
-            "dradriver",
-            "set",
-            "image",
-            "daemonset/dradriver-kubelet-plugin",
-            f"plugin={IMAGE}",
+        run("kind", "load", "docker-image", IMAGE, "--name", name, timeout=600)
+        cluster = Cluster(f"kind-{name}")
+        rendered = run(kubectl_binary(), "kustomize", str(ROOT / "manifests/overlays/sim"))
+        cluster.kubectl(
+            "apply", "--server-side", "-f", "-", input=rendered.replace("image: dradriver:dev", f"image: {IMAGE}")
         )
-        run(
-            "kubectl",
-            "--context",
-            context,
-            "-n",
-            "dradriver",
-            "set",
-            "env",
-            "daemonset/dradriver-kubelet-plugin",
-            "DRADRIVER_GPU_BACKEND=sim",
-            "DRADRIVER_SIM_PROFILE=dgx-a100-80gb",
-            "DRADRIVER_MIG_MODE=none",
-        )
-        run(
-            "kubectl",
-            "--context",
-            context,
-            "-n",
-            "dradriver",
-            "rollout",
-            "status",
-            "daemonset/dradriver-kubelet-plugin",
-            "--timeout=180s",
-        )
-        yield context
+        cluster.kubectl("-n", NAMESPACE, "rollout", "status", DAEMONSET, "--timeout=300s", timeout=320)
+        yield cluster
     finally:
-        subprocess.run(["kind", "delete", "cluster", "--name", name], capture_output=True, check=False, timeout=300)
+        if os.environ.get("E2E_KEEP_CLUSTER") != "1":
+            subprocess.run(["kind", "delete", "cluster", "--name", name], capture_output=True, check=False, timeout=300)

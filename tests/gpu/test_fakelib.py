@@ -10,7 +10,7 @@ import pynvml
 import pytest
 
 from dradriver.gpu.catalog import load_node_profile, load_products
-from dradriver.gpu.fakelib import fake_pynvml
+from dradriver.gpu.fakelib import FakeNvmlLibrary, fake_pynvml
 from dradriver.gpu.models import MIB
 from dradriver.gpu.sim import SimulatedNode
 
@@ -133,6 +133,27 @@ def test_a_destroyed_gpu_instance_handle_is_invalid_even_when_its_id_is_reused()
     new = nvml.nvmlDeviceCreateGpuInstanceWithPlacement(handle, 19, ctypes.byref(placement))
     assert nvml.nvmlGpuInstanceGetInfo(new).id == old_id
     assert code_of(nvml, lambda: nvml.nvmlGpuInstanceGetInfo(old)) == nvml.NVML_ERROR_INVALID_ARGUMENT
+
+
+def test_the_handle_registry_forgets_destroyed_instances_and_their_handles_stay_invalid() -> None:
+    node = SimulatedNode(load_node_profile("hgx-h100-80gb"))
+    nvml: Any = fake_pynvml(node)
+    library = FakeNvmlLibrary(node, nvml, prune_handles_at=16)
+    nvml.nvmlLib = library.symbols
+    nvml.nvmlInit()
+    handle = nvml.nvmlDeviceGetHandleByIndex(0)
+    nvml.nvmlDeviceSetMigMode(handle, 1)
+    placement = nvml.c_nvmlGpuInstancePlacement_t(0, 1)
+    first = nvml.nvmlDeviceCreateGpuInstanceWithPlacement(handle, 19, ctypes.byref(placement))
+    nvml.nvmlGpuInstanceDestroy(first)
+    for _ in range(200):
+        created = nvml.nvmlDeviceCreateGpuInstanceWithPlacement(handle, 19, ctypes.byref(placement))
+        nvml.nvmlEventSetFree(nvml.nvmlEventSetCreate())
+        nvml.nvmlGpuInstanceDestroy(created)
+    assert library.handle_count <= 16
+    assert code_of(nvml, lambda: nvml.nvmlGpuInstanceGetInfo(first)) == nvml.NVML_ERROR_INVALID_ARGUMENT
+    live = nvml.nvmlDeviceCreateGpuInstanceWithPlacement(handle, 19, ctypes.byref(placement))
+    assert nvml.nvmlGpuInstanceGetInfo(live).profileId == 19
 
 
 def test_mig_device_handles_answer_device_queries_for_the_mig_device() -> None:

@@ -457,21 +457,20 @@ def test_a_registration_in_progress_is_read_again_until_it_completes() -> None:
 def test_a_driver_without_the_v3_struct_is_asked_with_the_v2_one() -> None:
     node = SimulatedNode(load_node_profile("hgx-h100-80gb"))
     nvml = fake_pynvml(node)
-    lookup = nvml._nvmlGetFunctionPointer
+    library = nvml.nvmlLib  # the loaded library: C symbols as attributes, as a ctypes.CDLL has them
     versions: list[int] = []
 
-    def older_driver(name: str) -> Any:
-        function = lookup(name)
-        if name != "nvmlDeviceGetGpuFabricInfoV":
-            return function
+    def v2_only(handle: Any, info: Any) -> int:
+        versions.append(info._obj.version)
+        return (
+            25 if info._obj.version == nvml.nvmlGpuFabricInfo_v3 else library.nvmlDeviceGetGpuFabricInfoV(handle, info)
+        )
 
-        def v2_only(handle: Any, info: Any) -> int:
-            versions.append(info._obj.version)
-            return 25 if info._obj.version == nvml.nvmlGpuFabricInfo_v3 else function(handle, info)
+    class OlderDriver:
+        def __getattr__(self, name: str) -> Any:
+            return v2_only if name == "nvmlDeviceGetGpuFabricInfoV" else getattr(library, name)
 
-        return v2_only
-
-    nvml._nvmlGetFunctionPointer = older_driver
+    nvml.nvmlLib = OlderDriver()
     lib = NvmlGpuLib(nvml=nvml, pci_topology=SimPciTopology(node))
     assert lib.fabric_info(lib.gpus()[0].uuid) == SINGLE_NODE_HGX
     assert versions == [nvml.nvmlGpuFabricInfo_v3, nvml.nvmlGpuFabricInfo_v2]

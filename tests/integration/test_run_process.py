@@ -58,6 +58,8 @@ class DriverProcess:
                 str(root / "cdi"),
                 "--log-format",
                 "json",
+                "--metrics-address",
+                "127.0.0.1:0",
                 *extra,
             ],
             stdout=subprocess.DEVNULL,

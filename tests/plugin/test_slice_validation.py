@@ -9,13 +9,10 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+from support.slice_rules import slice_errors
 
-from dradriver.errors import DradriverError
 from dradriver.plugin.slice_validation import (
     SliceShape,
-    SliceValidationError,
-    check_pool,
-    check_slice,
     parse_quantity,
     validate_pool,
     validate_slice,
@@ -83,7 +80,6 @@ def test_a_good_slice_has_no_problems_and_passes_kubernetes_validate() -> None:
         ]
     )
     assert validate_slice(obj) == []
-    check_slice(obj)
     kubernetes_validate.validate(obj, "1.37.0", strict=True)
 
 
@@ -266,6 +262,52 @@ def test_each_broken_rule_is_reported_by_name(mutate: Callable[[Obj], None], rul
     assert rule in rules(obj)
 
 
+def _api_server_rejects(obj: Obj) -> bool:
+    """The API stand-in's verdict: the upstream schema, then its own rules (written apart from ours)."""
+    try:
+        kubernetes_validate.validate(obj, "1.37.0", strict=True)
+    except kubernetes_validate.utils.ValidationError:
+        return True
+    return bool(slice_errors(obj))
+
+
+@pytest.mark.parametrize("mutate", [m for _, m, _ in BROKEN], ids=[b[0] for b in BROKEN])
+def test_the_api_stand_in_independently_rejects_each_broken_slice(mutate: Callable[[Obj], None]) -> None:
+    obj = slice_obj()
+    mutate(obj)
+    assert _api_server_rejects(obj)
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        slice_obj([device("gpu-0"), device("gpu-1", taints=[{"key": "example.com/xid", "effect": "NoExecute"}])]),
+        slice_obj([device(f"gpu-{i}", taints=[{"key": "k", "effect": "NoSchedule"}]) for i in range(64)]),
+        slice_obj([device(f"gpu-{i}") for i in range(128)]),
+        counters_slice([counter_set(f"s{i}", 32) for i in range(8)]),
+        slice_obj([consuming("gpu-0"), device("gpu-1", attributes={"peers": {"strings": ["gpu-0"]}})]),
+        slice_obj(
+            [
+                device(
+                    "shared",
+                    allowMultipleAllocations=True,
+                    capacity={
+                        "memory": {
+                            "value": "80Gi",
+                            "requestPolicy": {"default": "10Gi", "validValues": ["10Gi", "40Gi"]},
+                        }
+                    },
+                )
+            ]
+        ),
+    ],
+    ids=["taints", "64-tainted", "128-plain", "8-counter-sets", "consuming-and-lists", "request-policy"],
+)
+def test_the_api_stand_in_and_the_validator_both_accept_good_slices(obj: Obj) -> None:
+    assert validate_slice(obj) == []
+    assert not _api_server_rejects(obj)
+
+
 def test_sixty_four_devices_with_taints_are_accepted() -> None:
     devices = [device(f"gpu-{i}", taints=[{"key": "k", "effect": "NoSchedule"}]) for i in range(64)]
     assert validate_slice(slice_obj(devices)) == []
@@ -287,13 +329,12 @@ def test_all_problems_are_returned_not_only_the_first() -> None:
     assert {"device-name-dns-label", "taint-effect", "required"} <= rules(obj)
 
 
-def test_check_slice_raises_a_dradriver_error_listing_every_problem() -> None:
+def test_validate_slice_lists_every_problem_naming_its_device() -> None:
     obj = slice_obj([device("Bad_0"), device("Bad_1")])
-    with pytest.raises(SliceValidationError) as raised:
-        check_slice(obj)
-    assert isinstance(raised.value, DradriverError)
-    assert len(raised.value.problems) == 2
-    assert "Bad_0" in str(raised.value) and "Bad_1" in str(raised.value)
+    problems = validate_slice(obj)
+    assert len(problems) == 2
+    shown = "; ".join(str(p) for p in problems)
+    assert "Bad_0" in shown and "Bad_1" in shown
 
 
 @pytest.mark.parametrize(
@@ -349,6 +390,21 @@ def test_1_34_shape_allows_only_four_taints_but_128_tainted_devices() -> None:
     assert validate_slice(many, shape=SliceShape.V1_34) == []
 
 
+def test_the_api_stand_in_judges_a_1_34_server_by_its_own_limits_too() -> None:
+    inline = slice_obj([consuming("gpu-0")], sharedCounters=[counter_set()])
+    five = slice_obj([device(taints=[{"key": f"k{i}", "effect": "None"} for i in range(5)])])
+    many = slice_obj([device(f"g-{i}", taints=[{"key": "k", "effect": "None"}]) for i in range(100)])
+    summed = slice_obj([device()], sharedCounters=[counter_set("a", 20), counter_set("b", 20)])
+    assert [bool(slice_errors(o, minor=34)) for o in (inline, five, many, summed)] == [False, True, False, True]
+    assert [bool(validate_slice(o, shape=SliceShape.V1_34)) for o in (inline, five, many, summed)] == [
+        False,
+        True,
+        False,
+        True,
+    ]
+    assert slice_errors(inline) and slice_errors(many)
+
+
 def test_1_35_shape_limits_counter_sets_and_counters_per_set() -> None:
     obj = counters_slice([counter_set(f"s{i}") for i in range(9)] + [counter_set("big", 33)])
     assert {"max-counter-sets", "max-counters"} <= rules(obj)
@@ -367,7 +423,6 @@ def _pool(*slices: Obj) -> list[Obj]:
 def test_a_pool_with_counters_in_their_own_slice_is_valid() -> None:
     pool = _pool(counters_slice([counter_set()]), slice_obj([consuming("gpu-0"), consuming("gpu-1")]))
     assert validate_pool(pool) == []
-    check_pool(pool)
 
 
 def test_pool_rejects_counter_references_to_unknown_sets_or_counters() -> None:
@@ -401,11 +456,9 @@ def test_pool_rejects_inconsistent_generation_and_slice_count() -> None:
     assert {"pool-consistent", "pool-slice-count"} <= found
 
 
-def test_check_pool_raises_with_every_problem() -> None:
+def test_validate_pool_lists_every_problem() -> None:
     pool = _pool(slice_obj([device("gpu-0")]), slice_obj([device("gpu-0"), device("X")]))
-    with pytest.raises(SliceValidationError) as raised:
-        check_pool(pool)
-    assert {p.rule for p in raised.value.problems} == {"device-name-unique", "device-name-dns-label"}
+    assert {p.rule for p in validate_pool(pool)} == {"device-name-unique", "device-name-dns-label"}
 
 
 def test_validation_does_not_modify_its_input() -> None:

@@ -5,8 +5,9 @@ A threaded HTTP server on 127.0.0.1 (random port) that serves the few resources 
 optimistic concurrency (409 on a stale resourceVersion), delete preconditions, field and label selectors,
 paged lists (``limit``/``continue``), lists across namespaces, streaming
 watches with history (resume from a resourceVersion; 410 once compacted), and validation of every written
-object with ``kubernetes-validate`` (strict, 1.37.0) plus our ResourceSlice rules, answered with 422 and a
-Status body as a real server does.
+object with ``kubernetes-validate`` (strict, 1.37.0, the upstream schema) plus, for ResourceSlices, the server's
+rules that the schema cannot express (``slice_rules``, written apart from the driver's own validator so that it
+can catch the validator's mistakes), answered with 422 and a Status body as a real server does.
 
 Tests reach into it directly to act as "someone else" (:meth:`FakeApiServer.create`, ``replace``,
 ``delete``), to inject faults (:meth:`fail_next`, :meth:`delay_next`, :meth:`drop_watches`), to read the
@@ -36,7 +37,7 @@ import kubernetes_validate
 import yaml
 
 from dradriver.plugin.kube_cluster import KubeCluster, k8s_client
-from dradriver.plugin.slice_validation import validate_slice
+from support.slice_rules import slice_errors
 
 TOKEN = "stand-in-token"
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -221,6 +222,8 @@ class FakeApiServer:
 
     def __init__(self, *, validate: bool = True) -> None:
         self.validate = validate
+        # What GET /version answers: set another release to exercise the driver's version detection.
+        self.version: dict[str, str] = {"major": "1", "minor": "35", "gitVersion": "v1.35.0", "platform": "linux/amd64"}
         self._cond = threading.Condition()
         self._rv = 0
         self._objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {r: {} for r in RESOURCES}
@@ -304,13 +307,15 @@ class FakeApiServer:
     def _validate(self, resource: Resource, obj: dict[str, Any]) -> None:
         if not self.validate:
             return
+        # Judge by the release this server claims to be (/version): 1.34 has other slice rules than 1.35+.
+        minor = int(self.version.get("minor", "35").rstrip("+"))
         try:
-            kubernetes_validate.validate(obj, "1.37.0", strict=True)
+            kubernetes_validate.validate(obj, f"1.{min(max(minor, 34), 37)}.0", strict=True)
         except kubernetes_validate.utils.ValidationError as exc:
             path = ".".join(str(p) for p in getattr(exc, "path", []))
             raise ApiError(422, "Invalid", f"{resource.kind} is invalid: {path}: {exc.message}") from exc
         if resource.plural == "resourceslices":
-            problems = validate_slice(obj)
+            problems = slice_errors(obj, minor=minor)
             if problems:
                 reasons = "; ".join(map(str, problems))
                 raise ApiError(422, "Invalid", f"{resource.kind} is invalid: {reasons}")
@@ -652,6 +657,11 @@ class _Handler(BaseHTTPRequestHandler):
                     fault.message,
                 )
             body = self._read_body()
+            if method == "GET" and split.path == "/version":
+                # The discovery document real servers answer (any client may read it).
+                api._record(RequestRecord(method, split.path, query, 200, authorized))
+                self._send_json(200, dict(api.version))
+                return
             route = self._route(split.path)
             if watch:
                 api._record(RequestRecord(method, split.path, query, 200, authorized, watch=True))

@@ -4,12 +4,15 @@ from dradriver.allocator import allocate, Unsatisfiable, AllocationError
 allocation = allocate(claim, slices=[...], classes=[...], allocated=[...], node="node-a")
 """
 
-from dradriver.allocator.allocator import ShareIDs, allocate, explain_claim, stable_share_id
+from dradriver.allocator.allocator import allocate, explain_claim
 from dradriver.allocator.errors import AllocationError, Unsatisfiable
 from dradriver.allocator.explain import ClaimReport, RequestReport, Stage
+from dradriver.allocator.search import AllocationInputs, AllocationOptions, ShareIDs, stable_share_id
 
 __all__ = [
     "AllocationError",
+    "AllocationInputs",
+    "AllocationOptions",
     "ClaimReport",
     "RequestReport",
     "ShareIDs",

@@ -2,9 +2,28 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from fractions import Fraction
 
 from dradriver.allocator.model import Device, Pool
+
+
+@dataclass(frozen=True)
+class CounterShortfall:
+    """A shared counter that has less left than a device consumes."""
+
+    counter_set: str
+    counter: str
+    left: Fraction
+    needed: Fraction
+
+    @property
+    def subject(self) -> str:
+        """Which counter: ``counter memory of counter set gpu-0``."""
+        return f"counter {self.counter} of counter set {self.counter_set}"
+
+    def __str__(self) -> str:
+        return f"{self.subject} has {_show(self.left)} left, the device needs {_show(self.needed)}"
 
 
 class CounterLedger:
@@ -25,7 +44,7 @@ class CounterLedger:
                     if set_name in sets and name in sets[set_name]:
                         sets[set_name][name] -= amount
 
-    def shortfall(self, device: Device) -> str | None:
+    def shortfall(self, device: Device) -> CounterShortfall | None:
         """None if ``device`` fits in what is left, else which counter runs out."""
         sets = self.available.get((device.pool.driver, device.pool.name), {})
         for set_name, counters in device.consumption():
@@ -34,10 +53,7 @@ class CounterLedger:
                 continue
             for name, amount in counters.items():
                 if name in left and left[name] < amount:
-                    return (
-                        f"counter {name} of counter set {set_name} has {_show(left[name])} left, "
-                        f"the device needs {_show(amount)}"
-                    )
+                    return CounterShortfall(set_name, name, left[name], amount)
         return None
 
     def take(self, device: Device) -> None:

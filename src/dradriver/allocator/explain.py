@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import difflib
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from dradriver.allocator.constraints import lookup_attribute
+from dradriver.allocator.constraints import Constraint, lookup_attribute
 from dradriver.allocator.errors import AllocationError
 from dradriver.allocator.model import Device, Request, SelectorRef
+from dradriver.allocator.search import Search
+from dradriver.allocator.taints import blocking_taint
 from dradriver.cel import CelEvaluationError
 from dradriver.cel import ast as cel_ast
-
-if TYPE_CHECKING:
-    from dradriver.allocator.allocator import Search
 
 MAX_LISTED = 8
 
@@ -140,155 +138,171 @@ def _guard_hint(ref: SelectorRef, missing: Counter[str], count: int, message: st
 
 
 def request_report(search: Search, request: Request) -> RequestReport:
-    report = RequestReport(request.full_name, request.class_name, _wanted(request))
-    devices = [d for pool in search.pools for d in pool.devices]
-    where = f"devices on node {search.node}" if search.node else "devices"
-    report.stages.append(Stage(where, len(devices), len(devices)))
-
-    def reject(device: Device, reason: str) -> None:
-        report.rejected[device.label] = reason
-
-    survivors = []
-    for device in devices:
-        pool = device.pool
-        if pool.incomplete or pool.invalid:
-            reject(
-                device,
-                f"pool {pool.label} is "
-                + (
-                    f"invalid ({pool.invalid})"
-                    if pool.invalid
-                    else f"incomplete ({len(pool.slices)} of {pool.slice_count} slices)"
-                ),
-            )
-        else:
-            survivors.append(device)
-    if len(survivors) != len(devices):
-        report.stages.append(Stage("in complete pools", len(devices), len(survivors)))
-        incomplete = sorted({d.pool.label for d in devices if d.pool.incomplete or d.pool.invalid})
-        report.hints.append(
-            f"pools {', '.join(incomplete)} are incomplete or invalid; the scheduler waits "
-            f"for the driver to finish publishing them"
-        )
-
-    cache = search.selectable_cache
+    """The funnel of one request: each filter a step, over the devices the previous one let through."""
+    funnel = _Funnel(search, request)
+    funnel.complete_pools()
     for position, ref in enumerate(request.selectors):
-        entering, passed, missing = survivors, [], Counter[str]()
+        funnel.selector(position, ref)
+    funnel.not_in_use()
+    funnel.capacity_left()
+    funnel.taints_tolerated()
+    funnel.counters_available()
+    return funnel.finish()
+
+
+class _Funnel:
+    """The devices that survive each filter so far, and the report the filters write into."""
+
+    def __init__(self, search: Search, request: Request) -> None:
+        self.search = search
+        self.request = request
+        self.report = RequestReport(request.full_name, request.class_name, _wanted(request))
+        self.devices = [d for pool in search.pools for d in pool.devices]
+        self.survivors = list(self.devices)
+        where = f"devices on node {search.node}" if search.node else "devices"
+        self.report.stages.append(Stage(where, len(self.devices), len(self.devices)))
+
+    def reject(self, device: Device, reason: str) -> None:
+        self.report.rejected[device.label] = reason
+
+    def complete_pools(self) -> None:
+        """The scheduler allocates nothing from a pool that is being published or is invalid."""
+        kept = []
+        for device in self.survivors:
+            pool = device.pool
+            if pool.invalid:
+                self.reject(device, f"pool {pool.label} is invalid ({pool.invalid})")
+            elif pool.incomplete:
+                self.reject(
+                    device, f"pool {pool.label} is incomplete ({len(pool.slices)} of {pool.slice_count} slices)"
+                )
+            else:
+                kept.append(device)
+        if len(kept) != len(self.survivors):
+            self.report.stages.append(Stage("in complete pools", len(self.survivors), len(kept)))
+            incomplete = sorted({d.pool.label for d in self.survivors if d.pool.incomplete or d.pool.invalid})
+            self.report.hints.append(
+                f"pools {', '.join(incomplete)} are incomplete or invalid; the scheduler waits "
+                f"for the driver to finish publishing them"
+            )
+        self.survivors = kept
+
+    def selector(self, position: int, ref: SelectorRef) -> None:
+        """One class or request selector; reuses what the search already evaluated."""
+        entering, passed, missing = self.survivors, [], Counter[str]()
         stage = Stage(ref.label, len(entering), 0)
         for device in entering:
-            known = cache.get((id(request), id(device)))
-            if known is not None:  # the search already evaluated this device's selectors
-                if known < 0 or known > position:
-                    passed.append(device)
-                else:
-                    reject(device, f"{ref.label} is false")
-                continue
-            try:
-                ok = ref.selector.matches(device.raw, driver=device.driver)
-            except CelEvaluationError as err:
-                stage.errors += 1
-                stage.error = stage.error or str(err)
-                if err.missing_attribute:
-                    missing[err.missing_attribute] += 1
-                reject(device, f"{ref.label} failed: {err}")
-                continue
+            known = self.search.known_selection(self.request, device)
+            if known is not None:
+                ok = known.passes(position)
+            else:
+                try:
+                    ok = ref.selector.matches(device.raw, driver=device.driver)
+                except CelEvaluationError as err:
+                    stage.errors += 1
+                    stage.error = stage.error or str(err)
+                    if err.missing_attribute:
+                        missing[err.missing_attribute] += 1
+                    self.reject(device, f"{ref.label} failed: {err}")
+                    continue
             if ok:
                 passed.append(device)
             else:
-                reject(device, f"{ref.label} is false")
+                self.reject(device, f"{ref.label} is false")
         stage.passed = len(passed)
-        report.stages.append(stage)
+        self.report.stages.append(stage)
         if stage.errors:
-            report.hints.append(_guard_hint(ref, missing, stage.errors, stage.error or ""))
+            self.report.hints.append(_guard_hint(ref, missing, stage.errors, stage.error or ""))
         if not passed and entering and stage.errors < len(entering):
-            report.hints.append(
-                _selector_hint(
-                    ref,
-                    [d for d in entering if d.label not in report.rejected or "is false" in report.rejected[d.label]],
-                )
-            )
-        survivors = passed
+            rejected = self.report.rejected
+            falsified = [d for d in entering if d.label not in rejected or "is false" in rejected[d.label]]
+            self.report.hints.append(_selector_hint(ref, falsified))
+        self.survivors = passed
 
-    if not request.admin_access:
-        free = [d for d in survivors if d.id not in search.in_use]
+    def not_in_use(self) -> None:
+        """Devices other claims hold; admin access may use them anyway."""
+        if self.request.admin_access:
+            return
+        survivors, in_use = self.survivors, self.search.in_use
+        free = [d for d in survivors if d.id not in in_use]
         for device in survivors:
-            if device.id in search.in_use:
-                reject(device, "allocated to another claim")
-        report.stages.append(Stage("not allocated to other claims", len(survivors), len(free)))
-        if len(free) < len(survivors) and len(free) < max(request.count, 1):
-            report.hints.append(f"{len(survivors) - len(free)} matching devices are allocated to other claims")
-        survivors = free
+            if device.id in in_use:
+                self.reject(device, "allocated to another claim")
+        self.report.stages.append(Stage("not allocated to other claims", len(survivors), len(free)))
+        if len(free) < len(survivors) and len(free) < max(self.request.count, 1):
+            self.report.hints.append(f"{len(survivors) - len(free)} matching devices are allocated to other claims")
+        self.survivors = free
 
-    survivors = _capacity_stage(search, request, report, survivors, reject)
+    def capacity_left(self) -> None:
+        """Devices with the capacity the request consumes left; a stage only where capacity is in play."""
+        request, survivors = self.request, self.survivors
+        if not request.capacity_requests and not any(d.multi for d in survivors):
+            return
+        fitting = []
+        short: list[str] = []
+        for device in survivors:
+            metered = device.multi or request.capacity_requests
+            reason = self.search.capacity.shortfall(request, device) if metered else None
+            if reason is None:
+                fitting.append(device)
+            else:
+                short.append(reason)
+                self.reject(device, reason)
+        self.report.stages.append(Stage("capacity available", len(survivors), len(fitting)))
+        if short:
+            example = short[0] if len(short) == 1 else f"e.g. {short[0]}"
+            self.report.hints.append(
+                f"{len(short)} devices cannot provide the capacity this request consumes: {example}"
+            )
+        self.survivors = fitting
 
-    from dradriver.allocator.allocator import blocking_taint
+    def taints_tolerated(self) -> None:
+        untainted = []
+        taints: Counter[str] = Counter()
+        for device in self.survivors:
+            taint = blocking_taint(device, self.request)
+            if taint is None:
+                untainted.append(device)
+            else:
+                text = f"{taint.get('key')}={taint.get('value', '')}:{taint.get('effect')}"
+                taints[text] += 1
+                self.reject(device, f"taint {text} not tolerated")
+        if taints:
+            self.report.stages.append(Stage("taints tolerated", len(self.survivors), len(untainted)))
+            self.report.hints.append(
+                "untolerated device taints: "
+                + ", ".join(f"{t} ({n})" for t, n in taints.items())
+                + "; add a matching toleration to the request if that is intended"
+            )
+        self.survivors = untainted
 
-    untainted = []
-    taints: Counter[str] = Counter()
-    for device in survivors:
-        taint = blocking_taint(device, request)
-        if taint is None:
-            untainted.append(device)
-        else:
-            text = f"{taint.get('key')}={taint.get('value', '')}:{taint.get('effect')}"
-            taints[text] += 1
-            reject(device, f"taint {text} not tolerated")
-    if taints:
-        report.stages.append(Stage("taints tolerated", len(survivors), len(untainted)))
-        report.hints.append(
-            "untolerated device taints: "
-            + ", ".join(f"{t} ({n})" for t, n in taints.items())
-            + "; add a matching toleration to the request if that is intended"
-        )
-    survivors = untainted
+    def counters_available(self) -> None:
+        """Shared counters (a GPU and its partitions) that other claims' devices already use."""
+        fitting = []
+        shortfalls: Counter[str] = Counter()
+        for device in self.survivors:
+            shortfall = self.search.counter_shortfall(device)
+            if shortfall is None:
+                fitting.append(device)
+            else:
+                shortfalls[shortfall.subject] += 1
+                self.reject(device, f"shared counters exhausted by other claims: {shortfall}")
+        if any(d.raw.get("consumesCounters") for d in self.survivors):
+            self.report.stages.append(Stage("shared counters available", len(self.survivors), len(fitting)))
+        if shortfalls:
+            self.report.hints.append(
+                f"{sum(shortfalls.values())} devices need shared counters that other claims' devices "
+                f"already use (e.g. {shortfalls.most_common(1)[0][0]}): a partition cannot be "
+                f"allocated while its parent GPU, or an overlapping partition, is"
+            )
+        self.survivors = fitting
 
-    fitting = []
-    shortfalls: Counter[str] = Counter()
-    for device in survivors:
-        shortfall = search.counter_shortfall(device)
-        if shortfall is None:
-            fitting.append(device)
-        else:
-            shortfalls[shortfall.split(" has ")[0]] += 1
-            reject(device, f"shared counters exhausted by other claims: {shortfall}")
-    if any(d.raw.get("consumesCounters") for d in survivors):
-        report.stages.append(Stage("shared counters available", len(survivors), len(fitting)))
-    if shortfalls:
-        report.hints.append(
-            f"{sum(shortfalls.values())} devices need shared counters that other claims' devices "
-            f"already use (e.g. {shortfalls.most_common(1)[0][0]}): a partition cannot be "
-            f"allocated while its parent GPU, or an overlapping partition, is"
-        )
-    report.matched = [d.label for d in fitting]
-    if not request.all_devices and len(fitting) < request.count and fitting and not report.hints:
-        report.hints.append(f"only {len(fitting)} of the {request.count} wanted devices pass every filter")
-    return report
-
-
-def _capacity_stage(
-    search: Search,
-    request: Request,
-    report: RequestReport,
-    survivors: list[Device],
-    reject: Callable[[Device, str], None],
-) -> list[Device]:
-    """Devices with the capacity ``request`` consumes left; a stage only where capacity is in play."""
-    if not request.capacity_requests and not any(d.multi for d in survivors):
-        return survivors
-    fitting = []
-    short: list[str] = []
-    for device in survivors:
-        reason = search.capacity.shortfall(request, device) if device.multi or request.capacity_requests else None
-        if reason is None:
-            fitting.append(device)
-        else:
-            short.append(reason)
-            reject(device, reason)
-    report.stages.append(Stage("capacity available", len(survivors), len(fitting)))
-    if short:
-        example = short[0] if len(short) == 1 else f"e.g. {short[0]}"
-        report.hints.append(f"{len(short)} devices cannot provide the capacity this request consumes: {example}")
-    return fitting
+    def finish(self) -> RequestReport:
+        report, request, fitting = self.report, self.request, self.survivors
+        report.matched = [d.label for d in fitting]
+        if not request.all_devices and len(fitting) < request.count and fitting and not report.hints:
+            report.hints.append(f"only {len(fitting)} of the {request.count} wanted devices pass every filter")
+        return report
 
 
 def diagnose(search: Search, *, what_if: bool = True) -> ClaimReport:
@@ -341,7 +355,7 @@ def _combination_reasons(search: Search) -> list[str]:
     ]
 
 
-def _constraint_values(search: Search, constraint: Any) -> str:
+def _constraint_values(search: Search, constraint: Constraint) -> str:
     holders: dict[str, set[str]] = {}
     for group in search.groups:
         for request in group.alternatives:

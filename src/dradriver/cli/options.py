@@ -85,8 +85,9 @@ def add_output_option(parser: argparse.ArgumentParser, choices: Sequence[str], d
     )
 
 
-def add_slice_options(parser: argparse.ArgumentParser) -> None:
-    """--driver-name and --kubernetes-version: how ResourceSlices are named and shaped."""
+def add_slice_options(parser: argparse.ArgumentParser, *, version_default: str = "1.35") -> None:
+    """--driver-name and --kubernetes-version: how ResourceSlices are named and shaped (an empty
+    ``version_default`` means: ask the API server)."""
     from dradriver import DEFAULT_DRIVER_NAME
 
     group = parser.add_argument_group("ResourceSlices")
@@ -101,8 +102,9 @@ def add_slice_options(parser: argparse.ArgumentParser) -> None:
         group,
         "--kubernetes-version",
         env="DRADRIVER_KUBERNETES_VERSION",
-        default="1.35",
+        default=version_default,
         metavar="1.N",
         help="the cluster's Kubernetes minor version; 1.34 keeps MIG counter sets inline "
-        "with devices, 1.35 and newer put them in slices of their own",
+        "with devices, 1.35 and newer put them in slices of their own ('dradriver run' reads it from the API "
+        "server when unset)",
     )

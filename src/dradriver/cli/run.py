@@ -20,12 +20,14 @@ from dradriver.driver.state import GpuDriver
 from dradriver.errors import ConfigError, DradriverError
 from dradriver.gpu.backend import open_gpu_backend
 from dradriver.gpu.inventory import MigMode, discover
-from dradriver.plugin.cluster import ClusterError
+from dradriver.plugin.cluster import ClusterError, kubernetes_minor_version
 from dradriver.plugin.kube_cluster import KubeCluster
 from dradriver.plugin.kubelet_plugin import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, KubeletPlugin
 from dradriver.plugin.publisher import Publisher, SliceSpec
 
 log = logging.getLogger("dradriver.run")
+# Probes reach the pod's IP, so listen on every interface; the DaemonSet declares the port.
+DEFAULT_STATUS_ADDRESS = ":8080"
 
 
 def register(subcommands: Any) -> None:
@@ -66,8 +68,15 @@ def register(subcommands: Any) -> None:
         parser,
         "--metrics-address",
         env="DRADRIVER_METRICS_ADDRESS",
-        default="",
-        help="HOST:PORT serving /metrics, /healthz and /readyz (empty: off)",
+        default=DEFAULT_STATUS_ADDRESS,
+        help="HOST:PORT serving /metrics, /healthz and /readyz, which the DaemonSet's probes call (empty: off)",
+    )
+    add_env_option(
+        parser,
+        "--pod-uid",
+        env="POD_UID",
+        help="this pod's UID (downward API metadata.uid): per-pod socket names, so a rolling update can start "
+        "the new pod before the old one stops (kubelet 1.33+); unset: fixed names, one instance per node",
     )
     add_env_option(
         parser,
@@ -96,7 +105,7 @@ def register(subcommands: Any) -> None:
         help="log level",
     )
     add_gpu_options(parser)
-    add_slice_options(parser)
+    add_slice_options(parser, version_default="")
     parser.set_defaults(handler=run)
 
 
@@ -106,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--node-name (or NODE_NAME) is required: set it from the pod's spec.nodeName")
     node = args.node_name
     mig_mode = MigMode(args.mig_mode)
-    shape = shape_for(args.kubernetes_version)
+    if args.kubernetes_version:
+        shape = shape_for(args.kubernetes_version)  # fails fast, before touching GPUs or the API server
 
     gpulib, simulated = open_gpu_backend(
         args.gpu_backend,
@@ -124,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
     )
 
     cluster = KubeCluster.from_kubeconfig(args.kubeconfig)
+    if not args.kubernetes_version:
+        shape = shape_for(_detect_kubernetes_version(cluster))
     node_uid = _node_uid(cluster, node)
     settings = SliceSettings(driver=args.driver_name, mig_mode=mig_mode, shape=shape)
     specs = build_slice_specs(inventory, settings)
@@ -143,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
         health_source=health,
         registry_dir=Path(args.registry_dir),
         plugin_dir=Path(args.plugin_dir) if args.plugin_dir else None,
+        pod_uid=args.pod_uid or None,
     )
 
     def readiness() -> tuple[bool, dict[str, Any]]:
@@ -218,6 +231,19 @@ def run(args: argparse.Namespace) -> int:
 def _pools(node: str, specs: list[dict[str, Any]]) -> dict[str, list[SliceSpec]]:
     """The one pool a node publishes, named after the node."""
     return {node: [SliceSpec.of(s.get("devices", ()), s.get("sharedCounters", ())) for s in specs]}
+
+
+def _detect_kubernetes_version(cluster: KubeCluster) -> str:
+    """The cluster's ``1.N`` from the API server's /version (the slice layout depends on it)."""
+    try:
+        version = kubernetes_minor_version(cluster.server_version())
+    except ClusterError as err:
+        raise ConfigError(
+            f"cannot read the API server's version to choose the ResourceSlice layout: {err}; "
+            "fix the API server connection or set --kubernetes-version (DRADRIVER_KUBERNETES_VERSION)"
+        ) from err
+    log.info("detected Kubernetes version=%s (override with --kubernetes-version)", version)
+    return version
 
 
 def _node_uid(cluster: KubeCluster, node: str) -> str | None:

@@ -53,7 +53,15 @@ class StatusServer:
                 log.debug("status request %s", format % args)
 
         self.readiness = readiness
-        self._server = ThreadingHTTPServer((host or "0.0.0.0", port_number), Handler)
+        try:
+            self._server = ThreadingHTTPServer((host or "0.0.0.0", port_number), Handler)
+        except OSError as err:
+            from dradriver.errors import ConfigError
+
+            raise ConfigError(
+                f"cannot serve metrics and probes on {address!r}: {err.strerror or err}; choose another "
+                "--metrics-address (DRADRIVER_METRICS_ADDRESS), or an empty one to turn it off"
+            ) from err
         self._thread = threading.Thread(target=self._server.serve_forever, name="status-server", daemon=True)
 
     @property

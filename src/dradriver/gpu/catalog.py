@@ -143,6 +143,16 @@ class NodeProfile(_Strict):
     @model_validator(mode="after")
     def _consistent(self) -> NodeProfile:
         products = load_products()
+        self._check_gpus(products)
+        bridged = self._check_bridges(products)
+        if self.nvswitch and bridged:
+            raise ValueError("nvswitch and nvlinkBridges cannot be combined in one profile")
+        if self.fabric is not None:
+            self._check_fabric(products)
+        return self
+
+    def _check_gpus(self, products: dict[str, ProductSpec]) -> None:
+        """Known products, one GPU per PCI address, MIG devices only where the product has those profiles."""
         seen: set[str] = set()
         for i, gpu in enumerate(self.gpus):
             where = f"gpus[{i}]"
@@ -163,6 +173,9 @@ class NodeProfile(_Strict):
                         f"{where}.migDevices[{j}].profile: {gpu.product} has no MIG profile "
                         f"{dev.profile!r}; known: {known}"
                     )
+
+    def _check_bridges(self, products: dict[str, ProductSpec]) -> set[int]:
+        """NVLink bridges join two distinct, existing GPUs that have NVLink; returns the bridged GPUs."""
         bridged: set[int] = set()
         for k, (a, b) in enumerate(self.nvlink_bridges):
             for idx in (a, b):
@@ -177,19 +190,19 @@ class NodeProfile(_Strict):
                 bridged.add(idx)
             if a == b:
                 raise ValueError(f"nvlinkBridges[{k}]: a GPU cannot be bridged to itself")
-        if self.nvswitch and bridged:
-            raise ValueError("nvswitch and nvlinkBridges cannot be combined in one profile")
-        if self.fabric is not None:
-            if not self.nvswitch:
-                raise ValueError("fabric: a multi-node NVLink clique needs an NVSwitch fabric; add nvswitch: true")
-            for i, gpu in enumerate(self.gpus):
-                architecture = products[gpu.product].architecture
-                if architecture not in FABRIC_ARCHITECTURES:
-                    raise ValueError(
-                        f"fabric: gpus[{i}] is {gpu.product} ({architecture}), which has no fabric "
-                        "info; multi-node NVLink needs Hopper or newer GPUs"
-                    )
-        return self
+        return bridged
+
+    def _check_fabric(self, products: dict[str, ProductSpec]) -> None:
+        """A multi-node clique needs an NVSwitch fabric and GPUs that report fabric info."""
+        if not self.nvswitch:
+            raise ValueError("fabric: a multi-node NVLink clique needs an NVSwitch fabric; add nvswitch: true")
+        for i, gpu in enumerate(self.gpus):
+            architecture = products[gpu.product].architecture
+            if architecture not in FABRIC_ARCHITECTURES:
+                raise ValueError(
+                    f"fabric: gpus[{i}] is {gpu.product} ({architecture}), which has no fabric "
+                    "info; multi-node NVLink needs Hopper or newer GPUs"
+                )
 
 
 @cache

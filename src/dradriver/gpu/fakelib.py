@@ -7,8 +7,12 @@ unchanged, so the simulator exercises the same code as a real node does.
 
 Each emulated function receives exactly the ctypes arguments pynvml passes to the C library (``byref()`` out
 parameters, string buffers, opaque handle pointers), writes its results into them and returns an NVML return code.
-Opaque handles point at small ctypes structs owned here; a registry maps their addresses back to simulated objects.
+Opaque handles point at small ctypes structs owned here; a registry maps their addresses back to simulated objects
+and forgets the handles of destroyed instances and freed event sets, so it stays as large as what is alive.
 Symbols we do not emulate answer ``NVML_ERROR_FUNCTION_NOT_FOUND``, as the real library does for missing symbols.
+
+Only pynvml's public names are used: ``nvmlLib``, the loaded library, is set to an object that answers C symbols
+as attributes, as a ``ctypes.CDLL`` does; pynvml then finds it loaded and never looks for ``libnvidia-ml.so``.
 """
 
 from __future__ import annotations
@@ -85,6 +89,13 @@ _ERROR_TEXT = {
     25: "Argument Version Mismatch",
 }
 
+# The registry prunes handles of what no longer exists once it holds this many (and then twice what is alive).
+PRUNE_HANDLES_AT = 1024
+
+# ctypes has no public name for what ``byref()`` returns; its type, taken once, identifies it. Its ``_obj`` is
+# the referenced object (typeshed does not list it, hence ``type[Any]``).
+_BYREF_TYPE: type[Any] = type(ctypes.byref(ctypes.c_int()))
+
 _copies = itertools.count(1)
 
 
@@ -102,11 +113,8 @@ def fake_pynvml(node: SimulatedNode) -> ModuleType:
         spec.loader.exec_module(module)
     finally:
         del sys.modules[name]
-    library = FakeNvmlLibrary(node, module)
     patched: Any = module
-    patched.nvmlLib = library  # "loaded", so pynvml never looks for libnvidia-ml.so
-    patched._LoadNvmlLibrary = lambda: None
-    patched._nvmlGetFunctionPointer = library.function
+    patched.nvmlLib = FakeNvmlLibrary(node, module).symbols  # "loaded", so pynvml never looks for the .so
     return module
 
 
@@ -192,11 +200,16 @@ def _nvml_bus_id(bus_id: str) -> str:
 
 def _target(arg: Any) -> Any:
     """The object an out/in pointer argument refers to: ``byref(x)`` → x, pointer → its target, else itself."""
-    if type(arg).__name__ == "CArgObject":
+    if isinstance(arg, _BYREF_TYPE):
         return arg._obj
     if isinstance(arg, ctypes._Pointer):
         return arg.contents
     return arg
+
+
+def _buffer(arg: Any) -> Any:
+    """An array argument: ``byref(array)`` → the array; an array or a pointer is indexed as it is."""
+    return arg._obj if isinstance(arg, _BYREF_TYPE) else arg
 
 
 def _text(arg: Any) -> str:
@@ -215,26 +228,42 @@ class _Fail(Exception):
         self.code = code
 
 
-class FakeNvmlLibrary:
-    """NVML's C entry points emulated on a simulated node; ``function(name)`` is pynvml's symbol lookup."""
+class _Symbols:
+    """What pynvml expects of the loaded library (a ``ctypes.CDLL``): C functions looked up as attributes.
 
-    def __init__(self, node: SimulatedNode, module: ModuleType) -> None:
+    pynvml turns the AttributeError of a symbol we lack into ``NVML_ERROR_FUNCTION_NOT_FOUND``."""
+
+    def __init__(self, entries: dict[str, Callable[..., int]]) -> None:
+        self._entries = entries
+
+    def __getattr__(self, name: str) -> Callable[..., int]:
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise AttributeError(f"the simulated libnvidia-ml has no symbol {name}") from None
+
+
+class FakeNvmlLibrary:
+    """NVML's C entry points emulated on a simulated node; ``symbols`` is what pynvml loads as the library."""
+
+    def __init__(self, node: SimulatedNode, module: ModuleType, *, prune_handles_at: int = PRUNE_HANDLES_AT) -> None:
         self.node = node
         self._module = module
         self._lock = threading.RLock()
         self._init_count = 0
         self._handles: dict[Any, ctypes.Structure] = {}  # key → the struct a handle points at
         self._targets: dict[int, object] = {}  # struct address → what the handle means
-        self._entries: dict[str, Callable[..., int]] = {
-            name: self._entry(name, getattr(self, name)) for name in dir(self) if name.startswith("nvml")
-        }
+        self._prune_floor = prune_handles_at
+        self._prune_at = prune_handles_at
+        self.symbols = _Symbols(
+            {name: self._entry(name, getattr(self, name)) for name in dir(self) if name.startswith("nvml")}
+        )
 
-    def function(self, name: str) -> Callable[..., int]:
-        """The emulated C function ``name``; unknown names fail like a missing symbol in libnvidia-ml."""
-        try:
-            return self._entries[name]
-        except KeyError:
-            raise self._module.NVMLError(FUNCTION_NOT_FOUND) from None
+    @property
+    def handle_count(self) -> int:
+        """How many handles the registry holds (bounded by what is alive, see ``PRUNE_HANDLES_AT``)."""
+        with self._lock:
+            return len(self._handles)
 
     def _entry(self, name: str, impl: Callable[..., int]) -> Callable[..., int]:
         needs_init = name not in {"nvmlInit_v2", "nvmlInitWithFlags", "nvmlInit", "nvmlErrorString"}
@@ -263,10 +292,40 @@ class FakeNvmlLibrary:
         with self._lock:
             struct = self._handles.get(key)
             if struct is None:
+                if len(self._handles) >= self._prune_at:
+                    self._prune()
                 struct = struct_type()
                 self._handles[key] = struct
                 self._targets[ctypes.addressof(struct)] = meaning
             return struct
+
+    def _prune(self) -> None:
+        """Forget the handles of destroyed instances and freed event sets: they resolve to nothing afterwards,
+        as before (a caller that still holds one keeps its struct alive, so no new handle gets its address)."""
+        for key, struct in list(self._handles.items()):
+            address = ctypes.addressof(struct)
+            if not self._alive(self._targets.get(address)):
+                del self._handles[key]
+                self._targets.pop(address, None)
+        self._prune_at = max(self._prune_floor, 2 * len(self._handles))
+
+    def _alive(self, meaning: object) -> bool:
+        if isinstance(meaning, _EventSet):
+            return not meaning.freed
+        if isinstance(meaning, _MigDevice | _ComputeInstanceRef):
+            return self._instance_alive(meaning.index, meaning.gi, meaning.ci)
+        if isinstance(meaning, _GpuInstanceRef):
+            return self._instance_alive(meaning.index, meaning.gi, None)
+        return meaning is not None  # physical GPUs: one handle each, for good
+
+    def _instance_alive(self, index: int, gi: SimGpuInstance, ci: SimComputeInstance | None) -> bool:
+        try:
+            self._check_alive(index, gi, ci)
+        except _Fail:
+            return False
+        except SimNvmlError:
+            return True  # the GPU is lost, not the instance: its handles answer GPU_IS_LOST meanwhile
+        return True
 
     def _pointer(self, struct_type: Any, key: Any, meaning: object) -> Any:
         return ctypes.pointer(self._struct(struct_type, key, meaning))
@@ -555,7 +614,7 @@ class FakeNvmlLibrary:
         if counter.value < wanted:
             counter.value = wanted
             return INSUFFICIENT_SIZE
-        buffer = placements._obj if type(placements).__name__ == "CArgObject" else placements
+        buffer = _buffer(placements)
         for i, placement in enumerate(profile.placements):
             buffer[i].start, buffer[i].size = placement.start, placement.size
         counter.value = wanted
@@ -598,7 +657,7 @@ class FakeNvmlLibrary:
         if instances is None or counter.value < len(found):
             counter.value = len(found)
             return INSUFFICIENT_SIZE if instances is not None else sim.SUCCESS
-        buffer = instances._obj if type(instances).__name__ == "CArgObject" else instances
+        buffer = _buffer(instances)
         for i, gi in enumerate(found):
             buffer[i] = self._gi_pointer(type(buffer[i])._type_, gpu.index, gi)
         counter.value = len(found)
@@ -687,7 +746,7 @@ class FakeNvmlLibrary:
         if instances is None or counter.value < len(found):
             counter.value = len(found)
             return INSUFFICIENT_SIZE if instances is not None else sim.SUCCESS
-        buffer = instances._obj if type(instances).__name__ == "CArgObject" else instances
+        buffer = _buffer(instances)
         for i, ci in enumerate(found):
             buffer[i] = self._ci_pointer(type(buffer[i])._type_, ref.index, ref.gi, ci)
         counter.value = len(found)

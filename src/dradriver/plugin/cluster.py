@@ -9,6 +9,7 @@ unit tests).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -112,6 +113,10 @@ class Cluster(Protocol):
         """The Node ``name``."""
         ...
 
+    def server_version(self) -> JsonObject:
+        """The API server's ``/version`` document (``major``, ``minor``, ``gitVersion``, …)."""
+        ...
+
     def list_resource_slices(self, *, driver: str, node_name: str) -> tuple[list[JsonObject], str]:
         """The ResourceSlices with ``spec.driver`` and ``spec.nodeName`` as given, and the list's
         resourceVersion (to start a watch from)."""
@@ -136,3 +141,17 @@ class Cluster(Protocol):
 
         The server ends the watch after about ``timeout_seconds``; bookmarks may arrive."""
         ...
+
+
+def kubernetes_minor_version(info: JsonObject) -> str:
+    """``"1.N"`` from a ``/version`` document: ``gitVersion`` (``v1.35.2-gke.1``) first, else ``major`` and
+    ``minor`` (which some providers suffix with ``+``); raises :class:`ClusterError` if neither parses."""
+    match = re.match(r"v?(\d+)\.(\d+)", str(info.get("gitVersion", "")))
+    if match:
+        return f"{int(match.group(1))}.{int(match.group(2))}"
+    major, minor = str(info.get("major", "")), str(info.get("minor", "")).rstrip("+")
+    if major.isdigit() and minor.isdigit():
+        return f"{int(major)}.{int(minor)}"
+    raise ClusterError(
+        f"the API server's /version answer {info!r} names no version; set --kubernetes-version explicitly"
+    )

@@ -228,6 +228,45 @@ def _refs(claims: Iterable[dra_v1_pb2.Claim | dra_v1beta1_pb2.Claim]) -> list[Cl
     return [ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims]
 
 
+_Response = TypeVar("_Response", bound=_ClaimsResponse)
+
+
+def _prepare(
+    processor: ClaimProcessor,
+    claims: Iterable[dra_v1_pb2.Claim | dra_v1beta1_pb2.Claim],
+    response: _Response,
+    *,
+    share_ids: bool,
+) -> _Response:
+    """Fill either version's NodePrepareResourcesResponse (``share_ids``: the version has the field)."""
+    for uid, result in processor.prepare(_refs(claims)).items():
+        entry = response.claims[uid]
+        if result.error:
+            entry.error = result.error
+            continue
+        for device in result.devices:
+            out = entry.devices.add(
+                request_names=device.requests,
+                pool_name=device.pool,
+                device_name=device.device,
+                cdi_device_ids=device.cdi_device_ids,
+            )
+            if share_ids and device.share_id is not None:
+                out.share_id = device.share_id
+    fit_for_kubelet(response)
+    return response
+
+
+def _unprepare(
+    processor: ClaimProcessor, claims: Iterable[dra_v1_pb2.Claim | dra_v1beta1_pb2.Claim], response: _Response
+) -> _Response:
+    """Fill either version's NodeUnprepareResourcesResponse."""
+    for uid, error in processor.unprepare(_refs(claims)).items():
+        response.claims[uid].error = error or ""
+    fit_for_kubelet(response)
+    return response
+
+
 class DRAPluginV1(dra_v1_pb2_grpc.DRAPluginServicer):
     """``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`` (kubelet 1.34 and later)."""
 
@@ -237,32 +276,12 @@ class DRAPluginV1(dra_v1_pb2_grpc.DRAPluginServicer):
     def NodePrepareResources(
         self, request: dra_v1_pb2.NodePrepareResourcesRequest, context: grpc.ServicerContext
     ) -> dra_v1_pb2.NodePrepareResourcesResponse:
-        response = dra_v1_pb2.NodePrepareResourcesResponse()
-        for uid, result in self._processor.prepare(_refs(request.claims)).items():
-            entry = response.claims[uid]
-            if result.error:
-                entry.error = result.error
-                continue
-            for device in result.devices:
-                out = entry.devices.add(
-                    request_names=device.requests,
-                    pool_name=device.pool,
-                    device_name=device.device,
-                    cdi_device_ids=device.cdi_device_ids,
-                )
-                if device.share_id is not None:
-                    out.share_id = device.share_id
-        fit_for_kubelet(response)
-        return response
+        return _prepare(self._processor, request.claims, dra_v1_pb2.NodePrepareResourcesResponse(), share_ids=True)
 
     def NodeUnprepareResources(
         self, request: dra_v1_pb2.NodeUnprepareResourcesRequest, context: grpc.ServicerContext
     ) -> dra_v1_pb2.NodeUnprepareResourcesResponse:
-        response = dra_v1_pb2.NodeUnprepareResourcesResponse()
-        for uid, error in self._processor.unprepare(_refs(request.claims)).items():
-            response.claims[uid].error = error or ""
-        fit_for_kubelet(response)
-        return response
+        return _unprepare(self._processor, request.claims, dra_v1_pb2.NodeUnprepareResourcesResponse())
 
 
 class DRAPluginV1beta1(dra_v1beta1_pb2_grpc.DRAPluginServicer):
@@ -274,30 +293,14 @@ class DRAPluginV1beta1(dra_v1beta1_pb2_grpc.DRAPluginServicer):
     def NodePrepareResources(
         self, request: dra_v1beta1_pb2.NodePrepareResourcesRequest, context: grpc.ServicerContext
     ) -> dra_v1beta1_pb2.NodePrepareResourcesResponse:
-        response = dra_v1beta1_pb2.NodePrepareResourcesResponse()
-        for uid, result in self._processor.prepare(_refs(request.claims)).items():
-            entry = response.claims[uid]
-            if result.error:
-                entry.error = result.error
-                continue
-            for device in result.devices:
-                entry.devices.add(
-                    request_names=device.requests,
-                    pool_name=device.pool,
-                    device_name=device.device,
-                    cdi_device_ids=device.cdi_device_ids,
-                )
-        fit_for_kubelet(response)
-        return response
+        return _prepare(
+            self._processor, request.claims, dra_v1beta1_pb2.NodePrepareResourcesResponse(), share_ids=False
+        )
 
     def NodeUnprepareResources(
         self, request: dra_v1beta1_pb2.NodeUnprepareResourcesRequest, context: grpc.ServicerContext
     ) -> dra_v1beta1_pb2.NodeUnprepareResourcesResponse:
-        response = dra_v1beta1_pb2.NodeUnprepareResourcesResponse()
-        for uid, error in self._processor.unprepare(_refs(request.claims)).items():
-            response.claims[uid].error = error or ""
-        fit_for_kubelet(response)
-        return response
+        return _unprepare(self._processor, request.claims, dra_v1beta1_pb2.NodeUnprepareResourcesResponse())
 
 
 def add_dra_services(server: grpc.Server, processor: ClaimProcessor) -> None:

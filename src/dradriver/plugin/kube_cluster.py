@@ -252,6 +252,10 @@ class KubeCluster:
         result: JsonObject = self._send("GET", f"/api/v1/nodes/{quote(name)}", describe("Node", name))
         return result
 
+    def server_version(self) -> JsonObject:
+        result: JsonObject = self._send("GET", "/version", "the API server version")
+        return result
+
     def list_resource_slices(self, *, driver: str, node_name: str) -> tuple[list[JsonObject], str]:
         selector = f"spec.driver={driver},spec.nodeName={node_name}"
         items: list[JsonObject] = []

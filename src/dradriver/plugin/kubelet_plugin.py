@@ -7,7 +7,10 @@ deregisters the plugin when it disappears), then the DRA server stops.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import logging
+import os
 import re
 import threading
 from pathlib import Path
@@ -20,7 +23,13 @@ from dradriver.plugin.claims import ClaimLocks, ClaimSource
 from dradriver.plugin.dra_service import ClaimProcessor, add_dra_services
 from dradriver.plugin.handler import DriverHandler, HealthSource
 from dradriver.plugin.health import DRAResourceHealthV1alpha1, add_health_service
-from dradriver.plugin.lifecycle import PluginLock, RegistrationWatcher, SocketServer
+from dradriver.plugin.lifecycle import (
+    MAX_SOCKET_PATH_BYTES,
+    InstanceLock,
+    RegistrationWatcher,
+    SerializedHandler,
+    SocketServer,
+)
 from dradriver.plugin.registration import (
     DRA_V1,
     DRA_V1BETA1,
@@ -36,7 +45,9 @@ DEFAULT_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 DRA_SOCKET_NAME = "dra.sock"
 LOCK_FILE_NAME = "plugin.lock"
+SERIALIZE_LOCK_NAME = "serialize.lock"
 # A DNS subdomain: what the API server accepts as a DRA driver name (and safe in a file name).
+_POD_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
 _DRIVER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
@@ -46,6 +57,13 @@ class KubeletPlugin:
     ``handler`` prepares and unprepares claims; ``claim_source`` fetches claims from the API server before
     prepare; ``health_source``, if given, feeds the health stream (and the service is only advertised then).
     ``claim_locks`` is a seam for tests that need to observe per-claim serialisation.
+
+    ``pod_uid`` switches on rolling-update mode (as the upstream kubeletplugin helper's ``RollingUpdate``): the
+    registration and DRA sockets get per-pod names (``<driver>-<uid>-reg.sock``, ``dra-<uid>.sock``) so a new
+    pod can register next to the old one (the kubelet, 1.33+, prefers the newest), the instance lock admits
+    other pods of this driver but not a second process of the same pod nor a fixed-name instance, and
+    prepare/unprepare are serialised across the instances by a file lock. Without it the names are fixed and
+    one instance at a time serves the node.
     """
 
     def __init__(
@@ -63,6 +81,7 @@ class KubeletPlugin:
         stop_grace: float = 5.0,
         max_workers: int = 16,
         claim_locks: ClaimLocks | None = None,
+        pod_uid: str | None = None,
     ) -> None:
         if not _DRIVER_NAME.match(driver_name) or len(driver_name) > 63:
             raise ConfigError(
@@ -71,14 +90,26 @@ class KubeletPlugin:
             )
         if health_interval <= 0 or registration_check_interval <= 0:
             raise ConfigError("health_interval and registration_check_interval must be positive (seconds)")
+        if pod_uid is not None and not _POD_UID.match(pod_uid):
+            raise ConfigError(
+                f"pod UID {pod_uid!r} is not a Kubernetes UID (letters, digits and '-', at most 64); fix "
+                "--pod-uid / POD_UID (set it from the downward API field metadata.uid)"
+            )
         self.driver_name = driver_name
         self.node_name = node_name
+        self.pod_uid = pod_uid or None
         self.registry_dir = Path(registry_dir).absolute()
         self.plugin_dir = Path(plugin_dir or DEFAULT_PLUGINS_DIR / driver_name).absolute()
-        self.dra_socket = self.plugin_dir / DRA_SOCKET_NAME
-        self.registration_socket = self.registry_dir / f"{driver_name}-reg.sock"
+        if self.pod_uid is None:
+            self.dra_socket = self.plugin_dir / DRA_SOCKET_NAME
+            self.registration_socket = self.registry_dir / f"{driver_name}-reg.sock"
+        else:
+            self.dra_socket = self.plugin_dir / f"dra-{self.pod_uid}.sock"
+            self.registration_socket = rolling_update_registration_socket(self.registry_dir, driver_name, self.pod_uid)
         self.registration = RegistrationState()
         self.claim_locks = claim_locks or ClaimLocks()
+        if self.pod_uid is not None:
+            handler = SerializedHandler(handler, self.plugin_dir / SERIALIZE_LOCK_NAME)
         self._processor = ClaimProcessor(
             driver_name=driver_name, handler=handler, claim_source=claim_source, locks=self.claim_locks
         )
@@ -89,7 +120,7 @@ class KubeletPlugin:
         self._check_interval = registration_check_interval
         self._stop_grace = stop_grace
         self._max_workers = max_workers
-        self._lock = PluginLock(self.plugin_dir / LOCK_FILE_NAME)
+        self._lock = InstanceLock(self.plugin_dir / LOCK_FILE_NAME, pod_uid=self.pod_uid)
         self._dra_server: SocketServer | None = None
         self._registration_server: SocketServer | None = None
         self._watcher: RegistrationWatcher | None = None
@@ -98,7 +129,8 @@ class KubeletPlugin:
     def start(self) -> None:
         """Take the instance lock, serve the DRA socket, then create the registration socket and its watcher.
 
-        Raises AlreadyRunningError if another instance serves this driver from the same plugin directory, and
+        Raises AlreadyRunningError if another instance serves this driver from the same plugin directory (in
+        rolling-update mode: another process of the same pod, or an instance without a pod UID), and
         ConfigError if a directory, the lock file or a socket cannot be created.
         """
         _make_dir(self.plugin_dir, "plugin directory", "--plugin-dir")
@@ -189,6 +221,21 @@ class KubeletPlugin:
         if old is not None:
             old.stop(0)
         self._start_registration_server()
+
+
+def rolling_update_registration_socket(registry_dir: Path, driver_name: str, pod_uid: str) -> Path:
+    """``<driver>-<uid>-reg.sock``, or a shorter name derived from the UID's hash when that path would not fit
+    in a unix socket address (the upstream helper's fallbacks: 8, then 16 characters of the hash)."""
+    digest = base64.urlsafe_b64encode(hashlib.sha256(pod_uid.encode()).digest()).decode()
+    for name in (
+        f"{driver_name}-{pod_uid}-reg.sock",
+        f"{driver_name}-{digest[:8]}-reg.sock",
+        f"dra-{digest[:16]}-reg.sock",
+    ):
+        path = registry_dir / name
+        if len(os.fsencode(path)) <= MAX_SOCKET_PATH_BYTES:
+            return path
+    return path  # too long even so: SocketServer.start names the path and the limit
 
 
 def _make_dir(path: Path, what: str, flag: str) -> None:

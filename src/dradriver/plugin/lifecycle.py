@@ -9,13 +9,15 @@ import logging
 import os
 import stat
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import grpc
 
 from dradriver.errors import ConfigError, DradriverError
+from dradriver.plugin.handler import ClaimRef, DriverHandler, PrepareResult
 
 logger = logging.getLogger(__name__)
 
@@ -29,44 +31,117 @@ class AlreadyRunningError(DradriverError):
     """Another instance of the same driver already serves this node."""
 
 
-class PluginLock:
-    """An exclusive ``flock`` on a file in the plugin directory, holding the owner's PID.
+class InstanceLock:
+    """Who may serve a driver from one plugin directory, enforced with ``flock`` (the kernel drops a lock when
+    its process dies, so a crash never leaves a stale lock behind).
 
-    The kernel drops the lock when the process dies, so a crash never leaves a stale lock behind.
+    Without a pod UID (fixed socket names) an instance takes ``path`` exclusively: one instance at a time.
+    With a pod UID (rolling-update mode, per-pod socket names) it takes ``path`` shared, so the old and the
+    new pod of an update overlap, yet never with a fixed-name instance (whose sockets would clash with the
+    kubelet's view), plus ``plugin-<uid>.lock`` exclusively, so two processes of one pod never serve at once.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, pod_uid: str | None = None) -> None:
         self.path = path
-        self._fd: int | None = None
+        self.pod_uid = pod_uid
+        self.pod_path = path.with_name(f"plugin-{pod_uid}.lock") if pod_uid else None
+        self._fds: list[int] = []
 
     def acquire(self, description: str) -> None:
-        """Take the lock or raise :class:`AlreadyRunningError` naming the lock file and the holder's PID
-        (:class:`ConfigError` if the file cannot be opened)."""
+        """Take the lock(s) or raise :class:`AlreadyRunningError` naming the lock file and who holds it
+        (:class:`ConfigError` if a file cannot be opened); nothing is held after a failure."""
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            if self.pod_path is None:
+                fd = self._take(self.path, fcntl.LOCK_EX)
+                if fd is None:
+                    raise AlreadyRunningError(
+                        f"another instance of {description} is already running ({self._holder(self.path)}): it "
+                        f"holds the lock {self.path}; stop that process first, or give this one a different "
+                        "--plugin-dir"
+                    )
+                _write_pid(fd)
+                return
+            if self._take(self.path, fcntl.LOCK_SH) is None:
+                raise AlreadyRunningError(
+                    f"an instance of {description} without a pod UID is running ({self._holder(self.path)}): it "
+                    f"holds the lock {self.path} exclusively, and fixed socket names cannot overlap with "
+                    "rolling-update ones; stop it first, or run every instance with --pod-uid"
+                )
+            fd = self._take(self.pod_path, fcntl.LOCK_EX)
+            if fd is None:
+                raise AlreadyRunningError(
+                    f"another process of pod {self.pod_uid} already serves {description} "
+                    f"({self._holder(self.pod_path)}): it holds the lock {self.pod_path}; stop that process first"
+                )
+            _write_pid(fd)
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        """Drop the locks. The shared file stays (deleting it would let two processes lock different files);
+        this pod's own file goes, while still locked, so updates do not pile up files."""
+        if self.pod_path is not None and len(self._fds) == 2:
+            with contextlib.suppress(FileNotFoundError):
+                self.pod_path.unlink()
+        while self._fds:
+            os.close(self._fds.pop())
+
+    def _take(self, path: Path, mode: int) -> int | None:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as err:
             raise ConfigError(
-                f"cannot open the instance lock file {self.path}: {err.strerror or err}; fix its "
+                f"cannot open the instance lock file {path}: {err.strerror or err}; fix its "
                 "permissions or remove what is there, or give this one a different --plugin-dir"
             ) from err
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
-            raise AlreadyRunningError(
-                f"another instance of {description} is already running (PID {holder}): it holds the lock "
-                f"{self.path}; stop that process first, or give this one a different --plugin-dir"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._fd = fd
+            return None
+        self._fds.append(fd)
+        return fd
 
-    def release(self) -> None:
-        """Drop the lock (the file stays: deleting it would let two processes lock different files)."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+    @staticmethod
+    def _holder(path: Path) -> str:
+        try:
+            text = path.read_text(errors="replace").strip()
+        except OSError:
+            text = ""
+        return f"PID {text}" if text else "instances in rolling-update mode"
+
+
+def _write_pid(fd: int) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+
+
+class SerializedHandler:
+    """A :class:`DriverHandler` that runs one prepare or unprepare at a time across every process sharing
+    ``lock_path`` (the old and the new pod of a rolling update may both get calls from the kubelet)."""
+
+    def __init__(self, handler: DriverHandler, lock_path: Path) -> None:
+        self._handler = handler
+        self._lock_path = lock_path
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        # One open file description per call: flock excludes other threads of this process as well.
+        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def prepare_resource_claims(self, claims: Sequence[Mapping[str, Any]]) -> Mapping[str, PrepareResult]:
+        with self._locked():
+            return self._handler.prepare_resource_claims(claims)
+
+    def unprepare_resource_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, str | None]:
+        with self._locked():
+            return self._handler.unprepare_resource_claims(claims)
 
 
 def check_socket_path(path: Path) -> None:

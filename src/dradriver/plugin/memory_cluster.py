@@ -83,6 +83,8 @@ class MemoryCluster:
         self.slices: dict[str, JsonObject] = {}
         self.claims: dict[tuple[str, str], JsonObject] = {}
         self.nodes: dict[str, JsonObject] = {}
+        # What /version answers; tests set another release to exercise version detection.
+        self.version: JsonObject = {"major": "1", "minor": "35", "gitVersion": "v1.35.0"}
         self._history: list[tuple[int, WatchEvent]] = []
         self._watchers: list[tuple[str, str, queue.Queue[WatchEvent | None]]] = []
 
@@ -163,6 +165,9 @@ class MemoryCluster:
             if node is None:
                 raise NotFoundError(f"get {describe('Node', name)}: not found", status=404)
             return copy.deepcopy(node)
+
+    def server_version(self) -> JsonObject:
+        return dict(self.version)
 
     def list_resource_slices(self, *, driver: str, node_name: str) -> tuple[list[JsonObject], str]:
         with self._lock:

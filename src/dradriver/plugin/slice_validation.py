@@ -20,7 +20,6 @@ from enum import StrEnum
 from fractions import Fraction
 from typing import Any
 
-from dradriver.errors import DradriverError
 from dradriver.quantity import parse_quantity
 
 MAX_DEVICES = 128
@@ -90,15 +89,6 @@ class Problem:
     def __str__(self) -> str:
         device = f" (device {self.device})" if self.device else ""
         return f"ResourceSlice {self.slice}: {self.field}{device}: {self.message} [{self.rule}]"
-
-
-class SliceValidationError(DradriverError):
-    """ResourceSlices break the API server's rules; ``problems`` lists every broken rule."""
-
-    def __init__(self, problems: Sequence[Problem]) -> None:
-        self.problems = list(problems)
-        lines = "\n  ".join(str(p) for p in self.problems)
-        super().__init__(f"{len(self.problems)} ResourceSlice problem(s); fix the devices named below:\n  {lines}")
 
 
 def slice_label(obj: Mapping[str, Any], index: int | None = None) -> str:
@@ -465,53 +455,45 @@ class _Checker:
                 "requestPolicy needs allowMultipleAllocations: true on the device",
                 device,
             )
-        if not isinstance(policy, Mapping):
-            return
+        if isinstance(policy, Mapping):
+            self.request_policy(policy, total, f"{field}.requestPolicy", device)
+
+    def request_policy(self, policy: Mapping[str, Any], total: Fraction | None, field: str, device: str | None) -> None:
+        """A capacity's requestPolicy: one of validValues or validRange, and a default that both allow."""
         values, valid_range = policy.get("validValues"), policy.get("validRange")
         if values is not None and valid_range is not None:
-            self.add(f"{field}.requestPolicy", "request-policy", "set validValues or validRange, not both", device)
+            self.add(field, "request-policy", "set validValues or validRange, not both", device)
         default = (
-            self.quantity(policy["default"], f"{field}.requestPolicy.default", device)
-            if policy.get("default") is not None
-            else None
+            self.quantity(policy["default"], f"{field}.default", device) if policy.get("default") is not None else None
         )
         if values is not None:
-            parsed = [self.quantity(v, f"{field}.requestPolicy.validValues[{i}]", device) for i, v in enumerate(values)]
-            numbers = [p for p in parsed if p is not None]
-            if len(values) > MAX_VALID_VALUES:
-                self.add(
-                    f"{field}.requestPolicy.validValues",
-                    "request-policy",
-                    f"has {len(values)} values, at most {MAX_VALID_VALUES}",
-                    device,
-                )
-            if numbers != sorted(set(numbers)):
-                self.add(
-                    f"{field}.requestPolicy.validValues",
-                    "request-policy",
-                    "values must be unique and in ascending order",
-                    device,
-                )
-            if default is not None and default not in numbers:
-                self.add(
-                    f"{field}.requestPolicy.default",
-                    "request-policy",
-                    "default must be one of validValues",
-                    device,
-                )
+            self.valid_values(values, default, field, device)
         if isinstance(valid_range, Mapping):
-            if valid_range.get("min") is None:
-                self.add(f"{field}.requestPolicy.validRange.min", "required", "min is required", device)
-            for bound in ("min", "max", "step"):
-                if valid_range.get(bound) is not None:
-                    self.quantity(valid_range[bound], f"{field}.requestPolicy.validRange.{bound}", device)
+            self.valid_range(valid_range, f"{field}.validRange", device)
         if total is not None and default is not None and default > total:
+            self.add(f"{field}.default", "request-policy", "default must not exceed the capacity value", device)
+
+    def valid_values(self, values: Any, default: Fraction | None, field: str, device: str | None) -> None:
+        parsed = [self.quantity(v, f"{field}.validValues[{i}]", device) for i, v in enumerate(values)]
+        numbers = [p for p in parsed if p is not None]
+        if len(values) > MAX_VALID_VALUES:
             self.add(
-                f"{field}.requestPolicy.default",
+                f"{field}.validValues",
                 "request-policy",
-                "default must not exceed the capacity value",
+                f"has {len(values)} values, at most {MAX_VALID_VALUES}",
                 device,
             )
+        if numbers != sorted(set(numbers)):
+            self.add(f"{field}.validValues", "request-policy", "values must be unique and in ascending order", device)
+        if default is not None and default not in numbers:
+            self.add(f"{field}.default", "request-policy", "default must be one of validValues", device)
+
+    def valid_range(self, valid_range: Mapping[str, Any], field: str, device: str | None) -> None:
+        if valid_range.get("min") is None:
+            self.add(f"{field}.min", "required", "min is required", device)
+        for bound in ("min", "max", "step"):
+            if valid_range.get(bound) is not None:
+                self.quantity(valid_range[bound], f"{field}.{bound}", device)
 
     def consumes_counters(self, entries: object, field: str, device: str | None, spec: Mapping[str, Any]) -> int:
         if entries is None:
@@ -656,10 +638,20 @@ def validate_pool(slices: Sequence[Mapping[str, Any]], *, shape: SliceShape = Sl
     On top of :func:`validate_slice` for each slice: all slices name the same pool and carry the same
     generation and ``resourceSliceCount`` (which equals the number of slices); device names and counter-set
     names are unique across the pool; every counter a device consumes exists in a counter set of the pool."""
-    problems: list[Problem] = []
     labels = [slice_label(s, i) for i, s in enumerate(slices)]
+    problems: list[Problem] = []
     for s, label in zip(slices, labels, strict=True):
         problems.extend(validate_slice(s, shape=shape, label=label))
+    problems += _pool_agreement(slices, labels)
+    sets, duplicate_sets = _pool_counter_sets(slices, labels)
+    problems += duplicate_sets
+    problems += _pool_devices(slices, labels, sets, shape)
+    return problems
+
+
+def _pool_agreement(slices: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> list[Problem]:
+    """The slices agree on the pool's name, generation and slice count, and the count is theirs."""
+    problems = []
     pools = [(s.get("spec") or {}).get("pool") or {} for s in slices]
     for what, key in (
         ("pool name", "name"),
@@ -687,7 +679,14 @@ def validate_pool(slices: Sequence[Mapping[str, Any]], *, shape: SliceShape = Sl
                     f"is {count} but the pool has {len(slices)} slices",
                 )
             )
-    device_owner: dict[str, int] = {}
+    return problems
+
+
+def _pool_counter_sets(
+    slices: Sequence[Mapping[str, Any]], labels: Sequence[str]
+) -> tuple[dict[str, Mapping[str, Any]], list[Problem]]:
+    """The pool's counter sets by name (the first definition wins), and the names defined twice."""
+    problems = []
     sets: dict[str, Mapping[str, Any]] = {}
     for s, label in zip(slices, labels, strict=True):
         spec = s.get("spec") or {}
@@ -705,23 +704,34 @@ def validate_pool(slices: Sequence[Mapping[str, Any]], *, shape: SliceShape = Sl
                     )
                 )
             sets.setdefault(name, counter_set)
+    return sets, problems
+
+
+def _pool_devices(
+    slices: Sequence[Mapping[str, Any]],
+    labels: Sequence[str],
+    sets: Mapping[str, Mapping[str, Any]],
+    shape: SliceShape,
+) -> list[Problem]:
+    """Device names are unique across the pool; (1.35) the counters they consume exist in its counter sets."""
+    problems: list[Problem] = []
+    device_owner: dict[str, int] = {}
     for index, (s, label) in enumerate(zip(slices, labels, strict=True)):
         for i, device in enumerate((s.get("spec") or {}).get("devices") or []):
             if not isinstance(device, Mapping):
                 continue
             name = device.get("name")
-            if isinstance(name, str):
-                first = device_owner.setdefault(name, index)
-                if first != index:
-                    problems.append(
-                        Problem(
-                            label,
-                            f"spec.devices[{i}].name",
-                            "device-name-unique",
-                            f"device {name} is also in slice {labels[first]} of the same pool",
-                            name,
-                        )
+            first = device_owner.setdefault(name, index) if isinstance(name, str) else index
+            if first != index:
+                problems.append(
+                    Problem(
+                        label,
+                        f"spec.devices[{i}].name",
+                        "device-name-unique",
+                        f"device {name} is also in slice {labels[first]} of the same pool",
+                        name,
                     )
+                )
             if shape is SliceShape.V1_35:
                 problems.extend(_pool_references(device, sets, label, f"spec.devices[{i}]"))
     return problems
@@ -742,17 +752,3 @@ def _pool_references(
                 str(name) if name else None,
             )
     return checker.problems
-
-
-def check_pool(slices: Sequence[Mapping[str, Any]], *, shape: SliceShape = SliceShape.V1_35) -> None:
-    """Raise :class:`SliceValidationError` listing every problem :func:`validate_pool` finds."""
-    problems = validate_pool(slices, shape=shape)
-    if problems:
-        raise SliceValidationError(problems)
-
-
-def check_slice(obj: Mapping[str, Any], *, shape: SliceShape = SliceShape.V1_35) -> None:
-    """Raise :class:`SliceValidationError` listing every problem :func:`validate_slice` finds."""
-    problems = validate_slice(obj, shape=shape)
-    if problems:
-        raise SliceValidationError(problems)

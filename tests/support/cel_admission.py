@@ -1,0 +1,28 @@
+"""Evaluate ValidatingAdmissionPolicy expressions with our CEL interpreter.
+
+Our CEL package declares only the DRA selector environment (``device``); an admission policy sees ``request``,
+``object``, ``oldObject`` (and more). This helper compiles an expression against those variables typed ``dyn``
+with the package's own parser, checker and compiler, so the policy's CEL is checked and run by the same
+evaluator as our selectors. It evaluates boolean expressions only (the checker insists on bool or dyn).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dradriver.cel.checker import Checker
+from dradriver.cel.interpreter import STEPS, Compiler
+from dradriver.cel.parser import parse
+
+ADMISSION_VARIABLES = ("request", "object", "oldObject", "params", "namespaceObject", "authorizer", "variables")
+
+
+def evaluate(expression: str, **activation: Any) -> Any:
+    """The value of ``expression`` with ``activation`` bound (unbound admission variables are null)."""
+    tree = parse(expression)
+    checked = Checker(expression, dict.fromkeys(ADMISSION_VARIABLES, "dyn")).check(tree)
+    program = Compiler(checked).compile(tree)
+    variables: dict[str, Any] = dict.fromkeys(ADMISSION_VARIABLES)
+    variables.update(activation)
+    variables[STEPS] = [0]
+    return program(variables)

