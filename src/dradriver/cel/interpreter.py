@@ -286,99 +286,13 @@ class Compiler:
 
     def _Comprehension(self, node: ast.Comprehension) -> Program:
         range_program, body = self.compile(node.range), self.compile(node.body)
-        var, var2, kind = node.var, node.var2, node.kind
         predicate = self.compile(node.predicate) if node.predicate is not None else None
         step_cost = 1 + self.costs.get(id(node.body), 1)
         if node.predicate is not None:
             step_cost += self.costs.get(id(node.predicate), 1)
-        if kind in ("optMap", "optFlatMap"):
-            return self._optional_macro(kind, range_program, body, var)
-
-        def pairs(env: Env) -> list[tuple[Any, Any]]:
-            """(variable values) per iteration; the budget is charged here, before the loop runs."""
-            container = range_program(env)
-            if not isinstance(container, (list, dict)):
-                raise CelEvaluationError(
-                    f"expression of type '{type_name(container)}' cannot be the range of a comprehension"
-                )
-            steps = env[STEPS]
-            steps[0] += len(container) * step_cost
-            if steps[0] > MAX_COST:
-                raise _over_budget()
-            if var2 is None:
-                return [(item, None) for item in container]
-            if isinstance(container, dict):
-                return list(container.items())
-            return [(i, item) for i, item in enumerate(container)]
-
-        def scope(env: Env, first: Any, second: Any) -> Env:
-            inner = {**env, var: first}
-            if var2 is not None:
-                inner[var2] = second
-            return inner
-
-        def want_bool(result: Any) -> bool:
-            if type(result) is not bool:
-                raise values.no_overload(kind, result)
-            return bool(result)
-
-        def run_bool(env: Env, absorbing: bool) -> bool:
-            # exists: true absorbs errors; all: false absorbs errors.
-            error: CelEvaluationError | None = None
-            for first, second in pairs(env):
-                try:
-                    result = body(scope(env, first, second))
-                except CelEvaluationError as err:
-                    error = error or err
-                    continue
-                if result is absorbing:
-                    return bool(absorbing)
-                if type(result) is not bool:
-                    error = error or values.no_overload(kind, result)
-            if error is not None:
-                raise error
-            return not absorbing
-
-        def kept(env: Env) -> list[Env]:
-            scopes = [scope(env, first, second) for first, second in pairs(env)]
-            if predicate is None:
-                return scopes
-            keep = predicate
-            return [inner for inner in scopes if want_bool(keep(inner))]
-
-        if kind == "exists":
-            return lambda env: run_bool(env, True)
-        if kind == "all":
-            return lambda env: run_bool(env, False)
-        if kind == "exists_one":
-            return lambda env: sum(1 for inner in kept(env) if want_bool(body(inner))) == 1
-        if kind == "filter":
-            return lambda env: [first for first, _ in pairs(env) if want_bool(body(scope(env, first, None)))]
-        if kind in ("map", "transformList"):
-            return lambda env: [body(inner) for inner in kept(env)]
-        if kind == "sortBy":
-
-            def sort_by(env: Env) -> list[Any]:
-                items = [first for first, _ in pairs(env)]
-                return library_sort_by_keys(items, [body(scope(env, item, None)) for item in items])
-
-            return sort_by
-        if kind == "transformMap":
-            return lambda env: {inner[var]: body(inner) for inner in kept(env)}
-
-        def transform_map_entry(env: Env) -> dict[Any, Any]:
-            result: dict[Any, Any] = {}
-            for inner in kept(env):
-                entry = body(inner)
-                if not isinstance(entry, dict):
-                    raise values.no_overload("transformMapEntry", entry)
-                for key, value in entry.items():
-                    if values.lookup(result, key)[0]:
-                        raise CelEvaluationError(f"insert failed: key {key!r} already exists")
-                    result[key] = value
-            return result
-
-        return transform_map_entry
+        if node.kind in ("optMap", "optFlatMap"):
+            return self._optional_macro(node.kind, range_program, body, node.var)
+        return _Loop(node, range_program, body, predicate, step_cost).program()
 
     def _optional_macro(self, kind: str, range_program: Program, body: Program, var: str) -> Program:
         def optional_macro(env: Env) -> Any:
@@ -507,6 +421,112 @@ class Compiler:
             raise values.no_overload(name, *args)
 
         return dispatch
+
+
+class _Loop:
+    """The program of a comprehension macro (one or two variables)."""
+
+    def __init__(
+        self, node: ast.Comprehension, range_program: Program, body: Program, predicate: Program | None, step: int
+    ) -> None:
+        self.kind, self.var, self.var2 = node.kind, node.var, node.var2
+        self.range_program, self.body, self.predicate, self.step_cost = range_program, body, predicate, step
+
+    def pairs(self, env: Env) -> list[tuple[Any, Any]]:
+        """The variables' values per iteration; the budget is charged here, before the loop runs."""
+        container = self.range_program(env)
+        if not isinstance(container, (list, dict)):
+            raise CelEvaluationError(
+                f"expression of type '{type_name(container)}' cannot be the range of a comprehension"
+            )
+        steps = env[STEPS]
+        steps[0] += len(container) * self.step_cost
+        if steps[0] > MAX_COST:
+            raise _over_budget()
+        if self.var2 is None:
+            return [(item, None) for item in container]
+        if isinstance(container, dict):
+            return list(container.items())
+        return list(enumerate(container))
+
+    def scope(self, env: Env, first: Any, second: Any) -> Env:
+        inner = {**env, self.var: first}
+        if self.var2 is not None:
+            inner[self.var2] = second
+        return inner
+
+    def want_bool(self, result: Any) -> bool:
+        if type(result) is not bool:
+            raise values.no_overload(self.kind, result)
+        return bool(result)
+
+    def run_bool(self, env: Env, absorbing: bool) -> bool:
+        # exists: true absorbs errors; all: false absorbs errors.
+        error: CelEvaluationError | None = None
+        for first, second in self.pairs(env):
+            try:
+                result = self.body(self.scope(env, first, second))
+            except CelEvaluationError as err:
+                error = error or err
+                continue
+            if result is absorbing:
+                return bool(absorbing)
+            if type(result) is not bool:
+                error = error or values.no_overload(self.kind, result)
+        if error is not None:
+            raise error
+        return not absorbing
+
+    def kept(self, env: Env) -> list[Env]:
+        scopes = [self.scope(env, first, second) for first, second in self.pairs(env)]
+        if self.predicate is None:
+            return scopes
+        keep = self.predicate
+        return [inner for inner in scopes if self.want_bool(keep(inner))]
+
+    def exists_one(self, env: Env) -> bool:
+        return sum(1 for inner in self.kept(env) if self.want_bool(self.body(inner))) == 1
+
+    def filter(self, env: Env) -> list[Any]:
+        return [first for first, _ in self.pairs(env) if self.want_bool(self.body(self.scope(env, first, None)))]
+
+    def transform_list(self, env: Env) -> list[Any]:
+        return [self.body(inner) for inner in self.kept(env)]
+
+    def sort_by(self, env: Env) -> list[Any]:
+        items = [first for first, _ in self.pairs(env)]
+        return library_sort_by_keys(items, [self.body(self.scope(env, item, None)) for item in items])
+
+    def transform_map(self, env: Env) -> dict[Any, Any]:
+        return {inner[self.var]: self.body(inner) for inner in self.kept(env)}
+
+    def transform_map_entry(self, env: Env) -> dict[Any, Any]:
+        result: dict[Any, Any] = {}
+        for inner in self.kept(env):
+            entry = self.body(inner)
+            if not isinstance(entry, dict):
+                raise values.no_overload("transformMapEntry", entry)
+            for key, value in entry.items():
+                if values.lookup(result, key)[0]:
+                    raise CelEvaluationError(f"insert failed: key {key!r} already exists")
+                result[key] = value
+        return result
+
+    def program(self) -> Program:
+        if self.kind == "exists":
+            return lambda env: self.run_bool(env, True)
+        if self.kind == "all":
+            return lambda env: self.run_bool(env, False)
+        programs: dict[str, Program] = {
+            "exists_one": self.exists_one,
+            "filter": self.filter,
+            "map": self.transform_list,
+            "transformList": self.transform_list,
+            "sortBy": self.sort_by,
+            "transformMap": self.transform_map,
+            "transformMapEntry": self.transform_map_entry,
+        }
+        return programs[self.kind]
 
 
 def _not_equals(a: Any, b: Any) -> bool:

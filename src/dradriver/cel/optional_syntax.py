@@ -23,51 +23,74 @@ def rewrite(expression: str) -> tuple[str, list[int] | None]:
     """The expression with its optional syntax rewritten, and the offset map (None when unchanged)."""
     if "?" not in expression:
         return expression, None
-    out: list[str] = []
-    origin: list[int] = []
-    # One entry per open bracket: its kind ("(", "index", "list", "map") and whether a marker call is open.
-    stack: list[list[object]] = []
-    previous = ""  # the last significant token
-    i, n = 0, len(expression)
+    text, origin = _Rewriter(expression).run()
+    return (text, origin) if text != expression else (expression, None)
 
-    def emit(piece: str, at: int) -> None:
-        out.append(piece)
-        origin.extend([at] * len(piece))
 
-    def close_marker(at: int) -> None:
-        if stack and stack[-1][1]:
-            emit(")", at)
-            stack[-1][1] = False
+class _Rewriter:
+    def __init__(self, expression: str) -> None:
+        self.expression = expression
+        self.out: list[str] = []
+        self.origin: list[int] = []
+        # One entry per open bracket: its kind ("(", "index", "list", "map", "object") and whether a
+        # marker call is open in it.
+        self.stack: list[list[object]] = []
+        self.previous = ""  # the last significant token
 
-    while i < n:
-        char = expression[i]
+    def emit(self, piece: str, at: int) -> None:
+        self.out.append(piece)
+        self.origin.extend([at] * len(piece))
+
+    def copy(self, start: int, end: int) -> None:
+        self.out.append(self.expression[start:end])
+        self.origin.extend(range(start, end))
+        self.previous = self.expression[start:end]
+
+    def close_marker(self, at: int) -> None:
+        if self.stack and self.stack[-1][1]:
+            self.emit(")", at)
+            self.stack[-1][1] = False
+
+    def run(self) -> tuple[str, list[int]]:
+        i, n = 0, len(self.expression)
+        while i < n:
+            i = self.step(i)
+        return "".join(self.out), self.origin
+
+    def step(self, i: int) -> int:
+        """Rewrite what starts at offset i; the offset after it."""
+        expression, char, previous = self.expression, self.expression[i], self.previous
+        after_word = previous[-1:].isalnum() or previous[-1:] == "_"
         string = _STRING.match(expression, i) if char in "'\"rRbB" else None
-        if (string and not (previous[-1:].isalnum() or previous[-1:] == "_")) or (string and char in "'\""):
-            out.append(string.group(0))
-            origin.extend(range(i, string.end()))
-            previous, i = '"', string.end()
-            continue
+        if string and (char in "'\"" or not after_word):
+            self.copy(i, string.end())
+            self.previous = '"'
+            return string.end()
         word = _WORD.match(expression, i) if (char.isalnum() or char == "_") else None
         if word:
-            out.append(word.group(0))
-            origin.extend(range(i, word.end()))
-            previous, i = word.group(0), word.end()
-            continue
+            self.copy(i, word.end())
+            return word.end()
         if char.isspace():
-            emit(char, i)
-            i += 1
-            continue
+            self.emit(char, i)
+            return i + 1
         if char == "." and expression[i + 1 : i + 2] == "?":
-            emit("." + MARKER, i)
-            previous, i = ".", i + 2
-            continue
-        in_literal = bool(stack) and stack[-1][0] in ("list", "map") and previous in ("[", "{", ",")
-        in_index = bool(stack) and stack[-1][0] == "index" and previous == "["
-        if char == "?" and (in_literal or in_index):
-            emit(MARKER + "(", i)
-            stack[-1][1] = True
-            previous, i = "(", i + 1
-            continue
+            self.emit("." + MARKER, i)
+            self.previous = "."
+            return i + 2
+        top = self.stack[-1][0] if self.stack else None
+        in_literal = top in ("list", "map") and previous in ("[", "{", ",")
+        if char == "?" and (in_literal or (top == "index" and previous == "[")):
+            self.emit(MARKER + "(", i)
+            self.stack[-1][1] = True
+            self.previous = "("
+            return i + 1
+        self.bracket(char, i)
+        self.emit(char, i)
+        self.previous = char
+        return i + 1
+
+    def bracket(self, char: str, i: int) -> None:
+        previous = self.previous
         if char in "([{":
             after_operand = previous not in ("", "in") and (previous[-1].isalnum() or previous[-1] in '_)]}"')
             if char == "(":
@@ -76,17 +99,13 @@ def rewrite(expression: str) -> tuple[str, list[int] | None]:
                 kind = "index" if after_operand else "list"
             else:
                 kind = "object" if after_operand else "map"
-            stack.append([kind, False])
+            self.stack.append([kind, False])
         elif char in ")]}":
-            close_marker(i)
-            if stack:
-                stack.pop()
-        elif char == "," or (char == ":" and stack and stack[-1][0] == "map"):
-            close_marker(i)
-        emit(char, i)
-        previous, i = char, i + 1
-    text = "".join(out)
-    return (text, origin) if text != expression else (expression, None)
+            self.close_marker(i)
+            if self.stack:
+                self.stack.pop()
+        elif char == "," or (char == ":" and self.stack and self.stack[-1][0] == "map"):
+            self.close_marker(i)
 
 
 def original_position(expression: str, text: str, origin: list[int] | None, line: int, column: int) -> tuple[int, int]:

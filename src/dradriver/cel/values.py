@@ -137,32 +137,44 @@ def _equal(a: Any, b: Any) -> bool | None:
             return float(a) == float(b)  # as cel-go: the int side converted to double
         return bool(a == b)
     if isinstance(a, list):
-        if not isinstance(b, list) or len(a) != len(b):
-            return False
-        # an error between two elements does not make the lists unequal (cel-go: only False does)
-        return all(_equal(x, y) is not False for x, y in zip(a, b, strict=True))
+        return _equal_lists(a, b)
     if isinstance(a, dict):
-        if not isinstance(b, dict) or len(a) != len(b):
-            return False
-        for key, value in a.items():
-            found, other = lookup(b, key)
-            if not found:
-                return False
-            if (value is None or other is None) and value is not other:
-                return False
-            if _equal(value, other) is False:
-                return False
-        return True
+        return _equal_maps(a, b)
     if ka is OptionalValue:
-        if kb is not OptionalValue:
-            return False
-        if not a.has or not b.has:
-            return bool(a.has == b.has)
-        inner: bool | None = _equal(a.value, b.value)
-        return inner
+        return _equal_optionals(a, b)
     if ka is not kb:
         return False
     return bool(a == b)
+
+
+def _equal_lists(a: list[Any], b: Any) -> bool:
+    if not isinstance(b, list) or len(a) != len(b):
+        return False
+    # an error between two elements does not make the lists unequal (cel-go: only False does)
+    return all(_equal(x, y) is not False for x, y in zip(a, b, strict=True))
+
+
+def _equal_maps(a: dict[Any, Any], b: Any) -> bool:
+    if not isinstance(b, dict) or len(a) != len(b):
+        return False
+    for key, value in a.items():
+        found, other = lookup(b, key)
+        if not found:
+            return False
+        if (value is None or other is None) and value is not other:
+            return False
+        if _equal(value, other) is False:
+            return False
+    return True
+
+
+def _equal_optionals(a: OptionalValue, b: Any) -> bool | None:
+    if type(b) is not OptionalValue:
+        return False
+    if not a.has or not b.has:
+        return bool(a.has == b.has)
+    inner: bool | None = _equal(a.value, b.value)
+    return inner
 
 
 def lookup(mapping: dict[Any, Any], key: Any) -> tuple[bool, Any]:
