@@ -85,7 +85,13 @@ def type_str(t: Type) -> str:
         return t.name
     if isinstance(t, tuple):
         return f"{t[0]}({', '.join(type_str(p) for p in t[1:])})"
-    names = {"Quantity": "kubernetes.Quantity", "Semver": "kubernetes.Semver", "null": "null_type"}
+    names = {
+        "Quantity": "kubernetes.Quantity",
+        "Semver": "kubernetes.Semver",
+        "IP": "net.IP",
+        "CIDR": "net.CIDR",
+        "null": "null_type",
+    }
     return str(names.get(t, t))
 
 

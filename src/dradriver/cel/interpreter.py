@@ -15,6 +15,7 @@ from dradriver.cel.checker import CheckResult, Type
 from dradriver.cel.errors import CelEvaluationError
 from dradriver.cel.library import Overload
 from dradriver.cel.library import sort_by_keys as library_sort_by_keys
+from dradriver.cel.net_ext import CIDRValue, IPValue
 from dradriver.cel.semver import Semver
 from dradriver.cel.values import NONE, CelType, OptionalValue, Uint, type_name
 from dradriver.quantity import Quantity
@@ -109,6 +110,8 @@ def _runtime_match(param: Type, value: Any) -> bool:
         "Semver": kind is Semver,
         "type": kind is CelType,
         "optional": kind is OptionalValue,
+        "IP": kind is IPValue,
+        "CIDR": kind is CIDRValue,
     }.get(param, False)
 
 

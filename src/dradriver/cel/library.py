@@ -2,8 +2,8 @@
 
 What is here mirrors the Kubernetes CEL environment for device selectors (docs/explain.md has the table
 per Kubernetes version): CEL's standard functions, optional types, cel-go's strings (v2), sets and lists
-(v3) extensions, and the Kubernetes libraries quantity, semver, regex and lists. Not provided (a compile
-error names them): timestamps and durations, and Kubernetes' ip/cidr/url/format libraries.
+(v3) extensions, and the Kubernetes libraries quantity, semver, regex, lists, IP and CIDR. Not provided (a compile
+error names them): timestamps and durations, and Kubernetes' url and format libraries.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import re2  # type: ignore[import-untyped]
 
 from dradriver.cel.errors import CelEvaluationError
 from dradriver.cel.format_ext import format_string
+from dradriver.cel.net_ext import NET_FUNCTIONS
 from dradriver.cel.semver import Semver, SemverError, is_semver
 from dradriver.cel.strings_ext import STRING_FUNCTIONS
 from dradriver.cel.values import (
@@ -522,6 +523,9 @@ FUNCTIONS: dict[str, tuple[Overload, ...]] = {
 for _name, _overloads in STRING_FUNCTIONS.items():
     FUNCTIONS[_name] = tuple(Overload(*o) for o in _overloads) + FUNCTIONS.get(_name, ())
 
+for _name, _overloads in NET_FUNCTIONS.items():
+    FUNCTIONS[_name] = FUNCTIONS.get(_name, ()) + tuple(Overload(*o) for o in _overloads)
+
 FUNCTIONS["indexOf"] += (_o(True, ("list", "any"), "int", _list_index),)
 FUNCTIONS["lastIndexOf"] += (_o(True, ("list", "any"), "int", _list_last_index),)
 
@@ -540,10 +544,6 @@ UNSUPPORTED = {
     "getMinutes",
     "getSeconds",
     "getMilliseconds",
-    "ip",
-    "isIP",
-    "cidr",
-    "isCIDR",
     "url",
     "isURL",
     "math.greatest",
@@ -568,15 +568,5 @@ UNSUPPORTED = {
     "getPort",
     "getEscapedPath",
     "getQuery",
-    "containsIP",
-    "containsCIDR",
-    "family",
-    "isLoopback",
-    "isUnspecified",
-    "isGlobalUnicast",
-    "isLinkLocalMulticast",
-    "isLinkLocalUnicast",
-    "prefixLength",
-    "masked",
     "authorizer",
 }

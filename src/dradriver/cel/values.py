@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 from dradriver.cel.errors import CelEvaluationError
+from dradriver.cel.net_ext import CIDRValue, IPValue
 from dradriver.cel.semver import Semver
 from dradriver.quantity import Quantity
 
@@ -91,6 +92,10 @@ def type_name(value: Any) -> str:
         return "type"
     if kind is OptionalValue:
         return "optional_type"
+    if kind is IPValue:
+        return "net.IP"
+    if kind is CIDRValue:
+        return "net.CIDR"
     return kind.__name__
 
 
@@ -127,8 +132,8 @@ def _equal(a: Any, b: Any) -> bool | None:
         return bool(a == b)
     if a is None or b is None:
         return a is None and b is None
-    if ka is Quantity or ka is Semver:
-        # k8s.io/apiserver: Quantity.Equal and Semver.Equal answer "no such overload" for other types.
+    if ka is Quantity or ka is Semver or ka is IPValue or ka is CIDRValue:
+        # k8s.io/apiserver: Quantity, Semver, IP and CIDR Equal answer "no such overload" for other types.
         return bool(a == b) if ka is kb else None
     if _is_number(a):
         if ka is bool or kb is bool or not _is_number(b):
