@@ -85,8 +85,6 @@ def parse(expression: str) -> ast.Node:
             expression=expression,
         )
     _check_nesting(expression)
-    if len(expression) > 2 * MAX_NESTING // 5:
-        ensure_stack_headroom()
     text, origin = rewrite(expression)
     try:
         tree = _parser().parse(text)
@@ -108,12 +106,16 @@ def ensure_stack_headroom() -> None:
     """Let an expression nested up to MAX_NESTING levels be converted, checked and evaluated from a deep caller.
 
     Each level takes a few Python frames in each pass; Python's default limit of 1,000 frames would leave
-    too little room under a deep caller. Only raised, never lowered, and only for expressions long enough
-    to be nested that deep (CPython 3.11+ keeps Python-to-Python calls off the C stack).
+    too little room under a deep caller. Raised once, when this module is imported (never lowered), so
+    the limit does not change while a caller runs; CPython 3.11+ keeps Python-to-Python calls off the C
+    stack, so the higher limit costs no C stack.
     """
     wanted = 2_000 + 16 * MAX_NESTING
     if sys.getrecursionlimit() < wanted:
         sys.setrecursionlimit(wanted)
+
+
+ensure_stack_headroom()
 
 
 def _unexpected(expression: str, line: int, column: int) -> str:
