@@ -310,6 +310,10 @@ CASES = [
     ('dyn("10.0.0.1") == ip("10.0.0.1")', False),
     ('ip("10.0.0.256").family() == 4', ERROR),
     (f"ip({K}.pcieRoot).family() == 4", ERROR),
+    # DRA list-type attributes: includes()
+    (f'{A}.productName.includes("NVIDIA A100-SXM4-80GB")', True),
+    ('["a", "b"].includes("b") && ![1, 2].includes(3) && ![1].includes("1")', True),
+    (f'[{A}.driverVersion].includes("580.65.6")', False),
     # syntax and unknown names
     ('device.driver = "x"', COMPILE),
     ("device.driver == ", COMPILE),

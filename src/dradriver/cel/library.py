@@ -31,6 +31,7 @@ from dradriver.cel.values import (
     CelType,
     OptionalValue,
     Uint,
+    _equal,
     compare,
     equals,
     less,
@@ -291,6 +292,14 @@ def _list_extreme(name: str, pick_less: bool) -> Callable[[list[Any]], Any]:
     return extreme
 
 
+def _includes(target: Any, item: Any) -> bool:
+    """DRA's ``<attribute>.includes(<value>)`` (list-type attributes, Kubernetes 1.36): membership for a
+    list, equality for a single value; the target's Equal decides, and an error counts as no match."""
+    if isinstance(target, list):
+        return any(_equal(element, item) is True for element in target)
+    return _equal(target, item) is True
+
+
 def _list_index(values: list[Any], item: Any) -> int:
     for i, value in enumerate(values):
         if equals(value, item):
@@ -488,6 +497,8 @@ FUNCTIONS: dict[str, tuple[Overload, ...]] = {
     "reverse": (_o(True, ("list",), "arg0", _list_reverse),),
     "sort": (_o(True, ("list",), "arg0", _list_sort),),
     "lists.range": (_o(False, ("int",), ("list", "int"), _lists_range),),
+    # DRA list-type attributes (Kubernetes 1.36, DRAListTypeAttributes)
+    "includes": (_o(True, ("any", "any"), "bool", _includes),),
     # Kubernetes quantity library
     "quantity": (_o(False, ("string",), Q, _quantity),),
     "isQuantity": (_o(False, ("string",), "bool", is_quantity),),
