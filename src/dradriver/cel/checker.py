@@ -16,6 +16,7 @@ from typing import Any
 from dradriver.cel import ast
 from dradriver.cel.errors import CelCompileError, CelEvaluationError
 from dradriver.cel.library import FUNCTIONS, REGEX_FUNCTIONS, UNSUPPORTED, Overload, compile_regex
+from dradriver.cel.time_ext import parse_duration, parse_timestamp
 from dradriver.cel.values import TYPE_NAMES
 
 Type = Any
@@ -30,7 +31,16 @@ ATTRIBUTE_SIZE = 64
 DEVICE_MAP = 32
 UNBOUNDED = 2**62
 _NUMERIC = ("int", "uint", "double")
-_ORDERED = ("int", "uint", "double", "string", "bytes", "bool")
+_ORDERED = ("int", "uint", "double", "string", "bytes", "bool", "timestamp", "duration")
+# (operator, left, right) → result for timestamps and durations
+_TIME_ARITHMETIC = {
+    ("_+_", "timestamp", "duration"): "timestamp",
+    ("_+_", "duration", "timestamp"): "timestamp",
+    ("_+_", "duration", "duration"): "duration",
+    ("_-_", "timestamp", "duration"): "timestamp",
+    ("_-_", "timestamp", "timestamp"): "duration",
+    ("_-_", "duration", "duration"): "duration",
+}
 
 
 @dataclass(frozen=True)
@@ -90,6 +100,8 @@ def type_str(t: Type) -> str:
         "Semver": "kubernetes.Semver",
         "IP": "net.IP",
         "CIDR": "net.CIDR",
+        "timestamp": "google.protobuf.Timestamp",
+        "duration": "google.protobuf.Duration",
         "null": "null_type",
     }
     return str(names.get(t, t))
@@ -435,6 +447,14 @@ class Checker:
             elif name in ("_==_", "_!=_", "_in_", "_<_", "_<=_", "_>_", "_>=_"):
                 cost += _traversal(sizes[-1]) if name == "_in_" else 0
             return result_type, cost
+        if name in ("timestamp", "duration") and len(arg_nodes) == 1:
+            literal = arg_nodes[0]
+            if isinstance(literal, ast.Const) and literal.type == "string":
+                try:
+                    (parse_timestamp if name == "timestamp" else parse_duration)(literal.value)
+                except CelEvaluationError as err:
+                    # cel.ValidateTimestampLiterals / ValidateDurationLiterals (Kubernetes 1.29+)
+                    raise self.error(err.message, literal) from None
         if name in REGEX_FUNCTIONS and len(arg_nodes) >= 2:
             pattern = arg_nodes[1]
             if isinstance(pattern, ast.Const) and pattern.type == "string":
@@ -505,9 +525,14 @@ class Checker:
             if types[0] in ("int", "double", DYN):
                 return types[0]
             raise fail()
-        a, b = types
         if special:
             raise fail("quantities have .add() and .sub(); semantic versions have no arithmetic")
+        return self._arithmetic(name, types, fail)
+
+    def _arithmetic(self, name: str, types: list[Type], fail: Any) -> Type:
+        a, b = types
+        if (name, a, b) in _TIME_ARITHMETIC:
+            return _TIME_ARITHMETIC[(name, a, b)]
         if DYN in (a, b):
             return a if b == DYN and a != DYN and name != "_+_" else b if a == DYN and b != DYN else DYN
         if name == "_+_" and isinstance(a, tuple) and isinstance(b, tuple) and a[0] == b[0] == "list":

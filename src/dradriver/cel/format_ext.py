@@ -14,6 +14,7 @@ from typing import Any
 
 from dradriver.cel.errors import CelEvaluationError
 from dradriver.cel.semver import Semver
+from dradriver.cel.time_ext import Duration, Timestamp, duration_string, timestamp_string
 from dradriver.cel.values import CelType, Uint, type_name
 from dradriver.quantity import Quantity
 
@@ -43,6 +44,10 @@ def _string(value: Any) -> str:
         return "null"
     if kind is CelType:
         return str(value.name)
+    if kind is Timestamp:
+        return timestamp_string(value)
+    if kind is Duration:
+        return duration_string(value)
     if kind in (Quantity, Semver):
         raise CelEvaluationError(
             "string clause can only be used on strings, bools, bytes, ints, doubles, maps, lists, types, "
@@ -58,6 +63,10 @@ def _element(value: Any) -> str:
         return word if word is not None else f"{value:.{DEFAULT_PRECISION}f}"
     if type(value) in (int, Uint):
         return str(int(value))
+    if type(value) is Timestamp:
+        return f'timestamp("{timestamp_string(value)}")'
+    if type(value) is Duration:
+        return f'duration("{duration_string(value)}")'
     return _string(value)
 
 

@@ -17,6 +17,7 @@ from dradriver.cel.library import Overload
 from dradriver.cel.library import sort_by_keys as library_sort_by_keys
 from dradriver.cel.net_ext import CIDRValue, IPValue
 from dradriver.cel.semver import Semver
+from dradriver.cel.time_ext import Duration, Timestamp
 from dradriver.cel.values import NONE, CelType, OptionalValue, Uint, type_name
 from dradriver.quantity import Quantity
 
@@ -111,6 +112,8 @@ def _runtime_match(param: Type, value: Any) -> bool:
         "type": kind is CelType,
         "optional": kind is OptionalValue,
         "IP": kind is IPValue,
+        "timestamp": kind is Timestamp,
+        "duration": kind is Duration,
         "CIDR": kind is CIDRValue,
     }.get(param, False)
 

@@ -3,7 +3,7 @@
 What is here mirrors the Kubernetes CEL environment for device selectors (docs/explain.md has the table
 per Kubernetes version): CEL's standard functions, optional types, cel-go's strings (v2), sets and lists
 (v3) extensions, and the Kubernetes libraries quantity, semver, regex, lists, IP and CIDR. Not provided (a compile
-error names them): timestamps and durations, and Kubernetes' url and format libraries.
+error names them): Kubernetes' url and format libraries.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from dradriver.cel.format_ext import format_string
 from dradriver.cel.net_ext import NET_FUNCTIONS
 from dradriver.cel.semver import Semver, SemverError, is_semver
 from dradriver.cel.strings_ext import STRING_FUNCTIONS
+from dradriver.cel.time_ext import TIME_FUNCTIONS
 from dradriver.cel.values import (
     INT64_MAX,
     INT64_MIN,
@@ -534,6 +535,9 @@ FUNCTIONS: dict[str, tuple[Overload, ...]] = {
 for _name, _overloads in STRING_FUNCTIONS.items():
     FUNCTIONS[_name] = tuple(Overload(*o) for o in _overloads) + FUNCTIONS.get(_name, ())
 
+for _name, _overloads in TIME_FUNCTIONS.items():
+    FUNCTIONS[_name] = FUNCTIONS.get(_name, ()) + tuple(Overload(*o) for o in _overloads)
+
 for _name, _overloads in NET_FUNCTIONS.items():
     FUNCTIONS[_name] = FUNCTIONS.get(_name, ()) + tuple(Overload(*o) for o in _overloads)
 
@@ -543,18 +547,6 @@ FUNCTIONS["lastIndexOf"] += (_o(True, ("list", "any"), "int", _list_last_index),
 # Functions that exist in Kubernetes' CEL but not here: a compile error names them instead of
 # "undeclared reference", so the user knows the expression is valid upstream.
 UNSUPPORTED = {
-    "timestamp",
-    "duration",
-    "getFullYear",
-    "getMonth",
-    "getDate",
-    "getDayOfMonth",
-    "getDayOfWeek",
-    "getDayOfYear",
-    "getHours",
-    "getMinutes",
-    "getSeconds",
-    "getMilliseconds",
     "url",
     "isURL",
     "math.greatest",

@@ -13,6 +13,9 @@ from typing import Any
 from dradriver.cel.errors import CelEvaluationError
 from dradriver.cel.net_ext import CIDRValue, IPValue
 from dradriver.cel.semver import Semver
+from dradriver.cel.time_ext import Duration, Timestamp
+from dradriver.cel.time_ext import add as time_add
+from dradriver.cel.time_ext import subtract as time_subtract
 from dradriver.quantity import Quantity
 
 INT64_MIN, INT64_MAX, UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
@@ -63,39 +66,35 @@ NONE = OptionalValue(False)
 TYPE_NAMES = ("bool", "int", "uint", "double", "string", "bytes", "list", "map", "null_type", "type", "optional_type")
 
 
+_KIND_NAMES: dict[type, str] = {
+    bool: "bool",
+    Uint: "uint",
+    int: "int",
+    float: "double",
+    str: "string",
+    bytes: "bytes",
+    type(None): "null_type",
+    Quantity: "kubernetes.Quantity",
+    Semver: "kubernetes.Semver",
+    CelType: "type",
+    OptionalValue: "optional_type",
+    Timestamp: "google.protobuf.Timestamp",
+    Duration: "google.protobuf.Duration",
+    IPValue: "net.IP",
+    CIDRValue: "net.CIDR",
+}
+
+
 def type_name(value: Any) -> str:
     """The CEL type name of a runtime value."""
     kind = type(value)
-    if kind is bool:
-        return "bool"
-    if kind is Uint:
-        return "uint"
-    if kind is int:
-        return "int"
-    if kind is float:
-        return "double"
-    if kind is str:
-        return "string"
-    if kind is bytes:
-        return "bytes"
-    if value is None:
-        return "null_type"
+    name = _KIND_NAMES.get(kind)
+    if name is not None:
+        return name
     if isinstance(value, list):
         return "list"
     if isinstance(value, dict):
         return "map"
-    if kind is Quantity:
-        return "kubernetes.Quantity"
-    if kind is Semver:
-        return "kubernetes.Semver"
-    if kind is CelType:
-        return "type"
-    if kind is OptionalValue:
-        return "optional_type"
-    if kind is IPValue:
-        return "net.IP"
-    if kind is CIDRValue:
-        return "net.CIDR"
     return kind.__name__
 
 
@@ -204,7 +203,7 @@ def compare(function: str, a: Any, b: Any) -> int:
             if math.isnan(a) or math.isnan(b):
                 raise _NaN()
         return int(a > b) - int(a < b)
-    if ka is kb and ka in (str, bytes, bool):
+    if ka is kb and ka in (str, bytes, bool, Timestamp, Duration):
         return int(a > b) - int(a < b)
     raise no_overload(function, a, b)
 
@@ -254,6 +253,10 @@ def _check_uint(value: int) -> Uint:
 
 
 def add(a: Any, b: Any) -> Any:
+    if (type(a) is Timestamp or type(a) is Duration) and (type(b) is Timestamp or type(b) is Duration):
+        if type(a) is Timestamp and type(b) is Timestamp:
+            raise no_overload("_+_", a, b)
+        return time_add(a, b)
     ka, kb = type(a), type(b)
     if ka is not kb:
         if isinstance(a, list) and isinstance(b, list):
@@ -271,6 +274,10 @@ def add(a: Any, b: Any) -> Any:
 
 
 def subtract(a: Any, b: Any) -> Any:
+    if (type(a) is Timestamp or type(a) is Duration) and (type(b) is Timestamp or type(b) is Duration):
+        if type(a) is Duration and type(b) is Timestamp:
+            raise no_overload("_-_", a, b)
+        return time_subtract(a, b)
     ka = type(a)
     if ka is not type(b):
         raise no_overload("_-_", a, b)
