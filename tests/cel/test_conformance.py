@@ -314,6 +314,14 @@ CASES = [
     (f'{A}.productName.includes("NVIDIA A100-SXM4-80GB")', True),
     ('["a", "b"].includes("b") && ![1, 2].includes(3) && ![1].includes("1")', True),
     (f'[{A}.driverVersion].includes("580.65.6")', False),
+    # Kubernetes URL library
+    ('url("https://user:pass@example.com:80/path?query=val#fragment").getHost() == "example.com:80"', True),
+    ('isURL("/absolute-path") && !isURL("https://a:b:c/") && !isURL("../relative-path")', True),
+    ('url("https://[::1]:80/").getHostname() == "::1" && url("https://[::1]:80/").getPort() == "80"', True),
+    ('url("https://example.com/path with spaces/").getEscapedPath() == "/path%20with%20spaces/"', True),
+    ('url("https://example.com/path?k1=a&k2=b&k2=c").getQuery() == {"k1": ["a"], "k2": ["b", "c"]}', True),
+    ('url("/path").getScheme() == "" && url("https://example.com").getEscapedPath() == ""', True),
+    ('url("../x").getScheme() == ""', ERROR),
     # syntax and unknown names
     ('device.driver = "x"', COMPILE),
     ("device.driver == ", COMPILE),

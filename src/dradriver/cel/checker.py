@@ -100,6 +100,7 @@ def type_str(t: Type) -> str:
         "Semver": "kubernetes.Semver",
         "IP": "net.IP",
         "CIDR": "net.CIDR",
+        "URL": "kubernetes.URL",
         "timestamp": "google.protobuf.Timestamp",
         "duration": "google.protobuf.Duration",
         "null": "null_type",

@@ -18,6 +18,7 @@ from dradriver.cel.library import sort_by_keys as library_sort_by_keys
 from dradriver.cel.net_ext import CIDRValue, IPValue
 from dradriver.cel.semver import Semver
 from dradriver.cel.time_ext import Duration, Timestamp
+from dradriver.cel.url_ext import URLValue
 from dradriver.cel.values import NONE, CelType, OptionalValue, Uint, type_name
 from dradriver.quantity import Quantity
 
@@ -115,6 +116,7 @@ def _runtime_match(param: Type, value: Any) -> bool:
         "timestamp": kind is Timestamp,
         "duration": kind is Duration,
         "CIDR": kind is CIDRValue,
+        "URL": kind is URLValue,
     }.get(param, False)
 
 

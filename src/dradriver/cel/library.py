@@ -2,8 +2,8 @@
 
 What is here mirrors the Kubernetes CEL environment for device selectors (docs/explain.md has the table
 per Kubernetes version): CEL's standard functions, optional types, cel-go's strings (v2), sets and lists
-(v3) extensions, and the Kubernetes libraries quantity, semver, regex, lists, IP and CIDR. Not provided (a compile
-error names them): Kubernetes' url and format libraries.
+(v3) extensions, and the Kubernetes libraries quantity, semver, regex, lists, IP, CIDR and URL. Not provided (a compile
+error names them): Kubernetes' format library.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from dradriver.cel.net_ext import NET_FUNCTIONS
 from dradriver.cel.semver import Semver, SemverError, is_semver
 from dradriver.cel.strings_ext import STRING_FUNCTIONS
 from dradriver.cel.time_ext import TIME_FUNCTIONS
+from dradriver.cel.url_ext import URL_FUNCTIONS
 from dradriver.cel.values import (
     INT64_MAX,
     INT64_MIN,
@@ -538,7 +539,7 @@ for _name, _overloads in STRING_FUNCTIONS.items():
 for _name, _overloads in TIME_FUNCTIONS.items():
     FUNCTIONS[_name] = FUNCTIONS.get(_name, ()) + tuple(Overload(*o) for o in _overloads)
 
-for _name, _overloads in NET_FUNCTIONS.items():
+for _name, _overloads in (*NET_FUNCTIONS.items(), *URL_FUNCTIONS.items()):
     FUNCTIONS[_name] = FUNCTIONS.get(_name, ()) + tuple(Overload(*o) for o in _overloads)
 
 FUNCTIONS["indexOf"] += (_o(True, ("list", "any"), "int", _list_index),)
@@ -547,8 +548,6 @@ FUNCTIONS["lastIndexOf"] += (_o(True, ("list", "any"), "int", _list_last_index),
 # Functions that exist in Kubernetes' CEL but not here: a compile error names them instead of
 # "undeclared reference", so the user knows the expression is valid upstream.
 UNSUPPORTED = {
-    "url",
-    "isURL",
     "math.greatest",
     "math.least",
     "base64.encode",
@@ -565,11 +564,5 @@ UNSUPPORTED = {
     "format.byte",
     "format.date",
     "format.datetime",
-    "getScheme",
-    "getHost",
-    "getHostname",
-    "getPort",
-    "getEscapedPath",
-    "getQuery",
     "authorizer",
 }

@@ -16,6 +16,7 @@ from dradriver.cel.semver import Semver
 from dradriver.cel.time_ext import Duration, Timestamp
 from dradriver.cel.time_ext import add as time_add
 from dradriver.cel.time_ext import subtract as time_subtract
+from dradriver.cel.url_ext import URLValue
 from dradriver.quantity import Quantity
 
 INT64_MIN, INT64_MAX, UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
@@ -82,6 +83,7 @@ _KIND_NAMES: dict[type, str] = {
     Duration: "google.protobuf.Duration",
     IPValue: "net.IP",
     CIDRValue: "net.CIDR",
+    URLValue: "kubernetes.URL",
 }
 
 
