@@ -59,7 +59,7 @@ def test_example_runs_and_its_containers_get_their_devices(cluster: Cluster, pat
     needs = header(path, "Needs")
     if needs:
         pytest.skip(f"{path.name} needs {needs}")
-    expect = re.compile(header(path, "Expect") or "NVIDIA_VISIBLE_DEVICES=")
+    expect = re.compile(header(path, "Expect") or "^DRADRIVER_DEVICE_")
     cluster.kubectl("apply", "-f", str(path))
     try:
         for workload in workloads(path):
@@ -89,7 +89,7 @@ def test_a_rolling_update_keeps_a_held_gpu_and_serves_new_pods(cluster: Cluster)
         second = ROOT / "examples/scenarios/06-any-gpu-40gi.yaml"
         cluster.kubectl("apply", "-f", str(second))
         [other] = wait_running(cluster, workloads(second)[0])
-        assert "NVIDIA_VISIBLE_DEVICES=GPU-" in container_logs(cluster, "default", other)
+        assert re.search(r"^DRADRIVER_DEVICE_\S+=GPU-", container_logs(cluster, "default", other), re.M)
         cluster.kubectl("delete", "-f", str(second), "--wait=true", "--timeout=180s", timeout=200)
     finally:
         cluster.kubectl("delete", "-f", str(example), "--wait=true", "--timeout=180s", timeout=200)
@@ -104,6 +104,6 @@ def test_dynamic_mig_carves_partitions_on_one_parent_and_frees_them(cluster: Clu
             results = allocated_devices(cluster, "default", pod)
             assert len(results) == 2 and all("-mig-1g5gb-" in r["device"] for r in results), results
             logs = container_logs(cluster, "default", pod)
-            assert logs.count("NVIDIA_VISIBLE_DEVICES=MIG-") == 2, logs
+            assert len(re.findall(r"^DRADRIVER_DEVICE_\S+=MIG-", logs, re.M)) == 2, logs
         finally:
             cluster.kubectl("delete", "-f", str(example), "--wait=true", "--timeout=180s", timeout=200)

@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import pytest
+
 from dradriver.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,7 +22,9 @@ def test_demo_allocates_prepares_and_unprepares_the_default_claim(capsys):
     ):
         assert f"==> {step}" in out
     assert "the kubelet chose v1.DRAPlugin" in out
-    assert '"NVIDIA_VISIBLE_DEVICES=GPU-' in out
+    assert '"NVIDIA_VISIBLE_DEVICES=void"' in out
+    assert '"DRADRIVER_DEVICE_GPU_' in out and "/libcuda.so." in out
+    assert '"type": "Ready"' in out and '"uuid": "GPU-' in out  # the claim's status.devices
     assert "CDI spec removed: True" in out
 
 
@@ -48,3 +52,45 @@ def test_demo_rejects_a_file_without_a_claim(tmp_path, capsys):
     empty.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")
     assert main(["demo", "--claim", str(empty)]) == 2
     assert "no ResourceClaim or ResourceClaimTemplate" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "kind: ResourceClaim\napiVersion: resource.k8s.io/v1\nmetadata: {name: c}\n"
+            "spec: {devices: {requests: 3}}\n",
+            "spec.devices.requests: expected a list, got a number",
+        ),
+        (
+            "kind: ResourceClaim\napiVersion: resource.k8s.io/v1\nmetadata: [c]\nspec: {}\n",
+            "metadata: expected a mapping",
+        ),
+        (
+            "kind: ResourceClaimTemplate\napiVersion: resource.k8s.io/v1\nmetadata: {name: t}\nspec: {spec: x}\n",
+            "spec.spec: expected a mapping, got a string",
+        ),
+        (
+            "kind: ResourceClaim\napiVersion: resource.k8s.io/v1\nmetadata: {name: c}\nspec: {devices: {requests: "
+            "[{name: a, exactly: {deviceClassName: gpu.dradriver.dev}}, {name: a, exactly: {deviceClassName: x}}]}}\n",
+            "request name 'a' is used twice",
+        ),
+        (
+            "kind: ResourceClaim\napiVersion: resource.k8s.io/v1\nmetadata: {name: c}\nspec: {devices: {requests: "
+            "[{name: a, exactly: {deviceClassName: nope.example.com}}]}}\n",
+            "DeviceClass nope.example.com does not exist",
+        ),
+    ],
+)
+def test_demo_refuses_a_claim_the_api_server_would_refuse(tmp_path, capsys, text, message):
+    path = tmp_path / "claim.yaml"
+    path.write_text(text)
+    assert main(["demo", "--claim", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+@pytest.mark.parametrize("special", ["/dev/zero", "/nonexistent/claim.yaml"])
+def test_demo_refuses_a_claim_path_that_is_no_file(capsys, special):
+    assert main(["demo", "--claim", special]) == 2
+    assert f"--claim {special}" in capsys.readouterr().err

@@ -211,3 +211,135 @@ def test_a_count_below_one_is_bad_input_naming_the_field(tmp_path, capsys):
     captured = capsys.readouterr()
     assert code == 2
     assert "spec.devices.requests[0].exactly.count" in captured.err
+
+
+HEAD = "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: bad}\nspec:\n  devices:\n"
+REQUEST = "    requests:\n    - {name: a, exactly: {deviceClassName: gpu.dradriver.dev%s}}\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (HEAD + "    requests: 3\n", "#1: spec.devices.requests: expected a list, got a number"),
+        (HEAD + "    requests: [gpu]\n", "#1: spec.devices.requests[0]: expected a mapping, got a string"),
+        (HEAD + REQUEST % ", selectors: 'device.x'", "spec.devices.requests[0].exactly.selectors: expected a list"),
+        (HEAD + REQUEST % ", selectors: [{cel: x}]", "selectors[0].cel: expected a mapping, got a string"),
+        (HEAD + REQUEST % ", count: two", "exactly.count: expected a whole number, got a string"),
+        (HEAD + REQUEST % ", count: 1.5", "exactly.count: expected a whole number, got a number"),
+        (HEAD + REQUEST % ", tolerations: [{operator: Maybe}]", "operator: 'Maybe' is not one of Equal, Exists"),
+        (HEAD + REQUEST % ", capacity: {requests: {memory: [1]}}", "expected a quantity like 10Gi, got a list"),
+        (HEAD + REQUEST % "" + REQUEST.replace("    requests:\n", "") % "", "request name 'a' is used twice"),
+        (HEAD + "    requests:\n    - {name: a, firstAvailable: xyz}\n", "firstAvailable: expected a list"),
+        (HEAD + REQUEST % "" + "    constraints: oops\n", "spec.devices.constraints: expected a list, got a string"),
+        (
+            HEAD + REQUEST % "" + "    config: [{opaque: {driver: d, parameters: 5}}]\n",
+            "parameters: expected a mapping",
+        ),
+        (HEAD.replace("{name: bad}", "[bad]") + "    requests: []\n", "#1: metadata: expected a mapping, got a list"),
+        (HEAD.replace("{name: bad}", "{name: 5}") + "    requests: []\n", "metadata.name: expected a string"),
+        (
+            "apiVersion: resource.k8s.io/v1\nkind: ResourceClaimTemplate\nmetadata: {name: t}\nspec: {spec: x}\n",
+            "spec.spec",
+        ),
+        ("apiVersion: resource.k8s.io/v1\nkind: ResourceClaimList\nitems: x\n", "#1: items: expected a list"),
+        ("kind: [1]\n", "#1: kind [1] is not one of"),
+        ("[" * 5000 + "]" * 5000, "nested deeper than 100 levels"),
+        ("&a [*a]\n", "expands to more than"),
+        ("a:\n\tb: 1\n", "not valid YAML: line 2, column 1"),
+    ],
+)
+def test_careless_claims_are_one_error_line_naming_the_field(tmp_path, capsys, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    assert main(["explain", str(path), "--slices", SLICES]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"error: {path}")
+    assert message in err
+
+
+def test_a_file_that_is_not_utf8_is_one_error(tmp_path, capsys):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(b"metadata: {name: caf\xe9}\n")
+    assert main(["explain", str(path), "--slices", SLICES]) == 2
+    assert "not UTF-8 text (byte 0xe9" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("special", ["/dev/zero", "/dev/null"])
+def test_special_files_are_refused_not_read(capsys, special):
+    assert main(["explain", special, "--slices", SLICES]) == 2
+    assert f"error: {special}: not a regular file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--slices", "--classes", "--allocated"])
+def test_every_input_flag_goes_through_the_same_loader(tmp_path, capsys, flag):
+    claim = write_claim(tmp_path)
+    args = ["explain", claim, flag, "/dev/zero"] + (["--slices", SLICES] if flag != "--slices" else [])
+    assert main(args) == 2
+    assert "error: /dev/zero: not a regular file" in capsys.readouterr().err
+
+
+def test_an_invalid_document_is_reported_and_the_others_still_explained(tmp_path, capsys):
+    good = CLAIM % {"name": "good", "cls": "gpu.dradriver.dev", "count": 1, "expr": "true"}
+    path = tmp_path / "mixed.yaml"
+    path.write_text(HEAD + "    requests: 3\n---\n" + good)
+    assert main(["explain", str(path), "--slices", SLICES]) == 2
+    captured = capsys.readouterr()
+    assert "#1: spec.devices.requests: expected a list" in captured.err
+    assert "ResourceClaim default/good" in captured.out and "fits" in captured.out
+
+
+def test_a_claim_without_namespace_is_in_default_as_with_kubectl(tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text(HEAD.replace("{name: bad}", "{name: nons}") + REQUEST % "")
+    assert main(["explain", str(path), "--slices", SLICES]) == 0
+    assert "ResourceClaim default/nons" in capsys.readouterr().out
+
+
+def test_kubeconfig_for_pod_goes_through_the_loader(capsys):
+    assert main(["explain", "--pod", "default/p", "--kubeconfig", "/dev/zero"]) == 2
+    assert "explain: error: /dev/zero: not a regular file" in capsys.readouterr().err
+
+
+SLICE = (
+    "apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata: {name: s}\nspec:\n  driver: gpu.dradriver.dev\n"
+    "  nodeName: n\n  pool: {name: n, generation: 1, resourceSliceCount: 1}\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (SLICE + "  devices: x\n", "spec.devices: expected a list, got a string"),
+        (SLICE + "  devices: [1]\n", "spec.devices[0]: expected a mapping, got a number"),
+        (SLICE + "  devices: [{name: d, attributes: [1]}]\n", "spec.devices[0].attributes: expected a mapping"),
+        (SLICE + "  devices: [{name: d, attributes: {a: 5}}]\n", "spec.devices[0].attributes.a: expected a mapping"),
+        (SLICE + "  devices: [{name: d, capacity: {m: {value: [1]}}}]\n", "capacity.m.value: expected a quantity"),
+        (SLICE + "  devices: [{name: d, consumesCounters: x}]\n", "consumesCounters: expected a list"),
+        (SLICE.replace("pool: {name: n, generation: 1, resourceSliceCount: 1}", "pool: n"), "spec.pool: expected a"),
+        (SLICE.replace("nodeName: n", "nodeName: 5"), "spec.nodeName: expected a string, got a number"),
+        (SLICE + "  sharedCounters: x\n", "spec.sharedCounters: expected a list, got a string"),
+        (SLICE + "  devices: [{name: d}, {name: d}]\n", "device d is listed twice"),
+    ],
+)
+def test_careless_slices_are_one_error_naming_the_field(tmp_path, capsys, text, message):
+    slices = tmp_path / "slices.yaml"
+    slices.write_text(text)
+    assert main(["explain", write_claim(tmp_path), "--slices", str(slices)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"error: {slices} #1: " in err and message in err
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [("a" * 5000, "cannot look it up: File name too long"), ("bad\0name", "a path cannot contain a NUL character")],
+)
+def test_paths_the_system_cannot_look_up_are_one_error(capsys, path, message):
+    assert main(["explain", path, "--slices", SLICES]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_selector_longer_than_the_api_server_accepts_is_refused(capsys):
+    assert main(["explain", "--selector", "true && " * 2000 + "true", "--slices", SLICES]) == 2
+    assert "--selector: 16004 characters; the API server accepts at most 10240" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """`dradriver run` refuses bad settings with one clear line, before touching anything."""
 
 import logging
+import socket
 from collections.abc import Iterator
 
 import pytest
@@ -43,3 +44,108 @@ def test_run_with_an_unreadable_kubeconfig_names_it(capsys, tmp_path):
     missing = tmp_path / "nope"
     assert main(["run", "--node-name", "n", "--gpu-backend", "sim", "--kubeconfig", str(missing)]) == 2
     assert str(missing) in capsys.readouterr().err
+
+
+def run_args(tmp_path, *extra: str) -> list[str]:
+    """A `run` whose directories all lie under tmp_path, so a test can see that nothing was created."""
+    return [
+        "run",
+        "--node-name",
+        "n",
+        "--gpu-backend",
+        "sim",
+        "--registry-dir",
+        str(tmp_path / "registry"),
+        "--plugin-dir",
+        str(tmp_path / "plugin"),
+        "--cdi-dir",
+        str(tmp_path / "cdi"),
+        "--sim-state",
+        str(tmp_path / "state.json"),
+        "--metrics-address",
+        "",
+        *extra,
+    ]
+
+
+def test_a_metrics_port_in_use_is_one_line_before_anything_starts(tmp_path, capsys):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(run_args(tmp_path, "--metrics-address", f"127.0.0.1:{port}")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert f"--metrics-address '127.0.0.1:{port}': cannot listen there (Address already in use)" in err
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (("--metrics-address", "8080"), "is not HOST:PORT or :PORT"),
+        (("--metrics-address", ":99999"), "with a port from 0 to 65535"),
+        (("--metrics-address", "no.such.host.invalid:8080"), "cannot listen there"),
+        (("--rescan-interval", "-1"), "argument --rescan-interval: '-1': use 0 (never) or a number of seconds"),
+        (("--rescan-interval", "nan"), "'nan': use 0 (never)"),
+        (("--rescan-interval", "inf"), "'inf': use 0 (never)"),
+        (("--rescan-interval", "0.2"), "'0.2': use 0 (never)"),
+        (("--node-name", "Node_A"), "argument --node-name: 'Node_A' is not a valid node name"),
+        (("--driver-name", "a" * 64 + ".com"), "is not a valid driver name"),
+        (("--registry-dir", "/dev/null"), "--registry-dir /dev/null: /dev/null is not a directory"),
+        (("--cdi-dir", "/dev/null/cdi"), "--cdi-dir /dev/null/cdi: /dev/null is not a directory"),
+        (("--sim-state", "/"), "--sim-state /: not a regular file"),
+        (("--kubeconfig", "/dev/zero"), "/dev/zero: not a regular file"),
+        (("--log-format", "xml"), "argument --log-format: invalid choice: 'xml'"),
+    ],
+)
+def test_the_whole_configuration_is_checked_before_anything_is_touched(tmp_path, capsys, extra, message):
+    assert main(run_args(tmp_path, *extra)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert message in err
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_kubeconfig_that_is_no_mapping_is_named(tmp_path, capsys):
+    config = tmp_path / "kubeconfig"
+    config.write_text("- a\n- list\n")
+    assert main(run_args(tmp_path, "--kubeconfig", str(config))) == 2
+    assert f"--kubeconfig {config}: expected one kubeconfig mapping (kind: Config), got a list" in (
+        capsys.readouterr().err
+    )
+
+
+def test_a_driver_root_without_libcuda_is_a_start_up_error_naming_the_flags(tmp_path):
+    import argparse
+
+    from dradriver.cli.run import driver_root_for
+    from dradriver.errors import ConfigError
+
+    (tmp_path / "usr/lib").mkdir(parents=True)
+    args = argparse.Namespace(
+        driver_root="/run/nvidia/driver",
+        container_driver_root=str(tmp_path),
+        nvidia_cdi_hook_path="",
+        plugin_dir=None,
+        driver_name="gpu.dradriver.dev",
+    )
+    with pytest.raises(ConfigError, match=r"libcuda\.so\.580\.65\.06 .* --driver-root .* --container-driver-root"):
+        driver_root_for(args, "580.65.06", simulated=False)
+
+
+def test_a_simulated_node_gets_a_stub_driver_root_in_its_plugin_directory(tmp_path):
+    import argparse
+
+    from dradriver.cli.run import driver_root_for
+
+    args = argparse.Namespace(
+        driver_root="/",
+        container_driver_root="/driver-root",  # the DaemonSet's setting does not matter on a simulated node
+        nvidia_cdi_hook_path="none",
+        plugin_dir=str(tmp_path / "plugin"),
+        driver_name="gpu.dradriver.dev",
+    )
+    root = driver_root_for(args, "550.163.01", simulated=True)
+    assert str(root.host_root) == str(tmp_path / "plugin/sim-driver-root")
+    assert root.libcuda.path.name == "libcuda.so.550.163.01" and root.cdi_hook is None

@@ -60,3 +60,83 @@ def test_a_lost_gpu_shows_as_lost_and_refuses_work(tmp_path, capsys):
     assert "0000:47:00.0  NVIDIA A100-SXM4-40GB" in (out := capsys.readouterr().out) and "MIG lost" in out
     assert sim(state, "mig-mode", "2", "enable") == 2
     assert "fallen off the bus" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("xid", "0", "0"), "argument xid: XID 0 is out of range: use 1 to 999"),
+        (("xid", "0", "-5"), "XID -5 is out of range"),
+        (("xid", "0", "99999999999999999999"), "is out of range"),
+        (("xid", "0", "seventy"), "'seventy' is not a whole number"),
+        (("mig-create", "1", "1g.10gb", "--start", "-3"), "argument --start: -3 is negative"),
+        (("mig-destroy", "1", "-1"), "argument gpu_instance: -1 is negative"),
+        (("xid", "99", "79"), "no GPU '99' on this simulated node"),
+    ],
+)
+def test_values_are_checked_before_the_state_is_touched(tmp_path, capsys, args, message):
+    state = tmp_path / "state.json"
+    assert sim(state, *args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+    assert not state.exists()
+
+
+def test_showing_creates_no_state_file(tmp_path, capsys):
+    state = tmp_path / "state.json"
+    assert sim(state, "show") == 0
+    assert "0000:0f:00.0" in capsys.readouterr().out
+    assert not list(tmp_path.iterdir())
+
+
+def test_inventory_of_a_simulated_node_creates_no_state_file(tmp_path, capsys):
+    state = tmp_path / "state.json"
+    assert main(["inventory", "--gpu-backend", "sim", "--sim-profile", "mixed", "--sim-state", str(state)]) == 0
+    assert not state.exists()
+
+
+def test_a_state_file_of_another_node_is_refused(tmp_path, capsys):
+    state = tmp_path / "state.json"
+    assert sim_on(state, "node-a", "lose", "1") == 0
+    before = state.read_bytes()
+    assert sim_on(state, "node-b", "show") == 2
+    assert "node: written for node 'node-a', not 'node-b' (check --node-name)" in capsys.readouterr().err
+    assert state.read_bytes() == before
+
+
+def sim_on(state: Path, node: str, *args: str) -> int:
+    return main(["sim", "--sim-profile", "mixed", "--sim-state", str(state), "--node-name", node, *args])
+
+
+@pytest.mark.parametrize(
+    ("state", "message"),
+    [
+        ("/dev/zero", "--sim-state /dev/zero: not a regular file"),
+        ("/", "--sim-state /: not a regular file"),
+    ],
+)
+def test_a_state_path_that_is_not_a_file_is_refused(capsys, state, message):
+    assert main(["sim", "--sim-state", state, "show"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_state_file_that_is_not_json_is_refused_and_kept(tmp_path, capsys):
+    state = tmp_path / "state.json"
+    state.write_bytes(b"\xff\xfe")
+    assert sim(state, "show") == 2
+    assert "not UTF-8 text" in capsys.readouterr().err
+    assert state.read_bytes() == b"\xff\xfe"
+
+
+@pytest.mark.parametrize("flag", ["--sim-state", "--sim-profile"])
+def test_a_path_too_long_to_look_up_is_one_error(tmp_path, capsys, flag):
+    args = {"--sim-state": str(tmp_path / "s.json"), "--sim-profile": "mixed", flag: "x" * 5000}
+    assert main(["sim", *(item for pair in args.items() for item in pair), "show"]) == 2
+    assert "cannot look it up: File name too long" in capsys.readouterr().err
+
+
+def test_a_state_file_that_cannot_be_written_is_one_error(capsys):
+    # /proc takes no new files, even for root (whom permission checks would let through).
+    assert main(["sim", "--sim-state", "/proc/dradriver-test/state.json", "lose", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--sim-state /proc/" in err

@@ -30,7 +30,7 @@ def test_spec_holds_each_device_and_the_common_nodes(tmp_path):
     assert spec["devices"][0]["name"] == f"{UID}-gpu-0000-07-00-0"
     assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia0"}]
     assert {"path": "/dev/nvidiactl"} in spec["containerEdits"]["deviceNodes"]
-    assert spec["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=GPU-1"]
+    assert spec["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void", "NVIDIA_VISIBLE_DEVICES=GPU-1"]
 
 
 def test_cdi_version_is_the_minimum_the_content_needs(tmp_path):
@@ -98,6 +98,6 @@ def test_a_failed_write_leaves_no_temp_file_behind(tmp_path):
 
 
 def test_common_nodes_missing_on_the_host_are_left_out(tmp_path):
-    writer = CdiWriter(tmp_path, node_exists=lambda path: path != "/dev/nvidia-uvm-tools")
+    writer = CdiWriter(tmp_path, node_exists=lambda path: path not in ("/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"))
     spec = writer.render(ClaimSpec("abc", (GPU,)))
     assert [n["path"] for n in spec["containerEdits"]["deviceNodes"]] == ["/dev/nvidiactl", "/dev/nvidia-uvm"]

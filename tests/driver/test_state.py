@@ -70,7 +70,10 @@ def test_existing_mig_devices_get_their_parents_node_and_their_capability_nodes(
     nodes = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
     assert nodes[0] == "/dev/nvidia0"
     assert len(nodes) == 3 and all(p.startswith("/dev/nvidia-caps/nvidia-cap") for p in nodes[1:])
-    assert "MIG-" in spec["containerEdits"]["env"][0]
+    assert any(
+        e.startswith("DRADRIVER_DEVICE_GPU_0000_07_00_0_MIG_3G20GB_0=MIG-")
+        for e in spec["devices"][0]["containerEdits"]["env"]
+    )
 
 
 def test_a_mig_device_whose_capabilities_cannot_be_read_is_refused(tmp_path: Path):

@@ -533,3 +533,11 @@ def test_a_corrupt_shared_state_file_is_ignored_by_a_running_simulator(tmp_path)
     before = len(node.mig_devices(0))
     state.write_text("{broken")
     assert len(node.mig_devices(0)) == before
+
+
+def test_a_profile_with_more_gpus_than_a_node_holds_is_refused(tmp_path: Path) -> None:
+    gpus = "".join(f"- {{product: A100-SXM4-80GB, pciBusId: '0000:{i:02x}:00.0'}}\n" for i in range(65))
+    profile = tmp_path / "big.yaml"
+    profile.write_text("name: big\ngpus:\n" + gpus)
+    with pytest.raises(ConfigError, match=r"gpus: .*at most 64"):
+        load_node_profile(str(profile))

@@ -1,4 +1,5 @@
-"""Our CDI specs in a real CDI consumer: podman injects the devices and environment of a prepared claim.
+"""Our CDI specs in a real CDI consumer: podman injects the devices, driver files and environment of a prepared
+claim on a simulated node with its stub driver root, the way a CUDA container would get them.
 
 Needs root, podman, runc, busybox and unshare (`.ci/run` installs them where apt-get works); skipped otherwise,
 saying what is missing. podman reads specs only from /etc/cdi and /var/run/cdi, so each run happens in a private
@@ -7,9 +8,11 @@ mount namespace where /run/cdi is the driver's CDI directory (see shared tooling
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,11 +21,22 @@ import pytest
 from support.nodes import inventory_of
 
 from dradriver.driver.cdi import CdiWriter
+from dradriver.driver.driver_root import discover_driver_root
 from dradriver.driver.state import GpuDriver
 from dradriver.gpu.inventory import MigMode
+from dradriver.gpu.sim_driver_root import write_stub_driver_root
+from dradriver.plugin.claims import ClaimLocks
+from dradriver.plugin.device_metadata import DeviceMetadataWriter
+from dradriver.plugin.dra_service import ClaimProcessor
 from dradriver.plugin.handler import ClaimRef
 
 DRIVER = "gpu.dradriver.dev"
+INVENTORY = inventory_of("mixed")
+VERSION = INVENTORY.driver_version
+LIBDIR = f"/usr/lib/{os.uname().machine}-linux-gnu"
+GPU_A = "gpu-0000-0f-00-0"  # /dev/nvidia1
+GPU_B = "gpu-0000-47-00-0"  # /dev/nvidia2
+MIG = "gpu-0000-07-00-0-mig-3g20gb-0"  # /dev/nvidia0 + two capability nodes
 TOOLS = ("podman", "runc", "busybox", "unshare")
 CONTAINERS_CONF = """[containers]
 default_ulimits = ["nofile=1024:1024", "nproc=1000:1000"]
@@ -50,7 +64,7 @@ def world() -> Iterator[Path]:
     for folder in ("cdi", "empty", "rootfs/bin", "store", "run", "tmp"):
         (root / folder).mkdir(parents=True)
     shutil.copy(str(shutil.which("busybox")), root / "rootfs/bin/busybox")
-    for applet in ("sh", "env", "ls", "cat"):
+    for applet in ("sh", "env", "ls", "cat", "echo", "grep", "sort"):
         (root / "rootfs/bin" / applet).symlink_to("busybox")
     (root / "containers.conf").write_text(CONTAINERS_CONF)
     probe = podman_run(root, [], "true")
@@ -81,15 +95,15 @@ def podman_run(root: Path, cdi_ids: list[str], script: str) -> subprocess.Comple
     )
 
 
-def claim(uid: str, *devices: str) -> dict:
+def claim(uid: str, *results: tuple[str, str]) -> dict:
     return {
         "metadata": {"uid": uid, "name": uid, "namespace": "default"},
         "status": {
             "allocation": {
                 "devices": {
                     "results": [
-                        {"request": f"r{i}", "driver": DRIVER, "pool": "node-a", "device": device}
-                        for i, device in enumerate(devices)
+                        {"request": request, "driver": DRIVER, "pool": "node-a", "device": device}
+                        for request, device in results
                     ]
                 }
             }
@@ -97,32 +111,145 @@ def claim(uid: str, *devices: str) -> dict:
     }
 
 
-def test_podman_injects_a_prepared_gpu_and_mig_device_and_refuses_them_after_unprepare(world: Path) -> None:
-    driver = GpuDriver(
+# A stand-in for NVIDIA's nvidia-cdi-hook: it logs its arguments and does what create-symlinks does, in the
+# container's root file system found from the OCI state on stdin (runc runs createContainer hooks on the host).
+HOOK = """#!{python}
+import json, os, sys
+with open("{log}", "a") as log:
+    log.write(" ".join(sys.argv[1:]) + "\\n")
+state = json.load(sys.stdin)
+with open(os.path.join(state["bundle"], "config.json")) as config:
+    root = json.load(config)["root"]["path"]
+root = os.path.join(state["bundle"], root)
+if sys.argv[1] == "create-symlinks":
+    for target, link in (a.split("::") for a in sys.argv[2:] if a != "--link"):
+        path = os.path.join(root, link.lstrip("/"))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if not os.path.lexists(path):
+            os.symlink(target, path)
+"""
+
+
+def gpu_driver(world: Path, *, hook: bool = False) -> GpuDriver:
+    root = write_stub_driver_root(world / "driver-root", VERSION)
+    if hook:
+        (root / "usr/bin/nvidia-cdi-hook").write_text(HOOK.format(python=sys.executable, log=world / "hook.log"))
+        (root / "usr/bin/nvidia-cdi-hook").chmod(0o755)
+    return GpuDriver(
         driver_name=DRIVER,
         pool="node-a",
-        inventory=inventory_of("mixed"),
+        inventory=INVENTORY,
         mig_mode=MigMode.STATIC,
-        cdi=CdiWriter(world / "cdi", host_path=lambda _path: "/dev/null"),
+        cdi=CdiWriter(
+            world / "cdi",
+            host_path=lambda _path: "/dev/null",
+            driver_root=discover_driver_root(host_root=str(root), version=VERSION),
+        ),
     )
-    uid = "5e0c1a2b-claim"
-    prepared = driver.prepare_resource_claims([claim(uid, "gpu-0000-0f-00-0", "gpu-0000-07-00-0-mig-3g20gb-0")])
-    result = prepared[uid]
+
+
+def cdi_ids_by_request(driver: GpuDriver, spec_claim: dict) -> dict[str, list[str]]:
+    result = driver.prepare_resource_claims([spec_claim])[spec_claim["metadata"]["uid"]]
     assert result.error is None
-    cdi_ids = [i for d in result.devices for i in d.cdi_device_ids]
+    ids: dict[str, list[str]] = {}
+    for device in result.devices:
+        for request in device.requests:
+            ids.setdefault(request, []).extend(device.cdi_device_ids)
+    return ids
+
+
+def test_a_cuda_container_gets_the_driver_files_device_nodes_and_its_devices_env(world: Path) -> None:
+    driver = gpu_driver(world)
+    uid = "5e0c1a2b-claim"
+    ids = cdi_ids_by_request(driver, claim(uid, ("gpu", GPU_A), ("mig", MIG)))
 
     done = podman_run(
         world,
-        cdi_ids,
-        "echo NVD=$NVIDIA_VISIBLE_DEVICES; ls /dev/nvidia1 /dev/nvidia0 "
-        "/dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-caps",
+        ids["gpu"] + ids["mig"],
+        f"echo NVD=$NVIDIA_VISIBLE_DEVICES; env | grep DRADRIVER_DEVICE_ | sort; "
+        f"cat {LIBDIR}/libcuda.so.{VERSION} {LIBDIR}/libcuda.so.1 {LIBDIR}/libnvidia-ml.so.1; nvidia-smi; "
+        f"ls /lib/firmware/nvidia/{VERSION}; ls /dev/nvidia1 /dev/nvidia0 /dev/nvidiactl /dev/nvidia-uvm "
+        "/dev/nvidia-caps",
     )
     assert done.returncode == 0, done.stderr
-    assert "NVD=GPU-" in done.stdout and "MIG-" in done.stdout
-    assert "/dev/nvidia1" in done.stdout and "/dev/nvidiactl" in done.stdout
-    assert "nvidia-cap" in done.stdout  # the MIG device's capability nodes
+    out = done.stdout
+    assert "NVD=void" in out  # a legacy-mode nvidia-container-runtime adds no GPUs of its own
+    assert "DRADRIVER_DEVICE_GPU_0000_0F_00_0=GPU-" in out
+    assert "DRADRIVER_DEVICE_GPU_0000_07_00_0_MIG_3G20GB_0=MIG-" in out
+    assert f"stub libcuda.so.{VERSION}" in out  # the versioned library, and the soname link as a file
+    assert out.count(f"stub libcuda.so.{VERSION}") == 2 and f"stub libnvidia-ml.so.{VERSION}" in out
+    assert f"nvidia-smi (simulated NVIDIA driver {VERSION})" in out
+    assert "gsp_ga10x.bin" in out
+    assert "/dev/nvidia1" in out and "/dev/nvidia0" in out and "/dev/nvidiactl" in out
+    assert "nvidia-cap" in out  # the MIG device's capability nodes
+
+    read_only = podman_run(world, ids["gpu"], f"echo x > {LIBDIR}/libcuda.so.{VERSION}")
+    assert read_only.returncode != 0
+    assert "Read-only file system" in read_only.stdout + read_only.stderr
 
     driver.unprepare_resource_claims([ClaimRef("default", uid, uid)])
-    gone = podman_run(world, cdi_ids[:1], "true")
+    gone = podman_run(world, ids["gpu"], "true")
     assert gone.returncode != 0
     assert "unresolvable CDI devices" in gone.stderr
+
+
+def test_a_container_given_one_request_of_a_two_request_claim_sees_only_its_device(world: Path) -> None:
+    driver = gpu_driver(world)
+    ids = cdi_ids_by_request(driver, claim("7f00-two", ("first", GPU_A), ("second", GPU_B)))
+    script = "ls /dev; env | grep DRADRIVER_DEVICE_; nvidia-smi"
+
+    first = podman_run(world, ids["first"], script)
+    assert first.returncode == 0, first.stderr
+    devices = first.stdout.split()
+    assert "nvidia1" in devices and "nvidia2" not in devices
+    assert "DRADRIVER_DEVICE_GPU_0000_0F_00_0=GPU-" in first.stdout
+    assert "GPU_0000_47_00_0" not in first.stdout
+    assert "simulated NVIDIA driver" in first.stdout  # the claim's driver files come with either request
+
+    second = podman_run(world, ids["second"], script)
+    assert second.returncode == 0, second.stderr
+    assert "nvidia2" in second.stdout.split() and "nvidia1" not in second.stdout.split()
+    assert "GPU_0000_0F_00_0" not in second.stdout
+
+
+def test_the_runtime_runs_nvidias_hooks_with_the_rendered_arguments(world: Path) -> None:
+    driver = gpu_driver(world, hook=True)
+    ids = cdi_ids_by_request(driver, claim("9a-hooks", ("gpu", GPU_A)))
+    done = podman_run(world, ids["gpu"], f"cat {LIBDIR}/libcuda.so {LIBDIR}/libcuda.so.1")
+    assert done.returncode == 0, done.stderr
+    # Both links exist only because the hook made them: without a hook libcuda.so is not there at all.
+    assert done.stdout.count(f"stub libcuda.so.{VERSION}") == 2
+    calls = (world / "hook.log").read_text().splitlines()
+    assert any(c.startswith("create-symlinks ") and f"libcuda.so.{VERSION}::{LIBDIR}/libcuda.so.1" in c for c in calls)
+    assert f"update-ldcache --folder {LIBDIR}" in calls
+
+
+class _Claims:
+    def __init__(self, *claims: dict) -> None:
+        self.claims = {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in claims}
+
+    def get_resource_claim(self, namespace: str, name: str) -> dict:
+        return self.claims[(namespace, name)]
+
+
+def test_a_container_reads_the_device_metadata_of_its_own_request_only(world: Path) -> None:
+    spec_claim = claim("3c-meta", ("first", GPU_A), ("second", GPU_B))
+    processor = ClaimProcessor(
+        driver_name=DRIVER,
+        handler=gpu_driver(world),
+        claim_source=_Claims(spec_claim),
+        locks=ClaimLocks(),
+        device_metadata=DeviceMetadataWriter(driver_name=DRIVER, plugin_dir=world / "plugin", cdi_dir=world / "cdi"),
+    )
+    result = processor.prepare([ClaimRef("default", "3c-meta", "3c-meta")])["3c-meta"]
+    assert result.error is None
+    first_ids = [i for d in result.devices if "first" in d.requests for i in d.cdi_device_ids]
+    base = "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/3c-meta"
+
+    done = podman_run(world, first_ids, f"ls {base}; cat {base}/first/{DRIVER}-metadata.json")
+    assert done.returncode == 0, done.stderr
+    listed, _, document = done.stdout.partition("{")
+    assert listed.split() == ["first"]
+    metadata = json.loads("{" + document)
+    [device] = metadata["requests"][0]["devices"]
+    assert device["name"] == GPU_A and device["attributes"]["uuid"]["string"].startswith("GPU-")

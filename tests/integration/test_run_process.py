@@ -181,13 +181,24 @@ def test_prepare_and_unprepare_round_trip_over_each_dra_version(
             "cdi_device_ids": [f"k8s.gpu.dradriver.dev/claim={claim.uid}-{FIRST_GPU}"],
         }
         spec = json.loads((root / "cdi" / f"k8s.gpu.dradriver.dev-claim_{claim.uid}.json").read_text())
-        [env] = spec["containerEdits"]["env"]
-        assert env.startswith("NVIDIA_VISIBLE_DEVICES=GPU-") and env.count("GPU-") == 2
+        assert spec["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
+        [own_env] = spec["devices"][0]["containerEdits"]["env"]
+        assert own_env.startswith("DRADRIVER_DEVICE_GPU_") and "=GPU-" in own_env
         assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [
             {"path": "/dev/nvidia0", "hostPath": "/dev/null"}
         ]
+        # The simulated node's stub driver root is mounted like a real one.
+        libcuda = [m for m in spec["containerEdits"]["mounts"] if "/libcuda.so." in m["containerPath"]]
+        assert libcuda and Path(libcuda[0]["hostPath"]).is_file()
+
+        def status_devices() -> list[dict]:
+            return (api.get("resourceclaims", claim.name, "default") or {}).get("status", {}).get("devices", [])
+
+        assert api.wait_until(lambda: len(status_devices()) == 2, TIMEOUT), driver.log
+        assert status_devices()[0]["data"]["uuid"].startswith("GPU-")
         assert plugin.unprepare([claim]) == {claim.uid: ""}
         assert not list((root / "cdi").iterdir())
+        assert api.wait_until(lambda: status_devices() == [], TIMEOUT), driver.log
 
 
 def test_bad_claims_fail_alone_in_a_batch(driver: DriverProcess, api: FakeApiServer, root: Path) -> None:
@@ -277,7 +288,7 @@ def test_mig_devices_created_out_of_band_are_published_at_the_next_rescan(root: 
         "--mig-mode",
         "static",
         "--rescan-interval",
-        "0.2",
+        "1",
         profile="mixed",
     )
     try:

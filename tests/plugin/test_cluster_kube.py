@@ -79,6 +79,9 @@ def test_claim_status_update_replaces_status_and_checks_the_resource_version(api
     api.server.create("resourceclaims", a_claim())
     claim = api.cluster.get_resource_claim("ns", "claim-1")
     claim["status"] = {
+        "allocation": {
+            "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": "node-1", "device": "gpu-0"}]}
+        },
         "devices": [
             {
                 "driver": DRIVER,
@@ -94,7 +97,7 @@ def test_claim_status_update_replaces_status_and_checks_the_resource_version(api
                     }
                 ],
             }
-        ]
+        ],
     }
     updated = api.cluster.update_resource_claim_status(claim)
     assert updated["status"]["devices"][0]["device"] == "gpu-0"

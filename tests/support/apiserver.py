@@ -137,6 +137,34 @@ class _Watch:
     events: queue.Queue[tuple[str, dict[str, Any]] | None] = field(default_factory=queue.Queue)
 
 
+def claim_device_status_problems(claim: dict[str, Any]) -> list[str]:
+    """The API server's rules for ``status.devices`` (resource.k8s.io validation of AllocatedDeviceStatus): each
+    entry names an allocated device (driver, pool, device, shareID), once; at most 8 conditions; ``data`` a JSON
+    object of at most 10 KiB."""
+    status = claim.get("status") or {}
+    results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+    allocated = {(r.get("driver"), r.get("pool"), r.get("device"), r.get("shareID")) for r in results}
+    problems: list[str] = []
+    seen: set[tuple[Any, ...]] = set()
+    for index, entry in enumerate(status.get("devices") or []):
+        where = f"status.devices[{index}]"
+        key = (entry.get("driver"), entry.get("pool"), entry.get("device"), entry.get("shareID"))
+        if key not in allocated:
+            problems.append(f"{where}: Invalid value: {key}: must be an allocated device in the claim")
+        if key in seen:
+            problems.append(f"{where}: Duplicate value: {key}")
+        seen.add(key)
+        if len(entry.get("conditions") or []) > 8:
+            problems.append(f"{where}.conditions: Too many: must have at most 8 items")
+        if "data" in entry:
+            data = entry["data"]
+            if not isinstance(data, dict):
+                problems.append(f"{where}.data: Invalid value: must be a JSON object")
+            elif len(json.dumps(data, separators=(",", ":"))) > 10 * 1024:
+                problems.append(f"{where}.data: Too long: must have at most 10240 bytes")
+    return problems
+
+
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -319,6 +347,10 @@ class FakeApiServer:
             if problems:
                 reasons = "; ".join(map(str, problems))
                 raise ApiError(422, "Invalid", f"{resource.kind} is invalid: {reasons}")
+        if resource.plural == "resourceclaims":
+            problems = claim_device_status_problems(obj)
+            if problems:
+                raise ApiError(422, "Invalid", f"{resource.kind} is invalid: {'; '.join(problems)}")
 
     def _fill_slice_defaults(self, obj: dict[str, Any]) -> None:
         # The real server sets a taint's timeAdded when the writer leaves it out.

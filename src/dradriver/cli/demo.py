@@ -15,18 +15,19 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from dradriver.allocator import AllocationError, Unsatisfiable, allocate
-from dradriver.cli.explain_input import BUILTIN_CLASSES
+from dradriver.cli.explain_input import BUILTIN_CLASSES, Inputs, check_claim, load
 from dradriver.cli.inventory import render_table
-from dradriver.cli.options import add_env_option, add_gpu_options
+from dradriver.cli.options import add_env_option, add_gpu_options, dns_subdomain
 from dradriver.driver.cdi import CdiWriter
+from dradriver.driver.driver_root import discover_driver_root
 from dradriver.driver.slices import SliceSettings, build_slice_specs
 from dradriver.driver.state import GpuDriver
 from dradriver.errors import ConfigError
 from dradriver.gpu.backend import open_gpu_backend
 from dradriver.gpu.inventory import Inventory, MigMode, discover
+from dradriver.gpu.sim_driver_root import write_stub_driver_root
+from dradriver.plugin.claim_status import ClaimStatusWriter
 from dradriver.plugin.kubelet_client import Claim, KubeletClient
 from dradriver.plugin.kubelet_plugin import KubeletPlugin
 from dradriver.plugin.memory_cluster import MemoryCluster
@@ -58,7 +59,14 @@ def register(subcommands: Any) -> None:
     )
     add_gpu_options(parser)
     parser.set_defaults(gpu_backend="sim")
-    add_env_option(parser, "--node-name", env="NODE_NAME", default="demo-node", help="the simulated node's name")
+    add_env_option(
+        parser,
+        "--node-name",
+        env="NODE_NAME",
+        default="demo-node",
+        type=dns_subdomain("node name"),
+        help="the simulated node's name",
+    )
     parser.add_argument(
         "--claim",
         metavar="FILE",
@@ -125,8 +133,11 @@ def run(args: argparse.Namespace) -> int:
 def _prepare_and_unprepare(
     root: Path, node: str, *, inventory: Inventory, mig_mode: MigMode, cluster: MemoryCluster, claim: dict[str, Any]
 ) -> int:
-    cdi = CdiWriter(root / "cdi", host_path=lambda _path: "/dev/null")
+    stub_root = write_stub_driver_root(root / "driver-root", inventory.driver_version)
+    driver_root = discover_driver_root(host_root=str(stub_root), version=inventory.driver_version)
+    cdi = CdiWriter(root / "cdi", host_path=lambda _path: "/dev/null", driver_root=driver_root)
     driver = GpuDriver(driver_name=DRIVER, pool=node, inventory=inventory, mig_mode=mig_mode, cdi=cdi)
+    claim_status = ClaimStatusWriter(cluster, driver_name=DRIVER, node_name=node)
     plugin = KubeletPlugin(
         driver_name=DRIVER,
         node_name=node,
@@ -134,6 +145,7 @@ def _prepare_and_unprepare(
         claim_source=cluster,
         registry_dir=root / "registry",
         plugin_dir=root / "plugin",
+        claim_status=claim_status,
     )
     ref = Claim(claim["metadata"]["namespace"], claim["metadata"]["name"], claim["metadata"]["uid"])
     with plugin, KubeletClient(root / "registry").register() as kubelet:
@@ -150,6 +162,10 @@ def _prepare_and_unprepare(
         spec_path = cdi.spec_path(ref.uid)
         print(f"CDI spec {spec_path.name}:")
         print(spec_path.read_text())
+        claim_status.wait_idle(10)
+        stored = cluster.get_resource_claim(ref.namespace, ref.name)
+        print("claim status.devices:")
+        print(json.dumps(stored.get("status", {}).get("devices", []), indent=2))
 
         errors = kubelet.unprepare([ref])
         _step("6. NodeUnprepareResources")
@@ -158,26 +174,27 @@ def _prepare_and_unprepare(
 
 
 def _load_claim(path: Path) -> dict[str, Any]:
-    try:
-        documents = [d for d in yaml.safe_load_all(path.read_text()) if d]
-    except (OSError, yaml.YAMLError) as err:
-        raise ConfigError(f"--claim {path}: cannot read YAML: {err}") from err
-    for document in documents:
-        kind = document.get("kind") if isinstance(document, dict) else None
-        if kind == "ResourceClaim":
-            return dict(document)
-        if kind == "ResourceClaimTemplate":
-            metadata = document.get("metadata") or {}
-            return {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "ResourceClaim",
-                "metadata": {
-                    "name": f"{metadata.get('name', 'claim')}-demo",
-                    "namespace": metadata.get("namespace", "default"),
-                },
-                "spec": (document.get("spec") or {}).get("spec") or {},
-            }
-    raise ConfigError(f"--claim {path}: no ResourceClaim or ResourceClaimTemplate in the file")
+    """The first ResourceClaim (or a claim made from the first ResourceClaimTemplate) of the file, checked as
+    the API server would check it."""
+    inputs = Inputs()
+    load([str(path)], inputs, want=("ResourceClaim", "ResourceClaimTemplate", "DeviceClass", "ResourceSlice"))
+    documents = inputs.of_kind("ResourceClaim", "ResourceClaimTemplate")
+    if not documents:
+        found = f" ({inputs.errors[0]})" if inputs.errors else ""
+        raise ConfigError(f"--claim {path}: no ResourceClaim or ResourceClaimTemplate usable in the file{found}")
+    problems = check_claim(documents[0], {c["metadata"]["name"] for c in BUILTIN_CLASSES})
+    if problems:
+        raise ConfigError(f"--claim {problems[0]}")
+    document = documents[0].obj
+    if document["kind"] == "ResourceClaim":
+        return dict(document)
+    metadata = document["metadata"]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": f"{metadata['name']}-demo", "namespace": metadata["namespace"]},
+        "spec": document["spec"]["spec"],
+    }
 
 
 def _step(title: str) -> None:

@@ -23,6 +23,7 @@ from dradriver.cel import CelCompileError, CelEvaluationError, compile_selector
 from dradriver.cli.explain_input import BUILTIN_CLASSES, Document, Inputs, check_claim, check_class, load
 from dradriver.cli.options import add_env_option, add_output_option
 from dradriver.errors import ConfigError
+from dradriver.validation import MAX_CEL_LENGTH
 
 EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_INVALID = 0, 1, 2
 MAX_NODES_SHOWN = 10
@@ -140,6 +141,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.claims:
         raise ConfigError("give CLAIM.yaml files, --selector EXPR or --pod NS/NAME")
     if not slices:
+        if inputs.errors:  # the slices given could not be read: say why rather than that there are none
+            render([], inputs.errors, args.output, builtin_classes=False)
+            return EXIT_INVALID
         raise ConfigError("no ResourceSlices to allocate from: pass --slices FILE|DIR or --sim-profile NAME")
     class_docs = inputs.of_kind("DeviceClass")
     classes = [d.obj for d in class_docs] or list(BUILTIN_CLASSES)
@@ -281,6 +285,10 @@ def explain_selector(args: argparse.Namespace, slices: list[dict[str, Any]], err
     """Evaluate one selector against every device; exit 0 when at least one device matches."""
     for error in errors:
         print(f"error: {error}", file=sys.stderr)
+    if len(args.selector) > MAX_CEL_LENGTH:
+        raise ConfigError(
+            f"--selector: {len(args.selector)} characters; the API server accepts at most {MAX_CEL_LENGTH}"
+        )
     try:
         selector = compile_selector(args.selector)
     except CelCompileError as err:

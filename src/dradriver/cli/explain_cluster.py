@@ -21,6 +21,7 @@ from dradriver.cli.explain import (
     render_outcome,
 )
 from dradriver.cli.explain_input import Document
+from dradriver.cli.options import check_kubeconfig
 from dradriver.errors import ConfigError
 from dradriver.plugin.cluster import ClusterError, ForbiddenError, NotFoundError
 from dradriver.plugin.kube_cluster import error_for_status, k8s_client, load_api_client
@@ -300,6 +301,7 @@ def _render_pod(pod_ref: str, results: list[dict[str, Any]], errors: list[str], 
 
 
 def explain_pod(args: argparse.Namespace) -> int:
+    check_kubeconfig("--kubeconfig", args.kubeconfig)
     reader = KubernetesReader(args.kubeconfig, args.context)
     try:
         return explain_pod_with(reader, args.pod, args.output)

@@ -3,13 +3,15 @@ ResourceClaims, ResourceClaimTemplates, DeviceClasses and ResourceSlices."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from dradriver.cel import CelCompileError, compile_selector
+from dradriver.inputs import InputError, load_yaml_file, path_exists, type_name
+from dradriver.plugin.slice_validation import validate_slice
+from dradriver.validation import default_namespace, validate_claim, validate_class, validate_slice_fields
 
 KINDS = ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass", "ResourceSlice")
 SUFFIXES = (".yaml", ".yml", ".json")
@@ -61,39 +63,56 @@ class Inputs:
         return [d for d in self.documents if d.kind in kinds]
 
 
+MAX_FILES = 10_000
+
+
 def _files(path: Path) -> list[Path]:
-    if path.is_dir():
-        return sorted(p for p in path.rglob("*") if p.suffix in SUFFIXES and p.is_file())
-    return [path]
+    """``path`` itself, or the YAML and JSON files under the directory ``path`` (symbolic links not followed)."""
+    if not path.is_dir():
+        return [path]
+    files: list[Path] = []
+    for folder, _dirs, names in os.walk(path, onerror=lambda _err: None):
+        files += [Path(folder, n) for n in names if Path(n).suffix in SUFFIXES and Path(folder, n).is_file()]
+        if len(files) > MAX_FILES:
+            raise InputError(
+                f"{path}: more than {MAX_FILES} YAML and JSON files; point at the directory that holds the objects"
+            )
+    return sorted(files)
 
 
 def load(paths: list[str], inputs: Inputs, *, want: tuple[str, ...] = KINDS) -> None:
     """Add the documents of the files (or directories) in ``paths`` to ``inputs``; one error per bad one."""
     for raw_path in paths:
         path = Path(raw_path)
-        if not path.exists():
-            inputs.errors.append(f"{raw_path}: no such file or directory")
-            continue
-        for file in _files(path):
-            try:
-                docs = list(yaml.safe_load_all(file.read_text()))
-            except (yaml.YAMLError, UnicodeDecodeError, OSError) as err:
-                inputs.errors.append(f"{file}: not valid YAML: {str(err).splitlines()[0]}")
+        try:
+            if not path_exists(path):
+                inputs.errors.append(f"{raw_path}: no such file or directory")
                 continue
-            number = 0
-            for doc in docs:
-                if doc is None:
-                    continue
-                number += 1
+            files = _files(path)
+        except InputError as err:
+            inputs.errors.append(str(err))
+            continue
+        for file in files:
+            try:
+                docs = load_yaml_file(file)
+            except InputError as err:
+                inputs.errors.append(str(err))
+                continue
+            for number, doc in enumerate(docs, start=1):
                 _add(doc, f"{file} #{number}", inputs, want)
 
 
 def _add(doc: Any, source: str, inputs: Inputs, want: tuple[str, ...]) -> None:
     if not isinstance(doc, dict):
-        inputs.errors.append(f"{source}: not a Kubernetes object (a YAML mapping with apiVersion and kind)")
+        inputs.errors.append(
+            f"{source}: not a Kubernetes object (a YAML mapping with apiVersion and kind): got {type_name(doc)}"
+        )
         return
     kind = doc.get("kind")
-    if isinstance(kind, str) and kind.endswith("List") and isinstance(doc.get("items"), list):
+    if isinstance(kind, str) and kind.endswith("List") and "items" in doc:
+        if not isinstance(doc["items"], list):
+            inputs.errors.append(f"{source}: items: expected a list, got {type_name(doc['items'])}")
+            return
         for i, item in enumerate(doc["items"]):
             _add(
                 {"kind": kind.removesuffix("List"), **item} if isinstance(item, dict) else item,
@@ -105,8 +124,8 @@ def _add(doc: Any, source: str, inputs: Inputs, want: tuple[str, ...]) -> None:
     if kind not in want:
         inputs.errors.append(f"{source}: kind {kind!r} is not one of {', '.join(want)}; field kind")
         return
-    api = str(doc.get("apiVersion", ""))
-    if not api.startswith("resource.k8s.io/"):
+    api = doc.get("apiVersion")
+    if not isinstance(api, str) or not api.startswith("resource.k8s.io/"):
         inputs.errors.append(f"{source}: {kind} has apiVersion {api!r}; want resource.k8s.io/v1 (field apiVersion)")
         return
     if api != "resource.k8s.io/v1":
@@ -114,10 +133,49 @@ def _add(doc: Any, source: str, inputs: Inputs, want: tuple[str, ...]) -> None:
             f"{source}: {kind} uses {api}; dradriver explain reads resource.k8s.io/v1 objects (field apiVersion)"
         )
         return
-    if not isinstance(doc.get("spec"), dict):
-        inputs.errors.append(f"{source}: {kind} has no spec (field spec)")
+    problems = _problems(doc, kind)
+    if problems:
+        inputs.errors += [f"{source}: {problem}" for problem in problems]
         return
     inputs.documents.append(Document(doc, source))
+
+
+def _problems(doc: dict[str, Any], kind: str) -> list[str]:
+    """What the API server would refuse in ``doc``, each ``field.path: problem``."""
+    if kind in ("ResourceClaim", "ResourceClaimTemplate"):
+        default_namespace(doc)
+        problems = validate_claim(doc)
+        return problems + (_allocation_problems(doc) if not problems and "status" in doc else [])
+    if kind == "DeviceClass":
+        return validate_class(doc)
+    problems = validate_slice_fields(doc)
+    if problems:
+        return problems
+    return [f"{p.field}{f' (device {p.device})' if p.device else ''}: {p.message}" for p in validate_slice(doc)]
+
+
+def _allocation_problems(doc: dict[str, Any]) -> list[str]:
+    """The fields of ``status.allocation`` that explain reads, typed (an allocated claim's devices)."""
+    status = doc.get("status")
+    if not isinstance(status, dict):
+        return [f"status: expected a mapping, got {type_name(status)}"]
+    allocation = status.get("allocation")
+    if allocation is None:
+        return []
+    path = "status.allocation.devices.results"
+    devices = allocation.get("devices") if isinstance(allocation, dict) else None
+    results = devices.get("results") if isinstance(devices, dict) else None
+    if not isinstance(results, list):
+        return [f"{path}: expected a list, got {type_name(results)}"]
+    problems = []
+    for i, result in enumerate(results):
+        if not isinstance(result, dict):
+            problems.append(f"{path}[{i}]: expected a mapping, got {type_name(result)}")
+            continue
+        for key in ("request", "driver", "pool", "device"):
+            if not isinstance(result.get(key), str):
+                problems.append(f"{path}[{i}].{key}: expected a string, got {type_name(result.get(key))}")
+    return problems
 
 
 def selector_error(source: str, what: str, field_path: str, err: CelCompileError) -> str:

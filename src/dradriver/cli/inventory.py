@@ -10,11 +10,12 @@ from typing import Any
 
 import yaml
 
-from dradriver.cli.options import add_env_option, add_gpu_options, add_output_option, add_slice_options
+from dradriver.cli.options import add_env_option, add_gpu_options, add_output_option, add_slice_options, dns_subdomain
 from dradriver.driver.slices import SliceSettings, as_resource_slices, build_slice_specs, shape_for
 from dradriver.gpu.backend import open_gpu_backend
 from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode, MigPartition, discover
 from dradriver.gpu.models import MigProfile
+from dradriver.inputs import path_exists
 
 
 def register(subcommands: Any) -> None:
@@ -26,7 +27,12 @@ def register(subcommands: Any) -> None:
     )
     add_gpu_options(parser)
     add_env_option(
-        parser, "--node-name", env="NODE_NAME", default="sim-node", help="node name (names the simulated node's GPUs)"
+        parser,
+        "--node-name",
+        env="NODE_NAME",
+        default="sim-node",
+        type=dns_subdomain("node name"),
+        help="node name (names the simulated node's GPUs)",
     )
     add_slice_options(parser)
     add_output_option(parser, ("table", "json", "yaml", "slices"), "table")
@@ -56,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
 def load_inventory(args: argparse.Namespace) -> Inventory:
     """Discover the devices the GPU flags point at (shared by every subcommand that takes them)."""
     state = Path(args.sim_state) if args.sim_state else None
+    if state is not None and not path_exists(state):
+        state = None  # listing devices must not create the state file: the profile's initial state it is
     gpulib, _ = open_gpu_backend(
         args.gpu_backend, sim_profile=args.sim_profile, sim_state=state, node_name=args.node_name
     )

@@ -4,14 +4,55 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from dradriver.errors import ConfigError
+from dradriver.inputs import load_yaml_file, path_exists, type_name
+from dradriver.validation import is_dns_subdomain
 
 
 def env_default(var: str, default: Any = None) -> Any:
     """The value of environment variable ``var`` if set and non-empty, else ``default``."""
     value = os.environ.get(var)
     return value if value not in (None, "") else default
+
+
+@dataclass(frozen=True)
+class EnvValue:
+    """A flag's value taken from its environment variable, checked only once its subcommand runs.
+
+    Kept unchecked while the parser is built, so that a variable for one subcommand (``DRADRIVER_MIG_MODE``
+    in a DaemonSet) cannot break another, ``--version`` or ``--help``; :func:`resolve_env_values` then
+    checks it exactly as argparse checks the flag, with a message naming the variable."""
+
+    var: str
+    raw: str
+    flag: str
+    type: Callable[[str], Any] | None
+    choices: tuple[str, ...] | None
+
+    def resolve(self) -> Any:
+        try:
+            value = self.type(self.raw) if self.type is not None else self.raw
+        except (ValueError, TypeError, argparse.ArgumentTypeError) as err:
+            detail = str(err) if isinstance(err, argparse.ArgumentTypeError) else "not a valid value"
+            raise ConfigError(f"environment variable {self.var}={self.raw!r} (sets {self.flag}): {detail}") from None
+        if self.choices is not None and value not in self.choices:
+            raise ConfigError(
+                f"environment variable {self.var}={self.raw!r} (sets {self.flag}): "
+                f"choose one of {', '.join(self.choices)}"
+            )
+        return value
+
+
+def resolve_env_values(args: argparse.Namespace) -> None:
+    """Check and convert every flag value that came from the environment (see :class:`EnvValue`)."""
+    for name, value in vars(args).items():
+        if isinstance(value, EnvValue):
+            setattr(args, name, value.resolve())
 
 
 def add_env_option(
@@ -22,24 +63,103 @@ def add_env_option(
     default: Any = None,
     help: str,
     choices: Sequence[str] | None = None,
-    type: Any = None,
+    type: Callable[[str], Any] | None = None,
     metavar: str | None = None,
 ) -> None:
-    """Add ``flag`` whose default comes from ``env`` (then ``default``); the help names the variable."""
+    """Add ``flag`` whose default comes from ``env`` (then ``default``); the help names the variable.
+
+    ``type`` and ``choices`` check the flag and the variable alike; a ``type`` raising
+    ``argparse.ArgumentTypeError`` gives both the same message."""
     shown = f" (default: {default})" if default not in (None, "") else ""
+    raw = env_default(env)
     kwargs: dict[str, Any] = {
-        "default": env_default(env, default),
+        "default": default
+        if raw is None
+        else EnvValue(env, raw, flag, type, tuple(choices) if choices is not None else None),
         "help": f"{help}{shown} [env {env}]",
     }
     if choices is not None:
         kwargs["choices"] = list(choices)
     if type is not None:
         kwargs["type"] = type
-        if isinstance(kwargs["default"], str) and type is not str:
-            kwargs["default"] = type(kwargs["default"])
     if metavar is not None:
         kwargs["metavar"] = metavar
     parser.add_argument(flag, **kwargs)
+
+
+def interval_seconds(text: str) -> float:
+    """A period in seconds: 0 (never) or at least one second, finite."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if value != 0 and not (1 <= value <= 86400 * 7):
+        raise argparse.ArgumentTypeError(f"{text!r}: use 0 (never) or a number of seconds from 1 to 604800")
+    return value
+
+
+def dns_subdomain(what: str, max_length: int = 253) -> Callable[[str], str]:
+    """An argparse type for a Kubernetes name (a DNS subdomain) such as a node or driver name."""
+
+    def check(text: str) -> str:
+        if not is_dns_subdomain(text) or len(text) > max_length:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a valid {what}: use lower-case letters, digits, '-' and '.', "
+                f"starting and ending with a letter or digit, at most {max_length} characters"
+            )
+        return text
+
+    check.__name__ = what  # argparse names the type in some messages
+    return check
+
+
+def kubernetes_version(text: str) -> str:
+    """A Kubernetes minor version with resource.k8s.io/v1 (1.34 or newer); empty: ask the API server."""
+    from dradriver.driver.slices import shape_for
+
+    if text == "":
+        return text
+    try:
+        shape_for(text)
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix("--kubernetes-version ")) from None
+    return text
+
+
+def check_kubeconfig(flag: str, path: str | None) -> None:
+    """Read the kubeconfig files the Kubernetes client will read (``path``, else ``$KUBECONFIG`` or
+    ``~/.kube/config`` outside a pod) through the bounded loader first, so that a huge, binary or hostile file
+    is refused with one line before the client (which reads files whole) sees it."""
+    if path:
+        files, source = [Path(path)], flag
+    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return  # the in-cluster service account: no file
+    elif os.environ.get("KUBECONFIG"):
+        files, source = [Path(p) for p in os.environ["KUBECONFIG"].split(os.pathsep) if p], "KUBECONFIG"
+    else:
+        files, source = [p for p in [Path.home() / ".kube" / "config"] if path_exists(p)], "~/.kube/config"
+    for file in files:
+        documents = load_yaml_file(file)
+        if len(documents) != 1 or not isinstance(documents[0], dict):
+            got = f"{len(documents)} documents" if len(documents) != 1 else type_name(documents[0])
+            raise ConfigError(f"{source} {file}: expected one kubeconfig mapping (kind: Config), got {got}")
+
+
+def check_writable_dir(flag: str, path: Path) -> None:
+    """``path`` is a writable directory, or can be created as one."""
+    existing = path
+    while not path_exists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{flag} {path}: {existing} is not a directory; point {flag} at a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {path}: {existing} is not writable by this process; fix its permissions")
+
+
+def check_writable_file(flag: str, path: Path) -> None:
+    if path_exists(path) and not path.is_file():
+        raise ConfigError(f"{flag} {path}: not a regular file; point {flag} at a file")
+    check_writable_dir(f"{flag}'s directory", path.parent)
 
 
 def add_gpu_options(parser: argparse.ArgumentParser) -> None:
@@ -96,6 +216,7 @@ def add_slice_options(parser: argparse.ArgumentParser, *, version_default: str =
         "--driver-name",
         env="DRADRIVER_DRIVER_NAME",
         default=DEFAULT_DRIVER_NAME,
+        type=dns_subdomain("driver name", 63),
         help="DRA driver name (ResourceSlice spec.driver, attribute domain)",
     )
     add_env_option(
@@ -103,6 +224,7 @@ def add_slice_options(parser: argparse.ArgumentParser, *, version_default: str =
         "--kubernetes-version",
         env="DRADRIVER_KUBERNETES_VERSION",
         default=version_default,
+        type=kubernetes_version,
         metavar="1.N",
         help="the cluster's Kubernetes minor version; 1.34 keeps MIG counter sets inline "
         "with devices, 1.35 and newer put them in slices of their own ('dradriver run' reads it from the API "

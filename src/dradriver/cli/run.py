@@ -10,9 +10,20 @@ from pathlib import Path
 from typing import Any
 
 from dradriver.cli.logs import configure_logging
-from dradriver.cli.options import add_env_option, add_gpu_options, add_slice_options
-from dradriver.cli.status_server import StatusServer
+from dradriver.cli.options import (
+    add_env_option,
+    add_gpu_options,
+    add_slice_options,
+    check_kubeconfig,
+    check_writable_dir,
+    check_writable_file,
+    dns_subdomain,
+    interval_seconds,
+)
+from dradriver.cli.sim import unwritable_state
+from dradriver.cli.status_server import StatusServer, check_bindable
 from dradriver.driver.cdi import CdiWriter
+from dradriver.driver.driver_root import DriverRoot, discover_driver_root
 from dradriver.driver.health import GpuHealth
 from dradriver.driver.metrics import InstrumentedHandler
 from dradriver.driver.slices import SliceSettings, build_slice_specs, shape_for
@@ -20,6 +31,8 @@ from dradriver.driver.state import GpuDriver
 from dradriver.errors import ConfigError, DradriverError
 from dradriver.gpu.backend import open_gpu_backend
 from dradriver.gpu.inventory import MigMode, discover
+from dradriver.gpu.sim_driver_root import write_stub_driver_root
+from dradriver.plugin.claim_status import ClaimStatusWriter
 from dradriver.plugin.cluster import ClusterError, kubernetes_minor_version
 from dradriver.plugin.kube_cluster import KubeCluster
 from dradriver.plugin.kubelet_plugin import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, KubeletPlugin
@@ -37,7 +50,9 @@ def register(subcommands: Any) -> None:
         description="Discover this node's GPUs, publish them as ResourceSlices and serve the kubelet's DRA "
         "gRPC API until SIGTERM.",
     )
-    add_env_option(parser, "--node-name", env="NODE_NAME", help="this node's name (required)")
+    add_env_option(
+        parser, "--node-name", env="NODE_NAME", type=dns_subdomain("node name"), help="this node's name (required)"
+    )
     add_env_option(
         parser,
         "--kubeconfig",
@@ -83,7 +98,7 @@ def register(subcommands: Any) -> None:
         "--rescan-interval",
         env="DRADRIVER_RESCAN_INTERVAL",
         default=60.0,
-        type=float,
+        type=interval_seconds,
         metavar="SECONDS",
         help="how often to rediscover GPUs and republish slices if they changed "
         "(MIG devices created out of band, a GPU gone); 0: never",
@@ -106,61 +121,220 @@ def register(subcommands: Any) -> None:
     )
     add_gpu_options(parser)
     add_slice_options(parser, version_default="")
+    add_driver_root_options(parser)
     parser.set_defaults(handler=run)
+
+
+def add_driver_root_options(parser: argparse.ArgumentParser) -> None:
+    """Where the NVIDIA driver's files are, for the CDI specs; and whether claims get device status."""
+    group = parser.add_argument_group("CDI specs and claim status")
+    add_env_option(
+        group,
+        "--driver-root",
+        env="DRADRIVER_DRIVER_ROOT",
+        default="/",
+        help="host path of the NVIDIA driver's files: / where the driver is installed on the host, "
+        "/run/nvidia/driver with the GPU Operator's driver container (a simulated node uses a stub root in the "
+        "plugin directory instead)",
+    )
+    add_env_option(
+        group,
+        "--container-driver-root",
+        env="DRADRIVER_CONTAINER_DRIVER_ROOT",
+        help="where this container mounts --driver-root, e.g. /driver-root (default: the same path)",
+    )
+    add_env_option(
+        group,
+        "--nvidia-cdi-hook-path",
+        env="DRADRIVER_NVIDIA_CDI_HOOK_PATH",
+        default="",
+        metavar="PATH|none",
+        help="host path of NVIDIA's nvidia-cdi-hook for the create-symlinks and update-ldcache hooks; "
+        "empty: use <driver-root>/usr/bin/nvidia-cdi-hook if it exists; none: no hooks",
+    )
+    add_env_option(
+        group,
+        "--claim-device-status",
+        env="DRADRIVER_CLAIM_DEVICE_STATUS",
+        default="true",
+        choices=("true", "false"),
+        help="write prepared devices into the claims' status.devices (API server 1.33+, feature "
+        "DRAResourceClaimDeviceStatus)",
+    )
+    add_env_option(
+        group,
+        "--device-metadata",
+        env="DRADRIVER_DEVICE_METADATA",
+        default="false",
+        choices=("true", "false"),
+        help="give containers KEP-5304 device metadata files under /var/run/kubernetes.io/dra-device-attributes",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_format, args.log_level)
+    check_config(args)
+    return DriverProcess(args).serve()
+
+
+def check_config(args: argparse.Namespace) -> None:
+    """Refuse a configuration that cannot work before anything is created, bound or published (exit 2)."""
     if not args.node_name:
         raise ConfigError("--node-name (or NODE_NAME) is required: set it from the pod's spec.nodeName")
-    node = args.node_name
-    mig_mode = MigMode(args.mig_mode)
     if args.kubernetes_version:
-        shape = shape_for(args.kubernetes_version)  # fails fast, before touching GPUs or the API server
+        shape_for(args.kubernetes_version)  # when unset, the API server is asked later
+    if args.metrics_address:
+        check_bindable("--metrics-address", args.metrics_address)
+    for flag, value in (
+        ("--registry-dir", args.registry_dir),
+        ("--plugin-dir", args.plugin_dir),
+        ("--cdi-dir", args.cdi_dir),
+    ):
+        if value:
+            check_writable_dir(flag, Path(value))
+    if args.sim_state:
+        check_writable_file("--sim-state", Path(args.sim_state))
+    check_kubeconfig("--kubeconfig", args.kubeconfig)
 
-    gpulib, simulated = open_gpu_backend(
-        args.gpu_backend,
-        sim_profile=args.sim_profile,
-        node_name=node,
-        sim_state=Path(args.sim_state) if args.sim_state else None,
-    )
-    inventory = discover(gpulib)
-    log.info(
-        "discovered gpus=%d mig_devices=%d driver=%s backend=%s",
-        len(inventory.gpus),
-        len(inventory.mig_devices),
-        inventory.driver_version,
-        args.gpu_backend,
-    )
 
-    cluster = KubeCluster.from_kubeconfig(args.kubeconfig)
-    if not args.kubernetes_version:
-        shape = shape_for(_detect_kubernetes_version(cluster))
-    node_uid = _node_uid(cluster, node)
-    settings = SliceSettings(driver=args.driver_name, mig_mode=mig_mode, shape=shape)
-    specs = build_slice_specs(inventory, settings)
-    publisher = Publisher(
-        cluster, driver=args.driver_name, node_name=node, node_uid=node_uid, shape=shape, pools=_pools(node, specs)
-    )
+class DriverProcess:
+    """One driver instance: discovery, the cluster connection, slice publishing, the kubelet plugin, the
+    status endpoint and periodic rediscovery, started in that order and stopped in reverse."""
 
-    # A simulated node has no /dev/nvidia*: bind /dev/null so a real runtime can still inject the spec.
-    cdi = CdiWriter(Path(args.cdi_dir), host_path=(lambda _path: "/dev/null") if simulated else lambda _path: None)
-    driver = GpuDriver(driver_name=args.driver_name, pool=node, inventory=inventory, mig_mode=mig_mode, cdi=cdi)
-    health = GpuHealth(inventory=inventory, mig_mode=mig_mode, pool=node)
-    plugin = KubeletPlugin(
-        driver_name=args.driver_name,
-        node_name=node,
-        handler=InstrumentedHandler(driver),
-        claim_source=cluster,
-        health_source=health,
-        registry_dir=Path(args.registry_dir),
-        plugin_dir=Path(args.plugin_dir) if args.plugin_dir else None,
-        pod_uid=args.pod_uid or None,
-    )
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.node: str = args.node_name
+        self.mig_mode = MigMode(args.mig_mode)
+        self.stop = threading.Event()
 
-    def readiness() -> tuple[bool, dict[str, Any]]:
-        published = publisher.status
-        registered = plugin.registration.status
+    def serve(self) -> int:
+        """Run until SIGTERM or SIGINT; release everything on the way out, whatever happened."""
+        self._open_gpus()
+        try:
+            # Before any cluster access: without the driver's libraries no container could use a GPU here.
+            simulated = self.simulated is not None
+            self.driver_root = driver_root_for(self.args, self.inventory.driver_version, simulated=simulated)
+            self._connect()
+            try:
+                self._assemble()
+                self._run_until_stopped()
+            finally:
+                self.cluster.close()
+        finally:
+            self.gpulib.close()
+        return 0
+
+    # -- steps ---------------------------------------------------------------------------------------
+
+    def _open_gpus(self) -> None:
+        args = self.args
+        state = Path(args.sim_state) if args.sim_state else None
+        try:
+            self.gpulib, self.simulated = open_gpu_backend(
+                args.gpu_backend, sim_profile=args.sim_profile, node_name=self.node, sim_state=state
+            )
+        except OSError as err:
+            if state is None:
+                raise
+            raise unwritable_state(state, err) from None
+        try:
+            self.inventory = discover(self.gpulib)
+        except BaseException:
+            self.gpulib.close()
+            raise
+        log.info(
+            "discovered gpus=%d mig_devices=%d driver=%s backend=%s",
+            len(self.inventory.gpus),
+            len(self.inventory.mig_devices),
+            self.inventory.driver_version,
+            args.gpu_backend,
+        )
+
+    def _connect(self) -> None:
+        self.cluster = KubeCluster.from_kubeconfig(self.args.kubeconfig)
+        try:
+            self.shape = shape_for(self.args.kubernetes_version or _detect_kubernetes_version(self.cluster))
+        except BaseException:
+            self.cluster.close()
+            raise
+        self.settings = SliceSettings(driver=self.args.driver_name, mig_mode=self.mig_mode, shape=self.shape)
+
+    def _assemble(self) -> None:
+        args, node = self.args, self.node
+        self.specs = build_slice_specs(self.inventory, self.settings)
+        self.publisher = Publisher(
+            self.cluster,
+            driver=args.driver_name,
+            node_name=node,
+            node_uid=_node_uid(self.cluster, node),
+            shape=self.shape,
+            pools=_pools(node, self.specs),
+        )
+        # A simulated node has no /dev/nvidia*: bind /dev/null so a real runtime can still inject the spec.
+        simulated = self.simulated is not None
+        cdi = CdiWriter(
+            Path(args.cdi_dir),
+            host_path=(lambda _path: "/dev/null") if simulated else lambda _path: None,
+            driver_root=self.driver_root,
+        )
+        self.driver = GpuDriver(
+            driver_name=args.driver_name, pool=node, inventory=self.inventory, mig_mode=self.mig_mode, cdi=cdi
+        )
+        claim_status = (
+            ClaimStatusWriter(self.cluster, driver_name=args.driver_name, node_name=node)
+            if args.claim_device_status == "true"
+            else None
+        )
+        self.health = GpuHealth(inventory=self.inventory, mig_mode=self.mig_mode, pool=node)
+        self.plugin = KubeletPlugin(
+            driver_name=args.driver_name,
+            node_name=node,
+            handler=InstrumentedHandler(self.driver),
+            claim_source=self.cluster,
+            health_source=self.health,
+            registry_dir=Path(args.registry_dir),
+            plugin_dir=Path(args.plugin_dir) if args.plugin_dir else None,
+            claim_status=claim_status,
+            device_metadata_cdi_dir=Path(args.cdi_dir) if args.device_metadata == "true" else None,
+            pod_uid=args.pod_uid or None,
+        )
+        self.status = StatusServer(args.metrics_address, self._readiness) if args.metrics_address else None
+        self.rescanner = threading.Thread(target=self._rescan_loop, name="rescan", daemon=True)
+
+    def _run_until_stopped(self) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: self.stop.set())
+        try:
+            # The instance lock comes first: a second instance must be refused before it publishes anything.
+            self.plugin.start()
+            self.publisher.start()
+            self.health.start(self.gpulib)
+            if self.status:
+                self.status.start()
+            if self.args.rescan_interval > 0:
+                self.rescanner.start()
+            log.info(
+                "ready node=%s driver=%s mig_mode=%s devices=%d",
+                self.node,
+                self.args.driver_name,
+                self.mig_mode.value,
+                sum(len(s.get("devices", ())) for s in self.specs),
+            )
+            self.stop.wait()
+            log.info("stopping")
+        finally:
+            self.stop.set()
+            self.plugin.stop()
+            if self.status:
+                self.status.stop()
+            self.publisher.stop()
+            self.health.stop()
+            if self.rescanner.is_alive():
+                self.rescanner.join(timeout=30)  # a rediscovery in flight finishes before NVML shuts down
+
+    def _readiness(self) -> tuple[bool, dict[str, Any]]:
+        published = self.publisher.status
+        registered = self.plugin.registration.status
         ready = published.ready and registered is not None and registered.registered
         return ready, {
             "slicesPublished": published.ready,
@@ -168,64 +342,41 @@ def run(args: argparse.Namespace) -> int:
             "registered": bool(registered and registered.registered),
         }
 
-    status = StatusServer(args.metrics_address, readiness) if args.metrics_address else None
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+    def _rescan_loop(self) -> None:
+        while not self.stop.wait(self.args.rescan_interval):
+            self._rescan()
 
-    def rescan() -> None:
-        nonlocal specs
-        while not stop.wait(args.rescan_interval):
-            # One bad rescan must not end rescanning for the life of the process: keep the last inventory.
-            try:
-                fresh = discover(gpulib)
-                fresh_specs = build_slice_specs(fresh, settings)
-            except DradriverError as err:
-                log.warning("rediscovery failed; keeping the last inventory error=%s", err)
-                continue
-            if fresh_specs != specs:
-                log.info(
-                    "inventory changed; republishing gpus=%d mig_devices=%d", len(fresh.gpus), len(fresh.mig_devices)
-                )
-                specs = fresh_specs
-                driver.update_inventory(fresh, mig_mode)
-                health.update_inventory(fresh, mig_mode)
-                publisher.update(_pools(node, fresh_specs))
+    def _rescan(self) -> None:
+        """Rediscover and republish if the devices changed; one bad rescan keeps the last inventory."""
+        try:
+            fresh = discover(self.gpulib)
+            fresh_specs = build_slice_specs(fresh, self.settings)
+        except DradriverError as err:
+            log.warning("rediscovery failed; keeping the last inventory error=%s", err)
+            return
+        if fresh_specs == self.specs:
+            return
+        log.info("inventory changed; republishing gpus=%d mig_devices=%d", len(fresh.gpus), len(fresh.mig_devices))
+        self.specs = fresh_specs
+        self.driver.update_inventory(fresh, self.mig_mode)
+        self.health.update_inventory(fresh, self.mig_mode)
+        self.publisher.update(_pools(self.node, fresh_specs))
 
-    rescanner = threading.Thread(target=rescan, name="rescan", daemon=True)
 
-    status_started = False
-    try:
-        # The instance lock comes first: a second instance must be refused before it publishes anything.
-        plugin.start()
-        publisher.start()
-        health.start(gpulib)
-        if status:
-            status.start()
-            status_started = True
-        if args.rescan_interval > 0:
-            rescanner.start()
-        log.info(
-            "ready node=%s driver=%s mig_mode=%s devices=%d",
-            node,
-            args.driver_name,
-            mig_mode.value,
-            sum(len(s.get("devices", ())) for s in specs),
-        )
-        stop.wait()
-        log.info("stopping")
-    finally:
-        stop.set()
-        plugin.stop()
-        if status and status_started:
-            status.stop()
-        publisher.stop()
-        health.stop()
-        if rescanner.is_alive():
-            rescanner.join(timeout=30)  # a rediscovery in flight finishes before NVML shuts down
-        gpulib.close()
-        cluster.close()
-    return 0
+def driver_root_for(args: argparse.Namespace, version: str, *, simulated: bool) -> DriverRoot:
+    """Discover the driver root. A simulated node has no driver installed: it gets a stub root in the plugin
+    directory, a path the DaemonSet mounts at the same place as on the host, so host and container paths agree."""
+    hook = None if args.nvidia_cdi_hook_path == "none" else args.nvidia_cdi_hook_path
+    if simulated:
+        plugin_dir = Path(args.plugin_dir) if args.plugin_dir else DEFAULT_PLUGINS_DIR / args.driver_name
+        stub = write_stub_driver_root(plugin_dir.absolute() / "sim-driver-root", version)
+        return discover_driver_root(host_root=str(stub), version=version, cdi_hook=hook)
+    return discover_driver_root(
+        host_root=args.driver_root,
+        container_root=args.container_driver_root or args.driver_root,
+        version=version,
+        cdi_hook=hook,
+    )
 
 
 def _pools(node: str, specs: list[dict[str, Any]]) -> dict[str, list[SliceSpec]]:

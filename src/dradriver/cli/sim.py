@@ -11,11 +11,12 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from dradriver.cli.options import add_env_option
+from dradriver.cli.options import add_env_option, check_writable_file, dns_subdomain
 from dradriver.errors import ConfigError, DeviceError
 from dradriver.gpu.catalog import load_node_profile
 from dradriver.gpu.models import ComputeMode
 from dradriver.gpu.sim import SimGpu, SimNvmlError, SimulatedNode, full_compute_instance_profile
+from dradriver.inputs import path_exists
 
 
 def register(subcommands: Any) -> None:
@@ -45,13 +46,14 @@ def register(subcommands: Any) -> None:
         "--node-name",
         env="NODE_NAME",
         default="sim-node",
+        type=dns_subdomain("node name"),
         help="node name (the driver's --node-name: it seeds the GPU UUIDs)",
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
 
     show = actions.add_parser("show", help="print GPUs, MIG mode, compute mode and MIG devices")
-    show.set_defaults(sim_action=_show)
+    show.set_defaults(sim_action=_show, read_only=True)
 
     mode = actions.add_parser("mig-mode", help="enable or disable MIG (Ampere: pending until `reset`)")
     mode.add_argument("gpu", help="PCI address (0000:0f:00.0) or index")
@@ -65,12 +67,12 @@ def register(subcommands: Any) -> None:
     create = actions.add_parser("mig-create", help="create a GPU instance with its full compute instance")
     create.add_argument("gpu")
     create.add_argument("profile", help="MIG profile name, e.g. 1g.10gb")
-    create.add_argument("--start", type=int, help="memory slice to place it at (default: the first free one)")
+    create.add_argument("--start", type=non_negative, help="memory slice to place it at (default: the first free one)")
     create.set_defaults(sim_action=_mig_create)
 
     destroy = actions.add_parser("mig-destroy", help="destroy a GPU instance and its compute instances")
     destroy.add_argument("gpu")
-    destroy.add_argument("gpu_instance", type=int, help="GPU instance id (see `show`)")
+    destroy.add_argument("gpu_instance", type=non_negative, help="GPU instance id (see `show`)")
     destroy.set_defaults(sim_action=_mig_destroy)
 
     compute = actions.add_parser("compute-mode", help="set a GPU's compute mode")
@@ -80,24 +82,66 @@ def register(subcommands: Any) -> None:
 
     xid = actions.add_parser("xid", help="raise an XID error on a GPU")
     xid.add_argument("gpu")
-    xid.add_argument("xid", type=int)
+    xid.add_argument("xid", type=xid_number, help=f"XID number, {MIN_XID} to {MAX_XID}")
     xid.set_defaults(sim_action=_xid)
 
     lose = actions.add_parser("lose", help="make a GPU fall off the bus (GPU_IS_LOST until the state is reset)")
     lose.add_argument("gpu")
     lose.set_defaults(sim_action=_lose)
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, read_only=False)
+
+
+# NVML reports XIDs as small positive numbers; the documented ones stay well below this bound.
+MIN_XID, MAX_XID = 1, 999
+
+
+def xid_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not MIN_XID <= value <= MAX_XID:
+        raise argparse.ArgumentTypeError(f"XID {value} is out of range: use {MIN_XID} to {MAX_XID} (e.g. 79, 48)")
+    return value
+
+
+def non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative; see `dradriver sim show` for valid values")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
     if not args.sim_state:
         raise ConfigError("--sim-state is required: the state file the simulated node's driver uses")
-    node = SimulatedNode(load_node_profile(args.sim_profile), node_name=args.node_name, state_path=Path(args.sim_state))
+    state = Path(args.sim_state)
+    check_writable_file("--sim-state", state)
+    profile = load_node_profile(args.sim_profile)
+    # Nothing is created before the values are known good, and reading creates nothing: without a state file,
+    # the GPU is looked up (and `show` shows) the profile's initial state from memory.
+    node = SimulatedNode(profile, node_name=args.node_name, state_path=state if path_exists(state) else None)
+    if getattr(args, "gpu", None) is not None:
+        _gpu(node, args.gpu)
     try:
+        if node.state_path is None and not args.read_only:
+            node = SimulatedNode(profile, node_name=args.node_name, state_path=state)
         args.sim_action(node, args)
     except SimNvmlError as err:
         raise DeviceError(f"simulated NVML refused: {err} (NVML error {err.code})") from err
+    except OSError as err:
+        raise unwritable_state(state, err) from None
     return 0
+
+
+def unwritable_state(state: Path, err: OSError) -> ConfigError:
+    return ConfigError(
+        f"--sim-state {state}: cannot write the state file ({err.strerror or err}); "
+        "point --sim-state at a file in a writable directory"
+    )
 
 
 def _gpu(node: SimulatedNode, which: str) -> SimGpu:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from dradriver.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -20,13 +23,7 @@ class StatusServer:
     """Serves metrics and readiness until ``stop``; ``readiness`` says whether the driver is ready and why."""
 
     def __init__(self, address: str, readiness: Readiness) -> None:
-        host, _, port = address.rpartition(":")
-        try:
-            port_number = int(port)
-        except ValueError:
-            from dradriver.errors import ConfigError
-
-            raise ConfigError(f"--metrics-address {address!r} is not HOST:PORT or :PORT (e.g. :8080)") from None
+        host, port_number = parse_address("--metrics-address", address)
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -54,14 +51,9 @@ class StatusServer:
 
         self.readiness = readiness
         try:
-            self._server = ThreadingHTTPServer((host or "0.0.0.0", port_number), Handler)
+            self._server = ThreadingHTTPServer((host, port_number), Handler)
         except OSError as err:
-            from dradriver.errors import ConfigError
-
-            raise ConfigError(
-                f"cannot serve metrics and probes on {address!r}: {err.strerror or err}; choose another "
-                "--metrics-address (DRADRIVER_METRICS_ADDRESS), or an empty one to turn it off"
-            ) from err
+            raise _unbindable("--metrics-address", address, err) from None
         self._thread = threading.Thread(target=self._server.serve_forever, name="status-server", daemon=True)
 
     @property
@@ -73,5 +65,34 @@ class StatusServer:
         log.info("serving metrics and readiness port=%d", self.port)
 
     def stop(self) -> None:
-        self._server.shutdown()
+        """Stop serving (if started) and release the port."""
+        if self._thread.is_alive():
+            self._server.shutdown()
         self._server.server_close()
+
+
+def parse_address(flag: str, address: str) -> tuple[str, int]:
+    """``HOST:PORT`` or ``:PORT`` (all interfaces); an IPv6 host in brackets."""
+    host, colon, port = address.rpartition(":")
+    if not colon or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{flag} {address!r} is not HOST:PORT or :PORT with a port from 0 to 65535 (e.g. :8080)")
+    return host.removeprefix("[").removesuffix("]") or "0.0.0.0", int(port)
+
+
+def check_bindable(flag: str, address: str) -> None:
+    """Refuse an address the status server could not listen on (a port in use, a host not of this machine)."""
+    host, port = parse_address(flag, address)
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the HTTP server binds
+            probe.bind((host, port))
+    except OSError as err:
+        raise _unbindable(flag, address, err) from None
+
+
+def _unbindable(flag: str, address: str, err: OSError) -> ConfigError:
+    reason = err.strerror or str(err)
+    return ConfigError(
+        f"{flag} {address!r}: cannot listen there ({reason}); choose a free port or an address of this host"
+    )

@@ -3,6 +3,15 @@
 Each claim gets ``<cdi-dir>/k8s.gpu.dradriver.dev-claim_<claim-uid>.json`` with one CDI device per allocated
 device, named ``<claim-uid>-<device>`` so an id is never reused by another claim. Files are written atomically
 (temp file + rename) because runtimes watch the directory and may read at any moment.
+
+What a spec holds (see docs/cdi.md):
+
+- spec-wide edits, applied once to a container that gets any device of the claim: the driver root's libraries,
+  firmware and binaries mounted read-only, the control device nodes, NVIDIA's ``create-symlinks`` and
+  ``update-ldcache`` hooks where the host has ``nvidia-cdi-hook``, and ``NVIDIA_VISIBLE_DEVICES=void``;
+- per-device edits, applied only to containers given that device: its device nodes (a MIG device: the parent's
+  ``/dev/nvidia<minor>`` and its capability nodes) and its own environment variable, so each container of a pod
+  sees only the devices of the requests it names.
 """
 
 from __future__ import annotations
@@ -17,7 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dradriver.driver.driver_root import DriverRoot
 from dradriver.errors import DeviceError
+from dradriver.gpu.inventory import GpuDevice, MigPartition
 from dradriver.gpu.models import DeviceNode
 
 CDI_VENDOR = "k8s.gpu.dradriver.dev"
@@ -27,8 +38,20 @@ CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"
 # Marks a device given with admin access (monitoring): the container may see it, and it stays shareable.
 ADMIN_ACCESS_ENV = "DRA_ADMIN_ACCESS=true"
 
-# Device nodes every CUDA container needs besides its GPUs.
-COMMON_DEVICE_NODES = tuple(DeviceNode(path) for path in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"))
+# NVIDIA's container runtime in legacy mode injects the GPUs this variable names (CUDA images set it to "all"):
+# "void" means none, so only the devices our spec gives reach the container. NVIDIA's own specs do the same.
+NVIDIA_VISIBLE_DEVICES_VOID = "NVIDIA_VISIBLE_DEVICES=void"
+# Each device names itself in DRADRIVER_DEVICE_<NAME>=<UUID>: a key per device, because env edits of two
+# devices with one key would overwrite each other in a container that gets both.
+DEVICE_ENV_PREFIX = "DRADRIVER_DEVICE_"
+
+# Device nodes every CUDA container needs besides its GPUs (the control nodes).
+COMMON_DEVICE_NODES = tuple(
+    DeviceNode(path) for path in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+)
+# Mount options NVIDIA's toolkit uses for driver files, and for the daemons' sockets.
+FILE_MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "rbind", "rprivate")
+SOCKET_MOUNT_OPTIONS = ("nosuid", "nodev", "rbind", "rprivate", "noexec")
 
 _CDI_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
 
@@ -42,11 +65,26 @@ class CdiDevice:
     env: tuple[str, ...] = ()  # "KEY=VALUE"
 
 
+def device_env_name(device_name: str) -> str:
+    """``gpu-0000-07-00-0`` → ``DRADRIVER_DEVICE_GPU_0000_07_00_0``."""
+    return DEVICE_ENV_PREFIX + re.sub(r"[^A-Z0-9]", "_", device_name.upper())
+
+
+def cdi_device(
+    device: GpuDevice | MigPartition, device_nodes: Sequence[DeviceNode], *, admin_access: bool = False
+) -> CdiDevice:
+    """The per-device edits of one resolved GPU or MIG device: its nodes and its own environment."""
+    env = [f"{device_env_name(device.name)}={device.uuid}"] if device.uuid else []
+    if admin_access:
+        env.append(ADMIN_ACCESS_ENV)
+    return CdiDevice(name=device.name, device_nodes=tuple(device_nodes), env=tuple(env))
+
+
 @dataclass(frozen=True)
 class ClaimSpec:
     claim_uid: str
     devices: tuple[CdiDevice, ...]
-    env: tuple[str, ...] = field(default=())  # spec-wide, e.g. NVIDIA_VISIBLE_DEVICES for the whole claim
+    env: tuple[str, ...] = field(default=())  # spec-wide, added after NVIDIA_VISIBLE_DEVICES=void
 
 
 class CdiWriter:
@@ -56,6 +94,7 @@ class CdiWriter:
     node maps every GPU node to ``/dev/null`` so that a real runtime can still inject the spec. ``node_exists``
     tells whether a host node is there: the common nodes (``/dev/nvidiactl``, ``/dev/nvidia-uvm*``) are left out
     when missing (the uvm module loads on first use), since the runtime fails a container over a missing node.
+    ``driver_root``, when given, adds the driver's files (mounts and hooks) to every spec.
     """
 
     def __init__(
@@ -64,10 +103,12 @@ class CdiWriter:
         *,
         host_path: Callable[[str], str | None] = lambda _path: None,
         node_exists: Callable[[str], bool] = os.path.exists,
+        driver_root: DriverRoot | None = None,
     ) -> None:
         self.cdi_dir = cdi_dir
         self._host_path = host_path
         self._node_exists = node_exists
+        self.driver_root = driver_root
 
     def spec_path(self, claim_uid: str) -> Path:
         # The CDI library's transient spec name: vendor-class_<id>, with '/' in the id replaced by '_'.
@@ -155,9 +196,12 @@ class CdiWriter:
                 edits["env"] = list(device.env)
             devices.append({"name": name, "containerEdits": edits})
         present = [node for node in COMMON_DEVICE_NODES if self._node_exists(self._host_path(node.path) or node.path)]
-        common: dict[str, Any] = {"deviceNodes": [self._node(node) for node in present]}
-        if claim.env:
-            common["env"] = list(claim.env)
+        common: dict[str, Any] = {
+            "env": [NVIDIA_VISIBLE_DEVICES_VOID, *claim.env],
+            "deviceNodes": [self._node(node) for node in present],
+        }
+        if self.driver_root is not None:
+            common.update(driver_root_edits(self.driver_root))
         spec: dict[str, Any] = {"cdiVersion": "", "kind": CDI_KIND, "devices": devices, "containerEdits": common}
         spec["cdiVersion"] = minimum_cdi_version(spec)
         return spec
@@ -175,12 +219,53 @@ class CdiWriter:
         return rendered
 
 
+def driver_root_edits(root: DriverRoot) -> dict[str, Any]:
+    """The mounts and hooks that give a container the driver's user-space files, as NVIDIA's toolkit does.
+
+    Host paths name the host's driver root (the runtime binds them on the host); container paths are the files'
+    paths inside the root. With NVIDIA's hook on the host, ``create-symlinks`` recreates the soname links
+    (``libcuda.so.1``, …) and ``update-ldcache`` puts the library directories into the container's linker cache.
+    Without it, each installed soname link is bind-mounted instead (a bind follows the link, so the container
+    gets a file of that name); the libraries then load from the default search path or LD_LIBRARY_PATH.
+    """
+    mounts: list[dict[str, Any]] = []
+
+    def mount(host: str, container: str, options: Sequence[str]) -> None:
+        mounts.append({"hostPath": host, "containerPath": container, "options": list(options)})
+
+    for file in (*root.libraries, *root.firmware, *root.binaries):
+        mount(root.host_path(file), file.container_path, FILE_MOUNT_OPTIONS)
+    for file in root.sockets:
+        mount(root.host_path(file), file.container_path, SOCKET_MOUNT_OPTIONS)
+    hooks: list[dict[str, Any]] = []
+    if root.cdi_hook:
+        argv0 = ["nvidia-ctk", "hook"] if Path(root.cdi_hook).name == "nvidia-ctk" else [Path(root.cdi_hook).name]
+        links = [arg for link in root.symlinks for arg in ("--link", f"{link.target}::{link.link}")]
+        if links:
+            hooks.append(
+                {"hookName": "createContainer", "path": root.cdi_hook, "args": [*argv0, "create-symlinks", *links]}
+            )
+        folders = [arg for folder in root.library_dirs for arg in ("--folder", folder)]
+        hooks.append(
+            {"hookName": "createContainer", "path": root.cdi_hook, "args": [*argv0, "update-ldcache", *folders]}
+        )
+    else:
+        for link in root.symlinks:
+            if link.installed:
+                mount(str(root.host_root / link.link.lstrip("/")), link.link, FILE_MOUNT_OPTIONS)
+    edits: dict[str, Any] = {"mounts": mounts}
+    if hooks:
+        edits["hooks"] = hooks
+    return edits
+
+
 def minimum_cdi_version(spec: dict[str, Any]) -> str:
     """The lowest CDI version that can express ``spec``, as the CDI library computes it.
 
     Runtimes reject versions newer than their library knows (podman 4.3 refuses 0.6.0), so never claim more.
     Only the features we emit are checked: hostPath on device nodes and device names starting with a digit need
-    0.5.0; annotations or a '.' in the class would need 0.6.0.
+    0.5.0; a typed mount needs 0.4.0; annotations or a '.' in the class would need 0.6.0. Mounts without a type
+    and hooks are 0.3.0 features.
     """
     vendor_class = spec["kind"].split("/", 1)[1]
     if spec.get("annotations") or "." in vendor_class or any(d.get("annotations") for d in spec["devices"]):
@@ -193,4 +278,6 @@ def minimum_cdi_version(spec: dict[str, Any]) -> str:
         return "0.5.0"
     if any(d["name"][:1].isdigit() for d in spec["devices"]):
         return "0.5.0"
+    if any(mount.get("type") for e in edits for mount in e.get("mounts", [])):
+        return "0.4.0"
     return "0.3.0"

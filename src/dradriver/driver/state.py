@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dradriver.driver.cdi import ADMIN_ACCESS_ENV, CdiDevice, CdiWriter, ClaimSpec
+from dradriver.driver.cdi import CdiWriter, ClaimSpec, cdi_device
+from dradriver.driver.device_status import device_metadata_attributes, device_status_data
 from dradriver.errors import ClaimError, DradriverError
 from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode, MigPartition
 from dradriver.gpu.models import DeviceNode
@@ -87,18 +88,12 @@ class GpuDriver:
             by_device.setdefault(result.device, []).append(result.request)
         resolved = [self._resolve(uid, name, device) for device in by_device]
         exclusive = {r.device for r in allocated if not r.admin_access}
-        uuids = [d.uuid for d in resolved]
         spec = ClaimSpec(
             claim_uid=uid,
             devices=tuple(
-                CdiDevice(
-                    name=d.name,
-                    device_nodes=_device_nodes(d, f"{name} ({uid})"),
-                    env=() if d.name in exclusive else (ADMIN_ACCESS_ENV,),
-                )
+                cdi_device(d, _device_nodes(d, f"{name} ({uid})"), admin_access=d.name not in exclusive)
                 for d in resolved
             ),
-            env=(f"NVIDIA_VISIBLE_DEVICES={','.join(u for u in uuids if u)}",),
         )
         # Check and write under one lock, so two claims racing for one device cannot both pass the check.
         with self._prepare_lock:
@@ -106,8 +101,15 @@ class GpuDriver:
             cdi_ids = self.cdi.write(spec)
         log.info("prepared claim=%s name=%s devices=%s", uid, name, ",".join(by_device))
         return tuple(
-            PreparedDevice(pool=self.pool, device=device, requests=tuple(requests), cdi_device_ids=(cdi_id,))
-            for (device, requests), cdi_id in zip(by_device.items(), cdi_ids, strict=True)
+            PreparedDevice(
+                pool=self.pool,
+                device=device,
+                requests=tuple(requests),
+                cdi_device_ids=(cdi_id,),
+                status_data=device_status_data(found, admin_access=device not in exclusive),
+                metadata=device_metadata_attributes(found),
+            )
+            for (device, requests), cdi_id, found in zip(by_device.items(), cdi_ids, resolved, strict=True)
         )
 
     def _refuse_overlap(self, uid: str, name: str, devices: set[str]) -> None:

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from dradriver.errors import ConfigError
 from dradriver.gpu.models import NO_CLUSTER_UUID, MigProfile, Placement
+from dradriver.inputs import parse_yaml, path_exists, read_text
 
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -138,7 +139,8 @@ class NodeProfile(_Strict):
     nvswitch: bool = Field(default=False, description="every GPU is attached to one NVSwitch fabric")
     nvlink_bridges: tuple[tuple[int, int], ...] = Field(default=(), alias="nvlinkBridges")
     fabric: FabricSpec | None = Field(default=None, description="multi-node NVLink clique of the NVSwitch fabric")
-    gpus: tuple[GpuSpec, ...] = Field(min_length=1)
+    # NVML numbers GPUs per node; no server holds more than a few dozen (and each costs simulation time).
+    gpus: tuple[GpuSpec, ...] = Field(min_length=1, max_length=64)
 
     @model_validator(mode="after")
     def _consistent(self) -> NodeProfile:
@@ -225,17 +227,15 @@ def load_node_profile(name_or_path: str) -> NodeProfile:
         text = resources.files("dradriver.gpu").joinpath(f"data/nodes/{name_or_path}.yaml").read_text()
     else:
         path = Path(name_or_path)
-        if not path.is_file():
+        if not path_exists(path):
             raise ConfigError(
                 f"unknown simulated node profile {name_or_path!r}: not a built-in profile "
                 f"({', '.join(builtin_profile_names())}) and no such file"
             )
         source = str(path)
-        text = path.read_text()
-    try:
-        raw: Any = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{source}: not valid YAML: {err}") from err
+        text = read_text(path)
+    documents = parse_yaml(text, source=source)
+    raw: Any = documents[0] if len(documents) == 1 else None
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: a node profile must be a mapping with 'name' and 'gpus'")
     try:

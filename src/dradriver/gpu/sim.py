@@ -34,6 +34,7 @@ from dradriver.gpu.catalog import (
     load_products,
 )
 from dradriver.gpu.models import NO_CLUSTER_UUID, ComputeMode, FabricState, MigProfile, NvlinkPeerType, Placement
+from dradriver.inputs import InputError, path_exists, read_text
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +182,7 @@ class SimulatedNode:
         ]
         for gpu in self.gpus:
             gpu.fabric_state = self._initial_fabric_state(gpu)
-        if state_path is not None and state_path.exists():
+        if state_path is not None and path_exists(state_path):
             self._load_state(state_path)
         else:
             self._apply_profile_mig_layout(ordered)
@@ -587,15 +588,20 @@ class SimulatedNode:
             )
 
         try:
-            raw = json.loads(path.read_text())
-        except (OSError, ValueError) as err:
-            raise bad("(file)", f"not readable JSON ({err})") from err
+            raw = json.loads(read_text(path))
+        except InputError as err:
+            raise bad("(file)", str(err).removeprefix(f"{path}: ")) from None
+        except (ValueError, RecursionError) as err:
+            raise bad("(file)", f"not readable JSON ({err})") from None
         if not isinstance(raw, dict) or raw.get("kind") != STATE_KIND:
             raise bad("kind", f"expected {STATE_KIND!r}")
         if raw.get("version") != STATE_VERSION:
             raise bad("version", f"version {raw.get('version')!r} is not supported (this build reads {STATE_VERSION})")
         if raw.get("profile") != self.profile.name:
             raise bad("profile", f"written for profile {raw.get('profile')!r}, not {self.profile.name!r}")
+        if raw.get("node", self.node_name) != self.node_name:
+            # GPU UUIDs derive from the node name: another node's file would describe other GPUs.
+            raise bad("node", f"written for node {raw.get('node')!r}, not {self.node_name!r} (check --node-name)")
         gpus = raw.get("gpus")
         if not isinstance(gpus, dict) or set(gpus) != {g.pci_bus_id for g in self.gpus}:
             raise bad("gpus", "does not list exactly this profile's GPUs by PCI address")

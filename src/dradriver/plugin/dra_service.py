@@ -16,7 +16,9 @@ import grpc
 
 from dradriver.api.generated import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from dradriver.errors import DradriverError
+from dradriver.plugin.claim_status import ClaimStatusWriter
 from dradriver.plugin.claims import ClaimLocks, ClaimSource, base_request_name, claim_problem, ref_problem
+from dradriver.plugin.device_metadata import DeviceMetadataWriter
 from dradriver.plugin.handler import ClaimRef, DriverHandler, PreparedDevice, PrepareResult
 
 logger = logging.getLogger(__name__)
@@ -40,12 +42,21 @@ class ClaimProcessor:
     """Runs prepare/unprepare batches from the kubelet through a :class:`DriverHandler`."""
 
     def __init__(
-        self, *, driver_name: str, handler: DriverHandler, claim_source: ClaimSource, locks: ClaimLocks
+        self,
+        *,
+        driver_name: str,
+        handler: DriverHandler,
+        claim_source: ClaimSource,
+        locks: ClaimLocks,
+        claim_status: ClaimStatusWriter | None = None,
+        device_metadata: DeviceMetadataWriter | None = None,
     ) -> None:
         self.driver_name = driver_name
         self._handler = handler
         self._claims = claim_source
         self._locks = locks
+        self._claim_status = claim_status
+        self._device_metadata = device_metadata
 
     def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         """Prepare the referenced claims; the result has an entry for every distinct UID in ``refs``."""
@@ -67,9 +78,23 @@ class ClaimProcessor:
                     lambda batch: self._handler.prepare_resource_claims([claim for _, claim in batch]),
                     "prepare",
                 )
-            for uid, outcome in outcomes.items():
-                results[uid] = self._check_prepare_result(uid, outcome)
+                for uid, outcome in outcomes.items():
+                    results[uid] = self._with_metadata(fetched[uid], self._check_prepare_result(uid, outcome))
+            for uid in outcomes:
+                if self._claim_status is not None and results[uid].error is None:
+                    self._claim_status.prepared(_ref_of(fetched[uid]), results[uid].devices)
         return results
+
+    def _with_metadata(self, claim: Mapping[str, Any], result: PrepareResult) -> PrepareResult:
+        """Add the device metadata files of a prepared claim (when enabled); their failure fails the claim,
+        since its containers could not start with a CDI id that resolves to nothing."""
+        if self._device_metadata is None or result.error:
+            return result
+        try:
+            return PrepareResult(devices=self._device_metadata.write(claim, result.devices))
+        except DradriverError as err:
+            logger.warning("device metadata failed claim uid=%s error=%s", claim["metadata"]["uid"], err)
+            return PrepareResult(error=str(err))
 
     def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str | None]:
         """Unprepare the referenced claims; map each distinct UID in ``refs`` to an error or None."""
@@ -89,6 +114,9 @@ class ClaimProcessor:
                     lambda batch: self._handler.unprepare_resource_claims([ref for _, ref in batch]),
                     "unprepare",
                 )
+                if self._device_metadata is not None:
+                    outcomes = {uid: self._remove_metadata(uid, outcome) for uid, outcome in outcomes.items()}
+            refs_by_uid = dict(valid)
             for uid, outcome in outcomes.items():
                 if isinstance(outcome, _Failure):
                     results[uid] = outcome.message
@@ -96,7 +124,18 @@ class ClaimProcessor:
                     results[uid] = outcome or None
                 else:
                     results[uid] = f"driver returned {type(outcome).__name__} for claim UID {uid}, not an error string"
+                if self._claim_status is not None and results[uid] is None:
+                    self._claim_status.unprepared(refs_by_uid[uid])
         return results
+
+    def _remove_metadata(self, uid: str, outcome: str | _Failure | None) -> str | _Failure | None:
+        if self._device_metadata is None or isinstance(outcome, _Failure) or outcome:
+            return outcome
+        try:
+            self._device_metadata.remove(uid)
+        except DradriverError as err:
+            return _Failure(str(err))
+        return outcome
 
     def _fetch(self, ref: ClaimRef, into: dict[str, Mapping[str, Any]]) -> str | None:
         try:
@@ -169,6 +208,8 @@ class ClaimProcessor:
                     requests=tuple(dict.fromkeys(base_request_name(r) for r in device.requests)),
                     cdi_device_ids=tuple(device.cdi_device_ids),
                     share_id=device.share_id,
+                    status_data=device.status_data,
+                    metadata=device.metadata,
                 )
             )
         return PrepareResult(devices=tuple(devices))
@@ -179,6 +220,11 @@ class _Failure:
 
     def __init__(self, message: str) -> None:
         self.message = message
+
+
+def _ref_of(claim: Mapping[str, Any]) -> ClaimRef:
+    meta = claim["metadata"]
+    return ClaimRef(namespace=str(meta.get("namespace", "")), name=str(meta.get("name", "")), uid=str(meta["uid"]))
 
 
 def _distinct(refs: Iterable[ClaimRef]) -> list[ClaimRef]:

@@ -32,6 +32,9 @@ class PreparedDevice:
 
     ``requests`` are the claim's request names this device serves (a ``req/sub`` name is reduced to ``req`` by
     the plugin layer); empty means every request of the claim. ``share_id`` is only sent over DRA v1.
+    ``status_data``, a JSON object of at most 10 KiB, becomes the device's ``data`` in the claim's
+    ``status.devices`` when the plugin writes claim device status. ``metadata`` are the device's attributes in
+    ``DeviceAttribute`` JSON form (``{"uuid": {"string": "GPU-…"}}``) for the KEP-5304 device metadata file.
     """
 
     pool: str
@@ -39,6 +42,8 @@ class PreparedDevice:
     requests: tuple[str, ...] = ()
     cdi_device_ids: tuple[str, ...] = ()
     share_id: str | None = None
+    status_data: Mapping[str, Any] | None = None
+    metadata: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)

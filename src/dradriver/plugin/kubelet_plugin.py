@@ -19,7 +19,9 @@ from types import TracebackType
 import grpc
 
 from dradriver.errors import ConfigError
+from dradriver.plugin.claim_status import ClaimStatusWriter
 from dradriver.plugin.claims import ClaimLocks, ClaimSource
+from dradriver.plugin.device_metadata import DeviceMetadataWriter
 from dradriver.plugin.dra_service import ClaimProcessor, add_dra_services
 from dradriver.plugin.handler import DriverHandler, HealthSource
 from dradriver.plugin.health import DRAResourceHealthV1alpha1, add_health_service
@@ -56,7 +58,9 @@ class KubeletPlugin:
 
     ``handler`` prepares and unprepares claims; ``claim_source`` fetches claims from the API server before
     prepare; ``health_source``, if given, feeds the health stream (and the service is only advertised then).
-    ``claim_locks`` is a seam for tests that need to observe per-claim serialisation.
+    ``claim_locks`` is a seam for tests that need to observe per-claim serialisation. ``claim_status``, if
+    given, writes each prepared claim's ``status.devices`` and clears it at unprepare.
+    ``device_metadata_cdi_dir``, if given, turns on KEP-5304 device metadata files, with their CDI specs there.
 
     ``pod_uid`` switches on rolling-update mode (as the upstream kubeletplugin helper's ``RollingUpdate``): the
     registration and DRA sockets get per-pod names (``<driver>-<uid>-reg.sock``, ``dra-<uid>.sock``) so a new
@@ -81,6 +85,8 @@ class KubeletPlugin:
         stop_grace: float = 5.0,
         max_workers: int = 16,
         claim_locks: ClaimLocks | None = None,
+        claim_status: ClaimStatusWriter | None = None,
+        device_metadata_cdi_dir: Path | None = None,
         pod_uid: str | None = None,
     ) -> None:
         if not _DRIVER_NAME.match(driver_name) or len(driver_name) > 63:
@@ -108,10 +114,22 @@ class KubeletPlugin:
             self.registration_socket = rolling_update_registration_socket(self.registry_dir, driver_name, self.pod_uid)
         self.registration = RegistrationState()
         self.claim_locks = claim_locks or ClaimLocks()
+        self.claim_status = claim_status
         if self.pod_uid is not None:
             handler = SerializedHandler(handler, self.plugin_dir / SERIALIZE_LOCK_NAME)
         self._processor = ClaimProcessor(
-            driver_name=driver_name, handler=handler, claim_source=claim_source, locks=self.claim_locks
+            driver_name=driver_name,
+            handler=handler,
+            claim_source=claim_source,
+            locks=self.claim_locks,
+            claim_status=claim_status,
+            device_metadata=(
+                DeviceMetadataWriter(
+                    driver_name=driver_name, plugin_dir=self.plugin_dir, cdi_dir=device_metadata_cdi_dir
+                )
+                if device_metadata_cdi_dir is not None
+                else None
+            ),
         )
         self._health = (
             DRAResourceHealthV1alpha1(health_source, interval=health_interval) if health_source is not None else None
@@ -168,6 +186,8 @@ class KubeletPlugin:
             self._dra_server.stop(self._stop_grace)
             self._dra_server = None
             logger.info("stopped DRA services socket=%s", self.dra_socket)
+        if self.claim_status is not None:
+            self.claim_status.stop()
         self._lock.release()
 
     def run_until(self, stop: threading.Event) -> None:

@@ -1,0 +1,236 @@
+"""Claim device status: after a prepare, tell the cluster about the prepared devices in ``status.devices``.
+
+The ResourceClaim's ``status.devices`` (KEP-4817, feature ``DRAResourceClaimDeviceStatus``: beta and on since
+1.33, GA in 1.37) lists, per allocated device, conditions and driver-specific ``data`` that users and controllers
+read with ``kubectl get resourceclaim -o yaml``. A driver owns the entries with its own driver name and leaves the
+others alone. The write goes through the ``resourceclaims/status`` subresource (on 1.36 and later the service
+account also needs ``associated-node:update`` on the synthetic ``resourceclaims/driver`` subresource, see
+docs/cdi.md).
+
+Status is information, not part of preparing: writes run on a background thread after the kubelet already has its
+answer, are retried with back-off, and a failure is logged, never reported to the kubelet. Jobs run in order, so
+the clearing at unprepare always comes after the write of the prepare before it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import queue
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from dradriver.plugin.cluster import ClusterError, ConflictError, NotFoundError
+from dradriver.plugin.handler import ClaimRef, PreparedDevice
+
+logger = logging.getLogger(__name__)
+
+READY = "Ready"
+# The API server's limits on an AllocatedDeviceStatus (resource.k8s.io validation).
+MAX_DATA_BYTES = 10 * 1024
+
+
+class ClaimStatusPort(Protocol):
+    """The two calls of the cluster port this needs (``plugin.cluster.Cluster`` has both)."""
+
+    def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]: ...
+
+    def update_resource_claim_status(self, claim: dict[str, Any]) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class _Job:
+    ref: ClaimRef
+    devices: tuple[PreparedDevice, ...] | None  # None: clear this driver's entries
+
+
+class ClaimStatusWriter:
+    """Writes and clears this driver's entries of ``status.devices``, in the background, retrying with back-off.
+
+    ``attempts`` bounds the tries per job (conflicts re-read the claim and count as tries); ``backoff`` is the
+    first wait, doubled up to ``max_backoff``. :meth:`wait_idle` lets tests wait until the queue is drained.
+    """
+
+    def __init__(
+        self,
+        cluster: ClaimStatusPort,
+        *,
+        driver_name: str,
+        node_name: str,
+        attempts: int = 6,
+        backoff: float = 0.5,
+        max_backoff: float = 10.0,
+    ) -> None:
+        self._cluster = cluster
+        self.driver_name = driver_name
+        self.node_name = node_name
+        self._attempts = attempts
+        self._backoff = backoff
+        self._max_backoff = max_backoff
+        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._stop = threading.Event()
+        self._idle = threading.Condition()
+        self._pending = 0
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    # --- the plugin layer's calls ------------------------------------------------------------------------
+
+    def prepared(self, ref: ClaimRef, devices: Sequence[PreparedDevice]) -> None:
+        """Queue writing ``devices`` as this driver's entries of the claim's ``status.devices``."""
+        self._submit(_Job(ref, tuple(devices)))
+
+    def unprepared(self, ref: ClaimRef) -> None:
+        """Queue removing this driver's entries from the claim's ``status.devices``."""
+        self._submit(_Job(ref, None))
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._stop.clear()
+                self._thread = threading.Thread(target=self._run, name="claim-status", daemon=True)
+                self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop after the job in flight; queued jobs are dropped (the kubelet repeats prepare after a restart)."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._stop.set()
+        self._jobs.put(None)
+        thread.join(timeout)
+        dropped = 0
+        while True:
+            try:
+                if self._jobs.get_nowait() is not None:
+                    dropped += 1
+            except queue.Empty:
+                break
+        with self._idle:
+            self._pending -= dropped
+            self._idle.notify_all()
+        if dropped:
+            logger.info("claim status updates dropped at stop count=%d", dropped)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until every queued job is done (or given up); False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout)
+
+    # --- the worker --------------------------------------------------------------------------------------
+
+    def _submit(self, job: _Job) -> None:
+        with self._idle:
+            self._pending += 1
+        self.start()
+        self._jobs.put(job)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            job = self._jobs.get()
+            if job is None:
+                break
+            try:
+                self._apply(job)
+            except Exception:  # a bug here must not end status writing for the life of the process
+                logger.exception("claim status update failed claim=%s", job.ref)
+            finally:
+                with self._idle:
+                    self._pending -= 1
+                    self._idle.notify_all()
+
+    def _apply(self, job: _Job) -> None:
+        what = "write" if job.devices is not None else "clear"
+        delay = self._backoff
+        for attempt in range(1, self._attempts + 1):
+            try:
+                self._try(job)
+                return
+            except NotFoundError:
+                logger.debug("claim status %s skipped: claim is gone claim=%s", what, job.ref)
+                return
+            except ClusterError as err:
+                final = attempt == self._attempts or not (err.retryable or isinstance(err, ConflictError))
+                log = logger.warning if final else logger.info
+                log(
+                    "claim status %s failed claim=%s attempt=%d/%d%s error=%s",
+                    what,
+                    job.ref,
+                    attempt,
+                    self._attempts,
+                    "" if final else " retrying",
+                    err,
+                )
+                if final:
+                    return
+            if self._stop.wait(delay):
+                return
+            delay = min(delay * 2, self._max_backoff)
+
+    def _try(self, job: _Job) -> None:
+        claim = self._cluster.get_resource_claim(job.ref.namespace, job.ref.name)
+        if claim.get("metadata", {}).get("uid") != job.ref.uid:
+            logger.debug("claim status skipped: claim was replaced claim=%s", job.ref)
+            return
+        status = claim.setdefault("status", {})
+        current = list(status.get("devices") or [])
+        if job.devices is None:
+            wanted = [entry for entry in current if entry.get("driver") != self.driver_name]
+        elif not status.get("allocation"):
+            return  # deallocated meanwhile: the API server accepts entries only for allocated devices
+        else:
+            ours = [self._entry(device, current) for device in job.devices]
+            wanted = [entry for entry in current if entry.get("driver") != self.driver_name] + ours
+        if wanted == current:
+            return
+        updated = copy.deepcopy(claim)
+        if wanted:
+            updated["status"]["devices"] = wanted
+        else:
+            updated["status"].pop("devices", None)
+        self._cluster.update_resource_claim_status(updated)
+        logger.info(
+            "claim status %s claim=%s devices=%d",
+            "cleared" if job.devices is None else "written",
+            job.ref,
+            len(job.devices or ()),
+        )
+
+    def _entry(self, device: PreparedDevice, current: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        key = (self.driver_name, device.pool, device.device, device.share_id)
+        before = next((e for e in current if _key(e) == key), None)
+        ready = {
+            "type": READY,
+            "status": "True",
+            "reason": "Prepared",
+            "message": f"prepared on node {self.node_name}",
+            "lastTransitionTime": _now(),
+        }
+        # An unchanged condition keeps its transition time, so a repeated prepare changes nothing.
+        for old in (before or {}).get("conditions") or []:
+            if old.get("type") == READY and all(old.get(k) == ready[k] for k in ("status", "reason", "message")):
+                ready["lastTransitionTime"] = old.get("lastTransitionTime", ready["lastTransitionTime"])
+        entry: dict[str, Any] = {"driver": self.driver_name, "pool": device.pool, "device": device.device}
+        if device.share_id is not None:
+            entry["shareID"] = device.share_id
+        entry["conditions"] = [ready]
+        if device.status_data:
+            data = dict(device.status_data)
+            if len(json.dumps(data, separators=(",", ":"))) > MAX_DATA_BYTES:
+                logger.warning("device status data over %d bytes left out device=%s", MAX_DATA_BYTES, device.device)
+            else:
+                entry["data"] = data
+        return entry
+
+
+def _key(entry: Mapping[str, Any]) -> tuple[Any, Any, Any, Any]:
+    return (entry.get("driver"), entry.get("pool"), entry.get("device"), entry.get("shareID"))
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

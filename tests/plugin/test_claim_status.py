@@ -1,0 +1,176 @@
+"""Claim device status through the real cluster adapter against the API server stand-in: written after a
+prepare, cleared at unprepare, retried on failures, and never a reason for a prepare to fail."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.apiserver import ApiEnv, api_env
+from support.kubelet_plugin_fakes import DRIVER, make_claim
+
+from dradriver.plugin.claim_status import ClaimStatusWriter
+from dradriver.plugin.claims import ClaimLocks
+from dradriver.plugin.dra_service import ClaimProcessor
+from dradriver.plugin.handler import ClaimRef, PreparedDevice, PrepareResult
+
+STATUS_PATH = r"/resourceclaims/[^/]+/status$"
+DATA = {"uuid": "GPU-1234", "productName": "NVIDIA A100-SXM4-40GB", "sharing": {"strategy": "Exclusive"}}
+
+
+class DataHandler:
+    """Prepares every allocated device of our driver and reports ``DATA`` as its status data."""
+
+    def prepare_resource_claims(self, claims: Sequence[Mapping[str, Any]]) -> Mapping[str, PrepareResult]:
+        out = {}
+        for claim in claims:
+            results = claim["status"]["allocation"]["devices"]["results"]
+            out[claim["metadata"]["uid"]] = PrepareResult(
+                devices=tuple(
+                    PreparedDevice(pool=r["pool"], device=r["device"], requests=(r["request"],), status_data=DATA)
+                    for r in results
+                    if r["driver"] == DRIVER
+                )
+            )
+        return out
+
+    def unprepare_resource_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, str | None]:
+        return {ref.uid: None for ref in claims}
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[ApiEnv]:
+    with api_env(tmp_path) as env:
+        yield env
+
+
+@pytest.fixture
+def writer(api: ApiEnv) -> Iterator[ClaimStatusWriter]:
+    status = ClaimStatusWriter(api.cluster, driver_name=DRIVER, node_name="node-a", backoff=0.01, attempts=4)
+    yield status
+    status.stop()
+
+
+@pytest.fixture
+def processor(api: ApiEnv, writer: ClaimStatusWriter) -> ClaimProcessor:
+    return ClaimProcessor(
+        driver_name=DRIVER, handler=DataHandler(), claim_source=api.cluster, locks=ClaimLocks(), claim_status=writer
+    )
+
+
+def stored_claim(api: ApiEnv, *, other_driver_entry: bool = False) -> ClaimRef:
+    claim = make_claim(
+        "c1",
+        "",
+        results=[
+            {"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": "gpu-0"},
+            {"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": "gpu-1"},
+            {"request": "nic", "driver": "nic.example.com", "pool": "node-a", "device": "eth0"},
+        ],
+    )
+    del claim["metadata"]["uid"]
+    if other_driver_entry:
+        claim["status"]["devices"] = [{"driver": "nic.example.com", "pool": "node-a", "device": "eth0"}]
+    created = api.server.create("resourceclaims", claim)
+    return ClaimRef("default", "c1", created["metadata"]["uid"])
+
+
+def devices_of(api: ApiEnv, driver: str = DRIVER) -> list[dict[str, Any]]:
+    claim = api.server.get("resourceclaims", "c1", "default") or {}
+    return [d for d in claim.get("status", {}).get("devices", []) if d["driver"] == driver]
+
+
+def test_prepare_writes_each_device_with_a_ready_condition_and_its_data(
+    api: ApiEnv, processor: ClaimProcessor, writer: ClaimStatusWriter
+) -> None:
+    ref = stored_claim(api)
+    assert processor.prepare([ref])[ref.uid].error is None
+    assert writer.wait_idle(10)
+    written = devices_of(api)
+    assert [(d["pool"], d["device"]) for d in written] == [("node-a", "gpu-0"), ("node-a", "gpu-1")]
+    [ready] = written[0]["conditions"]
+    assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "True", "Prepared")
+    assert "node-a" in ready["message"]
+    assert written[0]["data"] == DATA
+
+
+def test_unprepare_clears_our_entries_and_keeps_other_drivers(
+    api: ApiEnv, processor: ClaimProcessor, writer: ClaimStatusWriter
+) -> None:
+    ref = stored_claim(api, other_driver_entry=True)
+    processor.prepare([ref])
+    assert writer.wait_idle(10)
+    assert len(devices_of(api)) == 2 and len(devices_of(api, "nic.example.com")) == 1
+    assert processor.unprepare([ref]) == {ref.uid: None}
+    assert writer.wait_idle(10)
+    assert devices_of(api) == []
+    assert devices_of(api, "nic.example.com") == [{"driver": "nic.example.com", "pool": "node-a", "device": "eth0"}]
+
+
+def test_a_repeated_prepare_writes_nothing_new(
+    api: ApiEnv, processor: ClaimProcessor, writer: ClaimStatusWriter
+) -> None:
+    ref = stored_claim(api)
+    processor.prepare([ref])
+    assert writer.wait_idle(10)
+    mark = api.server.mark()
+    processor.prepare([ref])  # the kubelet repeats prepare after its restart
+    assert writer.wait_idle(10)
+    assert [r for r in api.server.writes_since(mark) if r.path.endswith("/status")] == []
+
+
+def test_a_failing_status_write_does_not_fail_the_prepare_and_is_retried(
+    api: ApiEnv, processor: ClaimProcessor, writer: ClaimStatusWriter
+) -> None:
+    ref = stored_claim(api)
+    api.server.fail_next("PUT", STATUS_PATH, 500, count=2)
+    api.server.fail_next("PUT", STATUS_PATH, 409, count=1)
+    result = processor.prepare([ref])[ref.uid]
+    assert result.error is None and len(result.devices) == 2
+    assert writer.wait_idle(10)
+    assert len(devices_of(api)) == 2
+
+
+def test_a_status_write_that_keeps_failing_is_given_up_and_the_prepare_still_succeeds(
+    api: ApiEnv, processor: ClaimProcessor, writer: ClaimStatusWriter
+) -> None:
+    ref = stored_claim(api)
+    api.server.fail_next("PUT", STATUS_PATH, 403, count=100, message="forbidden: RBAC")
+    assert processor.prepare([ref])[ref.uid].error is None
+    assert writer.wait_idle(10)
+    puts = [r for r in api.server.requests if r.method == "PUT" and r.path.endswith("/status")]
+    assert len(puts) == 1  # forbidden is not retried: RBAC does not fix itself
+    assert devices_of(api) == []
+
+
+def test_a_deleted_or_replaced_claim_is_left_alone(api: ApiEnv, writer: ClaimStatusWriter) -> None:
+    ref = stored_claim(api)
+    writer.prepared(ClaimRef(ref.namespace, ref.name, "another-uid"), [PreparedDevice(pool="node-a", device="gpu-0")])
+    writer.unprepared(ClaimRef(ref.namespace, "gone", "uid-gone"))
+    assert writer.wait_idle(10)
+    assert devices_of(api) == []
+
+
+def test_the_stand_in_rejects_status_for_a_device_that_is_not_allocated(api: ApiEnv, writer: ClaimStatusWriter) -> None:
+    ref = stored_claim(api)
+    writer.prepared(ref, [PreparedDevice(pool="node-a", device="gpu-9")])
+    assert writer.wait_idle(10)
+    assert devices_of(api) == []
+    rejected = [r for r in api.server.requests if r.method == "PUT" and r.status == 422]
+    assert len(rejected) == 1
+
+
+def test_stop_drops_queued_updates_and_a_later_update_starts_the_writer_again(
+    api: ApiEnv, writer: ClaimStatusWriter
+) -> None:
+    ref = stored_claim(api)
+    api.server.delay_next("GET", r"/resourceclaims/c1$", 0.5)
+    writer.prepared(ref, [PreparedDevice(pool="node-a", device="gpu-0")])
+    writer.prepared(ref, [PreparedDevice(pool="node-a", device="gpu-1")])
+    writer.stop()
+    assert writer.wait_idle(1)
+    writer.prepared(ref, [PreparedDevice(pool="node-a", device="gpu-0")])
+    assert writer.wait_idle(10)
+    assert [d["device"] for d in devices_of(api)] == ["gpu-0"]

@@ -1,0 +1,88 @@
+"""The bounded loader every input file goes through: limits, encodings and special files."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from dradriver.inputs import MAX_YAML_DEPTH, InputError, load_yaml_file, parse_yaml, read_text
+
+
+def test_documents_load_as_json_would_see_them(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("---\nname: 2024-01-01\ndata: !!binary aGk=\n---\n---\n[1, 2]\n")
+    assert load_yaml_file(path) == [{"name": "2024-01-01", "data": "aGk="}, [1, 2]]
+
+
+def test_a_byte_order_mark_is_accepted(tmp_path: Path) -> None:
+    path = tmp_path / "bom.yaml"
+    path.write_bytes(b"\xef\xbb\xbfa: 1\n")
+    assert load_yaml_file(path) == [{"a": 1}]
+
+
+@pytest.mark.parametrize(
+    ("special", "message"),
+    [("/dev/zero", "not a regular file"), ("/dev/null", "not a regular file"), ("/", "is a directory")],
+)
+def test_special_files_are_refused_without_reading_them(special: str, message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        read_text(Path(special))
+
+
+def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(InputError, match="not a regular file"):
+        load_yaml_file(fifo)
+
+
+def test_a_file_over_the_size_limit_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "big.yaml"
+    path.write_text("a: " + "x" * 100)
+    with pytest.raises(InputError, match="more than the limit of 50"):
+        load_yaml_file(path, limit=50)
+
+
+def test_bytes_that_are_not_utf8_are_located(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(b"name: caf\xe9\n")
+    with pytest.raises(InputError, match=r"not UTF-8 text \(byte 0xe9 at offset 9\); save it as UTF-8"):
+        load_yaml_file(path)
+
+
+def test_a_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=r"nope\.yaml: no such file"):
+        load_yaml_file(tmp_path / "nope.yaml")
+
+
+def test_nesting_is_limited_before_the_stack_is_exhausted() -> None:
+    deep = "[" * 20000 + "]" * 20000
+    with pytest.raises(InputError, match=f"deep.yaml: line 1: nested deeper than {MAX_YAML_DEPTH} levels"):
+        parse_yaml(deep, source="deep.yaml")
+    assert parse_yaml("[" * 50 + "]" * 50, source="ok.yaml")
+
+
+def test_alias_expansion_is_limited() -> None:
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    with pytest.raises(InputError, match=r"laughs\.yaml: expands to more than"):
+        parse_yaml("\n".join(lines), source="laughs.yaml")
+
+
+def test_an_alias_containing_itself_is_refused() -> None:
+    with pytest.raises(InputError, match="expands to more than"):
+        parse_yaml("&a [*a]", source="self.yaml")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("a:\n\tb: 1\n", r"line 2, column 1: found character '\\t'"),
+        ("!!python/object:os.system {}\n", "could not determine a constructor"),
+        ("? [a]\n: b\n", "found unhashable key"),
+    ],
+)
+def test_invalid_yaml_is_one_line_with_its_position(text: str, message: str) -> None:
+    with pytest.raises(InputError, match=message) as raised:
+        parse_yaml(text, source="f.yaml")
+    assert "\n" not in str(raised.value)
