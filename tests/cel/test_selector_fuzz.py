@@ -40,6 +40,12 @@ ATOMS = st.sampled_from(
         'semver("1.2.3")',
         "optional.none()",
         'ip("10.0.0.1")',
+        'cidr("10.0.0.0/8")',
+        'timestamp("2024-01-01T00:00:00Z")',
+        'duration("1h30m")',
+        'url("https://example.com:80/p?q=1")',
+        '"%s-%d-%.2f"',
+        "lists.range(3)",
         "x",
     ]
 )
@@ -65,6 +71,13 @@ BINARY = [
     "{}.map(x, {})",
     "{}.transformList(i, v, {})",
     "cel.bind(x, {}, {})",
+    "{} - {}",
+    "{}.format([{}])",
+    "{}.getHours({})",
+    "{}.containsIP({})",
+    "{}.sortBy(x, {})",
+    "{}.transformMap(k, v, {})",
+    "{}.slice(0, {})",
 ]
 
 
@@ -92,3 +105,12 @@ def test_generated_selector_ends_in_a_result_or_a_cel_error(gpu: dict[str, Any],
     else:
         assert type(result) is bool
     assert time.monotonic() - started < 5, expression
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text(alphabet="()[]{}.?!-+*/%<>=&|\"'` a1b,:_\\u\n", max_size=60))
+def test_arbitrary_text_compiles_or_is_a_compile_error(expression: str) -> None:
+    try:
+        compile_selector(expression)
+    except CelCompileError as err:
+        assert err.line >= 1 and err.column >= 1
