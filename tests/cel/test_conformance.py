@@ -322,6 +322,19 @@ CASES = [
     ('url("https://example.com/path?k1=a&k2=b&k2=c").getQuery() == {"k1": ["a"], "k2": ["b", "c"]}', True),
     ('url("/path").getScheme() == "" && url("https://example.com").getEscapedPath() == ""', True),
     ('url("../x").getScheme() == ""', ERROR),
+    # Kubernetes named formats
+    ('!format.dns1123Label().validate("my-name").hasValue()', True),
+    ('format.dns1123Label().validate("My_Name").value().size() == 1', True),
+    ('format.named("dns1035Label").value().validate("1abc").hasValue()', True),
+    (
+        '!format.named("noSuchFormat").hasValue() && !format.qualifiedName().validate("example.com/MyName").hasValue()',
+        True,
+    ),
+    ('format.labelValue().validate("a" + "b".replace("b", "x") + "-").hasValue()', True),
+    ('!format.uuid().validate("123e4567-e89b-12d3-a456-426614174000").hasValue()', True),
+    ('format.byte().validate("not base64!").value() == ["invalid base64"]', True),
+    ('!format.date().validate("2021-01-01").hasValue() && format.date().validate("2021-02-30").hasValue()', True),
+    ('!format.dns1123LabelPrefix().validate("my-prefix-").hasValue()', True),
     # syntax and unknown names
     ('device.driver = "x"', COMPILE),
     ("device.driver == ", COMPILE),

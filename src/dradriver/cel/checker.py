@@ -101,6 +101,7 @@ def type_str(t: Type) -> str:
         "IP": "net.IP",
         "CIDR": "net.CIDR",
         "URL": "kubernetes.URL",
+        "Format": "kubernetes.NamedFormat",
         "timestamp": "google.protobuf.Timestamp",
         "duration": "google.protobuf.Duration",
         "null": "null_type",

@@ -15,6 +15,7 @@ from dradriver.cel.checker import CheckResult, Type
 from dradriver.cel.errors import CelEvaluationError
 from dradriver.cel.library import Overload
 from dradriver.cel.library import sort_by_keys as library_sort_by_keys
+from dradriver.cel.named_formats import NamedFormat
 from dradriver.cel.net_ext import CIDRValue, IPValue
 from dradriver.cel.semver import Semver
 from dradriver.cel.time_ext import Duration, Timestamp
@@ -117,6 +118,7 @@ def _runtime_match(param: Type, value: Any) -> bool:
         "duration": kind is Duration,
         "CIDR": kind is CIDRValue,
         "URL": kind is URLValue,
+        "Format": kind is NamedFormat,
     }.get(param, False)
 
 

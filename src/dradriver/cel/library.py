@@ -1,9 +1,10 @@
 """The functions a DRA selector may call, with their signatures (for the checker) and implementations.
 
 What is here mirrors the Kubernetes CEL environment for device selectors (docs/explain.md has the table
-per Kubernetes version): CEL's standard functions, optional types, cel-go's strings (v2), sets and lists
-(v3) extensions, and the Kubernetes libraries quantity, semver, regex, lists, IP, CIDR and URL. Not provided (a compile
-error names them): Kubernetes' format library.
+per Kubernetes version): CEL's standard functions, timestamps and durations, optional types, cel-go's
+strings (v2), sets and lists (v3) extensions, and the Kubernetes libraries quantity, semver, regex, lists,
+IP, CIDR, URL and named formats. UNSUPPORTED names what exists elsewhere in Kubernetes' CEL (authorizer,
+jsonpatch, …) so that a compile error can say so.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import re2  # type: ignore[import-untyped]
 
 from dradriver.cel.errors import CelEvaluationError
 from dradriver.cel.format_ext import format_string
+from dradriver.cel.named_formats import FORMAT_FUNCTIONS
 from dradriver.cel.net_ext import NET_FUNCTIONS
 from dradriver.cel.semver import Semver, SemverError, is_semver
 from dradriver.cel.strings_ext import STRING_FUNCTIONS
@@ -539,7 +541,7 @@ for _name, _overloads in STRING_FUNCTIONS.items():
 for _name, _overloads in TIME_FUNCTIONS.items():
     FUNCTIONS[_name] = FUNCTIONS.get(_name, ()) + tuple(Overload(*o) for o in _overloads)
 
-for _name, _overloads in (*NET_FUNCTIONS.items(), *URL_FUNCTIONS.items()):
+for _name, _overloads in (*NET_FUNCTIONS.items(), *URL_FUNCTIONS.items(), *FORMAT_FUNCTIONS.items()):
     FUNCTIONS[_name] = FUNCTIONS.get(_name, ()) + tuple(Overload(*o) for o in _overloads)
 
 FUNCTIONS["indexOf"] += (_o(True, ("list", "any"), "int", _list_index),)
@@ -553,16 +555,5 @@ UNSUPPORTED = {
     "base64.encode",
     "base64.decode",
     "jsonpatch.escapeKey",
-    "format.named",
-    "format.dns1123Label",
-    "format.dns1123Subdomain",
-    "format.dns1035Label",
-    "format.qualifiedName",
-    "format.labelValue",
-    "format.uri",
-    "format.uuid",
-    "format.byte",
-    "format.date",
-    "format.datetime",
     "authorizer",
 }
