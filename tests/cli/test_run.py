@@ -116,6 +116,20 @@ def test_a_kubeconfig_that_is_no_mapping_is_named(tmp_path, capsys):
     )
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--health-ignore-xids", "13,x"], "--health-ignore-xids '13,x': 'x' is not an XID number"),
+        (["--health-fatal-xids", "1000"], "--health-fatal-xids '1000': XID 1000 is outside 1..999"),
+        (["--health-recovery-period", "-5"], "--health-recovery-period -5.0: seconds, 0 or more"),
+    ],
+)
+def test_run_refuses_a_bad_health_policy_with_one_line(capsys, tmp_path, flags, message):
+    assert main(["run", "--node-name", "n", "--gpu-backend", "sim", "--registry-dir", str(tmp_path), *flags]) == 2
+    assert message in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_driver_root_without_libcuda_is_a_start_up_error_naming_the_flags(tmp_path):
     import argparse
 

@@ -140,3 +140,24 @@ def test_a_state_file_that_cannot_be_written_is_one_error(capsys):
     assert main(["sim", "--sim-state", "/proc/dradriver-test/state.json", "lose", "0"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--sim-state /proc/" in err
+
+
+def test_ecc_errors_are_counted_and_a_reset_brings_a_lost_gpu_back(tmp_path, capsys):
+    state = tmp_path / "state.json"
+    assert sim(state, "ecc", "1", "--count", "3") == 0
+    assert "3 double-bit ECC error(s) on 0000:0f:00.0: 3 since the last reset" in capsys.readouterr().out
+    assert sim(state, "ecc", "1", "--count", "0") == 2
+    assert "--count 0" in capsys.readouterr().err
+    assert sim(state, "lose", "2") == 0
+    assert sim(state, "reset", "2") == 0
+    assert "reset 0000:47:00.0 (back on the bus)" in capsys.readouterr().out
+    node = SimulatedNode(load_node_profile("mixed"), node_name="sim-node", state_path=state)
+    assert node.gpu(2).index == 2 and node.ecc_errors(1, volatile=True) == 3
+
+
+def test_an_unattributable_loss_leaves_the_gpu_answering(tmp_path, capsys):
+    state = tmp_path / "state.json"
+    assert sim(state, "lose", "2", "--unattributable") == 0
+    assert "NVML cannot say which GPU" in capsys.readouterr().out
+    assert sim(state, "show") == 0
+    assert "MIG lost" not in capsys.readouterr().out

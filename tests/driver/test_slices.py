@@ -181,3 +181,47 @@ def test_the_whole_gpu_excludes_every_partition():
     assert counters_admit([whole])
     for partition in PARTITIONS:
         assert not counters_admit([whole, partition]), partition["name"]
+
+
+def test_taints_go_on_their_devices_and_slices_hold_at_most_64_devices_with_health_on():
+    inventory = inventory_of("dgx-a100-40gb")
+    bad = {"gpu-0000-0f-00-0": [{"key": f"{DOMAIN}/xid", "value": "79", "effect": "NoSchedule"}]}
+    specs = build_slice_specs(inventory, SliceSettings(mig_mode=MigMode.NONE), taints=lambda n: bad.get(n, []))
+    devices = {d["name"]: d for s in specs for d in s["devices"]}
+    assert devices["gpu-0000-0f-00-0"]["taints"] == bad["gpu-0000-0f-00-0"]
+    assert "taints" not in devices["gpu-0000-07-00-0"]
+    objects = as_resource_slices(specs, node_name="node-a")
+    assert validate_pool(objects) == []
+    for obj in objects:
+        kubernetes_validate.validate(obj, "1.37.0", strict=True)
+
+
+def test_mig_partitions_carry_their_parents_taints_in_dynamic_mode():
+    inventory = inventory_of("dgx-a100-40gb")
+    parent = inventory.gpus[0]
+    family = {parent.name} | {p.name for p in inventory.partitions(parent)}
+    taint = [{"key": f"{DOMAIN}/ecc", "value": "2", "effect": "NoSchedule"}]
+    specs = build_slice_specs(inventory, SliceSettings(), taints=lambda n: taint if n in family else [])
+    tainted = {d["name"] for s in specs for d in s.get("devices", []) if d.get("taints")}
+    assert tainted == family
+    assert validate_pool(as_resource_slices(specs, node_name="node-a")) == []
+
+
+def test_a_device_gets_no_more_taints_than_its_kubernetes_version_allows():
+    inventory = inventory_of("dgx-a100-40gb")
+    many = [{"key": f"{DOMAIN}/k{i}", "value": "", "effect": "NoSchedule"} for i in range(20)]
+    for shape, limit in ((SliceShape.V1_34, 4), (SliceShape.V1_35, 16)):
+        specs = build_slice_specs(inventory, SliceSettings(mig_mode=MigMode.NONE, shape=shape), taints=lambda n: many)
+        assert {len(d["taints"]) for s in specs for d in s["devices"]} == {limit}
+        assert validate_pool(as_resource_slices(specs, node_name="node-a"), shape=shape) == []
+
+
+def test_informational_taints_are_left_out_for_kubernetes_1_34():
+    inventory = inventory_of("dgx-a100-40gb")
+    both = [
+        {"key": f"{DOMAIN}/xid", "value": "79", "effect": "NoSchedule"},
+        {"key": f"{DOMAIN}/xid", "value": "31", "effect": "None"},
+    ]
+    for shape, effects in ((SliceShape.V1_34, ["NoSchedule"]), (SliceShape.V1_35, ["NoSchedule", "None"])):
+        specs = build_slice_specs(inventory, SliceSettings(mig_mode=MigMode.NONE, shape=shape), taints=lambda n: both)
+        assert [t["effect"] for t in specs[0]["devices"][0]["taints"]] == effects

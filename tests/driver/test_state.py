@@ -174,3 +174,36 @@ def test_an_admin_access_claim_does_not_block_a_regular_one(driver: GpuDriver, t
     assert driver.prepare_resource_claims([monitor])["m"].error is None
     assert "DRA_ADMIN_ACCESS=true" in (tmp_path / "k8s.gpu.dradriver.dev-claim_m.json").read_text()
     assert driver.prepare_resource_claims([claim("b", ("g", "gpu-0000-0f-00-0"))])["b"].error is None
+
+
+def test_a_new_claim_on_an_unhealthy_device_is_refused_naming_cause_and_time(tmp_path: Path):
+    problems = {"gpu-0000-0f-00-0": "XID 79 on GPU GPU-1 (since 2026-11-23T05:00:00Z)"}
+    driver = GpuDriver(
+        driver_name=DRIVER,
+        pool="node-a",
+        inventory=inventory_of("mixed"),
+        mig_mode=MigMode.STATIC,
+        cdi=CdiWriter(tmp_path),
+        device_problem=problems.get,
+    )
+    result = driver.prepare_resource_claims([claim("u1", ("a", "gpu-0000-47-00-0"), ("b", "gpu-0000-0f-00-0"))])["u1"]
+    assert result.error is not None
+    assert "device gpu-0000-0f-00-0 is unhealthy: XID 79" in result.error
+    assert "since 2026-11-23T05:00:00Z" in result.error
+    assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+def test_a_claim_prepared_before_its_device_turned_unhealthy_is_left_alone(tmp_path: Path):
+    problems: dict[str, str] = {}
+    driver = GpuDriver(
+        driver_name=DRIVER,
+        pool="node-a",
+        inventory=inventory_of("mixed"),
+        mig_mode=MigMode.STATIC,
+        cdi=CdiWriter(tmp_path),
+        device_problem=problems.get,
+    )
+    first = driver.prepare_resource_claims([claim("u1", ("a", "gpu-0000-0f-00-0"))])["u1"]
+    problems["gpu-0000-0f-00-0"] = "double-bit ECC error (since 2026-11-23T05:00:00Z)"
+    assert driver.prepare_resource_claims([claim("u1", ("a", "gpu-0000-0f-00-0"))])["u1"] == first
+    assert "unhealthy" in str(driver.prepare_resource_claims([claim("u2", ("a", "gpu-0000-0f-00-0"))])["u2"].error)

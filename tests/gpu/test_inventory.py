@@ -7,10 +7,12 @@ from typing import Any
 import pytest
 from support.nodes import inventory_of
 
+from dradriver.gpu.catalog import load_node_profile
 from dradriver.gpu.errors import GpuError
 from dradriver.gpu.fakelib import simulated_gpulib
 from dradriver.gpu.inventory import GpuDevice, MigMode, MigPartition, discover, gpu_name, partition_name
 from dradriver.gpu.models import FabricInfo, FabricState, MigProfile, Placement
+from dradriver.gpu.sim import SimulatedNode
 
 DGX_A100_BUSES = [
     "0000:07:00.0",
@@ -226,3 +228,27 @@ def test_media_extension_and_no_media_profiles_get_different_names():
     without_me = partition_name("gpu-0000-07-00-0", _profile("1g.24gb-me", 24), Placement(3, 1))
     assert with_me == "gpu-0000-07-00-0-mig-1g24gbme-3"  # docs/slices.md: without dots or +
     assert without_me == "gpu-0000-07-00-0-mig-1g24gb-me-3"
+
+
+def test_a_lost_gpu_is_skipped_and_listed_and_the_others_are_offered():
+    gpulib, node = simulated_gpulib("dgx-a100-40gb")
+    before = discover(gpulib)
+    node.lose_gpu(5)
+    after = discover(gpulib)
+    assert [g.name for g in after.gpus] == [g.name for g in before.gpus if g.info.index != 5]
+    [lost] = after.lost_gpus
+    assert (lost.index, lost.name, lost.uuid) == (5, before.gpus[5].name, before.gpus[5].uuid)
+    assert "fell off the bus" in lost.reason
+    node.reset_gpu(5)
+    assert discover(gpulib).gpus == before.gpus
+    gpulib.close()
+
+
+def test_a_gpu_lost_before_it_was_ever_read_is_listed_by_index(tmp_path):
+    state = tmp_path / "state.json"
+    SimulatedNode(load_node_profile("dgx-a100-40gb"), state_path=state).lose_gpu(0)
+    gpulib, _ = simulated_gpulib("dgx-a100-40gb", state_path=state)
+    inventory = discover(gpulib)
+    assert len(inventory.gpus) == 7
+    assert [(g.index, g.name, g.uuid) for g in inventory.lost_gpus] == [(0, None, None)]
+    gpulib.close()

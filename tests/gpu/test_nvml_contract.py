@@ -530,6 +530,52 @@ def test_events_before_the_gpus_were_enumerated_are_not_reported() -> None:
     assert lib.wait_for_event(0.05) is None
 
 
+def test_a_double_bit_ecc_error_is_reported_and_counted(backend: Backend) -> None:
+    node = simulated(backend)
+    gpus = backend.lib.gpus()
+    node.inject_ecc(1, 4)
+    assert backend.lib.wait_for_event(5) == GpuEvent(gpu_uuid=gpus[1].uuid, ecc_double_bit=True)
+    assert backend.lib.probe(gpus[1].uuid).ecc_uncorrected_volatile == 4
+    node.reset_gpu(1)
+    assert backend.lib.probe(gpus[1].uuid).ecc_uncorrected_volatile == 0
+
+
+def test_a_probe_of_a_lost_gpu_fails_and_succeeds_again_after_a_reset() -> None:
+    lib, node = simulated_gpulib("dgx-a100-40gb")
+    uuid = lib.gpus()[2].uuid
+    node.lose_gpu(2)
+    assert lib.wait_for_event(5) == GpuEvent(gpu_uuid=uuid, gpu_lost=True)
+    with pytest.raises(GpuIsLost):
+        lib.probe(uuid)
+    node.reset_gpu(2)
+    assert lib.probe(uuid).ecc_uncorrected_volatile == 0
+    node.lose_gpu(2)  # watched again: a second loss is reported too
+    assert lib.wait_for_event(5) == GpuEvent(gpu_uuid=uuid, gpu_lost=True)
+
+
+def test_a_gpu_lost_before_enumeration_is_skipped_and_read_once_it_answers(tmp_path: Path) -> None:
+    state = tmp_path / "state.json"
+    admin = SimulatedNode(load_node_profile("dgx-a100-40gb"), state_path=state)
+    admin.lose_gpu(3)
+    lib, _ = simulated_gpulib("dgx-a100-40gb", state_path=state)
+    assert len(lib.gpus()) == 7
+    assert [u.index for u in lib.unreadable_gpus()] == [3]
+    admin.reset_gpu(3)
+    assert [g.index for g in lib.gpus()] == list(range(8))
+    assert lib.unreadable_gpus() == []
+    admin.inject_xid(3, 79)
+    assert lib.wait_for_event(5) == GpuEvent(gpu_uuid=lib.gpus()[3].uuid, xid=79)
+    lib.close()
+
+
+def test_an_unattributable_loss_is_a_gpu_is_lost_error() -> None:
+    lib, node = simulated_gpulib("dgx-a100-40gb")
+    lib.gpus()
+    node.lose_gpu(2, attributable=False)
+    with pytest.raises(GpuIsLost, match="which one is unknown"):
+        lib.wait_for_event(5)
+
+
 # --- errors ---------------------------------------------------------------------------------------------------
 
 

@@ -318,6 +318,51 @@ def test_a_lost_gpu_fails_every_call_and_raises_an_event(make_node: MakeNode) ->
     assert node.gpu(1).index == 1
 
 
+def test_double_bit_ecc_errors_raise_an_event_and_grow_both_counters(make_node: MakeNode) -> None:
+    node = make_node()
+    after = node.last_event_sequence()
+    node.inject_ecc(1, 5)
+    event = node.wait_event(after, {1}, timeout_s=1)
+    assert event is not None and event.ecc_double_bit and event.xid is None
+    assert (node.ecc_errors(1, volatile=True), node.ecc_errors(1, volatile=False)) == (5, 5)
+    with pytest.raises(ValueError, match="at least 1"):
+        node.inject_ecc(1, 0)
+
+
+def test_a_reset_zeroes_volatile_ecc_brings_a_lost_gpu_back_and_drops_its_unread_events(make_node: MakeNode) -> None:
+    node = make_node()
+    node.inject_ecc(1, 2)
+    node.reset_gpu(1)
+    assert (node.ecc_errors(1, volatile=True), node.ecc_errors(1, volatile=False)) == (0, 2)
+    after = node.last_event_sequence()
+    node.lose_gpu(2)
+    node.inject_xid(3, 79)
+    node.reset_gpu(2)
+    assert node.gpu(2).index == 2
+    event = node.wait_event(after, {2, 3}, timeout_s=1)
+    assert event is not None and event.gpu_index == 3  # GPU 2's lost event went with the reset
+
+
+def test_an_unattributable_loss_raises_the_event_but_every_gpu_still_answers(make_node: MakeNode) -> None:
+    node = make_node()
+    after = node.last_event_sequence()
+    node.lose_gpu(2, attributable=False)
+    event = node.wait_event(after, {2}, timeout_s=1)
+    assert event is not None and event.gpu_lost
+    assert node.gpu(2).index == 2
+
+
+def test_ecc_counters_and_a_reset_outlive_a_restart(make_node: MakeNode, tmp_path: Path) -> None:
+    state = tmp_path / "state.json"
+    first = make_node(state_path=state)
+    first.inject_ecc(0, 3)
+    first.lose_gpu(1)
+    again = make_node(state_path=state)
+    assert again.ecc_errors(0, volatile=True) == 3
+    again.reset_gpu(1)
+    assert make_node(state_path=state).gpu(1).index == 1
+
+
 # --- NVLink fabric ---------------------------------------------------------------------------------------------
 
 REGISTERED = SimFabric(FabricState.COMPLETED, 0, NO_CLUSTER_UUID, 0)
@@ -541,3 +586,17 @@ def test_a_profile_with_more_gpus_than_a_node_holds_is_refused(tmp_path: Path) -
     profile.write_text("name: big\ngpus:\n" + gpus)
     with pytest.raises(ConfigError, match=r"gpus: .*at most 64"):
         load_node_profile(str(profile))
+
+
+def test_event_ids_are_never_reused_after_a_reset_removed_the_logged_events(
+    make_node: MakeNode, tmp_path: Path
+) -> None:
+    state = tmp_path / "state.json"
+    driver = make_node(state_path=state)
+    after = driver.last_event_sequence()
+    make_node(state_path=state).lose_gpu(2)
+    assert driver.wait_event(after, {2}, timeout_s=5) is not None
+    make_node(state_path=state).reset_gpu(2)  # another process: the log no longer holds the lost event
+    make_node(state_path=state).inject_xid(1, 79)
+    event = driver.wait_event(after, {1}, timeout_s=5)
+    assert event is not None and event.xid == 79

@@ -551,3 +551,48 @@ def test_a_writer_fighting_over_the_slices_makes_the_publisher_back_off_instead_
     make_publisher({NODE: [spec("gpu-0")]}, cluster=fighting)
     assert sleeps.held.wait(10), f"no backoff after {fighting.our_writes} writes"
     assert fighting.our_writes == 3  # one create, then two passes that restored the slice
+
+
+def _mixed_taints() -> SliceSpec:
+    blocking = [{"key": f"{DRIVER}/xid", "value": "79", "effect": "NoSchedule"}]
+    informational = [{"key": f"{DRIVER}/xid", "value": "31", "effect": "None"}]
+    return SliceSpec.of(devices=[gpu("gpu-0", taints=blocking), gpu("gpu-1", taints=informational), gpu("gpu-2")])
+
+
+def test_where_the_server_drops_taints_tainted_devices_are_withdrawn_once_noticed(
+    api: ApiEnv, make_publisher: PublisherFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    api.server.drop_device_taints = True
+    publisher = make_publisher({NODE: [_mixed_taints()]})
+    assert publisher.wait_synced(10)
+    assert device_names(api) == [["gpu-1", "gpu-2"]]
+    assert all("taints" not in d for d in slices(api)[0]["spec"]["devices"])
+    assert publisher.status.taints_dropped
+    # Health changes later: still withdrawn, and said only once.
+    publisher.update({NODE: [spec("gpu-0", "gpu-1", "gpu-2", taints=[{"key": "k", "effect": "NoExecute"}])]})
+    assert publisher.wait_synced(10)
+    assert device_names(api) == [[]]
+    publisher.update({NODE: [spec("gpu-0", "gpu-1", "gpu-2")]})
+    assert publisher.wait_synced(10)
+    assert device_names(api) == [["gpu-0", "gpu-1", "gpu-2"]]
+    assert caplog.text.count("dropped devices[].taints") == 1
+
+
+def test_withdrawal_can_be_switched_off_then_tainted_devices_stay_offered(
+    api: ApiEnv, make_publisher: PublisherFactory
+) -> None:
+    api.server.drop_device_taints = True
+    publisher = make_publisher({NODE: [_mixed_taints()]}, withdraw_tainted_if_dropped=False)
+    assert publisher.wait_synced(10)
+    assert device_names(api) == [["gpu-0", "gpu-1", "gpu-2"]]
+    assert publisher.status.taints_dropped
+
+
+def test_a_server_that_keeps_taints_gets_them_and_nothing_is_withdrawn(
+    api: ApiEnv, make_publisher: PublisherFactory
+) -> None:
+    publisher = make_publisher({NODE: [_mixed_taints()]})
+    assert publisher.wait_synced(10)
+    assert device_names(api) == [["gpu-0", "gpu-1", "gpu-2"]]
+    assert not publisher.status.taints_dropped
+    assert [t["effect"] for t in slices(api)[0]["spec"]["devices"][0]["taints"]] == ["NoSchedule"]

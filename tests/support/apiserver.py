@@ -248,8 +248,11 @@ def _matches(
 class FakeApiServer:
     """The stand-in server. Use as a context manager, or call :meth:`start` and :meth:`stop`."""
 
-    def __init__(self, *, validate: bool = True) -> None:
+    def __init__(self, *, validate: bool = True, drop_device_taints: bool = False) -> None:
         self.validate = validate
+        # As a server with the DRADeviceTaints gate off (before 1.36, or disabled) does: it accepts a slice with
+        # devices[].taints and silently stores it without them.
+        self.drop_device_taints = drop_device_taints
         # What GET /version answers: set another release to exercise the driver's version detection.
         self.version: dict[str, str] = {"major": "1", "minor": "35", "gitVersion": "v1.35.0", "platform": "linux/amd64"}
         self._cond = threading.Condition()
@@ -355,6 +358,8 @@ class FakeApiServer:
     def _fill_slice_defaults(self, obj: dict[str, Any]) -> None:
         # The real server sets a taint's timeAdded when the writer leaves it out.
         for device in obj.get("spec", {}).get("devices") or []:
+            if self.drop_device_taints:
+                device.pop("taints", None)
             for taint in device.get("taints") or []:
                 taint.setdefault("timeAdded", _now())
 

@@ -11,11 +11,13 @@ from typing import Any
 import yaml
 
 from dradriver.cli.options import add_env_option, add_gpu_options, add_output_option, add_slice_options, dns_subdomain
+from dradriver.driver.health import GpuHealth, HealthPolicy
 from dradriver.driver.slices import SliceSettings, as_resource_slices, build_slice_specs, shape_for
 from dradriver.gpu.backend import open_gpu_backend
 from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode, MigPartition, discover
 from dradriver.gpu.models import MigProfile
 from dradriver.inputs import path_exists
+from dradriver.plugin.kubelet_plugin import DEFAULT_PLUGINS_DIR
 
 
 def register(subcommands: Any) -> None:
@@ -34,6 +36,13 @@ def register(subcommands: Any) -> None:
         type=dns_subdomain("node name"),
         help="node name (names the simulated node's GPUs)",
     )
+    add_env_option(
+        parser,
+        "--plugin-dir",
+        env="DRADRIVER_PLUGIN_DIR",
+        help=f"the running driver's plugin directory, whose health.json holds device health and taints "
+        f"(default: {DEFAULT_PLUGINS_DIR}/<driver-name>)",
+    )
     add_slice_options(parser)
     add_output_option(parser, ("table", "json", "yaml", "slices"), "table")
     parser.set_defaults(handler=run)
@@ -42,16 +51,28 @@ def register(subcommands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     inventory = load_inventory(args)
     mode = MigMode(args.mig_mode)
+    plugin_dir = Path(args.plugin_dir) if args.plugin_dir else DEFAULT_PLUGINS_DIR / args.driver_name
+    # What the running driver knows (XIDs, ECC errors) plus what discovery sees now (lost GPUs).
+    health = GpuHealth(
+        inventory=inventory,
+        mig_mode=mode,
+        pool=args.node_name,
+        policy=HealthPolicy(taint_domain=args.driver_name),
+        state_path=plugin_dir / "health.json",
+        save_state=False,
+    )
     if args.output == "table":
-        sys.stdout.write(render_table(inventory, mode))
+        sys.stdout.write(render_table(inventory, mode, health))
     elif args.output == "slices":
         settings = SliceSettings(driver=args.driver_name, mig_mode=mode, shape=shape_for(args.kubernetes_version))
         slices = as_resource_slices(
-            build_slice_specs(inventory, settings), node_name=args.node_name, driver=args.driver_name
+            build_slice_specs(inventory, settings, taints=health.taints),
+            node_name=args.node_name,
+            driver=args.driver_name,
         )
         sys.stdout.write(yaml.safe_dump_all(slices, sort_keys=False))
     else:
-        document = inventory_document(inventory, mode, node=args.node_name)
+        document = inventory_document(inventory, mode, node=args.node_name, health=health)
         if args.output == "json":
             sys.stdout.write(json.dumps(document, indent=2) + "\n")
         else:
@@ -73,16 +94,29 @@ def load_inventory(args: argparse.Namespace) -> Inventory:
         gpulib.close()
 
 
-def inventory_document(inventory: Inventory, mode: MigMode, *, node: str) -> dict[str, Any]:
+def inventory_document(
+    inventory: Inventory, mode: MigMode, *, node: str, health: GpuHealth | None = None
+) -> dict[str, Any]:
     offered = inventory.devices(mode)
-    return {
+    lost = health.lost_gpus(inventory) if health is not None else list(inventory.lost_gpus)
+    document: dict[str, Any] = {
         "node": node,
         "driverVersion": inventory.driver_version,
         "cudaDriverVersion": inventory.cuda_driver_version,
         "migMode": mode.value,
         "gpus": [_gpu_document(gpu, inventory) for gpu in inventory.gpus],
         "offeredDevices": [device.name for device in offered],
+        "lostGpus": [{"index": g.index, "name": g.name, "uuid": g.uuid, "reason": g.reason} for g in lost],
     }
+    if health is not None:
+        names = [d.name for d in offered] + [g.name for g in lost if g.name]
+        document["deviceHealth"] = {name: _health_document(health, name) for name in names}
+    return document
+
+
+def _health_document(health: GpuHealth, name: str) -> dict[str, Any]:
+    status, message = health.status(name)
+    return {"status": status.name, "message": message, "taints": health.taints(name)}
 
 
 def _gpu_document(gpu: GpuDevice, inventory: Inventory) -> dict[str, Any]:
@@ -137,10 +171,23 @@ def _profile_document(profile: MigProfile) -> dict[str, Any]:
     }
 
 
-def render_table(inventory: Inventory, mode: MigMode) -> str:
+def _health_cells(health: GpuHealth | None, name: str) -> tuple[str, ...]:
+    if health is None:
+        return ()
+    status, _ = health.status(name)
+    taints = ",".join(
+        f"{t['key'].rsplit('/', 1)[-1]}{'=' + t['value'] if t['value'] else ''}:{t['effect']}"
+        for t in health.taints(name)
+    )
+    return (status.name.lower(), taints or "-")
+
+
+def render_table(inventory: Inventory, mode: MigMode, health: GpuHealth | None = None) -> str:
+    """The inventory as a table; with ``health``, each device's health and taints too, and lost GPUs."""
     offered = inventory.devices(mode)
     offered_names = {d.name for d in offered}
-    rows = [("NAME", "PRODUCT", "MEMORY", "NUMA", "NVLINK DOMAIN", "MIG", "OFFERED")]
+    header: tuple[str, ...] = ("NAME", "PRODUCT", "MEMORY", "NUMA", "NVLINK DOMAIN", "MIG", "OFFERED")
+    rows = [header + (("HEALTH", "TAINTS") if health is not None else ())]
     for gpu in inventory.gpus:
         info = gpu.info
         mig = "enabled" if gpu.mig_enabled else "disabled" if info.mig_capable else "-"
@@ -153,6 +200,7 @@ def render_table(inventory: Inventory, mode: MigMode) -> str:
                 gpu.nvlink_domain,
                 mig,
                 "yes" if gpu.name in offered_names else "no",
+                *_health_cells(health, gpu.name),
             )
         )
         for device in (
@@ -167,8 +215,14 @@ def render_table(inventory: Inventory, mode: MigMode) -> str:
                     "",
                     device.uuid or "",
                     "yes",
+                    *_health_cells(health, device.name),
                 )
             )
+    lost_gpus = health.lost_gpus(inventory) if health is not None else list(inventory.lost_gpus)
+    if health is not None:
+        for lost in lost_gpus:
+            name = lost.name or f"(GPU index {lost.index})"
+            rows.append((name, "-", "-", "-", "-", "-", "no", "lost", *_health_cells(health, name)[1:]))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
     partitions = sum(1 for d in offered if isinstance(d, MigPartition) and d.existing is None)
@@ -178,4 +232,14 @@ def render_table(inventory: Inventory, mode: MigMode) -> str:
     )
     if partitions:
         summary += f" ({partitions} of them MIG partitions that do not exist yet; -o json lists them)"
-    return "\n".join([*lines, "", summary]) + "\n"
+    notes = [f"lost: {lost.name or f'GPU index {lost.index}'}: {lost.reason}" for lost in lost_gpus]
+    if health is not None:
+        for name in sorted(offered_names):
+            status, message = health.status(name)
+            if message and status.name != "HEALTHY" and isinstance(_find(offered, name), GpuDevice):
+                notes.append(f"{status.name.lower()}: {name}: {message}")
+    return "\n".join([*lines, "", summary, *notes]) + "\n"
+
+
+def _find(devices: list[GpuDevice | MigPartition], name: str) -> GpuDevice | MigPartition | None:
+    return next((d for d in devices if d.name == name), None)

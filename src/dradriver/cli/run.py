@@ -24,7 +24,15 @@ from dradriver.cli.sim import unwritable_state
 from dradriver.cli.status_server import StatusServer, check_bindable
 from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.driver_root import DriverRoot, discover_driver_root
-from dradriver.driver.health import GpuHealth
+from dradriver.driver.health import (
+    DEFAULT_FATAL_XIDS,
+    DEFAULT_IGNORED_XIDS,
+    DEFAULT_RECOVERY_PERIOD,
+    GpuHealth,
+    HealthPolicy,
+    TaintEffect,
+    parse_xids,
+)
 from dradriver.driver.metrics import InstrumentedHandler
 from dradriver.driver.slices import SliceSettings, build_slice_specs, shape_for
 from dradriver.driver.state import GpuDriver
@@ -101,7 +109,7 @@ def register(subcommands: Any) -> None:
         type=interval_seconds,
         metavar="SECONDS",
         help="how often to rediscover GPUs and republish slices if they changed "
-        "(MIG devices created out of band, a GPU gone); 0: never",
+        "(MIG devices created out of band, a GPU gone); 0: only when device health changes",
     )
     add_env_option(
         parser,
@@ -122,6 +130,7 @@ def register(subcommands: Any) -> None:
     add_gpu_options(parser)
     add_slice_options(parser, version_default="")
     add_driver_root_options(parser)
+    _add_health_options(parser)
     parser.set_defaults(handler=run)
 
 
@@ -171,6 +180,65 @@ def add_driver_root_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_health_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("device health (docs/health.md)")
+    add_env_option(
+        group,
+        "--health-ignore-xids",
+        env="DRADRIVER_HEALTH_IGNORE_XIDS",
+        default=",".join(map(str, sorted(DEFAULT_IGNORED_XIDS))),
+        metavar="XID,...",
+        help="XIDs applications cause (informational taint only); 'none' for none",
+    )
+    add_env_option(
+        group,
+        "--health-fatal-xids",
+        env="DRADRIVER_HEALTH_FATAL_XIDS",
+        default=",".join(map(str, sorted(DEFAULT_FATAL_XIDS))),
+        metavar="XID,...",
+        help="XIDs that always make a GPU unhealthy, even if also ignored; 'none' for none",
+    )
+    add_env_option(
+        group,
+        "--health-taint-effect",
+        env="DRADRIVER_HEALTH_TAINT_EFFECT",
+        default=TaintEffect.NO_SCHEDULE.value,
+        choices=(TaintEffect.NO_SCHEDULE.value, TaintEffect.NO_EXECUTE.value),
+        help="effect of the taints on unhealthy devices (NoExecute also evicts pods that do not tolerate it)",
+    )
+    add_env_option(
+        group,
+        "--health-recovery-period",
+        env="DRADRIVER_HEALTH_RECOVERY_PERIOD",
+        default=DEFAULT_RECOVERY_PERIOD,
+        type=float,
+        metavar="SECONDS",
+        help="a condition without a GPU reset clears after this long without a new event; 0: only a reset clears",
+    )
+    add_env_option(
+        group,
+        "--health-taint-fallback",
+        env="DRADRIVER_HEALTH_TAINT_FALLBACK",
+        default="withdraw",
+        choices=("withdraw", "keep"),
+        help="where the API server drops device taints: withdraw unhealthy devices from the slices, or keep "
+        "offering them",
+    )
+
+
+def _health_policy(args: argparse.Namespace) -> HealthPolicy:
+    def xids(value: str, flag: str) -> frozenset[int]:
+        return frozenset() if value.strip().lower() == "none" else parse_xids(value, flag)
+
+    return HealthPolicy(
+        ignored_xids=xids(args.health_ignore_xids, "--health-ignore-xids"),
+        fatal_xids=xids(args.health_fatal_xids, "--health-fatal-xids"),
+        taint_effect=TaintEffect(args.health_taint_effect),
+        recovery_period=args.health_recovery_period,
+        taint_domain=args.driver_name,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_format, args.log_level)
     check_config(args)
@@ -195,6 +263,7 @@ def check_config(args: argparse.Namespace) -> None:
     if args.sim_state:
         check_writable_file("--sim-state", Path(args.sim_state))
     check_kubeconfig("--kubeconfig", args.kubeconfig)
+    _health_policy(args)
 
 
 class DriverProcess:
@@ -261,7 +330,15 @@ class DriverProcess:
 
     def _assemble(self) -> None:
         args, node = self.args, self.node
-        self.specs = build_slice_specs(self.inventory, self.settings)
+        plugin_dir = Path(args.plugin_dir) if args.plugin_dir else DEFAULT_PLUGINS_DIR / args.driver_name
+        self.health = GpuHealth(
+            inventory=self.inventory,
+            mig_mode=self.mig_mode,
+            pool=node,
+            policy=_health_policy(args),
+            state_path=plugin_dir / "health.json",
+        )
+        self.specs = build_slice_specs(self.inventory, self.settings, taints=self.health.taints)
         self.publisher = Publisher(
             self.cluster,
             driver=args.driver_name,
@@ -269,6 +346,7 @@ class DriverProcess:
             node_uid=_node_uid(self.cluster, node),
             shape=self.shape,
             pools=_pools(node, self.specs),
+            withdraw_tainted_if_dropped=args.health_taint_fallback == "withdraw",
         )
         # A simulated node has no /dev/nvidia*: bind /dev/null so a real runtime can still inject the spec.
         simulated = self.simulated is not None
@@ -278,14 +356,18 @@ class DriverProcess:
             driver_root=self.driver_root,
         )
         self.driver = GpuDriver(
-            driver_name=args.driver_name, pool=node, inventory=self.inventory, mig_mode=self.mig_mode, cdi=cdi
+            driver_name=args.driver_name,
+            pool=node,
+            inventory=self.inventory,
+            mig_mode=self.mig_mode,
+            cdi=cdi,
+            device_problem=self.health.problem,
         )
         claim_status = (
             ClaimStatusWriter(self.cluster, driver_name=args.driver_name, node_name=node)
             if args.claim_device_status == "true"
             else None
         )
-        self.health = GpuHealth(inventory=self.inventory, mig_mode=self.mig_mode, pool=node)
         self.plugin = KubeletPlugin(
             driver_name=args.driver_name,
             node_name=node,
@@ -299,6 +381,9 @@ class DriverProcess:
             pod_uid=args.pod_uid or None,
         )
         self.status = StatusServer(args.metrics_address, self._readiness) if args.metrics_address else None
+        # A health change (a taint to add or remove, a lost GPU back) rescans at once, not at the next interval.
+        self.refresh = threading.Event()
+        self.health.subscribe(self.refresh.set)
         self.rescanner = threading.Thread(target=self._rescan_loop, name="rescan", daemon=True)
 
     def _run_until_stopped(self) -> None:
@@ -308,11 +393,10 @@ class DriverProcess:
             # The instance lock comes first: a second instance must be refused before it publishes anything.
             self.plugin.start()
             self.publisher.start()
-            self.health.start(self.gpulib)
+            self.health.start(self.gpulib, poll_seconds=1.0)
             if self.status:
                 self.status.start()
-            if self.args.rescan_interval > 0:
-                self.rescanner.start()
+            self.rescanner.start()
             log.info(
                 "ready node=%s driver=%s mig_mode=%s devices=%d",
                 self.node,
@@ -324,6 +408,7 @@ class DriverProcess:
             log.info("stopping")
         finally:
             self.stop.set()
+            self.refresh.set()
             self.plugin.stop()
             if self.status:
                 self.status.stop()
@@ -343,23 +428,34 @@ class DriverProcess:
         }
 
     def _rescan_loop(self) -> None:
-        while not self.stop.wait(self.args.rescan_interval):
+        interval = self.args.rescan_interval if self.args.rescan_interval > 0 else None
+        while not self.stop.is_set():
+            self.refresh.wait(interval)
+            self.refresh.clear()
+            if self.stop.is_set():
+                return
             self._rescan()
 
     def _rescan(self) -> None:
-        """Rediscover and republish if the devices changed; one bad rescan keeps the last inventory."""
+        """Rediscover and republish if the devices or their health changed; one bad rescan keeps the last
+        inventory."""
         try:
             fresh = discover(self.gpulib)
-            fresh_specs = build_slice_specs(fresh, self.settings)
+            self.health.update_inventory(fresh, self.mig_mode)
+            fresh_specs = build_slice_specs(fresh, self.settings, taints=self.health.taints)
         except DradriverError as err:
             log.warning("rediscovery failed; keeping the last inventory error=%s", err)
             return
         if fresh_specs == self.specs:
             return
-        log.info("inventory changed; republishing gpus=%d mig_devices=%d", len(fresh.gpus), len(fresh.mig_devices))
+        log.info(
+            "devices or their health changed; republishing gpus=%d mig_devices=%d lost_gpus=%d",
+            len(fresh.gpus),
+            len(fresh.mig_devices),
+            len(fresh.lost_gpus),
+        )
         self.specs = fresh_specs
         self.driver.update_inventory(fresh, self.mig_mode)
-        self.health.update_inventory(fresh, self.mig_mode)
         self.publisher.update(_pools(self.node, fresh_specs))
 
 

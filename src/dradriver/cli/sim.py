@@ -60,7 +60,11 @@ def register(subcommands: Any) -> None:
     mode.add_argument("state", choices=("enable", "disable"))
     mode.set_defaults(sim_action=_mig_mode)
 
-    reset = actions.add_parser("reset", help="reset a GPU (applies a pending MIG mode), like nvidia-smi -r")
+    reset = actions.add_parser(
+        "reset",
+        help="reset a GPU, like nvidia-smi -r: applies a pending MIG mode, zeroes the volatile ECC counters, "
+        "discards its unread events and brings a lost GPU back",
+    )
     reset.add_argument("gpu")
     reset.set_defaults(sim_action=_reset)
 
@@ -85,8 +89,18 @@ def register(subcommands: Any) -> None:
     xid.add_argument("xid", type=xid_number, help=f"XID number, {MIN_XID} to {MAX_XID}")
     xid.set_defaults(sim_action=_xid)
 
-    lose = actions.add_parser("lose", help="make a GPU fall off the bus (GPU_IS_LOST until the state is reset)")
+    ecc = actions.add_parser("ecc", help="raise double-bit (uncorrectable) ECC errors on a GPU")
+    ecc.add_argument("gpu")
+    ecc.add_argument("--count", type=int, default=1, help="how many errors the counters grow by (default: 1)")
+    ecc.set_defaults(sim_action=_ecc)
+
+    lose = actions.add_parser("lose", help="make a GPU fall off the bus (GPU_IS_LOST until `reset`)")
     lose.add_argument("gpu")
+    lose.add_argument(
+        "--unattributable",
+        action="store_true",
+        help="NVML reports a lost GPU but every GPU still answers, so no call can say which",
+    )
     lose.set_defaults(sim_action=_lose)
     parser.set_defaults(handler=run, read_only=False)
 
@@ -188,8 +202,10 @@ def _mig_mode(node: SimulatedNode, args: argparse.Namespace) -> None:
 
 def _reset(node: SimulatedNode, args: argparse.Namespace) -> None:
     gpu = _gpu(node, args.gpu)
+    was_lost = gpu.lost
     node.reset_gpu(gpu.index)
-    print(f"reset {gpu.pci_bus_id}: MIG {'enabled' if gpu.mig_current else 'disabled'}")
+    back = " (back on the bus)" if was_lost else ""
+    print(f"reset {gpu.pci_bus_id}{back}: MIG {'enabled' if gpu.mig_current else 'disabled'}")
 
 
 def _mig_create(node: SimulatedNode, args: argparse.Namespace) -> None:
@@ -227,7 +243,18 @@ def _xid(node: SimulatedNode, args: argparse.Namespace) -> None:
     print(f"XID {args.xid} raised on {gpu.pci_bus_id}")
 
 
+def _ecc(node: SimulatedNode, args: argparse.Namespace) -> None:
+    if not 1 <= args.count <= 1_000_000:
+        raise ConfigError(f"--count {args.count}: the number of ECC errors must be 1..1000000")
+    gpu = _gpu(node, args.gpu)
+    node.inject_ecc(gpu.index, args.count)
+    print(f"{args.count} double-bit ECC error(s) on {gpu.pci_bus_id}: {gpu.ecc_volatile} since the last reset")
+
+
 def _lose(node: SimulatedNode, args: argparse.Namespace) -> None:
     gpu = _gpu(node, args.gpu)
-    node.lose_gpu(gpu.index)
-    print(f"{gpu.pci_bus_id} fell off the bus")
+    node.lose_gpu(gpu.index, attributable=not args.unattributable)
+    if args.unattributable:
+        print(f"{gpu.pci_bus_id} reported lost, but it still answers: NVML cannot say which GPU it was")
+    else:
+        print(f"{gpu.pci_bus_id} fell off the bus")

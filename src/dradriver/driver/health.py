@@ -1,139 +1,550 @@
-"""Device health from NVML events, served to the kubelet's health stream (KEP-4680).
+"""Device health from NVML events: the kubelet's health stream (KEP-4680), device taints, refusal and recovery.
 
-An XID that signals a real fault marks the GPU (or just the MIG device it names) unhealthy; a GPU that falls off
-the bus marks every device on it unhealthy. XIDs raised by applications themselves are ignored, as NVIDIA's own
-plugins do. Health is reported, not acted on: tainting devices and recovery come with the health issue.
+Every fault becomes a *condition* on a GPU (or on one GPU instance of it), with one cause: a critical XID, a
+double-bit ECC error, the GPU falling off the bus, or health that can no longer be watched. A device's health is
+the conditions of its GPU (MIG devices and partitions inherit their parent's; an XID that names one GPU instance
+hurts that MIG device and the whole GPU, not the siblings). Each condition is
+
+- a line in the health stream (UNHEALTHY, or UNKNOWN when health is not watched),
+- a taint on the published device (``<driver>/<cause>``, the XID or ECC count as value, ``timeAdded`` = first
+  seen), which keeps the scheduler away from it,
+- a reason for prepare to refuse new claims on the device (``problem``).
+
+Conditions clear without a restart: a GPU whose reset the monitor sees (it answers again after being lost, or its
+volatile ECC counter went back down) and whose probe is clean is healthy again at the next probe; any other
+condition clears once ``recovery_period`` seconds pass without a new event while the GPU answers its probe. The
+conditions are kept in a small JSON file, so a restarted driver (and ``dradriver inventory``) still knows them.
+See docs/health.md for the policy and why each XID is where it is.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import os
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
 
+from dradriver import DEFAULT_DRIVER_NAME
+from dradriver.driver.metrics import DEVICE_HEALTH, GPU_EVENTS
+from dradriver.errors import ConfigError
 from dradriver.gpu.errors import GpuError, GpuIsLost
 from dradriver.gpu.interface import GpuLib
-from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode
-from dradriver.gpu.models import GpuEvent
-from dradriver.plugin.handler import DeviceHealth, HealthStatus
+from dradriver.gpu.inventory import GpuDevice, Inventory, LostGpu, MigMode
+from dradriver.gpu.models import GpuEvent, GpuProbe
+from dradriver.plugin.handler import DeviceHealth, HealthBoard, HealthStatus
 
 log = logging.getLogger(__name__)
 
-# Application-caused XIDs (graphics engine exception, page fault, stopped processing, preemptive cleanup, video
-# processor exception, context-switch timeout): the GPU itself is fine.
-IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+# XIDs that an application causes and that leave the GPU fine (NVIDIA's device plugin and DRA driver skip the
+# same six). They add an informational taint (effect None) and nothing else.
+DEFAULT_IGNORED_XIDS: dict[int, str] = {
+    13: "graphics engine exception: the application ran an illegal instruction or went out of bounds",
+    31: "GPU memory page fault: the application touched an address it does not own",
+    43: "GPU stopped processing: the application's channel was reset after its own error",
+    45: "preemptive cleanup: the driver tore down a process that was ending or killed",
+    68: "video processor (NVDEC/NVENC) exception: bad input or misuse by the application",
+    109: "context-switch timeout: the application's context did not yield (usually follows its own error)",
+}
+# XIDs that always make a GPU unhealthy, even when --health-ignore-xids lists them: the hardware or its firmware
+# is at fault (NVIDIA's XID catalog asks for a GPU reset or more for each).
+DEFAULT_FATAL_XIDS: dict[int, str] = {
+    48: "double-bit ECC error: GPU memory is corrupt",
+    62: "internal micro-controller halt",
+    64: "ECC page retirement or row remapping failed",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    92: "high single-bit ECC error rate",
+    94: "contained ECC error: the GPU needs a reset to clear it",
+    95: "uncontained ECC error",
+    119: "GSP RPC timeout",
+    120: "GSP firmware error",
+    140: "unrecovered ECC error",
+}
+DEFAULT_RECOVERY_PERIOD = 600.0
+DEFAULT_PROBE_INTERVAL = 5.0
+STATE_KIND = "dradriver-health-state"
+STATE_VERSION = 1
+ALL_GPUS = "*"  # the GPU of a condition that NVML could not attribute to one GPU
+
+
+class Cause(StrEnum):
+    """What a condition is about; each cause is one taint key, ``<driver>/<cause>``."""
+
+    XID = "xid"
+    ECC = "ecc"
+    LOST = "gpu-lost"
+    UNMONITORED = "unmonitored"
+
+
+class TaintEffect(StrEnum):
+    """``resource.k8s.io/v1`` DeviceTaint effects; ``None`` only informs, it keeps no pod away."""
+
+    NONE = "None"
+    NO_SCHEDULE = "NoSchedule"
+    NO_EXECUTE = "NoExecute"
 
 
 @dataclass(frozen=True)
-class _Entry:
+class HealthPolicy:
+    """What the monitor makes of events. ``recovery_period`` 0 means conditions clear only after a reset."""
+
+    ignored_xids: frozenset[int] = frozenset(DEFAULT_IGNORED_XIDS)
+    fatal_xids: frozenset[int] = frozenset(DEFAULT_FATAL_XIDS)
+    taint_effect: TaintEffect = TaintEffect.NO_SCHEDULE
+    recovery_period: float = DEFAULT_RECOVERY_PERIOD
+    probe_interval: float = DEFAULT_PROBE_INTERVAL
+    taint_domain: str = DEFAULT_DRIVER_NAME
+
+    def __post_init__(self) -> None:
+        if self.taint_effect is TaintEffect.NONE:
+            raise ConfigError(
+                "--health-taint-effect None would keep no pod away from a broken GPU: use NoSchedule or NoExecute"
+            )
+        if not self.recovery_period >= 0 or self.recovery_period == float("inf"):
+            raise ConfigError(
+                f"--health-recovery-period {self.recovery_period}: seconds, 0 or more (0: only a reset clears)"
+            )
+        if not 0 < self.probe_interval < float("inf"):
+            raise ConfigError(f"health probe interval {self.probe_interval}: seconds, more than 0")
+
+    def ignores(self, xid: int) -> bool:
+        return xid in self.ignored_xids and xid not in self.fatal_xids
+
+
+def parse_xids(text: str, flag: str) -> frozenset[int]:
+    """``"13,31, 43"`` → {13, 31, 43}, or a ConfigError naming ``flag`` and the bad part."""
+    xids: set[int] = set()
+    for part in text.replace(" ", "").split(","):
+        if not part:
+            continue
+        try:
+            xid = int(part)
+        except ValueError:
+            raise ConfigError(f"{flag} {text!r}: {part!r} is not an XID number; give a comma-separated list") from None
+        if not 1 <= xid <= 999:
+            raise ConfigError(f"{flag} {text!r}: XID {xid} is outside 1..999")
+        xids.add(xid)
+    return frozenset(xids)
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One fault on a GPU (``gpu_uuid``; ``ALL_GPUS`` when NVML could not say which), or on one GPU instance."""
+
     gpu_uuid: str
-    gi: int | None  # the MIG device's GPU instance id, None for a whole GPU or a partition not carved yet
-    status: HealthStatus = HealthStatus.HEALTHY
-    message: str = ""
+    cause: Cause
+    value: str  # the taint value: the XID, the ECC error count, "" or "unattributed"
+    effect: TaintEffect
+    since: float  # Unix seconds, first seen
+    last_seen: float
+    message: str
+    count: int = 1
+    gpu_instance_id: int | None = None
+    ecc_seen: int | None = None  # volatile uncorrectable ECC count last read while the condition held
+
+    @property
+    def unhealthy(self) -> bool:
+        return self.effect is not TaintEffect.NONE
+
+    @property
+    def key(self) -> tuple[str, Cause, bool, int | None]:
+        return (self.gpu_uuid, self.cause, self.unhealthy, self.gpu_instance_id)
+
+
+@dataclass(frozen=True)
+class _Device:
+    gpu_uuid: str
+    gpu_instance_id: int | None  # an existing MIG device's GPU instance; None for a GPU or a partition to carve
+
+
+@dataclass
+class _State:
+    devices: dict[str, _Device] = field(default_factory=dict)
+    conditions: dict[tuple[str, Cause, bool, int | None], Condition] = field(default_factory=dict)
+    # Every GPU seen: NVML index → (UUID, device name), to name a GPU that is lost before it can be read again.
+    gpus: dict[int, tuple[str, str]] = field(default_factory=dict)
+
+
+def _time(seconds: float) -> str:
+    return datetime.fromtimestamp(int(seconds), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class GpuHealth:
-    """A ``HealthSource`` for the plugin layer, fed by ``handle(event)`` or by its own event thread."""
+    """A ``HealthSource`` for the plugin layer (through its ``HealthBoard``), the source of device taints and of
+    prepare's refusals, fed by ``handle(event)`` or by its own monitor thread (``start``)."""
 
     def __init__(
-        self, *, inventory: Inventory, mig_mode: MigMode, pool: str, clock: Callable[[], float] = time.time
+        self,
+        *,
+        inventory: Inventory,
+        mig_mode: MigMode,
+        pool: str,
+        policy: HealthPolicy | None = None,
+        state_path: Path | None = None,
+        save_state: bool = True,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        """``state_path``: where conditions are kept across restarts (read at start, written on each change
+        unless not ``save_state``, as for ``dradriver inventory``, which only reads what the driver saved)."""
         self.pool = pool
+        self.policy = policy or HealthPolicy()
+        self._state_path = state_path
         self._clock = clock
         self._lock = threading.Lock()
-        self._entries: dict[str, _Entry] = {}
-        self._subscribers: dict[int, Callable[[], None]] = {}
-        self._next = 0
+        self._state = _State()
+        self._board = HealthBoard()
+        self._published: tuple[Any, ...] | None = None  # what subscribers last heard, to tell them only of changes
+        self._unreadable: set[int] = set()  # NVML indices of GPUs lost before they could be read
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._fresh = (HealthStatus.HEALTHY, "")  # what a newly seen device reports
+        if state_path is not None:
+            self._state.conditions, self._state.gpus = _load_state(state_path)
+        # Nothing is written while starting: a second instance that is about to be refused must not touch it.
+        self._save_state = False
         self.update_inventory(inventory, mig_mode)
+        self._save_state = save_state
+
+    # --- inventory ------------------------------------------------------------------------------------------
 
     def update_inventory(self, inventory: Inventory, mig_mode: MigMode) -> None:
-        """Report the devices of a fresh inventory; a device still there keeps its health."""
+        """Report the devices of a fresh inventory. Devices of a lost GPU stay listed (unhealthy) with the names
+        they had, so pods using them see why; a GPU that discovery found lost gets a ``gpu-lost`` condition."""
+        now = self._clock()
         with self._lock:
-            entries: dict[str, _Entry] = {}
+            devices: dict[str, _Device] = {}
             for device in inventory.devices(mig_mode):
                 if isinstance(device, GpuDevice):
-                    fresh = _Entry(device.uuid, None, *self._fresh)
+                    devices[device.name] = _Device(device.uuid, None)
                 else:
                     gi = device.existing.gpu_instance_id if device.existing else None
-                    fresh = _Entry(device.parent.uuid, gi, *self._fresh)
-                kept = self._entries.get(device.name)
-                entries[device.name] = kept if kept is not None and kept.gpu_uuid == fresh.gpu_uuid else fresh
-            changed = entries.keys() != self._entries.keys()
-            self._entries = entries
-            subscribers = list(self._subscribers.values()) if changed else []
-        for callback in subscribers:
-            callback()
+                    devices[device.name] = _Device(device.parent.uuid, gi)
+            for gpu in inventory.gpus:
+                self._state.gpus[gpu.info.index] = (gpu.uuid, gpu.name)
+            self._unreadable = {g.index for g in inventory.lost_gpus if g.uuid is None}
+            lost = {g.uuid: g for g in self._named(inventory.lost_gpus) if g.uuid is not None}
+            for name, known in self._state.devices.items():
+                if known.gpu_uuid in lost and name not in devices:
+                    devices[name] = known
+            for uuid, missing in lost.items():
+                if missing.name is not None:
+                    devices.setdefault(missing.name, _Device(uuid, None))
+                if not any(c.gpu_uuid == uuid and c.cause is Cause.LOST for c in self._state.conditions.values()):
+                    message = f"GPU {uuid} is lost: {missing.reason}"
+                    self._add(Condition(uuid, Cause.LOST, "", self.policy.taint_effect, now, now, message))
+            self._state.devices = devices
+        self._changed()
 
-    # --- HealthSource ---------------------------------------------------------------------------------------
+    def _named(self, lost: Iterable[LostGpu]) -> list[LostGpu]:
+        return [
+            replace(g, uuid=self._state.gpus[g.index][0], name=self._state.gpus[g.index][1])
+            if g.uuid is None and g.index in self._state.gpus
+            else g
+            for g in lost
+        ]
+
+    def lost_gpus(self, inventory: Inventory) -> list[LostGpu]:
+        """``inventory.lost_gpus``, named where this node's GPU was seen before (at this index)."""
+        with self._lock:
+            return self._named(inventory.lost_gpus)
+
+    # --- what others read -----------------------------------------------------------------------------------
 
     def device_health(self) -> Sequence[DeviceHealth]:
-        # Stamped now: while the monitor runs, every device it has not flagged is healthy as of this moment (once it
-        # stopped, they read UNKNOWN).
+        # Stamped now: while the monitor runs, what it reports holds as of this moment.
         now = int(self._clock())
-        with self._lock:
-            return [
-                DeviceHealth(pool=self.pool, device=name, status=e.status, last_updated=now, message=e.message)
-                for name, e in self._entries.items()
-            ]
+        return [replace(d, last_updated=now) for d in self._board.device_health()]
 
     def subscribe(self, callback: Callable[[], None]) -> Callable[[], None]:
+        return self._board.subscribe(callback)
+
+    def taints(self, device: str) -> list[dict[str, Any]]:
+        """The device's taints in ``resource.k8s.io/v1`` JSON form, one per (key, effect), most severe first."""
         with self._lock:
-            key = self._next
-            self._next += 1
-            self._subscribers[key] = callback
+            conditions = self._conditions_of(device)
+        taints: dict[tuple[str, str], dict[str, Any]] = {}
+        for condition in sorted(conditions, key=lambda c: c.last_seen):
+            key = f"{self.policy.taint_domain}/{condition.cause.value}"
+            taints[(key, condition.effect.value)] = {
+                "key": key,
+                "value": condition.value,
+                "effect": condition.effect.value,
+                "timeAdded": _time(condition.since),
+            }
+        return sorted(taints.values(), key=lambda t: (t["effect"] == TaintEffect.NONE.value, t["key"]))
 
-        def unsubscribe() -> None:
-            with self._lock:
-                self._subscribers.pop(key, None)
+    def status(self, device: str) -> tuple[HealthStatus, str]:
+        """The device's health and why (empty when healthy)."""
+        with self._lock:
+            return self._status_of(device)
 
-        return unsubscribe
+    def problem(self, device: str) -> str | None:
+        """Why a new claim must not get ``device`` (cause and time), or None when it is healthy."""
+        with self._lock:
+            conditions = [c for c in self._conditions_of(device) if c.unhealthy]
+        if not conditions:
+            return None
+        return "; ".join(f"{c.message} (since {_time(c.since)})" for c in conditions)
+
+    def _conditions_of(self, name: str) -> list[Condition]:
+        device = self._state.devices.get(name)
+        if device is None:
+            return []
+        return [
+            c
+            for c in self._state.conditions.values()
+            if c.gpu_uuid in (device.gpu_uuid, ALL_GPUS)
+            and (c.gpu_instance_id is None or device.gpu_instance_id in (None, c.gpu_instance_id))
+        ]
+
+    def _status_of(self, name: str) -> tuple[HealthStatus, str]:
+        conditions = self._conditions_of(name)
+        unhealthy = [c for c in conditions if c.unhealthy]
+        if unhealthy:
+            return HealthStatus.UNHEALTHY, "; ".join(c.message for c in unhealthy)
+        blind = [c for c in conditions if c.cause is Cause.UNMONITORED]
+        if blind:
+            return HealthStatus.UNKNOWN, blind[0].message
+        return HealthStatus.HEALTHY, ""
 
     # --- events ---------------------------------------------------------------------------------------------
 
     def handle(self, event: GpuEvent) -> None:
-        """Apply one NVML event; subscribers hear about it when a device's health changed."""
-        if event.xid is not None and event.xid in IGNORED_XIDS:
-            log.info("ignoring application XID gpu=%s xid=%d", event.gpu_uuid, event.xid)
+        """Apply one NVML event; subscribers hear about it."""
+        now = self._clock()
+        effect = self.policy.taint_effect
+        if event.gpu_lost:
+            GPU_EVENTS.labels("gpu-lost", "").inc()
+            condition = Condition(
+                event.gpu_uuid, Cause.LOST, "", effect, now, now, f"GPU {event.gpu_uuid} fell off the bus"
+            )
+        elif event.ecc_double_bit:
+            GPU_EVENTS.labels("ecc", "").inc()
+            condition = Condition(
+                event.gpu_uuid, Cause.ECC, "1", effect, now, now, f"double-bit ECC error on GPU {event.gpu_uuid}"
+            )
+        elif event.xid is not None:
+            ignored = self.policy.ignores(event.xid)
+            GPU_EVENTS.labels("xid", str(event.xid)).inc()
+            where = f"GPU {event.gpu_uuid}" + (
+                f" GPU instance {event.gpu_instance_id}" if event.gpu_instance_id is not None else ""
+            )
+            condition = Condition(
+                event.gpu_uuid,
+                Cause.XID,
+                str(event.xid),
+                TaintEffect.NONE if ignored else effect,
+                now,
+                now,
+                f"{'application ' if ignored else ''}XID {event.xid} on {where}",
+                gpu_instance_id=event.gpu_instance_id,
+            )
+        else:
             return
-        message = (
-            f"GPU {event.gpu_uuid} fell off the bus" if event.gpu_lost else f"XID {event.xid} on GPU {event.gpu_uuid}"
+        with self._lock:
+            self._add(condition)
+        self._changed()
+
+    def _add(self, condition: Condition) -> None:
+        """Record ``condition`` (caller holds the lock); a repeat keeps ``since`` and counts up."""
+        old = self._state.conditions.get(condition.key)
+        if old is not None:
+            count = old.count + 1
+            value = str(max(count, old.ecc_seen or 0)) if condition.cause is Cause.ECC else condition.value
+            condition = replace(condition, since=old.since, count=count, value=value, ecc_seen=old.ecc_seen)
+        self._state.conditions[condition.key] = condition
+        devices = [n for n in self._state.devices if condition in self._conditions_of(n)]
+        log.log(
+            logging.WARNING if condition.unhealthy else logging.INFO,
+            "device %s gpu=%s devices=%s cause=%s value=%s count=%d effect=%s message=%s",
+            "unhealthy" if condition.unhealthy else "noted",
+            condition.gpu_uuid,
+            ",".join(devices),
+            condition.cause.value,
+            condition.value,
+            condition.count,
+            condition.effect.value,
+            condition.message,
         )
+
+    def lost_unattributed(self, error: Exception) -> None:
+        """NVML says a GPU fell off the bus but not which: every device is suspect until the quiet period ends
+        with every GPU answering (NVIDIA's plugins mark every device lost too)."""
+        now = self._clock()
+        GPU_EVENTS.labels("gpu-lost", "").inc()
+        with self._lock:
+            self._add(
+                Condition(
+                    ALL_GPUS,
+                    Cause.LOST,
+                    "unattributed",
+                    self.policy.taint_effect,
+                    now,
+                    now,
+                    f"a GPU of this node fell off the bus; NVML cannot say which ({error})",
+                )
+            )
+        self._changed()
+
+    def unmonitored(self, error: Exception) -> None:
+        """Events can no longer be read: devices report UNKNOWN and carry an informational taint."""
+        now = self._clock()
+        with self._lock:
+            self._add(
+                Condition(
+                    ALL_GPUS, Cause.UNMONITORED, "", TaintEffect.NONE, now, now, f"GPU health is not watched: {error}"
+                )
+            )
+        self._changed()
+
+    # --- recovery -------------------------------------------------------------------------------------------
+
+    def check_recovery(self, gpulib: GpuLib) -> None:
+        """Probe every GPU with a condition; clear what a reset or the quiet period ended (see the module doc)."""
+        with self._lock:
+            conditions = list(self._state.conditions.values())
+            known = {d.gpu_uuid for d in self._state.devices.values()}
+        suspects = {c.gpu_uuid for c in conditions}
+        if ALL_GPUS in suspects:
+            suspects = (suspects - {ALL_GPUS}) | known
+        probes: dict[str, GpuProbe | GpuError] = {}
+        for uuid in sorted(suspects):
+            try:
+                probes[uuid] = gpulib.probe(uuid)
+            except GpuError as err:
+                probes[uuid] = err
+        now = self._clock()
         changed = False
         with self._lock:
-            for name, entry in self._entries.items():
-                if entry.gpu_uuid != event.gpu_uuid or entry.status is HealthStatus.UNHEALTHY:
-                    continue
-                # An XID naming one GPU instance hurts that MIG device and the whole GPU, not its siblings.
-                if event.gpu_instance_id is not None and entry.gi is not None and entry.gi != event.gpu_instance_id:
-                    continue
-                self._entries[name] = _Entry(entry.gpu_uuid, entry.gi, HealthStatus.UNHEALTHY, message)
-                log.warning("device unhealthy device=%s reason=%s", name, message)
-                changed = True
-            subscribers = list(self._subscribers.values()) if changed else []
-        for callback in subscribers:
-            callback()
+            for uuid, probe in probes.items():
+                changed |= self._apply_probe(uuid, probe, now)
+            changed |= self._clear_unattributed(now)
+        if changed:
+            self._changed()
 
-    def _mark_all(self, status: HealthStatus, message: str) -> None:
-        """Give every device not already unhealthy ``status``; subscribers hear about it when one changed."""
+    def _apply_probe(self, uuid: str, probe: GpuProbe | GpuError, now: float) -> bool:
+        mine = [c for c in self._state.conditions.values() if c.gpu_uuid == uuid]
+        if isinstance(probe, GpuError):
+            if isinstance(probe, GpuIsLost) and not any(c.cause is Cause.LOST for c in mine):
+                self._add(Condition(uuid, Cause.LOST, "", self.policy.taint_effect, now, now, f"GPU {uuid}: {probe}"))
+                return True
+            return False
+        changed = False
+        ecc = probe.ecc_uncorrected_volatile
+        reset = any(c.cause is Cause.LOST for c in mine) or any(
+            c.ecc_seen is not None and ecc is not None and ecc < c.ecc_seen for c in mine
+        )
+        fit = probe.fabric_registered is not False
+        for condition in mine:
+            if reset and fit:
+                why = "the GPU was reset" if condition.cause is not Cause.LOST else "the GPU answers again"
+            elif fit and self._quiet(condition, now) and condition.cause is not Cause.LOST:
+                why = f"no new event for {self.policy.recovery_period:g}s"
+            else:
+                if condition.cause is Cause.ECC and ecc is not None and ecc != condition.ecc_seen:
+                    value = str(max(ecc, condition.count))
+                    self._state.conditions[condition.key] = replace(condition, ecc_seen=ecc, value=value)
+                    changed = True
+                continue
+            del self._state.conditions[condition.key]
+            log.info(
+                "device condition cleared gpu=%s cause=%s value=%s reason=%s",
+                uuid,
+                condition.cause.value,
+                condition.value,
+                why,
+            )
+            changed = True
+        return changed
+
+    def retry_unreadable(self, gpulib: GpuLib) -> bool:
+        """Read again the GPUs that were lost before they could ever be read; when one answers now, tell the
+        subscribers (the driver rescans and offers it). True when one came back."""
+        if gpulib.unreadable_gpus():
+            gpulib.gpus()
+        missing = {u.index for u in gpulib.unreadable_gpus()}
         with self._lock:
-            self._fresh = (status, message)
-            changed = False
-            for name, entry in self._entries.items():
-                if entry.status is HealthStatus.UNHEALTHY or entry.status is status:
-                    continue
-                self._entries[name] = _Entry(entry.gpu_uuid, entry.gi, status, message)
-                changed = True
-            subscribers = list(self._subscribers.values()) if changed else []
-        for callback in subscribers:
-            callback()
+            back = self._unreadable - missing
+            self._unreadable = missing
+        if not back:
+            return False
+        log.info("GPU answers again; rescanning gpu_indices=%s", ",".join(map(str, sorted(back))))
+        self._board.set_devices(self._board.device_health())  # the same list: a nudge to rescan
+        return True
+
+    def _clear_unattributed(self, now: float) -> bool:
+        # By now every GPU that does not answer carries its own gpu-lost condition (``_apply_probe``).
+        condition = self._state.conditions.get((ALL_GPUS, Cause.LOST, True, None))
+        if condition is None or not self._quiet(condition, now):
+            return False
+        del self._state.conditions[condition.key]
+        log.info("unattributed GPU loss cleared reason=no new event for %gs", self.policy.recovery_period)
+        return True
+
+    def _quiet(self, condition: Condition, now: float) -> bool:
+        period = self.policy.recovery_period
+        return period > 0 and now - condition.last_seen >= period
+
+    def note_ecc(self, gpulib: GpuLib, gpu_uuid: str) -> None:
+        """Read the ECC counter right after an ECC event, so a reset soon after is recognised by its drop."""
+        try:
+            ecc = gpulib.probe(gpu_uuid).ecc_uncorrected_volatile
+        except GpuError:
+            return
+        with self._lock:
+            condition = self._state.conditions.get((gpu_uuid, Cause.ECC, True, None))
+            if condition is None or ecc is None:
+                return
+            self._state.conditions[condition.key] = replace(
+                condition, ecc_seen=ecc, value=str(max(ecc, condition.count))
+            )
+        self._changed()
+
+    # --- publishing the state -------------------------------------------------------------------------------
+
+    def _changed(self) -> None:
+        """Save and tell subscribers, if the devices or their conditions changed since the last time."""
+        with self._lock:
+            entries = []
+            for name in self._state.devices:
+                status, message = self._status_of(name)
+                entries.append(
+                    DeviceHealth(pool=self.pool, device=name, status=status, last_updated=0, message=message)
+                )
+                DEVICE_HEALTH.labels(name).set(int(status))
+            conditions = list(self._state.conditions.values())
+            gpus = dict(self._state.gpus)
+            snapshot = (tuple(entries), tuple(sorted(conditions, key=repr)))
+            if snapshot == self._published:
+                return
+            self._published = snapshot
+        if self._state_path is not None and self._save_state:
+            try:
+                _save_state(self._state_path, conditions, gpus)
+            except OSError as err:
+                log.warning("cannot save device health path=%s error=%s", self._state_path, err)
+        self._board.set_devices(entries)
+
+    # --- the monitor thread ---------------------------------------------------------------------------------
 
     def start(self, gpulib: GpuLib, *, poll_seconds: float = 5.0) -> None:
-        """Watch NVML events in a background thread until ``stop``."""
+        """Watch NVML events and probe GPUs with conditions in a background thread until ``stop``."""
+        if self._state_path is not None and self._save_state:
+            # Written once now too, so that a GPU lost before the next start is still known by name.
+            with self._lock:
+                conditions, gpus = list(self._state.conditions.values()), dict(self._state.gpus)
+            try:
+                _save_state(self._state_path, conditions, gpus)
+            except OSError as err:
+                log.warning("cannot save device health path=%s error=%s", self._state_path, err)
         self._thread = threading.Thread(target=self._run, args=(gpulib, poll_seconds), name="gpu-health", daemon=True)
         self._thread.start()
 
@@ -143,19 +554,87 @@ class GpuHealth:
             self._thread.join(timeout=10)
 
     def _run(self, gpulib: GpuLib, poll_seconds: float) -> None:
+        watching = True
+        next_probe = time.monotonic() + self.policy.probe_interval
         while not self._stop.is_set():
-            try:
-                event = gpulib.wait_for_event(poll_seconds)
-            except GpuIsLost as err:
-                # NVML says a GPU fell off the bus but not which one: any device may be on it, so none is trusted
-                # (NVIDIA's plugins mark every device lost too).
-                log.error("a GPU fell off the bus, NVML cannot say which; every device is unhealthy error=%s", err)
-                self._mark_all(HealthStatus.UNHEALTHY, f"a GPU of this node fell off the bus ({err})")
-                return
-            except GpuError as err:
-                # Blind from here on: report UNKNOWN rather than a freshly stamped HEALTHY nobody checks.
-                log.error("cannot read GPU events; health is no longer watched error=%s", err)
-                self._mark_all(HealthStatus.UNKNOWN, f"GPU health is not watched: {err}")
-                return
-            if event is not None:
-                self.handle(event)
+            wait = max(0.0, min(poll_seconds, next_probe - time.monotonic()))
+            if watching:
+                try:
+                    event = gpulib.wait_for_event(wait)
+                except GpuIsLost as err:
+                    log.error("a GPU fell off the bus, NVML cannot say which; every device is unhealthy error=%s", err)
+                    self.lost_unattributed(err)
+                    self._stop.wait(min(1.0, wait))  # NVML may repeat it at once: do not spin
+                except GpuError as err:
+                    log.error("cannot read GPU events; health is no longer watched error=%s", err)
+                    self.unmonitored(err)
+                    watching = False
+                else:
+                    if event is not None:
+                        self.handle(event)
+                        if event.ecc_double_bit:
+                            self.note_ecc(gpulib, event.gpu_uuid)
+            else:
+                self._stop.wait(wait)
+            if time.monotonic() >= next_probe:
+                next_probe = time.monotonic() + self.policy.probe_interval
+                try:
+                    self.check_recovery(gpulib)
+                    self.retry_unreadable(gpulib)
+                except Exception:
+                    log.exception("GPU health probe failed; trying again at the next interval")
+
+
+# --- the state file ---------------------------------------------------------------------------------------------
+
+
+def _save_state(path: Path, conditions: Iterable[Condition], gpus: dict[int, tuple[str, str]]) -> None:
+    document = {
+        "kind": STATE_KIND,
+        "version": STATE_VERSION,
+        "conditions": [{**asdict(c), "cause": c.cause.value, "effect": c.effect.value} for c in conditions],
+        "gpus": [{"index": i, "uuid": uuid, "name": name} for i, (uuid, name) in sorted(gpus.items())],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as out:
+            json.dump(document, out, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def _load_state(
+    path: Path,
+) -> tuple[dict[tuple[str, Cause, bool, int | None], Condition], dict[int, tuple[str, str]]]:
+    """The conditions and GPUs saved at ``path``; an unreadable file is logged and ignored (health starts clean)."""
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}, {}
+    except (OSError, ValueError) as err:
+        log.warning("ignoring unreadable device health file path=%s error=%s", path, err)
+        return {}, {}
+    conditions: dict[tuple[str, Cause, bool, int | None], Condition] = {}
+    if not isinstance(raw, dict) or raw.get("kind") != STATE_KIND or raw.get("version") != STATE_VERSION:
+        log.warning("ignoring device health file of another kind or version path=%s", path)
+        return {}, {}
+    gpus: dict[int, tuple[str, str]] = {}
+    for entry in raw.get("gpus") or []:
+        with contextlib.suppress(TypeError, ValueError, KeyError):
+            gpus[int(entry["index"])] = (str(entry["uuid"]), str(entry["name"]))
+    for entry in raw.get("conditions") or []:
+        try:
+            condition = Condition(**{**entry, "cause": Cause(entry["cause"]), "effect": TaintEffect(entry["effect"])})
+        except (TypeError, ValueError, KeyError) as err:
+            log.warning("ignoring a malformed device health entry path=%s error=%r", path, err)
+            continue
+        conditions[condition.key] = condition
+    return conditions, gpus
+
+
+def read_conditions(path: Path) -> list[Condition]:
+    """The conditions a running driver saved."""
+    return list(_load_state(path)[0].values())

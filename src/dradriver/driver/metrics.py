@@ -1,11 +1,12 @@
-"""Prometheus metrics of prepare and unprepare, recorded by wrapping any ``DriverHandler``."""
+"""Prometheus metrics: prepare and unprepare (recorded by wrapping any ``DriverHandler``), device health and GPU
+events (recorded by ``driver.health``)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from dradriver.plugin.handler import ClaimRef, DriverHandler, PrepareResult
 
@@ -15,6 +16,16 @@ DURATION = Histogram(
     "Time to handle one kubelet batch, by operation",
     ["operation"],
     buckets=[0.05 * 2**k for k in range(10)],
+)
+DEVICE_HEALTH = Gauge(
+    "dradriver_device_health",
+    "Health of each published device as the kubelet's health stream says it: 0 unknown, 1 healthy, 2 unhealthy",
+    ["device"],
+)
+GPU_EVENTS = Counter(
+    "dradriver_gpu_events_total",
+    "GPU health events seen, by kind (xid, ecc, gpu-lost) and XID (empty for other kinds)",
+    ["kind", "xid"],
 )
 
 

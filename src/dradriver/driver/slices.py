@@ -14,7 +14,7 @@ Layout (documented in docs/slices.md):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -29,7 +29,12 @@ from dradriver.plugin.slice_validation import SliceShape
 STANDARD_DOMAIN = "resource.kubernetes.io"
 MAX_DEVICES_PER_SLICE = 128
 MAX_DEVICES_WITH_COUNTERS = 64
+MAX_DEVICES_WITH_TAINTS = 64
 MAX_COUNTER_SETS_PER_SLICE = 8
+MAX_TAINTS_PER_DEVICE = {SliceShape.V1_34: 4, SliceShape.V1_35: 16}
+
+# A device name → its taints (JSON form), as ``GpuHealth.taints`` gives them.
+TaintSource = Callable[[str], list[dict[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -50,14 +55,32 @@ ENGINE_COUNTERS = {
 }
 
 
-def build_slice_specs(inventory: Inventory, settings: SliceSettings = SliceSettings()) -> list[dict[str, Any]]:
+def build_slice_specs(
+    inventory: Inventory, settings: SliceSettings = SliceSettings(), *, taints: TaintSource | None = None
+) -> list[dict[str, Any]]:
     """The pool's slices as ``spec`` fragments: each has ``devices`` and/or ``sharedCounters``.
 
-    The caller (the publisher, or ``as_resource_slices``) adds driver, pool and node fields.
+    With ``taints`` (health monitoring on) every device gets its current taints, most severe first and no more
+    than a device may carry, and slices hold at most 64 devices whether or not any is tainted now, so a device
+    never moves to another slice when its health changes. The caller (the publisher, or ``as_resource_slices``)
+    adds driver, pool and node fields.
     """
+    per_slice = MAX_DEVICES_WITH_TAINTS if taints is not None else MAX_DEVICES_PER_SLICE
+
+    def device(d: GpuDevice | MigPartition, *, counters: bool = False) -> dict[str, Any]:
+        built = _device(d, inventory, settings.driver, counters=counters)
+        found = taints(d.name) if taints is not None else []
+        if settings.shape is SliceShape.V1_34:
+            # Effect None (informational) is in the v1 types of 1.36, not in those of 1.33/1.34: a 1.34 server
+            # could refuse the whole slice for it, so such taints are left out there.
+            found = [t for t in found if t.get("effect") != "None"]
+        if found:
+            built["taints"] = found[: MAX_TAINTS_PER_DEVICE[settings.shape]]
+        return built
+
     if settings.mig_mode is not MigMode.DYNAMIC:
-        devices = [_device(d, inventory, settings.driver) for d in inventory.devices(settings.mig_mode)]
-        return [{"devices": chunk} for chunk in _chunks(devices, MAX_DEVICES_PER_SLICE)] or [{"devices": []}]
+        devices = [device(d) for d in inventory.devices(settings.mig_mode)]
+        return [{"devices": chunk} for chunk in _chunks(devices, per_slice)] or [{"devices": []}]
 
     partitioned = [gpu for gpu in inventory.gpus if gpu.mig_profiles]
     whole_only = [gpu for gpu in inventory.gpus if not gpu.mig_profiles]
@@ -66,8 +89,8 @@ def build_slice_specs(inventory: Inventory, settings: SliceSettings = SliceSetti
         sets = [_counter_set(gpu) for gpu in partitioned]
         specs.extend({"sharedCounters": chunk} for chunk in _chunks(sets, MAX_COUNTER_SETS_PER_SLICE))
     for gpu in partitioned:
-        devices = [_device(gpu, inventory, settings.driver, counters=True)]
-        devices.extend(_device(p, inventory, settings.driver, counters=True) for p in inventory.partitions(gpu))
+        devices = [device(gpu, counters=True)]
+        devices.extend(device(p, counters=True) for p in inventory.partitions(gpu))
         if len(devices) > MAX_DEVICES_WITH_COUNTERS:
             raise DeviceError(
                 f"{gpu.name} has {len(devices)} devices, more than the {MAX_DEVICES_WITH_COUNTERS} a "
@@ -78,8 +101,8 @@ def build_slice_specs(inventory: Inventory, settings: SliceSettings = SliceSetti
         if settings.shape is SliceShape.V1_34:
             spec["sharedCounters"] = [_counter_set(gpu)]
         specs.append(spec)
-    plain = [_device(gpu, inventory, settings.driver) for gpu in whole_only]
-    specs.extend({"devices": chunk} for chunk in _chunks(plain, MAX_DEVICES_PER_SLICE))
+    plain = [device(gpu) for gpu in whole_only]
+    specs.extend({"devices": chunk} for chunk in _chunks(plain, per_slice))
     return specs or [{"devices": []}]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,10 +37,22 @@ class AllocatedDevice:
 class GpuDriver:
     """Implements the plugin layer's ``DriverHandler`` for NVIDIA GPUs."""
 
-    def __init__(self, *, driver_name: str, pool: str, inventory: Inventory, mig_mode: MigMode, cdi: CdiWriter) -> None:
+    def __init__(
+        self,
+        *,
+        driver_name: str,
+        pool: str,
+        inventory: Inventory,
+        mig_mode: MigMode,
+        cdi: CdiWriter,
+        device_problem: Callable[[str], str | None] | None = None,
+    ) -> None:
+        """``device_problem`` says why a device must not be given to a new claim (its health: cause and time),
+        or None when it may; consulted for each device of a claim that is not prepared yet."""
         self.driver_name = driver_name
         self.pool = pool
         self.cdi = cdi
+        self._device_problem = device_problem
         self._lock = threading.Lock()
         self._prepare_lock = threading.Lock()
         self._devices: dict[str, GpuDevice | MigPartition] = {}
@@ -86,7 +98,10 @@ class GpuDriver:
         by_device: dict[str, list[str]] = {}
         for result in allocated:
             by_device.setdefault(result.device, []).append(result.request)
-        resolved = [self._resolve(uid, name, device) for device in by_device]
+        # A claim prepared before its device turned unhealthy is left alone (a kubelet retry or restart repeats
+        # prepare): its pod learns of the fault from the health stream.
+        fresh = uid not in self.cdi.prepared_devices()
+        resolved = [self._resolve(uid, name, device, check_health=fresh) for device in by_device]
         exclusive = {r.device for r in allocated if not r.admin_access}
         spec = ClaimSpec(
             claim_uid=uid,
@@ -147,9 +162,15 @@ class GpuDriver:
                 )
         return ours
 
-    def _resolve(self, uid: str, name: str, device: str) -> GpuDevice | MigPartition:
+    def _resolve(self, uid: str, name: str, device: str, *, check_health: bool = True) -> GpuDevice | MigPartition:
         with self._lock:
             found = self._devices.get(device)
+        problem = self._device_problem(device) if check_health and self._device_problem is not None else None
+        if problem is not None:
+            raise ClaimError(
+                f"claim {name} ({uid}): device {device} is unhealthy: {problem}; delete the claim so the "
+                "scheduler allocates a healthy device (the device is tainted until it recovers)"
+            )
         if found is None:
             raise ClaimError(
                 f"claim {name} ({uid}): device {device} is not offered by this node any more; "

@@ -58,6 +58,10 @@ EVENT_DOUBLE_BIT_ECC = 0x2
 EVENT_XID = 0x8
 SUPPORTED_EVENTS = EVENT_SINGLE_BIT_ECC | EVENT_DOUBLE_BIT_ECC | EVENT_XID
 NOT_ATTRIBUTABLE = 0xFFFFFFFF
+MEMORY_ERROR_CORRECTED = 0
+MEMORY_ERROR_UNCORRECTED = 1
+VOLATILE_ECC = 0
+AGGREGATE_ECC = 1
 BRAND_NVIDIA = 14
 ARCHITECTURES = {
     "Kepler": 2,
@@ -879,6 +883,21 @@ class FakeNvmlLibrary:
             out.healthSummary = 0
         return sim.SUCCESS
 
+    # --- ECC ----------------------------------------------------------------------------------------------
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: Any, error_type: Any, counter_type: Any, count: Any) -> int:
+        gpu = self._gpu(handle)
+        kind, counter = _int(error_type), _int(counter_type)
+        if kind not in (MEMORY_ERROR_CORRECTED, MEMORY_ERROR_UNCORRECTED) or counter not in (
+            VOLATILE_ECC,
+            AGGREGATE_ECC,
+        ):
+            return sim.INVALID_ARGUMENT
+        # Single-bit errors are corrected and not modelled: their counters stay at zero.
+        value = self.node.ecc_errors(gpu.index, volatile=counter == VOLATILE_ECC) if kind else 0
+        _target(count).value = value
+        return sim.SUCCESS
+
     # --- events -------------------------------------------------------------------------------------------
 
     def _event_set(self, handle: Any) -> _EventSet:
@@ -923,13 +942,19 @@ class FakeNvmlLibrary:
                 return sim.TIMEOUT
             target.cursor = event.sequence
             mask, since = target.registrations[event.gpu_index]
+            kind = EVENT_DOUBLE_BIT_ECC if event.ecc_double_bit else EVENT_XID
             # Only events raised after registration, of a registered type, reach the set.
-            if event.sequence <= since or (not event.gpu_lost and not mask & EVENT_XID):
+            if event.sequence <= since or (not event.gpu_lost and not mask & kind):
                 continue
             out = _target(data)
             out.device = self._pointer(_device_struct(out), ("gpu", event.gpu_index), _Gpu(event.gpu_index))
             if event.gpu_lost:
                 return sim.GPU_IS_LOST
+            if event.ecc_double_bit:
+                # ECC events carry no data and are never attributed to a MIG device.
+                out.eventType, out.eventData = EVENT_DOUBLE_BIT_ECC, 0
+                out.gpuInstanceId = out.computeInstanceId = NOT_ATTRIBUTABLE
+                return sim.SUCCESS
             out.eventType = EVENT_XID
             out.eventData = event.xid or 0
             out.gpuInstanceId = NOT_ATTRIBUTABLE if event.gpu_instance_id is None else event.gpu_instance_id

@@ -15,11 +15,13 @@ from dradriver.gpu.models import (
     GpuEvent,
     GpuInfo,
     GpuInstance,
+    GpuProbe,
     MigDevice,
     MigModeState,
     MigProfile,
     NvlinkConnection,
     SystemInfo,
+    UnreadableGpu,
 )
 
 
@@ -28,7 +30,13 @@ class GpuLib(Protocol):
         """Driver and CUDA driver versions of the node."""
 
     def gpus(self) -> list[GpuInfo]:
-        """Every physical GPU, in NVML enumeration order."""
+        """Every physical GPU that can be read, in NVML enumeration order (see ``unreadable_gpus``)."""
+
+    def unreadable_gpus(self) -> list[UnreadableGpu]:
+        """GPUs counted but not readable (lost before discovery); each ``gpus()`` call tries them again."""
+
+    def probe(self, gpu_uuid: str) -> GpuProbe:
+        """Cheap reads of a GPU's fitness; ``GpuIsLost`` when it fell off the bus."""
 
     def mig_mode(self, gpu_uuid: str) -> MigModeState:
         """Current and pending MIG mode; ``NotSupported`` for GPUs without MIG."""

@@ -57,6 +57,19 @@ class MigPartition:
 
 
 @dataclass(frozen=True)
+class LostGpu:
+    """A GPU discovery had to skip: it fell off the bus, or NVML failed on it. The node serves the others.
+
+    ``name`` and ``uuid`` are None when the GPU was lost before it could be read even once (NVML then knows only
+    its index); otherwise ``name`` is the device name it is published under once it answers again."""
+
+    index: int
+    name: str | None
+    uuid: str | None
+    reason: str
+
+
+@dataclass(frozen=True)
 class Inventory:
     """Everything discovered on a node; ``devices(mode)`` picks what to offer."""
 
@@ -64,6 +77,7 @@ class Inventory:
     cuda_driver_version: str
     gpus: tuple[GpuDevice, ...]
     mig_devices: tuple[MigPartition, ...]  # MIG devices that exist now
+    lost_gpus: tuple[LostGpu, ...] = ()  # skipped: neither offered nor in ``gpus``
 
     def partitions(self, gpu: GpuDevice) -> list[MigPartition]:
         """Every profile x placement of ``gpu``; the existing MIG device where one sits exactly there."""
@@ -122,35 +136,63 @@ def semver_of_driver(version: str) -> str:
 
 
 def discover(gpulib: GpuLib) -> Inventory:
-    """Read every GPU, its MIG profiles and existing MIG devices, and group GPUs into NVLink domains."""
+    """Read every GPU, its MIG profiles and existing MIG devices, and group GPUs into NVLink domains.
+
+    A GPU that is lost or fails an NVML call is skipped and listed in ``lost_gpus``: one broken GPU must not take
+    the node's other GPUs down with it."""
     system = gpulib.system()
-    infos = gpulib.gpus()
+    readable = gpulib.gpus()
+    lost = [LostGpu(u.index, None, None, u.error) for u in gpulib.unreadable_gpus()]
+    infos: list[GpuInfo] = []
+    for info in readable:
+        try:
+            gpulib.probe(info.uuid)
+        except GpuError as err:
+            lost.append(_skipped(info, err))
+            continue
+        infos.append(info)
     domains = _nvlink_domains(gpulib, infos)
     gpus: list[GpuDevice] = []
     mig_devices: list[MigPartition] = []
     for info in infos:
-        mig_enabled = False
-        profiles: tuple[MigProfile, ...] = ()
-        if info.mig_capable:
-            mig_enabled = gpulib.mig_mode(info.uuid).current
-            profiles = tuple(gpulib.mig_profiles(info.uuid))
-        gpu = GpuDevice(
-            name=gpu_name(info.pci_bus_id),
-            info=info,
-            nvlink_domain=domains[info.uuid],
-            mig_enabled=mig_enabled,
-            mig_profiles=profiles,
-        )
+        try:
+            gpu, existing = _read_gpu(gpulib, info, domains[info.uuid])
+        except GpuError as err:
+            lost.append(_skipped(info, err))
+            continue
         gpus.append(gpu)
-        if mig_enabled:
-            mig_devices.extend(_existing_mig_devices(gpulib, gpu))
+        mig_devices.extend(existing)
     _check_unique_names([g.name for g in gpus] + [d.name for d in mig_devices])
     return Inventory(
         driver_version=system.driver_version,
         cuda_driver_version=cuda_version_string(system.cuda_driver_version),
         gpus=tuple(gpus),
         mig_devices=tuple(mig_devices),
+        lost_gpus=tuple(sorted(lost, key=lambda g: g.index)),
     )
+
+
+def _read_gpu(gpulib: GpuLib, info: GpuInfo, nvlink_domain: str) -> tuple[GpuDevice, list[MigPartition]]:
+    mig_enabled = False
+    profiles: tuple[MigProfile, ...] = ()
+    if info.mig_capable:
+        mig_enabled = gpulib.mig_mode(info.uuid).current
+        profiles = tuple(gpulib.mig_profiles(info.uuid))
+    gpu = GpuDevice(
+        name=gpu_name(info.pci_bus_id),
+        info=info,
+        nvlink_domain=nvlink_domain,
+        mig_enabled=mig_enabled,
+        mig_profiles=profiles,
+    )
+    return gpu, _existing_mig_devices(gpulib, gpu) if mig_enabled else []
+
+
+def _skipped(info: GpuInfo, err: GpuError) -> LostGpu:
+    log.error(
+        "GPU skipped: not offered until it answers again gpu=%s uuid=%s error=%s", info.pci_bus_id, info.uuid, err
+    )
+    return LostGpu(info.index, gpu_name(info.pci_bus_id), info.uuid, str(err))
 
 
 def _existing_mig_devices(gpulib: GpuLib, gpu: GpuDevice) -> list[MigPartition]:

@@ -180,13 +180,36 @@ class FabricInfo:
 
 @dataclass(frozen=True)
 class GpuEvent:
-    """A health event: an XID on a GPU (or one of its MIG devices), or the GPU falling off the bus."""
+    """A health event: an XID on a GPU (or one of its MIG devices), a double-bit (uncorrectable) ECC error, or the
+    GPU falling off the bus."""
 
     gpu_uuid: str
     xid: int | None = None
     gpu_lost: bool = False
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
+    ecc_double_bit: bool = False
+
+
+@dataclass(frozen=True)
+class GpuProbe:
+    """What a few cheap NVML reads say about a GPU that answers: enough to call it healthy again after a fault.
+
+    ``ecc_uncorrected_volatile`` counts uncorrectable ECC errors since the GPU was last reset or the driver
+    reloaded (a reset sets it back to zero); None where the GPU has no ECC. ``fabric_registered`` is None where
+    the GPU has no NVLink fabric, else whether the fabric manager finished registering it successfully."""
+
+    uuid: str
+    ecc_uncorrected_volatile: int | None
+    fabric_registered: bool | None
+
+
+@dataclass(frozen=True)
+class UnreadableGpu:
+    """A GPU NVML counts but cannot describe (lost before discovery): no UUID or PCI address is known for it."""
+
+    index: int
+    error: str
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from dradriver.gpu.models import (
     GpuEvent,
     GpuInfo,
     GpuInstance,
+    GpuProbe,
     MigDevice,
     MigModeState,
     MigProfile,
@@ -48,6 +49,7 @@ from dradriver.gpu.models import (
     NvlinkPeerType,
     Placement,
     SystemInfo,
+    UnreadableGpu,
 )
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,9 @@ _NOT_ATTRIBUTABLE = 0xFFFFFFFF
 _CI_PROFILE_1_SLICE_REV1 = 0x7
 _HEALTH_EVENTS = 0x8 | 0x2 | 0x1  # XidCriticalError | DoubleBitEccError | SingleBitEccError
 _XID_EVENT = 0x8
+_DOUBLE_BIT_ECC_EVENT = 0x2
+_MEMORY_ERROR_UNCORRECTED = 1
+_VOLATILE_ECC = 0
 
 # nvmlDeviceGetArchitecture values → the names go-nvlib and nvidia-smi use.
 ARCHITECTURE_NAMES = {
@@ -185,6 +190,7 @@ class NvmlGpuLib:
         self._lock = threading.RLock()
         self._closed = False
         self._gpus: list[GpuInfo] | None = None
+        self._unreadable: dict[int, str] = {}  # NVML index → why the GPU could not be read (lost before discovery)
         self._handles: dict[str, Any] = {}
         self._profiles: dict[str, list[MigProfile]] = {}
         self._ci_profiles: dict[tuple[str, int], list[tuple[int, Any]]] = {}
@@ -248,11 +254,39 @@ class NvmlGpuLib:
         )
 
     def gpus(self) -> list[GpuInfo]:
+        """Every GPU that could be read. One that cannot (lost before discovery) is skipped, not fatal: it is
+        listed by ``unreadable_gpus`` and read again at the next call, so it joins once it answers."""
         with self._lock:
             if self._gpus is None:
-                self._gpus = [self._read_gpu(i) for i in range(self._call("nvmlDeviceGetCount"))]
+                self._gpus = []
+                for index in range(self._call("nvmlDeviceGetCount")):
+                    self._try_read(index)
                 self._watch_events()
+            elif self._unreadable:
+                for index in sorted(self._unreadable):
+                    info = self._try_read(index)
+                    if info is not None and self._event_set is not None:
+                        self._register_returned(info.uuid)
             return list(self._gpus)
+
+    def unreadable_gpus(self) -> list[UnreadableGpu]:
+        """GPUs NVML counts but could not describe at the last ``gpus()`` call."""
+        with self._lock:
+            return [UnreadableGpu(index, error) for index, error in sorted(self._unreadable.items())]
+
+    def _try_read(self, index: int) -> GpuInfo | None:
+        assert self._gpus is not None
+        try:
+            info = self._read_gpu(index)
+        except GpuError as err:
+            if index not in self._unreadable:
+                log.error("GPU skipped: it cannot be read gpu_index=%d error=%s", index, err)
+            self._unreadable[index] = str(err)
+            return None
+        if self._unreadable.pop(index, None) is not None:
+            log.info("GPU readable again gpu_index=%d gpu=%s", index, info.pci_bus_id)
+        self._gpus = sorted([*self._gpus, info], key=lambda g: g.index)
+        return info
 
     def _read_gpu(self, index: int) -> GpuInfo:
         handle = self._call("nvmlDeviceGetHandleByIndex", index, device=f"GPU index {index}")
@@ -621,10 +655,8 @@ class NvmlGpuLib:
             return
         assert self._gpus is not None
         for gpu in self._gpus:
-            handle = self._handles[gpu.uuid]
             try:
-                supported = self._call("nvmlDeviceGetSupportedEventTypes", handle, device=gpu.uuid)
-                self._call("nvmlDeviceRegisterEvents", handle, _HEALTH_EVENTS & supported, event_set, device=gpu.uuid)
+                self._register_events(gpu.uuid, event_set)
             except NotSupported:
                 log.warning("GPU health events not supported; XIDs will not be reported gpu=%s", gpu.uuid)
             except GpuIsLost:
@@ -638,6 +670,44 @@ class NvmlGpuLib:
                     self._call("nvmlEventSetFree", event_set)
                 return
         self._event_set = event_set
+
+    def _register_events(self, gpu_uuid: str, event_set: Any) -> None:
+        handle = self._handles[gpu_uuid]
+        supported = self._call("nvmlDeviceGetSupportedEventTypes", handle, device=gpu_uuid)
+        self._call("nvmlDeviceRegisterEvents", handle, _HEALTH_EVENTS & supported, event_set, device=gpu_uuid)
+
+    def _register_returned(self, gpu_uuid: str) -> None:
+        """Watch a GPU that answers again after it was lost (or unreadable): a reset GPU reports events anew."""
+        self._reported_lost.discard(gpu_uuid)
+        if self._event_set is None:
+            return
+        try:
+            self._register_events(gpu_uuid, self._event_set)
+        except GpuError as err:
+            log.warning("GPU health events not registered after the GPU came back gpu=%s error=%s", gpu_uuid, err)
+
+    def probe(self, gpu_uuid: str) -> GpuProbe:
+        """Cheap reads that tell whether a GPU answers and is fit: a fresh handle lookup (``GpuIsLost`` when it
+        fell off the bus), the volatile uncorrectable ECC count, the NVLink fabric registration."""
+        self._call("nvmlDeviceGetHandleByUUID", gpu_uuid, device=gpu_uuid)
+        handle = self._handle(gpu_uuid)
+        try:
+            ecc: int | None = int(
+                self._call(
+                    "nvmlDeviceGetTotalEccErrors", handle, _MEMORY_ERROR_UNCORRECTED, _VOLATILE_ECC, device=gpu_uuid
+                )
+            )
+        except NotSupported:
+            ecc = None
+        fabric = self._read_fabric(gpu_uuid)
+        with self._lock:
+            if gpu_uuid in self._reported_lost:
+                self._register_returned(gpu_uuid)
+        return GpuProbe(
+            uuid=gpu_uuid,
+            ecc_uncorrected_volatile=ecc,
+            fabric_registered=None if fabric is None else fabric.registered,
+        )
 
     def wait_for_event(self, timeout_s: float) -> GpuEvent | None:
         self.gpus()
@@ -658,7 +728,9 @@ class NvmlGpuLib:
                 if err.value == _GPU_IS_LOST:
                     return self._lost_gpu_event()
                 raise error_for_code(err.value, str(err), call="nvmlEventSetWait_v2") from err
-            # ECC events are registered (as NVIDIA's drivers do) but only XIDs are reported.
+            # Single-bit ECC events are registered (as NVIDIA's drivers do) but not reported: they were corrected.
+            if data.eventType & _DOUBLE_BIT_ECC_EVENT:
+                return GpuEvent(gpu_uuid=self._event_gpu(data.device), ecc_double_bit=True)
             if data.eventType & _XID_EVENT:
                 return GpuEvent(
                     gpu_uuid=self._event_gpu(data.device),

@@ -4,7 +4,8 @@ It models what NVML exposes and enforces NVML's rules: MIG placement (a GPU inst
 overlapping another, ``INSUFFICIENT_RESOURCES`` when the slot is taken or the profile's instance limit reached),
 GPU-instance ids handed out by the "driver" rather than derived from placement, compute instances inside GPU
 instances, MIG mode changes that stay pending on Ampere until a reset, compute modes, NVLink peers, NVLink fabric
-registration (Hopper and newer), XID and GPU-lost events.
+registration (Hopper and newer), XID, double-bit ECC and GPU-lost events with the ECC error counters, and resets
+that bring a lost GPU back.
 
 Hardware state outlives a driver process, so state persists in a JSON file when one is given: MIG instances and
 compute modes survive a restart, and a crashed driver can leave them behind, as on a real node.
@@ -103,6 +104,8 @@ class SimGpu:
     gpu_instances: dict[int, SimGpuInstance] = field(default_factory=dict)
     fabric_state: FabricState | None = None  # None: no fabric info at all (before Hopper)
     fabric_status: int = SUCCESS  # NVML return code of the registration, meaningful once COMPLETED
+    ecc_volatile: int = 0  # uncorrectable ECC errors since the last reset (NVML_VOLATILE_ECC)
+    ecc_aggregate: int = 0  # uncorrectable ECC errors over the GPU's life (NVML_AGGREGATE_ECC)
 
     @property
     def minor(self) -> int:
@@ -134,6 +137,7 @@ class SimEvent:
     gpu_lost: bool
     gpu_instance_id: int | None
     compute_instance_id: int | None
+    ecc_double_bit: bool = False
 
 
 def _uuid_from(seed: str) -> str:
@@ -165,6 +169,7 @@ class SimulatedNode:
         self._stamp: tuple[int, int, int] | None = None
         self._event_id = 0  # the last event id in the shared state file that this process knows
         self._event_log: list[dict[str, Any]] = []
+        self._cleared: dict[int, int] = {}  # GPU index → last event sequence a reset discarded
         products = load_products()
         # NVML enumerates GPUs in PCI bus order.
         ordered = sorted(profile.gpus, key=lambda g: g.pci_bus_id)
@@ -238,15 +243,32 @@ class SimulatedNode:
             return SUCCESS
 
     def reset_gpu(self, index: int) -> None:
-        """What ``nvidia-smi -r`` does: apply a pending MIG mode. Fails while GPU instances exist."""
+        """What ``nvidia-smi -r`` does: apply a pending MIG mode, zero the volatile ECC counters and discard the
+        GPU's events not yet read. Fails while GPU instances exist, except on a GPU that fell off the bus: that
+        one comes back, re-initialised (its MIG instances are gone)."""
         with self._lock:
-            gpu = self.gpu(index)
+            if not 0 <= index < len(self.gpus):
+                raise SimNvmlError(INVALID_ARGUMENT, f"GPU index {index} out of range 0..{len(self.gpus) - 1}")
+            self._refresh()
+            gpu = self.gpus[index]
             self._require_privilege("resetting a GPU")
-            if gpu.gpu_instances:
+            if gpu.lost:
+                gpu.lost = False
+                gpu.gpu_instances = {}
+            elif gpu.gpu_instances:
                 raise SimNvmlError(IN_USE, f"{gpu.pci_bus_id} has GPU instances; destroy them before a reset")
             gpu.mig_current = gpu.mig_pending
             gpu.compute_mode = ComputeMode.DEFAULT
+            gpu.ecc_volatile = 0
+            self._event_log = [e for e in self._event_log if e.get("gpu") != index]
+            self._cleared[index] = len(self._events)
             self._save()
+
+    def ecc_errors(self, index: int, *, volatile: bool) -> int:
+        """Uncorrectable ECC errors since the last reset (``volatile``) or over the GPU's life."""
+        with self._lock:
+            gpu = self.gpu(index)
+            return gpu.ecc_volatile if volatile else gpu.ecc_aggregate
 
     # --- GPU and compute instances -----------------------------------------------------------------------
 
@@ -457,11 +479,26 @@ class SimulatedNode:
                 {"gpu": index, "xid": xid, "gpuInstanceId": gpu_instance_id, "computeInstanceId": compute_instance_id}
             )
 
-    def lose_gpu(self, index: int) -> None:
-        """The GPU falls off the bus: every later call on it fails with GPU_IS_LOST while the state says so."""
+    def inject_ecc(self, index: int, count: int = 1) -> None:
+        """``count`` double-bit (uncorrectable) ECC errors on a GPU: the counters grow by ``count`` and one
+        double-bit ECC event is raised."""
+        if count < 1:
+            raise ValueError(f"ECC error count {count} must be at least 1")
+        with self._lock:
+            gpu = self.gpu(index)
+            gpu.ecc_volatile += count
+            gpu.ecc_aggregate += count
+            self._raise({"gpu": index, "ecc": True})
+
+    def lose_gpu(self, index: int, *, attributable: bool = True) -> None:
+        """The GPU falls off the bus: every later call on it fails with GPU_IS_LOST until ``reset_gpu``.
+
+        Not ``attributable``: NVML's event wait reports a lost GPU, but every GPU still answers, so no call can
+        say which one it was (a GPU that dropped off and came straight back)."""
         with self._lock:
             self._refresh()
-            self.gpus[index].lost = True
+            if attributable:
+                self.gpus[index].lost = True
             self._raise({"gpu": index, "lost": True})
 
     def _raise(self, event: dict[str, Any]) -> None:
@@ -481,6 +518,7 @@ class SimulatedNode:
                 bool(event.get("lost", False)),
                 event.get("gpuInstanceId"),
                 event.get("computeInstanceId"),
+                bool(event.get("ecc", False)),
             )
         )
         self._events_changed.notify_all()
@@ -493,7 +531,14 @@ class SimulatedNode:
         """The first event past sequence ``after`` on one of ``gpu_indices``, waiting up to ``timeout_s``."""
 
         def pending() -> SimEvent | None:
-            return next((e for e in self._events[after:] if e.gpu_index in gpu_indices), None)
+            return next(
+                (
+                    e
+                    for e in self._events[after:]
+                    if e.gpu_index in gpu_indices and e.sequence > self._cleared.get(e.gpu_index, 0)
+                ),
+                None,
+            )
 
         deadline = time.monotonic() + timeout_s
         with self._events_changed:
@@ -533,12 +578,16 @@ class SimulatedNode:
             "node": self.node_name,
             "migSerial": self._mig_serial,
             "events": self._event_log,
+            # Kept apart from the log: a reset removes a GPU's events, and ids must never be handed out twice.
+            "lastEventId": self._event_id,
             "gpus": {
                 gpu.pci_bus_id: {
                     "migCurrent": gpu.mig_current,
                     "migPending": gpu.mig_pending,
                     "computeMode": int(gpu.compute_mode),
                     "lost": gpu.lost,
+                    "eccVolatile": gpu.ecc_volatile,
+                    "eccAggregate": gpu.ecc_aggregate,
                     "fabric": (
                         None
                         if gpu.fabric_state is None
@@ -613,6 +662,8 @@ class SimulatedNode:
             raise bad("gpus", f"malformed entry ({err!r})") from err
         self._mig_serial = max(self._mig_serial, serial)
         self._take_events(raw.get("events"))
+        last_id = raw.get("lastEventId", 0)
+        self._event_id = max(self._event_id, last_id if isinstance(last_id, int) else 0)
         for gpu in self.gpus:
             state = parsed[gpu.pci_bus_id]
             gpu.mig_current, gpu.mig_pending, gpu.compute_mode, gpu.lost = (
@@ -621,6 +672,7 @@ class SimulatedNode:
                 state.compute_mode,
                 state.lost,
             )
+            gpu.ecc_volatile, gpu.ecc_aggregate = state.ecc
             # Files written before fabric info was modelled lack it: the profile's initial state holds.
             if state.fabric is not None and gpu.fabric_state is not None:
                 gpu.fabric_state, gpu.fabric_status = state.fabric
@@ -670,6 +722,7 @@ class _GpuState:
     lost: bool
     gpu_instances: dict[int, SimGpuInstance]
     fabric: tuple[FabricState, int] | None
+    ecc: tuple[int, int] = (0, 0)  # volatile, aggregate; files written before ECC was modelled have none
 
 
 def _parse_gpu_state(gpu: SimGpu, entry: dict[str, Any]) -> _GpuState:
@@ -698,6 +751,7 @@ def _parse_gpu_state(gpu: SimGpu, entry: dict[str, Any]) -> _GpuState:
         bool(entry.get("lost", False)),
         instances,
         (FabricState(int(fabric["state"])), int(fabric["status"])) if fabric is not None else None,
+        (int(entry.get("eccVolatile", 0)), int(entry.get("eccAggregate", 0))),
     )
 
 

@@ -112,6 +112,7 @@ class PublisherStatus:
     consecutive_failures: int
     invalid_pools: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     generations: Mapping[str, int] = field(default_factory=dict)
+    taints_dropped: bool = False  # the API server stores slices without devices[].taints (gate off)
 
 
 @dataclass(frozen=True)
@@ -181,6 +182,25 @@ def _fingerprint(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
 
 
+BLOCKING_TAINT_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+
+
+def _has_taints(spec: Mapping[str, Any]) -> bool:
+    return any(device.get("taints") for device in spec.get("devices") or [])
+
+
+def _without_taints(devices: Iterable[Mapping[str, Any]], *, withdraw: bool) -> list[JsonObject]:
+    """``devices`` for a server that drops taints: without them, and without the devices a taint keeps pods
+    away from when ``withdraw`` (so new pods avoid those devices either way)."""
+    kept: list[JsonObject] = []
+    for device in devices:
+        taints = device.get("taints") or []
+        if withdraw and any(t.get("effect") in BLOCKING_TAINT_EFFECTS for t in taints):
+            continue
+        kept.append({k: copy.deepcopy(v) for k, v in device.items() if k != "taints"})
+    return kept
+
+
 def _carry_taint_times(desired: JsonObject, existing: Mapping[str, Any]) -> None:
     """Keep the server-set ``timeAdded`` of taints whose key, value and effect did not change, as the Go
     helper does; otherwise every pass would see a difference and update."""
@@ -218,6 +238,7 @@ class Publisher:
         sleep: Callable[[float], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         watch_timeout_seconds: int = 300,
+        withdraw_tainted_if_dropped: bool = True,
     ) -> None:
         self._cluster = cluster
         self._driver = driver
@@ -228,6 +249,8 @@ class Publisher:
         self._sleep = sleep
         self._clock = clock
         self._watch_timeout = watch_timeout_seconds
+        self._withdraw_tainted = withdraw_tainted_if_dropped
+        self._taints_dropped = False
 
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -298,6 +321,7 @@ class Publisher:
                 consecutive_failures=self._failures,
                 invalid_pools={k: tuple(str(p) for p in v) for k, v in self._invalid.items()},
                 generations=dict(self._generations),
+                taints_dropped=self._taints_dropped,
             )
 
     def reconcile(self) -> SyncResult:
@@ -355,8 +379,13 @@ class Publisher:
             "nodeName": self._node_name,
             "pool": {"name": pool, "generation": generation, "resourceSliceCount": count},
         }
-        if spec.devices:
-            slice_spec["devices"] = copy.deepcopy(list(spec.devices))
+        devices = (
+            _without_taints(spec.devices, withdraw=self._withdraw_tainted)
+            if self._taints_dropped
+            else copy.deepcopy(list(spec.devices))
+        )
+        if devices:
+            slice_spec["devices"] = devices
         if spec.shared_counters:
             slice_spec["sharedCounters"] = copy.deepcopy(list(spec.shared_counters))
         return {
@@ -395,6 +424,18 @@ class Publisher:
     def _note_stored(self, pool: str, index: int, desired: JsonObject, stored: Mapping[str, Any]) -> None:
         """Remember when the server keeps something other than what we wrote (a feature gate that drops
         fields, defaulting we do not know), so that we do not rewrite the same slice forever."""
+        if not self._taints_dropped and _has_taints(desired["spec"]) and not _has_taints(stored.get("spec") or {}):
+            # Said once: from now on taints are left out, and tainted devices withdrawn if so configured (the
+            # next pass writes that).
+            self._taints_dropped = True
+            log.warning(
+                "API server dropped devices[].taints (feature gate DRADeviceTaints off?); %s pool=%s",
+                "withdrawing tainted devices from the slices instead"
+                if self._withdraw_tainted
+                else "tainted devices stay offered (withdrawal is switched off)",
+                pool,
+            )
+            return
         want = _fingerprint(_normalised_spec(desired["spec"]))
         have = _fingerprint(_normalised_spec(stored.get("spec") or {}))
         if want != have:
