@@ -14,12 +14,26 @@ from dradriver.gpu.fakelib import SimPciTopology, fake_pynvml
 from dradriver.gpu.inventory import MigMode, discover
 from dradriver.gpu.nvml import NvmlGpuLib
 from dradriver.gpu.sim import SimulatedNode
-from dradriver.plugin.handler import ClaimRef
+from dradriver.plugin.claims import allocated_claim
+from dradriver.plugin.handler import AllocatedClaim, ClaimRef
 
 DRIVER = "gpu.dradriver.dev"
 
 
-def claim(uid: str, *results: tuple[str, str], pool: str = "node-a", driver: str = DRIVER) -> dict:
+def claim(uid: str, *results: tuple[str, str], pool: str = "node-a", admin: bool = False) -> AllocatedClaim:
+    """The typed claim the plugin layer hands the driver (parsed from its JSON as the plugin layer does)."""
+    raw = raw_claim(uid, *results, pool=pool)
+    for result in raw["status"]["allocation"]["devices"]["results"]:
+        result["adminAccess"] = admin
+    return typed(raw)
+
+
+def typed(raw: dict) -> AllocatedClaim:
+    meta = raw["metadata"]
+    return allocated_claim(raw, ClaimRef(meta["namespace"], meta["name"], meta["uid"]), DRIVER)
+
+
+def raw_claim(uid: str, *results: tuple[str, str], pool: str = "node-a", driver: str = DRIVER) -> dict:
     return {
         "metadata": {"uid": uid, "name": f"claim-{uid}", "namespace": "default"},
         "status": {
@@ -96,11 +110,11 @@ def test_a_mig_device_whose_capabilities_cannot_be_read_is_refused(tmp_path: Pat
 
 
 def test_other_drivers_results_are_ignored(driver: GpuDriver):
-    mixed = claim("u3", ("a", "gpu-0000-0f-00-0"))
+    mixed = raw_claim("u3", ("a", "gpu-0000-0f-00-0"))
     mixed["status"]["allocation"]["devices"]["results"].append(
         {"request": "nic", "driver": "nic.example.com", "pool": "node-a", "device": "eth0"}
     )
-    assert [d.device for d in driver.prepare_resource_claims([mixed])["u3"].devices] == ["gpu-0000-0f-00-0"]
+    assert [d.device for d in driver.prepare_resource_claims([typed(mixed)])["u3"].devices] == ["gpu-0000-0f-00-0"]
 
 
 @pytest.mark.parametrize(
@@ -163,14 +177,12 @@ def test_a_device_prepared_for_one_claim_is_refused_to_another(driver: GpuDriver
 
 def test_admin_access_may_share_a_prepared_device(driver: GpuDriver):
     assert driver.prepare_resource_claims([claim("a", ("g", "gpu-0000-0f-00-0"))])["a"].error is None
-    monitor = claim("m", ("all", "gpu-0000-0f-00-0"))
-    monitor["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    monitor = claim("m", ("all", "gpu-0000-0f-00-0"), admin=True)
     assert driver.prepare_resource_claims([monitor])["m"].error is None
 
 
 def test_an_admin_access_claim_does_not_block_a_regular_one(driver: GpuDriver, tmp_path: Path):
-    monitor = claim("m", ("all", "gpu-0000-0f-00-0"))
-    monitor["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    monitor = claim("m", ("all", "gpu-0000-0f-00-0"), admin=True)
     assert driver.prepare_resource_claims([monitor])["m"].error is None
     assert "DRA_ADMIN_ACCESS=true" in (tmp_path / "k8s.gpu.dradriver.dev-claim_m.json").read_text()
     assert driver.prepare_resource_claims([claim("b", ("g", "gpu-0000-0f-00-0"))])["b"].error is None
