@@ -54,6 +54,15 @@ def test_demo_rejects_a_file_without_a_claim(tmp_path, capsys):
     assert "no ResourceClaim or ResourceClaimTemplate" in capsys.readouterr().err
 
 
+def test_demo_carves_mig_partitions_in_dynamic_mode(capsys):
+    claim = ROOT / "examples/claims/mig-same-parent.yaml"
+    assert main(["demo", "--sim-profile", "dgx-a100-80gb", "--mig-mode", "dynamic", "--claim", str(claim)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("-mig-1g10gb-") >= 3
+    assert out.count("_MIG_1G10GB_") >= 3 and "=MIG-" in out  # each partition's own DRADRIVER_DEVICE_… env
+    assert "CDI spec removed: True" in out
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -13,6 +13,8 @@ from dradriver.driver.driver_root import DriverRoot, discover_driver_root
 from dradriver.driver.state import GpuDriver
 from dradriver.gpu.inventory import MigMode
 from dradriver.gpu.sim_driver_root import write_stub_driver_root
+from dradriver.plugin.claims import allocated_claim
+from dradriver.plugin.handler import ClaimRef
 
 DRIVER = "gpu.dradriver.dev"
 VERSION = "580.65.06"
@@ -53,7 +55,8 @@ def prepare(tmp_path: Path, root: DriverRoot, spec_claim: dict) -> dict:
         driver_name=DRIVER, pool="node-a", inventory=inventory_of("mixed"), mig_mode=MigMode.STATIC, cdi=writer
     )
     uid = spec_claim["metadata"]["uid"]
-    result = gpus.prepare_resource_claims([spec_claim])[uid]
+    ref = ClaimRef(spec_claim["metadata"]["namespace"], spec_claim["metadata"]["name"], uid)
+    result = gpus.prepare_resource_claims([allocated_claim(spec_claim, ref, DRIVER)])[uid]
     assert result.error is None
     spec = json.loads(writer.spec_path(uid).read_text())
     assert cdi_problems(spec, max_version="0.5.0") == []  # podman 4.3's library knows up to 0.5.0

@@ -14,12 +14,26 @@ from dradriver.gpu.fakelib import SimPciTopology, fake_pynvml
 from dradriver.gpu.inventory import MigMode, discover
 from dradriver.gpu.nvml import NvmlGpuLib
 from dradriver.gpu.sim import SimulatedNode
-from dradriver.plugin.handler import ClaimRef
+from dradriver.plugin.claims import allocated_claim
+from dradriver.plugin.handler import AllocatedClaim, ClaimRef, DeviceToleration
 
 DRIVER = "gpu.dradriver.dev"
 
 
-def claim(uid: str, *results: tuple[str, str], pool: str = "node-a", driver: str = DRIVER) -> dict:
+def claim(uid: str, *results: tuple[str, str], pool: str = "node-a", admin: bool = False) -> AllocatedClaim:
+    """The typed claim the plugin layer hands the driver (parsed from its JSON as the plugin layer does)."""
+    raw = raw_claim(uid, *results, pool=pool)
+    for result in raw["status"]["allocation"]["devices"]["results"]:
+        result["adminAccess"] = admin
+    return typed(raw)
+
+
+def typed(raw: dict) -> AllocatedClaim:
+    meta = raw["metadata"]
+    return allocated_claim(raw, ClaimRef(meta["namespace"], meta["name"], meta["uid"]), DRIVER)
+
+
+def raw_claim(uid: str, *results: tuple[str, str], pool: str = "node-a", driver: str = DRIVER) -> dict:
     return {
         "metadata": {"uid": uid, "name": f"claim-{uid}", "namespace": "default"},
         "status": {
@@ -96,11 +110,11 @@ def test_a_mig_device_whose_capabilities_cannot_be_read_is_refused(tmp_path: Pat
 
 
 def test_other_drivers_results_are_ignored(driver: GpuDriver):
-    mixed = claim("u3", ("a", "gpu-0000-0f-00-0"))
+    mixed = raw_claim("u3", ("a", "gpu-0000-0f-00-0"))
     mixed["status"]["allocation"]["devices"]["results"].append(
         {"request": "nic", "driver": "nic.example.com", "pool": "node-a", "device": "eth0"}
     )
-    assert [d.device for d in driver.prepare_resource_claims([mixed])["u3"].devices] == ["gpu-0000-0f-00-0"]
+    assert [d.device for d in driver.prepare_resource_claims([typed(mixed)])["u3"].devices] == ["gpu-0000-0f-00-0"]
 
 
 @pytest.mark.parametrize(
@@ -163,14 +177,12 @@ def test_a_device_prepared_for_one_claim_is_refused_to_another(driver: GpuDriver
 
 def test_admin_access_may_share_a_prepared_device(driver: GpuDriver):
     assert driver.prepare_resource_claims([claim("a", ("g", "gpu-0000-0f-00-0"))])["a"].error is None
-    monitor = claim("m", ("all", "gpu-0000-0f-00-0"))
-    monitor["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    monitor = claim("m", ("all", "gpu-0000-0f-00-0"), admin=True)
     assert driver.prepare_resource_claims([monitor])["m"].error is None
 
 
 def test_an_admin_access_claim_does_not_block_a_regular_one(driver: GpuDriver, tmp_path: Path):
-    monitor = claim("m", ("all", "gpu-0000-0f-00-0"))
-    monitor["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    monitor = claim("m", ("all", "gpu-0000-0f-00-0"), admin=True)
     assert driver.prepare_resource_claims([monitor])["m"].error is None
     assert "DRA_ADMIN_ACCESS=true" in (tmp_path / "k8s.gpu.dradriver.dev-claim_m.json").read_text()
     assert driver.prepare_resource_claims([claim("b", ("g", "gpu-0000-0f-00-0"))])["b"].error is None
@@ -184,13 +196,40 @@ def test_a_new_claim_on_an_unhealthy_device_is_refused_naming_cause_and_time(tmp
         inventory=inventory_of("mixed"),
         mig_mode=MigMode.STATIC,
         cdi=CdiWriter(tmp_path),
-        device_problem=problems.get,
+        device_problem=lambda name, _tolerations: problems.get(name),
     )
     result = driver.prepare_resource_claims([claim("u1", ("a", "gpu-0000-47-00-0"), ("b", "gpu-0000-0f-00-0"))])["u1"]
     assert result.error is not None
     assert "device gpu-0000-0f-00-0 is unhealthy: XID 79" in result.error
     assert "since 2026-11-23T05:00:00Z" in result.error
     assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+def test_the_allocation_tolerations_reach_the_health_check(tmp_path: Path):
+    seen: dict[str, tuple] = {}
+
+    def problem(name: str, tolerations) -> str | None:
+        seen[name] = tuple(tolerations)
+        return None if tolerations else "XID 79 (since 2026-11-23T05:00:00Z)"
+
+    driver = GpuDriver(
+        driver_name=DRIVER,
+        pool="node-a",
+        inventory=inventory_of("mixed"),
+        mig_mode=MigMode.STATIC,
+        cdi=CdiWriter(tmp_path),
+        device_problem=problem,
+    )
+    raw = raw_claim("u1", ("a", "gpu-0000-0f-00-0"))
+    raw["status"]["allocation"]["devices"]["results"][0]["tolerations"] = [
+        {"key": "gpu.dradriver.dev/xid", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    assert driver.prepare_resource_claims([typed(raw)])["u1"].error is None
+    assert seen["gpu-0000-0f-00-0"] == (
+        DeviceToleration(key="gpu.dradriver.dev/xid", operator="Exists", effect="NoSchedule"),
+    )
+    refused = driver.prepare_resource_claims([claim("u2", ("a", "gpu-0000-47-00-0"))])["u2"]
+    assert "is unhealthy: XID 79" in str(refused.error)
 
 
 def test_a_claim_prepared_before_its_device_turned_unhealthy_is_left_alone(tmp_path: Path):
@@ -201,7 +240,7 @@ def test_a_claim_prepared_before_its_device_turned_unhealthy_is_left_alone(tmp_p
         inventory=inventory_of("mixed"),
         mig_mode=MigMode.STATIC,
         cdi=CdiWriter(tmp_path),
-        device_problem=problems.get,
+        device_problem=lambda name, _tolerations: problems.get(name),
     )
     first = driver.prepare_resource_claims([claim("u1", ("a", "gpu-0000-0f-00-0"))])["u1"]
     problems["gpu-0000-0f-00-0"] = "double-bit ECC error (since 2026-11-23T05:00:00Z)"

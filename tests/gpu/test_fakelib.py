@@ -219,3 +219,39 @@ def test_fabric_info_is_not_supported_before_hopper_and_a_state_without_nvswitch
     info = pairs.c_nvmlGpuFabricInfo_v3_t()
     pairs.nvmlDeviceGetGpuFabricInfoV(pairs.nvmlDeviceGetHandleByIndex(0), ctypes.byref(info))
     assert info.state == pairs.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED
+
+
+def test_an_injected_fault_fails_the_named_call_the_given_number_of_times_and_changes_nothing() -> None:
+    from dradriver.gpu.errors import InsufficientResources
+    from dradriver.gpu.fakelib import simulated_gpulib_on
+
+    node = SimulatedNode(load_node_profile("hgx-h100-80gb"))
+    gpulib = simulated_gpulib_on(node)
+    uuid = node.gpus[0].uuid
+    gpulib.set_mig_mode(uuid, True)
+    node.inject_fault("nvmlDeviceCreateGpuInstanceWithPlacement", 23, times=2)
+    for _ in range(2):
+        with pytest.raises(InsufficientResources, match="nvmlDeviceCreateGpuInstanceWithPlacement"):
+            gpulib.create_gpu_instance(uuid, 19, 3)
+    assert node.gpus[0].gpu_instances == {}
+    gi = gpulib.create_gpu_instance(uuid, 19, 3)
+    ci = gpulib.create_compute_instance(uuid, gi.id)
+    mig = gpulib.mig_device(uuid, gi.id, ci.id)
+    assert mig.uuid.startswith("MIG-") and mig.placement.start == 3 and len(mig.capability_nodes) == 2
+    node.inject_fault("nvmlDeviceGetUUID")
+    node.clear_faults()
+    assert gpulib.mig_device(uuid, gi.id, ci.id) == mig
+    gpulib.close()
+
+
+def test_a_gpu_reset_applies_a_pending_mig_mode_on_ampere() -> None:
+    from dradriver.gpu.fakelib import simulated_gpulib_on
+
+    node = SimulatedNode(load_node_profile("dgx-a100-40gb"))
+    gpulib = simulated_gpulib_on(node)
+    uuid = node.gpus[0].uuid
+    state = gpulib.set_mig_mode(uuid, True)
+    assert not state.current and state.pending
+    gpulib.reset_gpu(uuid)
+    assert gpulib.mig_mode(uuid).current
+    gpulib.close()

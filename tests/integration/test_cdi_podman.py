@@ -20,15 +20,16 @@ from pathlib import Path
 import pytest
 from support.nodes import inventory_of
 
-from dradriver.driver.cdi import CdiWriter
+from dradriver.driver.cdi import CdiWriter, device_env_name
 from dradriver.driver.driver_root import discover_driver_root
 from dradriver.driver.state import GpuDriver
-from dradriver.gpu.inventory import MigMode
+from dradriver.gpu.fakelib import simulated_gpulib
+from dradriver.gpu.inventory import MigMode, discover
 from dradriver.gpu.sim_driver_root import write_stub_driver_root
-from dradriver.plugin.claims import ClaimLocks
+from dradriver.plugin.claims import ClaimLocks, allocated_claim
 from dradriver.plugin.device_metadata import DeviceMetadataWriter
 from dradriver.plugin.dra_service import ClaimProcessor
-from dradriver.plugin.handler import ClaimRef
+from dradriver.plugin.handler import AllocatedClaim, ClaimRef
 
 DRIVER = "gpu.dradriver.dev"
 INVENTORY = inventory_of("mixed")
@@ -111,6 +112,12 @@ def claim(uid: str, *results: tuple[str, str]) -> dict:
     }
 
 
+def typed(spec_claim: dict) -> AllocatedClaim:
+    """The claim as the plugin layer hands it to the driver."""
+    meta = spec_claim["metadata"]
+    return allocated_claim(spec_claim, ClaimRef(meta["namespace"], meta["name"], meta["uid"]), DRIVER)
+
+
 # A stand-in for NVIDIA's nvidia-cdi-hook: it logs its arguments and does what create-symlinks does, in the
 # container's root file system found from the OCI state on stdin (runc runs createContainer hooks on the host).
 HOOK = """#!{python}
@@ -149,7 +156,7 @@ def gpu_driver(world: Path, *, hook: bool = False) -> GpuDriver:
 
 
 def cdi_ids_by_request(driver: GpuDriver, spec_claim: dict) -> dict[str, list[str]]:
-    result = driver.prepare_resource_claims([spec_claim])[spec_claim["metadata"]["uid"]]
+    result = driver.prepare_resource_claims([typed(spec_claim)])[spec_claim["metadata"]["uid"]]
     assert result.error is None
     ids: dict[str, list[str]] = {}
     for device in result.devices:
@@ -253,3 +260,40 @@ def test_a_container_reads_the_device_metadata_of_its_own_request_only(world: Pa
     metadata = json.loads("{" + document)
     [device] = metadata["requests"][0]["devices"]
     assert device["name"] == GPU_A and device["attributes"]["uuid"]["string"].startswith("GPU-")
+
+
+def test_podman_sees_a_carved_mig_devices_uuid_and_capability_nodes(world: Path) -> None:
+    gpulib, node = simulated_gpulib("hgx-h100-80gb", node_name="node-a")
+    driver = GpuDriver(
+        driver_name=DRIVER,
+        pool="node-a",
+        inventory=discover(gpulib),
+        mig_mode=MigMode.DYNAMIC,
+        cdi=CdiWriter(
+            world / "cdi",
+            host_path=lambda _path: "/dev/null",
+            driver_root=discover_driver_root(
+                host_root=str(write_stub_driver_root(world / "driver-root", VERSION)), version=VERSION
+            ),
+        ),
+        gpulib=gpulib,
+    )
+    uid = "7a1d-mig-claim"
+    partition = "gpu-0000-1b-00-0-mig-2g20gb-4"
+    result = driver.prepare_resource_claims([typed(claim(uid, ("mig", partition)))])[uid]
+    assert result.error is None
+    [record] = driver.checkpoint.records()
+    mig_uuid = record.devices[0].mig_uuid
+    assert mig_uuid is not None and mig_uuid.startswith("MIG-")
+    caps = [
+        c.path for c in gpulib.mig_device(node.gpus[0].uuid, record.devices[0].gpu_instance_id or 0, 0).capability_nodes
+    ]
+    done = podman_run(
+        world, list(result.devices[0].cdi_device_ids), f"env | grep DRADRIVER_DEVICE_; ls {' '.join(caps)}"
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"{device_env_name(partition)}={mig_uuid}" in done.stdout
+    assert all(path in done.stdout for path in caps) and len(caps) == 2
+    driver.unprepare_resource_claims([ClaimRef("default", uid, uid)])
+    assert node.gpus[0].gpu_instances == {}
+    gpulib.close()

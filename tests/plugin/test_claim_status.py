@@ -14,7 +14,7 @@ from support.kubelet_plugin_fakes import DRIVER, make_claim
 from dradriver.plugin.claim_status import ClaimStatusWriter
 from dradriver.plugin.claims import ClaimLocks
 from dradriver.plugin.dra_service import ClaimProcessor
-from dradriver.plugin.handler import ClaimRef, PreparedDevice, PrepareResult
+from dradriver.plugin.handler import AllocatedClaim, ClaimRef, PreparedDevice, PrepareResult
 
 STATUS_PATH = r"/resourceclaims/[^/]+/status$"
 DATA = {"uuid": "GPU-1234", "productName": "NVIDIA A100-SXM4-40GB", "sharing": {"strategy": "Exclusive"}}
@@ -23,15 +23,13 @@ DATA = {"uuid": "GPU-1234", "productName": "NVIDIA A100-SXM4-40GB", "sharing": {
 class DataHandler:
     """Prepares every allocated device of our driver and reports ``DATA`` as its status data."""
 
-    def prepare_resource_claims(self, claims: Sequence[Mapping[str, Any]]) -> Mapping[str, PrepareResult]:
+    def prepare_resource_claims(self, claims: Sequence[AllocatedClaim]) -> Mapping[str, PrepareResult]:
         out = {}
         for claim in claims:
-            results = claim["status"]["allocation"]["devices"]["results"]
-            out[claim["metadata"]["uid"]] = PrepareResult(
+            out[claim.uid] = PrepareResult(
                 devices=tuple(
-                    PreparedDevice(pool=r["pool"], device=r["device"], requests=(r["request"],), status_data=DATA)
-                    for r in results
-                    if r["driver"] == DRIVER
+                    PreparedDevice(pool=r.pool, device=r.device, requests=(r.request,), status_data=DATA)
+                    for r in claim.devices
                 )
             )
         return out

@@ -51,3 +51,40 @@ def test_overlapping_uid_sets_wait_for_each_other() -> None:
     second_release.set()
     first.join(10)
     second.join(10)
+
+
+def test_a_checked_claim_becomes_a_typed_view_of_this_drivers_devices_and_configs() -> None:
+    from dradriver.plugin.claims import allocated_claim, claim_problem
+    from dradriver.plugin.handler import AllocatedDevice, ClaimRef, DeviceConfig
+
+    ref = ClaimRef("ns", "c", "u1")
+    raw = {
+        "metadata": {"uid": "u1", "namespace": "ns", "name": "c"},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "a/x", "driver": "d", "pool": "p", "device": "g0", "adminAccess": True},
+                        {"request": "b", "driver": "d", "pool": "p", "device": "g1", "shareID": "s-1"},
+                        {"request": "n", "driver": "nic", "pool": "p", "device": "eth0"},
+                    ],
+                    "config": [
+                        {"source": "FromClass", "opaque": {"driver": "d", "parameters": {"kind": "GpuConfig"}}},
+                        {"source": "FromClaim", "requests": ["b"], "opaque": {"driver": "nic", "parameters": {}}},
+                        {"source": "FromClaim", "requests": ["b"], "opaque": {"driver": "d", "parameters": {"x": 1}}},
+                    ],
+                }
+            }
+        },
+    }
+    assert claim_problem(raw, ref, "d") is None
+    view = allocated_claim(raw, ref, "d")
+    assert view.ref == ref and view.uid == "u1"
+    assert view.devices == (
+        AllocatedDevice(request="a/x", pool="p", device="g0", admin_access=True),
+        AllocatedDevice(request="b", pool="p", device="g1", share_id="s-1"),
+    )
+    assert view.config == (
+        DeviceConfig(source="FromClass", requests=(), parameters={"kind": "GpuConfig"}),
+        DeviceConfig(source="FromClaim", requests=("b",), parameters={"x": 1}),
+    )

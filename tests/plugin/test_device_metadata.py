@@ -15,7 +15,7 @@ from support.kubelet_plugin_fakes import DRIVER, FakeClaimSource, make_claim
 from dradriver.plugin.claims import ClaimLocks
 from dradriver.plugin.device_metadata import DeviceMetadataWriter
 from dradriver.plugin.dra_service import ClaimProcessor
-from dradriver.plugin.handler import ClaimRef, PreparedDevice, PrepareResult
+from dradriver.plugin.handler import AllocatedClaim, ClaimRef, PreparedDevice, PrepareResult
 
 UID = "0a1b2c3d-uid"
 ATTRS = {"uuid": {"string": "GPU-1"}, "resource.kubernetes.io/pciBusID": {"string": "0000:07:00.0"}}
@@ -26,14 +26,13 @@ class MetadataHandler:
     def __init__(self) -> None:
         self.attributes: dict[str, Any] = ATTRS
 
-    def prepare_resource_claims(self, claims: Sequence[Mapping[str, Any]]) -> Mapping[str, PrepareResult]:
+    def prepare_resource_claims(self, claims: Sequence[AllocatedClaim]) -> Mapping[str, PrepareResult]:
         out = {}
         for claim in claims:
             by_device: dict[str, list[str]] = {}
-            for r in claim["status"]["allocation"]["devices"]["results"]:
-                if r["driver"] == DRIVER:
-                    by_device.setdefault(r["device"], []).append(r["request"])
-            out[claim["metadata"]["uid"]] = PrepareResult(
+            for r in claim.devices:
+                by_device.setdefault(r.device, []).append(r.request)
+            out[claim.uid] = PrepareResult(
                 devices=tuple(
                     PreparedDevice(
                         pool="node-a",

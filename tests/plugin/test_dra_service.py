@@ -10,7 +10,14 @@ from support.kubelet_plugin_fakes import CDI_VENDOR, DRIVER, FakeClaimSource, Fa
 from dradriver.errors import ClaimError
 from dradriver.plugin.claims import ClaimLocks
 from dradriver.plugin.dra_service import ClaimProcessor
-from dradriver.plugin.handler import ClaimRef, PreparedDevice, PrepareResult
+from dradriver.plugin.handler import (
+    AllocatedClaim,
+    AllocatedDevice,
+    ClaimRef,
+    DeviceConfig,
+    PreparedDevice,
+    PrepareResult,
+)
 
 
 @pytest.fixture
@@ -36,7 +43,7 @@ def test_prepare_returns_the_handlers_devices(processor: ClaimProcessor, claims:
     }
 
 
-def test_prepare_hands_the_handler_the_full_claim_object(
+def test_prepare_hands_the_handler_the_typed_claim_with_its_reference(
     processor: ClaimProcessor, claims: FakeClaimSource, handler: FakeHandler
 ) -> None:
     seen: list[Any] = []
@@ -48,9 +55,19 @@ def test_prepare_hands_the_handler_the_full_claim_object(
 
     handler.prepare_resource_claims = spy  # type: ignore[method-assign]
     claim = make_claim("a", "uid-a")
+    claim["status"]["allocation"]["devices"]["config"] = [
+        {"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {"kind": "X"}}},
+        {"source": "FromClaim", "opaque": {"driver": "other.example.com", "parameters": {}}},
+    ]
     claims.add(claim)
     processor.prepare([ref("a")])
-    assert seen == [claim]
+    assert seen == [
+        AllocatedClaim(
+            ref=ref("a"),
+            devices=(AllocatedDevice(request="gpu", pool="node-a", device="gpu-0"),),
+            config=(DeviceConfig(source="FromClaim", requests=("gpu",), parameters={"kind": "X"}),),
+        )
+    ]
 
 
 def test_subrequest_suffixes_are_stripped_from_request_names(

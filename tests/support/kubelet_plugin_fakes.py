@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dradriver.plugin.handler import ClaimRef, PreparedDevice, PrepareResult
+from dradriver.plugin.handler import AllocatedClaim, ClaimRef, PreparedDevice, PrepareResult
 
 DRIVER = "gpu.example.com"
 CDI_VENDOR = "k8s.gpu.example.com/device"
@@ -107,8 +107,8 @@ class FakeHandler:
             if gate is not None and not gate.wait(30):
                 raise TimeoutError(f"test gate for {uid} was never opened")
 
-    def prepare_resource_claims(self, claims: Sequence[Mapping[str, Any]]) -> Mapping[str, PrepareResult]:
-        uids = [claim["metadata"]["uid"] for claim in claims]
+    def prepare_resource_claims(self, claims: Sequence[AllocatedClaim]) -> Mapping[str, PrepareResult]:
+        uids = [claim.uid for claim in claims]
         self.prepare_batches.append(uids)
         self._enter(uids)
         try:
@@ -120,14 +120,13 @@ class FakeHandler:
             for claim, uid in zip(claims, uids, strict=True):
                 devices = tuple(
                     PreparedDevice(
-                        pool=r["pool"],
-                        device=r["device"],
-                        requests=(r["request"],),
-                        cdi_device_ids=(f"{CDI_VENDOR}={uid}-{r['device']}",),
-                        share_id=r.get("shareID"),
+                        pool=r.pool,
+                        device=r.device,
+                        requests=(r.request,),
+                        cdi_device_ids=(f"{CDI_VENDOR}={uid}-{r.device}",),
+                        share_id=r.share_id,
                     )
-                    for r in claim["status"]["allocation"]["devices"]["results"]
-                    if r["driver"] == self.driver
+                    for r in claim.devices
                 )
                 results[uid] = PrepareResult(devices=devices)
             return results

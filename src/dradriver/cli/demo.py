@@ -25,6 +25,7 @@ from dradriver.driver.slices import SliceSettings, build_slice_specs
 from dradriver.driver.state import GpuDriver
 from dradriver.errors import ConfigError
 from dradriver.gpu.backend import open_gpu_backend
+from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.inventory import Inventory, MigMode, discover
 from dradriver.gpu.sim_driver_root import write_stub_driver_root
 from dradriver.plugin.claim_status import ClaimStatusWriter
@@ -83,9 +84,13 @@ def run(args: argparse.Namespace) -> int:
 
     gpulib, _ = open_gpu_backend(args.gpu_backend, sim_profile=args.sim_profile, node_name=node)
     try:
-        inventory = discover(gpulib)
+        return _demo(node, mig_mode, claim, gpulib, args)
     finally:
         gpulib.close()
+
+
+def _demo(node: str, mig_mode: MigMode, claim: dict[str, Any], gpulib: GpuLib, args: argparse.Namespace) -> int:
+    inventory = discover(gpulib)
     _step(f"1. Discovered node {node} ({args.gpu_backend}: {args.sim_profile})")
     print(render_table(inventory, mig_mode), end="")
 
@@ -125,18 +130,27 @@ def run(args: argparse.Namespace) -> int:
 
     root = Path(tempfile.mkdtemp(prefix="dradriver-demo-", dir="/tmp"))
     try:
-        return _prepare_and_unprepare(root, node, inventory=inventory, mig_mode=mig_mode, cluster=cluster, claim=stored)
+        return _prepare_and_unprepare(
+            root, node, inventory=inventory, gpulib=gpulib, mig_mode=mig_mode, cluster=cluster, claim=stored
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
 def _prepare_and_unprepare(
-    root: Path, node: str, *, inventory: Inventory, mig_mode: MigMode, cluster: MemoryCluster, claim: dict[str, Any]
+    root: Path,
+    node: str,
+    *,
+    inventory: Inventory,
+    gpulib: GpuLib,
+    mig_mode: MigMode,
+    cluster: MemoryCluster,
+    claim: dict[str, Any],
 ) -> int:
     stub_root = write_stub_driver_root(root / "driver-root", inventory.driver_version)
     driver_root = discover_driver_root(host_root=str(stub_root), version=inventory.driver_version)
     cdi = CdiWriter(root / "cdi", host_path=lambda _path: "/dev/null", driver_root=driver_root)
-    driver = GpuDriver(driver_name=DRIVER, pool=node, inventory=inventory, mig_mode=mig_mode, cdi=cdi)
+    driver = GpuDriver(driver_name=DRIVER, pool=node, inventory=inventory, mig_mode=mig_mode, cdi=cdi, gpulib=gpulib)
     claim_status = ClaimStatusWriter(cluster, driver_name=DRIVER, node_name=node)
     plugin = KubeletPlugin(
         driver_name=DRIVER,

@@ -11,7 +11,9 @@ from typing import Any
 import yaml
 
 from dradriver.cli.options import add_env_option, add_gpu_options, add_output_option, add_slice_options, dns_subdomain
+from dradriver.driver import slice_map
 from dradriver.driver.health import GpuHealth, HealthPolicy
+from dradriver.driver.slice_map import InstanceCell, owners_from_checkpoint
 from dradriver.driver.slices import SliceSettings, as_resource_slices, build_slice_specs, shape_for
 from dradriver.gpu.backend import open_gpu_backend
 from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode, MigPartition, discover
@@ -44,6 +46,13 @@ def register(subcommands: Any) -> None:
         f"(default: {DEFAULT_PLUGINS_DIR}/<driver-name>)",
     )
     add_slice_options(parser)
+    add_env_option(
+        parser,
+        "--state-dir",
+        env="DRADRIVER_STATE_DIR",
+        help="the running driver's state directory (default: the plugin directory): the slice maps name the "
+        "claim that owns each MIG instance",
+    )
     add_output_option(parser, ("table", "json", "yaml", "slices"), "table")
     parser.set_defaults(handler=run)
 
@@ -63,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.output == "table":
         sys.stdout.write(render_table(inventory, mode, health))
+        sys.stdout.write(render_slice_maps(inventory, owners_from_checkpoint(_state_dir(args, plugin_dir))))
     elif args.output == "slices":
         settings = SliceSettings(driver=args.driver_name, mig_mode=mode, shape=shape_for(args.kubernetes_version))
         slices = as_resource_slices(
@@ -78,6 +88,27 @@ def run(args: argparse.Namespace) -> int:
         else:
             sys.stdout.write(yaml.safe_dump(document, sort_keys=False))
     return 0
+
+
+def render_slice_maps(inventory: Inventory, owned_by: dict[tuple[str, int], str]) -> str:
+    """Each MIG-capable GPU's memory-slice map: which slices its GPU instances cover, and their claims."""
+    lines = []
+    for gpu in inventory.gpus:
+        if not gpu.info.mig_capable:
+            continue
+        cells = [
+            InstanceCell(d.existing.gpu_instance_id, d.profile.name, d.placement.start, d.placement.size)
+            for d in inventory.mig_devices
+            if d.parent.name == gpu.name and d.existing is not None
+        ]
+        lines += ["", f"{gpu.name} (MIG {'enabled' if gpu.mig_enabled else 'disabled'})"]
+        lines += ["  " + line for line in slice_map.render(gpu.uuid, cells, owned_by)]
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def _state_dir(args: argparse.Namespace, plugin_dir: Path) -> Path:
+    """The running driver's state directory: ``--state-dir``, else its default, the plugin directory."""
+    return Path(args.state_dir) if args.state_dir else plugin_dir
 
 
 def load_inventory(args: argparse.Namespace) -> Inventory:

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import logging
+import os
 import signal
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +27,7 @@ from dradriver.cli.options import (
 from dradriver.cli.sim import unwritable_state
 from dradriver.cli.status_server import StatusServer, check_bindable
 from dradriver.driver.cdi import CdiWriter
+from dradriver.driver.checkpoint import CheckpointStore
 from dradriver.driver.driver_root import DriverRoot, discover_driver_root
 from dradriver.driver.health import (
     DEFAULT_FATAL_XIDS,
@@ -41,9 +46,15 @@ from dradriver.gpu.backend import open_gpu_backend
 from dradriver.gpu.inventory import MigMode, discover
 from dradriver.gpu.sim_driver_root import write_stub_driver_root
 from dradriver.plugin.claim_status import ClaimStatusWriter
-from dradriver.plugin.cluster import ClusterError, kubernetes_minor_version
+from dradriver.plugin.cluster import ClusterError, NotFoundError, kubernetes_minor_version
+from dradriver.plugin.handler import ClaimRef
 from dradriver.plugin.kube_cluster import KubeCluster
-from dradriver.plugin.kubelet_plugin import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, KubeletPlugin
+from dradriver.plugin.kubelet_plugin import (
+    DEFAULT_PLUGINS_DIR,
+    DEFAULT_REGISTRY_DIR,
+    SERIALIZE_LOCK_NAME,
+    KubeletPlugin,
+)
 from dradriver.plugin.publisher import Publisher, SliceSpec
 
 log = logging.getLogger("dradriver.run")
@@ -86,6 +97,13 @@ def register(subcommands: Any) -> None:
         env="DRADRIVER_CDI_DIR",
         default="/var/run/cdi",
         help="where per-claim CDI specs are written",
+    )
+    add_env_option(
+        parser,
+        "--state-dir",
+        env="DRADRIVER_STATE_DIR",
+        help="where the checkpoint of prepared claims lives (default: the plugin directory); it must survive "
+        "plugin restarts but not reboots (a checkpoint from an earlier boot is discarded)",
     )
     add_env_option(
         parser,
@@ -257,6 +275,7 @@ def check_config(args: argparse.Namespace) -> None:
         ("--registry-dir", args.registry_dir),
         ("--plugin-dir", args.plugin_dir),
         ("--cdi-dir", args.cdi_dir),
+        ("--state-dir", args.state_dir),
     ):
         if value:
             check_writable_dir(flag, Path(value))
@@ -275,6 +294,7 @@ class DriverProcess:
         self.node: str = args.node_name
         self.mig_mode = MigMode(args.mig_mode)
         self.stop = threading.Event()
+        self.checkpoint: CheckpointStore | None = None
 
     def serve(self) -> int:
         """Run until SIGTERM or SIGINT; release everything on the way out, whatever happened."""
@@ -289,6 +309,8 @@ class DriverProcess:
                 self._run_until_stopped()
             finally:
                 self.cluster.close()
+                if self.checkpoint is not None:
+                    self.checkpoint.close()
         finally:
             self.gpulib.close()
         return 0
@@ -355,12 +377,17 @@ class DriverProcess:
             host_path=(lambda _path: "/dev/null") if simulated else lambda _path: None,
             driver_root=self.driver_root,
         )
+        state_dir = Path(args.state_dir or args.plugin_dir or DEFAULT_PLUGINS_DIR / args.driver_name)
+        # In rolling-update mode the old and the new pod share the checkpoint (their calls are serialised).
+        self.checkpoint = CheckpointStore.open(state_dir, shared=bool(args.pod_uid))
         self.driver = GpuDriver(
             driver_name=args.driver_name,
             pool=node,
             inventory=self.inventory,
             mig_mode=self.mig_mode,
             cdi=cdi,
+            gpulib=self.gpulib,
+            checkpoint=self.checkpoint,
             device_problem=self.health.problem,
         )
         claim_status = (
@@ -380,11 +407,24 @@ class DriverProcess:
             device_metadata_cdi_dir=Path(args.cdi_dir) if args.device_metadata == "true" else None,
             pod_uid=args.pod_uid or None,
         )
+        self._reconcile()
         self.status = StatusServer(args.metrics_address, self._readiness) if args.metrics_address else None
         # A health change (a taint to add or remove, a lost GPU back) rescans at once, not at the next interval.
         self.refresh = threading.Event()
         self.health.subscribe(self.refresh.set)
         self.rescanner = threading.Thread(target=self._rescan_loop, name="rescan", daemon=True)
+
+    def _reconcile(self) -> None:
+        """Before the kubelet can call: finish what a crash left half done, drop what is gone, destroy orphans."""
+        cluster = self.cluster
+        with _serialised_with_other_pods(self.plugin.plugin_dir, enabled=bool(self.args.pod_uid)):
+            self.driver.reconcile(lambda ref: _claim_exists(cluster, ref))
+        if self.mig_mode is MigMode.DYNAMIC:
+            self.inventory = discover(self.gpulib)  # reconciliation may have destroyed MIG instances
+            self.driver.update_inventory(self.inventory, self.mig_mode)
+            self.health.update_inventory(self.inventory, self.mig_mode)
+            self.specs = build_slice_specs(self.inventory, self.settings)
+            self.publisher.update(_pools(self.node, self.specs))
 
     def _run_until_stopped(self) -> None:
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -473,6 +513,34 @@ def driver_root_for(args: argparse.Namespace, version: str, *, simulated: bool) 
         version=version,
         cdi_hook=hook,
     )
+
+
+@contextlib.contextmanager
+def _serialised_with_other_pods(plugin_dir: Path, *, enabled: bool) -> Iterator[None]:
+    """In rolling-update mode, hold the lock the pods' prepare and unprepare calls take (SerializedHandler), so
+    reconciliation never rolls back a prepare the other pod is in the middle of."""
+    if not enabled:
+        yield
+        return
+    plugin_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(plugin_dir / SERIALIZE_LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _claim_exists(cluster: KubeCluster, ref: ClaimRef) -> bool | None:
+    """Whether the API server still has the claim (False also when it was replaced); None when it cannot say."""
+    try:
+        uid = cluster.get_resource_claim(ref.namespace, ref.name).get("metadata", {}).get("uid")
+    except NotFoundError:
+        return False
+    except ClusterError as err:
+        log.warning("cannot tell whether claim %s still exists; keeping it error=%s", ref, err)
+        return None
+    return bool(uid == ref.uid)
 
 
 def _pools(node: str, specs: list[dict[str, Any]]) -> dict[str, list[SliceSpec]]:

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from dradriver.cli.options import add_env_option, check_writable_file, dns_subdomain
+from dradriver.driver import slice_map
+from dradriver.driver.slice_map import InstanceCell, owners_from_checkpoint
 from dradriver.errors import ConfigError, DeviceError
 from dradriver.gpu.catalog import load_node_profile
 from dradriver.gpu.models import ComputeMode
@@ -52,7 +54,8 @@ def register(subcommands: Any) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
 
-    show = actions.add_parser("show", help="print GPUs, MIG mode, compute mode and MIG devices")
+    show = actions.add_parser("show", help="print GPUs, MIG mode, compute mode, MIG devices and slice maps")
+    show.add_argument("--state-dir", help="the driver's state directory: name the claim owning each MIG instance")
     show.set_defaults(sim_action=_show, read_only=True)
 
     mode = actions.add_parser("mig-mode", help="enable or disable MIG (Ampere: pending until `reset`)")
@@ -167,6 +170,7 @@ def _gpu(node: SimulatedNode, which: str) -> SimGpu:
 
 
 def _show(node: SimulatedNode, args: argparse.Namespace) -> None:
+    owned_by = owners_from_checkpoint(Path(args.state_dir) if args.state_dir else None)
     for gpu in node.gpus:
         mig = (
             "lost"
@@ -189,6 +193,13 @@ def _show(node: SimulatedNode, args: argparse.Namespace) -> None:
                 f"     GI {gi.id:<2} {gi.profile.name:<11} slices {gi.placement.start}-"
                 f"{gi.placement.start + gi.placement.size - 1}  CI {ci.id}  {ci.uuid}"
             )
+        if gpu.product.mig_capable:
+            cells = [
+                InstanceCell(gi.id, gi.profile.name, gi.placement.start, gi.placement.size)
+                for gi in gpu.gpu_instances.values()
+            ]
+            for line in slice_map.render(gpu.uuid, cells, owned_by):
+                print(f"     {line}")
 
 
 def _mig_mode(node: SimulatedNode, args: argparse.Namespace) -> None:

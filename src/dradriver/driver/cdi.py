@@ -151,33 +151,11 @@ class CdiWriter:
             raise DeviceError(f"unable to remove CDI spec {self.spec_path(claim_uid)}: {err}") from err
 
     def claim_uids(self) -> list[str]:
-        """Claims that have a spec file here (used to find leftovers after a crash)."""
+        """Claims that have a spec file here (start-up removes those the checkpoint does not know)."""
         prefix = f"{CDI_VENDOR}-{CDI_CLASS}_"
         if not self.cdi_dir.is_dir():
             return []
         return sorted(p.name.removeprefix(prefix).removesuffix(".json") for p in self.cdi_dir.glob(f"{prefix}*.json"))
-
-    def prepared_devices(self) -> dict[str, list[str]]:
-        """Claim UID → the devices its spec file holds exclusively (admin-access devices left out): what is
-        prepared on this node right now."""
-        found: dict[str, list[str]] = {}
-        for uid in self.claim_uids():
-            try:
-                spec = json.loads(self.spec_path(uid).read_text())
-                names = [
-                    str(d["name"])
-                    for d in spec["devices"]
-                    if ADMIN_ACCESS_ENV not in d["containerEdits"].get("env", [])
-                ]
-            except FileNotFoundError:
-                continue  # unprepared meanwhile
-            except (OSError, ValueError, KeyError, TypeError) as err:
-                raise DeviceError(
-                    f"CDI spec {self.spec_path(uid)} is unreadable ({err}); remove it if claim {uid} "
-                    "is no longer prepared"
-                ) from err
-            found[uid] = [n.removeprefix(f"{uid}-") for n in names]
-        return found
 
     def render(self, claim: ClaimSpec) -> dict[str, Any]:
         """The spec document, with the lowest ``cdiVersion`` that supports what it uses."""

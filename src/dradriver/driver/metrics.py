@@ -4,11 +4,10 @@ events (recorded by ``driver.health``)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from dradriver.plugin.handler import ClaimRef, DriverHandler, PrepareResult
+from dradriver.plugin.handler import AllocatedClaim, ClaimRef, DriverHandler, PrepareResult
 
 CLAIMS = Counter("dradriver_claims_total", "Claims handled, by operation and result", ["operation", "result"])
 DURATION = Histogram(
@@ -35,7 +34,7 @@ class InstrumentedHandler:
     def __init__(self, handler: DriverHandler) -> None:
         self._handler = handler
 
-    def prepare_resource_claims(self, claims: Sequence[Mapping[str, Any]]) -> Mapping[str, PrepareResult]:
+    def prepare_resource_claims(self, claims: Sequence[AllocatedClaim]) -> Mapping[str, PrepareResult]:
         with DURATION.labels("prepare").time():
             results = self._handler.prepare_resource_claims(claims)
         for result in results.values():

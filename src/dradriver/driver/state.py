@@ -1,41 +1,78 @@
 """The GPU driver behind the kubelet plugin: prepare and unprepare claims for this node's GPUs.
 
-Prepare reads as its recipe: find our allocated devices in the claim, resolve each to a GPU or MIG device of this
-node, write the claim's CDI spec, report the CDI ids. Everything a claim gets is derived from the claim and the
-node's stable device names, so a repeated prepare (a kubelet retry, or after a driver restart) returns exactly the
-same ids. Carving MIG partitions, sharing and a checkpoint of side effects arrive with dynamic MIG support.
+``prepare`` reads as its recipe: return what the checkpoint records for a claim already prepared; resolve the
+allocated devices; refuse any that overlaps another claim's (the checkpoint is the only record of what is
+prepared); record the claim as PrepareStarted; carve MIG (dynamic mode); write the CDI spec; record it as
+PrepareCompleted. Every change is a step of a :class:`~dradriver.driver.transaction.Transaction`: checkpointed
+before and after, undone in reverse when a later step fails, and undone at start-up after a crash.
+
+Locks follow the hardware: the plugin layer serialises each claim's lifecycle; here one lock per GPU covers
+the changes to that GPU (MIG layout), and one short lock inside the checkpoint covers the overlap check. No
+lock is held around NVML calls for unrelated GPUs, so claims on different GPUs prepare in parallel.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, replace
 
 from dradriver.driver.cdi import CdiWriter, ClaimSpec, cdi_device
+from dradriver.driver.checkpoint import Action, CheckpointStore, ClaimRecord, ClaimState, DeviceRecord
 from dradriver.driver.device_status import device_metadata_attributes, device_status_data
-from dradriver.errors import ClaimError, DradriverError
+from dradriver.driver.mig import STEP_COMPUTE_INSTANCE, STEP_GPU_INSTANCE, STEP_MIG_MODE, MigSteps
+from dradriver.driver.transaction import StepFailed, Transaction, Undo, crash_point
+from dradriver.errors import ClaimError, DeviceError, DradriverError
+from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode, MigPartition
-from dradriver.gpu.models import DeviceNode
-from dradriver.plugin.handler import ClaimRef, PreparedDevice, PrepareResult
+from dradriver.gpu.models import DeviceNode, MigDevice
+from dradriver.plugin.handler import AllocatedClaim, ClaimRef, DeviceToleration, PreparedDevice, PrepareResult
 
 log = logging.getLogger(__name__)
 
+STEP_CDI_SPEC = "cdi-spec"
+
+#: What is wrong with a device right now (e.g. unhealthy), or None: a hook for refusing prepare.
+# Why a device must not go to a new claim (cause and time), given the tolerations its allocation carries.
+DeviceProblem = Callable[[str, Sequence[DeviceToleration]], str | None]
+#: Whether the API server still has a claim: True, False (gone or replaced), or None (cannot tell now).
+ClaimExists = Callable[[ClaimRef], bool | None]
+
 
 @dataclass(frozen=True)
-class AllocatedDevice:
-    """One entry of ``status.allocation.devices.results`` that belongs to this driver."""
+class PlannedDevice:
+    """An allocated device resolved to this node's hardware, with the requests it serves."""
 
-    request: str
-    pool: str
-    device: str
-    admin_access: bool = False
+    device: GpuDevice | MigPartition
+    requests: tuple[str, ...]
+    admin_access: bool
+
+    @property
+    def gpu(self) -> GpuDevice:
+        return self.device if isinstance(self.device, GpuDevice) else self.device.parent
+
+
+@dataclass(frozen=True)
+class ReadyDevice:
+    """A device ready for a container: what the CDI spec step needs. A partition carries its MIG device now."""
+
+    device: GpuDevice | MigPartition
+    device_nodes: tuple[DeviceNode, ...]
+    admin_access: bool
+
+    @property
+    def name(self) -> str:
+        return self.device.name
 
 
 class GpuDriver:
-    """Implements the plugin layer's ``DriverHandler`` for NVIDIA GPUs."""
+    """Implements the plugin layer's ``DriverHandler`` for NVIDIA GPUs.
+
+    ``gpulib`` is needed for dynamic MIG (carving at prepare); ``checkpoint`` defaults to one kept in memory;
+    ``device_problem`` lets a health monitor refuse devices it knows to be bad.
+    """
 
     def __init__(
         self,
@@ -45,17 +82,26 @@ class GpuDriver:
         inventory: Inventory,
         mig_mode: MigMode,
         cdi: CdiWriter,
-        device_problem: Callable[[str], str | None] | None = None,
+        gpulib: GpuLib | None = None,
+        checkpoint: CheckpointStore | None = None,
+        device_problem: DeviceProblem | None = None,
     ) -> None:
         """``device_problem`` says why a device must not be given to a new claim (its health: cause and time),
-        or None when it may; consulted for each device of a claim that is not prepared yet."""
+        or None when it may; consulted for each device of a claim that is not prepared yet (a claim prepared
+        before its device turned unhealthy is returned as recorded: its pod learns of the fault from the health
+        stream)."""
         self.driver_name = driver_name
         self.pool = pool
         self.cdi = cdi
+        self.mig_mode = mig_mode
+        self.gpulib = gpulib
+        self.checkpoint = checkpoint if checkpoint is not None else CheckpointStore()
         self._device_problem = device_problem
+        self._mig = MigSteps(gpulib) if gpulib is not None else None
         self._lock = threading.Lock()
-        self._prepare_lock = threading.Lock()
+        self._gpu_locks: dict[str, threading.Lock] = {}
         self._devices: dict[str, GpuDevice | MigPartition] = {}
+        self._gpus: tuple[GpuDevice, ...] = ()
         self.update_inventory(inventory, mig_mode)
 
     def update_inventory(self, inventory: Inventory, mig_mode: MigMode) -> None:
@@ -63,18 +109,18 @@ class GpuDriver:
         devices = {d.name: d for d in inventory.devices(mig_mode)}
         with self._lock:
             self._devices = devices
+            self._gpus = inventory.gpus
 
     # --- DriverHandler ------------------------------------------------------------------------------------
 
-    def prepare_resource_claims(self, claims: Sequence[Mapping[str, Any]]) -> Mapping[str, PrepareResult]:
+    def prepare_resource_claims(self, claims: Sequence[AllocatedClaim]) -> Mapping[str, PrepareResult]:
         results: dict[str, PrepareResult] = {}
         for claim in claims:
-            uid = str(claim["metadata"]["uid"])
             try:
-                results[uid] = PrepareResult(devices=self.prepare(claim))
+                results[claim.uid] = PrepareResult(devices=self.prepare(claim))
             except DradriverError as err:
-                log.warning("prepare failed claim=%s error=%s", uid, err)
-                results[uid] = PrepareResult(error=str(err))
+                log.warning("prepare failed claim=%s error=%s", claim.uid, err)
+                results[claim.uid] = PrepareResult(error=str(err))
         return results
 
     def unprepare_resource_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, str | None]:
@@ -90,117 +136,347 @@ class GpuDriver:
 
     # --- the recipe ---------------------------------------------------------------------------------------
 
-    def prepare(self, claim: Mapping[str, Any]) -> tuple[PreparedDevice, ...]:
-        """Prepare one claim: all of its devices or, on any error, none (nothing is written)."""
-        uid = str(claim["metadata"]["uid"])
-        name = f"{claim['metadata'].get('namespace')}/{claim['metadata'].get('name')}"
-        allocated = self.allocated_devices(claim)
-        by_device: dict[str, list[str]] = {}
-        for result in allocated:
-            by_device.setdefault(result.device, []).append(result.request)
-        # A claim prepared before its device turned unhealthy is left alone (a kubelet retry or restart repeats
-        # prepare): its pod learns of the fault from the health stream.
-        fresh = uid not in self.cdi.prepared_devices()
-        resolved = [self._resolve(uid, name, device, check_health=fresh) for device in by_device]
-        exclusive = {r.device for r in allocated if not r.admin_access}
-        spec = ClaimSpec(
-            claim_uid=uid,
-            devices=tuple(
-                cdi_device(d, _device_nodes(d, f"{name} ({uid})"), admin_access=d.name not in exclusive)
-                for d in resolved
-            ),
+    def prepare(self, claim: AllocatedClaim) -> tuple[PreparedDevice, ...]:
+        """Prepare one claim: all of its devices or, on any error, none (everything done is undone)."""
+        ref = claim.ref
+        earlier = self.checkpoint.get(ref.uid)
+        if earlier is not None and earlier.state is ClaimState.PREPARE_COMPLETED:
+            return self._reported(earlier)
+        if earlier is not None:
+            log.info("finishing an earlier prepare that did not complete: rolling it back claim=%s", ref.uid)
+            self._roll_back(earlier, reason="an earlier prepare did not complete")
+        planned = self._plan(claim)
+        record = ClaimRecord(
+            uid=ref.uid,
+            namespace=ref.namespace,
+            name=ref.name,
+            state=ClaimState.PREPARE_STARTED,
+            devices=[_device_record(p) for p in planned],
         )
-        # Check and write under one lock, so two claims racing for one device cannot both pass the check.
-        with self._prepare_lock:
-            self._refuse_overlap(uid, name, exclusive)
-            cdi_ids = self.cdi.write(spec)
-        log.info("prepared claim=%s name=%s devices=%s", uid, name, ",".join(by_device))
-        return tuple(
-            PreparedDevice(
-                pool=self.pool,
-                device=device,
-                requests=tuple(requests),
-                cdi_device_ids=(cdi_id,),
-                status_data=device_status_data(found, admin_access=device not in exclusive),
-                metadata=device_metadata_attributes(found),
-            )
-            for (device, requests), cdi_id, found in zip(by_device.items(), cdi_ids, resolved, strict=True)
+        self.checkpoint.insert_checked(record, lambda others: _refuse_overlap(ref, record, others))
+        crash_point("prepare-started")
+        txn = Transaction(record, self.checkpoint, self._undo_steps())
+        try:
+            with self._hold_gpus(sorted({p.gpu.name for p in planned})):
+                ready = [self._make_ready(txn, p) for p in planned]
+            self._write_cdi_spec(txn, ready)
+        except DradriverError as err:
+            raise self._failed(txn, err) from err
+        record.state = ClaimState.PREPARE_COMPLETED
+        self.checkpoint.put(record)
+        log.info(
+            "prepared claim=%s name=%s/%s devices=%s",
+            ref.uid,
+            ref.namespace,
+            ref.name,
+            ",".join(d.name for d in record.devices),
         )
-
-    def _refuse_overlap(self, uid: str, name: str, devices: set[str]) -> None:
-        """A device is prepared for one claim at a time (admin access excepted): after a scheduler race or a
-        force-deleted claim, two claims can name the same device, and both must not get it."""
-        for other, prepared in self.cdi.prepared_devices().items():
-            shared = devices.intersection(prepared) if other != uid else set()
-            if shared:
-                raise ClaimError(
-                    f"claim {name} ({uid}): device {', '.join(sorted(shared))} is already prepared for "
-                    f"claim {other}; it is released when that claim is unprepared (if that claim is "
-                    "gone, its pod is still being torn down)"
-                )
+        return self._reported(record)
 
     def unprepare(self, ref: ClaimRef) -> None:
-        """Undo prepare: remove the claim's CDI spec (a claim never prepared here is already done)."""
-        self.cdi.remove(ref.uid)
+        """Undo prepare: destroy exactly what this claim created, remove its CDI spec, forget it.
+
+        A claim never prepared here is already done. MIG mode stays as it is (see ``driver/mig.py``)."""
+        record = self.checkpoint.get(ref.uid)
+        if record is None:
+            self.cdi.remove(ref.uid)  # a spec without a record can only be a leftover
+            return
+        keep_mode = record.state is ClaimState.PREPARE_COMPLETED
+        self._roll_back(record, reason="unprepare", skip=lambda a: keep_mode and a.step == STEP_MIG_MODE)
         log.info("unprepared claim=%s", ref.uid)
 
-    def allocated_devices(self, claim: Mapping[str, Any]) -> list[AllocatedDevice]:
-        """This driver's allocation results, checked to belong to this node's pool."""
-        uid = claim["metadata"]["uid"]
-        results = claim["status"]["allocation"]["devices"]["results"]
-        ours = [
-            AllocatedDevice(str(r["request"]), str(r["pool"]), str(r["device"]), bool(r.get("adminAccess")))
-            for r in results
-            if r.get("driver") == self.driver_name
-        ]
-        for result in ours:
+    def _roll_back(
+        self, record: ClaimRecord, *, reason: str, skip: Callable[[Action], bool] = lambda _a: False
+    ) -> None:
+        txn = Transaction(record, self.checkpoint, self._undo_steps())
+        with self._hold_gpus(sorted({d.gpu for d in record.devices})):
+            error = txn.rollback(skip=skip)
+        if error is not None:
+            raise DeviceError(
+                f"claim {record}: {reason}: {error}; the rest is recorded in the checkpoint and retried by the "
+                "next unprepare or at start-up"
+            )
+        self.checkpoint.remove(record.uid)
+
+    def _failed(self, txn: Transaction, err: DradriverError) -> ClaimError:
+        """Roll the claim back after ``err``; the error for the kubelet names device, step and cause."""
+        record = txn.record
+        with self._hold_gpus(sorted({d.gpu for d in record.devices})):
+            rollback_error = txn.rollback()
+        if rollback_error is None:
+            self.checkpoint.remove(record.uid)
+            outcome = "everything done for the claim was undone"
+        else:
+            outcome = (
+                f"undoing it failed too ({rollback_error}); the rest is recorded in the checkpoint and "
+                "finished at the next prepare or start-up"
+            )
+        where = f" at {err}" if isinstance(err, StepFailed) else f": {err}"
+        return ClaimError(f"claim {record}: prepare failed{where}; {outcome}")
+
+    # --- steps --------------------------------------------------------------------------------------------
+
+    def _plan(self, claim: AllocatedClaim) -> list[PlannedDevice]:
+        """Resolve each allocated device (no hardware is touched); a device may serve several requests."""
+        by_device: dict[str, list[str]] = {}
+        exclusive: set[str] = set()
+        tolerations: dict[str, list[DeviceToleration]] = {}
+        for result in claim.devices:
             if result.pool != self.pool:
                 raise ClaimError(
-                    f"claim {uid}: device {result.device} was allocated from pool {result.pool}, but "
-                    f"this driver serves pool {self.pool} (node {self.pool}); the claim belongs to "
-                    "another node's driver"
+                    f"claim {claim.ref}: device {result.device} was allocated from pool {result.pool}, but this "
+                    f"driver serves pool {self.pool} (node {self.pool}); the claim belongs to another node's driver"
                 )
-        return ours
+            by_device.setdefault(result.device, []).append(result.request)
+            tolerations.setdefault(result.device, []).extend(result.tolerations)
+            if not result.admin_access:
+                exclusive.add(result.device)
+        return [
+            PlannedDevice(self._resolve(claim.ref, name, tolerations[name]), tuple(requests), name not in exclusive)
+            for name, requests in by_device.items()
+        ]
 
-    def _resolve(self, uid: str, name: str, device: str, *, check_health: bool = True) -> GpuDevice | MigPartition:
+    def _resolve(self, ref: ClaimRef, name: str, tolerations: Sequence[DeviceToleration]) -> GpuDevice | MigPartition:
         with self._lock:
-            found = self._devices.get(device)
-        problem = self._device_problem(device) if check_health and self._device_problem is not None else None
+            found = self._devices.get(name)
+        problem = self._device_problem(name, tolerations) if self._device_problem is not None else None
         if problem is not None:
             raise ClaimError(
-                f"claim {name} ({uid}): device {device} is unhealthy: {problem}; delete the claim so the "
-                "scheduler allocates a healthy device (the device is tainted until it recovers)"
+                f"claim {ref}: device {name} is unhealthy: {problem}; delete the claim so the scheduler allocates "
+                "a healthy device (the device is tainted until it recovers)"
             )
         if found is None:
             raise ClaimError(
-                f"claim {name} ({uid}): device {device} is not offered by this node any more; "
-                "delete the claim so the scheduler allocates a device that exists"
+                f"claim {ref}: device {name} is not offered by this node any more; delete the claim so the "
+                "scheduler allocates a device that exists"
             )
-        if isinstance(found, MigPartition) and found.existing is None:
+        if self.mig_mode is MigMode.DYNAMIC and self._mig is None and _needs_hardware(found):
             raise ClaimError(
-                f"claim {name} ({uid}): MIG partition {device} does not exist yet and this version "
-                "does not carve partitions at prepare; run with --mig-mode static and create MIG "
-                "devices with nvidia-smi, or request a whole GPU"
-            )
-        if isinstance(found, GpuDevice) and found.mig_enabled:
-            # With MIG on, a GPU runs work only through its MIG devices, and this version does not switch MIG off.
-            raise ClaimError(
-                f"claim {name} ({uid}): GPU {device} is in MIG mode, so as a whole GPU it cannot run "
-                "work and this version does not switch MIG mode at prepare; delete the claim so the "
-                "scheduler picks another device, or disable MIG on the GPU (nvidia-smi -i <gpu> -mig 0)"
+                f"claim {ref}: device {name} needs a MIG mode change or a MIG partition carved at prepare, but this "
+                "driver was started without GPU access; use --mig-mode static"
             )
         return found
 
+    def _make_ready(self, txn: Transaction, planned: PlannedDevice) -> ReadyDevice:
+        """Bring one device into the state its allocation needs (dynamic mode: MIG mode and carving)."""
+        device, record = planned.device, _record_of(txn.record, planned.device.name)
+        if isinstance(device, GpuDevice):
+            if (
+                self.mig_mode is MigMode.DYNAMIC
+                and self._mig is not None
+                and device.info.mig_capable
+                and not planned.admin_access
+            ):
+                record.previous_mig_mode = self._mig.ensure_mig_mode(
+                    txn, device, False, self._users(txn.record.uid, device.name)
+                )
+            parent = DeviceNode(f"/dev/nvidia{device.info.minor}")
+            return ReadyDevice(device, (parent,), planned.admin_access)
+        mig = device.existing
+        if self.mig_mode is MigMode.DYNAMIC:
+            assert self._mig is not None  # checked in _resolve
+            if planned.admin_access:
+                mig = self._existing(device)
+            else:
+                record.previous_mig_mode = self._mig.ensure_mig_mode(
+                    txn, device.parent, True, self._users(txn.record.uid, device.parent.name)
+                )
+                mig = self._mig.carve(txn, device)
+                record.gpu_instance_id, record.compute_instance_id = mig.gpu_instance_id, mig.compute_instance_id
+        assert mig is not None  # static and none modes offer only partitions that exist
+        record.mig_uuid = mig.uuid
+        return ReadyDevice(replace(device, existing=mig), _mig_device_nodes(device, mig), planned.admin_access)
 
-def _device_nodes(device: GpuDevice | MigPartition, claim: str) -> tuple[DeviceNode, ...]:
-    gpu = device if isinstance(device, GpuDevice) else device.parent
-    parent = DeviceNode(f"/dev/nvidia{gpu.info.minor}")
-    if isinstance(device, GpuDevice) or device.existing is None:
-        return (parent,)
-    if not device.existing.capability_nodes:
-        raise ClaimError(
-            f"claim {claim}: the MIG capability device nodes of {device.name} cannot be read "
-            f"(/proc/driver/nvidia/capabilities/gpu{gpu.info.minor}/mig/…); is /proc from the host "
-            "and the NVIDIA driver's MIG support available to the driver?"
+    def _existing(self, partition: MigPartition) -> MigDevice:
+        """Admin access to a dynamic partition: monitoring what another claim carved; nothing is created."""
+        assert self.gpulib is not None
+        for mig in self.gpulib.mig_devices(partition.parent.uuid):
+            if mig.profile.id == partition.profile.id and mig.placement == partition.placement:
+                return mig
+        raise DeviceError(
+            f"admin access to MIG partition {partition.name}: it is not carved now, so there is nothing to monitor"
         )
-    return (parent, *device.existing.capability_nodes)
+
+    def _write_cdi_spec(self, txn: Transaction, ready: list[ReadyDevice]) -> None:
+        """The CDI spec step: the claim's spec file, one CDI device per allocated device."""
+        spec = build_claim_spec(txn.record.uid, ready)
+        ids = txn.run(STEP_CDI_SPEC, "", {}, lambda _p: {"cdiDeviceIds": self.cdi.write(spec)})["cdiDeviceIds"]
+        for record, cdi_id, device in zip(txn.record.devices, ids, ready, strict=True):
+            record.cdi_device_ids = [cdi_id]
+            # What the claim reports about its devices is recorded too, so a repeated prepare returns it as is.
+            record.status_data = device_status_data(device.device, admin_access=device.admin_access)
+            record.metadata = device_metadata_attributes(device.device)
+
+    def _undo_steps(self) -> dict[str, Undo]:
+        undo: dict[str, Undo] = {STEP_CDI_SPEC: lambda record, _action: self.cdi.remove(record.uid)}
+        if self._mig is not None:
+            undo.update(
+                {
+                    STEP_MIG_MODE: self._mig.undo_mig_mode,
+                    STEP_GPU_INSTANCE: self._mig.undo_gpu_instance,
+                    STEP_COMPUTE_INSTANCE: self._mig.undo_compute_instance,
+                }
+            )
+        return undo
+
+    # --- helpers ------------------------------------------------------------------------------------------
+
+    def _reported(self, record: ClaimRecord) -> tuple[PreparedDevice, ...]:
+        return tuple(
+            PreparedDevice(
+                pool=self.pool,
+                device=d.name,
+                requests=tuple(d.requests),
+                cdi_device_ids=tuple(d.cdi_device_ids),
+                status_data=d.status_data,
+                metadata=d.metadata,
+            )
+            for d in record.devices
+        )
+
+    def _users(self, uid: str, gpu: str) -> list[str]:
+        """Other claims with a device on ``gpu``."""
+        return [str(r) for r in self.checkpoint.records() if r.uid != uid and any(d.gpu == gpu for d in r.devices)]
+
+    @contextmanager
+    def _hold_gpus(self, names: Sequence[str]) -> Iterator[None]:
+        """Hold the locks of ``names`` (taken in sorted order, so two claims never deadlock)."""
+        with self._lock:
+            locks = [self._gpu_locks.setdefault(name, threading.Lock()) for name in sorted(names)]
+        with ExitStack() as stack:
+            for lock in locks:
+                stack.enter_context(lock)
+            yield
+
+    # --- start-up -----------------------------------------------------------------------------------------
+
+    def reconcile(self, claim_exists: ClaimExists | None = None) -> None:
+        """Bring the node in line with the checkpoint before the plugin registers with the kubelet.
+
+        Claims from an earlier boot are dropped (their CDI specs removed); claims left PrepareStarted are rolled
+        back; claims the API server no longer has are unprepared; in dynamic mode, MIG instances no claim owns
+        are destroyed; CDI specs of claims the checkpoint does not know are removed. Each action is logged with
+        its claim; a failure is logged and left for the kubelet's next call."""
+        for record in self.checkpoint.discarded:
+            log.warning("reconcile: dropping claim prepared before the last reboot claim=%s", record)
+            self.cdi.remove(record.uid)
+        self.checkpoint.discarded = []
+        for record in self.checkpoint.records():
+            try:
+                self._reconcile_claim(record, claim_exists)
+            except DradriverError as err:
+                log.error("reconcile: could not clean up claim=%s error=%s", record, err)
+        if self.mig_mode is MigMode.DYNAMIC and self._mig is not None:
+            self._destroy_orphan_instances()
+        known = {r.uid for r in self.checkpoint.records()}
+        for uid in self.cdi.claim_uids():
+            if uid not in known:
+                log.warning("reconcile: removing CDI spec of a claim not in the checkpoint claim=%s", uid)
+                self.cdi.remove(uid)
+
+    def _reconcile_claim(self, record: ClaimRecord, claim_exists: ClaimExists | None) -> None:
+        if record.state is ClaimState.PREPARE_STARTED:
+            log.warning("reconcile: rolling back a prepare that did not complete claim=%s", record)
+            self._roll_back(record, reason="start-up rollback")
+            return
+        ref = ClaimRef(namespace=record.namespace, name=record.name, uid=record.uid)
+        if claim_exists is not None and claim_exists(ref) is False:
+            log.warning("reconcile: unpreparing a claim the API server no longer has claim=%s", record)
+            self.unprepare(ref)
+
+    def _destroy_orphan_instances(self) -> None:
+        assert self.gpulib is not None and self._mig is not None
+        owned: dict[tuple[str, int], str] = {}
+        for record in self.checkpoint.records():
+            for device in record.devices:
+                if device.gpu_instance_id is not None:
+                    owned[(device.gpu_uuid, device.gpu_instance_id)] = record.uid
+            for action in record.actions:
+                if action.step == STEP_GPU_INSTANCE and "gpuInstanceId" in action.params:
+                    owned[(action.params["gpuUUID"], int(action.params["gpuInstanceId"]))] = record.uid
+        with self._lock:
+            gpus = [g for g in self._gpus if g.info.mig_capable]
+        for gpu in gpus:
+            try:
+                if not self.gpulib.mig_mode(gpu.uuid).current:
+                    continue
+                for gi in self.gpulib.gpu_instances(gpu.uuid):
+                    if (gpu.uuid, gi.id) not in owned:
+                        log.warning(
+                            "reconcile: destroying a MIG instance no claim owns gpu=%s gi=%d start=%d profile=%d",
+                            gpu.name,
+                            gi.id,
+                            gi.placement.start,
+                            gi.profile_id,
+                        )
+                        self._mig.destroy_orphan(gpu.uuid, gi.id)
+            except DradriverError as err:
+                log.error("reconcile: cannot clean up MIG instances gpu=%s error=%s", gpu.name, err)
+
+
+def build_claim_spec(claim_uid: str, devices: Sequence[ReadyDevice]) -> ClaimSpec:
+    """The claim's CDI spec: per device its nodes and its own environment (admin-access ones marked)."""
+    return ClaimSpec(
+        claim_uid=claim_uid,
+        devices=tuple(cdi_device(d.device, d.device_nodes, admin_access=d.admin_access) for d in devices),
+    )
+
+
+def _refuse_overlap(ref: ClaimRef, record: ClaimRecord, others: list[ClaimRecord]) -> None:
+    """A device is prepared for one claim at a time (admin access excepted): after a scheduler race or a
+    force-deleted claim two claims can name the same device, or partitions that share memory slices, and both
+    must not get it. A whole GPU overlaps every partition of it."""
+    for mine in record.devices:
+        if mine.admin_access:
+            continue
+        for other in others:
+            for theirs in other.devices:
+                if theirs.admin_access or theirs.gpu != mine.gpu:
+                    continue
+                if theirs.name == mine.name:
+                    raise ClaimError(
+                        f"claim {ref}: device {mine.name} is already prepared for claim {other.uid} "
+                        f"({other.namespace}/{other.name}); it is released when that claim is unprepared (if that "
+                        "claim is gone, its pod is still being torn down)"
+                    )
+                if set(mine.slices) & set(theirs.slices):
+                    raise ClaimError(
+                        f"claim {ref}: device {mine.name} overlaps {theirs.name}, which is already prepared for "
+                        f"claim {other.uid} ({other.namespace}/{other.name}); it is released when that claim is "
+                        "unprepared"
+                    )
+
+
+def _device_record(planned: PlannedDevice) -> DeviceRecord:
+    device = planned.device
+    record = DeviceRecord(
+        name=device.name,
+        requests=list(planned.requests),
+        gpu=planned.gpu.name,
+        gpu_uuid=planned.gpu.uuid,
+        kind="gpu" if isinstance(device, GpuDevice) else "mig",
+        admin_access=planned.admin_access,
+    )
+    if isinstance(device, MigPartition):
+        record.placement_start, record.placement_size = device.placement.start, device.placement.size
+        record.profile_id = device.profile.id
+    return record
+
+
+def _record_of(record: ClaimRecord, name: str) -> DeviceRecord:
+    return next(d for d in record.devices if d.name == name)
+
+
+def _needs_hardware(device: GpuDevice | MigPartition) -> bool:
+    return isinstance(device, MigPartition) or device.mig_enabled
+
+
+def _mig_device_nodes(partition: MigPartition, mig: MigDevice) -> tuple[DeviceNode, ...]:
+    minor = partition.parent.info.minor
+    if not mig.capability_nodes:
+        raise DeviceError(
+            f"the MIG capability device nodes of {partition.name} cannot be read "
+            f"(/proc/driver/nvidia/capabilities/gpu{minor}/mig/…); is /proc from the host and the NVIDIA "
+            "driver's MIG support available to the driver?"
+        )
+    return (DeviceNode(f"/dev/nvidia{minor}"), *mig.capability_nodes)

@@ -33,6 +33,7 @@ from typing import Any
 from dradriver.gpu import sim
 from dradriver.gpu.caps import CAPS_DIR
 from dradriver.gpu.catalog import COMPUTE_SLICES_PER_GPU, MigProfileSpec, load_node_profile
+from dradriver.gpu.errors import GpuError, error_for_code
 from dradriver.gpu.models import MIB, DeviceNode
 from dradriver.gpu.nvml import NvmlGpuLib
 from dradriver.gpu.sim import (
@@ -155,9 +156,33 @@ def simulated_gpulib(
 ) -> tuple[NvmlGpuLib, SimulatedNode]:
     """``NvmlGpuLib`` on a simulated node built from a node profile (built-in name or file path)."""
     node = SimulatedNode(load_node_profile(profile), node_name=node_name, state_path=state_path)
+    return simulated_gpulib_on(node), node
+
+
+def simulated_gpulib_on(node: SimulatedNode) -> NvmlGpuLib:
+    """``NvmlGpuLib`` on an existing simulated node (tests keep the node to inspect and inject faults)."""
     return NvmlGpuLib(
-        nvml=fake_pynvml(node), pci_topology=SimPciTopology(node), mig_capabilities=SimMigCapabilities()
-    ), node
+        nvml=fake_pynvml(node),
+        pci_topology=SimPciTopology(node),
+        mig_capabilities=SimMigCapabilities(),
+        gpu_reset=SimGpuReset(node),
+    )
+
+
+class SimGpuReset:
+    """``nvidia-smi -r`` on the simulated node."""
+
+    def __init__(self, node: SimulatedNode) -> None:
+        self._node = node
+
+    def __call__(self, gpu_uuid: str) -> None:
+        gpu = next((g for g in self._node.gpus if g.uuid == gpu_uuid), None)
+        if gpu is None:
+            raise GpuError(f"no GPU with UUID {gpu_uuid}", device=gpu_uuid, call="nvidia-smi -r")
+        try:
+            self._node.reset_gpu(gpu.index)
+        except SimNvmlError as err:
+            raise error_for_code(err.code, f"GPU reset failed: {err}", device=gpu_uuid, call="nvidia-smi -r") from err
 
 
 # --- what the opaque handles point at -------------------------------------------------------------------------
@@ -275,6 +300,9 @@ class FakeNvmlLibrary:
         def call(*args: Any) -> Any:
             if needs_init and self._init_count == 0:
                 return UNINITIALIZED
+            fault = self.node.take_fault(name)
+            if fault is not None:
+                return fault
             try:
                 return impl(*args)
             except SimNvmlError as err:

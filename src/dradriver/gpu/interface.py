@@ -69,6 +69,13 @@ class GpuLib(Protocol):
     def mig_devices(self, gpu_uuid: str) -> list[MigDevice]:
         """Usable MIG devices (GPU instance + compute instance pairs) on a GPU."""
 
+    def mig_device(self, gpu_uuid: str, gpu_instance_id: int, compute_instance_id: int) -> MigDevice:
+        """The MIG device of one compute instance (its UUID and capability nodes), read without walking the
+        GPU's other MIG devices; ``NotFound`` when the instance is gone."""
+
+    def reset_gpu(self, gpu_uuid: str) -> None:
+        """Reset a GPU (what ``nvidia-smi -r`` does), applying a pending MIG mode; fails while it is in use."""
+
     def compute_mode(self, device_uuid: str) -> ComputeMode:
         """Compute mode of a GPU or MIG device (``GPU-…`` or ``MIG-…`` UUID)."""
 

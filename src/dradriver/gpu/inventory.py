@@ -93,9 +93,8 @@ class Inventory:
         """The devices a node offers in ``mode``, each GPU followed by its MIG devices.
 
         ``dynamic`` offers every GPU whole plus every partition of the MIG-capable ones, for prepare to switch MIG
-        mode as the allocation needs (until it does, prepare refuses a whole GPU in MIG mode and a partition that
-        does not exist). ``none`` and ``static`` leave a GPU in MIG mode to its MIG devices, as a GPU in MIG
-        mode cannot run work as a whole GPU.
+        mode and carve partitions as the allocation needs (docs/mig.md). ``none`` and ``static`` leave a GPU in
+        MIG mode to its MIG devices, as a GPU in MIG mode cannot run work as a whole GPU.
         """
         offered: list[GpuDevice | MigPartition] = []
         for gpu in self.gpus:

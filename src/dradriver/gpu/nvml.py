@@ -14,9 +14,11 @@ import itertools
 import logging
 import math
 import os
+import subprocess
 import threading
 import time
 import uuid as uuid_lib
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
@@ -170,6 +172,22 @@ class SysfsPciTopology:
         return None
 
 
+def nvidia_smi_reset(gpu_uuid: str) -> None:
+    """Reset a GPU with ``nvidia-smi --gpu-reset`` (NVML has no public reset call; mig-parted does the same)."""
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--gpu-reset", "-i", gpu_uuid], capture_output=True, text=True, timeout=120, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise GpuError(f"cannot run nvidia-smi to reset the GPU: {err}", device=gpu_uuid, call="nvidia-smi -r") from err
+    if done.returncode != 0:
+        raise GpuError(
+            f"GPU reset failed: {(done.stdout + done.stderr).strip()}; stop every process using the GPU and retry",
+            device=gpu_uuid,
+            call="nvidia-smi -r",
+        )
+
+
 class NvmlGpuLib:
     """The ``GpuLib`` port on NVML. Thread-safe as NVML is; ``close()`` shuts NVML down."""
 
@@ -179,6 +197,7 @@ class NvmlGpuLib:
         nvml: ModuleType | None = None,
         pci_topology: PciTopology | None = None,
         mig_capabilities: MigCapabilities | None = None,
+        gpu_reset: Callable[[str], None] | None = None,
     ) -> None:
         if nvml is None:
             import pynvml
@@ -187,6 +206,7 @@ class NvmlGpuLib:
         self._nvml: Any = nvml
         self._topology = pci_topology if pci_topology is not None else SysfsPciTopology()
         self._capabilities = mig_capabilities if mig_capabilities is not None else ProcMigCapabilities()
+        self._gpu_reset = gpu_reset if gpu_reset is not None else nvidia_smi_reset
         self._lock = threading.RLock()
         self._closed = False
         self._gpus: list[GpuInfo] | None = None
@@ -546,6 +566,27 @@ class NvmlGpuLib:
                 )
             )
         return devices
+
+    def mig_device(self, gpu_uuid: str, gpu_instance_id: int, compute_instance_id: int) -> MigDevice:
+        where = f"{gpu_uuid} GPU instance {gpu_instance_id}"
+        gi = self._call("nvmlDeviceGetGpuInstanceById", self._handle(gpu_uuid), gpu_instance_id, device=gpu_uuid)
+        gi_info = self._call("nvmlGpuInstanceGetInfo", gi, device=where)
+        ci = self._call("nvmlGpuInstanceGetComputeInstanceById", gi, compute_instance_id, device=where)
+        ci_info = self._call("nvmlComputeInstanceGetInfo", ci, device=where)
+        uuid = self._call("nvmlDeviceGetUUID", ci_info.device, device=where)
+        return MigDevice(
+            uuid=uuid,
+            parent_uuid=gpu_uuid,
+            gpu_instance_id=gpu_instance_id,
+            compute_instance_id=compute_instance_id,
+            profile=self._profile(gpu_uuid, gi_info.profileId, "nvmlGpuInstanceGetInfo"),
+            placement=Placement(gi_info.placement.start, gi_info.placement.size),
+            capability_nodes=self._capability_nodes(gpu_uuid, gpu_instance_id, compute_instance_id),
+        )
+
+    def reset_gpu(self, gpu_uuid: str) -> None:
+        self._gpu_reset(gpu_uuid)
+        log.info("reset GPU gpu=%s", gpu_uuid)
 
     def _capability_nodes(self, gpu_uuid: str, gi_id: int, ci_id: int) -> tuple[DeviceNode, ...]:
         # Missing capability files leave the MIG device listed but unpreparable: prepare says why.

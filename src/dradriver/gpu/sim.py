@@ -56,6 +56,7 @@ TIMEOUT = 10
 GPU_IS_LOST = 15
 IN_USE = 19
 INSUFFICIENT_RESOURCES = 23
+UNKNOWN = 999
 
 # NVML_COMPUTE_INSTANCE_PROFILE_* enum → compute slices; the CI profile id equals the enum on real drivers.
 CI_PROFILE_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7, 5: 8, 6: 6, 7: 1, 8: 7}
@@ -169,6 +170,7 @@ class SimulatedNode:
         self._stamp: tuple[int, int, int] | None = None
         self._event_id = 0  # the last event id in the shared state file that this process knows
         self._event_log: list[dict[str, Any]] = []
+        self._faults: dict[str, list[int]] = {}  # NVML function name -> return codes of its next calls
         self._cleared: dict[int, int] = {}  # GPU index → last event sequence a reset discarded
         products = load_products()
         # NVML enumerates GPUs in PCI bus order.
@@ -223,6 +225,29 @@ class SimulatedNode:
     def _require_privilege(self, what: str) -> None:
         if not self.privileged:
             raise SimNvmlError(NO_PERMISSION, f"{what} needs root")
+
+    # --- fault injection ----------------------------------------------------------------------------------
+
+    def inject_fault(self, call: str, code: int = UNKNOWN, *, times: int = 1) -> None:
+        """Make the next ``times`` calls of the NVML function ``call`` (its C name, e.g.
+        ``nvmlDeviceCreateGpuInstanceWithPlacement``) fail with return ``code`` and change nothing."""
+        with self._lock:
+            self._faults.setdefault(call, []).extend([code] * times)
+
+    def clear_faults(self) -> None:
+        with self._lock:
+            self._faults.clear()
+
+    def take_fault(self, call: str) -> int | None:
+        """The return code an injected fault gives this call of ``call``, or None to run it normally."""
+        with self._lock:
+            pending = self._faults.get(call)
+            if not pending:
+                return None
+            code = pending.pop(0)
+            if not pending:
+                del self._faults[call]
+            return code
 
     # --- MIG mode -----------------------------------------------------------------------------------------
 

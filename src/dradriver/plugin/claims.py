@@ -8,7 +8,7 @@ from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-from dradriver.plugin.handler import ClaimRef
+from dradriver.plugin.handler import AllocatedClaim, AllocatedDevice, ClaimRef, DeviceConfig, DeviceToleration
 
 
 class ClaimSource(Protocol):
@@ -64,6 +64,61 @@ def claim_problem(claim: Any, ref: ClaimRef, driver_name: str) -> str | None:
         if missing:
             return f"claim {ref}: an allocation result of driver {driver_name} lacks {', '.join(missing)}"
     return None
+
+
+def allocated_claim(claim: Mapping[str, Any], ref: ClaimRef, driver_name: str) -> AllocatedClaim:
+    """The typed view of a claim that passed :func:`claim_problem`: ``driver_name``'s results and configs."""
+    allocation = claim["status"]["allocation"]
+    devices = tuple(
+        AllocatedDevice(
+            request=result["request"],
+            pool=result["pool"],
+            device=result["device"],
+            admin_access=result.get("adminAccess") is True,
+            share_id=result["shareID"] if isinstance(result.get("shareID"), str) else None,
+            tolerations=_tolerations(result.get("tolerations")),
+        )
+        for result in allocation["devices"]["results"]
+        if isinstance(result, Mapping) and result.get("driver") == driver_name
+    )
+    return AllocatedClaim(ref=ref, devices=devices, config=_configs(allocation["devices"].get("config"), driver_name))
+
+
+def _tolerations(entries: Any) -> tuple[DeviceToleration, ...]:
+    """The tolerations the scheduler copied into one allocation result (entries of no known shape skipped)."""
+    if not isinstance(entries, list):
+        return ()
+    return tuple(
+        DeviceToleration(
+            key=str(entry.get("key") or ""),
+            operator=str(entry.get("operator") or "Equal"),
+            value=str(entry.get("value") or ""),
+            effect=str(entry.get("effect") or ""),
+        )
+        for entry in entries
+        if isinstance(entry, Mapping)
+    )
+
+
+def _configs(entries: Any, driver_name: str) -> tuple[DeviceConfig, ...]:
+    """This driver's opaque configs; entries of other drivers (or of no known shape) are not ours to judge."""
+    if not isinstance(entries, list):
+        return ()
+    configs = []
+    for entry in entries:
+        opaque = entry.get("opaque") if isinstance(entry, Mapping) else None
+        if not isinstance(opaque, Mapping) or opaque.get("driver") != driver_name:
+            continue
+        requests = entry.get("requests")
+        parameters = opaque.get("parameters")
+        configs.append(
+            DeviceConfig(
+                source=str(entry.get("source", "")),
+                requests=tuple(str(r) for r in requests) if isinstance(requests, list) else (),
+                parameters=parameters if isinstance(parameters, Mapping) else {},
+            )
+        )
+    return tuple(configs)
 
 
 class ClaimLocks:

@@ -17,9 +17,16 @@ import grpc
 from dradriver.api.generated import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from dradriver.errors import DradriverError
 from dradriver.plugin.claim_status import ClaimStatusWriter
-from dradriver.plugin.claims import ClaimLocks, ClaimSource, base_request_name, claim_problem, ref_problem
+from dradriver.plugin.claims import (
+    ClaimLocks,
+    ClaimSource,
+    allocated_claim,
+    base_request_name,
+    claim_problem,
+    ref_problem,
+)
 from dradriver.plugin.device_metadata import DeviceMetadataWriter
-from dradriver.plugin.handler import ClaimRef, DriverHandler, PreparedDevice, PrepareResult
+from dradriver.plugin.handler import AllocatedClaim, ClaimRef, DriverHandler, PreparedDevice, PrepareResult
 
 logger = logging.getLogger(__name__)
 
@@ -61,9 +68,10 @@ class ClaimProcessor:
     def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         """Prepare the referenced claims; the result has an entry for every distinct UID in ``refs``."""
         results: dict[str, PrepareResult] = {}
-        fetched: dict[str, Mapping[str, Any]] = {}
+        fetched: dict[str, AllocatedClaim] = {}
+        raw: dict[str, Mapping[str, Any]] = {}
         for ref in _distinct(refs):
-            problem = ref_problem(ref) or self._fetch(ref, fetched)
+            problem = ref_problem(ref) or self._fetch(ref, fetched, raw)
             if problem is not None:
                 logger.warning(
                     "cannot prepare claim uid=%s claim=%s/%s error=%s", ref.uid, ref.namespace, ref.name, problem
@@ -79,10 +87,10 @@ class ClaimProcessor:
                     "prepare",
                 )
                 for uid, outcome in outcomes.items():
-                    results[uid] = self._with_metadata(fetched[uid], self._check_prepare_result(uid, outcome))
+                    results[uid] = self._with_metadata(raw[uid], self._check_prepare_result(uid, outcome))
             for uid in outcomes:
                 if self._claim_status is not None and results[uid].error is None:
-                    self._claim_status.prepared(_ref_of(fetched[uid]), results[uid].devices)
+                    self._claim_status.prepared(fetched[uid].ref, results[uid].devices)
         return results
 
     def _with_metadata(self, claim: Mapping[str, Any], result: PrepareResult) -> PrepareResult:
@@ -137,14 +145,16 @@ class ClaimProcessor:
             return _Failure(str(err))
         return outcome
 
-    def _fetch(self, ref: ClaimRef, into: dict[str, Mapping[str, Any]]) -> str | None:
+    def _fetch(self, ref: ClaimRef, into: dict[str, AllocatedClaim], raw: dict[str, Mapping[str, Any]]) -> str | None:
+        """GET and check the claim; the handler gets its typed view, the device metadata writer its JSON."""
         try:
             claim = self._claims.get_resource_claim(ref.namespace, ref.name)
         except Exception as err:
             return f"cannot get claim {ref} from the API server: {describe_exception(err)}"
         problem = claim_problem(claim, ref, self.driver_name)
         if problem is None:
-            into[ref.uid] = claim
+            into[ref.uid] = allocated_claim(claim, ref, self.driver_name)
+            raw[ref.uid] = claim
         return problem
 
     def _run_isolated(
@@ -220,11 +230,6 @@ class _Failure:
 
     def __init__(self, message: str) -> None:
         self.message = message
-
-
-def _ref_of(claim: Mapping[str, Any]) -> ClaimRef:
-    meta = claim["metadata"]
-    return ClaimRef(namespace=str(meta.get("namespace", "")), name=str(meta.get("name", "")), uid=str(meta["uid"]))
 
 
 def _distinct(refs: Iterable[ClaimRef]) -> list[ClaimRef]:

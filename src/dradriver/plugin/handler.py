@@ -27,6 +27,70 @@ class ClaimRef:
 
 
 @dataclass(frozen=True)
+class DeviceToleration:
+    """A toleration the scheduler copied into an allocation result (``resource.k8s.io/v1`` DeviceToleration).
+
+    The scheduler allocates a tainted device only to a request that tolerates the taint, so a driver that
+    refuses devices for their condition must let tolerated ones through."""
+
+    key: str = ""  # empty with operator Exists: every key
+    operator: str = "Equal"  # or Exists
+    value: str = ""
+    effect: str = ""  # empty: every effect
+
+    def tolerates(self, key: str, value: str, effect: str) -> bool:
+        """Whether a taint with this key, value and effect is tolerated, by the API's matching rules."""
+        if self.effect and self.effect != effect:
+            return False
+        if self.key and self.key != key:
+            return False
+        return self.operator == "Exists" or self.value == value
+
+
+@dataclass(frozen=True)
+class AllocatedDevice:
+    """One of this driver's entries in the claim's ``status.allocation.devices.results``."""
+
+    request: str  # the request name as allocated, ``req`` or ``req/sub``
+    pool: str
+    device: str
+    admin_access: bool = False
+    share_id: str | None = None
+    tolerations: tuple[DeviceToleration, ...] = ()
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    """One of this driver's opaque configs from ``status.allocation.devices.config``.
+
+    ``requests`` empty means every request of the claim; ``source`` is ``FromClass`` or ``FromClaim`` (class
+    configs come first in the list, as the API orders them); ``parameters`` is the opaque JSON, which only the
+    driver knows how to read.
+    """
+
+    source: str
+    requests: tuple[str, ...]
+    parameters: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class AllocatedClaim:
+    """A ResourceClaim as the driver gets it for prepare: parsed and checked once by the plugin layer.
+
+    It carries the kubelet's reference (UID, namespace, name), this driver's allocation results (never empty)
+    and this driver's opaque configs. The raw JSON stays at the cluster port.
+    """
+
+    ref: ClaimRef
+    devices: tuple[AllocatedDevice, ...]
+    config: tuple[DeviceConfig, ...] = ()
+
+    @property
+    def uid(self) -> str:
+        return self.ref.uid
+
+
+@dataclass(frozen=True)
 class PreparedDevice:
     """One device prepared for a claim, as reported back to the kubelet.
 
@@ -64,12 +128,12 @@ class DriverHandler(Protocol):
     kubelet requires that anyway, since it repeats them after restarts).
     """
 
-    def prepare_resource_claims(self, claims: Sequence[Mapping[str, Any]]) -> Mapping[str, PrepareResult]:
+    def prepare_resource_claims(self, claims: Sequence[AllocatedClaim]) -> Mapping[str, PrepareResult]:
         """Prepare the devices allocated to ``claims`` and return a result per claim UID.
 
-        Each claim is the full ``resource.k8s.io`` ResourceClaim as JSON (camelCase keys, as the API server
-        returns it). The plugin layer has already checked that its UID is the one the kubelet asked for, that
-        it is allocated and that the allocation has results for this driver.
+        The plugin layer has fetched each claim, checked that its UID is the one the kubelet asked for, that it
+        is allocated and that the allocation has results for this driver, and parsed it into an
+        :class:`AllocatedClaim`.
         """
         ...
 

@@ -12,12 +12,11 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import grpc
 
 from dradriver.errors import ConfigError, DradriverError
-from dradriver.plugin.handler import ClaimRef, DriverHandler, PrepareResult
+from dradriver.plugin.handler import AllocatedClaim, ClaimRef, DriverHandler, PrepareResult
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +134,7 @@ class SerializedHandler:
         finally:
             os.close(fd)
 
-    def prepare_resource_claims(self, claims: Sequence[Mapping[str, Any]]) -> Mapping[str, PrepareResult]:
+    def prepare_resource_claims(self, claims: Sequence[AllocatedClaim]) -> Mapping[str, PrepareResult]:
         with self._locked():
             return self._handler.prepare_resource_claims(claims)
 
