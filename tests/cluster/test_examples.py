@@ -24,7 +24,6 @@ from dradriver.plugin.kubelet_client import Claim
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples" / "claims").glob("*.yaml"))
-NO_CARVING_YET = "does not carve partitions at prepare"
 
 
 def node_for(example: Path, nodes: dict[str, SimNode]) -> SimNode:
@@ -60,9 +59,6 @@ def prepare_and_unprepare(node: SimNode, pod: GatedPod) -> None:
     assert allocated and all(driver == DRIVER and pool == node.name for driver, pool, _ in allocated), allocated
     prepared = node.kubelet.prepare(pod.get())
     result = prepared[claim["metadata"]["uid"]]
-    if NO_CARVING_YET in result.error:
-        # Dynamic MIG publishes every placement; carving one at prepare is being built (branch mig).
-        pytest.xfail(f"the scheduler allocated a MIG partition that prepare cannot carve yet: {result.error}")
     assert result.error == "", result.error
     assert sorted(d["device_name"] for d in result.devices) == sorted(device for _, _, device in allocated)
     on_disk = cdi_ids_on_disk(node.cdi_dir)
