@@ -248,6 +248,20 @@ def test_only_the_newest_pool_generation_counts(whole_gpus, classes):
     assert devices(allocation) == ["gpu-0000-90-00-0"]
 
 
+def test_slices_of_a_pool_are_searched_in_name_order(whole_gpus, classes):
+    # The scheduler sorts a pool's slices by name before it searches them, whatever order they come in.
+    first = copy.deepcopy(whole_gpus[0])
+    second = copy.deepcopy(whole_gpus[0])
+    first["metadata"]["name"] = "node-a-b"
+    first["spec"]["devices"] = first["spec"]["devices"][:4]
+    second["metadata"]["name"] = "node-a-a"
+    second["spec"]["devices"] = second["spec"]["devices"][4:]
+    for s in (first, second):
+        s["spec"]["pool"]["resourceSliceCount"] = 2
+    allocation = allocate(claim(exact()), slices=[first, second], classes=classes)
+    assert devices(allocation) == ["gpu-0000-87-00-0"]
+
+
 def test_too_many_results_is_an_error(whole_gpus, classes):
     with pytest.raises(AllocationError, match="exceeds the claim limit"):
         allocate(claim(exact(count=33)), slices=whole_gpus, classes=classes)

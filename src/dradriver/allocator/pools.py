@@ -69,8 +69,8 @@ def _slice_targets(slice_: dict[str, Any], node: str | None, labels: dict[str, s
 def gather_pools(slices: list[dict[str, Any]], node: str | None, labels: dict[str, str] | None = None) -> list[Pool]:
     """The pools with at least one slice usable on ``node``, each with the slices of its newest generation.
 
-    Pools come sorted by driver and name (the scheduler's order is that of a Go map, i.e. unspecified);
-    devices keep the order of their slices and of ``spec.devices``.
+    Pools come sorted by driver and name, and each pool's slices by name, as the scheduler searches them;
+    devices keep the order of ``spec.devices``.
     """
     labels = labels or {}
     pools: dict[tuple[str, str], Pool] = {}
@@ -89,6 +89,7 @@ def gather_pools(slices: list[dict[str, Any]], node: str | None, labels: dict[st
     result = []
     for key in sorted(pools):
         pool = pools[key]
+        pool.slices.sort(key=lambda s: str((s.get("metadata") or {}).get("name", "")))
         seen: set[str] = set()
         usable = False
         for slice_ in pool.slices:
