@@ -262,6 +262,27 @@ def test_slices_of_a_pool_are_searched_in_name_order(whole_gpus, classes):
     assert devices(allocation) == ["gpu-0000-87-00-0"]
 
 
+def test_a_device_consuming_an_unknown_counter_set_makes_its_pool_invalid(mig_node, classes):
+    # The scheduler does not allocate from a pool whose devices consume counters no counter set defines.
+    slices = copy.deepcopy(mig_node)
+    for s in slices:
+        for device in s["spec"].get("devices") or []:
+            for consumption in device.get("consumesCounters") or []:
+                consumption["counterSet"] = "no-such-set"
+    with pytest.raises(Unsatisfiable, match="counter set no-such-set not found"):
+        allocate(claim(exact(cls="mig.dradriver.dev")), slices=slices, classes=classes)
+
+
+def test_a_device_consuming_an_unknown_counter_makes_its_pool_invalid(mig_node, classes):
+    slices = copy.deepcopy(mig_node)
+    for s in slices:
+        for device in s["spec"].get("devices") or []:
+            for consumption in device.get("consumesCounters") or []:
+                consumption["counters"] = {"no-such-counter": {"value": "1"}}
+    with pytest.raises(Unsatisfiable, match="counter no-such-counter not found in counter set"):
+        allocate(claim(exact(cls="mig.dradriver.dev")), slices=slices, classes=classes)
+
+
 def test_too_many_results_is_an_error(whole_gpus, classes):
     with pytest.raises(AllocationError, match="exceeds the claim limit"):
         allocate(claim(exact(count=33)), slices=whole_gpus, classes=classes)

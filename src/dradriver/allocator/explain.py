@@ -180,11 +180,19 @@ class _Funnel:
                 kept.append(device)
         if len(kept) != len(self.survivors):
             self.report.stages.append(Stage("in complete pools", len(self.survivors), len(kept)))
-            incomplete = sorted({d.pool.label for d in self.survivors if d.pool.incomplete or d.pool.invalid})
-            self.report.hints.append(
-                f"pools {', '.join(incomplete)} are incomplete or invalid; the scheduler waits "
-                f"for the driver to finish publishing them"
-            )
+            pools = {d.pool.label: d.pool for d in self.survivors}
+            invalid = sorted(f"{label} ({pool.invalid})" for label, pool in pools.items() if pool.invalid)
+            incomplete = sorted(label for label, pool in pools.items() if pool.incomplete and not pool.invalid)
+            if incomplete:
+                self.report.hints.append(
+                    f"pools {', '.join(incomplete)} are incomplete; the scheduler waits "
+                    f"for the driver to finish publishing them"
+                )
+            if invalid:
+                self.report.hints.append(
+                    f"pools {', '.join(invalid)} are invalid; the scheduler allocates nothing from them "
+                    f"until the driver republishes them correctly"
+                )
         self.survivors = kept
 
     def selector(self, position: int, ref: SelectorRef) -> None:

@@ -70,7 +70,9 @@ def gather_pools(slices: list[dict[str, Any]], node: str | None, labels: dict[st
     """The pools with at least one slice usable on ``node``, each with the slices of its newest generation.
 
     Pools come sorted by driver and name, and each pool's slices by name, as the scheduler searches them;
-    devices keep the order of ``spec.devices``.
+    devices keep the order of ``spec.devices``. A pool is invalid, as in the scheduler, when it names a
+    device twice, defines a counter set twice, or has a device consuming a counter set or counter that
+    none of its slices defines.
     """
     labels = labels or {}
     pools: dict[tuple[str, str], Pool] = {}
@@ -93,17 +95,23 @@ def gather_pools(slices: list[dict[str, Any]], node: str | None, labels: dict[st
         seen: set[str] = set()
         usable = False
         for slice_ in pool.slices:
-            spec = slice_.get("spec") or {}
-            for counter_set in spec.get("sharedCounters") or []:
-                pool.counter_sets[str(counter_set.get("name"))] = {
+            for counter_set in (slice_.get("spec") or {}).get("sharedCounters") or []:
+                set_name = str(counter_set.get("name"))
+                if set_name in pool.counter_sets and pool.invalid is None:
+                    pool.invalid = f"duplicate counter set name {set_name}"
+                pool.counter_sets[set_name] = {
                     name: quantity(c) for name, c in (counter_set.get("counters") or {}).items()
                 }
+        for slice_ in pool.slices:
+            spec = slice_.get("spec") or {}
             targets = _slice_targets(slice_, node, labels)
             for raw in spec.get("devices") or []:
                 name = str(raw.get("name", ""))
                 if name in seen and pool.invalid is None:
                     pool.invalid = f"duplicate device name {name}"
                 seen.add(name)
+                if pool.invalid is None:
+                    pool.invalid = _unknown_counters(raw, pool.counter_sets)
                 on_node = (
                     targets
                     if targets is not None
@@ -117,6 +125,19 @@ def gather_pools(slices: list[dict[str, Any]], node: str | None, labels: dict[st
         if usable:
             result.append(pool)
     return result
+
+
+def _unknown_counters(device: dict[str, Any], counter_sets: dict[str, dict[str, Any]]) -> str | None:
+    """Why ``device`` consumes counters its pool does not define (the scheduler's wording), or None."""
+    for consumption in device.get("consumesCounters") or []:
+        set_name = str(consumption.get("counterSet"))
+        counters = counter_sets.get(set_name)
+        if counters is None:
+            return f"counter set {set_name} not found"
+        for counter in consumption.get("counters") or {}:
+            if counter not in counters:
+                return f"counter {counter} not found in counter set {set_name}"
+    return None
 
 
 def all_devices(slices: list[dict[str, Any]]) -> dict[tuple[str, str, str], Device]:
