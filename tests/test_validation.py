@@ -75,6 +75,11 @@ def test_a_good_claim_has_no_problems() -> None:
         ("spec.devices.requests.0.exactly.adminAccess", "yes", "adminAccess: expected a boolean"),
         ("spec.devices.requests.0.exactly.tolerations", [{"operator": "Maybe"}], "operator: 'Maybe' is not one of"),
         ("spec.devices.requests.0.exactly.tolerations", [{}] * 17, "17 entries; at most 16"),
+        (
+            "spec.devices.requests.0.exactly.tolerations",
+            [{"key": "k", "operator": "Exists", "value": "v"}],
+            "tolerations[0].value: must be empty when operator is Exists",
+        ),
         ("spec.devices.requests.0.exactly.capacity", {"requests": {"memory": "lots"}}, "'lots' is not a quantity"),
         ("spec.devices.requests.0.exactly.deviceClassName", None, "exactly.deviceClassName: required"),
         ("spec.devices.requests", [{"name": f"r{i}", "exactly": {"deviceClassName": "c"}} for i in range(33)], "33"),

@@ -228,7 +228,9 @@ def _selectors(check: _Checker, value: Any, path: str) -> None:
 def _toleration(check: _Checker, value: Any, path: str) -> None:
     toleration = check.mapping(value, path, required=True)
     check.typed(toleration.get("key"), f"{path}.key", str)
-    check.typed(toleration.get("value"), f"{path}.value", str)
+    value = toleration.get("value")
+    if check.typed(value, f"{path}.value", str) and value and toleration.get("operator") == "Exists":
+        check.add(f"{path}.value", "must be empty when operator is Exists (Exists matches any value); remove it")
     check.enum(toleration.get("operator"), f"{path}.operator", TOLERATION_OPERATORS)
     check.enum(toleration.get("effect"), f"{path}.effect", TAINT_EFFECTS)
     seconds = toleration.get("tolerationSeconds")
