@@ -343,3 +343,11 @@ def test_paths_the_system_cannot_look_up_are_one_error(capsys, path, message):
 def test_a_selector_longer_than_the_api_server_accepts_is_refused(capsys):
     assert main(["explain", "--selector", "true && " * 2000 + "true", "--slices", SLICES]) == 2
     assert "--selector: 16004 characters; the API server accepts at most 10240" in capsys.readouterr().err
+
+
+def test_a_node_without_devices_says_which_nodes_have_some(tmp_path, capsys):
+    code = main(["explain", write_claim(tmp_path), "--slices", SLICES, "--node", "node-x"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "no ResourceSlice offers devices on node node-x" in out
+    assert "node-a" in out

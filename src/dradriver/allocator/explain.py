@@ -137,6 +137,15 @@ def _guard_hint(ref: SelectorRef, missing: Counter[str], count: int, message: st
     return f"{count} devices make {ref.label} fail: {message} (the scheduler aborts on such errors)"
 
 
+def _no_devices_hint(search: Search) -> str:
+    """Why the funnel is empty from the start: usually a mistyped node name."""
+    if search.node is None:
+        return "no ResourceSlice offers any device"
+    nodes = sorted({str(s["spec"]["nodeName"]) for s in search.inputs.slices if (s.get("spec") or {}).get("nodeName")})
+    known = f" (nodes with devices: {', '.join(nodes)})" if nodes else ""
+    return f"no ResourceSlice offers devices on node {search.node}{known}; check the node name"
+
+
 def request_report(search: Search, request: Request) -> RequestReport:
     """The funnel of one request: each filter a step, over the devices the previous one let through."""
     funnel = _Funnel(search, request)
@@ -161,6 +170,8 @@ class _Funnel:
         self.survivors = list(self.devices)
         where = f"devices on node {search.node}" if search.node else "devices"
         self.report.stages.append(Stage(where, len(self.devices), len(self.devices)))
+        if not self.devices:
+            self.report.hints.append(_no_devices_hint(search))
 
     def reject(self, device: Device, reason: str) -> None:
         self.report.rejected[device.label] = reason
