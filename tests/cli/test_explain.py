@@ -345,6 +345,17 @@ def test_a_selector_longer_than_the_api_server_accepts_is_refused(capsys):
     assert "--selector: 16004 characters; the API server accepts at most 10240" in capsys.readouterr().err
 
 
+def test_classes_that_hold_no_device_class_are_invalid_input(tmp_path, capsys):
+    # --classes was given, so falling back to dradriver's classes (and saying none were given) would be wrong.
+    empty = tmp_path / "classes"
+    empty.mkdir()
+    code = main(["explain", write_claim(tmp_path), "--slices", SLICES, "--classes", str(empty)])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert "no DeviceClass found in" in captured.err
+    assert "no --classes given" not in captured.out
+
+
 def test_a_node_without_devices_says_which_nodes_have_some(tmp_path, capsys):
     code = main(["explain", write_claim(tmp_path), "--slices", SLICES, "--node", "node-x"])
     out = capsys.readouterr().out

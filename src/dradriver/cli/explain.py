@@ -146,7 +146,10 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_INVALID
         raise ConfigError("no ResourceSlices to allocate from: pass --slices FILE|DIR or --sim-profile NAME")
     class_docs = inputs.of_kind("DeviceClass")
-    classes = [d.obj for d in class_docs] or list(BUILTIN_CLASSES)
+    if args.classes and not class_docs and not inputs.errors:
+        raise ConfigError("no DeviceClass found in " + ", ".join(args.classes))
+    # dradriver's own classes stand in only when no --classes was given at all.
+    classes = [d.obj for d in class_docs] or ([] if args.classes else list(BUILTIN_CLASSES))
     for doc in class_docs:
         inputs.errors += check_class(doc)
     class_names = {str((c.get("metadata") or {}).get("name")) for c in classes}
@@ -158,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
             inputs.errors += problems
             continue
         outcomes.append(explain_document(doc, slices=slices, classes=classes, allocated=allocated, node=args.node))
-    render(outcomes, inputs.errors, args.output, builtin_classes=not class_docs)
+    render(outcomes, inputs.errors, args.output, builtin_classes=not class_docs and not args.classes)
     if inputs.errors:
         return EXIT_INVALID
     if not outcomes:
