@@ -362,3 +362,45 @@ def test_a_node_without_devices_says_which_nodes_have_some(tmp_path, capsys):
     assert code == 1
     assert "no ResourceSlice offers devices on node node-x" in out
     assert "node-a" in out
+
+
+NODE_SELECTED_SLICES = """
+apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata: {name: sa}
+spec:
+  driver: gpu.dradriver.dev
+  pool: {name: pa, generation: 1, resourceSliceCount: 1}
+  nodeSelector:
+    nodeSelectorTerms:
+    - matchFields: [{key: metadata.name, operator: In, values: [node-a]}]
+  devices:
+  - name: g0
+    attributes: {type: {string: gpu}}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata: {name: sb}
+spec:
+  driver: gpu.dradriver.dev
+  pool: {name: pb, generation: 1, resourceSliceCount: 1}
+  perDeviceNodeSelection: true
+  devices:
+  - name: g1
+    nodeName: node-b
+    attributes: {type: {string: gpu}}
+"""
+
+
+def test_devices_of_two_nodes_never_go_to_one_claim(tmp_path, capsys):
+    # The scheduler allocates a claim for one node; nodes named by node selectors and per-device nodeName
+    # count as nodes, not only slices' spec.nodeName.
+    slices = tmp_path / "slices.yaml"
+    slices.write_text(NODE_SELECTED_SLICES)
+    code = main(["explain", write_claim(tmp_path, count=2), "--slices", str(slices)])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "does NOT fit on node node-a" in out
+    assert "node-b: does not fit" in out
+    assert main(["explain", write_claim(tmp_path, count=1), "--slices", str(slices)]) == 0
+    assert "fits on node node-a" in capsys.readouterr().out

@@ -170,8 +170,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def nodes_of(slices: list[dict[str, Any]]) -> list[str | None]:
-    nodes = sorted({str(s["spec"]["nodeName"]) for s in slices if (s.get("spec") or {}).get("nodeName")})
-    return list(nodes) or [None]
+    """The nodes the slices name: ``nodeName`` and ``metadata.name`` node-selector fields, of slices and of
+    devices with per-device node selection. None (no node restriction) only when no slice names a node:
+    the scheduler allocates every claim for one node, so devices of two named nodes must never mix."""
+    nodes: set[str] = set()
+    for obj in slices:
+        spec = obj.get("spec") or {}
+        sources = (spec.get("devices") or []) if spec.get("perDeviceNodeSelection") else [spec]
+        for source in sources:
+            if source.get("nodeName"):
+                nodes.add(str(source["nodeName"]))
+            for term in (source.get("nodeSelector") or {}).get("nodeSelectorTerms") or []:
+                for requirement in term.get("matchFields") or []:
+                    if requirement.get("key") == "metadata.name" and requirement.get("operator") == "In":
+                        nodes.update(str(v) for v in requirement.get("values") or [])
+    return list(sorted(nodes)) or [None]
 
 
 def explain_document(
