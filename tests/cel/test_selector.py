@@ -91,3 +91,17 @@ def test_comprehension_cost_is_estimated_at_compile_time():
 def test_overlong_expression_is_rejected():
     with pytest.raises(CelCompileError, match="characters"):
         compile_selector("true && " * 2000 + "true")
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        'device.attributes.?["gpu.dradriver.dev"].hasValue()',  # cel-go: '.?' takes a field name; use [?k]
+        "device.driver.?size() == 3",  # cel-go: a method call cannot be optional
+    ],
+)
+def test_optional_selection_without_a_field_name_is_a_syntax_error(expression):
+    with pytest.raises(CelCompileError) as info:
+        compile_selector(expression)
+    assert info.value.line == 1
+    assert "syntax error" in str(info.value)

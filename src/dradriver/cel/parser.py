@@ -297,6 +297,12 @@ class _Converter:
     def _member_dot(self, tree: Tree) -> ast.Node:
         operand, name = tree.children
         field = str(name)
+        if field == MARKER:
+            raise self.error(
+                "syntax error: '.?' must be followed by a field name",
+                name,
+                hint='for an optional index write m[?"key"]',
+            )
         if field.startswith(MARKER):
             return ast.Select(self.pos(name), self.convert(operand), field[len(MARKER) :], optional=True)
         return ast.Select(self.pos(name), self.convert(operand), field)
@@ -305,6 +311,12 @@ class _Converter:
         operand_tree, name = tree.children[0], str(tree.children[1])
         arg_trees = tree.children[2].children if len(tree.children) > 2 else []
         pos = self.pos(tree.children[1])
+        if name.startswith(MARKER):
+            raise self.error(
+                "syntax error: a method call cannot be optional ('.?' selects fields only)",
+                tree.children[1],
+                hint="call the method on a value, e.g. x.orValue(default).method()",
+            )
         operand = self.convert(operand_tree)
         if isinstance(operand, ast.Ident) and operand.name == "cel" and name == "bind":
             if len(arg_trees) != 3:
