@@ -105,3 +105,13 @@ def test_optional_selection_without_a_field_name_is_a_syntax_error(expression):
         compile_selector(expression)
     assert info.value.line == 1
     assert "syntax error" in str(info.value)
+
+
+@pytest.mark.parametrize("expression", ["device < 1", "device in [1]", "[device] == [1]"])
+def test_the_device_object_as_an_operand_is_a_compile_error_not_a_crash(expression):
+    with pytest.raises(CelCompileError, match="no matching overload"):
+        compile_selector(expression)
+
+
+def test_the_device_equals_itself(gpu):
+    assert compile_selector("device == device").matches(gpu, driver=DRIVER)

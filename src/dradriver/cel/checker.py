@@ -46,7 +46,7 @@ _TIME_ARITHMETIC = {
 @dataclass(frozen=True)
 class ObjectType:
     name: str
-    fields: dict[str, Type]
+    fields: dict[str, Type] = field(compare=False)  # one type per name; dicts are not hashable
 
 
 @dataclass
