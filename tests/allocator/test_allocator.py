@@ -354,6 +354,27 @@ def test_config_of_the_chosen_sub_request_class_is_attached(mig_node, classes):
     assert config[1]["source"] == "FromClaim"
 
 
+def test_claim_config_keeps_its_requests_unless_it_covers_every_request(mig_node, classes):
+    # The scheduler drops a config's requests only when every request of the claim is named (or its chosen
+    # subrequest is); counting entries would make a config for gpu/whole and gpu/part apply to "other" too.
+    request = first_available(
+        "gpu",
+        ("whole", "gpu.dradriver.dev", None, ()),
+        ("part", "mig.dradriver.dev", None, (MIG.format("1g.10gb"),)),
+    )
+    opaque = {"driver": "gpu.dradriver.dev", "parameters": {"a": 1}}
+    claim_config = [
+        {"requests": ["gpu/whole", "gpu/part"], "opaque": opaque},
+        {"requests": ["gpu/whole", "other"], "opaque": opaque},
+    ]
+    other = exact(name="other", cls="mig.dradriver.dev", selectors=(MIG.format("1g.10gb"),))
+    allocation = allocate(claim(request, other, config=claim_config), slices=mig_node, classes=classes)
+    config = allocation["devices"]["config"]
+    assert [c["source"] for c in config] == ["FromClaim", "FromClaim"]
+    assert config[0]["requests"] == ["gpu/whole", "gpu/part"]
+    assert "requests" not in config[1]  # gpu/whole was chosen and other is named: it covers every request
+
+
 # -- constraints ------------------------------------------------------------------------------------------
 
 

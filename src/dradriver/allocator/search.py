@@ -414,7 +414,12 @@ class Search:
             if not wanted or any(name in chosen_names for name in wanted):
                 config.append({"source": "FromClaim", "requests": wanted, **body})
         for entry in config:
-            if len(entry["requests"]) == len(self.groups) or not entry["requests"]:
+            # A config that names every request (a firstAvailable one by itself or its chosen subrequest)
+            # applies to all, which the scheduler writes as no requests.
+            named = set(entry["requests"])
+            if not named or all(
+                group.name in named or self.chosen[index].full_name in named for index, group in enumerate(self.groups)
+            ):
                 entry.pop("requests")
         return config
 
