@@ -119,3 +119,13 @@ def test_a_missing_namespace_defaults_as_kubectl_does() -> None:
 def test_a_class_selector_must_be_a_list_of_cel_expressions() -> None:
     device_class = {"kind": "DeviceClass", "metadata": {"name": "c"}, "spec": {"selectors": {"cel": "x"}}}
     assert validate_class(device_class) == ["spec.selectors: expected a list, got a mapping"]
+
+
+def test_a_claim_named_by_generate_name_is_valid_as_kubectl_create_accepts_it() -> None:
+    claim = copy.deepcopy(GOOD)
+    claim["metadata"] = {"generateName": "train-"}
+    assert validate_claim(claim) == []
+    claim["metadata"] = {"generateName": "Train_"}
+    assert validate_claim(claim) == ["metadata.generateName: 'Train_' is not a valid DNS subdomain prefix"]
+    claim["metadata"] = {}
+    assert validate_claim(claim) == ["metadata.name: required; set it"]

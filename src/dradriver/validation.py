@@ -108,8 +108,16 @@ def default_namespace(obj: dict[str, Any]) -> None:
 def validate_metadata(obj: dict[str, Any], *, namespaced: bool) -> list[str]:
     check = _Checker()
     metadata = check.mapping(obj.get("metadata"), "metadata", required=True)
-    if metadata:
-        check.name(metadata.get("name"), "metadata.name", is_dns_subdomain, DNS_SUBDOMAIN_HELP)
+    if isinstance(obj.get("metadata"), dict):  # an empty mapping still needs a name
+        generate = metadata.get("generateName")
+        if metadata.get("name") is None and generate is not None:
+            # The API server names the object; the prefix may end in '-' (it checks it as apimachinery does).
+            if check.typed(generate, "metadata.generateName", str) and not is_dns_subdomain(
+                generate[:-1] + "a" if generate.endswith("-") else generate
+            ):
+                check.add("metadata.generateName", f"{generate!r} is not a valid DNS subdomain prefix")
+        else:
+            check.name(metadata.get("name"), "metadata.name", is_dns_subdomain, DNS_SUBDOMAIN_HELP)
         if namespaced and metadata.get("namespace") is not None:
             check.name(metadata.get("namespace"), "metadata.namespace", is_dns_label, DNS_LABEL_HELP)
     return check.problems

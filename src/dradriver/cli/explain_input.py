@@ -50,7 +50,8 @@ class Document:
     @property
     def name(self) -> str:
         meta = self.obj.get("metadata") or {}
-        name = str(meta.get("name", "<unnamed>"))
+        generated = f"{meta['generateName']}*" if meta.get("generateName") else "<unnamed>"
+        name = str(meta.get("name") or generated)
         return f"{meta['namespace']}/{name}" if meta.get("namespace") else name
 
 
