@@ -175,7 +175,11 @@ class CdiWriter:
                 edits["env"] = list(device.env)
             if device.mounts:
                 edits["mounts"] = [
-                    {"hostPath": host, "containerPath": inside, "options": ["rw", "nosuid", "nodev", "rbind", "rprivate"]}
+                    {
+                        "hostPath": host,
+                        "containerPath": inside,
+                        "options": ["rw", "nosuid", "nodev", "rbind", "rprivate"],
+                    }
                     for host, inside in device.mounts
                 ]
             devices.append({"name": name, "containerEdits": edits})

@@ -94,7 +94,9 @@ class MpsConfig(_Strict):
 class GpuSharing(_Strict):
     strategy: Literal["TimeSlicing", "MPS"]
     time_slicing: TimeSlicingConfig | None = Field(
-        default=None, validation_alias=AliasChoices("timeSlicing", "timeSlicingConfig"), serialization_alias="timeSlicing"
+        default=None,
+        validation_alias=AliasChoices("timeSlicing", "timeSlicingConfig"),
+        serialization_alias="timeSlicing",
     )
     mps: MpsConfig | None = Field(
         default=None, validation_alias=AliasChoices("mps", "mpsConfig"), serialization_alias="mps"
@@ -193,7 +195,7 @@ def _explain(err: ValidationError, model: type[BaseModel]) -> str:
         elif kind == "missing":
             problems.append(f"{path}: required field is missing")
         elif kind == "value_error":
-            problems.append(f"{path}: {str(ctx.get('error', item['msg']))}")
+            problems.append(f"{path}: {ctx.get('error', item['msg'])!s}")
         else:
             problems.append(f"{path}: {item['msg'].lower()} (got {item['input']!r})")
     return "; ".join(problems)
@@ -239,7 +241,9 @@ class DeviceTarget:
     kind: str  # "gpu" or "mig"
 
 
-def resolve_configs(claim: str, configs: Sequence[ConfigSource], devices: Sequence[DeviceTarget]) -> dict[str, AnyConfig]:
+def resolve_configs(
+    claim: str, configs: Sequence[ConfigSource], devices: Sequence[DeviceTarget]
+) -> dict[str, AnyConfig]:
     """The effective config of each device that has one (devices without any config are left out)."""
     ordered = sorted(enumerate(configs), key=lambda e: (0 if e[1].source == "FromClass" else 1, e[0]))
     decoded: list[tuple[str, ConfigSource, AnyConfig]] = []

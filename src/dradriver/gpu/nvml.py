@@ -198,7 +198,9 @@ def nvidia_smi_set_timeslice(gpu_uuid: str, value: int) -> None:
     except (OSError, subprocess.TimeoutExpired) as err:
         raise GpuError(f"cannot run nvidia-smi to set the time-slice: {err}", device=gpu_uuid, call=call) from err
     if done.returncode != 0:
-        raise GpuError(f"setting the time-slice failed: {(done.stdout + done.stderr).strip()}", device=gpu_uuid, call=call)
+        raise GpuError(
+            f"setting the time-slice failed: {(done.stdout + done.stderr).strip()}", device=gpu_uuid, call=call
+        )
 
 
 class NvmlGpuLib:
