@@ -95,7 +95,8 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ),
     (
         gpu(sharing={"strategy": "MPS", "mps": {"multiUser": True}}),
-        "sharing.mps.multiUser: unknown field; allowed fields here: defaultActiveThreadPercentage, defaultPinnedDeviceMemoryLimit, defaultPerDevicePinnedMemoryLimit",
+        "sharing.mps.multiUser: unknown field; allowed fields here: defaultActiveThreadPercentage, "
+        "defaultPinnedDeviceMemoryLimit, defaultPerDevicePinnedMemoryLimit",
     ),
     (
         gpu(computeMode="Exclusive"),

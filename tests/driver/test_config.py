@@ -103,7 +103,8 @@ def test_a_config_of_the_wrong_kind_for_a_request_is_refused() -> None:
 def test_two_strategies_for_one_device_are_refused() -> None:
     with pytest.raises(
         ClaimError,
-        match=r"config entry 1 \(FromClass\) asks for sharing strategy TimeSlicing and config entry 0 \(FromClaim\) for MPS",
+        match=r"config entry 1 \(FromClass\) asks for sharing strategy TimeSlicing and config entry 0 "
+        r"\(FromClaim\) for MPS",
     ):
         resolve_configs(
             "default/c",
@@ -117,7 +118,7 @@ def test_two_strategies_for_one_device_are_refused() -> None:
 
 def test_a_merge_that_makes_an_invalid_config_is_refused() -> None:
     with pytest.raises(
-        ClaimError, match="the merged config is invalid: .*computeMode Prohibited cannot be used with MPS"
+        ClaimError, match=r"the merged config is invalid: .*computeMode Prohibited cannot be used with MPS"
     ):
         resolve_configs(
             "default/c",
