@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 
 from dradriver.driver.cdi import CdiWriter
-from dradriver.driver.checkpoint import CheckpointStore
+from dradriver.driver.checkpoint import CheckpointStore, ClaimRecord, ClaimState, DeviceRecord
 from dradriver.driver.mps import MpsControl
-from dradriver.driver.sharing import STEP_MPS_DAEMON
+from dradriver.driver.sharing import CONFIG_FIELD, STEP_MPS_DAEMON, refuse_conflicts
 from dradriver.driver.state import GpuDriver
+from dradriver.errors import ClaimError
 from dradriver.gpu.catalog import load_node_profile
 from dradriver.gpu.fakelib import simulated_gpulib_on
 from dradriver.gpu.inventory import MigMode, discover
@@ -251,32 +252,67 @@ def test_a_malformed_config_fails_prepare_before_any_change(node: Node) -> None:
 
 
 def test_conflicting_settings_on_a_shared_gpu_are_refused_naming_the_other_claim(node: Node) -> None:
-    # Two claims on one GPU (admin access lets a second claim in without consumable shares): both whole-GPU.
-    first = claim("a", GPU0, config=[gpu(sharing={"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}})])
-    assert node.prepare(first) is None
-    second = AllocatedClaim(
-        ref=ClaimRef("default", "claim-b", "b"),
-        devices=(AllocatedDevice(request="r0", pool="node-a", device=GPU0),),
-        config=(
-            DeviceConfig(
-                "FromClaim", (), gpu(sharing={"strategy": "TimeSlicing", "timeSlicing": {"interval": "Short"}})
-            ),
-        ),
-    )
-    from dradriver.driver.checkpoint import ClaimRecord
-    from dradriver.driver.sharing import refuse_conflicts
-
-    planned = node.driver._plan(second)
-    from dradriver.driver import state
-
+    # Shares of one GPU always run MPS in the Default mode, so prepare cannot reach this today; the check guards
+    # every path by which two claims hold one GPU (admin access, a scheduler race) with the checkpoint as record.
+    first = gpu(sharing={"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}})
+    assert node.prepare(claim("a", GPU0, config=[first])) is None
+    other = DeviceRecord(name=GPU0, requests=["r0"], gpu=GPU0, gpu_uuid=node.sim.gpus[0].uuid, kind="gpu")
+    other.extra[CONFIG_FIELD] = gpu(sharing={"strategy": "TimeSlicing", "timeSlicing": {"interval": "Short"}})
     record = ClaimRecord(
-        uid="b",
-        namespace="default",
-        name="claim-b",
-        state=state.ClaimState.PREPARE_STARTED,
-        devices=[state._device_record(p) for p in planned],
+        uid="b", namespace="default", name="claim-b", state=ClaimState.PREPARE_STARTED, devices=[other]
     )
-    with pytest.raises(
-        Exception, match="needs time-slice Short, but claim a \\(default/claim-a\\) already prepared on GPU"
-    ):
+    with pytest.raises(ClaimError, match=r"needs time-slice Short, but claim a \(default/claim-a\) already prepared"):
         refuse_conflicts("default/claim-b", record, node.driver.checkpoint.records())
+    other.extra[CONFIG_FIELD] = gpu(computeMode="Prohibited")
+    with pytest.raises(ClaimError, match=r"needs compute mode Prohibited, but claim a .* runs it with Default"):
+        refuse_conflicts("default/claim-b", record, node.driver.checkpoint.records())
+
+
+def test_two_claims_share_a_gpu_through_consumable_shares_each_with_its_mps_limits(tmp_path: Path) -> None:
+    import yaml
+    from support.sim_slices import published_slices
+
+    from dradriver.allocator.allocator import allocate
+    from dradriver.plugin.claims import allocated_claim
+
+    root = Path(__file__).parents[2]
+    classes = [
+        d for p in (root / "manifests/deviceclasses").glob("*.yaml") for d in yaml.safe_load_all(p.read_text()) if d
+    ]
+    slices = published_slices("dgx-a100-40gb", "none", node="node-a", gpu_sharing="consumable")
+    node = Node(tmp_path)
+
+    def share(name: str, memory: str, shares: str, allocated: list[dict[str, Any]]) -> dict[str, Any]:
+        request = {
+            "deviceClassName": "gpu.dradriver.dev",
+            "capacity": {"requests": {"memory": memory, "shares": shares}},
+        }
+        obj: dict[str, Any] = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "default", "uid": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": request}]}},
+        }
+        obj["status"] = {
+            "allocation": allocate(obj, slices=slices, classes=classes, node="node-a", allocated=allocated)
+        }
+        return obj
+
+    first = share("a", "10Gi", "25", [])
+    second = share("b", "20Gi", "50", [first])
+    results = [c["status"]["allocation"]["devices"]["results"][0] for c in (first, second)]
+    assert results[0]["device"] == results[1]["device"]  # packed onto one GPU
+    gpu_uuid = node.driver._devices[results[0]["device"]].uuid
+    index = next(i for i, g in enumerate(node.sim.gpus) if g.uuid == gpu_uuid)
+    for obj in (first, second):
+        typed = allocated_claim(obj, ClaimRef("default", obj["metadata"]["name"], obj["metadata"]["uid"]), DRIVER)
+        assert node.prepare(typed) is None
+    uuid = node.sim.gpus[index].uuid
+    for uid, percentage, limit in (("a", "25.0", "10240M"), ("b", "50.0", "20480M")):
+        daemon = node.daemon(uid)
+        assert node.mps.query(daemon, "get_default_active_thread_percentage") == percentage
+        assert node.mps.query(daemon, f"get_default_device_pinned_mem_limit {uuid}") == limit
+    assert node.mode(index) is ComputeMode.DEFAULT  # two MPS servers on one GPU need the Default mode
+    node.unprepare("a")
+    assert node.mps.alive(node.daemon("b"))
+    node.unprepare("b")

@@ -110,6 +110,15 @@ def register(subcommands: Any) -> None:
     )
     add_env_option(
         parser,
+        "--gpu-sharing",
+        env="DRADRIVER_GPU_SHARING",
+        default="exclusive",
+        choices=("exclusive", "consumable"),
+        help="publish whole GPUs for one claim each, or as consumable capacity (memory, shares) that several "
+        "claims share, each limited by its own MPS daemon (KEP-5075, Kubernetes 1.34+ DRAConsumableCapacity)",
+    )
+    add_env_option(
+        parser,
         "--mps-control-command",
         env="DRADRIVER_MPS_CONTROL_COMMAND",
         metavar="COMMAND",
@@ -359,7 +368,9 @@ class DriverProcess:
         except BaseException:
             self.cluster.close()
             raise
-        self.settings = SliceSettings(driver=self.args.driver_name, mig_mode=self.mig_mode, shape=self.shape)
+        self.settings = SliceSettings(
+            driver=self.args.driver_name, mig_mode=self.mig_mode, shape=self.shape, gpu_sharing=self.args.gpu_sharing
+        )
 
     def _assemble(self) -> None:
         args, node = self.args, self.node

@@ -24,13 +24,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from dradriver.driver.checkpoint import Action, CheckpointStore, ClaimRecord, DeviceRecord
-from dradriver.driver.config import TIMESLICE_VALUES, AnyConfig, MpsConfig, mib
+from dradriver.driver.config import API_VERSION, TIMESLICE_VALUES, AnyConfig, MpsConfig, mib
 from dradriver.driver.mps import CONTAINER_LOG_DIR, CONTAINER_PIPE_DIR, MpsControl
 from dradriver.driver.transaction import Transaction
 from dradriver.errors import ClaimError, DeviceError
 from dradriver.gpu.errors import GpuError
 from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.models import ComputeMode
+from dradriver.quantity import Quantity
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,9 @@ STEP_MPS_DAEMON = "mps-daemon"
 
 #: Where a device's resolved config is recorded in the checkpoint (a DeviceRecord extra field).
 CONFIG_FIELD = "config"
+#: Consumable shares (KEP-5075): the device's share IDs in this claim and the capacity they consume.
+SHARE_IDS_FIELD = "shareIds"
+CONSUMED_FIELD = "consumedCapacity"
 
 _MODES = {
     "Default": ComputeMode.DEFAULT,
@@ -62,6 +66,9 @@ def wanted_settings(config: Mapping[str, Any] | None, kind: str) -> Settings:
     """The settings of a recorded (already validated) config of a ``gpu`` or ``mig`` device."""
     if not config:
         return Settings(None, None, None, None)
+    if config.get(SHARED_KEY):
+        # Several claims' MPS daemons on one GPU: each server needs the Default mode to get a context at all.
+        return Settings("Default", None, MpsConfig.model_validate(config["sharing"].get("mps") or {}), "MPS")
     sharing = config.get("sharing") or {}
     strategy = sharing.get("strategy")
     mode = config.get("computeMode")
@@ -74,6 +81,52 @@ def wanted_settings(config: Mapping[str, Any] | None, kind: str) -> Settings:
         mode = "Default"
         timeslice = (sharing.get("timeSlicing") or {}).get("interval", "Default")
     return Settings(mode, timeslice, mps, strategy)
+
+
+#: Marks the recorded config of a consumable share (not part of the API: set by prepare, never by users).
+SHARED_KEY = "consumableShare"
+
+
+def consumed_total(results: Sequence[Any]) -> tuple[tuple[str, str], ...]:
+    """The capacity the shares of one device consume together (``AllocatedDevice.consumed_capacity`` summed)."""
+    totals: dict[str, Quantity] = {}
+    for result in results:
+        for name, value in result.consumed_capacity:
+            totals[name] = totals[name].add(Quantity.parse(value)) if name in totals else Quantity.parse(value)
+    return tuple(sorted((name, str(q)) for name, q in totals.items()))
+
+
+def share_config(
+    claim: str, device: str, config: AnyConfig | None, consumed: Sequence[tuple[str, str]], shared: bool
+) -> dict[str, Any] | None:
+    """The config to record for a device: as resolved, or for a consumable share the MPS limits its consumed
+    capacity sets (pinned memory = consumed memory, active threads = consumed shares), capped further by any
+    smaller limit the claim's own MPS config gives. A share is enforced with MPS, so TimeSlicing and compute
+    modes are refused on it."""
+    if not shared:
+        return recorded_config(config) if config is not None else None
+    data: dict[str, Any] = (
+        recorded_config(config) if config is not None else {"apiVersion": API_VERSION, "kind": "GpuConfig"}
+    )
+    sharing = data.get("sharing") or {"strategy": "MPS"}
+    if sharing.get("strategy") != "MPS" or data.get("computeMode"):
+        raise ClaimError(
+            f"claim {claim}: device {device} is a consumable share of a GPU, which is enforced with MPS; its config "
+            "may set only sharing.strategy MPS and MPS limits (no TimeSlicing, no computeMode)"
+        )
+    mps = dict(sharing.get("mps") or {})
+    used = dict(consumed)
+    if "memory" in used:
+        limit = mps.get("defaultPinnedDeviceMemoryLimit")
+        if limit is None or Quantity.parse(limit) > Quantity.parse(used["memory"]):
+            mps["defaultPinnedDeviceMemoryLimit"] = used["memory"]
+    shares = Quantity.parse(used["shares"]).as_integer() if "shares" in used else 0
+    if shares > 0:
+        percentage = mps.get("defaultActiveThreadPercentage")
+        mps["defaultActiveThreadPercentage"] = min(shares, percentage) if percentage is not None else shares
+    data["sharing"] = {"strategy": "MPS", "mps": mps}
+    data[SHARED_KEY] = True
+    return data
 
 
 def recorded_config(config: AnyConfig) -> dict[str, Any]:

@@ -28,12 +28,15 @@ from dradriver.driver.mig import STEP_COMPUTE_INSTANCE, STEP_GPU_INSTANCE, STEP_
 from dradriver.driver.mps import MpsControl
 from dradriver.driver.sharing import (
     CONFIG_FIELD,
+    CONSUMED_FIELD,
+    SHARE_IDS_FIELD,
     STEP_COMPUTE_MODE,
     STEP_MPS_DAEMON,
     STEP_TIME_SLICE,
     SharingSteps,
-    recorded_config,
+    consumed_total,
     refuse_conflicts,
+    share_config,
     sharing_status,
 )
 from dradriver.driver.transaction import StepFailed, Transaction, Undo, crash_point
@@ -41,7 +44,7 @@ from dradriver.errors import ClaimError, DeviceError, DradriverError
 from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode, MigPartition
 from dradriver.gpu.models import DeviceNode, MigDevice
-from dradriver.plugin.handler import AllocatedClaim, ClaimRef, PreparedDevice, PrepareResult
+from dradriver.plugin.handler import AllocatedClaim, AllocatedDevice, ClaimRef, PreparedDevice, PrepareResult
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +64,8 @@ class PlannedDevice:
     requests: tuple[str, ...]
     admin_access: bool
     config: dict[str, Any] | None = None  # the resolved opaque config (GpuConfig / MigDeviceConfig), if any
+    share_ids: tuple[str, ...] = ()  # consumable shares (KEP-5075) of a multi-allocatable GPU
+    consumed: tuple[tuple[str, str], ...] = ()  # what the shares consume, summed: capacity name → quantity
 
     @property
     def gpu(self) -> GpuDevice:
@@ -242,6 +247,7 @@ class GpuDriver:
         """Resolve each allocated device (no hardware is touched); a device may serve several requests."""
         by_device: dict[str, list[str]] = {}
         exclusive: set[str] = set()
+        shares: dict[str, list[AllocatedDevice]] = {}
         for result in claim.devices:
             if result.pool != self.pool:
                 raise ClaimError(
@@ -249,10 +255,18 @@ class GpuDriver:
                     f"driver serves pool {self.pool} (node {self.pool}); the claim belongs to another node's driver"
                 )
             by_device.setdefault(result.device, []).append(result.request)
+            if result.share_id is not None:
+                shares.setdefault(result.device, []).append(result)
             if not result.admin_access:
                 exclusive.add(result.device)
         planned = [
-            PlannedDevice(self._resolve(claim.ref, name), tuple(requests), name not in exclusive)
+            PlannedDevice(
+                self._resolve(claim.ref, name),
+                tuple(requests),
+                name not in exclusive,
+                share_ids=tuple(str(r.share_id) for r in shares.get(name, ())),
+                consumed=consumed_total(shares.get(name, ())),
+            )
             for name, requests in by_device.items()
         ]
         # Admin access is monitoring another claim's device: its settings are that claim's, not this one's.
@@ -266,7 +280,12 @@ class GpuDriver:
             ],
         )
         return [
-            replace(p, config=recorded_config(configs[p.device.name])) if p.device.name in configs else p
+            replace(
+                p,
+                config=share_config(
+                    str(claim.ref), p.device.name, configs.get(p.device.name), p.consumed, bool(p.share_ids)
+                ),
+            )
             for p in planned
         ]
 
@@ -500,6 +519,8 @@ def _refuse_overlap(ref: ClaimRef, record: ClaimRecord, others: list[ClaimRecord
             for theirs in other.devices:
                 if theirs.admin_access or theirs.gpu != mine.gpu:
                     continue
+                if mine.extra.get(SHARE_IDS_FIELD) and theirs.extra.get(SHARE_IDS_FIELD):
+                    continue  # shares of one multi-allocatable GPU: the scheduler accounts their capacity
                 if theirs.name == mine.name:
                     raise ClaimError(
                         f"claim {ref}: device {mine.name} is already prepared for claim {other.uid} "
@@ -526,6 +547,9 @@ def _device_record(planned: PlannedDevice) -> DeviceRecord:
     )
     if planned.config is not None:
         record.extra[CONFIG_FIELD] = planned.config
+    if planned.share_ids:
+        record.extra[SHARE_IDS_FIELD] = list(planned.share_ids)
+        record.extra[CONSUMED_FIELD] = dict(planned.consumed)
     if isinstance(device, MigPartition):
         record.placement_start, record.placement_size = device.placement.start, device.placement.size
         record.profile_id = device.profile.id
