@@ -141,3 +141,29 @@ def test_the_checked_in_schema_is_current() -> None:
 def test_the_schema_command_prints_the_schema() -> None:
     done = subprocess.run([sys.executable, "-m", "dradriver.driver.config"], capture_output=True, text=True, check=True)
     assert done.stdout == schema_text()
+
+
+def _opaque_configs(node: Any) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    if isinstance(node, dict):
+        opaque = node.get("opaque")
+        if isinstance(opaque, dict) and opaque.get("driver") == "gpu.dradriver.dev":
+            found.append(opaque["parameters"])
+        for value in node.values():
+            found.extend(_opaque_configs(value))
+    elif isinstance(node, list):
+        for value in node:
+            found.extend(_opaque_configs(value))
+    return found
+
+
+EXAMPLES = sorted((Path(__file__).parents[2] / "examples").rglob("*.yaml"))
+
+
+def test_every_config_in_the_examples_decodes() -> None:
+    import yaml
+
+    configs = [c for path in EXAMPLES for doc in yaml.safe_load_all(path.read_text()) for c in _opaque_configs(doc)]
+    assert len(configs) >= 3
+    for config in configs:
+        decode_config(config)
