@@ -26,3 +26,8 @@ def evaluate(expression: str, **activation: Any) -> Any:
     variables.update(activation)
     variables[STEPS] = [0]
     return program(variables)
+
+
+def evaluate_variable(expression: str, **activation: Any) -> Any:
+    """The value of a policy variable's ``expression`` (of any type: wrapped in ``dyn()`` for the checker)."""
+    return evaluate(f"dyn({expression})", **activation)
