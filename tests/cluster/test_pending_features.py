@@ -4,4 +4,3 @@ Each skip names what must exist first; the test body says what it will check, so
 """
 
 from __future__ import annotations
-
