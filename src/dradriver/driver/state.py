@@ -171,7 +171,7 @@ class GpuDriver:
         ref = claim.ref
         earlier = self.checkpoint.get(ref.uid)
         if earlier is not None and earlier.state is ClaimState.PREPARE_COMPLETED:
-            self._sharing.ensure_mps(earlier)  # a kubelet retry finds the claim's MPS daemon serving
+            self._ensure_mps(ref.uid)  # a kubelet retry finds the claim's MPS daemon serving
             return self._reported(earlier)
         if earlier is not None:
             log.info("finishing an earlier prepare that did not complete: rolling it back claim=%s", ref.uid)
@@ -192,7 +192,7 @@ class GpuDriver:
                 ready = [self._make_ready(txn, p) for p in planned]
                 for device in record.devices:
                     self._sharing.apply_device(txn, device)
-            self._sharing.apply_mps(txn)
+                self._sharing.apply_mps(txn)
             ready = [self._with_sharing(txn.record, r) for r in ready]
             self._write_cdi_spec(txn, ready)
         except DradriverError as err:
@@ -358,12 +358,21 @@ class GpuDriver:
         """Restart the MPS daemon of every prepared claim whose daemon died (a periodic check; also at
         start-up, which re-adopts the daemons that outlived the previous instance)."""
         for record in self.checkpoint.records():
-            if record.state is not ClaimState.PREPARE_COMPLETED:
-                continue
             try:
-                self._sharing.ensure_mps(record)
+                self._ensure_mps(record.uid)
             except DradriverError as err:
                 log.error("cannot restart the MPS daemon claim=%s error=%s", record, err)
+
+    def _ensure_mps(self, uid: str) -> None:
+        """Restart claim ``uid``'s MPS daemon if it died. Under its GPUs' locks, and with the record read again
+        there: an unprepare running meanwhile (which holds them too) must not see its daemon come back."""
+        record = self.checkpoint.get(uid)
+        if record is None:
+            return
+        with self._hold_gpus(sorted({d.gpu for d in record.devices})):
+            record = self.checkpoint.get(uid)
+            if record is not None and record.state is ClaimState.PREPARE_COMPLETED:
+                self._sharing.ensure_mps(record)
 
     def _existing(self, partition: MigPartition) -> MigDevice:
         """Admin access to a dynamic partition: monitoring what another claim carved; nothing is created."""
