@@ -316,3 +316,43 @@ def test_two_claims_share_a_gpu_through_consumable_shares_each_with_its_mps_limi
     node.unprepare("a")
     assert node.mps.alive(node.daemon("b"))
     node.unprepare("b")
+
+
+class Crash(BaseException):
+    """Stands in for SIGKILL: nothing after the crash point runs, and the driver's memory is thrown away."""
+
+
+@pytest.mark.parametrize(
+    "point",
+    [
+        f"{when}:{step}"
+        for step in ("compute-mode", "time-slice", "mps-daemon", "cdi-spec")
+        for when in ("before", "after")
+    ],
+)
+def test_a_crash_at_any_sharing_step_is_undone_at_start_up(
+    node: Node, monkeypatch: pytest.MonkeyPatch, point: str
+) -> None:
+    from dradriver.driver import transaction
+
+    def crash() -> None:
+        raise Crash(point)
+
+    node.sim.set_compute_mode(0, ComputeMode.PROHIBITED)
+    config = (
+        MPS
+        if "time-slice" not in point
+        else gpu(sharing={"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}})
+    )
+    monkeypatch.setattr(transaction, "die", crash)
+    monkeypatch.setenv(transaction.CRASH_ENV, point)
+    with pytest.raises(Crash):
+        node.driver.prepare(claim("a", GPU0, config=[config]))
+    monkeypatch.delenv(transaction.CRASH_ENV)
+    pipe, _ = node.mps.dirs("a")
+    node.restart()
+    node.driver.reconcile()
+    assert node.driver.checkpoint.records() == []
+    assert node.mode() is ComputeMode.PROHIBITED and node.sim.gpus[0].timeslice == 0
+    assert not pipe.exists()  # no daemon left serving
+    assert node.prepare(claim("a", GPU0, config=[config])) is None

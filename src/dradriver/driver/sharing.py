@@ -262,12 +262,13 @@ class SharingSteps:
         except GpuError as err:
             raise DeviceError(f"resetting the time-slice of {gpu}: {err}") from err
 
-    def undo_mps_daemon(self, _record: ClaimRecord, action: Action) -> None:
-        if "pipeDir" not in action.params:
-            return  # the intent only: start() cleans up after itself when it fails
+    def undo_mps_daemon(self, record: ClaimRecord, action: Action) -> None:
         if self.mps is None:
             raise DeviceError("an MPS daemon is recorded, but this driver runs no MPS control command")
-        self.mps.stop(action.params)
+        # An intent without its result (a crash right after the start) still names the daemon: its directories
+        # follow from the claim, and quitting goes through them.
+        pipe, logs = self.mps.dirs(record.uid)
+        self.mps.stop({"pipeDir": str(pipe), "logDir": str(logs), **action.params})
 
     # --- helpers ------------------------------------------------------------------------------------------
 
