@@ -4,6 +4,10 @@ run with `--gpu-sharing consumable`, and each prepared claim gets its own MPS da
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -69,6 +73,22 @@ def test_two_claims_share_one_gpu_each_with_its_mps_limits(sharing_node: SimNode
             log = (Path(pipe).parent / "log" / "control.log").read_text()
             assert "set_default_active_thread_percentage 25" in log
             assert "set_default_device_pinned_mem_limit GPU-" in log and " 10240M" in log
+        # The daemons are not the plugin's children in its process group: killing the plugin spares them, and the
+        # next instance re-adopts them (each log shows one start) instead of starting new ones.
+        sharing_node.restart_driver(signal.SIGKILL)
+        for pod in pods:
+            uid = pod.claim()["metadata"]["uid"]
+            [spec_path] = [p for p in sharing_node.cdi_dir.glob("*.json") if uid in p.name]
+            edits = json.loads(spec_path.read_text())["devices"][0]["containerEdits"]
+            [pipe] = [m["hostPath"] for m in edits["mounts"] if m["containerPath"] == "/tmp/nvidia-mps"]
+            asked = subprocess.run(
+                [sys.executable, "-m", "dradriver.gpu.mps_standin"],
+                input="get_default_active_thread_percentage\n",
+                env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": pipe},
+                capture_output=True, text=True, timeout=30, check=False,
+            )  # fmt: skip
+            assert asked.returncode == 0 and asked.stdout.strip() == "25.0", asked
+            assert (Path(pipe).parent / "log" / "control.log").read_text().count("Startup") == 1
         claims = [Claim(NAMESPACE, p.claim()["metadata"]["name"], p.claim()["metadata"]["uid"]) for p in pods]
         assert set(sharing_node.kubelet.unprepare(claims).values()) == {""}
     finally:
