@@ -304,6 +304,7 @@ def test_two_claims_share_a_gpu_through_consumable_shares_each_with_its_mps_limi
     assert results[0]["device"] == results[1]["device"]  # packed onto one GPU
     gpu_uuid = node.driver._devices[results[0]["device"]].uuid
     index = next(i for i, g in enumerate(node.sim.gpus) if g.uuid == gpu_uuid)
+    node.sim.set_compute_mode(index, ComputeMode.PROHIBITED)
     for obj in (first, second):
         typed = allocated_claim(obj, ClaimRef("default", obj["metadata"]["name"], obj["metadata"]["uid"]), DRIVER)
         assert node.prepare(typed) is None
@@ -315,7 +316,9 @@ def test_two_claims_share_a_gpu_through_consumable_shares_each_with_its_mps_limi
     assert node.mode(index) is ComputeMode.DEFAULT  # two MPS servers on one GPU need the Default mode
     node.unprepare("a")
     assert node.mps.alive(node.daemon("b"))
+    assert node.mode(index) is ComputeMode.DEFAULT  # still in use by b
     node.unprepare("b")
+    assert node.mode(index) is ComputeMode.PROHIBITED  # the last share out restores what the first one found
 
 
 class Crash(BaseException):
@@ -356,3 +359,32 @@ def test_a_crash_at_any_sharing_step_is_undone_at_start_up(
     assert node.mode() is ComputeMode.PROHIBITED and node.sim.gpus[0].timeslice == 0
     assert not pipe.exists()  # no daemon left serving
     assert node.prepare(claim("a", GPU0, config=[config])) is None
+
+
+def test_a_share_is_enforced_with_mps_limits_from_its_consumed_capacity() -> None:
+    from dradriver.driver.config import decode_config
+    from dradriver.driver.sharing import share_config
+
+    plain = share_config("ns/c", "gpu-0", None, [("memory", "10Gi"), ("shares", "25")], True)
+    assert plain is not None and plain["sharing"] == {
+        "strategy": "MPS",
+        "mps": {"defaultPinnedDeviceMemoryLimit": "10Gi", "defaultActiveThreadPercentage": 25},
+    }
+    # The claim's own smaller limits stay; larger ones are capped by the share.
+    own = decode_config(
+        gpu(
+            sharing={
+                "strategy": "MPS",
+                "mps": {"defaultActiveThreadPercentage": 10, "defaultPinnedDeviceMemoryLimit": "40Gi"},
+            }
+        )
+    )
+    capped = share_config("ns/c", "gpu-0", own, [("memory", "10Gi"), ("shares", "25")], True)
+    assert capped is not None and capped["sharing"]["mps"] == {
+        "defaultActiveThreadPercentage": 10,
+        "defaultPinnedDeviceMemoryLimit": "10Gi",
+    }
+    with pytest.raises(ClaimError, match="is a consumable share of a GPU, which is enforced with MPS"):
+        share_config("ns/c", "gpu-0", decode_config(gpu(sharing={"strategy": "TimeSlicing"})), [], True)
+    with pytest.raises(ClaimError, match=r"no TimeSlicing, no computeMode"):
+        share_config("ns/c", "gpu-0", decode_config(gpu(computeMode="Prohibited")), [], True)
