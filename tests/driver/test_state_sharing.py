@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cdi_schema import cdi_problems
 
 from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.checkpoint import CheckpointStore, ClaimRecord, ClaimState, DeviceRecord
@@ -158,6 +159,7 @@ def test_mps_starts_a_daemon_with_the_limits_and_mounts_its_directories(node: No
     mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
     assert mounts == {"/tmp/nvidia-mps": daemon["pipeDir"], "/var/log/nvidia-mps": daemon["logDir"]}
     assert (Path(daemon["pipeDir"]) / "control").exists()
+    assert cdi_problems(node.spec("a")) == []
     node.unprepare("a")
     assert not node.mps.alive(daemon)
     assert not Path(daemon["pipeDir"]).exists()
