@@ -3,6 +3,7 @@ good and bad configs as the pydantic models (tests/driver/config_table.py): the 
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from tests.driver.config_table import BAD, GOOD, gpu
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@functools.cache
 def policy() -> dict[str, Any]:
     docs = yaml.safe_load_all((ROOT / "manifests/driver/config-admission-policy.yaml").read_text())
     [found] = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
