@@ -28,7 +28,7 @@ from dradriver.driver.config import API_VERSION, TIMESLICE_VALUES, AnyConfig, Mp
 from dradriver.driver.mps import CONTAINER_LOG_DIR, CONTAINER_PIPE_DIR, MpsControl
 from dradriver.driver.transaction import Transaction
 from dradriver.errors import ClaimError, DeviceError
-from dradriver.gpu.errors import GpuError
+from dradriver.gpu.errors import GpuError, NotFound
 from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.models import ComputeMode
 from dradriver.quantity import Quantity
@@ -319,7 +319,7 @@ def mps_commands(
             "the claim, so give them one value"
         )
     commands = [f"set_default_active_thread_percentage {p}" for p in percentages]
-    for index, ((device, settings), uuid) in enumerate(zip(devices, uuids, strict=True)):
+    for index, ((_device, settings), uuid) in enumerate(zip(devices, uuids, strict=True)):
         mps = settings.mps
         assert mps is not None
         limit = mps.default_pinned_device_memory_limit
@@ -334,11 +334,8 @@ def mps_commands(
                 limit = value
         if limit is not None:
             commands.append(f"set_default_device_pinned_mem_limit {uuid} {mib(limit)}M")
-        del device
     return commands
 
 
 def _gone(err: GpuError) -> bool:
-    from dradriver.gpu.errors import NotFound
-
     return isinstance(err, NotFound)
