@@ -404,3 +404,33 @@ def test_devices_of_two_nodes_never_go_to_one_claim(tmp_path, capsys):
     assert "node-b: does not fit" in out
     assert main(["explain", write_claim(tmp_path, count=1), "--slices", str(slices)]) == 0
     assert "fits on node node-a" in capsys.readouterr().out
+
+
+CONFIG = """    config:
+    - requests: ["gpu"]
+      opaque:
+        driver: %(driver)s
+        parameters: {apiVersion: gpu.dradriver.dev/v1alpha1, kind: GpuConfig, computeMode: %(mode)s}
+"""
+
+
+def test_a_malformed_opaque_config_is_reported_with_its_field_path(tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        CLAIM % {"name": "c", "cls": "gpu.dradriver.dev", "count": 1, "expr": "true"}
+        + CONFIG % {"driver": "gpu.dradriver.dev", "mode": "Shared"}
+    )
+    code = main(["explain", str(path), "--slices", SLICES])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "field spec.devices.config[0].opaque.parameters: GpuConfig: computeMode: 'Shared' is not allowed" in err
+
+
+def test_good_and_foreign_opaque_configs_are_explained(tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        CLAIM % {"name": "c", "cls": "gpu.dradriver.dev", "count": 1, "expr": "true"}
+        + CONFIG % {"driver": "gpu.dradriver.dev", "mode": "ExclusiveProcess"}
+        + (CONFIG % {"driver": "other.example.com", "mode": "Shared"}).split("\n", 1)[1]
+    )
+    assert main(["explain", str(path), "--slices", SLICES]) == 0
