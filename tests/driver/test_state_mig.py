@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from dradriver import faults
 from dradriver.driver import transaction
 from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.checkpoint import CheckpointStore, ClaimState
@@ -356,7 +357,7 @@ def test_a_crash_at_any_point_of_prepare_is_undone_at_start_up(h100: Node, monke
     def crash() -> None:
         raise Crash(point)
 
-    monkeypatch.setattr(transaction, "die", crash)
+    monkeypatch.setattr(faults, "die", crash)
     monkeypatch.setenv(transaction.CRASH_ENV, point)
     with pytest.raises(Crash):
         h100.driver.prepare(claim("u1", f"{H100}-mig-3g40gb-4"))

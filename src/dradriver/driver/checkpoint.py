@@ -378,9 +378,12 @@ class CheckpointStore:
             self._claims[record.uid] = record.to_json()
             self._save()
 
-    def insert_checked(self, record: ClaimRecord, check: Callable[[list[ClaimRecord]], None]) -> None:
+    def insert_checked(
+        self, record: ClaimRecord, check: Callable[[list[ClaimRecord]], None], *, durable: bool = True
+    ) -> None:
         """Call ``check(other records)`` and store ``record`` under one lock, so two claims racing for a
-        device cannot both pass the check. ``check`` raises to refuse."""
+        device cannot both pass the check. ``check`` raises to refuse. ``durable`` False keeps it in memory
+        until the next write (for a claim whose every change start-up finds and undoes without a record)."""
         with self._lock:
             self._refresh()
             others = [
@@ -388,7 +391,8 @@ class CheckpointStore:
             ]
             check(others)
             self._claims[record.uid] = record.to_json()
-            self._save()
+            if durable:
+                self._save()
 
     def remove(self, uid: str) -> None:
         with self._lock:

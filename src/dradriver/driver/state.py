@@ -152,13 +152,20 @@ class GpuDriver:
             state=ClaimState.PREPARE_STARTED,
             devices=[_device_record(p) for p in planned],
         )
-        self.checkpoint.insert_checked(record, lambda others: _refuse_overlap(ref, record, others))
-        crash_point("prepare-started")
         txn = Transaction(record, self.checkpoint, self._undo_steps())
+        for device in planned:
+            self._expect_ready(txn, device)
+        txn.expect(STEP_CDI_SPEC, "", {})
+        # One write records the claim and the intent of every step before the first change. A claim whose only
+        # change is its CDI spec needs none: start-up removes a spec the checkpoint does not know.
+        durable = any(a.step != STEP_CDI_SPEC for a in record.actions)
+        self.checkpoint.insert_checked(record, lambda others: _refuse_overlap(ref, record, others), durable=durable)
         try:
+            crash_point("prepare-started")
             with self._hold_gpus(sorted({p.gpu.name for p in planned})):
                 ready = [self._make_ready(txn, p) for p in planned]
             self._write_cdi_spec(txn, ready)
+            crash_point("prepare-completing")
         except DradriverError as err:
             raise self._failed(txn, err) from err
         record.state = ClaimState.PREPARE_COMPLETED
@@ -253,6 +260,18 @@ class GpuDriver:
                 "driver was started without GPU access; use --mig-mode static"
             )
         return found
+
+    def _expect_ready(self, txn: Transaction, planned: PlannedDevice) -> None:
+        """Declare the steps :meth:`_make_ready` will take for ``planned`` (MIG mode switches, rare and decided
+        by what the hardware shows then, are recorded when they happen)."""
+        device = planned.device
+        if (
+            self.mig_mode is MigMode.DYNAMIC
+            and self._mig is not None
+            and isinstance(device, MigPartition)
+            and not planned.admin_access
+        ):
+            self._mig.expect_carve(txn, device)
 
     def _make_ready(self, txn: Transaction, planned: PlannedDevice) -> ReadyDevice:
         """Bring one device into the state its allocation needs (dynamic mode: MIG mode and carving)."""
