@@ -1,4 +1,4 @@
-"""The fault walk: every named point of prepare and unprepare × {kill, fail}, on a simulated node.
+"""The fault walk: every named point of prepare and unprepare x {kill, fail}, on a simulated node.
 
 The points are not listed here: a clean prepare and unprepare are run first with an observer that records every
 point they pass, so steps added later (compute mode, MPS, …) are walked without touching this file.
@@ -29,7 +29,7 @@ def walk_points(tmp_path: Path) -> tuple[list[str], list[str], list[str]]:
     seen: list[str] = []
     faults.observer = seen.append
     try:
-        ids, error = node.prepare(CLAIM)
+        _ids, error = node.prepare(CLAIM)
         assert error is None
         preparing = list(dict.fromkeys(seen))  # a point passed twice (two partitions) fires at its first pass
         seen.clear()
@@ -81,7 +81,7 @@ def test_every_point_of_prepare_and_unprepare_survives_a_kill_and_a_failure(
             for mode in ("kill", "fail"):
                 node = Node(tmp_path / f"{phase}-{point.replace(':', '-')}-{mode}", "hgx-h100-80gb")
                 try:
-                    run_one(node, monkeypatch, phase, point, mode, expected_ids)
+                    run_one(node, monkeypatch, phase, point, mode=mode, expected_ids=expected_ids)
                 finally:
                     monkeypatch.delenv(faults.CRASH_ENV, raising=False)
                     assert node.store is not None
@@ -91,7 +91,7 @@ def test_every_point_of_prepare_and_unprepare_survives_a_kill_and_a_failure(
 
 
 def run_one(
-    node: Node, monkeypatch: pytest.MonkeyPatch, phase: str, point: str, mode: str, expected_ids: list[str]
+    node: Node, monkeypatch: pytest.MonkeyPatch, phase: str, point: str, *, mode: str, expected_ids: list[str]
 ) -> None:
     where = f"{phase} {point}={mode}"
     if phase == "unprepare":
@@ -106,7 +106,7 @@ def run_one(
         monkeypatch.delenv(faults.CRASH_ENV)
         node.restart().reconcile()
     elif phase == "prepare":
-        ids, error = node.prepare(CLAIM)
+        _ids, error = node.prepare(CLAIM)
         assert error is not None and f"injected failure at {point}" in error, where
         assert "everything done for the claim was undone" in error, where
         monkeypatch.delenv(faults.CRASH_ENV)
