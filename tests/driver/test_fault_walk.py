@@ -29,7 +29,7 @@ def walk_points(tmp_path: Path) -> tuple[list[str], list[str], list[str]]:
     seen: list[str] = []
     faults.observer = seen.append
     try:
-        _ids, error = node.prepare(CLAIM)
+        ids, error = node.prepare(CLAIM)
         assert error is None
         preparing = list(dict.fromkeys(seen))  # a point passed twice (two partitions) fires at its first pass
         seen.clear()
