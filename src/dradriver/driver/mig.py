@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from dradriver.driver.checkpoint import Action, ClaimRecord
@@ -51,19 +52,22 @@ class MigSteps:
 
     # --- prepare ------------------------------------------------------------------------------------------
 
-    def ensure_mig_mode(self, txn: Transaction, gpu: GpuDevice, enabled: bool, users: list[str]) -> bool | None:
+    def ensure_mig_mode(
+        self, txn: Transaction, gpu: GpuDevice, enabled: bool, users: Callable[[], list[str]]
+    ) -> bool | None:
         """Put ``gpu`` in MIG mode (``enabled``) or out of it; returns the previous mode if it was switched.
 
-        ``users`` names the other claims with devices on this GPU: a switch that needs a GPU reset is refused
+        ``users()`` names the other claims with devices on this GPU (asked only when a switch is needed): a switch that needs a GPU reset is refused
         while there are any (the reset would kill their work)."""
         current = self.gpulib.mig_mode(gpu.uuid).current
         if current == enabled:
             return None
         reset = needs_reset_for_mig_mode(gpu)
-        if reset and users:
+        others = users() if reset else []
+        if others:
             raise DeviceError(
                 f"GPU {gpu.name} ({gpu.info.architecture}) must be {'put in' if enabled else 'taken out of'} MIG "
-                f"mode, which needs a GPU reset, but claims {', '.join(users)} use it; the claim is retried after "
+                f"mode, which needs a GPU reset, but claims {', '.join(others)} use it; the claim is retried after "
                 "they are unprepared"
             )
         if not enabled:

@@ -284,7 +284,7 @@ class GpuDriver:
                 and not planned.admin_access
             ):
                 record.previous_mig_mode = self._mig.ensure_mig_mode(
-                    txn, device, False, self._users(txn.record.uid, device.name)
+                    txn, device, False, lambda: self._users(txn.record.uid, device.name)
                 )
             parent = DeviceNode(f"/dev/nvidia{device.info.minor}")
             return ReadyDevice(device, (parent,), planned.admin_access)
@@ -295,7 +295,7 @@ class GpuDriver:
                 mig = self._existing(device)
             else:
                 record.previous_mig_mode = self._mig.ensure_mig_mode(
-                    txn, device.parent, True, self._users(txn.record.uid, device.parent.name)
+                    txn, device.parent, True, lambda: self._users(txn.record.uid, device.parent.name)
                 )
                 mig = self._mig.carve(txn, device)
                 record.gpu_instance_id, record.compute_instance_id = mig.gpu_instance_id, mig.compute_instance_id
