@@ -117,7 +117,7 @@ class FloorPlugin(dra_v1_pb2_grpc.DRAPluginServicer):
         self.prepared: dict[str, Any] = {}
         self.lock = threading.Lock()
 
-    def NodePrepareResources(self, request: Any, context: Any) -> Any:  # noqa: N802 (gRPC's name)
+    def NodePrepareResources(self, request: Any, context: Any) -> Any:
         response = dra_v1_pb2.NodePrepareResourcesResponse()
         for ref in request.claims:
             claim = self.cluster.get_resource_claim(ref.namespace, ref.name)
@@ -134,7 +134,7 @@ class FloorPlugin(dra_v1_pb2_grpc.DRAPluginServicer):
                 )
         return response
 
-    def NodeUnprepareResources(self, request: Any, context: Any) -> Any:  # noqa: N802
+    def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
         response = dra_v1_pb2.NodeUnprepareResourcesResponse()
         for ref in request.claims:
             (self.cdi_dir / f"{ref.uid}.json").unlink(missing_ok=True)
@@ -237,7 +237,9 @@ def bench_latency(kind: str, count: int, state_parent: str | None) -> dict[str, 
         checkpoint_writes = 1  # nothing on the hardware changes: only PrepareCompleted is written
     else:
         devices = [
-            f"gpu-0000-{bus}-00-0-mig-1g10gb-{s}" for bus in ("1b", "43", "52", "61", "9d", "c3", "d1", "df") for s in range(7)
+            f"gpu-0000-{bus}-00-0-mig-1g10gb-{s}"
+            for bus in ("1b", "43", "52", "61", "9d", "c3", "d1", "df")
+            for s in range(7)
         ]
         checkpoint_writes = 2  # PrepareStarted with every step's intent, then PrepareCompleted
     claims = [add_claim(cluster, f"c{i}", [devices[i % len(devices)]]) for i in range(count)]
@@ -366,9 +368,14 @@ def bench_soak(count: int, state_parent: str | None) -> dict[str, Any]:
     cluster = MemoryCluster(validate=False)
     buses = ("1b", "43", "52", "61", "9d", "c3", "d1", "df")
     shapes = [
-        [f"gpu-0000-{buses[4 + i % 4]}-00-0"] if i % 3 == 0 else
-        [f"gpu-0000-{buses[i % 4]}-00-0-mig-1g10gb-{i % 7}"] if i % 3 == 1 else
-        [f"gpu-0000-{buses[i % 2]}-00-0-mig-2g20gb-{2 * (i % 3)}", f"gpu-0000-{buses[2 + i % 2]}-00-0-mig-3g40gb-4"]
+        [f"gpu-0000-{buses[4 + i % 4]}-00-0"]
+        if i % 3 == 0
+        else [f"gpu-0000-{buses[i % 4]}-00-0-mig-1g10gb-{i % 7}"]
+        if i % 3 == 1
+        else [
+            f"gpu-0000-{buses[i % 2]}-00-0-mig-2g20gb-{2 * (i % 3)}",
+            f"gpu-0000-{buses[2 + i % 2]}-00-0-mig-3g40gb-4",
+        ]
         for i in range(24)
     ]
     claims = [add_claim(cluster, f"s{i}", shapes[i % len(shapes)]) for i in range(count)]
@@ -419,10 +426,19 @@ def table(results: dict[str, Any]) -> str:
         row(f"{name} p99", o["cycle_p99_ms"], f["cycle_p99_ms"], "-", True)
         row(f"{lat['kind']} prepare p50", o["prepare_p50_ms"], f["prepare_p50_ms"], "-", True)
     many = results["many"]
-    for key, label in (("batch_prepare_ms", "100 MIG claims in one call"), ("concurrent_prepare_ms", "100 concurrent calls")):
+    for key, label in (
+        ("batch_prepare_ms", "100 MIG claims in one call"),
+        ("concurrent_prepare_ms", "100 concurrent calls"),
+    ):
         row(label, many[key], None, "<= 1 s", many[key] <= 1000)
     st = results["startup"]
-    row("start-up to registered + slices (8 GPUs, dynamic MIG)", st["startup_ms"], st["floor_ms"], "<= 1 s", st["startup_ms"] <= 1000)
+    row(
+        "start-up to registered + slices (8 GPUs, dynamic MIG)",
+        st["startup_ms"],
+        st["floor_ms"],
+        "<= 1 s",
+        st["startup_ms"] <= 1000,
+    )
     marks = results["soak"]["marks"]
     if marks:
         first, last = marks[0], marks[-1]

@@ -57,8 +57,8 @@ class MigSteps:
     ) -> bool | None:
         """Put ``gpu`` in MIG mode (``enabled``) or out of it; returns the previous mode if it was switched.
 
-        ``users()`` names the other claims with devices on this GPU (asked only when a switch is needed): a switch that needs a GPU reset is refused
-        while there are any (the reset would kill their work)."""
+        ``users()`` names the other claims with devices on this GPU (asked only when a reset is needed): a switch
+        that needs a GPU reset is refused while there are any (the reset would kill their work)."""
         current = self.gpulib.mig_mode(gpu.uuid).current
         if current == enabled:
             return None
