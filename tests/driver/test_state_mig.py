@@ -391,3 +391,13 @@ def test_claims_on_different_gpus_carve_in_parallel(h100: Node):
     release.set()
     first.join(10)
     assert sorted(r.uid for r in h100.driver.checkpoint.records()) == ["a", "b"]
+
+
+def test_start_up_removes_temp_files_a_crash_left_mid_write(h100: Node):
+    h100.cdi_dir.mkdir()
+    (h100.cdi_dir / ".k8s.gpu.dradriver.dev-claim_u1.abc.tmp").write_text("{")
+    (h100.cdi_dir / ".other-vendor_x.tmp").write_text("{")  # not ours: left alone
+    (h100.state_dir / ".checkpoint.json.abc.tmp").write_text("{")
+    h100.restart().reconcile()
+    assert sorted(p.name for p in h100.cdi_dir.iterdir()) == [".other-vendor_x.tmp"]
+    assert not list(h100.state_dir.glob("*.tmp"))

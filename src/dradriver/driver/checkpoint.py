@@ -266,6 +266,8 @@ class CheckpointStore:
         store = cls(state_dir, boot_id=read_boot_id() if boot_id is None else boot_id)
         if not shared:
             store._acquire()
+            for tmp in state_dir.glob(f".{FILE_NAME}.*.tmp"):  # a write a crash cut short; never renamed into place
+                tmp.unlink(missing_ok=True)
         try:
             store._load()
         except BaseException:

@@ -384,6 +384,8 @@ class GpuDriver:
                 log.error("reconcile: could not clean up claim=%s error=%s", record, err)
         if self.mig_mode is MigMode.DYNAMIC and self._mig is not None:
             self._destroy_orphan_instances()
+        for name in self.cdi.remove_temp_files():
+            log.warning("reconcile: removed a CDI spec left half-written by a crash file=%s", name)
         known = {r.uid for r in self.checkpoint.records()}
         for uid in self.cdi.claim_uids():
             if uid not in known:
