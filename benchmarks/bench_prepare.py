@@ -192,6 +192,7 @@ def driver_plugin(
         registry_dir=root / "registry",
         plugin_dir=root / "plugin",
         max_workers=32,
+        pod_uid="bench-pod",  # as deployed (POD_UID set): calls serialised across a rolling update's two pods
     )
     try:
         with plugin, KubeletClient(root / "registry").register() as kubelet:

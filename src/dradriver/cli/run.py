@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import logging
-import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -55,6 +53,7 @@ from dradriver.plugin.kubelet_plugin import (
     SERIALIZE_LOCK_NAME,
     KubeletPlugin,
 )
+from dradriver.plugin.lifecycle import exclusive
 from dradriver.plugin.publisher import Publisher, SliceSpec
 
 log = logging.getLogger("dradriver.run")
@@ -523,12 +522,8 @@ def _serialised_with_other_pods(plugin_dir: Path, *, enabled: bool) -> Iterator[
         yield
         return
     plugin_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(plugin_dir / SERIALIZE_LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with exclusive(plugin_dir / SERIALIZE_LOCK_NAME):
         yield
-    finally:
-        os.close(fd)
 
 
 def _claim_exists(cluster: KubeCluster, ref: ClaimRef) -> bool | None:
