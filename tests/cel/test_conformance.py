@@ -13,6 +13,7 @@ COMPILE, ERROR = "compile", "error"
 A = 'device.attributes["gpu.dradriver.dev"]'
 C = 'device.capacity["gpu.dradriver.dev"]'
 K = 'device.attributes["resource.kubernetes.io"]'
+REPLACE = '.replace("", "' + "x" * 60 + '")'
 
 CASES = [
     # the device variable
@@ -130,12 +131,13 @@ CASES = [
     ('"  x ".trim() == "x"', True),
     ('"\\t\\u00a0\\u3000x\\n".trim() == "x"', True),
     ('"\\x1fx".trim() == "\\x1fx"', True),
-    ('"abc".reverse() == "cba"', True),
+    ('"abc".reverse() == "cba"', COMPILE),  # string reverse() is strings v3; Kubernetes enables v2
     ('strings.quote("a\\"b") == "\\"a\\\\\\"b\\""', True),
     ('size("abc") == 3 && "abc".size() == 3', True),
     ('"abc"[0] == "a"', COMPILE),
     ('"abc" + "def" == "abcdef"', True),
-    ('"x".matches("[")', ERROR),
+    ('"x".matches("[")', COMPILE),  # a constant regex that does not compile (ValidateRegexLiterals)
+    ('"x".matches(dyn("["))', ERROR),
     # regex library
     ('"GPU-1234-abcd".find("[0-9]+") == "1234"', True),
     ('"a1b22c333".findAll("[0-9]+") == ["1", "22", "333"]', True),
@@ -216,12 +218,135 @@ CASES = [
     ("(true ? 1 : 2) == 1", True),
     ("!1", COMPILE),
     ("1 && true", COMPILE),
+    # optional types (cel-go's optional library; Kubernetes 1.28+)
+    (f'{A}.?model.orValue("none") == "none"', True),
+    (f"{A}.?productName.hasValue()", True),
+    (f'{A}.?productName.value().startsWith("NVIDIA")', True),
+    (f'{A}[?"productName"].orValue("") == "NVIDIA A100-SXM4-80GB"', True),
+    (f"{A}.?model.value() == 1", ERROR),
+    (f"{K}.?numaNode.orValue(0) == 1", True),
+    # Kubernetes' device maps find every domain, so an unknown one is an empty map, not none
+    ('device.attributes[?"nvidia.com"].hasValue()', True),
+    ('device.attributes[?"nvidia.com"].?model.hasValue()', False),
+    (f'optional.of({A}).productName.orValue("") != ""', True),
+    ("optional.none().orValue(true)", True),
+    ("optional.ofNonZeroValue(0).hasValue()", False),
+    ("optional.of(1).or(optional.of(2)).value() == 1 && optional.none().or(optional.of(2)).value() == 2", True),
+    ("[?optional.of(1), ?optional.none(), 3] == [1, 3]", True),
+    ('{?"a": optional.none(), "b": 2}.size() == 1', True),
+    ("optional.of(2).optMap(x, x * 2).value() == 4", True),
+    ("[1, ?2] == [1, 2]", COMPILE),
+    ("optional.of(1) == 1", COMPILE),
+    # two-variable comprehensions (cel-go ext.TwoVarComprehensions; Kubernetes 1.32+)
+    (f'{A}.exists(k, v, k == "productName" && v == "NVIDIA A100-SXM4-80GB")', True),
+    ('["a", "b"].all(i, v, i == 0 && v == "a" || i == 1 && v == "b")', True),
+    ("[1, 2, 3].existsOne(i, v, v > i + 1)", False),
+    ("[10, 20].transformList(i, v, i + v) == [10, 21]", True),
+    ("[10, 20, 30].transformList(i, v, i > 0, v) == [20, 30]", True),
+    ('{"a": 1, "b": 2}.transformMap(k, v, v * 10) == {"a": 10, "b": 20}', True),
+    ('{"a": 1}.transformMapEntry(k, v, {v: k}) == {1: "a"}', True),
+    ('{"a": 1, "b": 1}.transformMapEntry(k, v, {v: k}).size() == 1', ERROR),
+    ("[1, 2].exists(i, i, i > 0)", COMPILE),
+    # heterogeneous equality as cel-go: the left operand's Equal decides
+    (f'"580.65.6" == {A}.driverVersion', False),
+    (f'dyn("80Gi") == {C}.memory', False),
+    (f'{C}.memory == dyn("80Gi")', ERROR),
+    (f'"80Gi" == {C}.memory', COMPILE),
+    (f'{A}.driverVersion in ["580.65.6"]', False),
+    (f'"580.65.6" in [{A}.driverVersion]', False),
+    # cel-go's list equality treats an element error as "not unequal"
+    (f'[{A}.driverVersion] == ["580.65.6"]', True),
+    (f'["580.65.6"] == [{A}.driverVersion]', False),
+    (f"{A}.driverVersion == null", False),
+    ("dyn(1) == 1.0 && dyn(1u) == 1 && dyn(2.5) != 2", True),
+    ('dyn(1) in [1.0] && !(dyn("1") in [1])', True),
+    # compile-time checks the API server makes
+    ('[1, "a"].size() == 2', COMPILE),
+    ('[1, dyn("a")].size() == 2', COMPILE),  # cel-go compares literal element types exactly: dyn is not int
+    ('[dyn(1), dyn("a")].size() == 2', True),
+    ('"%s has %d GPUs".format(["node-a", 8]) == "node-a has 8 GPUs"', True),  # format() arguments may mix
+    ('"%.2f".format([1.005]) == "1.00" && "%x".format(["hi"]) == "6869"', True),
+    ('"%d".format([1.5]) == ""', ERROR),
+    ('"%.999999999f".format([1.5]) == ""', ERROR),
+    ('{"a": 1, "b": "x"}.size() == 2', COMPILE),
+    ("[[1], [2.0]].size() == 2", COMPILE),
+    ('"x".find("(")  == ""', COMPILE),
+    ('"x".findAll("[a-", 1).size() == 0', COMPILE),
+    ('"a".matches("^a$")', True),
+    ('"ab"' + REPLACE * 6 + ' == ""', COMPILE),  # grows to ~10^11 characters: refused by the cost estimate
+    ('"ab"' + REPLACE * 2 + ' != ""', True),
+    (
+        "[1,2,3,4,5,6,7,8,9,10].map(a, [1,2,3,4,5,6,7,8,9,10].map(b, [1,2,3,4,5,6,7,8,9,10].map(c, "
+        "[1,2,3,4,5,6,7,8,9,10].map(d, [1,2,3,4,5,6,7,8,9,10].map(e, [1,2,3,4,5,6,7,8,9,10].map(f, "
+        "'x'))))))).size() == 10",
+        COMPILE,
+    ),
+    # lists extension v3 (Kubernetes 1.34+); string reverse() is strings v3, not enabled
+    ("[3, 1, 2].sort() == [1, 2, 3] && [1, 2, 1].distinct() == [1, 2] && [1, 2].reverse() == [2, 1]", True),
+    ("[1, [2, [3]]].flatten() == [1, 2, [3]] && [1, [2, [3]]].flatten(2) == [1, 2, 3]", COMPILE),
+    ("[dyn(1), dyn([2, 3])].flatten().size() == 3 && [[1], [2, 3]].flatten() == [1, 2, 3]", True),
+    ("[1, 2, 3, 4].slice(1, 3) == [2, 3] && lists.range(3) == [0, 1, 2]", True),
+    ('["bb", "a"].sortBy(s, s.size()) == ["a", "bb"]', True),
+    ("[1, 2].slice(2, 1) == []", ERROR),
+    ("lists.range(2000000).size() > 0", ERROR),
+    ("[true, false].sort() == [false, true]", True),
+    # Kubernetes IP and CIDR libraries (1.30+)
+    ('ip("10.0.0.1").family() == 4 && ip("::1").isLoopback() && isIP("fe80::1") && !isIP("fe80::1%eth0")', True),
+    ('!isIP("::ffff:1.2.3.4") && !isIP("010.0.0.1") && ip.isCanonical("2001:db8::abcd")', True),
+    ('!ip.isCanonical("2001:DB8::ABCD") && string(ip("2001:db8:0:0::abcd")) == "2001:db8::abcd"', True),
+    ('ip("169.254.1.1").isLinkLocalUnicast() && ip("224.0.0.5").isLinkLocalMulticast()', True),
+    ('ip("192.168.0.1").isGlobalUnicast() && !ip("255.255.255.255").isGlobalUnicast()', True),
+    ('cidr("192.168.0.0/16").containsIP("192.168.3.4") && !cidr("192.168.0.0/16").containsIP(ip("10.0.0.1"))', True),
+    ('cidr("192.168.0.0/16").containsCIDR("192.168.10.0/24")', True),
+    ('cidr("192.168.1.0/24").containsCIDR(cidr("192.168.2.0/24"))', False),
+    ('cidr("192.168.0.1/24").masked() == cidr("192.168.0.0/24") && cidr("10.0.0.0/8").prefixLength() == 8', True),
+    ('string(cidr("192.168.0.129/24")) == "192.168.0.129/24" && cidr("10.1.2.3/8").ip() == ip("10.1.2.3")', True),
+    (
+        'isCIDR("10.0.0.0/8") && !isCIDR("10.0.0.0/024") && !isCIDR("10.0.0.0/255.0.0.0") && !isCIDR("10.0.0.0/33")',
+        True,
+    ),
+    ('ip("10.0.0.1") == "10.0.0.1"', COMPILE),
+    ('ip("10.0.0.1") == dyn("10.0.0.1")', ERROR),
+    ('dyn("10.0.0.1") == ip("10.0.0.1")', False),
+    ('ip("10.0.0.256").family() == 4', ERROR),
+    (f"ip({K}.pcieRoot).family() == 4", ERROR),
+    # DRA list-type attributes: includes()
+    (f'{A}.productName.includes("NVIDIA A100-SXM4-80GB")', True),
+    ('["a", "b"].includes("b") && ![1, 2].includes(3) && ![1].includes("1")', True),
+    (f'[{A}.driverVersion].includes("580.65.6")', False),
+    # Kubernetes URL library
+    ('url("https://user:pass@example.com:80/path?query=val#fragment").getHost() == "example.com:80"', True),
+    ('isURL("/absolute-path") && !isURL("https://a:b:c/") && !isURL("../relative-path")', True),
+    ('url("https://[::1]:80/").getHostname() == "::1" && url("https://[::1]:80/").getPort() == "80"', True),
+    ('url("https://example.com/path with spaces/").getEscapedPath() == "/path%20with%20spaces/"', True),
+    ('url("https://example.com/path?k1=a&k2=b&k2=c").getQuery() == {"k1": ["a"], "k2": ["b", "c"]}', True),
+    ('url("/path").getScheme() == "" && url("https://example.com").getEscapedPath() == ""', True),
+    ('url("../x").getScheme() == ""', ERROR),
+    # Kubernetes named formats
+    ('!format.dns1123Label().validate("my-name").hasValue()', True),
+    ('format.dns1123Label().validate("My_Name").value().size() == 1', True),
+    ('format.named("dns1035Label").value().validate("1abc").hasValue()', True),
+    (
+        '!format.named("noSuchFormat").hasValue() && !format.qualifiedName().validate("example.com/MyName").hasValue()',
+        True,
+    ),
+    ('format.labelValue().validate("a" + "b".replace("b", "x") + "-").hasValue()', True),
+    ('!format.uuid().validate("123e4567-e89b-12d3-a456-426614174000").hasValue()', True),
+    ('format.byte().validate("not base64!").value() == ["invalid base64"]', True),
+    ('!format.date().validate("2021-01-01").hasValue() && format.date().validate("2021-02-30").hasValue()', True),
+    ('!format.dns1123LabelPrefix().validate("my-prefix-").hasValue()', True),
     # syntax and unknown names
     ('device.driver = "x"', COMPILE),
     ("device.driver == ", COMPILE),
     ("noSuchFunction(1)", COMPILE),
     ('"a".noSuchMethod()', COMPILE),
-    ('timestamp("2024-01-01T00:00:00Z") > timestamp("2023-01-01T00:00:00Z")', COMPILE),
+    ('timestamp("2024-01-01T00:00:00Z") > timestamp("2023-01-01T00:00:00Z")', True),
+    ('timestamp("2024-13-01T00:00:00Z") > timestamp("2023-01-01T00:00:00Z")', COMPILE),
+    ('duration("1h30m") == duration("5400s") && string(duration("1.5s")) == "1.5s"', True),
+    ('timestamp("2024-02-29T23:00:00Z") + duration("2h") == timestamp("2024-03-01T01:00:00Z")', True),
+    ('timestamp("2024-03-01T01:00:00Z").getDayOfMonth("America/New_York") == 28', True),
+    ('duration("320000000000s") > duration("0s")', COMPILE),
+    ('duration(dyn("1x")) > duration("0s")', ERROR),
     ("", COMPILE),
     ("x", COMPILE),
     ("Foo{a: 1}", COMPILE),

@@ -16,8 +16,9 @@ def _load(path):
 
 
 class FakeReader:
-    def __init__(self, pod, claims=(), templates=()):
+    def __init__(self, pod, claims=(), templates=(), taint_rules=()):
         self.pod = pod
+        self.taint_rules = list(taint_rules)
         self.claims = {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in claims}
         self.templates = {(t["metadata"]["namespace"], t["metadata"]["name"]): t for t in templates}
 
@@ -38,6 +39,9 @@ class FakeReader:
 
     def list_claims(self):
         return list(self.claims.values())
+
+    def list_device_taint_rules(self):
+        return self.taint_rules
 
 
 def pod(*entries, statuses=()):
@@ -83,6 +87,32 @@ def allocated_claim(name, devices):
 
 def test_template_claim_not_yet_generated_is_explained_from_the_template(capsys):
     reader = FakeReader(pod({"name": "gpus", "resourceClaimTemplateName": "gpus"}), templates=[template(2)])
+    assert explain_pod_with(reader, "ml/trainer", "text") == 0
+    assert "fits on node node-a" in capsys.readouterr().out
+
+
+def test_device_taint_rules_keep_the_devices_they_select_out_as_the_scheduler_does(capsys):
+    # Found against the real scheduler (tests/cluster): a rule's taint counts though no slice carries it.
+    rule = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": "maintenance"},
+        "spec": {"deviceSelector": {"driver": "gpu.dradriver.dev"}, "taint": {"key": "m", "effect": "NoSchedule"}},
+    }
+    reader = FakeReader(
+        pod({"name": "gpus", "resourceClaimTemplateName": "gpus"}), templates=[template(1)], taint_rules=[rule]
+    )
+    assert explain_pod_with(reader, "ml/trainer", "text") == 1
+    assert "does NOT fit" in capsys.readouterr().out
+
+
+def test_a_pod_pinned_to_a_node_is_explained_on_that_node_only(capsys):
+    # Found against the real scheduler (tests/cluster): it honours the pod's node selector; explain did not.
+    pinned = pod({"name": "gpus", "resourceClaimTemplateName": "gpus"})
+    pinned["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "node-b"}
+    reader = FakeReader(pinned, templates=[template(1)])
+    assert explain_pod_with(reader, "ml/trainer", "text") == 1
+    reader.pod["spec"] = {**pinned["spec"], "nodeSelector": {}, "nodeName": "node-a"}
     assert explain_pod_with(reader, "ml/trainer", "text") == 0
     assert "fits on node node-a" in capsys.readouterr().out
 

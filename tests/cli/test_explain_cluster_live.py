@@ -311,7 +311,7 @@ def test_forbidden_list_names_the_rbac_explain_needs(cluster: Cluster, capsys: p
     assert cluster.explain("ml/trainer") == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert "HTTP 403: resourceslices.resource.k8s.io is forbidden" in line
-    assert "list on deviceclasses, resourceslices and resourceclaims cluster-wide" in line
+    assert "list on deviceclasses, resourceslices, resourceclaims and devicetaintrules cluster-wide" in line
 
 
 def test_unreachable_api_server_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

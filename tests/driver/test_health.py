@@ -15,7 +15,7 @@ from dradriver.gpu.fakelib import simulated_gpulib
 from dradriver.gpu.inventory import MigMode, MigPartition, discover
 from dradriver.gpu.models import GpuEvent
 from dradriver.gpu.sim import SimulatedNode
-from dradriver.plugin.handler import HealthStatus
+from dradriver.plugin.handler import DeviceToleration, HealthStatus
 
 
 class Clock:
@@ -66,6 +66,26 @@ def test_a_critical_xid_marks_the_gpu_unhealthy_taints_it_and_notifies():
         {"key": "gpu.dradriver.dev/xid", "value": "79", "effect": "NoSchedule", "timeAdded": "2027-01-15T08:00:00Z"}
     ]
     assert health.problem(target.name) == f"XID 79 on GPU {target.uuid} (since 2027-01-15T08:00:00Z)"
+    gpulib.close()
+
+
+@pytest.mark.parametrize(
+    ("toleration", "tolerated"),
+    [
+        (DeviceToleration(key="gpu.dradriver.dev/xid", operator="Exists"), True),
+        (DeviceToleration(key="gpu.dradriver.dev/xid", value="79", effect="NoSchedule"), True),
+        (DeviceToleration(operator="Exists"), True),  # an empty key with Exists tolerates every taint
+        (DeviceToleration(key="gpu.dradriver.dev/xid", value="48"), False),
+        (DeviceToleration(key="gpu.dradriver.dev/xid", operator="Exists", effect="NoExecute"), False),
+        (DeviceToleration(key="gpu.dradriver.dev/ecc", operator="Exists"), False),
+    ],
+)
+def test_a_claim_whose_allocation_tolerates_the_taint_is_not_refused(toleration, tolerated):
+    gpulib, _, inventory, health, _ = setup()
+    target = inventory.gpus[1]
+    health.handle(GpuEvent(gpu_uuid=target.uuid, xid=79))
+    assert (health.problem(target.name, (toleration,)) is None) is tolerated
+    assert health.problem(target.name) is not None
     gpulib.close()
 
 

@@ -15,7 +15,7 @@ from dradriver.gpu.inventory import MigMode, discover
 from dradriver.gpu.nvml import NvmlGpuLib
 from dradriver.gpu.sim import SimulatedNode
 from dradriver.plugin.claims import allocated_claim
-from dradriver.plugin.handler import AllocatedClaim, ClaimRef
+from dradriver.plugin.handler import AllocatedClaim, ClaimRef, DeviceToleration
 
 DRIVER = "gpu.dradriver.dev"
 
@@ -196,13 +196,40 @@ def test_a_new_claim_on_an_unhealthy_device_is_refused_naming_cause_and_time(tmp
         inventory=inventory_of("mixed"),
         mig_mode=MigMode.STATIC,
         cdi=CdiWriter(tmp_path),
-        device_problem=problems.get,
+        device_problem=lambda name, _tolerations: problems.get(name),
     )
     result = driver.prepare_resource_claims([claim("u1", ("a", "gpu-0000-47-00-0"), ("b", "gpu-0000-0f-00-0"))])["u1"]
     assert result.error is not None
     assert "device gpu-0000-0f-00-0 is unhealthy: XID 79" in result.error
     assert "since 2026-11-23T05:00:00Z" in result.error
     assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+def test_the_allocation_tolerations_reach_the_health_check(tmp_path: Path):
+    seen: dict[str, tuple] = {}
+
+    def problem(name: str, tolerations) -> str | None:
+        seen[name] = tuple(tolerations)
+        return None if tolerations else "XID 79 (since 2026-11-23T05:00:00Z)"
+
+    driver = GpuDriver(
+        driver_name=DRIVER,
+        pool="node-a",
+        inventory=inventory_of("mixed"),
+        mig_mode=MigMode.STATIC,
+        cdi=CdiWriter(tmp_path),
+        device_problem=problem,
+    )
+    raw = raw_claim("u1", ("a", "gpu-0000-0f-00-0"))
+    raw["status"]["allocation"]["devices"]["results"][0]["tolerations"] = [
+        {"key": "gpu.dradriver.dev/xid", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    assert driver.prepare_resource_claims([typed(raw)])["u1"].error is None
+    assert seen["gpu-0000-0f-00-0"] == (
+        DeviceToleration(key="gpu.dradriver.dev/xid", operator="Exists", effect="NoSchedule"),
+    )
+    refused = driver.prepare_resource_claims([claim("u2", ("a", "gpu-0000-47-00-0"))])["u2"]
+    assert "is unhealthy: XID 79" in str(refused.error)
 
 
 def test_a_claim_prepared_before_its_device_turned_unhealthy_is_left_alone(tmp_path: Path):
@@ -213,7 +240,7 @@ def test_a_claim_prepared_before_its_device_turned_unhealthy_is_left_alone(tmp_p
         inventory=inventory_of("mixed"),
         mig_mode=MigMode.STATIC,
         cdi=CdiWriter(tmp_path),
-        device_problem=problems.get,
+        device_problem=lambda name, _tolerations: problems.get(name),
     )
     first = driver.prepare_resource_claims([claim("u1", ("a", "gpu-0000-0f-00-0"))])["u1"]
     problems["gpu-0000-0f-00-0"] = "double-bit ECC error (since 2026-11-23T05:00:00Z)"

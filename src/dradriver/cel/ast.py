@@ -27,8 +27,11 @@ class Ident(Node):
 
 @dataclass(frozen=True, slots=True)
 class Select(Node):
+    """``operand.field``; ``operand.?field`` when ``optional`` (an optional value, none when absent)."""
+
     operand: Node
     field: str
+    optional: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +44,7 @@ class Has(Node):
 class Index(Node):
     operand: Node
     index: Node
+    optional: bool = False  # operand[?index]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,22 +63,29 @@ class Call(Node):
 @dataclass(frozen=True, slots=True)
 class ListExpr(Node):
     items: tuple[Node, ...]
+    optional: tuple[int, ...] = ()  # positions of optional elements ([?e]): included only when e has a value
 
 
 @dataclass(frozen=True, slots=True)
 class MapExpr(Node):
     entries: tuple[tuple[Node, Node], ...]
+    optional: tuple[int, ...] = ()  # positions of optional entries ({?k: v}): included only when v has a value
 
 
 @dataclass(frozen=True, slots=True)
 class Comprehension(Node):
-    """A macro over a list or map: all, exists, exists_one, filter, map (``predicate`` filters map/3)."""
+    """A macro over a list or map: all, exists, exists_one, filter, map (``predicate`` filters map/3).
+
+    With ``var2`` it is one of the two-variable macros (all, exists, existsOne, transformList, transformMap,
+    transformMapEntry): ``var`` is the index or key and ``var2`` the element or value.
+    """
 
     kind: str
     range: Node
     var: str
     body: Node
     predicate: Node | None = None
+    var2: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,19 +9,38 @@ cost, and records the overloads a call may take so the interpreter dispatches am
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from dradriver.cel import ast
-from dradriver.cel.errors import CelCompileError
-from dradriver.cel.library import FUNCTIONS, UNSUPPORTED, Overload
+from dradriver.cel.errors import CelCompileError, CelEvaluationError
+from dradriver.cel.library import FUNCTIONS, REGEX_FUNCTIONS, UNSUPPORTED, Overload, compile_regex
+from dradriver.cel.time_ext import parse_duration, parse_timestamp
 from dradriver.cel.values import TYPE_NAMES
 
 Type = Any
 DYN = "dyn"
-MAX_COST = 1_000_000  # resource.k8s.io: CELSelectorExpressionMaxCost
+MAX_COST = 1_000_000  # resource.k8s.io: CELSelectorExpressionMaxCost (also the runtime budget)
+# Sizes are upper bounds of a value's length (characters, bytes, elements or entries); a list's or map's
+# size is (length, size of one element/value). What the device holds is bounded by the API's limits:
+# attribute values are at most 64 characters (list attributes at most 64 entries), names and domains at
+# most 63, and a device has at most 32 attributes and 32 capacities.
+Size = Any
+ATTRIBUTE_SIZE = 64
+DEVICE_MAP = 32
+UNBOUNDED = 2**62
 _NUMERIC = ("int", "uint", "double")
-_ORDERED = ("int", "uint", "double", "string", "bytes", "bool")
+_ORDERED = ("int", "uint", "double", "string", "bytes", "bool", "timestamp", "duration")
+# (operator, left, right) → result for timestamps and durations
+_TIME_ARITHMETIC = {
+    ("_+_", "timestamp", "duration"): "timestamp",
+    ("_+_", "duration", "timestamp"): "timestamp",
+    ("_+_", "duration", "duration"): "duration",
+    ("_-_", "timestamp", "duration"): "timestamp",
+    ("_-_", "timestamp", "timestamp"): "duration",
+    ("_-_", "duration", "duration"): "duration",
+}
 
 
 @dataclass(frozen=True)
@@ -36,6 +55,39 @@ class CheckResult:
     cost: int
     overloads: dict[int, tuple[Overload, ...]] = field(default_factory=dict)
     exact: set[int] = field(default_factory=set)  # calls whose argument types are all statically known
+    costs: dict[int, int] = field(default_factory=dict)  # estimated cost of every node, for the runtime budget
+    # selections and indexes whose operand may be an optional value at run time (optional or dyn type)
+    maybe_optional: set[int] = field(default_factory=set)
+
+
+def length(size: Size) -> int:
+    return int(size[0]) if isinstance(size, tuple) else int(size)
+
+
+def inner(size: Size) -> Size:
+    return size[1] if isinstance(size, tuple) else ATTRIBUTE_SIZE
+
+
+def footprint(size: Size) -> int:
+    """How much a value of this size holds in all (a list of strings: entries times characters)."""
+    if isinstance(size, tuple):
+        return min(UNBOUNDED, max(1, length(size)) * max(1, footprint(size[1])))
+    return min(UNBOUNDED, int(size))
+
+
+def _traversal(size: Size) -> int:
+    # cel-go charges string and list traversals 0.1 per element (common.StringTraversalCostFactor)
+    return math.ceil(footprint(size) * 0.1)
+
+
+def _max_size(a: Size, b: Size) -> Size:
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return (max(a[0], b[0]), _max_size(a[1], b[1]))
+    return (
+        max(length(a), length(b))
+        if not (isinstance(a, tuple) or isinstance(b, tuple))
+        else (a if isinstance(a, tuple) else b)
+    )
 
 
 def type_str(t: Type) -> str:
@@ -43,7 +95,17 @@ def type_str(t: Type) -> str:
         return t.name
     if isinstance(t, tuple):
         return f"{t[0]}({', '.join(type_str(p) for p in t[1:])})"
-    names = {"Quantity": "kubernetes.Quantity", "Semver": "kubernetes.Semver", "null": "null_type"}
+    names = {
+        "Quantity": "kubernetes.Quantity",
+        "Semver": "kubernetes.Semver",
+        "IP": "net.IP",
+        "CIDR": "net.CIDR",
+        "URL": "kubernetes.URL",
+        "Format": "kubernetes.NamedFormat",
+        "timestamp": "google.protobuf.Timestamp",
+        "duration": "google.protobuf.Duration",
+        "null": "null_type",
+    }
     return str(names.get(t, t))
 
 
@@ -54,6 +116,8 @@ def _assignable(param: Type, arg: Type) -> bool:
         return isinstance(arg, tuple) and arg[0] == "list"
     if param == "map":
         return isinstance(arg, tuple) and arg[0] == "map"
+    if param == "optional":
+        return isinstance(arg, tuple) and arg[0] == "optional"
     if isinstance(param, tuple) and isinstance(arg, tuple):
         return param[0] == arg[0] and all(_assignable(p, a) for p, a in zip(param[1:], arg[1:], strict=True))
     return bool(param == arg)
@@ -82,13 +146,20 @@ class Checker:
         self.variables = variables
         self.overloads: dict[int, tuple[Overload, ...]] = {}
         self.exact: set[int] = set()
+        self.sizes: dict[int, Size] = {}
+        self.costs: dict[int, int] = {}
+        self.maybe_optional: set[int] = set()
+        self.format_depth = 0  # literals inside format() calls are exempt from the homogeneity rule
+
+    def size(self, node: ast.Node) -> Size:
+        return self.sizes.get(id(node), 1)
 
     def error(self, message: str, node: ast.Node, hint: str | None = None) -> CelCompileError:
         return CelCompileError(message, expression=self.expression, line=node.pos[0], column=node.pos[1], hint=hint)
 
-    def check(self, root: ast.Node) -> CheckResult:
+    def check(self, root: ast.Node, *, want_bool: bool = True) -> CheckResult:
         result_type, cost = self.visit(root, dict(self.variables))
-        if result_type not in ("bool", DYN):
+        if want_bool and result_type not in ("bool", DYN):
             raise self.error(
                 f"a selector must evaluate to bool, not {type_str(result_type)}",
                 root,
@@ -96,26 +167,32 @@ class Checker:
             )
         if cost > MAX_COST:
             raise self.error(
-                f"estimated cost {cost} exceeds the limit of {MAX_COST}",
+                f"estimated cost {min(cost, UNBOUNDED)} exceeds the limit of {MAX_COST}"
+                + (" (it can build strings or lists too large to hold)" if cost >= UNBOUNDED // 10 else ""),
                 root,
-                hint="avoid nested comprehensions over large lists",
+                hint="avoid nested comprehensions over large lists and functions that grow strings in a chain",
             )
-        return CheckResult(result_type, cost, self.overloads, self.exact)
+        return CheckResult(result_type, cost, self.overloads, self.exact, self.costs, self.maybe_optional)
 
     def visit(self, node: ast.Node, scope: dict[str, Type]) -> tuple[Type, int]:
         method = getattr(self, "_" + type(node).__name__)
         result: tuple[Type, int] = method(node, scope)
-        return result
+        cost = min(result[1], UNBOUNDED)
+        self.costs[id(node)] = cost
+        return result[0], cost
 
     def _Const(self, node: ast.Const, scope: dict[str, Type]) -> tuple[Type, int]:
+        if node.type in ("string", "bytes"):
+            self.sizes[id(node)] = len(node.value)
         return node.type, 0
 
     def _Ident(self, node: ast.Ident, scope: dict[str, Type]) -> tuple[Type, int]:
         if node.name in scope:
+            self.sizes[id(node)] = scope.get("@" + node.name, ATTRIBUTE_SIZE)
             return scope[node.name], 1
         if node.name in TYPE_NAMES:
             return "type", 0
-        names = [*scope, *TYPE_NAMES]
+        names = [n for n in scope if not n.startswith("@")] + list(TYPE_NAMES)
         close = difflib.get_close_matches(node.name, names, n=1)
         hint = f"did you mean '{close[0]}'?" if close else "the only variable of a device selector is 'device'"
         raise self.error(f"undeclared reference to '{node.name}'", node, hint=hint)
@@ -141,30 +218,46 @@ class Checker:
 
     def _Select(self, node: ast.Select, scope: dict[str, Type]) -> tuple[Type, int]:
         operand, cost = self.visit(node.operand, scope)
+        self.sizes[id(node)] = _field_size(node.field, self.size(node.operand))
+        if operand == DYN or _is_optional(operand):
+            self.maybe_optional.add(id(node))
+        if _is_optional(operand):
+            return ("optional", self._select_type(node, operand[1])), cost + 1
+        if node.optional:
+            return ("optional", self._select_type(node, operand)), cost + 1
         return self._select_type(node, operand), cost + 1
 
     def _Has(self, node: ast.Has, scope: dict[str, Type]) -> tuple[Type, int]:
         operand, cost = self.visit(node.operand, scope)
-        self._select_type(node, operand)
+        self._select_type(node, operand[1] if _is_optional(operand) else operand)
         return "bool", cost + 1
 
     def _Index(self, node: ast.Index, scope: dict[str, Type]) -> tuple[Type, int]:
         operand, cost = self.visit(node.operand, scope)
         index, index_cost = self.visit(node.index, scope)
         total = cost + index_cost + 1
+        self.sizes[id(node)] = _index_size(node, self.size(node.operand))
+        if operand == DYN or _is_optional(operand):
+            self.maybe_optional.add(id(node))
+        if _is_optional(operand) or node.optional:
+            base = operand[1] if _is_optional(operand) else operand
+            return ("optional", self._index_type(node, base, index)), total
+        return self._index_type(node, operand, index), total
+
+    def _index_type(self, node: ast.Index, operand: Type, index: Type) -> Type:
         if isinstance(operand, tuple) and operand[0] == "list":
-            if index not in ("int", "uint", DYN):
+            if index not in ("int", "uint", "double", DYN):
                 raise self.error(f"a list index must be an int, not {type_str(index)}", node.index)
-            return operand[1], total
+            return operand[1]
         if isinstance(operand, tuple) and operand[0] == "map":
-            if not _assignable(operand[1], index):
+            if not _assignable(operand[1], index) and not (operand[1] in _NUMERIC and index in _NUMERIC):
                 raise self.error(
                     f"a key of {type_str(operand)} must be {type_str(operand[1])}, not {type_str(index)}",
                     node.index,
                 )
-            return operand[2], total
+            return operand[2]
         if operand == DYN:
-            return DYN, total
+            return DYN
         hint = "use .charAt(i) or .substring(i, j)" if operand == "string" else None
         raise self.error(
             f"found no matching overload for '_[_]' applied to '({type_str(operand)}, {type_str(index)})'",
@@ -174,53 +267,139 @@ class Checker:
 
     def _ListExpr(self, node: ast.ListExpr, scope: dict[str, Type]) -> tuple[Type, int]:
         types, cost = [], 1
-        for item in node.items:
+        element_size: Size = 0
+        for position, item in enumerate(node.items):
             t, c = self.visit(item, scope)
-            types.append(t)
+            if position in node.optional:
+                t = self._optional_entry(t, item, "list element")
+            if not _is_open(item):  # [], {} and optional.none() have open types: they join any element type
+                types.append((t, item))
             cost += c
-        return ("list", _join(types) if types else DYN), cost
+            element_size = _max_size(element_size, self.size(item))
+        self.sizes[id(node)] = (len(node.items), element_size)
+        return ("list", self._homogeneous(types, "list")), cost
+
+    def _optional_entry(self, t: Type, node: ast.Node, what: str) -> Type:
+        if _is_optional(t):
+            return t[1]
+        if t == DYN:
+            return DYN
+        raise self.error(
+            f"an optional {what} (?) must be an optional value, not {type_str(t)}",
+            node,
+            hint="use optional.of(value), or x.?field / m[?key]",
+        )
+
+    def _homogeneous(self, typed: list[tuple[Type, ast.Node]], what: str) -> Type:
+        """cel-go's HomogeneousAggregateLiterals (on in Kubernetes): every element of a list literal, and
+        every key and every value of a map literal, has one type; dyn(x) is the way to mix them."""
+        joined: Type = None
+        for t, item in typed:
+            if joined is None:
+                joined = t
+                continue
+            if self.format_depth or _equivalent(joined, t):
+                joined = _general(joined, t)
+                continue
+            raise self.error(
+                f"type mismatch in a {what} literal: {type_str(joined)} vs {type_str(t)}",
+                item,
+                hint="Kubernetes wants the elements of one literal to have one type; wrap mixed ones in dyn(...)",
+            )
+        return DYN if joined is None else joined
 
     def _MapExpr(self, node: ast.MapExpr, scope: dict[str, Type]) -> tuple[Type, int]:
         keys, values, cost = [], [], 1
-        for key_node, value_node in node.entries:
+        value_size: Size = 0
+        for position, (key_node, value_node) in enumerate(node.entries):
             k, kc = self.visit(key_node, scope)
             v, vc = self.visit(value_node, scope)
+            if position in node.optional:
+                v = self._optional_entry(v, value_node, "map value")
             if k not in ("int", "uint", "bool", "string", DYN):
                 raise self.error(f"unsupported map key type {type_str(k)}", key_node)
-            keys.append(k)
-            values.append(v)
+            keys.append((k, key_node))
+            if not _is_open(value_node):
+                values.append((v, value_node))
             cost += kc + vc
-        return ("map", _join(keys) if keys else DYN, _join(values) if values else DYN), cost
+            value_size = _max_size(value_size, self.size(value_node))
+        self.sizes[id(node)] = (len(node.entries), value_size)
+        return ("map", self._homogeneous(keys, "map key"), self._homogeneous(values, "map value")), cost
 
     def _Comprehension(self, node: ast.Comprehension, scope: dict[str, Type]) -> tuple[Type, int]:
         range_type, range_cost = self.visit(node.range, scope)
-        if isinstance(range_type, tuple):
-            element = range_type[1]
+        kind, range_size = node.kind, self.size(node.range)
+        if kind in ("optMap", "optFlatMap"):
+            return self._optional_macro(node, scope, range_type, range_cost)
+        if isinstance(range_type, tuple) and range_type[0] in ("list", "map"):
+            first = range_type[1]
+            if node.var2 is not None:
+                first = "int" if range_type[0] == "list" else range_type[1]
+            second = range_type[1] if range_type[0] == "list" else range_type[2]
         elif range_type == DYN:
-            element = DYN
+            first = second = DYN
         else:
             raise self.error(
-                f"expression of type '{type_str(range_type)}' cannot be the range of a comprehension ({node.kind})",
+                f"expression of type '{type_str(range_type)}' cannot be the range of a comprehension ({kind})",
                 node.range,
             )
-        inner = {**scope, node.var: element}
-        body_type, body_cost = self.visit(node.body, inner)
+        if kind in ("transformMap", "transformMapEntry") and node.var2 is not None and range_type[0] == "list":
+            pass  # a list's index is its key
+        element_size = inner(range_size)
+        inner_scope = {**scope, node.var: first, "@" + node.var: 1 if node.var2 is not None else element_size}
+        if node.var2 is not None:
+            inner_scope.update({node.var2: second, "@" + node.var2: element_size})
+        body_type, body_cost = self.visit(node.body, inner_scope)
         predicate_cost = 0
         if node.predicate is not None:
-            predicate_type, predicate_cost = self.visit(node.predicate, inner)
-            self._want_bool(predicate_type, node.predicate, node.kind)
-        if node.kind != "map":
-            self._want_bool(body_type, node.body, node.kind)
-        size = _range_size(node.range, range_type)
-        cost = range_cost + size * (body_cost + predicate_cost + 1)
-        if node.kind == "map":
+            predicate_type, predicate_cost = self.visit(node.predicate, inner_scope)
+            self._want_bool(predicate_type, node.predicate, kind)
+        if kind in ("all", "exists", "exists_one", "filter"):
+            self._want_bool(body_type, node.body, kind)
+        iterations = length(range_size)
+        cost = range_cost + iterations * (body_cost + predicate_cost + 1)
+        body_size = self.size(node.body)
+        if kind in ("map", "transformList"):
+            self.sizes[id(node)] = (iterations, body_size)
             return ("list", body_type), cost
-        if node.kind == "filter":
-            return range_type if isinstance(range_type, tuple) and range_type[0] == "list" else (
-                "list",
-                element,
-            ), cost
+        if kind in ("filter", "sortBy"):
+            self.sizes[id(node)] = range_size
+            if kind == "sortBy":
+                cost += iterations * max(1, math.ceil(math.log2(max(2, iterations))))
+            list_type = range_type if isinstance(range_type, tuple) and range_type[0] == "list" else ("list", second)
+            return list_type, cost
+        if kind == "transformMap":
+            self.sizes[id(node)] = (iterations, body_size)
+            key_type = (
+                range_type[1]
+                if isinstance(range_type, tuple) and range_type[0] == "map"
+                else ("int" if isinstance(range_type, tuple) else DYN)
+            )
+            return ("map", key_type, body_type), cost
+        if kind == "transformMapEntry":
+            if not (body_type == DYN or (isinstance(body_type, tuple) and body_type[0] == "map")):
+                raise self.error(
+                    f"the expression of transformMapEntry() must be a map, not {type_str(body_type)}", node.body
+                )
+            self.sizes[id(node)] = (iterations, inner(body_size))
+            return (body_type if body_type != DYN else ("map", DYN, DYN)), cost
         return "bool", cost
+
+    def _optional_macro(
+        self, node: ast.Comprehension, scope: dict[str, Type], range_type: Type, range_cost: int
+    ) -> tuple[Type, int]:
+        if not (_is_optional(range_type) or range_type == DYN):
+            raise self.error(f"{node.kind}() needs an optional value, not {type_str(range_type)}", node.range)
+        value_type = range_type[1] if _is_optional(range_type) else DYN
+        body_type, body_cost = self.visit(
+            node.body, {**scope, node.var: value_type, "@" + node.var: self.size(node.range)}
+        )
+        self.sizes[id(node)] = self.size(node.body)
+        if node.kind == "optMap":
+            return ("optional", body_type), range_cost + body_cost + 1
+        if not (_is_optional(body_type) or body_type == DYN):
+            raise self.error(f"the expression of optFlatMap() must be optional, not {type_str(body_type)}", node.body)
+        return body_type, range_cost + body_cost + 1
 
     def _want_bool(self, t: Type, node: ast.Node, what: str) -> None:
         if t not in ("bool", DYN):
@@ -228,7 +407,9 @@ class Checker:
 
     def _Bind(self, node: ast.Bind, scope: dict[str, Type]) -> tuple[Type, int]:
         init_type, init_cost = self.visit(node.init, scope)
-        body_type, body_cost = self.visit(node.body, {**scope, node.var: init_type})
+        body_scope = {**scope, node.var: init_type, "@" + node.var: self.size(node.init)}
+        body_type, body_cost = self.visit(node.body, body_scope)
+        self.sizes[id(node)] = self.size(node.body)
         return body_type, init_cost + body_cost
 
     def _Call(self, node: ast.Call, scope: dict[str, Type]) -> tuple[Type, int]:
@@ -243,16 +424,52 @@ class Checker:
             and f"{target.name}.{name}" in FUNCTIONS
         ):
             name, target = f"{target.name}.{name}", None
+        if isinstance(target, ast.Ident) and target.name not in scope and f"{target.name}.{name}" in UNSUPPORTED:
+            raise self.error(
+                f"function '{target.name}.{name}' is part of Kubernetes' CEL but this evaluator does not provide it",
+                node,
+            )
         arg_nodes = ([target] if target is not None else []) + list(node.args)
         types, cost = [], 1
-        for arg in arg_nodes:
-            t, c = self.visit(arg, scope)
-            types.append(t)
-            cost += c
+        self.format_depth += name == "format"
+        try:
+            for arg in arg_nodes:
+                t, c = self.visit(arg, scope)
+                types.append(t)
+                cost += c
+        finally:
+            self.format_depth -= name == "format"
+        sizes = [self.size(a) for a in arg_nodes]
         if name.startswith("_") or name == "-_":
-            return self._operator(node, name, types), cost
+            result_type = self._operator(node, name, types)
+            if name == "_+_" and (result_type in ("string", "bytes", DYN) or _is_list(result_type)):
+                grown = _concat_size(sizes[0], sizes[1])
+                self.sizes[id(node)] = grown
+                cost += _traversal(grown)
+            elif name in ("_==_", "_!=_", "_in_", "_<_", "_<=_", "_>_", "_>=_"):
+                cost += _traversal(sizes[-1]) if name == "_in_" else 0
+            return result_type, cost
+        if name in ("timestamp", "duration") and len(arg_nodes) == 1:
+            literal = arg_nodes[0]
+            if isinstance(literal, ast.Const) and literal.type == "string":
+                try:
+                    (parse_timestamp if name == "timestamp" else parse_duration)(literal.value)
+                except CelEvaluationError as err:
+                    # cel.ValidateTimestampLiterals / ValidateDurationLiterals (Kubernetes 1.29+)
+                    raise self.error(err.message, literal) from None
+        if name in REGEX_FUNCTIONS and len(arg_nodes) >= 2:
+            pattern = arg_nodes[1]
+            if isinstance(pattern, ast.Const) and pattern.type == "string":
+                try:
+                    compile_regex(pattern.value)
+                except CelEvaluationError as err:
+                    # cel.ValidateRegexLiterals (Kubernetes 1.29+): a constant pattern must compile
+                    raise self.error(err.message, pattern) from None
         result = self._function(node, name, target is not None, types, arg_nodes)
-        return result, cost + _call_cost(name, types)
+        grown = _call_size(name, arg_nodes, sizes)
+        if grown is not None:
+            self.sizes[id(node)] = grown
+        return result, cost + _call_cost(name, types, sizes, grown)
 
     def _logical(self, node: ast.Call, scope: dict[str, Type]) -> tuple[Type, int]:
         results = [self.visit(arg, scope) for arg in node.args]
@@ -261,6 +478,7 @@ class Checker:
         if node.function == "_?_:_":
             if types[0] not in ("bool", DYN):
                 raise self.error(f"the condition of ?: must be bool, not {type_str(types[0])}", node.args[0])
+            self.sizes[id(node)] = _max_size(self.size(node.args[1]), self.size(node.args[2]))
             return _join(types[1:]), cost
         for t, arg in zip(types, node.args, strict=True):
             if t not in ("bool", DYN):
@@ -309,9 +527,14 @@ class Checker:
             if types[0] in ("int", "double", DYN):
                 return types[0]
             raise fail()
-        a, b = types
         if special:
             raise fail("quantities have .add() and .sub(); semantic versions have no arithmetic")
+        return self._arithmetic(name, types, fail)
+
+    def _arithmetic(self, name: str, types: list[Type], fail: Any) -> Type:
+        a, b = types
+        if (name, a, b) in _TIME_ARITHMETIC:
+            return _TIME_ARITHMETIC[(name, a, b)]
         if DYN in (a, b):
             return a if b == DYN and a != DYN and name != "_+_" else b if a == DYN and b != DYN else DYN
         if name == "_+_" and isinstance(a, tuple) and isinstance(b, tuple) and a[0] == b[0] == "list":
@@ -360,24 +583,131 @@ class Checker:
 
 
 def _result(result: Type, types: list[Type]) -> Type:
-    if result == "elem":
-        first = types[0]
+    """A call's result type; "elem", "arg0", "opt_arg0" and "inner0" derive it from the first argument."""
+    first = types[0] if types else DYN
+    if result in ("elem", "inner0"):
         return first[1] if isinstance(first, tuple) else DYN
+    if result == "arg0":
+        return first
+    if result == "opt_arg0":
+        return ("optional", first)
     return result
 
 
-def _range_size(node: ast.Node, range_type: Type) -> int:
-    if isinstance(node, ast.ListExpr):
-        return len(node.items)
-    if isinstance(node, ast.MapExpr):
-        return len(node.entries)
-    return 64  # device maps hold ≤32 entries and strings ≤64 characters, so splits give ≤64 parts
+def _is_list(t: Type) -> bool:
+    return isinstance(t, tuple) and t[0] == "list"
 
 
-def _call_cost(name: str, types: list[Type]) -> int:
-    if name in ("matches", "find", "findAll"):
-        return 64
-    return 1 if name not in ("split", "join", "replace", "lowerAscii", "upperAscii") else 8
+def _is_optional(t: Type) -> bool:
+    return isinstance(t, tuple) and t[0] == "optional"
+
+
+def _is_open(node: ast.Node) -> bool:
+    """Whether the node's type has a free type parameter in cel-go ([], {}, optional.none(), and what is
+    selected from them), which unifies with any other element type of the literal."""
+    while True:
+        if isinstance(node, ast.ListExpr | ast.MapExpr):
+            return not (node.items if isinstance(node, ast.ListExpr) else node.entries)
+        if isinstance(node, ast.Call):
+            return node.function == "none" and isinstance(node.target, ast.Ident) and node.target.name == "optional"
+        if isinstance(node, ast.Select | ast.Index):
+            node = node.operand
+            continue
+        return False
+
+
+def _equivalent(a: Type, b: Type) -> bool:
+    """cel-go's Type.IsEquivalentType for literal elements: the same type; an element type left open by an
+    empty literal ([] or {}) matches any."""
+    if a == b:
+        return True
+    if isinstance(a, tuple) and isinstance(b, tuple) and a[0] == b[0] and len(a) == len(b):
+        return all(x == y or DYN in (x, y) or _equivalent(x, y) for x, y in zip(a[1:], b[1:], strict=True))
+    return False
+
+
+def _general(a: Type, b: Type) -> Type:
+    """The more general of two mutually assignable types (dyn wins; list(dyn) over list(int))."""
+    if DYN in (a, b):
+        return DYN
+    if isinstance(a, tuple) and isinstance(b, tuple) and a[0] == b[0] and len(a) == len(b):
+        return (a[0], *(_general(x, y) for x, y in zip(a[1:], b[1:], strict=True)))
+    return a
+
+
+def _field_size(name: str, operand: Size) -> Size:
+    if name == "driver":
+        return 63
+    if name in ("attributes", "capacity"):
+        return (DEVICE_MAP, (DEVICE_MAP, ATTRIBUTE_SIZE))
+    return inner(operand)
+
+
+def _index_size(node: ast.Index, operand: Size) -> Size:
+    return inner(operand)
+
+
+def _concat_size(a: Size, b: Size) -> Size:
+    if isinstance(a, tuple) or isinstance(b, tuple):
+        return (min(UNBOUNDED, length(a) + length(b)), _max_size(inner(a), inner(b)))
+    return min(UNBOUNDED, length(a) + length(b))
+
+
+def _const_int(node: ast.Node) -> int | None:
+    return int(node.value) if isinstance(node, ast.Const) and node.type in ("int", "uint") else None
+
+
+def _min_length(node: ast.Node) -> int:
+    return len(node.value) if isinstance(node, ast.Const) and node.type in ("string", "bytes") else 0
+
+
+def _call_size(name: str, args: list[ast.Node], sizes: list[Size]) -> Size | None:
+    """The size of a call's result, for the functions whose result can be larger than their input."""
+    if name == "replace" and len(args) >= 3:
+        text, old, new = length(sizes[0]), _min_length(args[1]), length(sizes[2])
+        limit = _const_int(args[3]) if len(args) == 4 else None
+        places = text + 1 if old == 0 else text // old
+        if limit is not None and limit >= 0:
+            places = min(places, limit)
+        return min(UNBOUNDED, text + places * new)
+    if name == "join" and sizes:
+        separator = length(sizes[1]) if len(sizes) > 1 else 0
+        entries = length(sizes[0])
+        return min(UNBOUNDED, entries * (length(inner(sizes[0])) + separator))
+    if name in ("split", "findAll") and sizes:
+        return (length(sizes[0]) + 1, sizes[0])
+    if name == "strings.quote" and sizes:
+        return min(UNBOUNDED, 2 * length(sizes[0]) + 2)
+    if name in ("lowerAscii", "upperAscii", "trim", "substring", "reverse", "distinct", "sort", "slice") and sizes:
+        return sizes[0]
+    if name == "flatten" and sizes:
+        return (footprint(sizes[0]), inner(inner(sizes[0])))
+    if name == "lists.range" and args:
+        count = _const_int(args[0])
+        return (UNBOUNDED if count is None else max(0, count), 1)
+    if name == "format" and len(sizes) == 2:
+        return min(UNBOUNDED, length(sizes[0]) + footprint(sizes[1]) * 4)
+    if name in ("string", "charAt", "find"):
+        return sizes[0] if name != "charAt" else 1
+    if name in ("value", "orValue", "or") and sizes:
+        return _max_size(sizes[0], sizes[-1]) if name != "value" else sizes[0]
+    if name in ("optional.of", "optional.ofNonZeroValue", "dyn") and sizes:
+        return sizes[0]
+    return None
+
+
+def _call_cost(name: str, types: list[Type], sizes: list[Size], grown: Size | None) -> int:
+    if name in REGEX_FUNCTIONS:
+        return 64 + _traversal(sizes[0]) * 4
+    if grown is not None:
+        return 1 + _traversal(grown)
+    if name in ("contains", "startsWith", "endsWith", "indexOf", "lastIndexOf") and sizes:
+        return 1 + _traversal(sizes[0])
+    if name in ("sets.contains", "sets.intersects", "sets.equivalent") and len(sizes) == 2:
+        return 1 + length(sizes[0]) * length(sizes[1])
+    if name in ("isSorted", "sum", "min", "max") and sizes:
+        return 1 + length(sizes[0])
+    return 1
 
 
 def _literal_hint(types: list[Type]) -> str | None:

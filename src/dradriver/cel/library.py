@@ -1,14 +1,16 @@
 """The functions a DRA selector may call, with their signatures (for the checker) and implementations.
 
-What is here mirrors the Kubernetes CEL environment for device selectors: CEL's standard functions, the
-cel-go strings extension, and the Kubernetes libraries quantity, semver, regex, lists and sets. Not
-provided (a compile error names them): timestamps and durations, the ip/cidr/url/format libraries.
+What is here mirrors the Kubernetes CEL environment for device selectors (docs/explain.md has the table
+per Kubernetes version): CEL's standard functions, timestamps and durations, optional types, cel-go's
+strings (v2), sets and lists (v3) extensions, and the Kubernetes libraries quantity, semver, regex, lists,
+IP, CIDR, URL and named formats. UNSUPPORTED names what exists elsewhere in Kubernetes' CEL (authorizer,
+jsonpatch, …) so that a compile error can say so.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
-import json
 import math
 import re
 from collections.abc import Callable
@@ -18,9 +20,27 @@ from typing import Any, NamedTuple
 import re2  # type: ignore[import-untyped]
 
 from dradriver.cel.errors import CelEvaluationError
+from dradriver.cel.format_ext import format_string
+from dradriver.cel.named_formats import FORMAT_FUNCTIONS
+from dradriver.cel.net_ext import NET_FUNCTIONS
 from dradriver.cel.semver import Semver, SemverError, is_semver
 from dradriver.cel.strings_ext import STRING_FUNCTIONS
-from dradriver.cel.values import INT64_MAX, INT64_MIN, UINT64_MAX, CelType, Uint, equals, less, type_name
+from dradriver.cel.time_ext import TIME_FUNCTIONS
+from dradriver.cel.url_ext import URL_FUNCTIONS
+from dradriver.cel.values import (
+    INT64_MAX,
+    INT64_MIN,
+    NONE,
+    UINT64_MAX,
+    CelType,
+    OptionalValue,
+    Uint,
+    _equal,
+    compare,
+    equals,
+    less,
+    type_name,
+)
 from dradriver.quantity import Quantity, QuantityError, is_quantity
 
 # A type is a name ("int", "string", "Quantity", "dyn", …) or ("list", elem) / ("map", key, value).
@@ -45,6 +65,9 @@ def _size(value: Any) -> int:
 _regex_cache: dict[str, Any] = {}
 _RE2_OPTIONS = re2.Options()
 _RE2_OPTIONS.log_errors = False  # the error is reported to the user; RE2's own logging would only add noise
+
+
+REGEX_FUNCTIONS = ("matches", "find", "findAll")
 
 
 def compile_regex(pattern: str) -> Any:
@@ -135,7 +158,7 @@ def _to_double(value: Any) -> float:
     raise CelEvaluationError(f"no such overload: double({type_name(value)})")
 
 
-def _to_string(value: Any) -> str:
+def to_string(value: Any) -> str:
     kind = type(value)
     if kind is str:
         return str(value)
@@ -273,6 +296,14 @@ def _list_extreme(name: str, pick_less: bool) -> Callable[[list[Any]], Any]:
     return extreme
 
 
+def _includes(target: Any, item: Any) -> bool:
+    """DRA's ``<attribute>.includes(<value>)`` (list-type attributes, Kubernetes 1.36): membership for a
+    list, equality for a single value; the target's Equal decides, and an error counts as no match."""
+    if isinstance(target, list):
+        return any(_equal(element, item) is True for element in target)
+    return _equal(target, item) is True
+
+
 def _list_index(values: list[Any], item: Any) -> int:
     for i, value in enumerate(values):
         if equals(value, item):
@@ -299,8 +330,115 @@ def _sets_equivalent(a: list[Any], b: list[Any]) -> bool:
     return _sets_contains(a, b) and _sets_contains(b, a)
 
 
+_QUOTE_ESCAPES = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}
+_QUOTE_ESCAPES.update({"\\": "\\\\", '"': '\\"'})
+
+
 def _quote(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False)
+    """cel-go's strings.quote: the escapes CEL string literals know; everything else as it is."""
+    return '"' + "".join(_QUOTE_ESCAPES.get(c, c) for c in text) + '"'
+
+
+# cel-go's optional library (Kubernetes enables optional types since 1.28)
+def _optional_of(value: Any) -> OptionalValue:
+    return OptionalValue(True, value)
+
+
+def _is_zero(value: Any) -> bool:
+    if value is None:
+        return True
+    if type(value) in (bool, int, Uint, float, str, bytes, list, dict) or isinstance(value, (list, dict)):
+        return not value
+    return False
+
+
+def _optional_of_non_zero(value: Any) -> OptionalValue:
+    return NONE if _is_zero(value) else OptionalValue(True, value)
+
+
+def _optional_value(opt: OptionalValue) -> Any:
+    if not opt.has:
+        raise CelEvaluationError("optional.none() dereference")
+    return opt.value
+
+
+def _optional_or_value(opt: OptionalValue, other: Any) -> Any:
+    return opt.value if opt.has else other
+
+
+def _optional_or(opt: OptionalValue, other: OptionalValue) -> OptionalValue:
+    return opt if opt.has else other
+
+
+# cel-go's lists extension (ext.Lists version 3, Kubernetes 1.34+)
+MAX_RANGE = 1_000_000  # lists.range(n) beyond the cost limit could never finish within it
+
+
+def _list_slice(values: list[Any], start: int, end: int) -> list[Any]:
+    if start < 0 or end < 0:
+        raise CelEvaluationError(f"cannot slice({start}, {end}), negative indexes not supported")
+    if start > end:
+        raise CelEvaluationError(f"cannot slice({start}, {end}), start index must be less than or equal to end index")
+    if end > len(values):
+        raise CelEvaluationError(f"cannot slice({start}, {end}), list is length {len(values)}")
+    return values[start:end]
+
+
+def _list_flatten(values: list[Any], depth: int = 1) -> list[Any]:
+    if depth < 0:
+        raise CelEvaluationError("level must be non-negative")
+    out: list[Any] = []
+    for value in values:
+        if isinstance(value, list) and depth > 0:
+            out.extend(_list_flatten(value, depth - 1))
+        else:
+            out.append(value)
+    return out
+
+
+def _list_distinct(values: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for value in values:
+        if not any(equals(value, seen) for seen in out):
+            out.append(value)
+    return out
+
+
+def _list_sort(values: list[Any]) -> list[Any]:
+    if not values:
+        return []
+    kind = type(values[0])
+    if kind not in (int, Uint, float, str, bytes, bool, Quantity, Semver) or any(type(v) is not kind for v in values):
+        raise CelEvaluationError("sort() needs a list of comparable elements of one type")
+    return sorted(values, key=functools.cmp_to_key(_key_compare))
+
+
+def sort_by_keys(values: list[Any], keys: list[Any]) -> list[Any]:
+    """The elements of ``values`` ordered by ``keys`` (sortBy's implementation)."""
+    order = _list_sort(list(keys))
+    del order  # validates the keys: one comparable type
+
+    def by_key(i: int, j: int) -> int:
+        return _key_compare(keys[i], keys[j])
+
+    indexed: list[int] = sorted(range(len(values)), key=functools.cmp_to_key(by_key))
+    return [values[i] for i in indexed]
+
+
+def _key_compare(a: Any, b: Any) -> int:
+    if type(a) in (Quantity, Semver):
+        return int(a.compare(b))
+    return compare("sortBy", a, b)
+
+
+def _lists_range(count: int) -> list[int]:
+    if count > MAX_RANGE:
+        raise CelEvaluationError("operation cancelled: actual cost limit exceeded (lists.range)")
+    return list(range(max(0, count)))
+
+
+def _list_reverse(values: list[Any]) -> list[Any]:
+    return values[::-1]
 
 
 Q, S = "Quantity", "Semver"
@@ -323,9 +461,7 @@ FUNCTIONS: dict[str, tuple[Overload, ...]] = {
     "int": tuple(_o(False, (t,), "int", _to_int) for t in ("int", "uint", "double", "string")),
     "uint": tuple(_o(False, (t,), "uint", _to_uint) for t in ("int", "uint", "double", "string")),
     "double": tuple(_o(False, (t,), "double", _to_double) for t in ("int", "uint", "double", "string")),
-    "string": tuple(
-        _o(False, (t,), "string", _to_string) for t in ("int", "uint", "double", "string", "bytes", "bool")
-    ),
+    "string": tuple(_o(False, (t,), "string", to_string) for t in ("int", "uint", "double", "string", "bytes", "bool")),
     "bool": tuple(_o(False, (t,), "bool", _to_bool) for t in ("bool", "string")),
     "bytes": tuple(_o(False, (t,), "bytes", _to_bytes) for t in ("bytes", "string")),
     "dyn": (_o(False, ("any",), "dyn", lambda v: v),),
@@ -346,6 +482,27 @@ FUNCTIONS: dict[str, tuple[Overload, ...]] = {
     "sets.equivalent": (_o(False, ("list", "list"), "bool", _sets_equivalent),),
     "sets.intersects": (_o(False, ("list", "list"), "bool", _sets_intersects),),
     "strings.quote": (_o(False, ("string",), "string", _quote),),
+    "format": (_o(True, ("string", "list"), "string", format_string),),
+    # optional types
+    "optional.of": (_o(False, ("any",), "opt_arg0", _optional_of),),
+    "optional.ofNonZeroValue": (_o(False, ("any",), "opt_arg0", _optional_of_non_zero),),
+    "optional.none": (_o(False, (), ("optional", "dyn"), lambda: NONE),),
+    "hasValue": (_o(True, ("optional",), "bool", lambda o: o.has),),
+    "value": (_o(True, ("optional",), "inner0", _optional_value),),
+    "orValue": (_o(True, ("optional", "any"), "inner0", _optional_or_value),),
+    "or": (_o(True, ("optional", "optional"), "arg0", _optional_or),),
+    # cel-go lists extension, version 3
+    "slice": (_o(True, ("list", "int", "int"), "arg0", _list_slice),),
+    "flatten": (
+        _o(True, ("list",), ("list", "dyn"), _list_flatten),
+        _o(True, ("list", "int"), ("list", "dyn"), _list_flatten),
+    ),
+    "distinct": (_o(True, ("list",), "arg0", _list_distinct),),
+    "reverse": (_o(True, ("list",), "arg0", _list_reverse),),
+    "sort": (_o(True, ("list",), "arg0", _list_sort),),
+    "lists.range": (_o(False, ("int",), ("list", "int"), _lists_range),),
+    # DRA list-type attributes (Kubernetes 1.36, DRAListTypeAttributes)
+    "includes": (_o(True, ("any", "any"), "bool", _includes),),
     # Kubernetes quantity library
     "quantity": (_o(False, ("string",), Q, _quantity),),
     "isQuantity": (_o(False, ("string",), "bool", is_quantity),),
@@ -381,44 +538,22 @@ FUNCTIONS: dict[str, tuple[Overload, ...]] = {
 for _name, _overloads in STRING_FUNCTIONS.items():
     FUNCTIONS[_name] = tuple(Overload(*o) for o in _overloads) + FUNCTIONS.get(_name, ())
 
+for _name, _overloads in TIME_FUNCTIONS.items():
+    FUNCTIONS[_name] = FUNCTIONS.get(_name, ()) + tuple(Overload(*o) for o in _overloads)
+
+for _name, _overloads in (*NET_FUNCTIONS.items(), *URL_FUNCTIONS.items(), *FORMAT_FUNCTIONS.items()):
+    FUNCTIONS[_name] = FUNCTIONS.get(_name, ()) + tuple(Overload(*o) for o in _overloads)
+
 FUNCTIONS["indexOf"] += (_o(True, ("list", "any"), "int", _list_index),)
 FUNCTIONS["lastIndexOf"] += (_o(True, ("list", "any"), "int", _list_last_index),)
 
 # Functions that exist in Kubernetes' CEL but not here: a compile error names them instead of
 # "undeclared reference", so the user knows the expression is valid upstream.
 UNSUPPORTED = {
-    "timestamp",
-    "duration",
-    "getFullYear",
-    "getMonth",
-    "getDate",
-    "getDayOfMonth",
-    "getDayOfWeek",
-    "getDayOfYear",
-    "getHours",
-    "getMinutes",
-    "getSeconds",
-    "getMilliseconds",
-    "ip",
-    "isIP",
-    "cidr",
-    "isCIDR",
-    "url",
-    "isURL",
-    "format",
-    "optional",
-    "orValue",
-    "hasValue",
     "math.greatest",
     "math.least",
     "base64.encode",
     "base64.decode",
-    "reverse_list",
-    "flatten",
-    "slice",
-    "distinct",
-    "sort",
-    "sortBy",
     "jsonpatch.escapeKey",
     "authorizer",
 }

@@ -101,6 +101,22 @@ def compile_selector(expression: str) -> Selector:
     return Selector(expression, tree, program, projection=_projection(reads), reads=reads, cost=checked.cost)
 
 
+def compile_expression(expression: str) -> Callable[[], Any]:
+    """Compile any CEL expression of the selector environment, whatever its result type, into a function
+    that evaluates it without a device (for tests and tools; selectors go through ``compile_selector``)."""
+    tree = parse(expression)
+    checked = Checker(expression, VARIABLES).check(tree, want_bool=False)
+    program = Compiler(checked).compile(tree)
+
+    def evaluate() -> Any:
+        try:
+            return program({STEPS: [0]})
+        except RecursionError:
+            raise CelEvaluationError("expression too deeply nested to evaluate") from None
+
+    return evaluate
+
+
 def device_reads(tree: ast.Node) -> tuple[tuple[str, ...], ...]:
     """What of ``device`` the expression can read: ("driver",), ("attribute", domain, name),
     ("attribute-domain", domain), ("attributes",), the same for capacity, ("allowMultipleAllocations",),
@@ -109,7 +125,10 @@ def device_reads(tree: ast.Node) -> tuple[tuple[str, ...], ...]:
     for node in ast.walk(tree):
         for child in ast.children(node):
             parents[id(child)] = node
-    shadowed = any(isinstance(n, ast.Comprehension | ast.Bind) and n.var == "device" for n in ast.walk(tree))
+    shadowed = any(
+        isinstance(n, ast.Comprehension | ast.Bind) and "device" in (n.var, getattr(n, "var2", None))
+        for n in ast.walk(tree)
+    )
     reads: set[tuple[str, ...]] = set()
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Ident) and node.name == "device"):

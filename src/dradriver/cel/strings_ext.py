@@ -1,4 +1,4 @@
-"""cel-go's strings extension (version 3): the string functions Kubernetes' CEL environment offers."""
+"""cel-go's strings extension, version 2 as Kubernetes enables it (1.29+): no string reverse() (version 3)."""
 
 from __future__ import annotations
 
@@ -96,5 +96,4 @@ STRING_FUNCTIONS: dict[str, tuple[tuple[bool, tuple[Any, ...], Any, Callable[...
     "substring": ((True, (_S, "int"), _S, substring), (True, (_S, "int", "int"), _S, substring)),
     "trim": ((True, (_S,), _S, trim),),
     "join": ((True, (("list", _S),), _S, join), (True, (("list", _S), _S), _S, join)),
-    "reverse": ((True, (_S,), _S, reverse),),
 }

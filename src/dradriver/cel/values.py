@@ -11,7 +11,12 @@ import math
 from typing import Any
 
 from dradriver.cel.errors import CelEvaluationError
+from dradriver.cel.net_ext import CIDRValue, IPValue
 from dradriver.cel.semver import Semver
+from dradriver.cel.time_ext import Duration, Timestamp
+from dradriver.cel.time_ext import add as time_add
+from dradriver.cel.time_ext import subtract as time_subtract
+from dradriver.cel.url_ext import URLValue
 from dradriver.quantity import Quantity
 
 INT64_MIN, INT64_MAX, UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
@@ -44,36 +49,54 @@ class CelType:
         return self.name
 
 
-TYPE_NAMES = ("bool", "int", "uint", "double", "string", "bytes", "list", "map", "null_type", "type")
+class OptionalValue:
+    """A CEL ``optional_type`` value: ``optional.of(x)`` (``has`` true) or ``optional.none()``."""
+
+    __slots__ = ("has", "value")
+
+    def __init__(self, has: bool, value: Any = None) -> None:
+        self.has = has
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"optional.of({self.value!r})" if self.has else "optional.none()"
+
+
+NONE = OptionalValue(False)
+
+TYPE_NAMES = ("bool", "int", "uint", "double", "string", "bytes", "list", "map", "null_type", "type", "optional_type")
+
+
+_KIND_NAMES: dict[type, str] = {
+    bool: "bool",
+    Uint: "uint",
+    int: "int",
+    float: "double",
+    str: "string",
+    bytes: "bytes",
+    type(None): "null_type",
+    Quantity: "kubernetes.Quantity",
+    Semver: "kubernetes.Semver",
+    CelType: "type",
+    OptionalValue: "optional_type",
+    Timestamp: "google.protobuf.Timestamp",
+    Duration: "google.protobuf.Duration",
+    IPValue: "net.IP",
+    CIDRValue: "net.CIDR",
+    URLValue: "kubernetes.URL",
+}
 
 
 def type_name(value: Any) -> str:
     """The CEL type name of a runtime value."""
     kind = type(value)
-    if kind is bool:
-        return "bool"
-    if kind is Uint:
-        return "uint"
-    if kind is int:
-        return "int"
-    if kind is float:
-        return "double"
-    if kind is str:
-        return "string"
-    if kind is bytes:
-        return "bytes"
-    if value is None:
-        return "null_type"
+    name = _KIND_NAMES.get(kind)
+    if name is not None:
+        return name
     if isinstance(value, list):
         return "list"
     if isinstance(value, dict):
         return "map"
-    if kind is Quantity:
-        return "kubernetes.Quantity"
-    if kind is Semver:
-        return "kubernetes.Semver"
-    if kind is CelType:
-        return "type"
     return kind.__name__
 
 
@@ -88,32 +111,76 @@ def _is_number(value: Any) -> bool:
 
 
 def equals(a: Any, b: Any) -> bool:
-    """CEL ``==``, heterogeneous (``1 == 1.0``; ``1 == "a"`` is false); Quantity/Semver only to their kind."""
+    """CEL ``==`` as cel-go evaluates it: heterogeneous (``dyn(1) == 1.0``; ``1 == "a"`` is false).
+
+    The left operand decides, as cel-go calls ``lhs.Equal(rhs)``: a Kubernetes quantity or version compared
+    with anything else is a "no such overload" error, but a string (or int, …) compared with a quantity
+    or version is just false. null equals only null, whatever the other side.
+    """
+    kind = type(a)
+    if kind is type(b) and (kind is str or kind is int or kind is bool):
+        return bool(a == b)
+    result = _equal(a, b)
+    if result is None:
+        raise no_overload("_==_", a, b)
+    return result
+
+
+def _equal(a: Any, b: Any) -> bool | None:
+    """True, False, or None for an error (cel-go's MaybeNoSuchOverloadErr)."""
     ka, kb = type(a), type(b)
     if ka is kb and ka in (str, bool, int, bytes, Uint):
         return bool(a == b)
-    if ka in (Quantity, Semver) or kb in (Quantity, Semver):
-        # k8s.io/apiserver: Semver.Equal and Quantity.Equal answer "no such overload" for other types.
-        if ka is not kb:
-            raise no_overload("_==_", a, b)
-        return bool(a == b)
-    if _is_number(a) and _is_number(b):
-        if ka is bool or kb is bool:
+    if a is None or b is None:
+        return a is None and b is None
+    if ka is Quantity or ka is Semver or ka is IPValue or ka is CIDRValue:
+        # k8s.io/apiserver: Quantity, Semver, IP and CIDR Equal answer "no such overload" for other types.
+        return bool(a == b) if ka is kb else None
+    if _is_number(a):
+        if ka is bool or kb is bool or not _is_number(b):
             return False
+        if ka is float or kb is float:
+            return float(a) == float(b)  # as cel-go: the int side converted to double
         return bool(a == b)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(equals(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, dict) and isinstance(b, dict):
-        if len(a) != len(b):
-            return False
-        for key, value in a.items():
-            found, other = lookup(b, key)
-            if not found or not equals(value, other):
-                return False
-        return True
+    if isinstance(a, list):
+        return _equal_lists(a, b)
+    if isinstance(a, dict):
+        return _equal_maps(a, b)
+    if ka is OptionalValue:
+        return _equal_optionals(a, b)
     if ka is not kb:
         return False
     return bool(a == b)
+
+
+def _equal_lists(a: list[Any], b: Any) -> bool:
+    if not isinstance(b, list) or len(a) != len(b):
+        return False
+    # an error between two elements does not make the lists unequal (cel-go: only False does)
+    return all(_equal(x, y) is not False for x, y in zip(a, b, strict=True))
+
+
+def _equal_maps(a: dict[Any, Any], b: Any) -> bool:
+    if not isinstance(b, dict) or len(a) != len(b):
+        return False
+    for key, value in a.items():
+        found, other = lookup(b, key)
+        if not found:
+            return False
+        if (value is None or other is None) and value is not other:
+            return False
+        if _equal(value, other) is False:
+            return False
+    return True
+
+
+def _equal_optionals(a: OptionalValue, b: Any) -> bool | None:
+    if type(b) is not OptionalValue:
+        return False
+    if not a.has or not b.has:
+        return bool(a.has == b.has)
+    inner: bool | None = _equal(a.value, b.value)
+    return inner
 
 
 def lookup(mapping: dict[Any, Any], key: Any) -> tuple[bool, Any]:
@@ -132,10 +199,13 @@ def compare(function: str, a: Any, b: Any) -> int:
     """Order two values for ``<``, ``<=``, ``>``, ``>=``; numbers compare across int/uint/double."""
     ka, kb = type(a), type(b)
     if _is_number(a) and _is_number(b) and ka is not bool and kb is not bool:
-        if (isinstance(a, float) and math.isnan(a)) or (isinstance(b, float) and math.isnan(b)):
-            raise _NaN()
+        if ka is float or kb is float:
+            # cel-go compares an int or uint with a double as doubles (lossy above 2**53, like cel-go)
+            a, b = float(a), float(b)
+            if math.isnan(a) or math.isnan(b):
+                raise _NaN()
         return int(a > b) - int(a < b)
-    if ka is kb and ka in (str, bytes, bool):
+    if ka is kb and ka in (str, bytes, bool, Timestamp, Duration):
         return int(a > b) - int(a < b)
     raise no_overload(function, a, b)
 
@@ -185,6 +255,10 @@ def _check_uint(value: int) -> Uint:
 
 
 def add(a: Any, b: Any) -> Any:
+    if (type(a) is Timestamp or type(a) is Duration) and (type(b) is Timestamp or type(b) is Duration):
+        if type(a) is Timestamp and type(b) is Timestamp:
+            raise no_overload("_+_", a, b)
+        return time_add(a, b)
     ka, kb = type(a), type(b)
     if ka is not kb:
         if isinstance(a, list) and isinstance(b, list):
@@ -202,6 +276,10 @@ def add(a: Any, b: Any) -> Any:
 
 
 def subtract(a: Any, b: Any) -> Any:
+    if (type(a) is Timestamp or type(a) is Duration) and (type(b) is Timestamp or type(b) is Duration):
+        if type(a) is Duration and type(b) is Timestamp:
+            raise no_overload("_-_", a, b)
+        return time_subtract(a, b)
     ka = type(a)
     if ka is not type(b):
         raise no_overload("_-_", a, b)
@@ -267,9 +345,9 @@ def negate(a: Any) -> Any:
 
 
 def contains(container: Any, item: Any) -> bool:
-    """CEL ``in``: list membership by ``==``, map membership by key."""
+    """CEL ``in``: list membership by the item's ``==`` (an error counts as no match), map membership by key."""
     if isinstance(container, dict):
         return lookup(container, item)[0]
     if isinstance(container, list):
-        return any(equals(item, element) for element in container)
+        return any(_equal(item, element) is True for element in container)
     raise no_overload("_in_", item, container)

@@ -11,6 +11,7 @@ from urllib.parse import quote
 
 import urllib3
 
+from dradriver.allocator.taints import with_taint_rules
 from dradriver.cli.explain import (
     EXIT_DOES_NOT_FIT,
     EXIT_FITS,
@@ -33,7 +34,7 @@ REQUEST_TIMEOUT = (5.0, 60.0)
 PAGE_SIZE = 500
 RBAC_HINT = (
     "dradriver explain --pod needs get on pods, resourceclaims and resourceclaimtemplates in the pod's "
-    "namespace and list on deviceclasses, resourceslices and resourceclaims cluster-wide"
+    "namespace and list on deviceclasses, resourceslices, resourceclaims and devicetaintrules cluster-wide"
 )
 
 
@@ -54,12 +55,15 @@ class ClusterReader(Protocol):
 
     def list_claims(self) -> list[dict[str, Any]]: ...
 
+    def list_device_taint_rules(self) -> list[dict[str, Any]]: ...
+
 
 _KINDS = {
     "deviceclasses": "DeviceClass",
     "resourceslices": "ResourceSlice",
     "resourceclaims": "ResourceClaim",
     "resourceclaimtemplates": "ResourceClaimTemplate",
+    "devicetaintrules": "DeviceTaintRule",
 }
 
 
@@ -162,6 +166,13 @@ class KubernetesReader:
     def list_claims(self) -> list[dict[str, Any]]:
         return self._list("resourceclaims")
 
+    def list_device_taint_rules(self) -> list[dict[str, Any]]:
+        # resource.k8s.io/v1 serves DeviceTaintRules from 1.37; an older server has none there.
+        try:
+            return self._list("devicetaintrules")
+        except NotFoundError:
+            return []
+
 
 @dataclass
 class PodClaim:
@@ -216,6 +227,15 @@ def pod_claims(reader: ClusterReader, pod: dict[str, Any]) -> list[PodClaim]:
     return found
 
 
+def pinned_node(pod: dict[str, Any]) -> str | None:
+    """The node the scheduler may use for ``pod``, where the pod names one: ``spec.nodeName``, or a
+    ``kubernetes.io/hostname`` node selector (taken as the node's name, as kubelets set it). Other node
+    selectors and affinities are not evaluated: explain then considers every node."""
+    spec = pod.get("spec") or {}
+    pinned = spec.get("nodeName") or (spec.get("nodeSelector") or {}).get("kubernetes.io/hostname")
+    return str(pinned) if pinned else None
+
+
 def explain_pod_with(reader: ClusterReader, pod_ref: str, output: str) -> int:
     """Explain every unallocated claim of pod ``NAMESPACE/NAME``; the explain exit status."""
     namespace, _, name = pod_ref.rpartition("/")
@@ -235,7 +255,8 @@ def explain_pod_with(reader: ClusterReader, pod_ref: str, output: str) -> int:
     all_claims: list[dict[str, Any]] = []
     if pending:
         classes = reader.list_device_classes()
-        slices = reader.list_resource_slices()
+        # The scheduler adds the taints of DeviceTaintRules to the devices they select.
+        slices = with_taint_rules(reader.list_resource_slices(), reader.list_device_taint_rules())
         all_claims = reader.list_claims()
     results: list[dict[str, Any]] = []
     for claim in claims:
@@ -249,7 +270,7 @@ def explain_pod_with(reader: ClusterReader, pod_ref: str, output: str) -> int:
         uid = (claim.obj.get("metadata") or {}).get("uid")
         others = [c for c in all_claims if _allocation(c) and (c.get("metadata") or {}).get("uid") != uid]
         doc = Document(claim.obj, f"pod {pod_ref} claim {claim.name}")
-        outcome = explain_document(doc, slices=slices, classes=classes, allocated=others, node=None)
+        outcome = explain_document(doc, slices=slices, classes=classes, allocated=others, node=pinned_node(pod))
         results.append({"podClaim": claim.name, "outcome": outcome})
     _render_pod(pod_ref, results, errors, output)
     if errors:

@@ -40,7 +40,7 @@ from dradriver.gpu.errors import GpuError, GpuIsLost
 from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.inventory import GpuDevice, Inventory, LostGpu, MigMode
 from dradriver.gpu.models import GpuEvent, GpuProbe
-from dradriver.plugin.handler import DeviceHealth, HealthBoard, HealthStatus
+from dradriver.plugin.handler import DeviceHealth, DeviceToleration, HealthBoard, HealthStatus
 
 log = logging.getLogger(__name__)
 
@@ -272,7 +272,7 @@ class GpuHealth:
             conditions = self._conditions_of(device)
         taints: dict[tuple[str, str], dict[str, Any]] = {}
         for condition in sorted(conditions, key=lambda c: c.last_seen):
-            key = f"{self.policy.taint_domain}/{condition.cause.value}"
+            key = self._taint_key(condition)
             taints[(key, condition.effect.value)] = {
                 "key": key,
                 "value": condition.value,
@@ -281,15 +281,24 @@ class GpuHealth:
             }
         return sorted(taints.values(), key=lambda t: (t["effect"] == TaintEffect.NONE.value, t["key"]))
 
+    def _taint_key(self, condition: Condition) -> str:
+        return f"{self.policy.taint_domain}/{condition.cause.value}"
+
     def status(self, device: str) -> tuple[HealthStatus, str]:
         """The device's health and why (empty when healthy)."""
         with self._lock:
             return self._status_of(device)
 
-    def problem(self, device: str) -> str | None:
-        """Why a new claim must not get ``device`` (cause and time), or None when it is healthy."""
+    def problem(self, device: str, tolerations: Sequence[DeviceToleration] = ()) -> str | None:
+        """Why a new claim must not get ``device`` (cause and time), or None when it is healthy or the claim's
+        allocation tolerates every taint the device carries (the scheduler let it through on purpose)."""
         with self._lock:
-            conditions = [c for c in self._conditions_of(device) if c.unhealthy]
+            conditions = [
+                c
+                for c in self._conditions_of(device)
+                if c.unhealthy
+                and not any(t.tolerates(self._taint_key(c), c.value, c.effect.value) for t in tolerations)
+            ]
         if not conditions:
             return None
         return "; ".join(f"{c.message} (since {_time(c.since)})" for c in conditions)

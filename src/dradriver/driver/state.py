@@ -28,14 +28,15 @@ from dradriver.errors import ClaimError, DeviceError, DradriverError
 from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode, MigPartition
 from dradriver.gpu.models import DeviceNode, MigDevice
-from dradriver.plugin.handler import AllocatedClaim, ClaimRef, PreparedDevice, PrepareResult
+from dradriver.plugin.handler import AllocatedClaim, ClaimRef, DeviceToleration, PreparedDevice, PrepareResult
 
 log = logging.getLogger(__name__)
 
 STEP_CDI_SPEC = "cdi-spec"
 
 #: What is wrong with a device right now (e.g. unhealthy), or None: a hook for refusing prepare.
-DeviceProblem = Callable[[str], str | None]
+# Why a device must not go to a new claim (cause and time), given the tolerations its allocation carries.
+DeviceProblem = Callable[[str, Sequence[DeviceToleration]], str | None]
 #: Whether the API server still has a claim: True, False (gone or replaced), or None (cannot tell now).
 ClaimExists = Callable[[ClaimRef], bool | None]
 
@@ -226,6 +227,7 @@ class GpuDriver:
         """Resolve each allocated device (no hardware is touched); a device may serve several requests."""
         by_device: dict[str, list[str]] = {}
         exclusive: set[str] = set()
+        tolerations: dict[str, list[DeviceToleration]] = {}
         for result in claim.devices:
             if result.pool != self.pool:
                 raise ClaimError(
@@ -233,17 +235,18 @@ class GpuDriver:
                     f"driver serves pool {self.pool} (node {self.pool}); the claim belongs to another node's driver"
                 )
             by_device.setdefault(result.device, []).append(result.request)
+            tolerations.setdefault(result.device, []).extend(result.tolerations)
             if not result.admin_access:
                 exclusive.add(result.device)
         return [
-            PlannedDevice(self._resolve(claim.ref, name), tuple(requests), name not in exclusive)
+            PlannedDevice(self._resolve(claim.ref, name, tolerations[name]), tuple(requests), name not in exclusive)
             for name, requests in by_device.items()
         ]
 
-    def _resolve(self, ref: ClaimRef, name: str) -> GpuDevice | MigPartition:
+    def _resolve(self, ref: ClaimRef, name: str, tolerations: Sequence[DeviceToleration]) -> GpuDevice | MigPartition:
         with self._lock:
             found = self._devices.get(name)
-        problem = self._device_problem(name) if self._device_problem is not None else None
+        problem = self._device_problem(name, tolerations) if self._device_problem is not None else None
         if problem is not None:
             raise ClaimError(
                 f"claim {ref}: device {name} is unhealthy: {problem}; delete the claim so the scheduler allocates "

@@ -8,7 +8,7 @@ from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-from dradriver.plugin.handler import AllocatedClaim, AllocatedDevice, ClaimRef, DeviceConfig
+from dradriver.plugin.handler import AllocatedClaim, AllocatedDevice, ClaimRef, DeviceConfig, DeviceToleration
 
 
 class ClaimSource(Protocol):
@@ -76,11 +76,28 @@ def allocated_claim(claim: Mapping[str, Any], ref: ClaimRef, driver_name: str) -
             device=result["device"],
             admin_access=result.get("adminAccess") is True,
             share_id=result["shareID"] if isinstance(result.get("shareID"), str) else None,
+            tolerations=_tolerations(result.get("tolerations")),
         )
         for result in allocation["devices"]["results"]
         if isinstance(result, Mapping) and result.get("driver") == driver_name
     )
     return AllocatedClaim(ref=ref, devices=devices, config=_configs(allocation["devices"].get("config"), driver_name))
+
+
+def _tolerations(entries: Any) -> tuple[DeviceToleration, ...]:
+    """The tolerations the scheduler copied into one allocation result (entries of no known shape skipped)."""
+    if not isinstance(entries, list):
+        return ()
+    return tuple(
+        DeviceToleration(
+            key=str(entry.get("key") or ""),
+            operator=str(entry.get("operator") or "Equal"),
+            value=str(entry.get("value") or ""),
+            effect=str(entry.get("effect") or ""),
+        )
+        for entry in entries
+        if isinstance(entry, Mapping)
+    )
 
 
 def _configs(entries: Any, driver_name: str) -> tuple[DeviceConfig, ...]:

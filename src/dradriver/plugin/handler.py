@@ -27,6 +27,27 @@ class ClaimRef:
 
 
 @dataclass(frozen=True)
+class DeviceToleration:
+    """A toleration the scheduler copied into an allocation result (``resource.k8s.io/v1`` DeviceToleration).
+
+    The scheduler allocates a tainted device only to a request that tolerates the taint, so a driver that
+    refuses devices for their condition must let tolerated ones through."""
+
+    key: str = ""  # empty with operator Exists: every key
+    operator: str = "Equal"  # or Exists
+    value: str = ""
+    effect: str = ""  # empty: every effect
+
+    def tolerates(self, key: str, value: str, effect: str) -> bool:
+        """Whether a taint with this key, value and effect is tolerated, by the API's matching rules."""
+        if self.effect and self.effect != effect:
+            return False
+        if self.key and self.key != key:
+            return False
+        return self.operator == "Exists" or self.value == value
+
+
+@dataclass(frozen=True)
 class AllocatedDevice:
     """One of this driver's entries in the claim's ``status.allocation.devices.results``."""
 
@@ -35,6 +56,7 @@ class AllocatedDevice:
     device: str
     admin_access: bool = False
     share_id: str | None = None
+    tolerations: tuple[DeviceToleration, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,146 @@
+"""A simulated GPU node in the real control plane: a Ready Node object, `dradriver run` (sim backend) serving it,
+and a kubelet stand-in that calls the plugin for pods the scheduler bound to it."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dradriver.plugin.kubelet_client import Claim, KubeletClient, PreparedClaim
+from support.control_plane import NodeKeeper
+from support.kube_rest import Kube
+
+DRIVER = "gpu.dradriver.dev"
+READY_TIMEOUT = 60.0
+
+
+class DriverRun:
+    """`dradriver run` for one node; ``log`` holds its output (JSON lines)."""
+
+    def __init__(self, root: Path, node: str, kubeconfig: Path, *, profile: str, mig_mode: str, version: str) -> None:
+        self.root = root
+        self.lines: list[str] = []
+        self._ready = threading.Event()
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "dradriver", "run",
+                "--node-name", node,
+                "--kubeconfig", str(kubeconfig),
+                "--gpu-backend", "sim",
+                "--sim-profile", profile,
+                "--sim-state", str(root / "sim.json"),
+                "--mig-mode", mig_mode,
+                "--kubernetes-version", version,
+                "--registry-dir", str(root / "registry"),
+                "--plugin-dir", str(root / "plugin"),
+                "--cdi-dir", str(root / "cdi"),
+                "--rescan-interval", "0",
+                "--log-format", "json",
+                "--metrics-address", "127.0.0.1:0",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        if not self._ready.wait(READY_TIMEOUT) or self.proc.poll() is not None:
+            self.stop()
+            raise RuntimeError(f"dradriver run for {node} did not become ready:\n{self.log}")
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+            if '"msg": "ready ' in line:
+                self._ready.set()
+        self._ready.set()
+
+    @property
+    def log(self) -> str:
+        return "".join(self.lines)
+
+    def stop(self, signum: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signum)
+        code = self.proc.wait(30)
+        self._reader.join(10)
+        return code
+
+
+class KubeletStandIn:
+    """What the kubelet's DRA manager does for a pod bound to its node: check each claim is allocated and
+    reserved for the pod, then NodePrepareResources (and NodeUnprepareResources when the pod goes)."""
+
+    def __init__(self, kube: Kube, node: str, registry_dir: Path) -> None:
+        self.kube = kube
+        self.node = node
+        self.client = KubeletClient(registry_dir)
+
+    def claims_of(self, pod: dict[str, Any]) -> list[Claim]:
+        namespace = pod["metadata"]["namespace"]
+        if pod["spec"].get("nodeName") != self.node:
+            raise AssertionError(f"pod {pod['metadata']['name']} is bound to {pod['spec'].get('nodeName')!r}")
+        generated = {
+            s["name"]: s.get("resourceClaimName") for s in pod.get("status", {}).get("resourceClaimStatuses") or []
+        }
+        claims = []
+        for entry in pod["spec"].get("resourceClaims") or []:
+            name = entry.get("resourceClaimName") or generated[entry["name"]]
+            claim = self.kube.get("resourceclaims", name, namespace)
+            reserved = {r.get("uid") for r in claim.get("status", {}).get("reservedFor") or []}
+            if pod["metadata"]["uid"] not in reserved:
+                raise AssertionError(f"claim {name} is not reserved for pod {pod['metadata']['name']}")
+            claims.append(Claim(namespace, name, claim["metadata"]["uid"]))
+        return claims
+
+    def prepare(self, pod: dict[str, Any]) -> dict[str, PreparedClaim]:
+        claims = self.claims_of(pod)
+        with self.client.register() as plugin:
+            return plugin.prepare(claims)
+
+    def unprepare(self, claims: list[Claim]) -> dict[str, str]:
+        with self.client.register() as plugin:
+            return plugin.unprepare(claims)
+
+
+@dataclass
+class SimNode:
+    name: str
+    profile: str
+    mig_mode: str
+    version: str
+    root: Path
+    kubeconfig: Path
+    keeper: NodeKeeper
+    driver: DriverRun
+    kubelet: KubeletStandIn
+
+    @classmethod
+    def start(
+        cls, kube: Kube, kubeconfig: Path, root: Path, name: str, *, profile: str, mig_mode: str, version: str = "1.35"
+    ) -> SimNode:
+        root.mkdir(parents=True, exist_ok=True)
+        keeper = NodeKeeper(kube, name)
+        driver = DriverRun(root, name, kubeconfig, profile=profile, mig_mode=mig_mode, version=version)
+        kubelet = KubeletStandIn(kube, name, root / "registry")
+        return cls(name, profile, mig_mode, version, root, kubeconfig, keeper, driver, kubelet)
+
+    def restart_driver(self, signum: int = signal.SIGTERM) -> None:
+        self.driver.stop(signum)
+        self.driver = DriverRun(
+            self.root, self.name, self.kubeconfig, profile=self.profile, mig_mode=self.mig_mode, version=self.version
+        )
+
+    @property
+    def cdi_dir(self) -> Path:
+        return self.root / "cdi"
+
+    def stop(self) -> None:
+        self.driver.stop()
+        self.keeper.stop()
