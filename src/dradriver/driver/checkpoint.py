@@ -382,8 +382,7 @@ class CheckpointStore:
         """Store ``record`` (replacing the claim's earlier one) and write the file before returning."""
         with self._lock:
             self._refresh()
-            self._claims[record.uid] = _canonical(record.to_json())
-            self._save()
+            self._write_through(record.uid, _canonical(record.to_json()))
 
     def insert_checked(
         self, record: ClaimRecord, check: Callable[[list[ClaimRecord]], None], *, durable: bool = True
@@ -396,9 +395,10 @@ class CheckpointStore:
             self._refresh()
             others = [self._view(uid, raw) for uid, raw in self._claims.items() if uid != record.uid]
             check(others)
-            self._claims[record.uid] = _canonical(record.to_json())
             if durable:
-                self._save()
+                self._write_through(record.uid, _canonical(record.to_json()))
+            else:
+                self._claims[record.uid] = _canonical(record.to_json())
 
     def _view(self, uid: str, raw: str) -> ClaimRecord:
         view = self._parsed.get((uid, raw))
@@ -411,8 +411,25 @@ class CheckpointStore:
     def remove(self, uid: str) -> None:
         with self._lock:
             self._refresh()
-            if self._claims.pop(uid, None) is not None:
-                self._save()
+            if uid in self._claims:
+                self._write_through(uid, None)
+
+    def _write_through(self, uid: str, text: str | None) -> None:
+        """Set (or with None, drop) one claim and write the file; if the write fails, memory keeps what the
+        file has, so a failed write never leaves the two disagreeing."""
+        before = self._claims.get(uid)
+        if text is None:
+            del self._claims[uid]
+        else:
+            self._claims[uid] = text
+        try:
+            self._save()
+        except DeviceError:
+            if before is None:
+                self._claims.pop(uid, None)
+            else:
+                self._claims[uid] = before
+            raise
 
     # --- the file -----------------------------------------------------------------------------------------
 

@@ -167,10 +167,11 @@ class GpuDriver:
                 ready = [self._make_ready(txn, p) for p in planned]
             self._write_cdi_spec(txn, ready)
             crash_point("prepare-completing")
+            record.state = ClaimState.PREPARE_COMPLETED
+            self.checkpoint.put(record)  # if this write fails (a full disk), the claim is rolled back, not half-kept
         except DradriverError as err:
+            record.state = ClaimState.PREPARE_STARTED
             raise self._failed(txn, err) from err
-        record.state = ClaimState.PREPARE_COMPLETED
-        self.checkpoint.put(record)
         log.info(
             "prepared claim=%s name=%s/%s devices=%s",
             ref.uid,
