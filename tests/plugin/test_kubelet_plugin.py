@@ -355,3 +355,11 @@ def test_run_until_serves_until_the_event_is_set(make_plugin: PluginFactory, kub
     runner.join(TIMEOUT)
     assert not runner.is_alive()
     assert not plugin.registration_socket.exists()
+
+
+def test_sockets_are_owner_only(plugin: KubeletPlugin) -> None:
+    import stat
+
+    for path in (plugin.dra_socket, plugin.registration_socket):
+        mode = path.stat().st_mode
+        assert stat.S_ISSOCK(mode) and mode & 0o077 == 0, f"{path}: {oct(mode)}"

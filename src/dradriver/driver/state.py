@@ -415,7 +415,12 @@ class GpuDriver:
                     owned[(device.gpu_uuid, device.gpu_instance_id)] = record.uid
             for action in record.actions:
                 if action.step == STEP_GPU_INSTANCE and "gpuInstanceId" in action.params:
-                    owned[(action.params["gpuUUID"], int(action.params["gpuInstanceId"]))] = record.uid
+                    try:
+                        owned[(str(action.params["gpuUUID"]), int(action.params["gpuInstanceId"]))] = record.uid
+                    except (KeyError, ValueError, TypeError):
+                        log.error(
+                            "reconcile: ignoring a malformed checkpoint action claim=%s action=%s", record, action
+                        )
         with self._lock:
             gpus = [g for g in self._gpus if g.info.mig_capable]
         for gpu in gpus:

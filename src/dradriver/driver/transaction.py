@@ -128,7 +128,7 @@ class Transaction:
                         )
                     undo(self.record, action)
                     fault_point(f"undone:{action.step}")
-                except (DradriverError, KeyError) as err:
+                except (DradriverError, KeyError, ValueError, TypeError) as err:  # also a malformed record
                     message = f"undoing {action.step} of {action.device or 'the claim'} failed: {err}"
                     log.error(
                         "rollback failed claim=%s step=%s device=%s error=%s",

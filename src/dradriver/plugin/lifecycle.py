@@ -88,7 +88,7 @@ class InstanceLock:
 
     def _take(self, path: Path, mode: int) -> int | None:
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as err:
             raise ConfigError(
                 f"cannot open the instance lock file {path}: {err.strerror or err}; fix its "
@@ -195,6 +195,7 @@ class SocketServer:
                 f"cannot serve on socket {self.path}: {err}; check the directory exists and is writable"
             ) from err
         self._server.start()
+        os.chmod(self.path, 0o600)  # owner-only: the kubelet (root) is the only client
         self.inode = os.stat(self.path).st_ino
 
     def is_in_place(self) -> bool:
