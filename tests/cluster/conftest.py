@@ -33,6 +33,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.cluster)
+            # One xdist worker takes every cluster test, so the suite starts one control plane, not one per worker.
+            item.add_marker(pytest.mark.xdist_group("cluster"))
 
 
 @pytest.fixture(scope="session")
