@@ -71,7 +71,7 @@ claims = st.dictionaries(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(claims=claims)
 def test_any_checkpoint_is_reconciled_and_unprepared_without_a_crash(claims: dict[str, Any]) -> None:
     root = Path(tempfile.mkdtemp(prefix="dra-hostile-"))
