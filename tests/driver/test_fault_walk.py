@@ -6,17 +6,31 @@ point they pass, so steps added later (compute mode, MPS, …) are walked withou
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from dradriver import faults
 from dradriver.driver.checkpoint import ClaimState
+from dradriver.plugin.handler import DeviceConfig
+from tests.driver.config_table import gpu
 from tests.driver.test_state_mig import H100, Node, claim, ref
 
 WHOLE = "gpu-0000-43-00-0"  # the second GPU of hgx-h100-80gb, prepared whole
-# GPU 0 starts out of MIG mode, so the walk passes the MIG mode switch as well as the carving steps.
-CLAIM = claim("walk", f"{H100}-mig-1g10gb-0", f"{H100}-mig-2g20gb-2", WHOLE)
+# GPU 0 starts out of MIG mode, so the walk passes the MIG mode switch as well as the carving steps; the whole GPU
+# gets a compute mode and a time-slice, so the sharing steps are walked too (MPS daemons are walked by
+# tests/driver/test_state_sharing.py, which runs the daemon stand-in).
+CLAIM = replace(
+    claim("walk", f"{H100}-mig-1g10gb-0", f"{H100}-mig-2g20gb-2", WHOLE),
+    config=(
+        DeviceConfig(
+            "FromClaim",
+            ("r2",),
+            gpu(computeMode="Default", sharing={"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}}),
+        ),
+    ),
+)
 
 
 class Crash(BaseException):
@@ -64,7 +78,14 @@ def test_every_point_of_prepare_and_unprepare_survives_a_kill_and_a_failure(
 ) -> None:
     preparing, unpreparing, expected_ids = walk_points(tmp_path)
     # What the walk must cover today; later steps add to it.
-    for point in ("prepare-started", "after:mig-mode", "after:gpu-instance", "after:compute-instance"):
+    for point in (
+        "prepare-started",
+        "after:mig-mode",
+        "after:gpu-instance",
+        "after:compute-instance",
+        "after:compute-mode",
+        "after:time-slice",
+    ):
         assert point in preparing
     assert {"after:cdi-spec", "prepare-completing", "undone:gpu-instance", "undone:cdi-spec"} <= {
         *preparing,
@@ -94,6 +115,7 @@ def run_one(
     node: Node, monkeypatch: pytest.MonkeyPatch, phase: str, point: str, *, mode: str, expected_ids: list[str]
 ) -> None:
     where = f"{phase} {point}={mode}"
+    found_mode = node.sim.gpus[1].compute_mode
     if phase == "unprepare":
         assert node.prepare(CLAIM) == (expected_ids, None)
     monkeypatch.setenv(faults.CRASH_ENV, f"{point}={mode}")
@@ -129,3 +151,4 @@ def run_one(
     # by policy (docs/mig.md), so the next partition needs no switch.
     assert node.driver.unprepare_resource_claims([ref(CLAIM.uid)]) == {CLAIM.uid: None}, where
     node.assert_clean()
+    assert node.sim.gpus[1].compute_mode == found_mode, where

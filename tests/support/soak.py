@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 from dradriver.driver.checkpoint import read_records
 from dradriver.gpu.catalog import load_node_profile
 from dradriver.gpu.sim import SimulatedNode
@@ -82,10 +84,15 @@ class Driver:
         self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         pause = threading.Event()
         deadline = time.monotonic() + TIMEOUT
-        while not any((root / "registry").glob("*.sock")):  # only a poll sees a socket file appear
+        while True:  # only a poll sees a socket file appear, and the file is bound before the server listens
             assert self.proc.poll() is None and time.monotonic() < deadline, "dradriver run did not register"
+            if any((root / "registry").glob("*.sock")):
+                try:
+                    self.kubelet = KubeletClient(root / "registry").register()
+                    return
+                except grpc.RpcError:
+                    pass
             pause.wait(0.01)
-        self.kubelet = KubeletClient(root / "registry").register()
 
     def kill(self) -> None:
         self.kubelet.close()
