@@ -53,3 +53,18 @@ def test_a_busy_port_is_a_config_error_naming_the_flag() -> None:
         busy.listen()
         with pytest.raises(ConfigError, match="--metrics-address"):
             StatusServer(f"127.0.0.1:{busy.getsockname()[1]}", lambda: (True, {}))
+
+
+def test_healthz_is_503_with_its_reasons_when_liveness_says_no():
+    alive = {"ok": True}
+    server = StatusServer(
+        "127.0.0.1:0", lambda: (True, {}), lambda: (alive["ok"], {"draSocket": alive["ok"], "registrationSocket": True})
+    )
+    server.start()
+    try:
+        assert fetch(server.port, "/healthz") == (200, "ok\n")
+        alive["ok"] = False
+        code, body = fetch(server.port, "/healthz")
+        assert code == 503 and json.loads(body) == {"alive": False, "draSocket": False, "registrationSocket": True}
+    finally:
+        server.stop()

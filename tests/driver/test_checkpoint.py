@@ -181,3 +181,14 @@ def test_shared_stores_of_a_rolling_update_see_each_others_writes(tmp_path: Path
     new.put(record("u2"))
     old.remove("u1")
     assert [r.uid for r in new.records()] == ["u2"] and [r.uid for r in old.records()] == ["u2"]
+
+
+def test_the_state_directory_and_the_checkpoint_are_owner_only(tmp_path: Path) -> None:
+    store = CheckpointStore.open(tmp_path / "state", boot_id="b")
+    try:
+        store.put(ClaimRecord(uid="u", namespace="ns", name="c", state=ClaimState.PREPARE_COMPLETED))
+        assert (tmp_path / "state").stat().st_mode & 0o777 == 0o700
+        for path in (tmp_path / "state").iterdir():
+            assert path.stat().st_mode & 0o077 == 0, path
+    finally:
+        store.close()

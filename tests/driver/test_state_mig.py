@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from dradriver import faults
 from dradriver.driver import transaction
 from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.checkpoint import CheckpointStore, ClaimState
@@ -356,7 +359,7 @@ def test_a_crash_at_any_point_of_prepare_is_undone_at_start_up(h100: Node, monke
     def crash() -> None:
         raise Crash(point)
 
-    monkeypatch.setattr(transaction, "die", crash)
+    monkeypatch.setattr(faults, "die", crash)
     monkeypatch.setenv(transaction.CRASH_ENV, point)
     with pytest.raises(Crash):
         h100.driver.prepare(claim("u1", f"{H100}-mig-3g40gb-4"))
@@ -390,3 +393,40 @@ def test_claims_on_different_gpus_carve_in_parallel(h100: Node):
     release.set()
     first.join(10)
     assert sorted(r.uid for r in h100.driver.checkpoint.records()) == ["a", "b"]
+
+
+def test_start_up_removes_temp_files_a_crash_left_mid_write(h100: Node):
+    h100.cdi_dir.mkdir()
+    (h100.cdi_dir / ".k8s.gpu.dradriver.dev-claim_u1.abc.tmp").write_text("{")
+    (h100.cdi_dir / ".other-vendor_x.tmp").write_text("{")  # not ours: left alone
+    (h100.state_dir / ".checkpoint.json.abc.tmp").write_text("{")
+    h100.restart().reconcile()
+    assert sorted(p.name for p in h100.cdi_dir.iterdir()) == [".other-vendor_x.tmp"]
+    assert not list(h100.state_dir.glob("*.tmp"))
+
+
+@pytest.mark.parametrize(("failing_write", "what"), [(1, "PrepareStarted"), (2, "CDI spec"), (3, "PrepareCompleted")])
+def test_a_full_disk_at_any_write_fails_the_claim_and_half_writes_nothing(
+    h100: Node, monkeypatch: pytest.MonkeyPatch, failing_write: int, what: str
+):
+    """ENOSPC through the fsync seam at one of a MIG prepare's three writes: a per-claim error, nothing carved
+    or written is left (in memory, on disk or on the hardware), and once space is back the prepare succeeds."""
+    real_fsync, data_writes = os.fsync, [0]
+
+    def full_disk(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(".tmp"):  # a data write, not a directory's fsync
+            data_writes[0] += 1
+            if data_writes[0] == failing_write:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    h100.sim.set_mig_mode(0, True)  # so the writes are PrepareStarted, the CDI spec and PrepareCompleted
+    monkeypatch.setattr(os, "fsync", full_disk)
+    _, error = h100.prepare(claim("u1", f"{H100}-mig-1g10gb-0"))
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert error is not None and "No space left on device" in error, what
+    assert h100.instances() == [] and h100.cdi_files() == [], what
+    assert not list(h100.state_dir.glob(".*.tmp")) and not list(h100.cdi_dir.glob(".*.tmp")), what
+    h100.restart().reconcile()  # what the file says agrees with the hardware
+    h100.assert_clean()
+    assert h100.prepare(claim("u1", f"{H100}-mig-1g10gb-0"))[1] is None

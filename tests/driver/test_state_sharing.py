@@ -338,6 +338,7 @@ class Crash(BaseException):
 def test_a_crash_at_any_sharing_step_is_undone_at_start_up(
     node: Node, monkeypatch: pytest.MonkeyPatch, point: str
 ) -> None:
+    from dradriver import faults
     from dradriver.driver import transaction
 
     def crash() -> None:
@@ -349,7 +350,7 @@ def test_a_crash_at_any_sharing_step_is_undone_at_start_up(
         if "time-slice" not in point
         else gpu(sharing={"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}})
     )
-    monkeypatch.setattr(transaction, "die", crash)
+    monkeypatch.setattr(faults, "die", crash)
     monkeypatch.setenv(transaction.CRASH_ENV, point)
     with pytest.raises(Crash):
         node.driver.prepare(claim("a", GPU0, config=[config]))

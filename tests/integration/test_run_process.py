@@ -354,3 +354,34 @@ def test_a_refused_second_instance_touches_no_slices(driver: DriverProcess, api:
     twin._reader.join(TIMEOUT)
     assert "already running" in twin.log
     assert api.writes_since(mark) == [], twin.log
+
+
+def test_healthz_checks_both_sockets_and_metrics_count_calls_and_prepared_devices(
+    driver: DriverProcess, api: FakeApiServer, root: Path
+) -> None:
+    import re
+    import urllib.error
+    import urllib.request
+
+    [port] = {int(m) for m in re.findall(r"serving metrics and readiness port=(\d+)", driver.log)}
+
+    def get(path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
+
+    assert get("/healthz") == (200, "ok\n")
+    claim = allocated_claim(api, "scraped", [FIRST_GPU])
+    with KubeletClient(root / "registry").register() as plugin:
+        assert plugin.prepare([claim])[claim.uid].error == ""
+        _, scrape = get("/metrics")
+        assert 'dradriver_prepared_devices{sharing="exclusive",type="gpu"} 1.0' in scrape
+        assert 'dradriver_kubelet_requests_total{outcome="success",rpc="NodePrepareResources"} 1.0' in scrape
+        assert "dradriver_resourceslices_published 1.0" in scrape
+        assert plugin.unprepare([claim]) == {claim.uid: ""}
+    for sock in (root / "plugin").glob("*.sock"):
+        sock.unlink()  # the DRA socket deleted under the driver: it no longer answers, so it is not alive
+    code, body = get("/healthz")
+    assert code == 503 and json.loads(body)["draSocket"] is False

@@ -355,3 +355,27 @@ def test_run_until_serves_until_the_event_is_set(make_plugin: PluginFactory, kub
     runner.join(TIMEOUT)
     assert not runner.is_alive()
     assert not plugin.registration_socket.exists()
+
+
+def test_sockets_are_owner_only(plugin: KubeletPlugin) -> None:
+    import stat
+
+    for path in (plugin.dra_socket, plugin.registration_socket):
+        mode = path.stat().st_mode
+        assert stat.S_ISSOCK(mode) and mode & 0o077 == 0, f"{path}: {oct(mode)}"
+
+
+def test_a_failure_injected_after_the_claim_get_is_that_claims_error(
+    plugin: KubeletPlugin, claims: FakeClaimSource, handler: FakeHandler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dradriver import faults
+
+    claims.add(
+        make_claim("a", "uid-a", results=[{"request": "r", "driver": DRIVER, "pool": "node-a", "device": "gpu-0"}])
+    )
+    monkeypatch.setenv(faults.CRASH_ENV, "claim-fetched=fail")
+    with KubeletClient(plugin.registry_dir).register() as kubelet:
+        error = kubelet.prepare([Claim("default", "a", "uid-a")])["uid-a"].error
+        assert "injected failure at claim-fetched" in error
+        monkeypatch.delenv(faults.CRASH_ENV)
+        assert kubelet.prepare([Claim("default", "a", "uid-a")])["uid-a"].error == ""

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import logging
-import os
 import shlex
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import grpc
 
 from dradriver.cli.logs import configure_logging
 from dradriver.cli.options import (
@@ -40,7 +40,7 @@ from dradriver.driver.health import (
     TaintEffect,
     parse_xids,
 )
-from dradriver.driver.metrics import InstrumentedHandler
+from dradriver.driver.metrics import InstrumentedHandler, NodeCollector, register_node_collector
 from dradriver.driver.mps import DEFAULT_COMMAND, MpsControl
 from dradriver.driver.slices import SliceSettings, build_slice_specs, shape_for
 from dradriver.driver.state import GpuDriver
@@ -58,6 +58,7 @@ from dradriver.plugin.kubelet_plugin import (
     SERIALIZE_LOCK_NAME,
     KubeletPlugin,
 )
+from dradriver.plugin.lifecycle import exclusive
 from dradriver.plugin.publisher import Publisher, SliceSpec
 
 log = logging.getLogger("dradriver.run")
@@ -315,6 +316,7 @@ class DriverProcess:
         self.mig_mode = MigMode(args.mig_mode)
         self.stop = threading.Event()
         self.checkpoint: CheckpointStore | None = None
+        self._unregister_metrics: Callable[[], None] = lambda: None
 
     def serve(self) -> int:
         """Run until SIGTERM or SIGINT; release everything on the way out, whatever happened."""
@@ -431,7 +433,9 @@ class DriverProcess:
             pod_uid=args.pod_uid or None,
         )
         self._reconcile()
-        self.status = StatusServer(args.metrics_address, self._readiness) if args.metrics_address else None
+        self.status = (
+            StatusServer(args.metrics_address, self._readiness, self._liveness) if args.metrics_address else None
+        )
         # A health change (a taint to add or remove, a lost GPU back) rescans at once, not at the next interval.
         self.refresh = threading.Event()
         self.health.subscribe(self.refresh.set)
@@ -458,6 +462,9 @@ class DriverProcess:
             self.publisher.start()
             self.health.start(self.gpulib, poll_seconds=1.0)
             if self.status:
+                assert self.checkpoint is not None
+                collector = NodeCollector(self.checkpoint, lambda: self.publisher.status.ready)
+                self._unregister_metrics = register_node_collector(collector)
                 self.status.start()
             self.rescanner.start()
             log.info(
@@ -475,10 +482,20 @@ class DriverProcess:
             self.plugin.stop()
             if self.status:
                 self.status.stop()
+                self._unregister_metrics()
             self.publisher.stop()
             self.health.stop()
             if self.rescanner.is_alive():
                 self.rescanner.join(timeout=30)  # a rediscovery in flight finishes before NVML shuts down
+
+    def _liveness(self) -> tuple[bool, dict[str, Any]]:
+        """Alive while both gRPC sockets answer. A failing publish is not a reason to restart (an API outage
+        is not cured by one): /readyz and ``dradriver_resourceslices_published`` report it."""
+        answering = {
+            "draSocket": _socket_answers(self.plugin.dra_socket),
+            "registrationSocket": _socket_answers(self.plugin.registration_socket),
+        }
+        return all(answering.values()), {**answering, "slicesPublished": self.publisher.status.ready}
 
     def _readiness(self) -> tuple[bool, dict[str, Any]]:
         published = self.publisher.status
@@ -547,12 +564,20 @@ def _serialised_with_other_pods(plugin_dir: Path, *, enabled: bool) -> Iterator[
         yield
         return
     plugin_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(plugin_dir / SERIALIZE_LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with exclusive(plugin_dir / SERIALIZE_LOCK_NAME):
         yield
+
+
+def _socket_answers(path: Path, timeout: float = 1.0) -> bool:
+    """Whether a gRPC server answers on the unix socket ``path`` (the channel becomes ready)."""
+    channel = grpc.insecure_channel(f"unix:{path}")
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout)
+        return True
+    except grpc.FutureTimeoutError:
+        return False
     finally:
-        os.close(fd)
+        channel.close()
 
 
 def _claim_exists(cluster: KubeCluster, ref: ClaimRef) -> bool | None:

@@ -22,7 +22,8 @@ Readiness = Callable[[], tuple[bool, dict[str, Any]]]
 class StatusServer:
     """Serves metrics and readiness until ``stop``; ``readiness`` says whether the driver is ready and why."""
 
-    def __init__(self, address: str, readiness: Readiness) -> None:
+    def __init__(self, address: str, readiness: Readiness, liveness: Readiness | None = None) -> None:
+        """``liveness`` (default: always alive) decides /healthz: 503 with its reasons when it says no."""
         host, port_number = parse_address("--metrics-address", address)
         outer = self
 
@@ -31,7 +32,12 @@ class StatusServer:
                 if self.path == "/metrics":
                     self._reply(200, generate_latest(), CONTENT_TYPE_LATEST)
                 elif self.path == "/healthz":
-                    self._reply(200, b"ok\n", "text/plain")
+                    alive, detail = outer.liveness() if outer.liveness is not None else (True, {})
+                    if alive:
+                        self._reply(200, b"ok\n", "text/plain")
+                    else:
+                        body = json.dumps({"alive": False, **detail}, default=str).encode() + b"\n"
+                        self._reply(503, body, "application/json")
                 elif self.path == "/readyz":
                     ready, detail = outer.readiness()
                     body = json.dumps({"ready": ready, **detail}, default=str).encode() + b"\n"
@@ -50,6 +56,7 @@ class StatusServer:
                 log.debug("status request %s", format % args)
 
         self.readiness = readiness
+        self.liveness = liveness
         try:
             self._server = ThreadingHTTPServer((host, port_number), Handler)
         except OSError as err:

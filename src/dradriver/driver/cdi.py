@@ -151,6 +151,17 @@ class CdiWriter:
         except OSError as err:
             raise DeviceError(f"unable to remove CDI spec {self.spec_path(claim_uid)}: {err}") from err
 
+    def remove_temp_files(self) -> list[str]:
+        """Delete our temp files a crash left mid-write (never another driver's): start-up calls it."""
+        if not self.cdi_dir.is_dir():
+            return []
+        removed = []
+        for path in self.cdi_dir.glob(f".{CDI_VENDOR}-{CDI_CLASS}_*.tmp"):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                removed.append(path.name)
+        return removed
+
     def claim_uids(self) -> list[str]:
         """Claims that have a spec file here (start-up removes those the checkpoint does not know)."""
         prefix = f"{CDI_VENDOR}-{CDI_CLASS}_"

@@ -18,7 +18,6 @@ hardware and the API server by start-up reconciliation.
 from __future__ import annotations
 
 import contextlib
-import copy
 import hashlib
 import json
 import logging
@@ -223,9 +222,12 @@ def read_boot_id(path: Path = BOOT_ID_PATH) -> str:
         return ""
 
 
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def checksum(data: dict[str, Any]) -> str:
-    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+    return "sha256:" + hashlib.sha256(_canonical(data).encode()).hexdigest()
 
 
 class CheckpointStore:
@@ -240,7 +242,10 @@ class CheckpointStore:
         self.state_dir = state_dir
         self.boot_id = boot_id
         self._lock = threading.Lock()
-        self._claims: dict[str, dict[str, Any]] = {}
+        # Each claim as its canonical JSON text: a write joins them (no re-encoding of the other claims), a read
+        # parses one (a private copy, so a caller's record is never shared with another thread).
+        self._claims: dict[str, str] = {}
+        self._parsed: dict[tuple[str, str], ClaimRecord] = {}  # read-only views for insert_checked
         self._extra: dict[str, Any] = {}
         self._file_lock: InstanceLock | None = None
         self._stamp: tuple[int, int, int] | None = None  # of the file as last read or written
@@ -261,6 +266,8 @@ class CheckpointStore:
         store = cls(state_dir, boot_id=read_boot_id() if boot_id is None else boot_id)
         if not shared:
             store._acquire()
+            for tmp in state_dir.glob(f".{FILE_NAME}.*.tmp"):  # a write a crash cut short; never renamed into place
+                tmp.unlink(missing_ok=True)
         try:
             store._load()
         except BaseException:
@@ -276,7 +283,7 @@ class CheckpointStore:
     def _acquire(self) -> None:
         assert self.state_dir is not None
         try:
-            self.state_dir.mkdir(parents=True, exist_ok=True)
+            self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as err:
             raise ConfigError(f"cannot create state directory {self.state_dir}: {err}; check --state-dir") from err
         lock = InstanceLock(self.state_dir / LOCK_NAME)
@@ -287,7 +294,7 @@ class CheckpointStore:
         path = self.path
         assert path is not None
         try:
-            text = path.read_text()
+            text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return
         except OSError as err:
@@ -336,7 +343,7 @@ class CheckpointStore:
             )
             self._save()
             return
-        self._claims = {uid: r.to_json() for uid, r in records.items()}
+        self._claims = {uid: _canonical(r.to_json()) for uid, r in records.items()}
         self._stamp = _file_stamp(path)
 
     def _refresh(self) -> None:
@@ -364,37 +371,65 @@ class CheckpointStore:
         with self._lock:
             self._refresh()
             raw = self._claims.get(uid)
-            return ClaimRecord.from_json(uid, copy.deepcopy(raw)) if raw is not None else None
+            return ClaimRecord.from_json(uid, json.loads(raw)) if raw is not None else None
 
     def records(self) -> list[ClaimRecord]:
         with self._lock:
             self._refresh()
-            return [ClaimRecord.from_json(uid, copy.deepcopy(raw)) for uid, raw in self._claims.items()]
+            return [ClaimRecord.from_json(uid, json.loads(raw)) for uid, raw in self._claims.items()]
 
     def put(self, record: ClaimRecord) -> None:
         """Store ``record`` (replacing the claim's earlier one) and write the file before returning."""
         with self._lock:
             self._refresh()
-            self._claims[record.uid] = record.to_json()
-            self._save()
+            self._write_through(record.uid, _canonical(record.to_json()))
 
-    def insert_checked(self, record: ClaimRecord, check: Callable[[list[ClaimRecord]], None]) -> None:
+    def insert_checked(
+        self, record: ClaimRecord, check: Callable[[list[ClaimRecord]], None], *, durable: bool = True
+    ) -> None:
         """Call ``check(other records)`` and store ``record`` under one lock, so two claims racing for a
-        device cannot both pass the check. ``check`` raises to refuse."""
+        device cannot both pass the check. ``check`` raises to refuse, and must not change the records it is
+        given (they are cached views). ``durable`` False keeps it in memory
+        until the next write (for a claim whose every change start-up finds and undoes without a record)."""
         with self._lock:
             self._refresh()
-            others = [
-                ClaimRecord.from_json(uid, copy.deepcopy(raw)) for uid, raw in self._claims.items() if uid != record.uid
-            ]
+            others = [self._view(uid, raw) for uid, raw in self._claims.items() if uid != record.uid]
             check(others)
-            self._claims[record.uid] = record.to_json()
-            self._save()
+            if durable:
+                self._write_through(record.uid, _canonical(record.to_json()))
+            else:
+                self._claims[record.uid] = _canonical(record.to_json())
+
+    def _view(self, uid: str, raw: str) -> ClaimRecord:
+        view = self._parsed.get((uid, raw))
+        if view is None:
+            if len(self._parsed) > 4 * len(self._claims) + 64:
+                self._parsed = {}  # drop views of texts replaced since
+            view = self._parsed[uid, raw] = ClaimRecord.from_json(uid, json.loads(raw))
+        return view
 
     def remove(self, uid: str) -> None:
         with self._lock:
             self._refresh()
-            if self._claims.pop(uid, None) is not None:
-                self._save()
+            if uid in self._claims:
+                self._write_through(uid, None)
+
+    def _write_through(self, uid: str, text: str | None) -> None:
+        """Set (or with None, drop) one claim and write the file; if the write fails, memory keeps what the
+        file has, so a failed write never leaves the two disagreeing."""
+        before = self._claims.get(uid)
+        if text is None:
+            del self._claims[uid]
+        else:
+            self._claims[uid] = text
+        try:
+            self._save()
+        except DeviceError:
+            if before is None:
+                self._claims.pop(uid, None)
+            else:
+                self._claims[uid] = before
+            raise
 
     # --- the file -----------------------------------------------------------------------------------------
 
@@ -402,13 +437,24 @@ class CheckpointStore:
         path = self.path
         if path is None:
             return
-        data = {**self._extra, "bootId": self.boot_id, "claims": self._claims}
-        doc = {"kind": KIND, "version": f"{MAJOR_VERSION}.{MINOR_VERSION}", "checksum": checksum(data), "data": data}
+        # The canonical text of ``data`` (what the checksum covers), assembled from the claims' cached texts.
+        claims = "{" + ",".join(f"{_canonical(uid)}:{self._claims[uid]}" for uid in sorted(self._claims)) + "}"
+        top = {**self._extra, "bootId": self.boot_id, "claims": None}
+        data = (
+            "{"
+            + ",".join(f"{_canonical(k)}:{claims if k == 'claims' else _canonical(top[k])}" for k in sorted(top))
+            + "}"
+        )
+        digest = "sha256:" + hashlib.sha256(data.encode()).hexdigest()
+        text = (
+            f'{{"checksum":{_canonical(digest)},"data":{data},"kind":{_canonical(KIND)},'
+            f'"version":"{MAJOR_VERSION}.{MINOR_VERSION}"}}\n'
+        )
         tmp: str | None = None
         try:
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-            with os.fdopen(fd, "w") as out:
-                json.dump(doc, out, indent=1, sort_keys=True)
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                out.write(text)
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(tmp, path)
@@ -439,7 +485,7 @@ def read_records(path: Path) -> list[ClaimRecord]:
     """The claims of a checkpoint file, read without locking or changing it (for display); none when there is
     no file. Raises ``CorruptCheckpoint`` (or ``OSError``) when it cannot be read."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return []
     try:

@@ -1,20 +1,40 @@
-"""Prometheus metrics: prepare and unprepare (recorded by wrapping any ``DriverHandler``), device health and GPU
-events (recorded by ``driver.health``)."""
+"""Prometheus metrics, named the Kubernetes way (``<component>_<what>_<unit>``, ``_total`` for counters, base
+units): kubelet calls per RPC and outcome, claim errors by reason, prepared devices by type and sharing (read
+from the checkpoint at scrape time), device health and GPU events (recorded by ``driver.health``), and whether
+the last ResourceSlice publish succeeded. docs/reliability.md shows a sample scrape."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
+from dradriver.driver.checkpoint import CheckpointStore
 from dradriver.plugin.handler import AllocatedClaim, ClaimRef, DriverHandler, PrepareResult
 
+PREPARE_RPC = "NodePrepareResources"
+UNPREPARE_RPC = "NodeUnprepareResources"
+
 CLAIMS = Counter("dradriver_claims_total", "Claims handled, by operation and result", ["operation", "result"])
+REQUESTS = Counter(
+    "dradriver_kubelet_requests_total",
+    "Kubelet DRA calls handled, by RPC and outcome (error: at least one claim of the call failed)",
+    ["rpc", "outcome"],
+)
 DURATION = Histogram(
-    "dradriver_request_duration_seconds",
-    "Time to handle one kubelet batch, by operation",
-    ["operation"],
-    buckets=[0.05 * 2**k for k in range(10)],
+    "dradriver_kubelet_request_duration_seconds",
+    "Time to handle one kubelet DRA call, by RPC and outcome",
+    ["rpc", "outcome"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+)
+CLAIM_ERRORS = Counter(
+    "dradriver_claim_errors_total",
+    "Claims that failed, by RPC and reason (see docs/reliability.md for the reasons)",
+    ["rpc", "reason"],
 )
 DEVICE_HEALTH = Gauge(
     "dradriver_device_health",
@@ -27,23 +47,86 @@ GPU_EVENTS = Counter(
     ["kind", "xid"],
 )
 
+#: (reason, words any of which in an error's text selects it), first match wins; the texts are our own messages.
+_REASONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("api-unavailable", ("from the API server", "cannot get claim")),
+    ("unhealthy-device", ("is unhealthy",)),
+    ("device-in-use", ("already prepared for claim", "overlaps")),
+    ("storage", ("No space left", "cannot write checkpoint", "unable to write CDI spec", "Read-only file system")),
+    ("invalid-claim", ("not allocated", "pool", "not offered by this node", "config")),
+    ("hardware", ("step ", "MIG", "NVML", "injected failure")),
+)
+
+
+def error_reason(message: str) -> str:
+    """A short, bounded label for a claim's error message (``other`` when none fits)."""
+    for reason, words in _REASONS:
+        if any(word in message for word in words):
+            return reason
+    return "other"
+
 
 class InstrumentedHandler:
-    """Counts claims (ok / error) and times batches for the handler it wraps."""
+    """Counts calls and claims, times calls and classifies errors for the handler it wraps."""
 
     def __init__(self, handler: DriverHandler) -> None:
         self._handler = handler
 
     def prepare_resource_claims(self, claims: Sequence[AllocatedClaim]) -> Mapping[str, PrepareResult]:
-        with DURATION.labels("prepare").time():
-            results = self._handler.prepare_resource_claims(claims)
-        for result in results.values():
-            CLAIMS.labels("prepare", "error" if result.error else "ok").inc()
+        began = time.perf_counter()
+        results = self._handler.prepare_resource_claims(claims)
+        errors = [r.error for r in results.values() if r.error]
+        _record(PREPARE_RPC, began, len(results), errors)
         return results
 
     def unprepare_resource_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, str | None]:
-        with DURATION.labels("unprepare").time():
-            results = self._handler.unprepare_resource_claims(claims)
-        for error in results.values():
-            CLAIMS.labels("unprepare", "error" if error else "ok").inc()
+        began = time.perf_counter()
+        results = self._handler.unprepare_resource_claims(claims)
+        errors = [e for e in results.values() if e]
+        _record(UNPREPARE_RPC, began, len(results), errors)
         return results
+
+
+def _record(rpc: str, began: float, count: int, errors: list[str]) -> None:
+    outcome = "error" if errors else "success"
+    DURATION.labels(rpc, outcome).observe(time.perf_counter() - began)
+    REQUESTS.labels(rpc, outcome).inc()
+    operation = "prepare" if rpc == PREPARE_RPC else "unprepare"
+    CLAIMS.labels(operation, "ok").inc(count - len(errors))
+    for error in errors:
+        CLAIMS.labels(operation, "error").inc()
+        CLAIM_ERRORS.labels(rpc, error_reason(error)).inc()
+
+
+class NodeCollector(Collector):
+    """Figures read when scraped: prepared devices from the checkpoint, the last publish from the publisher."""
+
+    def __init__(self, checkpoint: CheckpointStore, published: Callable[[], bool]) -> None:
+        self._checkpoint = checkpoint
+        self._published = published
+
+    def collect(self) -> Iterator[Any]:
+        prepared = GaugeMetricFamily(
+            "dradriver_prepared_devices",
+            "Devices prepared for claims on this node, by type (gpu, mig) and sharing (exclusive, admin-access)",
+            labels=["type", "sharing"],
+        )
+        counts: dict[tuple[str, str], int] = {(t, s): 0 for t in ("gpu", "mig") for s in ("exclusive", "admin-access")}
+        for record in self._checkpoint.records():
+            for device in record.devices:
+                key = (device.kind, "admin-access" if device.admin_access else "exclusive")
+                counts[key] = counts.get(key, 0) + 1
+        for (kind, sharing), value in sorted(counts.items()):
+            prepared.add_metric([kind, sharing], value)
+        yield prepared
+        yield GaugeMetricFamily(
+            "dradriver_resourceslices_published",
+            "1 when the last ResourceSlice publish succeeded, else 0",
+            value=1 if self._published() else 0,
+        )
+
+
+def register_node_collector(collector: NodeCollector) -> Callable[[], None]:
+    """Register ``collector`` with the default registry; returns its unregister (tests and restarts)."""
+    REGISTRY.register(collector)
+    return lambda: REGISTRY.unregister(collector)

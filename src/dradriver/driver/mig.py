@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from dradriver.driver.checkpoint import Action, ClaimRecord
@@ -51,19 +52,22 @@ class MigSteps:
 
     # --- prepare ------------------------------------------------------------------------------------------
 
-    def ensure_mig_mode(self, txn: Transaction, gpu: GpuDevice, enabled: bool, users: list[str]) -> bool | None:
+    def ensure_mig_mode(
+        self, txn: Transaction, gpu: GpuDevice, enabled: bool, users: Callable[[], list[str]]
+    ) -> bool | None:
         """Put ``gpu`` in MIG mode (``enabled``) or out of it; returns the previous mode if it was switched.
 
-        ``users`` names the other claims with devices on this GPU: a switch that needs a GPU reset is refused
-        while there are any (the reset would kill their work)."""
+        ``users()`` names the other claims with devices on this GPU (asked only when a reset is needed): a switch
+        that needs a GPU reset is refused while there are any (the reset would kill their work)."""
         current = self.gpulib.mig_mode(gpu.uuid).current
         if current == enabled:
             return None
         reset = needs_reset_for_mig_mode(gpu)
-        if reset and users:
+        others = users() if reset else []
+        if others:
             raise DeviceError(
                 f"GPU {gpu.name} ({gpu.info.architecture}) must be {'put in' if enabled else 'taken out of'} MIG "
-                f"mode, which needs a GPU reset, but claims {', '.join(users)} use it; the claim is retried after "
+                f"mode, which needs a GPU reset, but claims {', '.join(others)} use it; the claim is retried after "
                 "they are unprepared"
             )
         if not enabled:
@@ -94,24 +98,21 @@ class MigSteps:
                 f"(pending: {'on' if state.pending else 'off'}); reset the GPU (nvidia-smi -r) or reboot the node"
             )
 
+    def expect_carve(self, txn: Transaction, partition: MigPartition) -> None:
+        """Declare :meth:`carve`'s steps, so their intents are written with the claim's PrepareStarted record."""
+        txn.expect(STEP_GPU_INSTANCE, partition.name, _placement(partition))
+        txn.expect(STEP_COMPUTE_INSTANCE, partition.name, _placement(partition))
+
     def carve(self, txn: Transaction, partition: MigPartition) -> MigDevice:
         """Create the partition's GPU instance and default compute instance; read back the MIG device."""
         gpu = partition.parent
-        gi = txn.run(
-            STEP_GPU_INSTANCE,
-            partition.name,
-            {
-                "gpuUUID": gpu.uuid,
-                "profileId": partition.profile.id,
-                "profile": partition.profile.name,
-                "start": partition.placement.start,
-            },
-            self._create_gpu_instance,
-        )["gpuInstanceId"]
+        gi = txn.run(STEP_GPU_INSTANCE, partition.name, _placement(partition), self._create_gpu_instance)[
+            "gpuInstanceId"
+        ]
         ci = txn.run(
             STEP_COMPUTE_INSTANCE,
             partition.name,
-            {"gpuUUID": gpu.uuid, "gpuInstanceId": gi},
+            {**_placement(partition), "gpuInstanceId": gi},
             self._create_compute_instance,
         )["computeInstanceId"]
         return self.gpulib.mig_device(gpu.uuid, gi, ci)
@@ -158,15 +159,14 @@ class MigSteps:
     def undo_gpu_instance(self, record: ClaimRecord, action: Action) -> None:
         params = action.params
         gpu_uuid = params["gpuUUID"]
-        gi_id = params.get("gpuInstanceId")
         try:
+            # The instance at exactly this profile and placement is the claim's, if it exists: no other claim may
+            # hold that placement. A recorded id alone is not trusted: after a crash mid-unprepare the id may
+            # have been given to another claim's instance elsewhere on the GPU.
+            gi_id = self._instance_at(gpu_uuid, int(params["profileId"]), int(params["start"]))
             if gi_id is None:
-                # Only the intent was recorded (a crash during the create): the instance at exactly this profile
-                # and placement is the one being created, if it exists (no other claim may hold that placement).
-                gi_id = self._instance_at(gpu_uuid, int(params["profileId"]), int(params["start"]))
-                if gi_id is None:
-                    return
-            self._destroy_gpu_instance(gpu_uuid, int(gi_id))
+                return
+            self._destroy_gpu_instance(gpu_uuid, gi_id)
         except (NotFound, NotSupported):
             return  # gone already, or MIG mode was switched off out of band: nothing is left to destroy
         log.info("destroyed GPU instance claim=%s device=%s gi=%s", record.uid, action.device, gi_id)
@@ -192,6 +192,10 @@ class MigSteps:
         if ci_id is None:
             return  # intent only: undoing the GPU instance destroys whatever compute instance it has
         try:
+            if "profileId" in params and self._instance_at(
+                params["gpuUUID"], int(params["profileId"]), int(params["start"])
+            ) != int(params["gpuInstanceId"]):
+                return  # the GPU instance is gone (its id may belong to another claim now)
             self.gpulib.destroy_compute_instance(params["gpuUUID"], int(params["gpuInstanceId"]), int(ci_id))
         except (NotFound, NotSupported):
             return
@@ -203,3 +207,13 @@ class MigSteps:
             self._destroy_gpu_instance(gpu_uuid, gi_id)
         except (NotFound, NotSupported):
             return
+
+
+def _placement(partition: MigPartition) -> dict[str, Any]:
+    """What identifies a partition's GPU instance on the hardware: its undo finds it by these."""
+    return {
+        "gpuUUID": partition.parent.uuid,
+        "profileId": partition.profile.id,
+        "profile": partition.profile.name,
+        "start": partition.placement.start,
+    }

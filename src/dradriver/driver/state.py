@@ -184,10 +184,18 @@ class GpuDriver:
             state=ClaimState.PREPARE_STARTED,
             devices=[_device_record(p) for p in planned],
         )
-        self.checkpoint.insert_checked(record, lambda others: _refuse_overlap_and_conflicts(ref, record, others))
-        crash_point("prepare-started")
         txn = Transaction(record, self.checkpoint, self._undo_steps())
+        for plan in planned:
+            self._expect_ready(txn, plan)
+        txn.expect(STEP_CDI_SPEC, "", {})
+        # One write records the claim and the intent of every step before the first change. A claim whose only
+        # change is its CDI spec needs none: start-up removes a spec the checkpoint does not know.
+        durable = any(a.step != STEP_CDI_SPEC for a in record.actions)
+        self.checkpoint.insert_checked(
+            record, lambda others: _refuse_overlap_and_conflicts(ref, record, others), durable=durable
+        )
         try:
+            crash_point("prepare-started")
             with self._hold_gpus(sorted({p.gpu.name for p in planned})):
                 ready = [self._make_ready(txn, p) for p in planned]
                 for device in record.devices:
@@ -195,10 +203,12 @@ class GpuDriver:
                 self._sharing.apply_mps(txn)
             ready = [self._with_sharing(txn.record, r) for r in ready]
             self._write_cdi_spec(txn, ready)
+            crash_point("prepare-completing")
+            record.state = ClaimState.PREPARE_COMPLETED
+            self.checkpoint.put(record)  # if this write fails (a full disk), the claim is rolled back, not half-kept
         except DradriverError as err:
+            record.state = ClaimState.PREPARE_STARTED
             raise self._failed(txn, err) from err
-        record.state = ClaimState.PREPARE_COMPLETED
-        self.checkpoint.put(record)
         log.info(
             "prepared claim=%s name=%s/%s devices=%s",
             ref.uid,
@@ -320,6 +330,18 @@ class GpuDriver:
             )
         return found
 
+    def _expect_ready(self, txn: Transaction, planned: PlannedDevice) -> None:
+        """Declare the steps :meth:`_make_ready` will take for ``planned`` (MIG mode switches, rare and decided
+        by what the hardware shows then, are recorded when they happen)."""
+        device = planned.device
+        if (
+            self.mig_mode is MigMode.DYNAMIC
+            and self._mig is not None
+            and isinstance(device, MigPartition)
+            and not planned.admin_access
+        ):
+            self._mig.expect_carve(txn, device)
+
     def _make_ready(self, txn: Transaction, planned: PlannedDevice) -> ReadyDevice:
         """Bring one device into the state its allocation needs (dynamic mode: MIG mode and carving)."""
         device, record = planned.device, _record_of(txn.record, planned.device.name)
@@ -331,7 +353,7 @@ class GpuDriver:
                 and not planned.admin_access
             ):
                 record.previous_mig_mode = self._mig.ensure_mig_mode(
-                    txn, device, False, self._users(txn.record.uid, device.name)
+                    txn, device, False, lambda: self._users(txn.record.uid, device.name)
                 )
             parent = DeviceNode(f"/dev/nvidia{device.info.minor}")
             return ReadyDevice(device, (parent,), planned.admin_access)
@@ -342,7 +364,7 @@ class GpuDriver:
                 mig = self._existing(device)
             else:
                 record.previous_mig_mode = self._mig.ensure_mig_mode(
-                    txn, device.parent, True, self._users(txn.record.uid, device.parent.name)
+                    txn, device.parent, True, lambda: self._users(txn.record.uid, device.parent.name)
                 )
                 mig = self._mig.carve(txn, device)
                 record.gpu_instance_id, record.compute_instance_id = mig.gpu_instance_id, mig.compute_instance_id
@@ -462,6 +484,8 @@ class GpuDriver:
                 log.error("reconcile: could not clean up claim=%s error=%s", record, err)
         if self.mig_mode is MigMode.DYNAMIC and self._mig is not None:
             self._destroy_orphan_instances()
+        for name in self.cdi.remove_temp_files():
+            log.warning("reconcile: removed a CDI spec left half-written by a crash file=%s", name)
         self.check_mps_daemons()
         known = {r.uid for r in self.checkpoint.records()}
         for uid in self.cdi.claim_uids():
@@ -488,7 +512,12 @@ class GpuDriver:
                     owned[(device.gpu_uuid, device.gpu_instance_id)] = record.uid
             for action in record.actions:
                 if action.step == STEP_GPU_INSTANCE and "gpuInstanceId" in action.params:
-                    owned[(action.params["gpuUUID"], int(action.params["gpuInstanceId"]))] = record.uid
+                    try:
+                        owned[(str(action.params["gpuUUID"]), int(action.params["gpuInstanceId"]))] = record.uid
+                    except (KeyError, ValueError, TypeError):
+                        log.error(
+                            "reconcile: ignoring a malformed checkpoint action claim=%s action=%s", record, action
+                        )
         with self._lock:
             gpus = [g for g in self._gpus if g.info.mig_capable]
         for gpu in gpus:

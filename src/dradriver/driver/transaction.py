@@ -1,46 +1,40 @@
-"""Prepare as a recorded transaction: each change is checkpointed before it is made and after, and can be undone
-from its record alone, in this process or after a crash.
+"""Prepare as a recorded transaction: the whole plan is checkpointed before the first change, the results once
+after the last, and every change can be undone from its record plus what the hardware shows, in this process
+or after a crash.
 
-A step kind is a name with an undo (:class:`Undo`). :meth:`Transaction.run` records the intent, makes the change,
-records the result; :meth:`Transaction.rollback` undoes the recorded actions in reverse. A new feature (compute
-mode, MPS, claim status) is a new step kind, not a new branch inside prepare.
+A step kind is a name with an undo (:class:`Undo`). :meth:`Transaction.expect` declares a step before the
+claim's first checkpoint write (its intent travels in the PrepareStarted record); :meth:`Transaction.run` makes a
+change (writing its intent first only if it was not declared); the results are written with PrepareCompleted.
+:meth:`Transaction.rollback` undoes what may have been done in reverse. Undos are idempotent and check the
+hardware before destroying anything (an instance id may be reused by another claim after a crash), so a record
+of intents, or of results from before a crash, is enough to undo. That makes a prepare two checkpoint writes and
+an unprepare one, whatever the number of steps. A new feature (compute mode, MPS) is a new step kind.
 
-Test hook: ``DRADRIVER_TEST_CRASH_AT`` names crash points (comma-separated): ``prepare-started`` (the claim is
-checkpointed as PrepareStarted), ``before:<step>`` (its intent is checkpointed, the change not yet made) and
-``after:<step>`` (the change is made and checkpointed). At a named point the process SIGKILLs itself, so tests
-can check that start-up recovery leaves nothing behind. Never set it outside tests.
+Test hook: ``DRADRIVER_TEST_CRASH_AT`` (see :mod:`dradriver.faults`) kills or fails at ``before:<step>``,
+``after:<step>`` and ``undone:<step>`` of every step, so fault walks cover new steps without naming them.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import signal
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from dradriver.driver.checkpoint import Action, CheckpointStore, ClaimRecord
 from dradriver.errors import DradriverError
+from dradriver.faults import CRASH_ENV, fault_point
 
 log = logging.getLogger(__name__)
 
-CRASH_ENV = "DRADRIVER_TEST_CRASH_AT"
+__all__ = ["CRASH_ENV", "StepFailed", "Transaction", "Undo", "crash_point"]
 
 #: Undo one recorded action. It must be idempotent (already undone is success): after a crash it may run again.
 Undo = Callable[[ClaimRecord, Action], None]
 
 
 def crash_point(name: str) -> None:
-    """SIGKILL this process if ``DRADRIVER_TEST_CRASH_AT`` names ``name`` (a test hook; see module docstring)."""
-    wanted = os.environ.get(CRASH_ENV)
-    if wanted and name in wanted.split(","):
-        log.warning("test hook: killing the process at crash point %s", name)
-        die()
-
-
-def die() -> None:
-    """SIGKILL this process; in-process tests replace it with one that raises, to stop where a crash would."""
-    os.kill(os.getpid(), signal.SIGKILL)
+    """Kill or fail at ``name`` if the test hook names it (see :mod:`dradriver.faults`)."""
+    fault_point(name)
 
 
 class StepFailed(DradriverError):
@@ -61,43 +55,67 @@ class Transaction:
         self.record = record
         self._store = store
         self._undo = undo
+        self._declared: list[Action] = []  # expected and not started yet, in order
 
-    def run(
-        self, step: str, device: str, params: dict[str, Any], change: Callable[[dict[str, Any]], dict[str, Any]]
-    ) -> dict[str, Any]:
-        """Record the intent (durably, with the results of earlier steps), call ``change(params)``, note its
-        result (merged into ``params``) and return it.
-
-        The result is written with the next checkpoint write (the next intent, or the claim's completion): a
-        crash before that leaves the intent only, and every undo handles an intent whose change may or may not
-        have happened. That halves the writes (each one two fsyncs) without losing anything recovery needs.
-        If ``change`` raises, nothing was changed (NVML calls are all-or-nothing; a step that reads back after
-        changing cleans up itself), so the intent is dropped and :class:`StepFailed` raised."""
+    def expect(self, step: str, device: str, params: dict[str, Any]) -> None:
+        """Declare a step the claim will run, before its record is first written: the intent is then part of
+        that write, and :meth:`run` of the step writes nothing."""
         if step not in self._undo:
             raise ValueError(f"step {step!r} has no undo registered")
         action = Action(step=step, device=device, params=dict(params))
         self.record.actions.append(action)
-        self._store.put(self.record)
-        crash_point(f"before:{step}")
+        self._declared.append(action)
+
+    def run(
+        self, step: str, device: str, params: dict[str, Any], change: Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> dict[str, Any]:
+        """Call ``change(params)``, note its result (merged into ``params``) and return it.
+
+        A declared step's intent is on disk already; any other step's intent is written first (before any
+        later declared ones, so the record stays in the order of the changes). The result is written with the
+        claim's completion: a crash before that leaves the intent only, and every undo handles an intent
+        whose change may or may not have happened. If ``change`` raises, nothing was changed (NVML calls are
+        all-or-nothing; a step that reads back after changing cleans up itself): the intent is dropped and
+        :class:`StepFailed` raised."""
+        if step not in self._undo:
+            raise ValueError(f"step {step!r} has no undo registered")
+        action = next((a for a in self._declared if a.step == step and a.device == device), None)
+        if action is not None:
+            self._declared.remove(action)
+            action.params.update(params)
+            durable = False
+        else:
+            action = Action(step=step, device=device, params=dict(params))
+            at = self.record.actions.index(self._declared[0]) if self._declared else len(self.record.actions)
+            self.record.actions.insert(at, action)
+            self._store.put(self.record)
+            durable = True
         try:
+            fault_point(f"before:{step}")
             result = change(dict(action.params))
         except DradriverError as err:
-            # Written at once: after a crash, an undo of this intent might destroy what another party created
-            # (an admin's instance at the placement this create was refused).
             self.record.actions.remove(action)
-            self._store.put(self.record)
+            if durable:
+                # Written at once: after a crash, an undo of this intent might destroy what another party created
+                # (an admin's instance at the placement this create was refused).
+                self._store.put(self.record)
             raise StepFailed(device, step, err) from err
         action.params.update(result)
         action.done = True
-        crash_point(f"after:{step}")
+        fault_point(f"after:{step}")
         return action.params
 
     def rollback(self, *, skip: Callable[[Action], bool] = lambda _a: False) -> str | None:
-        """Undo the recorded actions in reverse (those ``skip`` selects are dropped without undoing).
+        """Undo the recorded actions in reverse (those ``skip`` selects, and declared steps never started, are
+        dropped without undoing).
 
-        Each undone action leaves the record at once, so a crash mid-way redoes only what is left. Returns None
-        when everything was undone, else the error that stopped it (recorded in the checkpoint as
+        Nothing is written while undoing: a crash mid-way leaves the record as it was, and undoing it again is
+        safe (undos are idempotent and check the hardware). Returns None when everything was undone (the caller
+        then removes the record: one write), else the error that stopped it (recorded in the checkpoint as
         ``rollbackError`` with the actions still to undo, for start-up to finish)."""
+        for action in self._declared:
+            self.record.actions.remove(action)
+        self._declared = []
         while self.record.actions:
             action = self.record.actions[-1]
             if not skip(action):
@@ -109,7 +127,8 @@ class Transaction:
                             "run that version to unprepare the claim"
                         )
                     undo(self.record, action)
-                except (DradriverError, KeyError) as err:
+                    fault_point(f"undone:{action.step}")
+                except (DradriverError, KeyError, ValueError, TypeError) as err:  # also a malformed record
                     message = f"undoing {action.step} of {action.device or 'the claim'} failed: {err}"
                     log.error(
                         "rollback failed claim=%s step=%s device=%s error=%s",
@@ -122,5 +141,4 @@ class Transaction:
                     self._store.put(self.record)
                     return message
             self.record.actions.pop()
-            self._store.put(self.record)
         return None

@@ -265,6 +265,9 @@ class NvmlGpuLib:
             self.gpus()
             handle = self._handles.get(uuid)
         if handle is None:
+            if not isinstance(uuid, str):
+                # ctypes would pass a number as a pointer: NVML would read whatever memory it names.
+                raise NotFound(f"{uuid!r} is not a GPU or MIG UUID", device=str(uuid), call="nvmlDeviceGetHandleByUUID")
             handle = self._call("nvmlDeviceGetHandleByUUID", uuid, device=uuid)
         return handle
 

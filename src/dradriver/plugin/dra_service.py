@@ -16,6 +16,7 @@ import grpc
 
 from dradriver.api.generated import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from dradriver.errors import DradriverError
+from dradriver.faults import fault_point
 from dradriver.plugin.claim_status import ClaimStatusWriter
 from dradriver.plugin.claims import (
     ClaimLocks,
@@ -149,6 +150,7 @@ class ClaimProcessor:
         """GET and check the claim; the handler gets its typed view, the device metadata writer its JSON."""
         try:
             claim = self._claims.get_resource_claim(ref.namespace, ref.name)
+            fault_point("claim-fetched")
         except Exception as err:
             return f"cannot get claim {ref} from the API server: {describe_exception(err)}"
         problem = claim_problem(claim, ref, self.driver_name)

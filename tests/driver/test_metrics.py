@@ -1,0 +1,79 @@
+"""Metrics: kubelet calls by RPC and outcome, claim errors by reason, prepared devices from the checkpoint."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from prometheus_client import REGISTRY, generate_latest
+
+from dradriver.driver.checkpoint import CheckpointStore, ClaimRecord, ClaimState, DeviceRecord
+from dradriver.driver.metrics import InstrumentedHandler, NodeCollector, error_reason, register_node_collector
+from dradriver.plugin.handler import AllocatedClaim, ClaimRef, PrepareResult
+
+
+def value(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+class Handler:
+    def prepare_resource_claims(self, claims: Sequence[AllocatedClaim]) -> Mapping[str, PrepareResult]:
+        return {
+            c.uid: PrepareResult(error="device gpu-0 is unhealthy: XID 79" if c.uid == "bad" else None) for c in claims
+        }
+
+    def unprepare_resource_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, str | None]:
+        return {c.uid: None for c in claims}
+
+
+def test_calls_are_counted_and_timed_by_rpc_and_outcome_and_errors_by_reason() -> None:
+    handler = InstrumentedHandler(Handler())
+    rpc = "NodePrepareResources"
+    before = {
+        "errors": value("dradriver_kubelet_requests_total", rpc=rpc, outcome="error"),
+        "ok": value("dradriver_kubelet_requests_total", rpc=rpc, outcome="success"),
+        "unhealthy": value("dradriver_claim_errors_total", rpc=rpc, reason="unhealthy-device"),
+        "timed": value("dradriver_kubelet_request_duration_seconds_count", rpc=rpc, outcome="error"),
+    }
+    good = AllocatedClaim(ref=ClaimRef("ns", "a", "good"), devices=())
+    bad = AllocatedClaim(ref=ClaimRef("ns", "b", "bad"), devices=())
+    handler.prepare_resource_claims([good, bad])
+    handler.prepare_resource_claims([good])
+    assert value("dradriver_kubelet_requests_total", rpc=rpc, outcome="error") == before["errors"] + 1
+    assert value("dradriver_kubelet_requests_total", rpc=rpc, outcome="success") == before["ok"] + 1
+    assert value("dradriver_claim_errors_total", rpc=rpc, reason="unhealthy-device") == before["unhealthy"] + 1
+    assert value("dradriver_kubelet_request_duration_seconds_count", rpc=rpc, outcome="error") == before["timed"] + 1
+
+
+def test_error_reasons_are_a_small_fixed_set() -> None:
+    assert error_reason("cannot get claim ns/a from the API server: 503") == "api-unavailable"
+    assert error_reason("unable to write CDI spec /x: [Errno 28] No space left on device") == "storage"
+    assert error_reason("device gpu-0, step gpu-instance: Insufficient Resources") == "hardware"
+    assert error_reason("something new") == "other"
+
+
+def test_prepared_devices_and_the_last_publish_are_read_when_scraped(tmp_path: Path) -> None:
+    store = CheckpointStore.open(tmp_path, boot_id="b")
+    published = {"ok": False}
+    unregister = register_node_collector(NodeCollector(store, lambda: published["ok"]))
+    try:
+        store.put(
+            ClaimRecord(
+                uid="u1",
+                namespace="ns",
+                name="c",
+                state=ClaimState.PREPARE_COMPLETED,
+                devices=[
+                    DeviceRecord(name="gpu-0-mig-1g10gb-0", requests=["r"], gpu="gpu-0", gpu_uuid="GPU-0", kind="mig"),
+                    DeviceRecord(name="gpu-1", requests=["r"], gpu="gpu-1", gpu_uuid="GPU-1", kind="gpu"),
+                ],
+            )
+        )
+        assert value("dradriver_prepared_devices", type="mig", sharing="exclusive") == 1
+        assert value("dradriver_prepared_devices", type="gpu", sharing="admin-access") == 0
+        assert value("dradriver_resourceslices_published") == 0
+        published["ok"] = True
+        assert "dradriver_resourceslices_published 1.0" in generate_latest().decode()
+    finally:
+        unregister()
+        store.close()

@@ -1,0 +1,189 @@
+"""The soak: `dradriver run` on a simulated 8-GPU dynamic-MIG node, prepared and unprepared over and over with
+mixed claims (whole GPU, one partition, partitions on two GPUs) and SIGKILLed at random moments, restarted each
+time as the kubelet would find it. Used by the short soak test and by the benchmark's full soak."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from dradriver.driver.checkpoint import read_records
+from dradriver.gpu.catalog import load_node_profile
+from dradriver.gpu.sim import SimulatedNode
+from dradriver.plugin.kubelet_client import Claim, KubeletClient, RegisteredPlugin
+from support.apiserver import FakeApiServer
+
+DRIVER = "gpu.dradriver.dev"
+NODE = "node-a"
+PROFILE = "hgx-h100-80gb"
+BUSES = ("1b", "43", "52", "61", "9d", "c3", "d1", "df")
+TIMEOUT = 30.0
+
+
+def shapes() -> list[list[str]]:
+    """Mixed claims: a whole GPU (GPUs 4-7), one partition and two partitions on two GPUs (GPUs 0-3)."""
+    out: list[list[str]] = []
+    for i in range(12):
+        out.append([f"gpu-0000-{BUSES[4 + i % 4]}-00-0"])
+        out.append([f"gpu-0000-{BUSES[i % 4]}-00-0-mig-1g10gb-{i % 7}"])
+        out.append(
+            [f"gpu-0000-{BUSES[i % 2]}-00-0-mig-2g20gb-{2 * (i % 3)}", f"gpu-0000-{BUSES[2 + i % 2]}-00-0-mig-3g40gb-4"]
+        )
+    return out
+
+
+@dataclass
+class Mark:
+    cycle: int
+    rss_kib: int
+    open_files: int
+    threads: int
+
+
+@dataclass
+class SoakResult:
+    cycles: int = 0
+    kills: int = 0
+    marks: list[Mark] = field(default_factory=list)  # of the last process, after its warm-up and at the end
+    leftovers: dict[str, int] = field(default_factory=dict)  # after the last unprepare: what is still there
+
+
+def process_figures(pid: int) -> tuple[int, int]:
+    """(RSS in KiB, threads) of a process, from /proc."""
+    rss = threads = 0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            rss = int(line.split()[1])
+        elif line.startswith("Threads:"):
+            threads = int(line.split()[1])
+    return rss, threads
+
+
+class Driver:
+    """One `dradriver run` process; the simulated hardware, CDI specs and checkpoint outlive it."""
+
+    def __init__(self, root: Path, kubeconfig: Path) -> None:
+        self.root = root
+        for stale in (root / "registry").glob("*.sock") if (root / "registry").exists() else ():
+            stale.unlink()
+        command = [sys.executable, "-m", "dradriver", "run", "--node-name", NODE, "--kubeconfig", str(kubeconfig)]
+        command += ["--gpu-backend", "sim", "--sim-profile", PROFILE, "--sim-state", str(root / "sim.json")]
+        command += ["--mig-mode", "dynamic", "--rescan-interval", "0", "--metrics-address", "127.0.0.1:0"]
+        command += ["--registry-dir", str(root / "registry"), "--plugin-dir", str(root / "plugin")]
+        command += ["--cdi-dir", str(root / "cdi"), "--state-dir", str(root / "state")]
+        self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        pause = threading.Event()
+        deadline = time.monotonic() + TIMEOUT
+        while True:  # only a poll sees a socket file appear, and the file is bound before the server listens
+            assert self.proc.poll() is None and time.monotonic() < deadline, "dradriver run did not register"
+            if any((root / "registry").glob("*.sock")):
+                try:
+                    self.kubelet = KubeletClient(root / "registry").register()
+                    return
+                except grpc.RpcError:
+                    pass
+            pause.wait(0.01)
+
+    def kill(self) -> None:
+        self.kubelet.close()
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(TIMEOUT)
+
+    def stop(self) -> None:
+        self.kubelet.close()
+        self.proc.terminate()
+        self.proc.wait(TIMEOUT)
+
+
+def allocated(api: FakeApiServer, name: str, devices: list[str]) -> Claim:
+    created = api.create(
+        "resourceclaims",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "gpus", "exactly": {"deviceClassName": DRIVER, "count": len(devices)}}]
+                }
+            },
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [{"request": "gpus", "driver": DRIVER, "pool": NODE, "device": d} for d in devices]
+                    }
+                }
+            },
+        },
+        namespace="default",
+    )
+    return Claim("default", name, created["metadata"]["uid"])
+
+
+def cycle(kubelet: RegisteredPlugin, claim: Claim) -> None:
+    result = kubelet.prepare([claim], timeout=TIMEOUT)[claim.uid]
+    assert result.error == "", result.error
+    assert kubelet.unprepare([claim], timeout=TIMEOUT) == {claim.uid: ""}
+
+
+def run_soak(root: Path, cycles: int, *, kill_every: int, seed: int = 1) -> SoakResult:
+    """``cycles`` prepare+unprepare cycles; about every ``kill_every`` cycles the driver is SIGKILLed with a
+    call in flight (or with a claim prepared) and restarted, and the kubelet re-sends what it had not finished."""
+    rng = random.Random(seed)
+    result = SoakResult()
+    with FakeApiServer() as api:
+        api.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        kubeconfig = api.write_kubeconfig(root / "kubeconfig")
+        claims = [allocated(api, f"soak-{i}", devices) for i, devices in enumerate(shapes())]
+        driver = Driver(root, kubeconfig)
+        warm = 0
+        try:
+            for n in range(cycles):
+                claim = rng.choice(claims)
+                if kill_every and n and n % kill_every == 0 and n < cycles - max(30, cycles // 5):
+                    in_flight = driver.kubelet.prepare_future([claim])
+                    threading.Event().wait(rng.uniform(0, 0.01))  # a random moment of the prepare
+                    driver.kill()
+                    in_flight.cancel()
+                    result.kills += 1
+                    driver = Driver(root, kubeconfig)
+                    warm = n + 20
+                cycle(driver.kubelet, claim)  # the kubelet re-sends the prepare it saw fail, then unprepares
+                if n + 1 == warm or (n + 1 == min(20, cycles) and not result.kills):
+                    result.marks = [_mark(driver, n + 1)]
+                result.cycles += 1
+            result.marks.append(_mark(driver, cycles))
+        finally:
+            driver.stop()
+        node = SimulatedNode(load_node_profile(PROFILE), node_name=NODE, state_path=root / "sim.json")
+        result.leftovers = {
+            "mig_instances": sum(len(g.gpu_instances) for g in node.gpus),
+            "cdi_files": len(list((root / "cdi").glob("*.json"))) if (root / "cdi").exists() else 0,
+            "temp_files": sum(1 for p in root.rglob("*.tmp")),
+            "checkpoint_claims": len(read_records(root / "state" / "checkpoint.json")),
+        }
+    return result
+
+
+def _mark(driver: Driver, n: int) -> Mark:
+    rss, threads = process_figures(driver.proc.pid)
+    return Mark(cycle=n, rss_kib=rss, open_files=len(os.listdir(f"/proc/{driver.proc.pid}/fd")), threads=threads)
+
+
+def as_json(result: SoakResult) -> dict[str, Any]:
+    return {
+        "cycles": result.cycles,
+        "kills": result.kills,
+        "marks": [vars(m) for m in result.marks],
+        "leftovers": result.leftovers,
+    }
