@@ -8,8 +8,10 @@ protobuf messages (v1beta1 has no ``share_id``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 import grpc
@@ -64,9 +66,48 @@ class ClaimProcessor:
         self._locks = locks
         self._claim_status = claim_status
         self._device_metadata = device_metadata
+        self._calls = 0
+        self._closing = False
+        self._idle = threading.Condition()
+
+    def open(self) -> None:
+        """Accept calls again after :meth:`close` (a plugin started anew)."""
+        with self._idle:
+            self._closing = False
+
+    def close(self, timeout: float) -> bool:
+        """Refuse calls that have not reached the handler yet, and wait up to ``timeout`` seconds for those in
+        progress: gRPC gives up on a call after its stop grace, but the thread running it goes on, and must not
+        prepare or write status after the plugin let go of its lock. False if calls were still running."""
+        with self._idle:
+            self._closing = True
+            return self._idle.wait_for(lambda: self._calls == 0, timeout)
+
+    @contextlib.contextmanager
+    def _counted(self) -> Iterator[None]:
+        with self._idle:
+            self._calls += 1
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._calls -= 1
+                self._idle.notify_all()
+
+    @staticmethod
+    def _refused(ref: ClaimRef, what: str) -> str:
+        """The error for a claim whose call reaches the handler only once the plugin is stopping."""
+        return (
+            f"the driver is shutting down and did not {what} claim {ref.namespace}/{ref.name}; "
+            "the kubelet retries with the driver's next instance"
+        )
 
     def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         """Prepare the referenced claims; the result has an entry for every distinct UID in ``refs``."""
+        with self._counted():
+            return self._prepare(refs)
+
+    def _prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         results: dict[str, PrepareResult] = {}
         fetched: dict[str, AllocatedClaim] = {}
         raw: dict[str, Mapping[str, Any]] = {}
@@ -85,6 +126,7 @@ class ClaimProcessor:
                     list(fetched.items()),
                     lambda batch: self._handler.prepare_resource_claims([claim for _, claim in batch]),
                     "prepare",
+                    refs={uid: claim.ref for uid, claim in fetched.items()},
                 )
                 for uid, outcome in outcomes.items():
                     results[uid] = self._with_metadata(raw[uid], self._check_prepare_result(uid, outcome))
@@ -106,6 +148,10 @@ class ClaimProcessor:
 
     def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str | None]:
         """Unprepare the referenced claims; map each distinct UID in ``refs`` to an error or None."""
+        with self._counted():
+            return self._unprepare(refs)
+
+    def _unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str | None]:
         results: dict[str, str | None] = {}
         valid: list[tuple[str, ClaimRef]] = []
         for ref in _distinct(refs):
@@ -121,6 +167,7 @@ class ClaimProcessor:
                     valid,
                     lambda batch: self._handler.unprepare_resource_claims([ref for _, ref in batch]),
                     "unprepare",
+                    refs=dict(valid),
                 )
                 if self._device_metadata is not None:
                     outcomes = {uid: self._remove_metadata(uid, outcome) for uid, outcome in outcomes.items()}
@@ -162,9 +209,15 @@ class ClaimProcessor:
         batch: list[tuple[str, _Item]],
         call: Callable[[list[tuple[str, _Item]]], Mapping[str, _Outcome]],
         what: str,
+        *,
+        refs: Mapping[str, ClaimRef],
     ) -> dict[str, _Outcome | _Failure]:
         """Call the handler on ``batch``; if it raises, call it claim by claim so that one claim's fault stays
-        that claim's error. Every UID of ``batch`` gets an outcome."""
+        that claim's error. Every UID of ``batch`` gets an outcome; none reaches the handler once the plugin
+        is stopping (``refs`` names the claims for that error)."""
+        with self._idle:
+            if self._closing:
+                return {uid: _Failure(self._refused(refs[uid], what)) for uid, _ in batch}
         try:
             returned = call(batch)
         except Exception as err:
@@ -180,7 +233,7 @@ class ClaimProcessor:
             )
             outcomes: dict[str, _Outcome | _Failure] = {}
             for item in batch:
-                outcomes.update(self._run_isolated([item], call, what))
+                outcomes.update(self._run_isolated([item], call, what, refs=refs))
             return outcomes
         if not isinstance(returned, Mapping):
             message = f"driver returned {type(returned).__name__} from {what}, not a mapping by claim UID"

@@ -83,6 +83,7 @@ class KubeletPlugin:
         health_interval: float = 10.0,
         registration_check_interval: float = 1.0,
         stop_grace: float = 5.0,
+        stop_drain: float = 20.0,
         max_workers: int = 16,
         claim_locks: ClaimLocks | None = None,
         claim_status: ClaimStatusWriter | None = None,
@@ -137,6 +138,7 @@ class KubeletPlugin:
         self.services: tuple[str, ...] = (DRA_V1, DRA_V1BETA1) + ((HEALTH_V1ALPHA1,) if self._health else ())
         self._check_interval = registration_check_interval
         self._stop_grace = stop_grace
+        self._stop_drain = stop_drain
         self._max_workers = max_workers
         self._lock = InstanceLock(self.plugin_dir / LOCK_FILE_NAME, pod_uid=self.pod_uid)
         self._dra_server: SocketServer | None = None
@@ -154,6 +156,7 @@ class KubeletPlugin:
         _make_dir(self.plugin_dir, "plugin directory", "--plugin-dir")
         _make_dir(self.registry_dir, "kubelet plugin registration directory", "--registry-dir")
         self._lock.acquire(f"driver {self.driver_name} on node {self.node_name}")
+        self._processor.open()
         try:
             self._dra_server = SocketServer(self.dra_socket, self._add_dra_services, max_workers=self._max_workers)
             self._dra_server.start()
@@ -186,6 +189,13 @@ class KubeletPlugin:
             self._dra_server.stop(self._stop_grace)
             self._dra_server = None
             logger.info("stopped DRA services socket=%s", self.dra_socket)
+            # Calls gRPC gave up on may still run: the lock is held until they are done.
+            if not self._processor.close(self._stop_drain):
+                logger.warning(
+                    "prepare or unprepare calls still running %.0f s after the DRA server stopped; releasing the "
+                    "instance lock anyway",
+                    self._stop_drain,
+                )
         if self.claim_status is not None:
             self.claim_status.stop()
         self._lock.release()
