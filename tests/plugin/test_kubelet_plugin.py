@@ -350,8 +350,8 @@ class _BlockingClaimSource(FakeClaimSource):
         return super().get_resource_claim(namespace, name)
 
 
-def test_a_prepare_still_fetching_its_claim_when_the_plugin_stops_never_reaches_the_handler(
-    make_plugin: PluginFactory, handler: FakeHandler
+def test_a_prepare_still_fetching_its_claim_when_the_plugin_stops_keeps_the_instance_lock(
+    make_plugin: PluginFactory,
 ) -> None:
     source = _BlockingClaimSource()
     source.add(make_claim("a", "uid-a"))
@@ -364,10 +364,12 @@ def test_a_prepare_still_fetching_its_claim_when_the_plugin_stops_never_reaches_
         stopper.start()
         with pytest.raises(grpc.RpcError):
             in_flight.result(TIMEOUT)
+        with pytest.raises(AlreadyRunningError):
+            make_plugin().start()
         source.release.set()
         stopper.join(TIMEOUT)
     assert not stopper.is_alive()
-    assert handler.prepare_batches == []
+    make_plugin().start()
 
 
 def test_bad_options_are_config_errors(make_plugin: PluginFactory, sock_dir: Path) -> None:
