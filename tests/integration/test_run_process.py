@@ -354,3 +354,17 @@ def test_a_refused_second_instance_touches_no_slices(driver: DriverProcess, api:
     twin._reader.join(TIMEOUT)
     assert "already running" in twin.log
     assert api.writes_since(mark) == [], twin.log
+
+
+def test_a_refused_per_pod_instance_leaves_the_running_instances_files_alone(driver: DriverProcess, root: Path) -> None:
+    # A CDI spec the running instance wrote after its start-up reconciliation (a prepare in progress writes the
+    # spec before its checkpoint record). A per-pod instance beside a fixed-name one is refused; it must be
+    # refused before it reconciles the node, or it deletes this spec and rolls back the running one's work.
+    spec = root / "cdi" / "k8s.gpu.dradriver.dev-claim_00000000-0000-0000-0000-00000000abcd.json"
+    spec.parent.mkdir(exist_ok=True)
+    spec.write_text(json.dumps({"cdiVersion": "0.6.0", "kind": "k8s.gpu.dradriver.dev/claim", "devices": []}))
+    twin = DriverProcess(root, root / "kubeconfig", "--pod-uid", "0b1c2d3e-0000-4000-8000-000000000001")
+    assert twin.proc.wait(TIMEOUT) == 2
+    twin._reader.join(TIMEOUT)
+    assert "without a pod UID is running" in twin.log
+    assert spec.exists(), twin.log

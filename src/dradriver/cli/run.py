@@ -407,7 +407,13 @@ class DriverProcess:
             device_metadata_cdi_dir=Path(args.cdi_dir) if args.device_metadata == "true" else None,
             pod_uid=args.pod_uid or None,
         )
-        self._reconcile()
+        # Refused here, a second instance has not touched the running one's claims, CDI specs or MIG devices.
+        self.plugin.lock()
+        try:
+            self._reconcile()
+        except BaseException:
+            self.plugin.stop()
+            raise
         self.status = StatusServer(args.metrics_address, self._readiness) if args.metrics_address else None
         # A health change (a taint to add or remove, a lost GPU back) rescans at once, not at the next interval.
         self.refresh = threading.Event()

@@ -153,9 +153,8 @@ class KubeletPlugin:
         rolling-update mode: another process of the same pod, or an instance without a pod UID), and
         ConfigError if a directory, the lock file or a socket cannot be created.
         """
-        _make_dir(self.plugin_dir, "plugin directory", "--plugin-dir")
         _make_dir(self.registry_dir, "kubelet plugin registration directory", "--registry-dir")
-        self._lock.acquire(f"driver {self.driver_name} on node {self.node_name}")
+        self.lock()
         self._processor.open()
         try:
             self._dra_server = SocketServer(self.dra_socket, self._add_dra_services, max_workers=self._max_workers)
@@ -172,6 +171,14 @@ class KubeletPlugin:
         except BaseException:
             self.stop()
             raise
+
+    def lock(self) -> None:
+        """Take the instance lock now, if not held yet (``start`` then keeps it): for work on the node's state
+        that must wait until no other instance can be serving it, such as reconciling a checkpoint. Raises
+        like ``start``; ``stop`` releases it."""
+        _make_dir(self.plugin_dir, "plugin directory", "--plugin-dir")
+        if not self._lock.held:
+            self._lock.acquire(f"driver {self.driver_name} on node {self.node_name}")
 
     def stop(self) -> None:
         """Deregister (remove the registration socket), then stop serving DRA calls; safe to call twice."""
