@@ -130,9 +130,10 @@ class ClaimProcessor:
                 )
                 for uid, outcome in outcomes.items():
                     results[uid] = self._with_metadata(raw[uid], self._check_prepare_result(uid, outcome))
-            for uid in outcomes:
-                if self._claim_status is not None and results[uid].error is None:
-                    self._claim_status.prepared(fetched[uid].ref, results[uid].devices)
+                # Queued under the claim's lock, so the clear of an unprepare that follows comes after it.
+                for uid in outcomes:
+                    if self._claim_status is not None and results[uid].error is None:
+                        self._claim_status.prepared(fetched[uid].ref, results[uid].devices)
         return results
 
     def _with_metadata(self, claim: Mapping[str, Any], result: PrepareResult) -> PrepareResult:
@@ -171,16 +172,19 @@ class ClaimProcessor:
                 )
                 if self._device_metadata is not None:
                     outcomes = {uid: self._remove_metadata(uid, outcome) for uid, outcome in outcomes.items()}
-            refs_by_uid = dict(valid)
-            for uid, outcome in outcomes.items():
-                if isinstance(outcome, _Failure):
-                    results[uid] = outcome.message
-                elif outcome is None or isinstance(outcome, str):
-                    results[uid] = outcome or None
-                else:
-                    results[uid] = f"driver returned {type(outcome).__name__} for claim UID {uid}, not an error string"
-                if self._claim_status is not None and results[uid] is None:
-                    self._claim_status.unprepared(refs_by_uid[uid])
+                refs_by_uid = dict(valid)
+                for uid, outcome in outcomes.items():
+                    if isinstance(outcome, _Failure):
+                        results[uid] = outcome.message
+                    elif outcome is None or isinstance(outcome, str):
+                        results[uid] = outcome or None
+                    else:
+                        results[uid] = (
+                            f"driver returned {type(outcome).__name__} for claim UID {uid}, not an error string"
+                        )
+                    # Under the claim's lock too: a prepare that follows queues its write after this clear.
+                    if self._claim_status is not None and results[uid] is None:
+                        self._claim_status.unprepared(refs_by_uid[uid])
         return results
 
     def _remove_metadata(self, uid: str, outcome: str | _Failure | None) -> str | _Failure | None:
