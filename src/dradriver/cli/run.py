@@ -429,7 +429,7 @@ class DriverProcess:
             self.inventory = discover(self.gpulib)  # reconciliation may have destroyed MIG instances
             self.driver.update_inventory(self.inventory, self.mig_mode)
             self.health.update_inventory(self.inventory, self.mig_mode)
-            self.specs = build_slice_specs(self.inventory, self.settings)
+            self.specs = build_slice_specs(self.inventory, self.settings, taints=self.health.taints)
             self.publisher.update(_pools(self.node, self.specs))
 
     def _run_until_stopped(self) -> None:
