@@ -98,6 +98,7 @@ def test_a_metrics_port_in_use_is_one_line_before_anything_starts(tmp_path, caps
         (("--sim-state", "/"), "--sim-state /: not a regular file"),
         (("--kubeconfig", "/dev/zero"), "--kubeconfig /dev/zero: not a regular file"),
         (("--log-format", "xml"), "argument --log-format: invalid choice: 'xml'"),
+        (("--pod-uid", "not_a_uid"), "pod UID 'not_a_uid' is not a Kubernetes UID"),
     ],
 )
 def test_the_whole_configuration_is_checked_before_anything_is_touched(tmp_path, capsys, extra, message):

@@ -54,6 +54,7 @@ from dradriver.plugin.kubelet_plugin import (
     DEFAULT_REGISTRY_DIR,
     SERIALIZE_LOCK_NAME,
     KubeletPlugin,
+    check_pod_uid,
 )
 from dradriver.plugin.publisher import Publisher, SliceSpec
 
@@ -269,6 +270,8 @@ def check_config(args: argparse.Namespace) -> None:
         raise ConfigError("--node-name (or NODE_NAME) is required: set it from the pod's spec.nodeName")
     if args.kubernetes_version:
         shape_for(args.kubernetes_version)  # when unset, the API server is asked later
+    if args.pod_uid:
+        check_pod_uid(args.pod_uid)
     if args.metrics_address:
         check_bindable("--metrics-address", args.metrics_address)
     for flag, value in (

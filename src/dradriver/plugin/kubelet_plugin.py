@@ -97,11 +97,8 @@ class KubeletPlugin:
             )
         if health_interval <= 0 or registration_check_interval <= 0:
             raise ConfigError("health_interval and registration_check_interval must be positive (seconds)")
-        if pod_uid is not None and not _POD_UID.match(pod_uid):
-            raise ConfigError(
-                f"pod UID {pod_uid!r} is not a Kubernetes UID (letters, digits and '-', at most 64); fix "
-                "--pod-uid / POD_UID (set it from the downward API field metadata.uid)"
-            )
+        if pod_uid is not None:
+            check_pod_uid(pod_uid)
         self.driver_name = driver_name
         self.node_name = node_name
         self.pod_uid = pod_uid or None
@@ -258,6 +255,15 @@ class KubeletPlugin:
         if old is not None:
             old.stop(0)
         self._start_registration_server()
+
+
+def check_pod_uid(pod_uid: str) -> None:
+    """Raise :class:`ConfigError` unless ``pod_uid`` can name per-pod sockets and locks."""
+    if not _POD_UID.match(pod_uid):
+        raise ConfigError(
+            f"pod UID {pod_uid!r} is not a Kubernetes UID (letters, digits and '-', at most 64); fix "
+            "--pod-uid / POD_UID (set it from the downward API field metadata.uid)"
+        )
 
 
 def rolling_update_registration_socket(registry_dir: Path, driver_name: str, pod_uid: str) -> Path:
