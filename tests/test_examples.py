@@ -136,9 +136,13 @@ def test_scenario_objects_pass_the_official_schemas(path: Path, version: str) ->
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
 def test_our_allocator_allocates_the_scenario_on_its_node(path: Path) -> None:
-    profile, _, mode = header(path, "Node").partition(" --mig-mode ")
+    profile, *flags = header(path, "Node").split()
+    options = dict(zip(flags[::2], flags[1::2], strict=True))
     node = "sim-node"
-    slices = [*published_slices(profile, mode or "none", node=node), nic_slice(node)]
+    published = published_slices(
+        profile, options.get("--mig-mode", "none"), node=node, gpu_sharing=options.get("--gpu-sharing", "exclusive")
+    )
+    slices = [*published, nic_slice(node)]
     taint(slices, [d for d in documents(path) if d["kind"] == "DeviceTaintRule"])
     claims = claims_of(path)
     assert claims, f"{path.name} holds no claim"

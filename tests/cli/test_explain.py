@@ -343,3 +343,33 @@ def test_paths_the_system_cannot_look_up_are_one_error(capsys, path, message):
 def test_a_selector_longer_than_the_api_server_accepts_is_refused(capsys):
     assert main(["explain", "--selector", "true && " * 2000 + "true", "--slices", SLICES]) == 2
     assert "--selector: 16004 characters; the API server accepts at most 10240" in capsys.readouterr().err
+
+
+CONFIG = """    config:
+    - requests: ["gpu"]
+      opaque:
+        driver: %(driver)s
+        parameters: {apiVersion: gpu.dradriver.dev/v1alpha1, kind: GpuConfig, computeMode: %(mode)s}
+"""
+
+
+def test_a_malformed_opaque_config_is_reported_with_its_field_path(tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        CLAIM % {"name": "c", "cls": "gpu.dradriver.dev", "count": 1, "expr": "true"}
+        + CONFIG % {"driver": "gpu.dradriver.dev", "mode": "Shared"}
+    )
+    code = main(["explain", str(path), "--slices", SLICES])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "field spec.devices.config[0].opaque.parameters: GpuConfig: computeMode: 'Shared' is not allowed" in err
+
+
+def test_good_and_foreign_opaque_configs_are_explained(tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        CLAIM % {"name": "c", "cls": "gpu.dradriver.dev", "count": 1, "expr": "true"}
+        + CONFIG % {"driver": "gpu.dradriver.dev", "mode": "ExclusiveProcess"}
+        + (CONFIG % {"driver": "other.example.com", "mode": "Shared"}).split("\n", 1)[1]
+    )
+    assert main(["explain", str(path), "--slices", SLICES]) == 0

@@ -180,3 +180,39 @@ def test_the_driver_runs_on_its_own_rbac_under_the_policy(
         kube.delete("pods", pod["metadata"]["name"], NAMESPACE, gracePeriodSeconds="0")
         kube.delete_all("resourceslices", fieldSelector=f"spec.nodeName={name}")
         kube.delete("nodes", name)
+
+
+def claim_with(parameters: dict[str, Any], template: bool) -> dict[str, Any]:
+    devices = {
+        "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.dradriver.dev"}}],
+        "config": [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": parameters}}],
+    }
+    meta = {"generateName": "config-policy-"}
+    if template:
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": meta,
+                "spec": {"spec": {"devices": devices}}}  # fmt: skip
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": meta, "spec": {"devices": devices}}
+
+
+def test_the_config_policy_refuses_malformed_opaque_configs_and_admits_good_ones(installed: None, kube: Kube) -> None:
+    """The API server runs the policy's CEL (and accepts its cost) with the verdicts of the pydantic models."""
+    from tests.driver.config_table import BAD, GOOD, gpu
+
+    def refused(parameters: dict[str, Any], template: bool) -> str | None:
+        plural = "resourceclaimtemplates" if template else "resourceclaims"
+        try:
+            created = kube.create(plural, claim_with(parameters, template), "default")
+        except ApiError as err:
+            assert err.status in (403, 422), err
+            return str(err)
+        kube.delete(plural, created["metadata"]["name"], "default")
+        return None
+
+    # A new policy takes effect once the API server's informer has it: wait for the first refusal.
+    message = kube.wait("the config policy", lambda: refused(gpu(computeMode="Exclusive"), False))
+    assert "computeMode allows Default, ExclusiveProcess or Prohibited" in message
+    for template in (False, True):
+        for config, why in BAD:
+            assert refused(config, template) is not None, f"admitted, but the models say: {why}"
+        for config in GOOD:
+            assert refused(config, template) is None, config

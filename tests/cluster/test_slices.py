@@ -123,3 +123,19 @@ def test_slices_come_back_after_deletion_and_foreign_edits_and_a_restart(slice_n
     kube.wait("the slices after a SIGKILL restart", published, TIMEOUT)
     after = {s["metadata"]["name"] for s in slices_of(kube, slice_node.name)}
     assert after == before
+
+
+def test_consumable_gpus_are_stored_with_their_sharing_fields(kube: Kube) -> None:
+    """--gpu-sharing consumable (KEP-5075): the server keeps allowMultipleAllocations and the request policies
+    (a server without DRAConsumableCapacity would drop them silently, and the scheduler would never pack)."""
+    from dradriver.driver.slices import as_resource_slices
+
+    gpulib, _ = open_gpu_backend("sim", sim_profile="mixed", node_name="consumable-node")
+    settings = SliceSettings(driver=DRIVER, mig_mode=MigMode.NONE, gpu_sharing="consumable")
+    [wanted] = as_resource_slices(build_slice_specs(discover(gpulib), settings), node_name="consumable-node")
+    created = kube.create("resourceslices", wanted)
+    try:
+        assert canonical(created["spec"]["devices"]) == canonical(wanted["spec"]["devices"])
+        assert all(d["allowMultipleAllocations"] for d in created["spec"]["devices"])
+    finally:
+        kube.delete("resourceslices", created["metadata"]["name"])

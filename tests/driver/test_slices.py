@@ -225,3 +225,28 @@ def test_informational_taints_are_left_out_for_kubernetes_1_34():
     for shape, effects in ((SliceShape.V1_34, ["NoSchedule"]), (SliceShape.V1_35, ["NoSchedule", "None"])):
         specs = build_slice_specs(inventory, SliceSettings(mig_mode=MigMode.NONE, shape=shape), taints=lambda n: both)
         assert [t["effect"] for t in specs[0]["devices"][0]["taints"]] == effects
+
+
+@pytest.mark.parametrize("mode", list(MigMode))
+@pytest.mark.parametrize("shape", list(SliceShape))
+def test_consumable_gpus_pass_the_validator_and_dynamic_mig_gpus_stay_exclusive(mode, shape):
+    from dradriver.driver.slices import SliceSettings, as_resource_slices, build_slice_specs
+
+    settings = SliceSettings(mig_mode=mode, shape=shape, gpu_sharing="consumable")
+    specs = build_slice_specs(INVENTORIES["mixed"], settings)
+    assert validate_pool(as_resource_slices(specs, node_name="node-a"), shape=shape) == []
+    devices = [d for s in specs for d in s.get("devices", [])]
+    gpus = [d for d in devices if d["attributes"]["type"]["string"] == "gpu"]
+    shared = [d for d in gpus if d.get("allowMultipleAllocations")]
+    assert shared, "no GPU is shareable"
+    for device in shared:
+        assert "consumesCounters" not in device
+        memory, shares = device["capacity"]["memory"], device["capacity"]["shares"]
+        assert memory["requestPolicy"]["default"] == memory["value"]  # asking for nothing takes the whole GPU
+        assert shares == {
+            "value": "100",
+            "requestPolicy": {"default": "0", "validRange": {"min": "0", "max": "100", "step": "1"}},
+        }
+    assert all("allowMultipleAllocations" not in d for d in devices if d["attributes"]["type"]["string"] == "mig")
+    if mode is MigMode.DYNAMIC:
+        assert all("allowMultipleAllocations" not in d for d in gpus if "consumesCounters" in d)

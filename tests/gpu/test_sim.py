@@ -600,3 +600,18 @@ def test_event_ids_are_never_reused_after_a_reset_removed_the_logged_events(
     make_node(state_path=state).inject_xid(1, 79)
     event = driver.wait_event(after, {1}, timeout_s=5)
     assert event is not None and event.xid == 79
+
+
+def test_time_slice_follows_nvidia_smi_rules_and_persists(make_node: MakeNode, tmp_path: Path) -> None:
+    state = tmp_path / "state.json"
+    node = make_node("dgx-a100-80gb", state_path=state)
+    node.set_timeslice(1, 3)
+    assert make_node("dgx-a100-80gb", state_path=state).gpu(1).timeslice == 3
+    with pytest.raises(SimNvmlError, match="time-slice value 4 is not 0 to 3"):
+        node.set_timeslice(1, 4)
+    node.set_mig_mode(0, True)
+    node.reset_gpu(0)
+    with pytest.raises(SimNvmlError, match="MIG is enabled"):
+        node.set_timeslice(0, 1)
+    with pytest.raises(SimNvmlError, match="needs root"):
+        make_node("dgx-a100-80gb", privileged=False).set_timeslice(1, 1)

@@ -8,6 +8,7 @@ evaluator as our selectors. It evaluates boolean expressions only (the checker i
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from dradriver.cel.checker import Checker
@@ -17,12 +18,23 @@ from dradriver.cel.parser import parse
 ADMISSION_VARIABLES = ("request", "object", "oldObject", "params", "namespaceObject", "authorizer", "variables")
 
 
-def evaluate(expression: str, **activation: Any) -> Any:
-    """The value of ``expression`` with ``activation`` bound (unbound admission variables are null)."""
+@functools.cache
+def _compiled(expression: str) -> Any:
+    """Parsed, checked and compiled once per expression: a policy's expressions run over many requests."""
     tree = parse(expression)
     checked = Checker(expression, dict.fromkeys(ADMISSION_VARIABLES, "dyn")).check(tree)
-    program = Compiler(checked).compile(tree)
+    return Compiler(checked).compile(tree)
+
+
+def evaluate(expression: str, **activation: Any) -> Any:
+    """The value of ``expression`` with ``activation`` bound (unbound admission variables are null)."""
+    program = _compiled(expression)
     variables: dict[str, Any] = dict.fromkeys(ADMISSION_VARIABLES)
     variables.update(activation)
     variables[STEPS] = [0]
     return program(variables)
+
+
+def evaluate_variable(expression: str, **activation: Any) -> Any:
+    """The value of a policy variable's ``expression`` (of any type: wrapped in ``dyn()`` for the checker)."""
+    return evaluate(f"dyn({expression})", **activation)

@@ -22,7 +22,17 @@ READY_TIMEOUT = 60.0
 class DriverRun:
     """`dradriver run` for one node; ``log`` holds its output (JSON lines)."""
 
-    def __init__(self, root: Path, node: str, kubeconfig: Path, *, profile: str, mig_mode: str, version: str) -> None:
+    def __init__(
+        self,
+        root: Path,
+        node: str,
+        kubeconfig: Path,
+        *,
+        profile: str,
+        mig_mode: str,
+        version: str,
+        extra: tuple[str, ...] = (),
+    ) -> None:
         self.root = root
         self.lines: list[str] = []
         self._ready = threading.Event()
@@ -42,6 +52,7 @@ class DriverRun:
                 "--rescan-interval", "0",
                 "--log-format", "json",
                 "--metrics-address", "127.0.0.1:0",
+                *extra,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -120,21 +131,37 @@ class SimNode:
     keeper: NodeKeeper
     driver: DriverRun
     kubelet: KubeletStandIn
+    extra: tuple[str, ...] = ()  # more flags for `dradriver run`
 
     @classmethod
     def start(
-        cls, kube: Kube, kubeconfig: Path, root: Path, name: str, *, profile: str, mig_mode: str, version: str = "1.35"
+        cls,
+        kube: Kube,
+        kubeconfig: Path,
+        root: Path,
+        name: str,
+        *,
+        profile: str,
+        mig_mode: str,
+        version: str = "1.35",
+        extra: tuple[str, ...] = (),
     ) -> SimNode:
         root.mkdir(parents=True, exist_ok=True)
         keeper = NodeKeeper(kube, name)
-        driver = DriverRun(root, name, kubeconfig, profile=profile, mig_mode=mig_mode, version=version)
+        driver = DriverRun(root, name, kubeconfig, profile=profile, mig_mode=mig_mode, version=version, extra=extra)
         kubelet = KubeletStandIn(kube, name, root / "registry")
-        return cls(name, profile, mig_mode, version, root, kubeconfig, keeper, driver, kubelet)
+        return cls(name, profile, mig_mode, version, root, kubeconfig, keeper, driver, kubelet, extra)
 
     def restart_driver(self, signum: int = signal.SIGTERM) -> None:
         self.driver.stop(signum)
         self.driver = DriverRun(
-            self.root, self.name, self.kubeconfig, profile=self.profile, mig_mode=self.mig_mode, version=self.version
+            self.root,
+            self.name,
+            self.kubeconfig,
+            profile=self.profile,
+            mig_mode=self.mig_mode,
+            version=self.version,
+            extra=self.extra,
         )
 
     @property

@@ -15,9 +15,10 @@ DRIVER = "gpu.dradriver.dev"
 
 
 @functools.cache
-def _published(profile: str, mig_mode: str, node: str) -> tuple[dict[str, Any], ...]:
+def _published(profile: str, mig_mode: str, node: str, gpu_sharing: str) -> tuple[dict[str, Any], ...]:
     inventory = inventory_of(profile, node=node)
-    specs = build_slice_specs(inventory, SliceSettings(driver=DRIVER, mig_mode=MigMode(mig_mode)))
+    settings = SliceSettings(driver=DRIVER, mig_mode=MigMode(mig_mode), gpu_sharing=gpu_sharing)
+    specs = build_slice_specs(inventory, settings)
     cluster = MemoryCluster()
     cluster.add_node(node)
     publisher = Publisher(
@@ -32,8 +33,10 @@ def _published(profile: str, mig_mode: str, node: str) -> tuple[dict[str, Any], 
     return tuple(cluster.slice_objects())
 
 
-def published_slices(profile: str, mig_mode: str = "none", node: str | None = None) -> list[dict[str, Any]]:
+def published_slices(
+    profile: str, mig_mode: str = "none", node: str | None = None, gpu_sharing: str = "exclusive"
+) -> list[dict[str, Any]]:
     """Fresh copies of the slices of simulated node ``profile`` (named ``node``, default the profile)."""
     import copy
 
-    return copy.deepcopy(list(_published(profile, mig_mode, node or profile)))
+    return copy.deepcopy(list(_published(profile, mig_mode, node or profile, gpu_sharing)))

@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.cel import CelCompileError, compile_selector
+from dradriver.driver.config import ConfigError, decode_config
 from dradriver.inputs import InputError, load_yaml_file, path_exists, type_name
 from dradriver.plugin.slice_validation import validate_slice
 from dradriver.validation import default_namespace, validate_claim, validate_class, validate_slice_fields
@@ -247,4 +249,22 @@ def check_claim(doc: Document, class_names: set[str]) -> list[str]:
                     compile_selector(expression)
                 except CelCompileError as err:
                     errors.append(selector_error(doc.source, what, field_path, err))
+    errors += config_errors(doc, spec, prefix)
+    return errors
+
+
+def config_errors(doc: Document, spec: dict[str, Any], prefix: str) -> list[str]:
+    """Our opaque configs that prepare would refuse (the same strict decoding; other drivers' are not judged)."""
+    errors = []
+    entries = (spec.get("devices") or {}).get("config") or []
+    for i, entry in enumerate(entries if isinstance(entries, list) else []):
+        opaque = entry.get("opaque") if isinstance(entry, dict) else None
+        if not isinstance(opaque, dict) or opaque.get("driver") != DEFAULT_DRIVER_NAME:
+            continue
+        try:
+            decode_config(opaque.get("parameters") or {})
+        except ConfigError as err:
+            errors.append(
+                f"{doc.source}: {doc.kind} {doc.name}: field {prefix}.devices.config[{i}].opaque.parameters: {err}"
+            )
     return errors

@@ -7,7 +7,9 @@ import contextlib
 import fcntl
 import logging
 import os
+import shlex
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +41,7 @@ from dradriver.driver.health import (
     parse_xids,
 )
 from dradriver.driver.metrics import InstrumentedHandler
+from dradriver.driver.mps import DEFAULT_COMMAND, MpsControl
 from dradriver.driver.slices import SliceSettings, build_slice_specs, shape_for
 from dradriver.driver.state import GpuDriver
 from dradriver.errors import ConfigError, DradriverError
@@ -105,6 +108,23 @@ def register(subcommands: Any) -> None:
         env="DRADRIVER_STATE_DIR",
         help="where the checkpoint of prepared claims lives (default: the plugin directory); it must survive "
         "plugin restarts but not reboots (a checkpoint from an earlier boot is discarded)",
+    )
+    add_env_option(
+        parser,
+        "--gpu-sharing",
+        env="DRADRIVER_GPU_SHARING",
+        default="exclusive",
+        choices=("exclusive", "consumable"),
+        help="publish whole GPUs for one claim each, or as consumable capacity (memory, shares) that several "
+        "claims share, each limited by its own MPS daemon (KEP-5075, Kubernetes 1.34+ DRAConsumableCapacity)",
+    )
+    add_env_option(
+        parser,
+        "--mps-control-command",
+        env="DRADRIVER_MPS_CONTROL_COMMAND",
+        metavar="COMMAND",
+        help="the MPS control command, split like a shell line (default: nvidia-cuda-mps-control, or the simulated "
+        "node's stand-in with --gpu-backend sim); claims with MPS get one daemon each, started with -f",
     )
     add_env_option(
         parser,
@@ -351,7 +371,9 @@ class DriverProcess:
         except BaseException:
             self.cluster.close()
             raise
-        self.settings = SliceSettings(driver=self.args.driver_name, mig_mode=self.mig_mode, shape=self.shape)
+        self.settings = SliceSettings(
+            driver=self.args.driver_name, mig_mode=self.mig_mode, shape=self.shape, gpu_sharing=self.args.gpu_sharing
+        )
 
     def _assemble(self) -> None:
         args, node = self.args, self.node
@@ -392,6 +414,7 @@ class DriverProcess:
             gpulib=self.gpulib,
             checkpoint=self.checkpoint,
             device_problem=self.health.problem,
+            mps=MpsControl(_mps_command(args, simulated), state_dir / "mps"),
         )
         claim_status = (
             ClaimStatusWriter(self.cluster, driver_name=args.driver_name, node_name=node)
@@ -484,6 +507,7 @@ class DriverProcess:
             if self.stop.is_set():
                 return
             self._rescan()
+            self.driver.check_mps_daemons()
 
     def _rescan(self) -> None:
         """Rediscover and republish if the devices or their health changed; one bad rescan keeps the last
@@ -578,3 +602,11 @@ def _node_uid(cluster: KubeCluster, node: str) -> str | None:
     except ClusterError as err:
         log.warning("cannot read Node %s; slices get no owner reference error=%s", node, err)
         return None
+
+
+def _mps_command(args: argparse.Namespace, simulated: bool) -> list[str]:
+    if args.mps_control_command:
+        return shlex.split(str(args.mps_control_command))
+    if simulated:
+        return [sys.executable, "-m", "dradriver.gpu.mps_standin"]
+    return list(DEFAULT_COMMAND)

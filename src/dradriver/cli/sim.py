@@ -185,6 +185,7 @@ def _show(node: SimulatedNode, args: argparse.Namespace) -> None:
         print(
             f"{gpu.index}  {gpu.pci_bus_id}  {gpu.product_name}  {gpu.uuid}  MIG {mig}  "
             f"compute mode {ComputeMode(gpu.compute_mode).name}"
+            + (f"  time-slice {gpu.timeslice}" if gpu.timeslice else "")
         )
         if gpu.lost:
             continue

@@ -63,6 +63,7 @@ class CdiDevice:
     name: str  # the device's name in the pool, e.g. gpu-0000-07-00-0
     device_nodes: tuple[DeviceNode, ...]  # e.g. /dev/nvidia0; MIG devices add their /dev/nvidia-caps nodes
     env: tuple[str, ...] = ()  # "KEY=VALUE"
+    mounts: tuple[tuple[str, str], ...] = ()  # (host path, container path): e.g. a claim's MPS pipe directory
 
 
 def device_env_name(device_name: str) -> str:
@@ -172,6 +173,15 @@ class CdiWriter:
             edits: dict[str, Any] = {"deviceNodes": [self._node(node) for node in device.device_nodes]}
             if device.env:
                 edits["env"] = list(device.env)
+            if device.mounts:
+                edits["mounts"] = [
+                    {
+                        "hostPath": host,
+                        "containerPath": inside,
+                        "options": ["rw", "nosuid", "nodev", "rbind", "rprivate"],
+                    }
+                    for host, inside in device.mounts
+                ]
             devices.append({"name": name, "containerEdits": edits})
         present = [node for node in COMMON_DEVICE_NODES if self._node_exists(self._host_path(node.path) or node.path)]
         common: dict[str, Any] = {

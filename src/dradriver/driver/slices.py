@@ -42,6 +42,11 @@ class SliceSettings:
     driver: str = DEFAULT_DRIVER_NAME
     mig_mode: MigMode = MigMode.DYNAMIC
     shape: SliceShape = SliceShape.V1_35
+    gpu_sharing: str = "exclusive"  # or "consumable": whole GPUs shared by claims (KEP-5075), see docs/sharing.md
+
+
+#: With ``--gpu-sharing consumable``: a GPU's compute share as a capacity, in percent of its multiprocessors.
+SHARES = 100
 
 
 # Counter names (DNS labels) of a GPU's counter set, mapped to the MigProfile field they count.
@@ -69,6 +74,8 @@ def build_slice_specs(
 
     def device(d: GpuDevice | MigPartition, *, counters: bool = False) -> dict[str, Any]:
         built = _device(d, inventory, settings.driver, counters=counters)
+        if settings.gpu_sharing == "consumable" and isinstance(d, GpuDevice) and not counters:
+            _make_consumable(built, d)
         found = taints(d.name) if taints is not None else []
         if settings.shape is SliceShape.V1_34:
             # Effect None (informational) is in the v1 types of 1.36, not in those of 1.33/1.34: a 1.34 server
@@ -257,6 +264,22 @@ def _device(
     if counters:
         result["consumesCounters"] = _consumption(gpu, None if isinstance(device, GpuDevice) else device)
     return result
+
+
+def _make_consumable(built: dict[str, Any], gpu: GpuDevice) -> None:
+    """A whole GPU that several claims share: each takes ``memory`` (default: all of it, so a claim that asks
+    for nothing still gets the GPU to itself) and ``shares`` of its compute (default none), which prepare turns
+    into the MPS limits of the claim. Multiprocessors are left out: without a request policy every share would
+    consume all of them. GPUs that consume MIG counters (dynamic MIG) stay exclusive."""
+    memory = _quantity(gpu.info.memory_bytes)
+    built["allowMultipleAllocations"] = True
+    built["capacity"] = {
+        "memory": {"value": memory, "requestPolicy": {"default": memory, "validRange": {"min": "1Mi", "step": "1Mi"}}},
+        "shares": {
+            "value": str(SHARES),
+            "requestPolicy": {"default": "0", "validRange": {"min": "0", "max": str(SHARES), "step": "1"}},
+        },
+    }
 
 
 def _quantity(value: int) -> str:

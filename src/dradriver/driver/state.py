@@ -18,17 +18,40 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
+from typing import Any
 
-from dradriver.driver.cdi import CdiWriter, ClaimSpec, cdi_device
+from dradriver.driver.cdi import CdiDevice, CdiWriter, ClaimSpec, cdi_device
 from dradriver.driver.checkpoint import Action, CheckpointStore, ClaimRecord, ClaimState, DeviceRecord
+from dradriver.driver.config import ConfigSource, DeviceTarget, resolve_configs
 from dradriver.driver.device_status import device_metadata_attributes, device_status_data
 from dradriver.driver.mig import STEP_COMPUTE_INSTANCE, STEP_GPU_INSTANCE, STEP_MIG_MODE, MigSteps
+from dradriver.driver.mps import MpsControl
+from dradriver.driver.sharing import (
+    CONFIG_FIELD,
+    CONSUMED_FIELD,
+    SHARE_IDS_FIELD,
+    STEP_COMPUTE_MODE,
+    STEP_MPS_DAEMON,
+    STEP_TIME_SLICE,
+    SharingSteps,
+    consumed_total,
+    refuse_conflicts,
+    share_config,
+    sharing_status,
+)
 from dradriver.driver.transaction import StepFailed, Transaction, Undo, crash_point
 from dradriver.errors import ClaimError, DeviceError, DradriverError
 from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode, MigPartition
 from dradriver.gpu.models import DeviceNode, MigDevice
-from dradriver.plugin.handler import AllocatedClaim, ClaimRef, DeviceToleration, PreparedDevice, PrepareResult
+from dradriver.plugin.handler import (
+    AllocatedClaim,
+    AllocatedDevice,
+    ClaimRef,
+    DeviceToleration,
+    PreparedDevice,
+    PrepareResult,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +71,9 @@ class PlannedDevice:
     device: GpuDevice | MigPartition
     requests: tuple[str, ...]
     admin_access: bool
+    config: dict[str, Any] | None = None  # the resolved opaque config (GpuConfig / MigDeviceConfig), if any
+    share_ids: tuple[str, ...] = ()  # consumable shares (KEP-5075) of a multi-allocatable GPU
+    consumed: tuple[tuple[str, str], ...] = ()  # what the shares consume, summed: capacity name → quantity
 
     @property
     def gpu(self) -> GpuDevice:
@@ -61,6 +87,8 @@ class ReadyDevice:
     device: GpuDevice | MigPartition
     device_nodes: tuple[DeviceNode, ...]
     admin_access: bool
+    env: tuple[str, ...] = ()  # sharing: e.g. the claim's MPS pipe directory
+    mounts: tuple[tuple[str, str], ...] = ()
 
     @property
     def name(self) -> str:
@@ -85,6 +113,7 @@ class GpuDriver:
         gpulib: GpuLib | None = None,
         checkpoint: CheckpointStore | None = None,
         device_problem: DeviceProblem | None = None,
+        mps: MpsControl | None = None,
     ) -> None:
         """``device_problem`` says why a device must not be given to a new claim (its health: cause and time),
         or None when it may; consulted for each device of a claim that is not prepared yet (a claim prepared
@@ -98,6 +127,7 @@ class GpuDriver:
         self.checkpoint = checkpoint if checkpoint is not None else CheckpointStore()
         self._device_problem = device_problem
         self._mig = MigSteps(gpulib) if gpulib is not None else None
+        self._sharing = SharingSteps(gpulib, self.checkpoint, mps)
         self._lock = threading.Lock()
         self._gpu_locks: dict[str, threading.Lock] = {}
         self._devices: dict[str, GpuDevice | MigPartition] = {}
@@ -141,6 +171,7 @@ class GpuDriver:
         ref = claim.ref
         earlier = self.checkpoint.get(ref.uid)
         if earlier is not None and earlier.state is ClaimState.PREPARE_COMPLETED:
+            self._ensure_mps(ref.uid)  # a kubelet retry finds the claim's MPS daemon serving
             return self._reported(earlier)
         if earlier is not None:
             log.info("finishing an earlier prepare that did not complete: rolling it back claim=%s", ref.uid)
@@ -153,12 +184,16 @@ class GpuDriver:
             state=ClaimState.PREPARE_STARTED,
             devices=[_device_record(p) for p in planned],
         )
-        self.checkpoint.insert_checked(record, lambda others: _refuse_overlap(ref, record, others))
+        self.checkpoint.insert_checked(record, lambda others: _refuse_overlap_and_conflicts(ref, record, others))
         crash_point("prepare-started")
         txn = Transaction(record, self.checkpoint, self._undo_steps())
         try:
             with self._hold_gpus(sorted({p.gpu.name for p in planned})):
                 ready = [self._make_ready(txn, p) for p in planned]
+                for device in record.devices:
+                    self._sharing.apply_device(txn, device)
+                self._sharing.apply_mps(txn)
+            ready = [self._with_sharing(txn.record, r) for r in ready]
             self._write_cdi_spec(txn, ready)
         except DradriverError as err:
             raise self._failed(txn, err) from err
@@ -220,6 +255,7 @@ class GpuDriver:
         """Resolve each allocated device (no hardware is touched); a device may serve several requests."""
         by_device: dict[str, list[str]] = {}
         exclusive: set[str] = set()
+        shares: dict[str, list[AllocatedDevice]] = {}
         tolerations: dict[str, list[DeviceToleration]] = {}
         for result in claim.devices:
             if result.pool != self.pool:
@@ -229,11 +265,38 @@ class GpuDriver:
                 )
             by_device.setdefault(result.device, []).append(result.request)
             tolerations.setdefault(result.device, []).extend(result.tolerations)
+            if result.share_id is not None:
+                shares.setdefault(result.device, []).append(result)
             if not result.admin_access:
                 exclusive.add(result.device)
-        return [
-            PlannedDevice(self._resolve(claim.ref, name, tolerations[name]), tuple(requests), name not in exclusive)
+        planned = [
+            PlannedDevice(
+                self._resolve(claim.ref, name, tolerations[name]),
+                tuple(requests),
+                name not in exclusive,
+                share_ids=tuple(str(r.share_id) for r in shares.get(name, ())),
+                consumed=consumed_total(shares.get(name, ())),
+            )
             for name, requests in by_device.items()
+        ]
+        # Admin access is monitoring another claim's device: its settings are that claim's, not this one's.
+        configs = resolve_configs(
+            str(claim.ref),
+            [ConfigSource(c.source, c.requests, c.parameters) for c in claim.config],
+            [
+                DeviceTarget(p.device.name, p.requests, "gpu" if isinstance(p.device, GpuDevice) else "mig")
+                for p in planned
+                if not p.admin_access
+            ],
+        )
+        return [
+            replace(
+                p,
+                config=share_config(
+                    str(claim.ref), p.device.name, configs.get(p.device.name), p.consumed, bool(p.share_ids)
+                ),
+            )
+            for p in planned
         ]
 
     def _resolve(self, ref: ClaimRef, name: str, tolerations: Sequence[DeviceToleration]) -> GpuDevice | MigPartition:
@@ -287,6 +350,30 @@ class GpuDriver:
         record.mig_uuid = mig.uuid
         return ReadyDevice(replace(device, existing=mig), _mig_device_nodes(device, mig), planned.admin_access)
 
+    def _with_sharing(self, record: ClaimRecord, ready: ReadyDevice) -> ReadyDevice:
+        env, mounts = self._sharing.cdi_extras(record, _record_of(record, ready.name))
+        return replace(ready, env=env, mounts=mounts)
+
+    def check_mps_daemons(self) -> None:
+        """Restart the MPS daemon of every prepared claim whose daemon died (a periodic check; also at
+        start-up, which re-adopts the daemons that outlived the previous instance)."""
+        for record in self.checkpoint.records():
+            try:
+                self._ensure_mps(record.uid)
+            except DradriverError as err:
+                log.error("cannot restart the MPS daemon claim=%s error=%s", record, err)
+
+    def _ensure_mps(self, uid: str) -> None:
+        """Restart claim ``uid``'s MPS daemon if it died. Under its GPUs' locks, and with the record read again
+        there: an unprepare running meanwhile (which holds them too) must not see its daemon come back."""
+        record = self.checkpoint.get(uid)
+        if record is None:
+            return
+        with self._hold_gpus(sorted({d.gpu for d in record.devices})):
+            record = self.checkpoint.get(uid)
+            if record is not None and record.state is ClaimState.PREPARE_COMPLETED:
+                self._sharing.ensure_mps(record)
+
     def _existing(self, partition: MigPartition) -> MigDevice:
         """Admin access to a dynamic partition: monitoring what another claim carved; nothing is created."""
         assert self.gpulib is not None
@@ -304,11 +391,18 @@ class GpuDriver:
         for record, cdi_id, device in zip(txn.record.devices, ids, ready, strict=True):
             record.cdi_device_ids = [cdi_id]
             # What the claim reports about its devices is recorded too, so a repeated prepare returns it as is.
-            record.status_data = device_status_data(device.device, admin_access=device.admin_access)
+            record.status_data = device_status_data(
+                device.device, admin_access=device.admin_access, sharing=sharing_status(record.extra.get(CONFIG_FIELD))
+            )
             record.metadata = device_metadata_attributes(device.device)
 
     def _undo_steps(self) -> dict[str, Undo]:
-        undo: dict[str, Undo] = {STEP_CDI_SPEC: lambda record, _action: self.cdi.remove(record.uid)}
+        undo: dict[str, Undo] = {
+            STEP_CDI_SPEC: lambda record, _action: self.cdi.remove(record.uid),
+            STEP_COMPUTE_MODE: self._sharing.undo_compute_mode,
+            STEP_TIME_SLICE: self._sharing.undo_time_slice,
+            STEP_MPS_DAEMON: self._sharing.undo_mps_daemon,
+        }
         if self._mig is not None:
             undo.update(
                 {
@@ -368,6 +462,7 @@ class GpuDriver:
                 log.error("reconcile: could not clean up claim=%s error=%s", record, err)
         if self.mig_mode is MigMode.DYNAMIC and self._mig is not None:
             self._destroy_orphan_instances()
+        self.check_mps_daemons()
         known = {r.uid for r in self.checkpoint.records()}
         for uid in self.cdi.claim_uids():
             if uid not in known:
@@ -418,8 +513,18 @@ def build_claim_spec(claim_uid: str, devices: Sequence[ReadyDevice]) -> ClaimSpe
     """The claim's CDI spec: per device its nodes and its own environment (admin-access ones marked)."""
     return ClaimSpec(
         claim_uid=claim_uid,
-        devices=tuple(cdi_device(d.device, d.device_nodes, admin_access=d.admin_access) for d in devices),
+        devices=tuple(_cdi_device(d) for d in devices),
     )
+
+
+def _cdi_device(ready: ReadyDevice) -> CdiDevice:
+    base = cdi_device(ready.device, ready.device_nodes, admin_access=ready.admin_access)
+    return replace(base, env=base.env + ready.env, mounts=ready.mounts)
+
+
+def _refuse_overlap_and_conflicts(ref: ClaimRef, record: ClaimRecord, others: list[ClaimRecord]) -> None:
+    _refuse_overlap(ref, record, others)
+    refuse_conflicts(str(ref), record, others)
 
 
 def _refuse_overlap(ref: ClaimRef, record: ClaimRecord, others: list[ClaimRecord]) -> None:
@@ -433,6 +538,8 @@ def _refuse_overlap(ref: ClaimRef, record: ClaimRecord, others: list[ClaimRecord
             for theirs in other.devices:
                 if theirs.admin_access or theirs.gpu != mine.gpu:
                     continue
+                if mine.extra.get(SHARE_IDS_FIELD) and theirs.extra.get(SHARE_IDS_FIELD):
+                    continue  # shares of one multi-allocatable GPU: the scheduler accounts their capacity
                 if theirs.name == mine.name:
                     raise ClaimError(
                         f"claim {ref}: device {mine.name} is already prepared for claim {other.uid} "
@@ -457,6 +564,11 @@ def _device_record(planned: PlannedDevice) -> DeviceRecord:
         kind="gpu" if isinstance(device, GpuDevice) else "mig",
         admin_access=planned.admin_access,
     )
+    if planned.config is not None:
+        record.extra[CONFIG_FIELD] = planned.config
+    if planned.share_ids:
+        record.extra[SHARE_IDS_FIELD] = list(planned.share_ids)
+        record.extra[CONSUMED_FIELD] = dict(planned.consumed)
     if isinstance(device, MigPartition):
         record.placement_start, record.placement_size = device.placement.start, device.placement.size
         record.profile_id = device.profile.id

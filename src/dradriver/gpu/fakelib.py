@@ -166,7 +166,26 @@ def simulated_gpulib_on(node: SimulatedNode) -> NvmlGpuLib:
         pci_topology=SimPciTopology(node),
         mig_capabilities=SimMigCapabilities(),
         gpu_reset=SimGpuReset(node),
+        timeslice_setter=SimTimeslice(node),
     )
+
+
+class SimTimeslice:
+    """``nvidia-smi compute-policy --set-timeslice`` on the simulated node."""
+
+    def __init__(self, node: SimulatedNode) -> None:
+        self._node = node
+
+    def __call__(self, gpu_uuid: str, value: int) -> None:
+        gpu = next((g for g in self._node.gpus if g.uuid == gpu_uuid), None)
+        if gpu is None:
+            raise GpuError(f"no GPU with UUID {gpu_uuid}", device=gpu_uuid, call="nvidia-smi compute-policy")
+        try:
+            self._node.set_timeslice(gpu.index, value)
+        except SimNvmlError as err:
+            raise error_for_code(
+                err.code, f"setting the time-slice failed: {err}", device=gpu_uuid, call="nvidia-smi compute-policy"
+            ) from err
 
 
 class SimGpuReset:

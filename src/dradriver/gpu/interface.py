@@ -82,6 +82,9 @@ class GpuLib(Protocol):
     def set_compute_mode(self, device_uuid: str, mode: ComputeMode) -> None:
         """Set the compute mode of a GPU (MIG disabled) or of a MIG device."""
 
+    def set_timeslice(self, gpu_uuid: str, value: int) -> None:
+        """Set a whole GPU's time-slice for compute processes: 0 Default, 1 Short, 2 Medium, 3 Long."""
+
     def nvlinks(self, gpu_uuid: str) -> list[NvlinkConnection]:
         """Active NVLinks and what each one reaches."""
 

@@ -188,6 +188,21 @@ def nvidia_smi_reset(gpu_uuid: str) -> None:
         )
 
 
+def nvidia_smi_set_timeslice(gpu_uuid: str, value: int) -> None:
+    """Set a GPU's time-slice with ``nvidia-smi compute-policy --set-timeslice`` (NVML's only time-slice setters
+    are the vGPU scheduler's; NVIDIA's DRA driver does the same)."""
+    call = "nvidia-smi compute-policy --set-timeslice"
+    command = ["nvidia-smi", "compute-policy", "-i", gpu_uuid, "--set-timeslice", str(value)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise GpuError(f"cannot run nvidia-smi to set the time-slice: {err}", device=gpu_uuid, call=call) from err
+    if done.returncode != 0:
+        raise GpuError(
+            f"setting the time-slice failed: {(done.stdout + done.stderr).strip()}", device=gpu_uuid, call=call
+        )
+
+
 class NvmlGpuLib:
     """The ``GpuLib`` port on NVML. Thread-safe as NVML is; ``close()`` shuts NVML down."""
 
@@ -198,6 +213,7 @@ class NvmlGpuLib:
         pci_topology: PciTopology | None = None,
         mig_capabilities: MigCapabilities | None = None,
         gpu_reset: Callable[[str], None] | None = None,
+        timeslice_setter: Callable[[str, int], None] | None = None,
     ) -> None:
         if nvml is None:
             import pynvml
@@ -207,6 +223,7 @@ class NvmlGpuLib:
         self._topology = pci_topology if pci_topology is not None else SysfsPciTopology()
         self._capabilities = mig_capabilities if mig_capabilities is not None else ProcMigCapabilities()
         self._gpu_reset = gpu_reset if gpu_reset is not None else nvidia_smi_reset
+        self._set_timeslice = timeslice_setter if timeslice_setter is not None else nvidia_smi_set_timeslice
         self._lock = threading.RLock()
         self._closed = False
         self._gpus: list[GpuInfo] | None = None
@@ -604,6 +621,10 @@ class NvmlGpuLib:
     def set_compute_mode(self, device_uuid: str, mode: ComputeMode) -> None:
         self._call("nvmlDeviceSetComputeMode", self._handle(device_uuid), int(mode), device=device_uuid)
         log.info("set compute mode device=%s mode=%s", device_uuid, mode.name)
+
+    def set_timeslice(self, gpu_uuid: str, value: int) -> None:
+        self._set_timeslice(gpu_uuid, value)
+        log.info("set time-slice gpu=%s value=%d", gpu_uuid, value)
 
     # --- NVLink -------------------------------------------------------------------------------------------
 

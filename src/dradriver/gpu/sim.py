@@ -101,6 +101,7 @@ class SimGpu:
     mig_current: bool = False
     mig_pending: bool = False
     compute_mode: int = ComputeMode.DEFAULT
+    timeslice: int = 0  # nvidia-smi compute-policy --set-timeslice value (0 Default … 3 Long)
     lost: bool = False
     gpu_instances: dict[int, SimGpuInstance] = field(default_factory=dict)
     fabric_state: FabricState | None = None  # None: no fabric info at all (before Hopper)
@@ -432,6 +433,18 @@ class SimulatedNode:
                     raise SimNvmlError(NOT_FOUND, f"no compute instance {mig[1]} in GPU instance {mig[0]}") from None
             self._save()
 
+    def set_timeslice(self, index: int, value: int) -> None:
+        """What ``nvidia-smi compute-policy -i <gpu> --set-timeslice <value>`` does (0 Default … 3 Long)."""
+        with self._lock:
+            gpu = self.gpu(index)
+            if value not in range(4):
+                raise SimNvmlError(INVALID_ARGUMENT, f"time-slice value {value} is not 0 to 3")
+            self._require_privilege("setting the time-slice")
+            if gpu.mig_current:
+                raise SimNvmlError(NOT_SUPPORTED, f"MIG is enabled on {gpu.pci_bus_id}: time-slice is not settable")
+            gpu.timeslice = value
+            self._save()
+
     # --- NVLink -------------------------------------------------------------------------------------------
 
     def nvlink(self, index: int, link: int) -> tuple[str, NvlinkPeerType] | None:
@@ -610,6 +623,7 @@ class SimulatedNode:
                     "migCurrent": gpu.mig_current,
                     "migPending": gpu.mig_pending,
                     "computeMode": int(gpu.compute_mode),
+                    "timeslice": gpu.timeslice,
                     "lost": gpu.lost,
                     "eccVolatile": gpu.ecc_volatile,
                     "eccAggregate": gpu.ecc_aggregate,
@@ -698,6 +712,7 @@ class SimulatedNode:
                 state.lost,
             )
             gpu.ecc_volatile, gpu.ecc_aggregate = state.ecc
+            gpu.timeslice = state.timeslice
             # Files written before fabric info was modelled lack it: the profile's initial state holds.
             if state.fabric is not None and gpu.fabric_state is not None:
                 gpu.fabric_state, gpu.fabric_status = state.fabric
@@ -748,6 +763,7 @@ class _GpuState:
     gpu_instances: dict[int, SimGpuInstance]
     fabric: tuple[FabricState, int] | None
     ecc: tuple[int, int] = (0, 0)  # volatile, aggregate; files written before ECC was modelled have none
+    timeslice: int = 0
 
 
 def _parse_gpu_state(gpu: SimGpu, entry: dict[str, Any]) -> _GpuState:
@@ -777,6 +793,7 @@ def _parse_gpu_state(gpu: SimGpu, entry: dict[str, Any]) -> _GpuState:
         instances,
         (FabricState(int(fabric["state"])), int(fabric["status"])) if fabric is not None else None,
         (int(entry.get("eccVolatile", 0)), int(entry.get("eccAggregate", 0))),
+        int(entry.get("timeslice", 0)),
     )
 
 

@@ -76,12 +76,19 @@ def allocated_claim(claim: Mapping[str, Any], ref: ClaimRef, driver_name: str) -
             device=result["device"],
             admin_access=result.get("adminAccess") is True,
             share_id=result["shareID"] if isinstance(result.get("shareID"), str) else None,
+            consumed_capacity=_consumed(result.get("consumedCapacity")),
             tolerations=_tolerations(result.get("tolerations")),
         )
         for result in allocation["devices"]["results"]
         if isinstance(result, Mapping) and result.get("driver") == driver_name
     )
     return AllocatedClaim(ref=ref, devices=devices, config=_configs(allocation["devices"].get("config"), driver_name))
+
+
+def _consumed(raw: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(raw, Mapping):
+        return ()
+    return tuple(sorted((str(name), str(value)) for name, value in raw.items()))
 
 
 def _tolerations(entries: Any) -> tuple[DeviceToleration, ...]:

@@ -56,6 +56,8 @@ class AllocatedDevice:
     device: str
     admin_access: bool = False
     share_id: str | None = None
+    # KEP-5075: what this share of a multi-allocatable device consumes (capacity name → quantity), sorted by name.
+    consumed_capacity: tuple[tuple[str, str], ...] = ()
     tolerations: tuple[DeviceToleration, ...] = ()
 
 

@@ -1,0 +1,328 @@
+"""The opaque configuration API ``gpu.dradriver.dev/v1alpha1``: ``GpuConfig`` and ``MigDeviceConfig``.
+
+Decoding is strict: an unknown field, a wrong type or a value out of range is a :class:`ConfigError` naming the
+field path and what is allowed. Field names are NVIDIA's (``resource.nvidia.com/v1beta1``) where the meaning is
+the same; ``timeSlicing``/``mps`` are ours and NVIDIA's ``timeSlicingConfig``/``mpsConfig`` are accepted too, so
+a config ports by changing its group and driver.
+
+Resolution (:func:`resolve_configs`) follows the API's order: class configs, then claim configs; an entry that
+names requests applies only to their devices; two entries for one device merge field by field with the later
+winning, except that two different sharing strategies are refused (merging TimeSlicing settings into MPS, or the
+reverse, would silently drop what one entry asked for).
+
+``python -m dradriver.driver.config > api/config/gpu.dradriver.dev_v1alpha1.schema.json`` regenerates the
+checked-in JSON schema (a test keeps it current).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from dradriver.errors import ClaimError, DradriverError
+from dradriver.quantity import Quantity, QuantityError
+
+GROUP = "gpu.dradriver.dev"
+API_VERSION = f"{GROUP}/v1alpha1"
+GPU_CONFIG = "GpuConfig"
+MIG_DEVICE_CONFIG = "MigDeviceConfig"
+MIB = 1024 * 1024
+
+Interval = Literal["Default", "Short", "Medium", "Long"]
+ComputeModeName = Literal["Default", "ExclusiveProcess", "Prohibited"]
+
+#: The value ``nvidia-smi compute-policy --set-timeslice`` takes for each interval.
+TIMESLICE_VALUES: dict[str, int] = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
+
+TIME_SLICING_ON_MIG = (
+    "time-slicing is not a MIG setting: a MIG device has its own scheduler, which NVIDIA's time-slice policy does "
+    "not change; use strategy MPS on the partition, or time-slice a whole GPU with GpuConfig"
+)
+
+
+class ConfigError(DradriverError):
+    """An opaque config that cannot be used; the message names the field path and what is allowed."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True, frozen=True)
+
+
+def _quantity(value: object, what: str) -> str:
+    """A positive Kubernetes quantity (a string or a whole number), kept in its spelling."""
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise ValueError(f"must be a quantity such as 8Gi or 512Mi, not {type(value).__name__}")
+    try:
+        parsed = Quantity.parse(str(value))
+    except QuantityError as err:
+        raise ValueError(f"{value!r} is not a quantity (examples: 8Gi, 512Mi)") from err
+    if parsed.value < MIB:
+        raise ValueError(f"{what} {value} is below 1Mi; MPS limits are whole MiB")
+    return str(value)
+
+
+class TimeSlicingConfig(_Strict):
+    interval: Interval = "Default"
+
+
+class MpsConfig(_Strict):
+    default_active_thread_percentage: int | None = Field(
+        default=None, ge=0, le=100, alias="defaultActiveThreadPercentage"
+    )
+    default_pinned_device_memory_limit: str | None = Field(default=None, alias="defaultPinnedDeviceMemoryLimit")
+    default_per_device_pinned_memory_limit: dict[str, str] | None = Field(
+        default=None, alias="defaultPerDevicePinnedMemoryLimit"
+    )
+
+    @field_validator("default_pinned_device_memory_limit", mode="before")
+    @classmethod
+    def _limit(cls, value: object) -> object:
+        return None if value is None else _quantity(value, "the limit")
+
+    @field_validator("default_per_device_pinned_memory_limit", mode="before")
+    @classmethod
+    def _per_device(cls, value: object) -> object:
+        if value is None or not isinstance(value, Mapping):
+            return value
+        return {str(key): _quantity(limit, f"the limit of {key}") for key, limit in value.items()}
+
+
+class GpuSharing(_Strict):
+    strategy: Literal["TimeSlicing", "MPS"]
+    time_slicing: TimeSlicingConfig | None = Field(
+        default=None,
+        validation_alias=AliasChoices("timeSlicing", "timeSlicingConfig"),
+        serialization_alias="timeSlicing",
+    )
+    mps: MpsConfig | None = Field(
+        default=None, validation_alias=AliasChoices("mps", "mpsConfig"), serialization_alias="mps"
+    )
+
+    @model_validator(mode="after")
+    def _one_strategy(self) -> GpuSharing:
+        if self.strategy == "TimeSlicing" and self.mps is not None:
+            raise ValueError("mps is set but strategy is TimeSlicing; remove mps or set strategy: MPS")
+        if self.strategy == "MPS" and self.time_slicing is not None:
+            raise ValueError("timeSlicing is set but strategy is MPS; remove timeSlicing or set strategy: TimeSlicing")
+        return self
+
+
+class MigSharing(_Strict):
+    strategy: Literal["MPS"]
+    mps: MpsConfig | None = Field(
+        default=None, validation_alias=AliasChoices("mps", "mpsConfig"), serialization_alias="mps"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_time_slicing(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and (
+            data.get("strategy") == "TimeSlicing" or "timeSlicing" in data or "timeSlicingConfig" in data
+        ):
+            raise ValueError(TIME_SLICING_ON_MIG)
+        return data
+
+
+class GpuConfig(_Strict):
+    """Settings of a whole GPU: sharing (time-slicing or MPS) and compute mode."""
+
+    api_version: Literal["gpu.dradriver.dev/v1alpha1"] = Field(alias="apiVersion")
+    kind: Literal["GpuConfig"]
+    sharing: GpuSharing | None = None
+    compute_mode: ComputeModeName | None = Field(default=None, alias="computeMode")
+
+    @model_validator(mode="after")
+    def _mode_fits_sharing(self) -> GpuConfig:
+        strategy = self.sharing.strategy if self.sharing is not None else None
+        if strategy == "MPS" and self.compute_mode not in (None, "ExclusiveProcess"):
+            raise ValueError(
+                f"computeMode {self.compute_mode} cannot be used with MPS (the MPS server must be the only process "
+                "on the GPU); leave computeMode unset or set ExclusiveProcess"
+            )
+        if strategy == "TimeSlicing" and self.compute_mode not in (None, "Default"):
+            raise ValueError(
+                f"computeMode {self.compute_mode} cannot be used with TimeSlicing (time slices are shared between "
+                "processes, which needs the Default mode); leave computeMode unset or set Default"
+            )
+        return self
+
+
+class MigDeviceConfig(_Strict):
+    """Settings of a MIG partition: MPS sharing."""
+
+    api_version: Literal["gpu.dradriver.dev/v1alpha1"] = Field(alias="apiVersion")
+    kind: Literal["MigDeviceConfig"]
+    sharing: MigSharing | None = None
+
+
+AnyConfig = GpuConfig | MigDeviceConfig
+_KINDS: dict[str, type[GpuConfig] | type[MigDeviceConfig]] = {GPU_CONFIG: GpuConfig, MIG_DEVICE_CONFIG: MigDeviceConfig}
+
+
+def decode_config(parameters: Mapping[str, Any]) -> AnyConfig:
+    """Decode one opaque config strictly; :class:`ConfigError` names the field path and what is allowed."""
+    if not isinstance(parameters, Mapping):
+        raise ConfigError(f"the parameters must be an object with apiVersion {API_VERSION} and a kind")
+    api_version, kind = parameters.get("apiVersion"), parameters.get("kind")
+    if api_version != API_VERSION:
+        raise ConfigError(f"apiVersion: {api_version!r} is not supported; allowed: {API_VERSION}")
+    model = _KINDS.get(str(kind))
+    if model is None:
+        raise ConfigError(f"kind: {kind!r} is not a kind of {API_VERSION}; allowed: {', '.join(_KINDS)}")
+    try:
+        return model.model_validate(dict(parameters))
+    except ValidationError as err:
+        raise ConfigError(f"{kind}: {_explain(err, model)}") from None
+
+
+def _explain(err: ValidationError, model: type[BaseModel]) -> str:
+    problems = []
+    for item in err.errors(include_url=False):
+        path = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        kind = item["type"]
+        ctx = item.get("ctx") or {}
+        if kind == "extra_forbidden":
+            allowed = _fields_at(model, [str(p) for p in item["loc"][:-1]])
+            problems.append(f"{path}: unknown field; allowed fields here: {', '.join(allowed)}")
+        elif kind == "literal_error":
+            problems.append(f"{path}: {item['input']!r} is not allowed; allowed: {ctx.get('expected', '')}")
+        elif kind in ("greater_than_equal", "less_than_equal"):
+            problems.append(f"{path}: {item['input']!r} is out of range; allowed: 0 to 100")
+        elif kind == "missing":
+            problems.append(f"{path}: required field is missing")
+        elif kind == "value_error":
+            problems.append(f"{path}: {ctx.get('error', item['msg'])!s}")
+        else:
+            problems.append(f"{path}: {item['msg'].lower()} (got {item['input']!r})")
+    return "; ".join(problems)
+
+
+def _fields_at(model: type[BaseModel], path: list[str]) -> list[str]:
+    """The field names (as written in JSON) of the model at ``path``."""
+    current: Any = model
+    for part in path:
+        for name, info in current.model_fields.items():
+            names = {name, info.alias, info.serialization_alias}
+            if isinstance(info.validation_alias, AliasChoices):
+                names.update(str(c) for c in info.validation_alias.choices)
+            if part in names:
+                current = next(
+                    a for a in getattr(info.annotation, "__args__", (info.annotation,)) if isinstance(a, type)
+                )
+                break
+        else:
+            return []
+    return [info.serialization_alias or info.alias or name for name, info in current.model_fields.items()]
+
+
+# --- resolution ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConfigSource:
+    """One of this driver's config entries: where it came from (FromClass/FromClaim), the requests it names
+    (empty: all) and its opaque parameters."""
+
+    source: str
+    requests: tuple[str, ...]
+    parameters: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class DeviceTarget:
+    """A device of the claim that configs may apply to."""
+
+    name: str
+    requests: tuple[str, ...]
+    kind: str  # "gpu" or "mig"
+
+
+def resolve_configs(
+    claim: str, configs: Sequence[ConfigSource], devices: Sequence[DeviceTarget]
+) -> dict[str, AnyConfig]:
+    """The effective config of each device that has one (devices without any config are left out)."""
+    ordered = sorted(enumerate(configs), key=lambda e: (0 if e[1].source == "FromClass" else 1, e[0]))
+    decoded: list[tuple[str, ConfigSource, AnyConfig]] = []
+    for position, entry in ordered:
+        where = f"config entry {position} ({entry.source or 'FromClaim'})"
+        try:
+            decoded.append((where, entry, decode_config(entry.parameters)))
+        except ConfigError as err:
+            raise ClaimError(f"claim {claim}: {where}: {err}") from None
+    effective: dict[str, AnyConfig] = {}
+    for device in devices:
+        merged: dict[str, Any] | None = None
+        first = ""
+        for where, entry, config in decoded:
+            if entry.requests and not any(_serves(device.requests, r) for r in entry.requests):
+                continue
+            wanted = GPU_CONFIG if device.kind == "gpu" else MIG_DEVICE_CONFIG
+            if config.kind != wanted:
+                if entry.requests:
+                    raise ClaimError(
+                        f"claim {claim}: {where} is a {config.kind} for requests {', '.join(entry.requests)}, but "
+                        f"device {device.name} is a {'whole GPU' if device.kind == 'gpu' else 'MIG partition'}; "
+                        f"use kind {wanted} for it"
+                    )
+                continue  # an entry for every request configures the devices of its own kind
+            data = config.model_dump(by_alias=True, exclude_unset=True)
+            if merged is None:
+                merged, first = data, where
+                continue
+            ours, theirs = merged.get("sharing", {}).get("strategy"), data.get("sharing", {}).get("strategy")
+            if ours and theirs and ours != theirs:
+                raise ClaimError(
+                    f"claim {claim}: device {device.name}: {first} asks for sharing strategy {ours} and {where} "
+                    f"for {theirs}; one device has one strategy: remove one of the entries"
+                )
+            merged = _merge(merged, data)
+        if merged is not None:
+            try:
+                effective[device.name] = decode_config(merged)
+            except ConfigError as err:
+                raise ClaimError(f"claim {claim}: device {device.name}: the merged config is invalid: {err}") from None
+    return effective
+
+
+def _serves(device_requests: Sequence[str], request: str) -> bool:
+    # A config for a request with alternatives (firstAvailable) applies to whichever sub-request was allocated.
+    return any(r == request or r.startswith(request + "/") for r in device_requests)
+
+
+def _merge(base: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in later.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def mib(quantity: str) -> int:
+    """A limit in whole MiB (rounded down), as MPS takes it."""
+    return int(Quantity.parse(quantity).value // MIB)
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON schema of both kinds (one ``oneOf``), from the models."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": API_VERSION,
+        "oneOf": [
+            GpuConfig.model_json_schema(by_alias=True, mode="validation"),
+            MigDeviceConfig.model_json_schema(by_alias=True, mode="validation"),
+        ],
+    }
+
+
+def schema_text() -> str:
+    return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
+
+
+if __name__ == "__main__":
+    print(schema_text(), end="")

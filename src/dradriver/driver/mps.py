@@ -1,0 +1,155 @@
+"""MPS control daemons: one per claim that asks for MPS, started, checked and stopped here.
+
+Each daemon gets its own pipe and log directory under ``<state dir>/mps/<claim uid>/``; the claim's containers get
+both through the CDI spec (``CUDA_MPS_PIPE_DIRECTORY``, ``CUDA_MPS_LOG_DIRECTORY``). The daemon is the configured
+command (``nvidia-cuda-mps-control`` by default; the simulated node runs ``dradriver.gpu.mps_standin``) started in
+the foreground (``-f``) in a session of its own, so it does not die with the plugin's process: see docs/sharing.md
+for how it outlives the plugin's container. Liveness is asked of the daemon itself (``get_server_list`` through
+its pipe directory), which works for a daemon this process did not start (re-adoption after a restart).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dradriver.errors import DeviceError
+
+log = logging.getLogger(__name__)
+
+#: Where the claim's containers see the daemon's directories (NVIDIA's defaults, so CUDA finds them unset too).
+CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"
+CONTAINER_LOG_DIR = "/var/log/nvidia-mps"
+DEFAULT_COMMAND = ("nvidia-cuda-mps-control",)
+
+
+class MpsControl:
+    """Starts and stops the MPS control daemons of claims; ``root`` holds their pipe and log directories."""
+
+    def __init__(self, command: Sequence[str], root: Path, *, ready_timeout_s: float = 10.0) -> None:
+        if not command:
+            raise ValueError("the MPS control command is empty")
+        self.command = tuple(command)
+        self.root = root
+        self.ready_timeout_s = ready_timeout_s
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+
+    def dirs(self, claim_uid: str) -> tuple[Path, Path]:
+        base = self.root / claim_uid
+        return base / "pipe", base / "log"
+
+    def start(self, claim_uid: str, device_uuids: Sequence[str], commands: Sequence[str]) -> dict[str, Any]:
+        """Start the claim's daemon, wait until it answers, send ``commands`` (the limits); the recorded identity."""
+        pipe, logs = self.dirs(claim_uid)
+        pipe.mkdir(parents=True, exist_ok=True)
+        logs.mkdir(parents=True, exist_ok=True)
+        env = self._env(pipe, logs)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(device_uuids)
+        try:
+            child = subprocess.Popen(
+                [*self.command, "-f"],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,  # not in the plugin's process group: a signal to the plugin spares it
+            )
+        except OSError as err:
+            raise DeviceError(
+                f"cannot start the MPS control daemon {' '.join(self.command)}: {err}; is it in the driver root "
+                "(--mps-control-command)?"
+            ) from err
+        self._children[child.pid] = child
+        identity = {"pid": child.pid, "startTime": _start_time(child.pid), "pipeDir": str(pipe), "logDir": str(logs)}
+        deadline = time.monotonic() + self.ready_timeout_s
+        while not self.alive(identity):
+            if child.poll() is not None or time.monotonic() > deadline:
+                self.stop(identity)
+                raise DeviceError(
+                    f"the MPS control daemon of claim {claim_uid} did not become ready within "
+                    f"{self.ready_timeout_s:g}s; see {logs / 'control.log'}"
+                )
+            time.sleep(0.05)
+        if commands:
+            self._send(identity, "\n".join(commands) + "\n", what="applying the MPS limits")
+        log.info("started MPS control daemon claim=%s pid=%d devices=%s", claim_uid, child.pid, ",".join(device_uuids))
+        return identity
+
+    def alive(self, identity: Mapping[str, Any]) -> bool:
+        """Whether the daemon answers through its pipe directory."""
+        child = self._children.get(int(identity.get("pid", 0)))
+        if child is not None and child.poll() is not None:
+            return False
+        try:
+            self._send(identity, "get_server_list\n", what="checking the daemon")
+        except DeviceError:
+            return False
+        return True
+
+    def stop(self, identity: Mapping[str, Any]) -> None:
+        """Quit the daemon (idempotent: a daemon already gone is success) and remove its directories."""
+        pid = int(identity.get("pid", 0))
+        with contextlib.suppress(DeviceError):
+            self._send(identity, "quit\n", what="stopping the daemon")
+        deadline = time.monotonic() + self.ready_timeout_s
+        while self._running(pid, identity.get("startTime")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self._running(pid, identity.get("startTime")):
+            log.warning("MPS control daemon did not quit; killing it pid=%d", pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        child = self._children.pop(pid, None)
+        if child is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=self.ready_timeout_s)
+        base = Path(str(identity.get("pipeDir", ""))).parent
+        if base != Path() and base.parent == self.root:
+            shutil.rmtree(base, ignore_errors=True)
+
+    def _running(self, pid: int, start_time: object) -> bool:
+        child = self._children.get(pid)
+        if child is not None:
+            return child.poll() is None
+        # Not our child (started before a restart): the same pid with the same start time is the same process.
+        return pid > 0 and start_time is not None and _start_time(pid) == start_time
+
+    def _env(self, pipe: Path, logs: Path) -> dict[str, str]:
+        return {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(logs)}
+
+    def _send(self, identity: Mapping[str, Any], text: str, *, what: str) -> str:
+        env = self._env(Path(str(identity["pipeDir"])), Path(str(identity["logDir"])))
+        try:
+            done = subprocess.run(
+                list(self.command), input=text.encode(), env=env, capture_output=True, timeout=10, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise DeviceError(f"{what}: cannot run {' '.join(self.command)}: {err}") from err
+        output = (done.stdout + done.stderr).decode(errors="replace").strip()
+        if done.returncode != 0:
+            raise DeviceError(f"{what}: {' '.join(self.command)} failed: {output or f'exit {done.returncode}'}")
+        return output
+
+    def query(self, identity: Mapping[str, Any], command: str) -> str:
+        """Ask the daemon one command (e.g. ``get_default_active_thread_percentage``); its answer."""
+        return self._send(identity, command + "\n", what=f"asking {command}")
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/<pid>/stat): with the pid, an
+    identity that a recycled pid does not share."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X"):
+        return None  # exited, not yet reaped by its parent: dead all the same
+    return int(fields[19])

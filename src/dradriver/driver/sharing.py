@@ -1,0 +1,341 @@
+"""Applying a claim's resolved config at prepare: the compute-mode, time-slice and MPS steps and their undos.
+
+Steps (each recorded by the claim's :class:`~dradriver.driver.transaction.Transaction`):
+
+- ``compute-mode``: set a device's compute mode (a GPU, or a MIG device by its UUID). The mode found before the
+  first claim changed it is recorded and handed on: a later claim on the same device records the same original,
+  and the last claim to leave restores it.
+- ``time-slice``: set a whole GPU's time-slice (``nvidia-smi compute-policy``). The last claim to leave resets it
+  to Default (0), as NVIDIA's driver does; the previous value cannot be read back.
+- ``mps-daemon``: start the claim's MPS control daemon with its limits (one per claim, over all of its MPS
+  devices); undo quits it and removes its directories.
+
+What a device needs follows from its config (:func:`wanted_settings`): MPS runs the GPU in ExclusiveProcess (only
+the MPS server holds a context), time-slicing in Default; an explicit ``computeMode`` otherwise. Two claims on one
+GPU (consumable shares, or a partition and its parent's other partitions for MIG devices) must agree on the
+GPU-wide settings: :func:`refuse_conflicts` names the other claim, reading the checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dradriver.driver.checkpoint import Action, CheckpointStore, ClaimRecord, DeviceRecord
+from dradriver.driver.config import API_VERSION, TIMESLICE_VALUES, AnyConfig, MpsConfig, mib
+from dradriver.driver.mps import CONTAINER_LOG_DIR, CONTAINER_PIPE_DIR, MpsControl
+from dradriver.driver.transaction import Transaction
+from dradriver.errors import ClaimError, DeviceError
+from dradriver.gpu.errors import GpuError, NotFound
+from dradriver.gpu.interface import GpuLib
+from dradriver.gpu.models import ComputeMode
+from dradriver.quantity import Quantity
+
+log = logging.getLogger(__name__)
+
+STEP_COMPUTE_MODE = "compute-mode"
+STEP_TIME_SLICE = "time-slice"
+STEP_MPS_DAEMON = "mps-daemon"
+
+#: Where a device's resolved config is recorded in the checkpoint (a DeviceRecord extra field).
+CONFIG_FIELD = "config"
+#: Consumable shares (KEP-5075): the device's share IDs in this claim and the capacity they consume.
+SHARE_IDS_FIELD = "shareIds"
+CONSUMED_FIELD = "consumedCapacity"
+
+_MODES = {
+    "Default": ComputeMode.DEFAULT,
+    "ExclusiveProcess": ComputeMode.EXCLUSIVE_PROCESS,
+    "Prohibited": ComputeMode.PROHIBITED,
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a device's config asks of the hardware."""
+
+    compute_mode: str | None  # a computeMode name
+    timeslice: str | None  # an interval name (whole GPUs only)
+    mps: MpsConfig | None
+    strategy: str | None
+
+
+def wanted_settings(config: Mapping[str, Any] | None, kind: str) -> Settings:
+    """The settings of a recorded (already validated) config of a ``gpu`` or ``mig`` device."""
+    if not config:
+        return Settings(None, None, None, None)
+    if config.get(SHARED_KEY):
+        # Several claims' MPS daemons on one GPU: each server needs the Default mode to get a context at all.
+        return Settings("Default", None, MpsConfig.model_validate(config["sharing"].get("mps") or {}), "MPS")
+    sharing = config.get("sharing") or {}
+    strategy = sharing.get("strategy")
+    mode = config.get("computeMode")
+    timeslice = None
+    mps = None
+    if strategy == "MPS":
+        mode = "ExclusiveProcess"
+        mps = MpsConfig.model_validate(sharing.get("mps") or {})
+    elif strategy == "TimeSlicing" and kind == "gpu":
+        mode = "Default"
+        timeslice = (sharing.get("timeSlicing") or {}).get("interval", "Default")
+    return Settings(mode, timeslice, mps, strategy)
+
+
+#: Marks the recorded config of a consumable share (not part of the API: set by prepare, never by users).
+SHARED_KEY = "consumableShare"
+
+
+def consumed_total(results: Sequence[Any]) -> tuple[tuple[str, str], ...]:
+    """The capacity the shares of one device consume together (``AllocatedDevice.consumed_capacity`` summed)."""
+    totals: dict[str, Quantity] = {}
+    for result in results:
+        for name, value in result.consumed_capacity:
+            totals[name] = totals[name].add(Quantity.parse(value)) if name in totals else Quantity.parse(value)
+    return tuple(sorted((name, str(q)) for name, q in totals.items()))
+
+
+def share_config(
+    claim: str, device: str, config: AnyConfig | None, consumed: Sequence[tuple[str, str]], shared: bool
+) -> dict[str, Any] | None:
+    """The config to record for a device: as resolved, or for a consumable share the MPS limits its consumed
+    capacity sets (pinned memory = consumed memory, active threads = consumed shares), capped further by any
+    smaller limit the claim's own MPS config gives. A share is enforced with MPS, so TimeSlicing and compute
+    modes are refused on it."""
+    if not shared:
+        return recorded_config(config) if config is not None else None
+    data: dict[str, Any] = (
+        recorded_config(config) if config is not None else {"apiVersion": API_VERSION, "kind": "GpuConfig"}
+    )
+    sharing = data.get("sharing") or {"strategy": "MPS"}
+    if sharing.get("strategy") != "MPS" or data.get("computeMode"):
+        raise ClaimError(
+            f"claim {claim}: device {device} is a consumable share of a GPU, which is enforced with MPS; its config "
+            "may set only sharing.strategy MPS and MPS limits (no TimeSlicing, no computeMode)"
+        )
+    mps = dict(sharing.get("mps") or {})
+    used = dict(consumed)
+    if "memory" in used:
+        limit = mps.get("defaultPinnedDeviceMemoryLimit")
+        if limit is None or Quantity.parse(limit) > Quantity.parse(used["memory"]):
+            mps["defaultPinnedDeviceMemoryLimit"] = used["memory"]
+    shares = Quantity.parse(used["shares"]).as_integer() if "shares" in used else 0
+    if shares > 0:
+        percentage = mps.get("defaultActiveThreadPercentage")
+        mps["defaultActiveThreadPercentage"] = min(shares, percentage) if percentage is not None else shares
+    data["sharing"] = {"strategy": "MPS", "mps": mps}
+    data[SHARED_KEY] = True
+    return data
+
+
+def recorded_config(config: AnyConfig) -> dict[str, Any]:
+    """A resolved config as the checkpoint keeps it (its JSON form, with defaults filled in)."""
+    return config.model_dump(by_alias=True, exclude_none=True)
+
+
+def sharing_status(config: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """What a device's status data reports about its sharing (None: exclusive)."""
+    if not config or not config.get("sharing"):
+        return None
+    sharing = dict(config["sharing"])
+    if config.get("computeMode"):
+        sharing["computeMode"] = config["computeMode"]
+    return sharing
+
+
+def refuse_conflicts(ref: str, record: ClaimRecord, others: Sequence[ClaimRecord]) -> None:
+    """Refuse GPU-wide settings that differ from those of another claim already prepared on the same GPU."""
+    for mine in record.devices:
+        wanted = wanted_settings(mine.extra.get(CONFIG_FIELD), mine.kind)
+        if wanted.compute_mode is None and wanted.timeslice is None:
+            continue
+        for other in others:
+            for theirs in other.devices:
+                if theirs.gpu != mine.gpu or (mine.kind == "mig" and theirs.name != mine.name):
+                    continue
+                held = wanted_settings(theirs.extra.get(CONFIG_FIELD), theirs.kind)
+                for what, a, b in (
+                    ("compute mode", wanted.compute_mode, held.compute_mode),
+                    ("time-slice", wanted.timeslice, held.timeslice),
+                ):
+                    if a is not None and b is not None and a != b:
+                        raise ClaimError(
+                            f"claim {ref}: device {mine.name} needs {what} {a}, but claim {other.uid} "
+                            f"({other.namespace}/{other.name}) already prepared on GPU {mine.gpu} runs it with {b}; "
+                            "claims sharing a GPU must ask for the same settings (the claim is retried after that "
+                            "claim is unprepared)"
+                        )
+
+
+class SharingSteps:
+    """The sharing steps on one node. The caller holds the GPU's lock around the compute-mode and time-slice
+    steps; ``checkpoint`` tells which other claims still hold a setting when one is undone."""
+
+    def __init__(self, gpulib: GpuLib | None, checkpoint: CheckpointStore, mps: MpsControl | None) -> None:
+        self.gpulib = gpulib
+        self.checkpoint = checkpoint
+        self.mps = mps
+
+    def apply_device(self, txn: Transaction, device: DeviceRecord) -> None:
+        """The compute-mode and time-slice steps of one device (nothing when its config asks for neither)."""
+        wanted = wanted_settings(device.extra.get(CONFIG_FIELD), device.kind)
+        if wanted.compute_mode is None and wanted.timeslice is None:
+            return
+        gpulib = self._gpulib(device)
+        target = device.mig_uuid if device.kind == "mig" and device.mig_uuid else device.gpu_uuid
+        if wanted.compute_mode is not None:
+            mode = _MODES[wanted.compute_mode]
+            holder = self._holder(txn.record.uid, STEP_COMPUTE_MODE, target)
+            previous = holder.params["previous"] if holder is not None else int(gpulib.compute_mode(target))
+            params = {"deviceUUID": target, "mode": int(mode), "previous": previous}
+            txn.run(STEP_COMPUTE_MODE, device.name, params, lambda p: self._set_mode(gpulib, p["deviceUUID"], mode))
+        if wanted.timeslice is not None:
+            value = TIMESLICE_VALUES[wanted.timeslice]
+            params = {"gpuUUID": device.gpu_uuid, "value": value}
+            txn.run(STEP_TIME_SLICE, device.name, params, lambda p: self._set_timeslice(gpulib, p["gpuUUID"], value))
+
+    def apply_mps(self, txn: Transaction) -> None:
+        """The claim's MPS daemon, for the devices whose config asks for MPS (nothing when none does)."""
+        devices = [
+            (d, s)
+            for d in txn.record.devices
+            if (s := wanted_settings(d.extra.get(CONFIG_FIELD), d.kind)).mps is not None
+        ]
+        if not devices:
+            return
+        if self.mps is None:
+            raise ClaimError(f"claim {txn.record}: MPS is asked for, but this driver runs no MPS control command")
+        uuids = [d.mig_uuid if d.kind == "mig" and d.mig_uuid else d.gpu_uuid for d, _s in devices]
+        commands = mps_commands(txn.record, devices, uuids)
+        mps = self.mps
+        params: dict[str, Any] = {"deviceUUIDs": uuids, "commands": commands}
+        txn.run(STEP_MPS_DAEMON, "", params, lambda p: mps.start(txn.record.uid, p["deviceUUIDs"], p["commands"]))
+
+    def cdi_extras(
+        self, record: ClaimRecord, device: DeviceRecord
+    ) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+        """The env and mounts a device adds for its claim's MPS daemon (none without MPS)."""
+        action = next((a for a in record.actions if a.step == STEP_MPS_DAEMON), None)
+        wanted = wanted_settings(device.extra.get(CONFIG_FIELD), device.kind)
+        if action is None or wanted.mps is None:
+            return (), ()
+        env = (f"CUDA_MPS_PIPE_DIRECTORY={CONTAINER_PIPE_DIR}", f"CUDA_MPS_LOG_DIRECTORY={CONTAINER_LOG_DIR}")
+        mounts = (
+            (str(action.params["pipeDir"]), CONTAINER_PIPE_DIR),
+            (str(action.params["logDir"]), CONTAINER_LOG_DIR),
+        )
+        return env, mounts
+
+    def ensure_mps(self, record: ClaimRecord) -> bool:
+        """Restart the claim's MPS daemon if it died (same directories and limits); True when it was restarted."""
+        action = next((a for a in record.actions if a.step == STEP_MPS_DAEMON and a.done), None)
+        if action is None or self.mps is None or self.mps.alive(action.params):
+            return False
+        log.warning(
+            "MPS control daemon of claim=%s is gone (pid %s); restarting it", record.uid, action.params.get("pid")
+        )
+        action.params.update(self.mps.start(record.uid, action.params["deviceUUIDs"], action.params["commands"]))
+        self.checkpoint.put(record)
+        return True
+
+    # --- undo ---------------------------------------------------------------------------------------------
+
+    def undo_compute_mode(self, record: ClaimRecord, action: Action) -> None:
+        target = str(action.params["deviceUUID"])
+        if self._holder(record.uid, STEP_COMPUTE_MODE, target) is not None:
+            return  # another claim still runs the device in this mode; the last one restores it
+        gpulib = self._gpulib(None)
+        try:
+            gpulib.set_compute_mode(target, ComputeMode(int(action.params["previous"])))
+        except GpuError as err:
+            if _gone(err):
+                return  # the MIG device is gone with its claim: nothing to restore
+            raise DeviceError(f"restoring the compute mode of {target}: {err}") from err
+
+    def undo_time_slice(self, record: ClaimRecord, action: Action) -> None:
+        gpu = str(action.params["gpuUUID"])
+        if self._holder(record.uid, STEP_TIME_SLICE, gpu) is not None:
+            return
+        try:
+            self._gpulib(None).set_timeslice(gpu, TIMESLICE_VALUES["Default"])
+        except GpuError as err:
+            raise DeviceError(f"resetting the time-slice of {gpu}: {err}") from err
+
+    def undo_mps_daemon(self, record: ClaimRecord, action: Action) -> None:
+        if self.mps is None:
+            raise DeviceError("an MPS daemon is recorded, but this driver runs no MPS control command")
+        # An intent without its result (a crash right after the start) still names the daemon: its directories
+        # follow from the claim, and quitting goes through them.
+        pipe, logs = self.mps.dirs(record.uid)
+        self.mps.stop({"pipeDir": str(pipe), "logDir": str(logs), **action.params})
+
+    # --- helpers ------------------------------------------------------------------------------------------
+
+    def _holder(self, uid: str, step: str, target: str) -> Action | None:
+        """Another claim's recorded action of ``step`` on ``target`` (a device UUID), if any."""
+        key = "deviceUUID" if step == STEP_COMPUTE_MODE else "gpuUUID"
+        for other in self.checkpoint.records():
+            if other.uid == uid:
+                continue
+            for action in other.actions:
+                if action.step == step and action.params.get(key) == target:
+                    return action
+        return None
+
+    def _gpulib(self, device: DeviceRecord | None) -> GpuLib:
+        if self.gpulib is None:
+            what = f"device {device.name}'s config" if device is not None else "a recorded setting"
+            raise DeviceError(f"{what} needs GPU access (compute mode, time-slice), but this driver has none")
+        return self.gpulib
+
+    @staticmethod
+    def _set_mode(gpulib: GpuLib, target: str, mode: ComputeMode) -> dict[str, Any]:
+        try:
+            gpulib.set_compute_mode(target, mode)
+        except GpuError as err:
+            raise DeviceError(f"setting compute mode {mode.name}: {err}") from err
+        return {}
+
+    @staticmethod
+    def _set_timeslice(gpulib: GpuLib, gpu: str, value: int) -> dict[str, Any]:
+        try:
+            gpulib.set_timeslice(gpu, value)
+        except GpuError as err:
+            raise DeviceError(f"setting the time-slice: {err}") from err
+        return {}
+
+
+def mps_commands(
+    record: ClaimRecord, devices: Sequence[tuple[DeviceRecord, Settings]], uuids: Sequence[str]
+) -> list[str]:
+    """The control commands that apply the claim's MPS limits (NVIDIA's: limits in whole MiB, ``<n>M``)."""
+    percentages = {s.mps.default_active_thread_percentage for _d, s in devices if s.mps is not None}
+    percentages.discard(None)
+    if len(percentages) > 1:
+        raise ClaimError(
+            f"claim {record}: its devices ask for different defaultActiveThreadPercentage values "
+            f"({', '.join(str(p) for p in sorted(p for p in percentages if p is not None))}); one MPS daemon serves "
+            "the claim, so give them one value"
+        )
+    commands = [f"set_default_active_thread_percentage {p}" for p in percentages]
+    for index, ((_device, settings), uuid) in enumerate(zip(devices, uuids, strict=True)):
+        mps = settings.mps
+        assert mps is not None
+        limit = mps.default_pinned_device_memory_limit
+        per_device = mps.default_per_device_pinned_memory_limit or {}
+        for key, value in per_device.items():
+            if key not in uuids and not (key.isdigit() and int(key) < len(uuids)):
+                raise ClaimError(
+                    f"claim {record}: defaultPerDevicePinnedMemoryLimit names {key!r}, which is neither the UUID of "
+                    f"one of the claim's MPS devices ({', '.join(uuids)}) nor an index below {len(uuids)}"
+                )
+            if key in (uuid, str(index)):
+                limit = value
+        if limit is not None:
+            commands.append(f"set_default_device_pinned_mem_limit {uuid} {mib(limit)}M")
+    return commands
+
+
+def _gone(err: GpuError) -> bool:
+    return isinstance(err, NotFound)

@@ -1,0 +1,392 @@
+"""Sharing at prepare on a simulated node: compute mode, time-slice and MPS daemons, applied and restored."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.cdi_schema import cdi_problems
+
+from dradriver.driver.cdi import CdiWriter
+from dradriver.driver.checkpoint import CheckpointStore, ClaimRecord, ClaimState, DeviceRecord
+from dradriver.driver.mps import MpsControl
+from dradriver.driver.sharing import CONFIG_FIELD, STEP_MPS_DAEMON, refuse_conflicts
+from dradriver.driver.state import GpuDriver
+from dradriver.errors import ClaimError
+from dradriver.gpu.catalog import load_node_profile
+from dradriver.gpu.fakelib import simulated_gpulib_on
+from dradriver.gpu.inventory import MigMode, discover
+from dradriver.gpu.models import ComputeMode
+from dradriver.gpu.sim import SimulatedNode
+from dradriver.plugin.handler import AllocatedClaim, AllocatedDevice, ClaimRef, DeviceConfig
+from tests.driver.config_table import gpu, mig
+
+DRIVER = "gpu.dradriver.dev"
+GPU0 = "gpu-0000-07-00-0"  # the first two GPUs of dgx-a100-40gb
+GPU1 = "gpu-0000-0f-00-0"
+STANDIN = [sys.executable, "-m", "dradriver.gpu.mps_standin"]
+
+
+def claim(
+    uid: str, *devices: str, config: list[dict[str, Any]] | None = None, requests: tuple[str, ...] = ()
+) -> AllocatedClaim:
+    return AllocatedClaim(
+        ref=ClaimRef("default", f"claim-{uid}", uid),
+        devices=tuple(AllocatedDevice(request=f"r{i}", pool="node-a", device=d) for i, d in enumerate(devices)),
+        config=tuple(DeviceConfig("FromClaim", requests, c) for c in (config or [])),
+    )
+
+
+class Node:
+    def __init__(self, tmp_path: Path, profile: str = "dgx-a100-40gb", mig_mode: MigMode = MigMode.NONE) -> None:
+        self.sim = SimulatedNode(load_node_profile(profile), node_name="node-a")
+        self.tmp_path = tmp_path
+        self.mig_mode = mig_mode
+        self.cdi_dir = tmp_path / "cdi"
+        self.store: CheckpointStore | None = None
+        self.mps = MpsControl(STANDIN, tmp_path / "mps")
+        self.driver = self.restart()
+
+    def restart(self) -> GpuDriver:
+        if self.store is not None:
+            self.store.close()
+        gpulib = simulated_gpulib_on(self.sim)
+        self.store = CheckpointStore.open(self.tmp_path / "state", boot_id="boot-1")
+        self.mps = MpsControl(STANDIN, self.tmp_path / "mps")  # a new process knows none of the daemons
+        self.driver = GpuDriver(
+            driver_name=DRIVER,
+            pool="node-a",
+            inventory=discover(gpulib),
+            mig_mode=self.mig_mode,
+            cdi=CdiWriter(self.cdi_dir),
+            gpulib=gpulib,
+            checkpoint=self.store,
+            mps=self.mps,
+        )
+        return self.driver
+
+    def prepare(self, c: AllocatedClaim) -> str | None:
+        return self.driver.prepare_resource_claims([c])[c.uid].error
+
+    def unprepare(self, uid: str) -> None:
+        assert self.driver.unprepare_resource_claims([ClaimRef("default", f"claim-{uid}", uid)])[uid] is None
+
+    def spec(self, uid: str) -> dict[str, Any]:
+        return json.loads((self.cdi_dir / f"k8s.gpu.dradriver.dev-claim_{uid}.json").read_text())
+
+    def daemon(self, uid: str) -> dict[str, Any]:
+        record = self.driver.checkpoint.get(uid)
+        assert record is not None
+        return next(a.params for a in record.actions if a.step == STEP_MPS_DAEMON)
+
+    def mode(self, index: int = 0) -> ComputeMode:
+        return ComputeMode(self.sim.gpus[index].compute_mode)
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    node = Node(tmp_path)
+    yield node
+    for record in node.driver.checkpoint.records():  # never leave a daemon behind
+        node.driver.unprepare(ClaimRef(record.namespace, record.name, record.uid))
+
+
+def status_sharing(node: Node, uid: str) -> dict[str, Any]:
+    record = node.driver.checkpoint.get(uid)
+    assert record is not None and record.devices[0].status_data is not None
+    return record.devices[0].status_data["sharing"]
+
+
+@pytest.mark.parametrize("mode", ["ExclusiveProcess", "Prohibited", "Default"])
+def test_compute_mode_is_set_and_the_previous_restored(node: Node, mode: str) -> None:
+    node.sim.set_compute_mode(0, ComputeMode.PROHIBITED if mode == "Default" else ComputeMode.DEFAULT)
+    before = node.mode()
+    assert node.prepare(claim("a", GPU0, config=[gpu(computeMode=mode)])) is None
+    assert (
+        node.mode()
+        is {
+            "ExclusiveProcess": ComputeMode.EXCLUSIVE_PROCESS,
+            "Prohibited": ComputeMode.PROHIBITED,
+            "Default": ComputeMode.DEFAULT,
+        }[mode]
+    )
+    node.unprepare("a")
+    assert node.mode() is before
+
+
+def test_a_claim_without_config_changes_nothing_and_reports_exclusive(node: Node) -> None:
+    node.sim.set_compute_mode(0, ComputeMode.PROHIBITED)
+    assert node.prepare(claim("a", GPU0)) is None
+    assert node.mode() is ComputeMode.PROHIBITED
+    assert status_sharing(node, "a") == {"strategy": "Exclusive"}
+
+
+@pytest.mark.parametrize(("interval", "value"), [("Default", 0), ("Short", 1), ("Medium", 2), ("Long", 3)])
+def test_time_slicing_sets_the_interval_and_resets_it(node: Node, interval: str, value: int) -> None:
+    node.sim.set_compute_mode(0, ComputeMode.EXCLUSIVE_PROCESS)
+    config = gpu(sharing={"strategy": "TimeSlicing", "timeSlicing": {"interval": interval}})
+    assert node.prepare(claim("a", GPU0, config=[config])) is None
+    assert node.sim.gpus[0].timeslice == value
+    assert node.mode() is ComputeMode.DEFAULT  # time slices are shared between processes
+    assert status_sharing(node, "a") == {"strategy": "TimeSlicing", "timeSlicing": {"interval": interval}}
+    node.unprepare("a")
+    assert node.sim.gpus[0].timeslice == 0
+    assert node.mode() is ComputeMode.EXCLUSIVE_PROCESS
+
+
+MPS = gpu(
+    sharing={"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "8Gi"}}
+)
+
+
+def test_mps_starts_a_daemon_with_the_limits_and_mounts_its_directories(node: Node) -> None:
+    assert node.prepare(claim("a", GPU0, config=[MPS])) is None
+    daemon = node.daemon("a")
+    uuid = node.sim.gpus[0].uuid
+    assert node.mps.alive(daemon)
+    assert node.mps.query(daemon, "get_default_active_thread_percentage") == "50.0"
+    assert node.mps.query(daemon, f"get_default_device_pinned_mem_limit {uuid}") == "8192M"
+    assert node.mode() is ComputeMode.EXCLUSIVE_PROCESS
+    edits = node.spec("a")["devices"][0]["containerEdits"]
+    assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in edits["env"]
+    assert "CUDA_MPS_LOG_DIRECTORY=/var/log/nvidia-mps" in edits["env"]
+    mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
+    assert mounts == {"/tmp/nvidia-mps": daemon["pipeDir"], "/var/log/nvidia-mps": daemon["logDir"]}
+    assert (Path(daemon["pipeDir"]) / "control").exists()
+    assert cdi_problems(node.spec("a")) == []
+    node.unprepare("a")
+    assert not node.mps.alive(daemon)
+    assert not Path(daemon["pipeDir"]).exists()
+    assert node.mode() is ComputeMode.DEFAULT
+
+
+def test_per_device_limits_by_index_and_uuid(node: Node) -> None:
+    uuid1 = node.sim.gpus[1].uuid
+    config = gpu(
+        sharing={
+            "strategy": "MPS",
+            "mps": {
+                "defaultPinnedDeviceMemoryLimit": "1Gi",
+                "defaultPerDevicePinnedMemoryLimit": {"0": "2Gi", uuid1: "3Gi"},
+            },
+        }
+    )
+    assert node.prepare(claim("a", GPU0, GPU1, config=[config])) is None
+    daemon = node.daemon("a")
+    assert node.mps.query(daemon, f"get_default_device_pinned_mem_limit {node.sim.gpus[0].uuid}") == "2048M"
+    assert node.mps.query(daemon, f"get_default_device_pinned_mem_limit {uuid1}") == "3072M"
+
+
+def test_a_per_device_key_that_names_no_device_is_refused(node: Node) -> None:
+    config = gpu(sharing={"strategy": "MPS", "mps": {"defaultPerDevicePinnedMemoryLimit": {"5": "2Gi"}}})
+    error = node.prepare(claim("a", GPU0, config=[config]))
+    assert error is not None and "defaultPerDevicePinnedMemoryLimit names '5'" in error
+    assert node.driver.checkpoint.records() == [] and node.mode() is ComputeMode.DEFAULT
+
+
+def test_a_dead_daemon_is_restarted_with_its_limits(node: Node) -> None:
+    assert node.prepare(claim("a", GPU0, config=[MPS])) is None
+    first = dict(node.daemon("a"))
+    os.kill(first["pid"], signal.SIGKILL)
+    node.mps._children[first["pid"]].wait(timeout=10)
+    assert not node.mps.alive(first)
+    node.driver.check_mps_daemons()
+    second = node.daemon("a")
+    assert second["pid"] != first["pid"] and node.mps.alive(second)
+    assert node.mps.query(second, "get_default_active_thread_percentage") == "50.0"
+
+
+def test_a_daemon_outlives_a_driver_restart_and_is_re_adopted(node: Node) -> None:
+    assert node.prepare(claim("a", GPU0, config=[MPS])) is None
+    before = dict(node.daemon("a"))
+    node.restart()
+    node.driver.reconcile()
+    assert node.daemon("a")["pid"] == before["pid"]  # the same daemon, not a new one
+    assert node.mps.alive(before)
+    node.unprepare("a")
+    assert not Path(before["pipeDir"]).exists()
+
+
+def test_a_failed_daemon_start_leaves_nothing(node: Node, tmp_path: Path) -> None:
+    node.mps.command = (str(tmp_path / "no-such-mps-control"),)
+    error = node.prepare(claim("a", GPU0, config=[MPS]))
+    assert error is not None and "cannot start the MPS control daemon" in error and "step mps-daemon" in error
+    assert node.mode() is ComputeMode.DEFAULT and node.driver.checkpoint.records() == []
+
+
+def test_mps_on_a_mig_device(tmp_path: Path) -> None:
+    node = Node(tmp_path, "hgx-h100-80gb", MigMode.DYNAMIC)
+    partition = next(d.name for d in node.driver._devices.values() if d.name.startswith("gpu-0000-1b-00-0-mig-1g"))
+    assert (
+        node.prepare(
+            claim(
+                "a", partition, config=[mig(sharing={"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 25}})]
+            )
+        )
+        is None
+    )
+    daemon = node.daemon("a")
+    assert node.mps.query(daemon, "get_default_active_thread_percentage") == "25.0"
+    record = node.driver.checkpoint.get("a")
+    assert record is not None and record.devices[0].mig_uuid in daemon["deviceUUIDs"]
+    node.unprepare("a")
+    assert not node.mps.alive(daemon)
+
+
+def test_time_slicing_on_a_mig_device_is_refused_with_the_reason(tmp_path: Path) -> None:
+    node = Node(tmp_path, "hgx-h100-80gb", MigMode.DYNAMIC)
+    partition = next(d.name for d in node.driver._devices.values() if "-mig-" in d.name)
+    error = node.prepare(claim("a", partition, config=[mig(sharing={"strategy": "TimeSlicing"})]))
+    assert error is not None and "time-slicing is not a MIG setting" in error
+
+
+def test_a_malformed_config_fails_prepare_before_any_change(node: Node) -> None:
+    error = node.prepare(claim("a", GPU0, config=[gpu(computeMode="Exclusive")]))
+    assert error is not None
+    assert "claim default/claim-a" in error and "computeMode: 'Exclusive' is not allowed" in error
+    assert node.driver.checkpoint.records() == []
+
+
+def test_conflicting_settings_on_a_shared_gpu_are_refused_naming_the_other_claim(node: Node) -> None:
+    # Shares of one GPU always run MPS in the Default mode, so prepare cannot reach this today; the check guards
+    # every path by which two claims hold one GPU (admin access, a scheduler race) with the checkpoint as record.
+    first = gpu(sharing={"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}})
+    assert node.prepare(claim("a", GPU0, config=[first])) is None
+    other = DeviceRecord(name=GPU0, requests=["r0"], gpu=GPU0, gpu_uuid=node.sim.gpus[0].uuid, kind="gpu")
+    other.extra[CONFIG_FIELD] = gpu(sharing={"strategy": "TimeSlicing", "timeSlicing": {"interval": "Short"}})
+    record = ClaimRecord(
+        uid="b", namespace="default", name="claim-b", state=ClaimState.PREPARE_STARTED, devices=[other]
+    )
+    with pytest.raises(ClaimError, match=r"needs time-slice Short, but claim a \(default/claim-a\) already prepared"):
+        refuse_conflicts("default/claim-b", record, node.driver.checkpoint.records())
+    other.extra[CONFIG_FIELD] = gpu(computeMode="Prohibited")
+    with pytest.raises(ClaimError, match=r"needs compute mode Prohibited, but claim a .* runs it with Default"):
+        refuse_conflicts("default/claim-b", record, node.driver.checkpoint.records())
+
+
+def test_two_claims_share_a_gpu_through_consumable_shares_each_with_its_mps_limits(tmp_path: Path) -> None:
+    import yaml
+    from support.sim_slices import published_slices
+
+    from dradriver.allocator.allocator import allocate
+    from dradriver.plugin.claims import allocated_claim
+
+    root = Path(__file__).parents[2]
+    classes = [
+        d for p in (root / "manifests/deviceclasses").glob("*.yaml") for d in yaml.safe_load_all(p.read_text()) if d
+    ]
+    slices = published_slices("dgx-a100-40gb", "none", node="node-a", gpu_sharing="consumable")
+    node = Node(tmp_path)
+
+    def share(name: str, memory: str, shares: str, allocated: list[dict[str, Any]]) -> dict[str, Any]:
+        request = {
+            "deviceClassName": "gpu.dradriver.dev",
+            "capacity": {"requests": {"memory": memory, "shares": shares}},
+        }
+        obj: dict[str, Any] = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "default", "uid": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": request}]}},
+        }
+        obj["status"] = {
+            "allocation": allocate(obj, slices=slices, classes=classes, node="node-a", allocated=allocated)
+        }
+        return obj
+
+    first = share("a", "10Gi", "25", [])
+    second = share("b", "20Gi", "50", [first])
+    results = [c["status"]["allocation"]["devices"]["results"][0] for c in (first, second)]
+    assert results[0]["device"] == results[1]["device"]  # packed onto one GPU
+    gpu_uuid = node.driver._devices[results[0]["device"]].uuid
+    index = next(i for i, g in enumerate(node.sim.gpus) if g.uuid == gpu_uuid)
+    node.sim.set_compute_mode(index, ComputeMode.PROHIBITED)
+    for obj in (first, second):
+        typed = allocated_claim(obj, ClaimRef("default", obj["metadata"]["name"], obj["metadata"]["uid"]), DRIVER)
+        assert node.prepare(typed) is None
+    uuid = node.sim.gpus[index].uuid
+    for uid, percentage, limit in (("a", "25.0", "10240M"), ("b", "50.0", "20480M")):
+        daemon = node.daemon(uid)
+        assert node.mps.query(daemon, "get_default_active_thread_percentage") == percentage
+        assert node.mps.query(daemon, f"get_default_device_pinned_mem_limit {uuid}") == limit
+    assert node.mode(index) is ComputeMode.DEFAULT  # two MPS servers on one GPU need the Default mode
+    node.unprepare("a")
+    assert node.mps.alive(node.daemon("b"))
+    assert node.mode(index) is ComputeMode.DEFAULT  # still in use by b
+    node.unprepare("b")
+    assert node.mode(index) is ComputeMode.PROHIBITED  # the last share out restores what the first one found
+
+
+class Crash(BaseException):
+    """Stands in for SIGKILL: nothing after the crash point runs, and the driver's memory is thrown away."""
+
+
+@pytest.mark.parametrize(
+    "point",
+    [
+        f"{when}:{step}"
+        for step in ("compute-mode", "time-slice", "mps-daemon", "cdi-spec")
+        for when in ("before", "after")
+    ],
+)
+def test_a_crash_at_any_sharing_step_is_undone_at_start_up(
+    node: Node, monkeypatch: pytest.MonkeyPatch, point: str
+) -> None:
+    from dradriver.driver import transaction
+
+    def crash() -> None:
+        raise Crash(point)
+
+    node.sim.set_compute_mode(0, ComputeMode.PROHIBITED)
+    config = (
+        MPS
+        if "time-slice" not in point
+        else gpu(sharing={"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}})
+    )
+    monkeypatch.setattr(transaction, "die", crash)
+    monkeypatch.setenv(transaction.CRASH_ENV, point)
+    with pytest.raises(Crash):
+        node.driver.prepare(claim("a", GPU0, config=[config]))
+    monkeypatch.delenv(transaction.CRASH_ENV)
+    pipe, _ = node.mps.dirs("a")
+    node.restart()
+    node.driver.reconcile()
+    assert node.driver.checkpoint.records() == []
+    assert node.mode() is ComputeMode.PROHIBITED and node.sim.gpus[0].timeslice == 0
+    assert not pipe.exists()  # no daemon left serving
+    assert node.prepare(claim("a", GPU0, config=[config])) is None
+
+
+def test_a_share_is_enforced_with_mps_limits_from_its_consumed_capacity() -> None:
+    from dradriver.driver.config import decode_config
+    from dradriver.driver.sharing import share_config
+
+    plain = share_config("ns/c", "gpu-0", None, [("memory", "10Gi"), ("shares", "25")], True)
+    assert plain is not None and plain["sharing"] == {
+        "strategy": "MPS",
+        "mps": {"defaultPinnedDeviceMemoryLimit": "10Gi", "defaultActiveThreadPercentage": 25},
+    }
+    # The claim's own smaller limits stay; larger ones are capped by the share.
+    own = decode_config(
+        gpu(
+            sharing={
+                "strategy": "MPS",
+                "mps": {"defaultActiveThreadPercentage": 10, "defaultPinnedDeviceMemoryLimit": "40Gi"},
+            }
+        )
+    )
+    capped = share_config("ns/c", "gpu-0", own, [("memory", "10Gi"), ("shares", "25")], True)
+    assert capped is not None and capped["sharing"]["mps"] == {
+        "defaultActiveThreadPercentage": 10,
+        "defaultPinnedDeviceMemoryLimit": "10Gi",
+    }
+    with pytest.raises(ClaimError, match="is a consumable share of a GPU, which is enforced with MPS"):
+        share_config("ns/c", "gpu-0", decode_config(gpu(sharing={"strategy": "TimeSlicing"})), [], True)
+    with pytest.raises(ClaimError, match=r"no TimeSlicing, no computeMode"):
+        share_config("ns/c", "gpu-0", decode_config(gpu(computeMode="Prohibited")), [], True)
