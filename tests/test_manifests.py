@@ -108,6 +108,22 @@ def test_real_gpu_overlays_mount_the_driver_root_and_need_a_gpu_node(overlay: st
     assert keys == {"feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present"}
 
 
+@pytest.mark.parametrize("overlay", ["node", "gpu-operator"])
+def test_real_gpu_overlays_find_the_mps_control_binary_in_the_driver_root(overlay: str) -> None:
+    # dradriver run starts nvidia-cuda-mps-control by name (unless DRADRIVER_MPS_CONTROL_COMMAND says otherwise);
+    # the image has no such binary, the driver root mounted in the container does.
+    container = plugin_container(render(overlay))
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == "driver-root"]
+    variables = env(container)
+    command = variables.get("DRADRIVER_MPS_CONTROL_COMMAND")
+    if command:
+        assert command.startswith(mount["mountPath"] + "/")
+    else:
+        path = variables.get("PATH", "").split(":")
+        assert f"{mount['mountPath']}/usr/bin" in path
+        assert "/usr/local/bin" in path and "/usr/bin" in path  # the image's own commands, dradriver first
+
+
 def test_the_sim_overlay_runs_simulated_gpus_anywhere() -> None:
     objects = render("sim")
     pod = find(objects, "DaemonSet")["spec"]["template"]["spec"]

@@ -298,7 +298,7 @@ def test_a_claim_without_namespace_is_in_default_as_with_kubectl(tmp_path, capsy
 
 def test_kubeconfig_for_pod_goes_through_the_loader(capsys):
     assert main(["explain", "--pod", "default/p", "--kubeconfig", "/dev/zero"]) == 2
-    assert "explain: error: /dev/zero: not a regular file" in capsys.readouterr().err
+    assert "explain: error: --kubeconfig /dev/zero: not a regular file" in capsys.readouterr().err
 
 
 SLICE = (

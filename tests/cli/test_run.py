@@ -43,7 +43,8 @@ def test_run_without_nvml_fails_with_one_line(capsys):
 def test_run_with_an_unreadable_kubeconfig_names_it(capsys, tmp_path):
     missing = tmp_path / "nope"
     assert main(["run", "--node-name", "n", "--gpu-backend", "sim", "--kubeconfig", str(missing)]) == 2
-    assert str(missing) in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"--kubeconfig {missing}: no such file" in err and "point --kubeconfig at a readable kubeconfig file" in err
 
 
 def run_args(tmp_path, *extra: str) -> list[str]:
@@ -95,8 +96,9 @@ def test_a_metrics_port_in_use_is_one_line_before_anything_starts(tmp_path, caps
         (("--registry-dir", "/dev/null"), "--registry-dir /dev/null: /dev/null is not a directory"),
         (("--cdi-dir", "/dev/null/cdi"), "--cdi-dir /dev/null/cdi: /dev/null is not a directory"),
         (("--sim-state", "/"), "--sim-state /: not a regular file"),
-        (("--kubeconfig", "/dev/zero"), "/dev/zero: not a regular file"),
+        (("--kubeconfig", "/dev/zero"), "--kubeconfig /dev/zero: not a regular file"),
         (("--log-format", "xml"), "argument --log-format: invalid choice: 'xml'"),
+        (("--pod-uid", "not_a_uid"), "pod UID 'not_a_uid' is not a Kubernetes UID"),
     ],
 )
 def test_the_whole_configuration_is_checked_before_anything_is_touched(tmp_path, capsys, extra, message):

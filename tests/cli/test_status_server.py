@@ -68,3 +68,28 @@ def test_healthz_is_503_with_its_reasons_when_liveness_says_no():
         assert code == 503 and json.loads(body) == {"alive": False, "draSocket": False, "registrationSocket": True}
     finally:
         server.stop()
+
+
+def _get(url: str) -> int:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return int(response.status)
+
+
+def test_the_default_wildcard_address_answers_probes_over_ipv4_and_ipv6() -> None:
+    # Probes call the pod's IP, which is an IPv6 address on single-stack IPv6 clusters.
+    server = StatusServer(":0", lambda: (True, {}))
+    server.start()
+    try:
+        assert _get(f"http://127.0.0.1:{server.port}/healthz") == 200
+        assert _get(f"http://[::1]:{server.port}/healthz") == 200
+    finally:
+        server.stop()
+
+
+def test_an_ipv6_address_in_brackets_is_served() -> None:
+    server = StatusServer("[::1]:0", lambda: (True, {}))
+    server.start()
+    try:
+        assert _get(f"http://[::1]:{server.port}/readyz") == 200
+    finally:
+        server.stop()

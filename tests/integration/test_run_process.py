@@ -385,3 +385,56 @@ def test_healthz_checks_both_sockets_and_metrics_count_calls_and_prepared_device
         sock.unlink()  # the DRA socket deleted under the driver: it no longer answers, so it is not alive
     code, body = get("/healthz")
     assert code == 503 and json.loads(body)["draSocket"] is False
+
+
+def test_a_refused_per_pod_instance_leaves_the_running_instances_files_alone(driver: DriverProcess, root: Path) -> None:
+    # A CDI spec the running instance wrote after its start-up reconciliation (a prepare in progress writes the
+    # spec before its checkpoint record). A per-pod instance beside a fixed-name one is refused; it must be
+    # refused before it reconciles the node, or it deletes this spec and rolls back the running one's work.
+    spec = root / "cdi" / "k8s.gpu.dradriver.dev-claim_00000000-0000-0000-0000-00000000abcd.json"
+    spec.parent.mkdir(exist_ok=True)
+    spec.write_text(json.dumps({"cdiVersion": "0.6.0", "kind": "k8s.gpu.dradriver.dev/claim", "devices": []}))
+    twin = DriverProcess(root, root / "kubeconfig", "--pod-uid", "0b1c2d3e-0000-4000-8000-000000000001")
+    assert twin.proc.wait(TIMEOUT) == 2
+    twin._reader.join(TIMEOUT)
+    assert "without a pod UID is running" in twin.log
+    assert spec.exists(), twin.log
+
+
+def _taint_of(api: FakeApiServer, device: str) -> bool | None:
+    """Whether ``device`` is published with a taint; None while it is not published."""
+    for published in our_slices(api):
+        for entry in published["spec"].get("devices", ()):
+            if entry["name"] == device:
+                return bool(entry.get("taints"))
+    return None
+
+
+def test_a_restart_in_dynamic_mode_never_publishes_an_unhealthy_gpu_without_its_taint(
+    root: Path, api: FakeApiServer
+) -> None:
+    kubeconfig = api.write_kubeconfig(root / "kubeconfig")
+    options = ("--mig-mode", "dynamic", "--rescan-interval", "0")
+    first = DriverProcess(root, kubeconfig, *options)
+    try:
+        first.wait_ready()
+        sim = ["sim", "--sim-profile", "dgx-a100-40gb", "--node-name", NODE, "--sim-state", str(root / "sim.json")]
+        assert main([*sim, "xid", "0000:0f:00.0", "79"]) == 0
+        assert api.wait_until(lambda: _taint_of(api, "gpu-0000-0f-00-0") is True, TIMEOUT), first.log
+    finally:
+        assert first.stop() == 0
+    # The health condition is kept across the restart; every state of the slices the new instance leaves
+    # (checked on each change) must still carry it.
+    untainted: list[bool] = []
+
+    def settled() -> bool:
+        if _taint_of(api, "gpu-0000-0f-00-0") is False:
+            untainted.append(True)
+        return second.ready.is_set() and api.active_watches == 1
+
+    second = DriverProcess(root, kubeconfig, *options)
+    try:
+        assert api.wait_until(settled, TIMEOUT), second.log
+        assert untainted == [], second.log
+    finally:
+        second.stop()

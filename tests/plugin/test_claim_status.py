@@ -3,6 +3,7 @@ prepare, cleared at unprepare, retried on failures, and never a reason for a pre
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -172,3 +173,42 @@ def test_stop_drops_queued_updates_and_a_later_update_starts_the_writer_again(
     writer.prepared(ref, [PreparedDevice(pool="node-a", device="gpu-0")])
     assert writer.wait_idle(10)
     assert [d["device"] for d in devices_of(api)] == ["gpu-0"]
+
+
+class _RecordingWriter(ClaimStatusWriter):
+    """Records the order of the plugin layer's calls; the first ``prepared`` waits for ``gate``."""
+
+    def __init__(self, api: ApiEnv) -> None:
+        super().__init__(api.cluster, driver_name=DRIVER, node_name="node-a")
+        self.calls: list[str] = []
+        self.gate = threading.Event()
+        self.inside = threading.Event()
+
+    def prepared(self, ref: ClaimRef, devices: Sequence[PreparedDevice]) -> None:
+        self.inside.set()
+        assert self.gate.wait(10)
+        self.calls.append("prepared")
+
+    def unprepared(self, ref: ClaimRef) -> None:
+        self.calls.append("unprepared")
+
+
+def test_a_clear_is_queued_after_the_write_of_the_prepare_before_it(api: ApiEnv) -> None:
+    # Queued outside the claim's lock, a prepare's write could be overtaken by the unprepare that follows it,
+    # leaving "Ready: prepared" on a claim that is no longer prepared.
+    ref = stored_claim(api)
+    recorder = _RecordingWriter(api)
+    locks = ClaimLocks()
+    processor = ClaimProcessor(
+        driver_name=DRIVER, handler=DataHandler(), claim_source=api.cluster, locks=locks, claim_status=recorder
+    )
+    preparing = threading.Thread(target=processor.prepare, args=([ref],))
+    preparing.start()
+    assert recorder.inside.wait(10)
+    unpreparing = threading.Thread(target=processor.unprepare, args=([ref],))
+    unpreparing.start()
+    locks.wait_until_waiting(ref.uid, 1, 2.0)  # the unprepare waits for the claim (or, wrongly, is done already)
+    recorder.gate.set()
+    preparing.join(10)
+    unpreparing.join(10)
+    assert recorder.calls == ["prepared", "unprepared"]

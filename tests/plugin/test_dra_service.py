@@ -270,3 +270,17 @@ def test_fit_for_kubelet_shortens_errors_to_fit_the_limit() -> None:
     assert response.claims["uid-7"].error.startswith("claim 7 failed: ")
     assert response.claims["uid-7"].error.endswith("(truncated: the response to the kubelet was too large)")
     assert len(response.claims["ok"].devices) == 1
+
+
+def test_once_closed_no_call_reaches_the_handler_and_each_claim_says_why(
+    processor: ClaimProcessor, claims: FakeClaimSource, handler: FakeHandler
+) -> None:
+    claims.add(make_claim("a", "uid-a"))
+    assert processor.close(timeout=1.0)
+    prepared = processor.prepare([ref("a")])
+    assert "shutting down and did not prepare claim default/a" in (prepared["uid-a"].error or "")
+    unprepared = processor.unprepare([ref("a")])
+    assert "shutting down and did not unprepare claim default/a" in (unprepared["uid-a"] or "")
+    assert handler.prepare_batches == [] and handler.unprepare_batches == []
+    processor.open()
+    assert processor.prepare([ref("a")])["uid-a"].error is None

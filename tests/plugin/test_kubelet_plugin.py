@@ -9,6 +9,7 @@ import shutil
 import socket
 import threading
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -308,6 +309,67 @@ def test_stop_removes_the_registration_socket_before_the_dra_server_stops(
         assert in_flight.result(TIMEOUT).claims["uid-a"].error == ""
         stopper.join(TIMEOUT)
     assert not plugin.dra_socket.exists()
+
+
+def test_stop_keeps_the_instance_lock_until_a_call_cancelled_by_the_grace_period_leaves_the_handler(
+    make_plugin: PluginFactory, claims: FakeClaimSource, handler: FakeHandler
+) -> None:
+    # gRPC cancels the kubelet's call after the grace period, but the handler's thread runs on: the lock must
+    # not pass to a new instance (which would reconcile the checkpoint) while the old one still prepares.
+    plugin = make_plugin(stop_grace=0.05)
+    plugin.start()
+    claims.add(make_claim("a", "uid-a"))
+    gate = threading.Event()
+    handler.gates = {"uid-a": gate}
+    with KubeletClient(plugin.registry_dir).register() as registered:
+        in_flight = registered.prepare_future([Claim("default", "a", "uid-a")])
+        assert handler.wait_until_inside("uid-a")
+        stopper = threading.Thread(target=plugin.stop)
+        stopper.start()
+        with pytest.raises(grpc.RpcError):
+            in_flight.result(TIMEOUT)
+        with pytest.raises(AlreadyRunningError):
+            make_plugin().start()
+        gate.set()
+        stopper.join(TIMEOUT)
+    assert not stopper.is_alive()
+    make_plugin().start()
+
+
+class _BlockingClaimSource(FakeClaimSource):
+    """A claim source whose GETs wait for ``release``; ``entered`` is set when one is waiting."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        self.entered.set()
+        assert self.release.wait(TIMEOUT)
+        return super().get_resource_claim(namespace, name)
+
+
+def test_a_prepare_still_fetching_its_claim_when_the_plugin_stops_keeps_the_instance_lock(
+    make_plugin: PluginFactory,
+) -> None:
+    source = _BlockingClaimSource()
+    source.add(make_claim("a", "uid-a"))
+    plugin = make_plugin(claim_source=source, stop_grace=0.05)
+    plugin.start()
+    with KubeletClient(plugin.registry_dir).register() as registered:
+        in_flight = registered.prepare_future([Claim("default", "a", "uid-a")])
+        assert source.entered.wait(TIMEOUT)
+        stopper = threading.Thread(target=plugin.stop)
+        stopper.start()
+        with pytest.raises(grpc.RpcError):
+            in_flight.result(TIMEOUT)
+        with pytest.raises(AlreadyRunningError):
+            make_plugin().start()
+        source.release.set()
+        stopper.join(TIMEOUT)
+    assert not stopper.is_alive()
+    make_plugin().start()
 
 
 def test_bad_options_are_config_errors(make_plugin: PluginFactory, sock_dir: Path) -> None:

@@ -139,7 +139,11 @@ def check_kubeconfig(flag: str, path: str | None) -> None:
     else:
         files, source = [p for p in [Path.home() / ".kube" / "config"] if path_exists(p)], "~/.kube/config"
     for file in files:
-        documents = load_yaml_file(file)
+        try:
+            documents = load_yaml_file(file)
+        except ConfigError as err:
+            fix = "" if ";" in str(err) else f"; point {source} at a readable kubeconfig file"
+            raise ConfigError(f"{source} {err}{fix}") from None
         if len(documents) != 1 or not isinstance(documents[0], dict):
             got = f"{len(documents)} documents" if len(documents) != 1 else type_name(documents[0])
             raise ConfigError(f"{source} {file}: expected one kubeconfig mapping (kind: Config), got {got}")

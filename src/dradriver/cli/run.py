@@ -57,6 +57,7 @@ from dradriver.plugin.kubelet_plugin import (
     DEFAULT_REGISTRY_DIR,
     SERIALIZE_LOCK_NAME,
     KubeletPlugin,
+    check_pod_uid,
 )
 from dradriver.plugin.lifecycle import exclusive
 from dradriver.plugin.publisher import Publisher, SliceSpec
@@ -290,6 +291,8 @@ def check_config(args: argparse.Namespace) -> None:
         raise ConfigError("--node-name (or NODE_NAME) is required: set it from the pod's spec.nodeName")
     if args.kubernetes_version:
         shape_for(args.kubernetes_version)  # when unset, the API server is asked later
+    if args.pod_uid:
+        check_pod_uid(args.pod_uid)
     if args.metrics_address:
         check_bindable("--metrics-address", args.metrics_address)
     for flag, value in (
@@ -432,7 +435,13 @@ class DriverProcess:
             device_metadata_cdi_dir=Path(args.cdi_dir) if args.device_metadata == "true" else None,
             pod_uid=args.pod_uid or None,
         )
-        self._reconcile()
+        # Refused here, a second instance has not touched the running one's claims, CDI specs or MIG devices.
+        self.plugin.lock()
+        try:
+            self._reconcile()
+        except BaseException:
+            self.plugin.stop()
+            raise
         self.status = (
             StatusServer(args.metrics_address, self._readiness, self._liveness) if args.metrics_address else None
         )
@@ -450,7 +459,7 @@ class DriverProcess:
             self.inventory = discover(self.gpulib)  # reconciliation may have destroyed MIG instances
             self.driver.update_inventory(self.inventory, self.mig_mode)
             self.health.update_inventory(self.inventory, self.mig_mode)
-            self.specs = build_slice_specs(self.inventory, self.settings)
+            self.specs = build_slice_specs(self.inventory, self.settings, taints=self.health.taints)
             self.publisher.update(_pools(self.node, self.specs))
 
     def _run_until_stopped(self) -> None:

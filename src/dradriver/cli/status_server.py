@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
@@ -58,7 +59,7 @@ class StatusServer:
         self.readiness = readiness
         self.liveness = liveness
         try:
-            self._server = ThreadingHTTPServer((host, port_number), Handler)
+            self._server = _listen(host, port_number, Handler, wildcard=not address.rpartition(":")[0])
         except OSError as err:
             raise _unbindable("--metrics-address", address, err) from None
         self._thread = threading.Thread(target=self._server.serve_forever, name="status-server", daemon=True)
@@ -76,6 +77,28 @@ class StatusServer:
         if self._thread.is_alive():
             self._server.shutdown()
         self._server.server_close()
+
+
+class _Ipv6Server(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+class _DualStackServer(_Ipv6Server):
+    """Listens on every IPv6 and IPv4 address: a pod's IP (which probes call) may be of either family."""
+
+    def server_bind(self) -> None:
+        with contextlib.suppress(OSError):
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
+
+
+def _listen(host: str, port: int, handler: type[BaseHTTPRequestHandler], *, wildcard: bool) -> ThreadingHTTPServer:
+    """The HTTP server for ``host``: of its address family, or dual-stack for ``:PORT`` where the host has IPv6."""
+    if wildcard and socket.has_dualstack_ipv6():
+        return _DualStackServer(("::", port), handler)
+    if socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0] == socket.AF_INET6:
+        return _Ipv6Server((host, port), handler)
+    return ThreadingHTTPServer((host, port), handler)
 
 
 def parse_address(flag: str, address: str) -> tuple[str, int]:

@@ -8,8 +8,10 @@ protobuf messages (v1beta1 has no ``share_id``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 import grpc
@@ -65,9 +67,48 @@ class ClaimProcessor:
         self._locks = locks
         self._claim_status = claim_status
         self._device_metadata = device_metadata
+        self._calls = 0
+        self._closing = False
+        self._idle = threading.Condition()
+
+    def open(self) -> None:
+        """Accept calls again after :meth:`close` (a plugin started anew)."""
+        with self._idle:
+            self._closing = False
+
+    def close(self, timeout: float) -> bool:
+        """Refuse calls that have not reached the handler yet, and wait up to ``timeout`` seconds for those in
+        progress: gRPC gives up on a call after its stop grace, but the thread running it goes on, and must not
+        prepare or write status after the plugin let go of its lock. False if calls were still running."""
+        with self._idle:
+            self._closing = True
+            return self._idle.wait_for(lambda: self._calls == 0, timeout)
+
+    @contextlib.contextmanager
+    def _counted(self) -> Iterator[None]:
+        with self._idle:
+            self._calls += 1
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._calls -= 1
+                self._idle.notify_all()
+
+    @staticmethod
+    def _refused(ref: ClaimRef, what: str) -> str:
+        """The error for a claim whose call reaches the handler only once the plugin is stopping."""
+        return (
+            f"the driver is shutting down and did not {what} claim {ref.namespace}/{ref.name}; "
+            "the kubelet retries with the driver's next instance"
+        )
 
     def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         """Prepare the referenced claims; the result has an entry for every distinct UID in ``refs``."""
+        with self._counted():
+            return self._prepare(refs)
+
+    def _prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         results: dict[str, PrepareResult] = {}
         fetched: dict[str, AllocatedClaim] = {}
         raw: dict[str, Mapping[str, Any]] = {}
@@ -86,12 +127,14 @@ class ClaimProcessor:
                     list(fetched.items()),
                     lambda batch: self._handler.prepare_resource_claims([claim for _, claim in batch]),
                     "prepare",
+                    refs={uid: claim.ref for uid, claim in fetched.items()},
                 )
                 for uid, outcome in outcomes.items():
                     results[uid] = self._with_metadata(raw[uid], self._check_prepare_result(uid, outcome))
-            for uid in outcomes:
-                if self._claim_status is not None and results[uid].error is None:
-                    self._claim_status.prepared(fetched[uid].ref, results[uid].devices)
+                # Queued under the claim's lock, so the clear of an unprepare that follows comes after it.
+                for uid in outcomes:
+                    if self._claim_status is not None and results[uid].error is None:
+                        self._claim_status.prepared(fetched[uid].ref, results[uid].devices)
         return results
 
     def _with_metadata(self, claim: Mapping[str, Any], result: PrepareResult) -> PrepareResult:
@@ -107,6 +150,10 @@ class ClaimProcessor:
 
     def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str | None]:
         """Unprepare the referenced claims; map each distinct UID in ``refs`` to an error or None."""
+        with self._counted():
+            return self._unprepare(refs)
+
+    def _unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str | None]:
         results: dict[str, str | None] = {}
         valid: list[tuple[str, ClaimRef]] = []
         for ref in _distinct(refs):
@@ -122,19 +169,23 @@ class ClaimProcessor:
                     valid,
                     lambda batch: self._handler.unprepare_resource_claims([ref for _, ref in batch]),
                     "unprepare",
+                    refs=dict(valid),
                 )
                 if self._device_metadata is not None:
                     outcomes = {uid: self._remove_metadata(uid, outcome) for uid, outcome in outcomes.items()}
-            refs_by_uid = dict(valid)
-            for uid, outcome in outcomes.items():
-                if isinstance(outcome, _Failure):
-                    results[uid] = outcome.message
-                elif outcome is None or isinstance(outcome, str):
-                    results[uid] = outcome or None
-                else:
-                    results[uid] = f"driver returned {type(outcome).__name__} for claim UID {uid}, not an error string"
-                if self._claim_status is not None and results[uid] is None:
-                    self._claim_status.unprepared(refs_by_uid[uid])
+                refs_by_uid = dict(valid)
+                for uid, outcome in outcomes.items():
+                    if isinstance(outcome, _Failure):
+                        results[uid] = outcome.message
+                    elif outcome is None or isinstance(outcome, str):
+                        results[uid] = outcome or None
+                    else:
+                        results[uid] = (
+                            f"driver returned {type(outcome).__name__} for claim UID {uid}, not an error string"
+                        )
+                    # Under the claim's lock too: a prepare that follows queues its write after this clear.
+                    if self._claim_status is not None and results[uid] is None:
+                        self._claim_status.unprepared(refs_by_uid[uid])
         return results
 
     def _remove_metadata(self, uid: str, outcome: str | _Failure | None) -> str | _Failure | None:
@@ -164,9 +215,15 @@ class ClaimProcessor:
         batch: list[tuple[str, _Item]],
         call: Callable[[list[tuple[str, _Item]]], Mapping[str, _Outcome]],
         what: str,
+        *,
+        refs: Mapping[str, ClaimRef],
     ) -> dict[str, _Outcome | _Failure]:
         """Call the handler on ``batch``; if it raises, call it claim by claim so that one claim's fault stays
-        that claim's error. Every UID of ``batch`` gets an outcome."""
+        that claim's error. Every UID of ``batch`` gets an outcome; none reaches the handler once the plugin
+        is stopping (``refs`` names the claims for that error)."""
+        with self._idle:
+            if self._closing:
+                return {uid: _Failure(self._refused(refs[uid], what)) for uid, _ in batch}
         try:
             returned = call(batch)
         except Exception as err:
@@ -182,7 +239,7 @@ class ClaimProcessor:
             )
             outcomes: dict[str, _Outcome | _Failure] = {}
             for item in batch:
-                outcomes.update(self._run_isolated([item], call, what))
+                outcomes.update(self._run_isolated([item], call, what, refs=refs))
             return outcomes
         if not isinstance(returned, Mapping):
             message = f"driver returned {type(returned).__name__} from {what}, not a mapping by claim UID"

@@ -83,6 +83,7 @@ class KubeletPlugin:
         health_interval: float = 10.0,
         registration_check_interval: float = 1.0,
         stop_grace: float = 5.0,
+        stop_drain: float = 20.0,
         max_workers: int = 16,
         claim_locks: ClaimLocks | None = None,
         claim_status: ClaimStatusWriter | None = None,
@@ -96,11 +97,8 @@ class KubeletPlugin:
             )
         if health_interval <= 0 or registration_check_interval <= 0:
             raise ConfigError("health_interval and registration_check_interval must be positive (seconds)")
-        if pod_uid is not None and not _POD_UID.match(pod_uid):
-            raise ConfigError(
-                f"pod UID {pod_uid!r} is not a Kubernetes UID (letters, digits and '-', at most 64); fix "
-                "--pod-uid / POD_UID (set it from the downward API field metadata.uid)"
-            )
+        if pod_uid is not None:
+            check_pod_uid(pod_uid)
         self.driver_name = driver_name
         self.node_name = node_name
         self.pod_uid = pod_uid or None
@@ -137,6 +135,7 @@ class KubeletPlugin:
         self.services: tuple[str, ...] = (DRA_V1, DRA_V1BETA1) + ((HEALTH_V1ALPHA1,) if self._health else ())
         self._check_interval = registration_check_interval
         self._stop_grace = stop_grace
+        self._stop_drain = stop_drain
         self._max_workers = max_workers
         self._lock = InstanceLock(self.plugin_dir / LOCK_FILE_NAME, pod_uid=self.pod_uid)
         self._dra_server: SocketServer | None = None
@@ -151,9 +150,9 @@ class KubeletPlugin:
         rolling-update mode: another process of the same pod, or an instance without a pod UID), and
         ConfigError if a directory, the lock file or a socket cannot be created.
         """
-        _make_dir(self.plugin_dir, "plugin directory", "--plugin-dir")
         _make_dir(self.registry_dir, "kubelet plugin registration directory", "--registry-dir")
-        self._lock.acquire(f"driver {self.driver_name} on node {self.node_name}")
+        self.lock()
+        self._processor.open()
         try:
             self._dra_server = SocketServer(self.dra_socket, self._add_dra_services, max_workers=self._max_workers)
             self._dra_server.start()
@@ -169,6 +168,14 @@ class KubeletPlugin:
         except BaseException:
             self.stop()
             raise
+
+    def lock(self) -> None:
+        """Take the instance lock now, if not held yet (``start`` then keeps it): for work on the node's state
+        that must wait until no other instance can be serving it, such as reconciling a checkpoint. Raises
+        like ``start``; ``stop`` releases it."""
+        _make_dir(self.plugin_dir, "plugin directory", "--plugin-dir")
+        if not self._lock.held:
+            self._lock.acquire(f"driver {self.driver_name} on node {self.node_name}")
 
     def stop(self) -> None:
         """Deregister (remove the registration socket), then stop serving DRA calls; safe to call twice."""
@@ -186,6 +193,13 @@ class KubeletPlugin:
             self._dra_server.stop(self._stop_grace)
             self._dra_server = None
             logger.info("stopped DRA services socket=%s", self.dra_socket)
+            # Calls gRPC gave up on may still run: the lock is held until they are done.
+            if not self._processor.close(self._stop_drain):
+                logger.warning(
+                    "prepare or unprepare calls still running %.0f s after the DRA server stopped; releasing the "
+                    "instance lock anyway",
+                    self._stop_drain,
+                )
         if self.claim_status is not None:
             self.claim_status.stop()
         self._lock.release()
@@ -241,6 +255,15 @@ class KubeletPlugin:
         if old is not None:
             old.stop(0)
         self._start_registration_server()
+
+
+def check_pod_uid(pod_uid: str) -> None:
+    """Raise :class:`ConfigError` unless ``pod_uid`` can name per-pod sockets and locks."""
+    if not _POD_UID.match(pod_uid):
+        raise ConfigError(
+            f"pod UID {pod_uid!r} is not a Kubernetes UID (letters, digits and '-', at most 64); fix "
+            "--pod-uid / POD_UID (set it from the downward API field metadata.uid)"
+        )
 
 
 def rolling_update_registration_socket(registry_dir: Path, driver_name: str, pod_uid: str) -> Path:

@@ -46,6 +46,10 @@ class InstanceLock:
         self.pod_path = path.with_name(f"plugin-{pod_uid}.lock") if pod_uid else None
         self._fds: list[int] = []
 
+    @property
+    def held(self) -> bool:
+        return bool(self._fds)
+
     def acquire(self, description: str) -> None:
         """Take the lock(s) or raise :class:`AlreadyRunningError` naming the lock file and who holds it
         (:class:`ConfigError` if a file cannot be opened); nothing is held after a failure."""
