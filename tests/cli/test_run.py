@@ -165,3 +165,31 @@ def test_a_simulated_node_gets_a_stub_driver_root_in_its_plugin_directory(tmp_pa
     root = driver_root_for(args, "550.163.01", simulated=True)
     assert str(root.host_root) == str(tmp_path / "plugin/sim-driver-root")
     assert root.libcuda.path.name == "libcuda.so.550.163.01" and root.cdi_hook is None
+
+
+def test_an_unexpected_rescan_failure_does_not_end_rescanning(caplog):
+    import argparse
+    import threading
+    from types import SimpleNamespace
+
+    from dradriver.cli.run import DriverProcess
+
+    class Flaky(DriverProcess):
+        rescans = 0
+
+        def _rescan(self) -> None:
+            self.rescans += 1
+            if self.rescans == 1:
+                self.refresh.set()  # ask for the next pass at once, as a health change would
+                raise RuntimeError("NVML wrapper bug")
+            self.stop.set()  # the loop survived to a second pass: done
+
+    process = Flaky(argparse.Namespace(node_name="n", mig_mode="none", rescan_interval=0))
+    process.refresh = threading.Event()
+    process.driver = SimpleNamespace(check_mps_daemons=lambda: None)
+    worker = threading.Thread(target=process._rescan_loop)
+    worker.start()
+    process.refresh.set()
+    worker.join(10)
+    assert process.rescans == 2 and not worker.is_alive()
+    assert "rescan failed unexpectedly" in caplog.text

@@ -523,8 +523,13 @@ class DriverProcess:
             self.refresh.clear()
             if self.stop.is_set():
                 return
-            self._rescan()
-            self.driver.check_mps_daemons()
+            # The thread must outlive any one failure, or slices, taints and MPS daemons silently stop following
+            # the node while /readyz stays green.
+            try:
+                self._rescan()
+                self.driver.check_mps_daemons()
+            except Exception:
+                log.exception("rescan failed unexpectedly; retrying at the next interval or health change")
 
     def _rescan(self) -> None:
         """Rediscover and republish if the devices or their health changed; one bad rescan keeps the last
