@@ -23,7 +23,6 @@ import contextlib
 import json
 import logging
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from dradriver import DEFAULT_DRIVER_NAME
+from dradriver.atomic_files import sweep_dead_writers, temp_file_for
 from dradriver.driver.metrics import DEVICE_HEALTH, GPU_EVENTS
 from dradriver.errors import ConfigError
 from dradriver.gpu.errors import GpuError, GpuIsLost
@@ -551,6 +551,8 @@ class GpuHealth:
             with self._lock:
                 conditions, gpus = list(self._state.conditions.values()), dict(self._state.gpus)
             try:
+                for leftover in sweep_dead_writers(self._state_path):
+                    log.info("removed a health state write cut short by a crash path=%s", leftover)
                 _save_state(self._state_path, conditions, gpus)
             except OSError as err:
                 log.warning("cannot save device health path=%s error=%s", self._state_path, err)
@@ -605,7 +607,7 @@ def _save_state(path: Path, conditions: Iterable[Condition], gpus: dict[int, tup
         "gpus": [{"index": i, "uuid": uuid, "name": name} for i, (uuid, name) in sorted(gpus.items())],
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = temp_file_for(path)
     try:
         with os.fdopen(fd, "w") as out:
             json.dump(document, out, indent=1, sort_keys=True)

@@ -19,13 +19,13 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dradriver.atomic_files import sweep_dead_writers, temp_file_for
 from dradriver.errors import ConfigError
 from dradriver.gpu.catalog import (
     COMPUTE_SLICES_PER_GPU,
@@ -191,6 +191,7 @@ class SimulatedNode:
         for gpu in self.gpus:
             gpu.fabric_state = self._initial_fabric_state(gpu)
         if state_path is not None and path_exists(state_path):
+            sweep_dead_writers(state_path)  # a process killed mid-write (the driver, `sim`) left its temp file
             self._load_state(state_path)
         else:
             self._apply_profile_mig_layout(ordered)
@@ -660,7 +661,7 @@ class SimulatedNode:
         path = self.state_path
         path.parent.mkdir(parents=True, exist_ok=True)
         # Write-then-rename so a crash never leaves half a state file.
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd, tmp = temp_file_for(path)
         with os.fdopen(fd, "w") as out:
             json.dump(self._state(), out, indent=1, sort_keys=True)
             out.flush()

@@ -1,0 +1,41 @@
+"""Atomic replacement of small state files shared by processes, and the sweeping of what a killed writer left.
+
+A writer puts its PID in the temp file's name, so a later reader can tell a write in progress (its writer is alive)
+from one a SIGKILL cut short (its writer is gone), and remove only the latter: several processes (the driver, the
+`sim` command) may write the same file, and a blind sweep would delete another process's temp file mid-write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+
+def temp_file_for(path: Path) -> tuple[int, str]:
+    """An open temp file beside ``path`` (``fd``, name), named after this process."""
+    return tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
+
+
+def sweep_dead_writers(path: Path) -> list[Path]:
+    """Remove the temp files of ``path`` whose writing process no longer exists; return what was removed."""
+    removed = []
+    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+        pid_text = tmp.name[len(path.name) + 2 :].split(".", 1)[0]
+        if not pid_text.isdigit() or _alive(int(pid_text)):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+            removed.append(tmp)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive, and not ours to judge
+        return True
+    return True
