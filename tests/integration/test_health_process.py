@@ -4,12 +4,9 @@ and what the kubelet (health stream, prepare), the scheduler (slice taints) and 
 from __future__ import annotations
 
 import json
-import shutil
 import signal
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,13 +54,6 @@ class HealthWatch:
         self._stream.cancel()
         self._thread.join(TIMEOUT)
         self._registration.__exit__(None, None, None)
-
-
-@pytest.fixture
-def root() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="drh-", dir="/tmp"))  # short: unix socket paths are limited
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def start(root: Path, api: FakeApiServer, *extra: str) -> DriverProcess:

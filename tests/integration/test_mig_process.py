@@ -3,10 +3,7 @@ prepare and restarted; start-up reconciliation leaves no orphan instance or CDI 
 
 from __future__ import annotations
 
-import shutil
 import signal
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -47,20 +44,6 @@ def hardware(root: Path) -> list[tuple[int, int, int]]:
 
 def cdi_files(root: Path) -> list[str]:
     return sorted(p.name for p in (root / "cdi").glob("*.json")) if (root / "cdi").exists() else []
-
-
-@pytest.fixture
-def root() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))  # short: unix socket paths are limited
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def api() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        server.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
-        yield server
 
 
 def test_a_partition_is_carved_over_grpc_and_destroyed_at_unprepare(root: Path, api: FakeApiServer) -> None:

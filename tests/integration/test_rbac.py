@@ -3,12 +3,8 @@ update, delete obsolete slices, watch, prepare) is allowed by a rule, and every 
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import yaml
 from support.apiserver import FakeApiServer, RequestRecord
 
@@ -54,13 +50,6 @@ def authorization(record: RequestRecord) -> tuple[str, str, str] | None:
         "DELETE": "delete" if named else "deletecollection",
     }[record.method]
     return group, resource, verb
-
-
-@pytest.fixture
-def root() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def test_the_role_is_exactly_what_the_driver_calls(root: Path) -> None:

@@ -4,35 +4,18 @@ process stops."""
 
 from __future__ import annotations
 
-import shutil
 import signal
-import tempfile
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support.apiserver import FakeApiServer
 
 from dradriver.plugin.kubelet_client import Claim, KubeletClient, RegisteredPlugin, discover
-from integration.test_run_process import NODE, TIMEOUT, DriverProcess, allocated_claim, eventually
+from integration.test_run_process import TIMEOUT, DriverProcess, allocated_claim, eventually
 
 OLD_UID = "0f7c3a52-1111-4c1e-9c55-6d1c0a000001"
 NEW_UID = "0f7c3a52-2222-4c1e-9c55-6d1c0a000002"
-
-
-@pytest.fixture
-def root() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))  # short: unix socket paths are limited
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def api(root: Path) -> Iterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        server.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
-        yield server
 
 
 class Kubelet:

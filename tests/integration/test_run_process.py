@@ -7,14 +7,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from support.apiserver import FakeApiServer
+from support.apiserver import FakeApiServer, allocated_claim
 
 from dradriver.cli.main import main
 from dradriver.gpu.catalog import load_node_profile
@@ -92,51 +91,12 @@ class DriverProcess:
 
 
 @pytest.fixture
-def root() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))  # short: unix socket paths are limited
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def api(root: Path) -> Iterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        server.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
-        yield server
-
-
-@pytest.fixture
 def driver(root: Path, api: FakeApiServer) -> Iterator[DriverProcess]:
     process = DriverProcess(root, api.write_kubeconfig(root / "kubeconfig"))
     process.wait_ready()
     yield process
     if process.proc.poll() is None:
         process.stop(signal.SIGKILL)
-
-
-def allocated_claim(api: FakeApiServer, name: str, devices: list[str]) -> Claim:
-    created = api.create(
-        "resourceclaims",
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {
-                "devices": {
-                    "requests": [{"name": "gpus", "exactly": {"deviceClassName": DRIVER, "count": len(devices)}}]
-                }
-            },
-            "status": {
-                "allocation": {
-                    "devices": {
-                        "results": [{"request": "gpus", "driver": DRIVER, "pool": NODE, "device": d} for d in devices]
-                    }
-                }
-            },
-        },
-        namespace="default",
-    )
-    return Claim("default", name, created["metadata"]["uid"])
 
 
 def eventually(condition: Callable[[], bool], timeout: float = TIMEOUT) -> bool:

@@ -3,20 +3,9 @@ unprepared through `dradriver run`, killed at random moments and restarted; noth
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from support.soak import run_soak
-
-
-@pytest.fixture
-def root() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))  # short: unix socket paths are limited
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def test_cycles_with_random_kills_leave_nothing_behind_and_nothing_grows(root: Path) -> None:

@@ -37,6 +37,7 @@ import kubernetes_validate
 import yaml
 
 from dradriver.plugin.kube_cluster import KubeCluster, k8s_client
+from dradriver.plugin.kubelet_client import Claim
 from support.slice_rules import slice_errors
 
 TOKEN = "stand-in-token"
@@ -888,3 +889,31 @@ def api_env(tmp_path: Path, *, request_timeout: tuple[float, float] = (2.0, 5.0)
             yield ApiEnv(server, cluster)
         finally:
             cluster.close()
+
+
+def allocated_claim(
+    api: FakeApiServer, name: str, devices: list[str], *, driver: str = "gpu.dradriver.dev", node: str = "node-a"
+) -> Claim:
+    """A ResourceClaim in ``api`` with ``devices`` of ``node``'s pool allocated, as the scheduler leaves it."""
+    created = api.create(
+        "resourceclaims",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "gpus", "exactly": {"deviceClassName": driver, "count": len(devices)}}]
+                }
+            },
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [{"request": "gpus", "driver": driver, "pool": node, "device": d} for d in devices]
+                    }
+                }
+            },
+        },
+        namespace="default",
+    )
+    return Claim("default", name, created["metadata"]["uid"])

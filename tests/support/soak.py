@@ -21,7 +21,7 @@ from dradriver.driver.checkpoint import read_records
 from dradriver.gpu.catalog import load_node_profile
 from dradriver.gpu.sim import SimulatedNode
 from dradriver.plugin.kubelet_client import Claim, KubeletClient, RegisteredPlugin
-from support.apiserver import FakeApiServer
+from support.apiserver import FakeApiServer, allocated_claim
 
 DRIVER = "gpu.dradriver.dev"
 NODE = "node-a"
@@ -105,31 +105,6 @@ class Driver:
         self.proc.wait(TIMEOUT)
 
 
-def allocated(api: FakeApiServer, name: str, devices: list[str]) -> Claim:
-    created = api.create(
-        "resourceclaims",
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {
-                "devices": {
-                    "requests": [{"name": "gpus", "exactly": {"deviceClassName": DRIVER, "count": len(devices)}}]
-                }
-            },
-            "status": {
-                "allocation": {
-                    "devices": {
-                        "results": [{"request": "gpus", "driver": DRIVER, "pool": NODE, "device": d} for d in devices]
-                    }
-                }
-            },
-        },
-        namespace="default",
-    )
-    return Claim("default", name, created["metadata"]["uid"])
-
-
 def cycle(kubelet: RegisteredPlugin, claim: Claim) -> None:
     result = kubelet.prepare([claim], timeout=TIMEOUT)[claim.uid]
     assert result.error == "", result.error
@@ -144,7 +119,7 @@ def run_soak(root: Path, cycles: int, *, kill_every: int, seed: int = 1) -> Soak
     with FakeApiServer() as api:
         api.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         kubeconfig = api.write_kubeconfig(root / "kubeconfig")
-        claims = [allocated(api, f"soak-{i}", devices) for i, devices in enumerate(shapes())]
+        claims = [allocated_claim(api, f"soak-{i}", devices) for i, devices in enumerate(shapes())]
         driver = Driver(root, kubeconfig)
         warm = 0
         try:
