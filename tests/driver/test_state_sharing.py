@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from dradriver.driver.mps import MpsControl
 from dradriver.driver.sharing import CONFIG_FIELD, STEP_MPS_DAEMON, refuse_conflicts
 from dradriver.driver.state import GpuDriver
 from dradriver.errors import ClaimError
+from dradriver.gpu import mps_standin
 from dradriver.gpu.catalog import load_node_profile
 from dradriver.gpu.fakelib import simulated_gpulib_on
 from dradriver.gpu.inventory import MigMode, discover
@@ -30,7 +30,7 @@ from tests.driver.config_table import gpu, mig
 DRIVER = "gpu.dradriver.dev"
 GPU0 = "gpu-0000-07-00-0"  # the first two GPUs of dgx-a100-40gb
 GPU1 = "gpu-0000-0f-00-0"
-STANDIN = [sys.executable, "-m", "dradriver.gpu.mps_standin"]
+STANDIN = mps_standin.command()
 
 
 def claim(

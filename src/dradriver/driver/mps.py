@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -41,6 +42,7 @@ class MpsControl:
         self.root = root
         self.ready_timeout_s = ready_timeout_s
         self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._pause = threading.Event()  # never set: waits between checks of a condition another process changes
 
     def dirs(self, claim_uid: str) -> tuple[Path, Path]:
         base = self.root / claim_uid
@@ -69,19 +71,44 @@ class MpsControl:
             ) from err
         self._children[child.pid] = child
         identity = {"pid": child.pid, "startTime": _start_time(child.pid), "pipeDir": str(pipe), "logDir": str(logs)}
-        deadline = time.monotonic() + self.ready_timeout_s
-        while not self.alive(identity):
-            if child.poll() is not None or time.monotonic() > deadline:
-                self.stop(identity)
-                raise DeviceError(
-                    f"the MPS control daemon of claim {claim_uid} did not become ready within "
-                    f"{self.ready_timeout_s:g}s; see {logs / 'control.log'}"
-                )
-            time.sleep(0.05)
-        if commands:
-            self._send(identity, "\n".join(commands) + "\n", what="applying the MPS limits")
+        try:
+            self._await_ready(claim_uid, child, identity, commands)
+        except DeviceError:
+            self.stop(identity)
+            raise
         log.info("started MPS control daemon claim=%s pid=%d devices=%s", claim_uid, child.pid, ",".join(device_uuids))
         return identity
+
+    def _await_ready(
+        self, claim_uid: str, child: subprocess.Popen[bytes], identity: Mapping[str, Any], commands: Sequence[str]
+    ) -> None:
+        """Wait until the new daemon answers, sending the limits with the first question (one control call in the
+        usual case: each is a process start). Nothing tells a client when a daemon starts listening, so this
+        polls, cheaply: a control call only once the pipe directory has an entry (the daemon's socket), checks
+        between them growing from 1 ms, up to ``ready_timeout_s``."""
+        pipe = Path(str(identity["pipeDir"]))
+        text = "".join(f"{line}\n" for line in ("get_server_list", *commands))
+        deadline = time.monotonic() + self.ready_timeout_s
+        pause = 0.001
+        while True:
+            if any(pipe.iterdir()):
+                try:
+                    self._send(identity, text, what="applying the MPS limits")
+                    return
+                except DeviceError as err:
+                    if commands and self.alive(identity):
+                        raise  # the daemon answers, so it refused a limit: waiting longer will not help
+                    failure: DeviceError | None = err
+            else:
+                failure = None
+            if child.poll() is not None or time.monotonic() > deadline:
+                why = f" ({failure})" if failure is not None else ""
+                raise DeviceError(
+                    f"the MPS control daemon of claim {claim_uid} did not become ready within "
+                    f"{self.ready_timeout_s:g}s{why}; see {Path(str(identity['logDir'])) / 'control.log'}"
+                )
+            self._pause.wait(pause)
+            pause = min(2 * pause, 0.05)
 
     def alive(self, identity: Mapping[str, Any]) -> bool:
         """Whether the daemon answers through its pipe directory."""
@@ -97,12 +124,14 @@ class MpsControl:
     def stop(self, identity: Mapping[str, Any]) -> None:
         """Quit the daemon (idempotent: a daemon already gone is success) and remove its directories."""
         pid = int(identity.get("pid", 0))
-        with contextlib.suppress(DeviceError):
+        try:
             self._send(identity, "quit\n", what="stopping the daemon")
-        deadline = time.monotonic() + self.ready_timeout_s
-        while self._running(pid, identity.get("startTime")) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if self._running(pid, identity.get("startTime")):
+            quitting = True
+        except DeviceError:
+            quitting = False  # not answering (never started listening, or hung): nothing to wait for
+        if quitting and self._exited(pid, identity.get("startTime")):
+            pass
+        elif self._running(pid, identity.get("startTime")):
             log.warning("MPS control daemon did not quit; killing it pid=%d", pid)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -113,6 +142,25 @@ class MpsControl:
         base = Path(str(identity.get("pipeDir", ""))).parent
         if base != Path() and base.parent == self.root:
             shutil.rmtree(base, ignore_errors=True)
+
+    def _exited(self, pid: int, start_time: object) -> bool:
+        """Wait up to ``ready_timeout_s`` for the daemon to exit; whether it did. Our own child is waited for
+        (woken by its exit); one a previous instance started can only be watched through /proc."""
+        child = self._children.get(pid)
+        if child is not None:
+            try:
+                child.wait(timeout=self.ready_timeout_s)
+            except subprocess.TimeoutExpired:
+                return False
+            return True
+        deadline = time.monotonic() + self.ready_timeout_s
+        pause = 0.001
+        while self._running(pid, start_time):
+            if time.monotonic() > deadline:
+                return False
+            self._pause.wait(pause)
+            pause = min(2 * pause, 0.05)
+        return True
 
     def _running(self, pid: int, start_time: object) -> bool:
         child = self._children.get(pid)
