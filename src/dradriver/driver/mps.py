@@ -11,6 +11,7 @@ its pipe directory), which works for a daemon this process did not start (re-ado
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -30,6 +31,8 @@ log = logging.getLogger(__name__)
 CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"
 CONTAINER_LOG_DIR = "/var/log/nvidia-mps"
 DEFAULT_COMMAND = ("nvidia-cuda-mps-control",)
+#: Beside a daemon's pipe and log directories (not in them: they are the containers'): its pid and start time.
+IDENTITY_FILE = "daemon.json"
 
 
 class MpsControl:
@@ -71,6 +74,9 @@ class MpsControl:
             ) from err
         self._children[child.pid] = child
         identity = {"pid": child.pid, "startTime": _start_time(child.pid), "pipeDir": str(pipe), "logDir": str(logs)}
+        # The checkpoint learns the daemon's pid with the claim's completion; until then (a crash in between) the
+        # undo finds it here, and can stop a daemon that never came to answer.
+        (pipe.parent / IDENTITY_FILE).write_text(json.dumps({"pid": child.pid, "startTime": identity["startTime"]}))
         try:
             self._await_ready(claim_uid, child, identity, commands)
         except DeviceError:
@@ -123,15 +129,18 @@ class MpsControl:
 
     def stop(self, identity: Mapping[str, Any]) -> None:
         """Quit the daemon (idempotent: a daemon already gone is success) and remove its directories."""
-        pid = int(identity.get("pid", 0))
+        base = Path(str(identity.get("pipeDir", ""))).parent
+        pid, start_time = int(identity.get("pid") or 0), identity.get("startTime")
+        if not pid:
+            pid, start_time = _identity_in(base / IDENTITY_FILE)
         try:
             self._send(identity, "quit\n", what="stopping the daemon")
             quitting = True
         except DeviceError:
             quitting = False  # not answering (never started listening, or hung): nothing to wait for
-        if quitting and self._exited(pid, identity.get("startTime")):
+        if quitting and self._exited(pid, start_time):
             pass
-        elif self._running(pid, identity.get("startTime")):
+        elif self._running(pid, start_time):
             log.warning("MPS control daemon did not quit; killing it pid=%d", pid)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -139,7 +148,6 @@ class MpsControl:
         if child is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(timeout=self.ready_timeout_s)
-        base = Path(str(identity.get("pipeDir", ""))).parent
         if base != Path() and base.parent == self.root:
             shutil.rmtree(base, ignore_errors=True)
 
@@ -188,6 +196,15 @@ class MpsControl:
     def query(self, identity: Mapping[str, Any], command: str) -> str:
         """Ask the daemon one command (e.g. ``get_default_active_thread_percentage``); its answer."""
         return self._send(identity, command + "\n", what=f"asking {command}")
+
+
+def _identity_in(path: Path) -> tuple[int, object]:
+    """(pid, start time) from a daemon's identity file; (0, None) when there is none (never started)."""
+    try:
+        found = json.loads(path.read_text())
+        return int(found["pid"]), found.get("startTime")
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0, None
 
 
 def _start_time(pid: int) -> int | None:
