@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from support.mps_daemons import daemon_dirs, live_daemons
+from support.mps_daemons import daemon_dirs, kill_daemons, live_daemons
 
 from dradriver import faults
 from dradriver.driver.checkpoint import ClaimState
@@ -136,6 +136,8 @@ def test_every_point_of_prepare_and_unprepare_survives_a_kill_and_a_failure(
                     run_one(node, monkeypatch, phase, point, mode=mode, expected_ids=expected_ids)
                 finally:
                     monkeypatch.delenv(faults.CRASH_ENV, raising=False)
+                    assert node.mps_root is not None
+                    kill_daemons(node.mps_root)  # none after a pass; after a failure, none must linger
                     assert node.store is not None
                     node.store.close()
                 walked += 1

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 from pathlib import Path
 
 
@@ -16,7 +18,7 @@ def live_daemons(root: Path) -> dict[str, int]:
         with contextlib.suppress(OSError):
             if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
                 continue
-            if "-f" not in (proc / "cmdline").read_bytes().split(b"\0"):
+            if b"-f" not in (proc / "cmdline").read_bytes().split(b"\0"):
                 continue
             env = dict(
                 item.split("=", 1)
@@ -32,3 +34,10 @@ def live_daemons(root: Path) -> dict[str, int]:
 def daemon_dirs(root: Path) -> set[str]:
     """Claim UIDs that have a daemon directory (pipe, log) under ``root``."""
     return {p.name for p in root.iterdir()} if root.exists() else set()
+
+
+def kill_daemons(root: Path) -> None:
+    """SIGKILL every live daemon of ``root`` (a test's clean-up after a failure left claims prepared)."""
+    for pid in live_daemons(root).values():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)

@@ -56,7 +56,7 @@ def _serve() -> int:
     percentage = 100.0
     pinned: dict[str, str] = {}
     while True:
-        fd, _ = server._accept()
+        fd, _ = server._accept()  # type: ignore[attr-defined]  # the C socket accepts as a descriptor
         with _Connection(fd) as conn:
             data = b""
             while chunk := conn.recv(4096):
