@@ -103,7 +103,10 @@ class MpsControl:
                     return
                 except DeviceError as err:
                     if commands and self.alive(identity):
-                        raise  # the daemon answers, so it refused a limit: waiting longer will not help
+                        # It answers now: it refused a limit, or it began to listen just after the call found no
+                        # daemon (a socket left by a killed one looks the same). Sending the limits again tells.
+                        self._send(identity, text, what="applying the MPS limits")
+                        return
                     failure: DeviceError | None = err
             else:
                 failure = None
