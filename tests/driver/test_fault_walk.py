@@ -101,8 +101,9 @@ def assert_gpus_as_found(node: Node, where: str) -> None:
     ], where
 
 
+@pytest.mark.parametrize("phase", ["prepare", "unprepare"])  # two tests, so two workers share the walk
 def test_every_point_of_prepare_and_unprepare_survives_a_kill_and_a_failure(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, phase: str
 ) -> None:
     preparing, unpreparing, expected_ids = walk_points(tmp_path)
     # What the walk must cover today; later steps add to it.
@@ -127,21 +128,21 @@ def test_every_point_of_prepare_and_unprepare_survives_a_kill_and_a_failure(
         raise Crash
 
     monkeypatch.setattr(faults, "die", crash)
+    points = preparing if phase == "prepare" else unpreparing
     walked = 0
-    for phase, points in (("prepare", preparing), ("unprepare", unpreparing)):
-        for point in points:
-            for mode in ("kill", "fail"):
-                node = walk_node(tmp_path / f"{phase}-{point.replace(':', '-')}-{mode}")
-                try:
-                    run_one(node, monkeypatch, phase, point, mode=mode, expected_ids=expected_ids)
-                finally:
-                    monkeypatch.delenv(faults.CRASH_ENV, raising=False)
-                    assert node.mps_root is not None
-                    kill_daemons(node.mps_root)  # none after a pass; after a failure, none must linger
-                    assert node.store is not None
-                    node.store.close()
-                walked += 1
-    assert walked == 2 * (len(preparing) + len(unpreparing))
+    for point in points:
+        for mode in ("kill", "fail"):
+            node = walk_node(tmp_path / f"{phase}-{point.replace(':', '-')}-{mode}")
+            try:
+                run_one(node, monkeypatch, phase, point, mode=mode, expected_ids=expected_ids)
+            finally:
+                monkeypatch.delenv(faults.CRASH_ENV, raising=False)
+                assert node.mps_root is not None
+                kill_daemons(node.mps_root)  # none after a pass; after a failure, none must linger
+                assert node.store is not None
+                node.store.close()
+            walked += 1
+    assert walked == 2 * len(points)
 
 
 def run_one(
