@@ -54,8 +54,11 @@ class MpsControl:
     def start(self, claim_uid: str, device_uuids: Sequence[str], commands: Sequence[str]) -> dict[str, Any]:
         """Start the claim's daemon, wait until it answers, send ``commands`` (the limits); the recorded identity."""
         pipe, logs = self.dirs(claim_uid)
-        pipe.mkdir(parents=True, exist_ok=True)
-        logs.mkdir(parents=True, exist_ok=True)
+        try:
+            pipe.mkdir(parents=True, exist_ok=True)
+            logs.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise DeviceError(f"cannot make the MPS daemon directories of claim {claim_uid}: {err}") from err
         env = self._env(pipe, logs)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(device_uuids)
         try:
@@ -74,11 +77,14 @@ class MpsControl:
             ) from err
         self._children[child.pid] = child
         identity = {"pid": child.pid, "startTime": _start_time(child.pid), "pipeDir": str(pipe), "logDir": str(logs)}
-        # The checkpoint learns the daemon's pid with the claim's completion; until then (a crash in between) the
-        # undo finds it here, and can stop a daemon that never came to answer.
-        (pipe.parent / IDENTITY_FILE).write_text(json.dumps({"pid": child.pid, "startTime": identity["startTime"]}))
         try:
+            # The checkpoint learns the daemon's pid with the claim's completion; until then (a crash in between)
+            # the undo finds it here, and can stop a daemon that never came to answer.
+            (pipe.parent / IDENTITY_FILE).write_text(json.dumps({"pid": child.pid, "startTime": identity["startTime"]}))
             self._await_ready(claim_uid, child, identity, commands)
+        except OSError as err:
+            self.stop(identity)
+            raise DeviceError(f"starting the MPS control daemon of claim {claim_uid}: {err}") from err
         except DeviceError:
             self.stop(identity)
             raise
@@ -97,7 +103,7 @@ class MpsControl:
         deadline = time.monotonic() + self.ready_timeout_s
         pause = 0.001
         while True:
-            if any(pipe.iterdir()):
+            if _has_entries(pipe):
                 try:
                     self._send(identity, text, what="applying the MPS limits")
                     return
@@ -141,9 +147,7 @@ class MpsControl:
             quitting = True
         except DeviceError:
             quitting = False  # not answering (never started listening, or hung): nothing to wait for
-        if quitting and self._exited(pid, start_time):
-            pass
-        elif self._running(pid, start_time):
+        if not (quitting and self._exited(pid, start_time)) and self._running(pid, start_time):
             log.warning("MPS control daemon did not quit; killing it pid=%d", pid)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -199,6 +203,13 @@ class MpsControl:
     def query(self, identity: Mapping[str, Any], command: str) -> str:
         """Ask the daemon one command (e.g. ``get_default_active_thread_percentage``); its answer."""
         return self._send(identity, command + "\n", what=f"asking {command}")
+
+
+def _has_entries(directory: Path) -> bool:
+    try:
+        return any(directory.iterdir())
+    except OSError:
+        return False
 
 
 def _identity_in(path: Path) -> tuple[int, object]:
