@@ -176,15 +176,18 @@ class FloorPlugin(dra_v1_pb2_grpc.DRAPluginServicer):
         self.daemons[uid] = subprocess.Popen(
             [*self.mps_command, "-f"], env=env, stdin=subprocess.DEVNULL, start_new_session=True
         )
-        while not any(pipe.iterdir()):  # a benchmark may poll: nothing tells a client the daemon listens
+        # A benchmark may poll: nothing tells a client the daemon listens (its socket appears a moment before).
+        while not any(pipe.iterdir()) or (
+            subprocess.run(
+                self.mps_command,
+                input=b"get_server_list\nset_default_active_thread_percentage 50\n",
+                env=env,
+                check=False,
+                capture_output=True,
+            ).returncode
+            != 0
+        ):
             time.sleep(0.001)
-        subprocess.run(
-            self.mps_command,
-            input=b"get_server_list\nset_default_active_thread_percentage 50\n",
-            env=env,
-            check=True,
-            capture_output=True,
-        )
 
     def _stop_daemon(self, uid: str) -> None:
         subprocess.run(self.mps_command, input=b"quit\n", env=self._mps_env(uid), check=True, capture_output=True)
