@@ -31,7 +31,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from dradriver.errors import ConfigError, DeviceError
+from dradriver.errors import ConfigError, DeviceError, DradriverError
 from dradriver.plugin.lifecycle import InstanceLock
 
 log = logging.getLogger(__name__)
@@ -349,10 +349,36 @@ class CheckpointStore:
     def _refresh(self) -> None:
         """Re-read the file if another process rewrote it (rolling updates; see ``open``)."""
         path = self.path
-        if path is None or _file_stamp(path) == self._stamp:
+        if path is None:
+            return
+        stamp = _file_stamp(path)
+        if stamp == self._stamp:
+            return
+        if stamp is None and self._stamp is not None:
+            self._write_back_deleted()
             return
         self._claims, self._extra = {}, {}
         self._load()
+
+    def _write_back_deleted(self) -> None:
+        """The file we wrote is gone: someone deleted it or its directory (the plugin directory, the default
+        state directory). No driver process deletes it, so memory is what the node has: write it back (with
+        the directory and its lock), rather than forget every prepared claim. A failed write is retried at the
+        next access."""
+        assert self.state_dir is not None
+        log.warning("checkpoint was deleted under the running driver; writing it back path=%s", self.path)
+        try:
+            self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if self._file_lock is not None:
+                self._file_lock.renew(f"the driver whose checkpoint is in {self.state_dir}")
+            self._save()
+        except (OSError, DradriverError) as err:
+            log.error("cannot write the checkpoint back; retrying at its next use path=%s error=%s", self.path, err)
+
+    def ensure_written(self) -> None:
+        """Write the checkpoint back if it was deleted (see ``_write_back_deleted``); a no-op otherwise."""
+        with self._lock:
+            self._refresh()
 
     def _move_aside(self, path: Path, why: str) -> None:
         aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
