@@ -31,6 +31,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from dradriver.atomic_files import storage_fix
 from dradriver.errors import ConfigError, DeviceError, DradriverError
 from dradriver.plugin.lifecycle import InstanceLock
 
@@ -246,6 +247,7 @@ class CheckpointStore:
         # parses one (a private copy, so a caller's record is never shared with another thread).
         self._claims: dict[str, str] = {}
         self._parsed: dict[tuple[str, str], ClaimRecord] = {}  # read-only views for insert_checked
+        self._unwritten: set[str] = set()  # claims stored with durable=False and not in the file yet
         self._extra: dict[str, Any] = {}
         self._file_lock: InstanceLock | None = None
         self._stamp: tuple[int, int, int] | None = None  # of the file as last read or written
@@ -357,7 +359,7 @@ class CheckpointStore:
         if stamp is None and self._stamp is not None:
             self._write_back_deleted()
             return
-        self._claims, self._extra = {}, {}
+        self._claims, self._extra, self._unwritten = {}, {}, set()
         self._load()
 
     def _write_back_deleted(self) -> None:
@@ -425,6 +427,7 @@ class CheckpointStore:
                 self._write_through(record.uid, _canonical(record.to_json()))
             else:
                 self._claims[record.uid] = _canonical(record.to_json())
+                self._unwritten.add(record.uid)
 
     def _view(self, uid: str, raw: str) -> ClaimRecord:
         view = self._parsed.get((uid, raw))
@@ -437,7 +440,11 @@ class CheckpointStore:
     def remove(self, uid: str) -> None:
         with self._lock:
             self._refresh()
-            if uid in self._claims:
+            if uid in self._unwritten:
+                # Never in the file, so forgetting it needs no write (one that a full disk would refuse).
+                self._unwritten.discard(uid)
+                del self._claims[uid]
+            elif uid in self._claims:
                 self._write_through(uid, None)
 
     def _write_through(self, uid: str, text: str | None) -> None:
@@ -485,6 +492,7 @@ class CheckpointStore:
                 os.fsync(out.fileno())
             os.replace(tmp, path)
             tmp = None
+            self._unwritten.clear()
             self._stamp = _file_stamp(path)
             dir_fd = os.open(path.parent, os.O_RDONLY)
             try:
@@ -492,7 +500,7 @@ class CheckpointStore:
             finally:
                 os.close(dir_fd)
         except OSError as err:
-            raise DeviceError(f"cannot write checkpoint {path}: {err}; check that --state-dir is writable") from err
+            raise DeviceError(f"cannot write checkpoint {path}: {err}; {storage_fix(err, '--state-dir')}") from err
         finally:
             if tmp is not None:
                 with contextlib.suppress(OSError):
