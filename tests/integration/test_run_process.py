@@ -334,7 +334,7 @@ def _get(port: int, path: str) -> tuple[int, str]:
         return err.code, err.read().decode()
 
 
-def test_probes_pass_and_metrics_count_calls_and_prepared_devices(
+def test_probes_metrics_and_an_api_outage_that_fails_readyz_and_healthz_but_never_livez(
     driver: DriverProcess, api: FakeApiServer, root: Path
 ) -> None:
     port = _status_port(driver)
@@ -352,13 +352,6 @@ def test_probes_pass_and_metrics_count_calls_and_prepared_devices(
         assert "dradriver_resourceslices_published 1.0" in scrape
         assert plugin.unprepare([claim]) == {claim.uid: ""}
 
-
-def test_an_api_outage_fails_readyz_and_healthz_but_never_livez_and_all_recover(
-    driver: DriverProcess, api: FakeApiServer, root: Path
-) -> None:
-    port = _status_port(driver)
-    KubeletClient(root / "registry").register().close()
-    assert eventually(lambda: _get(port, "/readyz")[0] == 200), driver.log
     api.fail_next("GET", "/resourceslices", 503, count=10**6, message="etcdserver: leader changed")
     api.drop_watches()  # the publisher lists again, and fails
     assert eventually(lambda: _get(port, "/healthz")[0] == 503), driver.log
@@ -371,17 +364,6 @@ def test_an_api_outage_fails_readyz_and_healthz_but_never_livez_and_all_recover(
     assert _get(port, "/livez") == (200, "ok\n")  # the liveness probe never restarts the pod for an outage
     api.clear_faults()
     assert eventually(lambda: _get(port, "/healthz")[0] == 200 and _get(port, "/readyz")[0] == 200), driver.log
-
-
-def test_a_deleted_dra_socket_is_re_created_and_livez_recovers(driver: DriverProcess, root: Path) -> None:
-    port = _status_port(driver)
-    dra_socket = root / "plugin" / "dra.sock"
-    dra_socket.unlink()
-    # (The new socket may get the old one's inode number back: the log says when it serves again.)
-    assert eventually(lambda: "serving DRA services again" in driver.log and dra_socket.exists()), driver.log
-    assert eventually(lambda: _get(port, "/livez")[0] == 200), driver.log
-    with KubeletClient(root / "registry").register() as plugin:
-        assert plugin.unprepare([Claim("default", "x", "uid-x")]) == {"uid-x": ""}
 
 
 def test_a_plugin_directory_deleted_under_the_driver_comes_back_with_sockets_checkpoint_and_registration(
@@ -405,6 +387,8 @@ def test_a_plugin_directory_deleted_under_the_driver_comes_back_with_sockets_che
         )
     ), driver.log
     assert driver.proc.poll() is None
+    assert eventually(lambda: "serving DRA services again" in driver.log), driver.log
+    assert eventually(lambda: _get(_status_port(driver), "/livez")[0] == 200), driver.log
     with KubeletClient(root / "registry").register() as plugin:
         assert plugin.prepare([claim])[claim.uid] == before  # answered from the written-back checkpoint
         assert plugin.unprepare([claim]) == {claim.uid: ""}
