@@ -8,17 +8,19 @@ not know, and we never want to lose a field the API server sent.
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.metadata
+import importlib.util
 import json
 import logging
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
 import urllib3
-from kubernetes import client as _k8s_client
-from kubernetes import config as _k8s_config
 
 from dradriver.errors import ConfigError
 from dradriver.plugin.cluster import (
@@ -36,9 +38,41 @@ from dradriver.plugin.cluster import (
 
 log = logging.getLogger(__name__)
 
+
+def _lazy_package(name: str) -> None:
+    """Put package ``name`` in ``sys.modules`` without running its ``__init__``; a subpackage is imported when
+    it is first used (``import name.sub``, ``from name import sub`` or ``name.sub``) as usual.
+
+    ``kubernetes/__init__`` imports every part of the client: the dynamic client (with jsonschema and
+    kubernetes-validate's schemas), watch, stream (websocket), utils, leader election and informers. We use
+    ``client`` and ``config``; the rest cost ``dradriver run`` about a tenth of its one-second start-up budget
+    (docs/reliability.md). Nothing changes when the package was imported already."""
+    if name in sys.modules:
+        return
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.submodule_search_locations is None:
+        return  # not installed as a package: the import below reports it as usual
+    package = importlib.util.module_from_spec(spec)
+
+    def __getattr__(attribute: str) -> Any:  # PEP 562: what ``__init__`` would have set, when first asked
+        if attribute == "__version__":  # kubernetes.dynamic reads it
+            return importlib.metadata.version(name)
+        if not attribute.startswith("__"):
+            try:
+                return importlib.import_module(f"{name}.{attribute}")
+            except ModuleNotFoundError as err:
+                if err.name != f"{name}.{attribute}":
+                    raise  # the subpackage exists but lacks a dependency: say so
+        raise AttributeError(f"module {name!r} has no attribute {attribute!r}")
+
+    package.__getattr__ = __getattr__  # type: ignore[method-assign]
+    sys.modules[name] = package
+
+
+_lazy_package("kubernetes")
 # The client's functions carry no type hints; we call them through Any rather than scatter ignores.
-k8s_client: Any = _k8s_client
-k8s_config: Any = _k8s_config
+k8s_client: Any = importlib.import_module("kubernetes.client")
+k8s_config: Any = importlib.import_module("kubernetes.config")
 
 _SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 _JSON_HEADERS = {"Accept": "application/json", "Content-Type": "application/json"}
