@@ -151,6 +151,7 @@ class MpsControl:
             log.warning("MPS control daemon did not quit; killing it pid=%d", pid)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+            self._exited(pid, start_time)  # gone before its directories are
         child = self._children.pop(pid, None)
         if child is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
