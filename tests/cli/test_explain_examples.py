@@ -66,7 +66,7 @@ def test_scenario_with_its_workload_is_explained_on_its_node(path, capsys):
     node = re.search(r"^# Node: (\S+)(?: --mig-mode (\S+))?", path.read_text(), re.M)
     assert node, path.name
     args = ["explain", str(path), "--sim-profile", node.group(1), "--classes", str(ROOT / "manifests/deviceclasses")]
-    code = main(args + ["--mig-mode", node.group(2) or "none"])
+    code = main([*args, "--mig-mode", node.group(2) or "none"])
     captured = capsys.readouterr()
     assert code == 0, captured.out + captured.err
     assert "error:" not in captured.err
