@@ -432,7 +432,8 @@ class DriverProcess:
             registry_dir=Path(args.registry_dir),
             plugin_dir=Path(args.plugin_dir) if args.plugin_dir else None,
             claim_status=claim_status,
-            device_metadata_cdi_dir=Path(args.cdi_dir) if args.device_metadata == "true" else None,
+            device_metadata_cdi_dir=Path(args.cdi_dir),
+            device_metadata=args.device_metadata == "true",
             pod_uid=args.pod_uid or None,
         )
         # Refused here, a second instance has not touched the running one's claims, CDI specs or MIG devices.
@@ -455,6 +456,7 @@ class DriverProcess:
         cluster = self.cluster
         with _serialised_with_other_pods(self.plugin.plugin_dir, enabled=bool(self.args.pod_uid)):
             self.driver.reconcile(lambda ref: _claim_exists(cluster, ref))
+            self.plugin.remove_unowned_device_metadata({record.uid for record in self.checkpoint.records()})
         if self.mig_mode is MigMode.DYNAMIC:
             self.inventory = discover(self.gpulib)  # reconciliation may have destroyed MIG instances
             self.driver.update_inventory(self.inventory, self.mig_mode)

@@ -13,12 +13,13 @@ import logging
 import os
 import re
 import threading
+from collections.abc import Collection
 from pathlib import Path
 from types import TracebackType
 
 import grpc
 
-from dradriver.errors import ConfigError
+from dradriver.errors import ConfigError, DradriverError
 from dradriver.plugin.claim_status import ClaimStatusWriter
 from dradriver.plugin.claims import ClaimLocks, ClaimSource
 from dradriver.plugin.device_metadata import DeviceMetadataWriter
@@ -60,7 +61,9 @@ class KubeletPlugin:
     prepare; ``health_source``, if given, feeds the health stream (and the service is only advertised then).
     ``claim_locks`` is a seam for tests that need to observe per-claim serialisation. ``claim_status``, if
     given, writes each prepared claim's ``status.devices`` and clears it at unprepare.
-    ``device_metadata_cdi_dir``, if given, turns on KEP-5304 device metadata files, with their CDI specs there.
+    ``device_metadata_cdi_dir``, if given, turns on KEP-5304 device metadata files, with their CDI specs there;
+    with ``device_metadata=False`` as well, none are written but those of earlier runs are removed at unprepare
+    and by :meth:`remove_unowned_device_metadata`.
 
     ``pod_uid`` switches on rolling-update mode (as the upstream kubeletplugin helper's ``RollingUpdate``): the
     registration and DRA sockets get per-pod names (``<driver>-<uid>-reg.sock``, ``dra-<uid>.sock``) so a new
@@ -88,6 +91,7 @@ class KubeletPlugin:
         claim_locks: ClaimLocks | None = None,
         claim_status: ClaimStatusWriter | None = None,
         device_metadata_cdi_dir: Path | None = None,
+        device_metadata: bool = True,
         pod_uid: str | None = None,
     ) -> None:
         if not _DRIVER_NAME.match(driver_name) or len(driver_name) > 63:
@@ -115,19 +119,23 @@ class KubeletPlugin:
         self.claim_status = claim_status
         if self.pod_uid is not None:
             handler = SerializedHandler(handler, self.plugin_dir / SERIALIZE_LOCK_NAME)
+        self._device_metadata = (
+            DeviceMetadataWriter(
+                driver_name=driver_name,
+                plugin_dir=self.plugin_dir,
+                cdi_dir=device_metadata_cdi_dir,
+                enabled=device_metadata,
+            )
+            if device_metadata_cdi_dir is not None
+            else None
+        )
         self._processor = ClaimProcessor(
             driver_name=driver_name,
             handler=handler,
             claim_source=claim_source,
             locks=self.claim_locks,
             claim_status=claim_status,
-            device_metadata=(
-                DeviceMetadataWriter(
-                    driver_name=driver_name, plugin_dir=self.plugin_dir, cdi_dir=device_metadata_cdi_dir
-                )
-                if device_metadata_cdi_dir is not None
-                else None
-            ),
+            device_metadata=self._device_metadata,
         )
         self._health = (
             DRAResourceHealthV1alpha1(health_source, interval=health_interval) if health_source is not None else None
@@ -176,6 +184,17 @@ class KubeletPlugin:
         _make_dir(self.plugin_dir, "plugin directory", "--plugin-dir")
         if not self._lock.held:
             self._lock.acquire(f"driver {self.driver_name} on node {self.node_name}")
+
+    def remove_unowned_device_metadata(self, prepared: Collection[str]) -> None:
+        """Before serving: remove the device metadata of claims not in ``prepared`` (the driver's record of
+        prepared claims); a failure is logged and tried again at the next start."""
+        if self._device_metadata is None:
+            return
+        try:
+            for uid in self._device_metadata.remove_unowned(prepared):
+                logger.warning("removed device metadata of a claim that is not prepared claim uid=%s", uid)
+        except DradriverError as err:
+            logger.error("cannot remove device metadata of claims that are not prepared error=%s", err)
 
     def stop(self) -> None:
         """Deregister (remove the registration socket), then stop serving DRA calls; safe to call twice."""
