@@ -456,7 +456,8 @@ class DriverProcess:
         cluster = self.cluster
         with _serialised_with_other_pods(self.plugin.plugin_dir, enabled=bool(self.args.pod_uid)):
             self.driver.reconcile(lambda ref: _claim_exists(cluster, ref))
-            self.plugin.remove_unowned_device_metadata({record.uid for record in self.checkpoint.records()})
+            prepared = {record.uid for record in self.driver.checkpoint.records()}
+            self.plugin.remove_unowned_device_metadata(prepared)
         if self.mig_mode is MigMode.DYNAMIC:
             self.inventory = discover(self.gpulib)  # reconciliation may have destroyed MIG instances
             self.driver.update_inventory(self.inventory, self.mig_mode)
