@@ -59,12 +59,14 @@ from dradriver.plugin.kubelet_plugin import (
     KubeletPlugin,
     check_pod_uid,
 )
-from dradriver.plugin.lifecycle import exclusive
+from dradriver.plugin.lifecycle import StopBudget, exclusive
 from dradriver.plugin.publisher import Publisher, SliceSpec
 
 log = logging.getLogger("dradriver.run")
 # Probes reach the pod's IP, so listen on every interface; the DaemonSet declares the port.
 DEFAULT_STATUS_ADDRESS = ":8080"
+# The DaemonSet's terminationGracePeriodSeconds is 30: stop within 25 s, leaving the rest for the exit itself.
+STOP_BUDGET_SECONDS = 25.0
 
 
 def register(subcommands: Any) -> None:
@@ -489,16 +491,21 @@ class DriverProcess:
             self.stop.wait()
             log.info("stopping")
         finally:
+            # Kubernetes kills the pod terminationGracePeriodSeconds (30) after SIGTERM: the work that leaves state
+            # behind (prepares in flight, which write the checkpoint) goes first, then joins bounded by what is left.
+            budget = StopBudget(STOP_BUDGET_SECONDS)
             self.stop.set()
             self.refresh.set()
-            self.plugin.stop()
+            self.plugin.stop(budget)
             if self.status:
                 self.status.stop()
                 self._unregister_metrics()
-            self.publisher.stop()
-            self.health.stop()
+            self.publisher.stop(budget.left(10.0))
+            self.health.stop(budget.left(10.0))
             if self.rescanner.is_alive():
-                self.rescanner.join(timeout=30)  # a rediscovery in flight finishes before NVML shuts down
+                self.rescanner.join(budget.left())  # a rediscovery in flight finishes before NVML shuts down
+                if self.rescanner.is_alive():
+                    log.warning("a rescan was still running when the stop budget ran out")
 
     def _liveness(self) -> tuple[bool, dict[str, Any]]:
         """Alive while both gRPC sockets answer. A failing publish is not a reason to restart (an API outage

@@ -610,10 +610,11 @@ class GpuHealth:
         )
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the monitor thread, waiting for it at most ``timeout`` seconds (an NVML call may be in flight)."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=10)
+            self._thread.join(timeout=timeout)
 
     def _run(self, gpulib: GpuLib, poll_seconds: float, rewatch_backoff: tuple[float, float]) -> None:
         watching = True

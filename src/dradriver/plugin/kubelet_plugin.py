@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
+import math
 import os
 import re
 import threading
@@ -32,6 +33,7 @@ from dradriver.plugin.lifecycle import (
     RegistrationWatcher,
     SerializedHandler,
     SocketServer,
+    StopBudget,
 )
 from dradriver.plugin.registration import (
     DRA_V1,
@@ -49,6 +51,7 @@ DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 DRA_SOCKET_NAME = "dra.sock"
 LOCK_FILE_NAME = "plugin.lock"
 SERIALIZE_LOCK_NAME = "serialize.lock"
+CLAIM_STATUS_STOP_SECONDS = 5.0  # the most a stop waits for a claim status write in flight
 # A DNS subdomain: what the API server accepts as a DRA driver name (and safe in a file name).
 _POD_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
 _DRIVER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -196,8 +199,12 @@ class KubeletPlugin:
         except DradriverError as err:
             logger.error("cannot remove device metadata of claims that are not prepared error=%s", err)
 
-    def stop(self) -> None:
-        """Deregister (remove the registration socket), then stop serving DRA calls; safe to call twice."""
+    def stop(self, budget: StopBudget | None = None) -> None:
+        """Deregister (remove the registration socket), then stop serving DRA calls; safe to call twice.
+
+        The waits (calls in flight: ``stop_grace``, then ``stop_drain`` for those gRPC gave up on; then the claim
+        status writer) together take at most what ``budget`` leaves; the lock is released in any case."""
+        budget = budget or StopBudget(math.inf)
         if self._watcher is not None:
             self._watcher.stop()
             self._watcher = None
@@ -209,18 +216,19 @@ class KubeletPlugin:
         if self._health is not None:
             self._health.stop()
         if self._dra_server is not None:
-            self._dra_server.stop(self._stop_grace)
+            self._dra_server.stop(budget.left(self._stop_grace))
             self._dra_server = None
             logger.info("stopped DRA services socket=%s", self.dra_socket)
             # Calls gRPC gave up on may still run: the lock is held until they are done.
-            if not self._processor.close(self._stop_drain):
+            drain = budget.left(self._stop_drain)
+            if not self._processor.close(drain):
                 logger.warning(
                     "prepare or unprepare calls still running %.0f s after the DRA server stopped; releasing the "
                     "instance lock anyway",
-                    self._stop_drain,
+                    drain,
                 )
         if self.claim_status is not None:
-            self.claim_status.stop()
+            self.claim_status.stop(budget.left(CLAIM_STATUS_STOP_SECONDS))
         self._lock.release()
 
     def run_until(self, stop: threading.Event) -> None:
