@@ -479,3 +479,20 @@ def test_unmonitored_clears_when_event_registration_works_again():
     finally:
         health.stop()
     gpulib.close()
+
+
+def test_unmonitored_saved_by_an_earlier_run_clears_once_this_run_reads_events(tmp_path: Path):
+    gpulib, _ = simulated_gpulib("mixed")
+    inventory = discover(gpulib)
+    state = tmp_path / "health.json"
+    earlier = GpuHealth(inventory=inventory, mig_mode=MigMode.STATIC, pool="node-a", state_path=state)
+    earlier.unmonitored(GpuError("nvmlEventSetWait_v2: Unknown Error"))
+    restarted = GpuHealth(inventory=inventory, mig_mode=MigMode.STATIC, pool="node-a", state_path=state)
+    assert set(statuses(restarted).values()) == {HealthStatus.UNKNOWN}
+    restarted.start(gpulib, poll_seconds=0.05)
+    try:
+        assert _wait_for(lambda: set(statuses(restarted).values()) == {HealthStatus.HEALTHY})
+    finally:
+        restarted.stop()
+    assert not any(c.cause.value == "unmonitored" for c in read_conditions(state))
+    gpulib.close()

@@ -618,6 +618,8 @@ class GpuHealth:
 
     def _run(self, gpulib: GpuLib, poll_seconds: float, rewatch_backoff: tuple[float, float]) -> None:
         watching = True
+        # An "unmonitored" saved by an earlier run clears once this run has read events (a wait that did not fail).
+        confirmed = False
         next_probe = time.monotonic() + self.policy.probe_interval
         rewatch_delay, next_rewatch = rewatch_backoff[0], 0.0
         while not self._stop.is_set():
@@ -645,6 +647,9 @@ class GpuHealth:
                     watching = False
                     next_rewatch = time.monotonic() + rewatch_delay
                 else:
+                    if not confirmed:
+                        confirmed = True
+                        self.monitored_again()
                     if event is not None:
                         self.handle(event)
                         if event.ecc_double_bit or event.xid is not None:
