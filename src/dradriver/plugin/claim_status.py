@@ -90,8 +90,8 @@ class ClaimStatusWriter:
         self._idle = threading.Condition()
         self._pending = 0
         self._worker: _Worker | None = None
-        # A worker that a stop gave up on (stuck in an API call): the next one waits for it, so that two never
-        # write at once and jobs stay in order.
+        # The last stopped worker, which may still be finishing an API call a stop gave up on: the next one waits
+        # for it, so that two never write at once and jobs stay in order.
         self._unfinished: threading.Thread | None = None
         self._lock = threading.Lock()
 
@@ -121,15 +121,15 @@ class ClaimStatusWriter:
         finishes that call and ends; a writer started again meanwhile waits for it before it writes."""
         with self._lock:
             worker, self._worker = self._worker, None
-        if worker is None:
-            return
+            if worker is None:
+                return
+            # Set before the join: a writer started while this one still finishes waits for it.
+            self._unfinished = worker.thread
         worker.stop.set()
         self._jobs.put(_StopMark(worker.stop))
         worker.thread.join(max(0.0, timeout))
         if worker.thread.is_alive():
             logger.warning("claim status writer still busy after %.1fs at stop (an API call in flight)", timeout)
-            with self._lock:
-                self._unfinished = worker.thread
         dropped, marks = 0, []
         while True:
             try:
