@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -29,15 +29,21 @@ FIRST_GPU = "gpu-0000-07-00-0"
 class DriverProcess:
     """A running `dradriver run`; ``ready`` is set when it logs that it serves, ``lines`` holds its log."""
 
-    def __init__(self, root: Path, kubeconfig: Path, *extra: str, profile: str = "dgx-a100-40gb") -> None:
+    def __init__(
+        self,
+        root: Path,
+        kubeconfig: Path,
+        *extra: str,
+        profile: str = "dgx-a100-40gb",
+        entry: Sequence[str] = ("-m", "dradriver"),
+    ) -> None:
         self.root = root
         self.lines: list[str] = []
         self.ready = threading.Event()
         self.proc = subprocess.Popen(
             [
                 sys.executable,
-                "-m",
-                "dradriver",
+                *entry,
                 "run",
                 "--node-name",
                 NODE,
@@ -121,6 +127,61 @@ def test_run_publishes_slices_owned_by_the_node(driver: DriverProcess, api: Fake
     assert len(published["spec"]["devices"]) == 8
     node_uid = api.get("nodes", NODE)["metadata"]["uid"]  # type: ignore[index]
     assert published["metadata"]["ownerReferences"][0]["uid"] == node_uid
+
+
+# Never imported by `dradriver run`: the code of the other commands (CEL and the allocator are for `explain` and
+# `demo`) and the parts of the kubernetes client we do not use. Importing them took a third of its start-up
+# (docs/reliability.md); this guards that without timing anything.
+NOT_FOR_RUN = (
+    "dradriver.cel",
+    "dradriver.allocator",
+    "dradriver.cli.demo",
+    "dradriver.cli.explain",
+    "dradriver.cli.explain_cluster",
+    "dradriver.cli.explain_input",
+    "dradriver.cli.inventory",
+    "celpy",
+    "lark",
+    "kubernetes.dynamic",
+    "kubernetes.informer",
+    "kubernetes.leaderelection",
+    "kubernetes.stream",
+    "kubernetes.watch",
+    "kubernetes_validate",
+    "jsonschema",
+)
+
+
+def test_run_never_imports_what_only_other_commands_or_unused_client_parts_need(root: Path, api: FakeApiServer) -> None:
+    modules = root / "modules.json"
+    # `dradriver run` as `python -m dradriver` runs it, writing the names of every module loaded on its way out.
+    entry = (
+        f"import atexit, json, runpy, sys; "
+        f"atexit.register(lambda: open({str(modules)!r}, 'w').write(json.dumps(sorted(sys.modules)))); "
+        "runpy.run_module('dradriver', run_name='__main__', alter_sys=True)"
+    )
+    process = DriverProcess(
+        root,
+        api.write_kubeconfig(root / "kubeconfig"),
+        "--mig-mode",
+        "dynamic",
+        profile="hgx-h100-80gb",
+        entry=("-c", entry),
+    )
+    try:
+        process.wait_ready()
+
+        def all_published() -> bool:
+            slices = our_slices(api)
+            return bool(slices) and len(slices) == slices[0]["spec"]["pool"]["resourceSliceCount"]
+
+        assert api.wait_until(all_published, TIMEOUT), process.log
+    finally:
+        assert process.stop() == 0, process.log
+    imported = set(json.loads(modules.read_text()))
+    assert {"dradriver.cli.run", "dradriver.plugin.publisher", "kubernetes.client", "grpc"} <= imported
+    unwanted = sorted(m for m in imported if any(m == p or m.startswith(p + ".") for p in NOT_FOR_RUN))
+    assert not unwanted
 
 
 @pytest.mark.parametrize("version", ["v1.DRAPlugin", "v1beta1.DRAPlugin"])

@@ -31,13 +31,12 @@ MAX_NODES_SHOWN = 10
 MAX_DEVICES_SHOWN = 6
 
 
-def register(subcommands: Any) -> None:
-    parser: argparse.ArgumentParser = subcommands.add_parser(
-        "explain",
-        help="explain whether ResourceClaims fit a node's devices, and why not",
-        description="Allocate ResourceClaims / ResourceClaimTemplates offline as the scheduler would and "
+def register(parser: argparse.ArgumentParser) -> None:
+    """The options of this command on ``parser`` (cli/main.py adds it to the command line)."""
+    parser.description = (
+        "Allocate ResourceClaims / ResourceClaimTemplates offline as the scheduler would and "
         "explain the result per request: which devices matched every selector, what rejected "
-        "the others, and what would make the claim fit.",
+        "the others, and what would make the claim fit."
     )
     parser.add_argument(
         "claims",

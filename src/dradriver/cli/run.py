@@ -69,12 +69,10 @@ DEFAULT_STATUS_ADDRESS = ":8080"
 STOP_BUDGET_SECONDS = 25.0
 
 
-def register(subcommands: Any) -> None:
-    parser: argparse.ArgumentParser = subcommands.add_parser(
-        "run",
-        help="run the kubelet plugin (the DaemonSet entry point)",
-        description="Discover this node's GPUs, publish them as ResourceSlices and serve the kubelet's DRA "
-        "gRPC API until SIGTERM.",
+def register(parser: argparse.ArgumentParser) -> None:
+    """The options of this command on ``parser`` (cli/main.py adds it to the command line)."""
+    parser.description = (
+        "Discover this node's GPUs, publish them as ResourceSlices and serve the kubelet's DRA gRPC API until SIGTERM."
     )
     add_env_option(
         parser, "--node-name", env="NODE_NAME", type=dns_subdomain("node name"), help="this node's name (required)"
@@ -389,16 +387,6 @@ class DriverProcess:
             policy=_health_policy(args),
             state_path=plugin_dir / "health.json",
         )
-        self.specs = build_slice_specs(self.inventory, self.settings, taints=self.health.taints)
-        self.publisher = Publisher(
-            self.cluster,
-            driver=args.driver_name,
-            node_name=node,
-            node_uid=_node_uid(self.cluster, node),
-            shape=self.shape,
-            pools=_pools(node, self.specs),
-            withdraw_tainted_if_dropped=args.health_taint_fallback == "withdraw",
-        )
         # A simulated node has no /dev/nvidia*: bind /dev/null so a real runtime can still inject the spec.
         simulated = self.simulated is not None
         cdi = CdiWriter(
@@ -444,6 +432,17 @@ class DriverProcess:
         self.plugin.lock()
         try:
             self._reconcile()
+            # Built once, from the inventory as reconciliation left it; the publisher validates them once too.
+            self.specs = build_slice_specs(self.inventory, self.settings, taints=self.health.taints)
+            self.publisher = Publisher(
+                self.cluster,
+                driver=args.driver_name,
+                node_name=node,
+                node_uid=_node_uid(self.cluster, node),
+                shape=self.shape,
+                pools=_pools(node, self.specs),
+                withdraw_tainted_if_dropped=args.health_taint_fallback == "withdraw",
+            )
         except BaseException:
             self.plugin.stop()
             raise
@@ -468,8 +467,6 @@ class DriverProcess:
             self.inventory = discover(self.gpulib)  # reconciliation may have destroyed MIG instances
             self.driver.update_inventory(self.inventory, self.mig_mode)
             self.health.update_inventory(self.inventory, self.mig_mode)
-            self.specs = build_slice_specs(self.inventory, self.settings, taints=self.health.taints)
-            self.publisher.update(_pools(self.node, self.specs))
 
     def _run_until_stopped(self) -> None:
         for signum in (signal.SIGTERM, signal.SIGINT):
