@@ -54,7 +54,9 @@ class Document:
 
     @property
     def name(self) -> str:
-        meta = self.obj.get("metadata") or {}
+        meta = self.obj.get("metadata")
+        if not isinstance(meta, dict):
+            meta = {}  # malformed metadata is reported by the checks; the name is only for messages
         generated = f"{meta['generateName']}*" if meta.get("generateName") else "<unnamed>"
         name = str(meta.get("name") or generated)
         return f"{meta['namespace']}/{name}" if meta.get("namespace") else name
@@ -129,7 +131,7 @@ def _add(doc: Any, source: str, inputs: Inputs, want: tuple[str, ...]) -> None:
                 want,
             )
         return
-    if _not_read(doc):
+    if kind not in KINDS and _not_read(doc):
         inputs.skipped.append(f"{source}: skipped {kind} {Document(doc, source).name}: not an object explain reads")
         return
     if kind not in want:
@@ -153,7 +155,8 @@ def _add(doc: Any, source: str, inputs: Inputs, want: tuple[str, ...]) -> None:
 
 def _not_read(doc: dict[str, Any]) -> bool:
     """A well-formed object of another API group, or a DRA kind explain does not use: skipped, not an error.
-    A ``resource.k8s.io`` object of an unknown kind is still an error (most likely a misspelt kind)."""
+    A ``resource.k8s.io`` object of an unknown kind is still an error (most likely a misspelt kind), and so is a
+    kind explain reads under another apiVersion (``apiVersion: v1`` on a ResourceClaim: the caller says so)."""
     kind, api = doc.get("kind"), doc.get("apiVersion")
     if not isinstance(kind, str) or not kind or not isinstance(api, str) or not api:
         return False
