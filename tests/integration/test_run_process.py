@@ -517,3 +517,43 @@ def test_a_restart_in_dynamic_mode_never_publishes_an_unhealthy_gpu_without_its_
         assert untainted == [], second.log
     finally:
         second.stop()
+
+
+def test_start_up_removes_device_metadata_no_claim_owns_and_keeps_a_prepared_claims_until_unprepare(
+    driver: DriverProcess, api: FakeApiServer, root: Path
+) -> None:
+    """Turning --device-metadata off: metadata of a claim still prepared stays (its containers may restart with
+    the CDI ids the kubelet cached) until that claim is unprepared; metadata no claim owns goes at start-up."""
+    assert driver.stop(signal.SIGTERM) == 0
+    on = DriverProcess(root, root / "kubeconfig", "--device-metadata", "true")
+    on.wait_ready()
+    kept = allocated_claim(api, "kept", [FIRST_GPU])
+    gone = allocated_claim(api, "gone", ["gpu-0000-0f-00-0"])
+    with KubeletClient(root / "registry").register() as plugin:
+        prepared = plugin.prepare([kept, gone])
+    assert f"{DRIVER}/metadata={kept.uid}_gpus" in prepared[kept.uid].devices[0]["cdi_device_ids"]
+    on.stop(signal.SIGKILL)
+    metadata_spec = root / "cdi" / f"{DRIVER}-metadata_{{}}.json"
+    # What a crash between forgetting a claim and removing its metadata leaves: files no claim owns.
+    orphan_spec = Path(str(metadata_spec).format("orphan-uid"))
+    orphan_spec.write_text(Path(str(metadata_spec).format(kept.uid)).read_text())
+    orphan_file = root / "plugin" / "dra-device-metadata" / "orphan-uid" / "gpus" / "metadata.json"
+    orphan_file.parent.mkdir(parents=True)
+    orphan_file.write_text("{}")
+
+    off = DriverProcess(root, root / "kubeconfig", "--device-metadata", "false")
+    try:
+        off.wait_ready()
+        assert not orphan_spec.exists() and not orphan_file.parent.parent.exists()
+        assert Path(str(metadata_spec).format(kept.uid)).is_file()
+        with KubeletClient(root / "registry").register() as plugin:
+            assert plugin.unprepare([gone]) == {gone.uid: ""}
+            assert not Path(str(metadata_spec).format(gone.uid)).exists()  # removed although writing is off
+            assert not (root / "plugin" / "dra-device-metadata" / gone.uid).exists()
+            assert Path(str(metadata_spec).format(kept.uid)).is_file()
+            again = allocated_claim(api, "new", ["gpu-0000-47-00-0"])
+            ids = plugin.prepare([again])[again.uid].devices[0]["cdi_device_ids"]
+            assert not any("/metadata=" in i for i in ids)
+            assert not Path(str(metadata_spec).format(again.uid)).exists()
+    finally:
+        off.stop(signal.SIGKILL)

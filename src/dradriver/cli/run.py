@@ -59,12 +59,14 @@ from dradriver.plugin.kubelet_plugin import (
     KubeletPlugin,
     check_pod_uid,
 )
-from dradriver.plugin.lifecycle import exclusive
+from dradriver.plugin.lifecycle import StopBudget, exclusive
 from dradriver.plugin.publisher import Publisher, SliceSpec
 
 log = logging.getLogger("dradriver.run")
 # Probes reach the pod's IP, so listen on every interface; the DaemonSet declares the port.
 DEFAULT_STATUS_ADDRESS = ":8080"
+# The DaemonSet's terminationGracePeriodSeconds is 30: stop within 25 s, leaving the rest for the exit itself.
+STOP_BUDGET_SECONDS = 25.0
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -420,7 +422,8 @@ class DriverProcess:
             registry_dir=Path(args.registry_dir),
             plugin_dir=Path(args.plugin_dir) if args.plugin_dir else None,
             claim_status=claim_status,
-            device_metadata_cdi_dir=Path(args.cdi_dir) if args.device_metadata == "true" else None,
+            device_metadata_cdi_dir=Path(args.cdi_dir),
+            device_metadata=args.device_metadata == "true",
             pod_uid=args.pod_uid or None,
             # The default state directory is the plugin directory: deleted with it, the checkpoint is written back.
             on_plugin_dir_recreated=self.checkpoint.ensure_written,
@@ -458,6 +461,8 @@ class DriverProcess:
         cluster = self.cluster
         with _serialised_with_other_pods(self.plugin.plugin_dir, enabled=bool(self.args.pod_uid)):
             self.driver.reconcile(lambda ref: _claim_exists(cluster, ref))
+            prepared = {record.uid for record in self.driver.checkpoint.records()}
+            self.plugin.remove_unowned_device_metadata(prepared)
         if self.mig_mode is MigMode.DYNAMIC:
             self.inventory = discover(self.gpulib)  # reconciliation may have destroyed MIG instances
             self.driver.update_inventory(self.inventory, self.mig_mode)
@@ -487,16 +492,21 @@ class DriverProcess:
             self.stop.wait()
             log.info("stopping")
         finally:
+            # Kubernetes kills the pod terminationGracePeriodSeconds (30) after SIGTERM: the work that leaves state
+            # behind (prepares in flight, which write the checkpoint) goes first, then joins bounded by what is left.
+            budget = StopBudget(STOP_BUDGET_SECONDS)
             self.stop.set()
             self.refresh.set()
-            self.plugin.stop()
+            self.plugin.stop(budget)
             if self.status:
                 self.status.stop()
                 self._unregister_metrics()
-            self.publisher.stop()
-            self.health.stop()
+            self.publisher.stop(budget.left(10.0))
+            self.health.stop(budget.left(10.0))
             if self.rescanner.is_alive():
-                self.rescanner.join(timeout=30)  # a rediscovery in flight finishes before NVML shuts down
+                self.rescanner.join(budget.left())  # a rediscovery in flight finishes before NVML shuts down
+                if self.rescanner.is_alive():
+                    log.warning("a rescan was still running when the stop budget ran out")
 
     def _liveness(self) -> tuple[bool, dict[str, Any]]:
         """/livez: alive while both gRPC sockets answer. Nothing about the API server: a restart does not cure
