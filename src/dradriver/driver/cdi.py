@@ -133,7 +133,7 @@ class CdiWriter:
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(tmp, path)
-        except OSError as err:
+        except (OSError, ValueError) as err:  # ValueError: a NUL byte in the claim UID
             if tmp is not None:
                 # Every kubelet retry would otherwise leave one more temp file in the CDI directory.
                 with contextlib.suppress(OSError):
@@ -148,6 +148,8 @@ class CdiWriter:
         """Delete the claim's spec; a missing file is fine (unprepare must be idempotent)."""
         try:
             self.spec_path(claim_uid).unlink(missing_ok=True)
+        except ValueError:
+            return  # a UID with a NUL byte names no file: there is none to remove
         except OSError as err:
             raise DeviceError(f"unable to remove CDI spec {self.spec_path(claim_uid)}: {err}") from err
 

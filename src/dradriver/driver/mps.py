@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"
 CONTAINER_LOG_DIR = "/var/log/nvidia-mps"
 DEFAULT_COMMAND = ("nvidia-cuda-mps-control",)
+_DIR_NAME = re.compile(r"[A-Za-z0-9._-]{1,253}")
 
 
 class MpsControl:
@@ -43,6 +45,13 @@ class MpsControl:
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
     def dirs(self, claim_uid: str) -> tuple[Path, Path]:
+        """The claim's pipe and log directories, always inside ``root``: a UID that would name anything else (a
+        checkpoint edited by hand; Kubernetes UIDs never do) is refused."""
+        if not _DIR_NAME.fullmatch(claim_uid) or claim_uid in (".", ".."):
+            raise DeviceError(
+                f"claim UID {claim_uid[:80]!r} cannot name an MPS directory under {self.root} (a Kubernetes UID has "
+                "only letters, digits and '-'); is the checkpoint damaged?"
+            )
         base = self.root / claim_uid
         return base / "pipe", base / "log"
 

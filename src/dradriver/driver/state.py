@@ -34,6 +34,7 @@ from dradriver.driver.sharing import (
     STEP_MPS_DAEMON,
     STEP_TIME_SLICE,
     SharingSteps,
+    check_mps_settings,
     consumed_total,
     refuse_conflicts,
     share_config,
@@ -613,6 +614,7 @@ def _cdi_device(ready: ReadyDevice) -> CdiDevice:
 
 
 def _refuse_overlap_and_conflicts(ref: ClaimRef, record: ClaimRecord, others: list[ClaimRecord]) -> None:
+    check_mps_settings(record)
     _refuse_overlap(ref, record, others)
     refuse_conflicts(str(ref), record, others)
 
