@@ -606,7 +606,7 @@ def _save_state(path: Path, conditions: Iterable[Condition], gpus: dict[int, tup
         "conditions": [{**asdict(c), "cause": c.cause.value, "effect": c.effect.value} for c in conditions],
         "gpus": [{"index": i, "uuid": uuid, "name": name} for i, (uuid, name) in sorted(gpus.items())],
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd, tmp = temp_file_for(path)
     try:
         with os.fdopen(fd, "w") as out:

@@ -58,8 +58,7 @@ class MpsControl:
     def start(self, claim_uid: str, device_uuids: Sequence[str], commands: Sequence[str]) -> dict[str, Any]:
         """Start the claim's daemon, wait until it answers, send ``commands`` (the limits); the recorded identity."""
         pipe, logs = self.dirs(claim_uid)
-        pipe.mkdir(parents=True, exist_ok=True)
-        logs.mkdir(parents=True, exist_ok=True)
+        self._make_dirs(pipe, logs)
         env = self._env(pipe, logs)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(device_uuids)
         try:
@@ -91,6 +90,18 @@ class MpsControl:
             self._send(identity, "\n".join(commands) + "\n", what="applying the MPS limits")
         log.info("started MPS control daemon claim=%s pid=%d devices=%s", claim_uid, child.pid, ",".join(device_uuids))
         return identity
+
+    def _make_dirs(self, pipe: Path, logs: Path) -> None:
+        """The claim's directories: its own one owner-only like the rest of the state directory, the pipe and log
+        directories in it open to read (the claim's containers mount them and may run as any user)."""
+        try:
+            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            pipe.parent.mkdir(mode=0o700, exist_ok=True)
+            for folder in (pipe, logs):
+                folder.mkdir(exist_ok=True)
+                folder.chmod(0o755)  # whatever the umask
+        except OSError as err:
+            raise DeviceError(f"cannot create the MPS directories {pipe.parent}: {err}; check --state-dir") from err
 
     def alive(self, identity: Mapping[str, Any]) -> bool:
         """Whether the daemon answers through its pipe directory."""
