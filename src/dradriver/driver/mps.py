@@ -91,12 +91,26 @@ class MpsControl:
         log.info("started MPS control daemon claim=%s pid=%d devices=%s", claim_uid, child.pid, ",".join(device_uuids))
         return identity
 
+    def claim_uids(self) -> list[str]:
+        """Claims with MPS directories here (start-up stops the daemons of those the checkpoint does not know)."""
+        if not self.root.is_dir():
+            return []
+        return sorted(
+            p.name
+            for p in self.root.iterdir()
+            if _DIR_NAME.fullmatch(p.name) and p.name not in (".", "..") and p.is_dir() and not p.is_symlink()
+        )
+
     def _make_dirs(self, pipe: Path, logs: Path) -> None:
         """The claim's directories: its own one owner-only like the rest of the state directory, the pipe and log
         directories in it open to read (the claim's containers mount them and may run as any user)."""
         try:
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
             pipe.parent.mkdir(mode=0o700, exist_ok=True)
+            for folder in (pipe.parent, pipe, logs):
+                if folder.is_symlink():
+                    # chmod and the daemon would follow it out of the state directory.
+                    raise OSError(f"{folder} is a symbolic link; remove it")
             for folder in (pipe, logs):
                 folder.mkdir(exist_ok=True)
                 folder.chmod(0o755)  # whatever the umask

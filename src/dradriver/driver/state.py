@@ -498,7 +498,19 @@ class GpuDriver:
         for uid in self.cdi.claim_uids():
             if uid not in known:
                 log.warning("reconcile: removing CDI spec of a claim not in the checkpoint claim=%s", uid)
-                self.cdi.remove(uid)
+                try:
+                    self.cdi.remove(uid)
+                except DradriverError as err:
+                    log.error("reconcile: cannot remove a CDI spec no claim owns claim=%s error=%s", uid, err)
+        mps = self._sharing.mps
+        for uid in mps.claim_uids() if mps is not None else ():
+            if uid not in known:
+                # Only a damaged or hand-edited state leaves these: every daemon's intent is recorded before it
+                # starts, and its undo removes the directories.
+                log.warning("reconcile: stopping the MPS daemon of a claim not in the checkpoint claim=%s", uid)
+                assert mps is not None
+                pipe, logs = mps.dirs(uid)
+                mps.stop({"pipeDir": str(pipe), "logDir": str(logs)})
 
     def _reconcile_claim(self, record: ClaimRecord, claim_exists: ClaimExists | None) -> None:
         if record.state is ClaimState.PREPARE_STARTED:
