@@ -25,6 +25,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -42,6 +43,8 @@ API_VERSION = "metadata.resource.k8s.io/v1alpha1"
 CONTAINER_DIR = "/var/run/kubernetes.io/dra-device-attributes"
 POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 HOST_SUBDIR = "dra-device-metadata"
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 class DeviceMetadataWriter:
@@ -77,7 +80,14 @@ class DeviceMetadataWriter:
             by_request.setdefault(str(result["request"]), []).append(entry)
         base_requests: dict[str, list[str]] = {}
         for request in by_request:
-            base_requests.setdefault(base_request_name(request), []).append(request)
+            base = base_request_name(request)
+            if not _DNS_LABEL.fullmatch(base):
+                # It names a directory of the claim's metadata: it must not name any other path.
+                raise DeviceError(
+                    f"claim {meta.get('namespace')}/{meta.get('name')}: request name {base[:80]!r} is not a DNS label, "
+                    "so it cannot name the request's device metadata directory"
+                )
+            base_requests.setdefault(base, []).append(request)
         if not base_requests:
             return tuple(devices)
 
