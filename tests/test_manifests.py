@@ -85,8 +85,9 @@ def test_the_daemonset_is_production_ready(overlay: str) -> None:
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
     port = {p["name"]: p["containerPort"] for p in container["ports"]}["status"]
     assert variables["DRADRIVER_METRICS_ADDRESS"] == f":{port}"
-    assert container["startupProbe"]["httpGet"]["path"] == "/healthz"
-    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    # Liveness never depends on the API server: an outage must not restart the pod (issue 15).
+    assert container["startupProbe"]["httpGet"]["path"] == "/livez"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/livez"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     resources = container["resources"]
     assert resources["requests"]["cpu"] and resources["requests"]["memory"] and resources["limits"]["memory"]

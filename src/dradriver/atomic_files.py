@@ -1,5 +1,7 @@
 """Atomic replacement of small state files shared by processes, and the sweeping of what a killed writer left.
 
+``storage_fix`` words the remedy for a failed write (a full or read-only filesystem) in every such error.
+
 A writer puts its PID in the temp file's name, so a later reader can tell a write in progress (its writer is alive)
 from one a SIGKILL cut short (its writer is gone), and remove only the latter: several processes (the driver, the
 `sim` command) may write the same file, and a blind sweep would delete another process's temp file mid-write.
@@ -8,6 +10,7 @@ from one a SIGKILL cut short (its writer is gone), and remove only the latter: s
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -39,3 +42,12 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # another user's process: alive, and not ours to judge
         return True
     return True
+
+
+def storage_fix(err: OSError, flag: str) -> str:
+    """What an operator does about a failed write to the directory ``flag`` names, by the error's cause."""
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"the filesystem of {flag} is full: free space there (the kubelet retries the claim)"
+    if err.errno == errno.EROFS:
+        return f"the filesystem of {flag} is read-only: remount it read-write or point {flag} at a writable directory"
+    return f"check that {flag} exists and is writable"

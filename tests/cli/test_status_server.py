@@ -23,6 +23,7 @@ def test_serves_metrics_liveness_and_readiness_with_reasons():
     server = StatusServer("127.0.0.1:0", lambda: (state["ready"], {"registered": state["ready"]}))
     server.start()
     try:
+        assert fetch(server.port, "/livez") == (200, "ok\n")
         assert fetch(server.port, "/healthz") == (200, "ok\n")
         code, body = fetch(server.port, "/readyz")
         assert code == 503 and json.loads(body) == {"ready": False, "registered": False}
@@ -55,17 +56,40 @@ def test_a_busy_port_is_a_config_error_naming_the_flag() -> None:
             StatusServer(f"127.0.0.1:{busy.getsockname()[1]}", lambda: (True, {}))
 
 
-def test_healthz_is_503_with_its_reasons_when_liveness_says_no():
+def test_livez_is_503_with_its_reasons_when_liveness_says_no():
     alive = {"ok": True}
     server = StatusServer(
         "127.0.0.1:0", lambda: (True, {}), lambda: (alive["ok"], {"draSocket": alive["ok"], "registrationSocket": True})
     )
     server.start()
     try:
-        assert fetch(server.port, "/healthz") == (200, "ok\n")
+        assert fetch(server.port, "/livez") == (200, "ok\n")
+        assert fetch(server.port, "/healthz") == (200, "ok\n")  # without its own check: liveness's
         alive["ok"] = False
-        code, body = fetch(server.port, "/healthz")
+        code, body = fetch(server.port, "/livez")
         assert code == 503 and json.loads(body) == {"alive": False, "draSocket": False, "registrationSocket": True}
+        assert fetch(server.port, "/healthz")[0] == 503
+    finally:
+        server.stop()
+
+
+def test_each_probe_answers_its_own_check():
+    """kube-apiserver's convention: /livez (restart me), /readyz (send me work), /healthz (everything)."""
+    published = {"ok": True}
+    server = StatusServer(
+        "127.0.0.1:0",
+        lambda: (published["ok"], {"slicesPublished": published["ok"]}),
+        lambda: (True, {"draSocket": True, "registrationSocket": True}),
+        lambda: (published["ok"], {"draSocket": True, "slicesPublished": published["ok"]}),
+    )
+    server.start()
+    try:
+        assert [fetch(server.port, p)[0] for p in ("/livez", "/readyz", "/healthz")] == [200, 200, 200]
+        published["ok"] = False  # an API outage: not ready, not healthy, but alive (no restart)
+        assert fetch(server.port, "/livez") == (200, "ok\n")
+        assert fetch(server.port, "/readyz")[0] == 503
+        code, body = fetch(server.port, "/healthz")
+        assert code == 503 and json.loads(body) == {"healthy": False, "draSocket": True, "slicesPublished": False}
     finally:
         server.stop()
 

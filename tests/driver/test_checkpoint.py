@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import pytest
@@ -192,3 +193,23 @@ def test_the_state_directory_and_the_checkpoint_are_owner_only(tmp_path: Path) -
             assert path.stat().st_mode & 0o077 == 0, path
     finally:
         store.close()
+
+
+def test_a_checkpoint_deleted_with_its_directory_is_written_back_from_memory_with_its_lock(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The default state directory is the plugin directory; deleting it under a running driver must not make
+    it forget its prepared claims (their MIG instances and CDI specs would then never be undone)."""
+    state = tmp_path / "plugin"
+    store = CheckpointStore.open(state, boot_id="b1")
+    store.put(record("u1"))
+    shutil.rmtree(state)
+    store.ensure_written()
+    assert "checkpoint was deleted under the running driver" in caplog.text
+    assert [r.uid for r in store.records()] == ["u1"]
+    assert "u1" in json.loads((state / FILE_NAME).read_text())["data"]["claims"]
+    with pytest.raises(AlreadyRunningError):
+        CheckpointStore.open(state, boot_id="b1")  # the directory's lock was taken again
+    store.put(record("u2"))
+    store.close()
+    assert sorted(r.uid for r in CheckpointStore.open(state, boot_id="b1").records()) == ["u1", "u2"]

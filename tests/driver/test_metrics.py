@@ -48,6 +48,7 @@ def test_calls_are_counted_and_timed_by_rpc_and_outcome_and_errors_by_reason() -
 def test_error_reasons_are_a_small_fixed_set() -> None:
     assert error_reason("cannot get claim ns/a from the API server: 503") == "api-unavailable"
     assert error_reason("unable to write CDI spec /x: [Errno 28] No space left on device") == "storage"
+    assert error_reason("unable to remove CDI spec /x: [Errno 30] Read-only file system: '/x'") == "storage"
     assert error_reason("device gpu-0, step gpu-instance: Insufficient Resources") == "hardware"
     assert error_reason("something new") == "other"
 

@@ -430,3 +430,88 @@ def test_a_full_disk_at_any_write_fails_the_claim_and_half_writes_nothing(
     h100.restart().reconcile()  # what the file says agrees with the hardware
     h100.assert_clean()
     assert h100.prepare(claim("u1", f"{H100}-mig-1g10gb-0"))[1] is None
+
+
+class StorageFault:
+    """Makes one directory full (ENOSPC at the fsync of a file written there) or read-only (EROFS when a file is
+    created or removed there), raising the real OSError at the real call: the suite runs as root, where chmod
+    does not stop a write, and cannot mount a read-only or full filesystem."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, directory: Path, kind: str) -> None:
+        self.directory, self.kind = directory, kind
+        self._monkeypatch = monkeypatch
+        real_fsync, real_open, real_unlink = os.fsync, os.open, os.unlink
+
+        def fsync(fd: int) -> None:
+            if kind == "full" and Path(os.readlink(f"/proc/self/fd/{fd}")).parent == directory:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            real_fsync(fd)
+
+        def open_(path: str | os.PathLike[str], flags: int, *args: int, **kwargs: int) -> int:
+            if kind == "read-only" and flags & os.O_CREAT and Path(path).parent == directory:
+                raise OSError(errno.EROFS, "Read-only file system", str(path))
+            return real_open(path, flags, *args, **kwargs)
+
+        def unlink(path: str | os.PathLike[str], *args: object, **kwargs: object) -> None:
+            if kind == "read-only" and Path(path).parent == directory and os.path.lexists(path):
+                raise OSError(errno.EROFS, "Read-only file system", str(path))
+            real_unlink(path, *args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(os, "fsync", fsync)
+        monkeypatch.setattr(os, "open", open_)
+        monkeypatch.setattr(os, "unlink", unlink)
+
+    def end(self) -> None:
+        self._monkeypatch.undo()
+
+
+STORAGE_ERRORS = {"full": "No space left on device", "read-only": "Read-only file system"}
+STORAGE_FIXES = {"full": "is full: free space there", "read-only": "is read-only: remount it read-write"}
+
+
+@pytest.mark.parametrize("kind", ["full", "read-only"])
+@pytest.mark.parametrize("where", ["state", "cdi"])
+@pytest.mark.parametrize("device", [f"{H100}-mig-1g10gb-0", H100], ids=["mig", "whole-gpu"])
+def test_a_full_or_read_only_state_or_cdi_directory_fails_the_claim_naming_the_path_and_the_fix(
+    h100: Node, monkeypatch: pytest.MonkeyPatch, kind: str, where: str, device: str
+):
+    """A per-claim error naming the file, the cause and the remedy; no temp file, no orphan CDI spec, the
+    checkpoint unchanged, a partition carved for the claim destroyed; the re-sent prepare succeeds once the
+    fault ends."""
+    h100.cdi_dir.mkdir()
+    assert h100.prepare(claim("kept", "gpu-0000-43-00-0"))[1] is None  # the checkpoint has something to lose
+    checkpoint = h100.state_dir / "checkpoint.json"
+    before, specs_before = checkpoint.read_bytes(), h100.cdi_files()
+    directory = h100.state_dir if where == "state" else h100.cdi_dir
+    fault = StorageFault(monkeypatch, directory, kind)
+    _, error = h100.prepare(claim("u1", device))
+    fault.end()
+    assert error is not None
+    path = str(checkpoint) if where == "state" else str(h100.cdi_dir / "k8s.gpu.dradriver.dev-claim_u1.json")
+    assert path in error and STORAGE_ERRORS[kind] in error
+    assert STORAGE_FIXES[kind] in error and f"--{where}-dir" in error
+    assert h100.instances() == [] and h100.cdi_files() == specs_before
+    assert not list(h100.state_dir.glob(".*.tmp")) and not list(h100.cdi_dir.glob(".*.tmp"))
+    assert checkpoint.read_bytes() == before
+    assert [r.uid for r in h100.driver.checkpoint.records()] == ["kept"]
+    ids, error = h100.prepare(claim("u1", device))
+    assert error is None and ids == [f"k8s.gpu.dradriver.dev/claim=u1-{device}"]
+    assert h100.driver.unprepare_resource_claims([ref("u1"), ref("kept")]) == {"u1": None, "kept": None}
+    h100.assert_clean()
+
+
+@pytest.mark.parametrize("where", ["state", "cdi"])
+def test_an_unprepare_on_a_read_only_directory_fails_and_the_re_sent_unprepare_finishes(
+    h100: Node, monkeypatch: pytest.MonkeyPatch, where: str
+):
+    assert h100.prepare(claim("u1", f"{H100}-mig-1g10gb-0"))[1] is None
+    fault = StorageFault(monkeypatch, h100.state_dir if where == "state" else h100.cdi_dir, "read-only")
+    error = h100.driver.unprepare_resource_claims([ref("u1")])["u1"]
+    fault.end()
+    assert error is not None and STORAGE_ERRORS["read-only"] in error and f"--{where}-dir" in error
+    assert not list(h100.state_dir.glob(".*.tmp")) and not list(h100.cdi_dir.glob(".*.tmp"))
+    assert [r.uid for r in h100.driver.checkpoint.records()] == ["u1"]  # still recorded: the retry finishes it
+    assert h100.driver.unprepare_resource_claims([ref("u1")]) == {"u1": None}
+    h100.assert_clean()
+    h100.restart().reconcile()
+    h100.assert_clean()

@@ -316,35 +316,86 @@ def test_a_refused_second_instance_touches_no_slices(driver: DriverProcess, api:
     assert api.writes_since(mark) == [], twin.log
 
 
-def test_healthz_checks_both_sockets_and_metrics_count_calls_and_prepared_devices(
-    driver: DriverProcess, api: FakeApiServer, root: Path
-) -> None:
+def _status_port(driver: DriverProcess) -> int:
     import re
+
+    [port] = {int(m) for m in re.findall(r"serving metrics and readiness port=(\d+)", driver.log)}
+    return port
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
     import urllib.error
     import urllib.request
 
-    [port] = {int(m) for m in re.findall(r"serving metrics and readiness port=(\d+)", driver.log)}
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
 
-    def get(path: str) -> tuple[int, str]:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
-                return response.status, response.read().decode()
-        except urllib.error.HTTPError as err:
-            return err.code, err.read().decode()
 
-    assert get("/healthz") == (200, "ok\n")
+def test_probes_metrics_and_an_api_outage_that_fails_readyz_and_healthz_but_never_livez(
+    driver: DriverProcess, api: FakeApiServer, root: Path
+) -> None:
+    port = _status_port(driver)
+    assert _get(port, "/readyz")[0] == 503  # not registered yet
+    KubeletClient(root / "registry").register().close()
+    assert eventually(lambda: _get(port, "/readyz")[0] == 200), driver.log
+    assert _get(port, "/livez") == (200, "ok\n")
+    assert _get(port, "/healthz") == (200, "ok\n")
     claim = allocated_claim(api, "scraped", [FIRST_GPU])
     with KubeletClient(root / "registry").register() as plugin:
         assert plugin.prepare([claim])[claim.uid].error == ""
-        _, scrape = get("/metrics")
+        _, scrape = _get(port, "/metrics")
         assert 'dradriver_prepared_devices{sharing="exclusive",type="gpu"} 1.0' in scrape
         assert 'dradriver_kubelet_requests_total{outcome="success",rpc="NodePrepareResources"} 1.0' in scrape
         assert "dradriver_resourceslices_published 1.0" in scrape
         assert plugin.unprepare([claim]) == {claim.uid: ""}
-    for sock in (root / "plugin").glob("*.sock"):
-        sock.unlink()  # the DRA socket deleted under the driver: it no longer answers, so it is not alive
-    code, body = get("/healthz")
-    assert code == 503 and json.loads(body)["draSocket"] is False
+
+    api.fail_next("GET", "/resourceslices", 503, count=10**6, message="etcdserver: leader changed")
+    api.drop_watches()  # the publisher lists again, and fails
+    assert eventually(lambda: _get(port, "/healthz")[0] == 503), driver.log
+    code, body = _get(port, "/healthz")
+    assert code == 503
+    detail = json.loads(body)
+    assert detail["slicesPublished"] is False and "leader changed" in detail["publishError"]
+    assert detail["draSocket"] is True and detail["registrationSocket"] is True
+    assert _get(port, "/readyz")[0] == 503
+    assert _get(port, "/livez") == (200, "ok\n")  # the liveness probe never restarts the pod for an outage
+    api.clear_faults()
+    assert eventually(lambda: _get(port, "/healthz")[0] == 200 and _get(port, "/readyz")[0] == 200), driver.log
+
+
+def test_a_plugin_directory_deleted_under_the_driver_comes_back_with_sockets_checkpoint_and_registration(
+    driver: DriverProcess, api: FakeApiServer, root: Path
+) -> None:
+    plugin_dir = root / "plugin"
+    claim = allocated_claim(api, "kept", [FIRST_GPU])
+    with KubeletClient(root / "registry").register() as plugin:
+        before = plugin.prepare([claim])[claim.uid]
+    assert before.error == ""
+    shutil.rmtree(plugin_dir)
+    # The DRA socket, the instance lock and the checkpoint (the default state directory is the plugin directory)
+    # come back without a restart; the claim prepared before is still known.
+    assert eventually(
+        lambda: (
+            (plugin_dir / "dra.sock").exists()
+            and (plugin_dir / "plugin.lock").exists()
+            and claim.uid in (plugin_dir / "checkpoint.json").read_text()
+            if (plugin_dir / "checkpoint.json").exists()
+            else False
+        )
+    ), driver.log
+    assert driver.proc.poll() is None
+    assert eventually(lambda: "serving DRA services again" in driver.log), driver.log
+    assert eventually(lambda: _get(_status_port(driver), "/livez")[0] == 200), driver.log
+    with KubeletClient(root / "registry").register() as plugin:
+        assert plugin.prepare([claim])[claim.uid] == before  # answered from the written-back checkpoint
+        assert plugin.unprepare([claim]) == {claim.uid: ""}
+    assert list((root / "cdi").glob("*.json")) == []
+    twin = DriverProcess(root, root / "kubeconfig")
+    assert twin.proc.wait(TIMEOUT) == 2, "the re-taken instance lock still refuses a second instance"
+    twin._reader.join(TIMEOUT)
 
 
 def test_a_refused_per_pod_instance_leaves_the_running_instances_files_alone(driver: DriverProcess, root: Path) -> None:

@@ -441,3 +441,42 @@ def test_a_failure_injected_after_the_claim_get_is_that_claims_error(
         assert "injected failure at claim-fetched" in error
         monkeypatch.delenv(faults.CRASH_ENV)
         assert kubelet.prepare([Claim("default", "a", "uid-a")])["uid-a"].error == ""
+
+
+@pytest.mark.parametrize("pod_uid", [None, "pod-1"], ids=["fixed-names", "rolling-update"])
+def test_a_plugin_directory_deleted_under_the_plugin_comes_back_with_its_socket_lock_and_registration(
+    make_plugin: PluginFactory, claims: FakeClaimSource, caplog: pytest.LogCaptureFixture, pod_uid: str | None
+) -> None:
+    plugin = make_plugin(pod_uid=pod_uid)
+    plugin.start()
+    caplog.set_level(logging.INFO, logger="dradriver.plugin.kubelet_plugin")
+    claims.add(make_claim("a", "uid-a"))
+    with KubeletClient(plugin.registry_dir).register() as kubelet:
+        assert kubelet.prepare([Claim("default", "a", "uid-a")])["uid-a"].error == ""
+    caplog.clear()
+    shutil.rmtree(plugin.plugin_dir)
+    # Both sockets are re-created (the registration socket anew, so the kubelet registers the new endpoint).
+    assert wait_for(lambda: "created registration socket" in caplog.text and plugin.dra_socket.is_socket())
+    assert "DRA socket is gone" in caplog.text and "serving DRA services again" in caplog.text
+    with KubeletClient(plugin.registry_dir).register() as kubelet:
+        assert kubelet.prepare([Claim("default", "a", "uid-a")])["uid-a"].error == ""
+    assert plugin.registration.wait_for_reports(2, TIMEOUT) is not None
+    # The instance lock was taken again on the new file(s): a second instance is still refused.
+    with pytest.raises(AlreadyRunningError):
+        make_plugin(pod_uid=pod_uid).start()
+    with pytest.raises(AlreadyRunningError):
+        make_plugin(pod_uid="pod-2" if pod_uid is None else None).start()
+
+
+def test_a_restarted_kubelet_that_removed_the_registration_socket_re_dials_and_re_sent_prepares_agree(
+    plugin: KubeletPlugin, claims: FakeClaimSource
+) -> None:
+    claims.add(make_claim("a", "uid-a"))
+    with KubeletClient(plugin.registry_dir).register() as kubelet:
+        before = kubelet.prepare([Claim("default", "a", "uid-a")])["uid-a"]
+    plugin.registration_socket.unlink()  # the kubelet restarting cleans its registry directory
+    assert wait_for(plugin.registration_socket.is_socket)
+    with KubeletClient(plugin.registry_dir).register() as restarted:
+        assert restarted.prepare([Claim("default", "a", "uid-a")])["uid-a"] == before
+    status = plugin.registration.wait_for_reports(2, TIMEOUT)
+    assert status is not None and status.registered

@@ -334,6 +334,73 @@ def test_publishing_resumes_after_the_watch_is_dropped(
     assert api.server.wait_until(lambda: device_names(api) == [["gpu-0"]])
 
 
+def test_an_expired_watch_410_gone_is_followed_by_a_fresh_list_and_watch(
+    api: ApiEnv, make_publisher: PublisherFactory, sleeps: Sleeps
+) -> None:
+    def compact_first() -> None:  # etcd compacted past the version the publisher is about to watch from
+        api.server.create("nodes", {"metadata": {"name": "unrelated"}})
+        api.server.compact()
+
+    api.server.before_next("GET", r"/resourceslices\?.*watch=true", compact_first)
+    publisher = make_publisher({NODE: [spec("gpu-0")]})
+    assert publisher.wait_synced(10)
+    # The 410 ends that watch: the publisher backs off, lists again and watches from the fresh version.
+    assert api.server.wait_until(
+        lambda: sum(r.watch for r in api.server.requests) == 2 and api.server.active_watches == 1
+    )
+    assert sleeps.delays, "a 410 waits for the backoff before listing again"
+    assert publisher.status.ready
+    api.server.delete("resourceslices", slices(api)[0]["metadata"]["name"])
+    assert api.server.wait_until(lambda: device_names(api) == [["gpu-0"]])
+
+
+def test_a_create_answered_too_late_is_retried_without_a_duplicate_slice(tmp_path: Path, sleeps: Sleeps) -> None:
+    """The client gives up on a slow POST that the server still carries out: the retry lists, finds the slice
+    and creates no second one."""
+    with api_env(tmp_path, request_timeout=(2.0, 0.3)) as env:
+        env.server.create("nodes", {"metadata": {"name": NODE}})
+        env.server.delay_next("POST", "/resourceslices", 1.0)
+        publisher = Publisher(
+            env.cluster,
+            driver=DRIVER,
+            node_name=NODE,
+            pools={NODE: [spec("gpu-0")]},
+            sleep=sleeps,
+            backoff=Backoff(initial=0.1, maximum=2.0, jitter=0.0),
+        )
+        publisher.start()
+        try:
+            assert publisher.wait_synced(10)
+            assert env.server.wait_until(lambda: len(slices(env)) == 1 and env.server.active_watches == 1)
+            assert device_names(env) == [["gpu-0"]] and len(slices(env)) == 1
+            assert sleeps.delays and publisher.status.ready
+        finally:
+            publisher.stop()
+
+
+def test_a_real_conflict_with_another_writer_of_our_slice_is_resolved_by_listing_again(
+    api: ApiEnv, make_publisher: PublisherFactory
+) -> None:
+    """Someone else writes our slice between our list and our update: the server answers 409 (a stale
+    resourceVersion, not an injected status); the next pass lists, and our content wins."""
+    publisher = make_publisher({NODE: [spec("gpu-0")]})
+    assert publisher.wait_synced(10)
+
+    def someone_else_writes() -> None:
+        [stored] = slices(api)
+        stored["metadata"].setdefault("labels", {})["edited-by"] = "someone-else"
+        api.server.replace("resourceslices", stored)
+
+    api.server.before_next("PUT", "/resourceslices/", someone_else_writes)
+    mark = api.server.mark()
+    publisher.update({NODE: [spec("gpu-0", "gpu-1")]})
+    assert api.server.wait_until(lambda: device_names(api) == [["gpu-0", "gpu-1"]])
+    assert publisher.wait_synced(10)
+    statuses = [r.status for r in api.server.writes_since(mark) if r.method == "PUT"]
+    assert statuses[:2] == [409, 200]
+    assert pool_fields(api) == {(NODE, 1, 1)}
+
+
 def test_stop_is_prompt_and_leaves_the_slices_published(api: ApiEnv, make_publisher: PublisherFactory) -> None:
     publisher = make_publisher({NODE: [spec("gpu-0")]})
     assert publisher.wait_synced(10)

@@ -127,6 +127,7 @@ class _Fault:
     status: int = 0
     delay: float = 0.0
     message: str = "injected fault"
+    action: Callable[[], None] | None = None
 
 
 @dataclass
@@ -516,6 +517,17 @@ class FakeApiServer:
         with self._cond:
             self._faults.append(_Fault(method.upper(), re.compile(path_pattern), count, delay=seconds))
 
+    def before_next(self, method: str, path_pattern: str, action: Callable[[], None], *, count: int = 1) -> None:
+        """Run ``action`` (e.g. another client's write) when the next ``count`` matching requests arrive, before
+        they are handled: a race between two writers, made deterministic."""
+        with self._cond:
+            self._faults.append(_Fault(method.upper(), re.compile(path_pattern), count, action=action))
+
+    def clear_faults(self) -> None:
+        """Forget every fault not yet used up (the outage ends)."""
+        with self._cond:
+            self._faults.clear()
+
     def drop_watches(self) -> None:
         """Close every open watch connection abruptly."""
         with self._cond:
@@ -688,6 +700,8 @@ class _Handler(BaseHTTPRequestHandler):
             fault = api._take_fault(method, self.path)
             if fault is not None and fault.delay:
                 api._closing.wait(fault.delay)
+            if fault is not None and fault.action is not None:
+                fault.action()
             if fault is not None and fault.status:
                 raise ApiError(
                     fault.status,

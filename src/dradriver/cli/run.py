@@ -132,7 +132,7 @@ def register(subcommands: Any) -> None:
         "--metrics-address",
         env="DRADRIVER_METRICS_ADDRESS",
         default=DEFAULT_STATUS_ADDRESS,
-        help="HOST:PORT serving /metrics, /healthz and /readyz, which the DaemonSet's probes call (empty: off)",
+        help="HOST:PORT serving /metrics, /livez, /readyz and /healthz, which the DaemonSet's probes call (empty: off)",
     )
     add_env_option(
         parser,
@@ -434,6 +434,8 @@ class DriverProcess:
             claim_status=claim_status,
             device_metadata_cdi_dir=Path(args.cdi_dir) if args.device_metadata == "true" else None,
             pod_uid=args.pod_uid or None,
+            # The default state directory is the plugin directory: deleted with it, the checkpoint is written back.
+            on_plugin_dir_recreated=self.checkpoint.ensure_written,
         )
         # Refused here, a second instance has not touched the running one's claims, CDI specs or MIG devices.
         self.plugin.lock()
@@ -443,7 +445,9 @@ class DriverProcess:
             self.plugin.stop()
             raise
         self.status = (
-            StatusServer(args.metrics_address, self._readiness, self._liveness) if args.metrics_address else None
+            StatusServer(args.metrics_address, self._readiness, self._liveness, self._health)
+            if args.metrics_address
+            else None
         )
         # A health change (a taint to add or remove, a lost GPU back) rescans at once, not at the next interval.
         self.refresh = threading.Event()
@@ -498,13 +502,23 @@ class DriverProcess:
                 self.rescanner.join(timeout=30)  # a rediscovery in flight finishes before NVML shuts down
 
     def _liveness(self) -> tuple[bool, dict[str, Any]]:
-        """Alive while both gRPC sockets answer. A failing publish is not a reason to restart (an API outage
-        is not cured by one): /readyz and ``dradriver_resourceslices_published`` report it."""
+        """/livez: alive while both gRPC sockets answer. Nothing about the API server: a restart does not cure
+        an API outage, so a failing publish must never make the liveness probe restart the pod."""
         answering = {
             "draSocket": _socket_answers(self.plugin.dra_socket),
             "registrationSocket": _socket_answers(self.plugin.registration_socket),
         }
-        return all(answering.values()), {**answering, "slicesPublished": self.publisher.status.ready}
+        return all(answering.values()), answering
+
+    def _health(self) -> tuple[bool, dict[str, Any]]:
+        """/healthz: every check, the sockets and the last publish (kube-apiserver's convention)."""
+        alive, detail = self._liveness()
+        published = self.publisher.status
+        return alive and published.ready, {
+            **detail,
+            "slicesPublished": published.ready,
+            "publishError": published.last_error,
+        }
 
     def _readiness(self) -> tuple[bool, dict[str, Any]]:
         published = self.publisher.status

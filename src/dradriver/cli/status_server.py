@@ -1,4 +1,5 @@
-"""The ``--metrics-address`` endpoint: Prometheus metrics on /metrics, readiness on /readyz, liveness on /healthz."""
+"""The ``--metrics-address`` endpoint: Prometheus metrics on /metrics and kube-apiserver's three probes: /livez
+(restart me if this fails), /readyz (send me work) and /healthz (every check together, for people and monitors)."""
 
 from __future__ import annotations
 
@@ -21,10 +22,13 @@ Readiness = Callable[[], tuple[bool, dict[str, Any]]]
 
 
 class StatusServer:
-    """Serves metrics and readiness until ``stop``; ``readiness`` says whether the driver is ready and why."""
+    """Serves metrics and the probes until ``stop``; each check says yes or no and why (a JSON object)."""
 
-    def __init__(self, address: str, readiness: Readiness, liveness: Readiness | None = None) -> None:
-        """``liveness`` (default: always alive) decides /healthz: 503 with its reasons when it says no."""
+    def __init__(
+        self, address: str, readiness: Readiness, liveness: Readiness | None = None, health: Readiness | None = None
+    ) -> None:
+        """``liveness`` (default: always alive) decides /livez, ``readiness`` /readyz and ``health`` (default:
+        ``liveness``) /healthz; a check that says no gets 503 with its reasons."""
         host, port_number = parse_address("--metrics-address", address)
         outer = self
 
@@ -32,19 +36,24 @@ class StatusServer:
             def do_GET(self) -> None:
                 if self.path == "/metrics":
                     self._reply(200, generate_latest(), CONTENT_TYPE_LATEST)
+                elif self.path == "/livez":
+                    self._probe("alive", outer.liveness)
                 elif self.path == "/healthz":
-                    alive, detail = outer.liveness() if outer.liveness is not None else (True, {})
-                    if alive:
-                        self._reply(200, b"ok\n", "text/plain")
-                    else:
-                        body = json.dumps({"alive": False, **detail}, default=str).encode() + b"\n"
-                        self._reply(503, body, "application/json")
+                    self._probe("healthy", outer.health or outer.liveness)
                 elif self.path == "/readyz":
                     ready, detail = outer.readiness()
                     body = json.dumps({"ready": ready, **detail}, default=str).encode() + b"\n"
                     self._reply(200 if ready else 503, body, "application/json")
                 else:
-                    self._reply(404, b"not found: try /metrics, /healthz or /readyz\n", "text/plain")
+                    self._reply(404, b"not found: try /metrics, /livez, /readyz or /healthz\n", "text/plain")
+
+            def _probe(self, what: str, check: Readiness | None) -> None:
+                good, detail = check() if check is not None else (True, {})
+                if good:
+                    self._reply(200, b"ok\n", "text/plain")
+                else:
+                    body = json.dumps({what: False, **detail}, default=str).encode() + b"\n"
+                    self._reply(503, body, "application/json")
 
             def _reply(self, status: int, body: bytes, content_type: str) -> None:
                 self.send_response(status)
@@ -58,6 +67,7 @@ class StatusServer:
 
         self.readiness = readiness
         self.liveness = liveness
+        self.health = health
         try:
             self._server = _listen(host, port_number, Handler, wildcard=not address.rpartition(":")[0])
         except OSError as err:

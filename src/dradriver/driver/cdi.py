@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dradriver.atomic_files import storage_fix
 from dradriver.driver.driver_root import DriverRoot
 from dradriver.errors import DeviceError
 from dradriver.gpu.inventory import GpuDevice, MigPartition
@@ -142,8 +143,7 @@ class CdiWriter:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
             raise DeviceError(
-                f"unable to write CDI spec {path} for claim {claim.claim_uid}: {err}; check that "
-                "--cdi-dir exists and is writable"
+                f"unable to write CDI spec {path} for claim {claim.claim_uid}: {err}; {storage_fix(err, '--cdi-dir')}"
             ) from err
         return [self.device_id(claim.claim_uid, device.name) for device in claim.devices]
 
@@ -154,7 +154,9 @@ class CdiWriter:
         except ValueError:
             return  # a UID with a NUL byte names no file: there is none to remove
         except OSError as err:
-            raise DeviceError(f"unable to remove CDI spec {self.spec_path(claim_uid)}: {err}") from err
+            raise DeviceError(
+                f"unable to remove CDI spec {self.spec_path(claim_uid)}: {err}; {storage_fix(err, '--cdi-dir')}"
+            ) from err
 
     def remove_temp_files(self) -> list[str]:
         """Delete our temp files a crash left mid-write (never another driver's): start-up calls it."""

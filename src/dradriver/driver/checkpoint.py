@@ -31,7 +31,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from dradriver.errors import ConfigError, DeviceError
+from dradriver.atomic_files import storage_fix
+from dradriver.errors import ConfigError, DeviceError, DradriverError
 from dradriver.plugin.lifecycle import InstanceLock
 
 log = logging.getLogger(__name__)
@@ -246,6 +247,7 @@ class CheckpointStore:
         # parses one (a private copy, so a caller's record is never shared with another thread).
         self._claims: dict[str, str] = {}
         self._parsed: dict[tuple[str, str], ClaimRecord] = {}  # read-only views for insert_checked
+        self._unwritten: set[str] = set()  # claims stored with durable=False and not in the file yet
         self._extra: dict[str, Any] = {}
         self._file_lock: InstanceLock | None = None
         self._stamp: tuple[int, int, int] | None = None  # of the file as last read or written
@@ -349,10 +351,36 @@ class CheckpointStore:
     def _refresh(self) -> None:
         """Re-read the file if another process rewrote it (rolling updates; see ``open``)."""
         path = self.path
-        if path is None or _file_stamp(path) == self._stamp:
+        if path is None:
             return
-        self._claims, self._extra = {}, {}
+        stamp = _file_stamp(path)
+        if stamp == self._stamp:
+            return
+        if stamp is None and self._stamp is not None:
+            self._write_back_deleted()
+            return
+        self._claims, self._extra, self._unwritten = {}, {}, set()
         self._load()
+
+    def _write_back_deleted(self) -> None:
+        """The file we wrote is gone: someone deleted it or its directory (the plugin directory, the default
+        state directory). No driver process deletes it, so memory is what the node has: write it back (with
+        the directory and its lock), rather than forget every prepared claim. A failed write is retried at the
+        next access."""
+        assert self.state_dir is not None
+        log.warning("checkpoint was deleted under the running driver; writing it back path=%s", self.path)
+        try:
+            self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if self._file_lock is not None:
+                self._file_lock.renew(f"the driver whose checkpoint is in {self.state_dir}")
+            self._save()
+        except (OSError, DradriverError) as err:
+            log.error("cannot write the checkpoint back; retrying at its next use path=%s error=%s", self.path, err)
+
+    def ensure_written(self) -> None:
+        """Write the checkpoint back if it was deleted (see ``_write_back_deleted``); a no-op otherwise."""
+        with self._lock:
+            self._refresh()
 
     def _move_aside(self, path: Path, why: str) -> None:
         aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
@@ -399,6 +427,7 @@ class CheckpointStore:
                 self._write_through(record.uid, _canonical(record.to_json()))
             else:
                 self._claims[record.uid] = _canonical(record.to_json())
+                self._unwritten.add(record.uid)
 
     def _view(self, uid: str, raw: str) -> ClaimRecord:
         view = self._parsed.get((uid, raw))
@@ -411,7 +440,11 @@ class CheckpointStore:
     def remove(self, uid: str) -> None:
         with self._lock:
             self._refresh()
-            if uid in self._claims:
+            if uid in self._unwritten:
+                # Never in the file, so forgetting it needs no write (one that a full disk would refuse).
+                self._unwritten.discard(uid)
+                del self._claims[uid]
+            elif uid in self._claims:
                 self._write_through(uid, None)
 
     def _write_through(self, uid: str, text: str | None) -> None:
@@ -459,6 +492,7 @@ class CheckpointStore:
                 os.fsync(out.fileno())
             os.replace(tmp, path)
             tmp = None
+            self._unwritten.clear()
             self._stamp = _file_stamp(path)
             dir_fd = os.open(path.parent, os.O_RDONLY)
             try:
@@ -466,7 +500,7 @@ class CheckpointStore:
             finally:
                 os.close(dir_fd)
         except OSError as err:
-            raise DeviceError(f"cannot write checkpoint {path}: {err}; check that --state-dir is writable") from err
+            raise DeviceError(f"cannot write checkpoint {path}: {err}; {storage_fix(err, '--state-dir')}") from err
         finally:
             if tmp is not None:
                 with contextlib.suppress(OSError):

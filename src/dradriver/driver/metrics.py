@@ -52,7 +52,16 @@ _REASONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("api-unavailable", ("from the API server", "cannot get claim")),
     ("unhealthy-device", ("is unhealthy",)),
     ("device-in-use", ("already prepared for claim", "overlaps")),
-    ("storage", ("No space left", "cannot write checkpoint", "unable to write CDI spec", "Read-only file system")),
+    (
+        "storage",
+        (
+            "No space left",
+            "cannot write checkpoint",
+            "unable to write CDI spec",
+            "unable to remove CDI spec",
+            "Read-only file system",
+        ),
+    ),
     ("invalid-claim", ("not allocated", "pool", "not offered by this node", "config")),
     ("hardware", ("step ", "MIG", "NVML", "injected failure")),
 )

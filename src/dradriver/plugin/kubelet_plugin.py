@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -28,9 +29,9 @@ from dradriver.plugin.health import DRAResourceHealthV1alpha1, add_health_servic
 from dradriver.plugin.lifecycle import (
     MAX_SOCKET_PATH_BYTES,
     InstanceLock,
-    RegistrationWatcher,
     SerializedHandler,
     SocketServer,
+    SocketWatcher,
 )
 from dradriver.plugin.registration import (
     DRA_V1,
@@ -68,6 +69,9 @@ class KubeletPlugin:
     other pods of this driver but not a second process of the same pod nor a fixed-name instance, and
     prepare/unprepare are serialised across the instances by a file lock. Without it the names are fixed and
     one instance at a time serves the node.
+
+    ``on_plugin_dir_recreated`` is called after the plugin directory was deleted under the running plugin and
+    its DRA socket re-created, so the driver can write back what it keeps there (a checkpoint).
     """
 
     def __init__(
@@ -89,6 +93,7 @@ class KubeletPlugin:
         claim_status: ClaimStatusWriter | None = None,
         device_metadata_cdi_dir: Path | None = None,
         pod_uid: str | None = None,
+        on_plugin_dir_recreated: Callable[[], None] | None = None,
     ) -> None:
         if not _DRIVER_NAME.match(driver_name) or len(driver_name) > 63:
             raise ConfigError(
@@ -140,8 +145,9 @@ class KubeletPlugin:
         self._lock = InstanceLock(self.plugin_dir / LOCK_FILE_NAME, pod_uid=self.pod_uid)
         self._dra_server: SocketServer | None = None
         self._registration_server: SocketServer | None = None
-        self._watcher: RegistrationWatcher | None = None
+        self._watcher: SocketWatcher | None = None
         self._mutex = threading.Lock()
+        self._on_plugin_dir_recreated = on_plugin_dir_recreated
 
     def start(self) -> None:
         """Take the instance lock, serve the DRA socket, then create the registration socket and its watcher.
@@ -158,12 +164,7 @@ class KubeletPlugin:
             self._dra_server.start()
             logger.info("serving DRA services socket=%s services=%s", self.dra_socket, ",".join(self.services))
             self._start_registration_server()
-            self._watcher = RegistrationWatcher(
-                interval=self._check_interval,
-                is_in_place=self._registration_in_place,
-                recreate=self._recreate_registration_server,
-                directory=self.registry_dir,
-            )
+            self._watcher = SocketWatcher(interval=self._check_interval, check=self._put_back_sockets)
             self._watcher.start()
         except BaseException:
             self.stop()
@@ -244,12 +245,44 @@ class KubeletPlugin:
             self._registration_server = server
         logger.info("created registration socket path=%s", self.registration_socket)
 
-    def _registration_in_place(self) -> bool:
+    def _put_back_sockets(self) -> None:
+        """Re-create what someone removed: the DRA socket (the plugin directory deleted under us; its lock
+        files too) and the registration socket. After a new DRA socket the registration socket is re-created
+        as well, so the kubelet registers the plugin afresh instead of waiting on a dead endpoint. A missing
+        registry directory is the kubelet's to re-create: until it does, there is nowhere to register."""
         with self._mutex:
-            return self._registration_server is not None and self._registration_server.is_in_place()
+            dra_lost = self._dra_server is None or not self._dra_server.is_in_place()
+        if dra_lost:
+            self._recreate_dra_server()
+        if not self.registry_dir.is_dir():
+            return
+        with self._mutex:
+            registration_lost = self._registration_server is None or not self._registration_server.is_in_place()
+        if dra_lost or registration_lost:
+            self._recreate_registration_server()
+
+    def _recreate_dra_server(self) -> None:
+        logger.warning(
+            "DRA socket is gone (was the plugin directory deleted?), re-creating it path=%s", self.dra_socket
+        )
+        _make_dir(self.plugin_dir, "plugin directory", "--plugin-dir")
+        self._lock.renew(f"driver {self.driver_name} on node {self.node_name}")
+        with self._mutex:
+            old, self._dra_server = self._dra_server, None
+        # Stopped before the new one binds: gRPC unlinks its socket path when it shuts down, which would
+        # remove the new socket. Calls in flight on the old connections get the usual grace.
+        if old is not None:
+            old.stop(self._stop_grace)
+        server = SocketServer(self.dra_socket, self._add_dra_services, max_workers=self._max_workers)
+        server.start()
+        with self._mutex:
+            self._dra_server = server
+        logger.info("serving DRA services again socket=%s", self.dra_socket)
+        if self._on_plugin_dir_recreated is not None:
+            self._on_plugin_dir_recreated()
 
     def _recreate_registration_server(self) -> None:
-        logger.warning("registration socket is gone, re-creating it path=%s", self.registration_socket)
+        logger.warning("re-creating the registration socket path=%s", self.registration_socket)
         with self._mutex:
             old, self._registration_server = self._registration_server, None
         if old is not None:

@@ -81,6 +81,22 @@ class InstanceLock:
             self.release()
             raise
 
+    def renew(self, description: str) -> bool:
+        """Take the lock again where its files were deleted under us (the plugin directory removed and
+        re-created): a lock on a deleted file excludes nobody, since a new instance would lock a new file.
+        Returns whether anything was re-taken; raises like ``acquire`` (then the old locks are kept)."""
+        paths = [self.path] if self.pod_path is None else [self.path, self.pod_path]
+        if not self._fds or all(_is_open_as(fd, path) for fd, path in zip(self._fds, paths, strict=True)):
+            return False
+        fresh = InstanceLock(self.path, pod_uid=self.pod_uid)
+        fresh.acquire(description)
+        old, self._fds = self._fds, fresh._fds
+        fresh._fds = []
+        for fd in old:  # closed, never unlinked: the files at these paths are the new ones
+            os.close(fd)
+        logger.warning("lock file was deleted under the running instance; locked it again path=%s", self.path)
+        return True
+
     def release(self) -> None:
         """Drop the locks. The shared file stays (deleting it would let two processes lock different files);
         this pod's own file goes, while still locked, so updates do not pile up files."""
@@ -113,6 +129,16 @@ class InstanceLock:
         except OSError:
             text = ""
         return f"PID {text}" if text else "instances in rolling-update mode"
+
+
+def _is_open_as(fd: int, path: Path) -> bool:
+    """Whether ``path`` is the file open as ``fd`` (not deleted, not replaced by another)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    opened = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (opened.st_dev, opened.st_ino)
 
 
 def _write_pid(fd: int) -> None:
@@ -221,23 +247,21 @@ class SocketServer:
                     self.path.unlink()
 
 
-class RegistrationWatcher:
-    """Checks every ``interval`` seconds that the registration socket is in place and re-creates it if not.
+class SocketWatcher:
+    """Calls ``check`` every ``interval`` seconds, on a thread of its own, until stopped; ``check`` puts back
+    what someone removed (the registration socket, the plugin directory with the DRA socket) and may raise to
+    be retried at the next interval.
 
     The kubelet learns about plugins only through sockets appearing in its registry directory, so a socket
     deleted by hand or lost with a recreated directory would leave the driver unregistered forever.
-    Polling keeps this free of inotify; the check is one ``stat``.
+    Polling keeps this free of inotify; a check is a ``stat`` per socket.
     """
 
-    def __init__(
-        self, *, interval: float, is_in_place: Callable[[], bool], recreate: Callable[[], None], directory: Path
-    ) -> None:
+    def __init__(self, *, interval: float, check: Callable[[], None]) -> None:
         self._interval = interval
-        self._is_in_place = is_in_place
-        self._recreate = recreate
-        self._directory = directory
+        self._check = check
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="registration-watcher", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="socket-watcher", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -250,10 +274,9 @@ class RegistrationWatcher:
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
-            # The kubelet owns the registry directory: wait for it to come back rather than creating it.
-            if self._is_in_place() or not self._directory.is_dir():
-                continue
             try:
-                self._recreate()
-            except Exception:
-                logger.exception("cannot re-create the registration socket; retrying dir=%s", self._directory)
+                self._check()
+            except Exception as err:
+                logger.warning(
+                    "cannot re-create a socket of the plugin; retrying in %.1f s error=%s", self._interval, err
+                )
