@@ -137,7 +137,7 @@ class CdiWriter:
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(tmp, path)
-        except (OSError, ValueError) as err:  # ValueError: a NUL byte in the claim UID
+        except OSError as err:
             if tmp is not None:
                 # Every kubelet retry would otherwise leave one more temp file in the CDI directory.
                 with contextlib.suppress(OSError):

@@ -17,6 +17,7 @@ checked-in JSON schema (a test keeps it current).
 from __future__ import annotations
 
 import json
+import reprlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -207,12 +208,14 @@ def _explain(err: ValidationError, model: type[BaseModel]) -> str:
 
 
 def _shown(value: object, limit: int = 60, *, quoted: bool = True) -> str:
-    """A value as an error quotes it, cut short: a claim's error is stored in its status and logged."""
-    try:
-        text = repr(value) if quoted else str(value)
-    except RecursionError:  # nested deeper than repr goes
-        text = f"a {type(value).__name__} nested too deeply to show"
+    """A value as an error quotes it, cut short (a claim's error is stored in its status and logged); reprlib
+    never descends more than a few levels, so a value nested thousands deep costs nothing."""
+    text = _REPR.repr(value) if quoted or not isinstance(value, str) else value
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, 200, 200, 200
 
 
 def _fields_at(model: type[BaseModel], path: list[str]) -> list[str]:
