@@ -108,3 +108,30 @@ def test_a_variable_of_one_subcommand_does_not_break_another(monkeypatch, capsys
     monkeypatch.setenv("DRADRIVER_LOG_FORMAT", "xml")  # only `run` logs
     monkeypatch.setenv("DRADRIVER_RESCAN_INTERVAL", "-5")
     assert main(["sim", "--sim-state", str(tmp_path / "s.json"), "show"]) == 0
+
+
+def _parsed(argv: list[str]):
+    from dradriver.cli.main import build_parser
+    from dradriver.cli.options import resolve_env_values
+
+    args = build_parser().parse_args(argv)
+    resolve_env_values(args)
+    return args
+
+
+def test_an_empty_variable_is_the_flag_given_empty(monkeypatch):
+    """DRADRIVER_METRICS_ADDRESS="" turns the status server off, as --metrics-address "" does."""
+    monkeypatch.setenv("DRADRIVER_METRICS_ADDRESS", "")
+    assert _parsed(["run", "--node-name", "n"]).metrics_address == ""
+    assert _parsed(["run", "--node-name", "n", "--metrics-address", ""]).metrics_address == ""
+    monkeypatch.delenv("DRADRIVER_METRICS_ADDRESS")
+    assert _parsed(["run", "--node-name", "n"]).metrics_address == ":8080"
+
+
+def test_an_empty_variable_is_checked_like_the_flag_given_empty(monkeypatch, capsys):
+    monkeypatch.setenv("DRADRIVER_MIG_MODE", "")
+    assert main(["inventory", "--gpu-backend", "sim"]) == 2
+    err = capsys.readouterr().err
+    assert "environment variable DRADRIVER_MIG_MODE='' (sets --mig-mode): choose one of none, static, dynamic" in err
+    assert main(["inventory", "--gpu-backend", "sim", "--mig-mode", ""]) == 2
+    assert "invalid choice: ''" in capsys.readouterr().err

@@ -15,6 +15,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from dradriver.cli.run import STOP_BUDGET_SECONDS
+
 ROOT = Path(__file__).resolve().parent.parent
 OVERLAYS = ("node", "gpu-operator", "sim")
 VERSIONS = ("1.34.0", "1.35.0", "1.36.0", "1.37.0")
@@ -92,6 +94,8 @@ def test_the_daemonset_is_production_ready(overlay: str) -> None:
     resources = container["resources"]
     assert resources["requests"]["cpu"] and resources["requests"]["memory"] and resources["limits"]["memory"]
     assert pod["serviceAccountName"] == find(objects, "ServiceAccount")["metadata"]["name"]
+    # `run` stops within its budget, before the kubelet's SIGKILL at the end of the grace period.
+    assert pod.get("terminationGracePeriodSeconds", 30) > STOP_BUDGET_SECONDS
 
 
 @pytest.mark.parametrize(("overlay", "root"), [("node", "/"), ("gpu-operator", "/run/nvidia/driver")])

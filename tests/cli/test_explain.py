@@ -88,13 +88,50 @@ def test_invalid_cel_is_bad_input_with_line_and_column(tmp_path, capsys):
     assert "line 1, column" in err
 
 
-def test_unknown_kind_and_non_objects_are_reported(tmp_path, capsys):
-    extra = "---\napiVersion: v1\nkind: Pod\nmetadata: {name: p}\n---\n- just\n- a list\n"
+def test_objects_that_are_not_dra_objects_are_skipped_with_a_note(tmp_path, capsys):
+    extra = (
+        "---\napiVersion: v1\nkind: Pod\nmetadata: {name: p}\n"
+        "---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n"
+        "---\napiVersion: resource.k8s.io/v1alpha3\nkind: DeviceTaintRule\nmetadata: {name: r}\n"
+    )
     code = main(["explain", write_claim(tmp_path, extra=extra), "--slices", SLICES])
+    captured = capsys.readouterr()
+    assert code == 0  # the verdict alone: the claim fits
+    assert "fits on node node-a" in captured.out
+    assert "error" not in captured.err
+    assert "c.yaml #2: skipped Pod p: not an object explain reads" in captured.err
+    assert "c.yaml #3: skipped Deployment d" in captured.err
+    assert "c.yaml #4: skipped DeviceTaintRule r" in captured.err
+
+
+def test_skipped_objects_are_listed_in_json_output(tmp_path, capsys):
+    extra = "---\napiVersion: v1\nkind: Pod\nmetadata: {name: p}\n"
+    code = main(["explain", write_claim(tmp_path, extra=extra), "--slices", SLICES, "-o", "json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert data["errors"] == []
+    assert data["skipped"] == [f"{tmp_path}/c.yaml #2: skipped Pod p: not an object explain reads"]
+
+
+def test_a_claim_that_does_not_fit_beside_a_pod_exits_one(tmp_path, capsys):
+    extra = "---\napiVersion: v1\nkind: Pod\nmetadata: {name: p}\n"
+    assert main(["explain", write_claim(tmp_path, count=9, extra=extra), "--slices", SLICES]) == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("apiVersion: resource.k8s.io/v1\nkind: ResourceClam\nmetadata: {name: x}\n", "kind 'ResourceClam'"),
+        ("kind: Pod\nmetadata: {name: x}\n", "#2: kind 'Pod' is not one of"),  # no apiVersion
+        ("apiVersion: v1\nmetadata: {name: x}\n", "kind None is not one of"),
+        ("- just\n- a list\n", "not a Kubernetes object"),
+    ],
+)
+def test_malformed_objects_are_still_bad_input(tmp_path, capsys, text, message):
+    code = main(["explain", write_claim(tmp_path, extra="---\n" + text), "--slices", SLICES])
     err = capsys.readouterr().err
     assert code == 2
-    assert "#2: kind 'Pod' is not one of" in err
-    assert "#3: not a Kubernetes object" in err
+    assert message in err
 
 
 def test_broken_yaml_is_reported(tmp_path, capsys):

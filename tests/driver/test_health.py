@@ -137,7 +137,7 @@ def test_double_bit_ecc_errors_are_counted_and_a_reset_clears_them():
     target = inventory.gpus[1]
     node.inject_ecc(1, 3)
     health.handle(GpuEvent(gpu_uuid=target.uuid, ecc_double_bit=True))
-    health.note_ecc(gpulib, target.uuid)
+    health.note_after_event(gpulib, target.uuid)
     assert [(t["key"], t["value"]) for t in health.taints(target.name)] == [("gpu.dradriver.dev/ecc", "3")]
     health.check_recovery(gpulib)  # no reset yet, and no quiet period configured
     assert unhealthy(health) == {target.name}
@@ -263,6 +263,9 @@ class _FailingEvents:
     def wait_for_event(self, timeout_s: float) -> GpuEvent | None:
         raise self.error
 
+    def rewatch_events(self) -> None:
+        raise GpuError("nvmlEventSetCreate: Unknown Error")
+
     def probe(self, gpu_uuid: str):
         return self.gpulib.probe(gpu_uuid)
 
@@ -375,4 +378,121 @@ def test_a_gpu_lost_before_it_was_ever_read_nudges_a_rescan_once_it_answers(tmp_
     assert health.retry_unreadable(gpulib)
     assert heard.is_set()
     assert len(discover(gpulib).gpus) == 8
+    gpulib.close()
+
+
+def test_a_reset_clears_an_xid_that_left_no_ecc_trace_once_nvml_asked_for_the_reset():
+    """NVML's recovery action (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) says "reset the GPU" after such an XID and
+    "none" once it was reset: that is the reset signal, not the quiet period."""
+    gpulib, node, inventory, health, _ = setup(recovery_period=0)
+    target = inventory.gpus[1]
+    node.inject_xid(1, 119)
+    assert gpulib.probe(target.uuid).recovery_action == 1  # NVML_GPU_RECOVERY_ACTION_GPU_RESET
+    health.handle(GpuEvent(gpu_uuid=target.uuid, xid=119))
+    health.check_recovery(gpulib)
+    assert unhealthy(health) == {target.name}
+    node.reset_gpu(1)
+    assert gpulib.probe(target.uuid).recovery_action == 0
+    health.check_recovery(gpulib)
+    assert unhealthy(health) == set() and health.taints(target.name) == []
+    gpulib.close()
+
+
+def test_a_reset_right_after_the_xid_is_seen_through_the_reading_taken_at_the_event():
+    gpulib, node, inventory, health, _ = setup(recovery_period=0)
+    target = inventory.gpus[1]
+    node.inject_xid(1, 74)
+    health.handle(GpuEvent(gpu_uuid=target.uuid, xid=74))
+    health.note_after_event(gpulib, target.uuid)
+    node.reset_gpu(1)  # before the first probe
+    health.check_recovery(gpulib)
+    assert unhealthy(health) == set()
+    gpulib.close()
+
+
+def test_an_xid_that_needs_no_reset_is_not_cleared_by_a_clean_recovery_action():
+    gpulib, _node, inventory, health, _ = setup(recovery_period=0)
+    target = inventory.gpus[1]
+    health.handle(GpuEvent(gpu_uuid=target.uuid, xid=79))  # NVML was never asked: the action reads "none"
+    health.check_recovery(gpulib)
+    assert unhealthy(health) == {target.name}
+    gpulib.close()
+
+
+def test_a_pending_reset_survives_a_restart_so_a_reset_while_the_driver_was_down_clears(tmp_path: Path):
+    gpulib, node = simulated_gpulib("mixed")
+    inventory = discover(gpulib)
+    state = tmp_path / "health.json"
+    first = GpuHealth(inventory=inventory, mig_mode=MigMode.STATIC, pool="node-a", state_path=state)
+    target = inventory.gpus[1]
+    node.inject_xid(1, 119)
+    first.handle(GpuEvent(gpu_uuid=target.uuid, xid=119))
+    first.note_after_event(gpulib, target.uuid)
+    node.reset_gpu(1)
+    policy = HealthPolicy(recovery_period=0)
+    second = GpuHealth(inventory=inventory, mig_mode=MigMode.STATIC, pool="node-a", state_path=state, policy=policy)
+    assert unhealthy(second) == {target.name}
+    second.check_recovery(gpulib)
+    assert unhealthy(second) == set()
+    gpulib.close()
+
+
+class _EventsComeBack:
+    """Events that fail once, and whose registration fails once more before it works again."""
+
+    def __init__(self, gpulib) -> None:
+        self.gpulib = gpulib
+        self.broken = True
+        self.refusals = 1
+        self.rewatched = threading.Event()
+
+    def wait_for_event(self, timeout_s: float) -> GpuEvent | None:
+        if self.broken:
+            raise GpuError("nvmlEventSetWait_v2: Unknown Error")
+        return self.gpulib.wait_for_event(timeout_s)
+
+    def rewatch_events(self) -> None:
+        if self.refusals:
+            self.refusals -= 1
+            raise GpuError("nvmlEventSetCreate: Unknown Error")
+        self.gpulib.rewatch_events()
+        self.broken = False
+        self.rewatched.set()
+
+    def probe(self, gpu_uuid: str):
+        return self.gpulib.probe(gpu_uuid)
+
+    def unreadable_gpus(self):
+        return self.gpulib.unreadable_gpus()
+
+
+def test_unmonitored_clears_when_event_registration_works_again():
+    gpulib, node, inventory, health, _ = setup()
+    events = _EventsComeBack(gpulib)
+    health.start(events, poll_seconds=0.05, rewatch_backoff=(0.01, 0.05))  # type: ignore[arg-type]
+    try:
+        assert events.rewatched.wait(10)
+        assert _wait_for(lambda: set(statuses(health).values()) == {HealthStatus.HEALTHY})
+        assert health.taints(inventory.gpus[2].name) == []
+        node.inject_xid(2, 79)  # events are read again
+        assert _wait_for(lambda: unhealthy(health) == {inventory.gpus[2].name})
+    finally:
+        health.stop()
+    gpulib.close()
+
+
+def test_unmonitored_saved_by_an_earlier_run_clears_once_this_run_reads_events(tmp_path: Path):
+    gpulib, _ = simulated_gpulib("mixed")
+    inventory = discover(gpulib)
+    state = tmp_path / "health.json"
+    earlier = GpuHealth(inventory=inventory, mig_mode=MigMode.STATIC, pool="node-a", state_path=state)
+    earlier.unmonitored(GpuError("nvmlEventSetWait_v2: Unknown Error"))
+    restarted = GpuHealth(inventory=inventory, mig_mode=MigMode.STATIC, pool="node-a", state_path=state)
+    assert set(statuses(restarted).values()) == {HealthStatus.UNKNOWN}
+    restarted.start(gpulib, poll_seconds=0.05)
+    try:
+        assert _wait_for(lambda: set(statuses(restarted).values()) == {HealthStatus.HEALTHY})
+    finally:
+        restarted.stop()
+    assert not any(c.cause.value == "unmonitored" for c in read_conditions(state))
     gpulib.close()

@@ -157,16 +157,18 @@ def _inventory_shows_it(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def _resets_recover(node: Node) -> None:
-    """The ECC GPU and the lost one are healthy again within 30 s of their reset, the lost one under its name."""
+    """The ECC GPU, the lost one and one with an XID that leaves no ECC trace (119, GSP timeout: NVML's recovery
+    action asks for a reset) are healthy again within 30 s of their reset, the lost one under its name."""
+    sim(node.root, "xid", BUS[6], "119")
+    assert eventually(lambda: node.watch.status(GPU[6]) == UNHEALTHY), node.driver.log
     sim(node.root, "reset", BUS[3])
     sim(node.root, "reset", BUS[4])
+    sim(node.root, "reset", BUS[6])
     reset_at = time.monotonic()
     assert eventually(
         lambda: (
-            node.watch.status(GPU[3]) == HEALTHY
-            and node.watch.status(GPU[4]) == HEALTHY
-            and taints(node.api, GPU[3]) == []
-            and taints(node.api, GPU[4]) == []
+            all(node.watch.status(GPU[i]) == HEALTHY for i in (3, 4, 6))
+            and all(taints(node.api, GPU[i]) == [] for i in (3, 4, 6))
         ),
         timeout=30,
     ), node.driver.log

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -29,15 +29,21 @@ FIRST_GPU = "gpu-0000-07-00-0"
 class DriverProcess:
     """A running `dradriver run`; ``ready`` is set when it logs that it serves, ``lines`` holds its log."""
 
-    def __init__(self, root: Path, kubeconfig: Path, *extra: str, profile: str = "dgx-a100-40gb") -> None:
+    def __init__(
+        self,
+        root: Path,
+        kubeconfig: Path,
+        *extra: str,
+        profile: str = "dgx-a100-40gb",
+        entry: Sequence[str] = ("-m", "dradriver"),
+    ) -> None:
         self.root = root
         self.lines: list[str] = []
         self.ready = threading.Event()
         self.proc = subprocess.Popen(
             [
                 sys.executable,
-                "-m",
-                "dradriver",
+                *entry,
                 "run",
                 "--node-name",
                 NODE,
@@ -121,6 +127,61 @@ def test_run_publishes_slices_owned_by_the_node(driver: DriverProcess, api: Fake
     assert len(published["spec"]["devices"]) == 8
     node_uid = api.get("nodes", NODE)["metadata"]["uid"]  # type: ignore[index]
     assert published["metadata"]["ownerReferences"][0]["uid"] == node_uid
+
+
+# Never imported by `dradriver run`: the code of the other commands (CEL and the allocator are for `explain` and
+# `demo`) and the parts of the kubernetes client we do not use. Importing them took a third of its start-up
+# (docs/reliability.md); this guards that without timing anything.
+NOT_FOR_RUN = (
+    "dradriver.cel",
+    "dradriver.allocator",
+    "dradriver.cli.demo",
+    "dradriver.cli.explain",
+    "dradriver.cli.explain_cluster",
+    "dradriver.cli.explain_input",
+    "dradriver.cli.inventory",
+    "celpy",
+    "lark",
+    "kubernetes.dynamic",
+    "kubernetes.informer",
+    "kubernetes.leaderelection",
+    "kubernetes.stream",
+    "kubernetes.watch",
+    "kubernetes_validate",
+    "jsonschema",
+)
+
+
+def test_run_never_imports_what_only_other_commands_or_unused_client_parts_need(root: Path, api: FakeApiServer) -> None:
+    modules = root / "modules.json"
+    # `dradriver run` as `python -m dradriver` runs it, writing the names of every module loaded on its way out.
+    entry = (
+        f"import atexit, json, runpy, sys; "
+        f"atexit.register(lambda: open({str(modules)!r}, 'w').write(json.dumps(sorted(sys.modules)))); "
+        "runpy.run_module('dradriver', run_name='__main__', alter_sys=True)"
+    )
+    process = DriverProcess(
+        root,
+        api.write_kubeconfig(root / "kubeconfig"),
+        "--mig-mode",
+        "dynamic",
+        profile="hgx-h100-80gb",
+        entry=("-c", entry),
+    )
+    try:
+        process.wait_ready()
+
+        def all_published() -> bool:
+            slices = our_slices(api)
+            return bool(slices) and len(slices) == slices[0]["spec"]["pool"]["resourceSliceCount"]
+
+        assert api.wait_until(all_published, TIMEOUT), process.log
+    finally:
+        assert process.stop() == 0, process.log
+    imported = set(json.loads(modules.read_text()))
+    assert {"dradriver.cli.run", "dradriver.plugin.publisher", "kubernetes.client", "grpc"} <= imported
+    unwanted = sorted(m for m in imported if any(m == p or m.startswith(p + ".") for p in NOT_FOR_RUN))
+    assert not unwanted
 
 
 @pytest.mark.parametrize("version", ["v1.DRAPlugin", "v1beta1.DRAPlugin"])
@@ -449,3 +510,43 @@ def test_a_restart_in_dynamic_mode_never_publishes_an_unhealthy_gpu_without_its_
         assert untainted == [], second.log
     finally:
         second.stop()
+
+
+def test_start_up_removes_device_metadata_no_claim_owns_and_keeps_a_prepared_claims_until_unprepare(
+    driver: DriverProcess, api: FakeApiServer, root: Path
+) -> None:
+    """Turning --device-metadata off: metadata of a claim still prepared stays (its containers may restart with
+    the CDI ids the kubelet cached) until that claim is unprepared; metadata no claim owns goes at start-up."""
+    assert driver.stop(signal.SIGTERM) == 0
+    on = DriverProcess(root, root / "kubeconfig", "--device-metadata", "true")
+    on.wait_ready()
+    kept = allocated_claim(api, "kept", [FIRST_GPU])
+    gone = allocated_claim(api, "gone", ["gpu-0000-0f-00-0"])
+    with KubeletClient(root / "registry").register() as plugin:
+        prepared = plugin.prepare([kept, gone])
+    assert f"{DRIVER}/metadata={kept.uid}_gpus" in prepared[kept.uid].devices[0]["cdi_device_ids"]
+    on.stop(signal.SIGKILL)
+    metadata_spec = root / "cdi" / f"{DRIVER}-metadata_{{}}.json"
+    # What a crash between forgetting a claim and removing its metadata leaves: files no claim owns.
+    orphan_spec = Path(str(metadata_spec).format("orphan-uid"))
+    orphan_spec.write_text(Path(str(metadata_spec).format(kept.uid)).read_text())
+    orphan_file = root / "plugin" / "dra-device-metadata" / "orphan-uid" / "gpus" / "metadata.json"
+    orphan_file.parent.mkdir(parents=True)
+    orphan_file.write_text("{}")
+
+    off = DriverProcess(root, root / "kubeconfig", "--device-metadata", "false")
+    try:
+        off.wait_ready()
+        assert not orphan_spec.exists() and not orphan_file.parent.parent.exists()
+        assert Path(str(metadata_spec).format(kept.uid)).is_file()
+        with KubeletClient(root / "registry").register() as plugin:
+            assert plugin.unprepare([gone]) == {gone.uid: ""}
+            assert not Path(str(metadata_spec).format(gone.uid)).exists()  # removed although writing is off
+            assert not (root / "plugin" / "dra-device-metadata" / gone.uid).exists()
+            assert Path(str(metadata_spec).format(kept.uid)).is_file()
+            again = allocated_claim(api, "new", ["gpu-0000-47-00-0"])
+            ids = plugin.prepare([again])[again.uid].devices[0]["cdi_device_ids"]
+            assert not any("/metadata=" in i for i in ids)
+            assert not Path(str(metadata_spec).format(again.uid)).exists()
+    finally:
+        off.stop(signal.SIGKILL)

@@ -212,3 +212,66 @@ def test_a_clear_is_queued_after_the_write_of_the_prepare_before_it(api: ApiEnv)
     preparing.join(10)
     unpreparing.join(10)
     assert recorder.calls == ["prepared", "unprepared"]
+
+
+class _HangingPort:
+    """The cluster port over the API stand-in; the first GET hangs (an HTTP call that does not return) until
+    ``release``. Counts calls in progress at once."""
+
+    def __init__(self, api: ApiEnv) -> None:
+        self.api = api
+        self.hanging = threading.Event()
+        self.release = threading.Event()
+        self._lock = threading.Lock()
+        self.active = 0
+        self.most_active = 0
+        self._first = True
+
+    def _enter(self) -> None:
+        with self._lock:
+            self.active += 1
+            self.most_active = max(self.most_active, self.active)
+            first, self._first = self._first, False
+        if first:
+            self.hanging.set()
+            assert self.release.wait(10)
+
+    def _leave(self) -> None:
+        with self._lock:
+            self.active -= 1
+
+    def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        self._enter()
+        try:
+            return self.api.cluster.get_resource_claim(namespace, name)
+        finally:
+            self._leave()
+
+    def update_resource_claim_status(self, claim: dict[str, Any]) -> dict[str, Any]:
+        self._enter()
+        try:
+            return self.api.cluster.update_resource_claim_status(claim)
+        finally:
+            self._leave()
+
+
+def _status_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "claim-status"]
+
+
+def test_a_writer_stuck_in_http_at_stop_is_never_joined_by_a_second_one(api: ApiEnv) -> None:
+    ref = stored_claim(api)
+    port = _HangingPort(api)
+    writer = ClaimStatusWriter(port, driver_name=DRIVER, node_name="node-a", backoff=0.01)
+    before = len(_status_threads())
+    writer.prepared(ref, [PreparedDevice(pool="node-a", device="gpu-0")])
+    assert port.hanging.wait(10)
+    writer.stop(timeout=0)  # gives up on the stuck thread at once
+    writer.unprepared(ref)  # starts the writer again: its clear must come after the stuck write, not beside it
+    assert not writer.wait_idle(0)
+    port.release.set()
+    assert writer.wait_idle(10)
+    assert port.most_active == 1
+    assert devices_of(api) == []  # the clear came last
+    writer.stop(timeout=10)
+    assert len(_status_threads()) == before

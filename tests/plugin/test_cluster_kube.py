@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -292,3 +296,52 @@ def test_load_api_client_falls_back_to_the_kubeconfig_variable(
 def test_load_api_client_explains_a_missing_kubeconfig(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"missing.*--kubeconfig"):
         load_api_client(str(tmp_path / "missing"))
+
+
+def _in_fresh_interpreter(code: str, **env: str) -> Any:
+    """Run ``code`` in a new interpreter (its modules are what is checked) and return the JSON it prints."""
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env={**os.environ, **env}, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_in_a_pod_the_kubeconfig_loader_is_never_imported(tmp_path: Path) -> None:
+    # It brings oauthlib, requests and dateutil: a large part of `dradriver run`'s start-up (docs/reliability.md).
+    (tmp_path / "token").write_text("pod-token")
+    (tmp_path / "ca.crt").write_text("not read before the first request")
+    code = f"""
+import json, sys
+from dradriver.plugin import kube_cluster
+kube_cluster._in_cluster.SERVICE_TOKEN_FILENAME = {str(tmp_path / "token")!r}  # the pod's mounted files
+kube_cluster._in_cluster.SERVICE_CERT_FILENAME = {str(tmp_path / "ca.crt")!r}
+client = kube_cluster.load_api_client()
+print(json.dumps({{
+    "host": client.configuration.host,
+    "authorization": client.configuration.api_key.get("BearerToken"),
+    "kubeconfig_loader": "kubernetes.config.kube_config" in sys.modules,
+}}))
+"""
+    seen = _in_fresh_interpreter(code, KUBERNETES_SERVICE_HOST="10.0.0.1", KUBERNETES_SERVICE_PORT="443")
+    assert seen == {"host": "https://10.0.0.1:443", "authorization": "bearer pod-token", "kubeconfig_loader": False}
+
+
+def test_the_kubernetes_package_still_offers_everything_it_exports() -> None:
+    # kube_cluster loads `kubernetes` and `kubernetes.config` lazily; other code in the process must not notice.
+    code = """
+import json
+import dradriver.plugin.kube_cluster
+import kubernetes
+from kubernetes import dynamic, watch
+from kubernetes.config import ConfigException, load_kube_config
+import kubernetes.config
+print(json.dumps([
+    kubernetes.__version__ == kubernetes.client.__version__,
+    callable(load_kube_config) and issubclass(ConfigException, Exception),
+    hasattr(dynamic, "DynamicClient") and hasattr(watch, "Watch") and hasattr(kubernetes.utils, "create_from_dict"),
+    hasattr(kubernetes.config, "load_incluster_config"),
+    hasattr(kubernetes, "no_such_part"),
+]))
+"""
+    assert _in_fresh_interpreter(code) == [True, True, True, True, False]

@@ -165,3 +165,47 @@ def test_a_request_name_that_is_no_dns_label_fails_the_claim_and_writes_nothing(
     error = processor.prepare([ClaimRef("default", "c1", UID)])[UID].error
     assert error is not None and "is not a DNS label" in error
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == []
+
+
+def test_a_writer_turned_off_writes_nothing_but_still_removes_at_unprepare(
+    tmp_path: Path, processor: ClaimProcessor, claims: FakeClaimSource, handler: MetadataHandler
+) -> None:
+    claims.add(two_request_claim())
+    processor.prepare([ClaimRef("default", "c1", UID)])  # written while the feature was on
+    off = DeviceMetadataWriter(
+        driver_name=DRIVER, plugin_dir=tmp_path / "plugin", cdi_dir=tmp_path / "cdi", enabled=False
+    )
+    later = ClaimProcessor(
+        driver_name=DRIVER, handler=handler, claim_source=claims, locks=ClaimLocks(), device_metadata=off
+    )
+    other = make_claim(
+        "c2", "0a1b2c3d-two", results=[{"request": "r", "driver": DRIVER, "pool": "node-a", "device": "gpu-3"}]
+    )
+    claims.add(other)
+    result = later.prepare([ClaimRef("default", "c2", "0a1b2c3d-two")])["0a1b2c3d-two"]
+    assert result.error is None
+    assert result.devices[0].cdi_device_ids == (f"k8s.{DRIVER}/claim=gpu-3",)
+    assert off.claim_uids() == {UID}
+    assert later.unprepare([ClaimRef("default", "c1", UID)]) == {UID: None}
+    assert off.claim_uids() == set()
+    assert not (tmp_path / "plugin" / "dra-device-metadata" / UID).exists()
+
+
+def test_remove_unowned_keeps_prepared_claims_and_touches_nothing_but_claim_uids(
+    tmp_path: Path, processor: ClaimProcessor, claims: FakeClaimSource
+) -> None:
+    claims.add(two_request_claim())
+    processor.prepare([ClaimRef("default", "c1", UID)])
+    writer = DeviceMetadataWriter(driver_name=DRIVER, plugin_dir=tmp_path / "plugin", cdi_dir=tmp_path / "cdi")
+    (tmp_path / "cdi" / f"{DRIVER}-metadata_gone-uid.json").write_text("{}")
+    (tmp_path / "plugin" / "dra-device-metadata" / "other-gone" / "r").mkdir(parents=True)
+    (tmp_path / "cdi" / f"{DRIVER}-metadata_...json").write_text("{}")  # no claim UID: not ours to judge
+    (tmp_path / "cdi" / "k8s.gpu.dradriver.dev-claim_gone-uid.json").write_text("{}")  # the driver's own spec
+    assert writer.remove_unowned([UID]) == ["gone-uid", "other-gone"]
+    assert writer.claim_uids() == {UID}
+    assert sorted(p.name for p in (tmp_path / "cdi").iterdir()) == [
+        f"{DRIVER}-metadata_...json",
+        f"{DRIVER}-metadata_{UID}.json",
+        "k8s.gpu.dradriver.dev-claim_gone-uid.json",
+    ]
+    assert writer.remove_unowned([]) == [UID]

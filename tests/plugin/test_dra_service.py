@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -200,15 +201,18 @@ def test_our_own_errors_reach_the_kubelet_without_a_type_prefix(
     ("returned", "expected"),
     [
         ({}, "driver returned no prepare result for claim UID uid-a"),
-        ([], "driver returned list from prepare, not a mapping by claim UID"),
-        ({"uid-a": "ok"}, "driver returned str for claim UID uid-a, not a PrepareResult"),
         ({"uid-a": PrepareResult(devices=(PreparedDevice(pool="", device="d"),))}, "without pool or device"),
         ({"uid-a": PrepareResult(devices=(PreparedDevice(pool="p", device="d"),), error="boom")}, "boom"),
     ],
 )
-def test_bad_handler_results_become_claim_errors(claims: FakeClaimSource, returned: Any, expected: str) -> None:
+def test_handler_results_the_types_cannot_rule_out_become_claim_errors(
+    claims: FakeClaimSource, returned: Mapping[str, PrepareResult], expected: str
+) -> None:
+    """A missing claim, an empty pool or device name, an error beside devices: values, not types (the handler's
+    types are checked statically, so the layer does not check them again at run time)."""
+
     class Odd(FakeHandler):
-        def prepare_resource_claims(self, claims: Any) -> Any:
+        def prepare_resource_claims(self, claims: Sequence[AllocatedClaim]) -> Mapping[str, PrepareResult]:
             return returned
 
     odd = ClaimProcessor(driver_name=DRIVER, handler=Odd(), claim_source=claims, locks=ClaimLocks())
@@ -248,13 +252,13 @@ def test_unprepare_answers_every_claim(processor: ClaimProcessor, handler: FakeH
     assert [r.uid for r in handler.unprepare_batches[0]] == ["uid-a", "uid-b", "uid-c"]
 
 
-def test_unprepare_rejects_a_non_string_result(claims: FakeClaimSource) -> None:
-    class Odd(FakeHandler):
-        def unprepare_resource_claims(self, claims: Any) -> Any:
-            return {c.uid: 42 for c in claims}
+def test_unprepare_answers_a_claim_the_handler_left_out_with_an_error(claims: FakeClaimSource) -> None:
+    class Forgetful(FakeHandler):
+        def unprepare_resource_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, str | None]:
+            return {}
 
-    odd = ClaimProcessor(driver_name=DRIVER, handler=Odd(), claim_source=claims, locks=ClaimLocks())
-    assert "not an error string" in (odd.unprepare([ref("a")])["uid-a"] or "")
+    forgetful = ClaimProcessor(driver_name=DRIVER, handler=Forgetful(), claim_source=claims, locks=ClaimLocks())
+    assert forgetful.unprepare([ref("a")])["uid-a"] == "driver returned no unprepare result for claim UID uid-a"
 
 
 def test_fit_for_kubelet_shortens_errors_to_fit_the_limit() -> None:

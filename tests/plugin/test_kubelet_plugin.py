@@ -19,7 +19,7 @@ from dradriver.api.generated import pluginregistration_v1_pb2
 from dradriver.errors import ConfigError
 from dradriver.plugin.kubelet_client import Claim, KubeletClient, RegistrationRejected, discover
 from dradriver.plugin.kubelet_plugin import KubeletPlugin
-from dradriver.plugin.lifecycle import AlreadyRunningError
+from dradriver.plugin.lifecycle import AlreadyRunningError, StopBudget
 
 from .conftest import PluginFactory
 
@@ -441,6 +441,40 @@ def test_a_failure_injected_after_the_claim_get_is_that_claims_error(
         assert "injected failure at claim-fetched" in error
         monkeypatch.delenv(faults.CRASH_ENV)
         assert kubelet.prepare([Claim("default", "a", "uid-a")])["uid-a"].error == ""
+
+
+def test_stop_ends_within_its_budget_even_with_a_call_stuck_in_the_handler(
+    make_plugin: PluginFactory, claims: FakeClaimSource, handler: FakeHandler
+) -> None:
+    """Kubernetes kills the pod terminationGracePeriodSeconds after SIGTERM: stop must not wait longer than it was
+    given (here nothing at all), even though the grace and drain periods alone are 25 s."""
+    plugin = make_plugin(stop_grace=5.0, stop_drain=20.0)
+    plugin.start()
+    claims.add(make_claim("a", "uid-a"))
+    gate = threading.Event()
+    handler.gates = {"uid-a": gate}
+    with KubeletClient(plugin.registry_dir).register() as registered:
+        in_flight = registered.prepare_future([Claim("default", "a", "uid-a")])
+        assert handler.wait_until_inside("uid-a")
+        stopper = threading.Thread(target=plugin.stop, kwargs={"budget": StopBudget(0.0)})
+        stopper.start()
+        stopper.join(TIMEOUT)  # far less than the 25 s the plugin's own periods allow
+        assert not stopper.is_alive()
+        gate.set()
+        with pytest.raises(grpc.RpcError):
+            in_flight.result(TIMEOUT)
+    assert not plugin.dra_socket.exists()
+
+
+def test_a_stop_budget_is_shared_by_the_steps_and_caps_each():
+    now = [100.0]
+    budget = StopBudget(25.0, clock=lambda: now[0])
+    assert budget.left() == 25.0
+    assert budget.left(5.0) == 5.0  # a step's own limit when there is more left
+    now[0] += 22.0
+    assert budget.left(5.0) == 3.0  # what is left when that is less
+    now[0] += 10.0
+    assert budget.left() == 0.0 and budget.left(5.0) == 0.0
 
 
 @pytest.mark.parametrize("pod_uid", [None, "pod-1"], ids=["fixed-names", "rolling-update"])

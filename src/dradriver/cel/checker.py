@@ -131,6 +131,22 @@ def _known(t: Type) -> bool:
     return True
 
 
+# Types a null may stand for where one is expected (cel-go's legacy nullable kinds: opaque types, durations,
+# timestamps, any; checker/types.go isLegacyNullable).
+_NULLABLE = frozenset({"null", "any", "timestamp", "duration", "Quantity", "Semver", "IP", "CIDR", "URL", "Format"})
+
+
+def _branches_agree(a: Type, b: Type) -> bool:
+    """Whether cel-go's ``_?_:_(bool, A, A)`` accepts branches of types ``a`` and ``b``: A is bound to the first
+    and the second must be assignable to it or it to the second (checker/types.go isValidTypeSubstitution)."""
+    if _assignable(a, b) or _assignable(b, a):
+        return True
+    if "null" in (a, b):
+        other = b if a == "null" else a
+        return other in _NULLABLE or (isinstance(other, tuple) and other[0] == "optional")
+    return False
+
+
 def _join(types: list[Type]) -> Type:
     """The common type of list elements or conditional branches: the type if all agree, else dyn."""
     known = [t for t in types if t != DYN]
@@ -425,10 +441,8 @@ class Checker:
         ):
             name, target = f"{target.name}.{name}", None
         if isinstance(target, ast.Ident) and target.name not in scope and f"{target.name}.{name}" in UNSUPPORTED:
-            raise self.error(
-                f"function '{target.name}.{name}' is part of Kubernetes' CEL but this evaluator does not provide it",
-                node,
-            )
+            qualified = f"{target.name}.{name}"
+            raise self.error(f"undeclared reference to '{qualified}': {UNSUPPORTED[qualified]}", node)
         arg_nodes = ([target] if target is not None else []) + list(node.args)
         types, cost = [], 1
         self.format_depth += name == "format"
@@ -478,6 +492,13 @@ class Checker:
         if node.function == "_?_:_":
             if types[0] not in ("bool", DYN):
                 raise self.error(f"the condition of ?: must be bool, not {type_str(types[0])}", node.args[0])
+            if not _branches_agree(types[1], types[2]):
+                shown = ", ".join(type_str(t) for t in types)
+                raise self.error(
+                    f"found no matching overload for '_?_:_' applied to '({shown})'",
+                    node,
+                    hint="both branches need one type; wrap one in dyn(...) to mix types",
+                )
             self.sizes[id(node)] = _max_size(self.size(node.args[1]), self.size(node.args[2]))
             return _join(types[1:]), cost
         for t, arg in zip(types, node.args, strict=True):
@@ -555,10 +576,7 @@ class Checker:
     def _function(self, node: ast.Call, name: str, member: bool, types: list[Type], arg_nodes: list[ast.Node]) -> Type:
         if name not in FUNCTIONS:
             if name in UNSUPPORTED:
-                raise self.error(
-                    f"function '{name}' is part of Kubernetes' CEL but this evaluator does not provide it",
-                    node,
-                )
+                raise self.error(f"undeclared reference to '{name}': {UNSUPPORTED[name]}", node)
             close = difflib.get_close_matches(name, list(FUNCTIONS), n=1)
             hint = f"did you mean '{close[0]}'?" if close else None
             raise self.error(f"undeclared reference to '{name}'", node, hint=hint)

@@ -15,7 +15,7 @@ from typing import Any
 from dradriver.cel.errors import CelEvaluationError
 from dradriver.cel.semver import Semver
 from dradriver.cel.time_ext import Duration, Timestamp, duration_string, timestamp_string
-from dradriver.cel.values import CelType, Uint, type_name
+from dradriver.cel.values import CelType, Uint, map_items, type_name
 from dradriver.quantity import Quantity
 
 DEFAULT_PRECISION = 6
@@ -102,7 +102,7 @@ def _go_quote(text: str) -> str:
 
 def _map(value: dict[Any, Any]) -> str:
     pairs = []
-    for key, item in value.items():
+    for key, item in map_items(value):
         if type(key) in (str, bool):
             key_text = _string(key)
         elif type(key) in (int, Uint):

@@ -285,7 +285,7 @@ class Compiler:
                     if not value.has:
                         continue
                     value = value.value
-                result[key] = value
+                result[values.map_key(key)] = value
             return result
 
         return build
@@ -453,10 +453,12 @@ class _Loop:
         steps[0] += len(container) * self.step_cost
         if steps[0] > MAX_COST:
             raise _over_budget()
+        if isinstance(container, dict):
+            if self.var2 is None:
+                return [(key, None) for key in values.map_keys(container)]
+            return values.map_items(container)
         if self.var2 is None:
             return [(item, None) for item in container]
-        if isinstance(container, dict):
-            return list(container.items())
         return list(enumerate(container))
 
     def scope(self, env: Env, first: Any, second: Any) -> Env:
@@ -508,7 +510,7 @@ class _Loop:
         return library_sort_by_keys(items, [self.body(self.scope(env, item, None)) for item in items])
 
     def transform_map(self, env: Env) -> dict[Any, Any]:
-        return {inner[self.var]: self.body(inner) for inner in self.kept(env)}
+        return {values.map_key(inner[self.var]): self.body(inner) for inner in self.kept(env)}
 
     def transform_map_entry(self, env: Env) -> dict[Any, Any]:
         result: dict[Any, Any] = {}
@@ -516,10 +518,10 @@ class _Loop:
             entry = self.body(inner)
             if not isinstance(entry, dict):
                 raise values.no_overload("transformMapEntry", entry)
-            for key, value in entry.items():
+            for key, value in values.map_items(entry):
                 if values.lookup(result, key)[0]:
                     raise CelEvaluationError(f"insert failed: key {key!r} already exists")
-                result[key] = value
+                result[values.map_key(key)] = value
         return result
 
     def program(self) -> Program:

@@ -3,8 +3,9 @@
 What is here mirrors the Kubernetes CEL environment for device selectors (docs/explain.md has the table
 per Kubernetes version): CEL's standard functions, timestamps and durations, optional types, cel-go's
 strings (v2), sets and lists (v3) extensions, and the Kubernetes libraries quantity, semver, regex, lists,
-IP, CIDR, URL and named formats. UNSUPPORTED names what exists elsewhere in Kubernetes' CEL (authorizer,
-jsonpatch, …) so that a compile error can say so.
+IP, CIDR, URL and named formats. UNSUPPORTED names functions of other CEL environments (cel-go's math and
+encoders extensions, admission policies' authorizer and jsonpatch) that the API server refuses in a selector
+too, with the reason a compile error gives.
 """
 
 from __future__ import annotations
@@ -547,13 +548,16 @@ for _name, _overloads in (*NET_FUNCTIONS.items(), *URL_FUNCTIONS.items(), *FORMA
 FUNCTIONS["indexOf"] += (_o(True, ("list", "any"), "int", _list_index),)
 FUNCTIONS["lastIndexOf"] += (_o(True, ("list", "any"), "int", _list_last_index),)
 
-# Functions that exist in Kubernetes' CEL but not here: a compile error names them instead of
-# "undeclared reference", so the user knows the expression is valid upstream.
-UNSUPPORTED = {
-    "math.greatest",
-    "math.least",
-    "base64.encode",
-    "base64.decode",
-    "jsonpatch.escapeKey",
-    "authorizer",
+# Functions a user may know from other CEL environments that the API server refuses in a DRA selector too: the
+# compile error says why. DRA compiles selectors in k8s.io/apiserver's base environment (base.go) plus
+# ext.Bindings; through Kubernetes 1.37 base.go enables neither cel-go's ext.Math nor ext.Encoders.
+_NOT_IN_BASE_ENV = "cel-go's {} extension is not enabled in Kubernetes' CEL environment (1.34-1.37)"
+_NOT_FOR_DRA = "it belongs to {}, not to DRA device selectors"
+UNSUPPORTED: dict[str, str] = {
+    "math.greatest": _NOT_IN_BASE_ENV.format("math"),
+    "math.least": _NOT_IN_BASE_ENV.format("math"),
+    "base64.encode": _NOT_IN_BASE_ENV.format("encoders"),
+    "base64.decode": _NOT_IN_BASE_ENV.format("encoders"),
+    "jsonpatch.escapeKey": _NOT_FOR_DRA.format("MutatingAdmissionPolicy's CEL"),
+    "authorizer": _NOT_FOR_DRA.format("admission policies' CEL (the authorizer variable)"),
 }

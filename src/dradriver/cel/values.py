@@ -163,7 +163,7 @@ def _equal_lists(a: list[Any], b: Any) -> bool:
 def _equal_maps(a: dict[Any, Any], b: Any) -> bool:
     if not isinstance(b, dict) or len(a) != len(b):
         return False
-    for key, value in a.items():
+    for key, value in map_items(a):
         found, other = lookup(b, key)
         if not found:
             return False
@@ -183,14 +183,61 @@ def _equal_optionals(a: OptionalValue, b: Any) -> bool | None:
     return inner
 
 
+class BoolKey:
+    """A ``bool`` key as a CEL map stores it. Python's ``True == 1`` (same hash) would make ``true`` and ``1`` one
+    dict key, where CEL has two (bool and int are different types); map builders store bool keys as these and
+    :func:`map_keys` / :func:`map_items` give the CEL values back."""
+
+    __slots__ = ("value",)
+    TRUE: BoolKey
+    FALSE: BoolKey
+
+    def __init__(self, value: bool) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is BoolKey and other.value is self.value
+
+    def __hash__(self) -> int:
+        return hash((BoolKey, self.value))
+
+    def __repr__(self) -> str:
+        return "true" if self.value else "false"
+
+
+BoolKey.TRUE, BoolKey.FALSE = BoolKey(True), BoolKey(False)
+
+
+def map_key(key: Any) -> Any:
+    """How a CEL map stores ``key`` (bool keys apart from the ints 0 and 1)."""
+    if type(key) is bool:
+        return BoolKey.TRUE if key else BoolKey.FALSE
+    return key
+
+
+def cel_key(stored: Any) -> Any:
+    """The CEL value of a stored map key."""
+    return stored.value if type(stored) is BoolKey else stored
+
+
+def map_keys(mapping: dict[Any, Any]) -> list[Any]:
+    return [cel_key(k) for k in mapping]
+
+
+def map_items(mapping: dict[Any, Any]) -> list[tuple[Any, Any]]:
+    return [(cel_key(k), v) for k, v in mapping.items()]
+
+
 def lookup(mapping: dict[Any, Any], key: Any) -> tuple[bool, Any]:
     """Find ``key`` in a CEL map; numeric keys match across int/uint/double, bool keys only bool keys."""
-    if type(key) is str:
-        return (True, mapping[key]) if key in mapping else (False, None)
-    if type(key) is float and not key.is_integer():
+    kind = type(key)
+    if kind is str or kind is bool or kind is BoolKey:
+        stored = map_key(key)
+        return (True, mapping[stored]) if stored in mapping else (False, None)
+    if kind is float and not key.is_integer():
         return False, None
     for k, v in mapping.items():
-        if (type(k) is bool) == (type(key) is bool) and type(k) is not str and k == key:
+        if type(k) is not BoolKey and type(k) is not bool and type(k) is not str and k == key:
             return True, v
     return False, None
 

@@ -50,13 +50,12 @@ DEFAULT_CLAIM: dict[str, Any] = {
 }
 
 
-def register(subcommands: Any) -> None:
-    parser: argparse.ArgumentParser = subcommands.add_parser(
-        "demo",
-        help="run the whole driver on a simulated node, without a cluster",
-        description="Discover a simulated node, publish its ResourceSlices to an in-memory API server, allocate a "
+def register(parser: argparse.ArgumentParser) -> None:
+    """The options of this command on ``parser`` (cli/main.py adds it to the command line)."""
+    parser.description = (
+        "Discover a simulated node, publish its ResourceSlices to an in-memory API server, allocate a "
         "claim, then register with a kubelet-like client over real gRPC sockets, prepare the claim "
-        "(printing its CDI spec) and unprepare it.",
+        "(printing its CDI spec) and unprepare it."
     )
     add_gpu_options(parser)
     parser.set_defaults(gpu_backend="sim")

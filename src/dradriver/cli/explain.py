@@ -5,7 +5,8 @@
     dradriver explain --pod NS/NAME [--kubeconfig …] [--context …]
 
 Exit status: 0 when every claim fits (or the selector matches a device), 1 when one does not, 2 on
-invalid input (each bad document is reported; the others are still explained).
+invalid input (each bad document is reported; the others are still explained). Objects that are not DRA
+objects explain reads (the Pod or Deployment beside a claim) are skipped with a note.
 """
 
 from __future__ import annotations
@@ -30,13 +31,12 @@ MAX_NODES_SHOWN = 10
 MAX_DEVICES_SHOWN = 6
 
 
-def register(subcommands: Any) -> None:
-    parser: argparse.ArgumentParser = subcommands.add_parser(
-        "explain",
-        help="explain whether ResourceClaims fit a node's devices, and why not",
-        description="Allocate ResourceClaims / ResourceClaimTemplates offline as the scheduler would and "
+def register(parser: argparse.ArgumentParser) -> None:
+    """The options of this command on ``parser`` (cli/main.py adds it to the command line)."""
+    parser.description = (
+        "Allocate ResourceClaims / ResourceClaimTemplates offline as the scheduler would and "
         "explain the result per request: which devices matched every selector, what rejected "
-        "the others, and what would make the claim fit.",
+        "the others, and what would make the claim fit."
     )
     parser.add_argument(
         "claims",
@@ -133,16 +133,17 @@ def run(args: argparse.Namespace) -> int:
     if args.allocated:
         load(args.allocated, allocated_inputs, want=("ResourceClaim",))
     inputs.errors += allocated_inputs.errors
+    inputs.skipped += allocated_inputs.skipped
     slices = [d.obj for d in inputs.of_kind("ResourceSlice")]
     if args.sim_profile:
         slices += slices_from_sim_profile(args.sim_profile, args.mig_mode)
     if args.selector is not None:
-        return explain_selector(args, slices, inputs.errors)
+        return explain_selector(args, slices, inputs)
     if not args.claims:
         raise ConfigError("give CLAIM.yaml files, --selector EXPR or --pod NS/NAME")
     if not slices:
         if inputs.errors:  # the slices given could not be read: say why rather than that there are none
-            render([], inputs.errors, args.output, builtin_classes=False)
+            render([], inputs, args.output, builtin_classes=False)
             return EXIT_INVALID
         raise ConfigError("no ResourceSlices to allocate from: pass --slices FILE|DIR or --sim-profile NAME")
     class_docs = inputs.of_kind("DeviceClass")
@@ -161,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
             inputs.errors += problems
             continue
         outcomes.append(explain_document(doc, slices=slices, classes=classes, allocated=allocated, node=args.node))
-    render(outcomes, inputs.errors, args.output, builtin_classes=not class_docs and not args.classes)
+    render(outcomes, inputs, args.output, builtin_classes=not class_docs and not args.classes)
     if inputs.errors:
         return EXIT_INVALID
     if not outcomes:
@@ -230,13 +231,20 @@ def _one_line(report: ClaimReport) -> str:
     return "does not fit: " + (report.explanation[0] if report.explanation else "no combination of devices fits")
 
 
-def render(outcomes: list[ClaimOutcome], errors: list[str], output: str, *, builtin_classes: bool) -> None:
+def print_problems(inputs: Inputs) -> None:
+    for note in inputs.skipped:
+        print(f"note: {note}", file=sys.stderr)
+    for error in inputs.errors:
+        print(f"error: {error}", file=sys.stderr)
+
+
+def render(outcomes: list[ClaimOutcome], inputs: Inputs, output: str, *, builtin_classes: bool) -> None:
     if output == "json":
-        json.dump({"errors": errors, "claims": [outcome_dict(o) for o in outcomes]}, sys.stdout, indent=2)
+        claims = [outcome_dict(o) for o in outcomes]
+        json.dump({"errors": inputs.errors, "skipped": inputs.skipped, "claims": claims}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return
-    for error in errors:
-        print(f"error: {error}", file=sys.stderr)
+    print_problems(inputs)
     if builtin_classes and outcomes:
         print("(no --classes given: using dradriver's DeviceClasses gpu.dradriver.dev and mig.dradriver.dev)")
     for outcome in outcomes:
@@ -297,10 +305,9 @@ def render_outcome(outcome: ClaimOutcome) -> str:
     return "\n".join(lines) + "\n"
 
 
-def explain_selector(args: argparse.Namespace, slices: list[dict[str, Any]], errors: list[str]) -> int:
+def explain_selector(args: argparse.Namespace, slices: list[dict[str, Any]], inputs: Inputs) -> int:
     """Evaluate one selector against every device; exit 0 when at least one device matches."""
-    for error in errors:
-        print(f"error: {error}", file=sys.stderr)
+    print_problems(inputs)
     if len(args.selector) > MAX_CEL_LENGTH:
         raise ConfigError(
             f"--selector: {len(args.selector)} characters; the API server accepts at most {MAX_CEL_LENGTH}"
@@ -343,6 +350,6 @@ def explain_selector(args: argparse.Namespace, slices: list[dict[str, Any]], err
             )
             print(f"{node}  {result}: {shown}")
         print(f"{matched} of {len(rows)} devices match; {failed} failed with an error")
-    if errors:
+    if inputs.errors:
         return EXIT_INVALID
     return EXIT_FITS if matched else EXIT_DOES_NOT_FIT

@@ -16,6 +16,9 @@ from dradriver.plugin.slice_validation import validate_slice
 from dradriver.validation import default_namespace, validate_claim, validate_class, validate_slice_fields
 
 KINDS = ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass", "ResourceSlice")
+DRA_GROUP = "resource.k8s.io"
+# DRA objects explain does not read (it allocates as if no DeviceTaintRule applied).
+DRA_KINDS_NOT_READ = ("DeviceTaintRule",)
 SUFFIXES = (".yaml", ".yml", ".json")
 
 BUILTIN_CLASSES: list[dict[str, Any]] = [
@@ -61,6 +64,8 @@ class Document:
 class Inputs:
     documents: list[Document] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    # Well-formed objects explain has no use for (the Pod or Deployment beside a claim): one note each.
+    skipped: list[str] = field(default_factory=list)
 
     def of_kind(self, *kinds: str) -> list[Document]:
         return [d for d in self.documents if d.kind in kinds]
@@ -124,6 +129,9 @@ def _add(doc: Any, source: str, inputs: Inputs, want: tuple[str, ...]) -> None:
                 want,
             )
         return
+    if _not_read(doc):
+        inputs.skipped.append(f"{source}: skipped {kind} {Document(doc, source).name}: not an object explain reads")
+        return
     if kind not in want:
         inputs.errors.append(f"{source}: kind {kind!r} is not one of {', '.join(want)}; field kind")
         return
@@ -141,6 +149,15 @@ def _add(doc: Any, source: str, inputs: Inputs, want: tuple[str, ...]) -> None:
         inputs.errors += [f"{source}: {problem}" for problem in problems]
         return
     inputs.documents.append(Document(doc, source))
+
+
+def _not_read(doc: dict[str, Any]) -> bool:
+    """A well-formed object of another API group, or a DRA kind explain does not use: skipped, not an error.
+    A ``resource.k8s.io`` object of an unknown kind is still an error (most likely a misspelt kind)."""
+    kind, api = doc.get("kind"), doc.get("apiVersion")
+    if not isinstance(kind, str) or not kind or not isinstance(api, str) or not api:
+        return False
+    return api.split("/")[0] != DRA_GROUP or kind in DRA_KINDS_NOT_READ
 
 
 def _problems(doc: dict[str, Any], kind: str) -> list[str]:

@@ -22,12 +22,11 @@ from dradriver.inputs import path_exists
 from dradriver.plugin.kubelet_plugin import DEFAULT_PLUGINS_DIR
 
 
-def register(subcommands: Any) -> None:
-    parser: argparse.ArgumentParser = subcommands.add_parser(
-        "inventory",
-        help="list this node's GPUs and MIG devices",
-        description="Discover GPUs (through NVML, or a simulated node) and print what the driver would offer; "
-        "-o slices prints the ResourceSlices it would publish.",
+def register(parser: argparse.ArgumentParser) -> None:
+    """The options of this command on ``parser`` (cli/main.py adds it to the command line)."""
+    parser.description = (
+        "Discover GPUs (through NVML, or a simulated node) and print what the driver would offer; "
+        "-o slices prints the ResourceSlices it would publish."
     )
     add_gpu_options(parser)
     add_env_option(

@@ -8,10 +8,11 @@ internal error (one line; ``--debug`` shows the traceback); 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import NoReturn
 
 from dradriver import __version__
@@ -34,9 +35,23 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from dradriver.cli import demo, explain, inventory, run, sim
+# Every command, its module and its line in ``--help``. Only the module of the command being run is imported
+# (argparse needs no other command's options to parse a command line), so ``dradriver run`` never loads the CEL
+# and allocator code that ``explain`` and ``demo`` need: start-up time, docs/reliability.md.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("dradriver.cli.demo", "run the whole driver on a simulated node, without a cluster"),
+    "inventory": ("dradriver.cli.inventory", "list this node's GPUs and MIG devices"),
+    "explain": ("dradriver.cli.explain", "explain whether ResourceClaims fit a node's devices, and why not"),
+    "run": ("dradriver.cli.run", "run the kubelet plugin (the DaemonSet entry point)"),
+    "sim": (
+        "dradriver.cli.sim",
+        "change a simulated node's hardware state (MIG, compute mode, faults), like nvidia-smi",
+    ),
+}
 
+
+def build_parser(commands: Collection[str] = tuple(COMMANDS)) -> argparse.ArgumentParser:
+    """The parser of the whole command line; of the commands, only those in ``commands`` get their options."""
     parser = Parser(
         prog=_program_name(),
         description="Kubernetes DRA driver for NVIDIA GPUs: discover, publish, prepare, explain.",
@@ -47,9 +62,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="print the traceback of an internal error")
     subcommands = parser.add_subparsers(dest="command", metavar="COMMAND")
     subcommands.required = True
-    for module in (demo, inventory, explain, run, sim):
-        module.register(subcommands)
+    for name, (module, help_line) in COMMANDS.items():
+        subparser = subcommands.add_parser(name, help=help_line)
+        if name in commands:
+            importlib.import_module(module).register(subparser)
     return parser
+
+
+def _command_of(arguments: Sequence[str]) -> str | None:
+    """The command named on the line: the first argument that is not an option (the top-level options take no
+    value). None when there is none; an unknown name is left to argparse to report."""
+    return next((a for a in arguments if not a.startswith("-")), None)
 
 
 def _program_name() -> str:
@@ -65,7 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = [a for a in arguments if a != "--debug"]
     command = "dradriver"
     try:
-        parser = build_parser()
+        named = _command_of(arguments)
+        parser = build_parser((named,) if named else ())
         args = parser.parse_args(arguments)
         command = f"{parser.prog} {args.command}"
         resolve_env_values(args)

@@ -15,9 +15,13 @@ from dradriver.validation import is_dns_subdomain
 
 
 def env_default(var: str, default: Any = None) -> Any:
-    """The value of environment variable ``var`` if set and non-empty, else ``default``."""
+    """The value of environment variable ``var`` if set, else ``default``.
+
+    A variable set to the empty string is the flag given ``""`` (``DRADRIVER_METRICS_ADDRESS=""`` turns the
+    status server off like ``--metrics-address ""``; ``DRADRIVER_MIG_MODE=""`` is refused like
+    ``--mig-mode ""``), as Go drivers' flag libraries read a set variable; unset it to get the default."""
     value = os.environ.get(var)
-    return value if value not in (None, "") else default
+    return default if value is None else value
 
 
 @dataclass(frozen=True)

@@ -59,20 +59,20 @@ from dradriver.plugin.kubelet_plugin import (
     KubeletPlugin,
     check_pod_uid,
 )
-from dradriver.plugin.lifecycle import exclusive
+from dradriver.plugin.lifecycle import StopBudget, exclusive
 from dradriver.plugin.publisher import Publisher, SliceSpec
 
 log = logging.getLogger("dradriver.run")
 # Probes reach the pod's IP, so listen on every interface; the DaemonSet declares the port.
 DEFAULT_STATUS_ADDRESS = ":8080"
+# The DaemonSet's terminationGracePeriodSeconds is 30: stop within 25 s, leaving the rest for the exit itself.
+STOP_BUDGET_SECONDS = 25.0
 
 
-def register(subcommands: Any) -> None:
-    parser: argparse.ArgumentParser = subcommands.add_parser(
-        "run",
-        help="run the kubelet plugin (the DaemonSet entry point)",
-        description="Discover this node's GPUs, publish them as ResourceSlices and serve the kubelet's DRA "
-        "gRPC API until SIGTERM.",
+def register(parser: argparse.ArgumentParser) -> None:
+    """The options of this command on ``parser`` (cli/main.py adds it to the command line)."""
+    parser.description = (
+        "Discover this node's GPUs, publish them as ResourceSlices and serve the kubelet's DRA gRPC API until SIGTERM."
     )
     add_env_option(
         parser, "--node-name", env="NODE_NAME", type=dns_subdomain("node name"), help="this node's name (required)"
@@ -387,16 +387,6 @@ class DriverProcess:
             policy=_health_policy(args),
             state_path=plugin_dir / "health.json",
         )
-        self.specs = build_slice_specs(self.inventory, self.settings, taints=self.health.taints)
-        self.publisher = Publisher(
-            self.cluster,
-            driver=args.driver_name,
-            node_name=node,
-            node_uid=_node_uid(self.cluster, node),
-            shape=self.shape,
-            pools=_pools(node, self.specs),
-            withdraw_tainted_if_dropped=args.health_taint_fallback == "withdraw",
-        )
         # A simulated node has no /dev/nvidia*: bind /dev/null so a real runtime can still inject the spec.
         simulated = self.simulated is not None
         cdi = CdiWriter(
@@ -432,7 +422,8 @@ class DriverProcess:
             registry_dir=Path(args.registry_dir),
             plugin_dir=Path(args.plugin_dir) if args.plugin_dir else None,
             claim_status=claim_status,
-            device_metadata_cdi_dir=Path(args.cdi_dir) if args.device_metadata == "true" else None,
+            device_metadata_cdi_dir=Path(args.cdi_dir),
+            device_metadata=args.device_metadata == "true",
             pod_uid=args.pod_uid or None,
             # The default state directory is the plugin directory: deleted with it, the checkpoint is written back.
             on_plugin_dir_recreated=self.checkpoint.ensure_written,
@@ -441,6 +432,17 @@ class DriverProcess:
         self.plugin.lock()
         try:
             self._reconcile()
+            # Built once, from the inventory as reconciliation left it; the publisher validates them once too.
+            self.specs = build_slice_specs(self.inventory, self.settings, taints=self.health.taints)
+            self.publisher = Publisher(
+                self.cluster,
+                driver=args.driver_name,
+                node_name=node,
+                node_uid=_node_uid(self.cluster, node),
+                shape=self.shape,
+                pools=_pools(node, self.specs),
+                withdraw_tainted_if_dropped=args.health_taint_fallback == "withdraw",
+            )
         except BaseException:
             self.plugin.stop()
             raise
@@ -459,12 +461,12 @@ class DriverProcess:
         cluster = self.cluster
         with _serialised_with_other_pods(self.plugin.plugin_dir, enabled=bool(self.args.pod_uid)):
             self.driver.reconcile(lambda ref: _claim_exists(cluster, ref))
+            prepared = {record.uid for record in self.driver.checkpoint.records()}
+            self.plugin.remove_unowned_device_metadata(prepared)
         if self.mig_mode is MigMode.DYNAMIC:
             self.inventory = discover(self.gpulib)  # reconciliation may have destroyed MIG instances
             self.driver.update_inventory(self.inventory, self.mig_mode)
             self.health.update_inventory(self.inventory, self.mig_mode)
-            self.specs = build_slice_specs(self.inventory, self.settings, taints=self.health.taints)
-            self.publisher.update(_pools(self.node, self.specs))
 
     def _run_until_stopped(self) -> None:
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -490,16 +492,21 @@ class DriverProcess:
             self.stop.wait()
             log.info("stopping")
         finally:
+            # Kubernetes kills the pod terminationGracePeriodSeconds (30) after SIGTERM: the work that leaves state
+            # behind (prepares in flight, which write the checkpoint) goes first, then joins bounded by what is left.
+            budget = StopBudget(STOP_BUDGET_SECONDS)
             self.stop.set()
             self.refresh.set()
-            self.plugin.stop()
+            self.plugin.stop(budget)
             if self.status:
                 self.status.stop()
                 self._unregister_metrics()
-            self.publisher.stop()
-            self.health.stop()
+            self.publisher.stop(budget.left(10.0))
+            self.health.stop(budget.left(10.0))
             if self.rescanner.is_alive():
-                self.rescanner.join(timeout=30)  # a rediscovery in flight finishes before NVML shuts down
+                self.rescanner.join(budget.left())  # a rediscovery in flight finishes before NVML shuts down
+                if self.rescanner.is_alive():
+                    log.warning("a rescan was still running when the stop budget ran out")
 
     def _liveness(self) -> tuple[bool, dict[str, Any]]:
         """/livez: alive while both gRPC sockets answer. Nothing about the API server: a restart does not cure

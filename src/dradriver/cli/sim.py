@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from dradriver.cli.options import add_env_option, check_writable_file, dns_subdomain
 from dradriver.driver import slice_map
@@ -21,12 +20,11 @@ from dradriver.gpu.sim import SimGpu, SimNvmlError, SimulatedNode, full_compute_
 from dradriver.inputs import path_exists
 
 
-def register(subcommands: Any) -> None:
-    parser: argparse.ArgumentParser = subcommands.add_parser(
-        "sim",
-        help="change a simulated node's hardware state (MIG, compute mode, faults), like nvidia-smi",
-        description="Act on the hardware state file of a simulated node, as an admin with nvidia-smi would on a "
-        "real one. A running `dradriver run --gpu-backend sim` on the same --sim-state sees it.",
+def register(parser: argparse.ArgumentParser) -> None:
+    """The options of this command on ``parser`` (cli/main.py adds it to the command line)."""
+    parser.description = (
+        "Act on the hardware state file of a simulated node, as an admin with nvidia-smi would on a "
+        "real one. A running `dradriver run --gpu-backend sim` on the same --sim-state sees it."
     )
     add_env_option(
         parser,

@@ -10,10 +10,12 @@ hurts that MIG device and the whole GPU, not the siblings). Each condition is
   seen), which keeps the scheduler away from it,
 - a reason for prepare to refuse new claims on the device (``problem``).
 
-Conditions clear without a restart: a GPU whose reset the monitor sees (it answers again after being lost, or its
-volatile ECC counter went back down) and whose probe is clean is healthy again at the next probe; any other
-condition clears once ``recovery_period`` seconds pass without a new event while the GPU answers its probe. The
-conditions are kept in a small JSON file, so a restarted driver (and ``dradriver inventory``) still knows them.
+Conditions clear without a restart: a GPU whose reset the monitor sees (it answers again after being lost, its
+volatile ECC counter went back down, or NVML's recovery action asked for a reset and reads "none" again) and whose
+probe is clean is healthy again at the next probe; any other condition clears once ``recovery_period`` seconds
+pass without a new event while the GPU answers its probe. When the event wait fails, the monitor registers for
+events anew with a growing delay, and ``unmonitored`` clears once that works. The conditions are kept in a small
+JSON file, so a restarted driver (and ``dradriver inventory``) still knows them.
 See docs/health.md for the policy and why each XID is where it is.
 """
 
@@ -75,6 +77,10 @@ DEFAULT_PROBE_INTERVAL = 5.0
 STATE_KIND = "dradriver-health-state"
 STATE_VERSION = 1
 ALL_GPUS = "*"  # the GPU of a condition that NVML could not attribute to one GPU
+# NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values: none, and those that a GPU reset (or a reboot, which resets it) ends.
+RECOVERY_ACTION_NONE = 0
+RESET_ACTIONS = frozenset({1, 2, 4, 6, 7})  # GPU reset, node reboot, drain and reset, bus reset, system reboot
+DEFAULT_REWATCH_BACKOFF = (5.0, 300.0)  # first and longest delay between tries to register for events again
 
 
 class Cause(StrEnum):
@@ -151,6 +157,7 @@ class Condition:
     count: int = 1
     gpu_instance_id: int | None = None
     ecc_seen: int | None = None  # volatile uncorrectable ECC count last read while the condition held
+    reset_pending: bool = False  # NVML's recovery action asked for a reset while the condition held
 
     @property
     def unhealthy(self) -> bool:
@@ -369,7 +376,14 @@ class GpuHealth:
         if old is not None:
             count = old.count + 1
             value = str(max(count, old.ecc_seen or 0)) if condition.cause is Cause.ECC else condition.value
-            condition = replace(condition, since=old.since, count=count, value=value, ecc_seen=old.ecc_seen)
+            condition = replace(
+                condition,
+                since=old.since,
+                count=count,
+                value=value,
+                ecc_seen=old.ecc_seen,
+                reset_pending=old.reset_pending,
+            )
         self._state.conditions[condition.key] = condition
         devices = [n for n in self._state.devices if condition in self._conditions_of(n)]
         log.log(
@@ -449,9 +463,16 @@ class GpuHealth:
             return False
         changed = False
         ecc = probe.ecc_uncorrected_volatile
-        reset = any(c.cause is Cause.LOST for c in mine) or any(
-            c.ecc_seen is not None and ecc is not None and ecc < c.ecc_seen for c in mine
+        action = probe.recovery_action
+        reset = (
+            any(c.cause is Cause.LOST for c in mine)
+            or any(c.ecc_seen is not None and ecc is not None and ecc < c.ecc_seen for c in mine)
+            # An XID that leaves no ECC trace (74, 119, …): NVML asked for a reset, and no longer does.
+            or (action == RECOVERY_ACTION_NONE and any(c.reset_pending for c in mine))
         )
+        if action in RESET_ACTIONS:
+            changed |= self._mark_reset_pending(mine)
+            mine = [c for c in self._state.conditions.values() if c.gpu_uuid == uuid]
         fit = probe.fabric_registered is not False
         for condition in mine:
             if reset and fit:
@@ -473,6 +494,15 @@ class GpuHealth:
                 why,
             )
             changed = True
+        return changed
+
+    def _mark_reset_pending(self, conditions: Iterable[Condition]) -> bool:
+        """Remember that NVML asked for a reset while these conditions held (caller holds the lock)."""
+        changed = False
+        for condition in conditions:
+            if not condition.reset_pending and condition.cause is not Cause.UNMONITORED:
+                self._state.conditions[condition.key] = replace(condition, reset_pending=True)
+                changed = True
         return changed
 
     def retry_unreadable(self, gpulib: GpuLib) -> bool:
@@ -503,19 +533,30 @@ class GpuHealth:
         period = self.policy.recovery_period
         return period > 0 and now - condition.last_seen >= period
 
-    def note_ecc(self, gpulib: GpuLib, gpu_uuid: str) -> None:
-        """Read the ECC counter right after an ECC event, so a reset soon after is recognised by its drop."""
+    def note_after_event(self, gpulib: GpuLib, gpu_uuid: str) -> None:
+        """Probe a GPU right after an XID or ECC event, so a reset soon after (before the next probe) is still
+        recognised: by the drop of the ECC counter read now, or by the recovery action NVML asks for now."""
         try:
-            ecc = gpulib.probe(gpu_uuid).ecc_uncorrected_volatile
+            probe = gpulib.probe(gpu_uuid)
         except GpuError:
             return
+        ecc = probe.ecc_uncorrected_volatile
         with self._lock:
             condition = self._state.conditions.get((gpu_uuid, Cause.ECC, True, None))
-            if condition is None or ecc is None:
+            if condition is not None and ecc is not None:
+                self._state.conditions[condition.key] = replace(
+                    condition, ecc_seen=ecc, value=str(max(ecc, condition.count))
+                )
+            if probe.recovery_action in RESET_ACTIONS:
+                self._mark_reset_pending([c for c in self._state.conditions.values() if c.gpu_uuid == gpu_uuid])
+        self._changed()
+
+    def monitored_again(self) -> None:
+        """Events are read again: the ``unmonitored`` condition clears (what happened meanwhile is not known)."""
+        with self._lock:
+            if self._state.conditions.pop((ALL_GPUS, Cause.UNMONITORED, False, None), None) is None:
                 return
-            self._state.conditions[condition.key] = replace(
-                condition, ecc_seen=ecc, value=str(max(ecc, condition.count))
-            )
+        log.info("GPU health is watched again; events raised while it was not are not reported")
         self._changed()
 
     # --- publishing the state -------------------------------------------------------------------------------
@@ -545,8 +586,16 @@ class GpuHealth:
 
     # --- the monitor thread ---------------------------------------------------------------------------------
 
-    def start(self, gpulib: GpuLib, *, poll_seconds: float = 5.0) -> None:
-        """Watch NVML events and probe GPUs with conditions in a background thread until ``stop``."""
+    def start(
+        self,
+        gpulib: GpuLib,
+        *,
+        poll_seconds: float = 5.0,
+        rewatch_backoff: tuple[float, float] = DEFAULT_REWATCH_BACKOFF,
+    ) -> None:
+        """Watch NVML events and probe GPUs with conditions in a background thread until ``stop``. When the
+        event wait fails, registering for events is tried again after ``rewatch_backoff[0]`` seconds, the delay
+        doubling up to ``rewatch_backoff[1]``."""
         if self._state_path is not None and self._save_state:
             # Written once now too, so that a GPU lost before the next start is still known by name.
             with self._lock:
@@ -557,18 +606,34 @@ class GpuHealth:
                 _save_state(self._state_path, conditions, gpus)
             except OSError as err:
                 log.warning("cannot save device health path=%s error=%s", self._state_path, err)
-        self._thread = threading.Thread(target=self._run, args=(gpulib, poll_seconds), name="gpu-health", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(gpulib, poll_seconds, rewatch_backoff), name="gpu-health", daemon=True
+        )
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the monitor thread, waiting for it at most ``timeout`` seconds (an NVML call may be in flight)."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=10)
+            self._thread.join(timeout=timeout)
 
-    def _run(self, gpulib: GpuLib, poll_seconds: float) -> None:
+    def _run(self, gpulib: GpuLib, poll_seconds: float, rewatch_backoff: tuple[float, float]) -> None:
         watching = True
+        # An "unmonitored" saved by an earlier run clears once this run has read events (a wait that did not fail).
+        confirmed = False
         next_probe = time.monotonic() + self.policy.probe_interval
+        rewatch_delay, next_rewatch = rewatch_backoff[0], 0.0
         while not self._stop.is_set():
+            if not watching and time.monotonic() >= next_rewatch:
+                try:
+                    gpulib.rewatch_events()
+                except GpuError as err:
+                    log.warning("cannot register for GPU events yet retry_in=%gs error=%s", rewatch_delay, err)
+                    next_rewatch = time.monotonic() + rewatch_delay
+                    rewatch_delay = min(rewatch_delay * 2, rewatch_backoff[1])
+                else:
+                    watching, rewatch_delay = True, rewatch_backoff[0]
+                    self.monitored_again()
             wait = max(0.0, min(poll_seconds, next_probe - time.monotonic()))
             if watching:
                 try:
@@ -581,11 +646,15 @@ class GpuHealth:
                     log.error("cannot read GPU events; health is no longer watched error=%s", err)
                     self.unmonitored(err)
                     watching = False
+                    next_rewatch = time.monotonic() + rewatch_delay
                 else:
+                    if not confirmed:
+                        confirmed = True
+                        self.monitored_again()
                     if event is not None:
                         self.handle(event)
-                        if event.ecc_double_bit:
-                            self.note_ecc(gpulib, event.gpu_uuid)
+                        if event.ecc_double_bit or event.xid is not None:
+                            self.note_after_event(gpulib, event.gpu_uuid)
             else:
                 self._stop.wait(wait)
             if time.monotonic() >= next_probe:

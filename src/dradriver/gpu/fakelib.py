@@ -58,6 +58,8 @@ EVENT_SINGLE_BIT_ECC = 0x1
 EVENT_DOUBLE_BIT_ECC = 0x2
 EVENT_XID = 0x8
 SUPPORTED_EVENTS = EVENT_SINGLE_BIT_ECC | EVENT_DOUBLE_BIT_ECC | EVENT_XID
+FIELD_GPU_RECOVERY_ACTION = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+VALUE_TYPE_UNSIGNED_INT = 1  # NVML_VALUE_TYPE_UNSIGNED_INT
 NOT_ATTRIBUTABLE = 0xFFFFFFFF
 MEMORY_ERROR_CORRECTED = 0
 MEMORY_ERROR_UNCORRECTED = 1
@@ -943,6 +945,22 @@ class FakeNvmlLibrary:
         # Single-bit errors are corrected and not modelled: their counters stay at zero.
         value = self.node.ecc_errors(gpu.index, volatile=counter == VOLATILE_ECC) if kind else 0
         _target(count).value = value
+        return sim.SUCCESS
+
+    # --- field values -------------------------------------------------------------------------------------
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, count: Any, values: Any) -> int:
+        """Only the recovery action field is modelled; every other field answers NOT_SUPPORTED in its entry."""
+        gpu = self._gpu(handle)
+        entries = _target(values)
+        for i in range(_int(count)):
+            entry = entries[i]
+            if entry.fieldId == FIELD_GPU_RECOVERY_ACTION:
+                entry.valueType = VALUE_TYPE_UNSIGNED_INT
+                entry.value.uiVal = self.node.recovery_action(gpu.index)
+                entry.nvmlReturn = sim.SUCCESS
+            else:
+                entry.nvmlReturn = sim.NOT_SUPPORTED
         return sim.SUCCESS
 
     # --- events -------------------------------------------------------------------------------------------

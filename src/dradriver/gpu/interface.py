@@ -95,5 +95,8 @@ class GpuLib(Protocol):
     def wait_for_event(self, timeout_s: float) -> GpuEvent | None:
         """The next XID / GPU-lost event, or None when none came within ``timeout_s``."""
 
+    def rewatch_events(self) -> None:
+        """Register for events anew after ``wait_for_event`` failed; ``GpuError`` while that still fails."""
+
     def close(self) -> None:
         """Release NVML."""

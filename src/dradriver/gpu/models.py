@@ -197,11 +197,14 @@ class GpuProbe:
 
     ``ecc_uncorrected_volatile`` counts uncorrectable ECC errors since the GPU was last reset or the driver
     reloaded (a reset sets it back to zero); None where the GPU has no ECC. ``fabric_registered`` is None where
-    the GPU has no NVLink fabric, else whether the fabric manager finished registering it successfully."""
+    the GPU has no NVLink fabric, else whether the fabric manager finished registering it successfully.
+    ``recovery_action`` is NVML's recommended recovery action (``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``: 0 none,
+    1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset, …); None where NVML cannot say (older drivers)."""
 
     uuid: str
     ecc_uncorrected_volatile: int | None
     fabric_registered: bool | None
+    recovery_action: int | None = None
 
 
 @dataclass(frozen=True)

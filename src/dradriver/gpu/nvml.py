@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 
 LIBRARY_NOT_FOUND_MESSAGE = "NVML library not found: install the NVIDIA driver or use --gpu-backend sim"
 
+_SUCCESS = 0
 _LIBRARY_NOT_FOUND = 12
 _TIMEOUT = 10
 _GPU_IS_LOST = 15
@@ -69,6 +70,7 @@ _XID_EVENT = 0x8
 _DOUBLE_BIT_ECC_EVENT = 0x2
 _MEMORY_ERROR_UNCORRECTED = 1
 _VOLATILE_ECC = 0
+_FIELD_GPU_RECOVERY_ACTION = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (drivers from the 565 branch on)
 
 # nvmlDeviceGetArchitecture values → the names go-nvlib and nvidia-smi use.
 ARCHITECTURE_NAMES = {
@@ -725,9 +727,10 @@ class NvmlGpuLib:
             except NotSupported:
                 log.warning("GPU health events not supported; XIDs will not be reported gpu=%s", gpu.uuid)
             except GpuIsLost:
-                # Lost before we started watching: the first wait reports it.
-                self._reported_lost.add(gpu.uuid)
-                self._lost_before_watch.append(gpu.uuid)
+                # Lost before we started watching: the first wait reports it (once, also when watching anew).
+                if gpu.uuid not in self._reported_lost:
+                    self._reported_lost.add(gpu.uuid)
+                    self._lost_before_watch.append(gpu.uuid)
             except GpuError as err:
                 log.warning("GPU health events unavailable error=%s", err)
                 self._event_error = err
@@ -765,6 +768,7 @@ class NvmlGpuLib:
         except NotSupported:
             ecc = None
         fabric = self._read_fabric(gpu_uuid)
+        recovery_action = self._recovery_action(gpu_uuid, handle)
         with self._lock:
             if gpu_uuid in self._reported_lost:
                 self._register_returned(gpu_uuid)
@@ -772,7 +776,34 @@ class NvmlGpuLib:
             uuid=gpu_uuid,
             ecc_uncorrected_volatile=ecc,
             fabric_registered=None if fabric is None else fabric.registered,
+            recovery_action=recovery_action,
         )
+
+    def _recovery_action(self, gpu_uuid: str, handle: Any) -> int | None:
+        """NVML's recommended recovery action; None where the driver does not report it (or the GPU is lost:
+        the probe's handle lookup says so)."""
+        try:
+            [value] = self._call("nvmlDeviceGetFieldValues", handle, [_FIELD_GPU_RECOVERY_ACTION], device=gpu_uuid)
+        except GpuIsLost:
+            raise
+        except GpuError:
+            return None  # NOT_SUPPORTED, FUNCTION_NOT_FOUND on older drivers, …
+        if value.nvmlReturn != _SUCCESS:
+            return None
+        return int(value.value.uiVal)
+
+    def rewatch_events(self) -> None:
+        """Register every GPU for health events anew, in a fresh event set, after the event wait failed.
+        Raises ``GpuError`` while NVML still refuses; events raised in between are not reported."""
+        self.gpus()
+        with self._lock:
+            old, self._event_set, self._event_error = self._event_set, None, None
+            if old is not None:
+                with contextlib.suppress(GpuError):
+                    self._call("nvmlEventSetFree", old)
+            self._watch_events()
+            if self._event_set is None:
+                raise self._event_error or GpuError("GPU health events are not being watched")
 
     def wait_for_event(self, timeout_s: float) -> GpuEvent | None:
         self.gpus()

@@ -47,6 +47,10 @@ STATE_KIND = "dradriver-simulated-gpu-state"
 STATE_VERSION = 1
 
 # NVML return codes the simulator produces (same values as NVML_ERROR_*).
+# XIDs after which the simulated driver asks for a GPU reset (NVML_GPU_RECOVERY_ACTION_GPU_RESET), as NVIDIA's
+# XID catalog does for them; the action reads "none" again once the GPU is reset.
+RESET_XIDS = frozenset({48, 62, 63, 64, 74, 94, 95, 119, 120, 140})
+RECOVERY_ACTION_NONE, RECOVERY_ACTION_GPU_RESET = 0, 1
 SUCCESS = 0
 INVALID_ARGUMENT = 2
 NOT_SUPPORTED = 3
@@ -108,6 +112,7 @@ class SimGpu:
     fabric_status: int = SUCCESS  # NVML return code of the registration, meaningful once COMPLETED
     ecc_volatile: int = 0  # uncorrectable ECC errors since the last reset (NVML_VOLATILE_ECC)
     ecc_aggregate: int = 0  # uncorrectable ECC errors over the GPU's life (NVML_AGGREGATE_ECC)
+    recovery_action: int = 0  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: 0 none, 1 GPU reset (see RESET_XIDS)
 
     @property
     def minor(self) -> int:
@@ -287,6 +292,7 @@ class SimulatedNode:
             gpu.mig_current = gpu.mig_pending
             gpu.compute_mode = ComputeMode.DEFAULT
             gpu.ecc_volatile = 0
+            gpu.recovery_action = RECOVERY_ACTION_NONE
             self._event_log = [e for e in self._event_log if e.get("gpu") != index]
             self._cleared[index] = len(self._events)
             self._save()
@@ -514,9 +520,17 @@ class SimulatedNode:
     ) -> None:
         """Raise an XID on a GPU (or one of its MIG devices), as the kernel driver would."""
         with self._lock:
+            if xid in RESET_XIDS:
+                self._refresh()
+                self.gpu(index).recovery_action = RECOVERY_ACTION_GPU_RESET
             self._raise(
                 {"gpu": index, "xid": xid, "gpuInstanceId": gpu_instance_id, "computeInstanceId": compute_instance_id}
             )
+
+    def recovery_action(self, index: int) -> int:
+        """NVML's recommended recovery action for the GPU (``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``)."""
+        with self._lock:
+            return self.gpu(index).recovery_action
 
     def inject_ecc(self, index: int, count: int = 1) -> None:
         """``count`` double-bit (uncorrectable) ECC errors on a GPU: the counters grow by ``count`` and one
@@ -628,6 +642,7 @@ class SimulatedNode:
                     "lost": gpu.lost,
                     "eccVolatile": gpu.ecc_volatile,
                     "eccAggregate": gpu.ecc_aggregate,
+                    "recoveryAction": gpu.recovery_action,
                     "fabric": (
                         None
                         if gpu.fabric_state is None
@@ -713,6 +728,7 @@ class SimulatedNode:
                 state.lost,
             )
             gpu.ecc_volatile, gpu.ecc_aggregate = state.ecc
+            gpu.recovery_action = state.recovery_action
             gpu.timeslice = state.timeslice
             # Files written before fabric info was modelled lack it: the profile's initial state holds.
             if state.fabric is not None and gpu.fabric_state is not None:
@@ -765,6 +781,7 @@ class _GpuState:
     fabric: tuple[FabricState, int] | None
     ecc: tuple[int, int] = (0, 0)  # volatile, aggregate; files written before ECC was modelled have none
     timeslice: int = 0
+    recovery_action: int = 0
 
 
 def _parse_gpu_state(gpu: SimGpu, entry: dict[str, Any]) -> _GpuState:
@@ -795,6 +812,7 @@ def _parse_gpu_state(gpu: SimGpu, entry: dict[str, Any]) -> _GpuState:
         (FabricState(int(fabric["state"])), int(fabric["status"])) if fabric is not None else None,
         (int(entry.get("eccVolatile", 0)), int(entry.get("eccAggregate", 0))),
         int(entry.get("timeslice", 0)),
+        int(entry.get("recoveryAction", 0)),
     )
 
 

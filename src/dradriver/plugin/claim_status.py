@@ -48,6 +48,21 @@ class _Job:
     devices: tuple[PreparedDevice, ...] | None  # None: clear this driver's entries
 
 
+@dataclass(frozen=True, eq=False)
+class _Worker:
+    """One writer thread and its own stop signal: a stop ends this thread only, never the one started after it."""
+
+    thread: threading.Thread
+    stop: threading.Event
+
+
+@dataclass(frozen=True, eq=False)
+class _StopMark:
+    """Wakes the worker of ``stop`` out of its wait for the next job; any other worker passes over it."""
+
+    stop: threading.Event
+
+
 class ClaimStatusWriter:
     """Writes and clears this driver's entries of ``status.devices``, in the background, retrying with back-off.
 
@@ -71,11 +86,13 @@ class ClaimStatusWriter:
         self._attempts = attempts
         self._backoff = backoff
         self._max_backoff = max_backoff
-        self._jobs: queue.Queue[_Job | None] = queue.Queue()
-        self._stop = threading.Event()
+        self._jobs: queue.Queue[_Job | _StopMark] = queue.Queue()
         self._idle = threading.Condition()
         self._pending = 0
-        self._thread: threading.Thread | None = None
+        self._worker: _Worker | None = None
+        # The last stopped worker, which may still be finishing an API call a stop gave up on: the next one waits
+        # for it, so that two never write at once and jobs stay in order.
+        self._unfinished: threading.Thread | None = None
         self._lock = threading.Lock()
 
     # --- the plugin layer's calls ------------------------------------------------------------------------
@@ -90,27 +107,41 @@ class ClaimStatusWriter:
 
     def start(self) -> None:
         with self._lock:
-            if self._thread is None:
-                self._stop.clear()
-                self._thread = threading.Thread(target=self._run, name="claim-status", daemon=True)
-                self._thread.start()
+            if self._worker is not None:
+                return
+            previous, self._unfinished = self._unfinished, None
+            stop = threading.Event()
+            thread = threading.Thread(target=self._run, args=(stop, previous), name="claim-status", daemon=True)
+            self._worker = _Worker(thread, stop)
+            thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop after the job in flight; queued jobs are dropped (the kubelet repeats prepare after a restart)."""
+        """Stop after the job in flight, waiting for it at most ``timeout`` seconds; queued jobs are dropped
+        (the kubelet repeats prepare after a restart). A worker still stuck in an API call after ``timeout``
+        finishes that call and ends; a writer started again meanwhile waits for it before it writes."""
         with self._lock:
-            thread, self._thread = self._thread, None
-        if thread is None:
-            return
-        self._stop.set()
-        self._jobs.put(None)
-        thread.join(timeout)
-        dropped = 0
+            worker, self._worker = self._worker, None
+            if worker is None:
+                return
+            # Set before the join: a writer started while this one still finishes waits for it.
+            self._unfinished = worker.thread
+        worker.stop.set()
+        self._jobs.put(_StopMark(worker.stop))
+        worker.thread.join(max(0.0, timeout))
+        if worker.thread.is_alive():
+            logger.warning("claim status writer still busy after %.1fs at stop (an API call in flight)", timeout)
+        dropped, marks = 0, []
         while True:
             try:
-                if self._jobs.get_nowait() is not None:
-                    dropped += 1
+                job = self._jobs.get_nowait()
             except queue.Empty:
                 break
+            if isinstance(job, _StopMark):
+                marks.append(job)  # its worker may not have reached it yet
+            else:
+                dropped += 1
+        for mark in marks:
+            self._jobs.put(mark)
         with self._idle:
             self._pending -= dropped
             self._idle.notify_all()
@@ -130,13 +161,17 @@ class ClaimStatusWriter:
         self.start()
         self._jobs.put(job)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
+    def _run(self, stop: threading.Event, previous: threading.Thread | None) -> None:
+        if previous is not None:
+            previous.join()  # the worker a stop gave up on: its write in flight comes before ours
+        while not stop.is_set():
             job = self._jobs.get()
-            if job is None:
-                break
+            if isinstance(job, _StopMark):
+                if job.stop is stop:
+                    break
+                continue
             try:
-                self._apply(job)
+                self._apply(job, stop)
             except Exception:  # a bug here must not end status writing for the life of the process
                 logger.exception("claim status update failed claim=%s", job.ref)
             finally:
@@ -144,7 +179,7 @@ class ClaimStatusWriter:
                     self._pending -= 1
                     self._idle.notify_all()
 
-    def _apply(self, job: _Job) -> None:
+    def _apply(self, job: _Job, stop: threading.Event) -> None:
         what = "write" if job.devices is not None else "clear"
         delay = self._backoff
         for attempt in range(1, self._attempts + 1):
@@ -168,7 +203,7 @@ class ClaimStatusWriter:
                 )
                 if final:
                     return
-            if self._stop.wait(delay):
+            if stop.wait(delay):
                 return
             delay = min(delay * 2, self._max_backoff)
 

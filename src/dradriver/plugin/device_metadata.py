@@ -16,7 +16,9 @@ protocol:
   requests it names.
 
 Files live in the plugin directory (``<plugin-dir>/dra-device-metadata/<claim-uid>/<request>/metadata.json``),
-so removing the driver removes them; unprepare deletes them with the CDI spec.
+so removing the driver removes them; unprepare deletes them with the CDI spec, also after the feature was turned
+off (a writer with ``enabled=False`` writes nothing new but still removes), and start-up removes those of claims
+that are no longer prepared (:meth:`DeviceMetadataWriter.remove_unowned`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -43,17 +45,22 @@ API_VERSION = "metadata.resource.k8s.io/v1alpha1"
 CONTAINER_DIR = "/var/run/kubernetes.io/dra-device-attributes"
 POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 HOST_SUBDIR = "dra-device-metadata"
+_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,127}$")
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 class DeviceMetadataWriter:
-    """Writes and removes the metadata files and their CDI spec for prepared claims of ``driver_name``."""
+    """Writes and removes the metadata files and their CDI spec for prepared claims of ``driver_name``.
 
-    def __init__(self, *, driver_name: str, plugin_dir: Path, cdi_dir: Path) -> None:
+    With ``enabled=False`` (``--device-metadata`` turned off) :meth:`write` adds nothing, but what an earlier
+    run wrote is still removed at unprepare and by :meth:`remove_unowned`."""
+
+    def __init__(self, *, driver_name: str, plugin_dir: Path, cdi_dir: Path, enabled: bool = True) -> None:
         self.driver_name = driver_name
         self.root = plugin_dir / HOST_SUBDIR
         self.cdi_dir = cdi_dir
+        self.enabled = enabled
 
     @property
     def cdi_kind(self) -> str:
@@ -65,6 +72,8 @@ class DeviceMetadataWriter:
     def write(self, claim: Mapping[str, Any], devices: Sequence[PreparedDevice]) -> tuple[PreparedDevice, ...]:
         """Write the claim's metadata files and CDI spec; return ``devices`` with the metadata CDI id of each of
         their requests added. Raises :class:`DeviceError` when a file cannot be written."""
+        if not self.enabled:
+            return tuple(devices)
         meta = claim["metadata"]
         uid = str(meta["uid"])
         prepared = {(d.pool, d.device): d for d in devices}
@@ -149,6 +158,32 @@ class DeviceMetadataWriter:
                 shutil.rmtree(self.root / claim_uid)
         except OSError as err:
             raise DeviceError(f"unable to remove the device metadata of claim {claim_uid}: {err}") from err
+
+    def claim_uids(self) -> set[str]:
+        """The claims that have a metadata CDI spec or metadata files here."""
+        prefix, suffix = f"{self.driver_name}-metadata_", ".json"
+        uids: set[str] = set()
+        with contextlib.suppress(FileNotFoundError):
+            uids.update(
+                p.name[len(prefix) : -len(suffix)]
+                for p in self.cdi_dir.iterdir()
+                if p.name.startswith(prefix) and p.name.endswith(suffix)
+            )
+        with contextlib.suppress(FileNotFoundError):
+            uids.update(p.name for p in self.root.iterdir() if p.is_dir())
+        # Only names a claim UID can have: nothing else here is ours to delete.
+        return {uid for uid in uids if _UID.match(uid)}
+
+    def remove_unowned(self, prepared: Collection[str]) -> list[str]:
+        """At start-up: remove the metadata of every claim not in ``prepared`` (left by a crash between unprepare
+        and the removal, or by a claim dropped while the plugin was down); return their UIDs.
+
+        The metadata of a claim still prepared stays even when writing is off: its containers may be restarted
+        with the CDI ids the kubelet cached at prepare, which must still resolve. It goes at its unprepare."""
+        removed = sorted(self.claim_uids() - set(prepared))
+        for uid in removed:
+            self.remove(uid)
+        return removed
 
 
 def _generation(path: Path, document: Mapping[str, Any]) -> int:

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
 import grpc
@@ -29,7 +30,7 @@ from dradriver.plugin.claims import (
     ref_problem,
 )
 from dradriver.plugin.device_metadata import DeviceMetadataWriter
-from dradriver.plugin.handler import AllocatedClaim, ClaimRef, DriverHandler, PreparedDevice, PrepareResult
+from dradriver.plugin.handler import AllocatedClaim, ClaimRef, DriverHandler, PrepareResult
 
 logger = logging.getLogger(__name__)
 
@@ -175,14 +176,7 @@ class ClaimProcessor:
                     outcomes = {uid: self._remove_metadata(uid, outcome) for uid, outcome in outcomes.items()}
                 refs_by_uid = dict(valid)
                 for uid, outcome in outcomes.items():
-                    if isinstance(outcome, _Failure):
-                        results[uid] = outcome.message
-                    elif outcome is None or isinstance(outcome, str):
-                        results[uid] = outcome or None
-                    else:
-                        results[uid] = (
-                            f"driver returned {type(outcome).__name__} for claim UID {uid}, not an error string"
-                        )
+                    results[uid] = outcome.message if isinstance(outcome, _Failure) else outcome or None
                     # Under the claim's lock too: a prepare that follows queues its write after this clear.
                     if self._claim_status is not None and results[uid] is None:
                         self._claim_status.unprepared(refs_by_uid[uid])
@@ -241,9 +235,6 @@ class ClaimProcessor:
             for item in batch:
                 outcomes.update(self._run_isolated([item], call, what, refs=refs))
             return outcomes
-        if not isinstance(returned, Mapping):
-            message = f"driver returned {type(returned).__name__} from {what}, not a mapping by claim UID"
-            return {uid: _Failure(message) for uid, _ in batch}
         outcomes = {}
         for uid, _ in batch:
             if uid in returned:
@@ -255,13 +246,11 @@ class ClaimProcessor:
             logger.warning("driver returned %s results for claims it was not asked about uids=%s", what, sorted(extra))
         return outcomes
 
-    def _check_prepare_result(self, uid: str, outcome: object) -> PrepareResult:
+    def _check_prepare_result(self, uid: str, outcome: PrepareResult | _Failure) -> PrepareResult:
+        """The kubelet's view of a handler's result. Its types are the handler's contract (checked statically);
+        what they cannot rule out is checked here: an error beside devices, an empty pool or device name."""
         if isinstance(outcome, _Failure):
             return PrepareResult(error=outcome.message)
-        if not isinstance(outcome, PrepareResult):
-            return PrepareResult(
-                error=f"driver returned {type(outcome).__name__} for claim UID {uid}, not a PrepareResult"
-            )
         if outcome.error:
             return PrepareResult(error=outcome.error)
         devices = []
@@ -270,16 +259,9 @@ class ClaimProcessor:
                 return PrepareResult(
                     error=f"driver returned a device without pool or device name for claim UID {uid}: {device}"
                 )
+            # The kubelet names requests by their base name (a firstAvailable "req/sub" is "req").
             devices.append(
-                PreparedDevice(
-                    pool=device.pool,
-                    device=device.device,
-                    requests=tuple(dict.fromkeys(base_request_name(r) for r in device.requests)),
-                    cdi_device_ids=tuple(device.cdi_device_ids),
-                    share_id=device.share_id,
-                    status_data=device.status_data,
-                    metadata=device.metadata,
-                )
+                replace(device, requests=tuple(dict.fromkeys(base_request_name(r) for r in device.requests)))
             )
         return PrepareResult(devices=tuple(devices))
 

@@ -8,17 +8,18 @@ not know, and we never want to lose a field the API server sent.
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.util
 import json
 import logging
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
 import urllib3
-from kubernetes import client as _k8s_client
-from kubernetes import config as _k8s_config
 
 from dradriver.errors import ConfigError
 from dradriver.plugin.cluster import (
@@ -36,9 +37,58 @@ from dradriver.plugin.cluster import (
 
 log = logging.getLogger(__name__)
 
+
+def _lazy_package(name: str) -> None:
+    """Put package ``name`` in ``sys.modules`` without running its ``__init__`` yet. A subpackage or submodule
+    is imported when first used (``import name.sub``, ``from name import sub`` or ``name.sub``); asking for any
+    other attribute (what ``__init__`` defines or re-exports) runs ``__init__`` then, so the package behaves as
+    an eagerly imported one would. Nothing changes when the package was imported already.
+
+    ``kubernetes/__init__`` imports every part of the client: the dynamic client (with jsonschema and
+    kubernetes-validate's schemas), watch, stream (websocket), utils, leader election, informers; and
+    ``kubernetes/config/__init__`` the kubeconfig loader (oauthlib, requests, dateutil). ``dradriver run`` needs
+    ``client`` and one loader; the rest took a large part of its one-second start-up budget
+    (docs/reliability.md)."""
+    if name in sys.modules:
+        return
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None or spec.submodule_search_locations is None:
+        return  # not installed as a package: the import that follows reports it as usual
+    package = importlib.util.module_from_spec(spec)
+    loader = spec.loader
+    initialised = threading.Lock()
+
+    def __getattr__(attribute: str) -> Any:  # PEP 562: called for names the module does not have (yet)
+        if not attribute.startswith("__"):
+            try:
+                return importlib.import_module(f"{name}.{attribute}")
+            except ModuleNotFoundError as err:
+                if err.name != f"{name}.{attribute}":
+                    raise  # the submodule exists but lacks a dependency: say so
+        with initialised:
+            if package.__dict__.pop("__getattr__", None) is not None:  # once; from now on a plain module
+                loader.exec_module(package)
+        try:
+            return package.__dict__[attribute]
+        except KeyError:
+            raise AttributeError(f"module {name!r} has no attribute {attribute!r}") from None
+
+    package.__getattr__ = __getattr__  # type: ignore[method-assign]
+    sys.modules[name] = package
+
+
+_lazy_package("kubernetes")
+_lazy_package("kubernetes.config")
 # The client's functions carry no type hints; we call them through Any rather than scatter ignores.
-k8s_client: Any = _k8s_client
-k8s_config: Any = _k8s_config
+k8s_client: Any = importlib.import_module("kubernetes.client")
+_in_cluster: Any = importlib.import_module("kubernetes.config.incluster_config")
+_ConfigException: type[Exception] = importlib.import_module("kubernetes.config.config_exception").ConfigException
+
+
+def _load_kube_config(**options: Any) -> None:
+    """``kubernetes.config.load_kube_config``, importing the kubeconfig loader only when a kubeconfig is used."""
+    importlib.import_module("kubernetes.config.kube_config").load_kube_config(**options)
+
 
 _SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 _JSON_HEADERS = {"Accept": "application/json", "Content-Type": "application/json"}
@@ -54,21 +104,21 @@ def load_api_client(kubeconfig: str | None = None, *, context: str | None = None
     configuration = k8s_client.Configuration()
     try:
         if kubeconfig:
-            k8s_config.load_kube_config(
+            _load_kube_config(
                 config_file=kubeconfig,
                 context=context,
                 client_configuration=configuration,
                 persist_config=False,
             )
         elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-            k8s_config.load_incluster_config(client_configuration=configuration)
+            _in_cluster.load_incluster_config(client_configuration=configuration)
         else:
             path = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
             # KUBECONFIG may list several files; the client merges them itself.
-            k8s_config.load_kube_config(
+            _load_kube_config(
                 config_file=path, context=context, client_configuration=configuration, persist_config=False
             )
-    except (k8s_config.ConfigException, OSError, ValueError) as exc:
+    except (_ConfigException, OSError, ValueError) as exc:
         source = kubeconfig or (
             "in-cluster service account"
             if os.environ.get("KUBERNETES_SERVICE_HOST")

@@ -10,16 +10,17 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
+import math
 import os
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from types import TracebackType
 
 import grpc
 
-from dradriver.errors import ConfigError
+from dradriver.errors import ConfigError, DradriverError
 from dradriver.plugin.claim_status import ClaimStatusWriter
 from dradriver.plugin.claims import ClaimLocks, ClaimSource
 from dradriver.plugin.device_metadata import DeviceMetadataWriter
@@ -32,6 +33,7 @@ from dradriver.plugin.lifecycle import (
     SerializedHandler,
     SocketServer,
     SocketWatcher,
+    StopBudget,
 )
 from dradriver.plugin.registration import (
     DRA_V1,
@@ -49,6 +51,7 @@ DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 DRA_SOCKET_NAME = "dra.sock"
 LOCK_FILE_NAME = "plugin.lock"
 SERIALIZE_LOCK_NAME = "serialize.lock"
+CLAIM_STATUS_STOP_SECONDS = 5.0  # the most a stop waits for a claim status write in flight
 # A DNS subdomain: what the API server accepts as a DRA driver name (and safe in a file name).
 _POD_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
 _DRIVER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -61,7 +64,9 @@ class KubeletPlugin:
     prepare; ``health_source``, if given, feeds the health stream (and the service is only advertised then).
     ``claim_locks`` is a seam for tests that need to observe per-claim serialisation. ``claim_status``, if
     given, writes each prepared claim's ``status.devices`` and clears it at unprepare.
-    ``device_metadata_cdi_dir``, if given, turns on KEP-5304 device metadata files, with their CDI specs there.
+    ``device_metadata_cdi_dir``, if given, turns on KEP-5304 device metadata files, with their CDI specs there;
+    with ``device_metadata=False`` as well, none are written but those of earlier runs are removed at unprepare
+    and by :meth:`remove_unowned_device_metadata`.
 
     ``pod_uid`` switches on rolling-update mode (as the upstream kubeletplugin helper's ``RollingUpdate``): the
     registration and DRA sockets get per-pod names (``<driver>-<uid>-reg.sock``, ``dra-<uid>.sock``) so a new
@@ -92,6 +97,7 @@ class KubeletPlugin:
         claim_locks: ClaimLocks | None = None,
         claim_status: ClaimStatusWriter | None = None,
         device_metadata_cdi_dir: Path | None = None,
+        device_metadata: bool = True,
         pod_uid: str | None = None,
         on_plugin_dir_recreated: Callable[[], None] | None = None,
     ) -> None:
@@ -120,19 +126,23 @@ class KubeletPlugin:
         self.claim_status = claim_status
         if self.pod_uid is not None:
             handler = SerializedHandler(handler, self.plugin_dir / SERIALIZE_LOCK_NAME)
+        self._device_metadata = (
+            DeviceMetadataWriter(
+                driver_name=driver_name,
+                plugin_dir=self.plugin_dir,
+                cdi_dir=device_metadata_cdi_dir,
+                enabled=device_metadata,
+            )
+            if device_metadata_cdi_dir is not None
+            else None
+        )
         self._processor = ClaimProcessor(
             driver_name=driver_name,
             handler=handler,
             claim_source=claim_source,
             locks=self.claim_locks,
             claim_status=claim_status,
-            device_metadata=(
-                DeviceMetadataWriter(
-                    driver_name=driver_name, plugin_dir=self.plugin_dir, cdi_dir=device_metadata_cdi_dir
-                )
-                if device_metadata_cdi_dir is not None
-                else None
-            ),
+            device_metadata=self._device_metadata,
         )
         self._health = (
             DRAResourceHealthV1alpha1(health_source, interval=health_interval) if health_source is not None else None
@@ -178,8 +188,23 @@ class KubeletPlugin:
         if not self._lock.held:
             self._lock.acquire(f"driver {self.driver_name} on node {self.node_name}")
 
-    def stop(self) -> None:
-        """Deregister (remove the registration socket), then stop serving DRA calls; safe to call twice."""
+    def remove_unowned_device_metadata(self, prepared: Collection[str]) -> None:
+        """Before serving: remove the device metadata of claims not in ``prepared`` (the driver's record of
+        prepared claims); a failure is logged and tried again at the next start."""
+        if self._device_metadata is None:
+            return
+        try:
+            for uid in self._device_metadata.remove_unowned(prepared):
+                logger.warning("removed device metadata of a claim that is not prepared claim uid=%s", uid)
+        except DradriverError as err:
+            logger.error("cannot remove device metadata of claims that are not prepared error=%s", err)
+
+    def stop(self, budget: StopBudget | None = None) -> None:
+        """Deregister (remove the registration socket), then stop serving DRA calls; safe to call twice.
+
+        The waits (calls in flight: ``stop_grace``, then ``stop_drain`` for those gRPC gave up on; then the claim
+        status writer) together take at most what ``budget`` leaves; the lock is released in any case."""
+        budget = budget or StopBudget(math.inf)
         if self._watcher is not None:
             self._watcher.stop()
             self._watcher = None
@@ -191,18 +216,19 @@ class KubeletPlugin:
         if self._health is not None:
             self._health.stop()
         if self._dra_server is not None:
-            self._dra_server.stop(self._stop_grace)
+            self._dra_server.stop(budget.left(self._stop_grace))
             self._dra_server = None
             logger.info("stopped DRA services socket=%s", self.dra_socket)
             # Calls gRPC gave up on may still run: the lock is held until they are done.
-            if not self._processor.close(self._stop_drain):
+            drain = budget.left(self._stop_drain)
+            if not self._processor.close(drain):
                 logger.warning(
                     "prepare or unprepare calls still running %.0f s after the DRA server stopped; releasing the "
                     "instance lock anyway",
-                    self._stop_drain,
+                    drain,
                 )
         if self.claim_status is not None:
-            self.claim_status.stop()
+            self.claim_status.stop(budget.left(CLAIM_STATUS_STOP_SECONDS))
         self._lock.release()
 
     def run_until(self, stop: threading.Event) -> None:

