@@ -365,6 +365,51 @@ def test_a_crash_at_any_sharing_step_is_undone_at_start_up(
     assert node.prepare(claim("a", GPU0, config=[config])) is None
 
 
+@pytest.mark.parametrize("step", ["cdi-spec", "mps-daemon", "compute-mode"])
+def test_a_crash_in_the_middle_of_an_unprepare_is_finished_at_start_up(
+    node: Node, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    """Killed after undoing one step of an MPS claim, the driver's start-up finishes the undo (the daemon is not
+    restarted), a re-sent unprepare is a no-op success and a re-sent prepare prepares afresh."""
+    from dradriver import faults
+
+    def crash() -> None:
+        raise Crash(step)
+
+    node.sim.set_compute_mode(0, ComputeMode.PROHIBITED)
+    assert node.prepare(claim("a", GPU0, config=[MPS])) is None
+    first = dict(node.daemon("a"))
+    monkeypatch.setattr(faults, "die", crash)
+    monkeypatch.setenv(faults.CRASH_ENV, f"undone:{step}=kill")
+    with pytest.raises(Crash):
+        node.driver.unprepare(ClaimRef("default", "claim-a", "a"))
+    monkeypatch.delenv(faults.CRASH_ENV)
+    node.restart()
+    node.driver.reconcile(lambda _ref: True)  # the API server still has the claim: its pod is being torn down
+    assert node.driver.checkpoint.records() == []
+    assert not node.mps.alive(first) and not Path(first["pipeDir"]).exists()
+    assert node.mode() is ComputeMode.PROHIBITED and not (node.cdi_dir / "k8s.gpu.dradriver.dev-claim_a.json").exists()
+    node.unprepare("a")  # the kubelet's re-sent unprepare
+    assert node.prepare(claim("a", GPU0, config=[MPS])) is None  # a re-sent prepare: afresh, with a new daemon
+    assert node.mps.alive(node.daemon("a")) and node.mode() is ComputeMode.EXCLUSIVE_PROCESS
+    assert node.spec("a")["devices"][0]["containerEdits"]["mounts"]
+
+
+def test_a_failed_unprepare_is_finished_before_a_re_sent_prepare(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dradriver import faults
+
+    assert node.prepare(claim("a", GPU0, config=[MPS])) is None
+    first = dict(node.daemon("a"))
+    monkeypatch.setenv(faults.CRASH_ENV, "undone:mps-daemon=fail")
+    error = node.driver.unprepare_resource_claims([ClaimRef("default", "claim-a", "a")])["a"]
+    assert error is not None and "injected failure at undone:mps-daemon" in error
+    monkeypatch.delenv(faults.CRASH_ENV)
+    assert node.prepare(claim("a", GPU0, config=[MPS])) is None
+    second = node.daemon("a")
+    assert second["pid"] != first["pid"] and node.mps.alive(second)
+    assert node.spec("a")["devices"][0]["containerEdits"]["mounts"]
+
+
 def test_a_share_is_enforced_with_mps_limits_from_its_consumed_capacity() -> None:
     from dradriver.driver.config import decode_config
     from dradriver.driver.sharing import share_config

@@ -131,3 +131,36 @@ def test_a_claim_deleted_while_the_driver_was_down_is_unprepared_at_start_up(roo
         assert cdi_files(root) == [f"k8s.gpu.dradriver.dev-claim_{kept.uid}.json"]
     finally:
         again.stop()
+
+
+def test_killed_in_the_middle_of_an_unprepare_the_next_start_finishes_it(
+    root: Path, api: FakeApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILLed after the unprepare removed the CDI spec and the compute instance, with the GPU instance still
+    there and the claim still recorded PrepareCompleted: the next start destroys the rest and drops the record, so
+    the kubelet's re-sent unprepare succeeds and a re-sent prepare carves afresh."""
+    monkeypatch.setenv(CRASH_ENV, "undone:compute-instance=kill")
+    doomed = start(root, api)
+    doomed.wait_ready()
+    claim = allocated_claim(api, "half", [PARTITION])
+    with KubeletClient(root / "registry").register() as plugin:
+        assert plugin.prepare([claim])[claim.uid].error == "", doomed.log
+        with pytest.raises(Exception):  # noqa: B017
+            plugin.unprepare([claim], timeout=TIMEOUT)  # the process dies mid-call
+    assert doomed.proc.wait(TIMEOUT) == -signal.SIGKILL
+    assert hardware(root) == [(9, 4, 0)] and cdi_files(root) == []  # half undone
+    monkeypatch.delenv(CRASH_ENV)
+
+    driver = start(root, api)
+    try:
+        driver.wait_ready()
+        assert "reconcile: finishing an unprepare that did not complete" in driver.log, driver.log
+        assert hardware(root) == []
+        with KubeletClient(root / "registry").register() as plugin:
+            assert plugin.unprepare([claim]) == {claim.uid: ""}
+            result = plugin.prepare([claim])[claim.uid]
+            assert result.error == "", driver.log
+            assert hardware(root) == [(9, 4, 1)] and len(cdi_files(root)) == 1
+            assert plugin.unprepare([claim]) == {claim.uid: ""}
+    finally:
+        driver.stop()

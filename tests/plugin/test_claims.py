@@ -1,10 +1,13 @@
-"""Claim helpers: request-name reduction and per-UID locking."""
+"""Claim helpers: request-name reduction, reference checks and per-UID locking."""
 
 from __future__ import annotations
 
 import threading
 
-from dradriver.plugin.claims import ClaimLocks, base_request_name
+import pytest
+
+from dradriver.plugin.claims import ClaimLocks, base_request_name, ref_problem
+from dradriver.plugin.handler import ClaimRef
 
 
 def test_base_request_name_drops_the_subrequest() -> None:
@@ -88,3 +91,13 @@ def test_a_checked_claim_becomes_a_typed_view_of_this_drivers_devices_and_config
         DeviceConfig(source="FromClass", requests=(), parameters={"kind": "GpuConfig"}),
         DeviceConfig(source="FromClaim", requests=("b",), parameters={"x": 1}),
     )
+
+
+@pytest.mark.parametrize("uid", ["..", ".", "a/b", "../../etc", "a\x00b", "x" * 254, "ü"])
+def test_a_uid_that_could_name_a_path_is_refused(uid: str) -> None:
+    problem = ref_problem(ClaimRef("default", "c", uid))
+    assert problem is not None and "is not a Kubernetes UID" in problem
+
+
+def test_a_kubernetes_uid_is_accepted() -> None:
+    assert ref_problem(ClaimRef("default", "c", "0b6ae0f6-6f43-4b8f-9a0b-62d0c8c6b1f4")) is None

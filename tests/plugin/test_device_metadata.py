@@ -153,6 +153,20 @@ def test_an_unwritable_metadata_directory_fails_the_claim_with_the_reason(
     assert error is not None and "device metadata of claim default/c1" in error
 
 
+@pytest.mark.parametrize("request_name", ["../../../escaped", "..", "../x/y", "UPPER", "x" * 64])
+def test_a_request_name_that_is_no_dns_label_fails_the_claim_and_writes_nothing(
+    tmp_path: Path, processor: ClaimProcessor, claims: FakeClaimSource, request_name: str
+) -> None:
+    claims.add(
+        make_claim(
+            "c1", UID, results=[{"request": request_name, "driver": DRIVER, "pool": "node-a", "device": "gpu-0"}]
+        )
+    )
+    error = processor.prepare([ClaimRef("default", "c1", UID)])[UID].error
+    assert error is not None and "is not a DNS label" in error
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == []
+
+
 def test_a_writer_turned_off_writes_nothing_but_still_removes_at_unprepare(
     tmp_path: Path, processor: ClaimProcessor, claims: FakeClaimSource, handler: MetadataHandler
 ) -> None:

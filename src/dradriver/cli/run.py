@@ -581,6 +581,7 @@ def driver_root_for(args: argparse.Namespace, version: str, *, simulated: bool) 
     hook = None if args.nvidia_cdi_hook_path == "none" else args.nvidia_cdi_hook_path
     if simulated:
         plugin_dir = Path(args.plugin_dir) if args.plugin_dir else DEFAULT_PLUGINS_DIR / args.driver_name
+        plugin_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # owner-only, as when the plugin creates it
         stub = write_stub_driver_root(plugin_dir.absolute() / "sim-driver-root", version)
         return discover_driver_root(host_root=str(stub), version=version, cdi_hook=hook)
     return discover_driver_root(
@@ -598,7 +599,7 @@ def _serialised_with_other_pods(plugin_dir: Path, *, enabled: bool) -> Iterator[
     if not enabled:
         yield
         return
-    plugin_dir.mkdir(parents=True, exist_ok=True)
+    plugin_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     with exclusive(plugin_dir / SERIALIZE_LOCK_NAME):
         yield
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import tempfile
@@ -55,6 +56,8 @@ FILE_MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "rbind", "rprivate")
 SOCKET_MOUNT_OPTIONS = ("nosuid", "nodev", "rbind", "rprivate", "noexec")
 
 _CDI_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,8 @@ class CdiWriter:
         """Delete the claim's spec; a missing file is fine (unprepare must be idempotent)."""
         try:
             self.spec_path(claim_uid).unlink(missing_ok=True)
+        except ValueError:
+            return  # a UID with a NUL byte names no file: there is none to remove
         except OSError as err:
             raise DeviceError(
                 f"unable to remove CDI spec {self.spec_path(claim_uid)}: {err}; {storage_fix(err, '--cdi-dir')}"
@@ -159,9 +164,16 @@ class CdiWriter:
             return []
         removed = []
         for path in self.cdi_dir.glob(f".{CDI_VENDOR}-{CDI_CLASS}_*.tmp"):
-            with contextlib.suppress(FileNotFoundError):
+            if path.is_dir() and not path.is_symlink():
+                continue  # not a file we wrote: never ours to remove
+            try:
                 path.unlink()
-                removed.append(path.name)
+            except FileNotFoundError:
+                continue
+            except OSError as err:
+                log.error("cannot remove a CDI temp file a crash left file=%s error=%s", path, err)
+                continue
+            removed.append(path.name)
         return removed
 
     def claim_uids(self) -> list[str]:
@@ -169,7 +181,11 @@ class CdiWriter:
         prefix = f"{CDI_VENDOR}-{CDI_CLASS}_"
         if not self.cdi_dir.is_dir():
             return []
-        return sorted(p.name.removeprefix(prefix).removesuffix(".json") for p in self.cdi_dir.glob(f"{prefix}*.json"))
+        return sorted(
+            p.name.removeprefix(prefix).removesuffix(".json")
+            for p in self.cdi_dir.glob(f"{prefix}*.json")
+            if p.is_symlink() or not p.is_dir()  # a directory under such a name is no spec of ours
+        )
 
     def render(self, claim: ClaimSpec) -> dict[str, Any]:
         """The spec document, with the lowest ``cdiVersion`` that supports what it uses."""

@@ -17,6 +17,7 @@ checked-in JSON schema (a test keeps it current).
 from __future__ import annotations
 
 import json
+import reprlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -31,6 +32,7 @@ API_VERSION = f"{GROUP}/v1alpha1"
 GPU_CONFIG = "GpuConfig"
 MIG_DEVICE_CONFIG = "MigDeviceConfig"
 MIB = 1024 * 1024
+MAX_LIMIT = 1024**6  # 1Ei: a bound far above any GPU's memory, so a limit always fits MPS's MiB argument
 
 Interval = Literal["Default", "Short", "Medium", "Long"]
 ComputeModeName = Literal["Default", "ExclusiveProcess", "Prohibited"]
@@ -59,9 +61,13 @@ def _quantity(value: object, what: str) -> str:
     try:
         parsed = Quantity.parse(str(value))
     except QuantityError as err:
-        raise ValueError(f"{value!r} is not a quantity (examples: 8Gi, 512Mi)") from err
+        raise ValueError(f"{_shown(value)} is not a quantity (examples: 8Gi, 512Mi)") from err
     if parsed.value < MIB:
-        raise ValueError(f"{what} {value} is below 1Mi; MPS limits are whole MiB")
+        raise ValueError(f"{what} {_shown(value, quoted=False)} is below 1Mi; MPS limits are whole MiB")
+    if parsed.value > MAX_LIMIT:
+        raise ValueError(
+            f"{what} {_shown(value, quoted=False)} is above 1Ei, more memory than any GPU has; give the limit in Gi"
+        )
     return str(value)
 
 
@@ -169,10 +175,10 @@ def decode_config(parameters: Mapping[str, Any]) -> AnyConfig:
         raise ConfigError(f"the parameters must be an object with apiVersion {API_VERSION} and a kind")
     api_version, kind = parameters.get("apiVersion"), parameters.get("kind")
     if api_version != API_VERSION:
-        raise ConfigError(f"apiVersion: {api_version!r} is not supported; allowed: {API_VERSION}")
-    model = _KINDS.get(str(kind))
+        raise ConfigError(f"apiVersion: {_shown(api_version)} is not supported; allowed: {API_VERSION}")
+    model = _KINDS.get(kind) if isinstance(kind, str) else None
     if model is None:
-        raise ConfigError(f"kind: {kind!r} is not a kind of {API_VERSION}; allowed: {', '.join(_KINDS)}")
+        raise ConfigError(f"kind: {_shown(kind)} is not a kind of {API_VERSION}; allowed: {', '.join(_KINDS)}")
     try:
         return model.model_validate(dict(parameters))
     except ValidationError as err:
@@ -189,16 +195,27 @@ def _explain(err: ValidationError, model: type[BaseModel]) -> str:
             allowed = _fields_at(model, [str(p) for p in item["loc"][:-1]])
             problems.append(f"{path}: unknown field; allowed fields here: {', '.join(allowed)}")
         elif kind == "literal_error":
-            problems.append(f"{path}: {item['input']!r} is not allowed; allowed: {ctx.get('expected', '')}")
+            problems.append(f"{path}: {_shown(item['input'])} is not allowed; allowed: {ctx.get('expected', '')}")
         elif kind in ("greater_than_equal", "less_than_equal"):
-            problems.append(f"{path}: {item['input']!r} is out of range; allowed: 0 to 100")
+            problems.append(f"{path}: {_shown(item['input'])} is out of range; allowed: 0 to 100")
         elif kind == "missing":
             problems.append(f"{path}: required field is missing")
         elif kind == "value_error":
             problems.append(f"{path}: {ctx.get('error', item['msg'])!s}")
         else:
-            problems.append(f"{path}: {item['msg'].lower()} (got {item['input']!r})")
+            problems.append(f"{path}: {item['msg'].lower()} (got {_shown(item['input'])})")
     return "; ".join(problems)
+
+
+def _shown(value: object, limit: int = 60, *, quoted: bool = True) -> str:
+    """A value as an error quotes it, cut short (a claim's error is stored in its status and logged); reprlib
+    never descends more than a few levels, so a value nested thousands deep costs nothing."""
+    text = _REPR.repr(value) if quoted or not isinstance(value, str) else value
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, 200, 200, 200
 
 
 def _fields_at(model: type[BaseModel], path: list[str]) -> list[str]:
@@ -273,7 +290,9 @@ def resolve_configs(
             if merged is None:
                 merged, first = data, where
                 continue
-            ours, theirs = merged.get("sharing", {}).get("strategy"), data.get("sharing", {}).get("strategy")
+            # ``sharing: null`` is allowed (it unsets an earlier entry's sharing), so either side may be None.
+            ours = (merged.get("sharing") or {}).get("strategy")
+            theirs = (data.get("sharing") or {}).get("strategy")
             if ours and theirs and ours != theirs:
                 raise ClaimError(
                     f"claim {claim}: device {device.name}: {first} asks for sharing strategy {ours} and {where} "

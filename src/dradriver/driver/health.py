@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -675,7 +676,7 @@ def _save_state(path: Path, conditions: Iterable[Condition], gpus: dict[int, tup
         "conditions": [{**asdict(c), "cause": c.cause.value, "effect": c.effect.value} for c in conditions],
         "gpus": [{"index": i, "uuid": uuid, "name": name} for i, (uuid, name) in sorted(gpus.items())],
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd, tmp = temp_file_for(path)
     try:
         with os.fdopen(fd, "w") as out:
@@ -694,7 +695,7 @@ def _load_state(
         raw = json.loads(path.read_text())
     except FileNotFoundError:
         return {}, {}
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RecursionError) as err:  # RecursionError: nested deeper than json reads
         log.warning("ignoring unreadable device health file path=%s error=%s", path, err)
         return {}, {}
     conditions: dict[tuple[str, Cause, bool, int | None], Condition] = {}
@@ -702,17 +703,47 @@ def _load_state(
         log.warning("ignoring device health file of another kind or version path=%s", path)
         return {}, {}
     gpus: dict[int, tuple[str, str]] = {}
-    for entry in raw.get("gpus") or []:
+    for entry in _list(raw.get("gpus")):
         with contextlib.suppress(TypeError, ValueError, KeyError):
             gpus[int(entry["index"])] = (str(entry["uuid"]), str(entry["name"]))
-    for entry in raw.get("conditions") or []:
+    for entry in _list(raw.get("conditions")):
         try:
-            condition = Condition(**{**entry, "cause": Cause(entry["cause"]), "effect": TaintEffect(entry["effect"])})
+            condition = _condition(entry)
         except (TypeError, ValueError, KeyError) as err:
             log.warning("ignoring a malformed device health entry path=%s error=%r", path, err)
             continue
         conditions[condition.key] = condition
     return conditions, gpus
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _condition(entry: Any) -> Condition:
+    """One saved condition, every field of the type the monitor gives it (a wrong one raises ValueError)."""
+    if not isinstance(entry, dict):
+        raise TypeError(f"a condition is an object, not {type(entry).__name__}")
+    condition = Condition(**{**entry, "cause": Cause(entry["cause"]), "effect": TaintEffect(entry["effect"])})
+    optional_int = (type(None), int)
+    for name, types in (
+        ("gpu_uuid", (str,)),
+        ("value", (str,)),
+        ("since", (int, float)),
+        ("last_seen", (int, float)),
+        ("message", (str,)),
+        ("count", (int,)),
+        ("gpu_instance_id", optional_int),
+        ("ecc_seen", optional_int),
+    ):
+        value = getattr(condition, name)
+        if (
+            not isinstance(value, types)
+            or isinstance(value, bool)
+            or (isinstance(value, float) and not math.isfinite(value))
+        ):
+            raise ValueError(f"{name} {value!r} is not a {' or '.join(t.__name__ for t in types)}")
+    return condition
 
 
 def read_conditions(path: Path) -> list[Condition]:

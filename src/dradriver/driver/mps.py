@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -33,6 +34,7 @@ CONTAINER_LOG_DIR = "/var/log/nvidia-mps"
 DEFAULT_COMMAND = ("nvidia-cuda-mps-control",)
 #: Beside a daemon's pipe and log directories (not in them: they are the containers'): its pid and start time.
 IDENTITY_FILE = "daemon.json"
+_DIR_NAME = re.compile(r"[A-Za-z0-9._-]{1,253}")
 
 
 class MpsControl:
@@ -48,17 +50,20 @@ class MpsControl:
         self._pause = threading.Event()  # never set: waits between checks of a condition another process changes
 
     def dirs(self, claim_uid: str) -> tuple[Path, Path]:
+        """The claim's pipe and log directories, always inside ``root``: a UID that would name anything else (a
+        checkpoint edited by hand; Kubernetes UIDs never do) is refused."""
+        if not _DIR_NAME.fullmatch(claim_uid) or claim_uid in (".", ".."):
+            raise DeviceError(
+                f"claim UID {claim_uid[:80]!r} cannot name an MPS directory under {self.root} (a Kubernetes UID has "
+                "only letters, digits and '-'); is the checkpoint damaged?"
+            )
         base = self.root / claim_uid
         return base / "pipe", base / "log"
 
     def start(self, claim_uid: str, device_uuids: Sequence[str], commands: Sequence[str]) -> dict[str, Any]:
         """Start the claim's daemon, wait until it answers, send ``commands`` (the limits); the recorded identity."""
         pipe, logs = self.dirs(claim_uid)
-        try:
-            pipe.mkdir(parents=True, exist_ok=True)
-            logs.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise DeviceError(f"cannot make the MPS daemon directories of claim {claim_uid}: {err}") from err
+        self._make_dirs(pipe, logs)
         env = self._env(pipe, logs)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(device_uuids)
         try:
@@ -124,6 +129,32 @@ class MpsControl:
                 )
             self._pause.wait(pause)
             pause = min(2 * pause, 0.05)
+
+    def claim_uids(self) -> list[str]:
+        """Claims with MPS directories here (start-up stops the daemons of those the checkpoint does not know)."""
+        if not self.root.is_dir():
+            return []
+        return sorted(
+            p.name
+            for p in self.root.iterdir()
+            if _DIR_NAME.fullmatch(p.name) and p.name not in (".", "..") and p.is_dir() and not p.is_symlink()
+        )
+
+    def _make_dirs(self, pipe: Path, logs: Path) -> None:
+        """The claim's directories: its own one owner-only like the rest of the state directory, the pipe and log
+        directories in it open to read (the claim's containers mount them and may run as any user)."""
+        try:
+            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            pipe.parent.mkdir(mode=0o700, exist_ok=True)
+            for folder in (pipe.parent, pipe, logs):
+                if folder.is_symlink():
+                    # chmod and the daemon would follow it out of the state directory.
+                    raise OSError(f"{folder} is a symbolic link; remove it")
+            for folder in (pipe, logs):
+                folder.mkdir(exist_ok=True)
+                folder.chmod(0o755)  # whatever the umask
+        except OSError as err:
+            raise DeviceError(f"cannot create the MPS directories {pipe.parent}: {err}; check --state-dir") from err
 
     def alive(self, identity: Mapping[str, Any]) -> bool:
         """Whether the daemon answers through its pipe directory."""

@@ -315,9 +315,10 @@ class SharingSteps:
         if self.mps is None:
             raise DeviceError("an MPS daemon is recorded, but this driver runs no MPS control command")
         # An intent without its result (a crash right after the start) still names the daemon: its directories
-        # follow from the claim, and quitting goes through them.
+        # follow from the claim, and quitting goes through them. They win over what the record says, so a damaged
+        # record can never point the quit (and the removal) at another claim's directories.
         pipe, logs = self.mps.dirs(record.uid)
-        self.mps.stop({"pipeDir": str(pipe), "logDir": str(logs), **action.params})
+        self.mps.stop({**action.params, "pipeDir": str(pipe), "logDir": str(logs)})
 
     # --- helpers ------------------------------------------------------------------------------------------
 
@@ -355,10 +356,21 @@ class SharingSteps:
         return {}
 
 
-def mps_commands(
-    record: ClaimRecord, devices: Sequence[tuple[DeviceRecord, Settings]], uuids: Sequence[str]
-) -> list[str]:
-    """The control commands that apply the claim's MPS limits (NVIDIA's: limits in whole MiB, ``<n>M``)."""
+def check_mps_settings(record: ClaimRecord) -> None:
+    """Refuse, before the claim's first change, MPS settings its one daemon cannot apply: different thread
+    percentages, or a per-device limit naming no device (decided here when every MPS device is a whole GPU, whose
+    UUID is known before anything is carved; a MIG device's UUID exists only once it is, so :func:`mps_commands`
+    checks those keys at the MPS step)."""
+    devices = [
+        (d, s) for d in record.devices if (s := wanted_settings(d.extra.get(CONFIG_FIELD), d.kind)).mps is not None
+    ]
+    if any(d.kind == "mig" for d, _s in devices):
+        _one_percentage(record, devices)
+    elif devices:
+        mps_commands(record, devices, [d.gpu_uuid for d, _s in devices])
+
+
+def _one_percentage(record: ClaimRecord, devices: Sequence[tuple[DeviceRecord, Settings]]) -> set[int | None]:
     percentages = {s.mps.default_active_thread_percentage for _d, s in devices if s.mps is not None}
     percentages.discard(None)
     if len(percentages) > 1:
@@ -367,6 +379,14 @@ def mps_commands(
             f"({', '.join(str(p) for p in sorted(p for p in percentages if p is not None))}); one MPS daemon serves "
             "the claim, so give them one value"
         )
+    return percentages
+
+
+def mps_commands(
+    record: ClaimRecord, devices: Sequence[tuple[DeviceRecord, Settings]], uuids: Sequence[str]
+) -> list[str]:
+    """The control commands that apply the claim's MPS limits (NVIDIA's: limits in whole MiB, ``<n>M``)."""
+    percentages = _one_percentage(record, devices)
     commands = [f"set_default_active_thread_percentage {p}" for p in percentages]
     for index, ((_device, settings), uuid) in enumerate(zip(devices, uuids, strict=True)):
         mps = settings.mps

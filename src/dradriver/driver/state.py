@@ -34,6 +34,7 @@ from dradriver.driver.sharing import (
     STEP_MPS_DAEMON,
     STEP_TIME_SLICE,
     SharingSteps,
+    check_mps_settings,
     consumed_total,
     refuse_conflicts,
     share_config,
@@ -41,6 +42,7 @@ from dradriver.driver.sharing import (
 )
 from dradriver.driver.transaction import StepFailed, Transaction, Undo, crash_point
 from dradriver.errors import ClaimError, DeviceError, DradriverError
+from dradriver.gpu.errors import NotFound
 from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode, MigPartition
 from dradriver.gpu.models import DeviceNode, MigDevice
@@ -170,10 +172,15 @@ class GpuDriver:
         """Prepare one claim: all of its devices or, on any error, none (everything done is undone)."""
         ref = claim.ref
         earlier = self.checkpoint.get(ref.uid)
-        if earlier is not None and earlier.state is ClaimState.PREPARE_COMPLETED:
+        if earlier is not None and earlier.state is ClaimState.PREPARE_COMPLETED and earlier.rollback_error is None:
             self._ensure_mps(ref.uid)  # a kubelet retry finds the claim's MPS daemon serving
             return self._reported(earlier)
-        if earlier is not None:
+        if earlier is not None and earlier.state is ClaimState.PREPARE_COMPLETED:
+            # An unprepare failed half way: what is recorded is no longer what the hardware has, so the claim must
+            # not be answered from the record. Finish the undo, then prepare afresh.
+            log.info("finishing an earlier unprepare that did not complete claim=%s", ref.uid)
+            self.unprepare(ref)
+        elif earlier is not None:
             log.info("finishing an earlier prepare that did not complete: rolling it back claim=%s", ref.uid)
             self._roll_back(earlier, reason="an earlier prepare did not complete")
         planned = self._plan(claim)
@@ -504,7 +511,19 @@ class GpuDriver:
         for uid in self.cdi.claim_uids():
             if uid not in known:
                 log.warning("reconcile: removing CDI spec of a claim not in the checkpoint claim=%s", uid)
-                self.cdi.remove(uid)
+                try:
+                    self.cdi.remove(uid)
+                except DradriverError as err:
+                    log.error("reconcile: cannot remove a CDI spec no claim owns claim=%s error=%s", uid, err)
+        mps = self._sharing.mps
+        for uid in mps.claim_uids() if mps is not None else ():
+            if uid not in known:
+                # Only a damaged or hand-edited state leaves these: every daemon's intent is recorded before it
+                # starts, and its undo removes the directories.
+                log.warning("reconcile: stopping the MPS daemon of a claim not in the checkpoint claim=%s", uid)
+                assert mps is not None
+                pipe, logs = mps.dirs(uid)
+                mps.stop({"pipeDir": str(pipe), "logDir": str(logs)})
 
     def _reconcile_claim(self, record: ClaimRecord, claim_exists: ClaimExists | None) -> None:
         if record.state is ClaimState.PREPARE_STARTED:
@@ -515,6 +534,61 @@ class GpuDriver:
         if claim_exists is not None and claim_exists(ref) is False:
             log.warning("reconcile: unpreparing a claim the API server no longer has claim=%s", record)
             self.unprepare(ref)
+            return
+        undone = record.rollback_error or self._undone_change(record)
+        if undone is not None:
+            # A crash (or a failure) in the middle of its unprepare: the record still says PrepareCompleted, but
+            # part of the claim is gone. Finishing the undo drops the record, so a re-sent unprepare is a no-op
+            # success and a re-sent prepare prepares afresh instead of returning devices that no longer exist.
+            log.warning("reconcile: finishing an unprepare that did not complete claim=%s found=%s", record, undone)
+            self.unprepare(ref)
+
+    def _undone_change(self, record: ClaimRecord) -> str | None:
+        """The first of a prepared claim's changes that the node no longer shows, or None when all are there.
+
+        Unprepare undoes the steps in reverse, the CDI spec first, so a claim whose unprepare was cut short lacks
+        its spec and possibly more: its MPS daemon's directories, its compute mode, its compute and GPU instances
+        (found by profile and placement, as their undo finds them). A daemon that died by itself keeps its
+        directories, and is restarted rather than taken as undone. Nothing is written here: a read of the CDI
+        directory and of the hardware per recorded change, at start-up only."""
+        for action in reversed(record.actions):
+            if not action.done:
+                continue
+            try:
+                gone = self._change_gone(record, action)
+            except (DradriverError, KeyError, ValueError, TypeError) as err:
+                log.error(
+                    "reconcile: cannot check a recorded change claim=%s step=%s error=%s", record, action.step, err
+                )
+                continue
+            if gone:
+                where = f" of {action.device}" if action.device else ""
+                return f"{action.step}{where} is undone"
+        return None
+
+    def _change_gone(self, record: ClaimRecord, action: Action) -> bool:
+        params = action.params
+        if action.step == STEP_CDI_SPEC:
+            return not self.cdi.spec_path(record.uid).is_file()
+        if action.step == STEP_MPS_DAEMON and self._sharing.mps is not None:
+            return not self._sharing.mps.dirs(record.uid)[0].parent.is_dir()
+        if self.gpulib is None:
+            return False
+        if action.step == STEP_COMPUTE_MODE:
+            try:
+                return int(self.gpulib.compute_mode(str(params["deviceUUID"]))) != int(params["mode"])
+            except NotFound:
+                return True  # the MIG device went with its instance
+        if action.step in (STEP_GPU_INSTANCE, STEP_COMPUTE_INSTANCE):
+            profile, start = int(params["profileId"]), int(params["start"])
+            for gi in self.gpulib.gpu_instances(str(params["gpuUUID"])):
+                if gi.profile_id == profile and gi.placement.start == start:
+                    if action.step == STEP_GPU_INSTANCE:
+                        return False
+                    wanted = int(params["computeInstanceId"])
+                    return gi.id != int(params["gpuInstanceId"]) or all(ci.id != wanted for ci in gi.compute_instances)
+            return True
+        return False
 
     def _destroy_orphan_instances(self) -> None:
         assert self.gpulib is not None and self._mig is not None
@@ -565,6 +639,7 @@ def _cdi_device(ready: ReadyDevice) -> CdiDevice:
 
 
 def _refuse_overlap_and_conflicts(ref: ClaimRef, record: ClaimRecord, others: list[ClaimRecord]) -> None:
+    check_mps_settings(record)
     _refuse_overlap(ref, record, others)
     refuse_conflicts(str(ref), record, others)
 

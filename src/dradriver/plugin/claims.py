@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import Counter
 from collections.abc import Collection, Iterator, Mapping
@@ -9,6 +10,8 @@ from contextlib import contextmanager
 from typing import Any, Protocol
 
 from dradriver.plugin.handler import AllocatedClaim, AllocatedDevice, ClaimRef, DeviceConfig, DeviceToleration
+
+_UID = re.compile(r"[A-Za-z0-9._-]{1,253}")
 
 
 class ClaimSource(Protocol):
@@ -29,6 +32,12 @@ def ref_problem(ref: ClaimRef) -> str | None:
     missing = [field for field in ("uid", "namespace", "name") if not getattr(ref, field)]
     if missing:
         return f"claim {ref} has an empty {' and '.join(missing)}: the kubelet must send uid, namespace and name"
+    if not _UID.fullmatch(ref.uid) or ref.uid in (".", ".."):
+        # The UID names the claim's files (CDI spec, MPS and metadata directories): it must not name a path.
+        return (
+            f"claim {ref.namespace}/{ref.name}: UID {ref.uid[:80]!r} is not a Kubernetes UID (letters, digits, '-', "
+            "'.' and '_', at most 253); the kubelet sends the claim's metadata.uid"
+        )
     return None
 
 

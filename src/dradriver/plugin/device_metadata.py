@@ -47,6 +47,8 @@ POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 HOST_SUBDIR = "dra-device-metadata"
 _UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,127}$")
 
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
 
 class DeviceMetadataWriter:
     """Writes and removes the metadata files and their CDI spec for prepared claims of ``driver_name``.
@@ -87,7 +89,14 @@ class DeviceMetadataWriter:
             by_request.setdefault(str(result["request"]), []).append(entry)
         base_requests: dict[str, list[str]] = {}
         for request in by_request:
-            base_requests.setdefault(base_request_name(request), []).append(request)
+            base = base_request_name(request)
+            if not _DNS_LABEL.fullmatch(base):
+                # It names a directory of the claim's metadata: it must not name any other path.
+                raise DeviceError(
+                    f"claim {meta.get('namespace')}/{meta.get('name')}: request name {base[:80]!r} is not a DNS label, "
+                    "so it cannot name the request's device metadata directory"
+                )
+            base_requests.setdefault(base, []).append(request)
         if not base_requests:
             return tuple(devices)
 

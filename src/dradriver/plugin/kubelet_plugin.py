@@ -341,9 +341,10 @@ def rolling_update_registration_socket(registry_dir: Path, driver_name: str, pod
 
 
 def _make_dir(path: Path, what: str, flag: str) -> None:
-    """Create ``path`` if missing, or raise :class:`ConfigError` naming it (never a bare OSError)."""
+    """Create ``path`` if missing (owner-only: only the kubelet, as root, connects to the sockets in it), or raise
+    :class:`ConfigError` naming it (never a bare OSError). A directory that exists keeps its mode (the kubelet's)."""
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as err:
         raise ConfigError(
             f"cannot create the {what} {path}: {err.strerror or err}; fix {flag} or the permissions of its parent"
