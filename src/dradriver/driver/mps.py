@@ -85,7 +85,7 @@ class MpsControl:
         try:
             # The checkpoint learns the daemon's pid with the claim's completion; until then (a crash in between)
             # the undo finds it here, and can stop a daemon that never came to answer.
-            (pipe.parent / IDENTITY_FILE).write_text(json.dumps({"pid": child.pid, "startTime": identity["startTime"]}))
+            _write_identity(pipe.parent / IDENTITY_FILE, {"pid": child.pid, "startTime": identity["startTime"]})
             self._await_ready(claim_uid, child, identity, commands)
         except OSError as err:
             self.stop(identity)
@@ -235,6 +235,13 @@ class MpsControl:
     def query(self, identity: Mapping[str, Any], command: str) -> str:
         """Ask the daemon one command (e.g. ``get_default_active_thread_percentage``); its answer."""
         return self._send(identity, command + "\n", what=f"asking {command}")
+
+
+def _write_identity(path: Path, identity: Mapping[str, Any]) -> None:
+    """Owner-only, like the rest of the state directory, and never through a link planted under its name."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(json.dumps(dict(identity)))
 
 
 def _has_entries(directory: Path) -> bool:
