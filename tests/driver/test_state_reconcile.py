@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from dradriver.driver.checkpoint import ClaimState
+from dradriver.gpu.inventory import MigMode
 from dradriver.gpu.models import ComputeMode
 from dradriver.plugin.handler import DeviceConfig
 from tests.driver.config_table import gpu
@@ -144,6 +145,22 @@ def test_a_re_sent_prepare_re_writes_a_spec_that_went_missing(h100: Node) -> Non
     assert_kept(h100, ids)  # a re-sent prepare of each claim, before any restart
     assert specs(h100.cdi_dir) == before
     unprepare_both(h100)
+
+
+def test_a_static_mig_claim_gets_its_missing_spec_re_written(tmp_path: Path) -> None:
+    static = Node(tmp_path, "mixed", MigMode.STATIC)  # the admin's MIG devices, never carved nor destroyed here
+    try:
+        c = claim("s", "gpu-0000-07-00-0-mig-2g10gb-4", "gpu-0000-0f-00-0")
+        ids, error = static.prepare(c)
+        assert error is None
+        instances, before = static.instances(), specs(static.cdi_dir)
+        shutil.rmtree(static.cdi_dir)
+        static.restart().reconcile(lambda _ref: None)
+        assert specs(static.cdi_dir) == before and static.instances() == instances
+        assert static.prepare(c) == (ids, None)
+    finally:
+        assert static.store is not None
+        static.store.close()
 
 
 @pytest.fixture
