@@ -633,7 +633,7 @@ class GpuDriver:
             try:
                 mode = int(self.gpulib.compute_mode(target))
             except NotFound:
-                return f"device {target} of the compute mode is gone"  # the MIG device went with its instance
+                return f"MIG device {target}, whose compute mode the claim set, is gone"  # with its instance
             return None if mode == int(params["mode"]) else f"compute mode of {target} changed to {mode}"
         if action.step in (STEP_GPU_INSTANCE, STEP_COMPUTE_INSTANCE):
             profile, start = int(params["profileId"]), int(params["start"])
