@@ -47,6 +47,10 @@ def walk_node(path: Path) -> Node:
     return node
 
 
+# GPU 0's instances (profile, start, compute instances) while the claim is prepared.
+PREPARED_INSTANCES = [(14, 2, 1), (19, 0, 1)]
+
+
 class Crash(BaseException):
     """Stands in for SIGKILL: nothing after the point runs, and the driver's memory is thrown away."""
 
@@ -130,11 +134,14 @@ def test_every_point_of_prepare_and_unprepare_survives_a_kill_and_a_failure(
     monkeypatch.setattr(faults, "die", crash)
     points = preparing if phase == "prepare" else unpreparing
     walked = 0
+    kept: set[bool] = set()  # whether start-up kept the claim, for the kills in the middle of the unprepare
     for point in points:
         for mode in ("kill", "fail"):
             node = walk_node(tmp_path / f"{phase}-{point.replace(':', '-')}-{mode}")
             try:
-                run_one(node, monkeypatch, phase, point, mode=mode, expected_ids=expected_ids)
+                untouched = run_one(node, monkeypatch, phase, point, mode=mode, expected_ids=expected_ids)
+                if mode == "kill" and point.startswith("undone:"):
+                    kept.add(untouched)
             finally:
                 monkeypatch.delenv(faults.CRASH_ENV, raising=False)
                 assert node.mps_root is not None
@@ -143,15 +150,38 @@ def test_every_point_of_prepare_and_unprepare_survives_a_kill_and_a_failure(
                 node.store.close()
             walked += 1
     assert walked == 2 * len(points)
+    if phase == "unprepare":
+        assert kept == {True, False}  # both ways out of a cut-short unprepare were walked
+
+
+def hardware_as_prepared(node: Node) -> bool:
+    """Whether every change of the claim that start-up can read is still there (instances, compute modes, the
+    daemon's directories)."""
+    assert node.mps_root is not None
+    return (
+        node.instances() == PREPARED_INSTANCES
+        and node.sim.gpus[1].compute_mode == ComputeMode.DEFAULT
+        and node.sim.gpus[2].compute_mode == ComputeMode.EXCLUSIVE_PROCESS
+        and daemon_dirs(node.mps_root) == {CLAIM.uid}
+    )
+
+
+def assert_daemon_serves(node: Node, where: str) -> None:
+    """The prepared claim's MPS daemon answers, with its limits."""
+    [daemon] = [a.params for a in node.driver.checkpoint.records()[0].actions if a.step == "mps-daemon"]
+    assert node.driver._sharing.mps is not None
+    assert node.driver._sharing.mps.query(daemon, "get_default_active_thread_percentage") == "30.0", where
 
 
 def run_one(
     node: Node, monkeypatch: pytest.MonkeyPatch, phase: str, point: str, *, mode: str, expected_ids: list[str]
-) -> None:
+) -> bool:
+    """Walk one fault; True when a kill left the claim's hardware untouched (start-up then keeps the claim)."""
     where = f"{phase} {point}={mode}"
     if phase == "unprepare":
         assert node.prepare(CLAIM) == (expected_ids, None)
     monkeypatch.setenv(faults.CRASH_ENV, f"{point}={mode}")
+    untouched = False  # killed before the unprepare changed any hardware that start-up can read
     if mode == "kill":
         with pytest.raises(Crash):
             if phase == "prepare":
@@ -159,6 +189,7 @@ def run_one(
             else:
                 node.driver.unprepare(CLAIM.ref)
         monkeypatch.delenv(faults.CRASH_ENV)
+        untouched = hardware_as_prepared(node)
         node.restart().reconcile()
     elif phase == "prepare":
         _ids, error = node.prepare(CLAIM)
@@ -180,8 +211,15 @@ def run_one(
         assert node.prepare(CLAIM) == (expected_ids, None), where
     else:
         # A claim whose unprepare was cut short is never answered from its record: start-up (after a kill) or the
-        # next call (after a failure) finishes the undo, and a re-sent prepare prepares it afresh.
-        if mode == "kill" and point.startswith("undone:"):
+        # next call (after a failure) finishes the undo, and a re-sent prepare prepares it afresh. Killed right after
+        # the spec's removal (nothing else undone that start-up can see), the claim is kept and its spec re-written:
+        # start-up cannot tell that from a cleaned CDI directory under a running pod.
+        if mode == "kill" and point.startswith("undone:") and untouched:
+            [record] = node.driver.checkpoint.records()
+            assert record.state is ClaimState.PREPARE_COMPLETED, where
+            assert node.cdi_files() == [f"k8s.gpu.dradriver.dev-claim_{CLAIM.uid}.json"], where
+            assert node.instances() == PREPARED_INSTANCES, where
+        elif mode == "kill" and point.startswith("undone:"):
             assert node.driver.checkpoint.records() == [], where
             assert node.cdi_files() == [] and node.instances() == [], where
             assert_gpus_as_found(node, where)
@@ -190,12 +228,10 @@ def run_one(
         assert node.cdi_files() == [f"k8s.gpu.dradriver.dev-claim_{CLAIM.uid}.json"], where
         [record] = node.driver.checkpoint.records()
         assert record.state is ClaimState.PREPARE_COMPLETED and record.rollback_error is None, where
-    # The claim is prepared (again): its daemon serves, with its limits.
-    [daemon] = [a.params for a in node.driver.checkpoint.records()[0].actions if a.step == "mps-daemon"]
-    assert node.driver._sharing.mps is not None
-    assert node.driver._sharing.mps.query(daemon, "get_default_active_thread_percentage") == "30.0", where
+    assert_daemon_serves(node, where)  # the claim is prepared (again)
     # The kubelet's unprepare (re-sent after a fault in it) leaves no instance, spec or record; MIG mode stays on
     # by policy (docs/mig.md), so the next partition needs no switch.
     assert node.driver.unprepare_resource_claims([ref(CLAIM.uid)]) == {CLAIM.uid: None}, where
     node.assert_clean()
     assert_gpus_as_found(node, where)
+    return untouched
