@@ -11,7 +11,12 @@ from pathlib import Path
 def live_daemons(root: Path) -> dict[str, int]:
     """Claim UID → pid of every live control daemon (a process started with ``-f`` whose pipe directory is
     ``<root>/<claim uid>/pipe``). Exited processes not yet reaped (zombies) are not live."""
-    found: dict[str, int] = {}
+    return dict(daemon_processes(root))
+
+
+def daemon_processes(root: Path) -> list[tuple[str, int]]:
+    """(claim UID, pid) of every live control daemon of ``root``, two for a claim if two run."""
+    found: list[tuple[str, int]] = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -27,7 +32,7 @@ def live_daemons(root: Path) -> dict[str, int]:
             )
             pipe = Path(env.get("CUDA_MPS_PIPE_DIRECTORY", "/"))
             if pipe.name == "pipe" and pipe.parent.parent == root:
-                found[pipe.parent.name] = int(proc.name)
+                found.append((pipe.parent.name, int(proc.name)))
     return found
 
 

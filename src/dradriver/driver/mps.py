@@ -190,6 +190,20 @@ class MpsControl:
         if base != Path() and base.parent == self.root:
             shutil.rmtree(base, ignore_errors=True)
 
+    def kill(self, identity: Mapping[str, Any]) -> None:
+        """SIGKILL the daemon ``identity`` names if that process still runs (its directories are left as they are,
+        since containers mount them)."""
+        pid, start_time = int(identity.get("pid") or 0), identity.get("startTime")
+        if self._running(pid, start_time):
+            log.warning("killing an MPS control daemon that does not answer pid=%d", pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            self._exited(pid, start_time)
+        child = self._children.pop(pid, None)
+        if child is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=self.ready_timeout_s)
+
     def _exited(self, pid: int, start_time: object) -> bool:
         """Wait up to ``ready_timeout_s`` for the daemon to exit; whether it did. Our own child is waited for
         (woken by its exit); one a previous instance started can only be watched through /proc."""

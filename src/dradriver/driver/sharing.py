@@ -282,6 +282,8 @@ class SharingSteps:
         log.warning(
             "MPS control daemon of claim=%s is gone (pid %s); restarting it", record.uid, action.params.get("pid")
         )
+        # Not answering is not always dead: a daemon whose directories were removed runs on unreachable.
+        self.mps.kill(action.params)
         action.params.update(self.mps.start(record.uid, action.params["deviceUUIDs"], action.params["commands"]))
         self.checkpoint.put(record)
         return True
