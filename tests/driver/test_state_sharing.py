@@ -471,3 +471,29 @@ def test_sharing_steps_cost_no_checkpoint_write_of_their_own(node: Node, monkeyp
     node.unprepare("a")
     assert len(writes) == 3
     assert node.mode(0) is ComputeMode.DEFAULT and node.sim.gpus[1].timeslice == 0
+
+
+def test_a_daemon_restarted_while_the_checkpoint_cannot_be_written_is_still_stopped_by_unprepare(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from support.mps_daemons import daemon_processes
+
+    from dradriver.errors import DeviceError
+
+    assert node.prepare(claim("a", GPU0, config=[MPS])) is None
+    first = dict(node.daemon("a"))
+    os.kill(first["pid"], signal.SIGKILL)
+    node.mps._children[first["pid"]].wait(timeout=10)
+
+    def full(_record: ClaimRecord) -> None:
+        raise DeviceError("writing the checkpoint: [Errno 28] No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(node.driver.checkpoint, "put", full)
+        node.driver.check_mps_daemons()  # restarts it; the new pid cannot be recorded
+    assert node.daemon("a")["pid"] == first["pid"]
+    [(uid, second)] = daemon_processes(node.mps.root)
+    assert uid == "a" and second != first["pid"]
+    (Path(first["pipeDir"]) / mps_standin.SOCKET_NAME).unlink()  # it stops answering
+    node.unprepare("a")
+    assert daemon_processes(node.mps.root) == []  # the daemon its identity file names was killed

@@ -170,35 +170,45 @@ class MpsControl:
     def stop(self, identity: Mapping[str, Any]) -> None:
         """Quit the daemon (idempotent: a daemon already gone is success) and remove its directories."""
         base = Path(str(identity.get("pipeDir", ""))).parent
-        pid, start_time = int(identity.get("pid") or 0), identity.get("startTime")
-        if not pid:
-            pid, start_time = _identity_in(base / IDENTITY_FILE)
         try:
             self._send(identity, "quit\n", what="stopping the daemon")
             quitting = True
         except DeviceError:
             quitting = False  # not answering (never started listening, or hung): nothing to wait for
-        if not (quitting and self._exited(pid, start_time)) and self._running(pid, start_time):
-            log.warning("MPS control daemon did not quit; killing it pid=%d", pid)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            self._exited(pid, start_time)  # gone before its directories are
-        child = self._children.pop(pid, None)
-        if child is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                child.wait(timeout=self.ready_timeout_s)
+        for pid, start_time in self._daemons(identity):
+            if not (quitting and self._exited(pid, start_time)) and self._running(pid, start_time):
+                log.warning("MPS control daemon did not quit; killing it pid=%d", pid)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                self._exited(pid, start_time)  # gone before its directories are
+            self._reap(pid)
         if base != Path() and base.parent == self.root:
             shutil.rmtree(base, ignore_errors=True)
 
     def kill(self, identity: Mapping[str, Any]) -> None:
         """SIGKILL the daemon ``identity`` names if that process still runs (its directories are left as they are,
         since containers mount them)."""
-        pid, start_time = int(identity.get("pid") or 0), identity.get("startTime")
-        if self._running(pid, start_time):
-            log.warning("killing an MPS control daemon that does not answer pid=%d", pid)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            self._exited(pid, start_time)
+        for pid, start_time in self._daemons(identity):
+            if self._running(pid, start_time):
+                log.warning("killing an MPS control daemon that does not answer pid=%d", pid)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                self._exited(pid, start_time)
+            self._reap(pid)
+
+    def _daemons(self, identity: Mapping[str, Any]) -> list[tuple[int, object]]:
+        """(pid, start time) of the daemon ``identity`` records and of the one its identity file names, when that
+        differs: the file is written at every start, the checkpoint only after it, so after a crash or a failed
+        checkpoint write in between (a restart by :meth:`start` on a full disk) only the file knows the daemon."""
+        found = [(int(identity.get("pid") or 0), identity.get("startTime"))]
+        base = Path(str(identity.get("pipeDir", ""))).parent
+        if base != Path() and base.parent == self.root:
+            on_file = _identity_in(base / IDENTITY_FILE)
+            if on_file[0] and on_file not in found:
+                found.append(on_file)
+        return [(pid, start_time) for pid, start_time in found if pid]
+
+    def _reap(self, pid: int) -> None:
         child = self._children.pop(pid, None)
         if child is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
