@@ -497,3 +497,13 @@ def test_a_daemon_restarted_while_the_checkpoint_cannot_be_written_is_still_stop
     (Path(first["pipeDir"]) / mps_standin.SOCKET_NAME).unlink()  # it stops answering
     node.unprepare("a")
     assert daemon_processes(node.mps.root) == []  # the daemon its identity file names was killed
+
+
+def test_a_control_command_that_cannot_run_never_kills_a_serving_daemon(node: Node, tmp_path: Path) -> None:
+    assert node.prepare(claim("a", GPU0, config=[MPS])) is None
+    daemon = dict(node.daemon("a"))
+    command = node.mps.command
+    node.mps.command = (str(tmp_path / "no-such-mps-control"),)  # e.g. a fork refused under memory pressure
+    node.driver.check_mps_daemons()  # cannot tell whether the daemon answers: it is left alone
+    node.mps.command = command
+    assert node.daemon("a")["pid"] == daemon["pid"] and node.mps.alive(daemon)

@@ -37,6 +37,11 @@ IDENTITY_FILE = "daemon.json"
 _DIR_NAME = re.compile(r"[A-Za-z0-9._-]{1,253}")
 
 
+class ControlUnavailable(DeviceError):
+    """The control command itself could not be run (missing, or no process to be had): the daemon was not asked,
+    so this says nothing of whether it answers."""
+
+
 class MpsControl:
     """Starts and stops the MPS control daemons of claims; ``root`` holds their pipe and log directories."""
 
@@ -157,12 +162,15 @@ class MpsControl:
             raise DeviceError(f"cannot create the MPS directories {pipe.parent}: {err}; check --state-dir") from err
 
     def alive(self, identity: Mapping[str, Any]) -> bool:
-        """Whether the daemon answers through its pipe directory."""
+        """Whether the daemon answers through its pipe directory; :class:`ControlUnavailable` when that cannot be
+        asked (a daemon must not be taken for dead, and killed, because the client could not run)."""
         child = self._children.get(int(identity.get("pid", 0)))
         if child is not None and child.poll() is not None:
             return False
         try:
             self._send(identity, "get_server_list\n", what="checking the daemon")
+        except ControlUnavailable:
+            raise
         except DeviceError:
             return False
         return True
@@ -249,8 +257,10 @@ class MpsControl:
             done = subprocess.run(
                 list(self.command), input=text.encode(), env=env, capture_output=True, timeout=10, check=False
             )
-        except (OSError, subprocess.TimeoutExpired) as err:
-            raise DeviceError(f"{what}: cannot run {' '.join(self.command)}: {err}") from err
+        except OSError as err:
+            raise ControlUnavailable(f"{what}: cannot run {' '.join(self.command)}: {err}") from err
+        except subprocess.TimeoutExpired as err:  # the daemon took the call and never answered: hung
+            raise DeviceError(f"{what}: {' '.join(self.command)} got no answer: {err}") from err
         output = (done.stdout + done.stderr).decode(errors="replace").strip()
         if done.returncode != 0:
             raise DeviceError(f"{what}: {' '.join(self.command)} failed: {output or f'exit {done.returncode}'}")

@@ -25,7 +25,7 @@ from typing import Any
 
 from dradriver.driver.checkpoint import Action, CheckpointStore, ClaimRecord, DeviceRecord
 from dradriver.driver.config import API_VERSION, TIMESLICE_VALUES, AnyConfig, MpsConfig, mib
-from dradriver.driver.mps import CONTAINER_LOG_DIR, CONTAINER_PIPE_DIR, MpsControl
+from dradriver.driver.mps import CONTAINER_LOG_DIR, CONTAINER_PIPE_DIR, ControlUnavailable, MpsControl
 from dradriver.driver.transaction import Transaction
 from dradriver.errors import ClaimError, DeviceError
 from dradriver.gpu.errors import GpuError, NotFound
@@ -277,7 +277,13 @@ class SharingSteps:
     def ensure_mps(self, record: ClaimRecord) -> bool:
         """Restart the claim's MPS daemon if it died (same directories and limits); True when it was restarted."""
         action = next((a for a in record.actions if a.step == STEP_MPS_DAEMON and a.done), None)
-        if action is None or self.mps is None or self.mps.alive(action.params):
+        if action is None or self.mps is None:
+            return False
+        try:
+            if self.mps.alive(action.params):
+                return False
+        except ControlUnavailable as err:
+            log.error("cannot check the MPS control daemon; leaving it as it is claim=%s error=%s", record.uid, err)
             return False
         log.warning(
             "MPS control daemon of claim=%s is gone (pid %s); restarting it", record.uid, action.params.get("pid")
