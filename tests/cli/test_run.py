@@ -184,8 +184,9 @@ def test_an_unexpected_rescan_failure_does_not_end_rescanning(caplog):
                 raise RuntimeError("NVML wrapper bug")
             self.stop.set()  # the loop survived to a second pass: done
 
-    process = Flaky(argparse.Namespace(node_name="n", mig_mode="none", rescan_interval=0))
+    process = Flaky(argparse.Namespace(node_name="n", mig_mode="none", rescan_interval=0, pod_uid=""))
     process.refresh = threading.Event()
+    process.plugin = SimpleNamespace(plugin_dir=None)
     process.driver = SimpleNamespace(check_mps_daemons=lambda: None)
     worker = threading.Thread(target=process._rescan_loop)
     worker.start()
@@ -193,3 +194,40 @@ def test_an_unexpected_rescan_failure_does_not_end_rescanning(caplog):
     worker.join(10)
     assert process.rescans == 2 and not worker.is_alive()
     assert "rescan failed unexpectedly" in caplog.text
+
+
+def test_the_periodic_mps_check_holds_the_rolling_update_lock(tmp_path):
+    """In rolling-update mode the other pod's unprepare (under that lock) stops a claim's daemon; a restart by this
+    pod's check at the same moment would bring it back for a claim that is gone, so the check takes the lock too."""
+    import argparse
+    import fcntl
+    import os
+    import threading
+    from types import SimpleNamespace
+
+    from dradriver.cli.run import DriverProcess
+    from dradriver.plugin.kubelet_plugin import SERIALIZE_LOCK_NAME
+
+    held: list[bool] = []
+
+    def check() -> None:
+        fd = os.open(tmp_path / SERIALIZE_LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held.append(False)
+        except BlockingIOError:
+            held.append(True)
+        finally:
+            os.close(fd)
+        process.stop.set()
+
+    process = DriverProcess(argparse.Namespace(node_name="n", mig_mode="none", rescan_interval=0, pod_uid="pod-1"))
+    process._rescan = lambda: None  # type: ignore[method-assign]
+    process.refresh = threading.Event()
+    process.plugin = SimpleNamespace(plugin_dir=tmp_path)
+    process.driver = SimpleNamespace(check_mps_daemons=check)
+    worker = threading.Thread(target=process._rescan_loop)
+    worker.start()
+    process.refresh.set()
+    worker.join(10)
+    assert held == [True] and not worker.is_alive()

@@ -548,7 +548,9 @@ class DriverProcess:
             # the node while /readyz stays green.
             try:
                 self._rescan()
-                self.driver.check_mps_daemons()
+                # Like a prepare or unprepare: the other pod of a rolling update may be stopping a daemon now.
+                with _serialised_with_other_pods(self.plugin.plugin_dir, enabled=bool(self.args.pod_uid)):
+                    self.driver.check_mps_daemons()
             except Exception:
                 log.exception("rescan failed unexpectedly; retrying at the next interval or health change")
 
