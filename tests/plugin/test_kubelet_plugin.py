@@ -541,3 +541,17 @@ def test_a_failing_write_back_after_the_plugin_directory_came_back_is_retried_an
     with KubeletClient(plugin.registry_dir).register() as kubelet:
         assert kubelet.prepare([Claim("default", "a", "uid-a")])["uid-a"].error == ""
     assert len(calls) == 2
+
+
+def test_a_second_start_changes_nothing_and_one_stop_ends_every_thread_and_socket(make_plugin: PluginFactory) -> None:
+    before = set(threading.enumerate())
+    plugin = make_plugin()
+    plugin.start()
+    sockets = {path: path.stat().st_ino for path in (plugin.dra_socket, plugin.registration_socket)}
+    plugin.start()
+    assert {path: path.stat().st_ino for path in sockets} == sockets  # the serving sockets were not replaced
+    with KubeletClient(plugin.registry_dir).register() as kubelet:
+        assert kubelet.prepare([]) == {}
+    plugin.stop()
+    assert not plugin.dra_socket.exists() and not plugin.registration_socket.exists()
+    assert [t for t in set(threading.enumerate()) - before if t.name == "socket-watcher"] == []

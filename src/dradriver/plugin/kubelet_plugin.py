@@ -167,8 +167,11 @@ class KubeletPlugin:
 
         Raises AlreadyRunningError if another instance serves this driver from the same plugin directory (in
         rolling-update mode: another process of the same pod, or an instance without a pod UID), and
-        ConfigError if a directory, the lock file or a socket cannot be created.
+        ConfigError if a directory, the lock file or a socket cannot be created. A second call while started does
+        nothing (it would replace the serving sockets and leave a second watcher running).
         """
+        if self._watcher is not None:
+            return
         _make_dir(self.registry_dir, "kubelet plugin registration directory", "--registry-dir")
         self.lock()
         self._processor.open()
