@@ -13,6 +13,7 @@ import pytest
 
 from dradriver import faults
 from dradriver.driver.checkpoint import ClaimState
+from dradriver.gpu.models import ComputeMode
 from dradriver.plugin.handler import DeviceConfig
 from tests.driver.config_table import gpu
 from tests.driver.test_state_mig import H100, Node, claim, ref
@@ -31,6 +32,10 @@ CLAIM = replace(
         ),
     ),
 )
+
+
+# GPU 0's instances (profile, start, compute instances) while the claim is prepared.
+PREPARED_INSTANCES = [(14, 2, 1), (19, 0, 1)]
 
 
 class Crash(BaseException):
@@ -97,28 +102,34 @@ def test_every_point_of_prepare_and_unprepare_survives_a_kill_and_a_failure(
 
     monkeypatch.setattr(faults, "die", crash)
     walked = 0
+    kept: set[bool] = set()  # whether start-up kept the claim, for the kills in the middle of the unprepare
     for phase, points in (("prepare", preparing), ("unprepare", unpreparing)):
         for point in points:
             for mode in ("kill", "fail"):
                 node = Node(tmp_path / f"{phase}-{point.replace(':', '-')}-{mode}", "hgx-h100-80gb")
                 try:
-                    run_one(node, monkeypatch, phase, point, mode=mode, expected_ids=expected_ids)
+                    untouched = run_one(node, monkeypatch, phase, point, mode=mode, expected_ids=expected_ids)
+                    if mode == "kill" and point.startswith("undone:"):
+                        kept.add(untouched)
                 finally:
                     monkeypatch.delenv(faults.CRASH_ENV, raising=False)
                     assert node.store is not None
                     node.store.close()
                 walked += 1
     assert walked == 2 * (len(preparing) + len(unpreparing))
+    assert kept == {True, False}  # both ways out of a cut-short unprepare were walked
 
 
 def run_one(
     node: Node, monkeypatch: pytest.MonkeyPatch, phase: str, point: str, *, mode: str, expected_ids: list[str]
-) -> None:
+) -> bool:
+    """Walk one fault; True when a kill left the claim's hardware untouched (start-up then keeps the claim)."""
     where = f"{phase} {point}={mode}"
     found_mode = node.sim.gpus[1].compute_mode
     if phase == "unprepare":
         assert node.prepare(CLAIM) == (expected_ids, None)
     monkeypatch.setenv(faults.CRASH_ENV, f"{point}={mode}")
+    untouched = False  # killed before the unprepare changed any hardware that start-up can read
     if mode == "kill":
         with pytest.raises(Crash):
             if phase == "prepare":
@@ -126,6 +137,7 @@ def run_one(
             else:
                 node.driver.unprepare(CLAIM.ref)
         monkeypatch.delenv(faults.CRASH_ENV)
+        untouched = node.instances() == PREPARED_INSTANCES and node.sim.gpus[1].compute_mode == ComputeMode.DEFAULT
         node.restart().reconcile()
     elif phase == "prepare":
         _ids, error = node.prepare(CLAIM)
@@ -146,8 +158,15 @@ def run_one(
         assert node.prepare(CLAIM) == (expected_ids, None), where
     else:
         # A claim whose unprepare was cut short is never answered from its record: start-up (after a kill) or the
-        # next call (after a failure) finishes the undo, and a re-sent prepare prepares it afresh.
-        if mode == "kill" and point.startswith("undone:"):
+        # next call (after a failure) finishes the undo, and a re-sent prepare prepares it afresh. Killed right after
+        # the spec's removal (nothing else undone that start-up can see), the claim is kept and its spec re-written:
+        # start-up cannot tell that from a cleaned CDI directory under a running pod.
+        if mode == "kill" and point.startswith("undone:") and untouched:
+            [record] = node.driver.checkpoint.records()
+            assert record.state is ClaimState.PREPARE_COMPLETED, where
+            assert node.cdi_files() == [f"k8s.gpu.dradriver.dev-claim_{CLAIM.uid}.json"], where
+            assert node.instances() == PREPARED_INSTANCES, where
+        elif mode == "kill" and point.startswith("undone:"):
             assert node.driver.checkpoint.records() == [], where
             assert node.cdi_files() == [] and node.instances() == [], where
         assert node.prepare(CLAIM) == (expected_ids, None), where
@@ -160,3 +179,4 @@ def run_one(
     assert node.driver.unprepare_resource_claims([ref(CLAIM.uid)]) == {CLAIM.uid: None}, where
     node.assert_clean()
     assert node.sim.gpus[1].compute_mode == found_mode, where
+    return untouched

@@ -173,6 +173,10 @@ class GpuDriver:
         ref = claim.ref
         earlier = self.checkpoint.get(ref.uid)
         if earlier is not None and earlier.state is ClaimState.PREPARE_COMPLETED and earlier.rollback_error is None:
+            if self._spec_missing(earlier):
+                # Cleaned or changed CDI directory: a pod (re)starting its containers needs the spec.
+                log.warning("re-writing the missing CDI spec of a prepared claim claim=%s", ref.uid)
+                self._rewrite_spec(earlier)
             self._ensure_mps(ref.uid)  # a kubelet retry finds the claim's MPS daemon serving
             return self._reported(earlier)
         if earlier is not None and earlier.state is ClaimState.PREPARE_COMPLETED:
@@ -477,9 +481,12 @@ class GpuDriver:
         """Bring the node in line with the checkpoint before the plugin registers with the kubelet.
 
         Claims from an earlier boot are dropped (their CDI specs removed); claims left PrepareStarted are rolled
-        back; claims the API server no longer has are unprepared; in dynamic mode, MIG instances no claim owns
-        are destroyed; CDI specs of claims the checkpoint does not know are removed. Each action is logged with
-        its claim; a failure is logged and left for the kubelet's next call."""
+        back; claims the API server no longer has, or whose unprepare failed or was cut short (CDI spec gone and
+        some hardware change gone too), are unprepared; a prepared claim that only lost its CDI spec gets it
+        re-written, and one whose hardware drifted while its spec is there is kept with a warning (its pod may
+        be running); in dynamic mode, MIG instances no claim owns are destroyed; CDI specs of claims the
+        checkpoint does not know are removed. Each action is logged with its claim; a failure is logged and left
+        for the kubelet's next call."""
         for record in self.checkpoint.discarded:
             log.warning("reconcile: dropping claim prepared before the last reboot claim=%s", record)
             self.cdi.remove(record.uid)
@@ -522,60 +529,126 @@ class GpuDriver:
             log.warning("reconcile: unpreparing a claim the API server no longer has claim=%s", record)
             self.unprepare(ref)
             return
-        undone = record.rollback_error or self._undone_change(record)
-        if undone is not None:
-            # A crash (or a failure) in the middle of its unprepare: the record still says PrepareCompleted, but
-            # part of the claim is gone. Finishing the undo drops the record, so a re-sent unprepare is a no-op
-            # success and a re-sent prepare prepares afresh instead of returning devices that no longer exist.
-            log.warning("reconcile: finishing an unprepare that did not complete claim=%s found=%s", record, undone)
+        if record.rollback_error is not None:
+            log.warning(
+                "reconcile: finishing an unprepare that failed claim=%s found=%s", record, record.rollback_error
+            )
             self.unprepare(ref)
+            return
+        # The claim's pod may be running: only our own unprepare, cut short, may be finished here. It removes the
+        # CDI spec first, so a claim that still has its spec was not being unprepared, whatever else drifted.
+        drifted = self._drifted(record)
+        if not self._spec_missing(record):
+            if drifted:
+                log.warning(
+                    "reconcile: a prepared claim changed behind the driver; keeping it, its pod may be running "
+                    "claim=%s drifted=%s",
+                    record,
+                    "; ".join(drifted),
+                )
+            return
+        if drifted:
+            log.warning(
+                "reconcile: finishing an unprepare that did not complete claim=%s found=CDI spec removed; %s",
+                record,
+                "; ".join(drifted),
+            )
+            self.unprepare(ref)
+            return
+        # A crash right after the unprepare removed the spec, or a changed or cleaned CDI directory: nothing tells
+        # them apart, and destroying a running pod's devices is the worse mistake. A re-sent unprepare finishes.
+        log.warning(
+            "reconcile: re-writing the missing CDI spec of a prepared claim (its hardware is all there) claim=%s "
+            "file=%s",
+            record,
+            self.cdi.spec_path(record.uid),
+        )
+        self._rewrite_spec(record)
 
-    def _undone_change(self, record: ClaimRecord) -> str | None:
-        """The first of a prepared claim's changes that the node no longer shows, or None when all are there.
+    def _spec_missing(self, record: ClaimRecord) -> bool:
+        """Whether the claim wrote a CDI spec that is not in the CDI directory now."""
+        wrote = any(a.step == STEP_CDI_SPEC and a.done for a in record.actions)
+        return wrote and not self.cdi.spec_path(record.uid).is_file()
 
-        Unprepare undoes the steps in reverse, the CDI spec first, so a claim whose unprepare was cut short lacks
-        its spec and possibly more: its MPS daemon's directories, its compute mode, its compute and GPU instances
-        (found by profile and placement, as their undo finds them). A daemon that died by itself keeps its
-        directories, and is restarted rather than taken as undone. Nothing is written here: a read of the CDI
-        directory and of the hardware per recorded change, at start-up only."""
+    def _rewrite_spec(self, record: ClaimRecord) -> None:
+        """Write a prepared claim's CDI spec again, from its record and the devices as the node shows them now.
+
+        The record holds all that the spec is built from (devices, admin access, the MPS directories), and CDI ids
+        are named after claim and device, so the ids are those reported at prepare; no API server is needed."""
+        ready = [self._with_sharing(record, self._ready_again(record, device)) for device in record.devices]
+        try:
+            self.cdi.write(build_claim_spec(record.uid, ready))
+        except DeviceError as err:
+            raise DeviceError(f"claim {record}: re-writing its missing CDI spec: {err}") from err
+
+    def _ready_again(self, record: ClaimRecord, device: DeviceRecord) -> ReadyDevice:
+        with self._lock:
+            found = self._devices.get(device.name)
+        if found is None:
+            raise DeviceError(
+                f"claim {record}: cannot re-write its missing CDI spec: device {device.name} is not offered by this "
+                "node now (GPU lost?); delete the claim's pod so the claim is unprepared"
+            )
+        if isinstance(found, GpuDevice):
+            return ReadyDevice(found, (DeviceNode(f"/dev/nvidia{found.info.minor}"),), device.admin_access)
+        candidates = self.gpulib.mig_devices(found.parent.uuid) if self.gpulib is not None else [found.existing]
+        mig = next((m for m in candidates if m is not None and m.uuid == device.mig_uuid), None)
+        if mig is None:
+            raise DeviceError(
+                f"claim {record}: cannot re-write its missing CDI spec: MIG device {device.mig_uuid} of "
+                f"{device.name} is gone; delete the claim's pod so the claim is unprepared"
+            )
+        return ReadyDevice(replace(found, existing=mig), _mig_device_nodes(found, mig), device.admin_access)
+
+    def _drifted(self, record: ClaimRecord) -> list[str]:
+        """What of a prepared claim's hardware changes the node no longer shows: its MPS daemon's directories, its
+        compute mode, its compute and GPU instances (found by profile and placement, as their undo finds them). A
+        daemon that died by itself keeps its directories, and is restarted rather than taken as undone. Nothing is
+        written here: a read of the hardware per recorded change, at start-up only."""
+        drifted = []
         for action in reversed(record.actions):
-            if not action.done:
+            if not action.done or action.step == STEP_CDI_SPEC:
                 continue
             try:
-                gone = self._change_gone(record, action)
+                found = self._change_gone(record, action)
             except (DradriverError, KeyError, ValueError, TypeError) as err:
                 log.error(
                     "reconcile: cannot check a recorded change claim=%s step=%s error=%s", record, action.step, err
                 )
                 continue
-            if gone:
-                where = f" of {action.device}" if action.device else ""
-                return f"{action.step}{where} is undone"
-        return None
+            if found is not None:
+                drifted.append(found)
+        return drifted
 
-    def _change_gone(self, record: ClaimRecord, action: Action) -> bool:
+    def _change_gone(self, record: ClaimRecord, action: Action) -> str | None:
+        """How the change ``action`` recorded differs from the node now, or None when it is there."""
         params = action.params
-        if action.step == STEP_CDI_SPEC:
-            return not self.cdi.spec_path(record.uid).is_file()
         if action.step == STEP_MPS_DAEMON and self._sharing.mps is not None:
-            return not self._sharing.mps.dirs(record.uid)[0].parent.is_dir()
+            base = self._sharing.mps.dirs(record.uid)[0].parent
+            return None if base.is_dir() else f"MPS daemon directories {base} missing"
         if self.gpulib is None:
-            return False
+            return None
         if action.step == STEP_COMPUTE_MODE:
+            target = str(params["deviceUUID"])
             try:
-                return int(self.gpulib.compute_mode(str(params["deviceUUID"]))) != int(params["mode"])
+                mode = int(self.gpulib.compute_mode(target))
             except NotFound:
-                return True  # the MIG device went with its instance
+                return f"MIG device {target}, whose compute mode the claim set, is gone"  # with its instance
+            return None if mode == int(params["mode"]) else f"compute mode of {target} changed to {mode}"
         if action.step in (STEP_GPU_INSTANCE, STEP_COMPUTE_INSTANCE):
             profile, start = int(params["profileId"]), int(params["start"])
+            what = f"MIG {action.step} (profile {profile} at start {start}) of {params['gpuUUID']} missing"
             for gi in self.gpulib.gpu_instances(str(params["gpuUUID"])):
                 if gi.profile_id == profile and gi.placement.start == start:
                     if action.step == STEP_GPU_INSTANCE:
-                        return False
+                        return None
                     wanted = int(params["computeInstanceId"])
-                    return gi.id != int(params["gpuInstanceId"]) or all(ci.id != wanted for ci in gi.compute_instances)
-            return True
-        return False
+                    there = gi.id == int(params["gpuInstanceId"]) and any(
+                        ci.id == wanted for ci in gi.compute_instances
+                    )
+                    return None if there else what
+            return what
+        return None
 
     def _destroy_orphan_instances(self) -> None:
         assert self.gpulib is not None and self._mig is not None
