@@ -40,7 +40,9 @@ import grpc  # noqa: E402
 from dradriver.api.generated import dra_v1_pb2, dra_v1_pb2_grpc, pluginregistration_v1_pb2  # noqa: E402
 from dradriver.driver.cdi import CdiWriter  # noqa: E402
 from dradriver.driver.checkpoint import CheckpointStore  # noqa: E402
+from dradriver.driver.mps import MpsControl  # noqa: E402
 from dradriver.driver.state import GpuDriver  # noqa: E402
+from dradriver.gpu import mps_standin  # noqa: E402
 from dradriver.gpu.fakelib import simulated_gpulib  # noqa: E402
 from dradriver.gpu.inventory import MigMode, discover  # noqa: E402
 from dradriver.plugin.kubelet_client import Claim, KubeletClient, RegisteredPlugin  # noqa: E402
@@ -64,7 +66,9 @@ def quantile(samples: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def add_claim(cluster: MemoryCluster, name: str, devices: Sequence[str]) -> Claim:
+def add_claim(cluster: MemoryCluster, name: str, devices: Sequence[str], config: dict[str, Any] | None = None) -> Claim:
+    """An allocated claim of ``devices``; ``config``: opaque parameters for all of them."""
+    entries = [{"opaque": {"driver": DRIVER, "parameters": config}}] if config is not None else []
     stored = cluster.add_resource_claim(
         {
             "apiVersion": "resource.k8s.io/v1",
@@ -72,7 +76,10 @@ def add_claim(cluster: MemoryCluster, name: str, devices: Sequence[str]) -> Clai
             "metadata": {"name": name, "namespace": "bench"},
             "spec": {
                 "devices": {
-                    "requests": [{"name": f"r{i}", "exactly": {"deviceClassName": DRIVER}} for i in range(len(devices))]
+                    "requests": [
+                        {"name": f"r{i}", "exactly": {"deviceClassName": DRIVER}} for i in range(len(devices))
+                    ],
+                    "config": entries,
                 }
             },
             "status": {
@@ -81,7 +88,8 @@ def add_claim(cluster: MemoryCluster, name: str, devices: Sequence[str]) -> Clai
                         "results": [
                             {"request": f"r{i}", "driver": DRIVER, "pool": NODE, "device": d}
                             for i, d in enumerate(devices)
-                        ]
+                        ],
+                        "config": [{"source": "FromClaim", **e} for e in entries],
                     }
                 }
             },
@@ -109,8 +117,12 @@ def fsync_write(path: Path, doc: Any, *, sync_dir: bool) -> None:
 class FloorPlugin(dra_v1_pb2_grpc.DRAPluginServicer):
     """The floor: the same claim GET and the same fsync'd writes as the driver, no checks, no hardware."""
 
-    def __init__(self, cluster: MemoryCluster, root: Path, checkpoint_writes: int) -> None:
+    def __init__(
+        self, cluster: MemoryCluster, root: Path, checkpoint_writes: int, mps_command: Sequence[str] = ()
+    ) -> None:
         self.cluster = cluster
+        self.mps_command = list(mps_command)
+        self.daemons: dict[str, subprocess.Popen[bytes]] = {}
         self.cdi_dir = root / "floor-cdi"
         self.state = root / "floor-state"
         self.cdi_dir.mkdir()
@@ -127,6 +139,8 @@ class FloorPlugin(dra_v1_pb2_grpc.DRAPluginServicer):
             ids = [f"k8s.gpu.dradriver.dev/claim={ref.uid}-{r['device']}" for r in results]
             for i in range(self.checkpoint_writes - 1):  # PrepareStarted (the driver's MIG prepare writes it)
                 self._checkpoint(ref.uid, {"state": "PrepareStarted", "i": i})
+            if self.mps_command:
+                self._start_daemon(ref.uid)
             fsync_write(self.cdi_dir / f"{ref.uid}.json", {"devices": ids}, sync_dir=False)
             self._checkpoint(ref.uid, {"state": "PrepareCompleted", "devices": ids})
             entry = response.claims[ref.uid]
@@ -139,10 +153,47 @@ class FloorPlugin(dra_v1_pb2_grpc.DRAPluginServicer):
     def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
         response = dra_v1_pb2.NodeUnprepareResourcesResponse()
         for ref in request.claims:
+            if self.mps_command:
+                self._stop_daemon(ref.uid)
             (self.cdi_dir / f"{ref.uid}.json").unlink(missing_ok=True)
             self._checkpoint(ref.uid, None)
             response.claims[ref.uid].SetInParent()
         return response
+
+    def _mps_env(self, uid: str) -> dict[str, str]:
+        base = self.state / "mps" / uid
+        return {
+            **os.environ,
+            "CUDA_MPS_PIPE_DIRECTORY": str(base / "pipe"),
+            "CUDA_MPS_LOG_DIRECTORY": str(base / "log"),
+        }
+
+    def _start_daemon(self, uid: str) -> None:
+        """The least any driver does with the control tool: start the daemon, and once its socket is there, one
+        call that asks it and sets a limit."""
+        env = self._mps_env(uid)
+        pipe = Path(env["CUDA_MPS_PIPE_DIRECTORY"])
+        pipe.mkdir(parents=True, exist_ok=True)
+        self.daemons[uid] = subprocess.Popen(
+            [*self.mps_command, "-f"], env=env, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+        # A benchmark may poll: nothing tells a client the daemon listens (its socket appears a moment before).
+        while not any(pipe.iterdir()) or (
+            subprocess.run(
+                self.mps_command,
+                input=b"get_server_list\nset_default_active_thread_percentage 50\n",
+                env=env,
+                check=False,
+                capture_output=True,
+            ).returncode
+            != 0
+        ):
+            time.sleep(0.001)
+
+    def _stop_daemon(self, uid: str) -> None:
+        subprocess.run(self.mps_command, input=b"quit\n", env=self._mps_env(uid), check=True, capture_output=True)
+        self.daemons.pop(uid).wait(10)
+        shutil.rmtree(self.state / "mps" / uid)
 
     def _checkpoint(self, uid: str, value: Any) -> None:
         with self.lock:
@@ -154,9 +205,12 @@ class FloorPlugin(dra_v1_pb2_grpc.DRAPluginServicer):
 
 
 @contextlib.contextmanager
-def floor_plugin(cluster: MemoryCluster, root: Path, checkpoint_writes: int) -> Iterator[RegisteredPlugin]:
+def floor_plugin(
+    cluster: MemoryCluster, root: Path, checkpoint_writes: int, mps_command: Sequence[str] = ()
+) -> Iterator[RegisteredPlugin]:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
-    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(FloorPlugin(cluster, root, checkpoint_writes), server)
+    root = Path(tempfile.mkdtemp(prefix="floor-", dir=root))
+    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(FloorPlugin(cluster, root, checkpoint_writes, mps_command), server)
     socket = root / "floor.sock"
     server.add_insecure_port(f"unix:{socket}")
     server.start()
@@ -184,6 +238,7 @@ def driver_plugin(
         cdi=CdiWriter(root / "cdi"),
         gpulib=gpulib,
         checkpoint=store,
+        mps=MpsControl(mps_standin.command(), state / "mps"),
     )
     plugin = KubeletPlugin(
         driver_name=DRIVER,
@@ -231,32 +286,60 @@ def summary(times: dict[str, list[float]]) -> dict[str, float]:
 # --- the figures -----------------------------------------------------------------------------------------------
 
 
+WHOLE_GPUS = [f"gpu-0000-{bus}-00-0" for bus in ("1b", "43", "52", "61", "9d", "c3", "d1", "df")]
+PARTITIONS = [f"{gpu}-mig-1g10gb-{s}" for gpu in WHOLE_GPUS for s in range(7)]
+API = "gpu.dradriver.dev/v1alpha1"
+#: kind → (devices one claim each, its opaque config, the checkpoint writes of its prepare).
+LATENCY_KINDS: dict[str, tuple[list[str], dict[str, Any] | None, int]] = {
+    # Nothing on the hardware changes: only PrepareCompleted is written.
+    "whole GPU": (WHOLE_GPUS, None, 1),
+    # PrepareStarted with every step's intent, then PrepareCompleted.
+    "MIG 1g.10gb": (PARTITIONS, None, 2),
+    # Compute mode and the MPS daemon (the simulated node's stand-in, a real process) declared up front.
+    "MPS": (
+        WHOLE_GPUS,
+        {
+            "apiVersion": API,
+            "kind": "GpuConfig",
+            "sharing": {"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 50}},
+        },
+        2,
+    ),
+    "time-slicing": (
+        WHOLE_GPUS,
+        {
+            "apiVersion": API,
+            "kind": "GpuConfig",
+            "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}},
+        },
+        2,
+    ),
+}
+
+
 def bench_latency(kind: str, count: int, state_parent: str | None) -> dict[str, Any]:
-    """Prepare + unprepare of one claim per call: a whole GPU, or one dynamic MIG partition (carved and
-    destroyed), each against a floor doing the same GET and the same fsync'd writes."""
+    """Prepare + unprepare of one claim per call (a whole GPU; one dynamic MIG partition, carved and destroyed; a
+    whole GPU with an MPS daemon or time-sliced), against a floor doing the same GET and the same fsync'd writes.
+    MPS has a second floor that also makes the stand-in's process starts (daemon, one control call each way)."""
+    devices, config, checkpoint_writes = LATENCY_KINDS[kind]
     cluster = MemoryCluster(validate=False)
-    if kind == "whole GPU":
-        devices = [f"gpu-0000-{bus}-00-0" for bus in ("1b", "43", "52", "61", "9d", "c3", "d1", "df")]
-        checkpoint_writes = 1  # nothing on the hardware changes: only PrepareCompleted is written
-    else:
-        devices = [
-            f"gpu-0000-{bus}-00-0-mig-1g10gb-{s}"
-            for bus in ("1b", "43", "52", "61", "9d", "c3", "d1", "df")
-            for s in range(7)
-        ]
-        checkpoint_writes = 2  # PrepareStarted with every step's intent, then PrepareCompleted
-    claims = [add_claim(cluster, f"c{i}", [devices[i % len(devices)]]) for i in range(count)]
+    claims = [add_claim(cluster, f"c{i}", [devices[i % len(devices)]], config) for i in range(count)]
     root = Path(tempfile.mkdtemp(prefix="dra-bench-", dir="/tmp"))
+    out: dict[str, Any] = {"kind": kind, "n": count}
     try:
         with driver_plugin(H100, cluster, root, state_parent) as (client, _sim):
             cycles(client, claims[: len(devices)])  # warm up (and switch the GPUs into MIG mode once)
-            ours = cycles(client, claims)
+            out["ours"] = summary(cycles(client, claims))
         with floor_plugin(cluster, root, checkpoint_writes) as client:
             cycles(client, claims[:10])
-            floor = cycles(client, claims)
+            out["floor"] = summary(cycles(client, claims))
+        if kind == "MPS":
+            with floor_plugin(cluster, root, checkpoint_writes, mps_standin.command()) as client:
+                cycles(client, claims[:10])
+                out["floor_with_daemon"] = summary(cycles(client, claims))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return {"kind": kind, "n": count, "ours": summary(ours), "floor": summary(floor)}
+    return out
 
 
 def sixteen_gpu_profile(root: Path) -> Path:
@@ -431,11 +514,22 @@ def table(results: dict[str, Any]) -> str:
         if lat["kind"] == "whole GPU":
             met = o["cycle_p50_ms"] <= 10 and o["cycle_p50_ms"] <= 1.5 * f["cycle_p50_ms"]
             target = "p50 <= 10 ms and <= 1.5x floor"
-        else:
+        elif lat["kind"] == "MPS":
+            met, target = o["cycle_p50_ms"] <= 50, "p50 <= 50 ms"
+        elif lat["kind"] == "MIG 1g.10gb":
             met, target = o["cycle_p50_ms"] <= 20, "p50 <= 20 ms"
+        else:
+            met, target = True, "-"
         row(f"{name} p50", o["cycle_p50_ms"], f["cycle_p50_ms"], target, met)
         row(f"{name} p99", o["cycle_p99_ms"], f["cycle_p99_ms"], "-", True)
         row(f"{lat['kind']} prepare p50", o["prepare_p50_ms"], f["prepare_p50_ms"], "-", True)
+        if "floor_with_daemon" in lat:
+            d = lat["floor_with_daemon"]
+            label = f"{name} p50, floor with the stand-in's process starts"
+            row(label, o["cycle_p50_ms"], d["cycle_p50_ms"], "-", True)
+            row(
+                f"{name} p99, floor with the stand-in's process starts", o["cycle_p99_ms"], d["cycle_p99_ms"], "-", True
+            )
     many = results["many"]
     for key, label in (
         ("batch_prepare_ms", "100 MIG claims in one call"),
@@ -488,7 +582,7 @@ def main() -> int:
         "state_dir_parent": args.state_dir or tempfile.gettempdir(),
     }
     steps: list[tuple[str, Callable[[], Any]]] = [
-        ("latency", lambda: [bench_latency(k, args.cycles, args.state_dir) for k in ("whole GPU", "MIG 1g.10gb")]),
+        ("latency", lambda: [bench_latency(k, args.cycles, args.state_dir) for k in LATENCY_KINDS]),
         ("many", lambda: bench_many(args.claims, args.state_dir)),
         ("startup", lambda: bench_startup(args.startup_runs)),
         ("soak", lambda: bench_soak(args.soak, args.kill_every) if args.soak else {"cycles": 0, "marks": []}),

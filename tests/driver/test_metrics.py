@@ -7,7 +7,7 @@ from pathlib import Path
 
 from prometheus_client import REGISTRY, generate_latest
 
-from dradriver.driver.checkpoint import CheckpointStore, ClaimRecord, ClaimState, DeviceRecord
+from dradriver.driver.checkpoint import Action, CheckpointStore, ClaimRecord, ClaimState, DeviceRecord
 from dradriver.driver.metrics import InstrumentedHandler, NodeCollector, error_reason, register_node_collector
 from dradriver.plugin.handler import AllocatedClaim, ClaimRef, PrepareResult
 
@@ -75,6 +75,54 @@ def test_prepared_devices_and_the_last_publish_are_read_when_scraped(tmp_path: P
         assert value("dradriver_resourceslices_published") == 0
         published["ok"] = True
         assert "dradriver_resourceslices_published 1.0" in generate_latest().decode()
+    finally:
+        unregister()
+        store.close()
+
+
+def test_prepared_devices_are_labelled_by_how_they_are_shared_and_mps_daemons_counted(tmp_path: Path) -> None:
+    store = CheckpointStore.open(tmp_path, boot_id="b")
+    unregister = register_node_collector(NodeCollector(store, lambda: True))
+
+    def device(name: str, kind: str = "gpu", **extra: object) -> DeviceRecord:
+        record = DeviceRecord(name=name, requests=["r"], gpu=name, gpu_uuid=f"GPU-{name}", kind=kind)
+        record.extra.update(extra)
+        return record
+
+    mps = {"apiVersion": "gpu.dradriver.dev/v1alpha1", "kind": "GpuConfig", "sharing": {"strategy": "MPS"}}
+    sliced = {**mps, "sharing": {"strategy": "TimeSlicing"}}
+    watcher = device("gpu-4")
+    watcher.admin_access = True
+    try:
+        assert value("dradriver_mps_daemons") == 0
+        assert 'dradriver_prepared_devices{sharing="consumable",type="gpu"} 0.0' in generate_latest().decode()
+        store.put(
+            ClaimRecord(
+                uid="u1",
+                namespace="ns",
+                name="c",
+                state=ClaimState.PREPARE_COMPLETED,
+                devices=[
+                    device("gpu-0", config=mps),
+                    device("gpu-0-mig-1g10gb-0", "mig", config={**mps, "kind": "MigDeviceConfig"}),
+                    device("gpu-1", config=sliced),
+                    device("gpu-2", config=mps, shareIds=["s1"]),
+                    device("gpu-3"),
+                    watcher,
+                ],
+                actions=[Action(step="mps-daemon", device="", params={"pid": 1}, done=True)],
+            )
+        )
+        for kind, sharing in (
+            ("gpu", "mps"),
+            ("mig", "mps"),
+            ("gpu", "time-slicing"),
+            ("gpu", "consumable"),
+            ("gpu", "exclusive"),
+            ("gpu", "admin-access"),
+        ):
+            assert value("dradriver_prepared_devices", type=kind, sharing=sharing) == 1, (kind, sharing)
+        assert value("dradriver_mps_daemons") == 1
     finally:
         unregister()
         store.close()

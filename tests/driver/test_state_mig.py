@@ -14,7 +14,9 @@ from dradriver import faults
 from dradriver.driver import transaction
 from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.checkpoint import CheckpointStore, ClaimState
+from dradriver.driver.mps import MpsControl
 from dradriver.driver.state import GpuDriver
+from dradriver.gpu import mps_standin
 from dradriver.gpu.catalog import load_node_profile
 from dradriver.gpu.fakelib import simulated_gpulib_on
 from dradriver.gpu.inventory import MigMode, discover
@@ -42,8 +44,9 @@ def ref(uid: str) -> ClaimRef:
 class Node:
     """A simulated node with a driver on it; ``restart()`` builds a new driver on the same hardware and files."""
 
-    def __init__(self, tmp_path: Path, profile: str, mig_mode: MigMode = MigMode.DYNAMIC) -> None:
+    def __init__(self, tmp_path: Path, profile: str, mig_mode: MigMode = MigMode.DYNAMIC, *, mps: bool = False) -> None:
         self.tmp_path = tmp_path
+        self.mps_root = tmp_path / "mps" if mps else None  # MPS daemons: the simulated node's stand-in
         self.sim = SimulatedNode(load_node_profile(profile), node_name="node-a")
         self.mig_mode = mig_mode
         self.cdi_dir = tmp_path / "cdi"
@@ -64,6 +67,8 @@ class Node:
             cdi=CdiWriter(self.cdi_dir),
             gpulib=gpulib,
             checkpoint=self.store,
+            # A new process knows none of the daemons it finds (re-adopted through their pipe directories).
+            mps=MpsControl(mps_standin.command(), self.mps_root) if self.mps_root is not None else None,
         )
         return self.driver
 

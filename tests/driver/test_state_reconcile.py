@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.mps_daemons import daemon_processes
 
 from dradriver.driver.checkpoint import ClaimState
 from dradriver.gpu.inventory import MigMode
@@ -193,6 +194,7 @@ def test_an_mps_claim_whose_directories_vanished_is_kept_and_its_daemon_restarte
     restarted = node.daemon("a")
     assert restarted["pid"] != daemon["pid"] and node.mps.alive(restarted)
     assert node.spec("a")["devices"][0]["containerEdits"]["mounts"]
+    assert daemon_processes(node.mps.root) == [("a", restarted["pid"])]  # the unreachable one was killed
 
 
 def test_a_kill_right_after_an_unprepare_removed_the_spec_keeps_the_claim_until_the_unprepare_is_re_sent(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from dradriver.driver.mps import MpsControl
 from dradriver.driver.sharing import CONFIG_FIELD, STEP_MPS_DAEMON, refuse_conflicts
 from dradriver.driver.state import GpuDriver
 from dradriver.errors import ClaimError
+from dradriver.gpu import mps_standin
 from dradriver.gpu.catalog import load_node_profile
 from dradriver.gpu.fakelib import simulated_gpulib_on
 from dradriver.gpu.inventory import MigMode, discover
@@ -30,7 +31,7 @@ from tests.driver.config_table import gpu, mig
 DRIVER = "gpu.dradriver.dev"
 GPU0 = "gpu-0000-07-00-0"  # the first two GPUs of dgx-a100-40gb
 GPU1 = "gpu-0000-0f-00-0"
-STANDIN = [sys.executable, "-m", "dradriver.gpu.mps_standin"]
+STANDIN = mps_standin.command()
 
 
 def claim(
@@ -437,3 +438,36 @@ def test_a_share_is_enforced_with_mps_limits_from_its_consumed_capacity() -> Non
         share_config("ns/c", "gpu-0", decode_config(gpu(sharing={"strategy": "TimeSlicing"})), [], True)
     with pytest.raises(ClaimError, match=r"no TimeSlicing, no computeMode"):
         share_config("ns/c", "gpu-0", decode_config(gpu(computeMode="Prohibited")), [], True)
+
+
+def test_sharing_steps_cost_no_checkpoint_write_of_their_own(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compute modes, a time-slice and an MPS daemon are declared in the PrepareStarted record: a prepare writes
+    the checkpoint twice (started, completed) and an unprepare once, whatever the number of steps."""
+    real_fsync, writes = os.fsync, []
+
+    def counting(fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if path.endswith(".tmp") and "/state/" in path:  # a checkpoint data write, not a directory's fsync
+            writes.append(path)
+        real_fsync(fd)
+
+    slices = gpu(sharing={"strategy": "TimeSlicing", "timeSlicing": {"interval": "Short"}})
+    c = replace(
+        claim("a", GPU0, GPU1),
+        config=(DeviceConfig("FromClaim", ("r0",), MPS), DeviceConfig("FromClaim", ("r1",), slices)),
+    )
+    monkeypatch.setattr(os, "fsync", counting)
+    assert node.prepare(c) is None
+    record = node.driver.checkpoint.get("a")
+    assert record is not None
+    assert sorted(a.step for a in record.actions) == [
+        "cdi-spec",
+        "compute-mode",
+        "compute-mode",
+        "mps-daemon",
+        "time-slice",
+    ]
+    assert len(writes) == 2
+    node.unprepare("a")
+    assert len(writes) == 3
+    assert node.mode(0) is ComputeMode.DEFAULT and node.sim.gpus[1].timeslice == 0

@@ -24,6 +24,7 @@ DRIVER = "gpu.dradriver.dev"
 NODE = "node-a"
 TIMEOUT = 30.0
 FIRST_GPU = "gpu-0000-07-00-0"
+SECOND_GPU = "gpu-0000-0f-00-0"
 
 
 class DriverProcess:
@@ -405,13 +406,19 @@ def test_probes_metrics_and_an_api_outage_that_fails_readyz_and_healthz_but_neve
     assert _get(port, "/livez") == (200, "ok\n")
     assert _get(port, "/healthz") == (200, "ok\n")
     claim = allocated_claim(api, "scraped", [FIRST_GPU])
+    mps = {"apiVersion": "gpu.dradriver.dev/v1alpha1", "kind": "GpuConfig", "sharing": {"strategy": "MPS"}}
+    shared = allocated_claim(api, "scraped-mps", [SECOND_GPU], config=mps)
     with KubeletClient(root / "registry").register() as plugin:
         assert plugin.prepare([claim])[claim.uid].error == ""
+        assert plugin.prepare([shared])[shared.uid].error == ""
         _, scrape = _get(port, "/metrics")
         assert 'dradriver_prepared_devices{sharing="exclusive",type="gpu"} 1.0' in scrape
-        assert 'dradriver_kubelet_requests_total{outcome="success",rpc="NodePrepareResources"} 1.0' in scrape
+        assert 'dradriver_prepared_devices{sharing="mps",type="gpu"} 1.0' in scrape
+        assert "dradriver_mps_daemons 1.0" in scrape
+        assert 'dradriver_kubelet_requests_total{outcome="success",rpc="NodePrepareResources"} 2.0' in scrape
         assert "dradriver_resourceslices_published 1.0" in scrape
-        assert plugin.unprepare([claim]) == {claim.uid: ""}
+        assert plugin.unprepare([claim, shared]) == {claim.uid: "", shared.uid: ""}
+        assert "dradriver_mps_daemons 0.0" in _get(port, "/metrics")[1]
 
     api.fail_next("GET", "/resourceslices", 503, count=10**6, message="etcdserver: leader changed")
     api.drop_watches()  # the publisher lists again, and fails

@@ -906,9 +906,18 @@ def api_env(tmp_path: Path, *, request_timeout: tuple[float, float] = (2.0, 5.0)
 
 
 def allocated_claim(
-    api: FakeApiServer, name: str, devices: list[str], *, driver: str = "gpu.dradriver.dev", node: str = "node-a"
+    api: FakeApiServer,
+    name: str,
+    devices: list[str],
+    *,
+    driver: str = "gpu.dradriver.dev",
+    node: str = "node-a",
+    config: dict[str, Any] | None = None,
 ) -> Claim:
-    """A ResourceClaim in ``api`` with ``devices`` of ``node``'s pool allocated, as the scheduler leaves it."""
+    """A ResourceClaim in ``api`` with ``devices`` of ``node``'s pool allocated, as the scheduler leaves it;
+    ``config``: opaque parameters for all of them (in the claim's spec and, as the scheduler copies it, in its
+    allocation)."""
+    entries = [{"opaque": {"driver": driver, "parameters": config}}] if config is not None else []
     created = api.create(
         "resourceclaims",
         {
@@ -917,13 +926,15 @@ def allocated_claim(
             "metadata": {"name": name, "namespace": "default"},
             "spec": {
                 "devices": {
-                    "requests": [{"name": "gpus", "exactly": {"deviceClassName": driver, "count": len(devices)}}]
+                    "requests": [{"name": "gpus", "exactly": {"deviceClassName": driver, "count": len(devices)}}],
+                    **({"config": entries} if entries else {}),
                 }
             },
             "status": {
                 "allocation": {
                     "devices": {
-                        "results": [{"request": "gpus", "driver": driver, "pool": node, "device": d} for d in devices]
+                        "results": [{"request": "gpus", "driver": driver, "pool": node, "device": d} for d in devices],
+                        **({"config": [{"source": "FromClaim", **e} for e in entries]} if entries else {}),
                     }
                 }
             },

@@ -1,6 +1,8 @@
 """The soak: `dradriver run` on a simulated 8-GPU dynamic-MIG node, prepared and unprepared over and over with
-mixed claims (whole GPU, one partition, partitions on two GPUs) and SIGKILLed at random moments, restarted each
-time as the kubelet would find it. Used by the short soak test and by the benchmark's full soak."""
+mixed claims (whole GPU, one partition, partitions on two GPUs, MPS on a GPU or a partition, a time-sliced GPU)
+and SIGKILLed at random moments, restarted each time as the kubelet would find it. MPS daemons are the simulated
+node's stand-in, real processes that outlive a killed driver. Used by the short soak test and by the benchmark's
+full soak."""
 
 from __future__ import annotations
 
@@ -19,9 +21,11 @@ import grpc
 
 from dradriver.driver.checkpoint import read_records
 from dradriver.gpu.catalog import load_node_profile
+from dradriver.gpu.models import ComputeMode
 from dradriver.gpu.sim import SimulatedNode
 from dradriver.plugin.kubelet_client import Claim, KubeletClient, RegisteredPlugin
 from support.apiserver import FakeApiServer, allocated_claim
+from support.mps_daemons import daemon_dirs, kill_daemons, live_daemons
 
 DRIVER = "gpu.dradriver.dev"
 NODE = "node-a"
@@ -30,15 +34,40 @@ BUSES = ("1b", "43", "52", "61", "9d", "c3", "d1", "df")
 TIMEOUT = 30.0
 
 
-def shapes() -> list[list[str]]:
-    """Mixed claims: a whole GPU (GPUs 4-7), one partition and two partitions on two GPUs (GPUs 0-3)."""
-    out: list[list[str]] = []
+API = "gpu.dradriver.dev/v1alpha1"
+MPS = {
+    "apiVersion": API,
+    "kind": "GpuConfig",
+    "sharing": {
+        "strategy": "MPS",
+        "mps": {"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "8Gi"},
+    },
+}
+MIG_MPS = {"apiVersion": API, "kind": "MigDeviceConfig", "sharing": {"strategy": "MPS"}}
+TIME_SLICING = {
+    "apiVersion": API,
+    "kind": "GpuConfig",
+    "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}},
+}
+
+
+def shapes() -> list[tuple[list[str], dict[str, Any] | None]]:
+    """Mixed claims, each with its opaque config: a whole GPU, MPS on a whole GPU or time-slicing one (GPUs 4-7);
+    one partition, plain or with MPS, and two partitions on two GPUs (GPUs 0-3)."""
+    out: list[tuple[list[str], dict[str, Any] | None]] = []
     for i in range(12):
-        out.append([f"gpu-0000-{BUSES[4 + i % 4]}-00-0"])
-        out.append([f"gpu-0000-{BUSES[i % 4]}-00-0-mig-1g10gb-{i % 7}"])
+        out.append(([f"gpu-0000-{BUSES[4 + i % 4]}-00-0"], None))
+        out.append(([f"gpu-0000-{BUSES[i % 4]}-00-0-mig-1g10gb-{i % 7}"], MIG_MPS if i % 3 == 0 else None))
         out.append(
-            [f"gpu-0000-{BUSES[i % 2]}-00-0-mig-2g20gb-{2 * (i % 3)}", f"gpu-0000-{BUSES[2 + i % 2]}-00-0-mig-3g40gb-4"]
+            (
+                [
+                    f"gpu-0000-{BUSES[i % 2]}-00-0-mig-2g20gb-{2 * (i % 3)}",
+                    f"gpu-0000-{BUSES[2 + i % 2]}-00-0-mig-3g40gb-4",
+                ],
+                None,
+            )
         )
+        out.append(([f"gpu-0000-{BUSES[4 + (i + 1) % 4]}-00-0"], MPS if i % 2 == 0 else TIME_SLICING))
     return out
 
 
@@ -53,6 +82,7 @@ class Mark:
 @dataclass
 class SoakResult:
     cycles: int = 0
+    mps_cycles: int = 0  # cycles of a claim with an MPS daemon
     kills: int = 0
     marks: list[Mark] = field(default_factory=list)  # of the last process, after its warm-up and at the end
     leftovers: dict[str, int] = field(default_factory=dict)  # after the last unprepare: what is still there
@@ -105,9 +135,12 @@ class Driver:
         self.proc.wait(TIMEOUT)
 
 
-def cycle(kubelet: RegisteredPlugin, claim: Claim) -> None:
+def cycle(kubelet: RegisteredPlugin, claim: Claim, mps_root: Path | None) -> None:
+    """Prepare and unprepare ``claim``; with ``mps_root``, its MPS daemon must serve while it is prepared."""
     result = kubelet.prepare([claim], timeout=TIMEOUT)[claim.uid]
     assert result.error == "", result.error
+    if mps_root is not None:
+        assert claim.uid in live_daemons(mps_root), f"claim {claim.uid} has no MPS daemon"
     assert kubelet.unprepare([claim], timeout=TIMEOUT) == {claim.uid: ""}
 
 
@@ -119,7 +152,12 @@ def run_soak(root: Path, cycles: int, *, kill_every: int, seed: int = 1) -> Soak
     with FakeApiServer() as api:
         api.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         kubeconfig = api.write_kubeconfig(root / "kubeconfig")
-        claims = [allocated_claim(api, f"soak-{i}", devices) for i, devices in enumerate(shapes())]
+        claims, uses_mps = [], set()
+        for i, (devices, config) in enumerate(shapes()):
+            claims.append(allocated_claim(api, f"soak-{i}", devices, config=config))
+            if config is not None and config["sharing"]["strategy"] == "MPS":
+                uses_mps.add(claims[-1].uid)
+        mps_root = root / "state" / "mps"
         driver = Driver(root, kubeconfig)
         warm = 0
         try:
@@ -133,19 +171,26 @@ def run_soak(root: Path, cycles: int, *, kill_every: int, seed: int = 1) -> Soak
                     result.kills += 1
                     driver = Driver(root, kubeconfig)
                     warm = n + 20
-                cycle(driver.kubelet, claim)  # the kubelet re-sends the prepare it saw fail, then unprepares
+                # The kubelet re-sends the prepare it saw fail, then unprepares.
+                cycle(driver.kubelet, claim, mps_root if claim.uid in uses_mps else None)
+                result.mps_cycles += claim.uid in uses_mps
                 if n + 1 == warm or (n + 1 == min(20, cycles) and not result.kills):
                     result.marks = [_mark(driver, n + 1)]
                 result.cycles += 1
             result.marks.append(_mark(driver, cycles))
         finally:
             driver.stop()
+            kill_daemons(mps_root)  # after a failure, claims may be left prepared: their daemons must not linger
         node = SimulatedNode(load_node_profile(PROFILE), node_name=NODE, state_path=root / "sim.json")
         result.leftovers = {
             "mig_instances": sum(len(g.gpu_instances) for g in node.gpus),
             "cdi_files": len(list((root / "cdi").glob("*.json"))) if (root / "cdi").exists() else 0,
             "temp_files": sum(1 for p in root.rglob("*.tmp")),
             "checkpoint_claims": len(read_records(root / "state" / "checkpoint.json")),
+            "mps_daemons": len(live_daemons(mps_root)),
+            "mps_dirs": len(daemon_dirs(mps_root)),
+            # Compute modes and time-slices not back at the defaults the node started with.
+            "gpu_settings": sum(1 for g in node.gpus if g.compute_mode != ComputeMode.DEFAULT or g.timeslice != 0),
         }
     return result
 
@@ -158,6 +203,7 @@ def _mark(driver: Driver, n: int) -> Mark:
 def as_json(result: SoakResult) -> dict[str, Any]:
     return {
         "cycles": result.cycles,
+        "mps_cycles": result.mps_cycles,
         "kills": result.kills,
         "marks": [vars(m) for m in result.marks],
         "leftovers": result.leftovers,

@@ -7,7 +7,6 @@ import contextlib
 import logging
 import shlex
 import signal
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -45,6 +44,7 @@ from dradriver.driver.mps import DEFAULT_COMMAND, MpsControl
 from dradriver.driver.slices import SliceSettings, build_slice_specs, shape_for
 from dradriver.driver.state import GpuDriver
 from dradriver.errors import ConfigError, DradriverError
+from dradriver.gpu import mps_standin
 from dradriver.gpu.backend import open_gpu_backend
 from dradriver.gpu.inventory import MigMode, discover
 from dradriver.gpu.sim_driver_root import write_stub_driver_root
@@ -666,5 +666,5 @@ def _mps_command(args: argparse.Namespace, simulated: bool) -> list[str]:
     if args.mps_control_command:
         return shlex.split(str(args.mps_control_command))
     if simulated:
-        return [sys.executable, "-m", "dradriver.gpu.mps_standin"]
+        return mps_standin.command()
     return list(DEFAULT_COMMAND)

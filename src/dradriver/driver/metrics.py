@@ -1,7 +1,8 @@
 """Prometheus metrics, named the Kubernetes way (``<component>_<what>_<unit>``, ``_total`` for counters, base
-units): kubelet calls per RPC and outcome, claim errors by reason, prepared devices by type and sharing (read
-from the checkpoint at scrape time), device health and GPU events (recorded by ``driver.health``), and whether
-the last ResourceSlice publish succeeded. docs/reliability.md shows a sample scrape."""
+units): kubelet calls per RPC and outcome, claim errors by reason, prepared devices by type and sharing and the MPS
+daemons (both read from the checkpoint at scrape time), device health and GPU events (recorded by
+``driver.health``), and whether the last ResourceSlice publish succeeded. docs/reliability.md shows a sample
+scrape."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from dradriver.driver.checkpoint import CheckpointStore
+from dradriver.driver.checkpoint import CheckpointStore, DeviceRecord
+from dradriver.driver.sharing import CONFIG_FIELD, SHARE_IDS_FIELD, STEP_MPS_DAEMON, wanted_settings
 from dradriver.plugin.handler import AllocatedClaim, ClaimRef, DriverHandler, PrepareResult
 
 PREPARE_RPC = "NodePrepareResources"
@@ -117,22 +119,48 @@ class NodeCollector(Collector):
     def collect(self) -> Iterator[Any]:
         prepared = GaugeMetricFamily(
             "dradriver_prepared_devices",
-            "Devices prepared for claims on this node, by type (gpu, mig) and sharing (exclusive, admin-access)",
+            "Devices prepared for claims on this node, by type (gpu, mig) and sharing (exclusive, admin-access, "
+            "time-slicing, mps, consumable)",
             labels=["type", "sharing"],
         )
-        counts: dict[tuple[str, str], int] = {(t, s): 0 for t in ("gpu", "mig") for s in ("exclusive", "admin-access")}
+        counts = dict.fromkeys(_PREPARED_SERIES, 0)
+        daemons = 0
         for record in self._checkpoint.records():
             for device in record.devices:
-                key = (device.kind, "admin-access" if device.admin_access else "exclusive")
+                key = (device.kind, sharing_label(device))
                 counts[key] = counts.get(key, 0) + 1
+            daemons += sum(1 for a in record.actions if a.step == STEP_MPS_DAEMON and a.done)
         for (kind, sharing), value in sorted(counts.items()):
             prepared.add_metric([kind, sharing], value)
         yield prepared
+        yield GaugeMetricFamily(
+            "dradriver_mps_daemons",
+            "MPS control daemons this driver runs for prepared claims (one per claim with MPS devices)",
+            value=daemons,
+        )
         yield GaugeMetricFamily(
             "dradriver_resourceslices_published",
             "1 when the last ResourceSlice publish succeeded, else 0",
             value=1 if self._published() else 0,
         )
+
+
+#: The series of ``dradriver_prepared_devices`` shown (as 0) before any such device is prepared.
+_PREPARED_SERIES = (
+    *(("gpu", s) for s in ("exclusive", "admin-access", "time-slicing", "mps", "consumable")),
+    *(("mig", s) for s in ("exclusive", "admin-access", "mps")),  # a partition is not time-sliced or shared
+)
+
+
+def sharing_label(device: DeviceRecord) -> str:
+    """How a prepared device is held: admin-access (monitoring), consumable (a share of a multi-allocatable GPU,
+    enforced with MPS), mps or time-slicing (its config's strategy), else exclusive."""
+    if device.admin_access:
+        return "admin-access"
+    if device.extra.get(SHARE_IDS_FIELD):
+        return "consumable"
+    strategy = wanted_settings(device.extra.get(CONFIG_FIELD), device.kind).strategy
+    return {"MPS": "mps", "TimeSlicing": "time-slicing"}.get(str(strategy), "exclusive")
 
 
 def register_node_collector(collector: NodeCollector) -> Callable[[], None]:

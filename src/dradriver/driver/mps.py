@@ -11,12 +11,14 @@ its pipe directory), which works for a daemon this process did not start (re-ado
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -30,6 +32,8 @@ log = logging.getLogger(__name__)
 CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"
 CONTAINER_LOG_DIR = "/var/log/nvidia-mps"
 DEFAULT_COMMAND = ("nvidia-cuda-mps-control",)
+#: Beside a daemon's pipe and log directories (not in them: they are the containers'): its pid and start time.
+IDENTITY_FILE = "daemon.json"
 _DIR_NAME = re.compile(r"[A-Za-z0-9._-]{1,253}")
 
 
@@ -43,6 +47,7 @@ class MpsControl:
         self.root = root
         self.ready_timeout_s = ready_timeout_s
         self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._pause = threading.Event()  # never set: waits between checks of a condition another process changes
 
     def dirs(self, claim_uid: str) -> tuple[Path, Path]:
         """The claim's pipe and log directories, always inside ``root``: a UID that would name anything else (a
@@ -77,19 +82,53 @@ class MpsControl:
             ) from err
         self._children[child.pid] = child
         identity = {"pid": child.pid, "startTime": _start_time(child.pid), "pipeDir": str(pipe), "logDir": str(logs)}
-        deadline = time.monotonic() + self.ready_timeout_s
-        while not self.alive(identity):
-            if child.poll() is not None or time.monotonic() > deadline:
-                self.stop(identity)
-                raise DeviceError(
-                    f"the MPS control daemon of claim {claim_uid} did not become ready within "
-                    f"{self.ready_timeout_s:g}s; see {logs / 'control.log'}"
-                )
-            time.sleep(0.05)
-        if commands:
-            self._send(identity, "\n".join(commands) + "\n", what="applying the MPS limits")
+        try:
+            # The checkpoint learns the daemon's pid with the claim's completion; until then (a crash in between)
+            # the undo finds it here, and can stop a daemon that never came to answer.
+            _write_identity(pipe.parent / IDENTITY_FILE, {"pid": child.pid, "startTime": identity["startTime"]})
+            self._await_ready(claim_uid, child, identity, commands)
+        except OSError as err:
+            self.stop(identity)
+            raise DeviceError(f"starting the MPS control daemon of claim {claim_uid}: {err}") from err
+        except DeviceError:
+            self.stop(identity)
+            raise
         log.info("started MPS control daemon claim=%s pid=%d devices=%s", claim_uid, child.pid, ",".join(device_uuids))
         return identity
+
+    def _await_ready(
+        self, claim_uid: str, child: subprocess.Popen[bytes], identity: Mapping[str, Any], commands: Sequence[str]
+    ) -> None:
+        """Wait until the new daemon answers, sending the limits with the first question (one control call in the
+        usual case: each is a process start). Nothing tells a client when a daemon starts listening, so this
+        polls, cheaply: a control call only once the pipe directory has an entry (the daemon's socket), checks
+        between them growing from 1 ms, up to ``ready_timeout_s``."""
+        pipe = Path(str(identity["pipeDir"]))
+        text = "".join(f"{line}\n" for line in ("get_server_list", *commands))
+        deadline = time.monotonic() + self.ready_timeout_s
+        pause = 0.001
+        while True:
+            if _has_entries(pipe):
+                try:
+                    self._send(identity, text, what="applying the MPS limits")
+                    return
+                except DeviceError as err:
+                    if commands and self.alive(identity):
+                        # It answers now: it refused a limit, or it began to listen just after the call found no
+                        # daemon (a socket left by a killed one looks the same). Sending the limits again tells.
+                        self._send(identity, text, what="applying the MPS limits")
+                        return
+                    failure: DeviceError | None = err
+            else:
+                failure = None
+            if child.poll() is not None or time.monotonic() > deadline:
+                why = f" ({failure})" if failure is not None else ""
+                raise DeviceError(
+                    f"the MPS control daemon of claim {claim_uid} did not become ready within "
+                    f"{self.ready_timeout_s:g}s{why}; see {Path(str(identity['logDir'])) / 'control.log'}"
+                )
+            self._pause.wait(pause)
+            pause = min(2 * pause, 0.05)
 
     def claim_uids(self) -> list[str]:
         """Claims with MPS directories here (start-up stops the daemons of those the checkpoint does not know)."""
@@ -130,23 +169,59 @@ class MpsControl:
 
     def stop(self, identity: Mapping[str, Any]) -> None:
         """Quit the daemon (idempotent: a daemon already gone is success) and remove its directories."""
-        pid = int(identity.get("pid", 0))
-        with contextlib.suppress(DeviceError):
+        base = Path(str(identity.get("pipeDir", ""))).parent
+        pid, start_time = int(identity.get("pid") or 0), identity.get("startTime")
+        if not pid:
+            pid, start_time = _identity_in(base / IDENTITY_FILE)
+        try:
             self._send(identity, "quit\n", what="stopping the daemon")
-        deadline = time.monotonic() + self.ready_timeout_s
-        while self._running(pid, identity.get("startTime")) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if self._running(pid, identity.get("startTime")):
+            quitting = True
+        except DeviceError:
+            quitting = False  # not answering (never started listening, or hung): nothing to wait for
+        if not (quitting and self._exited(pid, start_time)) and self._running(pid, start_time):
             log.warning("MPS control daemon did not quit; killing it pid=%d", pid)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+            self._exited(pid, start_time)  # gone before its directories are
         child = self._children.pop(pid, None)
         if child is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(timeout=self.ready_timeout_s)
-        base = Path(str(identity.get("pipeDir", ""))).parent
         if base != Path() and base.parent == self.root:
             shutil.rmtree(base, ignore_errors=True)
+
+    def kill(self, identity: Mapping[str, Any]) -> None:
+        """SIGKILL the daemon ``identity`` names if that process still runs (its directories are left as they are,
+        since containers mount them)."""
+        pid, start_time = int(identity.get("pid") or 0), identity.get("startTime")
+        if self._running(pid, start_time):
+            log.warning("killing an MPS control daemon that does not answer pid=%d", pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            self._exited(pid, start_time)
+        child = self._children.pop(pid, None)
+        if child is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=self.ready_timeout_s)
+
+    def _exited(self, pid: int, start_time: object) -> bool:
+        """Wait up to ``ready_timeout_s`` for the daemon to exit; whether it did. Our own child is waited for
+        (woken by its exit); one a previous instance started can only be watched through /proc."""
+        child = self._children.get(pid)
+        if child is not None:
+            try:
+                child.wait(timeout=self.ready_timeout_s)
+            except subprocess.TimeoutExpired:
+                return False
+            return True
+        deadline = time.monotonic() + self.ready_timeout_s
+        pause = 0.001
+        while self._running(pid, start_time):
+            if time.monotonic() > deadline:
+                return False
+            self._pause.wait(pause)
+            pause = min(2 * pause, 0.05)
+        return True
 
     def _running(self, pid: int, start_time: object) -> bool:
         child = self._children.get(pid)
@@ -174,6 +249,29 @@ class MpsControl:
     def query(self, identity: Mapping[str, Any], command: str) -> str:
         """Ask the daemon one command (e.g. ``get_default_active_thread_percentage``); its answer."""
         return self._send(identity, command + "\n", what=f"asking {command}")
+
+
+def _write_identity(path: Path, identity: Mapping[str, Any]) -> None:
+    """Owner-only, like the rest of the state directory, and never through a link planted under its name."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(json.dumps(dict(identity)))
+
+
+def _has_entries(directory: Path) -> bool:
+    try:
+        return any(directory.iterdir())
+    except OSError:
+        return False
+
+
+def _identity_in(path: Path) -> tuple[int, object]:
+    """(pid, start time) from a daemon's identity file; (0, None) when there is none (never started)."""
+    try:
+        found = json.loads(path.read_text())
+        return int(found["pid"]), found.get("startTime")
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0, None
 
 
 def _start_time(pid: int) -> int | None:

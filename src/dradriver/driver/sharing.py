@@ -177,17 +177,51 @@ class SharingSteps:
         self.checkpoint = checkpoint
         self.mps = mps
 
+    def expect(self, txn: Transaction, targets: Mapping[str, str | None]) -> None:
+        """Declare the claim's compute-mode, time-slice and MPS steps before its record is first written, so their
+        intents cost no write of their own. Called under the claim's GPU locks. ``targets`` maps each device to
+        the UUID its settings go to when that is known now (a whole GPU, a MIG device that exists), else None (a
+        partition carved by this prepare): such an intent names no device, and its undo has nothing to restore,
+        since the MIG device goes with its instance, which is undone after it."""
+        for device in txn.record.devices:
+            wanted = wanted_settings(device.extra.get(CONFIG_FIELD), device.kind)
+            target = targets.get(device.name)
+            if wanted.compute_mode is not None:
+                mode = int(_MODES[wanted.compute_mode])
+                params: dict[str, Any] = {"mode": mode}
+                if target is not None:
+                    params.update(deviceUUID=target, previous=self._previous_mode(device, txn.record.uid, target))
+                txn.expect(STEP_COMPUTE_MODE, device.name, params)
+            if wanted.timeslice is not None:
+                value = TIMESLICE_VALUES[wanted.timeslice]
+                txn.expect(STEP_TIME_SLICE, device.name, {"gpuUUID": device.gpu_uuid, "value": value})
+        devices = self._mps_devices(txn.record)
+        if devices:
+            uuids = [targets.get(d.name) for d, _s in devices]
+            known = [u for u in uuids if u is not None]
+            # Commands name the devices: with a partition still to carve they are made when it exists.
+            params = (
+                {"deviceUUIDs": known, "commands": mps_commands(txn.record, devices, known)}
+                if len(known) == len(uuids)
+                else {}
+            )
+            txn.expect(STEP_MPS_DAEMON, "", params)
+
     def apply_device(self, txn: Transaction, device: DeviceRecord) -> None:
         """The compute-mode and time-slice steps of one device (nothing when its config asks for neither)."""
         wanted = wanted_settings(device.extra.get(CONFIG_FIELD), device.kind)
         if wanted.compute_mode is None and wanted.timeslice is None:
             return
         gpulib = self._gpulib(device)
-        target = device.mig_uuid if device.kind == "mig" and device.mig_uuid else device.gpu_uuid
+        target = _target(device)
         if wanted.compute_mode is not None:
             mode = _MODES[wanted.compute_mode]
-            holder = self._holder(txn.record.uid, STEP_COMPUTE_MODE, target)
-            previous = holder.params["previous"] if holder is not None else int(gpulib.compute_mode(target))
+            declared = txn.intent(STEP_COMPUTE_MODE, device.name) or {}
+            previous = (
+                declared["previous"]
+                if declared.get("deviceUUID") == target and "previous" in declared
+                else self._previous_mode(device, txn.record.uid, target)
+            )
             params = {"deviceUUID": target, "mode": int(mode), "previous": previous}
             txn.run(STEP_COMPUTE_MODE, device.name, params, lambda p: self._set_mode(gpulib, p["deviceUUID"], mode))
         if wanted.timeslice is not None:
@@ -197,20 +231,33 @@ class SharingSteps:
 
     def apply_mps(self, txn: Transaction) -> None:
         """The claim's MPS daemon, for the devices whose config asks for MPS (nothing when none does)."""
-        devices = [
-            (d, s)
-            for d in txn.record.devices
-            if (s := wanted_settings(d.extra.get(CONFIG_FIELD), d.kind)).mps is not None
-        ]
+        devices = self._mps_devices(txn.record)
         if not devices:
             return
         if self.mps is None:
             raise ClaimError(f"claim {txn.record}: MPS is asked for, but this driver runs no MPS control command")
-        uuids = [d.mig_uuid if d.kind == "mig" and d.mig_uuid else d.gpu_uuid for d, _s in devices]
+        uuids = [_target(d) for d, _s in devices]
         commands = mps_commands(txn.record, devices, uuids)
         mps = self.mps
         params: dict[str, Any] = {"deviceUUIDs": uuids, "commands": commands}
         txn.run(STEP_MPS_DAEMON, "", params, lambda p: mps.start(txn.record.uid, p["deviceUUIDs"], p["commands"]))
+
+    @staticmethod
+    def _mps_devices(record: ClaimRecord) -> list[tuple[DeviceRecord, Settings]]:
+        return [
+            (d, s) for d in record.devices if (s := wanted_settings(d.extra.get(CONFIG_FIELD), d.kind)).mps is not None
+        ]
+
+    def _previous_mode(self, device: DeviceRecord, uid: str, target: str) -> int:
+        """The mode to restore when the last claim leaves ``target``: what another claim holding it recorded,
+        else what the device runs now."""
+        holder = self._holder(uid, STEP_COMPUTE_MODE, target)
+        if holder is not None:
+            return int(holder.params["previous"])
+        try:
+            return int(self._gpulib(device).compute_mode(target))
+        except GpuError as err:
+            raise DeviceError(f"device {device.name}: reading its compute mode: {err}") from err
 
     def cdi_extras(
         self, record: ClaimRecord, device: DeviceRecord
@@ -235,6 +282,8 @@ class SharingSteps:
         log.warning(
             "MPS control daemon of claim=%s is gone (pid %s); restarting it", record.uid, action.params.get("pid")
         )
+        # Not answering is not always dead: a daemon whose directories were removed runs on unreachable.
+        self.mps.kill(action.params)
         action.params.update(self.mps.start(record.uid, action.params["deviceUUIDs"], action.params["commands"]))
         self.checkpoint.put(record)
         return True
@@ -242,6 +291,8 @@ class SharingSteps:
     # --- undo ---------------------------------------------------------------------------------------------
 
     def undo_compute_mode(self, record: ClaimRecord, action: Action) -> None:
+        if "deviceUUID" not in action.params:
+            return  # declared for a partition not carved yet: its MIG device, if any, goes with its instance
         target = str(action.params["deviceUUID"])
         if self._holder(record.uid, STEP_COMPUTE_MODE, target) is not None:
             return  # another claim still runs the device in this mode; the last one restores it
@@ -355,6 +406,11 @@ def mps_commands(
         if limit is not None:
             commands.append(f"set_default_device_pinned_mem_limit {uuid} {mib(limit)}M")
     return commands
+
+
+def _target(device: DeviceRecord) -> str:
+    """The UUID a device's settings go to: its MIG device for a partition, else its GPU."""
+    return device.mig_uuid if device.kind == "mig" and device.mig_uuid else device.gpu_uuid
 
 
 def _gone(err: GpuError) -> bool:

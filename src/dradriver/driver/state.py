@@ -196,30 +196,33 @@ class GpuDriver:
             devices=[_device_record(p) for p in planned],
         )
         txn = Transaction(record, self.checkpoint, self._undo_steps())
-        for plan in planned:
-            self._expect_ready(txn, plan)
-        txn.expect(STEP_CDI_SPEC, "", {})
-        # One write records the claim and the intent of every step before the first change. A claim whose only
-        # change is its CDI spec needs none: start-up removes a spec the checkpoint does not know.
-        durable = any(a.step != STEP_CDI_SPEC for a in record.actions)
-        self.checkpoint.insert_checked(
-            record, lambda others: _refuse_overlap_and_conflicts(ref, record, others), durable=durable
-        )
-        try:
-            crash_point("prepare-started")
-            with self._hold_gpus(sorted({p.gpu.name for p in planned})):
+        # The GPUs' locks are held from before the intents are made (a compute mode to restore is read from the
+        # device) until the claim is recorded complete or rolled back.
+        with self._hold_gpus(sorted({p.gpu.name for p in planned})):
+            for plan in planned:
+                self._expect_ready(txn, plan)
+            self._sharing.expect(txn, {p.device.name: self._known_target(p) for p in planned})
+            txn.expect(STEP_CDI_SPEC, "", {})
+            # One write records the claim and the intent of every step before the first change. A claim whose only
+            # change is its CDI spec needs none: start-up removes a spec the checkpoint does not know.
+            durable = any(a.step != STEP_CDI_SPEC for a in record.actions)
+            self.checkpoint.insert_checked(
+                record, lambda others: _refuse_overlap_and_conflicts(ref, record, others), durable=durable
+            )
+            try:
+                crash_point("prepare-started")
                 ready = [self._make_ready(txn, p) for p in planned]
                 for device in record.devices:
                     self._sharing.apply_device(txn, device)
                 self._sharing.apply_mps(txn)
-            ready = [self._with_sharing(txn.record, r) for r in ready]
-            self._write_cdi_spec(txn, ready)
-            crash_point("prepare-completing")
-            record.state = ClaimState.PREPARE_COMPLETED
-            self.checkpoint.put(record)  # if this write fails (a full disk), the claim is rolled back, not half-kept
-        except DradriverError as err:
-            record.state = ClaimState.PREPARE_STARTED
-            raise self._failed(txn, err) from err
+                ready = [self._with_sharing(txn.record, r) for r in ready]
+                self._write_cdi_spec(txn, ready)
+                crash_point("prepare-completing")
+                record.state = ClaimState.PREPARE_COMPLETED
+                self.checkpoint.put(record)  # if this write fails (a full disk), the claim is rolled back
+            except DradriverError as err:
+                record.state = ClaimState.PREPARE_STARTED
+                raise self._failed(txn, err) from err
         log.info(
             "prepared claim=%s name=%s/%s devices=%s",
             ref.uid,
@@ -255,10 +258,10 @@ class GpuDriver:
         self.checkpoint.remove(record.uid)
 
     def _failed(self, txn: Transaction, err: DradriverError) -> ClaimError:
-        """Roll the claim back after ``err``; the error for the kubelet names device, step and cause."""
+        """Roll the claim back after ``err`` (the caller holds its GPUs' locks); the error for the kubelet names
+        device, step and cause."""
         record = txn.record
-        with self._hold_gpus(sorted({d.gpu for d in record.devices})):
-            rollback_error = txn.rollback()
+        rollback_error = txn.rollback()
         if rollback_error is None:
             self.checkpoint.remove(record.uid)
             outcome = "everything done for the claim was undone"
@@ -352,6 +355,16 @@ class GpuDriver:
             and not planned.admin_access
         ):
             self._mig.expect_carve(txn, device)
+
+    def _known_target(self, planned: PlannedDevice) -> str | None:
+        """The UUID a device's settings go to, if it is known before any change: a whole GPU's, or that of a MIG
+        device that exists (static mode); None for a partition this prepare carves."""
+        device = planned.device
+        if isinstance(device, GpuDevice):
+            return device.uuid
+        if self.mig_mode is not MigMode.DYNAMIC and device.existing is not None:
+            return device.existing.uuid
+        return None
 
     def _make_ready(self, txn: Transaction, planned: PlannedDevice) -> ReadyDevice:
         """Bring one device into the state its allocation needs (dynamic mode: MIG mode and carving)."""

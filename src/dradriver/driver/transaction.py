@@ -66,6 +66,11 @@ class Transaction:
         self.record.actions.append(action)
         self._declared.append(action)
 
+    def intent(self, step: str, device: str) -> dict[str, Any] | None:
+        """The parameters a declared step that has not run yet was declared with (a copy), or None."""
+        action = next((a for a in self._declared if a.step == step and a.device == device), None)
+        return dict(action.params) if action is not None else None
+
     def run(
         self, step: str, device: str, params: dict[str, Any], change: Callable[[dict[str, Any]], dict[str, Any]]
     ) -> dict[str, Any]:
