@@ -127,6 +127,28 @@ def test_a_dra_kind_under_another_api_version_is_an_error_and_bad_metadata_never
         assert message in err
 
 
+def test_typed_lists_as_the_api_server_returns_them_are_read_and_skipped_by_their_items_kind(tmp_path, capsys):
+    # `kubectl get --raw .../resourceclaims` answers a ResourceClaimList whose items carry neither kind nor
+    # apiVersion (the list's apiVersion is theirs); a PodList is another group's object, skipped like a Pod.
+    claim = {
+        "metadata": {"name": "listed", "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.dradriver.dev"}}]}},
+    }
+    lists = [
+        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimList", "metadata": {}, "items": [claim]},
+        {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [{"metadata": {"name": "p"}}]},
+    ]
+    path = tmp_path / "lists.json"
+    path.write_text(json.dumps(lists[0]) + "\n")
+    (tmp_path / "pods.json").write_text(json.dumps(lists[1]) + "\n")
+    code = main(["explain", str(path), str(tmp_path / "pods.json"), "--slices", SLICES, "-o", "json"])
+    data = json.loads(capsys.readouterr().out)
+    assert data["errors"] == []
+    assert [c["fits"] for c in data["claims"]] == [True]
+    assert data["skipped"] == [f"{tmp_path}/pods.json #1 items[0]: skipped Pod p: not an object explain reads"]
+    assert code == 0
+
+
 def test_skipped_objects_are_listed_in_json_output(tmp_path, capsys):
     extra = "---\napiVersion: v1\nkind: Pod\nmetadata: {name: p}\n"
     code = main(["explain", write_claim(tmp_path, extra=extra), "--slices", SLICES, "-o", "json"])

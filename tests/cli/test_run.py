@@ -99,6 +99,10 @@ def test_a_metrics_port_in_use_is_one_line_before_anything_starts(tmp_path, caps
         (("--kubeconfig", "/dev/zero"), "--kubeconfig /dev/zero: not a regular file"),
         (("--log-format", "xml"), "argument --log-format: invalid choice: 'xml'"),
         (("--pod-uid", "not_a_uid"), "pod UID 'not_a_uid' is not a Kubernetes UID"),
+        # Empty, these named the current directory: a registration the kubelet never sees, CDI specs the runtime
+        # never reads (DRADRIVER_REGISTRY_DIR="" and DRADRIVER_CDI_DIR="" give the same values).
+        (("--registry-dir", ""), "--registry-dir (DRADRIVER_REGISTRY_DIR) is empty"),
+        (("--cdi-dir", ""), "--cdi-dir (DRADRIVER_CDI_DIR) is empty"),
     ],
 )
 def test_the_whole_configuration_is_checked_before_anything_is_touched(tmp_path, capsys, extra, message):

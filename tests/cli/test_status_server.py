@@ -117,3 +117,18 @@ def test_an_ipv6_address_in_brackets_is_served() -> None:
         assert _get(f"http://[::1]:{server.port}/readyz") == 200
     finally:
         server.stop()
+
+
+def test_a_query_string_does_not_change_the_endpoint():
+    # kube-apiserver's probes take ?verbose (a probe copied from its docs), Prometheus scrapes may add parameters.
+    server = StatusServer("127.0.0.1:0", lambda: (True, {}))
+    server.start()
+    try:
+        assert fetch(server.port, "/livez?verbose") == (200, "ok\n")
+        assert fetch(server.port, "/healthz?verbose=1") == (200, "ok\n")
+        assert fetch(server.port, "/readyz?verbose")[0] == 200
+        code, body = fetch(server.port, "/metrics?name[]=python_info")
+        assert code == 200 and "python_info" in body
+        assert fetch(server.port, "/nope?x")[0] == 404
+    finally:
+        server.stop()

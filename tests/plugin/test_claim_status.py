@@ -3,6 +3,7 @@ prepare, cleared at unprepare, retried on failures, and never a reason for a pre
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -275,3 +276,31 @@ def test_a_writer_stuck_in_http_at_stop_is_never_joined_by_a_second_one(api: Api
     assert devices_of(api) == []  # the clear came last
     writer.stop(timeout=10)
     assert len(_status_threads()) == before
+
+
+def test_a_job_queued_for_a_writer_started_while_a_stop_still_runs_is_written(api: ApiEnv) -> None:
+    """A prepare or unprepare finishing on a gRPC thread while the writer stops starts it again: that job belongs to
+    the new writer and is written after the stuck one, not dropped with the stopped writer's queue."""
+    ref = stored_claim(api)
+    port = _HangingPort(api)
+    writer = ClaimStatusWriter(port, driver_name=DRIVER, node_name="node-a", backoff=0.01)
+
+    class SubmitDuringStop(logging.Handler):  # runs at the moment stop has given up on the stuck writer
+        def emit(self, record: logging.LogRecord) -> None:
+            if "still busy" in record.getMessage():
+                writer.unprepared(ref)
+
+    handler = SubmitDuringStop()
+    status_log = logging.getLogger("dradriver.plugin.claim_status")
+    status_log.addHandler(handler)
+    try:
+        writer.prepared(ref, [PreparedDevice(pool="node-a", device="gpu-0")])
+        assert port.hanging.wait(10)
+        writer.stop(timeout=0)
+    finally:
+        status_log.removeHandler(handler)
+    port.release.set()
+    assert writer.wait_idle(10)
+    assert port.most_active == 1
+    assert devices_of(api) == []  # the clear, queued during the stop, came after the stuck write
+    writer.stop(timeout=10)

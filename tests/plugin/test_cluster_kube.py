@@ -15,6 +15,7 @@ import pytest
 from support.apiserver import ApiEnv, api_env
 
 from dradriver.errors import ConfigError
+from dradriver.plugin import kube_cluster
 from dradriver.plugin.cluster import (
     ApiUnavailableError,
     ConflictError,
@@ -345,3 +346,55 @@ print(json.dumps([
 ]))
 """
     assert _in_fresh_interpreter(code) == [True, True, True, True, False]
+
+
+@pytest.fixture
+def lazy_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A package ``lazypkg`` on sys.path whose ``__init__`` the test writes, loaded by ``_lazy_package``."""
+    (tmp_path / "lazypkg").mkdir()
+    (tmp_path / "lazypkg" / "part.py").write_text("PART = 'part'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path / "lazypkg" / "__init__.py"
+    for name in [n for n in sys.modules if n == "lazypkg" or n.startswith(("lazypkg.", "lazygate"))]:
+        del sys.modules[name]
+
+
+def test_a_thread_asking_a_lazy_package_while_another_runs_its_init_waits_for_it(lazy_package: Path) -> None:
+    # As `import` does: a second thread never sees the package half initialised.
+    (lazy_package.parent.parent / "lazygate.py").write_text(
+        "import threading\nstarted, release = threading.Event(), threading.Event()\n"
+    )
+    lazy_package.write_text("from lazygate import started, release\nstarted.set()\nrelease.wait(10)\nVALUE = 42\n")
+    import lazygate  # type: ignore[import-not-found]
+
+    kube_cluster._lazy_package("lazypkg")
+    package: Any = sys.modules["lazypkg"]
+    seen: dict[str, object] = {}
+
+    def read(key: str) -> None:
+        try:
+            seen[key] = package.VALUE
+        except AttributeError as err:
+            seen[key] = err
+
+    first = threading.Thread(target=read, args=("first",))
+    first.start()
+    assert lazygate.started.wait(10)
+    second = threading.Thread(target=read, args=("second",))
+    second.start()
+    second.join(0.5)  # not synchronisation: only gives a broken implementation the time to answer early
+    lazygate.release.set()
+    first.join(10)
+    second.join(10)
+    assert seen == {"first": 42, "second": 42}
+
+
+def test_a_lazy_package_whose_init_failed_fails_again_the_same_way(lazy_package: Path) -> None:
+    # An eagerly imported package that failed is imported afresh by the next import, which fails the same way.
+    lazy_package.write_text("raise ImportError('lazypkg needs somedependency')\n")
+    kube_cluster._lazy_package("lazypkg")
+    package: Any = sys.modules["lazypkg"]
+    for _ in range(2):
+        with pytest.raises(ImportError, match="needs somedependency"):
+            package.VALUE  # noqa: B018
+    assert package.part.PART == "part"  # its submodules still import

@@ -514,3 +514,44 @@ def test_a_restarted_kubelet_that_removed_the_registration_socket_re_dials_and_r
         assert restarted.prepare([Claim("default", "a", "uid-a")])["uid-a"] == before
     status = plugin.registration.wait_for_reports(2, TIMEOUT)
     assert status is not None and status.registered
+
+
+def test_a_failing_write_back_after_the_plugin_directory_came_back_is_retried_and_the_plugin_registers_again(
+    make_plugin: PluginFactory, claims: FakeClaimSource, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The driver's write-back (its checkpoint) may fail once, e.g. on a full disk: it is called again at the next
+    check until it works, and the registration socket is re-created all the same."""
+    calls: list[int] = []
+    written = threading.Event()
+
+    def write_back() -> None:
+        calls.append(len(calls))
+        if len(calls) == 1:
+            raise OSError(28, "No space left on device")
+        written.set()
+
+    plugin = make_plugin(on_plugin_dir_recreated=write_back)
+    plugin.start()
+    caplog.set_level(logging.INFO, logger="dradriver.plugin.kubelet_plugin")
+    caplog.clear()
+    shutil.rmtree(plugin.plugin_dir)
+    assert written.wait(TIMEOUT), f"the write-back was not tried again after failing (calls: {len(calls)})"
+    assert wait_for(lambda: "created registration socket" in caplog.text)
+    claims.add(make_claim("a", "uid-a"))
+    with KubeletClient(plugin.registry_dir).register() as kubelet:
+        assert kubelet.prepare([Claim("default", "a", "uid-a")])["uid-a"].error == ""
+    assert len(calls) == 2
+
+
+def test_a_second_start_changes_nothing_and_one_stop_ends_every_thread_and_socket(make_plugin: PluginFactory) -> None:
+    before = set(threading.enumerate())
+    plugin = make_plugin()
+    plugin.start()
+    sockets = {path: path.stat().st_ino for path in (plugin.dra_socket, plugin.registration_socket)}
+    plugin.start()
+    assert {path: path.stat().st_ino for path in sockets} == sockets  # the serving sockets were not replaced
+    with KubeletClient(plugin.registry_dir).register() as kubelet:
+        assert kubelet.prepare([]) == {}
+    plugin.stop()
+    assert not plugin.dra_socket.exists() and not plugin.registration_socket.exists()
+    assert [t for t in set(threading.enumerate()) - before if t.name == "socket-watcher"] == []

@@ -23,6 +23,7 @@ import queue
 import re
 import secrets
 import socket
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -247,6 +248,15 @@ def _matches(
     return True
 
 
+class _QuietServer(ThreadingHTTPServer):
+    """A client killed mid-request (the soak SIGKILLs the driver) resets its connection: expected, not a
+    traceback on stderr. Any other error in a handler is still printed."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            super().handle_error(request, client_address)
+
+
 class FakeApiServer:
     """The stand-in server. Use as a context manager, or call :meth:`start` and :meth:`stop`."""
 
@@ -266,14 +276,14 @@ class FakeApiServer:
         self._faults: list[_Fault] = []
         self._requests: list[RequestRecord] = []
         self._closing = threading.Event()
-        self._httpd: ThreadingHTTPServer | None = None
+        self._httpd: _QuietServer | None = None
         self._thread: threading.Thread | None = None
 
     # -- life cycle --------------------------------------------------------------------------------
 
     def start(self) -> FakeApiServer:
         handler = type("Handler", (_Handler,), {"api": self})
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._httpd = _QuietServer(("127.0.0.1", 0), handler)
         self._httpd.daemon_threads = True
         # A short poll interval keeps stop() fast; serve_forever checks for shutdown only that often.
         self._thread = threading.Thread(

@@ -123,9 +123,12 @@ def _add(doc: Any, source: str, inputs: Inputs, want: tuple[str, ...]) -> None:
         if not isinstance(doc["items"], list):
             inputs.errors.append(f"{source}: items: expected a list, got {type_name(doc['items'])}")
             return
+        # A typed list's items (ResourceClaimList from the API server) carry neither kind nor apiVersion: the
+        # list's are theirs. A plain List's items name their own.
+        implied = {"kind": kind.removesuffix("List"), "apiVersion": doc.get("apiVersion")} if kind != "List" else {}
         for i, item in enumerate(doc["items"]):
             _add(
-                {"kind": kind.removesuffix("List"), **item} if isinstance(item, dict) else item,
+                {**implied, **item} if isinstance(item, dict) else item,
                 f"{source} items[{i}]",
                 inputs,
                 want,

@@ -295,6 +295,12 @@ def check_config(args: argparse.Namespace) -> None:
         check_pod_uid(args.pod_uid)
     if args.metrics_address:
         check_bindable("--metrics-address", args.metrics_address)
+    for flag, env, value in (
+        ("--registry-dir", "DRADRIVER_REGISTRY_DIR", args.registry_dir),
+        ("--cdi-dir", "DRADRIVER_CDI_DIR", args.cdi_dir),
+    ):
+        if not value:  # Path("") is the current directory, where neither the kubelet nor the runtime looks
+            raise ConfigError(f"{flag} ({env}) is empty; give a directory, or unset the variable for the default")
     for flag, value in (
         ("--registry-dir", args.registry_dir),
         ("--plugin-dir", args.plugin_dir),

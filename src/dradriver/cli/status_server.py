@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -34,13 +35,14 @@ class StatusServer:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                if self.path == "/metrics":
+                path = urlsplit(self.path).path  # a query (?verbose, as kube-apiserver's probes take) is ignored
+                if path == "/metrics":
                     self._reply(200, generate_latest(), CONTENT_TYPE_LATEST)
-                elif self.path == "/livez":
+                elif path == "/livez":
                     self._probe("alive", outer.liveness)
-                elif self.path == "/healthz":
+                elif path == "/healthz":
                     self._probe("healthy", outer.health or outer.liveness)
-                elif self.path == "/readyz":
+                elif path == "/readyz":
                     ready, detail = outer.readiness()
                     body = json.dumps({"ready": ready, **detail}, default=str).encode() + b"\n"
                     self._reply(200 if ready else 503, body, "application/json")

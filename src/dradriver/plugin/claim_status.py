@@ -117,8 +117,9 @@ class ClaimStatusWriter:
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop after the job in flight, waiting for it at most ``timeout`` seconds; queued jobs are dropped
-        (the kubelet repeats prepare after a restart). A worker still stuck in an API call after ``timeout``
-        finishes that call and ends; a writer started again meanwhile waits for it before it writes."""
+        (the kubelet repeats prepare after a restart), unless a job submitted meanwhile started a writer again. A
+        worker still stuck in an API call after ``timeout`` finishes that call and ends; a writer started again
+        meanwhile waits for it before it writes."""
         with self._lock:
             worker, self._worker = self._worker, None
             if worker is None:
@@ -131,17 +132,20 @@ class ClaimStatusWriter:
         if worker.thread.is_alive():
             logger.warning("claim status writer still busy after %.1fs at stop (an API call in flight)", timeout)
         dropped, marks = 0, []
-        while True:
-            try:
-                job = self._jobs.get_nowait()
-            except queue.Empty:
-                break
-            if isinstance(job, _StopMark):
-                marks.append(job)  # its worker may not have reached it yet
-            else:
-                dropped += 1
-        for mark in marks:
-            self._jobs.put(mark)
+        # Under the lock, so no writer starts meanwhile: one started during this stop owns the queue (the jobs
+        # submitted since, in order after the stopped writer's), and nothing of it is dropped.
+        with self._lock:
+            while self._worker is None:
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(job, _StopMark):
+                    marks.append(job)  # its worker may not have reached it yet
+                else:
+                    dropped += 1
+            for mark in marks:
+                self._jobs.put(mark)
         with self._idle:
             self._pending -= dropped
             self._idle.notify_all()

@@ -42,7 +42,8 @@ def _lazy_package(name: str) -> None:
     """Put package ``name`` in ``sys.modules`` without running its ``__init__`` yet. A subpackage or submodule
     is imported when first used (``import name.sub``, ``from name import sub`` or ``name.sub``); asking for any
     other attribute (what ``__init__`` defines or re-exports) runs ``__init__`` then, so the package behaves as
-    an eagerly imported one would. Nothing changes when the package was imported already.
+    an eagerly imported one would: other threads wait while it runs, and if it fails the next access runs it
+    again. Nothing changes when the package was imported already.
 
     ``kubernetes/__init__`` imports every part of the client: the dynamic client (with jsonschema and
     kubernetes-validate's schemas), watch, stream (websocket), utils, leader election, informers; and
@@ -56,7 +57,10 @@ def _lazy_package(name: str) -> None:
         return  # not installed as a package: the import that follows reports it as usual
     package = importlib.util.module_from_spec(spec)
     loader = spec.loader
-    initialised = threading.Lock()
+    # Held while __init__ runs, so another thread asking meanwhile waits for it as ``import`` would (re-entrant:
+    # __init__ itself may ask the package for a name it has not defined yet, which then is an AttributeError).
+    initialising = threading.RLock()
+    running = threading.local()
 
     def __getattr__(attribute: str) -> Any:  # PEP 562: called for names the module does not have (yet)
         if not attribute.startswith("__"):
@@ -65,9 +69,15 @@ def _lazy_package(name: str) -> None:
             except ModuleNotFoundError as err:
                 if err.name != f"{name}.{attribute}":
                     raise  # the submodule exists but lacks a dependency: say so
-        with initialised:
-            if package.__dict__.pop("__getattr__", None) is not None:  # once; from now on a plain module
-                loader.exec_module(package)
+        with initialising:
+            if not getattr(running, "active", False) and package.__dict__.get("__getattr__") is __getattr__:
+                running.active = True
+                try:
+                    loader.exec_module(package)  # raises as a failed import would; the next access tries again
+                finally:
+                    running.active = False
+                if package.__dict__.get("__getattr__") is __getattr__:  # not one __init__ defined
+                    del package.__dict__["__getattr__"]  # from now on a plain module
         try:
             return package.__dict__[attribute]
         except KeyError:

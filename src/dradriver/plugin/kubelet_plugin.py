@@ -76,7 +76,8 @@ class KubeletPlugin:
     one instance at a time serves the node.
 
     ``on_plugin_dir_recreated`` is called after the plugin directory was deleted under the running plugin and
-    its DRA socket re-created, so the driver can write back what it keeps there (a checkpoint).
+    its DRA socket re-created, so the driver can write back what it keeps there (a checkpoint); if it raises, it is
+    called again at each check of the sockets until it returns.
     """
 
     def __init__(
@@ -158,14 +159,19 @@ class KubeletPlugin:
         self._watcher: SocketWatcher | None = None
         self._mutex = threading.Lock()
         self._on_plugin_dir_recreated = on_plugin_dir_recreated
+        # Set when the DRA socket was re-created and the driver's write-back has not worked yet (watcher thread only).
+        self._write_back_pending = False
 
     def start(self) -> None:
         """Take the instance lock, serve the DRA socket, then create the registration socket and its watcher.
 
         Raises AlreadyRunningError if another instance serves this driver from the same plugin directory (in
         rolling-update mode: another process of the same pod, or an instance without a pod UID), and
-        ConfigError if a directory, the lock file or a socket cannot be created.
+        ConfigError if a directory, the lock file or a socket cannot be created. A second call while started does
+        nothing (it would replace the serving sockets and leave a second watcher running).
         """
+        if self._watcher is not None:
+            return
         _make_dir(self.registry_dir, "kubelet plugin registration directory", "--registry-dir")
         self.lock()
         self._processor.open()
@@ -275,17 +281,31 @@ class KubeletPlugin:
         """Re-create what someone removed: the DRA socket (the plugin directory deleted under us; its lock
         files too) and the registration socket. After a new DRA socket the registration socket is re-created
         as well, so the kubelet registers the plugin afresh instead of waiting on a dead endpoint. A missing
-        registry directory is the kubelet's to re-create: until it does, there is nowhere to register."""
+        registry directory is the kubelet's to re-create: until it does, there is nowhere to register. The
+        driver's write-back (``on_plugin_dir_recreated``) comes last and is tried at each check until it works, so
+        its failure never keeps the plugin unregistered."""
         with self._mutex:
             dra_lost = self._dra_server is None or not self._dra_server.is_in_place()
         if dra_lost:
             self._recreate_dra_server()
-        if not self.registry_dir.is_dir():
-            return
-        with self._mutex:
-            registration_lost = self._registration_server is None or not self._registration_server.is_in_place()
-        if dra_lost or registration_lost:
-            self._recreate_registration_server()
+            self._write_back_pending = self._on_plugin_dir_recreated is not None
+        if self.registry_dir.is_dir():
+            with self._mutex:
+                registration_lost = self._registration_server is None or not self._registration_server.is_in_place()
+            if dra_lost or registration_lost:
+                self._recreate_registration_server()
+        if self._write_back_pending and self._on_plugin_dir_recreated is not None:
+            try:
+                self._on_plugin_dir_recreated()
+            except Exception as err:
+                logger.warning(
+                    "cannot write back what the driver keeps in the re-created plugin directory; retrying at the "
+                    "next check path=%s error=%s",
+                    self.plugin_dir,
+                    err,
+                )
+                return
+            self._write_back_pending = False
 
     def _recreate_dra_server(self) -> None:
         logger.warning(
@@ -304,8 +324,6 @@ class KubeletPlugin:
         with self._mutex:
             self._dra_server = server
         logger.info("serving DRA services again socket=%s", self.dra_socket)
-        if self._on_plugin_dir_recreated is not None:
-            self._on_plugin_dir_recreated()
 
     def _recreate_registration_server(self) -> None:
         logger.warning("re-creating the registration socket path=%s", self.registration_socket)
