@@ -411,6 +411,24 @@ def test_a_failed_unprepare_is_finished_before_a_re_sent_prepare(node: Node, mon
     assert node.spec("a")["devices"][0]["containerEdits"]["mounts"]
 
 
+def test_the_periodic_check_never_restarts_the_daemon_of_a_half_unprepared_claim(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dradriver import faults
+
+    assert node.prepare(claim("a", GPU0, config=[MPS])) is None
+    first = dict(node.daemon("a"))
+    monkeypatch.setenv(faults.CRASH_ENV, "undone:mps-daemon=fail")
+    error = node.driver.unprepare_resource_claims([ClaimRef("default", "claim-a", "a")])["a"]
+    assert error is not None
+    monkeypatch.delenv(faults.CRASH_ENV)
+    assert not node.mps.alive(first)  # stopped before the injected failure
+    node.driver.check_mps_daemons()  # the kubelet's re-sent unprepare finishes the claim; no daemon meanwhile
+    assert node.daemon("a")["pid"] == first["pid"] and not node.mps.alive(node.daemon("a"))
+    assert node.driver.unprepare_resource_claims([ClaimRef("default", "claim-a", "a")])["a"] is None
+    assert node.driver.checkpoint.records() == []
+
+
 def test_a_share_is_enforced_with_mps_limits_from_its_consumed_capacity() -> None:
     from dradriver.driver.config import decode_config
     from dradriver.driver.sharing import share_config

@@ -417,7 +417,9 @@ class GpuDriver:
             return
         with self._hold_gpus(sorted({d.gpu for d in record.devices})):
             record = self.checkpoint.get(uid)
-            if record is not None and record.state is ClaimState.PREPARE_COMPLETED:
+            # A claim whose unprepare failed half-way (rollback_error) is on its way out: the kubelet's re-sent
+            # unprepare finishes it, and a daemon restarted meanwhile would serve nobody.
+            if record is not None and record.state is ClaimState.PREPARE_COMPLETED and record.rollback_error is None:
                 self._sharing.ensure_mps(record)
 
     def _existing(self, partition: MigPartition) -> MigDevice:
