@@ -132,3 +132,27 @@ def test_a_query_string_does_not_change_the_endpoint():
         assert fetch(server.port, "/nope?x")[0] == 404
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize(
+    ("path", "what", "failed"),
+    [("/readyz", "ready", "readiness"), ("/livez", "alive", "liveness"), ("/healthz", "healthy", "health")],
+)
+def test_a_check_that_raises_answers_503_naming_it(path, what, failed, caplog):
+    def broken() -> tuple[bool, dict]:
+        raise RuntimeError("state lock poisoned")
+
+    def fine() -> tuple[bool, dict]:
+        return True, {}
+
+    checks = {name: broken if name == failed else fine for name in ("readiness", "liveness", "health")}
+    server = StatusServer("127.0.0.1:0", checks["readiness"], checks["liveness"], checks["health"])
+    server.start()
+    try:
+        code, body = fetch(server.port, path)
+        assert code == 503
+        assert json.loads(body) == {what: False, "failedCheck": failed, "error": "RuntimeError: state lock poisoned"}
+        assert fetch(server.port, path)[0] == 503  # the server still answers afterwards
+    finally:
+        server.stop()
+    assert any(failed in r.getMessage() and r.exc_info for r in caplog.records)

@@ -39,23 +39,31 @@ class StatusServer:
                 if path == "/metrics":
                     self._reply(200, generate_latest(), CONTENT_TYPE_LATEST)
                 elif path == "/livez":
-                    self._probe("alive", outer.liveness)
+                    self._probe("alive", "liveness", outer.liveness)
                 elif path == "/healthz":
-                    self._probe("healthy", outer.health or outer.liveness)
+                    self._probe("healthy", "health" if outer.health else "liveness", outer.health or outer.liveness)
                 elif path == "/readyz":
-                    ready, detail = outer.readiness()
+                    ready, detail = self._run_check("ready", "readiness", outer.readiness)
                     body = json.dumps({"ready": ready, **detail}, default=str).encode() + b"\n"
                     self._reply(200 if ready else 503, body, "application/json")
                 else:
                     self._reply(404, b"not found: try /metrics, /livez, /readyz or /healthz\n", "text/plain")
 
-            def _probe(self, what: str, check: Readiness | None) -> None:
-                good, detail = check() if check is not None else (True, {})
+            def _probe(self, what: str, name: str, check: Readiness | None) -> None:
+                good, detail = self._run_check(what, name, check) if check is not None else (True, {})
                 if good:
                     self._reply(200, b"ok\n", "text/plain")
                 else:
                     body = json.dumps({what: False, **detail}, default=str).encode() + b"\n"
                     self._reply(503, body, "application/json")
+
+            def _run_check(self, what: str, name: str, check: Readiness) -> tuple[bool, dict[str, Any]]:
+                """A check that raises says no (503 naming it) rather than dropping the connection unanswered."""
+                try:
+                    return check()
+                except Exception as err:
+                    log.exception("the %s check for %s raised; answering 503", name, self.path)
+                    return False, {"failedCheck": name, "error": f"{type(err).__name__}: {err}"}
 
             def _reply(self, status: int, body: bytes, content_type: str) -> None:
                 self.send_response(status)
