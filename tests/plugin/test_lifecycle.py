@@ -1,13 +1,17 @@
-"""The instance lock in both modes, and the rolling-update socket names."""
+"""The instance lock in both modes, the rolling-update socket names, and the socket server and watcher."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
+import grpc
 import pytest
 
+from dradriver.plugin import lifecycle
 from dradriver.plugin.kubelet_plugin import rolling_update_registration_socket
-from dradriver.plugin.lifecycle import MAX_SOCKET_PATH_BYTES, AlreadyRunningError, InstanceLock
+from dradriver.plugin.lifecycle import MAX_SOCKET_PATH_BYTES, AlreadyRunningError, InstanceLock, SocketServer
 
 
 def test_fixed_name_instances_exclude_each_other(tmp_path: Path) -> None:
@@ -112,3 +116,24 @@ def test_instances_of_a_rolling_update_never_prepare_at_the_same_time(tmp_path: 
     first.join(5)
     second.join(5)
     assert recorder.most == 1 and not second.is_alive()
+
+
+def test_a_socket_server_whose_directory_vanishes_while_starting_is_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The directory deleted between the bind and the chmod: start raises and leaves no server running."""
+    plugin_dir = tmp_path / "plugin"
+    plugin_dir.mkdir()
+    servers: list[grpc.Server] = []
+    server = SocketServer(plugin_dir / "dra.sock", servers.append, max_workers=1)
+    real_chmod = os.chmod
+
+    def chmod_after_the_directory_went(path: str | os.PathLike[str], mode: int) -> None:
+        shutil.rmtree(plugin_dir)
+        real_chmod(path, mode)
+
+    monkeypatch.setattr(lifecycle.os, "chmod", chmod_after_the_directory_went)
+    with pytest.raises(FileNotFoundError):
+        server.start()
+    monkeypatch.undo()
+    assert servers[0].wait_for_termination(timeout=5) is False  # False: terminated, not timed out

@@ -241,8 +241,13 @@ class SocketServer:
                 f"cannot serve on socket {self.path}: {err}; check the directory exists and is writable"
             ) from err
         self._server.start()
-        os.chmod(self.path, 0o600)  # owner-only: the kubelet (root) is the only client
-        self.inode = os.stat(self.path).st_ino
+        try:
+            os.chmod(self.path, 0o600)  # owner-only: the kubelet (root) is the only client
+            self.inode = os.stat(self.path).st_ino
+        except OSError:
+            # The file went (its directory deleted again meanwhile): do not leave a server running unowned.
+            self._server.stop(None).wait()
+            raise
 
     def is_in_place(self) -> bool:
         """Whether the socket file this server created is still at its path."""
