@@ -555,3 +555,30 @@ def test_a_second_start_changes_nothing_and_one_stop_ends_every_thread_and_socke
     plugin.stop()
     assert not plugin.dra_socket.exists() and not plugin.registration_socket.exists()
     assert [t for t in set(threading.enumerate()) - before if t.name == "socket-watcher"] == []
+
+
+def test_stop_bounds_its_wait_for_a_stuck_socket_check_by_the_budget(
+    make_plugin: PluginFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A socket check that hangs (here the driver's write-back after the plugin directory came back) must not
+    hold a stop beyond its budget: the stop goes on and says the watcher did not stop."""
+    inside, release = threading.Event(), threading.Event()
+
+    def stuck_write_back() -> None:
+        inside.set()
+        release.wait(TIMEOUT)
+
+    plugin = make_plugin(on_plugin_dir_recreated=stuck_write_back)
+    plugin.start()
+    try:
+        shutil.rmtree(plugin.plugin_dir)
+        assert inside.wait(TIMEOUT)
+        caplog.set_level(logging.WARNING, logger="dradriver.plugin.kubelet_plugin")
+        stopper = threading.Thread(target=plugin.stop, kwargs={"budget": StopBudget(0.2)})
+        stopper.start()
+        stopper.join(TIMEOUT)
+        assert not stopper.is_alive()
+        assert "socket watcher did not stop" in caplog.text
+        assert not plugin.registration_socket.exists()
+    finally:
+        release.set()

@@ -208,11 +208,18 @@ class KubeletPlugin:
     def stop(self, budget: StopBudget | None = None) -> None:
         """Deregister (remove the registration socket), then stop serving DRA calls; safe to call twice.
 
-        The waits (calls in flight: ``stop_grace``, then ``stop_drain`` for those gRPC gave up on; then the claim
-        status writer) together take at most what ``budget`` leaves; the lock is released in any case."""
+        The waits (a socket check in progress: ``stop_grace``; calls in flight: ``stop_grace``, then ``stop_drain``
+        for those gRPC gave up on; then the claim status writer) together take at most what ``budget`` leaves; the
+        lock is released in any case."""
         budget = budget or StopBudget(math.inf)
         if self._watcher is not None:
-            self._watcher.stop()
+            # Its check may be re-creating a socket (stopping the old DRA server takes up to stop_grace).
+            watcher_limit = budget.left(self._stop_grace)
+            if not self._watcher.stop(watcher_limit):
+                logger.warning(
+                    "the socket watcher did not stop within %.1f s (a check still running); stopping the rest anyway",
+                    watcher_limit,
+                )
             self._watcher = None
         with self._mutex:
             if self._registration_server is not None:

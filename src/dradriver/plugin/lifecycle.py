@@ -287,11 +287,13 @@ class SocketWatcher:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
-        """Stop watching; returns once the watcher thread has finished."""
+    def stop(self, timeout: float | None = None) -> bool:
+        """Stop watching: wait up to ``timeout`` seconds (None: as long as it takes) for a check in progress to
+        end; whether the watcher thread has finished (if not, it ends after that check)."""
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join()
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
