@@ -525,3 +525,40 @@ def test_a_control_command_that_cannot_run_never_kills_a_serving_daemon(node: No
     node.driver.check_mps_daemons()  # cannot tell whether the daemon answers: it is left alone
     node.mps.command = command
     assert node.daemon("a")["pid"] == daemon["pid"] and node.mps.alive(daemon)
+
+
+def test_a_daemon_restarted_while_an_unprepare_waits_for_the_gpu_is_what_a_failed_rollback_records(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The periodic check restarts a dead daemon between an unprepare's first read of the claim and its taking the
+    GPU's lock: the rollback works from the record as it is then, so when it fails the checkpoint keeps naming the
+    daemon that runs, and the re-sent unprepare stops it."""
+    from support.mps_daemons import daemon_processes
+
+    from dradriver import faults
+
+    assert node.prepare(claim("a", GPU0, config=[MPS])) is None
+    first = dict(node.daemon("a"))
+    os.kill(first["pid"], signal.SIGKILL)
+    node.mps._children[first["pid"]].wait(timeout=10)
+    store = node.driver.checkpoint
+    real_get, restarted, armed = store.get, list[int](), [True]
+
+    def get_then_restart(uid: str) -> ClaimRecord | None:
+        record = real_get(uid)
+        if not armed:
+            return record
+        armed.clear()  # the unprepare's read, then the periodic check before it takes the locks
+        node.driver.check_mps_daemons()
+        restarted.append(node.daemon(uid)["pid"])
+        return record
+
+    with monkeypatch.context() as patch:
+        patch.setattr(store, "get", get_then_restart)
+        patch.setenv(faults.CRASH_ENV, "undone:mps-daemon=fail")
+        assert node.driver.unprepare_resource_claims([ClaimRef("default", "claim-a", "a")])["a"] is not None
+    [second] = restarted
+    assert second != first["pid"]
+    assert node.daemon("a")["pid"] == second  # not the dead daemon's pid written back
+    node.unprepare("a")
+    assert daemon_processes(node.mps.root) == [] and node.driver.checkpoint.records() == []

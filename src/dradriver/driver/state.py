@@ -240,16 +240,20 @@ class GpuDriver:
         if record is None:
             self.cdi.remove(ref.uid)  # a spec without a record can only be a leftover
             return
-        keep_mode = record.state is ClaimState.PREPARE_COMPLETED
-        self._roll_back(record, reason="unprepare", skip=lambda a: keep_mode and a.step == STEP_MIG_MODE)
+        self._roll_back(record, reason="unprepare", keep_mig_mode=True)
         log.info("unprepared claim=%s", ref.uid)
 
-    def _roll_back(
-        self, record: ClaimRecord, *, reason: str, skip: Callable[[Action], bool] = lambda _a: False
-    ) -> None:
-        txn = Transaction(record, self.checkpoint, self._undo_steps())
+    def _roll_back(self, record: ClaimRecord, *, reason: str, keep_mig_mode: bool = False) -> None:
+        """Undo what ``record`` did; ``keep_mig_mode``: leave the MIG mode of a claim that completed as it is."""
         with self._hold_gpus(sorted({d.gpu for d in record.devices})):
-            error = txn.rollback(skip=skip)
+            # Read again under the GPUs' locks (as _ensure_mps does): a daemon restarted since the first read has a
+            # new pid, and a failed rollback writes back the copy it worked from.
+            current = self.checkpoint.get(record.uid)
+            if current is None:
+                return  # finished meanwhile
+            keep_mode = keep_mig_mode and current.state is ClaimState.PREPARE_COMPLETED
+            txn = Transaction(current, self.checkpoint, self._undo_steps())
+            error = txn.rollback(skip=lambda a: keep_mode and a.step == STEP_MIG_MODE)
         if error is not None:
             raise DeviceError(
                 f"claim {record}: {reason}: {error}; the rest is recorded in the checkpoint and retried by the "
