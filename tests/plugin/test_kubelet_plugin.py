@@ -582,3 +582,30 @@ def test_stop_bounds_its_wait_for_a_stuck_socket_check_by_the_budget(
         assert not plugin.registration_socket.exists()
     finally:
         release.set()
+
+
+def test_a_socket_re_created_while_the_plugin_stops_is_not_left_serving(
+    make_plugin: PluginFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watcher re-creating the DRA socket (the plugin directory deleted) when a stop that could not wait for
+    it goes on: the new server must not outlive the stop, serving on a socket no instance lock covers."""
+    inside, release = threading.Event(), threading.Event()
+    plugin = make_plugin()
+    plugin.start()
+    real_add = plugin._add_dra_services
+
+    def slow_add(server: Any) -> None:  # the re-creation's new server, held until the stop has gone on
+        inside.set()
+        release.wait(TIMEOUT)
+        real_add(server)
+
+    monkeypatch.setattr(plugin, "_add_dra_services", slow_add)
+    try:
+        shutil.rmtree(plugin.plugin_dir)
+        assert inside.wait(TIMEOUT)
+        plugin.stop(budget=StopBudget(0.2))
+    finally:
+        release.set()
+    assert wait_for(lambda: not any(t.name == "socket-watcher" for t in threading.enumerate()))
+    assert not plugin.dra_socket.exists()
+    assert not plugin.registration_socket.exists()

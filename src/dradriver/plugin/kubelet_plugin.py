@@ -158,6 +158,8 @@ class KubeletPlugin:
         self._registration_server: SocketServer | None = None
         self._watcher: SocketWatcher | None = None
         self._mutex = threading.Lock()
+        # Set by stop(): a socket check still running then (stop waits for it only so long) installs nothing.
+        self._stopping = False
         self._on_plugin_dir_recreated = on_plugin_dir_recreated
         # Set when the DRA socket was re-created and the driver's write-back has not worked yet (watcher thread only).
         self._write_back_pending = False
@@ -172,6 +174,8 @@ class KubeletPlugin:
         """
         if self._watcher is not None:
             return
+        with self._mutex:
+            self._stopping = False
         _make_dir(self.registry_dir, "kubelet plugin registration directory", "--registry-dir")
         self.lock()
         self._processor.open()
@@ -212,6 +216,8 @@ class KubeletPlugin:
         for those gRPC gave up on; then the claim status writer) together take at most what ``budget`` leaves; the
         lock is released in any case."""
         budget = budget or StopBudget(math.inf)
+        with self._mutex:
+            self._stopping = True
         if self._watcher is not None:
             # Its check may be re-creating a socket (stopping the old DRA server takes up to stop_grace).
             watcher_limit = budget.left(self._stop_grace)
@@ -228,18 +234,20 @@ class KubeletPlugin:
                 logger.info("removed registration socket path=%s", self.registration_socket)
         if self._health is not None:
             self._health.stop()
-        if self._dra_server is not None:
-            self._dra_server.stop(budget.left(self._stop_grace))
-            self._dra_server = None
+        with self._mutex:
+            dra_server, self._dra_server = self._dra_server, None
+        if dra_server is not None:
+            dra_server.stop(budget.left(self._stop_grace))
             logger.info("stopped DRA services socket=%s", self.dra_socket)
-            # Calls gRPC gave up on may still run: the lock is held until they are done.
-            drain = budget.left(self._stop_drain)
-            if not self._processor.close(drain):
-                logger.warning(
-                    "prepare or unprepare calls still running %.0f s after the DRA server stopped; releasing the "
-                    "instance lock anyway",
-                    drain,
-                )
+        # Calls gRPC gave up on may still run: the lock is held until they are done. Also when no server is held
+        # now (a socket re-creation had taken the old one when the stop came).
+        drain = budget.left(self._stop_drain)
+        if not self._processor.close(drain):
+            logger.warning(
+                "prepare or unprepare calls still running %.0f s after the DRA server stopped; releasing the "
+                "instance lock anyway",
+                drain,
+            )
         if self.claim_status is not None:
             self.claim_status.stop(budget.left(CLAIM_STATUS_STOP_SECONDS))
         self._lock.release()
@@ -281,7 +289,12 @@ class KubeletPlugin:
         server = SocketServer(self.registration_socket, self._add_registration_service, max_workers=2)
         server.start()
         with self._mutex:
-            self._registration_server = server
+            installed = not self._stopping
+            if installed:
+                self._registration_server = server
+        if not installed:
+            server.stop(0)  # a stop came meanwhile: nothing may register a plugin that is going away
+            return
         logger.info("created registration socket path=%s", self.registration_socket)
 
     def _put_back_sockets(self) -> None:
@@ -292,6 +305,8 @@ class KubeletPlugin:
         driver's write-back (``on_plugin_dir_recreated``) comes last and is tried at each check until it works, so
         its failure never keeps the plugin unregistered."""
         with self._mutex:
+            if self._stopping:
+                return
             dra_lost = self._dra_server is None or not self._dra_server.is_in_place()
         if dra_lost:
             self._recreate_dra_server()
@@ -315,6 +330,9 @@ class KubeletPlugin:
             self._write_back_pending = False
 
     def _recreate_dra_server(self) -> None:
+        with self._mutex:
+            if self._stopping:
+                return
         logger.warning(
             "DRA socket is gone (was the plugin directory deleted?), re-creating it path=%s", self.dra_socket
         )
@@ -329,7 +347,12 @@ class KubeletPlugin:
         server = SocketServer(self.dra_socket, self._add_dra_services, max_workers=self._max_workers)
         server.start()
         with self._mutex:
-            self._dra_server = server
+            installed = not self._stopping
+            if installed:
+                self._dra_server = server
+        if not installed:
+            server.stop(0)  # the stop went on without waiting for this check; serve nothing after it
+            return
         logger.info("serving DRA services again socket=%s", self.dra_socket)
 
     def _recreate_registration_server(self) -> None:
