@@ -133,7 +133,9 @@ class CdiWriter:
             self.cdi_dir.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.cdi_dir, prefix=f".{path.stem}.", suffix=".tmp")
             with os.fdopen(fd, "w") as out:
-                json.dump(spec, out, indent=2)
+                # One line, so json's C encoder writes it (an indent falls back to the pure-Python encoder, which
+                # took the whole-GPU prepare from ~1.2x to ~1.5x its floor); `jq . <spec>` shows it indented.
+                out.write(json.dumps(spec))
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(tmp, path)
