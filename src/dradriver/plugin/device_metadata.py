@@ -38,6 +38,7 @@ from typing import Any
 from dradriver.errors import DeviceError
 from dradriver.plugin.claims import base_request_name
 from dradriver.plugin.handler import PreparedDevice
+from dradriver.validation.names import is_dns_label
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +47,6 @@ CONTAINER_DIR = "/var/run/kubernetes.io/dra-device-attributes"
 POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 HOST_SUBDIR = "dra-device-metadata"
 _UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,127}$")
-
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 class DeviceMetadataWriter:
@@ -90,7 +89,7 @@ class DeviceMetadataWriter:
         base_requests: dict[str, list[str]] = {}
         for request in by_request:
             base = base_request_name(request)
-            if not _DNS_LABEL.fullmatch(base):
+            if not is_dns_label(base):
                 # It names a directory of the claim's metadata: it must not name any other path.
                 raise DeviceError(
                     f"claim {meta.get('namespace')}/{meta.get('name')}: request name {base[:80]!r} is not a DNS label, "
@@ -172,7 +171,7 @@ class DeviceMetadataWriter:
         with contextlib.suppress(FileNotFoundError):
             uids.update(p.name for p in self.root.iterdir() if p.is_dir())
         # Only names a claim UID can have: nothing else here is ours to delete.
-        return {uid for uid in uids if _UID.match(uid)}
+        return {uid for uid in uids if _UID.fullmatch(uid)}
 
     def remove_unowned(self, prepared: Collection[str]) -> list[str]:
         """At start-up: remove the metadata of every claim not in ``prepared`` (left by a crash between unprepare

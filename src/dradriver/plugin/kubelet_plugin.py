@@ -43,6 +43,7 @@ from dradriver.plugin.registration import (
     RegistrationState,
     add_registration_service,
 )
+from dradriver.validation.names import RESOURCE_DOMAIN_MAX_LENGTH, is_dns_subdomain
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +55,6 @@ SERIALIZE_LOCK_NAME = "serialize.lock"
 CLAIM_STATUS_STOP_SECONDS = 5.0  # the most a stop waits for a claim status write in flight
 # A DNS subdomain: what the API server accepts as a DRA driver name (and safe in a file name).
 _POD_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
-_DRIVER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 class KubeletPlugin:
@@ -102,11 +102,7 @@ class KubeletPlugin:
         pod_uid: str | None = None,
         on_plugin_dir_recreated: Callable[[], None] | None = None,
     ) -> None:
-        if not _DRIVER_NAME.match(driver_name) or len(driver_name) > 63:
-            raise ConfigError(
-                f"driver name {driver_name!r} is not a lower-case DNS subdomain of at most 63 "
-                "characters (e.g. gpu.example.com); fix --driver-name"
-            )
+        check_driver_name(driver_name)
         if health_interval <= 0 or registration_check_interval <= 0:
             raise ConfigError("health_interval and registration_check_interval must be positive (seconds)")
         if pod_uid is not None:
@@ -364,9 +360,18 @@ class KubeletPlugin:
         self._start_registration_server()
 
 
+def check_driver_name(driver_name: str) -> None:
+    """Raise :class:`ConfigError` unless ``driver_name`` is a driver name the API server accepts."""
+    if not is_dns_subdomain(driver_name, max_length=RESOURCE_DOMAIN_MAX_LENGTH):
+        raise ConfigError(
+            f"driver name {driver_name!r} is not a lower-case DNS subdomain of at most 63 "
+            "characters (e.g. gpu.example.com); fix --driver-name"
+        )
+
+
 def check_pod_uid(pod_uid: str) -> None:
     """Raise :class:`ConfigError` unless ``pod_uid`` can name per-pod sockets and locks."""
-    if not _POD_UID.match(pod_uid):
+    if not _POD_UID.fullmatch(pod_uid):
         raise ConfigError(
             f"pod UID {pod_uid!r} is not a Kubernetes UID (letters, digits and '-', at most 64); fix "
             "--pod-uid / POD_UID (set it from the downward API field metadata.uid)"

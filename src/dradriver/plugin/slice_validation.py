@@ -21,6 +21,16 @@ from fractions import Fraction
 from typing import Any
 
 from dradriver.quantity import parse_quantity
+from dradriver.validation.names import (
+    RESOURCE_DOMAIN_MAX_LENGTH,
+    RESOURCE_NAME_MAX_LENGTH,
+    is_c_identifier,
+    is_dns_label,
+    is_dns_subdomain,
+    is_label_key,
+    is_label_value,
+    is_semver,
+)
 
 MAX_DEVICES = 128
 MAX_DEVICES_WITH_TAINTS_OR_COUNTERS = 64
@@ -48,32 +58,6 @@ class SliceShape(StrEnum):
 
     V1_34 = "1.34"
     V1_35 = "1.35"
-
-
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-_SEMVER = re.compile(
-    r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
-    r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
-    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
-)
-
-
-def is_dns_label(value: object) -> bool:
-    """True for an RFC 1123 label: lower-case alphanumerics and '-', at most 63 characters."""
-    return isinstance(value, str) and len(value) <= 63 and bool(_DNS_LABEL.match(value))
-
-
-def is_dns_subdomain(value: object) -> bool:
-    """True for an RFC 1123 subdomain: dot-separated DNS labels, at most 253 characters."""
-    return isinstance(value, str) and len(value) <= 253 and bool(_DNS_SUBDOMAIN.match(value))
-
-
-def is_semver(value: object) -> bool:
-    """True for a Semantic Versioning 2.0.0 version such as ``1.2.3-rc.1+build``."""
-    return isinstance(value, str) and bool(_SEMVER.match(value))
 
 
 @dataclass(frozen=True)
@@ -121,9 +105,9 @@ class _Checker:
             self.add(field, rule, "key must be a string", device)
             return
         domain, _, ident = key.rpartition("/")
-        if "/" in key and (not is_dns_subdomain(domain) or len(domain) > 63):
+        if "/" in key and not is_dns_subdomain(domain, max_length=RESOURCE_DOMAIN_MAX_LENGTH):
             self.add(field, rule, f"domain {domain!r} must be a DNS subdomain of at most 63 characters", device)
-        if not _C_IDENTIFIER.match(ident) or len(ident) > 32:
+        if not is_c_identifier(ident, max_length=RESOURCE_NAME_MAX_LENGTH):
             self.add(
                 field,
                 rule,
@@ -192,7 +176,7 @@ class _Checker:
     def driver(self, driver: object) -> None:
         if not driver:
             self.add("spec.driver", "required", "driver name is required")
-        elif not is_dns_subdomain(driver) or len(str(driver)) > 63:
+        elif not is_dns_subdomain(driver, max_length=RESOURCE_DOMAIN_MAX_LENGTH):
             self.add(
                 "spec.driver",
                 "driver-name",
@@ -560,7 +544,7 @@ class _Checker:
             if not isinstance(taint, Mapping):
                 self.add(where, "type", "must be {key, value, effect}", device)
                 continue
-            if not _is_label_key(taint.get("key")):
+            if not is_label_key(taint.get("key")):
                 self.add(
                     f"{where}.key",
                     "taint-key",
@@ -568,7 +552,7 @@ class _Checker:
                     device,
                 )
             value = taint.get("value")
-            if value and (not isinstance(value, str) or len(value) > 63 or not _LABEL_NAME.match(value)):
+            if value and not is_label_value(value):
                 self.add(f"{where}.value", "taint-value", "must be a label value (at most 63 characters)", device)
             if taint.get("effect") not in TAINT_EFFECTS:
                 self.add(
@@ -587,15 +571,6 @@ def _has_list_attribute(device: Mapping[str, Any]) -> bool:
         isinstance(a, Mapping) and any(a.get(kind) is not None for kind in ("ints", "bools", "strings", "versions"))
         for a in attributes.values()
     )
-
-
-def _is_label_key(key: object) -> bool:
-    if not isinstance(key, str) or not key:
-        return False
-    prefix, _, name = key.rpartition("/")
-    if "/" in key and not is_dns_subdomain(prefix):
-        return False
-    return len(name) <= 63 and bool(_LABEL_NAME.match(name))
 
 
 def _check_reference(

@@ -9,12 +9,18 @@ I/O, no CEL (compiling selectors is the caller's business). Limits: shared/spec/
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
 from dradriver.inputs import type_name
-from dradriver.quantity import is_quantity
+from dradriver.validation.names import (
+    DNS_LABEL_HELP,
+    DNS_SUBDOMAIN_HELP,
+    is_dns_label,
+    is_dns_subdomain,
+    is_qualified_name,
+    is_quantity,
+)
 
 MAX_REQUESTS = 32
 MAX_CONSTRAINTS = 32
@@ -25,26 +31,9 @@ MAX_TOLERATIONS = 16
 MAX_CEL_LENGTH = 10 * 1024
 MAX_OPAQUE_DRIVER_LENGTH = 63
 
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
 ALLOCATION_MODES = ("ExactCount", "All")
 TOLERATION_OPERATORS = ("Equal", "Exists")
 TAINT_EFFECTS = ("None", "NoSchedule", "NoExecute")
-
-
-def is_dns_label(value: object) -> bool:
-    return isinstance(value, str) and len(value) <= 63 and _DNS_LABEL.fullmatch(value) is not None
-
-
-def is_dns_subdomain(value: object) -> bool:
-    return isinstance(value, str) and len(value) <= 253 and _DNS_SUBDOMAIN.fullmatch(value) is not None
-
-
-def _is_qualified_name(value: str) -> bool:
-    domain, slash, name = value.rpartition("/")
-    return len(name) <= 32 and _C_IDENTIFIER.fullmatch(name) is not None and (not slash or is_dns_subdomain(domain))
 
 
 class _Checker:
@@ -93,9 +82,6 @@ _KIND_NAMES: dict[type, str] = {
     int: "a whole number",
     bool: "a boolean (true or false)",
 }
-
-DNS_LABEL_HELP = "DNS label (lower-case letters, digits and '-', at most 63 characters)"
-DNS_SUBDOMAIN_HELP = "DNS subdomain (lower-case letters, digits, '-' and '.', at most 253 characters)"
 
 
 def default_namespace(obj: dict[str, Any]) -> None:
@@ -215,7 +201,7 @@ def _device_request(check: _Checker, value: Any, path: str, *, exact: bool) -> N
         _toleration(check, toleration, f"{path}.tolerations[{i}]")
     capacity = check.mapping(request.get("capacity"), f"{path}.capacity")
     for key, quantity in check.mapping(capacity.get("requests"), f"{path}.capacity.requests").items():
-        if not isinstance(key, str) or not _is_qualified_name(key):
+        if not is_qualified_name(key):
             check.add(f"{path}.capacity.requests", f"{key!r} is not a capacity name like memory or domain/name")
         elif isinstance(quantity, bool) or not isinstance(quantity, str | int):
             check.add(f"{path}.capacity.requests.{key}", f"expected a quantity like 10Gi, got {type_name(quantity)}")
@@ -255,7 +241,7 @@ def _constraint(check: _Checker, value: Any, path: str, names: dict[str, set[str
         check.add(path, "set exactly one of matchAttribute or distinctAttribute")
     for key in given:
         attribute = constraint[key]
-        if check.typed(attribute, f"{path}.{key}", str) and ("/" not in attribute or not _is_qualified_name(attribute)):
+        if check.typed(attribute, f"{path}.{key}", str) and ("/" not in attribute or not is_qualified_name(attribute)):
             check.add(f"{path}.{key}", f"{attribute!r} is not a fully qualified attribute like gpu.dradriver.dev/uuid")
 
 
