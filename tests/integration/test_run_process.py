@@ -16,9 +16,9 @@ import pytest
 from support.apiserver import FakeApiServer, allocated_claim
 
 from dradriver.cli.main import main
-from dradriver.gpu.catalog import load_node_profile
-from dradriver.gpu.sim import SimulatedNode, full_compute_instance_profile
 from dradriver.plugin.kubelet_client import Claim, KubeletClient, discover
+from dradriver.sim.node import SimulatedNode, full_compute_instance_profile
+from dradriver.sim.profiles import load_node_profile
 
 DRIVER = "gpu.dradriver.dev"
 NODE = "node-a"

@@ -3,7 +3,7 @@
 import os
 from pathlib import Path
 
-from dradriver.gpu.sim_driver_root import STUB_BINARIES, write_stub_driver_root
+from dradriver.sim.driver_root import STUB_BINARIES, write_stub_driver_root
 
 VERSION = "580.65.06"
 

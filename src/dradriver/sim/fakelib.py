@@ -30,13 +30,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from dradriver.gpu import sim
 from dradriver.gpu.caps import CAPS_DIR
-from dradriver.gpu.catalog import COMPUTE_SLICES_PER_GPU, MigProfileSpec, load_node_profile
 from dradriver.gpu.errors import GpuError, error_for_code
 from dradriver.gpu.models import MIB, DeviceNode
 from dradriver.gpu.nvml import NvmlGpuLib
-from dradriver.gpu.sim import (
+from dradriver.gpu.products import ARCHITECTURE_NUMBERS, COMPUTE_SLICES_PER_GPU, MigProfileSpec
+from dradriver.sim import node as sim
+from dradriver.sim.node import (
     CI_PROFILE_SLICES,
     SimComputeInstance,
     SimGpu,
@@ -44,6 +44,7 @@ from dradriver.gpu.sim import (
     SimNvmlError,
     SimulatedNode,
 )
+from dradriver.sim.profiles import load_node_profile
 
 # NVML return codes used here beyond the ones the simulator raises.
 UNINITIALIZED = 1
@@ -66,17 +67,6 @@ MEMORY_ERROR_UNCORRECTED = 1
 VOLATILE_ECC = 0
 AGGREGATE_ECC = 1
 BRAND_NVIDIA = 14
-ARCHITECTURES = {
-    "Kepler": 2,
-    "Maxwell": 3,
-    "Pascal": 4,
-    "Volta": 5,
-    "Turing": 6,
-    "Ampere": 7,
-    "Ada Lovelace": 8,
-    "Hopper": 9,
-    "Blackwell": 10,
-}
 # What an idle GPU reports as used memory (driver reservations), in bytes.
 IDLE_USED_BYTES = 1 * MIB
 
@@ -558,7 +548,7 @@ class FakeNvmlLibrary:
 
     def nvmlDeviceGetArchitecture(self, handle: Any, arch: Any) -> int:
         device = self._device(handle)
-        _target(arch).value = ARCHITECTURES.get(self.node.gpus[device.index].product.architecture, 0xFFFFFFFF)
+        _target(arch).value = ARCHITECTURE_NUMBERS.get(self.node.gpus[device.index].product.architecture, 0xFFFFFFFF)
         return sim.SUCCESS
 
     def nvmlDeviceGetBrand(self, handle: Any, brand: Any) -> int:

@@ -1,95 +1,30 @@
-"""Product data and node profiles for the simulated GPU node, loaded from YAML and validated.
+"""Node profiles of the simulated GPU node (which products, where, in which MIG layout), loaded from YAML and
+validated against the product facts of :mod:`dradriver.gpu.products`.
 
-Built-in data lives in ``gpu/data``; users can write their own node profile files in the same format
+Built-in profiles live in ``sim/data/nodes``; users can write their own profile files in the same format
 (documented in docs/simulator.md).
 """
 
 from __future__ import annotations
 
 import re
-from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dradriver.errors import ConfigError
-from dradriver.gpu.models import NO_CLUSTER_UUID, MigProfile, Placement
+from dradriver.gpu.models import NO_CLUSTER_UUID
+from dradriver.gpu.products import FABRIC_ARCHITECTURES, ProductSpec, load_products
 from dradriver.inputs import parse_yaml, path_exists, read_text
 
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-MEMORY_SLICES_PER_GPU = 8
-COMPUTE_SLICES_PER_GPU = 7
-# Architectures whose GPUs report NVLink fabric registration (nvmlDeviceGetGpuFabricInfoV): Hopper and newer.
-FABRIC_ARCHITECTURES = frozenset({"Hopper", "Blackwell", "Rubin"})
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
-
-
-class MigProfileSpec(_Strict):
-    name: str
-    id: int = Field(ge=0)
-    enum: int = Field(ge=0, description="NVML_GPU_INSTANCE_PROFILE_* value used to look the profile up")
-    slices: int = Field(ge=1, le=8)
-    memory_slices: int = Field(alias="memorySlices", ge=1, le=8)
-    max: int = Field(ge=1)
-    memory_mib: int = Field(alias="memoryMiB", gt=0)
-    sm: int = Field(gt=0)
-    ce: int = Field(ge=0)
-    dec: int = Field(ge=0)
-    enc: int = Field(ge=0)
-    jpeg: int = Field(ge=0)
-    ofa: int = Field(ge=0)
-    starts: tuple[int, ...]
-
-    @model_validator(mode="after")
-    def _placements_fit(self) -> MigProfileSpec:
-        for start in self.starts:
-            if start < 0 or start + self.memory_slices > MEMORY_SLICES_PER_GPU:
-                raise ValueError(
-                    f"placement start {start} with {self.memory_slices} memory slices does not fit "
-                    f"in {MEMORY_SLICES_PER_GPU} slices"
-                )
-        return self
-
-    def to_profile(self) -> MigProfile:
-        return MigProfile(
-            id=self.id,
-            name=self.name,
-            slice_count=self.slices,
-            memory_slices=self.memory_slices,
-            max_instances=self.max,
-            memory_mib=self.memory_mib,
-            multiprocessors=self.sm,
-            copy_engines=self.ce,
-            decoders=self.dec,
-            encoders=self.enc,
-            jpeg_engines=self.jpeg,
-            ofa_engines=self.ofa,
-            placements=tuple(Placement(start, self.memory_slices) for start in self.starts),
-        )
-
-
-class ProductSpec(_Strict):
-    architecture: str
-    compute_capability: str = Field(alias="computeCapability", pattern=r"^\d+\.\d+$")
-    memory_mib: int = Field(alias="memoryMiB", gt=0)
-    multiprocessors: int = Field(gt=0)
-    pci_device_id: int = Field(alias="pciDeviceId", ge=0)
-    nvlinks: int = Field(ge=0, le=36)
-    mig_profiles: tuple[MigProfileSpec, ...] = Field(default=(), alias="migProfiles")
-
-    @property
-    def mig_capable(self) -> bool:
-        return bool(self.mig_profiles)
-
-    def profile_named(self, name: str) -> MigProfileSpec | None:
-        return next((p for p in self.mig_profiles if p.name == name), None)
 
 
 class MigDeviceSpec(_Strict):
@@ -109,7 +44,7 @@ class GpuSpec(_Strict):
     @classmethod
     def _bdf(cls, value: str) -> str:
         value = value.lower()
-        if not _BDF.match(value):
+        if not _BDF.fullmatch(value):
             raise ValueError(f"{value!r} is not a PCI address like '0000:07:00.0'")
         return value
 
@@ -124,7 +59,7 @@ class FabricSpec(_Strict):
     @classmethod
     def _uuid(cls, value: str) -> str:
         value = value.lower()
-        if not _UUID.match(value):
+        if not _UUID.fullmatch(value):
             raise ValueError(f"{value!r} is not a UUID like '6f1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d'")
         if value == NO_CLUSTER_UUID:
             raise ValueError("the all-zero UUID means 'not in a multi-node clique'; omit fabric instead")
@@ -207,18 +142,8 @@ class NodeProfile(_Strict):
                 )
 
 
-@cache
-def load_products() -> dict[str, ProductSpec]:
-    """Every product we simulate, keyed by its NVML name."""
-    text = resources.files("dradriver.gpu").joinpath("data/products.yaml").read_text()
-    # Our own file: libyaml's safe loader where PyYAML has it, since the pure-Python one spent 20 times as long
-    # (about 90 ms against 4 on the loaded benchmark machine) of every simulated node's start-up.
-    raw = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    return {name: ProductSpec.model_validate(spec) for name, spec in raw.items()}
-
-
 def builtin_profile_names() -> list[str]:
-    folder = resources.files("dradriver.gpu").joinpath("data/nodes")
+    folder = resources.files("dradriver.sim").joinpath("data/nodes")
     return sorted(entry.name.removesuffix(".yaml") for entry in folder.iterdir() if entry.name.endswith(".yaml"))
 
 
@@ -226,7 +151,7 @@ def load_node_profile(name_or_path: str) -> NodeProfile:
     """A built-in profile by name, or a profile file by path; ``ConfigError`` names the file and field."""
     if name_or_path in builtin_profile_names():
         source = f"built-in profile {name_or_path}"
-        text = resources.files("dradriver.gpu").joinpath(f"data/nodes/{name_or_path}.yaml").read_text()
+        text = resources.files("dradriver.sim").joinpath(f"data/nodes/{name_or_path}.yaml").read_text()
     else:
         path = Path(name_or_path)
         if not path_exists(path):

@@ -10,7 +10,7 @@ that bring a lost GPU back.
 Hardware state outlives a driver process, so state persists in a JSON file when one is given: MIG instances and
 compute modes survive a restart, and a crashed driver can leave them behind, as on a real node.
 
-Errors are ``SimNvmlError`` carrying the NVML return code; ``gpu.fakelib`` turns them into return codes.
+Errors are ``SimNvmlError`` carrying the NVML return code; ``sim.fakelib`` turns them into return codes.
 """
 
 from __future__ import annotations
@@ -27,15 +27,17 @@ from typing import Any
 
 from dradriver.atomic_files import sweep_dead_writers, temp_file_for
 from dradriver.errors import ConfigError
-from dradriver.gpu.catalog import (
+from dradriver.gpu.models import NO_CLUSTER_UUID, ComputeMode, FabricState, MigProfile, NvlinkPeerType, Placement
+from dradriver.gpu.products import (
     COMPUTE_SLICES_PER_GPU,
     FABRIC_ARCHITECTURES,
-    NodeProfile,
+    RESET_XIDS,
+    RESETLESS_MIG_ARCHITECTURES,
     ProductSpec,
     load_products,
 )
-from dradriver.gpu.models import NO_CLUSTER_UUID, ComputeMode, FabricState, MigProfile, NvlinkPeerType, Placement
 from dradriver.inputs import InputError, path_exists, read_text
+from dradriver.sim.profiles import NodeProfile
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +49,6 @@ STATE_KIND = "dradriver-simulated-gpu-state"
 STATE_VERSION = 1
 
 # NVML return codes the simulator produces (same values as NVML_ERROR_*).
-# XIDs after which the simulated driver asks for a GPU reset (NVML_GPU_RECOVERY_ACTION_GPU_RESET), as NVIDIA's
-# XID catalog does for them; the action reads "none" again once the GPU is reset.
-RESET_XIDS = frozenset({48, 62, 63, 64, 74, 94, 95, 119, 120, 140})
 RECOVERY_ACTION_NONE, RECOVERY_ACTION_GPU_RESET = 0, 1
 SUCCESS = 0
 INVALID_ARGUMENT = 2
@@ -269,7 +268,7 @@ class SimulatedNode:
                 raise SimNvmlError(IN_USE, f"{gpu.pci_bus_id} still has {len(gpu.gpu_instances)} GPU instances")
             gpu.mig_pending = enabled
             # Hopper and newer switch without a reset; Ampere keeps the change pending until the GPU is reset.
-            if gpu.product.architecture != "Ampere":
+            if gpu.product.architecture in RESETLESS_MIG_ARCHITECTURES:
                 gpu.mig_current = enabled
             self._save()
             return SUCCESS

@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 from dradriver.errors import ConfigError
-from dradriver.gpu.catalog import builtin_profile_names, load_node_profile
 from dradriver.gpu.models import NO_CLUSTER_UUID, ComputeMode, FabricState, NvlinkPeerType
-from dradriver.gpu.sim import (
+from dradriver.sim.node import (
     GPU_IS_LOST,
     IN_USE,
     INSUFFICIENT_RESOURCES,
@@ -24,6 +23,7 @@ from dradriver.gpu.sim import (
     SimulatedNode,
     full_compute_instance_profile,
 )
+from dradriver.sim.profiles import builtin_profile_names, load_node_profile
 
 MakeNode = Callable[..., SimulatedNode]
 
@@ -550,8 +550,8 @@ def test_mig_devices_that_do_not_fit_are_a_config_error(
 
 
 def test_a_second_process_sharing_the_state_file_sees_and_makes_changes_like_shared_hardware(tmp_path):
-    from dradriver.gpu.catalog import load_node_profile
-    from dradriver.gpu.sim import SimulatedNode, full_compute_instance_profile
+    from dradriver.sim.node import SimulatedNode, full_compute_instance_profile
+    from dradriver.sim.profiles import load_node_profile
 
     state = tmp_path / "state.json"
     driver_view = SimulatedNode(load_node_profile("mixed"), state_path=state)
@@ -570,8 +570,8 @@ def test_a_second_process_sharing_the_state_file_sees_and_makes_changes_like_sha
 
 
 def test_a_corrupt_shared_state_file_is_ignored_by_a_running_simulator(tmp_path):
-    from dradriver.gpu.catalog import load_node_profile
-    from dradriver.gpu.sim import SimulatedNode
+    from dradriver.sim.node import SimulatedNode
+    from dradriver.sim.profiles import load_node_profile
 
     state = tmp_path / "state.json"
     node = SimulatedNode(load_node_profile("mixed"), state_path=state)

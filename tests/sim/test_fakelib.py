@@ -9,10 +9,11 @@ from typing import Any
 import pynvml
 import pytest
 
-from dradriver.gpu.catalog import load_node_profile, load_products
-from dradriver.gpu.fakelib import FakeNvmlLibrary, fake_pynvml
 from dradriver.gpu.models import MIB
-from dradriver.gpu.sim import SimulatedNode
+from dradriver.gpu.products import load_products
+from dradriver.sim.fakelib import FakeNvmlLibrary, fake_pynvml
+from dradriver.sim.node import SimulatedNode
+from dradriver.sim.profiles import load_node_profile
 
 
 def loaded(profile: str = "mixed") -> tuple[ModuleType, SimulatedNode]:
@@ -223,7 +224,7 @@ def test_fabric_info_is_not_supported_before_hopper_and_a_state_without_nvswitch
 
 def test_an_injected_fault_fails_the_named_call_the_given_number_of_times_and_changes_nothing() -> None:
     from dradriver.gpu.errors import InsufficientResources
-    from dradriver.gpu.fakelib import simulated_gpulib_on
+    from dradriver.sim.fakelib import simulated_gpulib_on
 
     node = SimulatedNode(load_node_profile("hgx-h100-80gb"))
     gpulib = simulated_gpulib_on(node)
@@ -245,7 +246,7 @@ def test_an_injected_fault_fails_the_named_call_the_given_number_of_times_and_ch
 
 
 def test_a_gpu_reset_applies_a_pending_mig_mode_on_ampere() -> None:
-    from dradriver.gpu.fakelib import simulated_gpulib_on
+    from dradriver.sim.fakelib import simulated_gpulib_on
 
     node = SimulatedNode(load_node_profile("dgx-a100-40gb"))
     gpulib = simulated_gpulib_on(node)
