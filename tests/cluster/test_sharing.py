@@ -19,7 +19,7 @@ from support.cluster_pods import NAMESPACE, GatedPod, allocated_devices
 from support.control_plane import ControlPlane
 from support.kube_rest import Kube
 
-from dradriver.plugin.kubelet_client import Claim
+from dradriver.plugin.kubeletplugin.kubelet_client import Claim
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = "gpu-sharing"

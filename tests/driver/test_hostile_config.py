@@ -28,9 +28,9 @@ from dradriver.driver.mps import MpsControl
 from dradriver.driver.state import GpuDriver
 from dradriver.gpu.inventory import MigMode, discover
 from dradriver.gpu.models import ComputeMode
-from dradriver.plugin.claims import ClaimLocks
-from dradriver.plugin.dra_service import ClaimProcessor
 from dradriver.plugin.handler import ClaimRef
+from dradriver.plugin.kubeletplugin.claims import ClaimLocks
+from dradriver.plugin.kubeletplugin.dra_service import ClaimProcessor
 from dradriver.sim.fakelib import simulated_gpulib_on
 from dradriver.sim.node import SimulatedNode
 from dradriver.sim.profiles import load_node_profile

@@ -18,9 +18,9 @@ from dradriver.driver.slices import (
 )
 from dradriver.errors import ConfigError
 from dradriver.gpu.inventory import MigMode
-from dradriver.plugin.slice_validation import SliceShape, validate_pool
 from dradriver.sim.node import SimNvmlError, SimulatedNode
 from dradriver.sim.profiles import builtin_profile_names, load_node_profile
+from dradriver.validation.slices import SliceShape, validate_pool
 
 DOMAIN = "gpu.dradriver.dev"
 

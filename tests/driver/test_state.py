@@ -11,8 +11,8 @@ from dradriver.driver.state import GpuDriver
 from dradriver.gpu.caps import ProcMigCapabilities
 from dradriver.gpu.inventory import MigMode, discover
 from dradriver.gpu.nvml import NvmlGpuLib
-from dradriver.plugin.claims import allocated_claim
 from dradriver.plugin.handler import AllocatedClaim, ClaimRef, DeviceToleration
+from dradriver.plugin.kubeletplugin.claims import allocated_claim
 from dradriver.sim.fakelib import SimPciTopology, fake_pynvml
 from dradriver.sim.node import SimulatedNode
 from dradriver.sim.profiles import load_node_profile

@@ -276,7 +276,7 @@ def test_two_claims_share_a_gpu_through_consumable_shares_each_with_its_mps_limi
     from support.sim_slices import published_slices
 
     from dradriver.allocator.allocator import allocate
-    from dradriver.plugin.claims import allocated_claim
+    from dradriver.plugin.kubeletplugin.claims import allocated_claim
 
     root = Path(__file__).parents[2]
     classes = [

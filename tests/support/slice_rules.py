@@ -3,7 +3,7 @@
 ``kubernetes-validate`` checks types, required fields and unknown fields only (see /work/shared/spec/tooling.md
 §3). A real API server also checks names, one-of fields, limits, enums and value formats; this module states those
 rules as the v1 API documents them (kubelet-api.md §5.1, §5.2, with the limits of §5.6 by release). It is written
-apart from ``dradriver.plugin.slice_validation`` on purpose: the stand-in grades the driver's writes, so it must
+apart from ``dradriver.validation.slices`` on purpose: the stand-in grades the driver's writes, so it must
 not share the driver's reading of the rules. Cross-slice rules (a pool's slices agreeing) are not the server's.
 
 ``slice_errors(obj, minor=...)`` returns one line per broken rule, in the server's ``field: Invalid value: ...``

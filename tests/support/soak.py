@@ -21,7 +21,7 @@ import grpc
 
 from dradriver.driver.checkpoint import read_records
 from dradriver.gpu.models import ComputeMode
-from dradriver.plugin.kubelet_client import Claim, KubeletClient, RegisteredPlugin
+from dradriver.plugin.kubeletplugin.kubelet_client import Claim, KubeletClient, RegisteredPlugin
 from dradriver.sim.node import SimulatedNode
 from dradriver.sim.profiles import load_node_profile
 from support.apiserver import FakeApiServer, allocated_claim

@@ -9,8 +9,7 @@ from support.slice_rules import slice_errors
 from dradriver.cel import compile_selector
 from dradriver.cli.options import dns_subdomain
 from dradriver.errors import ConfigError
-from dradriver.plugin.kubelet_plugin import check_driver_name
-from dradriver.plugin.slice_validation import validate_slice
+from dradriver.plugin.kubeletplugin.plugin import check_driver_name
 from dradriver.validation import (
     is_c_identifier,
     is_dns_label,
@@ -21,6 +20,7 @@ from dradriver.validation import (
     is_semver,
     validate_claim,
 )
+from dradriver.validation.slices import validate_slice
 
 
 @pytest.mark.parametrize(

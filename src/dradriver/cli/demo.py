@@ -27,11 +27,11 @@ from dradriver.errors import ConfigError
 from dradriver.gpu.backend import open_gpu_backend, simulated_driver_root
 from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.inventory import Inventory, MigMode, discover
-from dradriver.plugin.claim_status import ClaimStatusWriter
-from dradriver.plugin.kubelet_client import Claim, KubeletClient
-from dradriver.plugin.kubelet_plugin import KubeletPlugin
-from dradriver.plugin.memory_cluster import MemoryCluster
-from dradriver.plugin.publisher import Publisher, SliceSpec
+from dradriver.plugin.cluster.claim_status import ClaimStatusWriter
+from dradriver.plugin.cluster.memory import MemoryCluster
+from dradriver.plugin.kubeletplugin.kubelet_client import Claim, KubeletClient
+from dradriver.plugin.kubeletplugin.plugin import KubeletPlugin
+from dradriver.plugin.resourceslice.publisher import Publisher, SliceSpec
 
 DRIVER = "gpu.dradriver.dev"
 

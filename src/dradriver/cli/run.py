@@ -46,19 +46,19 @@ from dradriver.driver.state import GpuDriver
 from dradriver.errors import ConfigError, DradriverError
 from dradriver.gpu.backend import open_gpu_backend, simulated_driver_root, simulated_mps_command
 from dradriver.gpu.inventory import MigMode, discover
-from dradriver.plugin.claim_status import ClaimStatusWriter
 from dradriver.plugin.cluster import ClusterError, NotFoundError, kubernetes_minor_version
+from dradriver.plugin.cluster.claim_status import ClaimStatusWriter
+from dradriver.plugin.cluster.kube import KubeCluster
 from dradriver.plugin.handler import ClaimRef
-from dradriver.plugin.kube_cluster import KubeCluster
-from dradriver.plugin.kubelet_plugin import (
+from dradriver.plugin.kubeletplugin.lifecycle import StopBudget, exclusive
+from dradriver.plugin.kubeletplugin.plugin import (
     DEFAULT_PLUGINS_DIR,
     DEFAULT_REGISTRY_DIR,
     SERIALIZE_LOCK_NAME,
     KubeletPlugin,
     check_pod_uid,
 )
-from dradriver.plugin.lifecycle import StopBudget, exclusive
-from dradriver.plugin.publisher import Publisher, SliceSpec
+from dradriver.plugin.resourceslice.publisher import Publisher, SliceSpec
 
 log = logging.getLogger("dradriver.run")
 # Probes reach the pod's IP, so listen on every interface; the DaemonSet declares the port.

@@ -24,7 +24,7 @@ from dradriver.errors import ConfigError, DeviceError
 from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode, MigPartition, semver_of_driver
 from dradriver.gpu.models import MigProfile, Placement
 from dradriver.gpu.products import COMPUTE_SLICES_PER_GPU, MEMORY_SLICES_PER_GPU
-from dradriver.plugin.slice_validation import SliceShape
+from dradriver.validation.slices import SliceShape
 
 STANDARD_DOMAIN = "resource.kubernetes.io"
 MAX_DEVICES_PER_SLICE = 128

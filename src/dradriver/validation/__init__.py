@@ -4,9 +4,11 @@
   label key, semver; quantity format re-exported from :mod:`dradriver.quantity`.
 - :mod:`dradriver.validation.objects`: ResourceClaims, templates and DeviceClasses as the API server checks
   them, and the types of the ResourceSlice fields dradriver reads.
+- :mod:`dradriver.validation.slices`: the API server's ResourceSlice rules, by release (the publisher, the
+  in-memory cluster and ``explain`` check slices with them).
 
-The ResourceSlice rules of the API server (``dradriver.plugin.resourceslice.validation``), claim checks, flag
-checks and the kubelet plugin's name checks all use these, so no two copies can disagree.
+Claim, class and slice checks, flag checks and the kubelet plugin's name checks all use :mod:`.names`, so no two
+copies of a rule can disagree.
 """
 
 from dradriver.validation.names import (

@@ -43,8 +43,8 @@ from dradriver.plugin.cluster import (
     NotFoundError,
     WatchStream,
 )
-from dradriver.plugin.slice_validation import Problem, SliceShape, validate_pool
 from dradriver.quantity import parse_quantity
+from dradriver.validation.slices import Problem, SliceShape, validate_pool
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,6 @@ import pytest
 from support.apiserver import ApiEnv, api_env
 
 from dradriver.errors import ConfigError
-from dradriver.plugin import kube_cluster
 from dradriver.plugin.cluster import (
     ApiUnavailableError,
     ConflictError,
@@ -24,7 +23,8 @@ from dradriver.plugin.cluster import (
     WatchEvent,
     WatchExpiredError,
 )
-from dradriver.plugin.kube_cluster import KubeCluster, load_api_client
+from dradriver.plugin.cluster import kube as kube_cluster
+from dradriver.plugin.cluster.kube import KubeCluster, load_api_client
 
 DRIVER = "gpu.dradriver.dev"
 
@@ -314,7 +314,7 @@ def test_in_a_pod_the_kubeconfig_loader_is_never_imported(tmp_path: Path) -> Non
     (tmp_path / "ca.crt").write_text("not read before the first request")
     code = f"""
 import json, sys
-from dradriver.plugin import kube_cluster
+from dradriver.plugin.cluster import kube as kube_cluster
 kube_cluster._in_cluster.SERVICE_TOKEN_FILENAME = {str(tmp_path / "token")!r}  # the pod's mounted files
 kube_cluster._in_cluster.SERVICE_CERT_FILENAME = {str(tmp_path / "ca.crt")!r}
 client = kube_cluster.load_api_client()
@@ -332,7 +332,7 @@ def test_the_kubernetes_package_still_offers_everything_it_exports() -> None:
     # kube_cluster loads `kubernetes` and `kubernetes.config` lazily; other code in the process must not notice.
     code = """
 import json
-import dradriver.plugin.kube_cluster
+import dradriver.plugin.cluster.kube
 import kubernetes
 from kubernetes import dynamic, watch
 from kubernetes.config import ConfigException, load_kube_config

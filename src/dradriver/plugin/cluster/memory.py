@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-from dradriver.plugin.cluster import (
+from dradriver.plugin.cluster.port import (
     ConflictError,
     InvalidObjectError,
     JsonObject,
@@ -27,7 +27,7 @@ from dradriver.plugin.cluster import (
     WatchExpiredError,
     describe,
 )
-from dradriver.plugin.slice_validation import validate_slice
+from dradriver.validation.slices import validate_slice
 
 # The API server truncates generateName to leave room for a 5-character suffix within 63 characters.
 _GENERATED_BASE_MAX = 58

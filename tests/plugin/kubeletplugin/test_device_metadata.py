@@ -12,10 +12,10 @@ import pytest
 from support.cdi_schema import cdi_problems
 from support.kubelet_plugin_fakes import DRIVER, FakeClaimSource, make_claim
 
-from dradriver.plugin.claims import ClaimLocks
-from dradriver.plugin.device_metadata import DeviceMetadataWriter
-from dradriver.plugin.dra_service import ClaimProcessor
 from dradriver.plugin.handler import AllocatedClaim, ClaimRef, PreparedDevice, PrepareResult
+from dradriver.plugin.kubeletplugin.claims import ClaimLocks
+from dradriver.plugin.kubeletplugin.device_metadata import DeviceMetadataWriter
+from dradriver.plugin.kubeletplugin.dra_service import ClaimProcessor
 
 UID = "0a1b2c3d-uid"
 ATTRS = {"uuid": {"string": "GPU-1"}, "resource.kubernetes.io/pciBusID": {"string": "0000:07:00.0"}}

@@ -11,7 +11,7 @@ import pytest
 from support.apiserver import ApiEnv, api_env
 from support.kubelet_plugin_fakes import CDI_VENDOR, make_claim
 
-from dradriver.plugin.kubelet_client import Claim, KubeletClient
+from dradriver.plugin.kubeletplugin.kubelet_client import Claim, KubeletClient
 
 from .conftest import PluginFactory
 

@@ -9,9 +9,14 @@ from pathlib import Path
 import grpc
 import pytest
 
-from dradriver.plugin import lifecycle
-from dradriver.plugin.kubelet_plugin import rolling_update_registration_socket
-from dradriver.plugin.lifecycle import MAX_SOCKET_PATH_BYTES, AlreadyRunningError, InstanceLock, SocketServer
+from dradriver.plugin.kubeletplugin import lifecycle
+from dradriver.plugin.kubeletplugin.lifecycle import (
+    MAX_SOCKET_PATH_BYTES,
+    AlreadyRunningError,
+    InstanceLock,
+    SocketServer,
+)
+from dradriver.plugin.kubeletplugin.plugin import rolling_update_registration_socket
 
 
 def test_fixed_name_instances_exclude_each_other(tmp_path: Path) -> None:
@@ -100,7 +105,7 @@ def test_instances_of_a_rolling_update_never_prepare_at_the_same_time(tmp_path: 
     import threading
 
     from dradriver.plugin.handler import ClaimRef
-    from dradriver.plugin.lifecycle import SerializedHandler
+    from dradriver.plugin.kubeletplugin.lifecycle import SerializedHandler
 
     recorder = _Recorder()
     old = SerializedHandler(recorder, tmp_path / "serialize.lock")

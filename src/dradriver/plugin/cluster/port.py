@@ -2,8 +2,8 @@
 
 Objects cross this port in their JSON form (camelCase dicts, exactly as the API server sends them), never as
 ``kubernetes`` client models: those models drop fields they do not know, so a read-modify-write through them
-would erase fields a newer API server added. Two adapters implement the port: ``kube_cluster.KubeCluster``
-(the real ``kubernetes`` client) and ``memory_cluster.MemoryCluster`` (a dict-backed fake for the demo and
+would erase fields a newer API server added. Two adapters implement the port: ``kube.KubeCluster``
+(the real ``kubernetes`` client) and ``memory.MemoryCluster`` (a dict-backed fake for the demo and
 unit tests).
 """
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from dradriver.plugin.cluster import ClusterError, ConflictError, NotFoundError
+from dradriver.plugin.cluster.port import ClusterError, ConflictError, NotFoundError
 from dradriver.plugin.handler import ClaimRef, PreparedDevice
 
 logger = logging.getLogger(__name__)

@@ -13,10 +13,10 @@ import pytest
 from support.apiserver import ApiEnv, api_env
 from support.kubelet_plugin_fakes import DRIVER, make_claim
 
-from dradriver.plugin.claim_status import ClaimStatusWriter
-from dradriver.plugin.claims import ClaimLocks
-from dradriver.plugin.dra_service import ClaimProcessor
+from dradriver.plugin.cluster.claim_status import ClaimStatusWriter
 from dradriver.plugin.handler import AllocatedClaim, ClaimRef, PreparedDevice, PrepareResult
+from dradriver.plugin.kubeletplugin.claims import ClaimLocks
+from dradriver.plugin.kubeletplugin.dra_service import ClaimProcessor
 
 STATUS_PATH = r"/resourceclaims/[^/]+/status$"
 DATA = {"uuid": "GPU-1234", "productName": "NVIDIA A100-SXM4-40GB", "sharing": {"strategy": "Exclusive"}}
@@ -291,7 +291,7 @@ def test_a_job_queued_for_a_writer_started_while_a_stop_still_runs_is_written(ap
                 writer.unprepared(ref)
 
     handler = SubmitDuringStop()
-    status_log = logging.getLogger("dradriver.plugin.claim_status")
+    status_log = logging.getLogger("dradriver.plugin.cluster.claim_status")
     status_log.addHandler(handler)
     try:
         writer.prepared(ref, [PreparedDevice(pool="node-a", device="gpu-0")])

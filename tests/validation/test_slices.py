@@ -11,7 +11,7 @@ import kubernetes_validate
 import pytest
 from support.slice_rules import slice_errors
 
-from dradriver.plugin.slice_validation import (
+from dradriver.validation.slices import (
     SliceShape,
     parse_quantity,
     validate_pool,

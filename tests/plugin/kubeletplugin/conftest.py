@@ -12,8 +12,8 @@ import pytest
 from support.kubelet_plugin_fakes import DRIVER, FakeClaimSource, FakeHandler
 
 from dradriver.plugin.handler import HealthBoard
-from dradriver.plugin.kubelet_client import KubeletClient
-from dradriver.plugin.kubelet_plugin import KubeletPlugin
+from dradriver.plugin.kubeletplugin.kubelet_client import KubeletClient
+from dradriver.plugin.kubeletplugin.plugin import KubeletPlugin
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dradriver.plugin.cluster import ClusterError, kubernetes_minor_version
-from dradriver.plugin.memory_cluster import MemoryCluster
+from dradriver.plugin.cluster.memory import MemoryCluster
 
 
 @pytest.mark.parametrize(

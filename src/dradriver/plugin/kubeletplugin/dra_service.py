@@ -20,8 +20,9 @@ import grpc
 from dradriver.api.generated import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from dradriver.errors import DradriverError
 from dradriver.faults import fault_point
-from dradriver.plugin.claim_status import ClaimStatusWriter
-from dradriver.plugin.claims import (
+from dradriver.plugin.cluster.claim_status import ClaimStatusWriter
+from dradriver.plugin.handler import AllocatedClaim, ClaimRef, DriverHandler, PrepareResult
+from dradriver.plugin.kubeletplugin.claims import (
     ClaimLocks,
     ClaimSource,
     allocated_claim,
@@ -29,8 +30,7 @@ from dradriver.plugin.claims import (
     claim_problem,
     ref_problem,
 )
-from dradriver.plugin.device_metadata import DeviceMetadataWriter
-from dradriver.plugin.handler import AllocatedClaim, ClaimRef, DriverHandler, PrepareResult
+from dradriver.plugin.kubeletplugin.device_metadata import DeviceMetadataWriter
 
 logger = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.kubelet_plugin_fakes import DRIVER, FakeClaimSource
 
-from dradriver.plugin.kubelet_client import Claim, KubeletClient
-from dradriver.plugin.kubelet_plugin import KubeletPlugin
+from dradriver.plugin.kubeletplugin.kubelet_client import Claim, KubeletClient
+from dradriver.plugin.kubeletplugin.plugin import KubeletPlugin
 
 json_values = st.recursive(
     st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=10)),

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from dradriver.plugin.cluster import ConflictError, InvalidObjectError, NotFoundError, WatchStream
-from dradriver.plugin.memory_cluster import MemoryCluster, generate_name
+from dradriver.plugin.cluster.memory import MemoryCluster, generate_name
 
 DRIVER = "gpu.dradriver.dev"
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from support.apiserver import ApiEnv, api_env
 
-from dradriver.plugin.memory_cluster import MemoryCluster
-from dradriver.plugin.publisher import Backoff, Publisher, SliceSpec, slice_index
+from dradriver.plugin.cluster.memory import MemoryCluster
+from dradriver.plugin.resourceslice.publisher import Backoff, Publisher, SliceSpec, slice_index
 
 DRIVER = "gpu.dradriver.dev"
 NODE = "node-1"

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from dradriver.plugin.claims import ClaimLocks, base_request_name, ref_problem
 from dradriver.plugin.handler import ClaimRef
+from dradriver.plugin.kubeletplugin.claims import ClaimLocks, base_request_name, ref_problem
 
 
 def test_base_request_name_drops_the_subrequest() -> None:
@@ -57,8 +57,8 @@ def test_overlapping_uid_sets_wait_for_each_other() -> None:
 
 
 def test_a_checked_claim_becomes_a_typed_view_of_this_drivers_devices_and_configs() -> None:
-    from dradriver.plugin.claims import allocated_claim, claim_problem
     from dradriver.plugin.handler import AllocatedDevice, ClaimRef, DeviceConfig
+    from dradriver.plugin.kubeletplugin.claims import allocated_claim, claim_problem
 
     ref = ClaimRef("ns", "c", "u1")
     raw = {

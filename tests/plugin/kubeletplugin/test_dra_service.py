@@ -9,8 +9,6 @@ import pytest
 from support.kubelet_plugin_fakes import CDI_VENDOR, DRIVER, FakeClaimSource, FakeHandler, make_claim
 
 from dradriver.errors import ClaimError
-from dradriver.plugin.claims import ClaimLocks
-from dradriver.plugin.dra_service import ClaimProcessor
 from dradriver.plugin.handler import (
     AllocatedClaim,
     AllocatedDevice,
@@ -19,6 +17,8 @@ from dradriver.plugin.handler import (
     PreparedDevice,
     PrepareResult,
 )
+from dradriver.plugin.kubeletplugin.claims import ClaimLocks
+from dradriver.plugin.kubeletplugin.dra_service import ClaimProcessor
 
 
 @pytest.fixture
@@ -263,7 +263,7 @@ def test_unprepare_answers_a_claim_the_handler_left_out_with_an_error(claims: Fa
 
 def test_fit_for_kubelet_shortens_errors_to_fit_the_limit() -> None:
     from dradriver.api.generated import dra_v1_pb2
-    from dradriver.plugin.dra_service import fit_for_kubelet
+    from dradriver.plugin.kubeletplugin.dra_service import fit_for_kubelet
 
     response = dra_v1_pb2.NodePrepareResourcesResponse()
     for i in range(100):

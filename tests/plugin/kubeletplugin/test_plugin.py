@@ -17,9 +17,9 @@ from support.kubelet_plugin_fakes import CDI_VENDOR, DRIVER, FakeClaimSource, Fa
 
 from dradriver.api.generated import pluginregistration_v1_pb2
 from dradriver.errors import ConfigError
-from dradriver.plugin.kubelet_client import Claim, KubeletClient, RegistrationRejected, discover
-from dradriver.plugin.kubelet_plugin import KubeletPlugin
-from dradriver.plugin.lifecycle import AlreadyRunningError, StopBudget
+from dradriver.plugin.kubeletplugin.kubelet_client import Claim, KubeletClient, RegistrationRejected, discover
+from dradriver.plugin.kubeletplugin.lifecycle import AlreadyRunningError, StopBudget
+from dradriver.plugin.kubeletplugin.plugin import KubeletPlugin
 
 from .conftest import PluginFactory
 
@@ -75,7 +75,7 @@ def test_an_older_kubelet_picks_v1beta1(plugin: KubeletPlugin, sock_dir: Path) -
 def test_rejected_registration_is_logged_and_a_retry_succeeds(
     plugin: KubeletPlugin, sock_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="dradriver.plugin.registration")
+    caplog.set_level(logging.ERROR, logger="dradriver.plugin.kubeletplugin.registration")
     picky = KubeletClient(sock_dir / "registry", supported_versions=["v2.DRAPlugin"])
     with pytest.raises(RegistrationRejected):
         picky.register()
@@ -483,7 +483,7 @@ def test_a_plugin_directory_deleted_under_the_plugin_comes_back_with_its_socket_
 ) -> None:
     plugin = make_plugin(pod_uid=pod_uid)
     plugin.start()
-    caplog.set_level(logging.INFO, logger="dradriver.plugin.kubelet_plugin")
+    caplog.set_level(logging.INFO, logger="dradriver.plugin.kubeletplugin.plugin")
     claims.add(make_claim("a", "uid-a"))
     with KubeletClient(plugin.registry_dir).register() as kubelet:
         assert kubelet.prepare([Claim("default", "a", "uid-a")])["uid-a"].error == ""
@@ -532,7 +532,7 @@ def test_a_failing_write_back_after_the_plugin_directory_came_back_is_retried_an
 
     plugin = make_plugin(on_plugin_dir_recreated=write_back)
     plugin.start()
-    caplog.set_level(logging.INFO, logger="dradriver.plugin.kubelet_plugin")
+    caplog.set_level(logging.INFO, logger="dradriver.plugin.kubeletplugin.plugin")
     caplog.clear()
     shutil.rmtree(plugin.plugin_dir)
     assert written.wait(TIMEOUT), f"the write-back was not tried again after failing (calls: {len(calls)})"
@@ -573,7 +573,7 @@ def test_stop_bounds_its_wait_for_a_stuck_socket_check_by_the_budget(
     try:
         shutil.rmtree(plugin.plugin_dir)
         assert inside.wait(TIMEOUT)
-        caplog.set_level(logging.WARNING, logger="dradriver.plugin.kubelet_plugin")
+        caplog.set_level(logging.WARNING, logger="dradriver.plugin.kubeletplugin.plugin")
         stopper = threading.Thread(target=plugin.stop, kwargs={"budget": StopBudget(0.2)})
         stopper.start()
         stopper.join(TIMEOUT)

@@ -22,7 +22,7 @@ from urllib.parse import quote
 import urllib3
 
 from dradriver.errors import ConfigError
-from dradriver.plugin.cluster import (
+from dradriver.plugin.cluster.port import (
     ApiUnavailableError,
     ClusterError,
     ConflictError,

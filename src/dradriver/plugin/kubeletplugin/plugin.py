@@ -21,13 +21,13 @@ from types import TracebackType
 import grpc
 
 from dradriver.errors import ConfigError, DradriverError
-from dradriver.plugin.claim_status import ClaimStatusWriter
-from dradriver.plugin.claims import ClaimLocks, ClaimSource
-from dradriver.plugin.device_metadata import DeviceMetadataWriter
-from dradriver.plugin.dra_service import ClaimProcessor, add_dra_services
+from dradriver.plugin.cluster.claim_status import ClaimStatusWriter
 from dradriver.plugin.handler import DriverHandler, HealthSource
-from dradriver.plugin.health import DRAResourceHealthV1alpha1, add_health_service
-from dradriver.plugin.lifecycle import (
+from dradriver.plugin.kubeletplugin.claims import ClaimLocks, ClaimSource
+from dradriver.plugin.kubeletplugin.device_metadata import DeviceMetadataWriter
+from dradriver.plugin.kubeletplugin.dra_service import ClaimProcessor, add_dra_services
+from dradriver.plugin.kubeletplugin.health import DRAResourceHealthV1alpha1, add_health_service
+from dradriver.plugin.kubeletplugin.lifecycle import (
     MAX_SOCKET_PATH_BYTES,
     InstanceLock,
     SerializedHandler,
@@ -35,7 +35,7 @@ from dradriver.plugin.lifecycle import (
     SocketWatcher,
     StopBudget,
 )
-from dradriver.plugin.registration import (
+from dradriver.plugin.kubeletplugin.registration import (
     DRA_V1,
     DRA_V1BETA1,
     HEALTH_V1ALPHA1,

@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from dradriver.errors import DeviceError
-from dradriver.plugin.claims import base_request_name
 from dradriver.plugin.handler import PreparedDevice
+from dradriver.plugin.kubeletplugin.claims import base_request_name
 from dradriver.validation.names import is_dns_label
 
 logger = logging.getLogger(__name__)

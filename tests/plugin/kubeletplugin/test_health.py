@@ -10,7 +10,7 @@ import grpc
 
 from dradriver.api.generated import dra_health_v1alpha1_pb2 as pb
 from dradriver.plugin.handler import DeviceHealth, HealthBoard, HealthStatus
-from dradriver.plugin.kubelet_client import KubeletClient
+from dradriver.plugin.kubeletplugin.kubelet_client import KubeletClient
 
 from .conftest import PluginFactory
 
