@@ -247,6 +247,12 @@ def test_scheduling_and_pod_settings_reach_the_pod() -> None:
     assert container_env(objects)["DRADRIVER_STATE_DIR"] == "/var/lib/dradriver"
 
 
+def test_host_network_is_for_nodes_without_cni() -> None:
+    assert "hostNetwork" not in daemonset(template())["spec"]["template"]["spec"]
+    pod = daemonset(objects_with("hostNetwork=true"))["spec"]["template"]["spec"]
+    assert (pod["hostNetwork"], pod["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
+
+
 def test_a_service_monitor_scrapes_the_status_port_when_asked() -> None:
     assert not {o["kind"] for o in template()} & {"Service", "ServiceMonitor"}
     objects = objects_with("metrics.serviceMonitor.enabled=true", "metrics.port=9400",
