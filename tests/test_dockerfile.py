@@ -64,3 +64,14 @@ def test_the_image_is_labelled() -> None:
     for label in ("title", "description", "version", "licenses"):
         assert f"org.opencontainers.image.{label}=" in final
     assert 'ENTRYPOINT ["dradriver"]' in final
+
+
+def test_the_driver_needs_nothing_the_image_trims() -> None:
+    """The Dockerfile removes kubernetes/aio, kubernetes/client/api and aiohttp from the image: code that imports
+    them would pass every unit test and fail only in the image."""
+    trimmed = re.compile(r"kubernetes\.aio|kubernetes\.client\.api\b|\baiohttp\b|\b(k8s_)?client\.\w+V\d\w*Api\b")
+    final = stages()[0]
+    assert "kubernetes/aio" in final and "kubernetes/client/api " in final.replace("\\\n", " ")
+    for path in sorted((ROOT / "src").rglob("*.py")):
+        found = trimmed.search(path.read_text())
+        assert not found, f"{path.relative_to(ROOT)} uses {found.group(0)}, which the image leaves out (Dockerfile)"
