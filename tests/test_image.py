@@ -5,66 +5,16 @@ scripts/build-image); without them the tests skip, and fail with DRADRIVER_REQUI
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
-import os
-import shutil
 import subprocess
-import tomllib
 from pathlib import Path
 
-import pytest
+from support.image import IMAGE, REPO, archive, podman_run
 
-ROOT = Path(__file__).resolve().parent.parent
-VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-IMAGE = f"localhost/dradriver:{VERSION}"
-# CI (scripts/test) sets this: there a missing image is a failure, not a skip.
-REQUIRE = "DRADRIVER_REQUIRE_CLUSTER"
+ROOT = REPO
 # What a pull of the image costs each GPU node (uncompressed, as podman reports it).
 SIZE_BUDGET_MB = 200
-# podman here: runc (crun refuses this host's hybrid cgroups) and ulimits the sandbox can grant.
-CONTAINERS_CONF = """[containers]
-default_ulimits = ["nofile=1024:1024", "nproc=1000:1000"]
-[engine]
-runtime = "runc"
-"""
-
-
-def unavailable(message: str) -> None:
-    if os.environ.get(REQUIRE):
-        pytest.fail(message)
-    pytest.skip(message)
-
-
-@functools.cache
-def archive() -> Path:
-    """The OCI archive for the current tree, loaded into podman's store as IMAGE (built only if missing)."""
-    if not shutil.which("podman"):
-        unavailable("podman is missing: apt-get install podman runc mmdebstrap")
-    path = Path(subprocess.run([str(ROOT / "scripts/build-image"), "--print"], capture_output=True, text=True,
-                               check=True, timeout=60).stdout.strip())  # fmt: skip
-    if not path.exists():
-        unavailable(f"the image for this tree is not built ({path}): run scripts/build-image")
-    done = subprocess.run(
-        [str(ROOT / "scripts/build-image")], capture_output=True, text=True, timeout=1800, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    return path
-
-
-def podman_run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    archive()
-    conf = tmp_path / "containers.conf"
-    conf.write_text(CONTAINERS_CONF)
-    return subprocess.run(
-        ["podman", "run", "--rm", "--network=none", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env={**os.environ, "CONTAINERS_CONF": str(conf)},
-    )
 
 
 def test_the_archive_is_an_oci_image_containerd_can_import() -> None:
