@@ -228,6 +228,8 @@ def test_scheduling_and_pod_settings_reach_the_pod() -> None:
         "priorityClassName=gpu-critical", "imagePullSecrets[0].name=registry", "resources.limits.memory=1Gi",
         "image.repository=registry.example.com/dradriver", "image.tag=1.2.3", "image.pullPolicy=Always",
         "podAnnotations.team=gpu", "extraEnv[0].name=DRADRIVER_STATE_DIR", "extraEnv[0].value=/var/lib/dradriver",
+        "extraVolumes[0].name=state", "extraVolumes[0].hostPath.path=/var/lib/dradriver",
+        "extraVolumeMounts[0].name=state", "extraVolumeMounts[0].mountPath=/var/lib/dradriver",
         "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=gpu",
         "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
     )  # fmt: skip
@@ -245,6 +247,8 @@ def test_scheduling_and_pod_settings_reach_the_pod() -> None:
     assert (container["image"], container["imagePullPolicy"]) == ("registry.example.com/dradriver:1.2.3", "Always")
     assert template_["metadata"]["annotations"] == {"team": "gpu"}
     assert container_env(objects)["DRADRIVER_STATE_DIR"] == "/var/lib/dradriver"
+    assert pod["volumes"][-1] == {"name": "state", "hostPath": {"path": "/var/lib/dradriver"}}
+    assert container["volumeMounts"][-1] == {"name": "state", "mountPath": "/var/lib/dradriver"}
 
 
 def test_host_network_is_for_nodes_without_cni() -> None:
