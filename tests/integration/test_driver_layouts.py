@@ -1,0 +1,113 @@
+"""Every driver install layout gives a container that runs CUDA, from our CDI spec alone.
+
+For each layout of ``support.driver_layouts`` (real ELF stubs with the driver's sonames, the root's linker cache
+made by the real ``ldconfig``), with NVIDIA's real ``nvidia-cdi-hook`` and without any hook: discover the driver
+root as ``dradriver run`` does, render a claim's spec, and run a bare image (glibc and one program, nothing else)
+with podman. The program ``dlopen``s ``libcuda.so.1`` and ``libnvidia-ml.so.1`` by soname, calls a function of
+each, then runs ``nvidia-smi -L`` from PATH — for a Debian-family loader and a RHEL-family one.
+
+Needs root, podman, runc, cc and ldconfig; the hook cases need ``scripts/build-cdi-hook`` (Go) and the RHEL
+family ``scripts/fetch-biarch-glibc`` (apt-get); `.ci/run` prepares all three, so in CI nothing skips.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support.bare_container import FAMILIES, PROBE, Podman, biarch_glibc, make_rootfs, podman_missing
+from support.driver_layouts import LAYOUTS, VERSION, Layout, Stubs, build_layout, build_stubs, tools_missing
+
+from dradriver.driver.cdi import CdiDevice, CdiWriter, ClaimSpec
+from dradriver.driver.driver_root import discover_driver_root
+from dradriver.gpu.models import DeviceNode
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(
+    bool(podman_missing() + tools_missing()),
+    reason=f"bare containers need {', '.join(podman_missing() + tools_missing())} (see the module docstring)",
+)
+
+
+def built_hook() -> Path | None:
+    done = subprocess.run(
+        [str(REPO / "scripts/build-cdi-hook")], capture_output=True, text=True, timeout=900, check=False
+    )
+    path = Path(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 and done.stdout.strip() else None
+    return path if path is not None and path.is_file() else None
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[Path]:
+    base = Path(tempfile.mkdtemp(prefix="dra-layouts-", dir="/tmp"))
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def stubs(world: Path) -> Stubs:
+    return build_stubs(world / "stubs")
+
+
+@pytest.fixture(scope="module")
+def hook() -> Path | None:
+    return built_hook()
+
+
+@pytest.fixture(scope="module")
+def layouts(world: Path, stubs: Stubs, hook: Path | None) -> dict[str, Layout]:
+    return {name: build_layout(name, world / "roots", stubs, hook=hook) for name in LAYOUTS}
+
+
+@pytest.fixture(scope="module")
+def podman(world: Path, stubs: Stubs) -> Podman:
+    runner = Podman(world / "podman")
+    for family in FAMILIES:
+        if family == "rhel" and biarch_glibc() is None:
+            continue
+        runner.import_rootfs(make_rootfs(world / f"rootfs-{family}", family, stubs.dir / "bin/probe"), family)
+    probe = runner.run("debian", [], PROBE)
+    if "FAIL libcuda" not in probe.stdout:
+        pytest.skip(f"podman cannot run a bare container here: {probe.stderr.strip()[-300:]}")
+    return runner
+
+
+def write_spec(podman: Podman, layout: Layout, *, hook: Path | None, uid: str) -> list[str]:
+    hook_path: str | None = None
+    if hook is not None:
+        # The GPU Operator's toolkit keeps the hook in its own host directory; elsewhere the plugin ships it.
+        hook_path = str(layout.hook_dir / "nvidia-cdi-hook") if layout.hook_dir else str(hook)
+    root = discover_driver_root(host_root=str(layout.driver_root), version=VERSION, cdi_hook=hook_path)
+    writer = CdiWriter(
+        podman.cdi_dir, host_path=lambda _path: "/dev/null", node_exists=lambda _path: False, driver_root=root
+    )
+    device = CdiDevice(name="gpu-0", device_nodes=(DeviceNode("/dev/nvidia0"),))
+    return writer.write(ClaimSpec(claim_uid=uid, devices=(device,)))
+
+
+CASES = [(layout, hook, family) for layout in LAYOUTS for hook in (True, False) for family in FAMILIES]
+
+
+@pytest.mark.parametrize(
+    "case", CASES, ids=[f"{layout}-{'hook' if hook else 'no-hook'}-{family}" for layout, hook, family in CASES]
+)
+def test_a_bare_container_runs_cuda_and_nvidia_smi_on_every_layout(
+    podman: Podman, layouts: dict[str, Layout], hook: Path | None, case: tuple[str, bool, str]
+) -> None:
+    layout_name, with_hook, family = case
+    if with_hook and hook is None:
+        pytest.skip("nvidia-cdi-hook could not be built (scripts/build-cdi-hook needs Go and the module proxy)")
+    if family == "rhel" and biarch_glibc() is None:
+        pytest.skip("no RHEL-family glibc: run scripts/fetch-biarch-glibc")
+    ids = write_spec(
+        podman, layouts[layout_name], hook=hook if with_hook else None, uid=f"{layout_name}-{with_hook:d}-{family}"
+    )
+    done = podman.run(family, ids, PROBE)
+    assert done.returncode == 0, f"stdout: {done.stdout}\nstderr: {done.stderr[-1500:]}"
+    assert f"OK cuda=13000 driver={VERSION}" in done.stdout
+    assert f"GPU 0: NVIDIA H100 80GB HBM3 (stub driver {VERSION})" in done.stdout
