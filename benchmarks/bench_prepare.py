@@ -10,7 +10,7 @@ gRPC over unix sockets, claim GET and checks, CDI spec and checkpoint written wi
 state directory is made under --state-dir, default the system temp directory; never /dev/shm unless you ask).
 Each figure is printed beside its floor, measured in the same run: a minimal gRPC plugin that does the same
 claim GET and the same fsync'd writes (CDI spec, checkpoint) and nothing else. Prints a Markdown table (the one
-in README) and writes the figures as JSON.
+in docs/performance.md) and writes the figures as JSON.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ with podman. The program ``dlopen``s ``libcuda.so.1`` and ``libnvidia-ml.so.1`` 
 each, then runs ``nvidia-smi -L`` from PATH — for a Debian-family loader and a RHEL-family one.
 
 Needs root, podman, runc, cc and ldconfig; the hook cases need ``scripts/build-cdi-hook`` (Go) and the RHEL
-family ``scripts/fetch-biarch-glibc`` (apt-get); `.ci/run` prepares all three, so in CI nothing skips.
+family ``scripts/build-biarch-glibc`` (apt-get); `.ci/run` prepares all three, so in CI nothing skips.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def test_a_bare_container_runs_cuda_and_nvidia_smi_on_every_layout(
     if with_hook and hook is None:
         pytest.skip("nvidia-cdi-hook could not be built (scripts/build-cdi-hook needs Go and the module proxy)")
     if family == "rhel" and biarch_glibc() is None:
-        pytest.skip("no RHEL-family glibc: run scripts/fetch-biarch-glibc")
+        pytest.skip("no RHEL-family glibc: run scripts/build-biarch-glibc")
     ids = write_spec(
         podman, layouts[layout_name], hook=hook if with_hook else None, uid=f"{layout_name}-{with_hook:d}-{family}"
     )

@@ -9,7 +9,7 @@ Two loader families:
   ``/usr/lib/x86_64-linux-gnu``; the loader's built-in search path is ``/lib/x86_64-linux-gnu``,
   ``/usr/lib/x86_64-linux-gnu``, ``/lib``, ``/usr/lib``;
 - ``rhel``: a glibc built for ``/lib64`` (Debian's ``libc6-amd64``, the biarch glibc of its i386 port, which
-  ``scripts/fetch-biarch-glibc`` unpacks), with libc in ``/usr/lib64``; its built-in search path is ``/lib64``,
+  ``scripts/build-biarch-glibc`` unpacks), with libc in ``/usr/lib64``; its built-in search path is ``/lib64``,
   ``/usr/lib64`` (then ``/lib``, ``/usr/lib``), as on RHEL, Fedora, SUSE and Amazon Linux.
 
 podman reads CDI specs only from ``/etc/cdi`` and ``/var/run/cdi``: each run happens in a private mount namespace
@@ -44,7 +44,7 @@ def podman_missing() -> list[str]:
 
 def biarch_glibc() -> Path | None:
     """The unpacked ``libc6-amd64`` (its ``lib64/`` holds the loader and libc), if fetched on this machine."""
-    script = Path(__file__).resolve().parents[2] / "scripts/fetch-biarch-glibc"
+    script = Path(__file__).resolve().parents[2] / "scripts/build-biarch-glibc"
     found = subprocess.run([str(script), "--print"], capture_output=True, text=True, check=False, timeout=30)
     path = Path(found.stdout.strip())
     return path if found.returncode == 0 and (path / "lib64/ld-linux-x86-64.so.2").exists() else None
@@ -113,7 +113,7 @@ def make_rootfs(dest: Path, family: str, probe: Path) -> Path:
     elif family == "rhel":
         glibc = biarch_glibc()
         if glibc is None:
-            raise FileNotFoundError("no biarch glibc: run scripts/fetch-biarch-glibc")
+            raise FileNotFoundError("no biarch glibc: run scripts/build-biarch-glibc")
         loader = Path(os.path.realpath(glibc / "lib64/ld-linux-x86-64.so.2"))
         libc = glibc / "lib64/libc.so.6"
         libdir = dest / "usr/lib64"

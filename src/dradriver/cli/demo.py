@@ -174,7 +174,8 @@ def _prepare_and_unprepare(
             print(f"{device['device_name']}: {', '.join(device['cdi_device_ids'])}")
         spec_path = cdi.spec_path(ref.uid)
         print(f"CDI spec {spec_path.name}:")
-        print(spec_path.read_text())
+        # The driver writes specs on one line (the C encoder is faster); a person reads them indented.
+        print(json.dumps(json.loads(spec_path.read_text()), indent=2))
         claim_status.wait_idle(10)
         stored = cluster.get_resource_claim(ref.namespace, ref.name)
         print("claim status.devices:")
