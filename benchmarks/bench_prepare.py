@@ -42,12 +42,12 @@ from dradriver.driver.cdi import CdiWriter  # noqa: E402
 from dradriver.driver.checkpoint import CheckpointStore  # noqa: E402
 from dradriver.driver.mps import MpsControl  # noqa: E402
 from dradriver.driver.state import GpuDriver  # noqa: E402
-from dradriver.gpu import mps_standin  # noqa: E402
-from dradriver.gpu.fakelib import simulated_gpulib  # noqa: E402
 from dradriver.gpu.inventory import MigMode, discover  # noqa: E402
-from dradriver.plugin.kubelet_client import Claim, KubeletClient, RegisteredPlugin  # noqa: E402
-from dradriver.plugin.kubelet_plugin import KubeletPlugin  # noqa: E402
-from dradriver.plugin.memory_cluster import MemoryCluster  # noqa: E402
+from dradriver.plugin.cluster.memory import MemoryCluster  # noqa: E402
+from dradriver.plugin.kubeletplugin.kubelet_client import Claim, KubeletClient, RegisteredPlugin  # noqa: E402
+from dradriver.plugin.kubeletplugin.plugin import KubeletPlugin  # noqa: E402
+from dradriver.sim import mps_standin  # noqa: E402
+from dradriver.sim.fakelib import simulated_gpulib  # noqa: E402
 
 DRIVER = "gpu.dradriver.dev"
 NODE = "bench-node"

@@ -16,7 +16,7 @@ import pytest
 
 from dradriver.cli.main import main
 from dradriver.errors import ConfigError
-from dradriver.gpu.sim_driver_root import write_stub_driver_root
+from dradriver.sim.driver_root import write_stub_driver_root
 
 
 @pytest.fixture(autouse=True)
@@ -304,7 +304,7 @@ def test_the_periodic_mps_check_holds_the_rolling_update_lock(tmp_path):
     from types import SimpleNamespace
 
     from dradriver.cli.run import DriverProcess
-    from dradriver.plugin.kubelet_plugin import SERIALIZE_LOCK_NAME
+    from dradriver.plugin.kubeletplugin.plugin import SERIALIZE_LOCK_NAME
 
     held: list[bool] = []
 

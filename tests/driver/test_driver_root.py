@@ -15,7 +15,7 @@ from dradriver.driver.driver_root import (
     discover_driver_root,
     find_library,
 )
-from dradriver.gpu.sim_driver_root import write_stub_driver_root
+from dradriver.sim.driver_root import write_stub_driver_root
 
 VERSION = "580.65.06"
 LIBDIR = "usr/lib/x86_64-linux-gnu"

@@ -17,7 +17,7 @@ from pathlib import Path
 from kubelet_plugin_fakes import DRIVER, FakeClaimSource, FakeHandler
 
 from dradriver.errors import DradriverError
-from dradriver.plugin.kubelet_plugin import KubeletPlugin
+from dradriver.plugin.kubeletplugin.plugin import KubeletPlugin
 
 
 def main() -> int:

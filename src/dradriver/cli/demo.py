@@ -24,15 +24,14 @@ from dradriver.driver.driver_root import discover_driver_root
 from dradriver.driver.slices import SliceSettings, build_slice_specs
 from dradriver.driver.state import GpuDriver
 from dradriver.errors import ConfigError
-from dradriver.gpu.backend import open_gpu_backend
+from dradriver.gpu.backend import open_gpu_backend, simulated_driver_root
 from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.inventory import Inventory, MigMode, discover
-from dradriver.gpu.sim_driver_root import write_stub_driver_root
-from dradriver.plugin.claim_status import ClaimStatusWriter
-from dradriver.plugin.kubelet_client import Claim, KubeletClient
-from dradriver.plugin.kubelet_plugin import KubeletPlugin
-from dradriver.plugin.memory_cluster import MemoryCluster
-from dradriver.plugin.publisher import Publisher, SliceSpec
+from dradriver.plugin.cluster.claim_status import ClaimStatusWriter
+from dradriver.plugin.cluster.memory import MemoryCluster
+from dradriver.plugin.kubeletplugin.kubelet_client import Claim, KubeletClient
+from dradriver.plugin.kubeletplugin.plugin import KubeletPlugin
+from dradriver.plugin.resourceslice.publisher import Publisher, SliceSpec
 
 DRIVER = "gpu.dradriver.dev"
 
@@ -146,7 +145,7 @@ def _prepare_and_unprepare(
     cluster: MemoryCluster,
     claim: dict[str, Any],
 ) -> int:
-    stub_root = write_stub_driver_root(root / "driver-root", inventory.driver_version)
+    stub_root = simulated_driver_root(root / "driver-root", inventory.driver_version)
     driver_root = discover_driver_root(host_root=str(stub_root), version=inventory.driver_version)
     cdi = CdiWriter(root / "cdi", host_path=lambda _path: "/dev/null", driver_root=driver_root)
     driver = GpuDriver(driver_name=DRIVER, pool=node, inventory=inventory, mig_mode=mig_mode, cdi=cdi, gpulib=gpulib)

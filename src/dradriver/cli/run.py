@@ -47,24 +47,22 @@ from dradriver.driver.mps import DEFAULT_COMMAND, MpsControl
 from dradriver.driver.slices import SliceSettings, build_slice_specs, shape_for
 from dradriver.driver.state import GpuDriver
 from dradriver.errors import ConfigError, DradriverError
-from dradriver.gpu import mps_standin
-from dradriver.gpu.backend import open_gpu_backend
+from dradriver.gpu.backend import open_gpu_backend, simulated_driver_root, simulated_mps_command
 from dradriver.gpu.errors import DriverNotLoaded, LibraryNotFound
 from dradriver.gpu.inventory import MigMode, discover
-from dradriver.gpu.sim_driver_root import write_stub_driver_root
-from dradriver.plugin.claim_status import ClaimStatusWriter
 from dradriver.plugin.cluster import ClusterError, NotFoundError, kubernetes_minor_version
+from dradriver.plugin.cluster.claim_status import ClaimStatusWriter
+from dradriver.plugin.cluster.kube import KubeCluster
 from dradriver.plugin.handler import ClaimRef
-from dradriver.plugin.kube_cluster import KubeCluster
-from dradriver.plugin.kubelet_plugin import (
+from dradriver.plugin.kubeletplugin.lifecycle import StopBudget, exclusive
+from dradriver.plugin.kubeletplugin.plugin import (
     DEFAULT_PLUGINS_DIR,
     DEFAULT_REGISTRY_DIR,
     SERIALIZE_LOCK_NAME,
     KubeletPlugin,
     check_pod_uid,
 )
-from dradriver.plugin.lifecycle import StopBudget, exclusive
-from dradriver.plugin.publisher import Publisher, SliceSpec
+from dradriver.plugin.resourceslice.publisher import Publisher, SliceSpec
 
 log = logging.getLogger("dradriver.run")
 # Probes reach the pod's IP, so listen on every interface; the DaemonSet declares the port.
@@ -712,7 +710,7 @@ def driver_root_for(args: argparse.Namespace, version: str, *, simulated: bool) 
     if simulated and not args.driver_root:
         plugin_dir = _plugin_dir(args)
         plugin_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # owner-only, as when the plugin creates it
-        stub = write_stub_driver_root(plugin_dir.absolute() / "sim-driver-root", version)
+        stub = simulated_driver_root(plugin_dir.absolute() / "sim-driver-root", version)
         return discover_driver_root(host_root=str(stub), version=version, cdi_hook=hook)
     host_root = args.driver_root or "/"
     return discover_driver_root(
@@ -821,7 +819,7 @@ def _mps_command(args: argparse.Namespace, simulated: bool, driver_root: DriverR
     if args.mps_control_command:
         return shlex.split(str(args.mps_control_command))
     if simulated:
-        return mps_standin.command()
+        return simulated_mps_command()
     for binary in driver_root.binaries:
         if binary.path.name == DEFAULT_COMMAND[0]:
             return [str(driver_root.container_root / binary.path), *DEFAULT_COMMAND[1:]]

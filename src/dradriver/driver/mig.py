@@ -27,6 +27,7 @@ from dradriver.gpu.errors import GpuError, NotFound, NotSupported
 from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.inventory import GpuDevice, MigPartition
 from dradriver.gpu.models import MigDevice
+from dradriver.gpu.products import RESETLESS_MIG_ARCHITECTURES
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +36,6 @@ STEP_GPU_INSTANCE = "gpu-instance"
 STEP_COMPUTE_INSTANCE = "compute-instance"
 CREATE_GPU_INSTANCE = "nvmlDeviceCreateGpuInstanceWithPlacement"
 CREATE_COMPUTE_INSTANCE = "nvmlGpuInstanceCreateComputeInstance"
-
-# Architectures that switch MIG mode without a GPU reset.
-RESETLESS_MIG_ARCHITECTURES = frozenset({"Hopper", "Blackwell"})
 
 
 def needs_reset_for_mig_mode(gpu: GpuDevice) -> bool:
