@@ -150,7 +150,7 @@ def test_run_refuses_a_bad_health_policy_with_one_line(capsys, tmp_path, flags, 
 def test_a_driver_root_without_libcuda_is_a_start_up_error_naming_the_flags(tmp_path):
     import argparse
 
-    from dradriver.cli.run import driver_root_for
+    from dradriver.cli.driver_root import driver_root_for
     from dradriver.errors import ConfigError
 
     (tmp_path / "usr/lib").mkdir(parents=True)
@@ -169,7 +169,7 @@ def test_a_driver_root_without_libcuda_is_a_start_up_error_naming_the_flags(tmp_
 def test_a_simulated_node_gets_a_stub_driver_root_in_its_plugin_directory(tmp_path):
     import argparse
 
-    from dradriver.cli.run import driver_root_for
+    from dradriver.cli.driver_root import driver_root_for
 
     args = argparse.Namespace(
         driver_root="",
@@ -198,7 +198,7 @@ def _root_args(tmp_path, **kwargs):
 
 
 def test_a_simulated_node_honours_an_explicit_driver_root(tmp_path):
-    from dradriver.cli.run import driver_root_for
+    from dradriver.cli.driver_root import driver_root_for
 
     # Any install layout, e.g. the H100 node's /usr/local/nvidia, runs on the simulated backend when named.
     layout = write_stub_driver_root(tmp_path / "layout", "550.163.01")
@@ -208,7 +208,7 @@ def test_a_simulated_node_honours_an_explicit_driver_root(tmp_path):
 
 
 def test_the_images_hook_is_copied_to_the_plugin_directory_and_named_in_specs(tmp_path):
-    from dradriver.cli.run import cdi_hook_for
+    from dradriver.cli.driver_root import cdi_hook_for
 
     shipped = tmp_path / "image/nvidia-cdi-hook"
     shipped.parent.mkdir()

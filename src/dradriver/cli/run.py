@@ -6,7 +6,6 @@ import argparse
 import contextlib
 import logging
 import shlex
-import shutil
 import signal
 import threading
 import time
@@ -16,6 +15,12 @@ from typing import Any
 
 import grpc
 
+from dradriver.cli.driver_root import (
+    add_driver_root_options,
+    driver_root_for,
+    nvml_library_for,
+    seconds_or_forever,
+)
 from dradriver.cli.logs import configure_logging
 from dradriver.cli.options import (
     add_env_option,
@@ -30,9 +35,8 @@ from dradriver.cli.options import (
 from dradriver.cli.sim import unwritable_state
 from dradriver.cli.status_server import StatusServer, check_bindable
 from dradriver.driver.cdi import CdiWriter
-from dradriver.driver.cdi_hook import HOOK_NAME, install_cdi_hook
 from dradriver.driver.checkpoint import CheckpointStore
-from dradriver.driver.driver_root import DriverRoot, DriverRootError, discover_driver_root, find_library
+from dradriver.driver.driver_root import DriverRoot, DriverRootError
 from dradriver.driver.health import (
     DEFAULT_FATAL_XIDS,
     DEFAULT_IGNORED_XIDS,
@@ -47,7 +51,7 @@ from dradriver.driver.mps import DEFAULT_COMMAND, MpsControl
 from dradriver.driver.slices import SliceSettings, build_slice_specs, shape_for
 from dradriver.driver.state import GpuDriver
 from dradriver.errors import ConfigError, DradriverError
-from dradriver.gpu.backend import open_gpu_backend, simulated_driver_root, simulated_mps_command
+from dradriver.gpu.backend import open_gpu_backend, simulated_mps_command
 from dradriver.gpu.errors import DriverNotLoaded, LibraryNotFound
 from dradriver.gpu.inventory import MigMode, discover
 from dradriver.plugin.cluster import ClusterError, NotFoundError, kubernetes_minor_version
@@ -174,58 +178,24 @@ def register(parser: argparse.ArgumentParser) -> None:
     add_gpu_options(parser)
     add_slice_options(parser, version_default="")
     add_driver_root_options(parser)
+    _add_claim_status_options(parser)
     _add_health_options(parser)
     parser.set_defaults(handler=run)
 
 
-def add_driver_root_options(parser: argparse.ArgumentParser) -> None:
-    """Where the NVIDIA driver's files are, for the CDI specs; and whether claims get device status."""
-    group = parser.add_argument_group("CDI specs and claim status")
-    add_env_option(
-        group,
-        "--driver-root",
-        env="DRADRIVER_DRIVER_ROOT",
-        default="",
-        help="host path of the NVIDIA driver's root: / where the driver is installed on the host (packages, "
-        ".run installer, /usr/local/nvidia registered in /etc/ld.so.conf.d), /run/nvidia/driver with the GPU "
-        "Operator's driver container, /home/kubernetes/bin/nvidia on GKE; unset: / (a simulated node: a stub root "
-        "in the plugin directory; set, the simulated node uses that root too)",
-    )
-    add_env_option(
-        group,
-        "--container-driver-root",
-        env="DRADRIVER_CONTAINER_DRIVER_ROOT",
-        help="where this container mounts --driver-root, e.g. /driver-root (default: the same path)",
-    )
-    add_env_option(
-        group,
-        "--nvidia-cdi-hook-path",
-        env="DRADRIVER_NVIDIA_CDI_HOOK_PATH",
-        default="",
-        metavar="PATH|none",
-        help="host path of NVIDIA's nvidia-cdi-hook for the create-symlinks, enable-cuda-compat and update-ldcache "
-        "hooks, used as given; empty: the copy of --cdi-hook-source, else <driver-root>/usr/bin/nvidia-cdi-hook "
-        "if it exists; none: no hooks (the specs work without them)",
-    )
-    add_env_option(
-        group,
-        "--cdi-hook-source",
-        env="DRADRIVER_CDI_HOOK_SOURCE",
-        default="",
-        metavar="PATH|none",
-        help="nvidia-cdi-hook in this container (the image ships one), copied at start to <plugin-dir>/"
-        "nvidia-cdi-hook, a path the host shares, for the specs' hooks; empty: nvidia-cdi-hook on PATH if any",
-    )
+def _add_claim_status_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("start-up and claim status")
     add_env_option(
         group,
         "--wait-for-driver",
         env="DRADRIVER_WAIT_FOR_DRIVER",
         default=float("inf"),
-        type=_seconds_or_forever,
+        type=seconds_or_forever,
         metavar="SECONDS",
         help="while NVML or the driver's files are missing (the GPU Operator installs the driver after this pod "
         "starts), wait this long, not ready, logging what is missing every 30 s; 0: fail at once",
     )
+
     add_env_option(
         group,
         "--claim-device-status",
@@ -243,18 +213,6 @@ def add_driver_root_options(parser: argparse.ArgumentParser) -> None:
         choices=("true", "false"),
         help="give containers KEP-5304 device metadata files under /var/run/kubernetes.io/dra-device-attributes",
     )
-
-
-def _seconds_or_forever(value: str) -> float:
-    if value.strip().lower() in ("inf", "infinity", "forever"):
-        return float("inf")
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds (or 'forever')") from None
-    if not seconds >= 0:
-        raise argparse.ArgumentTypeError(f"{value!r} must be 0 or more seconds (or 'forever')")
-    return seconds
 
 
 def _add_health_options(parser: argparse.ArgumentParser) -> None:
@@ -700,55 +658,6 @@ class DriverProcess:
         self.specs = fresh_specs
         self.driver.update_inventory(fresh, self.mig_mode)
         self.publisher.update(_pools(self.node, fresh_specs))
-
-
-def driver_root_for(args: argparse.Namespace, version: str, *, simulated: bool) -> DriverRoot:
-    """Discover the driver root of driver ``version``. A simulated node without ``--driver-root`` gets a stub root
-    in the plugin directory, a path the DaemonSet mounts at the same place as on the host, so host and container
-    paths agree; with it, the given root is used, so every install layout runs on a simulated node too."""
-    hook = cdi_hook_for(args)
-    if simulated and not args.driver_root:
-        plugin_dir = _plugin_dir(args)
-        plugin_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # owner-only, as when the plugin creates it
-        stub = simulated_driver_root(plugin_dir.absolute() / "sim-driver-root", version)
-        return discover_driver_root(host_root=str(stub), version=version, cdi_hook=hook)
-    host_root = args.driver_root or "/"
-    return discover_driver_root(
-        host_root=host_root,
-        container_root=args.container_driver_root or host_root,
-        version=version,
-        cdi_hook=hook,
-    )
-
-
-def cdi_hook_for(args: argparse.Namespace) -> str | None:
-    """The hook's host path for the specs: ``--nvidia-cdi-hook-path`` as given (None for ``none``), else the copy
-    of the image's hook in the plugin directory, else "" (discovery looks in the driver root)."""
-    if args.nvidia_cdi_hook_path == "none":
-        return None
-    if args.nvidia_cdi_hook_path:
-        return str(args.nvidia_cdi_hook_path)
-    source = args.cdi_hook_source or shutil.which(HOOK_NAME) or ""
-    if not source or source == "none":
-        return ""
-    return str(install_cdi_hook(Path(source), _plugin_dir(args).absolute()))
-
-
-def nvml_library_for(args: argparse.Namespace) -> str | None:
-    """Where this process loads NVML from: ``libnvidia-ml.so.1`` found in the driver root as its loader would
-    (linker cache, ld.so.conf, the usual directories); None lets pynvml look it up by soname."""
-    if args.gpu_backend != "nvml":
-        return None
-    root = Path(args.container_driver_root or args.driver_root or "/")
-    found, how = find_library(root, "libnvidia-ml.so.1")
-    if found is None:
-        return None
-    log.info("loading NVML path=%s found_by=%s", root / found, how)
-    return str(root / found)
-
-
-def _plugin_dir(args: argparse.Namespace) -> Path:
-    return Path(args.plugin_dir) if args.plugin_dir else DEFAULT_PLUGINS_DIR / args.driver_name
 
 
 @contextlib.contextmanager
