@@ -449,3 +449,29 @@ def _normalise(path: PurePosixPath) -> PurePosixPath:
         elif part not in ("", ".", "/"):
             parts.append(part)
     return PurePosixPath(*parts)
+
+
+#: Roots other installs use, relative to the host's /: the GPU Operator's driver container, GKE/COS, and the
+#: /usr/local/nvidia tree of many cloud images (a root of its own when ld.so.conf does not name it).
+KNOWN_ROOTS = ("run/nvidia/driver", "home/kubernetes/bin/nvidia", "usr/local/nvidia")
+
+
+def likely_driver_roots(
+    container_root: Path, host_root: PurePosixPath, version: str, machine: str | None = None
+) -> list[str]:
+    """Host paths under ``host_root`` where driver ``version``'s files are, for an error's fix when the given root
+    lacks them (a GPU Operator node run with ``--driver-root /``)."""
+    found = []
+    for relative in KNOWN_ROOTS:
+        try:
+            discover_driver_root(
+                host_root=host_root / relative,
+                container_root=container_root / relative,
+                version=version,
+                cdi_hook=None,
+                machine=machine,
+            )
+        except DriverRootError:
+            continue
+        found.append(str(host_root / relative))
+    return found
