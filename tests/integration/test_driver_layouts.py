@@ -12,19 +12,27 @@ family ``scripts/build-biarch-glibc`` (apt-get); `.ci/run` prepares all three, s
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
-from pathlib import Path
+from dataclasses import replace
+from pathlib import Path, PurePosixPath
 
 import pytest
 from support.bare_container import FAMILIES, PROBE, Podman, biarch_glibc, make_rootfs, podman_missing
 from support.driver_layouts import LAYOUTS, VERSION, Layout, Stubs, build_layout, build_stubs, tools_missing
+from support.nodes import inventory_of
 
+from dradriver.cli.driver_root import driver_root_for
 from dradriver.driver.cdi import CdiDevice, CdiWriter, ClaimSpec
 from dradriver.driver.driver_root import discover_driver_root
+from dradriver.driver.state import GpuDriver
+from dradriver.gpu.inventory import MigMode
 from dradriver.gpu.models import DeviceNode
+from dradriver.plugin.handler import ClaimRef
+from dradriver.plugin.kubeletplugin.claims import allocated_claim
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -111,3 +119,56 @@ def test_a_bare_container_runs_cuda_and_nvidia_smi_on_every_layout(
     assert done.returncode == 0, f"stdout: {done.stdout}\nstderr: {done.stderr[-1500:]}"
     assert f"OK cuda=13000 driver={VERSION}" in done.stdout
     assert f"GPU 0: NVIDIA H100 80GB HBM3 (stub driver {VERSION})" in done.stdout
+
+
+def test_a_simulated_node_prepares_a_claim_on_the_h100_layout_through_run_s_wiring(
+    podman: Podman, world: Path, hook: Path | None
+) -> None:
+    # --driver-root on the simulated backend: the whole prepare path (not only the spec) on a real layout.
+    inventory = inventory_of("mixed")
+    stubs = build_stubs(world / "sim-stubs", inventory.driver_version)
+    layout = build_layout("h100", world / "sim-roots", stubs)
+    args = argparse.Namespace(
+        driver_root="/",
+        container_driver_root=str(layout.root),
+        nvidia_cdi_hook_path=str(hook) if hook else "none",
+        cdi_hook_source="none",
+        plugin_dir=str(world / "plugin"),
+        driver_name="gpu.dradriver.dev",
+    )
+    root = driver_root_for(args, inventory.driver_version, simulated=True)
+    # The layout stands for the host's /: the runtime must bind its files, so name them by where they are here.
+    root = replace(root, host_root=PurePosixPath(layout.root))
+    driver = GpuDriver(
+        driver_name="gpu.dradriver.dev",
+        pool="node-a",
+        inventory=inventory,
+        mig_mode=MigMode.STATIC,
+        cdi=CdiWriter(podman.cdi_dir, host_path=lambda _path: "/dev/null", driver_root=root),
+    )
+    uid = "0c1d-sim-h100"
+    claim = {
+        "metadata": {"uid": uid, "name": uid, "namespace": "default"},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "gpu",
+                            "driver": "gpu.dradriver.dev",
+                            "pool": "node-a",
+                            "device": "gpu-0000-0f-00-0",
+                        }
+                    ]
+                }
+            }
+        },
+    }
+    typed = allocated_claim(claim, ClaimRef("default", uid, uid), "gpu.dradriver.dev")
+    result = driver.prepare_resource_claims([typed])[uid]
+    assert result.error is None
+    ids = [i for device in result.devices for i in device.cdi_device_ids]
+    for family in ("debian", "rhel") if biarch_glibc() else ("debian",):
+        done = podman.run(family, ids, PROBE)
+        assert done.returncode == 0, f"{family}: {done.stdout}\n{done.stderr[-1500:]}"
+        assert f"OK cuda=13000 driver={inventory.driver_version}" in done.stdout
