@@ -220,7 +220,13 @@ def _driver_root_checks(
             else "install the driver's user-space libraries of this version and run ldconfig; or set --driver-root "
             "to the root that has them"
         )
-        return None, [Check("libcuda", FAIL, str(err).split(";")[0], fix)]
+        detail = (
+            f"libcuda.so.{version} not found in driver root {host} (its linker cache, ld.so.conf and the usual "
+            "library directories searched)"
+            if "was not found" in str(err)
+            else str(err).split(";")[0]
+        )
+        return None, [Check("libcuda", FAIL, detail, fix)]
     checks = [_libcuda_check(root)]
     for name, prefixes in LIBRARY_CLASSES:
         files = [f for f in root.libraries if f.path.name.startswith(prefixes)]
