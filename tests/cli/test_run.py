@@ -329,3 +329,32 @@ def test_the_periodic_mps_check_holds_the_rolling_update_lock(tmp_path):
     process.refresh.set()
     worker.join(10)
     assert held == [True] and not worker.is_alive()
+
+
+def test_an_in_place_driver_upgrade_is_followed_for_new_prepares_naming_claims_on_the_old_files(tmp_path, caplog):
+    from types import SimpleNamespace
+
+    from dradriver.cli.driver_root import driver_root_for
+    from dradriver.cli.run import DriverProcess
+
+    root = tmp_path / "root"
+    write_stub_driver_root(root, "580.65.06")
+    args = _root_args(tmp_path, driver_root=str(root), node_name="n", mig_mode="none", rescan_interval=0, pod_uid="")
+    process = DriverProcess(args)
+    process.simulated = None
+    process.driver_root = driver_root_for(args, "580.65.06", simulated=False)
+    process.driver = SimpleNamespace(cdi=SimpleNamespace(driver_root=process.driver_root))
+    process.checkpoint = SimpleNamespace(
+        records=lambda: [SimpleNamespace(uid="claim-b"), SimpleNamespace(uid="claim-a")]
+    )
+    caplog.set_level(logging.INFO)
+
+    process._follow_driver_upgrade("590.10.01")  # NVML says so, but the new files are not there yet
+    assert process.driver_root.version == "580.65.06" and "files are not all there yet" in caplog.text
+
+    write_stub_driver_root(root, "590.10.01")
+    process._follow_driver_upgrade("590.10.01")
+    assert process.driver_root.version == "590.10.01"
+    assert process.driver.cdi.driver_root is process.driver_root  # what the next prepare's spec is built from
+    assert process.driver_root.libcuda.path.name == "libcuda.so.590.10.01"
+    assert "upgraded in place from 580.65.06 to 590.10.01" in caplog.text and "claims=claim-a,claim-b" in caplog.text
