@@ -7,7 +7,8 @@ with podman. The program ``dlopen``s ``libcuda.so.1`` and ``libnvidia-ml.so.1`` 
 each, then runs ``nvidia-smi -L`` from PATH — for a Debian-family loader and a RHEL-family one.
 
 Needs root, podman, runc, cc and ldconfig; the hook cases need ``scripts/build-cdi-hook`` (Go) and the RHEL
-family ``scripts/build-biarch-glibc`` (apt-get); `scripts/test` (what `.ci/run` runs) builds both, so in CI nothing skips.
+family ``scripts/build-biarch-glibc`` (apt-get); ``scripts/test`` (what ``.ci/run`` runs) builds both, so in CI
+nothing skips.
 """
 
 from __future__ import annotations
