@@ -57,3 +57,10 @@ def test_nvml_is_loaded_from_the_given_file(tmp_path: Path) -> None:
 def test_a_library_that_cannot_be_loaded_names_the_file_and_the_fix(tmp_path: Path) -> None:
     with pytest.raises(LibraryNotFound, match=r"cannot load NVML from .*nowhere.*--driver-root"):
         NvmlGpuLib(nvml=private_pynvml(), library_path=str(tmp_path / "nowhere/libnvidia-ml.so.1"))
+
+
+def test_a_library_kernel_mismatch_after_an_in_place_upgrade_says_what_to_do() -> None:
+    from dradriver.gpu.errors import error_for_code
+
+    err = error_for_code(18, "RM has detected an NVML/RM version mismatch.", call="nvmlInit")
+    assert err.code == 18 and "upgraded in place" in str(err) and "restart this pod" in str(err)
