@@ -209,6 +209,9 @@ def test_every_layout_is_found_where_its_installer_put_it(layouts: dict[str, Lay
     for soname in ("libcuda.so.1", "libnvidia-ml.so.1"):
         assert {f"/{LIBDIR}/{soname}", f"/usr/lib64/{soname}"} <= links
     assert all(p == f"/usr/bin/{f.path.name}" for f in found.binaries for p in f.container_paths)
+    if name in ("debian", "runfile"):  # the layouts that ship a Vulkan ICD (in /usr/share and in /etc)
+        [icd] = found.config_files
+        assert icd.container_paths == ("/usr/share/vulkan/icd.d/nvidia_icd.json",)
 
 
 def test_the_h100_node_is_found_from_root_through_its_linker_cache_alone(layouts: dict[str, Layout]) -> None:

@@ -52,7 +52,8 @@ IPC_SOCKETS = ("nvidia-persistenced/socket", "nvidia-fabricmanager/socket")
 FIRMWARE_DIRS = ("lib/firmware/updates", "lib/firmware")
 #: Where the default path of NVIDIA's hook binary lives, relative to the driver root.
 CDI_HOOK = "usr/bin/nvidia-cdi-hook"
-#: Graphics and video loaders' configuration files (Vulkan ICD and layers, EGL vendor and external platforms):
+#: Graphics and video loaders' configuration files (Vulkan ICD and layers, EGL vendor and external platforms) and
+#: OptiX's data file:
 #: (directory in the container, file name, where a root may keep it).
 CONFIG_FILES = (
     ("/usr/share/vulkan/icd.d", "nvidia_icd.json", ("etc/vulkan/icd.d", "usr/share/vulkan/icd.d")),
@@ -62,6 +63,7 @@ CONFIG_FILES = (
         ("etc/vulkan/implicit_layer.d", "usr/share/vulkan/implicit_layer.d"),
     ),
     ("/usr/share/glvnd/egl_vendor.d", "10_nvidia.json", ("etc/glvnd/egl_vendor.d", "usr/share/glvnd/egl_vendor.d")),
+    ("/usr/share/nvidia", "nvoptix.bin", ("usr/share/nvidia",)),  # OptiX ray tracing's data
     *(
         ("/usr/share/egl/egl_external_platform.d", name, ("usr/share/egl/egl_external_platform.d",))
         for name in ("10_nvidia_wayland.json", "15_nvidia_gbm.json", "20_nvidia_xcb.json", "20_nvidia_xlib.json")
