@@ -112,3 +112,11 @@ def test_conf_dirs_follow_includes_relative_to_the_including_file_and_stop_at_lo
         PurePosixPath("/usr/local/nvidia/lib64"),
     )
     assert ldcache.conf_dirs(tmp_path / "nowhere") == ()
+
+
+def test_a_root_whose_path_has_glob_characters_still_follows_includes(tmp_path: Path) -> None:
+    root = tmp_path / "root[1]"
+    (root / "etc/ld.so.conf.d").mkdir(parents=True)
+    (root / "etc/ld.so.conf").write_text("include ld.so.conf.d/*.conf\n")
+    (root / "etc/ld.so.conf.d/nvidia.conf").write_text("/usr/local/nvidia/lib64\n")
+    assert ldcache.conf_dirs(root) == (PurePosixPath("/usr/local/nvidia/lib64"),)

@@ -148,7 +148,7 @@ def _read_conf(root: Path, conf: PurePosixPath, found: dict[PurePosixPath, None]
         if line.startswith("include") and line[7:8].isspace():
             for pattern in line[8:].split():
                 absolute = pattern if pattern.startswith("/") else f"{conf.parent}/{pattern}"
-                matches = sorted(glob.glob(os.path.join(str(root), absolute.lstrip("/"))))
+                matches = sorted(glob.glob(os.path.join(glob.escape(str(root)), absolute.lstrip("/"))))
                 for match in matches:
                     _read_conf(root, PurePosixPath("/") / os.path.relpath(match, root), found, seen=seen)
         elif line.startswith("hwcap"):
