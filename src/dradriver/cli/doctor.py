@@ -20,10 +20,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from dradriver.cli.driver_root import add_driver_root_options, cdi_hook_for, nvml_library_for, plugin_dir_of
+from dradriver.cli.driver_root import add_driver_root_options, nvml_library_for, plugin_dir_of
 from dradriver.cli.options import add_env_option, add_gpu_options, add_output_option
 from dradriver.driver.cdi_hook import HOOK_NAME
 from dradriver.driver.driver_root import (
+    CDI_HOOK,
     FOUND_IN_CONF,
     KNOWN_ROOTS,
     DriverRoot,
@@ -349,9 +350,9 @@ def _hook_check(args: argparse.Namespace) -> Check:
         if not os.access(source, os.X_OK):
             return Check("CDI hook", FAIL, f"{source} is not executable", "give the image's nvidia-cdi-hook")
         return Check("CDI hook", OK, f"{source}, copied to {plugin_dir_of(args) / HOOK_NAME} at start")
-    found = cdi_hook_for(argparse.Namespace(**{**vars(args), "cdi_hook_source": "none"}))
-    if found:
-        return Check("CDI hook", OK, found)
+    container = Path(args.container_driver_root or args.driver_root or "/")
+    if (container / CDI_HOOK).is_file():
+        return Check("CDI hook", OK, f"{PurePosixPath(args.driver_root or '/') / CDI_HOOK} (in the driver root)")
     return Check(
         "CDI hook",
         WARN,
