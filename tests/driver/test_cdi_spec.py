@@ -95,9 +95,11 @@ def test_a_whole_gpu_gets_its_node_its_uuid_and_the_driver_files_read_only(tmp_p
 
 def test_hooks_recreate_soname_links_and_the_linker_cache_where_the_host_has_nvidia_cdi_hook(tmp_path: Path):
     spec = prepare(tmp_path, driver_root(tmp_path, hook=True, host_root="/"), claim("u1", ("gpu", GPU_A)))
-    symlinks, compat, ldcache = spec["containerEdits"]["hooks"]
-    assert symlinks["hookName"] == compat["hookName"] == ldcache["hookName"] == "createContainer"
-    assert symlinks["path"] == compat["path"] == ldcache["path"] == "/usr/bin/nvidia-cdi-hook"
+    symlinks, compat, no_mknod, ldcache = spec["containerEdits"]["hooks"]
+    hooks = (symlinks, compat, no_mknod, ldcache)
+    assert {h["hookName"] for h in hooks} == {"createContainer"}
+    assert {h["path"] for h in hooks} == {"/usr/bin/nvidia-cdi-hook"}
+    assert no_mknod["args"] == ["nvidia-cdi-hook", "disable-device-node-modification"]
     assert symlinks["args"][:2] == ["nvidia-cdi-hook", "create-symlinks"]
     links = symlinks["args"][2:]
     assert links[::2] == ["--link"] * (len(links) // 2)

@@ -244,8 +244,9 @@ def driver_root_edits(root: DriverRoot) -> dict[str, Any]:
     Host paths name the host's driver root (the runtime binds them on the host); container paths are where a plain
     image's loader and PATH look (docs/cdi.md, "Container paths"), whatever the host's layout. With NVIDIA's hook,
     ``create-symlinks`` makes the soname and development links, ``enable-cuda-compat`` lets an image's newer CUDA
-    forward-compatibility libraries take over, and ``update-ldcache`` puts the library directories into the
-    container's linker cache, as NVIDIA's specs do. Without it, the library is also bind-mounted under each soname
+    forward-compatibility libraries take over, ``disable-device-node-modification`` keeps CUDA from creating
+    device nodes of other GPUs, and ``update-ldcache`` puts the library directories into the container's linker
+    cache, as NVIDIA's specs do. Without it, the library is also bind-mounted under each soname
     the host has (a bind follows the link, so the container gets a file of that name): ``dlopen("libcuda.so.1")``
     then works from the loader's default search path alone.
     """
@@ -272,6 +273,9 @@ def driver_root_edits(root: DriverRoot) -> dict[str, Any]:
             hook("create-symlinks", *links)
         # Before update-ldcache, which then takes in the compat directory's ld.so.conf.d entry.
         hook("enable-cuda-compat", f"--host-driver-version={root.version}")
+        # The container's view of /proc/driver/nvidia/params says ModifyDeviceFiles: 0, so CUDA in it never
+        # creates /dev/nvidia* nodes of GPUs the claim did not give it.
+        hook("disable-device-node-modification")
         hook("update-ldcache", *[arg for folder in root.library_dirs for arg in ("--folder", folder)])
     else:
         for link in root.symlinks:
