@@ -7,8 +7,9 @@ device, named ``<claim-uid>-<device>`` so an id is never reused by another claim
 What a spec holds (see docs/cdi.md):
 
 - spec-wide edits, applied once to a container that gets any device of the claim: the driver root's libraries,
-  firmware and binaries mounted read-only, the control device nodes, NVIDIA's ``create-symlinks`` and
-  ``update-ldcache`` hooks where the host has ``nvidia-cdi-hook``, and ``NVIDIA_VISIBLE_DEVICES=void``;
+  firmware, binaries and loader files mounted read-only where a plain image finds them, the control device nodes,
+  NVIDIA's hooks (``create-symlinks``, ``enable-cuda-compat``, ``disable-device-node-modification``,
+  ``update-ldcache``) where a ``nvidia-cdi-hook`` is available, and ``NVIDIA_VISIBLE_DEVICES=void``;
 - per-device edits, applied only to containers given that device: its device nodes (a MIG device: the parent's
   ``/dev/nvidia<minor>`` and its capability nodes) and its own environment variable, so each container of a pod
   sees only the devices of the requests it names.
