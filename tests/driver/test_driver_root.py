@@ -6,6 +6,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 from support.driver_layouts import LAYOUTS, Layout, build_layout, build_stubs, tools_missing
+from support.ldcache_files import AARCH64, X86_64, new_format_cache
 
 from dradriver.driver.driver_root import (
     FOUND_IN_CACHE,
@@ -243,3 +244,33 @@ def test_find_library_reports_how_or_where_it_searched(layouts: dict[str, Layout
     assert path == PurePosixPath(f"usr/local/nvidia/lib64/libnvidia-ml.so.{VERSION}") and how == FOUND_IN_CACHE
     path, searched = find_library(tmp_path, "libnvidia-ml.so.1", machine="x86_64")
     assert path is None and "/usr/lib64" in searched
+
+
+def test_an_aarch64_root_is_found_through_its_cache_and_x86_entries_are_ignored(tmp_path: Path) -> None:
+    # /usr/local/nvidia/lib64 is in no usual directory: only the cache knows it. A stray x86-64 entry names a
+    # copy elsewhere, which an aarch64 node must not take (and an x86-64 one takes).
+    root = tmp_path / "root"
+    for libdir in ("usr/local/nvidia/lib64", "opt/x86"):
+        (root / libdir).mkdir(parents=True)
+        for stem, soname in (("libcuda.so", "libcuda.so.1"), ("libnvidia-ml.so", "libnvidia-ml.so.1")):
+            (root / libdir / f"{stem}.{VERSION}").write_text(f"{libdir}\n")
+            (root / libdir / soname).symlink_to(f"{stem}.{VERSION}")
+    (root / "etc/ld.so.cache").parent.mkdir()
+    (root / "etc/ld.so.cache").write_bytes(
+        new_format_cache(
+            [
+                (AARCH64, "libcuda.so.1", "/usr/local/nvidia/lib64/libcuda.so.1"),
+                (AARCH64, "libnvidia-ml.so.1", "/usr/local/nvidia/lib64/libnvidia-ml.so.1"),
+                (X86_64, "libcuda.so.1", "/opt/x86/libcuda.so.1"),
+            ]
+        )
+    )
+    arm = discover_driver_root(host_root="/", container_root=root, version=VERSION, machine="aarch64")
+    assert arm.libcuda.path == PurePosixPath(f"usr/local/nvidia/lib64/libcuda.so.{VERSION}")
+    assert arm.libcuda.found_by == FOUND_IN_CACHE
+    assert arm.libcuda.container_paths[0] == f"/usr/lib/aarch64-linux-gnu/libcuda.so.{VERSION}"
+    assert find_library(root, "libnvidia-ml.so.1", machine="aarch64")[0] == PurePosixPath(
+        f"usr/local/nvidia/lib64/libnvidia-ml.so.{VERSION}"
+    )
+    x86 = discover_driver_root(host_root="/", container_root=root, version=VERSION, machine="x86_64")
+    assert x86.libcuda.path == PurePosixPath(f"opt/x86/libcuda.so.{VERSION}")

@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path, PurePosixPath
 
 import pytest
+from support.ldcache_files import AARCH64, I386, X86_64, new_format_cache
 
 from dradriver.driver import ldcache
 
@@ -59,27 +60,12 @@ def test_entries_of_another_machine_are_dropped(root: Path) -> None:
     assert ldcache.native(entries, "aarch64") == ()
 
 
-def _new_cache(entries: list[tuple[int, str, str]]) -> bytes:
-    """A new-format cache laid out as glibc's elf/cache.c writes it (for flags no ldconfig here can make)."""
-    strings = b""
-    offsets = []
-    header = 48
-    table = header + 24 * len(entries)
-    for _flags, key, value in entries:
-        offsets.append((table + len(strings), table + len(strings) + len(key) + 1))
-        strings += key.encode() + b"\0" + value.encode() + b"\0"
-    data = ldcache.NEW_MAGIC + struct.pack("<IIB3xI12x", len(entries), len(strings), 2, 0)
-    for (flags, _key, _value), (key_at, value_at) in zip(entries, offsets, strict=True):
-        data += struct.pack("<iIIIQ", flags, key_at, value_at, 0, 0)
-    return data + strings
-
-
 def test_32_bit_and_aarch64_entries_are_told_apart() -> None:
-    data = _new_cache(
+    data = new_format_cache(
         [
-            (0x0303, "libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
-            (0x0003, "libcuda.so.1", "/usr/lib/i386-linux-gnu/libcuda.so.1"),
-            (0x0A03, "libcuda.so.1", "/usr/lib/aarch64-linux-gnu/libcuda.so.1"),
+            (X86_64, "libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
+            (I386, "libcuda.so.1", "/usr/lib/i386-linux-gnu/libcuda.so.1"),
+            (AARCH64, "libcuda.so.1", "/usr/lib/aarch64-linux-gnu/libcuda.so.1"),
         ]
     )
     entries = ldcache.parse(data)
