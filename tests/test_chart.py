@@ -70,6 +70,8 @@ HOSTILE = [
     ("driverRoot=", "driverRoot"),
     ("containerDriverRoot=/", "containerDriverRoot"),
     ("cdiHookPath=usr/bin/nvidia-cdi-hook", "cdiHookPath"),
+    ("cdiHookSource=nvidia-cdi-hook", "cdiHookSource"),
+    ("waitForDriverSeconds=-30", "waitForDriverSeconds"),
     ("kubeletDir=var/lib/kubelet", "kubeletDir"),
     ("cdiDir=cdi", "cdiDir"),
     ("health.recoveryPeriodSeconds=-1", "recoveryPeriodSeconds"),
@@ -146,6 +148,7 @@ def test_every_run_setting_reaches_the_plugin() -> None:
             "health.recoveryPeriodSeconds=0", "health.taintFallback=keep", "rescanIntervalSeconds=0",
             "claimDeviceStatus=false", "deviceMetadata=true", "kubernetesVersion=1.35", "metrics.port=9400",
             "cdiHookPath=/usr/local/nvidia/toolkit/nvidia-cdi-hook", "driverName=gpu.example.com",
+            "cdiHookSource=none", "waitForDriverSeconds=0",
         )
     )  # fmt: skip
     assert {k: v for k, v in variables.items() if isinstance(v, str) and k.startswith("DRADRIVER_")}.items() >= {
@@ -164,6 +167,8 @@ def test_every_run_setting_reaches_the_plugin() -> None:
         "DRADRIVER_KUBERNETES_VERSION": "1.35",
         "DRADRIVER_METRICS_ADDRESS": ":9400",
         "DRADRIVER_NVIDIA_CDI_HOOK_PATH": "/usr/local/nvidia/toolkit/nvidia-cdi-hook",
+        "DRADRIVER_CDI_HOOK_SOURCE": "none",
+        "DRADRIVER_WAIT_FOR_DRIVER": "0",
         "DRADRIVER_DRIVER_NAME": "gpu.example.com",
         "DRADRIVER_PLUGIN_DIR": "/var/lib/kubelet/plugins/gpu.example.com",
     }.items()

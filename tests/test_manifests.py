@@ -132,6 +132,8 @@ def test_real_gpu_presets_mount_the_driver_root_and_need_a_gpu_node(source: str,
     assert variables["DRADRIVER_GPU_BACKEND"] == "nvml"
     assert variables["DRADRIVER_DRIVER_ROOT"] == root
     assert variables["DRADRIVER_CONTAINER_DRIVER_ROOT"] == mount["mountPath"]
+    # NVML is loaded from the driver root by the path discovery found, whatever the layout (issue 22).
+    assert "LD_LIBRARY_PATH" not in variables
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     keys = {e["key"] for t in terms for e in t["matchExpressions"]}
     assert keys == {"feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present"}
@@ -139,17 +141,15 @@ def test_real_gpu_presets_mount_the_driver_root_and_need_a_gpu_node(source: str,
 
 @pytest.mark.parametrize("source", SOURCES)
 @pytest.mark.parametrize("preset", sorted(DRIVER_ROOTS))
-def test_real_gpu_presets_find_the_mps_control_binary_in_the_driver_root(source: str, preset: str) -> None:
-    # dradriver run starts nvidia-cuda-mps-control by name (unless DRADRIVER_MPS_CONTROL_COMMAND says otherwise);
-    # the image has no such binary, the driver root mounted in the container does (usr/bin, or bin on GKE).
+def test_real_gpu_presets_fall_back_to_the_driver_roots_binaries(source: str, preset: str) -> None:
+    # The image has no NVIDIA binaries: PATH falls back to the driver root's (usr/bin, or bin on GKE) after the
+    # image's own directories.
     container = plugin_container(render(source, preset))
     [mount] = [m for m in container["volumeMounts"] if m["name"] == "driver-root"]
     variables = env(container)
     path = variables.get("PATH", "").split(":")
     assert f"{mount['mountPath']}/usr/bin" in path and f"{mount['mountPath']}/bin" in path
     assert path.index("/usr/local/bin") < path.index(f"{mount['mountPath']}/usr/bin")  # the image's commands first
-    libraries = variables["LD_LIBRARY_PATH"].split(":")
-    assert all(d.startswith(mount["mountPath"] + "/") for d in libraries)
 
 
 @pytest.mark.parametrize("source", SOURCES)
@@ -164,7 +164,8 @@ def test_the_sim_preset_runs_simulated_gpus_anywhere(source: str) -> None:
     assert variables["DRADRIVER_SIM_STATE"].startswith(variables["DRADRIVER_PLUGIN_DIR"] + "/")
     assert "affinity" not in pod
     assert all(v["name"] != "driver-root" for v in pod["volumes"])
-    assert "LD_LIBRARY_PATH" not in variables and "DRADRIVER_DRIVER_ROOT" not in variables
+    # An explicit driver root would be honoured on the simulated backend too: the sim preset sets none.
+    assert "DRADRIVER_DRIVER_ROOT" not in variables and "DRADRIVER_CONTAINER_DRIVER_ROOT" not in variables
 
 
 def test_the_plain_manifest_folders_hold_only_kubernetes_objects() -> None:
