@@ -26,7 +26,7 @@ from dradriver.plugin.claims import ClaimLocks, ClaimSource
 from dradriver.plugin.device_metadata import DeviceMetadataWriter
 from dradriver.plugin.dra_service import ClaimProcessor, add_dra_services
 from dradriver.plugin.handler import DriverHandler, HealthSource
-from dradriver.plugin.health import DRAResourceHealthV1alpha1, add_health_service
+from dradriver.plugin.health import HealthStreams, add_health_services
 from dradriver.plugin.lifecycle import (
     MAX_SOCKET_PATH_BYTES,
     InstanceLock,
@@ -38,6 +38,7 @@ from dradriver.plugin.lifecycle import (
 from dradriver.plugin.registration import (
     DRA_V1,
     DRA_V1BETA1,
+    HEALTH_V1,
     HEALTH_V1ALPHA1,
     RegistrationService,
     RegistrationState,
@@ -145,10 +146,10 @@ class KubeletPlugin:
             claim_status=claim_status,
             device_metadata=self._device_metadata,
         )
-        self._health = (
-            DRAResourceHealthV1alpha1(health_source, interval=health_interval) if health_source is not None else None
-        )
-        self.services: tuple[str, ...] = (DRA_V1, DRA_V1BETA1) + ((HEALTH_V1ALPHA1,) if self._health else ())
+        self._health = HealthStreams(health_source, interval=health_interval) if health_source is not None else None
+        # Health in both versions: a 1.37+ kubelet picks v1, 1.34-1.36 know only v1alpha1.
+        health = (HEALTH_V1, HEALTH_V1ALPHA1) if self._health else ()
+        self.services: tuple[str, ...] = (DRA_V1, DRA_V1BETA1, *health)
         self._check_interval = registration_check_interval
         self._stop_grace = stop_grace
         self._stop_drain = stop_drain
@@ -272,7 +273,7 @@ class KubeletPlugin:
     def _add_dra_services(self, server: grpc.Server) -> None:
         add_dra_services(server, self._processor)
         if self._health is not None:
-            add_health_service(server, self._health)
+            add_health_services(server, self._health)
 
     def _add_registration_service(self, server: grpc.Server) -> None:
         add_registration_service(
