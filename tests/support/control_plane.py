@@ -124,6 +124,7 @@ def write_pki(directory: Path) -> Pki:
     pki = Pki(*(directory / n for n in ("ca.crt", "apiserver.crt", "apiserver.key", "admin.crt", "admin.key")),
               sa_key=directory / "sa.key", sa_pub=directory / "sa.pub")  # fmt: skip
     pki.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    _write_key(directory / "ca.key", ca_key)  # for client certificates issued later (a kubelet's)
     serving_key = _key()
     sans = [
         x509.DNSName("localhost"),
@@ -153,6 +154,25 @@ def write_pki(directory: Path) -> Pki:
     return pki
 
 
+def issue_client_certificate(pki: Pki, name: str, common_name: str, organization: str) -> tuple[Path, Path]:
+    """A client certificate signed by the test CA, for another identity (e.g. a kubelet's
+    ``system:node:<name>`` in ``system:nodes``): its certificate and key files beside the CA's."""
+    directory = pki.ca_cert.parent
+    ca = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    ca_key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), password=None)
+    key = _key()
+    subject = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization),
+            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+        ]
+    )
+    cert, key_file = directory / f"{name}.crt", directory / f"{name}.key"
+    cert.write_bytes(_cert(subject, key, ca.subject, ca_key).public_bytes(serialization.Encoding.PEM))
+    _write_key(key_file, key)
+    return cert, key_file
+
+
 def write_kubeconfig(
     path: Path, server: str, ca: Path, cert: Path | None = None, key: Path | None = None, *, token: str = ""
 ) -> Path:
@@ -179,10 +199,13 @@ class Component:
     argv: list[str]
     log: Path
     proc: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] | None = None  # None: this process's environment
 
     def start(self) -> None:
         with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=self.env
+            )
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
