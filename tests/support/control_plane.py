@@ -37,7 +37,12 @@ START_TIMEOUT = 90.0
 # Feature gates of the pinned release (1.37) our driver's slices and claims rely on, named even where that
 # release has them on by default, so a pin moved back to a release where they are off still turns them on.
 FEATURE_GATES = "DRADeviceTaints=true,DRADeviceTaintRules=true,DRAPartitionableDevices=true,DRAConsumableCapacity=true"
-CONTROLLERS = "resourceclaim-controller,serviceaccount-controller"
+# The claim and service-account controllers the cluster tests need; the node tests' workloads (the example
+# scenarios' Deployments, namespaces) also need Deployments, ReplicaSets, namespace deletion and the garbage collector.
+CONTROLLERS = (
+    "resourceclaim-controller,serviceaccount-controller,deployment-controller,replicaset-controller,"
+    "namespace-controller,garbage-collector-controller"
+)
 
 
 def binaries_dir() -> Path:
