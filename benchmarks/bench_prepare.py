@@ -10,7 +10,7 @@ gRPC over unix sockets, claim GET and checks, CDI spec and checkpoint written wi
 state directory is made under --state-dir, default the system temp directory; never /dev/shm unless you ask).
 Each figure is printed beside its floor, measured in the same run: a minimal gRPC plugin that does the same
 claim GET and the same fsync'd writes (CDI spec, checkpoint) and nothing else. Prints a Markdown table (the one
-in README) and writes the figures as JSON.
+in docs/performance.md) and writes the figures as JSON.
 """
 
 from __future__ import annotations
@@ -42,12 +42,12 @@ from dradriver.driver.cdi import CdiWriter  # noqa: E402
 from dradriver.driver.checkpoint import CheckpointStore  # noqa: E402
 from dradriver.driver.mps import MpsControl  # noqa: E402
 from dradriver.driver.state import GpuDriver  # noqa: E402
-from dradriver.gpu import mps_standin  # noqa: E402
-from dradriver.gpu.fakelib import simulated_gpulib  # noqa: E402
 from dradriver.gpu.inventory import MigMode, discover  # noqa: E402
-from dradriver.plugin.kubelet_client import Claim, KubeletClient, RegisteredPlugin  # noqa: E402
-from dradriver.plugin.kubelet_plugin import KubeletPlugin  # noqa: E402
-from dradriver.plugin.memory_cluster import MemoryCluster  # noqa: E402
+from dradriver.plugin.cluster.memory import MemoryCluster  # noqa: E402
+from dradriver.plugin.kubeletplugin.kubelet_client import Claim, KubeletClient, RegisteredPlugin  # noqa: E402
+from dradriver.plugin.kubeletplugin.plugin import KubeletPlugin, KubeletPluginOptions  # noqa: E402
+from dradriver.sim import mps_standin  # noqa: E402
+from dradriver.sim.fakelib import simulated_gpulib  # noqa: E402
 
 DRIVER = "gpu.dradriver.dev"
 NODE = "bench-node"
@@ -240,16 +240,15 @@ def driver_plugin(
         checkpoint=store,
         mps=MpsControl(mps_standin.command(), state / "mps"),
     )
-    plugin = KubeletPlugin(
+    options = KubeletPluginOptions(
         driver_name=DRIVER,
         node_name=NODE,
-        handler=driver,
-        claim_source=cluster,
         registry_dir=root / "registry",
         plugin_dir=root / "plugin",
         max_workers=32,
         pod_uid="bench-pod",  # as deployed (POD_UID set): calls serialised across a rolling update's two pods
     )
+    plugin = KubeletPlugin(options, handler=driver, claim_source=cluster)
     try:
         with plugin, KubeletClient(root / "registry").register() as kubelet:
             yield kubelet, sim

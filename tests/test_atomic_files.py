@@ -7,8 +7,8 @@ import subprocess
 from pathlib import Path
 
 from dradriver.atomic_files import sweep_dead_writers, temp_file_for
-from dradriver.gpu.catalog import load_node_profile
-from dradriver.gpu.sim import SimulatedNode
+from dradriver.sim.node import SimulatedNode
+from dradriver.sim.profiles import load_node_profile
 
 
 def dead_pid() -> int:

@@ -11,10 +11,10 @@ import yaml
 from support.sim_slices import DRIVER, published_slices
 
 from dradriver.cel import compile_selector
-from dradriver.gpu.catalog import load_node_profile
+from dradriver.sim.profiles import load_node_profile
 
 ROOT = Path(__file__).resolve().parent.parent
-PROFILES = sorted(p.stem for p in (ROOT / "src/dradriver/gpu/data/nodes").glob("*.yaml"))
+PROFILES = sorted(p.stem for p in (ROOT / "src/dradriver/sim/data/nodes").glob("*.yaml"))
 CLASSES = [
     d for p in sorted((ROOT / "manifests/deviceclasses").glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d
 ]

@@ -210,7 +210,7 @@ def test_the_periodic_mps_check_holds_the_rolling_update_lock(tmp_path):
     from types import SimpleNamespace
 
     from dradriver.cli.run import DriverProcess
-    from dradriver.plugin.kubelet_plugin import SERIALIZE_LOCK_NAME
+    from dradriver.plugin.kubeletplugin.plugin import SERIALIZE_LOCK_NAME
 
     held: list[bool] = []
 

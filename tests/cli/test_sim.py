@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from dradriver.cli.main import main
-from dradriver.gpu.catalog import load_node_profile
-from dradriver.gpu.sim import SimulatedNode
+from dradriver.sim.node import SimulatedNode
+from dradriver.sim.profiles import load_node_profile
 
 
 def sim(state: Path, *args: str) -> int:

@@ -20,7 +20,7 @@ from support.kube_rest import Kube
 
 from dradriver.cli.explain import EXIT_DOES_NOT_FIT, EXIT_FITS
 from dradriver.cli.main import main
-from dradriver.plugin.kubelet_client import Claim
+from dradriver.plugin.kubeletplugin.kubelet_client import Claim
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples" / "claims").glob("*.yaml"))

@@ -19,7 +19,7 @@ from support.cluster_pods import NAMESPACE, GatedPod, allocated_devices
 from support.control_plane import ControlPlane
 from support.kube_rest import Kube
 
-from dradriver.plugin.kubelet_client import Claim
+from dradriver.plugin.kubeletplugin.kubelet_client import Claim
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = "gpu-sharing"
@@ -82,7 +82,7 @@ def test_two_claims_share_one_gpu_each_with_its_mps_limits(sharing_node: SimNode
             edits = json.loads(spec_path.read_text())["devices"][0]["containerEdits"]
             [pipe] = [m["hostPath"] for m in edits["mounts"] if m["containerPath"] == "/tmp/nvidia-mps"]
             asked = subprocess.run(
-                [sys.executable, "-m", "dradriver.gpu.mps_standin"],
+                [sys.executable, "-m", "dradriver.sim.mps_standin"],
                 input="get_default_active_thread_percentage\n",
                 env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": pipe},
                 capture_output=True, text=True, timeout=30, check=False,

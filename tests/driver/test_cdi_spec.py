@@ -12,9 +12,9 @@ from dradriver.driver.cdi import CdiWriter, minimum_cdi_version
 from dradriver.driver.driver_root import DriverRoot, discover_driver_root
 from dradriver.driver.state import GpuDriver
 from dradriver.gpu.inventory import MigMode
-from dradriver.gpu.sim_driver_root import write_stub_driver_root
-from dradriver.plugin.claims import allocated_claim
 from dradriver.plugin.handler import ClaimRef
+from dradriver.plugin.kubeletplugin.claims import allocated_claim
+from dradriver.sim.driver_root import write_stub_driver_root
 
 DRIVER = "gpu.dradriver.dev"
 VERSION = "580.65.06"

@@ -18,7 +18,7 @@ from dradriver.driver.checkpoint import (
     DeviceRecord,
     checksum,
 )
-from dradriver.plugin.lifecycle import AlreadyRunningError
+from dradriver.plugin.kubeletplugin.lifecycle import AlreadyRunningError
 
 
 def record(uid: str = "u1") -> ClaimRecord:

@@ -6,7 +6,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from dradriver.driver.driver_root import DriverRootError, discover_driver_root
-from dradriver.gpu.sim_driver_root import write_stub_driver_root
+from dradriver.sim.driver_root import write_stub_driver_root
 
 VERSION = "580.65.06"
 LIBDIR = "usr/lib/x86_64-linux-gnu"

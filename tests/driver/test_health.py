@@ -9,13 +9,13 @@ from prometheus_client import REGISTRY
 
 from dradriver.driver.health import GpuHealth, HealthPolicy, TaintEffect, parse_xids, read_conditions
 from dradriver.errors import ConfigError
-from dradriver.gpu.catalog import load_node_profile
 from dradriver.gpu.errors import GpuError, GpuIsLost
-from dradriver.gpu.fakelib import simulated_gpulib
 from dradriver.gpu.inventory import MigMode, MigPartition, discover
 from dradriver.gpu.models import GpuEvent
-from dradriver.gpu.sim import SimulatedNode
 from dradriver.plugin.handler import DeviceToleration, HealthStatus
+from dradriver.sim.fakelib import simulated_gpulib
+from dradriver.sim.node import SimulatedNode
+from dradriver.sim.profiles import load_node_profile
 
 
 class Clock:

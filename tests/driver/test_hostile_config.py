@@ -26,21 +26,21 @@ from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.checkpoint import CheckpointStore
 from dradriver.driver.mps import MpsControl
 from dradriver.driver.state import GpuDriver
-from dradriver.gpu.catalog import load_node_profile
-from dradriver.gpu.fakelib import simulated_gpulib_on
 from dradriver.gpu.inventory import MigMode, discover
 from dradriver.gpu.models import ComputeMode
-from dradriver.gpu.sim import SimulatedNode
-from dradriver.plugin.claims import ClaimLocks
-from dradriver.plugin.dra_service import ClaimProcessor
 from dradriver.plugin.handler import ClaimRef
+from dradriver.plugin.kubeletplugin.claims import ClaimLocks
+from dradriver.plugin.kubeletplugin.dra_service import ClaimProcessor
+from dradriver.sim.fakelib import simulated_gpulib_on
+from dradriver.sim.node import SimulatedNode
+from dradriver.sim.profiles import load_node_profile
 from tests.driver.config_table import API, BAD, GOOD
 
 DRIVER = "gpu.dradriver.dev"
 REF = ClaimRef(namespace="default", name="c", uid="uid-1")
 WHOLE = "gpu-0000-43-00-0"  # hgx-h100-80gb's second GPU, prepared whole
 PARTITION = "gpu-0000-1b-00-0-mig-1g10gb-0"  # a partition of the first GPU, carved at prepare
-STANDIN = [sys.executable, "-m", "dradriver.gpu.mps_standin"]
+STANDIN = [sys.executable, "-m", "dradriver.sim.mps_standin"]
 # What describe_exception makes of an exception that is not ours: a crash, as the kubelet would see it.
 PYTHON_EXCEPTION = re.compile(r"^[A-Z]\w*(Error|Exception|Interrupt): ")
 

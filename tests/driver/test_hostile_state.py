@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.checkpoint import KIND, CheckpointStore, checksum
 from dradriver.driver.state import GpuDriver
-from dradriver.gpu.catalog import load_node_profile
-from dradriver.gpu.fakelib import simulated_gpulib_on
 from dradriver.gpu.inventory import MigMode, discover
-from dradriver.gpu.sim import SimulatedNode
 from dradriver.plugin.handler import ClaimRef
+from dradriver.sim.fakelib import simulated_gpulib_on
+from dradriver.sim.node import SimulatedNode
+from dradriver.sim.profiles import load_node_profile
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**40), 2**40), st.text(max_size=12))
 params = st.dictionaries(
@@ -313,11 +313,11 @@ def test_start_up_clears_only_its_own_leftovers_and_never_follows_a_link_out(
                 gpulib=simulated_gpulib_on(sim),
                 checkpoint=store,
                 mps=MpsControl(
-                    [sys.executable, "-m", "dradriver.gpu.mps_standin"], root / "state" / "mps", ready_timeout_s=2
+                    [sys.executable, "-m", "dradriver.sim.mps_standin"], root / "state" / "mps", ready_timeout_s=2
                 ),
             )
             driver.reconcile(lambda _ref: True)
-            assert driver._sharing.mps is not None and driver._sharing.mps.claim_uids() == []  # no record, no daemon
+            assert driver.sharing.mps is not None and driver.sharing.mps.claim_uids() == []  # no record, no daemon
         finally:
             store.close()
         # Nothing outside was touched; other vendors' files are kept; our regular spec files are gone.

@@ -14,11 +14,11 @@ import pytest
 from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.checkpoint import CheckpointStore
 from dradriver.driver.state import GpuDriver
-from dradriver.gpu.catalog import load_node_profile
-from dradriver.gpu.fakelib import simulated_gpulib_on
 from dradriver.gpu.inventory import MigMode, discover
-from dradriver.gpu.sim import SimulatedNode
 from dradriver.plugin.handler import AllocatedClaim, AllocatedDevice, ClaimRef
+from dradriver.sim.fakelib import simulated_gpulib_on
+from dradriver.sim.node import SimulatedNode
+from dradriver.sim.profiles import load_node_profile
 
 COUNT = 100
 PARTITIONS = [f"gpu-0000-{0x10 + g:02x}-00-0-mig-1g10gb-{s}" for g in range(16) for s in range(7)]

@@ -9,7 +9,7 @@ import pytest
 
 from dradriver.driver.mps import MpsControl
 from dradriver.errors import DeviceError
-from dradriver.gpu import mps_standin
+from dradriver.sim import mps_standin
 
 
 class Crash(BaseException):

@@ -15,9 +15,9 @@ from support.nodes import inventory_of
 from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.state import GpuDriver
 from dradriver.gpu.inventory import MigMode
-from dradriver.plugin.claims import ClaimLocks
-from dradriver.plugin.dra_service import ClaimProcessor
 from dradriver.plugin.handler import ClaimRef
+from dradriver.plugin.kubeletplugin.claims import ClaimLocks
+from dradriver.plugin.kubeletplugin.dra_service import ClaimProcessor
 
 DRIVER = "gpu.dradriver.dev"
 REF = ClaimRef(namespace="default", name="c", uid="uid-1")

@@ -9,9 +9,9 @@ from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.checkpoint import CheckpointStore
 from dradriver.driver.slice_map import InstanceCell, owners_from_checkpoint, render
 from dradriver.driver.state import GpuDriver
-from dradriver.gpu.fakelib import simulated_gpulib
 from dradriver.gpu.inventory import MigMode, discover
 from dradriver.plugin.handler import AllocatedClaim, AllocatedDevice, ClaimRef
+from dradriver.sim.fakelib import simulated_gpulib
 
 
 def test_the_map_marks_each_instances_slices_and_names_its_claim():

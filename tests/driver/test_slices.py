@@ -17,10 +17,10 @@ from dradriver.driver.slices import (
     shape_for,
 )
 from dradriver.errors import ConfigError
-from dradriver.gpu.catalog import builtin_profile_names, load_node_profile
 from dradriver.gpu.inventory import MigMode
-from dradriver.gpu.sim import SimNvmlError, SimulatedNode
-from dradriver.plugin.slice_validation import SliceShape, validate_pool
+from dradriver.sim.node import SimNvmlError, SimulatedNode
+from dradriver.sim.profiles import builtin_profile_names, load_node_profile
+from dradriver.validation.slices import SliceShape, validate_pool
 
 DOMAIN = "gpu.dradriver.dev"
 

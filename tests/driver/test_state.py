@@ -9,13 +9,13 @@ from support.nodes import inventory_of
 from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.state import GpuDriver
 from dradriver.gpu.caps import ProcMigCapabilities
-from dradriver.gpu.catalog import load_node_profile
-from dradriver.gpu.fakelib import SimPciTopology, fake_pynvml
 from dradriver.gpu.inventory import MigMode, discover
 from dradriver.gpu.nvml import NvmlGpuLib
-from dradriver.gpu.sim import SimulatedNode
-from dradriver.plugin.claims import allocated_claim
 from dradriver.plugin.handler import AllocatedClaim, ClaimRef, DeviceToleration
+from dradriver.plugin.kubeletplugin.claims import allocated_claim
+from dradriver.sim.fakelib import SimPciTopology, fake_pynvml
+from dradriver.sim.node import SimulatedNode
+from dradriver.sim.profiles import load_node_profile
 
 DRIVER = "gpu.dradriver.dev"
 

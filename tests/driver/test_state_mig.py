@@ -16,12 +16,12 @@ from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.checkpoint import CheckpointStore, ClaimState
 from dradriver.driver.mps import MpsControl
 from dradriver.driver.state import GpuDriver
-from dradriver.gpu import mps_standin
-from dradriver.gpu.catalog import load_node_profile
-from dradriver.gpu.fakelib import simulated_gpulib_on
 from dradriver.gpu.inventory import MigMode, discover
-from dradriver.gpu.sim import INSUFFICIENT_RESOURCES, SimulatedNode
 from dradriver.plugin.handler import AllocatedClaim, AllocatedDevice, ClaimRef
+from dradriver.sim import mps_standin
+from dradriver.sim.fakelib import simulated_gpulib_on
+from dradriver.sim.node import INSUFFICIENT_RESOURCES, SimulatedNode
+from dradriver.sim.profiles import load_node_profile
 
 DRIVER = "gpu.dradriver.dev"
 H100 = "gpu-0000-1b-00-0"  # first GPU of hgx-h100-80gb (Hopper: MIG mode switches without a reset)

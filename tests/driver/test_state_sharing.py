@@ -19,13 +19,13 @@ from dradriver.driver.mps import MpsControl
 from dradriver.driver.sharing import CONFIG_FIELD, STEP_MPS_DAEMON, refuse_conflicts
 from dradriver.driver.state import GpuDriver
 from dradriver.errors import ClaimError
-from dradriver.gpu import mps_standin
-from dradriver.gpu.catalog import load_node_profile
-from dradriver.gpu.fakelib import simulated_gpulib_on
 from dradriver.gpu.inventory import MigMode, discover
 from dradriver.gpu.models import ComputeMode
-from dradriver.gpu.sim import SimulatedNode
 from dradriver.plugin.handler import AllocatedClaim, AllocatedDevice, ClaimRef, DeviceConfig
+from dradriver.sim import mps_standin
+from dradriver.sim.fakelib import simulated_gpulib_on
+from dradriver.sim.node import SimulatedNode
+from dradriver.sim.profiles import load_node_profile
 from tests.driver.config_table import gpu, mig
 
 DRIVER = "gpu.dradriver.dev"
@@ -276,7 +276,7 @@ def test_two_claims_share_a_gpu_through_consumable_shares_each_with_its_mps_limi
     from support.sim_slices import published_slices
 
     from dradriver.allocator.allocator import allocate
-    from dradriver.plugin.claims import allocated_claim
+    from dradriver.plugin.kubeletplugin.claims import allocated_claim
 
     root = Path(__file__).parents[2]
     classes = [
@@ -371,7 +371,7 @@ def test_a_crash_in_the_middle_of_an_unprepare_is_finished_at_start_up(
 ) -> None:
     """Killed after undoing the CDI spec and a hardware step of an MPS claim, the driver's start-up finishes the
     undo (the daemon is not restarted), a re-sent unprepare is a no-op success and a re-sent prepare prepares
-    afresh. (Killed right after the spec's removal, the claim is kept: tests/driver/test_state_reconcile.py.)"""
+    afresh. (Killed right after the spec's removal, the claim is kept: tests/driver/test_reconcile.py.)"""
     from dradriver import faults
 
     def crash() -> None:

@@ -7,12 +7,12 @@ from typing import Any
 import pytest
 from support.nodes import inventory_of
 
-from dradriver.gpu.catalog import load_node_profile
 from dradriver.gpu.errors import GpuError
-from dradriver.gpu.fakelib import simulated_gpulib
 from dradriver.gpu.inventory import GpuDevice, MigMode, MigPartition, discover, gpu_name, partition_name
 from dradriver.gpu.models import FabricInfo, FabricState, MigProfile, Placement
-from dradriver.gpu.sim import SimulatedNode
+from dradriver.sim.fakelib import simulated_gpulib
+from dradriver.sim.node import SimulatedNode
+from dradriver.sim.profiles import load_node_profile
 
 DGX_A100_BUSES = [
     "0000:07:00.0",

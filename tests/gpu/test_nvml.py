@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from dradriver.gpu.catalog import load_products
 from dradriver.gpu.models import MIB
 from dradriver.gpu.nvml import SysfsPciTopology, mig_profile_name, normalize_pci_bus_id
+from dradriver.gpu.products import load_products
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from dradriver.gpu.catalog import FABRIC_ARCHITECTURES, load_node_profile, load_products
 from dradriver.gpu.errors import (
     GpuError,
     GpuIsLost,
@@ -28,10 +27,12 @@ from dradriver.gpu.errors import (
     NotFound,
     NotSupported,
 )
-from dradriver.gpu.fakelib import SimPciTopology, fake_pynvml, simulated_gpulib
 from dradriver.gpu.models import MIB, NO_CLUSTER_UUID, ComputeMode, FabricInfo, FabricState, GpuEvent, NvlinkPeerType
-from dradriver.gpu.nvml import ARCHITECTURE_NAMES, BRAND_NAMES, NvmlGpuLib
-from dradriver.gpu.sim import SimulatedNode
+from dradriver.gpu.nvml import BRAND_NAMES, NvmlGpuLib
+from dradriver.gpu.products import ARCHITECTURE_NAMES, FABRIC_ARCHITECTURES, load_products
+from dradriver.sim.fakelib import SimPciTopology, fake_pynvml, simulated_gpulib
+from dradriver.sim.node import SimulatedNode
+from dradriver.sim.profiles import load_node_profile
 
 SIM_PROFILES = ["dgx-a100-40gb", "hgx-h100-80gb", "h100-nvl-pairs", "mixed"]
 MAY_CHANGE_GPUS = "DRADRIVER_GPU_TESTS_MAY_CHANGE_GPUS"

@@ -23,13 +23,13 @@ from support.nodes import inventory_of
 from dradriver.driver.cdi import CdiWriter, device_env_name
 from dradriver.driver.driver_root import discover_driver_root
 from dradriver.driver.state import GpuDriver
-from dradriver.gpu.fakelib import simulated_gpulib
 from dradriver.gpu.inventory import MigMode, discover
-from dradriver.gpu.sim_driver_root import write_stub_driver_root
-from dradriver.plugin.claims import ClaimLocks, allocated_claim
-from dradriver.plugin.device_metadata import DeviceMetadataWriter
-from dradriver.plugin.dra_service import ClaimProcessor
 from dradriver.plugin.handler import AllocatedClaim, ClaimRef
+from dradriver.plugin.kubeletplugin.claims import ClaimLocks, allocated_claim
+from dradriver.plugin.kubeletplugin.device_metadata import DeviceMetadataWriter
+from dradriver.plugin.kubeletplugin.dra_service import ClaimProcessor
+from dradriver.sim.driver_root import write_stub_driver_root
+from dradriver.sim.fakelib import simulated_gpulib
 
 DRIVER = "gpu.dradriver.dev"
 INVENTORY = inventory_of("mixed")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from support.apiserver import FakeApiServer
 
-from dradriver.plugin.kubelet_client import Claim, KubeletClient
+from dradriver.plugin.kubeletplugin.kubelet_client import Claim, KubeletClient
 from integration.test_run_process import NODE, DriverProcess
 
 DRIVER = "gpu.dradriver.dev"

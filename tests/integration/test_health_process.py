@@ -15,7 +15,7 @@ import pytest
 from support.apiserver import FakeApiServer
 
 from dradriver.cli.main import main
-from dradriver.plugin.kubelet_client import KubeletClient
+from dradriver.plugin.kubeletplugin.kubelet_client import KubeletClient
 
 from .test_run_process import DRIVER, NODE, TIMEOUT, DriverProcess, allocated_claim, eventually, our_slices
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from support.kubelet_plugin_fakes import DRIVER, make_claim
 
-from dradriver.plugin.kubelet_client import Claim, KubeletClient, discover
+from dradriver.plugin.kubeletplugin.kubelet_client import Claim, KubeletClient, discover
 
 SCRIPT = Path(__file__).resolve().parents[1] / "support" / "kubelet_plugin_process.py"
 TIMEOUT = 20.0

@@ -11,9 +11,9 @@ from support.apiserver import FakeApiServer
 
 from dradriver.cli.main import main
 from dradriver.driver.transaction import CRASH_ENV
-from dradriver.gpu.catalog import load_node_profile
-from dradriver.gpu.sim import SimulatedNode
-from dradriver.plugin.kubelet_client import KubeletClient
+from dradriver.plugin.kubeletplugin.kubelet_client import KubeletClient
+from dradriver.sim.node import SimulatedNode
+from dradriver.sim.profiles import load_node_profile
 from integration.test_run_process import NODE, TIMEOUT, DriverProcess, allocated_claim
 
 PROFILE = "hgx-h100-80gb"

@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 from support.apiserver import FakeApiServer, RequestRecord
 
-from dradriver.plugin.kubelet_client import KubeletClient
+from dradriver.plugin.kubeletplugin.kubelet_client import KubeletClient
 from integration.test_run_process import NODE, TIMEOUT, DriverProcess, allocated_claim
 
 ROOT = Path(__file__).resolve().parents[2]

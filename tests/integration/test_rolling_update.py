@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from support.apiserver import FakeApiServer
 
-from dradriver.plugin.kubelet_client import Claim, KubeletClient, RegisteredPlugin, discover
+from dradriver.plugin.kubeletplugin.kubelet_client import Claim, KubeletClient, RegisteredPlugin, discover
 from integration.test_run_process import TIMEOUT, DriverProcess, allocated_claim, eventually
 
 OLD_UID = "0f7c3a52-1111-4c1e-9c55-6d1c0a000001"

@@ -16,9 +16,9 @@ import pytest
 from support.apiserver import FakeApiServer, allocated_claim
 
 from dradriver.cli.main import main
-from dradriver.gpu.catalog import load_node_profile
-from dradriver.gpu.sim import SimulatedNode, full_compute_instance_profile
-from dradriver.plugin.kubelet_client import Claim, KubeletClient, discover
+from dradriver.plugin.kubeletplugin.kubelet_client import Claim, KubeletClient, discover
+from dradriver.sim.node import SimulatedNode, full_compute_instance_profile
+from dradriver.sim.profiles import load_node_profile
 
 DRIVER = "gpu.dradriver.dev"
 NODE = "node-a"
@@ -180,7 +180,7 @@ def test_run_never_imports_what_only_other_commands_or_unused_client_parts_need(
     finally:
         assert process.stop() == 0, process.log
     imported = set(json.loads(modules.read_text()))
-    assert {"dradriver.cli.run", "dradriver.plugin.publisher", "kubernetes.client", "grpc"} <= imported
+    assert {"dradriver.cli.run", "dradriver.plugin.resourceslice.publisher", "kubernetes.client", "grpc"} <= imported
     unwanted = sorted(m for m in imported if any(m == p or m.startswith(p + ".") for p in NOT_FOR_RUN))
     assert not unwanted
 

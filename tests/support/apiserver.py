@@ -37,8 +37,8 @@ from urllib.parse import parse_qs, urlsplit
 import kubernetes_validate
 import yaml
 
-from dradriver.plugin.kube_cluster import KubeCluster, k8s_client
-from dradriver.plugin.kubelet_client import Claim
+from dradriver.plugin.cluster.kube import KubeCluster, k8s_client
+from dradriver.plugin.kubeletplugin.kubelet_client import Claim
 from support.slice_rules import slice_errors
 
 TOKEN = "stand-in-token"
@@ -903,7 +903,7 @@ def api_env(tmp_path: Path, *, request_timeout: tuple[float, float] = (2.0, 5.0)
 
     urllib3's own retries are switched off so that injected faults reach our code deterministically."""
     with FakeApiServer() as server:
-        from dradriver.plugin.kube_cluster import load_api_client
+        from dradriver.plugin.cluster.kube import load_api_client
 
         api_client = load_api_client(str(server.write_kubeconfig(tmp_path / "kubeconfig")))
         api_client.configuration.retries = 0

@@ -137,10 +137,10 @@ def cdi_problems(spec: dict[str, Any], *, max_version: str = "1.1.0") -> list[st
     if problems:
         return problems
     vendor, slash, klass = spec["kind"].partition("/")
-    if not slash or not _VENDOR_OR_CLASS.match(vendor) or not _VENDOR_OR_CLASS.match(klass):
+    if not slash or not _VENDOR_OR_CLASS.fullmatch(vendor) or not _VENDOR_OR_CLASS.fullmatch(klass):
         problems.append(f"kind {spec['kind']!r} is not vendor/class")
     names = [d["name"] for d in spec["devices"]]
-    problems += [f"device name {n!r} is not valid" for n in names if not _DEVICE_NAME.match(n)]
+    problems += [f"device name {n!r} is not valid" for n in names if not _DEVICE_NAME.fullmatch(n)]
     if len(set(names)) != len(names):
         problems.append("device names are not unique")
     declared = spec["cdiVersion"].removeprefix("v")

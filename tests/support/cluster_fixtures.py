@@ -55,7 +55,7 @@ def control_plane() -> Iterator[ControlPlane]:
         _skip_or_fail(
             f"the cluster tests need the real control plane: {', '.join(missing)} missing from {directory}; "
             f"build it with `{BUILD_SCRIPT.relative_to(REPO)}` (Go >= 1.26 and the Go module proxy; a cold build "
-            "takes a while, see README)",
+            "takes a while, see docs/cluster-tests.md; `scripts/test` does it)",
             REQUIRE,
         )
     root = Path(tempfile.mkdtemp(prefix="dra-cp-", dir="/tmp"))  # short: unix socket paths are limited

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dradriver.plugin.kubelet_client import Claim, KubeletClient, PreparedClaim
+from dradriver.plugin.kubeletplugin.kubelet_client import Claim, KubeletClient, PreparedClaim
 from support.control_plane import NodeKeeper
 from support.kube_rest import Kube
 

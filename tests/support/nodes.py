@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dradriver.gpu.fakelib import simulated_gpulib
 from dradriver.gpu.inventory import Inventory, discover
+from dradriver.sim.fakelib import simulated_gpulib
 
 
 def inventory_of(profile: str, state: Path | None = None, node: str = "sim-node") -> Inventory:

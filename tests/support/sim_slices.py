@@ -7,8 +7,8 @@ from typing import Any
 
 from dradriver.driver.slices import SliceSettings, build_slice_specs
 from dradriver.gpu.inventory import MigMode
-from dradriver.plugin.memory_cluster import MemoryCluster
-from dradriver.plugin.publisher import Publisher, SliceSpec
+from dradriver.plugin.cluster.memory import MemoryCluster
+from dradriver.plugin.resourceslice.publisher import Publisher, SliceSpec
 from support.nodes import inventory_of
 
 DRIVER = "gpu.dradriver.dev"

@@ -3,7 +3,7 @@
 ``kubernetes-validate`` checks types, required fields and unknown fields only (see /work/shared/spec/tooling.md
 §3). A real API server also checks names, one-of fields, limits, enums and value formats; this module states those
 rules as the v1 API documents them (kubelet-api.md §5.1, §5.2, with the limits of §5.6 by release). It is written
-apart from ``dradriver.plugin.slice_validation`` on purpose: the stand-in grades the driver's writes, so it must
+apart from ``dradriver.validation.slices`` on purpose: the stand-in grades the driver's writes, so it must
 not share the driver's reading of the rules. Cross-slice rules (a pool's slices agreeing) are not the server's.
 
 ``slice_errors(obj, minor=...)`` returns one line per broken rule, in the server's ``field: Invalid value: ...``
@@ -35,11 +35,11 @@ ATTRIBUTE_KINDS = ("int", "bool", "string", "version", *LIST_ATTRIBUTE_KINDS)
 
 
 def _subdomain(value: Any, limit: int = 253) -> bool:
-    return isinstance(value, str) and 0 < len(value) <= limit and bool(DNS_SUBDOMAIN.match(value))
+    return isinstance(value, str) and 0 < len(value) <= limit and bool(DNS_SUBDOMAIN.fullmatch(value))
 
 
 def _label(value: Any) -> bool:
-    return isinstance(value, str) and 0 < len(value) <= 63 and bool(DNS_LABEL.match(value))
+    return isinstance(value, str) and 0 < len(value) <= 63 and bool(DNS_LABEL.fullmatch(value))
 
 
 def _qualified(value: Any) -> bool:
@@ -47,18 +47,18 @@ def _qualified(value: Any) -> bool:
     if not isinstance(value, str):
         return False
     domain, slash, name = value.rpartition("/")
-    return (not slash or _subdomain(domain, 63)) and len(name) <= 32 and bool(C_IDENTIFIER.match(name))
+    return (not slash or _subdomain(domain, 63)) and len(name) <= 32 and bool(C_IDENTIFIER.fullmatch(name))
 
 
 def _label_key(value: Any) -> bool:
     if not isinstance(value, str):
         return False
     prefix, slash, name = value.rpartition("/")
-    return (not slash or _subdomain(prefix)) and 0 < len(name) <= 63 and bool(LABEL_NAME.match(name))
+    return (not slash or _subdomain(prefix)) and 0 < len(name) <= 63 and bool(LABEL_NAME.fullmatch(name))
 
 
 def _label_value(value: Any) -> bool:
-    return value in (None, "") or (isinstance(value, str) and len(value) <= 63 and bool(LABEL_NAME.match(value)))
+    return value in (None, "") or (isinstance(value, str) and len(value) <= 63 and bool(LABEL_NAME.fullmatch(value)))
 
 
 _SUFFIX = {"n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "": Fraction(1)}
@@ -67,7 +67,7 @@ _SUFFIX |= {f"{s}i": Fraction(1024**i) for i, s in enumerate("KMGTPE", 1)}
 
 
 def _quantity(value: Any) -> bool:
-    return isinstance(value, int) or (isinstance(value, str) and bool(QUANTITY.match(value)))
+    return isinstance(value, int) or (isinstance(value, str) and bool(QUANTITY.fullmatch(value)))
 
 
 def _amount(value: Any) -> Fraction:
@@ -218,7 +218,7 @@ def _attribute(judge: _Judge, name: str, attribute: Mapping[str, Any], field: st
         judge.check(len(value) <= 64, field, value, "at most 64 characters")
     for value in [attribute.get("version"), *(attribute.get("versions") or [])]:
         if value is not None:
-            judge.check(len(value) <= 64 and bool(SEMVER.match(value)), field, value, "a semantic version 2.0.0")
+            judge.check(len(value) <= 64 and bool(SEMVER.fullmatch(value)), field, value, "a semantic version 2.0.0")
     return sum(len(attribute.get(k) or []) for k in LIST_ATTRIBUTE_KINDS)
 
 

@@ -20,10 +20,10 @@ from typing import Any
 import grpc
 
 from dradriver.driver.checkpoint import read_records
-from dradriver.gpu.catalog import load_node_profile
 from dradriver.gpu.models import ComputeMode
-from dradriver.gpu.sim import SimulatedNode
-from dradriver.plugin.kubelet_client import Claim, KubeletClient, RegisteredPlugin
+from dradriver.plugin.kubeletplugin.kubelet_client import Claim, KubeletClient, RegisteredPlugin
+from dradriver.sim.node import SimulatedNode
+from dradriver.sim.profiles import load_node_profile
 from support.apiserver import FakeApiServer, allocated_claim
 from support.mps_daemons import daemon_dirs, kill_daemons, live_daemons
 

@@ -3,13 +3,8 @@
 from __future__ import annotations
 
 import functools
-import re
 
-_SEMVER = re.compile(
-    r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)"
-    r"(?:-((?:0|[1-9][0-9]*|[0-9]*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9][0-9]*|[0-9]*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
-    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
-)
+from dradriver.validation.names import SEMVER
 
 
 class SemverError(ValueError):
@@ -64,7 +59,7 @@ class Semver:
 
 @functools.lru_cache(maxsize=4096)
 def _parse(text: str) -> Semver:
-    match = _SEMVER.match(text)
+    match = SEMVER.fullmatch(text)
     if not match:
         raise SemverError(f"{text!r} is not a semantic version (MAJOR.MINOR.PATCH, semver 2.0.0)")
     major, minor, patch, pre, build = match.groups()

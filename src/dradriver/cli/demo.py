@@ -24,15 +24,14 @@ from dradriver.driver.driver_root import discover_driver_root
 from dradriver.driver.slices import SliceSettings, build_slice_specs
 from dradriver.driver.state import GpuDriver
 from dradriver.errors import ConfigError
-from dradriver.gpu.backend import open_gpu_backend
+from dradriver.gpu.backend import open_gpu_backend, simulated_driver_root
 from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.inventory import Inventory, MigMode, discover
-from dradriver.gpu.sim_driver_root import write_stub_driver_root
-from dradriver.plugin.claim_status import ClaimStatusWriter
-from dradriver.plugin.kubelet_client import Claim, KubeletClient
-from dradriver.plugin.kubelet_plugin import KubeletPlugin
-from dradriver.plugin.memory_cluster import MemoryCluster
-from dradriver.plugin.publisher import Publisher, SliceSpec
+from dradriver.plugin.cluster.claim_status import ClaimStatusWriter
+from dradriver.plugin.cluster.memory import MemoryCluster
+from dradriver.plugin.kubeletplugin.kubelet_client import Claim, KubeletClient
+from dradriver.plugin.kubeletplugin.plugin import KubeletPlugin, KubeletPluginOptions
+from dradriver.plugin.resourceslice.publisher import Publisher, SliceSpec
 
 DRIVER = "gpu.dradriver.dev"
 
@@ -146,18 +145,17 @@ def _prepare_and_unprepare(
     cluster: MemoryCluster,
     claim: dict[str, Any],
 ) -> int:
-    stub_root = write_stub_driver_root(root / "driver-root", inventory.driver_version)
+    stub_root = simulated_driver_root(root / "driver-root", inventory.driver_version)
     driver_root = discover_driver_root(host_root=str(stub_root), version=inventory.driver_version)
     cdi = CdiWriter(root / "cdi", host_path=lambda _path: "/dev/null", driver_root=driver_root)
     driver = GpuDriver(driver_name=DRIVER, pool=node, inventory=inventory, mig_mode=mig_mode, cdi=cdi, gpulib=gpulib)
     claim_status = ClaimStatusWriter(cluster, driver_name=DRIVER, node_name=node)
     plugin = KubeletPlugin(
-        driver_name=DRIVER,
-        node_name=node,
+        KubeletPluginOptions(
+            driver_name=DRIVER, node_name=node, registry_dir=root / "registry", plugin_dir=root / "plugin"
+        ),
         handler=driver,
         claim_source=cluster,
-        registry_dir=root / "registry",
-        plugin_dir=root / "plugin",
         claim_status=claim_status,
     )
     ref = Claim(claim["metadata"]["namespace"], claim["metadata"]["name"], claim["metadata"]["uid"])
@@ -174,7 +172,8 @@ def _prepare_and_unprepare(
             print(f"{device['device_name']}: {', '.join(device['cdi_device_ids'])}")
         spec_path = cdi.spec_path(ref.uid)
         print(f"CDI spec {spec_path.name}:")
-        print(spec_path.read_text())
+        # The driver writes specs on one line (the C encoder is faster); a person reads them indented.
+        print(json.dumps(json.loads(spec_path.read_text()), indent=2))
         claim_status.wait_idle(10)
         stored = cluster.get_resource_claim(ref.namespace, ref.name)
         print("claim status.devices:")

@@ -91,11 +91,10 @@ def slices_from_sim_profile(profile: str, mig_mode: str) -> list[dict[str, Any]]
 
     The node (and pool) is named after the profile, so explanations read "fits on node dgx-a100-80gb"."""
     from dradriver.driver.slices import SliceSettings, as_resource_slices, build_slice_specs
-    from dradriver.gpu.backend import open_gpu_backend
-    from dradriver.gpu.catalog import load_node_profile
+    from dradriver.gpu.backend import open_gpu_backend, sim_profile_name
     from dradriver.gpu.inventory import MigMode, discover
 
-    node = load_node_profile(profile).name
+    node = sim_profile_name(profile)
     gpulib, _ = open_gpu_backend("sim", sim_profile=profile, node_name=node)
     try:
         inventory = discover(gpulib)

@@ -25,7 +25,7 @@ from dradriver.cli.explain_input import Document
 from dradriver.cli.options import check_kubeconfig
 from dradriver.errors import ConfigError
 from dradriver.plugin.cluster import ClusterError, ForbiddenError, NotFoundError
-from dradriver.plugin.kube_cluster import error_for_status, k8s_client, load_api_client
+from dradriver.plugin.cluster.kube import error_for_status, k8s_client, load_api_client
 
 GROUP, VERSION = "resource.k8s.io", "v1"
 # (connect, read) seconds per request: explain is interactive, a hung API server must not hang it.

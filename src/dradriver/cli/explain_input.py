@@ -12,8 +12,8 @@ from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.cel import CelCompileError, compile_selector
 from dradriver.driver.config import ConfigError, decode_config
 from dradriver.inputs import InputError, load_yaml_file, path_exists, type_name
-from dradriver.plugin.slice_validation import validate_slice
 from dradriver.validation import default_namespace, validate_claim, validate_class, validate_slice_fields
+from dradriver.validation.slices import validate_slice
 
 KINDS = ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass", "ResourceSlice")
 DRA_GROUP = "resource.k8s.io"

@@ -19,7 +19,7 @@ from dradriver.gpu.backend import open_gpu_backend
 from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode, MigPartition, discover
 from dradriver.gpu.models import MigProfile
 from dradriver.inputs import path_exists
-from dradriver.plugin.kubelet_plugin import DEFAULT_PLUGINS_DIR
+from dradriver.plugin.kubeletplugin.plugin import DEFAULT_PLUGINS_DIR
 
 
 def register(parser: argparse.ArgumentParser) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from dradriver.errors import ConfigError
 from dradriver.inputs import load_yaml_file, path_exists, type_name
-from dradriver.validation import is_dns_subdomain
+from dradriver.validation.names import is_dns_subdomain
 
 
 def env_default(var: str, default: Any = None) -> Any:
@@ -106,7 +106,7 @@ def dns_subdomain(what: str, max_length: int = 253) -> Callable[[str], str]:
     """An argparse type for a Kubernetes name (a DNS subdomain) such as a node or driver name."""
 
     def check(text: str) -> str:
-        if not is_dns_subdomain(text) or len(text) > max_length:
+        if not is_dns_subdomain(text, max_length=max_length):
             raise argparse.ArgumentTypeError(
                 f"{text!r} is not a valid {what}: use lower-case letters, digits, '-' and '.', "
                 f"starting and ending with a letter or digit, at most {max_length} characters"

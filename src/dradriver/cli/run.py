@@ -44,23 +44,22 @@ from dradriver.driver.mps import DEFAULT_COMMAND, MpsControl
 from dradriver.driver.slices import SliceSettings, build_slice_specs, shape_for
 from dradriver.driver.state import GpuDriver
 from dradriver.errors import ConfigError, DradriverError
-from dradriver.gpu import mps_standin
-from dradriver.gpu.backend import open_gpu_backend
+from dradriver.gpu.backend import open_gpu_backend, simulated_driver_root, simulated_mps_command
 from dradriver.gpu.inventory import MigMode, discover
-from dradriver.gpu.sim_driver_root import write_stub_driver_root
-from dradriver.plugin.claim_status import ClaimStatusWriter
 from dradriver.plugin.cluster import ClusterError, NotFoundError, kubernetes_minor_version
+from dradriver.plugin.cluster.claim_status import ClaimStatusWriter
+from dradriver.plugin.cluster.kube import KubeCluster
 from dradriver.plugin.handler import ClaimRef
-from dradriver.plugin.kube_cluster import KubeCluster
-from dradriver.plugin.kubelet_plugin import (
+from dradriver.plugin.kubeletplugin.lifecycle import StopBudget, exclusive
+from dradriver.plugin.kubeletplugin.plugin import (
     DEFAULT_PLUGINS_DIR,
     DEFAULT_REGISTRY_DIR,
     SERIALIZE_LOCK_NAME,
     KubeletPlugin,
+    KubeletPluginOptions,
     check_pod_uid,
 )
-from dradriver.plugin.lifecycle import StopBudget, exclusive
-from dradriver.plugin.publisher import Publisher, SliceSpec
+from dradriver.plugin.resourceslice.publisher import Publisher, SliceSpec
 
 log = logging.getLogger("dradriver.run")
 # Probes reach the pod's IP, so listen on every interface; the DaemonSet declares the port.
@@ -419,18 +418,21 @@ class DriverProcess:
             if args.claim_device_status == "true"
             else None
         )
-        self.plugin = KubeletPlugin(
+        options = KubeletPluginOptions(
             driver_name=args.driver_name,
             node_name=node,
-            handler=InstrumentedHandler(self.driver),
-            claim_source=self.cluster,
-            health_source=self.health,
             registry_dir=Path(args.registry_dir),
             plugin_dir=Path(args.plugin_dir) if args.plugin_dir else None,
-            claim_status=claim_status,
             device_metadata_cdi_dir=Path(args.cdi_dir),
             device_metadata=args.device_metadata == "true",
             pod_uid=args.pod_uid or None,
+        )
+        self.plugin = KubeletPlugin(
+            options,
+            handler=InstrumentedHandler(self.driver),
+            claim_source=self.cluster,
+            health_source=self.health,
+            claim_status=claim_status,
             # The default state directory is the plugin directory: deleted with it, the checkpoint is written back.
             on_plugin_dir_recreated=self.checkpoint.ensure_written,
         )
@@ -590,7 +592,7 @@ def driver_root_for(args: argparse.Namespace, version: str, *, simulated: bool) 
     if simulated:
         plugin_dir = Path(args.plugin_dir) if args.plugin_dir else DEFAULT_PLUGINS_DIR / args.driver_name
         plugin_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # owner-only, as when the plugin creates it
-        stub = write_stub_driver_root(plugin_dir.absolute() / "sim-driver-root", version)
+        stub = simulated_driver_root(plugin_dir.absolute() / "sim-driver-root", version)
         return discover_driver_root(host_root=str(stub), version=version, cdi_hook=hook)
     return discover_driver_root(
         host_root=args.driver_root,
@@ -668,5 +670,5 @@ def _mps_command(args: argparse.Namespace, simulated: bool) -> list[str]:
     if args.mps_control_command:
         return shlex.split(str(args.mps_control_command))
     if simulated:
-        return mps_standin.command()
+        return simulated_mps_command()
     return list(DEFAULT_COMMAND)

@@ -14,10 +14,10 @@ from dradriver.cli.options import add_env_option, check_writable_file, dns_subdo
 from dradriver.driver import slice_map
 from dradriver.driver.slice_map import InstanceCell, owners_from_checkpoint
 from dradriver.errors import ConfigError, DeviceError
-from dradriver.gpu.catalog import load_node_profile
 from dradriver.gpu.models import ComputeMode
-from dradriver.gpu.sim import SimGpu, SimNvmlError, SimulatedNode, full_compute_instance_profile
 from dradriver.inputs import path_exists
+from dradriver.sim.node import SimGpu, SimNvmlError, SimulatedNode, full_compute_instance_profile
+from dradriver.sim.profiles import load_node_profile
 
 
 def register(parser: argparse.ArgumentParser) -> None:

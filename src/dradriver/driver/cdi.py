@@ -196,7 +196,7 @@ class CdiWriter:
         devices = []
         for device in claim.devices:
             name = f"{claim.claim_uid}-{device.name}"
-            if not _CDI_NAME.match(name):
+            if not _CDI_NAME.fullmatch(name):
                 raise DeviceError(
                     f"CDI device name {name!r} of claim {claim.claim_uid} is not valid: use letters, "
                     "digits and '-_.:' only"

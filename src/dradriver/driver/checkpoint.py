@@ -33,7 +33,7 @@ from typing import Any
 
 from dradriver.atomic_files import storage_fix
 from dradriver.errors import ConfigError, DeviceError, DradriverError
-from dradriver.plugin.lifecycle import InstanceLock
+from dradriver.plugin.kubeletplugin.lifecycle import InstanceLock
 
 log = logging.getLogger(__name__)
 

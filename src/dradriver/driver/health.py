@@ -43,35 +43,15 @@ from dradriver.gpu.errors import GpuError, GpuIsLost
 from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.inventory import GpuDevice, Inventory, LostGpu, MigMode
 from dradriver.gpu.models import GpuEvent, GpuProbe
+from dradriver.gpu.products import APPLICATION_XIDS, HARDWARE_XIDS
 from dradriver.plugin.handler import DeviceHealth, DeviceToleration, HealthBoard, HealthStatus
 
 log = logging.getLogger(__name__)
 
-# XIDs that an application causes and that leave the GPU fine (NVIDIA's device plugin and DRA driver skip the
-# same six). They add an informational taint (effect None) and nothing else.
-DEFAULT_IGNORED_XIDS: dict[int, str] = {
-    13: "graphics engine exception: the application ran an illegal instruction or went out of bounds",
-    31: "GPU memory page fault: the application touched an address it does not own",
-    43: "GPU stopped processing: the application's channel was reset after its own error",
-    45: "preemptive cleanup: the driver tore down a process that was ending or killed",
-    68: "video processor (NVDEC/NVENC) exception: bad input or misuse by the application",
-    109: "context-switch timeout: the application's context did not yield (usually follows its own error)",
-}
-# XIDs that always make a GPU unhealthy, even when --health-ignore-xids lists them: the hardware or its firmware
-# is at fault (NVIDIA's XID catalog asks for a GPU reset or more for each).
-DEFAULT_FATAL_XIDS: dict[int, str] = {
-    48: "double-bit ECC error: GPU memory is corrupt",
-    62: "internal micro-controller halt",
-    64: "ECC page retirement or row remapping failed",
-    74: "NVLink error",
-    79: "GPU has fallen off the bus",
-    92: "high single-bit ECC error rate",
-    94: "contained ECC error: the GPU needs a reset to clear it",
-    95: "uncontained ECC error",
-    119: "GSP RPC timeout",
-    120: "GSP firmware error",
-    140: "unrecovered ECC error",
-}
+# XIDs an application causes add an informational taint (effect None) and nothing else; hardware XIDs always make
+# a GPU unhealthy, even when --health-ignore-xids lists them.
+DEFAULT_IGNORED_XIDS: dict[int, str] = APPLICATION_XIDS
+DEFAULT_FATAL_XIDS: dict[int, str] = HARDWARE_XIDS
 DEFAULT_RECOVERY_PERIOD = 600.0
 DEFAULT_PROBE_INTERVAL = 5.0
 STATE_KIND = "dradriver-health-state"

@@ -2,7 +2,7 @@
 
 Each daemon gets its own pipe and log directory under ``<state dir>/mps/<claim uid>/``; the claim's containers get
 both through the CDI spec (``CUDA_MPS_PIPE_DIRECTORY``, ``CUDA_MPS_LOG_DIRECTORY``). The daemon is the configured
-command (``nvidia-cuda-mps-control`` by default; the simulated node runs ``dradriver.gpu.mps_standin``) started in
+command (``nvidia-cuda-mps-control`` by default; the simulated node runs ``dradriver.sim.mps_standin``) started in
 the foreground (``-f``) in a session of its own, so it does not die with the plugin's process: see docs/sharing.md
 for how it outlives the plugin's container. Liveness is asked of the daemon itself (``get_server_list`` through
 its pipe directory), which works for a daemon this process did not start (re-adoption after a restart).

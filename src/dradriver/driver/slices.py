@@ -21,10 +21,10 @@ from typing import Any
 
 from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.errors import ConfigError, DeviceError
-from dradriver.gpu.catalog import COMPUTE_SLICES_PER_GPU, MEMORY_SLICES_PER_GPU
 from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode, MigPartition, semver_of_driver
 from dradriver.gpu.models import MigProfile, Placement
-from dradriver.plugin.slice_validation import SliceShape
+from dradriver.gpu.products import COMPUTE_SLICES_PER_GPU, MEMORY_SLICES_PER_GPU
+from dradriver.validation.slices import SliceShape
 
 STANDARD_DOMAIN = "resource.kubernetes.io"
 MAX_DEVICES_PER_SLICE = 128

@@ -1,11 +1,18 @@
-"""Choose the GPU backend: real NVML, or NVML running on a simulated node."""
+"""Choose the GPU backend: real NVML, or NVML running on a simulated node.
+
+This factory is the one door from production code to the simulator (``dradriver.sim``); the import contracts in
+pyproject.toml hold every other module to it. The simulator is imported only when a simulated backend is asked for.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dradriver.gpu.interface import GpuLib
-from dradriver.gpu.sim import SimulatedNode
+
+if TYPE_CHECKING:
+    from dradriver.sim.node import SimulatedNode
 
 
 def open_gpu_backend(
@@ -20,7 +27,28 @@ def open_gpu_backend(
 
         return NvmlGpuLib(), None
     if backend == "sim":
-        from dradriver.gpu.fakelib import simulated_gpulib
+        from dradriver.sim.fakelib import simulated_gpulib
 
         return simulated_gpulib(sim_profile, node_name=node_name, state_path=sim_state)
     raise ValueError(f"unknown GPU backend {backend!r}")
+
+
+def sim_profile_name(sim_profile: str) -> str:
+    """The ``name`` of a simulated node profile (built-in name or file path); ``ConfigError`` if it is invalid."""
+    from dradriver.sim.profiles import load_node_profile
+
+    return load_node_profile(sim_profile).name
+
+
+def simulated_driver_root(directory: Path, driver_version: str) -> Path:
+    """Write the stub driver root of a simulated node (libraries, binaries, firmware of ``driver_version``)."""
+    from dradriver.sim.driver_root import write_stub_driver_root
+
+    return write_stub_driver_root(directory, driver_version)
+
+
+def simulated_mps_command() -> list[str]:
+    """The command line of the MPS control stand-in that serves a simulated node."""
+    from dradriver.sim import mps_standin
+
+    return mps_standin.command()

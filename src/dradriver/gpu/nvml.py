@@ -2,7 +2,7 @@
 
 A thin adapter: it calls NVML as the NVIDIA tools do (nvidia-smi, go-nvlib, the NVIDIA DRA driver) and turns the
 answers into our models. Every NVML failure becomes a typed ``GpuError`` naming the device and the NVML function.
-The same class runs on a real node (the default ``import pynvml``) and on the simulator (``gpu.fakelib`` hands it
+The same class runs on a real node (the default ``import pynvml``) and on the simulator (``sim.fakelib`` hands it
 a pynvml copy wired to a ``SimulatedNode``).
 """
 
@@ -24,7 +24,6 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from dradriver.gpu.caps import MigCapabilities, ProcMigCapabilities
-from dradriver.gpu.catalog import load_products
 from dradriver.gpu.errors import (
     GpuError,
     GpuIsLost,
@@ -53,6 +52,7 @@ from dradriver.gpu.models import (
     SystemInfo,
     UnreadableGpu,
 )
+from dradriver.gpu.products import ARCHITECTURE_NAMES, load_products
 
 log = logging.getLogger(__name__)
 
@@ -73,18 +73,6 @@ _VOLATILE_ECC = 0
 _FIELD_GPU_RECOVERY_ACTION = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (drivers from the 565 branch on)
 
 # nvmlDeviceGetArchitecture values → the names go-nvlib and nvidia-smi use.
-ARCHITECTURE_NAMES = {
-    2: "Kepler",
-    3: "Maxwell",
-    4: "Pascal",
-    5: "Volta",
-    6: "Turing",
-    7: "Ampere",
-    8: "Ada Lovelace",
-    9: "Hopper",
-    10: "Blackwell",
-    13: "Rubin",
-}
 # nvmlDeviceGetBrand values → go-nvlib's brand strings.
 BRAND_NAMES = {
     0: "Unknown",

@@ -1,0 +1,366 @@
+"""The cluster port over the real ``kubernetes`` client.
+
+Requests go through ``ApiClient.param_serialize``/``call_api`` (so authentication, TLS and proxies are the
+client's own) but bodies are read and written as raw JSON: the client's pydantic models drop fields they do
+not know, and we never want to lose a field the API server sent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import quote
+
+import urllib3
+
+from dradriver.errors import ConfigError
+from dradriver.plugin.cluster.port import (
+    ApiUnavailableError,
+    ClusterError,
+    ConflictError,
+    ForbiddenError,
+    InvalidObjectError,
+    JsonObject,
+    NotFoundError,
+    WatchEvent,
+    WatchExpiredError,
+    describe,
+)
+
+log = logging.getLogger(__name__)
+
+
+def _lazy_package(name: str) -> None:
+    """Put package ``name`` in ``sys.modules`` without running its ``__init__`` yet. A subpackage or submodule
+    is imported when first used (``import name.sub``, ``from name import sub`` or ``name.sub``); asking for any
+    other attribute (what ``__init__`` defines or re-exports) runs ``__init__`` then, so the package behaves as
+    an eagerly imported one would: other threads wait while it runs, and if it fails the next access runs it
+    again. Nothing changes when the package was imported already.
+
+    ``kubernetes/__init__`` imports every part of the client: the dynamic client (with jsonschema and
+    kubernetes-validate's schemas), watch, stream (websocket), utils, leader election, informers; and
+    ``kubernetes/config/__init__`` the kubeconfig loader (oauthlib, requests, dateutil). ``dradriver run`` needs
+    ``client`` and one loader; the rest took a large part of its one-second start-up budget
+    (docs/reliability.md)."""
+    if name in sys.modules:
+        return
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None or spec.submodule_search_locations is None:
+        return  # not installed as a package: the import that follows reports it as usual
+    package = importlib.util.module_from_spec(spec)
+    loader = spec.loader
+    # Held while __init__ runs, so another thread asking meanwhile waits for it as ``import`` would (re-entrant:
+    # __init__ itself may ask the package for a name it has not defined yet, which then is an AttributeError).
+    initialising = threading.RLock()
+    running = threading.local()
+
+    def __getattr__(attribute: str) -> Any:  # PEP 562: called for names the module does not have (yet)
+        if not attribute.startswith("__"):
+            try:
+                return importlib.import_module(f"{name}.{attribute}")
+            except ModuleNotFoundError as err:
+                if err.name != f"{name}.{attribute}":
+                    raise  # the submodule exists but lacks a dependency: say so
+        with initialising:
+            if not getattr(running, "active", False) and package.__dict__.get("__getattr__") is __getattr__:
+                running.active = True
+                try:
+                    loader.exec_module(package)  # raises as a failed import would; the next access tries again
+                finally:
+                    running.active = False
+                if package.__dict__.get("__getattr__") is __getattr__:  # not one __init__ defined
+                    del package.__dict__["__getattr__"]  # from now on a plain module
+        try:
+            return package.__dict__[attribute]
+        except KeyError:
+            raise AttributeError(f"module {name!r} has no attribute {attribute!r}") from None
+
+    package.__getattr__ = __getattr__  # type: ignore[method-assign]
+    sys.modules[name] = package
+
+
+_lazy_package("kubernetes")
+_lazy_package("kubernetes.config")
+# The client's functions carry no type hints; we call them through Any rather than scatter ignores.
+k8s_client: Any = importlib.import_module("kubernetes.client")
+_in_cluster: Any = importlib.import_module("kubernetes.config.incluster_config")
+_ConfigException: type[Exception] = importlib.import_module("kubernetes.config.config_exception").ConfigException
+
+
+def _load_kube_config(**options: Any) -> None:
+    """``kubernetes.config.load_kube_config``, importing the kubeconfig loader only when a kubeconfig is used."""
+    importlib.import_module("kubernetes.config.kube_config").load_kube_config(**options)
+
+
+_SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+_JSON_HEADERS = {"Accept": "application/json", "Content-Type": "application/json"}
+# Default per-request timeout (connect, read) in seconds; watches set their own read timeout.
+DEFAULT_REQUEST_TIMEOUT = (5.0, 30.0)
+
+
+def load_api_client(kubeconfig: str | None = None, *, context: str | None = None) -> Any:
+    """An ``ApiClient`` configured from, in this order: the kubeconfig file ``kubeconfig`` if given; the
+    in-cluster service account when running in a pod; ``$KUBECONFIG`` or ``~/.kube/config``.
+
+    Raises :class:`ConfigError` naming what was tried when none works."""
+    configuration = k8s_client.Configuration()
+    try:
+        if kubeconfig:
+            _load_kube_config(
+                config_file=kubeconfig,
+                context=context,
+                client_configuration=configuration,
+                persist_config=False,
+            )
+        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+            _in_cluster.load_incluster_config(client_configuration=configuration)
+        else:
+            path = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+            # KUBECONFIG may list several files; the client merges them itself.
+            _load_kube_config(
+                config_file=path, context=context, client_configuration=configuration, persist_config=False
+            )
+    except (_ConfigException, OSError, ValueError) as exc:
+        source = kubeconfig or (
+            "in-cluster service account"
+            if os.environ.get("KUBERNETES_SERVICE_HOST")
+            else os.environ.get("KUBECONFIG") or "~/.kube/config"
+        )
+        raise ConfigError(
+            f"cannot load Kubernetes client configuration from {source}: {exc}; pass --kubeconfig with a "
+            "valid kubeconfig file, or run inside a pod with a service account"
+        ) from exc
+    return k8s_client.ApiClient(configuration)
+
+
+def _status_message(body: bytes) -> tuple[str, str]:
+    """The ``message`` and ``reason`` of a metav1.Status body (or the raw text when it is not one)."""
+    text = body.decode("utf-8", "replace")
+    try:
+        status = json.loads(text)
+    except ValueError:
+        return text.strip()[:500], ""
+    if isinstance(status, dict):
+        return str(status.get("message", text))[:2000], str(status.get("reason", ""))
+    return text[:500], ""
+
+
+def error_for_status(status: int, body: bytes, what: str, verb: str) -> ClusterError:
+    """The :class:`ClusterError` subclass for an HTTP error ``status`` answering ``verb`` on ``what``."""
+    message, reason = _status_message(body)
+    text = f"{verb} {what}: HTTP {status}: {message}"
+    kinds: dict[int, type[ClusterError]] = {
+        401: ForbiddenError,
+        403: ForbiddenError,
+        404: NotFoundError,
+        409: ConflictError,
+        410: WatchExpiredError,
+        422: InvalidObjectError,
+    }
+    if status in kinds:
+        return kinds[status](text, status=status, reason=reason)
+    if status == 429 or status >= 500:
+        return ApiUnavailableError(text, status=status, reason=reason)
+    return ClusterError(text, status=status, reason=reason)
+
+
+class _KubeWatchStream:
+    """Watch events read line by line from a streaming response; ``close()`` interrupts a blocked read."""
+
+    def __init__(self, response: Any, what: str) -> None:
+        self._response = response
+        self._what = what
+        self._closed = threading.Event()
+        self._lines = self._iter_lines()
+
+    def _iter_lines(self) -> Iterator[bytes]:
+        buffer = b""
+        while not self._closed.is_set():
+            try:
+                chunk = self._response.read1(65536) if hasattr(self._response, "read1") else self._response.read(65536)
+            except (urllib3.exceptions.HTTPError, OSError, ValueError, AttributeError):
+                # A dropped connection or our own close(): the watch is over either way.
+                return
+            if not chunk:
+                if buffer.strip():
+                    yield buffer
+                return
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                if line.strip():
+                    yield line
+
+    def __iter__(self) -> Iterator[WatchEvent]:
+        return self
+
+    def __next__(self) -> WatchEvent:
+        for line in self._lines:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                log.warning("watch sent a line that is not JSON what=%s line=%.200r", self._what, line)
+                continue
+            kind = event.get("type")
+            obj = event.get("object") or {}
+            if kind == "ERROR":
+                self.close()
+                raise error_for_status(int(obj.get("code", 500)), json.dumps(obj).encode(), self._what, "watch")
+            if kind in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK"):
+                return WatchEvent(type=kind, object=obj)
+            log.warning("watch sent an unknown event type what=%s type=%s", self._what, kind)
+        self.close()
+        raise StopIteration
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        # shutdown() (SHUT_RD) unblocks a read in progress in another thread; close() then closes the
+        # connection, so the server sees the watch end. A half-read watch must never go back to the pool.
+        # RuntimeError/ValueError: the response already ended and gave its connection back to the pool.
+        with contextlib.suppress(AttributeError, OSError, RuntimeError, ValueError):
+            self._response.shutdown()
+        with contextlib.suppress(AttributeError, OSError, RuntimeError, ValueError):
+            self._response.close()
+
+
+class KubeCluster:
+    """The :class:`~dradriver.plugin.cluster.Cluster` port over a ``kubernetes.client.ApiClient``."""
+
+    def __init__(
+        self,
+        api_client: Any,
+        *,
+        request_timeout: tuple[float, float] = DEFAULT_REQUEST_TIMEOUT,
+    ) -> None:
+        self._api = api_client
+        self._timeout = request_timeout
+
+    @classmethod
+    def from_kubeconfig(cls, kubeconfig: str | None = None, *, context: str | None = None) -> KubeCluster:
+        """A cluster adapter configured by :func:`load_api_client`."""
+        return cls(load_api_client(kubeconfig, context=context))
+
+    def close(self) -> None:
+        """Release the client's connections."""
+        self._api.close()
+
+    # -- plumbing ----------------------------------------------------------------------------------
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        what: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: JsonObject | None = None,
+        stream: bool = False,
+        timeout: Any = None,
+    ) -> Any:
+        request = self._api.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=query or None,
+            header_params=dict(_JSON_HEADERS),
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        try:
+            response = self._api.call_api(*request, _request_timeout=timeout or self._timeout)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ApiUnavailableError(f"{method} {what}: API server unreachable: {exc}") from exc
+        except k8s_client.ApiException as exc:
+            raise error_for_status(exc.status or 0, (exc.body or str(exc)).encode(), what, method) from exc
+        if not 200 <= response.status <= 299 or not stream:
+            try:
+                data = response.read()
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                raise ApiUnavailableError(f"{method} {what}: reading the answer failed: {exc}") from exc
+            if not 200 <= response.status <= 299:
+                raise error_for_status(response.status, data or b"", what, method)
+            try:
+                return json.loads(data) if data else {}
+            except ValueError as exc:
+                raise ApiUnavailableError(f"{method} {what}: answer is not JSON: {data[:200]!r}") from exc
+        return response.response
+
+    # -- the port ----------------------------------------------------------------------------------
+
+    def get_resource_claim(self, namespace: str, name: str) -> JsonObject:
+        path = f"/apis/resource.k8s.io/v1/namespaces/{quote(namespace)}/resourceclaims/{quote(name)}"
+        result: JsonObject = self._send("GET", path, describe("ResourceClaim", name, namespace))
+        return result
+
+    def update_resource_claim_status(self, claim: JsonObject) -> JsonObject:
+        meta = claim.get("metadata", {})
+        namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        path = f"/apis/resource.k8s.io/v1/namespaces/{quote(namespace)}/resourceclaims/{quote(name)}/status"
+        result: JsonObject = self._send("PUT", path, describe("ResourceClaim", name, namespace) + " status", body=claim)
+        return result
+
+    def get_node(self, name: str) -> JsonObject:
+        result: JsonObject = self._send("GET", f"/api/v1/nodes/{quote(name)}", describe("Node", name))
+        return result
+
+    def server_version(self) -> JsonObject:
+        result: JsonObject = self._send("GET", "/version", "the API server version")
+        return result
+
+    def list_resource_slices(self, *, driver: str, node_name: str) -> tuple[list[JsonObject], str]:
+        selector = f"spec.driver={driver},spec.nodeName={node_name}"
+        items: list[JsonObject] = []
+        query = [("fieldSelector", selector), ("limit", "500")]
+        while True:
+            result = self._send("GET", _SLICES, f"ResourceSlices of {driver} on {node_name}", query=query)
+            items.extend(result.get("items") or [])
+            metadata = result.get("metadata") or {}
+            token = metadata.get("continue")
+            if not token:
+                return items, str(metadata.get("resourceVersion", ""))
+            query = [("fieldSelector", selector), ("limit", "500"), ("continue", str(token))]
+
+    def create_resource_slice(self, obj: JsonObject) -> JsonObject:
+        meta = obj.get("metadata", {})
+        what = describe("ResourceSlice", str(meta.get("name") or meta.get("generateName", "") + "*"))
+        result: JsonObject = self._send("POST", _SLICES, what, body=obj)
+        return result
+
+    def update_resource_slice(self, obj: JsonObject) -> JsonObject:
+        name = str(obj.get("metadata", {}).get("name", ""))
+        result: JsonObject = self._send("PUT", f"{_SLICES}/{quote(name)}", describe("ResourceSlice", name), body=obj)
+        return result
+
+    def delete_resource_slice(self, name: str, *, uid: str, resource_version: str) -> None:
+        body = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "preconditions": {"uid": uid, "resourceVersion": resource_version},
+        }
+        self._send("DELETE", f"{_SLICES}/{quote(name)}", describe("ResourceSlice", name), body=body)
+
+    def watch_resource_slices(
+        self, *, driver: str, node_name: str, resource_version: str, timeout_seconds: int
+    ) -> _KubeWatchStream:
+        what = f"ResourceSlices of {driver} on {node_name}"
+        query = [
+            ("fieldSelector", f"spec.driver={driver},spec.nodeName={node_name}"),
+            ("watch", "true"),
+            ("allowWatchBookmarks", "true"),
+            ("resourceVersion", resource_version),
+            ("timeoutSeconds", str(timeout_seconds)),
+        ]
+        # The read timeout outlasts the server's own watch timeout, so a silently dead connection ends too.
+        response = self._send(
+            "GET", _SLICES, what, query=query, stream=True, timeout=(self._timeout[0], timeout_seconds + 30.0)
+        )
+        return _KubeWatchStream(response, what)
