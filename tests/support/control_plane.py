@@ -306,7 +306,8 @@ class ControlPlane:
             "--service-cluster-ip-range=10.0.0.0/24",
             "--authorization-mode=Node,RBAC",
             f"--feature-gates={FEATURE_GATES}",
-            "--runtime-config=resource.k8s.io/v1=true",
+            # v1alpha3 for DeviceTaintRule in its alpha form, as e2e/kind-config.yaml serves it (an example uses it).
+            "--runtime-config=resource.k8s.io/v1=true,resource.k8s.io/v1alpha3=true",
             "--endpoint-reconciler-type=none",
             "--allow-privileged=true",  # as kubeadm and kind run it: the plugin DaemonSet is privileged
             "--v=1",
