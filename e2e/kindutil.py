@@ -45,6 +45,7 @@ class Backend(Protocol):
     (local_backend.LocalCluster)."""
 
     backend: str
+    node_config: str  # the simulated node, as the examples' "# Node:" header names it
 
     def kubectl(self, *args: str, timeout: float = 300, input: str | None = None) -> str: ...
 
@@ -59,6 +60,7 @@ class Cluster:
     """kubectl bound to the e2e cluster's context."""
 
     backend = "kind"
+    node_config = "mixed --mig-mode dynamic"  # manifests/overlays/sim
 
     def __init__(self, context: str) -> None:
         self.context = context
