@@ -1,15 +1,20 @@
 """Device health through the real kubelet (KEP-4680, ``v1.DRAResourceHealth`` on a 1.37 kubelet): an XID on a GPU
 in use makes the pod's status report the device unhealthy (allocatedResourcesStatus), and the device's slice
-taint keeps new pods away from it."""
+taint keeps new pods away from it; the kubelet opens the newest health version a plugin advertises."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+import pytest
 from support.kube_rest import Kube
+from support.kubelet_plugin_fakes import FakeClaimSource, FakeHandler
 from support.node_pods import Workloads, claims_of
 from support.real_node import DRIVER, RealNode, wait_for
 
+from dradriver.plugin.handler import HealthBoard
+from dradriver.plugin.kubeletplugin.plugin import KubeletPlugin, KubeletPluginOptions
 from node.test_pods import GPU_CLASS, NAMESPACE, pod, template, unique
 
 XID_TAINT = "gpu.dradriver.dev/xid"
@@ -92,3 +97,33 @@ def test_an_xid_on_a_gpu_in_use_shows_in_pod_status_and_the_taint_keeps_new_pods
         workloads.delete([*reversed(later), *reversed(docs)])
         if pci:
             node.sim("reset", pci)  # healthy again for the tests that follow
+
+
+@pytest.mark.parametrize(
+    "versions", [("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"), ("v1alpha1.DRAResourceHealth",)]
+)
+def test_the_real_kubelet_opens_the_newest_health_version_a_plugin_advertises(
+    node: RealNode, versions: tuple[str, ...], caplog: pytest.LogCaptureFixture
+) -> None:
+    # A second driver on the generic plugin layer, in this process, advertising ``versions`` (only v1alpha1:
+    # a driver written before 1.37): the 1.37 kubelet opens v1 when offered, else falls back to v1alpha1.
+    options = KubeletPluginOptions(
+        driver_name=f"health{len(versions)}.test.dradriver.dev",
+        node_name=node.name,
+        registry_dir=node.kubelet.registry_dir,
+        plugin_dir=node.kubelet.plugins_dir / f"health{len(versions)}",
+        health_versions=versions,
+    )
+    plugin = KubeletPlugin(options, handler=FakeHandler(), claim_source=FakeClaimSource(), health_source=HealthBoard())
+    caplog.set_level(logging.INFO, logger="dradriver.plugin.kubeletplugin.health")
+    plugin.start()
+    try:
+        opened = wait_for(
+            "the kubelet to open the health stream",
+            lambda: [r.getMessage() for r in caplog.records if "opened the health stream" in r.getMessage()],
+            60,
+        )
+        wanted = versions[0].split(".")[0]
+        assert opened[0].endswith(f"version={wanted}"), opened
+    finally:
+        plugin.stop()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -26,6 +26,8 @@ from dradriver.api.generated import dra_health_v1alpha1_pb2_grpc as pb_grpc
 from dradriver.plugin.handler import HealthSource
 
 logger = logging.getLogger(__name__)
+# The advertised names of the versions served (pluginregistration's supported_versions), newest first.
+VERSIONS = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 
 
 class HealthStreams:
@@ -112,7 +114,13 @@ class DRAResourceHealthV1alpha1(pb_grpc.DRAResourceHealthServicer):
         return self._streams.watch(pb, context)
 
 
-def add_health_services(server: grpc.Server, streams: HealthStreams) -> None:
-    """Both versions of the health service on ``server``, fed by ``streams``."""
-    dra_health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(DRAResourceHealthV1(streams), server)
-    pb_grpc.add_DRAResourceHealthServicer_to_server(DRAResourceHealthV1alpha1(streams), server)
+def add_health_services(
+    server: grpc.Server,
+    streams: HealthStreams,
+    versions: Sequence[str] = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"),
+) -> None:
+    """The health service in ``versions`` (advertised names) on ``server``, fed by ``streams``."""
+    if "v1.DRAResourceHealth" in versions:
+        dra_health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(DRAResourceHealthV1(streams), server)
+    if "v1alpha1.DRAResourceHealth" in versions:
+        pb_grpc.add_DRAResourceHealthServicer_to_server(DRAResourceHealthV1alpha1(streams), server)
