@@ -39,9 +39,11 @@ START_TIMEOUT = 90.0
 FEATURE_GATES = "DRADeviceTaints=true,DRADeviceTaintRules=true,DRAPartitionableDevices=true,DRAConsumableCapacity=true"
 # The claim and service-account controllers the cluster tests need; the node tests' workloads (the example
 # scenarios' Deployments, namespaces) also need Deployments, ReplicaSets, namespace deletion and the garbage collector.
+# The chart installed on the real node (tests/node/test_helm_install.py) needs DaemonSets, and the root-CA publisher
+# (with --root-ca-file), without which a pod's service-account ca.crt is empty and the in-cluster client refuses it.
 CONTROLLERS = (
     "resourceclaim-controller,serviceaccount-controller,deployment-controller,replicaset-controller,"
-    "namespace-controller,garbage-collector-controller"
+    "namespace-controller,garbage-collector-controller,daemonset-controller,root-ca-certificate-publisher-controller"
 )
 
 
@@ -341,6 +343,7 @@ class ControlPlane:
             f"--secure-port={manager_port}",
             f"--cert-dir={self.root / 'manager-certs'}",
             f"--controllers={CONTROLLERS}",
+            f"--root-ca-file={self.pki.ca_cert}",
             f"--feature-gates={FEATURE_GATES}",
             "--v=2",
         )

@@ -1,0 +1,240 @@
+"""The Helm chart installed for real on the real node: `helm install` of the sim preset makes the DaemonSet's pod
+run our image (scripts/build-image, imported into the node's containerd), register with the real kubelet and
+publish the node's slices, and a scenario pod gets its device; `helm upgrade` with a changed value replaces the
+pod while a pod with a prepared claim keeps running, and the new pod unprepares that claim later; `helm
+uninstall` removes every object of the release, and the kubelet then wipes the driver's slices.
+
+The node fixture's own driver (a host process) is stopped for this module and started again after it: the pod
+takes its place, as a DaemonSet replacing a by-hand install would. The release owns the DeviceClasses while it
+is installed (the session's copies, the same objects generated from the chart, are deleted before and applied
+again after). The values are those a bare kubelet needs (docs/deployment.md, "On a bare kubelet"). Kustomize
+overlays are not installed here: scripts/gen-manifests renders them from this chart and tests/test_manifests.py
+fails when they differ, so this install covers what `kubectl apply -k manifests/overlays/sim` would run."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from support.cluster_pods import kubectl
+from support.control_plane import free_port
+from support.helm import CHART, preset_file, run_helm
+from support.image import VERSION
+from support.image import archive as image_archive
+from support.node_pods import Workloads, cdi_specs_of, claims_of, documents, running, status_devices
+from support.real_node import TAINT_KEY, RealNode, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+RELEASE = "nodehelm"
+NAMESPACE = "dradriver-node"
+DAEMONSET = f"{RELEASE}-dradriver-kubelet-plugin"
+DRIVER = "gpu.dradriver.dev"
+IMAGE = f"localhost/dradriver:{VERSION}"
+SCENARIO = REPO / "examples/scenarios/01-one-gpu.yaml"
+DEVICE_CLASSES = REPO / "manifests/deviceclasses"
+# kubelet 1.37 deletes a driver's slices 30 s after its last plugin instance unregistered.
+WIPE_TIMEOUT = 90.0
+ROLL_TIMEOUT = 180.0
+
+
+class Chart:
+    """The release on the node: helm and kubectl against the node's control plane, the values the node needs."""
+
+    def __init__(self, node: RealNode, values: Path) -> None:
+        self.node = node
+        self.values = values
+        self.workloads = Workloads(node)
+
+    @property
+    def kubeconfig(self) -> str:
+        return str(self.node.control_plane.kubeconfig)
+
+    def helm(self, *args: str) -> str:
+        done = run_helm("--kubeconfig", self.kubeconfig, *args, timeout=300)
+        if done.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed ({done.returncode}):\n{done.stdout}{done.stderr}\n"
+                                 f"{self.describe()}\n{self.node.tails(30)}")  # fmt: skip
+        return done.stdout
+
+    def kubectl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([kubectl(), "--kubeconfig", self.kubeconfig, *args], capture_output=True, text=True,
+                              timeout=120, check=False)  # fmt: skip
+
+    def pods(self) -> list[dict[str, Any]]:
+        return self.node.kube.list("pods", NAMESPACE, labelSelector="app.kubernetes.io/instance=" + RELEASE)
+
+    def live_pods(self) -> list[dict[str, Any]]:
+        return [p for p in self.pods() if not p["metadata"].get("deletionTimestamp")]
+
+    def ready_pod(self) -> dict[str, Any] | None:
+        """The one plugin pod, once it is the only one and Ready (its probes passed)."""
+        pods = self.pods()
+        if len(pods) == 1 and not pods[0]["metadata"].get("deletionTimestamp") and running(pods[0]):
+            return pods[0]
+        return None
+
+    def log(self, pod: dict[str, Any]) -> str:
+        done = self.kubectl("-n", NAMESPACE, "logs", pod["metadata"]["name"])
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def save_logs(self) -> None:
+        """Each plugin pod's log beside the node's logs (kept when a test failed)."""
+        for pod in self.pods():
+            done = self.kubectl("-n", NAMESPACE, "logs", pod["metadata"]["name"])
+            name = pod["metadata"]["name"]
+            (self.node.logs / f"helm-{name}.log").write_text(done.stdout + done.stderr)
+
+    def describe(self) -> str:
+        parts = []
+        for pod in self.pods():
+            events = self.workloads.events(pod)
+            parts.append(f"plugin pod {pod['metadata']['name']}: status {pod.get('status')}\nevents: {events}")
+            logs = self.kubectl("-n", NAMESPACE, "logs", pod["metadata"]["name"], "--tail=30")
+            parts.append(f"its log:\n{logs.stdout}{logs.stderr}")
+        return "\n".join(parts)
+
+    def wait_ready(self, what: str, condition: Any = None) -> dict[str, Any]:
+        def probe() -> dict[str, Any] | None:
+            pod = self.ready_pod()
+            return pod if pod is not None and (condition is None or condition(pod)) else None
+
+        try:
+            pod: dict[str, Any] = wait_for(what, probe, ROLL_TIMEOUT)
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}\n{self.describe()}\n{self.node.tails(30)}") from None
+        return pod
+
+    def slices(self) -> list[dict[str, Any]]:
+        return [
+            s
+            for s in self.node.kube.list("resourceslices", fieldSelector=f"spec.nodeName={self.node.name}")
+            if s["spec"]["driver"] == DRIVER
+        ]
+
+
+def values_for(node: RealNode) -> dict[str, Any]:
+    """What a kubelet with no CNI plugin, no kube-proxy and a root directory of its own needs from the chart."""
+    return {
+        "image": {"repository": "localhost/dradriver", "tag": VERSION, "pullPolicy": "Never"},
+        "hostNetwork": True,
+        "metrics": {"port": free_port()},
+        "extraEnv": [
+            {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+            {"name": "KUBERNETES_SERVICE_PORT", "value": str(node.control_plane.port)},
+        ],
+        "kubeletDir": str(node.kubelet.root_dir),
+        "cdiDir": str(node.cdi_dir),
+        "nodeSelector": {"kubernetes.io/hostname": node.name},
+        "tolerations": [{"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+    }
+
+
+@pytest.fixture(scope="module")
+def chart(node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chart]:
+    """The node with its host-process driver stopped and our image imported; the release uninstalled and the host
+    driver started again afterwards."""
+    archive = image_archive()
+    done = node.containerd.ctr("images", "import", "--local", "--snapshotter", "native", "--base-name",
+                               "localhost/dradriver", str(archive), timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert IMAGE in node.containerd.ctr("images", "ls", "-q").stdout.split()
+    wait_for("the node's driver to hold no prepared claim", lambda: not node.prepared_claims(), 120)
+    for driver in node.drivers:
+        if driver.proc.poll() is None:
+            node.stop_driver(driver)
+    values = tmp_path_factory.mktemp("helm") / "node-values.yaml"
+    values.write_text(yaml.safe_dump(values_for(node)))
+    release = Chart(node, values)
+    # The release creates the DeviceClasses itself: the session's copies go while it is installed.
+    gone = release.kubectl("delete", "--ignore-not-found", "-f", str(DEVICE_CLASSES))
+    assert gone.returncode == 0, gone.stderr
+    try:
+        yield release
+    finally:
+        release.save_logs()
+        run_helm("--kubeconfig", release.kubeconfig, "uninstall", RELEASE, "-n", NAMESPACE, "--ignore-not-found",
+                 "--wait", timeout=300)  # fmt: skip
+        release.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=false")
+        release.kubectl("apply", "--server-side", "-f", str(DEVICE_CLASSES))
+        node.start_driver()
+
+
+def test_install_runs_our_image_as_the_plugin_pod_and_a_scenario_gets_its_gpu(chart: Chart) -> None:
+    chart.helm("install", RELEASE, str(CHART), "-n", NAMESPACE, "--create-namespace", "-f", preset_file("sim"),
+               "-f", str(chart.values), "--wait", "--timeout", "3m")  # fmt: skip
+    pod = chart.wait_ready("the plugin pod to be Ready")
+    assert pod["spec"]["nodeName"] == chart.node.name
+    [status] = pod["status"]["containerStatuses"]
+    assert status["image"] == IMAGE, status
+    assert status["restartCount"] == 0, chart.describe()
+    # Ready means /readyz passed: registered by the kubelet and the node's slices published.
+    log = chart.log(pod)
+    assert "kubelet registered the plugin" in log, log
+    registered = list(chart.node.kubelet.registry_dir.glob(f"{DRIVER}-*-reg.sock"))
+    assert len(registered) == 1, registered  # the pod's per-pod socket, in the kubelet's own root
+    assert chart.slices(), "no ResourceSlices of the node after install"
+
+    [_template, scenario] = chart.workloads.apply(documents(SCENARIO))
+    [app] = chart.workloads.wait_running(scenario)
+    output = chart.workloads.kubectl("-n", "default", "logs", app["metadata"]["name"])
+    assert any(line.startswith("DRADRIVER_DEVICE_") and "=GPU-" in line for line in output.splitlines()), output
+    [claim] = claims_of(chart.node.kube, app)
+    assert cdi_specs_of(chart.node, claim["metadata"]["uid"]), "no CDI spec for the scenario's claim"
+    # Written by the plugin pod's service account after the prepare, in the background.
+    devices = wait_for("the claim's status.devices", lambda: status_devices(chart.node.kube, claim), 60)
+    assert [d["driver"] for d in devices] == [DRIVER], devices
+
+
+def test_upgrade_replaces_the_pod_and_keeps_a_prepared_claim(chart: Chart) -> None:
+    [old] = chart.live_pods()
+    kube = chart.node.kube
+    [app] = [p for p in kube.list("pods", "default") if p["metadata"]["name"] == "one-gpu"]
+    [claim] = claims_of(kube, app)
+    uid = claim["metadata"]["uid"]
+
+    chart.save_logs()
+    chart.helm("upgrade", RELEASE, str(CHART), "-n", NAMESPACE, "--reuse-values", "--set", "logging.level=debug",
+               "--wait", "--timeout", "3m")  # fmt: skip
+    new = chart.wait_ready("a new plugin pod to be Ready and the old one gone",
+                           lambda pod: pod["metadata"]["uid"] != old["metadata"]["uid"])  # fmt: skip
+    [container] = new["spec"]["containers"]
+    assert {"name": "DRADRIVER_LOG_LEVEL", "value": "debug"} in container["env"]
+    assert "kubelet registered the plugin" in chart.log(new)
+    assert kube.find("pods", old["metadata"]["name"], NAMESPACE) is None
+
+    # The workload never noticed: same pod, running, never restarted, its claim still prepared.
+    still = kube.get("pods", "one-gpu", "default")
+    assert still["metadata"]["uid"] == app["metadata"]["uid"] and running(still)
+    assert all(s["restartCount"] == 0 for s in still["status"]["containerStatuses"])
+    assert cdi_specs_of(chart.node, uid)
+    failures = [e for e in chart.workloads.events(still) if e.startswith("Failed")]
+    assert not failures, failures
+
+    # The new pod unprepares what the old one prepared.
+    chart.workloads.delete(documents(SCENARIO))
+    wait_for("the new plugin pod to unprepare the claim", lambda: not cdi_specs_of(chart.node, uid), 90)
+    assert uid not in chart.node.prepared_claims()
+
+
+def test_uninstall_removes_every_object_and_the_kubelet_wipes_the_slices(chart: Chart, tmp_path: Path) -> None:
+    manifest = tmp_path / "release.yaml"
+    manifest.write_text(chart.helm("get", "manifest", RELEASE, "-n", NAMESPACE))
+    objects = [d for d in yaml.safe_load_all(manifest.read_text()) if d]
+    assert {o["kind"] for o in objects} >= {"DaemonSet", "DeviceClass", "ClusterRole", "ValidatingAdmissionPolicy"}
+
+    chart.save_logs()
+    chart.helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "3m")
+    left = chart.kubectl("get", "-f", str(manifest), "--ignore-not-found", "-o", "name")
+    assert left.returncode == 0 and left.stdout.split() == [], left.stdout + left.stderr
+    wait_for("the plugin pod to be gone", lambda: not chart.pods(), ROLL_TIMEOUT)
+    wait_for("the plugin's registration socket to be gone",
+             lambda: not list(chart.node.kubelet.registry_dir.glob(f"{DRIVER}-*-reg.sock")), 60)  # fmt: skip
+    wait_for("the kubelet to delete the driver's slices", lambda: not chart.slices(), WIPE_TIMEOUT)
+    # Nor helm's own record of the release.
+    status = run_helm("--kubeconfig", chart.kubeconfig, "status", RELEASE, "-n", NAMESPACE)
+    assert status.returncode != 0 and "not found" in status.stderr, status.stdout + status.stderr
