@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,15 @@ def wait_running(cluster: Backend, workload: dict[str, Any]) -> list[str]:
     return [name]
 
 
-def container_logs(cluster: Backend, namespace: str, pod: str) -> str:
-    return cluster.kubectl("-n", namespace, "logs", pod, "--all-containers")
+def container_logs(cluster: Backend, namespace: str, pod: str, lines: int = 1, timeout: float = 60) -> str:
+    """Every container's output once it has at least ``lines`` lines: a container that is Ready may not have
+    written its report yet (on a loaded node), so poll for it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        logs = cluster.kubectl("-n", namespace, "logs", pod, "--all-containers")
+        if len(logs.splitlines()) >= lines or time.monotonic() > deadline:
+            return logs
+        time.sleep(0.5)
 
 
 def allocated_devices(cluster: Backend, namespace: str, pod: str) -> list[dict[str, Any]]:
@@ -67,8 +75,8 @@ def test_example_runs_and_its_containers_get_their_devices(cluster: Backend, pat
     try:
         for workload in workloads(path):
             for pod in wait_running(cluster, workload):
-                logs = container_logs(cluster, namespace_of(workload), pod)
                 spec = workload["spec"] if workload["kind"] == "Pod" else workload["spec"]["template"]["spec"]
+                logs = container_logs(cluster, namespace_of(workload), pod, lines=len(spec["containers"]))
                 assert len(logs.splitlines()) >= len(spec["containers"]), logs  # one report per container
                 for line in logs.splitlines():
                     assert expect.search(line), f"{pod}: {line!r} does not match {expect.pattern!r}"
