@@ -165,6 +165,27 @@ def test_an_absolute_directory_link_is_followed_inside_the_root_not_in_this_cont
     assert f"/{LIBDIR}/libcuda.so.1" in {s.link for s in found.symlinks}
 
 
+def test_a_link_climbing_out_of_a_linked_directory_is_followed_as_the_kernel_does(root: Path):
+    # ".." after a linked directory goes up from where the link leads, not from the link's own name.
+    real = root / "opt/nvidia/580" / f"libcuda.so.{VERSION}"
+    (root / "opt/nvidia/580/lib").mkdir(parents=True)
+    (root / LIBDIR / f"libcuda.so.{VERSION}").rename(real)
+    (root / LIBDIR / "current").symlink_to("/opt/nvidia/580/lib")
+    (root / LIBDIR / f"libcuda.so.{VERSION}").symlink_to(f"current/../libcuda.so.{VERSION}")
+    assert discover(root).libcuda.path == PurePosixPath(f"opt/nvidia/580/libcuda.so.{VERSION}")
+
+
+def test_a_hook_linked_in_the_driver_root_is_named_by_the_file_the_host_can_run(root: Path):
+    # The runtime runs the hook on the host, where an absolute link in /run/nvidia/driver would lead out of it.
+    toolkit = root / "usr/local/nvidia/toolkit"
+    toolkit.mkdir(parents=True)
+    (toolkit / "nvidia-cdi-hook").write_text("#!/bin/sh\n")
+    os.chmod(toolkit / "nvidia-cdi-hook", 0o755)
+    (root / "usr/bin/nvidia-cdi-hook").symlink_to("/usr/local/nvidia/toolkit/nvidia-cdi-hook")
+    found = discover(root, host_root="/run/nvidia/driver")
+    assert found.cdi_hook == "/run/nvidia/driver/usr/local/nvidia/toolkit/nvidia-cdi-hook"
+
+
 # --- real install layouts (support.driver_layouts: ELF stubs, the real ldconfig's cache) ------------------------
 
 #: Where each layout's libcuda is, how it is found, and where its nvidia-smi is (relative to --driver-root).

@@ -24,6 +24,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from dradriver.driver.root_paths import directory, regular_file
+
 OLD_MAGIC = b"ld.so-1.7.0"
 NEW_MAGIC = b"glibc-ld.so.cache1.1"
 _OLD_HEADER = struct.Struct("<12sI")  # magic padded to 12 bytes, entry count
@@ -115,8 +117,11 @@ def native(entries: tuple[CacheEntry, ...], machine: str | None = None) -> tuple
 
 def read_cache(root: Path, machine: str | None = None) -> tuple[CacheEntry, ...] | None:
     """The native entries of ``root``'s ``etc/ld.so.cache``; None when it has none or it cannot be read."""
+    cache = regular_file(root, PurePosixPath("etc/ld.so.cache"))
+    if cache is None:
+        return None
     try:
-        data = (root / "etc/ld.so.cache").read_bytes()
+        data = (root / cache).read_bytes()
     except OSError:
         return None
     try:
@@ -137,8 +142,11 @@ def _read_conf(root: Path, conf: PurePosixPath, found: dict[PurePosixPath, None]
     if str(conf) in seen or len(seen) > 256:
         return  # an include loop, or a pathological tree
     seen.add(str(conf))
+    file = regular_file(root, PurePosixPath(str(conf).lstrip("/")))
+    if file is None:
+        return
     try:
-        text = (root / str(conf).lstrip("/")).read_text(errors="replace")
+        text = (root / file).read_text(errors="replace")
     except OSError:
         return
     for raw in text.splitlines():
@@ -147,15 +155,27 @@ def _read_conf(root: Path, conf: PurePosixPath, found: dict[PurePosixPath, None]
             continue
         if line.startswith("include") and line[7:8].isspace():
             for pattern in line[8:].split():
-                absolute = pattern if pattern.startswith("/") else f"{conf.parent}/{pattern}"
-                matches = sorted(glob.glob(os.path.join(glob.escape(str(root)), absolute.lstrip("/"))))
-                for match in matches:
-                    _read_conf(root, PurePosixPath("/") / os.path.relpath(match, root), found, seen=seen)
+                absolute = PurePosixPath(pattern if pattern.startswith("/") else f"{conf.parent}/{pattern}")
+                for match in _glob_in_root(root, absolute):
+                    _read_conf(root, match, found, seen=seen)
         elif line.startswith("hwcap"):
             continue  # an obsolete directive, not a directory
         else:
             # A directory, optionally "dir=TYPE" (old syntax); also several separated by whitespace or commas.
-            for directory in line.replace(",", " ").split():
-                path = directory.split("=", 1)[0]
+            for name in line.replace(",", " ").split():
+                path = name.split("=", 1)[0]
                 if path.startswith("/"):
                     found.setdefault(PurePosixPath(path.rstrip("/") or "/"), None)
+
+
+def _glob_in_root(root: Path, pattern: PurePosixPath) -> list[PurePosixPath]:
+    """The files an include pattern names, its directory resolved inside ``root`` (includes glob file names:
+    ``ld.so.conf.d/*.conf``; a pattern in the directory part too is globbed as it stands)."""
+    if any(magic in str(pattern.parent) for magic in "*?["):
+        matches = glob.glob(os.path.join(glob.escape(str(root)), str(pattern).lstrip("/")))
+        return [PurePosixPath("/", os.path.relpath(match, root)) for match in sorted(matches)]
+    folder = directory(root, PurePosixPath(str(pattern.parent).lstrip("/")))
+    if folder is None:
+        return []
+    matches = glob.glob(os.path.join(glob.escape(str(root / folder)), pattern.name))
+    return [PurePosixPath("/", str(folder), Path(match).name) for match in sorted(matches)]
