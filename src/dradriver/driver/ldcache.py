@@ -21,6 +21,7 @@ import glob
 import os
 import platform
 import struct
+import sys
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -32,7 +33,10 @@ _OLD_HEADER = struct.Struct("<12sI")  # magic padded to 12 bytes, entry count
 _OLD_ENTRY = struct.Struct("<iII")  # flags, key, value
 _NEW_HEADER_SIZE = 48  # magic (20), count, string length, byte order + 3 pad, extension offset, 3 unused
 _NEW_ENTRY_SIZE = 24  # flags, key, value, OS version (all 32-bit), hwcap (64-bit)
-_BIG_ENDIAN = 3  # the new header's byte-order byte: 0 unset (native), 2 little, 3 big
+# The new header's flags byte: its low two bits are the byte order (0 unset: the writer's own, 2 little, 3 big).
+_ENDIAN_MASK = 3
+_ENDIAN_UNSET = 0
+_ENDIAN_BIG = 3
 
 FLAG_TYPE_MASK = 0x00FF
 FLAG_ELF_LIBC6 = 0x0003
@@ -83,7 +87,10 @@ def parse(data: bytes) -> tuple[CacheEntry, ...]:
 def _parse_new(data: bytes, start: int) -> tuple[CacheEntry, ...]:
     if len(data) < start + _NEW_HEADER_SIZE:
         raise LdCacheError("linker cache cut short in its header")
-    order = ">" if data[start + 28] == _BIG_ENDIAN else "<"
+    endian = data[start + 28] & _ENDIAN_MASK
+    # Unset (glibc before 2.32): the writer's order, i.e. the host's, which is ours.
+    big = endian == _ENDIAN_BIG or (endian == _ENDIAN_UNSET and sys.byteorder == "big")
+    order = ">" if big else "<"
     count, _string_length = struct.unpack_from(f"{order}II", data, start + 20)
     entry = struct.Struct(f"{order}iIIIQ")
     first = start + _NEW_HEADER_SIZE
