@@ -27,6 +27,7 @@ from dradriver.driver.driver_root import (
     CDI_HOOK,
     FOUND_IN_CONF,
     KNOWN_ROOTS,
+    DriverFilesMissing,
     DriverRoot,
     DriverRootError,
     discover_driver_root,
@@ -224,7 +225,7 @@ def _driver_root_checks(
         detail = (
             f"libcuda.so.{version} not found in driver root {host} (its linker cache, ld.so.conf and the usual "
             "library directories searched)"
-            if "was not found" in str(err)
+            if isinstance(err, DriverFilesMissing) and container.is_dir()
             else str(err).split(";")[0]
         )
         return None, [Check("libcuda", FAIL, detail, fix)]

@@ -106,7 +106,12 @@ def container_library_dirs(machine: str | None = None) -> tuple[str, ...]:
 
 
 class DriverRootError(ConfigError):
-    """The driver root lacks what every CUDA container needs (libcuda.so of the running driver)."""
+    """The driver root is wrong, or lacks what every CUDA container needs (libcuda.so of the running driver)."""
+
+
+class DriverFilesMissing(DriverRootError):
+    """The root's directory, or libcuda.so of the running driver in it, is not there (yet): the GPU Operator may
+    still be installing the driver, so ``dradriver run`` waits for it."""
 
 
 @dataclass(frozen=True)
@@ -212,7 +217,7 @@ def discover_driver_root(
             f"--driver-root {host} is not an absolute path; give the host path, e.g. / or /run/nvidia/driver"
         )
     if not root.is_dir():
-        raise DriverRootError(
+        raise DriverFilesMissing(
             f"driver root {root} is not a directory: mount the host's driver root (--driver-root {host}) into "
             "the plugin's container and pass that mount as --container-driver-root"
         )
@@ -220,7 +225,7 @@ def discover_driver_root(
     libcuda_name = f"libcuda.so.{version}"
     located = _locate(root, libcuda_name, cache, machine)
     if isinstance(located, list):
-        raise DriverRootError(
+        raise DriverFilesMissing(
             f"{libcuda_name} of the running NVIDIA driver {version} was not found in driver root {root} "
             f"(searched {', '.join(located)}); install the driver's user-space libraries (and run ldconfig if "
             "they are outside the usual directories), or point --driver-root (host path, e.g. /run/nvidia/driver "
