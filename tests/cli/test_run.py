@@ -227,8 +227,9 @@ def test_the_images_hook_is_copied_to_the_plugin_directory_and_named_in_specs(tm
     assert cdi_hook_for(given) == "/opt/hook"
     assert cdi_hook_for(_root_args(tmp_path, nvidia_cdi_hook_path="none")) is None
     assert cdi_hook_for(_root_args(tmp_path)) == ""
-    with pytest.raises(ConfigError, match="--cdi-hook-source"):
+    with pytest.raises(ConfigError, match="--cdi-hook-source") as err:
         cdi_hook_for(_root_args(tmp_path, cdi_hook_source=str(tmp_path / "missing")))
+    assert "--nvidia-cdi-hook-path none makes specs without hooks" in str(err.value)
 
 
 def test_a_node_without_the_driver_yet_waits_alive_but_not_ready_and_stops_on_sigterm(tmp_path):
