@@ -135,10 +135,6 @@ class Symlink:
     link: str
     library: PurePosixPath | None = None
 
-    @property
-    def installed(self) -> bool:
-        return self.library is not None
-
 
 @dataclass(frozen=True)
 class DriverRoot:
