@@ -84,6 +84,12 @@ def test_missing_optional_files_are_skipped(root: Path):
     assert "/usr/lib/x86_64-linux-gnu/libcudadebugger.so.1" not in {s.link for s in found.symlinks}
 
 
+def test_the_places_searched_for_libcuda_are_named_as_paths_of_the_root():
+    with pytest.raises(DriverRootError) as err:
+        discover_driver_root(host_root="/", version="0.0.0-none", machine="x86_64")
+    assert "/usr/lib64" in str(err.value) and "//" not in str(err.value)
+
+
 def test_soname_links_are_found_and_the_development_link_is_added(root: Path):
     links = {s.link: s for s in discover(root).symlinks}
     assert links[f"/{LIBDIR}/libcuda.so.1"].target == f"libcuda.so.{VERSION}"

@@ -311,7 +311,7 @@ def _locate(
         if found is not None:
             return directory, found, how
         if how != FOUND_IN_CACHE:
-            searched.append(f"{root}/{directory}")
+            searched.append(str(root / directory))
     return searched
 
 
