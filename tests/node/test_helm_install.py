@@ -14,6 +14,7 @@ fails when they differ, so this install covers what `kubectl apply -k manifests/
 from __future__ import annotations
 
 import subprocess
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -175,6 +176,10 @@ def test_install_runs_our_image_as_the_plugin_pod_and_a_scenario_gets_its_gpu(ch
     # Ready means /readyz passed: registered by the kubelet and the node's slices published.
     log = chart.log(pod)
     assert "kubelet registered the plugin" in log, log
+    # What the probes ask, on the host port the pod listens on (hostNetwork).
+    port = yaml.safe_load(chart.values.read_text())["metrics"]["port"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=10) as response:
+        assert response.status == 200
     registered = list(chart.node.kubelet.registry_dir.glob(f"{DRIVER}-*-reg.sock"))
     assert len(registered) == 1, registered  # the pod's per-pod socket, in the kubelet's own root
     assert chart.slices(), "no ResourceSlices of the node after install"
@@ -202,6 +207,9 @@ def test_upgrade_replaces_the_pod_and_keeps_a_prepared_claim(chart: Chart) -> No
                "--wait", "--timeout", "3m")  # fmt: skip
     new = chart.wait_ready("a new plugin pod to be Ready and the old one gone",
                            lambda pod: pod["metadata"]["uid"] != old["metadata"]["uid"])  # fmt: skip
+    # A host port cannot be held by two pods: the chart replaces the pod instead of surging.
+    daemonset = kube.request("GET", f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets/{DAEMONSET}")
+    assert daemonset["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
     [container] = new["spec"]["containers"]
     assert {"name": "DRADRIVER_LOG_LEVEL", "value": "debug"} in container["env"]
     assert "kubelet registered the plugin" in chart.log(new)
