@@ -219,7 +219,8 @@ def test_upgrade_replaces_the_pod_and_keeps_a_prepared_claim(chart: Chart) -> No
     still = kube.get("pods", "one-gpu", "default")
     assert still["metadata"]["uid"] == app["metadata"]["uid"] and running(still)
     assert all(s["restartCount"] == 0 for s in still["status"]["containerStatuses"])
-    assert cdi_specs_of(chart.node, uid)
+    assert cdi_specs_of(chart.node, uid) and uid in chart.node.prepared_claims()
+    assert status_devices(kube, claim), "the claim lost its status.devices across the upgrade"
     failures = [e for e in chart.workloads.events(still) if e.startswith("Failed")]
     assert not failures, failures
 
