@@ -26,7 +26,7 @@ from dradriver.sim import mps_standin
 from dradriver.sim.fakelib import simulated_gpulib_on
 from dradriver.sim.node import SimulatedNode
 from dradriver.sim.profiles import load_node_profile
-from tests.driver.config_table import gpu, mig
+from tests.driver.config_table import gpu, mig, nv_gpu, nv_mig
 
 DRIVER = "gpu.dradriver.dev"
 GPU0 = "gpu-0000-07-00-0"  # the first two GPUs of dgx-a100-40gb
@@ -245,6 +245,25 @@ def test_time_slicing_on_a_mig_device_is_refused_with_the_reason(tmp_path: Path)
     partition = next(d.name for d in node.driver._devices.values() if "-mig-" in d.name)
     error = node.prepare(claim("a", partition, config=[mig(sharing={"strategy": "TimeSlicing"})]))
     assert error is not None and "time-slicing is not a MIG setting" in error
+
+
+def test_nvidias_mps_config_with_multi_user_starts_a_multi_user_daemon(node: Node) -> None:
+    config = nv_gpu(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 40, "multiUser": True}})
+    assert node.prepare(claim("a", GPU0, config=[config])) is None
+    daemon = node.daemon("a")
+    assert daemon["multiUser"] is True
+    assert b"-M" in Path(f"/proc/{daemon['pid']}/cmdline").read_bytes().split(b"\0")
+    assert node.mps.query(daemon, "get_default_active_thread_percentage") == "40.0"
+    node.unprepare("a")
+    assert not node.mps.alive(daemon)
+
+
+def test_nvidias_time_slicing_on_a_mig_device_prepares_and_sets_nothing(tmp_path: Path) -> None:
+    node = Node(tmp_path, "hgx-h100-80gb", MigMode.DYNAMIC)
+    partition = next(d.name for d in node.driver._devices.values() if "-mig-" in d.name)
+    assert node.prepare(claim("a", partition, config=[nv_mig(sharing={"strategy": "TimeSlicing"})])) is None
+    assert node.sim.gpus[0].timeslice == 0
+    node.unprepare("a")
 
 
 def test_a_malformed_config_fails_prepare_before_any_change(node: Node) -> None:

@@ -65,15 +65,18 @@ class MpsControl:
         base = self.root / claim_uid
         return base / "pipe", base / "log"
 
-    def start(self, claim_uid: str, device_uuids: Sequence[str], commands: Sequence[str]) -> dict[str, Any]:
-        """Start the claim's daemon, wait until it answers, send ``commands`` (the limits); the recorded identity."""
+    def start(
+        self, claim_uid: str, device_uuids: Sequence[str], commands: Sequence[str], *, multi_user: bool = False
+    ) -> dict[str, Any]:
+        """Start the claim's daemon, wait until it answers, send ``commands`` (the limits); the recorded identity.
+        ``multi_user`` starts it with ``-M`` (MPS's multi-user mode: clients of any user id may connect)."""
         pipe, logs = self.dirs(claim_uid)
         self._make_dirs(pipe, logs)
         env = self._env(pipe, logs)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(device_uuids)
         try:
             child = subprocess.Popen(
-                [*self.command, "-f"],
+                [*self.command, "-f", *(["-M"] if multi_user else [])],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,

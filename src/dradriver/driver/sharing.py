@@ -201,7 +201,7 @@ class SharingSteps:
             known = [u for u in uuids if u is not None]
             # Commands name the devices: with a partition still to carve they are made when it exists.
             params = (
-                {"deviceUUIDs": known, "commands": mps_commands(txn.record, devices, known)}
+                {"deviceUUIDs": known, "commands": mps_commands(txn.record, devices, known), **_multi_user(devices)}
                 if len(known) == len(uuids)
                 else {}
             )
@@ -239,8 +239,8 @@ class SharingSteps:
         uuids = [_target(d) for d, _s in devices]
         commands = mps_commands(txn.record, devices, uuids)
         mps = self.mps
-        params: dict[str, Any] = {"deviceUUIDs": uuids, "commands": commands}
-        txn.run(STEP_MPS_DAEMON, "", params, lambda p: mps.start(txn.record.uid, p["deviceUUIDs"], p["commands"]))
+        params: dict[str, Any] = {"deviceUUIDs": uuids, "commands": commands, **_multi_user(devices)}
+        txn.run(STEP_MPS_DAEMON, "", params, lambda p: _start_daemon(mps, txn.record.uid, p))
 
     @staticmethod
     def _mps_devices(record: ClaimRecord) -> list[tuple[DeviceRecord, Settings]]:
@@ -290,7 +290,7 @@ class SharingSteps:
         )
         # Not answering is not always dead: a daemon whose directories were removed runs on unreachable.
         self.mps.kill(action.params)
-        action.params.update(self.mps.start(record.uid, action.params["deviceUUIDs"], action.params["commands"]))
+        action.params.update(_start_daemon(self.mps, record.uid, action.params))
         self.checkpoint.put(record)
         return True
 
@@ -412,6 +412,18 @@ def mps_commands(
         if limit is not None:
             commands.append(f"set_default_device_pinned_mem_limit {uuid} {mib(limit)}M")
     return commands
+
+
+def _multi_user(devices: Sequence[tuple[DeviceRecord, Settings]]) -> dict[str, Any]:
+    """``multiUser`` for the claim's one daemon: on when any of its devices asks (a multi-user daemon serves the
+    claim's own user as well); left out of the params when off, so records written before it read the same."""
+    return {"multiUser": True} if any(s.mps is not None and s.mps.multi_user for _d, s in devices) else {}
+
+
+def _start_daemon(mps: MpsControl, claim_uid: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    return mps.start(
+        claim_uid, params["deviceUUIDs"], params["commands"], multi_user=bool(params.get("multiUser", False))
+    )
 
 
 def _target(device: DeviceRecord) -> str:
