@@ -86,6 +86,35 @@ def test_mig_partitions_carry_parent_profile_placement_and_their_own_capacity():
     assert mig["capacity"]["multiprocessors"] == {"value": "42"}
 
 
+def test_mig_partitions_carry_one_memory_slice_capacity_per_slice_of_their_placement():
+    devices = {d["name"]: d for d in devices_of(slices_for("dgx-a100-80gb", MigMode.DYNAMIC))}
+    capacity = devices["gpu-0000-07-00-0-mig-3g40gb-4"]["capacity"]
+    assert {k: v for k, v in capacity.items() if k.startswith("memorySlice")} == {
+        f"memorySlice{i}": {"value": "1"} for i in range(4, 8)
+    }
+    static = [d for d in devices_of(slices_for("mixed", MigMode.STATIC)) if d["attributes"]["type"]["string"] == "mig"]
+    assert all(any(k.startswith("memorySlice") for k in d["capacity"]) for d in static)
+
+
+def test_the_addressing_mode_is_published_where_nvml_reports_one():
+    from dradriver.gpu.inventory import discover
+    from dradriver.sim.fakelib import simulated_gpulib_on
+
+    node = SimulatedNode(load_node_profile("dgx-a100-80gb"), node_name="node-a")
+    node.gpus[0].addressing_mode = 1  # NVML_DEVICE_ADDRESSING_MODE_HMM
+    gpulib = simulated_gpulib_on(node)
+    try:
+        inventory = discover(gpulib)
+    finally:
+        gpulib.close()
+    devices = devices_of(as_resource_slices(build_slice_specs(inventory), node_name="node-a"))
+    modes = {d["name"]: d["attributes"].get("addressingMode") for d in devices if "-mig-" not in d["name"]}
+    assert modes["gpu-0000-07-00-0"] == {"string": "HMM"}
+    assert [m for name, m in modes.items() if name != "gpu-0000-07-00-0"] == [None] * 7
+    partitions = [d for d in devices if d["name"].startswith("gpu-0000-07-00-0-mig-")]
+    assert partitions and all(d["attributes"]["addressingMode"] == {"string": "HMM"} for d in partitions)
+
+
 def test_static_mig_devices_publish_their_uuid():
     devices = devices_of(slices_for("mixed", MigMode.STATIC))
     migs = [d for d in devices if d["attributes"]["type"] == {"string": "mig"}]

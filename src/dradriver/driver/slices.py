@@ -242,6 +242,8 @@ def _device(
         attributes[f"{STANDARD_DOMAIN}/pcieRoot"] = {"string": info.pcie_root}
     if info.numa_node is not None:
         attributes[f"{STANDARD_DOMAIN}/numaNode"] = {"int": info.numa_node}
+    if info.addressing_mode is not None:
+        attributes["addressingMode"] = {"string": info.addressing_mode}
 
     if isinstance(device, GpuDevice):
         capacity = {"memory": info.memory_bytes, "multiprocessors": info.multiprocessors}
@@ -256,6 +258,9 @@ def _device(
             "jpegEngines": profile.jpeg_engines,
             "ofaEngines": profile.ofa_engines,
         }
+        # One per memory slice the partition's placement covers, as NVIDIA's driver publishes them: a selector can
+        # ask for a placement (device.capacity["gpu.nvidia.com"].memorySlice0 == 1).
+        capacity.update({f"memorySlice{i}": 1 for i in device.placement.slices})
     result: dict[str, Any] = {
         "name": device.name,
         "attributes": attributes,
