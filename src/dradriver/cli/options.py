@@ -229,6 +229,16 @@ def add_slice_options(parser: argparse.ArgumentParser, *, version_default: str =
     )
     add_env_option(
         group,
+        "--compat",
+        env="DRADRIVER_COMPAT",
+        default="none",
+        choices=("none", "nvidia"),
+        help="publish under another driver's names so its manifests work unedited: 'nvidia' runs as "
+        "gpu.nvidia.com, the driver name and attribute domain NVIDIA's DeviceClasses and claims select "
+        "(docs/nvidia-compatibility.md)",
+    )
+    add_env_option(
+        group,
         "--kubernetes-version",
         env="DRADRIVER_KUBERNETES_VERSION",
         default=version_default,
@@ -238,3 +248,10 @@ def add_slice_options(parser: argparse.ArgumentParser, *, version_default: str =
         "with devices, 1.35 and newer put them in slices of their own ('dradriver run' reads it from the API "
         "server when unset)",
     )
+
+
+def apply_compat(args: argparse.Namespace) -> None:
+    """Set ``args.driver_name`` from ``--compat`` (after parsing: the flag and the variable may come in any order)."""
+    from dradriver.driver.presets import preset_driver_name
+
+    args.driver_name = preset_driver_name(args.compat, args.driver_name)

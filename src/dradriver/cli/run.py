@@ -19,6 +19,7 @@ from dradriver.cli.options import (
     add_env_option,
     add_gpu_options,
     add_slice_options,
+    apply_compat,
     check_kubeconfig,
     check_writable_dir,
     check_writable_file,
@@ -280,6 +281,7 @@ def _health_policy(args: argparse.Namespace) -> HealthPolicy:
 
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_format, args.log_level)
+    apply_compat(args)
     check_config(args)
     return DriverProcess(args).serve()
 
