@@ -18,7 +18,7 @@ import yaml
 from dradriver.cli.run import STOP_BUDGET_SECONDS
 
 ROOT = Path(__file__).resolve().parent.parent
-OVERLAYS = ("node", "gpu-operator", "sim")
+OVERLAYS = ("node", "gpu-operator", "sim", "nvidia-compat")
 VERSIONS = ("1.34.0", "1.35.0", "1.36.0", "1.37.0")
 
 
@@ -98,7 +98,9 @@ def test_the_daemonset_is_production_ready(overlay: str) -> None:
     assert pod.get("terminationGracePeriodSeconds", 30) > STOP_BUDGET_SECONDS
 
 
-@pytest.mark.parametrize(("overlay", "root"), [("node", "/"), ("gpu-operator", "/run/nvidia/driver")])
+@pytest.mark.parametrize(
+    ("overlay", "root"), [("node", "/"), ("gpu-operator", "/run/nvidia/driver"), ("nvidia-compat", "/")]
+)
 def test_real_gpu_overlays_mount_the_driver_root_and_need_a_gpu_node(overlay: str, root: str) -> None:
     objects = render(overlay)
     pod = find(objects, "DaemonSet")["spec"]["template"]["spec"]
@@ -113,7 +115,7 @@ def test_real_gpu_overlays_mount_the_driver_root_and_need_a_gpu_node(overlay: st
     assert keys == {"feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present"}
 
 
-@pytest.mark.parametrize("overlay", ["node", "gpu-operator"])
+@pytest.mark.parametrize("overlay", ["node", "gpu-operator", "nvidia-compat"])
 def test_real_gpu_overlays_find_the_mps_control_binary_in_the_driver_root(overlay: str) -> None:
     # dradriver run starts nvidia-cuda-mps-control by name (unless DRADRIVER_MPS_CONTROL_COMMAND says otherwise);
     # the image has no such binary, the driver root mounted in the container does.
@@ -147,3 +149,14 @@ def test_the_plain_manifest_folders_hold_only_kubernetes_objects() -> None:
             continue
         for document in (d for d in yaml.safe_load_all(path.read_text()) if d):
             kubernetes_validate.validate(document, "1.37.0", strict=True)
+
+
+def test_the_nvidia_compat_overlay_runs_the_preset_with_nvidias_classes_and_judges_its_configs() -> None:
+    from dradriver.driver.presets import NVIDIA
+
+    objects = render("nvidia-compat")
+    assert env(plugin_container(objects))["DRADRIVER_COMPAT"] == "nvidia"
+    classes = {o["metadata"]["name"]: o for o in objects if o["kind"] == "DeviceClass"}
+    assert classes == {c["metadata"]["name"]: c for c in NVIDIA.device_classes()}
+    policy = find(objects, "ValidatingAdmissionPolicy", "dradriver-opaque-config")
+    assert policy["spec"]["variables"][0] == {"name": "driver", "expression": '"gpu.nvidia.com"'}
