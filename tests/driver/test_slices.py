@@ -279,3 +279,45 @@ def test_consumable_gpus_pass_the_validator_and_dynamic_mig_gpus_stay_exclusive(
     assert all("allowMultipleAllocations" not in d for d in devices if d["attributes"]["type"]["string"] == "mig")
     if mode is MigMode.DYNAMIC:
         assert all("allowMultipleAllocations" not in d for d in gpus if "consumesCounters" in d)
+
+
+@pytest.mark.parametrize("mode", ["memory", "unlimited", "4"])
+def test_consumable_shares_make_gpus_and_static_mig_devices_shareable_in_every_mode(mode):
+    specs = build_slice_specs(INVENTORIES["mixed"], SliceSettings(mig_mode=MigMode.STATIC, consumable_shares=mode))
+    slices = as_resource_slices(specs, node_name="node-a")
+    for obj in slices:
+        kubernetes_validate.validate(obj, "1.37.0", strict=True)
+    assert validate_pool(slices) == []
+    devices = devices_of(slices)
+    assert {d["attributes"]["type"]["string"] for d in devices} == {"gpu", "mig"}
+    for device in devices:
+        assert device["allowMultipleAllocations"] is True
+        memory = device["capacity"]["memory"]
+        policy = memory["requestPolicy"]
+        assert policy["default"] == (memory["value"] if mode == "memory" else "0")
+        assert policy["validRange"] == {
+            "min": "1Mi" if mode == "memory" else "0",
+            "max": memory["value"],
+            "step": "1Mi",
+        }
+        # every other capacity is consumed only when asked for, so a second claim still fits
+        assert all(
+            c["requestPolicy"]["default"] == "0" for n, c in device["capacity"].items() if n not in ("memory", "shares")
+        )
+        if mode == "4":
+            assert device["capacity"]["shares"] == {
+                "value": "4",
+                "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": "4", "step": "1"}},
+            }
+        else:
+            assert "shares" not in device["capacity"]
+
+
+def test_a_consumable_shares_value_that_is_no_mode_is_refused():
+    from dradriver.driver.slices import check_consumable_shares
+
+    for good in ("memory", "unlimited", "1", "16"):
+        check_consumable_shares(good)
+    for bad in ("0", "-1", "lots", ""):
+        with pytest.raises(ConfigError, match="give memory"):
+            check_consumable_shares(bad)

@@ -42,7 +42,7 @@ from dradriver.driver.health import (
 )
 from dradriver.driver.metrics import InstrumentedHandler, NodeCollector, register_node_collector
 from dradriver.driver.mps import DEFAULT_COMMAND, MpsControl
-from dradriver.driver.slices import SliceSettings, build_slice_specs, shape_for
+from dradriver.driver.slices import SliceSettings, build_slice_specs, check_consumable_shares, shape_for
 from dradriver.driver.state import GpuDriver
 from dradriver.errors import ConfigError, DradriverError
 from dradriver.gpu.backend import open_gpu_backend, simulated_driver_root, simulated_mps_command
@@ -118,6 +118,15 @@ def register(parser: argparse.ArgumentParser) -> None:
         choices=("exclusive", "consumable"),
         help="publish whole GPUs for one claim each, or as consumable capacity (memory, shares) that several "
         "claims share, each limited by its own MPS daemon (KEP-5075, Kubernetes 1.34+ DRAConsumableCapacity)",
+    )
+    add_env_option(
+        parser,
+        "--consumable-shares",
+        env="DRADRIVER_CONSUMABLE_SHARES",
+        metavar="memory|unlimited|N",
+        help="NVIDIA's consumable shares: whole GPUs and MIG devices (static MIG) shared by claims (KEP-5075), "
+        "each claim taking memory (memory: by default all of it; unlimited: none unless asked) or one of N shares; "
+        "each claim's config chooses MPS (limits from what it took), TimeSlicing or nothing (docs/sharing.md)",
     )
     add_env_option(
         parser,
@@ -294,6 +303,13 @@ def check_config(args: argparse.Namespace) -> None:
         shape_for(args.kubernetes_version)  # when unset, the API server is asked later
     if args.pod_uid:
         check_pod_uid(args.pod_uid)
+    if args.consumable_shares:
+        check_consumable_shares(args.consumable_shares)
+        if args.gpu_sharing == "consumable":
+            raise ConfigError(
+                "--consumable-shares and --gpu-sharing consumable are two ways to share GPUs; choose one "
+                "(--gpu-sharing consumable: always MPS, compute shares in percent)"
+            )
     if args.metrics_address:
         check_bindable("--metrics-address", args.metrics_address)
     for flag, env, value in (
@@ -381,7 +397,11 @@ class DriverProcess:
             self.cluster.close()
             raise
         self.settings = SliceSettings(
-            driver=self.args.driver_name, mig_mode=self.mig_mode, shape=self.shape, gpu_sharing=self.args.gpu_sharing
+            driver=self.args.driver_name,
+            mig_mode=self.mig_mode,
+            shape=self.shape,
+            gpu_sharing=self.args.gpu_sharing,
+            consumable_shares=self.args.consumable_shares or None,
         )
 
     def _assemble(self) -> None:
@@ -414,6 +434,7 @@ class DriverProcess:
             checkpoint=self.checkpoint,
             device_problem=self.health.problem,
             mps=MpsControl(_mps_command(args, simulated), state_dir / "mps"),
+            consumable_shares=args.consumable_shares or None,
         )
         claim_status = (
             ClaimStatusWriter(self.cluster, driver_name=args.driver_name, node_name=node)

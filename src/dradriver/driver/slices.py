@@ -24,6 +24,7 @@ from dradriver.errors import ConfigError, DeviceError
 from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode, MigPartition, semver_of_driver
 from dradriver.gpu.models import MigProfile, Placement
 from dradriver.gpu.products import COMPUTE_SLICES_PER_GPU, MEMORY_SLICES_PER_GPU
+from dradriver.quantity import Quantity
 from dradriver.validation.slices import SliceShape
 
 STANDARD_DOMAIN = "resource.kubernetes.io"
@@ -43,10 +44,13 @@ class SliceSettings:
     mig_mode: MigMode = MigMode.DYNAMIC
     shape: SliceShape = SliceShape.V1_35
     gpu_sharing: str = "exclusive"  # or "consumable": whole GPUs shared by claims (KEP-5075), see docs/sharing.md
+    # NVIDIA's consumable shares (--consumable-shares): "memory", "unlimited" or a number of shares; None: off.
+    consumable_shares: str | None = None
 
 
 #: With ``--gpu-sharing consumable``: a GPU's compute share as a capacity, in percent of its multiprocessors.
 SHARES = 100
+MIB = 2**20
 
 
 # Counter names (DNS labels) of a GPU's counter set, mapped to the MigProfile field they count.
@@ -76,6 +80,8 @@ def build_slice_specs(
         built = _device(d, inventory, settings.driver, counters=counters)
         if settings.gpu_sharing == "consumable" and isinstance(d, GpuDevice) and not counters:
             _make_consumable(built, d)
+        elif settings.consumable_shares and not counters:
+            make_shared(built, settings.consumable_shares)
         found = taints(d.name) if taints is not None else []
         if settings.shape is SliceShape.V1_34:
             # Effect None (informational) is in the v1 types of 1.36, not in those of 1.33/1.34: a 1.34 server
@@ -285,6 +291,42 @@ def _make_consumable(built: dict[str, Any], gpu: GpuDevice) -> None:
             "requestPolicy": {"default": "0", "validRange": {"min": "0", "max": str(SHARES), "step": "1"}},
         },
     }
+
+
+def check_consumable_shares(mode: str) -> None:
+    """Refuse a ``--consumable-shares`` value that is not memory, unlimited or a positive whole number."""
+    if mode in ("memory", "unlimited") or (mode.isdigit() and int(mode) > 0):
+        return
+    raise ConfigError(
+        f"--consumable-shares {mode!r}: give memory (each claim takes memory, by default all of it), unlimited "
+        "(claims share without limits) or a number of shares (such as 4)"
+    )
+
+
+def make_shared(built: dict[str, Any], mode: str) -> None:
+    """A device (whole GPU or MIG device) that several claims share, NVIDIA's consumable shares: ``memory`` (each
+    claim takes memory, by default all of it), ``unlimited`` (each takes none unless it asks: oversubscription, as
+    device-plugin time-slicing replicas) or N (``shares`` = N, each claim takes one by default). How the sharing
+    claims are kept apart is each claim's config: MPS limits from what it consumed, time-slicing, or nothing.
+    Every other capacity gets a policy that consumes nothing by default: without one each claim would consume all
+    of it, and a second claim could never fit."""
+    capacity = built["capacity"]
+    memory = Quantity.parse(capacity["memory"]["value"]).value // MIB * MIB
+    top = _quantity(memory)
+    built["allowMultipleAllocations"] = True
+    for entry in capacity.values():
+        entry["requestPolicy"] = {"default": "0", "validRange": {"min": "0", "max": entry["value"]}}
+    memory_policy = {
+        "default": top if mode == "memory" else "0",
+        "validRange": {"min": "1Mi" if mode == "memory" else "0", "max": top, "step": "1Mi"},
+    }
+    capacity["memory"] = {"value": top, "requestPolicy": memory_policy}
+    if mode.isdigit():
+        count = str(int(mode))
+        capacity["shares"] = {
+            "value": count,
+            "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": count, "step": "1"}},
+        }
 
 
 def _quantity(value: int) -> str:

@@ -96,6 +96,7 @@ class GpuDriver:
         checkpoint: CheckpointStore | None = None,
         device_problem: DeviceProblem | None = None,
         mps: MpsControl | None = None,
+        consumable_shares: str | None = None,
     ) -> None:
         """``device_problem`` says why a device must not be given to a new claim (its health: cause and time),
         or None when it may; consulted for each device of a claim that is not prepared yet (a claim prepared
@@ -108,6 +109,8 @@ class GpuDriver:
         self.gpulib = gpulib
         self.checkpoint = checkpoint if checkpoint is not None else CheckpointStore()
         self._device_problem = device_problem
+        # --consumable-shares: a share's config chooses how it is kept apart (sharing.share_config).
+        self.consumable_shares = consumable_shares
         self.mig = MigSteps(gpulib) if gpulib is not None else None
         self.sharing = SharingSteps(gpulib, self.checkpoint, mps)
         self.cdi_step = CdiSpecStep(cdi)
@@ -308,7 +311,12 @@ class GpuDriver:
             replace(
                 p,
                 config=share_config(
-                    str(claim.ref), p.device.name, configs.get(p.device.name), p.consumed, bool(p.share_ids)
+                    str(claim.ref),
+                    p.device.name,
+                    configs.get(p.device.name),
+                    p.consumed,
+                    bool(p.share_ids),
+                    shares_mode=self.consumable_shares,
                 ),
             )
             for p in planned
