@@ -160,3 +160,21 @@ def test_the_nvidia_compat_overlay_runs_the_preset_with_nvidias_classes_and_judg
     assert classes == {c["metadata"]["name"]: c for c in NVIDIA.device_classes()}
     policy = find(objects, "ValidatingAdmissionPolicy", "dradriver-opaque-config")
     assert policy["spec"]["variables"][0] == {"name": "driver", "expression": '"gpu.nvidia.com"'}
+
+
+@pytest.mark.parametrize("overlay", ["node", "gpu-operator", "nvidia-compat"])
+def test_mps_daemons_are_started_outside_the_plugins_container(overlay: str) -> None:
+    # A daemon started from the container would die with it (its cgroup is killed on every restart or update):
+    # the wrapper enters the host's namespaces and has systemd put the daemon into a scope of its own.
+    objects = render(overlay)
+    pod = find(objects, "DaemonSet")["spec"]["template"]["spec"]
+    wrapper = env(plugin_container(objects))["DRADRIVER_MPS_DAEMON_WRAPPER"].split()
+    assert pod["hostPID"] is True
+    assert wrapper[:4] == ["nsenter", "--target", "1", "--mount"]
+    assert wrapper[wrapper.index("systemd-run") :][:2] == ["systemd-run", "--scope"]
+
+
+def test_the_sim_overlay_runs_its_mps_stand_in_in_the_container() -> None:
+    objects = render("sim")
+    assert "DRADRIVER_MPS_DAEMON_WRAPPER" not in env(plugin_container(objects))
+    assert "hostPID" not in find(objects, "DaemonSet")["spec"]["template"]["spec"]

@@ -138,6 +138,16 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     add_env_option(
         parser,
+        "--mps-daemon-wrapper",
+        env="DRADRIVER_MPS_DAEMON_WRAPPER",
+        metavar="COMMAND",
+        help="put before the MPS control command when a claim's daemon starts (not for control calls): a command "
+        "that takes the daemon out of this container, so a plugin restart or update leaves it serving, and then "
+        "execs it, such as 'nsenter --target 1 --mount -- systemd-run --scope --quiet --collect --' (the "
+        "DaemonSet's; needs hostPID: true)",
+    )
+    add_env_option(
+        parser,
         "--metrics-address",
         env="DRADRIVER_METRICS_ADDRESS",
         default=DEFAULT_STATUS_ADDRESS,
@@ -433,7 +443,11 @@ class DriverProcess:
             gpulib=self.gpulib,
             checkpoint=self.checkpoint,
             device_problem=self.health.problem,
-            mps=MpsControl(_mps_command(args, simulated), state_dir / "mps"),
+            mps=MpsControl(
+                _mps_command(args, simulated),
+                state_dir / "mps",
+                daemon_wrapper=shlex.split(str(args.mps_daemon_wrapper or "")),
+            ),
             consumable_shares=args.consumable_shares or None,
         )
         claim_status = (

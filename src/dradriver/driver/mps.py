@@ -45,10 +45,21 @@ class ControlUnavailable(DeviceError):
 class MpsControl:
     """Starts and stops the MPS control daemons of claims; ``root`` holds their pipe and log directories."""
 
-    def __init__(self, command: Sequence[str], root: Path, *, ready_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        command: Sequence[str],
+        root: Path,
+        *,
+        ready_timeout_s: float = 10.0,
+        daemon_wrapper: Sequence[str] = (),
+    ) -> None:
+        """``daemon_wrapper`` is put before the command when a daemon is started (never for control calls): a
+        command that moves the daemon out of the plugin's container and then execs it (keeping its pid, which is
+        recorded), such as ``nsenter … -- systemd-run --scope --`` in the shipped DaemonSet (docs/sharing.md)."""
         if not command:
             raise ValueError("the MPS control command is empty")
         self.command = tuple(command)
+        self.daemon_wrapper = tuple(daemon_wrapper)
         self.root = root
         self.ready_timeout_s = ready_timeout_s
         self._children: dict[int, subprocess.Popen[bytes]] = {}
@@ -76,7 +87,7 @@ class MpsControl:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(device_uuids)
         try:
             child = subprocess.Popen(
-                [*self.command, "-f", *(["-M"] if multi_user else [])],
+                [*self.daemon_wrapper, *self.command, "-f", *(["-M"] if multi_user else [])],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
