@@ -178,3 +178,38 @@ def test_the_sim_overlay_runs_its_mps_stand_in_in_the_container() -> None:
     objects = render("sim")
     assert "DRADRIVER_MPS_DAEMON_WRAPPER" not in env(plugin_container(objects))
     assert "hostPID" not in find(objects, "DaemonSet")["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("overlay", ["node", "nvidia-compat"])
+@pytest.mark.parametrize("version", ["1.32.0", "1.33.0"])
+def test_the_v1beta1_component_gives_deviceclasses_for_kubernetes_before_1_34(
+    overlay: str, version: str, tmp_path: Path
+) -> None:
+    import os
+
+    here = tmp_path / "overlay"
+    here.mkdir()
+    to_repo = os.path.relpath(ROOT, here)
+    (here / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [f"{to_repo}/manifests/overlays/{overlay}"],
+                "components": [f"{to_repo}/manifests/components/resource-v1beta1"],
+            }
+        )
+    )
+    result = subprocess.run(
+        [kubectl(), "kustomize", "--load-restrictor", "LoadRestrictionsNone", str(here)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    classes = [d for d in yaml.safe_load_all(result.stdout) if d and d["kind"] == "DeviceClass"]
+    assert classes
+    for device_class in classes:
+        assert device_class["apiVersion"] == "resource.k8s.io/v1beta1"
+        kubernetes_validate.validate(device_class, version, strict=True)

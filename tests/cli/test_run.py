@@ -28,7 +28,7 @@ def test_run_needs_a_node_name(monkeypatch, capsys, tmp_path):
 
 def test_run_rejects_a_kubernetes_version_without_dra(capsys):
     assert main(["run", "--node-name", "n", "--gpu-backend", "sim", "--kubernetes-version", "1.30"]) == 2
-    assert "DRA needs 1.34 or newer" in capsys.readouterr().err
+    assert "DRA needs 1.32 or newer" in capsys.readouterr().err
 
 
 def test_run_without_nvml_fails_with_one_line(capsys):

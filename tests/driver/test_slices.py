@@ -152,8 +152,10 @@ def test_non_mig_gpus_do_not_consume_counters_in_dynamic_mode():
 def test_kubernetes_version_picks_the_shape_and_rejects_nonsense():
     assert shape_for("1.34") is SliceShape.V1_34
     assert shape_for("v1.36.2") is SliceShape.V1_35
-    with pytest.raises(ConfigError, match=r"1\.34 or newer"):
-        shape_for("1.33")
+    assert shape_for("1.32") is SliceShape.V1_34  # served as v1beta1 (v1beta2 on 1.33): counters inline
+    assert shape_for("1.33") is SliceShape.V1_34
+    with pytest.raises(ConfigError, match=r"1\.32 or newer"):
+        shape_for("1.31")
     with pytest.raises(ConfigError, match="not a version"):
         shape_for("latest")
 

@@ -42,7 +42,13 @@ from dradriver.driver.health import (
 )
 from dradriver.driver.metrics import InstrumentedHandler, NodeCollector, register_node_collector
 from dradriver.driver.mps import DEFAULT_COMMAND, MpsControl
-from dradriver.driver.slices import SliceSettings, build_slice_specs, check_consumable_shares, shape_for
+from dradriver.driver.slices import (
+    SliceSettings,
+    build_slice_specs,
+    check_consumable_shares,
+    release_problem,
+    shape_for,
+)
 from dradriver.driver.state import GpuDriver
 from dradriver.errors import ConfigError, DradriverError
 from dradriver.gpu.backend import open_gpu_backend, simulated_driver_root, simulated_mps_command
@@ -402,17 +408,21 @@ class DriverProcess:
     def _connect(self) -> None:
         self.cluster = KubeCluster.from_kubeconfig(self.args.kubeconfig)
         try:
-            self.shape = shape_for(self.args.kubernetes_version or _detect_kubernetes_version(self.cluster))
+            release = self.args.kubernetes_version or _detect_kubernetes_version(self.cluster)
+            self.shape = shape_for(release)
+            self.settings = SliceSettings(
+                driver=self.args.driver_name,
+                mig_mode=self.mig_mode,
+                shape=self.shape,
+                gpu_sharing=self.args.gpu_sharing,
+                consumable_shares=self.args.consumable_shares or None,
+            )
+            problem = release_problem(release, self.settings)
+            if problem is not None:
+                raise ConfigError(problem)
         except BaseException:
             self.cluster.close()
             raise
-        self.settings = SliceSettings(
-            driver=self.args.driver_name,
-            mig_mode=self.mig_mode,
-            shape=self.shape,
-            gpu_sharing=self.args.gpu_sharing,
-            consumable_shares=self.args.consumable_shares or None,
-        )
 
     def _assemble(self) -> None:
         args, node = self.args, self.node

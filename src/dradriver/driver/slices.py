@@ -341,12 +341,41 @@ def _chunks(items: list[Any], size: int) -> list[list[Any]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-def shape_for(kubernetes_version: str) -> SliceShape:
-    """The slice shape for a cluster's minor version ("1.34" → V1_34; 1.35 and later → V1_35)."""
+def _minor(kubernetes_version: str) -> tuple[int, int]:
     try:
         major, minor = (int(part) for part in kubernetes_version.removeprefix("v").split(".")[:2])
     except ValueError:
         raise ConfigError(f"--kubernetes-version {kubernetes_version!r} is not a version like 1.35") from None
-    if (major, minor) < (1, 34):
-        raise ConfigError(f"Kubernetes {kubernetes_version} has no resource.k8s.io/v1; DRA needs 1.34 or newer")
-    return SliceShape.V1_34 if (major, minor) == (1, 34) else SliceShape.V1_35
+    return major, minor
+
+
+def shape_for(kubernetes_version: str) -> SliceShape:
+    """The slice shape for a cluster's minor version (1.32 to 1.34 → V1_34: counter sets inline with their
+    devices, no informational taints; 1.35 and later → V1_35). 1.32 and 1.33 have no resource.k8s.io/v1: the
+    cluster adapter speaks the newest version they serve (v1beta2, v1beta1) in its shape."""
+    version = _minor(kubernetes_version)
+    if version < (1, 32):
+        raise ConfigError(
+            f"Kubernetes {kubernetes_version} serves no resource.k8s.io version this driver speaks (v1, v1beta2, "
+            "v1beta1); DRA needs 1.32 or newer"
+        )
+    return SliceShape.V1_34 if version < (1, 35) else SliceShape.V1_35
+
+
+def release_problem(kubernetes_version: str, settings: SliceSettings) -> str | None:
+    """What ``settings`` publish that the release cannot take, or None: shared counters (dynamic MIG) need 1.33
+    (alpha, DRAPartitionableDevices), consumable capacity needs 1.34 (DRAConsumableCapacity)."""
+    version = _minor(kubernetes_version)
+    if settings.mig_mode is MigMode.DYNAMIC and version < (1, 33):
+        return (
+            f"--mig-mode dynamic needs shared counters in ResourceSlices, which Kubernetes {kubernetes_version} does "
+            "not have (1.33 and newer, with the DRAPartitionableDevices feature gate before 1.36); use --mig-mode "
+            "static"
+        )
+    if (settings.gpu_sharing == "consumable" or settings.consumable_shares) and version < (1, 34):
+        return (
+            f"consumable shares need devices that allow multiple allocations, which Kubernetes {kubernetes_version} "
+            "does not have (1.34 and newer, feature gate DRAConsumableCapacity); turn --consumable-shares and "
+            "--gpu-sharing consumable off"
+        )
+    return None
