@@ -160,6 +160,15 @@ def test_the_nvidia_compat_overlay_runs_the_preset_with_nvidias_classes_and_judg
     assert classes == {c["metadata"]["name"]: c for c in NVIDIA.device_classes()}
     policy = find(objects, "ValidatingAdmissionPolicy", "dradriver-opaque-config")
     assert policy["spec"]["variables"][0] == {"name": "driver", "expression": '"gpu.nvidia.com"'}
+    # The slice policy and the claim-status RBAC name the driver too: nothing may still name ours.
+    own_node = find(objects, "ValidatingAdmissionPolicy", "dradriver-resourceslices-own-node")
+    assert 'o.spec.driver == "gpu.nvidia.com"' in own_node["spec"]["validations"][2]["expression"]
+    role = find(objects, "ClusterRole")
+    assert [r.get("resourceNames") for r in role["rules"] if "resourceclaims/driver" in r["resources"]] == [
+        ["gpu.nvidia.com"]
+    ]
+    text = yaml.safe_dump_all(objects)
+    assert "gpu.dradriver.dev" not in text.replace("gpu.dradriver.dev/v1alpha1", "")
 
 
 @pytest.mark.parametrize("overlay", ["node", "gpu-operator", "nvidia-compat"])
