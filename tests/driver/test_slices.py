@@ -323,3 +323,52 @@ def test_a_consumable_shares_value_that_is_no_mode_is_refused():
     for bad in ("0", "-1", "lots", ""):
         with pytest.raises(ConfigError, match="give memory"):
             check_consumable_shares(bad)
+
+
+NUMA_LIST_SELECTOR = 'device.attributes["resource.kubernetes.io"].numaNode.exists(n, n == 1)'
+
+
+@pytest.mark.parametrize("mode", [MigMode.STATIC, MigMode.DYNAMIC])
+def test_list_attributes_publish_the_numa_node_as_a_list_within_64_devices_a_slice(mode):
+    from dradriver.allocator.allocator import allocate
+
+    settings = SliceSettings(mig_mode=mode, list_attributes=True)
+    slices = as_resource_slices(build_slice_specs(INVENTORIES["dgx-a100-80gb"], settings), node_name="node-a")
+    for version in ("1.36.0", "1.37.0"):
+        for obj in slices:
+            kubernetes_validate.validate(obj, version, strict=True)
+    assert validate_pool(slices) == []
+    devices = devices_of(slices)
+    assert all(d["attributes"]["resource.kubernetes.io/numaNode"]["ints"] for d in devices)
+    assert all(len(s["spec"].get("devices", [])) <= 64 for s in slices)
+    # A selector written for the list form (NVIDIA's with DRAListTypeAttributes) selects through our CEL.
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "numa", "namespace": "default"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": "any",
+                            "selectors": [{"cel": {"expression": NUMA_LIST_SELECTOR}}],
+                        },
+                    }
+                ]
+            }
+        },
+    }
+    any_class = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "any"}, "spec": {}}
+    [result] = allocate(claim, slices=slices, classes=[any_class], node="node-a")["devices"]["results"]
+    [device] = [d for d in devices if d["name"] == result["device"]]
+    assert device["attributes"]["resource.kubernetes.io/numaNode"] == {"ints": [1]}
+
+
+def test_list_attributes_need_kubernetes_1_36():
+    from dradriver.driver.slices import release_problem
+
+    settings = SliceSettings(mig_mode=MigMode.STATIC, list_attributes=True)
+    assert "DRAListTypeAttributes" in str(release_problem("1.35", settings))
+    assert release_problem("1.36", settings) is None

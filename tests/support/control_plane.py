@@ -36,7 +36,10 @@ BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager
 START_TIMEOUT = 90.0
 # Feature gates of the pinned release (1.37) our driver's slices and claims rely on, named even where that
 # release has them on by default, so a pin moved back to a release where they are off still turns them on.
-FEATURE_GATES = "DRADeviceTaints=true,DRADeviceTaintRules=true,DRAPartitionableDevices=true,DRAConsumableCapacity=true"
+FEATURE_GATES = (
+    "DRADeviceTaints=true,DRADeviceTaintRules=true,DRAPartitionableDevices=true,DRAConsumableCapacity=true,"
+    "DRAListTypeAttributes=true"
+)
 CONTROLLERS = "resourceclaim-controller,serviceaccount-controller"
 
 

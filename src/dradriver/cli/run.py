@@ -144,6 +144,15 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     add_env_option(
         parser,
+        "--list-attributes",
+        env="DRADRIVER_LIST_ATTRIBUTES",
+        default="false",
+        choices=("true", "false"),
+        help="publish resource.kubernetes.io/numaNode as a list of ints (KEP-6072), as NVIDIA's driver does with "
+        "DRAListTypeAttributes: Kubernetes 1.36+ with that feature gate on (a server without it refuses the devices)",
+    )
+    add_env_option(
+        parser,
         "--mps-daemon-wrapper",
         env="DRADRIVER_MPS_DAEMON_WRAPPER",
         metavar="COMMAND",
@@ -416,6 +425,7 @@ class DriverProcess:
                 shape=self.shape,
                 gpu_sharing=self.args.gpu_sharing,
                 consumable_shares=self.args.consumable_shares or None,
+                list_attributes=self.args.list_attributes == "true",
             )
             problem = release_problem(release, self.settings)
             if problem is not None:

@@ -46,6 +46,9 @@ class SliceSettings:
     gpu_sharing: str = "exclusive"  # or "consumable": whole GPUs shared by claims (KEP-5075), see docs/sharing.md
     # NVIDIA's consumable shares (--consumable-shares): "memory", "unlimited" or a number of shares; None: off.
     consumable_shares: str | None = None
+    # numaNode as a list of ints (KEP-6072 list attributes, Kubernetes 1.36+ with DRAListTypeAttributes), as NVIDIA's
+    # driver publishes it with that gate: a server without the gate would refuse the devices.
+    list_attributes: bool = False
 
 
 #: With ``--gpu-sharing consumable``: a GPU's compute share as a capacity, in percent of its multiprocessors.
@@ -74,10 +77,12 @@ def build_slice_specs(
     never moves to another slice when its health changes. The caller (the publisher, or ``as_resource_slices``)
     adds driver, pool and node fields.
     """
-    per_slice = MAX_DEVICES_WITH_TAINTS if taints is not None else MAX_DEVICES_PER_SLICE
+    # Taints and list attributes each lower the limit of devices per slice to 64.
+    limited = taints is not None or settings.list_attributes
+    per_slice = MAX_DEVICES_WITH_TAINTS if limited else MAX_DEVICES_PER_SLICE
 
     def device(d: GpuDevice | MigPartition, *, counters: bool = False) -> dict[str, Any]:
-        built = _device(d, inventory, settings.driver, counters=counters)
+        built = _device(d, inventory, settings.driver, counters=counters, lists=settings.list_attributes)
         if settings.gpu_sharing == "consumable" and isinstance(d, GpuDevice) and not counters:
             _make_consumable(built, d)
         elif settings.consumable_shares and not counters:
@@ -216,7 +221,7 @@ def _consumption(gpu: GpuDevice, partition: MigPartition | None) -> list[dict[st
 
 
 def _device(
-    device: GpuDevice | MigPartition, inventory: Inventory, driver: str, *, counters: bool = False
+    device: GpuDevice | MigPartition, inventory: Inventory, driver: str, *, counters: bool = False, lists: bool = False
 ) -> dict[str, Any]:
     gpu = device if isinstance(device, GpuDevice) else device.parent
     info = gpu.info
@@ -247,7 +252,7 @@ def _device(
     if info.pcie_root:
         attributes[f"{STANDARD_DOMAIN}/pcieRoot"] = {"string": info.pcie_root}
     if info.numa_node is not None:
-        attributes[f"{STANDARD_DOMAIN}/numaNode"] = {"int": info.numa_node}
+        attributes[f"{STANDARD_DOMAIN}/numaNode"] = {"ints": [info.numa_node]} if lists else {"int": info.numa_node}
     if info.addressing_mode is not None:
         attributes["addressingMode"] = {"string": info.addressing_mode}
 
@@ -371,6 +376,11 @@ def release_problem(kubernetes_version: str, settings: SliceSettings) -> str | N
             f"--mig-mode dynamic needs shared counters in ResourceSlices, which Kubernetes {kubernetes_version} does "
             "not have (1.33 and newer, with the DRAPartitionableDevices feature gate before 1.36); use --mig-mode "
             "static"
+        )
+    if settings.list_attributes and version < (1, 36):
+        return (
+            f"--list-attributes needs list-typed attributes, which Kubernetes {kubernetes_version} does not have "
+            "(1.36 and newer, feature gate DRAListTypeAttributes); turn it off"
         )
     if (settings.gpu_sharing == "consumable" or settings.consumable_shares) and version < (1, 34):
         return (
