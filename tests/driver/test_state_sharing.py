@@ -19,7 +19,7 @@ from dradriver.driver.mps import MpsControl
 from dradriver.driver.sharing import CONFIG_FIELD, STEP_MPS_DAEMON, refuse_conflicts
 from dradriver.driver.state import GpuDriver
 from dradriver.errors import ClaimError
-from dradriver.gpu.inventory import MigMode, discover
+from dradriver.gpu.inventory import GpuDevice, MigMode, discover
 from dradriver.gpu.models import ComputeMode
 from dradriver.plugin.handler import AllocatedClaim, AllocatedDevice, ClaimRef, DeviceConfig
 from dradriver.sim import mps_standin
@@ -663,3 +663,14 @@ def test_a_daemon_restarted_while_an_unprepare_waits_for_the_gpu_is_what_a_faile
     assert node.daemon("a")["pid"] == second  # not the dead daemon's pid written back
     node.unprepare("a")
     assert daemon_processes(node.mps.root) == [] and node.driver.checkpoint.records() == []
+
+
+def test_mps_multi_user_on_a_gpu_before_volta_is_refused_with_the_reason(node: Node) -> None:
+    device = node.driver._devices[GPU0]
+    assert isinstance(device, GpuDevice)
+    node.driver._devices[GPU0] = replace(device, info=replace(device.info, cuda_compute_capability=(6, 1)))
+    config = nv_gpu(sharing={"strategy": "MPS", "mpsConfig": {"multiUser": True}})
+    error = node.prepare(claim("a", GPU0, config=[config]))
+    assert error is not None and "needs a Volta or newer GPU (compute capability 7.0)" in error
+    assert node.prepare(claim("b", GPU0, config=[nv_gpu(sharing={"strategy": "MPS"})])) is None
+    node.unprepare("b")
