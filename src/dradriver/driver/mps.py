@@ -51,15 +51,19 @@ class MpsControl:
         root: Path,
         *,
         ready_timeout_s: float = 10.0,
-        daemon_wrapper: Sequence[str] = (),
+        daemon_command: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
     ) -> None:
-        """``daemon_wrapper`` is put before the command when a daemon is started (never for control calls): a
-        command that moves the daemon out of the plugin's container and then execs it (keeping its pid, which is
-        recorded), such as ``nsenter … -- systemd-run --scope --`` in the shipped DaemonSet (docs/sharing.md)."""
+        """``daemon_command`` starts a daemon when given (control calls always use ``command``): in the shipped
+        DaemonSet ``nsenter … -- systemd-run --scope -- env LD_LIBRARY_PATH=<host dirs> <host binary>``, which
+        moves the daemon out of the plugin's container and then execs it, keeping its pid, which is recorded
+        (docs/sharing.md). ``env``: added to the daemons' environment (the driver root's library directories, so
+        the daemon finds ``libcuda`` wherever the host keeps it)."""
         if not command:
             raise ValueError("the MPS control command is empty")
         self.command = tuple(command)
-        self.daemon_wrapper = tuple(daemon_wrapper)
+        self.daemon_command = tuple(daemon_command) or self.command
+        self.extra_env = dict(env or {})
         self.root = root
         self.ready_timeout_s = ready_timeout_s
         self._children: dict[int, subprocess.Popen[bytes]] = {}
@@ -87,7 +91,7 @@ class MpsControl:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(device_uuids)
         try:
             child = subprocess.Popen(
-                [*self.daemon_wrapper, *self.command, "-f", *(["-M"] if multi_user else [])],
+                [*self.daemon_command, "-f", *(["-M"] if multi_user else [])],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -263,7 +267,12 @@ class MpsControl:
         return pid > 0 and start_time is not None and _start_time(pid) == start_time
 
     def _env(self, pipe: Path, logs: Path) -> dict[str, str]:
-        return {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(logs)}
+        return {
+            **os.environ,
+            **self.extra_env,
+            "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
+            "CUDA_MPS_LOG_DIRECTORY": str(logs),
+        }
 
     def _send(self, identity: Mapping[str, Any], text: str, *, what: str) -> str:
         env = self._env(Path(str(identity["pipeDir"])), Path(str(identity["logDir"])))
