@@ -62,7 +62,7 @@ class MpsControl:
         if not command:
             raise ValueError("the MPS control command is empty")
         self.command = tuple(command)
-        self.daemon_command = tuple(daemon_command) or self.command
+        self.daemon_command = tuple(daemon_command)  # empty: the control command
         self.extra_env = dict(env or {})
         self.root = root
         self.ready_timeout_s = ready_timeout_s
@@ -91,7 +91,7 @@ class MpsControl:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(device_uuids)
         try:
             child = subprocess.Popen(
-                [*self.daemon_command, "-f", *(["-M"] if multi_user else [])],
+                [*(self.daemon_command or self.command), "-f", *(["-M"] if multi_user else [])],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
