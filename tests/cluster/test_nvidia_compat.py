@@ -1,12 +1,11 @@
 """Manifests written for NVIDIA's DRA driver (examples/nvidia), unedited, through the real scheduler: nodes run
-`dradriver run --compat nvidia`, NVIDIA's DeviceClasses come from manifests/deviceclasses/nvidia, the scheduler
+`dradriver run --compat nvidia`, NVIDIA's DeviceClasses are those the chart installs with compat=nvidia, the scheduler
 allocates each claim from the slices published as gpu.nvidia.com, and our plugin prepares it (configs of
 resource.nvidia.com/v1beta1 included) and unprepares it."""
 
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 from support.cluster_node import SimNode
-from support.cluster_pods import NAMESPACE, GatedPod, allocated_devices, kubectl
+from support.cluster_pods import NAMESPACE, GatedPod, allocated_devices
 from support.control_plane import ControlPlane
 from support.kube_rest import Kube
 
@@ -29,11 +28,10 @@ NODES = (("nv-mixed-static", "mixed", "static"), ("nv-mixed", "mixed", "none"), 
 
 @pytest.fixture(scope="module")
 def nvidia_nodes(control_plane: ControlPlane, kube: Kube) -> Iterator[dict[tuple[str, str], SimNode]]:
-    subprocess.run(
-        [kubectl(), "--kubeconfig", str(control_plane.kubeconfig), "apply", "--server-side", "-f",
-         str(REPO / "manifests" / "deviceclasses" / "nvidia")],
-        check=True, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    # NVIDIA's DeviceClasses, as the chart installs them with compat=nvidia (tests/test_chart.py checks the two agree).
+    for device_class in NVIDIA.device_classes():
+        if not [c for c in kube.list("deviceclasses") if c["metadata"]["name"] == device_class["metadata"]["name"]]:
+            kube.create("deviceclasses", device_class)
     started: dict[tuple[str, str], SimNode] = {}
     try:
         for name, profile, mig_mode in NODES:
