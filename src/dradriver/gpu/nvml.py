@@ -72,7 +72,6 @@ _MEMORY_ERROR_UNCORRECTED = 1
 _VOLATILE_ECC = 0
 _FIELD_GPU_RECOVERY_ACTION = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (drivers from the 565 branch on)
 
-# nvmlDeviceGetArchitecture values → the names go-nvlib and nvidia-smi use.
 #: NVML_ERROR_FUNCTION_NOT_FOUND: the installed driver's NVML lacks the function.
 FUNCTION_NOT_FOUND = 13
 # nvmlDeviceGetAddressingMode values → the names go-nvlib (and NVIDIA's addressingMode attribute) use.
