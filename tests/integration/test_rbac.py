@@ -98,6 +98,6 @@ def test_the_role_is_exactly_what_the_driver_calls(root: Path) -> None:
             driver.stop()
         used = {a for r in api.requests if r.authorized and (a := authorization(r)) is not None}
     # The API server (1.36+) derives this check from a node's status.devices write; no request names it.
-    if ("resource.k8s.io", "resourceclaims/status", "update") in used:
-        used.add(("resource.k8s.io", "resourceclaims/driver", "associated-node:update"))
+    if ("resource.k8s.io", "resourceclaims/status", "patch") in used:
+        used.add(("resource.k8s.io", "resourceclaims/driver", "associated-node:patch"))
     assert used == granted()

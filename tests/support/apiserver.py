@@ -812,10 +812,27 @@ class _Handler(BaseHTTPRequestHandler):
             if resource.namespaced:
                 body["metadata"]["namespace"] = namespace
             return 200, api.replace(resource.plural, body, subresource=subresource)
+        if method == "PATCH":
+            return 200, self._patch(resource, namespace, str(name), subresource, body)
         if method == "DELETE":
             preconditions = (body or {}).get("preconditions")
             return 200, api.delete(resource.plural, str(name), namespace, preconditions=preconditions)
         raise ApiError(405, "MethodNotAllowed", f"{method} is not supported by the stand-in")
+
+    def _patch(
+        self, resource: Resource, namespace: str | None, name: str, subresource: str, body: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        """A JSON merge patch (RFC 7386), as the real API server applies it; a resourceVersion in the patch is a
+        precondition (409 when stale). Other patch types are not served."""
+        kind = self.headers.get("Content-Type", "").split(";")[0].strip()
+        if kind != "application/merge-patch+json":
+            raise ApiError(415, "UnsupportedMediaType", f"the stand-in serves merge patches only, not {kind!r}")
+        if body is None:
+            raise ApiError(400, "BadRequest", "PATCH needs a body")
+        current = self.api.get(resource.plural, name, namespace)
+        if current is None:
+            raise ApiError(404, "NotFound", f'{resource.plural} "{name}" not found')
+        return self.api.replace(resource.plural, merge_patch(current, body), subresource=subresource)
 
     @staticmethod
     def _check_body(resource: Resource, namespace: str | None, body: dict[str, Any]) -> None:
@@ -970,3 +987,16 @@ def allocated_claim(
         namespace="default",
     )
     return Claim("default", name, created["metadata"]["uid"])
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch: objects merge key by key, ``null`` deletes, anything else replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    merged = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = merge_patch(merged.get(key), value)
+    return merged

@@ -521,6 +521,7 @@ class DriverProcess:
                 env=mps_env,
             ),
             consumable_shares=args.consumable_shares or None,
+            holder_released=lambda ref, device: _holder_released(self.cluster, args.driver_name, node, ref, device),
         )
         claim_status = (
             ClaimStatusWriter(self.cluster, driver_name=args.driver_name, node_name=node)
@@ -756,6 +757,22 @@ def _claim_exists(cluster: KubeCluster, ref: ClaimRef) -> bool | None:
         log.warning("cannot tell whether claim %s still exists; keeping it error=%s", ref, err)
         return None
     return bool(uid == ref.uid)
+
+
+def _holder_released(cluster: KubeCluster, driver: str, pool: str, ref: ClaimRef, device: str) -> bool:
+    """Whether the API server no longer allocates ``device`` of this node to the claim ``ref``: it was deleted,
+    replaced or deallocated (so its pods are gone). False when it cannot say."""
+    try:
+        claim = cluster.get_resource_claim(ref.namespace, ref.name)
+    except NotFoundError:
+        return True
+    except ClusterError as err:
+        log.warning("cannot tell whether claim %s still holds device %s; keeping it error=%s", ref, device, err)
+        return False
+    if claim.get("metadata", {}).get("uid") != ref.uid:
+        return True
+    results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []
+    return not any(r.get("driver") == driver and r.get("pool") == pool and r.get("device") == device for r in results)
 
 
 def _pools(node: str, specs: list[dict[str, Any]]) -> dict[str, list[SliceSpec]]:

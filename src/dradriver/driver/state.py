@@ -78,6 +78,21 @@ class PlannedDevice:
         return self.device if isinstance(self.device, GpuDevice) else self.device.parent
 
 
+# Whether the cluster no longer allocates ``device`` to the claim ``holder`` (deleted, replaced or deallocated).
+HolderReleased = Callable[[ClaimRef, str], bool]
+# The most earlier claims one prepare releases (one per device it is refused, at most a claim's devices).
+MAX_RELEASES = 32
+
+
+class DeviceInUse(ClaimError):
+    """A device of the claim is prepared for another claim (``holder``), which holds it as ``device``."""
+
+    def __init__(self, message: str, *, holder: ClaimRef, device: str) -> None:
+        super().__init__(message)
+        self.holder = holder
+        self.device = device
+
+
 class GpuDriver:
     """Implements the plugin layer's ``DriverHandler`` for NVIDIA GPUs.
 
@@ -98,6 +113,7 @@ class GpuDriver:
         device_problem: DeviceProblem | None = None,
         mps: MpsControl | None = None,
         consumable_shares: str | None = None,
+        holder_released: HolderReleased | None = None,
     ) -> None:
         """``device_problem`` says why a device must not be given to a new claim (its health: cause and time),
         or None when it may; consulted for each device of a claim that is not prepared yet (a claim prepared
@@ -112,6 +128,7 @@ class GpuDriver:
         self._device_problem = device_problem
         # --consumable-shares: a share's config chooses how it is kept apart (sharing.share_config).
         self.consumable_shares = consumable_shares
+        self._holder_released = holder_released
         self.mig = MigSteps(gpulib) if gpulib is not None else None
         self.sharing = SharingSteps(gpulib, self.checkpoint, mps)
         self.cdi_step = CdiSpecStep(cdi)
@@ -160,7 +177,30 @@ class GpuDriver:
     # --- the recipe ---------------------------------------------------------------------------------------
 
     def prepare(self, claim: AllocatedClaim) -> tuple[PreparedDevice, ...]:
-        """Prepare one claim: all of its devices or, on any error, none (everything done is undone)."""
+        """Prepare one claim: all of its devices or, on any error, none (everything done is undone).
+
+        A device still prepared for another claim is refused, unless ``holder_released`` says the cluster no
+        longer allocates it to that claim: the kubelet removes a pod from the API server first and calls
+        NodeUnprepareResources for its claims seconds later, so the scheduler can give the device to a new claim
+        in between. That claim is then unprepared here (its pod's containers are gone) and the prepare goes on;
+        the kubelet's own unprepare of it later finds nothing to do."""
+        for _ in range(MAX_RELEASES):
+            try:
+                return self._prepare(claim)
+            except DeviceInUse as err:
+                if self._holder_released is None or not self._holder_released(err.holder, err.device):
+                    raise
+                log.info(
+                    "releasing a device the cluster gave to another claim: unpreparing its earlier claim now, "
+                    "before the kubelet does claim=%s device=%s earlier=%s",
+                    claim.ref.uid,
+                    err.device,
+                    err.holder.uid,
+                )
+                self.unprepare(err.holder)
+        return self._prepare(claim)
+
+    def _prepare(self, claim: AllocatedClaim) -> tuple[PreparedDevice, ...]:
         ref = claim.ref
         earlier = self.checkpoint.get(ref.uid)
         if earlier is not None and earlier.state is ClaimState.PREPARE_COMPLETED and earlier.rollback_error is None:
@@ -531,17 +571,22 @@ def _refuse_overlap(ref: ClaimRef, record: ClaimRecord, others: list[ClaimRecord
                     continue
                 if mine.extra.get(SHARE_IDS_FIELD) and theirs.extra.get(SHARE_IDS_FIELD):
                     continue  # shares of one multi-allocatable GPU: the scheduler accounts their capacity
+                holder = ClaimRef(namespace=other.namespace, name=other.name, uid=other.uid)
                 if theirs.name == mine.name:
-                    raise ClaimError(
+                    raise DeviceInUse(
                         f"claim {ref}: device {mine.name} is already prepared for claim {other.uid} "
                         f"({other.namespace}/{other.name}); it is released when that claim is unprepared (if that "
-                        "claim is gone, its pod is still being torn down)"
+                        "claim is gone, its pod is still being torn down)",
+                        holder=holder,
+                        device=theirs.name,
                     )
                 if set(mine.slices) & set(theirs.slices):
-                    raise ClaimError(
+                    raise DeviceInUse(
                         f"claim {ref}: device {mine.name} overlaps {theirs.name}, which is already prepared for "
                         f"claim {other.uid} ({other.namespace}/{other.name}); it is released when that claim is "
-                        "unprepared"
+                        "unprepared",
+                        holder=holder,
+                        device=theirs.name,
                     )
 
 

@@ -81,34 +81,42 @@ def test_fields_unknown_to_the_client_models_are_kept(api: ApiEnv) -> None:
     assert items[0]["futureField"] == {"x": 1}
 
 
-def test_claim_status_update_replaces_status_and_checks_the_resource_version(api: ApiEnv) -> None:
-    api.server.create("resourceclaims", a_claim())
-    claim = api.cluster.get_resource_claim("ns", "claim-1")
-    claim["status"] = {
-        "allocation": {
-            "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": "node-1", "device": "gpu-0"}]}
-        },
-        "devices": [
-            {
-                "driver": DRIVER,
-                "pool": "node-1",
-                "device": "gpu-0",
-                "conditions": [
-                    {
-                        "type": "Ready",
-                        "status": "True",
-                        "reason": "Prepared",
-                        "message": "",
-                        "lastTransitionTime": "2026-01-01T00:00:00Z",
-                    }
-                ],
-            }
-        ],
+def test_claim_status_update_patches_only_status_devices_and_checks_the_resource_version(api: ApiEnv) -> None:
+    allocation = {
+        "devices": {
+            "results": [{"request": "gpu", "driver": DRIVER, "pool": "node-1", "device": "gpu-0"}],
+            "config": [{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": {"kind": "GpuConfig"}}}],
+        }
     }
+    api.server.create("resourceclaims", {**a_claim(), "status": {"allocation": allocation}})
+    claim = api.cluster.get_resource_claim("ns", "claim-1")
+    claim["status"]["allocation"] = {"tampered": True}  # never sent: the scheduler's, compared byte for byte
+    claim["status"]["devices"] = [
+        {
+            "driver": DRIVER,
+            "pool": "node-1",
+            "device": "gpu-0",
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "Prepared",
+                    "message": "",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }
+            ],
+        }
+    ]
     updated = api.cluster.update_resource_claim_status(claim)
     assert updated["status"]["devices"][0]["device"] == "gpu-0"
+    assert updated["status"]["allocation"] == allocation
+    [patch] = [r for r in api.server.requests if r.method == "PATCH"]
+    assert patch.path.endswith("/resourceclaims/claim-1/status")
     with pytest.raises(ConflictError, match="ResourceClaim ns/claim-1 status"):
         api.cluster.update_resource_claim_status(claim)  # stale resourceVersion now
+    cleared = api.cluster.get_resource_claim("ns", "claim-1")
+    cleared["status"].pop("devices")
+    assert "devices" not in api.cluster.update_resource_claim_status(cleared)["status"]
 
 
 def test_get_node_returns_its_uid(api: ApiEnv) -> None:

@@ -103,6 +103,7 @@ def _load_kube_config(**options: Any) -> None:
 
 _RESOURCE_GROUP = "/apis/resource.k8s.io"
 _JSON_HEADERS = {"Accept": "application/json", "Content-Type": "application/json"}
+_MERGE_PATCH = "application/merge-patch+json"
 # Default per-request timeout (connect, read) in seconds; watches set their own read timeout.
 DEFAULT_REQUEST_TIMEOUT = (5.0, 30.0)
 
@@ -272,12 +273,14 @@ class KubeCluster:
         body: JsonObject | None = None,
         stream: bool = False,
         timeout: Any = None,
+        content_type: str | None = None,
     ) -> Any:
+        headers = {**_JSON_HEADERS, **({"Content-Type": content_type} if content_type else {})}
         request = self._api.param_serialize(
             method=method,
             resource_path=path,
             query_params=query or None,
-            header_params=dict(_JSON_HEADERS),
+            header_params=headers,
             body=body,
             auth_settings=["BearerToken"],
         )
@@ -338,7 +341,15 @@ class KubeCluster:
             f"{_RESOURCE_GROUP}/{self.resource_version()}/namespaces/{quote(namespace)}/resourceclaims/"
             f"{quote(name)}/status"
         )
-        result: JsonObject = self._send("PUT", path, describe("ResourceClaim", name, namespace) + " status", body=claim)
+        # A merge patch of status.devices, not a PUT of the whole status: a PUT sends status.allocation back, and
+        # the API server compares its opaque config parameters (RawExtension) byte for byte, so JSON re-encoded
+        # here (other spacing, key order or escapes) reads as a change: 422 "status.allocation: field cannot be
+        # modified once set" for every claim with a config. The resourceVersion keeps it a conditional update.
+        patch: JsonObject = {"status": {"devices": claim.get("status", {}).get("devices") or None}}
+        if meta.get("resourceVersion"):
+            patch["metadata"] = {"resourceVersion": meta["resourceVersion"]}
+        what = describe("ResourceClaim", name, namespace) + " status"
+        result: JsonObject = self._send("PATCH", path, what, body=patch, content_type=_MERGE_PATCH)
         return result
 
     def get_node(self, name: str) -> JsonObject:
