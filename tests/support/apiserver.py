@@ -267,6 +267,9 @@ class FakeApiServer:
         self.drop_device_taints = drop_device_taints
         # What GET /version answers: set another release to exercise the driver's version detection.
         self.version: dict[str, str] = {"major": "1", "minor": "35", "gitVersion": "v1.35.0", "platform": "linux/amd64"}
+        # The versions of resource.k8s.io that GET /apis/resource.k8s.io lists (newest first, as real servers list
+        # them); the objects themselves are served in v1 only.
+        self.resource_versions: list[str] = ["v1"]
         self._cond = threading.Condition()
         self._rv = 0
         self._objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {r: {} for r in RESOURCES}
@@ -723,6 +726,21 @@ class _Handler(BaseHTTPRequestHandler):
                 # The discovery document real servers answer (any client may read it).
                 api._record(RequestRecord(method, split.path, query, 200, authorized))
                 self._send_json(200, dict(api.version))
+                return
+            if method == "GET" and split.path.rstrip("/") == "/apis/resource.k8s.io":
+                # The API group's discovery document (any client may read it), as real servers answer it.
+                api._record(RequestRecord(method, split.path, query, 200, authorized))
+                versions = [{"groupVersion": f"resource.k8s.io/{v}", "version": v} for v in api.resource_versions]
+                self._send_json(
+                    200,
+                    {
+                        "kind": "APIGroup",
+                        "apiVersion": "v1",
+                        "name": "resource.k8s.io",
+                        "versions": versions,
+                        **({"preferredVersion": versions[0]} if versions else {}),
+                    },
+                )
                 return
             route = self._route(split.path)
             if watch:

@@ -36,7 +36,10 @@ BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager
 START_TIMEOUT = 90.0
 # Feature gates of the pinned release (1.37) our driver's slices and claims rely on, named even where that
 # release has them on by default, so a pin moved back to a release where they are off still turns them on.
-FEATURE_GATES = "DRADeviceTaints=true,DRADeviceTaintRules=true,DRAPartitionableDevices=true,DRAConsumableCapacity=true"
+FEATURE_GATES = (
+    "DRADeviceTaints=true,DRADeviceTaintRules=true,DRAPartitionableDevices=true,DRAConsumableCapacity=true,"
+    "DRAListTypeAttributes=true"
+)
 # The claim and service-account controllers the cluster tests need; the node tests' workloads (the example
 # scenarios' Deployments, namespaces) also need Deployments, ReplicaSets, namespace deletion and the garbage collector.
 # The chart installed on the real node (tests/node/test_helm_install.py) needs DaemonSets, and the root-CA publisher

@@ -25,7 +25,7 @@ from typing import Any
 from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.cdi_step import STEP_CDI_SPEC, CdiSpecStep, ReadyDevice, build_claim_spec
 from dradriver.driver.checkpoint import CheckpointStore, ClaimRecord, ClaimState, DeviceRecord
-from dradriver.driver.config import ConfigSource, DeviceTarget, resolve_configs
+from dradriver.driver.config import AnyConfig, ConfigSource, DeviceTarget, resolve_configs
 from dradriver.driver.device_nodes import gpu_device_nodes
 from dradriver.driver.mig import STEP_MIG_MODE, MigSteps
 from dradriver.driver.mps import MpsControl
@@ -112,6 +112,7 @@ class GpuDriver:
         checkpoint: CheckpointStore | None = None,
         device_problem: DeviceProblem | None = None,
         mps: MpsControl | None = None,
+        consumable_shares: str | None = None,
         holder_released: HolderReleased | None = None,
     ) -> None:
         """``device_problem`` says why a device must not be given to a new claim (its health: cause and time),
@@ -125,6 +126,8 @@ class GpuDriver:
         self.gpulib = gpulib
         self.checkpoint = checkpoint if checkpoint is not None else CheckpointStore()
         self._device_problem = device_problem
+        # --consumable-shares: a share's config chooses how it is kept apart (sharing.share_config).
+        self.consumable_shares = consumable_shares
         self._holder_released = holder_released
         self.mig = MigSteps(gpulib) if gpulib is not None else None
         self.sharing = SharingSteps(gpulib, self.checkpoint, mps)
@@ -345,11 +348,18 @@ class GpuDriver:
                 if not p.admin_access
             ],
         )
+        for p in planned:
+            _refuse_multi_user_before_volta(str(claim.ref), p.device, configs.get(p.device.name))
         return [
             replace(
                 p,
                 config=share_config(
-                    str(claim.ref), p.device.name, configs.get(p.device.name), p.consumed, bool(p.share_ids)
+                    str(claim.ref),
+                    p.device.name,
+                    configs.get(p.device.name),
+                    p.consumed,
+                    bool(p.share_ids),
+                    shares_mode=self.consumable_shares,
                 ),
             )
             for p in planned
@@ -533,6 +543,19 @@ def _refuse_overlap_and_conflicts(ref: ClaimRef, record: ClaimRecord, others: li
     check_mps_settings(record)
     _refuse_overlap(ref, record, others)
     refuse_conflicts(str(ref), record, others)
+
+
+def _refuse_multi_user_before_volta(ref: str, device: GpuDevice | MigPartition, config: AnyConfig | None) -> None:
+    """MPS's multi-user mode needs Volta (compute capability 7.0) or newer, as NVIDIA's driver checks."""
+    sharing = getattr(config, "sharing", None)
+    mps = getattr(sharing, "mps", None)
+    gpu = device if isinstance(device, GpuDevice) else device.parent
+    if mps is not None and mps.multi_user and gpu.info.cuda_compute_capability < (7, 0):
+        major, minor = gpu.info.cuda_compute_capability
+        raise ClaimError(
+            f"claim {ref}: device {device.name} asks for MPS multiUser, which needs a Volta or newer GPU (compute "
+            f"capability 7.0); {gpu.info.product_name} has {major}.{minor}: remove multiUser"
+        )
 
 
 def _refuse_overlap(ref: ClaimRef, record: ClaimRecord, others: list[ClaimRecord]) -> None:
