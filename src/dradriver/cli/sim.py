@@ -15,6 +15,7 @@ from dradriver.driver import slice_map
 from dradriver.driver.slice_map import InstanceCell, owners_from_checkpoint
 from dradriver.errors import ConfigError, DeviceError
 from dradriver.gpu.models import ComputeMode
+from dradriver.gpu.products import LOST_XIDS
 from dradriver.inputs import path_exists
 from dradriver.sim.node import SimGpu, SimNvmlError, SimulatedNode, full_compute_instance_profile
 from dradriver.sim.profiles import load_node_profile
@@ -250,7 +251,8 @@ def _compute_mode(node: SimulatedNode, args: argparse.Namespace) -> None:
 def _xid(node: SimulatedNode, args: argparse.Namespace) -> None:
     gpu = _gpu(node, args.gpu)
     node.inject_xid(gpu.index, args.xid)
-    print(f"XID {args.xid} raised on {gpu.pci_bus_id}")
+    lost = ": the GPU fell off the bus; NVML answers GPU_IS_LOST for it until `reset`" if args.xid in LOST_XIDS else ""
+    print(f"XID {args.xid} raised on {gpu.pci_bus_id}{lost}")
 
 
 def _ecc(node: SimulatedNode, args: argparse.Namespace) -> None:

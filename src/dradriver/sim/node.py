@@ -30,7 +30,9 @@ from dradriver.errors import ConfigError
 from dradriver.gpu.models import NO_CLUSTER_UUID, ComputeMode, FabricState, MigProfile, NvlinkPeerType, Placement
 from dradriver.gpu.products import (
     COMPUTE_SLICES_PER_GPU,
+    ECC_XIDS,
     FABRIC_ARCHITECTURES,
+    LOST_XIDS,
     RESET_XIDS,
     RESETLESS_MIG_ARCHITECTURES,
     ProductSpec,
@@ -517,11 +519,20 @@ class SimulatedNode:
     def inject_xid(
         self, index: int, xid: int, *, gpu_instance_id: int | None = None, compute_instance_id: int | None = None
     ) -> None:
-        """Raise an XID on a GPU (or one of its MIG devices), as the kernel driver would."""
+        """Raise an XID on a GPU (or one of its MIG devices), as the kernel driver would, with its effect on the
+        GPU (docs/simulator.md lists them): an XID in ``RESET_XIDS`` makes NVML ask for a GPU reset, one in
+        ``ECC_XIDS`` counts an uncorrectable ECC error, and XID 79 (``LOST_XIDS``) takes the GPU off the bus:
+        every later call on it answers GPU_IS_LOST until ``reset_gpu``."""
         with self._lock:
+            self._refresh()
+            gpu = self.gpu(index)
             if xid in RESET_XIDS:
-                self._refresh()
-                self.gpu(index).recovery_action = RECOVERY_ACTION_GPU_RESET
+                gpu.recovery_action = RECOVERY_ACTION_GPU_RESET
+            if xid in ECC_XIDS:
+                gpu.ecc_volatile += 1
+                gpu.ecc_aggregate += 1
+            if xid in LOST_XIDS:
+                gpu.lost = True
             self._raise(
                 {"gpu": index, "xid": xid, "gpuInstanceId": gpu_instance_id, "computeInstanceId": compute_instance_id}
             )
