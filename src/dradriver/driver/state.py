@@ -49,6 +49,7 @@ from dradriver.gpu.models import DeviceNode, MigDevice
 from dradriver.plugin.handler import (
     AllocatedClaim,
     AllocatedDevice,
+    ClaimConsumer,
     ClaimRef,
     DeviceToleration,
     PreparedDevice,
@@ -178,6 +179,7 @@ class GpuDriver:
                 log.warning("re-writing the missing CDI spec of a prepared claim claim=%s", ref.uid)
                 self._rewrite_spec(earlier)
             self._ensure_mps(ref.uid)  # a kubelet retry finds the claim's MPS daemon serving
+            self._note_consumers(earlier, claim.consumers)
             return self._reported(earlier)
         if earlier is not None and earlier.state is ClaimState.PREPARE_COMPLETED:
             # An unprepare failed half way: what is recorded is no longer what the hardware has, so the claim must
@@ -194,6 +196,7 @@ class GpuDriver:
             name=ref.name,
             state=ClaimState.PREPARE_STARTED,
             devices=[_device_record(p) for p in planned],
+            reserved_for=list(claim.consumers),
         )
         txn = Transaction(record, self.checkpoint, self._undo_steps())
         # The GPUs' locks are held from before the intents are made (a compute mode to restore is read from the
@@ -231,6 +234,15 @@ class GpuDriver:
             ",".join(d.name for d in record.devices),
         )
         return self._reported(record)
+
+    def _note_consumers(self, record: ClaimRecord, consumers: Sequence[ClaimConsumer]) -> None:
+        """Record who a prepared claim is reserved for now: a shared claim's next pod prepares it again."""
+        if consumers and list(consumers) != record.reserved_for:
+            record.reserved_for = list(consumers)
+            try:
+                self.checkpoint.put(record)
+            except DradriverError as err:  # only the metrics' pod names are out of date
+                log.warning("cannot record the pods of a prepared claim claim=%s error=%s", record, err)
 
     def unprepare(self, ref: ClaimRef) -> None:
         """Undo prepare: destroy exactly what this claim created, remove its CDI spec, forget it.
