@@ -102,6 +102,28 @@ def interval_seconds(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    """A finite number, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: use a finite number, 0 or more")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """A whole number, 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: use a whole number, 1 or more")
+    return value
+
+
 def dns_subdomain(what: str, max_length: int = 253) -> Callable[[str], str]:
     """An argparse type for a Kubernetes name (a DNS subdomain) such as a node or driver name."""
 

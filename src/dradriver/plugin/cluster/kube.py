@@ -34,6 +34,7 @@ from dradriver.plugin.cluster.port import (
     WatchExpiredError,
     describe,
 )
+from dradriver.plugin.cluster.rate_limit import TokenBucket
 
 log = logging.getLogger(__name__)
 
@@ -241,14 +242,20 @@ class KubeCluster:
         api_client: Any,
         *,
         request_timeout: tuple[float, float] = DEFAULT_REQUEST_TIMEOUT,
+        rate_limit: TokenBucket | None = None,
     ) -> None:
+        """``rate_limit`` paces every request (watches included), as client-go's QPS and burst do."""
         self._api = api_client
         self._timeout = request_timeout
+        self._rate_limit = rate_limit
 
     @classmethod
-    def from_kubeconfig(cls, kubeconfig: str | None = None, *, context: str | None = None) -> KubeCluster:
-        """A cluster adapter configured by :func:`load_api_client`."""
-        return cls(load_api_client(kubeconfig, context=context))
+    def from_kubeconfig(
+        cls, kubeconfig: str | None = None, *, context: str | None = None, qps: float = 0.0, burst: int = 1
+    ) -> KubeCluster:
+        """A cluster adapter configured by :func:`load_api_client`; ``qps`` above 0 limits its requests."""
+        limit = TokenBucket(qps, burst) if qps > 0 else None
+        return cls(load_api_client(kubeconfig, context=context), rate_limit=limit)
 
     def close(self) -> None:
         """Release the client's connections."""
@@ -267,6 +274,8 @@ class KubeCluster:
         stream: bool = False,
         timeout: Any = None,
     ) -> Any:
+        if self._rate_limit is not None:
+            self._rate_limit.wait()
         request = self._api.param_serialize(
             method=method,
             resource_path=path,
