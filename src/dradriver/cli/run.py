@@ -24,9 +24,12 @@ from dradriver.cli.options import (
     check_writable_file,
     dns_subdomain,
     interval_seconds,
+    non_negative_float,
+    positive_int,
 )
 from dradriver.cli.sim import unwritable_state
 from dradriver.cli.status_server import StatusServer, check_bindable
+from dradriver.driver.allocations import allocations
 from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.checkpoint import CheckpointStore
 from dradriver.driver.driver_root import DriverRoot, discover_driver_root
@@ -41,6 +44,8 @@ from dradriver.driver.health import (
 )
 from dradriver.driver.metrics import InstrumentedHandler, NodeCollector, register_node_collector
 from dradriver.driver.mps import DEFAULT_COMMAND, MpsControl
+from dradriver.driver.recheck import DEFAULT_INTERVAL as DEFAULT_RECHECK_INTERVAL
+from dradriver.driver.recheck import unprepare_deleted_claims
 from dradriver.driver.slices import SliceSettings, build_slice_specs, shape_for
 from dradriver.driver.state import GpuDriver
 from dradriver.errors import ConfigError, DradriverError
@@ -148,6 +153,34 @@ def register(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="how often to rediscover GPUs and republish slices if they changed "
         "(MIG devices created out of band, a GPU gone); 0: only when device health changes",
+    )
+    add_env_option(
+        parser,
+        "--claim-recheck-interval",
+        env="DRADRIVER_CLAIM_RECHECK_INTERVAL",
+        default=DEFAULT_RECHECK_INTERVAL,
+        type=interval_seconds,
+        metavar="SECONDS",
+        help="how often to look up every prepared claim in the API server and unprepare those deleted behind "
+        "the kubelet's back (their MIG instances, MPS daemons and CDI specs freed); 0: only at start-up",
+    )
+    add_env_option(
+        parser,
+        "--kube-api-qps",
+        env="DRADRIVER_KUBE_API_QPS",
+        default=5.0,
+        type=non_negative_float,
+        metavar="QPS",
+        help="requests a second to the API server after a burst (client-go's QPS); 0: no limit",
+    )
+    add_env_option(
+        parser,
+        "--kube-api-burst",
+        env="DRADRIVER_KUBE_API_BURST",
+        default=10,
+        type=positive_int,
+        metavar="N",
+        help="requests to the API server that may go at once before --kube-api-qps paces them",
     )
     add_env_option(
         parser,
@@ -371,7 +404,8 @@ class DriverProcess:
         )
 
     def _connect(self) -> None:
-        self.cluster = KubeCluster.from_kubeconfig(self.args.kubeconfig)
+        args = self.args
+        self.cluster = KubeCluster.from_kubeconfig(args.kubeconfig, qps=args.kube_api_qps, burst=args.kube_api_burst)
         try:
             self.shape = shape_for(self.args.kubernetes_version or _detect_kubernetes_version(self.cluster))
         except BaseException:
@@ -451,7 +485,13 @@ class DriverProcess:
             self.plugin.stop()
             raise
         self.status = (
-            StatusServer(args.metrics_address, self._readiness, self._liveness, self._health)
+            StatusServer(
+                args.metrics_address,
+                self._readiness,
+                self._liveness,
+                self._health,
+                documents={"/allocations": self._allocations},
+            )
             if args.metrics_address
             else None
         )
@@ -459,6 +499,7 @@ class DriverProcess:
         self.refresh = threading.Event()
         self.health.subscribe(self.refresh.set)
         self.rescanner = threading.Thread(target=self._rescan_loop, name="rescan", daemon=True)
+        self.rechecker = threading.Thread(target=self._recheck_loop, name="claim-recheck", daemon=True)
 
     def _reconcile(self) -> None:
         """Before the kubelet can call: finish what a crash left half done, drop what is gone, destroy orphans."""
@@ -486,6 +527,8 @@ class DriverProcess:
                 self._unregister_metrics = register_node_collector(collector)
                 self.status.start()
             self.rescanner.start()
+            if self.args.claim_recheck_interval > 0:
+                self.rechecker.start()
             log.info(
                 "ready node=%s driver=%s mig_mode=%s devices=%d",
                 self.node,
@@ -507,10 +550,11 @@ class DriverProcess:
                 self._unregister_metrics()
             self.publisher.stop(budget.left(10.0))
             self.health.stop(budget.left(10.0))
-            if self.rescanner.is_alive():
-                self.rescanner.join(budget.left())  # a rediscovery in flight finishes before NVML shuts down
-                if self.rescanner.is_alive():
-                    log.warning("a rescan was still running when the stop budget ran out")
+            for thread in (self.rescanner, self.rechecker):
+                if thread.is_alive():
+                    thread.join(budget.left())  # a rediscovery or unprepare in flight finishes before NVML shuts down
+                    if thread.is_alive():
+                        log.warning("thread still running when the stop budget ran out thread=%s", thread.name)
 
     def _liveness(self) -> tuple[bool, dict[str, Any]]:
         """/livez: alive while both gRPC sockets answer. Nothing about the API server: a restart does not cure
@@ -541,6 +585,15 @@ class DriverProcess:
             "registered": bool(registered and registered.registered),
         }
 
+    def _allocations(self) -> dict[str, Any]:
+        """/allocations: this node's GPUs and which pod holds which device (``dradriver top`` reads it)."""
+        gpus = [
+            {"name": g.name, "uuid": g.uuid, "productName": g.info.product_name, "index": g.info.index}
+            for g in self.inventory.gpus
+        ]
+        held = [a.to_json() for a in allocations(self.driver.checkpoint.records())]
+        return {"node": self.node, "gpus": gpus, "allocations": held}
+
     def _rescan_loop(self) -> None:
         interval = self.args.rescan_interval if self.args.rescan_interval > 0 else None
         while not self.stop.is_set():
@@ -557,6 +610,24 @@ class DriverProcess:
                     self.driver.check_mps_daemons()
             except Exception:
                 log.exception("rescan failed unexpectedly; retrying at the next interval or health change")
+
+    def _recheck_loop(self) -> None:
+        """Every --claim-recheck-interval: unprepare the claims deleted behind the kubelet's back."""
+        cluster, plugin = self.cluster, self.plugin
+        while not self.stop.wait(self.args.claim_recheck_interval):
+            try:
+                with _serialised_with_other_pods(plugin.plugin_dir, enabled=bool(self.args.pod_uid)):
+                    gone = unprepare_deleted_claims(
+                        self.driver,
+                        lambda ref: _claim_exists(cluster, ref),
+                        hold=lambda uid: plugin.claim_locks.hold([uid]),
+                    )
+                    if gone:
+                        plugin.remove_unowned_device_metadata({r.uid for r in self.driver.checkpoint.records()})
+                if gone:
+                    self.refresh.set()  # freed MIG instances and GPUs: republish at once
+            except Exception:
+                log.exception("claim re-check failed unexpectedly; retrying at the next interval")
 
     def _rescan(self) -> None:
         """Rediscover and republish if the devices or their health changed; one bad rescan keeps the last
