@@ -44,6 +44,8 @@ def test_pods_per_gpu_in_metrics_allocations_and_top_and_a_deleted_claim_is_clea
         "0",
         "--claim-recheck-interval",
         "1",
+        "--usage-interval",
+        "1",
         profile=PROFILE,
     )
     try:
@@ -71,11 +73,26 @@ def test_pods_per_gpu_in_metrics_allocations_and_top_and_a_deleted_claim_is_clea
         [held] = json.loads(body)["allocations"]
         assert (held["pod"], held["podUID"], held["uuid"]) == ("trainer-0", "pod-uid-0", labels["uuid"])
 
+        # A CUDA process starts in the pod's MIG device: the next usage sample shows its memory.
+        hardware = SimulatedNode(load_node_profile(PROFILE), node_name=NODE, state_path=root / "sim.json")
+        hardware.start_process(labels["uuid"], 4242, 2 << 30, 0)
+
+        def mig_usage() -> dict:
+            usage = json.loads(_get(port, "/allocations")[1])["usage"]
+            return next((u for u in usage if u["uuid"] == labels["uuid"]), {})
+
+        assert eventually(lambda: mig_usage().get("processes") == 1), driver.log
+        assert mig_usage()["utilizationPercent"] is None  # NVML does not report it for MIG devices
+        assert mig_usage()["memoryUsedBytes"] >= 2 << 30
+        metrics = _get(port, "/metrics")[1]
+        assert f'dradriver_device_memory_used_bytes{{device="{mig}"' in metrics
+        assert "dradriver_device_temperature_celsius{" in metrics
+
         capsys.readouterr()
         assert main(["top", "--address", f"127.0.0.1:{port}", "--once"]) == 0
         table = capsys.readouterr().out
         row = next(line for line in table.splitlines() if "default/trainer-0" in line)
-        assert "1g.5gb" in row and "trainer" in row
+        assert "1g.5gb" in row and "trainer" in row and "2049MiB / " in row
         assert sum("└ free" in line for line in table.splitlines()) == 7  # the other seven GPUs
         assert main(["top", "--address", f"127.0.0.1:{port}", "-o", "json"]) == 0
         assert json.loads(capsys.readouterr().out)["allocations"][0]["pod"] == "trainer-0"

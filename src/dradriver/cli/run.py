@@ -29,7 +29,7 @@ from dradriver.cli.options import (
 )
 from dradriver.cli.sim import unwritable_state
 from dradriver.cli.status_server import StatusServer, check_bindable
-from dradriver.driver.allocations import allocations
+from dradriver.driver.allocations import Allocation, allocations
 from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.checkpoint import CheckpointStore
 from dradriver.driver.driver_root import DriverRoot, discover_driver_root
@@ -48,6 +48,9 @@ from dradriver.driver.recheck import DEFAULT_INTERVAL as DEFAULT_RECHECK_INTERVA
 from dradriver.driver.recheck import unprepare_deleted_claims
 from dradriver.driver.slices import SliceSettings, build_slice_specs, shape_for
 from dradriver.driver.state import GpuDriver
+from dradriver.driver.usage import DEFAULT_INTERVAL as DEFAULT_USAGE_INTERVAL
+from dradriver.driver.usage import Device as UsageDevice
+from dradriver.driver.usage import UsageCollector, UsageSampler
 from dradriver.errors import ConfigError, DradriverError
 from dradriver.gpu.backend import open_gpu_backend, simulated_driver_root, simulated_mps_command
 from dradriver.gpu.inventory import MigMode, discover
@@ -163,6 +166,16 @@ def register(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="how often to look up every prepared claim in the API server and unprepare those deleted behind "
         "the kubelet's back (their MIG instances, MPS daemons and CDI specs freed); 0: only at start-up",
+    )
+    add_env_option(
+        parser,
+        "--usage-interval",
+        env="DRADRIVER_USAGE_INTERVAL",
+        default=DEFAULT_USAGE_INTERVAL,
+        type=interval_seconds,
+        metavar="SECONDS",
+        help="how often to read each GPU's and MIG device's utilisation, memory, temperature, power and processes "
+        "from NVML for /metrics and `dradriver top`; 0: off",
     )
     add_env_option(
         parser,
@@ -495,6 +508,11 @@ class DriverProcess:
             if args.metrics_address
             else None
         )
+        self.usage = (
+            UsageSampler(self.gpulib, self._usage_devices, self._allocations_now)
+            if self.status is not None and args.usage_interval > 0
+            else None
+        )
         # A health change (a taint to add or remove, a lost GPU back) rescans at once, not at the next interval.
         self.refresh = threading.Event()
         self.health.subscribe(self.refresh.set)
@@ -524,7 +542,11 @@ class DriverProcess:
             if self.status:
                 assert self.checkpoint is not None
                 collector = NodeCollector(self.checkpoint, lambda: self.publisher.status.ready)
-                self._unregister_metrics = register_node_collector(collector)
+                unregister = [register_node_collector(collector)]
+                if self.usage is not None:
+                    self.usage.start(self.args.usage_interval)
+                    unregister.append(register_node_collector(UsageCollector(self.usage)))
+                self._unregister_metrics = lambda: _call_each(unregister)
                 self.status.start()
             self.rescanner.start()
             if self.args.claim_recheck_interval > 0:
@@ -548,6 +570,8 @@ class DriverProcess:
             if self.status:
                 self.status.stop()
                 self._unregister_metrics()
+            if self.usage is not None:
+                self.usage.stop(budget.left(5.0))
             self.publisher.stop(budget.left(10.0))
             self.health.stop(budget.left(10.0))
             for thread in (self.rescanner, self.rechecker):
@@ -585,14 +609,32 @@ class DriverProcess:
             "registered": bool(registered and registered.registered),
         }
 
+    def _allocations_now(self) -> list[Allocation]:
+        return allocations(self.driver.checkpoint.records())
+
+    def _usage_devices(self) -> list[UsageDevice]:
+        """Every GPU and MIG device of the last inventory, and MIG devices carved for claims since."""
+        inventory = self.inventory
+        devices = [UsageDevice(g.name, g.uuid, g.uuid) for g in inventory.gpus]
+        devices += [UsageDevice(m.name, m.uuid, m.parent.uuid) for m in inventory.mig_devices if m.uuid]
+        known = {d.uuid for d in devices}
+        for a in self._allocations_now():
+            if a.uuid not in known:
+                known.add(a.uuid)
+                devices.append(UsageDevice(a.device, a.uuid, a.gpu_uuid))
+        return devices
+
     def _allocations(self) -> dict[str, Any]:
-        """/allocations: this node's GPUs and which pod holds which device (``dradriver top`` reads it)."""
+        """/allocations: this node's GPUs, which pod holds which device and, when sampled, how busy each device is
+        (``dradriver top`` reads it)."""
         gpus = [
             {"name": g.name, "uuid": g.uuid, "productName": g.info.product_name, "index": g.info.index}
             for g in self.inventory.gpus
         ]
-        held = [a.to_json() for a in allocations(self.driver.checkpoint.records())]
-        return {"node": self.node, "gpus": gpus, "allocations": held}
+        held = [a.to_json() for a in self._allocations_now()]
+        sample = self.usage.latest if self.usage is not None else None
+        usage = sample.to_json() if sample is not None else []
+        return {"node": self.node, "gpus": gpus, "allocations": held, "usage": usage}
 
     def _rescan_loop(self) -> None:
         interval = self.args.rescan_interval if self.args.rescan_interval > 0 else None
@@ -648,8 +690,14 @@ class DriverProcess:
             len(fresh.lost_gpus),
         )
         self.specs = fresh_specs
+        self.inventory = fresh  # what /allocations and the usage sampler list
         self.driver.update_inventory(fresh, self.mig_mode)
         self.publisher.update(_pools(self.node, fresh_specs))
+
+
+def _call_each(calls: list[Callable[[], None]]) -> None:
+    for call in calls:
+        call()
 
 
 def driver_root_for(args: argparse.Namespace, version: str, *, simulated: bool) -> DriverRoot:

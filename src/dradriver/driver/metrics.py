@@ -45,6 +45,11 @@ DEVICE_HEALTH = Gauge(
     "Health of each published device as the kubelet's health stream says it: 0 unknown, 1 healthy, 2 unhealthy",
     ["device"],
 )
+XID_ERRORS = Counter(
+    "dradriver_device_xid_errors_total",
+    "XID errors NVML reported, by GPU UUID and XID (docs/health.md: which XIDs are the application's)",
+    ["gpu_uuid", "xid"],
+)
 GPU_EVENTS = Counter(
     "dradriver_gpu_events_total",
     "GPU health events seen, by kind (xid, ecc, gpu-lost) and XID (empty for other kinds)",
@@ -185,7 +190,7 @@ def allocation_info(records: Iterable[ClaimRecord]) -> GaugeMetricFamily:
     return family
 
 
-def register_node_collector(collector: NodeCollector) -> Callable[[], None]:
+def register_node_collector(collector: Collector) -> Callable[[], None]:
     """Register ``collector`` with the default registry; returns its unregister (tests and restarts)."""
     REGISTRY.register(collector)
     return lambda: REGISTRY.unregister(collector)

@@ -94,6 +94,17 @@ class SimGpuInstance:
     compute_instances: dict[int, SimComputeInstance] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class SimProcess:
+    """A compute process on a GPU or one of its MIG devices: what NVML's running-process list shows, and how busy
+    it keeps the GPU (the simulator's utilisation, temperature and power follow from it)."""
+
+    pid: int
+    device_uuid: str  # the GPU's or the MIG device's UUID
+    memory_bytes: int
+    utilization_percent: int = 0
+
+
 @dataclass
 class SimGpu:
     index: int
@@ -179,6 +190,7 @@ class SimulatedNode:
         self._event_log: list[dict[str, Any]] = []
         self._faults: dict[str, list[int]] = {}  # NVML function name -> return codes of its next calls
         self._cleared: dict[int, int] = {}  # GPU index → last event sequence a reset discarded
+        self.processes: dict[int, SimProcess] = {}  # PID → compute process (`sim process`, tests)
         products = load_products()
         # NVML enumerates GPUs in PCI bus order.
         ordered = sorted(profile.gpus, key=lambda g: g.pci_bus_id)
@@ -285,6 +297,8 @@ class SimulatedNode:
             self._refresh()
             gpu = self.gpus[index]
             self._require_privilege("resetting a GPU")
+            # A reset ends every process on the GPU (a lost GPU's died with it).
+            self.processes = {pid: p for pid, p in self.processes.items() if not self._on_gpu(p, gpu)}
             if gpu.lost:
                 gpu.lost = False
                 gpu.gpu_instances = {}
@@ -297,6 +311,12 @@ class SimulatedNode:
             self._event_log = [e for e in self._event_log if e.get("gpu") != index]
             self._cleared[index] = len(self._events)
             self._save()
+
+    @staticmethod
+    def _on_gpu(process: SimProcess, gpu: SimGpu) -> bool:
+        return process.device_uuid == gpu.uuid or any(
+            ci.uuid == process.device_uuid for gi in gpu.gpu_instances.values() for ci in gi.compute_instances.values()
+        )
 
     def ecc_errors(self, index: int, *, volatile: bool) -> int:
         """Uncorrectable ECC errors since the last reset (``volatile``) or over the GPU's life."""
@@ -514,6 +534,50 @@ class SimulatedNode:
     def _profile_bus_id(self, profile_index: int) -> str:
         return self.profile.gpus[profile_index].pci_bus_id
 
+    # --- workload -----------------------------------------------------------------------------------------
+
+    def start_process(self, device_uuid: str, pid: int, memory_bytes: int, utilization_percent: int = 0) -> None:
+        """A CUDA process starts on a GPU or MIG device (by UUID): it holds ``memory_bytes`` of the device's memory
+        and keeps its GPU ``utilization_percent`` busy. Persisted, so a driver sharing the state file sees it."""
+        if pid < 1 or memory_bytes < 0 or not 0 <= utilization_percent <= 100:
+            raise ValueError(f"process {pid}: PID from 1, memory 0 or more and utilisation 0 to 100 percent")
+        with self._lock:
+            self._refresh()
+            index = self.device_index(device_uuid)
+            self.gpu(index)  # GPU_IS_LOST: nothing starts on a GPU off the bus
+            self.processes[pid] = SimProcess(pid, device_uuid, memory_bytes, utilization_percent)
+            self._save()
+
+    def end_process(self, pid: int) -> None:
+        """The process exits (a PID not running is already done)."""
+        with self._lock:
+            self._refresh()
+            if self.processes.pop(pid, None) is not None:
+                self._save()
+
+    def device_index(self, device_uuid: str) -> int:
+        """The index of the GPU that is, or holds the MIG device, ``device_uuid``; NOT_FOUND for neither."""
+        for gpu in self.gpus:
+            if gpu.uuid == device_uuid or any(
+                ci.uuid == device_uuid for gi in gpu.gpu_instances.values() for ci in gi.compute_instances.values()
+            ):
+                return gpu.index
+        raise SimNvmlError(NOT_FOUND, f"no GPU or MIG device with UUID {device_uuid}")
+
+    def processes_on(self, index: int, mig_uuid: str | None = None) -> list[SimProcess]:
+        """The processes on GPU ``index`` (all, its MIG devices' included) or on one of its MIG devices."""
+        with self._lock:
+            self._refresh()
+            gpu = self.gpus[index]
+            if mig_uuid is not None:
+                return [p for p in self.processes.values() if p.device_uuid == mig_uuid]
+            mine = {gpu.uuid} | {ci.uuid for gi in gpu.gpu_instances.values() for ci in gi.compute_instances.values()}
+            return sorted((p for p in self.processes.values() if p.device_uuid in mine), key=lambda p: p.pid)
+
+    def utilization(self, index: int) -> int:
+        """Percent of time GPU ``index`` was busy: its processes' load, capped at 100."""
+        return min(100, sum(p.utilization_percent for p in self.processes_on(index)))
+
     # --- events -------------------------------------------------------------------------------------------
 
     def inject_xid(
@@ -643,6 +707,10 @@ class SimulatedNode:
             "events": self._event_log,
             # Kept apart from the log: a reset removes a GPU's events, and ids must never be handed out twice.
             "lastEventId": self._event_id,
+            "processes": [
+                {"pid": p.pid, "device": p.device_uuid, "memory": p.memory_bytes, "utilization": p.utilization_percent}
+                for p in sorted(self.processes.values(), key=lambda p: p.pid)
+            ],
             "gpus": {
                 gpu.pci_bus_id: {
                     "migCurrent": gpu.mig_current,
@@ -725,7 +793,15 @@ class SimulatedNode:
             parsed = {gpu.pci_bus_id: _parse_gpu_state(gpu, gpus[gpu.pci_bus_id]) for gpu in self.gpus}
         except (KeyError, TypeError, ValueError, StopIteration) as err:
             raise bad("gpus", f"malformed entry ({err!r})") from err
+        try:
+            processes = {
+                int(p["pid"]): SimProcess(int(p["pid"]), str(p["device"]), int(p["memory"]), int(p["utilization"]))
+                for p in raw.get("processes", [])
+            }
+        except (KeyError, TypeError, ValueError) as err:
+            raise bad("processes", f"malformed entry ({err!r})") from err
         self._mig_serial = max(self._mig_serial, serial)
+        self.processes = processes
         self._take_events(raw.get("events"))
         last_id = raw.get("lastEventId", 0)
         self._event_id = max(self._event_id, last_id if isinstance(last_id, int) else 0)
