@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from dradriver.cli.options import add_env_option, check_writable_file, dns_subdomain
 from dradriver.driver import slice_map
@@ -104,7 +105,25 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="NVML reports a lost GPU but every GPU still answers, so no call can say which",
     )
     lose.set_defaults(sim_action=_lose)
+
+    _add_workload_actions(actions)
     parser.set_defaults(handler=run, read_only=False)
+
+
+def _add_workload_actions(actions: Any) -> None:
+    """``process`` and ``process-end``: CUDA processes on the simulated node, for usage metrics and `top`."""
+    process = actions.add_parser(
+        "process", help="start a CUDA process on a GPU or MIG device (what NVML's process list and usage show)"
+    )
+    process.add_argument("device", help="a GPU (PCI address, index or UUID) or a MIG device's UUID (MIG-…)")
+    process.add_argument("pid", type=positive, help="its PID (to map it to a pod, the PID of a pod's process)")
+    process.add_argument("--memory-mib", type=non_negative, default=1024, help="device memory it holds (MiB)")
+    process.add_argument("--utilization", type=percent, default=50, help="how busy it keeps the GPU (percent)")
+    process.set_defaults(sim_action=_process)
+
+    end = actions.add_parser("process-end", help="end a process started with `process`")
+    end.add_argument("pid", type=positive)
+    end.set_defaults(sim_action=_process_end)
 
 
 # NVML reports XIDs as small positive numbers; the documented ones stay well below this bound.
@@ -118,6 +137,20 @@ def xid_number(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if not MIN_XID <= value <= MAX_XID:
         raise argparse.ArgumentTypeError(f"XID {value} is out of range: use {MIN_XID} to {MAX_XID} (e.g. 79, 48)")
+    return value
+
+
+def positive(text: str) -> int:
+    value = non_negative(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: use 1 or more")
+    return value
+
+
+def percent(text: str) -> int:
+    value = non_negative(text)
+    if value > 100:
+        raise argparse.ArgumentTypeError(f"{value}: use a percentage, 0 to 100")
     return value
 
 
@@ -270,3 +303,14 @@ def _lose(node: SimulatedNode, args: argparse.Namespace) -> None:
         print(f"{gpu.pci_bus_id} reported lost, but it still answers: NVML cannot say which GPU it was")
     else:
         print(f"{gpu.pci_bus_id} fell off the bus")
+
+
+def _process(node: SimulatedNode, args: argparse.Namespace) -> None:
+    uuid = args.device if args.device.startswith("MIG-") else _gpu(node, args.device).uuid
+    node.start_process(uuid, args.pid, args.memory_mib << 20, args.utilization)
+    print(f"process {args.pid} runs on {uuid}: {args.memory_mib} MiB, {args.utilization}% busy")
+
+
+def _process_end(node: SimulatedNode, args: argparse.Namespace) -> None:
+    node.end_process(args.pid)
+    print(f"process {args.pid} ended")
