@@ -147,6 +147,7 @@ def test_each_prepared_device_has_one_allocation_series_per_pod_gone_at_unprepar
     )
     unregister = register_node_collector(NodeCollector(store, lambda: True))
     mig, gpu = "gpu-0000-07-00-0-mig-1g5gb-6", "gpu-0000-0f-00-0"
+    mixed = inventory_of("mixed")
     try:
         raw = raw_claim("u1", ("train", mig), ("eval", gpu))
         raw["status"]["reservedFor"] = [
@@ -165,6 +166,7 @@ def test_each_prepared_device_has_one_allocation_series_per_pod_gone_at_unprepar
             "device": mig,
             "uuid": "MIG-cde5205c-3650-605f-e8cc-6a00cadf0114",
             "gpu_uuid": next(g.uuid for g in inventory_of("mixed").gpus if g.name == "gpu-0000-07-00-0"),
+            "gpu_instance_id": str(next(m.existing.gpu_instance_id for m in mixed.mig_devices if m.name == mig)),
             "mig_profile": "1g.5gb",
             "sharing": "exclusive",
         }.items() <= next(s for s in series if s["pod"] == "trainer-1" and s["device"] == mig).items()

@@ -161,7 +161,8 @@ _PREPARED_SERIES = (
 )
 
 
-#: Labels of ``dradriver_device_allocation_info``; ``uuid`` joins with DCGM exporter's ``UUID`` (docs/observability.md).
+#: Labels of ``dradriver_device_allocation_info``: ``uuid`` joins with DCGM exporter's ``UUID`` for a whole GPU,
+#: ``gpu_uuid`` and ``gpu_instance_id`` with its ``UUID`` and ``GPU_I_ID`` for a MIG device (docs/observability.md).
 ALLOCATION_LABELS = (
     "namespace",
     "pod",
@@ -171,6 +172,7 @@ ALLOCATION_LABELS = (
     "device",
     "uuid",
     "gpu_uuid",
+    "gpu_instance_id",
     "mig_profile",
     "sharing",
 )
@@ -185,8 +187,9 @@ def allocation_info(records: Iterable[ClaimRecord]) -> GaugeMetricFamily:
     )
     for a in allocations(records):
         requests = ",".join(a.requests)
-        values = (a.namespace, a.pod, a.pod_uid, a.claim, requests, a.device, a.uuid, a.gpu_uuid, a.mig_profile)
-        family.add_metric([*values, a.sharing], 1)
+        instance = "" if a.gpu_instance_id is None else str(a.gpu_instance_id)
+        values = (a.namespace, a.pod, a.pod_uid, a.claim, requests, a.device, a.uuid, a.gpu_uuid, instance)
+        family.add_metric([*values, a.mig_profile, a.sharing], 1)
     return family
 
 

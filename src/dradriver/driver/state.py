@@ -407,8 +407,9 @@ class GpuDriver:
                     txn, device.parent, True, lambda: self._users(txn.record.uid, device.parent.name)
                 )
                 mig = self._mig.carve(txn, device)
-                record.gpu_instance_id, record.compute_instance_id = mig.gpu_instance_id, mig.compute_instance_id
         assert mig is not None  # static and none modes offer only partitions that exist
+        # Recorded in every mode: DCGM exporter names a MIG device by its GPU's UUID and this GPU instance id.
+        record.gpu_instance_id, record.compute_instance_id = mig.gpu_instance_id, mig.compute_instance_id
         record.mig_uuid = mig.uuid
         return ReadyDevice(replace(device, existing=mig), _mig_device_nodes(device, mig), planned.admin_access)
 
