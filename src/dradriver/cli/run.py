@@ -50,7 +50,7 @@ from dradriver.driver.slices import SliceSettings, build_slice_specs, shape_for
 from dradriver.driver.state import GpuDriver
 from dradriver.driver.usage import DEFAULT_INTERVAL as DEFAULT_USAGE_INTERVAL
 from dradriver.driver.usage import Device as UsageDevice
-from dradriver.driver.usage import UsageCollector, UsageSampler
+from dradriver.driver.usage import UsageCollector, UsageSampler, pod_uid_of_pid
 from dradriver.errors import ConfigError, DradriverError
 from dradriver.gpu.backend import open_gpu_backend, simulated_driver_root, simulated_mps_command
 from dradriver.gpu.inventory import MigMode, discover
@@ -509,7 +509,13 @@ class DriverProcess:
             else None
         )
         self.usage = (
-            UsageSampler(self.gpulib, self._usage_devices, self._allocations_now)
+            UsageSampler(
+                self.gpulib,
+                self._usage_devices,
+                self._allocations_now,
+                # A simulated node's PIDs are nobody's: it says itself which pod each process runs for.
+                pod_of_pid=self.simulated.pod_of_pid if self.simulated is not None else pod_uid_of_pid,
+            )
             if self.status is not None and args.usage_interval > 0
             else None
         )

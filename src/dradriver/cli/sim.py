@@ -119,6 +119,7 @@ def _add_workload_actions(actions: Any) -> None:
     process.add_argument("pid", type=positive, help="its PID (to map it to a pod, the PID of a pod's process)")
     process.add_argument("--memory-mib", type=non_negative, default=1024, help="device memory it holds (MiB)")
     process.add_argument("--utilization", type=percent, default=50, help="how busy it keeps the GPU (percent)")
+    process.add_argument("--pod-uid", default="", help="the UID of the pod it runs in (its cgroup on a real node)")
     process.set_defaults(sim_action=_process)
 
     end = actions.add_parser("process-end", help="end a process started with `process`")
@@ -307,7 +308,7 @@ def _lose(node: SimulatedNode, args: argparse.Namespace) -> None:
 
 def _process(node: SimulatedNode, args: argparse.Namespace) -> None:
     uuid = args.device if args.device.startswith("MIG-") else _gpu(node, args.device).uuid
-    node.start_process(uuid, args.pid, args.memory_mib << 20, args.utilization)
+    node.start_process(uuid, args.pid, args.memory_mib << 20, args.utilization, pod_uid=args.pod_uid)
     print(f"process {args.pid} runs on {uuid}: {args.memory_mib} MiB, {args.utilization}% busy")
 
 

@@ -102,6 +102,10 @@ def render(document: dict[str, Any]) -> str:
             device = "whole GPU" if a.get("device") == name else str(a.get("device", "")).removeprefix(f"{name}-")
             mine = usage.get(str(a.get("uuid")), {})
             busy = _busy(mine) if a.get("uuid") != gpu.get("uuid") else ("", "")
+            pods = {(p.get("namespace"), p.get("pod")): p.get("memoryUsedBytes") for p in mine.get("pods") or ()}
+            held_bytes = pods.get((a.get("namespace"), a.get("pod")))
+            if isinstance(held_bytes, int):  # what this pod's processes hold, on a device it shares or not
+                busy = (busy[0], _mib(held_bytes) + " (pod)")
             profile, claim, sharing = (str(a.get(k, "")) for k in ("migProfile", "claim", "sharing"))
             rows.append(("", f"└ {device}", profile, pod, claim, sharing, *busy))
         if not held.get(name):

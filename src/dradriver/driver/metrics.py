@@ -45,6 +45,10 @@ DEVICE_HEALTH = Gauge(
     "Health of each published device as the kubelet's health stream says it: 0 unknown, 1 healthy, 2 unhealthy",
     ["device"],
 )
+DELETED_CLAIMS = Counter(
+    "dradriver_deleted_claims_unprepared_total",
+    "Prepared claims the periodic re-check found deleted from the API server, and unprepared",
+)
 XID_ERRORS = Counter(
     "dradriver_device_xid_errors_total",
     "XID errors NVML reported, by GPU UUID and XID (docs/health.md: which XIDs are the application's)",

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 
 from dradriver.driver.checkpoint import ClaimState
+from dradriver.driver.metrics import DELETED_CLAIMS
 from dradriver.driver.state import ClaimExists, GpuDriver
 from dradriver.errors import DradriverError
 from dradriver.plugin.handler import ClaimRef
@@ -47,5 +48,6 @@ def unprepare_deleted_claims(
             except DradriverError as err:
                 log.error("claim re-check: unprepare failed; trying again next time claim=%s error=%s", record, err)
                 continue
+        DELETED_CLAIMS.inc()
         gone.append(ref)
     return gone

@@ -103,6 +103,7 @@ class SimProcess:
     device_uuid: str  # the GPU's or the MIG device's UUID
     memory_bytes: int
     utilization_percent: int = 0
+    pod_uid: str = ""  # the pod whose cgroup it runs in (what /proc/PID/cgroup names on a real node)
 
 
 @dataclass
@@ -536,16 +537,19 @@ class SimulatedNode:
 
     # --- workload -----------------------------------------------------------------------------------------
 
-    def start_process(self, device_uuid: str, pid: int, memory_bytes: int, utilization_percent: int = 0) -> None:
+    def start_process(
+        self, device_uuid: str, pid: int, memory_bytes: int, utilization_percent: int = 0, *, pod_uid: str = ""
+    ) -> None:
         """A CUDA process starts on a GPU or MIG device (by UUID): it holds ``memory_bytes`` of the device's memory
-        and keeps its GPU ``utilization_percent`` busy. Persisted, so a driver sharing the state file sees it."""
+        and keeps its GPU ``utilization_percent`` busy; ``pod_uid``: the pod it belongs to. Persisted, so a driver
+        sharing the state file sees it."""
         if pid < 1 or memory_bytes < 0 or not 0 <= utilization_percent <= 100:
             raise ValueError(f"process {pid}: PID from 1, memory 0 or more and utilisation 0 to 100 percent")
         with self._lock:
             self._refresh()
             index = self.device_index(device_uuid)
             self.gpu(index)  # GPU_IS_LOST: nothing starts on a GPU off the bus
-            self.processes[pid] = SimProcess(pid, device_uuid, memory_bytes, utilization_percent)
+            self.processes[pid] = SimProcess(pid, device_uuid, memory_bytes, utilization_percent, pod_uid)
             self._save()
 
     def end_process(self, pid: int) -> None:
@@ -554,6 +558,13 @@ class SimulatedNode:
             self._refresh()
             if self.processes.pop(pid, None) is not None:
                 self._save()
+
+    def pod_of_pid(self, pid: int) -> str | None:
+        """The pod UID a process runs for, as the driver reads it from /proc/PID/cgroup on a real node."""
+        with self._lock:
+            self._refresh()
+            process = self.processes.get(pid)
+            return process.pod_uid or None if process is not None else None
 
     def device_index(self, device_uuid: str) -> int:
         """The index of the GPU that is, or holds the MIG device, ``device_uuid``; NOT_FOUND for neither."""
@@ -708,7 +719,13 @@ class SimulatedNode:
             # Kept apart from the log: a reset removes a GPU's events, and ids must never be handed out twice.
             "lastEventId": self._event_id,
             "processes": [
-                {"pid": p.pid, "device": p.device_uuid, "memory": p.memory_bytes, "utilization": p.utilization_percent}
+                {
+                    "pid": p.pid,
+                    "device": p.device_uuid,
+                    "memory": p.memory_bytes,
+                    "utilization": p.utilization_percent,
+                    "podUID": p.pod_uid,
+                }
                 for p in sorted(self.processes.values(), key=lambda p: p.pid)
             ],
             "gpus": {
@@ -795,7 +812,9 @@ class SimulatedNode:
             raise bad("gpus", f"malformed entry ({err!r})") from err
         try:
             processes = {
-                int(p["pid"]): SimProcess(int(p["pid"]), str(p["device"]), int(p["memory"]), int(p["utilization"]))
+                int(p["pid"]): SimProcess(
+                    int(p["pid"]), str(p["device"]), int(p["memory"]), int(p["utilization"]), str(p.get("podUID", ""))
+                )
                 for p in raw.get("processes", [])
             }
         except (KeyError, TypeError, ValueError) as err:
