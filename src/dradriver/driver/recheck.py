@@ -15,7 +15,8 @@ from collections.abc import Callable
 
 from dradriver.driver.checkpoint import ClaimState
 from dradriver.driver.metrics import DELETED_CLAIMS
-from dradriver.driver.state import ClaimExists, GpuDriver
+from dradriver.driver.reconcile import ClaimExists
+from dradriver.driver.state import GpuDriver
 from dradriver.errors import DradriverError
 from dradriver.plugin.handler import ClaimRef
 
