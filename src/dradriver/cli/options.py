@@ -183,6 +183,11 @@ def check_writable_dir(flag: str, path: Path) -> None:
     if not existing.is_dir():
         raise ConfigError(f"{flag} {path}: {existing} is not a directory; point {flag} at a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
+        if os.statvfs(existing).f_flag & os.ST_RDONLY:
+            raise ConfigError(
+                f"{flag} {path}: {existing} is on a read-only filesystem; mount it read-write (in the DaemonSet: "
+                "a hostPath volume without readOnly)"
+            )
         raise ConfigError(f"{flag} {path}: {existing} is not writable by this process; fix its permissions")
 
 
@@ -259,4 +264,13 @@ def add_slice_options(parser: argparse.ArgumentParser, *, version_default: str =
         help="the cluster's Kubernetes minor version; 1.34 keeps MIG counter sets inline "
         "with devices, 1.35 and newer put them in slices of their own ('dradriver run' reads it from the API "
         "server when unset)",
+    )
+
+
+def unwritable_state(state: Path, err: OSError) -> ConfigError:
+    """The error for a simulated node's --sim-state file that cannot be written (here, so that `run` on real
+    GPUs never imports the simulator's command)."""
+    return ConfigError(
+        f"--sim-state {state}: cannot write the state file ({err.strerror or err}); "
+        "point --sim-state at a file in a writable directory"
     )

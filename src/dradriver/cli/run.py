@@ -26,8 +26,8 @@ from dradriver.cli.options import (
     interval_seconds,
     non_negative_float,
     positive_int,
+    unwritable_state,
 )
-from dradriver.cli.sim import unwritable_state
 from dradriver.cli.status_server import StatusServer, check_bindable
 from dradriver.driver.allocations import Allocation, allocations
 from dradriver.driver.cdi import CdiWriter

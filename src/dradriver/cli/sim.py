@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from dradriver.cli.options import add_env_option, check_writable_file, dns_subdomain
+from dradriver.cli.options import add_env_option, check_writable_file, dns_subdomain, unwritable_state
 from dradriver.driver import slice_map
 from dradriver.driver.slice_map import InstanceCell, owners_from_checkpoint
 from dradriver.errors import ConfigError, DeviceError
@@ -185,13 +185,6 @@ def run(args: argparse.Namespace) -> int:
     except OSError as err:
         raise unwritable_state(state, err) from None
     return 0
-
-
-def unwritable_state(state: Path, err: OSError) -> ConfigError:
-    return ConfigError(
-        f"--sim-state {state}: cannot write the state file ({err.strerror or err}); "
-        "point --sim-state at a file in a writable directory"
-    )
 
 
 def _gpu(node: SimulatedNode, which: str) -> SimGpu:
