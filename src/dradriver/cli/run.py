@@ -72,6 +72,9 @@ from dradriver.plugin.resourceslice.publisher import Publisher, SliceSpec
 log = logging.getLogger("dradriver.run")
 # Probes reach the pod's IP, so listen on every interface; the DaemonSet declares the port.
 DEFAULT_STATUS_ADDRESS = ":8080"
+# Above client-go's 5/10: each pod start costs a claim GET and a status write, and a node starting 50 pods at once
+# must not queue them behind the limit; it still bounds a runaway loop to a rate the API server shrugs off.
+DEFAULT_KUBE_API_QPS, DEFAULT_KUBE_API_BURST = 50.0, 100
 # The DaemonSet's terminationGracePeriodSeconds is 30: stop within 25 s, leaving the rest for the exit itself.
 STOP_BUDGET_SECONDS = 25.0
 
@@ -182,7 +185,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         parser,
         "--kube-api-qps",
         env="DRADRIVER_KUBE_API_QPS",
-        default=5.0,
+        default=DEFAULT_KUBE_API_QPS,
         type=non_negative_float,
         metavar="QPS",
         help="requests a second to the API server after a burst (client-go's QPS); 0: no limit",
@@ -191,7 +194,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         parser,
         "--kube-api-burst",
         env="DRADRIVER_KUBE_API_BURST",
-        default=10,
+        default=DEFAULT_KUBE_API_BURST,
         type=positive_int,
         metavar="N",
         help="requests to the API server that may go at once before --kube-api-qps paces them",
@@ -666,17 +669,21 @@ class DriverProcess:
     def _recheck_loop(self) -> None:
         """Every --claim-recheck-interval: unprepare the claims deleted behind the kubelet's back."""
         cluster, plugin = self.cluster, self.plugin
+        rolling = bool(self.args.pod_uid)
+
+        @contextlib.contextmanager
+        def hold(uid: str) -> Iterator[None]:
+            # As a kubelet call: the claim's lock, and in rolling-update mode the lock the two pods share; only
+            # around the unprepare, never around the API look-ups.
+            with plugin.claim_locks.hold([uid]), _serialised_with_other_pods(plugin.plugin_dir, enabled=rolling):
+                yield
+
         while not self.stop.wait(self.args.claim_recheck_interval):
             try:
-                with _serialised_with_other_pods(plugin.plugin_dir, enabled=bool(self.args.pod_uid)):
-                    gone = unprepare_deleted_claims(
-                        self.driver,
-                        lambda ref: _claim_exists(cluster, ref),
-                        hold=lambda uid: plugin.claim_locks.hold([uid]),
-                    )
-                    if gone:
-                        plugin.remove_unowned_device_metadata({r.uid for r in self.driver.checkpoint.records()})
+                gone = unprepare_deleted_claims(self.driver, lambda ref: _claim_exists(cluster, ref), hold=hold)
                 if gone:
+                    with _serialised_with_other_pods(plugin.plugin_dir, enabled=rolling):
+                        plugin.remove_unowned_device_metadata({r.uid for r in self.driver.checkpoint.records()})
                     self.refresh.set()  # freed MIG instances and GPUs: republish at once
             except Exception:
                 log.exception("claim re-check failed unexpectedly; retrying at the next interval")
