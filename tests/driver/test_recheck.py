@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from dradriver.driver.recheck import unprepare_deleted_claims
-from dradriver.plugin.handler import ClaimRef
+from dradriver.driver.recheck import ClaimLookup, recheck_claims
+from dradriver.plugin.handler import ClaimConsumer, ClaimRef
 from dradriver.plugin.kubeletplugin.claims import ClaimLocks
 from tests.driver.test_state_mig import H100, Node, claim
 
@@ -35,15 +35,22 @@ def test_a_deleted_claim_is_unprepared_and_its_mig_instance_freed_others_kept(h1
         with locks.hold([uid]):
             yield
 
-    def exists(ref: ClaimRef) -> bool | None:
-        return {"gone": False, "kept": True}.get(ref.uid)  # None: the API server cannot tell now
+    pod = ClaimConsumer(resource="pods", name="worker", uid="pod-1")
 
-    gone = unprepare_deleted_claims(h100.driver, exists, hold=hold)
-    assert [r.uid for r in gone] == ["gone"] and held == ["gone"]
+    def lookup(ref: ClaimRef) -> ClaimLookup:
+        # None: the API server cannot tell now. "kept" was prepared without its pods recorded.
+        exists = {"gone": False, "kept": True}.get(ref.uid)
+        return ClaimLookup(exists, (pod,) if exists else ())
+
+    gone = recheck_claims(h100.driver, lookup, hold=hold)
+    assert [r.uid for r in gone] == ["gone"]
+    assert sorted(held) == ["gone", "kept"]  # "kept" only to note its pod
+    assert h100.driver.checkpoint.get("kept").reserved_for == [pod]  # type: ignore[union-attr]
     assert sorted(r.uid for r in h100.driver.checkpoint.records()) == ["kept", "unknown"]
     assert h100.instances() == [(9, 4, 1)]
     assert "k8s.gpu.dradriver.dev-claim_gone.json" not in h100.cdi_files()
-    assert unprepare_deleted_claims(h100.driver, exists, hold=hold) == []  # nothing left to do
+    held.clear()
+    assert recheck_claims(h100.driver, lookup, hold=hold) == [] and held == []  # nothing left to do
 
 
 def test_a_claim_the_kubelet_unprepared_meanwhile_is_left_alone(h100: Node) -> None:
@@ -55,5 +62,5 @@ def test_a_claim_the_kubelet_unprepared_meanwhile_is_left_alone(h100: Node) -> N
         assert h100.driver.unprepare_resource_claims([ClaimRef("default", "claim-raced", uid)]) == {uid: None}
         yield
 
-    assert unprepare_deleted_claims(h100.driver, lambda _ref: False, hold=kubelet_first) == []
+    assert recheck_claims(h100.driver, lambda _ref: ClaimLookup(False), hold=kubelet_first) == []
     h100.assert_clean()

@@ -52,7 +52,7 @@ from dradriver.driver.health import (
 from dradriver.driver.metrics import InstrumentedHandler, NodeCollector, register_node_collector
 from dradriver.driver.mps import DEFAULT_COMMAND, MpsControl
 from dradriver.driver.recheck import DEFAULT_INTERVAL as DEFAULT_RECHECK_INTERVAL
-from dradriver.driver.recheck import unprepare_deleted_claims
+from dradriver.driver.recheck import ClaimLookup, recheck_claims
 from dradriver.driver.slices import SliceSettings, build_slice_specs, shape_for
 from dradriver.driver.state import GpuDriver
 from dradriver.driver.usage import DEFAULT_INTERVAL as DEFAULT_USAGE_INTERVAL
@@ -66,6 +66,7 @@ from dradriver.plugin.cluster import ClusterError, NotFoundError, kubernetes_min
 from dradriver.plugin.cluster.claim_status import ClaimStatusWriter
 from dradriver.plugin.cluster.kube import KubeCluster
 from dradriver.plugin.handler import ClaimRef
+from dradriver.plugin.kubeletplugin.claims import consumers
 from dradriver.plugin.kubeletplugin.lifecycle import StopBudget, exclusive
 from dradriver.plugin.kubeletplugin.plugin import (
     DEFAULT_PLUGINS_DIR,
@@ -733,7 +734,7 @@ class DriverProcess:
 
         while not self.stop.wait(self.args.claim_recheck_interval):
             try:
-                gone = unprepare_deleted_claims(self.driver, lambda ref: _claim_exists(cluster, ref), hold=hold)
+                gone = recheck_claims(self.driver, lambda ref: _look_up_claim(cluster, ref), hold=hold)
                 if gone:
                     with _serialised_with_other_pods(plugin.plugin_dir, enabled=rolling):
                         plugin.remove_unowned_device_metadata({r.uid for r in self.driver.checkpoint.records()})
@@ -833,6 +834,23 @@ def _claim_exists(cluster: KubeCluster, ref: ClaimRef) -> bool | None:
         log.warning("cannot tell whether claim %s still exists; keeping it error=%s", ref, err)
         return None
     return bool(uid == ref.uid)
+
+
+def _look_up_claim(cluster: KubeCluster, ref: ClaimRef) -> ClaimLookup:
+    """The claim as the re-check needs it: gone (or replaced: another UID), there with its pods, or unknown now."""
+    try:
+        claim = cluster.get_resource_claim(ref.namespace, ref.name)
+    except NotFoundError:
+        return ClaimLookup(exists=False)
+    except ClusterError as err:
+        log.warning("claim re-check: cannot tell whether claim %s still exists; keeping it error=%s", ref, err)
+        return ClaimLookup(exists=None)
+    if claim.get("metadata", {}).get("uid") != ref.uid:
+        return ClaimLookup(exists=False)
+    status = claim.get("status")
+    return ClaimLookup(
+        exists=True, consumers=consumers(status.get("reservedFor") if isinstance(status, dict) else None)
+    )
 
 
 def _pools(node: str, specs: list[dict[str, Any]]) -> dict[str, list[SliceSpec]]:

@@ -223,6 +223,13 @@ class GpuDriver:
         )
         return self._reported(record)
 
+    def note_consumers(self, uid: str, consumers: Sequence[ClaimConsumer]) -> None:
+        """Record who a prepared claim is reserved for now, as the API server says (the periodic re-check); the
+        caller holds the claim's lock."""
+        record = self.checkpoint.get(uid)
+        if record is not None and record.state is ClaimState.PREPARE_COMPLETED:
+            self._note_consumers(record, consumers)
+
     def _note_consumers(self, record: ClaimRecord, consumers: Sequence[ClaimConsumer]) -> None:
         """Record who a prepared claim is reserved for now: a shared claim's next pod prepares it again."""
         if consumers and list(consumers) != record.reserved_for:
