@@ -1,5 +1,5 @@
-"""The Grafana dashboard shipped in deployments/grafana and the PromQL in docs/observability.md query only series
-the driver exports (a renamed metric would leave a panel silently empty)."""
+"""The Grafana dashboard shipped with the Helm chart (its dashboards/) and the PromQL in docs/observability.md
+query only series the driver exports (a renamed metric would leave a panel silently empty)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DASHBOARD = ROOT / "deployments" / "grafana" / "dradriver.json"
+DASHBOARD = ROOT / "deployments" / "helm" / "dradriver" / "dashboards" / "dradriver.json"
 METRIC = re.compile(r"\bdradriver_[a-z_]+\b")
 
 
