@@ -75,7 +75,6 @@ _VOLATILE_ECC = 0
 _TEMPERATURE_GPU = 0  # NVML_TEMPERATURE_GPU: the GPU die
 _FIELD_GPU_RECOVERY_ACTION = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (drivers from the 565 branch on)
 
-# nvmlDeviceGetArchitecture values → the names go-nvlib and nvidia-smi use.
 # nvmlDeviceGetBrand values → go-nvlib's brand strings.
 BRAND_NAMES = {
     0: "Unknown",
