@@ -116,8 +116,8 @@ class Driver:
         deadline = time.monotonic() + TIMEOUT
         while True:  # only a poll sees a socket file appear, and the file is bound before the server listens
             assert self.proc.poll() is None and time.monotonic() < deadline, "dradriver run did not register"
-            # As the kubelet sees them: the hidden name a socket is bound at before its rename does not count.
-            if discover(root / "registry"):
+            # discover() as the kubelet sees sockets: the plugin binds at a dot-name first, then renames.
+            if (root / "registry").exists() and discover(root / "registry"):
                 try:
                     self.kubelet = KubeletClient(root / "registry").register()
                     return
