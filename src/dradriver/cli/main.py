@@ -48,6 +48,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "dradriver.cli.sim",
         "change a simulated node's hardware state (MIG, compute mode, faults), like nvidia-smi",
     ),
+    "top": ("dradriver.cli.top", "show which pod holds which GPU on a node, and how busy it is"),
 }
 
 

@@ -11,6 +11,7 @@ from typing import Protocol
 from dradriver.gpu.models import (
     ComputeInstance,
     ComputeMode,
+    DeviceUsage,
     FabricInfo,
     GpuEvent,
     GpuInfo,
@@ -37,6 +38,10 @@ class GpuLib(Protocol):
 
     def probe(self, gpu_uuid: str) -> GpuProbe:
         """Cheap reads of a GPU's fitness; ``GpuIsLost`` when it fell off the bus."""
+
+    def usage(self, device_uuid: str) -> DeviceUsage:
+        """Utilisation, memory, temperature, power, ECC and compute processes of a GPU or MIG device (by UUID);
+        what NVML does not report for that device is None. ``GpuIsLost`` when its GPU fell off the bus."""
 
     def mig_mode(self, gpu_uuid: str) -> MigModeState:
         """Current and pending MIG mode; ``NotSupported`` for GPUs without MIG."""
