@@ -37,7 +37,9 @@ START_TIMEOUT = 90.0
 # Feature gates of the pinned release (1.37) our driver's slices and claims rely on, named even where that
 # release has them on by default, so a pin moved back to a release where they are off still turns them on.
 FEATURE_GATES = "DRADeviceTaints=true,DRADeviceTaintRules=true,DRAPartitionableDevices=true,DRAConsumableCapacity=true"
-CONTROLLERS = "resourceclaim-controller,serviceaccount-controller"
+# The DaemonSet controller and the garbage collector serve the ComputeDomain tests (per-domain daemon DaemonSets,
+# cliques owned by daemon pods).
+CONTROLLERS = "resourceclaim-controller,serviceaccount-controller,daemonset-controller,garbagecollector"
 
 
 def binaries_dir() -> Path:

@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 
+from dradriver.cli import cd_node
 from dradriver.cli.logs import configure_logging
 from dradriver.cli.options import (
     add_env_option,
@@ -27,6 +28,7 @@ from dradriver.cli.options import (
 )
 from dradriver.cli.sim import unwritable_state
 from dradriver.cli.status_server import StatusServer, check_bindable
+from dradriver.computedomain.plugin import ComputeDomainPlugin
 from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.checkpoint import CheckpointStore
 from dradriver.driver.driver_root import DriverRoot, discover_driver_root
@@ -169,6 +171,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     add_slice_options(parser, version_default="")
     add_driver_root_options(parser)
     _add_health_options(parser)
+    cd_node.add_options(parser)
     parser.set_defaults(handler=run)
 
 
@@ -323,6 +326,7 @@ class DriverProcess:
         self.mig_mode = MigMode(args.mig_mode)
         self.stop = threading.Event()
         self.checkpoint: CheckpointStore | None = None
+        self.compute_domains: ComputeDomainPlugin | None = None
         self._unregister_metrics: Callable[[], None] = lambda: None
 
     def serve(self) -> int:
@@ -479,6 +483,8 @@ class DriverProcess:
             # The instance lock comes first: a second instance must be refused before it publishes anything.
             self.plugin.start()
             self.publisher.start()
+            if self.args.compute_domains == "true":
+                self.compute_domains = self._start_compute_domains()
             self.health.start(self.gpulib, poll_seconds=1.0)
             if self.status:
                 assert self.checkpoint is not None
@@ -502,6 +508,8 @@ class DriverProcess:
             self.stop.set()
             self.refresh.set()
             self.plugin.stop(budget)
+            if self.compute_domains is not None:
+                self.compute_domains.stop(budget)
             if self.status:
                 self.status.stop()
                 self._unregister_metrics()
@@ -511,6 +519,16 @@ class DriverProcess:
                 self.rescanner.join(budget.left())  # a rediscovery in flight finishes before NVML shuts down
                 if self.rescanner.is_alive():
                     log.warning("a rescan was still running when the stop budget ran out")
+
+    def _start_compute_domains(self) -> ComputeDomainPlugin:
+        return cd_node.start(
+            self.args,
+            gpulib=self.gpulib,
+            simulated=self.simulated is not None,
+            cluster=self.cluster,
+            node_uid=_node_uid(self.cluster, self.node),
+            shape=self.shape,
+        )
 
     def _liveness(self) -> tuple[bool, dict[str, Any]]:
         """/livez: alive while both gRPC sockets answer. Nothing about the API server: a restart does not cure

@@ -1,0 +1,102 @@
+"""``dradriver run --compute-domains``: the flags of the ComputeDomain driver, and its start beside the GPU driver."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from dradriver.cli.options import add_env_option
+from dradriver.computedomain import api
+from dradriver.computedomain.fabric import CHANNELS_DEVICE, clique_id, device_major, imex_mgmt_device
+from dradriver.computedomain.kube import Rest
+from dradriver.computedomain.node import DEFAULT_READY_TIMEOUT, NodeFacts
+from dradriver.computedomain.plugin import ComputeDomainPlugin
+from dradriver.errors import DeviceError
+from dradriver.gpu.interface import GpuLib
+from dradriver.plugin.cluster.port import Cluster
+from dradriver.plugin.kubeletplugin.plugin import DEFAULT_PLUGINS_DIR
+from dradriver.validation.slices import SliceShape
+
+DEFAULT_NAMESPACE = "dradriver"
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    add_env_option(
+        parser,
+        "--compute-domains",
+        env="DRADRIVER_COMPUTE_DOMAINS",
+        default="false",
+        choices=("true", "false"),
+        help=f"also serve {api.DRIVER_NAME} (ComputeDomains: IMEX channels for multi-node NVLink jobs)",
+    )
+    add_env_option(
+        parser,
+        "--cd-namespace",
+        env="POD_NAMESPACE",
+        default=DEFAULT_NAMESPACE,
+        help="the driver's namespace, where ComputeDomain daemons and their cliques live",
+    )
+    add_env_option(
+        parser,
+        "--cd-ready-timeout",
+        env="DRADRIVER_CD_READY_TIMEOUT",
+        default=DEFAULT_READY_TIMEOUT,
+        type=float,
+        metavar="SECONDS",
+        help="how long one prepare of a channel waits for this node's IMEX daemon before the kubelet retries",
+    )
+    add_env_option(
+        parser,
+        "--cd-proc-root",
+        env="DRADRIVER_CD_PROC_ROOT",
+        default="/proc",
+        help="where /proc/devices and the NVIDIA capability files are read (a simulated node writes its own)",
+    )
+
+
+def start(
+    args: argparse.Namespace,
+    *,
+    gpulib: GpuLib,
+    simulated: bool,
+    cluster: Cluster,
+    node_uid: str | None,
+    shape: SliceShape,
+) -> ComputeDomainPlugin:
+    """Read the node's clique and device numbers, then serve and publish (raises before serving on a fault).
+    Its plugin directory (socket, lock, checkpoint, per-domain daemon files) is beside the GPU driver's."""
+    base = Path(args.plugin_dir).parent if args.plugin_dir else DEFAULT_PLUGINS_DIR
+    plugin_dir = base / api.DRIVER_NAME
+    proc = Path(args.cd_proc_root)
+    if simulated and args.cd_proc_root == "/proc":
+        from dradriver.sim.fabric import write_fake_proc
+
+        proc = write_fake_proc(plugin_dir / "proc")
+    clique = clique_id(gpulib)
+    mgmt: Any = None
+    if clique:
+        try:
+            mgmt = imex_mgmt_device(proc)
+        except DeviceError:
+            mgmt = None  # the daemon claim then gets no management device; its IMEX daemon says what fails
+    facts = NodeFacts(
+        node_name=args.node_name,
+        clique_id=clique,
+        channel_major=device_major(CHANNELS_DEVICE, proc) if clique else 0,
+        imex_mgmt=mgmt,
+    )
+    plugin = ComputeDomainPlugin(
+        facts=facts,
+        cluster=cluster,
+        rest=Rest.from_kubeconfig(args.kubeconfig),
+        namespace=args.cd_namespace,
+        registry_dir=Path(args.registry_dir),
+        plugin_dir=plugin_dir,
+        cdi_dir=Path(args.cdi_dir),
+        node_uid=node_uid,
+        shape=shape,
+        ready_timeout=args.cd_ready_timeout,
+    )
+    plugin.start()
+    return plugin
