@@ -45,7 +45,7 @@ from dradriver.driver.state import GpuDriver  # noqa: E402
 from dradriver.gpu.inventory import MigMode, discover  # noqa: E402
 from dradriver.plugin.cluster.memory import MemoryCluster  # noqa: E402
 from dradriver.plugin.kubeletplugin.kubelet_client import Claim, KubeletClient, RegisteredPlugin  # noqa: E402
-from dradriver.plugin.kubeletplugin.plugin import KubeletPlugin  # noqa: E402
+from dradriver.plugin.kubeletplugin.plugin import KubeletPlugin, KubeletPluginOptions  # noqa: E402
 from dradriver.sim import mps_standin  # noqa: E402
 from dradriver.sim.fakelib import simulated_gpulib  # noqa: E402
 
@@ -240,16 +240,15 @@ def driver_plugin(
         checkpoint=store,
         mps=MpsControl(mps_standin.command(), state / "mps"),
     )
-    plugin = KubeletPlugin(
+    options = KubeletPluginOptions(
         driver_name=DRIVER,
         node_name=NODE,
-        handler=driver,
-        claim_source=cluster,
         registry_dir=root / "registry",
         plugin_dir=root / "plugin",
         max_workers=32,
         pod_uid="bench-pod",  # as deployed (POD_UID set): calls serialised across a rolling update's two pods
     )
+    plugin = KubeletPlugin(options, handler=driver, claim_source=cluster)
     try:
         with plugin, KubeletClient(root / "registry").register() as kubelet:
             yield kubelet, sim

@@ -169,8 +169,8 @@ def hardware_as_prepared(node: Node) -> bool:
 def assert_daemon_serves(node: Node, where: str) -> None:
     """The prepared claim's MPS daemon answers, with its limits."""
     [daemon] = [a.params for a in node.driver.checkpoint.records()[0].actions if a.step == "mps-daemon"]
-    assert node.driver._sharing.mps is not None
-    assert node.driver._sharing.mps.query(daemon, "get_default_active_thread_percentage") == "30.0", where
+    assert node.driver.sharing.mps is not None
+    assert node.driver.sharing.mps.query(daemon, "get_default_active_thread_percentage") == "30.0", where
 
 
 def run_one(

@@ -317,7 +317,7 @@ def test_start_up_clears_only_its_own_leftovers_and_never_follows_a_link_out(
                 ),
             )
             driver.reconcile(lambda _ref: True)
-            assert driver._sharing.mps is not None and driver._sharing.mps.claim_uids() == []  # no record, no daemon
+            assert driver.sharing.mps is not None and driver.sharing.mps.claim_uids() == []  # no record, no daemon
         finally:
             store.close()
         # Nothing outside was touched; other vendors' files are kept; our regular spec files are gone.

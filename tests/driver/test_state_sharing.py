@@ -371,7 +371,7 @@ def test_a_crash_in_the_middle_of_an_unprepare_is_finished_at_start_up(
 ) -> None:
     """Killed after undoing the CDI spec and a hardware step of an MPS claim, the driver's start-up finishes the
     undo (the daemon is not restarted), a re-sent unprepare is a no-op success and a re-sent prepare prepares
-    afresh. (Killed right after the spec's removal, the claim is kept: tests/driver/test_state_reconcile.py.)"""
+    afresh. (Killed right after the spec's removal, the claim is kept: tests/driver/test_reconcile.py.)"""
     from dradriver import faults
 
     def crash() -> None:

@@ -17,20 +17,18 @@ from pathlib import Path
 from kubelet_plugin_fakes import DRIVER, FakeClaimSource, FakeHandler
 
 from dradriver.errors import DradriverError
-from dradriver.plugin.kubeletplugin.plugin import KubeletPlugin
+from dradriver.plugin.kubeletplugin.plugin import KubeletPlugin, KubeletPluginOptions
 
 
 def main() -> int:
     registry_dir, plugin_dir, claims_file = (Path(arg) for arg in sys.argv[1:4])
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     plugin = KubeletPlugin(
-        driver_name=DRIVER,
-        node_name="node-a",
+        KubeletPluginOptions(
+            driver_name=DRIVER, node_name="node-a", registry_dir=registry_dir, plugin_dir=plugin_dir, stop_grace=5.0
+        ),
         handler=FakeHandler(),
         claim_source=FakeClaimSource(json.loads(claims_file.read_text())),
-        registry_dir=registry_dir,
-        plugin_dir=plugin_dir,
-        stop_grace=5.0,
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

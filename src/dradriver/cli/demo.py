@@ -30,7 +30,7 @@ from dradriver.gpu.inventory import Inventory, MigMode, discover
 from dradriver.plugin.cluster.claim_status import ClaimStatusWriter
 from dradriver.plugin.cluster.memory import MemoryCluster
 from dradriver.plugin.kubeletplugin.kubelet_client import Claim, KubeletClient
-from dradriver.plugin.kubeletplugin.plugin import KubeletPlugin
+from dradriver.plugin.kubeletplugin.plugin import KubeletPlugin, KubeletPluginOptions
 from dradriver.plugin.resourceslice.publisher import Publisher, SliceSpec
 
 DRIVER = "gpu.dradriver.dev"
@@ -151,12 +151,11 @@ def _prepare_and_unprepare(
     driver = GpuDriver(driver_name=DRIVER, pool=node, inventory=inventory, mig_mode=mig_mode, cdi=cdi, gpulib=gpulib)
     claim_status = ClaimStatusWriter(cluster, driver_name=DRIVER, node_name=node)
     plugin = KubeletPlugin(
-        driver_name=DRIVER,
-        node_name=node,
+        KubeletPluginOptions(
+            driver_name=DRIVER, node_name=node, registry_dir=root / "registry", plugin_dir=root / "plugin"
+        ),
         handler=driver,
         claim_source=cluster,
-        registry_dir=root / "registry",
-        plugin_dir=root / "plugin",
         claim_status=claim_status,
     )
     ref = Claim(claim["metadata"]["namespace"], claim["metadata"]["name"], claim["metadata"]["uid"])

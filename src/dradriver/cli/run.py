@@ -58,6 +58,7 @@ from dradriver.plugin.kubeletplugin.plugin import (
     DEFAULT_REGISTRY_DIR,
     SERIALIZE_LOCK_NAME,
     KubeletPlugin,
+    KubeletPluginOptions,
     check_pod_uid,
 )
 from dradriver.plugin.resourceslice.publisher import Publisher, SliceSpec
@@ -421,18 +422,21 @@ class DriverProcess:
             if args.claim_device_status == "true"
             else None
         )
-        self.plugin = KubeletPlugin(
+        options = KubeletPluginOptions(
             driver_name=args.driver_name,
             node_name=node,
-            handler=InstrumentedHandler(self.driver),
-            claim_source=self.cluster,
-            health_source=self.health,
             registry_dir=Path(args.registry_dir),
             plugin_dir=Path(args.plugin_dir) if args.plugin_dir else None,
-            claim_status=claim_status,
             device_metadata_cdi_dir=Path(args.cdi_dir),
             device_metadata=args.device_metadata == "true",
             pod_uid=args.pod_uid or None,
+        )
+        self.plugin = KubeletPlugin(
+            options,
+            handler=InstrumentedHandler(self.driver),
+            claim_source=self.cluster,
+            health_source=self.health,
+            claim_status=claim_status,
             # The default state directory is the plugin directory: deleted with it, the checkpoint is written back.
             on_plugin_dir_recreated=self.checkpoint.ensure_written,
         )

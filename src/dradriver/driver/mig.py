@@ -7,7 +7,8 @@ Steps (each recorded by the claim's :class:`~dradriver.driver.transaction.Transa
 - ``gpu-instance``: create a GPU instance at exactly the allocated profile and placement.
 - ``compute-instance``: create its default compute instance (spanning the whole GPU instance).
 
-Undo destroys compute instance, then GPU instance, treating "not found" as already done. MIG mode policy: prepare
+Undo destroys compute instance, then GPU instance, treating "not found" as already done; the drift check finds
+them by profile and placement, as their undo does. MIG mode policy: prepare
 switches the mode as the allocation needs it; unprepare leaves it as it is (the next claim that needs the other
 mode switches it), and only a failed prepare's rollback restores the mode it found. On Ampere that spares a GPU
 reset per claim.
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dradriver.driver.checkpoint import Action, ClaimRecord
-from dradriver.driver.transaction import Transaction
+from dradriver.driver.transaction import StepKind, Transaction
 from dradriver.errors import DeviceError
 from dradriver.gpu.errors import GpuError, NotFound, NotSupported
 from dradriver.gpu.interface import GpuLib
@@ -47,6 +48,14 @@ class MigSteps:
 
     def __init__(self, gpulib: GpuLib) -> None:
         self.gpulib = gpulib
+
+    def kinds(self) -> list[StepKind]:
+        """The MIG step kinds: their changes are below, their undos and drift checks further down."""
+        return [
+            StepKind(STEP_MIG_MODE, self.undo_mig_mode),
+            StepKind(STEP_GPU_INSTANCE, self.undo_gpu_instance, self.instance_drift),
+            StepKind(STEP_COMPUTE_INSTANCE, self.undo_compute_instance, self.instance_drift),
+        ]
 
     # --- prepare ------------------------------------------------------------------------------------------
 
@@ -198,6 +207,22 @@ class MigSteps:
         except (NotFound, NotSupported):
             return
         log.info("destroyed compute instance claim=%s device=%s ci=%s", record.uid, action.device, ci_id)
+
+    # --- drift ------------------------------------------------------------------------------------------------
+
+    def instance_drift(self, record: ClaimRecord, action: Action) -> str | None:
+        """A recorded GPU instance (found by profile and placement), or its compute instance, that is gone."""
+        params = action.params
+        profile, start = int(params["profileId"]), int(params["start"])
+        what = f"MIG {action.step} (profile {profile} at start {start}) of {params['gpuUUID']} missing"
+        for gi in self.gpulib.gpu_instances(str(params["gpuUUID"])):
+            if gi.profile_id == profile and gi.placement.start == start:
+                if action.step == STEP_GPU_INSTANCE:
+                    return None
+                wanted = int(params["computeInstanceId"])
+                there = gi.id == int(params["gpuInstanceId"]) and any(ci.id == wanted for ci in gi.compute_instances)
+                return None if there else what
+        return what
 
     def destroy_orphan(self, gpu_uuid: str, gi_id: int) -> None:
         """Destroy a GPU instance no claim owns (start-up reconciliation in dynamic mode)."""

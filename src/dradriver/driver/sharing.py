@@ -26,7 +26,7 @@ from typing import Any
 from dradriver.driver.checkpoint import Action, CheckpointStore, ClaimRecord, DeviceRecord
 from dradriver.driver.config import API_VERSION, TIMESLICE_VALUES, AnyConfig, MpsConfig, mib
 from dradriver.driver.mps import CONTAINER_LOG_DIR, CONTAINER_PIPE_DIR, ControlUnavailable, MpsControl
-from dradriver.driver.transaction import Transaction
+from dradriver.driver.transaction import StepKind, Transaction
 from dradriver.errors import ClaimError, DeviceError
 from dradriver.gpu.errors import GpuError, NotFound
 from dradriver.gpu.interface import GpuLib
@@ -176,6 +176,14 @@ class SharingSteps:
         self.gpulib = gpulib
         self.checkpoint = checkpoint
         self.mps = mps
+
+    def kinds(self) -> list[StepKind]:
+        """The sharing step kinds: their changes are below, their undos and drift checks further down."""
+        return [
+            StepKind(STEP_COMPUTE_MODE, self.undo_compute_mode, self.compute_mode_drift),
+            StepKind(STEP_TIME_SLICE, self.undo_time_slice),
+            StepKind(STEP_MPS_DAEMON, self.undo_mps_daemon, self.mps_daemon_drift),
+        ]
 
     def expect(self, txn: Transaction, targets: Mapping[str, str | None]) -> None:
         """Declare the claim's compute-mode, time-slice and MPS steps before its record is first written, so their
@@ -327,6 +335,27 @@ class SharingSteps:
         # record can never point the quit (and the removal) at another claim's directories.
         pipe, logs = self.mps.dirs(record.uid)
         self.mps.stop({**action.params, "pipeDir": str(pipe), "logDir": str(logs)})
+
+    # --- drift ------------------------------------------------------------------------------------------------
+
+    def compute_mode_drift(self, record: ClaimRecord, action: Action) -> str | None:
+        """A compute mode the claim set that the device no longer runs (or the MIG device it was set on, gone)."""
+        if self.gpulib is None:
+            return None
+        target = str(action.params["deviceUUID"])
+        try:
+            mode = int(self.gpulib.compute_mode(target))
+        except NotFound:
+            return f"MIG device {target}, whose compute mode the claim set, is gone"  # with its instance
+        return None if mode == int(action.params["mode"]) else f"compute mode of {target} changed to {mode}"
+
+    def mps_daemon_drift(self, record: ClaimRecord, action: Action) -> str | None:
+        """The claim's MPS daemon directories, gone. A daemon that died by itself keeps them, and is restarted
+        rather than taken as undone."""
+        if self.mps is None:
+            return None
+        base = self.mps.dirs(record.uid)[0].parent
+        return None if base.is_dir() else f"MPS daemon directories {base} missing"
 
     # --- helpers ------------------------------------------------------------------------------------------
 

@@ -4,7 +4,9 @@
 allocated devices; refuse any that overlaps another claim's (the checkpoint is the only record of what is
 prepared); record the claim as PrepareStarted; carve MIG (dynamic mode); write the CDI spec; record it as
 PrepareCompleted. Every change is a step of a :class:`~dradriver.driver.transaction.Transaction`: checkpointed
-before and after, undone in reverse when a later step fails, and undone at start-up after a crash.
+before and after, undone in reverse when a later step fails, and undone at start-up after a crash
+(:mod:`~dradriver.driver.reconcile`). The step kinds live beside their apply, undo and drift check
+(:mod:`~dradriver.driver.steps` lists them).
 
 Locks follow the hardware: the plugin layer serialises each claim's lifecycle; here one lock per GPU covers
 the changes to that GPU (MIG layout), and one short lock inside the checkpoint covers the overlap check. No
@@ -20,29 +22,26 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dradriver.driver.cdi import CdiDevice, CdiWriter, ClaimSpec, cdi_device
-from dradriver.driver.checkpoint import Action, CheckpointStore, ClaimRecord, ClaimState, DeviceRecord
+from dradriver.driver.cdi import CdiWriter
+from dradriver.driver.cdi_step import STEP_CDI_SPEC, CdiSpecStep, ReadyDevice, build_claim_spec
+from dradriver.driver.checkpoint import CheckpointStore, ClaimRecord, ClaimState, DeviceRecord
 from dradriver.driver.config import ConfigSource, DeviceTarget, resolve_configs
-from dradriver.driver.device_status import device_metadata_attributes, device_status_data
-from dradriver.driver.mig import STEP_COMPUTE_INSTANCE, STEP_GPU_INSTANCE, STEP_MIG_MODE, MigSteps
+from dradriver.driver.mig import STEP_MIG_MODE, MigSteps
 from dradriver.driver.mps import MpsControl
+from dradriver.driver.reconcile import ClaimExists, reconcile
 from dradriver.driver.sharing import (
     CONFIG_FIELD,
     CONSUMED_FIELD,
     SHARE_IDS_FIELD,
-    STEP_COMPUTE_MODE,
-    STEP_MPS_DAEMON,
-    STEP_TIME_SLICE,
     SharingSteps,
     check_mps_settings,
     consumed_total,
     refuse_conflicts,
     share_config,
-    sharing_status,
 )
-from dradriver.driver.transaction import StepFailed, Transaction, Undo, crash_point
+from dradriver.driver.steps import step_kinds
+from dradriver.driver.transaction import StepFailed, Transaction, crash_point
 from dradriver.errors import ClaimError, DeviceError, DradriverError
-from dradriver.gpu.errors import NotFound
 from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode, MigPartition
 from dradriver.gpu.models import DeviceNode, MigDevice
@@ -57,13 +56,9 @@ from dradriver.plugin.handler import (
 
 log = logging.getLogger(__name__)
 
-STEP_CDI_SPEC = "cdi-spec"
-
 #: What is wrong with a device right now (e.g. unhealthy), or None: a hook for refusing prepare.
 # Why a device must not go to a new claim (cause and time), given the tolerations its allocation carries.
 DeviceProblem = Callable[[str, Sequence[DeviceToleration]], str | None]
-#: Whether the API server still has a claim: True, False (gone or replaced), or None (cannot tell now).
-ClaimExists = Callable[[ClaimRef], bool | None]
 
 
 @dataclass(frozen=True)
@@ -80,21 +75,6 @@ class PlannedDevice:
     @property
     def gpu(self) -> GpuDevice:
         return self.device if isinstance(self.device, GpuDevice) else self.device.parent
-
-
-@dataclass(frozen=True)
-class ReadyDevice:
-    """A device ready for a container: what the CDI spec step needs. A partition carries its MIG device now."""
-
-    device: GpuDevice | MigPartition
-    device_nodes: tuple[DeviceNode, ...]
-    admin_access: bool
-    env: tuple[str, ...] = ()  # sharing: e.g. the claim's MPS pipe directory
-    mounts: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def name(self) -> str:
-        return self.device.name
 
 
 class GpuDriver:
@@ -128,13 +108,20 @@ class GpuDriver:
         self.gpulib = gpulib
         self.checkpoint = checkpoint if checkpoint is not None else CheckpointStore()
         self._device_problem = device_problem
-        self._mig = MigSteps(gpulib) if gpulib is not None else None
-        self._sharing = SharingSteps(gpulib, self.checkpoint, mps)
+        self.mig = MigSteps(gpulib) if gpulib is not None else None
+        self.sharing = SharingSteps(gpulib, self.checkpoint, mps)
+        self.cdi_step = CdiSpecStep(cdi)
+        self.step_kinds = step_kinds(cdi=self.cdi_step, sharing=self.sharing, mig=self.mig)
         self._lock = threading.Lock()
         self._gpu_locks: dict[str, threading.Lock] = {}
         self._devices: dict[str, GpuDevice | MigPartition] = {}
         self._gpus: tuple[GpuDevice, ...] = ()
         self.update_inventory(inventory, mig_mode)
+
+    def gpus(self) -> tuple[GpuDevice, ...]:
+        """This node's GPUs, as the last inventory showed them."""
+        with self._lock:
+            return self._gpus
 
     def update_inventory(self, inventory: Inventory, mig_mode: MigMode) -> None:
         """Use a fresh inventory (after rediscovery) for later prepares."""
@@ -173,10 +160,10 @@ class GpuDriver:
         ref = claim.ref
         earlier = self.checkpoint.get(ref.uid)
         if earlier is not None and earlier.state is ClaimState.PREPARE_COMPLETED and earlier.rollback_error is None:
-            if self._spec_missing(earlier):
+            if self.cdi_step.spec_missing(earlier):
                 # Cleaned or changed CDI directory: a pod (re)starting its containers needs the spec.
                 log.warning("re-writing the missing CDI spec of a prepared claim claim=%s", ref.uid)
-                self._rewrite_spec(earlier)
+                self.rewrite_spec(earlier)
             self._ensure_mps(ref.uid)  # a kubelet retry finds the claim's MPS daemon serving
             return self._reported(earlier)
         if earlier is not None and earlier.state is ClaimState.PREPARE_COMPLETED:
@@ -186,7 +173,7 @@ class GpuDriver:
             self.unprepare(ref)
         elif earlier is not None:
             log.info("finishing an earlier prepare that did not complete: rolling it back claim=%s", ref.uid)
-            self._roll_back(earlier, reason="an earlier prepare did not complete")
+            self.roll_back(earlier, reason="an earlier prepare did not complete")
         planned = self._plan(claim)
         record = ClaimRecord(
             uid=ref.uid,
@@ -195,14 +182,14 @@ class GpuDriver:
             state=ClaimState.PREPARE_STARTED,
             devices=[_device_record(p) for p in planned],
         )
-        txn = Transaction(record, self.checkpoint, self._undo_steps())
+        txn = Transaction(record, self.checkpoint, self.step_kinds)
         # The GPUs' locks are held from before the intents are made (a compute mode to restore is read from the
         # device) until the claim is recorded complete or rolled back.
         with self._hold_gpus(sorted({p.gpu.name for p in planned})):
             for plan in planned:
                 self._expect_ready(txn, plan)
-            self._sharing.expect(txn, {p.device.name: self._known_target(p) for p in planned})
-            txn.expect(STEP_CDI_SPEC, "", {})
+            self.sharing.expect(txn, {p.device.name: self._known_target(p) for p in planned})
+            self.cdi_step.expect(txn)
             # One write records the claim and the intent of every step before the first change. A claim whose only
             # change is its CDI spec needs none: start-up removes a spec the checkpoint does not know.
             durable = any(a.step != STEP_CDI_SPEC for a in record.actions)
@@ -213,10 +200,10 @@ class GpuDriver:
                 crash_point("prepare-started")
                 ready = [self._make_ready(txn, p) for p in planned]
                 for device in record.devices:
-                    self._sharing.apply_device(txn, device)
-                self._sharing.apply_mps(txn)
+                    self.sharing.apply_device(txn, device)
+                self.sharing.apply_mps(txn)
                 ready = [self._with_sharing(txn.record, r) for r in ready]
-                self._write_cdi_spec(txn, ready)
+                self.cdi_step.apply(txn, ready)
                 crash_point("prepare-completing")
                 record.state = ClaimState.PREPARE_COMPLETED
                 self.checkpoint.put(record)  # if this write fails (a full disk), the claim is rolled back
@@ -240,10 +227,10 @@ class GpuDriver:
         if record is None:
             self.cdi.remove(ref.uid)  # a spec without a record can only be a leftover
             return
-        self._roll_back(record, reason="unprepare", keep_mig_mode=True)
+        self.roll_back(record, reason="unprepare", keep_mig_mode=True)
         log.info("unprepared claim=%s", ref.uid)
 
-    def _roll_back(self, record: ClaimRecord, *, reason: str, keep_mig_mode: bool = False) -> None:
+    def roll_back(self, record: ClaimRecord, *, reason: str, keep_mig_mode: bool = False) -> None:
         """Undo what ``record`` did; ``keep_mig_mode``: leave the MIG mode of a claim that completed as it is."""
         with self._hold_gpus(sorted({d.gpu for d in record.devices})):
             # Read again under the GPUs' locks (as _ensure_mps does): a daemon restarted since the first read has a
@@ -252,7 +239,7 @@ class GpuDriver:
             if current is None:
                 return  # finished meanwhile
             keep_mode = keep_mig_mode and current.state is ClaimState.PREPARE_COMPLETED
-            txn = Transaction(current, self.checkpoint, self._undo_steps())
+            txn = Transaction(current, self.checkpoint, self.step_kinds)
             error = txn.rollback(skip=lambda a: keep_mode and a.step == STEP_MIG_MODE)
         if error is not None:
             raise DeviceError(
@@ -341,7 +328,7 @@ class GpuDriver:
                 f"claim {ref}: device {name} is not offered by this node any more; delete the claim so the "
                 "scheduler allocates a device that exists"
             )
-        if self.mig_mode is MigMode.DYNAMIC and self._mig is None and _needs_hardware(found):
+        if self.mig_mode is MigMode.DYNAMIC and self.mig is None and _needs_hardware(found):
             raise ClaimError(
                 f"claim {ref}: device {name} needs a MIG mode change or a MIG partition carved at prepare, but this "
                 "driver was started without GPU access; use --mig-mode static"
@@ -354,11 +341,11 @@ class GpuDriver:
         device = planned.device
         if (
             self.mig_mode is MigMode.DYNAMIC
-            and self._mig is not None
+            and self.mig is not None
             and isinstance(device, MigPartition)
             and not planned.admin_access
         ):
-            self._mig.expect_carve(txn, device)
+            self.mig.expect_carve(txn, device)
 
     def _known_target(self, planned: PlannedDevice) -> str | None:
         """The UUID a device's settings go to, if it is known before any change: a whole GPU's, or that of a MIG
@@ -376,32 +363,32 @@ class GpuDriver:
         if isinstance(device, GpuDevice):
             if (
                 self.mig_mode is MigMode.DYNAMIC
-                and self._mig is not None
+                and self.mig is not None
                 and device.info.mig_capable
                 and not planned.admin_access
             ):
-                record.previous_mig_mode = self._mig.ensure_mig_mode(
+                record.previous_mig_mode = self.mig.ensure_mig_mode(
                     txn, device, False, lambda: self._users(txn.record.uid, device.name)
                 )
             parent = DeviceNode(f"/dev/nvidia{device.info.minor}")
             return ReadyDevice(device, (parent,), planned.admin_access)
         mig = device.existing
         if self.mig_mode is MigMode.DYNAMIC:
-            assert self._mig is not None  # checked in _resolve
+            assert self.mig is not None  # checked in _resolve
             if planned.admin_access:
                 mig = self._existing(device)
             else:
-                record.previous_mig_mode = self._mig.ensure_mig_mode(
+                record.previous_mig_mode = self.mig.ensure_mig_mode(
                     txn, device.parent, True, lambda: self._users(txn.record.uid, device.parent.name)
                 )
-                mig = self._mig.carve(txn, device)
+                mig = self.mig.carve(txn, device)
                 record.gpu_instance_id, record.compute_instance_id = mig.gpu_instance_id, mig.compute_instance_id
         assert mig is not None  # static and none modes offer only partitions that exist
         record.mig_uuid = mig.uuid
         return ReadyDevice(replace(device, existing=mig), _mig_device_nodes(device, mig), planned.admin_access)
 
     def _with_sharing(self, record: ClaimRecord, ready: ReadyDevice) -> ReadyDevice:
-        env, mounts = self._sharing.cdi_extras(record, _record_of(record, ready.name))
+        env, mounts = self.sharing.cdi_extras(record, _record_of(record, ready.name))
         return replace(ready, env=env, mounts=mounts)
 
     def check_mps_daemons(self) -> None:
@@ -424,7 +411,7 @@ class GpuDriver:
             # A claim whose unprepare failed half-way (rollback_error) is on its way out: the kubelet's re-sent
             # unprepare finishes it, and a daemon restarted meanwhile would serve nobody.
             if record is not None and record.state is ClaimState.PREPARE_COMPLETED and record.rollback_error is None:
-                self._sharing.ensure_mps(record)
+                self.sharing.ensure_mps(record)
 
     def _existing(self, partition: MigPartition) -> MigDevice:
         """Admin access to a dynamic partition: monitoring what another claim carved; nothing is created."""
@@ -435,35 +422,6 @@ class GpuDriver:
         raise DeviceError(
             f"admin access to MIG partition {partition.name}: it is not carved now, so there is nothing to monitor"
         )
-
-    def _write_cdi_spec(self, txn: Transaction, ready: list[ReadyDevice]) -> None:
-        """The CDI spec step: the claim's spec file, one CDI device per allocated device."""
-        spec = build_claim_spec(txn.record.uid, ready)
-        ids = txn.run(STEP_CDI_SPEC, "", {}, lambda _p: {"cdiDeviceIds": self.cdi.write(spec)})["cdiDeviceIds"]
-        for record, cdi_id, device in zip(txn.record.devices, ids, ready, strict=True):
-            record.cdi_device_ids = [cdi_id]
-            # What the claim reports about its devices is recorded too, so a repeated prepare returns it as is.
-            record.status_data = device_status_data(
-                device.device, admin_access=device.admin_access, sharing=sharing_status(record.extra.get(CONFIG_FIELD))
-            )
-            record.metadata = device_metadata_attributes(device.device)
-
-    def _undo_steps(self) -> dict[str, Undo]:
-        undo: dict[str, Undo] = {
-            STEP_CDI_SPEC: lambda record, _action: self.cdi.remove(record.uid),
-            STEP_COMPUTE_MODE: self._sharing.undo_compute_mode,
-            STEP_TIME_SLICE: self._sharing.undo_time_slice,
-            STEP_MPS_DAEMON: self._sharing.undo_mps_daemon,
-        }
-        if self._mig is not None:
-            undo.update(
-                {
-                    STEP_MIG_MODE: self._mig.undo_mig_mode,
-                    STEP_GPU_INSTANCE: self._mig.undo_gpu_instance,
-                    STEP_COMPUTE_INSTANCE: self._mig.undo_compute_instance,
-                }
-            )
-        return undo
 
     # --- helpers ------------------------------------------------------------------------------------------
 
@@ -497,99 +455,10 @@ class GpuDriver:
     # --- start-up -----------------------------------------------------------------------------------------
 
     def reconcile(self, claim_exists: ClaimExists | None = None) -> None:
-        """Bring the node in line with the checkpoint before the plugin registers with the kubelet.
+        """Bring the node in line with the checkpoint before the plugin registers (:mod:`~.reconcile`)."""
+        reconcile(self, claim_exists)
 
-        Claims from an earlier boot are dropped (their CDI specs removed); claims left PrepareStarted are rolled
-        back; claims the API server no longer has, or whose unprepare failed or was cut short (CDI spec gone and
-        some hardware change gone too), are unprepared; a prepared claim that only lost its CDI spec gets it
-        re-written, and one whose hardware drifted while its spec is there is kept with a warning (its pod may
-        be running); in dynamic mode, MIG instances no claim owns are destroyed; CDI specs of claims the
-        checkpoint does not know are removed. Each action is logged with its claim; a failure is logged and left
-        for the kubelet's next call."""
-        for record in self.checkpoint.discarded:
-            log.warning("reconcile: dropping claim prepared before the last reboot claim=%s", record)
-            self.cdi.remove(record.uid)
-        self.checkpoint.discarded = []
-        for record in self.checkpoint.records():
-            try:
-                self._reconcile_claim(record, claim_exists)
-            except DradriverError as err:
-                log.error("reconcile: could not clean up claim=%s error=%s", record, err)
-        if self.mig_mode is MigMode.DYNAMIC and self._mig is not None:
-            self._destroy_orphan_instances()
-        for name in self.cdi.remove_temp_files():
-            log.warning("reconcile: removed a CDI spec left half-written by a crash file=%s", name)
-        self.check_mps_daemons()
-        known = {r.uid for r in self.checkpoint.records()}
-        for uid in self.cdi.claim_uids():
-            if uid not in known:
-                log.warning("reconcile: removing CDI spec of a claim not in the checkpoint claim=%s", uid)
-                try:
-                    self.cdi.remove(uid)
-                except DradriverError as err:
-                    log.error("reconcile: cannot remove a CDI spec no claim owns claim=%s error=%s", uid, err)
-        mps = self._sharing.mps
-        for uid in mps.claim_uids() if mps is not None else ():
-            if uid not in known:
-                # Only a damaged or hand-edited state leaves these: every daemon's intent is recorded before it
-                # starts, and its undo removes the directories.
-                log.warning("reconcile: stopping the MPS daemon of a claim not in the checkpoint claim=%s", uid)
-                assert mps is not None
-                pipe, logs = mps.dirs(uid)
-                mps.stop({"pipeDir": str(pipe), "logDir": str(logs)})
-
-    def _reconcile_claim(self, record: ClaimRecord, claim_exists: ClaimExists | None) -> None:
-        if record.state is ClaimState.PREPARE_STARTED:
-            log.warning("reconcile: rolling back a prepare that did not complete claim=%s", record)
-            self._roll_back(record, reason="start-up rollback")
-            return
-        ref = ClaimRef(namespace=record.namespace, name=record.name, uid=record.uid)
-        if claim_exists is not None and claim_exists(ref) is False:
-            log.warning("reconcile: unpreparing a claim the API server no longer has claim=%s", record)
-            self.unprepare(ref)
-            return
-        if record.rollback_error is not None:
-            log.warning(
-                "reconcile: finishing an unprepare that failed claim=%s found=%s", record, record.rollback_error
-            )
-            self.unprepare(ref)
-            return
-        # The claim's pod may be running: only our own unprepare, cut short, may be finished here. It removes the
-        # CDI spec first, so a claim that still has its spec was not being unprepared, whatever else drifted.
-        drifted = self._drifted(record)
-        if not self._spec_missing(record):
-            if drifted:
-                log.warning(
-                    "reconcile: a prepared claim changed behind the driver; keeping it, its pod may be running "
-                    "claim=%s drifted=%s",
-                    record,
-                    "; ".join(drifted),
-                )
-            return
-        if drifted:
-            log.warning(
-                "reconcile: finishing an unprepare that did not complete claim=%s found=CDI spec removed; %s",
-                record,
-                "; ".join(drifted),
-            )
-            self.unprepare(ref)
-            return
-        # A crash right after the unprepare removed the spec, or a changed or cleaned CDI directory: nothing tells
-        # them apart, and destroying a running pod's devices is the worse mistake. A re-sent unprepare finishes.
-        log.warning(
-            "reconcile: re-writing the missing CDI spec of a prepared claim (its hardware is all there) claim=%s "
-            "file=%s",
-            record,
-            self.cdi.spec_path(record.uid),
-        )
-        self._rewrite_spec(record)
-
-    def _spec_missing(self, record: ClaimRecord) -> bool:
-        """Whether the claim wrote a CDI spec that is not in the CDI directory now."""
-        wrote = any(a.step == STEP_CDI_SPEC and a.done for a in record.actions)
-        return wrote and not self.cdi.spec_path(record.uid).is_file()
-
-    def _rewrite_spec(self, record: ClaimRecord) -> None:
+    def rewrite_spec(self, record: ClaimRecord) -> None:
         """Write a prepared claim's CDI spec again, from its record and the devices as the node shows them now.
 
         The record holds all that the spec is built from (devices, admin access, the MPS directories), and CDI ids
@@ -618,103 +487,6 @@ class GpuDriver:
                 f"{device.name} is gone; delete the claim's pod so the claim is unprepared"
             )
         return ReadyDevice(replace(found, existing=mig), _mig_device_nodes(found, mig), device.admin_access)
-
-    def _drifted(self, record: ClaimRecord) -> list[str]:
-        """What of a prepared claim's hardware changes the node no longer shows: its MPS daemon's directories, its
-        compute mode, its compute and GPU instances (found by profile and placement, as their undo finds them). A
-        daemon that died by itself keeps its directories, and is restarted rather than taken as undone. Nothing is
-        written here: a read of the hardware per recorded change, at start-up only."""
-        drifted = []
-        for action in reversed(record.actions):
-            if not action.done or action.step == STEP_CDI_SPEC:
-                continue
-            try:
-                found = self._change_gone(record, action)
-            except (DradriverError, KeyError, ValueError, TypeError) as err:
-                log.error(
-                    "reconcile: cannot check a recorded change claim=%s step=%s error=%s", record, action.step, err
-                )
-                continue
-            if found is not None:
-                drifted.append(found)
-        return drifted
-
-    def _change_gone(self, record: ClaimRecord, action: Action) -> str | None:
-        """How the change ``action`` recorded differs from the node now, or None when it is there."""
-        params = action.params
-        if action.step == STEP_MPS_DAEMON and self._sharing.mps is not None:
-            base = self._sharing.mps.dirs(record.uid)[0].parent
-            return None if base.is_dir() else f"MPS daemon directories {base} missing"
-        if self.gpulib is None:
-            return None
-        if action.step == STEP_COMPUTE_MODE:
-            target = str(params["deviceUUID"])
-            try:
-                mode = int(self.gpulib.compute_mode(target))
-            except NotFound:
-                return f"MIG device {target}, whose compute mode the claim set, is gone"  # with its instance
-            return None if mode == int(params["mode"]) else f"compute mode of {target} changed to {mode}"
-        if action.step in (STEP_GPU_INSTANCE, STEP_COMPUTE_INSTANCE):
-            profile, start = int(params["profileId"]), int(params["start"])
-            what = f"MIG {action.step} (profile {profile} at start {start}) of {params['gpuUUID']} missing"
-            for gi in self.gpulib.gpu_instances(str(params["gpuUUID"])):
-                if gi.profile_id == profile and gi.placement.start == start:
-                    if action.step == STEP_GPU_INSTANCE:
-                        return None
-                    wanted = int(params["computeInstanceId"])
-                    there = gi.id == int(params["gpuInstanceId"]) and any(
-                        ci.id == wanted for ci in gi.compute_instances
-                    )
-                    return None if there else what
-            return what
-        return None
-
-    def _destroy_orphan_instances(self) -> None:
-        assert self.gpulib is not None and self._mig is not None
-        owned: dict[tuple[str, int], str] = {}
-        for record in self.checkpoint.records():
-            for device in record.devices:
-                if device.gpu_instance_id is not None:
-                    owned[(device.gpu_uuid, device.gpu_instance_id)] = record.uid
-            for action in record.actions:
-                if action.step == STEP_GPU_INSTANCE and "gpuInstanceId" in action.params:
-                    try:
-                        owned[(str(action.params["gpuUUID"]), int(action.params["gpuInstanceId"]))] = record.uid
-                    except (KeyError, ValueError, TypeError):
-                        log.error(
-                            "reconcile: ignoring a malformed checkpoint action claim=%s action=%s", record, action
-                        )
-        with self._lock:
-            gpus = [g for g in self._gpus if g.info.mig_capable]
-        for gpu in gpus:
-            try:
-                if not self.gpulib.mig_mode(gpu.uuid).current:
-                    continue
-                for gi in self.gpulib.gpu_instances(gpu.uuid):
-                    if (gpu.uuid, gi.id) not in owned:
-                        log.warning(
-                            "reconcile: destroying a MIG instance no claim owns gpu=%s gi=%d start=%d profile=%d",
-                            gpu.name,
-                            gi.id,
-                            gi.placement.start,
-                            gi.profile_id,
-                        )
-                        self._mig.destroy_orphan(gpu.uuid, gi.id)
-            except DradriverError as err:
-                log.error("reconcile: cannot clean up MIG instances gpu=%s error=%s", gpu.name, err)
-
-
-def build_claim_spec(claim_uid: str, devices: Sequence[ReadyDevice]) -> ClaimSpec:
-    """The claim's CDI spec: per device its nodes and its own environment (admin-access ones marked)."""
-    return ClaimSpec(
-        claim_uid=claim_uid,
-        devices=tuple(_cdi_device(d) for d in devices),
-    )
-
-
-def _cdi_device(ready: ReadyDevice) -> CdiDevice:
-    base = cdi_device(ready.device, ready.device_nodes, admin_access=ready.admin_access)
-    return replace(base, env=base.env + ready.env, mounts=ready.mounts)
 
 
 def _refuse_overlap_and_conflicts(ref: ClaimRef, record: ClaimRecord, others: list[ClaimRecord]) -> None:

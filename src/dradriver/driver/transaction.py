@@ -2,13 +2,15 @@
 after the last, and every change can be undone from its record plus what the hardware shows, in this process
 or after a crash.
 
-A step kind is a name with an undo (:class:`Undo`). :meth:`Transaction.expect` declares a step before the
+A step kind (:class:`StepKind`) is a name with its undo and its drift check, declared by the module that applies
+it; :mod:`dradriver.driver.steps` registers them all. :meth:`Transaction.expect` declares a step before the
 claim's first checkpoint write (its intent travels in the PrepareStarted record); :meth:`Transaction.run` makes a
 change (writing its intent first only if it was not declared); the results are written with PrepareCompleted.
 :meth:`Transaction.rollback` undoes what may have been done in reverse. Undos are idempotent and check the
 hardware before destroying anything (an instance id may be reused by another claim after a crash), so a record
 of intents, or of results from before a crash, is enough to undo. That makes a prepare two checkpoint writes and
-an unprepare one, whatever the number of steps. A new feature (compute mode, MPS) is a new step kind.
+an unprepare one, whatever the number of steps. A new feature (compute mode, MPS) is a new step kind: one module
+that applies it and declares its :class:`StepKind`, plus its line in :mod:`dradriver.driver.steps`.
 
 Test hook: ``DRADRIVER_TEST_CRASH_AT`` (see :mod:`dradriver.faults`) kills or fails at ``before:<step>``,
 ``after:<step>`` and ``undone:<step>`` of every step, so fault walks cover new steps without naming them.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from dradriver.driver.checkpoint import Action, CheckpointStore, ClaimRecord
@@ -26,10 +29,23 @@ from dradriver.faults import CRASH_ENV, fault_point
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CRASH_ENV", "StepFailed", "Transaction", "Undo", "crash_point"]
+__all__ = ["CRASH_ENV", "Drift", "StepFailed", "StepKind", "Transaction", "Undo", "crash_point"]
 
 #: Undo one recorded action. It must be idempotent (already undone is success): after a crash it may run again.
 Undo = Callable[[ClaimRecord, Action], None]
+#: How the node now differs from what a done action recorded (e.g. "compute mode of GPU-… changed to 0"), or None
+#: when the change is still there. Read-only: start-up reconciliation asks it about every prepared claim.
+Drift = Callable[[ClaimRecord, Action], str | None]
+
+
+@dataclass(frozen=True)
+class StepKind:
+    """One kind of recorded change. Its apply is the ``change`` its module hands to :meth:`Transaction.run`;
+    ``undo`` reverts it; ``drift`` (None: nothing to check) tells start-up whether it is still on the node."""
+
+    name: str
+    undo: Undo
+    drift: Drift | None = None
 
 
 def crash_point(name: str) -> None:
@@ -51,17 +67,17 @@ class StepFailed(DradriverError):
 class Transaction:
     """The recorded changes of one claim; every change goes through :meth:`run`."""
 
-    def __init__(self, record: ClaimRecord, store: CheckpointStore, undo: Mapping[str, Undo]) -> None:
+    def __init__(self, record: ClaimRecord, store: CheckpointStore, kinds: Mapping[str, StepKind]) -> None:
         self.record = record
         self._store = store
-        self._undo = undo
+        self._kinds = kinds
         self._declared: list[Action] = []  # expected and not started yet, in order
 
     def expect(self, step: str, device: str, params: dict[str, Any]) -> None:
         """Declare a step the claim will run, before its record is first written: the intent is then part of
         that write, and :meth:`run` of the step writes nothing."""
-        if step not in self._undo:
-            raise ValueError(f"step {step!r} has no undo registered")
+        if step not in self._kinds:
+            raise ValueError(f"step {step!r} is not a registered step kind")
         action = Action(step=step, device=device, params=dict(params))
         self.record.actions.append(action)
         self._declared.append(action)
@@ -82,8 +98,8 @@ class Transaction:
         whose change may or may not have happened. If ``change`` raises, nothing was changed (NVML calls are
         all-or-nothing; a step that reads back after changing cleans up itself): the intent is dropped and
         :class:`StepFailed` raised."""
-        if step not in self._undo:
-            raise ValueError(f"step {step!r} has no undo registered")
+        if step not in self._kinds:
+            raise ValueError(f"step {step!r} is not a registered step kind")
         action = next((a for a in self._declared if a.step == step and a.device == device), None)
         if action is not None:
             self._declared.remove(action)
@@ -125,13 +141,13 @@ class Transaction:
             action = self.record.actions[-1]
             if not skip(action):
                 try:
-                    undo = self._undo.get(action.step)
-                    if undo is None:
+                    kind = self._kinds.get(action.step)
+                    if kind is None:
                         raise DradriverError(
                             f"this driver version cannot undo step {action.step!r} (a newer version recorded it); "
                             "run that version to unprepare the claim"
                         )
-                    undo(self.record, action)
+                    kind.undo(self.record, action)
                     fault_point(f"undone:{action.step}")
                 except (DradriverError, KeyError, ValueError, TypeError) as err:  # also a malformed record
                     message = f"undoing {action.step} of {action.device or 'the claim'} failed: {err}"

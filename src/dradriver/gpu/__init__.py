@@ -1,1 +1,3 @@
-"""GPU layer: the NVML port, its NVML adapter and simulator, and discovery into our device model."""
+"""GPU layer: the NVML port (``interface``, ``models``, ``errors``), its NVML adapter (``nvml``), the product facts
+(``products``), discovery into our device model (``inventory``) and the backend factory (``backend``), the one door
+to the simulated node in :mod:`dradriver.sim`."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -13,7 +14,7 @@ from support.kubelet_plugin_fakes import DRIVER, FakeClaimSource, FakeHandler
 
 from dradriver.plugin.handler import HealthBoard
 from dradriver.plugin.kubeletplugin.kubelet_client import KubeletClient
-from dradriver.plugin.kubeletplugin.plugin import KubeletPlugin
+from dradriver.plugin.kubeletplugin.plugin import KubeletPlugin, KubeletPluginOptions
 
 
 @pytest.fixture
@@ -40,6 +41,7 @@ def health() -> HealthBoard:
 
 
 PluginFactory = Callable[..., KubeletPlugin]
+OPTION_FIELDS = {field.name for field in dataclasses.fields(KubeletPluginOptions)}
 
 
 @pytest.fixture
@@ -50,20 +52,20 @@ def make_plugin(
     built: list[KubeletPlugin] = []
 
     def build(**overrides: Any) -> KubeletPlugin:
+        """``overrides`` name options (:class:`KubeletPluginOptions` fields) and parts (``handler``, …) alike."""
+        parts: dict[str, Any] = {"handler": handler, "claim_source": claims, "health_source": health}
         options: dict[str, Any] = {
             "driver_name": DRIVER,
             "node_name": "node-a",
-            "handler": handler,
-            "claim_source": claims,
-            "health_source": health,
             "registry_dir": sock_dir / "registry",
             "plugin_dir": sock_dir / "plugin",
             "health_interval": 30.0,
             "registration_check_interval": 0.02,
             "stop_grace": 1.0,
         }
-        options.update(overrides)
-        plugin = KubeletPlugin(**options)
+        for name, value in overrides.items():
+            (options if name in OPTION_FIELDS else parts)[name] = value
+        plugin = KubeletPlugin(KubeletPluginOptions(**options), **parts)
         built.append(plugin)
         return plugin
 

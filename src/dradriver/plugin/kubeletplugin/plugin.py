@@ -15,6 +15,7 @@ import os
 import re
 import threading
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -57,16 +58,13 @@ CLAIM_STATUS_STOP_SECONDS = 5.0  # the most a stop waits for a claim status writ
 _POD_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
 
 
-class KubeletPlugin:
-    """Serves a driver to the kubelet: DRA v1 + v1beta1 (+ health v1alpha1) and the registration socket.
+@dataclass(frozen=True, kw_only=True)
+class KubeletPluginOptions:
+    """How a :class:`KubeletPlugin` serves: names, directories, intervals and modes (checked when made).
 
-    ``handler`` prepares and unprepares claims; ``claim_source`` fetches claims from the API server before
-    prepare; ``health_source``, if given, feeds the health stream (and the service is only advertised then).
-    ``claim_locks`` is a seam for tests that need to observe per-claim serialisation. ``claim_status``, if
-    given, writes each prepared claim's ``status.devices`` and clears it at unprepare.
     ``device_metadata_cdi_dir``, if given, turns on KEP-5304 device metadata files, with their CDI specs there;
     with ``device_metadata=False`` as well, none are written but those of earlier runs are removed at unprepare
-    and by :meth:`remove_unowned_device_metadata`.
+    and by :meth:`KubeletPlugin.remove_unowned_device_metadata`.
 
     ``pod_uid`` switches on rolling-update mode (as the upstream kubeletplugin helper's ``RollingUpdate``): the
     registration and DRA sockets get per-pod names (``<driver>-<uid>-reg.sock``, ``dra-<uid>.sock``) so a new
@@ -74,6 +72,37 @@ class KubeletPlugin:
     other pods of this driver but not a second process of the same pod nor a fixed-name instance, and
     prepare/unprepare are serialised across the instances by a file lock. Without it the names are fixed and
     one instance at a time serves the node.
+    """
+
+    driver_name: str
+    node_name: str
+    registry_dir: Path = DEFAULT_REGISTRY_DIR
+    plugin_dir: Path | None = None  # default: <plugins dir>/<driver name>
+    health_interval: float = 10.0
+    registration_check_interval: float = 1.0
+    stop_grace: float = 5.0
+    stop_drain: float = 20.0
+    max_workers: int = 16
+    device_metadata_cdi_dir: Path | None = None
+    device_metadata: bool = True
+    pod_uid: str | None = None
+
+    def __post_init__(self) -> None:
+        check_driver_name(self.driver_name)
+        if self.health_interval <= 0 or self.registration_check_interval <= 0:
+            raise ConfigError("health_interval and registration_check_interval must be positive (seconds)")
+        if self.pod_uid is not None:
+            check_pod_uid(self.pod_uid)
+
+
+class KubeletPlugin:
+    """Serves a driver to the kubelet: DRA v1 + v1beta1 (+ health v1alpha1) and the registration socket.
+
+    ``options`` say how (:class:`KubeletPluginOptions`); the rest are the parts it works with. ``handler``
+    prepares and unprepares claims; ``claim_source`` fetches claims from the API server before prepare;
+    ``health_source``, if given, feeds the health stream (and the service is only advertised then).
+    ``claim_status``, if given, writes each prepared claim's ``status.devices`` and clears it at unprepare.
+    ``claim_locks`` is a seam for tests that need to observe per-claim serialisation.
 
     ``on_plugin_dir_recreated`` is called after the plugin directory was deleted under the running plugin and
     its DRA socket re-created, so the driver can write back what it keeps there (a checkpoint); if it raises, it is
@@ -82,35 +111,22 @@ class KubeletPlugin:
 
     def __init__(
         self,
+        options: KubeletPluginOptions,
         *,
-        driver_name: str,
-        node_name: str,
         handler: DriverHandler,
         claim_source: ClaimSource,
         health_source: HealthSource | None = None,
-        registry_dir: Path = DEFAULT_REGISTRY_DIR,
-        plugin_dir: Path | None = None,
-        health_interval: float = 10.0,
-        registration_check_interval: float = 1.0,
-        stop_grace: float = 5.0,
-        stop_drain: float = 20.0,
-        max_workers: int = 16,
-        claim_locks: ClaimLocks | None = None,
         claim_status: ClaimStatusWriter | None = None,
-        device_metadata_cdi_dir: Path | None = None,
-        device_metadata: bool = True,
-        pod_uid: str | None = None,
+        claim_locks: ClaimLocks | None = None,
         on_plugin_dir_recreated: Callable[[], None] | None = None,
     ) -> None:
-        check_driver_name(driver_name)
-        if health_interval <= 0 or registration_check_interval <= 0:
-            raise ConfigError("health_interval and registration_check_interval must be positive (seconds)")
-        if pod_uid is not None:
-            check_pod_uid(pod_uid)
+        self.options = options
+        driver_name, pod_uid = options.driver_name, options.pod_uid
+        plugin_dir, device_metadata_cdi_dir = options.plugin_dir, options.device_metadata_cdi_dir
         self.driver_name = driver_name
-        self.node_name = node_name
+        self.node_name = options.node_name
         self.pod_uid = pod_uid or None
-        self.registry_dir = Path(registry_dir).absolute()
+        self.registry_dir = Path(options.registry_dir).absolute()
         self.plugin_dir = Path(plugin_dir or DEFAULT_PLUGINS_DIR / driver_name).absolute()
         if self.pod_uid is None:
             self.dra_socket = self.plugin_dir / DRA_SOCKET_NAME
@@ -128,7 +144,7 @@ class KubeletPlugin:
                 driver_name=driver_name,
                 plugin_dir=self.plugin_dir,
                 cdi_dir=device_metadata_cdi_dir,
-                enabled=device_metadata,
+                enabled=options.device_metadata,
             )
             if device_metadata_cdi_dir is not None
             else None
@@ -142,13 +158,15 @@ class KubeletPlugin:
             device_metadata=self._device_metadata,
         )
         self._health = (
-            DRAResourceHealthV1alpha1(health_source, interval=health_interval) if health_source is not None else None
+            DRAResourceHealthV1alpha1(health_source, interval=options.health_interval)
+            if health_source is not None
+            else None
         )
         self.services: tuple[str, ...] = (DRA_V1, DRA_V1BETA1) + ((HEALTH_V1ALPHA1,) if self._health else ())
-        self._check_interval = registration_check_interval
-        self._stop_grace = stop_grace
-        self._stop_drain = stop_drain
-        self._max_workers = max_workers
+        self._check_interval = options.registration_check_interval
+        self._stop_grace = options.stop_grace
+        self._stop_drain = options.stop_drain
+        self._max_workers = options.max_workers
         self._lock = InstanceLock(self.plugin_dir / LOCK_FILE_NAME, pod_uid=self.pod_uid)
         self._dra_server: SocketServer | None = None
         self._registration_server: SocketServer | None = None
