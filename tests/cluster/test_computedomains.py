@@ -51,11 +51,8 @@ def cd_cluster(control_plane: ControlPlane) -> Iterator[dict[str, Any]]:
     kube.wait(
         "the dradriver namespace's default ServiceAccount", lambda: kube.find("serviceaccounts", "default", NAMESPACE)
     )
-    kube.create(
-        "serviceaccounts",
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "dradriver-compute-domain-daemon"}},
-        NAMESPACE,
-    )
+    # The daemon pods' service account (and the rest of the ComputeDomain RBAC, accepted by the API server).
+    _kubectl(control_plane, "apply", "--server-side", "-f", str(REPO / "manifests/computedomain/rbac.yaml"))
     nodes: dict[str, CdNode] = {}
     controller = ControllerRun(control_plane.kubeconfig, control_plane.logs / "cd-controller.log", "controller-a")
     try:
@@ -214,9 +211,8 @@ def test_a_crashed_daemon_is_restarted_and_keeps_its_index(cd_cluster: dict[str,
     kube: Kube = cd_cluster["kube"]
     _job(cd_cluster, "crash", "Single", ("tray-a", "tray-b"))
     runner = cd_cluster["nodes"]["tray-b"].runner
-    daemon = runner.daemon()
     before = {n["name"]: n["index"] for n in kube.get("computedomains", "crash", USER_NS)["status"]["nodes"]}
-    daemon.process.kill()
+    daemon = runner.crash_daemon()
     kube.wait("the daemon restarted", lambda: daemon.starts >= 2, TIMEOUT)
 
     def ready_again() -> Any:
@@ -318,3 +314,24 @@ def test_fifty_daemons_join_one_clique_without_a_conflict(cd_cluster: dict[str, 
     assert all(d["status"] == "Ready" and d["ipAddress"] for d in result["daemons"])
     rest.delete(clique)
     rest.close()
+
+
+@pytest.mark.parametrize(
+    ("spec", "count"), [("channel-injection", 1), ("channel-injection-all", api.MAX_IMEX_CHANNELS)]
+)
+def test_nvidias_imex_demo_with_our_api_version_runs(cd_cluster: dict[str, Any], spec: str, count: int) -> None:
+    kube: Kube = cd_cluster["kube"]
+    path = REPO / "examples" / "computedomains" / f"{spec}.yaml"
+    _kubectl(cd_cluster["plane"], "apply", "-n", USER_NS, "-f", str(path))
+    pod = kube.wait("the demo pod", lambda: kube.find("pods", f"imex-{spec}", USER_NS), TIMEOUT)
+
+    def running() -> Any:
+        node = kube.get("pods", f"imex-{spec}", USER_NS)["spec"].get("nodeName")
+        return node in cd_cluster["nodes"] and _running(cd_cluster, node, pod)
+
+    kube.wait("the demo pod running", running, TIMEOUT)
+    node = kube.get("pods", f"imex-{spec}", USER_NS)["spec"]["nodeName"]
+    assert len(_running(cd_cluster, node, pod).container.device_nodes) == count
+    _kubectl(cd_cluster["plane"], "delete", "-n", USER_NS, "--wait=false", "-f", str(path))
+    _wait_gone(kube, "pods", f"imex-{spec}")
+    _wait_gone(kube, "computedomains", f"imex-{spec}")

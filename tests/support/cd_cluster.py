@@ -84,6 +84,8 @@ class PodRunner:
             if pod is None or pod["metadata"].get("deletionTimestamp"):
                 self._end(running)
             elif running.process is not None and running.process.poll() is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(running.process.pid, signal.SIGKILL)  # the container is gone, all of it
                 self._start_daemon(running)  # restartPolicy Always
         for uid, pod in bound.items():
             if uid not in self.pods and not pod["metadata"].get("deletionTimestamp"):
@@ -175,17 +177,21 @@ class PodRunner:
             "--host-imex-socket", str(self.node.root / "host-imex.sock"),
         ]  # fmt: skip
         with running.log.open("ab") as out:
-            running.process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+            # A session of its own: the container's processes (the daemon and its IMEX child) end together.
+            running.process = subprocess.Popen(
+                command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
         running.starts += 1
 
     def _end(self, running: RunningPod) -> None:
         if running.process is not None and running.process.poll() is None:
             running.process.send_signal(signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 running.process.wait(20)
-            except subprocess.TimeoutExpired:
-                running.process.kill()
-                running.process.wait(5)
+        if running.process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(running.process.pid, signal.SIGKILL)  # what the container left, as the runtime does
+            running.process.wait(5)
         for driver, claims in running.claims.items():
             with self.client.register(self.client.registry_dir / f"{driver}-reg.sock") as plugin:
                 errors = plugin.unprepare(claims)
@@ -196,6 +202,13 @@ class PodRunner:
         with contextlib.suppress(ApiError):
             self.kube.delete("pods", running.name, running.namespace, gracePeriodSeconds="0")
 
+    def crash_daemon(self) -> RunningPod:
+        """SIGKILL every process of this node's daemon container, as a container crash does."""
+        running = self.daemon()
+        assert running is not None and running.process is not None
+        os.killpg(running.process.pid, signal.SIGKILL)
+        return running
+
     def daemon(self) -> RunningPod | None:
         return next((p for p in self.pods.values() if p.process is not None), None)
 
@@ -203,8 +216,9 @@ class PodRunner:
         self._stop.set()
         self._thread.join(10)
         for running in self.pods.values():
-            if running.process is not None and running.process.poll() is None:
-                running.process.kill()
+            if running.process is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(running.process.pid, signal.SIGKILL)
                 running.process.wait(5)
 
 

@@ -13,6 +13,7 @@ from dradriver.computedomain.kube import Rest
 from dradriver.computedomain.node import DEFAULT_READY_TIMEOUT, NodeFacts
 from dradriver.computedomain.plugin import ComputeDomainPlugin
 from dradriver.errors import DeviceError
+from dradriver.gpu.backend import simulated_proc_root
 from dradriver.gpu.interface import GpuLib
 from dradriver.plugin.cluster.port import Cluster
 from dradriver.plugin.kubeletplugin.plugin import DEFAULT_PLUGINS_DIR
@@ -70,9 +71,7 @@ def start(
     plugin_dir = base / api.DRIVER_NAME
     proc = Path(args.cd_proc_root)
     if simulated and args.cd_proc_root == "/proc":
-        from dradriver.sim.fabric import write_fake_proc
-
-        proc = write_fake_proc(plugin_dir / "proc")
+        proc = simulated_proc_root(plugin_dir / "proc")
     clique = clique_id(gpulib)
     mgmt: Any = None
     if clique:

@@ -140,3 +140,58 @@ def channel_config(domain_uid: str, allocation_mode: str) -> dict[str, Any]:
 
 def daemon_config(domain_uid: str) -> dict[str, Any]:
     return {"apiVersion": API_VERSION, "kind": "ComputeDomainDaemonConfig", "domainID": domain_uid}
+
+
+def workload_claim_template(domain: dict[str, Any]) -> dict[str, Any]:
+    """The ResourceClaimTemplate a ComputeDomain gets in its namespace: one channel, the domain's config."""
+    meta = domain.get("metadata") or {}
+    spec = parse_spec(domain)
+    uid = str(meta.get("uid") or "<uid of the ComputeDomain>")
+    template: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {
+            "name": spec.channel.resource_claim_template.name,
+            "labels": {DOMAIN_LABEL: uid, TARGET_LABEL: "Workload"},
+        },
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "channel", "exactly": {"deviceClassName": CHANNEL_CLASS}}],
+                    "config": [
+                        {
+                            "requests": ["channel"],
+                            "opaque": {
+                                "driver": DRIVER_NAME,
+                                "parameters": channel_config(uid, spec.channel.allocation_mode),
+                            },
+                        }
+                    ],
+                }
+            }
+        },
+    }
+    if meta.get("namespace"):
+        template["metadata"]["namespace"] = meta["namespace"]
+    return template
+
+
+def device_classes() -> list[dict[str, Any]]:
+    """The two DeviceClasses (NVIDIA's selectors with our driver name); manifests/computedomain holds them too."""
+
+    def device_class(name: str, expression: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": expression}}]},
+        }
+
+    attributes = f"device.attributes['{DRIVER_NAME}']"
+    return [
+        device_class(
+            CHANNEL_CLASS,
+            f"device.driver == '{DRIVER_NAME}' && {attributes}.type == 'channel' && {attributes}.id == 0",
+        ),
+        device_class(DAEMON_CLASS, f"device.driver == '{DRIVER_NAME}' && {attributes}.type == 'daemon'"),
+    ]

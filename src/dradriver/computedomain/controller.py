@@ -121,7 +121,7 @@ class Controller:
         if (meta["namespace"], workload) not in names:
             self._create(
                 path_of("resource.k8s.io/v1", "resourceclaimtemplates", meta["namespace"]),
-                self._workload_template(domain, workload, spec.channel.allocation_mode),
+                self._workload_template(domain),
             )
         nodes = self._number_cliques(uid, snap)
         self._write_status(domain, nodes, num_nodes=spec.num_nodes)
@@ -326,31 +326,10 @@ class Controller:
         meta = domain["metadata"]
         return {"apiVersion": api.API_VERSION, "kind": "ComputeDomain", "name": meta["name"], "uid": meta["uid"]}
 
-    def _workload_template(self, domain: dict[str, Any], name: str, mode: str) -> dict[str, Any]:
-        uid = domain["metadata"]["uid"]
-        return {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaimTemplate",
-            "metadata": {
-                "name": name,
-                "namespace": domain["metadata"]["namespace"],
-                "labels": {api.DOMAIN_LABEL: uid, api.TARGET_LABEL: "Workload"},
-                "ownerReferences": [self._owner(domain)],
-            },
-            "spec": {
-                "spec": {
-                    "devices": {
-                        "requests": [{"name": "channel", "exactly": {"deviceClassName": api.CHANNEL_CLASS}}],
-                        "config": [
-                            {
-                                "requests": ["channel"],
-                                "opaque": {"driver": api.DRIVER_NAME, "parameters": api.channel_config(uid, mode)},
-                            }
-                        ],
-                    }
-                }
-            },
-        }
+    def _workload_template(self, domain: dict[str, Any]) -> dict[str, Any]:
+        template = api.workload_claim_template(domain)
+        template["metadata"]["ownerReferences"] = [self._owner(domain)]
+        return template
 
     def _daemon_template(self, uid: str) -> dict[str, Any]:
         return {

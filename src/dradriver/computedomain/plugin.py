@@ -14,7 +14,7 @@ from dradriver.computedomain.kube import Rest
 from dradriver.computedomain.node import ComputeDomainDriver, NodeFacts, slice_devices
 from dradriver.plugin.cluster.port import Cluster
 from dradriver.plugin.kubeletplugin.lifecycle import StopBudget
-from dradriver.plugin.kubeletplugin.plugin import KubeletPlugin
+from dradriver.plugin.kubeletplugin.plugin import KubeletPlugin, KubeletPluginOptions
 from dradriver.plugin.resourceslice.publisher import Publisher, SliceSpec
 from dradriver.validation.slices import SliceShape
 
@@ -47,12 +47,14 @@ class ComputeDomainPlugin:
             ready_timeout=ready_timeout,
         )
         self.plugin = KubeletPlugin(
-            driver_name=api.DRIVER_NAME,
-            node_name=facts.node_name,
+            KubeletPluginOptions(
+                driver_name=api.DRIVER_NAME,
+                node_name=facts.node_name,
+                registry_dir=registry_dir,
+                plugin_dir=plugin_dir,
+            ),
             handler=self.driver,
             claim_source=cluster,
-            registry_dir=registry_dir,
-            plugin_dir=plugin_dir,
         )
         self.publisher = Publisher(
             cluster,

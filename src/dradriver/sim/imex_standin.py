@@ -100,7 +100,7 @@ class Daemon:
             self.connected.clear()
 
     def serve_peers(self) -> None:
-        server = socket.create_server((self.bind, self.port), reuse_port=True)
+        server = socket.create_server((self.bind, self.port))
         while True:
             peer, _ = server.accept()
             with peer:
@@ -139,7 +139,7 @@ class Daemon:
             return "\n".join(rows) + "\n"
 
     def serve_commands(self) -> None:
-        server = socket.create_server((self.bind, int(self.config.get("IMEX_CMD_PORT", "50005"))), reuse_port=True)
+        server = socket.create_server((self.bind, int(self.config.get("IMEX_CMD_PORT", "50005"))))
         while True:
             client, _ = server.accept()
             with client:
