@@ -335,3 +335,42 @@ def test_nvidias_imex_demo_with_our_api_version_runs(cd_cluster: dict[str, Any],
     _kubectl(cd_cluster["plane"], "delete", "-n", USER_NS, "--wait=false", "-f", str(path))
     _wait_gone(kube, "pods", f"imex-{spec}")
     _wait_gone(kube, "computedomains", f"imex-{spec}")
+
+
+def test_a_node_joins_a_running_domain_and_one_leaves_it(cd_cluster: dict[str, Any]) -> None:
+    kube: Kube = cd_cluster["kube"]
+    domain, _ = _job(cd_cluster, "grow", "Single", ("tray-a", "tray-b"))
+    uid = domain["metadata"]["uid"]
+    # A third worker: tray-c's daemon joins with the next index, and the others learn its name.
+    third = _pod(kube, "grow-2", "grow-channel", "tray-c")
+    kube.wait("the third worker running", lambda: _running(cd_cluster, "tray-c", third), TIMEOUT)
+
+    def mesh(node: str, size: int) -> bool:
+        daemon = cd_cluster["nodes"][node].runner.daemon()
+        if daemon is None:
+            return False
+        table = subprocess.run(
+            [*imex_standin.ctl_command(), "-c", f"{daemon.container.mounts['/imexd']}/imexd.cfg", "-N"],
+            capture_output=True, text=True, timeout=10, check=False,
+        ).stdout  # fmt: skip
+        return sorted(line.split()[-1] for line in table.splitlines()) == ["C"] * (size - 1) + ["I"]
+
+    kube.wait("tray-a's IMEX daemon connected to both peers", lambda: mesh("tray-a", 3), TIMEOUT)
+    indices = {n["name"]: n["index"] for n in kube.get("computedomains", "grow", USER_NS)["status"]["nodes"]}
+    assert indices["tray-c"] == 2
+    # tray-b's worker ends: its daemon goes, its entry leaves the clique, the others keep their indices.
+    kube.delete("pods", "grow-1", USER_NS)
+    _wait_gone(kube, "pods", "grow-1")
+
+    def shrunk() -> bool:
+        nodes = kube.get("computedomains", "grow", USER_NS)["status"]["nodes"]
+        return {n["name"]: n["index"] for n in nodes} == {"tray-a": 0, "tray-c": 2}
+
+    kube.wait("tray-b gone from the domain", shrunk, TIMEOUT)
+    assert _labelled(kube, uid) == {"tray-a", "tray-c"}
+    kube.delete("pods", "grow-0", USER_NS)
+    kube.delete("pods", "grow-2", USER_NS)
+    _wait_gone(kube, "pods", "grow-0")
+    _wait_gone(kube, "pods", "grow-2")
+    kube.delete("computedomains", "grow", USER_NS)
+    _wait_gone(kube, "computedomains", "grow")
