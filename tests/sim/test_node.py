@@ -497,6 +497,8 @@ H200 = '{product: NVIDIA H200, pciBusId: "0000:1b:00.0"}'
             "gpus[0].migDevices[0].profile: NVIDIA A100-SXM4-40GB has no",
         ),
         ("name: x\ngpus: [\n", "not valid YAML"),
+        (f'name: "node-a\\n"\ngpus:\n  - {GOOD_GPU}\n', "name: 'node-a\\n' is not a node name without dots"),
+        (f"name: node.a\ngpus:\n  - {GOOD_GPU}\n", "name: 'node.a' is not a node name without dots"),
         ("- just\n- a list\n", "must be a mapping"),
         ("name: x\ngpus:\n  - {product: NVIDIA L4, pciBusId: '7:0.0'}\n", "gpus.0.pciBusId"),
         (f"name: x\ncolour: blue\ngpus:\n  - {GOOD_GPU}\n", "colour: Extra inputs are not permitted"),

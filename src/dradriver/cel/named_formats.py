@@ -14,11 +14,12 @@ from typing import Any
 from dradriver.cel.errors import CelEvaluationError
 from dradriver.cel.url_ext import parse_url
 from dradriver.cel.values import NONE, OptionalValue
+from dradriver.validation.names import DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, LABEL_NAME_PATTERN
 
-_LABEL = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_SUBDOMAIN = _LABEL + r"(\." + _LABEL + ")*"
+_LABEL = DNS_LABEL_PATTERN
+_SUBDOMAIN = DNS_SUBDOMAIN_PATTERN
 _DNS1035 = "[a-z]([-a-z0-9]*[a-z0-9])?"
-_QUALIFIED = "([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
+_QUALIFIED = LABEL_NAME_PATTERN
 _LABEL_VALUE = "(" + _QUALIFIED + ")?"
 _UUID = re.compile(r"(?i)(^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$)|(^[0-9a-f]{32}$)")
 _DATETIME = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?([Zz]|[+-]\d{2}:?\d{2})?\Z")

@@ -18,6 +18,7 @@ from dradriver.errors import ConfigError
 from dradriver.gpu.models import NO_CLUSTER_UUID
 from dradriver.gpu.products import FABRIC_ARCHITECTURES, ProductSpec, load_products
 from dradriver.inputs import parse_yaml, path_exists, read_text
+from dradriver.validation.names import DNS_SUBDOMAIN_MAX_LENGTH, is_dns_label
 
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -67,7 +68,7 @@ class FabricSpec(_Strict):
 
 
 class NodeProfile(_Strict):
-    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    name: str
     description: str = ""
     driver_version: str = Field(default="580.65.06", alias="driverVersion", pattern=r"^\d+\.\d+(\.\d+)?$")
     cuda_driver_version: int = Field(default=13000, alias="cudaDriverVersion", ge=1000)
@@ -76,6 +77,14 @@ class NodeProfile(_Strict):
     fabric: FabricSpec | None = Field(default=None, description="multi-node NVLink clique of the NVSwitch fabric")
     # NVML numbers GPUs per node; no server holds more than a few dozen (and each costs simulation time).
     gpus: tuple[GpuSpec, ...] = Field(min_length=1, max_length=64)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        # It names the simulated node (a DNS subdomain, at most 253 characters) and its pool, without dots.
+        if not is_dns_label(value, max_length=DNS_SUBDOMAIN_MAX_LENGTH):
+            raise ValueError(f"{value!r} is not a node name without dots (lower-case letters, digits and '-')")
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> NodeProfile:

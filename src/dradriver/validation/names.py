@@ -18,11 +18,14 @@ RESOURCE_DOMAIN_MAX_LENGTH = 63
 RESOURCE_NAME_MAX_LENGTH = 32
 LABEL_NAME_MAX_LENGTH = 63
 
-_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_DNS_LABEL = re.compile(_LABEL)
-_DNS_SUBDOMAIN = re.compile(rf"{_LABEL}(\.{_LABEL})*")
+# The patterns as apimachinery spells them (CEL's format library quotes them in its messages).
+DNS_LABEL_PATTERN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+DNS_SUBDOMAIN_PATTERN = rf"{DNS_LABEL_PATTERN}(\.{DNS_LABEL_PATTERN})*"
+LABEL_NAME_PATTERN = r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
+_DNS_LABEL = re.compile(DNS_LABEL_PATTERN)
+_DNS_SUBDOMAIN = re.compile(DNS_SUBDOMAIN_PATTERN)
 _C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+_LABEL_NAME = re.compile(LABEL_NAME_PATTERN)
 _SEMVER_ID = r"(?:0|[1-9][0-9]*)"
 _SEMVER_PRE = r"(?:0|[1-9][0-9]*|[0-9]*[a-zA-Z-][0-9a-zA-Z-]*)"
 # Semantic Versioning 2.0.0; groups: major, minor, patch, pre-release, build. Use with fullmatch.
@@ -37,7 +40,10 @@ DNS_SUBDOMAIN_HELP = "DNS subdomain (lower-case letters, digits, '-' and '.', at
 
 __all__ = [
     "DNS_LABEL_HELP",
+    "DNS_LABEL_PATTERN",
     "DNS_SUBDOMAIN_HELP",
+    "DNS_SUBDOMAIN_PATTERN",
+    "LABEL_NAME_PATTERN",
     "SEMVER",
     "is_c_identifier",
     "is_dns_label",
