@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -374,3 +375,20 @@ def test_a_node_joins_a_running_domain_and_one_leaves_it(cd_cluster: dict[str, A
     _wait_gone(kube, "pods", "grow-2")
     kube.delete("computedomains", "grow", USER_NS)
     _wait_gone(kube, "computedomains", "grow")
+
+
+def test_a_fabric_being_registered_again_withdraws_the_channel_until_it_is_done(cd_cluster: dict[str, Any]) -> None:
+    kube: Kube = cd_cluster["kube"]
+    node = cd_cluster["nodes"]["tray-c"].node
+    sim = [sys.executable, "-m", "dradriver", "sim", "--sim-profile", "gb200-nvl72-tray",
+           "--sim-state", str(node.root / "sim.json"), "--node-name", "tray-c", "fabric", "0"]  # fmt: skip
+
+    def devices() -> list[str]:
+        slices = kube.list("resourceslices", fieldSelector=f"spec.driver={api.DRIVER_NAME},spec.nodeName=tray-c")
+        return [d["name"] for s in slices for d in s["spec"].get("devices") or []]
+
+    kube.wait("the devices published", lambda: devices() == ["channel-0", "daemon-0"], TIMEOUT)
+    subprocess.run([*sim, "IN_PROGRESS"], check=True, capture_output=True, timeout=60)
+    kube.wait("the devices withdrawn", lambda: devices() == [], TIMEOUT)
+    subprocess.run([*sim, "COMPLETED"], check=True, capture_output=True, timeout=60)
+    kube.wait("the devices back", lambda: devices() == ["channel-0", "daemon-0"], TIMEOUT)

@@ -62,3 +62,15 @@ def test_imex_files() -> None:
         "127.0.0.1\tlocalhost\n10.9.9.9\tcompute-domain-daemon-0007\n", {1: "10.0.0.2", 0: "10.0.0.1"}
     )
     assert hosts == "127.0.0.1\tlocalhost\n10.0.0.1\tcompute-domain-daemon-0000\n10.0.0.2\tcompute-domain-daemon-0001\n"
+
+
+def test_the_node_facts_carry_a_fabric_problem_instead_of_failing(tmp_path: Path) -> None:
+    from dradriver.computedomain.plugin import read_facts
+
+    proc = simulated_proc_root(tmp_path / "proc")
+    gpulib, node = open_gpu_backend("sim", sim_profile="gb200-nvl72-tray", sim_state=tmp_path / "s.json")
+    assert node is not None
+    facts = read_facts(gpulib, "tray", proc)
+    assert (facts.clique_id, facts.channel_major, facts.problem) == (CLIQUE, 237, "")
+    node.set_fabric_state(0, FabricState.IN_PROGRESS)
+    assert "IN_PROGRESS, not COMPLETED" in read_facts(gpulib, "tray", proc).problem

@@ -178,3 +178,13 @@ def test_wrong_configs_are_refused_naming_the_field(
 ) -> None:
     result = _driver(rest, tmp_path).prepare_resource_claims([_claim("c1", device, parameters)])["c1"]
     assert result.error and message in result.error
+
+
+def test_a_node_whose_fabric_is_not_registered_refuses_channels(rest: FakeRest, tmp_path: Path) -> None:
+    driver = _driver(rest, tmp_path)
+    driver.facts = NodeFacts(NODE, "", 0, None, problem="GPU x: NVLink fabric registration is IN_PROGRESS")
+    result = driver.prepare_resource_claims([_claim("c1", "channel-0", api.channel_config(UID, "Single"))])["c1"]
+    assert result.error == (
+        "node tray-a cannot serve ComputeDomains now: GPU x: NVLink fabric registration is IN_PROGRESS"
+    )
+    assert "labels" not in rest.get(NODE_PATH)["metadata"]

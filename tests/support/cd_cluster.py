@@ -241,7 +241,16 @@ class CdNode:
             name,
             profile=profile,
             mig_mode="none",
-            extra=("--compute-domains", "true", "--cd-namespace", NAMESPACE, "--cd-ready-timeout", "2"),
+            extra=(
+                "--compute-domains",
+                "true",
+                "--cd-namespace",
+                NAMESPACE,
+                "--cd-ready-timeout",
+                "2",
+                "--cd-fabric-interval",
+                "1",
+            ),
         )
         return cls(node, PodRunner(kube, kubeconfig, node, ip), ip)
 

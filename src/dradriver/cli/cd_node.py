@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from dradriver.cli.options import add_env_option
 from dradriver.computedomain import api
-from dradriver.computedomain.fabric import CHANNELS_DEVICE, clique_id, device_major, imex_mgmt_device
 from dradriver.computedomain.kube import Rest
-from dradriver.computedomain.node import DEFAULT_READY_TIMEOUT, NodeFacts
-from dradriver.computedomain.plugin import ComputeDomainPlugin
-from dradriver.errors import DeviceError
+from dradriver.computedomain.node import DEFAULT_READY_TIMEOUT
+from dradriver.computedomain.plugin import ComputeDomainPlugin, read_facts
 from dradriver.gpu.backend import simulated_proc_root
 from dradriver.gpu.interface import GpuLib
 from dradriver.plugin.cluster.port import Cluster
@@ -49,6 +46,15 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     )
     add_env_option(
         parser,
+        "--cd-fabric-interval",
+        env="DRADRIVER_CD_FABRIC_INTERVAL",
+        default=10.0,
+        type=float,
+        metavar="SECONDS",
+        help="how often to re-read the node's NVLink clique (the fabric manager may re-register GPUs); 0: never",
+    )
+    add_env_option(
+        parser,
         "--cd-proc-root",
         env="DRADRIVER_CD_PROC_ROOT",
         default="/proc",
@@ -65,28 +71,16 @@ def start(
     node_uid: str | None,
     shape: SliceShape,
 ) -> ComputeDomainPlugin:
-    """Read the node's clique and device numbers, then serve and publish (raises before serving on a fault).
+    """Serve and publish; the node's clique and device numbers are read now and every --cd-fabric-interval.
     Its plugin directory (socket, lock, checkpoint, per-domain daemon files) is beside the GPU driver's."""
     base = Path(args.plugin_dir).parent if args.plugin_dir else DEFAULT_PLUGINS_DIR
     plugin_dir = base / api.DRIVER_NAME
     proc = Path(args.cd_proc_root)
     if simulated and args.cd_proc_root == "/proc":
         proc = simulated_proc_root(plugin_dir / "proc")
-    clique = clique_id(gpulib)
-    mgmt: Any = None
-    if clique:
-        try:
-            mgmt = imex_mgmt_device(proc)
-        except DeviceError:
-            mgmt = None  # the daemon claim then gets no management device; its IMEX daemon says what fails
-    facts = NodeFacts(
-        node_name=args.node_name,
-        clique_id=clique,
-        channel_major=device_major(CHANNELS_DEVICE, proc) if clique else 0,
-        imex_mgmt=mgmt,
-    )
     plugin = ComputeDomainPlugin(
-        facts=facts,
+        read=lambda: read_facts(gpulib, args.node_name, proc),
+        refresh_interval=args.cd_fabric_interval,
         cluster=cluster,
         rest=Rest.from_kubeconfig(args.kubeconfig),
         namespace=args.cd_namespace,

@@ -25,7 +25,7 @@ def clique_id(gpulib: GpuLib) -> str:
     """
     found: set[str] = set()
     for gpu in gpulib.gpus():
-        info = gpulib.fabric_info(gpu.uuid)
+        info = gpulib.fabric_info(gpu.uuid, fresh=True)
         if info is None or info.state == FabricState.NOT_SUPPORTED:
             continue
         if info.state != FabricState.COMPLETED:

@@ -53,12 +53,14 @@ def slice_devices(clique_id: str) -> list[dict[str, Any]]:
 
 @dataclass(frozen=True)
 class NodeFacts:
-    """What the node side knows about its node at start: clique and device numbers."""
+    """What the node side knows about its node: clique and device numbers (re-read while it runs, since the
+    fabric manager can re-register GPUs into another clique)."""
 
     node_name: str
     clique_id: str  # "" when the node is in no multi-node clique
     channel_major: int
     imex_mgmt: CharDevice | None  # None on a node without the capability (no clique)
+    problem: str = ""  # why the node cannot serve ComputeDomains now (fabric not registered); "" when it can
 
 
 class Checkpoint:
@@ -145,6 +147,8 @@ class ComputeDomainDriver:
     # -- prepare ---------------------------------------------------------------------------------------
 
     def _prepare(self, claim: AllocatedClaim) -> list[PreparedDevice]:
+        if self.facts.problem:
+            raise NotReadyError(f"node {self.facts.node_name} cannot serve ComputeDomains now: {self.facts.problem}")
         prepared: list[PreparedDevice] = []
         for device in claim.devices:
             if device.pool != self.facts.node_name or device.device not in (CHANNEL_DEVICE, DAEMON_DEVICE):
