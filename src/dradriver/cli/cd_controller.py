@@ -62,7 +62,9 @@ def register(parser: argparse.ArgumentParser) -> None:
         parser, "--identity", env="POD_NAME", default="", help="this replica's name in the Lease (default: host+uuid)"
     )
     add_env_option(parser, "--lease-duration", env="DRADRIVER_LEASE_DURATION", default=15.0, type=float, help="seconds")
-    add_env_option(parser, "--interval", env="DRADRIVER_CD_INTERVAL", default=1.0, type=float, help="seconds a pass")
+    add_env_option(
+        parser, "--interval", env="DRADRIVER_CD_INTERVAL", default=2.0, type=float, help="seconds between passes"
+    )
     add_env_option(parser, "--log-format", env="DRADRIVER_LOG_FORMAT", default="text", choices=("text", "json"),
                    help="log line format")  # fmt: skip
     parser.set_defaults(handler=run)
