@@ -7,6 +7,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import secrets
 import stat
 import threading
 import time
@@ -231,22 +232,32 @@ class SocketServer:
         self.inode: int | None = None
 
     def start(self) -> None:
-        """Replace a stale file at the path, bind and serve; on return, clients can connect."""
+        """Replace a stale file at the path, bind and serve; the path appears only once clients can connect.
+
+        The server binds a hidden name in the same directory and the socket is renamed into place after the
+        server started: a kubelet that dials the moment the file appears (its registry watcher does) is never
+        refused by a socket that is bound but not yet serving. The kubelet ignores hidden files.
+        """
         check_socket_path(self.path)
         remove_stale(self.path)
+        staging = self.path.with_name(f".{secrets.token_hex(3)}.sock")
+        check_socket_path(staging)
         try:
-            self._server.add_insecure_port(f"unix:{self.path}")
+            self._server.add_insecure_port(f"unix:{staging}")
         except RuntimeError as err:
             raise ConfigError(
                 f"cannot serve on socket {self.path}: {err}; check the directory exists and is writable"
             ) from err
         self._server.start()
         try:
-            os.chmod(self.path, 0o600)  # owner-only: the kubelet (root) is the only client
+            os.chmod(staging, 0o600)  # owner-only: the kubelet (root) is the only client
+            os.rename(staging, self.path)
             self.inode = os.stat(self.path).st_ino
         except OSError:
             # The file went (its directory deleted again meanwhile): do not leave a server running unowned.
             self._server.stop(None).wait()
+            with contextlib.suppress(OSError):
+                staging.unlink()
             raise
 
     def is_in_place(self) -> bool:

@@ -354,8 +354,8 @@ class KubeletPlugin:
         self._lock.renew(f"driver {self.driver_name} on node {self.node_name}")
         with self._mutex:
             old, self._dra_server = self._dra_server, None
-        # Stopped before the new one binds: gRPC unlinks its socket path when it shuts down, which would
-        # remove the new socket. Calls in flight on the old connections get the usual grace.
+        # Stopped before the new one serves, so one server at a time answers at the path; calls in flight on the
+        # old connections get the usual grace.
         if old is not None:
             old.stop(self._stop_grace)
         server = SocketServer(self.dra_socket, self._add_dra_services, max_workers=self._max_workers)
