@@ -188,3 +188,13 @@ def test_a_node_whose_fabric_is_not_registered_refuses_channels(rest: FakeRest, 
         "node tray-a cannot serve ComputeDomains now: GPU x: NVLink fabric registration is IN_PROGRESS"
     )
     assert "labels" not in rest.get(NODE_PATH)["metadata"]
+
+
+def test_the_daemon_claim_mounts_the_host_drivers_imex_binaries(rest: FakeRest, tmp_path: Path) -> None:
+    mount = {"hostPath": "/run/nvidia/driver/usr/bin/nvidia-imex", "containerPath": "/usr/bin/nvidia-imex",
+             "options": ["ro", "nosuid", "nodev", "bind"]}  # fmt: skip
+    driver = _driver(rest, tmp_path)
+    driver.daemon_mounts = [mount]
+    claim = _claim("d1", "daemon-0", api.daemon_config(UID), namespace="dradriver")
+    assert driver.prepare_resource_claims([claim])["d1"].error is None
+    assert _spec(tmp_path, "d1")["devices"][0]["containerEdits"]["mounts"][1] == mount

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
 
 from dradriver.cli.options import add_env_option
@@ -70,6 +71,7 @@ def start(
     cluster: Cluster,
     node_uid: str | None,
     shape: SliceShape,
+    imex_binaries: Sequence[tuple[str, str]] = (),
 ) -> ComputeDomainPlugin:
     """Serve and publish; the node's clique and device numbers are read now and every --cd-fabric-interval.
     Its plugin directory (socket, lock, checkpoint, per-domain daemon files) is beside the GPU driver's."""
@@ -90,6 +92,10 @@ def start(
         node_uid=node_uid,
         shape=shape,
         ready_timeout=args.cd_ready_timeout,
+        daemon_mounts=[
+            {"hostPath": host, "containerPath": container, "options": ["ro", "nosuid", "nodev", "bind"]}
+            for host, container in imex_binaries
+        ],
     )
     plugin.start()
     return plugin

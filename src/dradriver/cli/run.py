@@ -525,8 +525,15 @@ class DriverProcess:
                     log.warning("a rescan was still running when the stop budget ran out")
 
     def _start_compute_domains(self) -> ComputeDomainPlugin:
+        # The IMEX daemon pods run the host driver's nvidia-imex and nvidia-imex-ctl (versions must match it).
+        imex = [
+            (self.driver_root.host_path(f), f.container_path)
+            for f in self.driver_root.binaries
+            if f.path.name.startswith("nvidia-imex")
+        ]
         return cd_node.start(
             self.args,
+            imex_binaries=imex,
             gpulib=self.gpulib,
             simulated=self.simulated is not None,
             cluster=self.cluster,

@@ -111,6 +111,7 @@ class ComputeDomainDriver:
         cdi_dir: Path,
         ready_timeout: float = DEFAULT_READY_TIMEOUT,
         poll_interval: float = 0.5,
+        daemon_mounts: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         self.facts = facts
         self.rest = rest
@@ -119,6 +120,8 @@ class ComputeDomainDriver:
         self.cdi_dir = cdi_dir
         self.ready_timeout = ready_timeout
         self.poll_interval = poll_interval
+        # Host files every daemon container gets (the driver's nvidia-imex and nvidia-imex-ctl).
+        self.daemon_mounts = [dict(m) for m in daemon_mounts]
         self.checkpoint = Checkpoint(state_dir / "checkpoint.json")
         self._label_lock = threading.Lock()
 
@@ -226,7 +229,8 @@ class ComputeDomainDriver:
                 f"COMPUTE_DOMAIN_NAMESPACE={meta['namespace']}",
             ],
             "mounts": [
-                {"hostPath": str(directory), "containerPath": "/imexd", "options": ["rw", "nosuid", "nodev", "bind"]}
+                {"hostPath": str(directory), "containerPath": "/imexd", "options": ["rw", "nosuid", "nodev", "bind"]},
+                *self.daemon_mounts,
             ],
         }
         if self.facts.clique_id and self.facts.imex_mgmt is not None:

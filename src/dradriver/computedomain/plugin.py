@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from dradriver.computedomain import api
 from dradriver.computedomain.fabric import CHANNELS_DEVICE, clique_id, device_major, imex_mgmt_device
@@ -64,6 +65,7 @@ class ComputeDomainPlugin:
         node_uid: str | None,
         shape: SliceShape,
         ready_timeout: float,
+        daemon_mounts: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         facts = read()
         self._read = read
@@ -77,6 +79,7 @@ class ComputeDomainPlugin:
             state_dir=plugin_dir,
             cdi_dir=cdi_dir,
             ready_timeout=ready_timeout,
+            daemon_mounts=daemon_mounts,
         )
         self.plugin = KubeletPlugin(
             KubeletPluginOptions(
