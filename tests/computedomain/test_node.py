@@ -198,3 +198,13 @@ def test_the_daemon_claim_mounts_the_host_drivers_imex_binaries(rest: FakeRest, 
     claim = _claim("d1", "daemon-0", api.daemon_config(UID), namespace="dradriver")
     assert driver.prepare_resource_claims([claim])["d1"].error is None
     assert _spec(tmp_path, "d1")["devices"][0]["containerEdits"]["mounts"][1] == mount
+
+
+def test_the_domains_files_go_with_its_daemon_claim(rest: FakeRest, tmp_path: Path) -> None:
+    driver = _driver(rest, tmp_path)
+    claim = _claim("d1", "daemon-0", api.daemon_config(UID), namespace="dradriver")
+    assert driver.prepare_resource_claims([claim])["d1"].error is None
+    assert (tmp_path / "state" / "domains" / UID).is_dir()
+    assert driver.unprepare_resource_claims([claim.ref]) == {"d1": None}
+    assert not (tmp_path / "state" / "domains" / UID).exists()
+    assert not (tmp_path / "cdi" / f"{api.CDI_VENDOR}-claim_d1.json").exists()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -312,6 +313,11 @@ class ComputeDomainDriver:
             self._unlabel_node(entry["domain"])
         self._remove_cdi(ref.uid)
         self.checkpoint.update(lambda c: _drop(c, ref.uid))
+        if entry["kind"] == "daemon" and not any(
+            e["kind"] == "daemon" and e["domain"] == entry["domain"] for e in self.checkpoint.load().values()
+        ):
+            # The domain's IMEX files go with its last daemon here (a later daemon writes them anew).
+            shutil.rmtree(self.state_dir / "domains" / entry["domain"], ignore_errors=True)
 
     def _unlabel_node(self, uid: str) -> None:
         path = path_of("v1", "nodes", None, self.facts.node_name)
