@@ -108,6 +108,9 @@ def test_real_gpu_overlays_mount_the_driver_root_and_need_a_gpu_node(overlay: st
     [mount] = [m for m in container["volumeMounts"] if m["name"] == "driver-root"]
     assert mount["mountPropagation"] == "HostToContainer" and mount["readOnly"] is True
     assert env(container)["DRADRIVER_GPU_BACKEND"] == "nvml"
+    assert env(container)["DRADRIVER_DRIVER_ROOT"] == root
+    # NVML is loaded from the driver root by the path discovery found, whatever the layout (issue 22).
+    assert "LD_LIBRARY_PATH" not in env(container)
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     keys = {e["key"] for t in terms for e in t["matchExpressions"]}
     assert keys == {"feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present"}
@@ -136,6 +139,8 @@ def test_the_sim_overlay_runs_simulated_gpus_anywhere() -> None:
     assert variables["DRADRIVER_GPU_BACKEND"] == "sim"
     assert variables["DRADRIVER_MIG_MODE"] == "dynamic"
     assert variables["DRADRIVER_SIM_PROFILE"]
+    # An explicit driver root would be honoured on the simulated backend too: the sim overlay sets none.
+    assert "DRADRIVER_DRIVER_ROOT" not in variables and "DRADRIVER_CONTAINER_DRIVER_ROOT" not in variables
     assert "affinity" not in pod
     assert all(v["name"] != "driver-root" for v in pod["volumes"])
 

@@ -1,12 +1,22 @@
 """`dradriver run` refuses bad settings with one clear line, before touching anything."""
 
 import logging
+import os
+import signal
 import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
+from pathlib import PurePosixPath
 
 import pytest
 
 from dradriver.cli.main import main
+from dradriver.errors import ConfigError
+from dradriver.sim.driver_root import write_stub_driver_root
 
 
 @pytest.fixture(autouse=True)
@@ -32,7 +42,8 @@ def test_run_rejects_a_kubernetes_version_without_dra(capsys):
 
 
 def test_run_without_nvml_fails_with_one_line(capsys):
-    assert main(["run", "--node-name", "n", "--gpu-backend", "nvml"]) == 2
+    flags = ["--gpu-backend", "nvml", "--wait-for-driver", "0", "--metrics-address", ""]
+    assert main(["run", "--node-name", "n", *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert (
         err == "dradriver run: error: nvmlInit: NVML library not found: install the NVIDIA driver or use "
@@ -139,7 +150,7 @@ def test_run_refuses_a_bad_health_policy_with_one_line(capsys, tmp_path, flags, 
 def test_a_driver_root_without_libcuda_is_a_start_up_error_naming_the_flags(tmp_path):
     import argparse
 
-    from dradriver.cli.run import driver_root_for
+    from dradriver.cli.driver_root import driver_root_for
     from dradriver.errors import ConfigError
 
     (tmp_path / "usr/lib").mkdir(parents=True)
@@ -147,6 +158,7 @@ def test_a_driver_root_without_libcuda_is_a_start_up_error_naming_the_flags(tmp_
         driver_root="/run/nvidia/driver",
         container_driver_root=str(tmp_path),
         nvidia_cdi_hook_path="",
+        cdi_hook_source="none",
         plugin_dir=None,
         driver_name="gpu.dradriver.dev",
     )
@@ -157,10 +169,10 @@ def test_a_driver_root_without_libcuda_is_a_start_up_error_naming_the_flags(tmp_
 def test_a_simulated_node_gets_a_stub_driver_root_in_its_plugin_directory(tmp_path):
     import argparse
 
-    from dradriver.cli.run import driver_root_for
+    from dradriver.cli.driver_root import driver_root_for
 
     args = argparse.Namespace(
-        driver_root="/",
+        driver_root="",
         container_driver_root="/driver-root",  # the DaemonSet's setting does not matter on a simulated node
         nvidia_cdi_hook_path="none",
         plugin_dir=str(tmp_path / "plugin"),
@@ -169,6 +181,88 @@ def test_a_simulated_node_gets_a_stub_driver_root_in_its_plugin_directory(tmp_pa
     root = driver_root_for(args, "550.163.01", simulated=True)
     assert str(root.host_root) == str(tmp_path / "plugin/sim-driver-root")
     assert root.libcuda.path.name == "libcuda.so.550.163.01" and root.cdi_hook is None
+
+
+def _root_args(tmp_path, **kwargs):
+    import argparse
+
+    defaults = {
+        "driver_root": "",
+        "container_driver_root": None,
+        "nvidia_cdi_hook_path": "",
+        "cdi_hook_source": "none",
+        "plugin_dir": str(tmp_path / "plugin"),
+        "driver_name": "gpu.dradriver.dev",
+    }
+    return argparse.Namespace(**{**defaults, **kwargs})
+
+
+def test_a_simulated_node_honours_an_explicit_driver_root(tmp_path):
+    from dradriver.cli.driver_root import driver_root_for
+
+    # Any install layout, e.g. the H100 node's /usr/local/nvidia, runs on the simulated backend when named.
+    layout = write_stub_driver_root(tmp_path / "layout", "550.163.01")
+    root = driver_root_for(_root_args(tmp_path, driver_root=str(layout)), "550.163.01", simulated=True)
+    assert root.host_root == PurePosixPath(layout)
+    assert not (tmp_path / "plugin/sim-driver-root").exists()
+
+
+def test_the_images_hook_is_copied_to_the_plugin_directory_and_named_in_specs(tmp_path):
+    from dradriver.cli.driver_root import cdi_hook_for
+
+    shipped = tmp_path / "image/nvidia-cdi-hook"
+    shipped.parent.mkdir()
+    shipped.write_bytes(b"#!/bin/sh\nexit 0\n")
+    copied = tmp_path / "plugin/nvidia-cdi-hook"
+    assert cdi_hook_for(_root_args(tmp_path, cdi_hook_source=str(shipped))) == str(copied)
+    assert copied.read_bytes() == shipped.read_bytes() and os.access(copied, os.X_OK)
+    before = copied.stat().st_ino
+    assert cdi_hook_for(_root_args(tmp_path, cdi_hook_source=str(shipped))) == str(copied)
+    assert copied.stat().st_ino == before, "an identical hook is left alone (a runtime may be running it)"
+    shipped.write_bytes(b"#!/bin/sh\nexit 1\n")
+    cdi_hook_for(_root_args(tmp_path, cdi_hook_source=str(shipped)))
+    assert copied.read_bytes() == shipped.read_bytes()
+    # An explicit host path wins; none turns the hooks off; no source leaves discovery to the driver root.
+    given = _root_args(tmp_path, cdi_hook_source=str(shipped), nvidia_cdi_hook_path="/opt/hook")
+    assert cdi_hook_for(given) == "/opt/hook"
+    assert cdi_hook_for(_root_args(tmp_path, nvidia_cdi_hook_path="none")) is None
+    assert cdi_hook_for(_root_args(tmp_path)) == ""
+    with pytest.raises(ConfigError, match="--cdi-hook-source"):
+        cdi_hook_for(_root_args(tmp_path, cdi_hook_source=str(tmp_path / "missing")))
+
+
+def test_a_node_without_the_driver_yet_waits_alive_but_not_ready_and_stops_on_sigterm(tmp_path):
+    from support.control_plane import free_port
+
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "dradriver", *run_args(tmp_path)[:-1], f"127.0.0.1:{port}"),
+            *("--gpu-backend", "nvml", "--driver-root", str(tmp_path / "empty-root"), "--cdi-hook-source", "none"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        answers: dict[str, int] = {}
+        while time.monotonic() < deadline and len(answers) < 2:
+            for path in ("/livez", "/readyz"):
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as reply:
+                        answers[path] = reply.status
+                except urllib.error.HTTPError as err:
+                    answers[path] = err.code
+                except OSError:
+                    time.sleep(0.05)  # not listening yet: poll again
+        assert answers == {"/livez": 200, "/readyz": 503}
+        process.send_signal(signal.SIGTERM)
+        _out, err = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    assert "waiting for the NVIDIA driver" in err and "NVML" in err
 
 
 def test_an_unexpected_rescan_failure_does_not_end_rescanning(caplog):
@@ -235,3 +329,32 @@ def test_the_periodic_mps_check_holds_the_rolling_update_lock(tmp_path):
     process.refresh.set()
     worker.join(10)
     assert held == [True] and not worker.is_alive()
+
+
+def test_an_in_place_driver_upgrade_is_followed_for_new_prepares_naming_claims_on_the_old_files(tmp_path, caplog):
+    from types import SimpleNamespace
+
+    from dradriver.cli.driver_root import driver_root_for
+    from dradriver.cli.run import DriverProcess
+
+    root = tmp_path / "root"
+    write_stub_driver_root(root, "580.65.06")
+    args = _root_args(tmp_path, driver_root=str(root), node_name="n", mig_mode="none", rescan_interval=0, pod_uid="")
+    process = DriverProcess(args)
+    process.simulated = None
+    process.driver_root = driver_root_for(args, "580.65.06", simulated=False)
+    process.driver = SimpleNamespace(cdi=SimpleNamespace(driver_root=process.driver_root))
+    process.checkpoint = SimpleNamespace(
+        records=lambda: [SimpleNamespace(uid="claim-b"), SimpleNamespace(uid="claim-a")]
+    )
+    caplog.set_level(logging.INFO)
+
+    process._follow_driver_upgrade("590.10.01")  # NVML says so, but the new files are not there yet
+    assert process.driver_root.version == "580.65.06" and "files are not all there yet" in caplog.text
+
+    write_stub_driver_root(root, "590.10.01")
+    process._follow_driver_upgrade("590.10.01")
+    assert process.driver_root.version == "590.10.01"
+    assert process.driver.cdi.driver_root is process.driver_root  # what the next prepare's spec is built from
+    assert process.driver_root.libcuda.path.name == "libcuda.so.590.10.01"
+    assert "upgraded in place from 580.65.06 to 590.10.01" in caplog.text and "claims=claim-a,claim-b" in caplog.text

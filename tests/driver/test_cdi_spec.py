@@ -95,15 +95,20 @@ def test_a_whole_gpu_gets_its_node_its_uuid_and_the_driver_files_read_only(tmp_p
 
 def test_hooks_recreate_soname_links_and_the_linker_cache_where_the_host_has_nvidia_cdi_hook(tmp_path: Path):
     spec = prepare(tmp_path, driver_root(tmp_path, hook=True, host_root="/"), claim("u1", ("gpu", GPU_A)))
-    symlinks, ldcache = spec["containerEdits"]["hooks"]
-    assert symlinks["hookName"] == ldcache["hookName"] == "createContainer"
-    assert symlinks["path"] == ldcache["path"] == "/usr/bin/nvidia-cdi-hook"
+    symlinks, compat, no_mknod, ldcache = spec["containerEdits"]["hooks"]
+    hooks = (symlinks, compat, no_mknod, ldcache)
+    assert {h["hookName"] for h in hooks} == {"createContainer"}
+    assert {h["path"] for h in hooks} == {"/usr/bin/nvidia-cdi-hook"}
+    assert no_mknod["args"] == ["nvidia-cdi-hook", "disable-device-node-modification"]
     assert symlinks["args"][:2] == ["nvidia-cdi-hook", "create-symlinks"]
     links = symlinks["args"][2:]
     assert links[::2] == ["--link"] * (len(links) // 2)
     assert f"libcuda.so.{VERSION}::{LIBDIR}/libcuda.so.1" in links
     assert f"libcuda.so.1::{LIBDIR}/libcuda.so" in links
-    assert ldcache["args"] == ["nvidia-cdi-hook", "update-ldcache", "--folder", LIBDIR]
+    assert f"libcuda.so.{VERSION}::/usr/lib64/libcuda.so.1" in links
+    # CUDA forward compatibility (an image's newer compat libraries), then the cache with every library directory.
+    assert compat["args"] == ["nvidia-cdi-hook", "enable-cuda-compat", f"--host-driver-version={VERSION}"]
+    assert ldcache["args"] == ["nvidia-cdi-hook", "update-ldcache", "--folder", LIBDIR, "--folder", "/usr/lib64"]
     # The links come from the hook, so they are not mounted as files.
     assert f"{LIBDIR}/libcuda.so.1" not in {m["containerPath"] for m in spec["containerEdits"]["mounts"]}
 
@@ -113,7 +118,8 @@ def test_without_the_hook_the_soname_links_are_mounted_as_files(tmp_path: Path):
     spec = prepare(tmp_path, root, claim("u1", ("gpu", GPU_A)))
     assert "hooks" not in spec["containerEdits"]
     mounts = {m["containerPath"]: m["hostPath"] for m in spec["containerEdits"]["mounts"]}
-    assert mounts[f"{LIBDIR}/libcuda.so.1"] == f"{root.host_root}{LIBDIR}/libcuda.so.1"
+    assert mounts[f"{LIBDIR}/libcuda.so.1"] == f"{root.host_root}{LIBDIR}/libcuda.so.{VERSION}"
+    assert mounts["/usr/lib64/libcuda.so.1"] == f"{root.host_root}{LIBDIR}/libcuda.so.{VERSION}"
     assert f"{LIBDIR}/libcuda.so" not in mounts  # a link only the hook creates
 
 

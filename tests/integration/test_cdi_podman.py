@@ -228,7 +228,9 @@ def test_the_runtime_runs_nvidias_hooks_with_the_rendered_arguments(world: Path)
     assert done.stdout.count(f"stub libcuda.so.{VERSION}") == 2
     calls = (world / "hook.log").read_text().splitlines()
     assert any(c.startswith("create-symlinks ") and f"libcuda.so.{VERSION}::{LIBDIR}/libcuda.so.1" in c for c in calls)
-    assert f"update-ldcache --folder {LIBDIR}" in calls
+    assert f"enable-cuda-compat --host-driver-version={VERSION}" in calls
+    assert "disable-device-node-modification" in calls
+    assert f"update-ldcache --folder {LIBDIR} --folder /usr/lib64" in calls
 
 
 class _Claims:

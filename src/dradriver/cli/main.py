@@ -1,8 +1,8 @@
 """Entry point of the ``dradriver`` command (also installed as ``kubectl-dradriver``).
 
 Exit status, for scripts: 0 success; 1 only when ``explain`` finds that a claim does not fit (or ``demo``'s claim
-does not); 2 invalid input or configuration (one line naming the input, the field and the fix); 70 an unexpected
-internal error (one line; ``--debug`` shows the traceback); 130 interrupted.
+does not), or ``doctor`` finds a failing check; 2 invalid input or configuration (one line naming the input, the
+field and the fix); 70 an unexpected internal error (one line; ``--debug`` shows the traceback); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cd-controller": ("dradriver.cli.cd_controller", "run the ComputeDomain controller (a Deployment)"),
     "cd-daemon": ("dradriver.cli.cd_daemon", "run or probe a ComputeDomain's IMEX daemon (in its DaemonSet pods)"),
     "demo": ("dradriver.cli.demo", "run the whole driver on a simulated node, without a cluster"),
+    "doctor": ("dradriver.cli.doctor", "check this node for the driver: NVML, driver files, CDI, runtime, kubelet"),
     "inventory": ("dradriver.cli.inventory", "list this node's GPUs and MIG devices"),
     "explain": ("dradriver.cli.explain", "explain whether ResourceClaims fit a node's devices, and why not"),
     "run": ("dradriver.cli.run", "run the kubelet plugin (the DaemonSet entry point)"),
@@ -57,8 +58,8 @@ def build_parser(commands: Collection[str] = tuple(COMMANDS)) -> argparse.Argume
     parser = Parser(
         prog=_program_name(),
         description="Kubernetes DRA driver for NVIDIA GPUs: discover, publish, prepare, explain.",
-        epilog="exit status: 0 success, 1 a claim does not fit (explain), 2 invalid input or configuration, "
-        "70 internal error (rerun with --debug)",
+        epilog="exit status: 0 success, 1 a claim does not fit (explain) or a check failed (doctor), 2 invalid input "
+        "or configuration, 70 internal error (rerun with --debug)",
     )
     parser.add_argument("--version", action="version", version=f"dradriver {__version__}")
     parser.add_argument("--debug", action="store_true", help="print the traceback of an internal error")

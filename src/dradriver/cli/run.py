@@ -8,6 +8,7 @@ import logging
 import shlex
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,12 @@ from typing import Any
 import grpc
 
 from dradriver.cli import cd_node
+from dradriver.cli.driver_root import (
+    add_driver_root_options,
+    driver_root_for,
+    nvml_library_for,
+    seconds_or_forever,
+)
 from dradriver.cli.logs import configure_logging
 from dradriver.cli.options import (
     add_env_option,
@@ -31,7 +38,7 @@ from dradriver.cli.status_server import StatusServer, check_bindable
 from dradriver.computedomain.plugin import ComputeDomainPlugin
 from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.checkpoint import CheckpointStore
-from dradriver.driver.driver_root import DriverRoot, discover_driver_root
+from dradriver.driver.driver_root import DriverRoot, DriverRootError
 from dradriver.driver.health import (
     DEFAULT_FATAL_XIDS,
     DEFAULT_IGNORED_XIDS,
@@ -46,7 +53,8 @@ from dradriver.driver.mps import DEFAULT_COMMAND, MpsControl
 from dradriver.driver.slices import SliceSettings, build_slice_specs, shape_for
 from dradriver.driver.state import GpuDriver
 from dradriver.errors import ConfigError, DradriverError
-from dradriver.gpu.backend import open_gpu_backend, simulated_driver_root, simulated_mps_command
+from dradriver.gpu.backend import open_gpu_backend, simulated_mps_command
+from dradriver.gpu.errors import DriverNotLoaded, LibraryNotFound
 from dradriver.gpu.inventory import MigMode, discover
 from dradriver.plugin.cluster import ClusterError, NotFoundError, kubernetes_minor_version
 from dradriver.plugin.cluster.claim_status import ClaimStatusWriter
@@ -68,6 +76,8 @@ log = logging.getLogger("dradriver.run")
 DEFAULT_STATUS_ADDRESS = ":8080"
 # The DaemonSet's terminationGracePeriodSeconds is 30: stop within 25 s, leaving the rest for the exit itself.
 STOP_BUDGET_SECONDS = 25.0
+# How often a start waiting for the NVIDIA driver looks again (and says what it waits for).
+DRIVER_WAIT_INTERVAL = 30.0
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -171,38 +181,25 @@ def register(parser: argparse.ArgumentParser) -> None:
     add_gpu_options(parser)
     add_slice_options(parser, version_default="")
     add_driver_root_options(parser)
+    _add_claim_status_options(parser)
     _add_health_options(parser)
     cd_node.add_options(parser)
     parser.set_defaults(handler=run)
 
 
-def add_driver_root_options(parser: argparse.ArgumentParser) -> None:
-    """Where the NVIDIA driver's files are, for the CDI specs; and whether claims get device status."""
-    group = parser.add_argument_group("CDI specs and claim status")
+def _add_claim_status_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("start-up and claim status")
     add_env_option(
         group,
-        "--driver-root",
-        env="DRADRIVER_DRIVER_ROOT",
-        default="/",
-        help="host path of the NVIDIA driver's files: / where the driver is installed on the host, "
-        "/run/nvidia/driver with the GPU Operator's driver container (a simulated node uses a stub root in the "
-        "plugin directory instead)",
+        "--wait-for-driver",
+        env="DRADRIVER_WAIT_FOR_DRIVER",
+        default=float("inf"),
+        type=seconds_or_forever,
+        metavar="SECONDS",
+        help="while NVML or the driver's files are missing (the GPU Operator installs the driver after this pod "
+        "starts), wait this long, not ready, logging what is missing every 30 s; 0: fail at once",
     )
-    add_env_option(
-        group,
-        "--container-driver-root",
-        env="DRADRIVER_CONTAINER_DRIVER_ROOT",
-        help="where this container mounts --driver-root, e.g. /driver-root (default: the same path)",
-    )
-    add_env_option(
-        group,
-        "--nvidia-cdi-hook-path",
-        env="DRADRIVER_NVIDIA_CDI_HOOK_PATH",
-        default="",
-        metavar="PATH|none",
-        help="host path of NVIDIA's nvidia-cdi-hook for the create-symlinks and update-ldcache hooks; "
-        "empty: use <driver-root>/usr/bin/nvidia-cdi-hook if it exists; none: no hooks",
-    )
+
     add_env_option(
         group,
         "--claim-device-status",
@@ -328,26 +325,71 @@ class DriverProcess:
         self.stop = threading.Event()
         self.checkpoint: CheckpointStore | None = None
         self.compute_domains: ComputeDomainPlugin | None = None
+        self.waiting_for: str | None = "starting"  # what start-up still waits for; None once serving
+        self.running = False
         self._unregister_metrics: Callable[[], None] = lambda: None
 
     def serve(self) -> int:
         """Run until SIGTERM or SIGINT; release everything on the way out, whatever happened."""
-        self._open_gpus()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: self.stop.set())
+        # Up first: while the driver is awaited the pod is alive (no restarts) but not ready.
+        self.status = (
+            StatusServer(self.args.metrics_address, self._readiness, self._liveness, self._health)
+            if self.args.metrics_address
+            else None
+        )
+        if self.status:
+            self.status.start()
         try:
             # Before any cluster access: without the driver's libraries no container could use a GPU here.
-            simulated = self.simulated is not None
-            self.driver_root = driver_root_for(self.args, self.inventory.driver_version, simulated=simulated)
-            self._connect()
+            if not self._wait_for_driver():
+                return 0
             try:
-                self._assemble()
-                self._run_until_stopped()
+                self._connect()
+                try:
+                    self._assemble()
+                    self._run_until_stopped()
+                finally:
+                    self.cluster.close()
+                    if self.checkpoint is not None:
+                        self.checkpoint.close()
             finally:
-                self.cluster.close()
-                if self.checkpoint is not None:
-                    self.checkpoint.close()
+                self.gpulib.close()
         finally:
-            self.gpulib.close()
+            if self.status:
+                self.status.stop()
         return 0
+
+    def _wait_for_driver(self) -> bool:
+        """Open NVML and discover the driver root, waiting (``--wait-for-driver``) while either is missing, as
+        when the GPU Operator installs the driver after this pod started. False when stopped meanwhile."""
+        deadline = time.monotonic() + self.args.wait_for_driver
+        while True:
+            try:
+                self._open_gpus()
+                try:
+                    self.driver_root = driver_root_for(
+                        self.args, self.inventory.driver_version, simulated=self.simulated is not None
+                    )
+                except BaseException:
+                    self.gpulib.close()
+                    raise
+                self.waiting_for = None
+                return True
+            except (LibraryNotFound, DriverNotLoaded, DriverRootError) as err:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                self.waiting_for = str(err)
+                log.warning(
+                    "waiting for the NVIDIA driver; not ready until it is there (the GPU Operator installs it after "
+                    "this pod starts; otherwise fix the driver root) missing=%s retry_in=%ds",
+                    err,
+                    DRIVER_WAIT_INTERVAL,
+                )
+                if self.stop.wait(min(DRIVER_WAIT_INTERVAL, left)):
+                    return False
 
     # -- steps ---------------------------------------------------------------------------------------
 
@@ -356,7 +398,11 @@ class DriverProcess:
         state = Path(args.sim_state) if args.sim_state else None
         try:
             self.gpulib, self.simulated = open_gpu_backend(
-                args.gpu_backend, sim_profile=args.sim_profile, node_name=self.node, sim_state=state
+                args.gpu_backend,
+                sim_profile=args.sim_profile,
+                node_name=self.node,
+                sim_state=state,
+                nvml_library=nvml_library_for(args),
             )
         except OSError as err:
             if state is None:
@@ -404,6 +450,11 @@ class DriverProcess:
             driver_root=self.driver_root,
         )
         state_dir = Path(args.state_dir or args.plugin_dir or DEFAULT_PLUGINS_DIR / args.driver_name)
+        # The daemon loads libcuda like any CUDA program: from the driver root, wherever the host keeps it.
+        root = self.driver_root
+        mps_env = (
+            {} if simulated else {"LD_LIBRARY_PATH": ":".join(str(root.container_root / d) for d in root.source_dirs)}
+        )
         # In rolling-update mode the old and the new pod share the checkpoint (their calls are serialised).
         self.checkpoint = CheckpointStore.open(state_dir, shared=bool(args.pod_uid))
         self.driver = GpuDriver(
@@ -415,7 +466,7 @@ class DriverProcess:
             gpulib=self.gpulib,
             checkpoint=self.checkpoint,
             device_problem=self.health.problem,
-            mps=MpsControl(_mps_command(args, simulated), state_dir / "mps"),
+            mps=MpsControl(_mps_command(args, simulated, self.driver_root), state_dir / "mps", env=mps_env),
         )
         claim_status = (
             ClaimStatusWriter(self.cluster, driver_name=args.driver_name, node_name=node)
@@ -458,11 +509,6 @@ class DriverProcess:
         except BaseException:
             self.plugin.stop()
             raise
-        self.status = (
-            StatusServer(args.metrics_address, self._readiness, self._liveness, self._health)
-            if args.metrics_address
-            else None
-        )
         # A health change (a taint to add or remove, a lost GPU back) rescans at once, not at the next interval.
         self.refresh = threading.Event()
         self.health.subscribe(self.refresh.set)
@@ -481,8 +527,6 @@ class DriverProcess:
             self.health.update_inventory(self.inventory, self.mig_mode)
 
     def _run_until_stopped(self) -> None:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: self.stop.set())
         try:
             # The instance lock comes first: a second instance must be refused before it publishes anything.
             self.plugin.start()
@@ -494,7 +538,7 @@ class DriverProcess:
                 assert self.checkpoint is not None
                 collector = NodeCollector(self.checkpoint, lambda: self.publisher.status.ready)
                 self._unregister_metrics = register_node_collector(collector)
-                self.status.start()
+            self.running = True
             self.rescanner.start()
             log.info(
                 "ready node=%s driver=%s mig_mode=%s devices=%d",
@@ -511,12 +555,11 @@ class DriverProcess:
             budget = StopBudget(STOP_BUDGET_SECONDS)
             self.stop.set()
             self.refresh.set()
+            self.running = False
             self.plugin.stop(budget)
             if self.compute_domains is not None:
                 self.compute_domains.stop(budget)
-            if self.status:
-                self.status.stop()
-                self._unregister_metrics()
+            self._unregister_metrics()
             self.publisher.stop(budget.left(10.0))
             self.health.stop(budget.left(10.0))
             if self.rescanner.is_alive():
@@ -527,9 +570,10 @@ class DriverProcess:
     def _start_compute_domains(self) -> ComputeDomainPlugin:
         # The IMEX daemon pods run the host driver's nvidia-imex and nvidia-imex-ctl (versions must match it).
         imex = [
-            (self.driver_root.host_path(f), f.container_path)
+            (self.driver_root.host_path(f), path)
             for f in self.driver_root.binaries
             if f.path.name.startswith("nvidia-imex")
+            for path in f.container_paths
         ]
         return cd_node.start(
             self.args,
@@ -543,7 +587,10 @@ class DriverProcess:
 
     def _liveness(self) -> tuple[bool, dict[str, Any]]:
         """/livez: alive while both gRPC sockets answer. Nothing about the API server: a restart does not cure
-        an API outage, so a failing publish must never make the liveness probe restart the pod."""
+        an API outage, so a failing publish must never make the liveness probe restart the pod. Alive while
+        starting too: a restart would not bring the driver sooner."""
+        if not self.running:
+            return True, {"starting": True, "waitingFor": self.waiting_for}
         answering = {
             "draSocket": _socket_answers(self.plugin.dra_socket),
             "registrationSocket": _socket_answers(self.plugin.registration_socket),
@@ -552,6 +599,8 @@ class DriverProcess:
 
     def _health(self) -> tuple[bool, dict[str, Any]]:
         """/healthz: every check, the sockets and the last publish (kube-apiserver's convention)."""
+        if not self.running:
+            return False, {"starting": True, "waitingFor": self.waiting_for}
         alive, detail = self._liveness()
         published = self.publisher.status
         return alive and published.ready, {
@@ -561,6 +610,8 @@ class DriverProcess:
         }
 
     def _readiness(self) -> tuple[bool, dict[str, Any]]:
+        if not self.running:
+            return False, {"starting": True, "waitingFor": self.waiting_for}
         published = self.publisher.status
         registered = self.plugin.registration.status
         ready = published.ready and registered is not None and registered.registered
@@ -587,6 +638,33 @@ class DriverProcess:
             except Exception:
                 log.exception("rescan failed unexpectedly; retrying at the next interval or health change")
 
+    def _follow_driver_upgrade(self, version: str) -> None:
+        """NVML reports another driver version than the root was discovered for (an in-place upgrade): find the
+        new files for new prepares; claims prepared before keep the old files until their pods restart."""
+        old = self.driver_root.version
+        try:
+            fresh = driver_root_for(self.args, version, simulated=self.simulated is not None)
+        except DradriverError as err:
+            log.warning(
+                "the NVIDIA driver changed but its files are not all there yet; new prepares keep driver %s's "
+                "files until they are version=%s error=%s",
+                old,
+                version,
+                err,
+            )
+            return
+        self.driver_root = fresh
+        self.driver.cdi.driver_root = fresh
+        assert self.checkpoint is not None
+        prepared = sorted(record.uid for record in self.checkpoint.records())
+        log.warning(
+            "NVIDIA driver upgraded in place from %s to %s: new prepares use the new files; prepared claims keep "
+            "the old driver's files until their pods restart (restart them to use the new driver) claims=%s",
+            old,
+            version,
+            ",".join(prepared) or "-",
+        )
+
     def _rescan(self) -> None:
         """Rediscover and republish if the devices or their health changed; one bad rescan keeps the last
         inventory."""
@@ -597,6 +675,8 @@ class DriverProcess:
         except DradriverError as err:
             log.warning("rediscovery failed; keeping the last inventory error=%s", err)
             return
+        if fresh.driver_version != self.driver_root.version:
+            self._follow_driver_upgrade(fresh.driver_version)
         if fresh_specs == self.specs:
             return
         log.info(
@@ -608,23 +688,6 @@ class DriverProcess:
         self.specs = fresh_specs
         self.driver.update_inventory(fresh, self.mig_mode)
         self.publisher.update(_pools(self.node, fresh_specs))
-
-
-def driver_root_for(args: argparse.Namespace, version: str, *, simulated: bool) -> DriverRoot:
-    """Discover the driver root. A simulated node has no driver installed: it gets a stub root in the plugin
-    directory, a path the DaemonSet mounts at the same place as on the host, so host and container paths agree."""
-    hook = None if args.nvidia_cdi_hook_path == "none" else args.nvidia_cdi_hook_path
-    if simulated:
-        plugin_dir = Path(args.plugin_dir) if args.plugin_dir else DEFAULT_PLUGINS_DIR / args.driver_name
-        plugin_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # owner-only, as when the plugin creates it
-        stub = simulated_driver_root(plugin_dir.absolute() / "sim-driver-root", version)
-        return discover_driver_root(host_root=str(stub), version=version, cdi_hook=hook)
-    return discover_driver_root(
-        host_root=args.driver_root,
-        container_root=args.container_driver_root or args.driver_root,
-        version=version,
-        cdi_hook=hook,
-    )
 
 
 @contextlib.contextmanager
@@ -691,9 +754,12 @@ def _node_uid(cluster: KubeCluster, node: str) -> str | None:
         return None
 
 
-def _mps_command(args: argparse.Namespace, simulated: bool) -> list[str]:
+def _mps_command(args: argparse.Namespace, simulated: bool, driver_root: DriverRoot) -> list[str]:
     if args.mps_control_command:
         return shlex.split(str(args.mps_control_command))
     if simulated:
         return simulated_mps_command()
+    for binary in driver_root.binaries:
+        if binary.path.name == DEFAULT_COMMAND[0]:
+            return [str(driver_root.container_root / binary.path), *DEFAULT_COMMAND[1:]]
     return list(DEFAULT_COMMAND)

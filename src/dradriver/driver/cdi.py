@@ -7,8 +7,9 @@ device, named ``<claim-uid>-<device>`` so an id is never reused by another claim
 What a spec holds (see docs/cdi.md):
 
 - spec-wide edits, applied once to a container that gets any device of the claim: the driver root's libraries,
-  firmware and binaries mounted read-only, the control device nodes, NVIDIA's ``create-symlinks`` and
-  ``update-ldcache`` hooks where the host has ``nvidia-cdi-hook``, and ``NVIDIA_VISIBLE_DEVICES=void``;
+  firmware, binaries and loader files mounted read-only where a plain image finds them, the control device nodes,
+  NVIDIA's hooks (``create-symlinks``, ``enable-cuda-compat``, ``disable-device-node-modification``,
+  ``update-ldcache``) where a ``nvidia-cdi-hook`` is available, and ``NVIDIA_VISIBLE_DEVICES=void``;
 - per-device edits, applied only to containers given that device: its device nodes (a MIG device: the parent's
   ``/dev/nvidia<minor>`` and its capability nodes) and its own environment variable, so each container of a pod
   sees only the devices of the requests it names.
@@ -239,39 +240,48 @@ class CdiWriter:
 
 
 def driver_root_edits(root: DriverRoot) -> dict[str, Any]:
-    """The mounts and hooks that give a container the driver's user-space files, as NVIDIA's toolkit does.
+    """The mounts and hooks that give a container the driver's user-space files.
 
-    Host paths name the host's driver root (the runtime binds them on the host); container paths are the files'
-    paths inside the root. With NVIDIA's hook on the host, ``create-symlinks`` recreates the soname links
-    (``libcuda.so.1``, …) and ``update-ldcache`` puts the library directories into the container's linker cache.
-    Without it, each installed soname link is bind-mounted instead (a bind follows the link, so the container
-    gets a file of that name); the libraries then load from the default search path or LD_LIBRARY_PATH.
+    Host paths name the host's driver root (the runtime binds them on the host); container paths are where a plain
+    image's loader and PATH look (docs/cdi.md, "Container paths"), whatever the host's layout. With NVIDIA's hook,
+    ``create-symlinks`` makes the soname and development links, ``enable-cuda-compat`` lets an image's newer CUDA
+    forward-compatibility libraries take over, ``disable-device-node-modification`` keeps CUDA from creating
+    device nodes of other GPUs, and ``update-ldcache`` puts the library directories into the container's linker
+    cache, as NVIDIA's specs do. Without it, the library is also bind-mounted under each soname
+    the host has (a bind follows the link, so the container gets a file of that name): ``dlopen("libcuda.so.1")``
+    then works from the loader's default search path alone.
     """
     mounts: list[dict[str, Any]] = []
 
     def mount(host: str, container: str, options: Sequence[str]) -> None:
         mounts.append({"hostPath": host, "containerPath": container, "options": list(options)})
 
-    for file in (*root.libraries, *root.firmware, *root.binaries):
-        mount(root.host_path(file), file.container_path, FILE_MOUNT_OPTIONS)
+    for file in (*root.libraries, *root.firmware, *root.binaries, *root.config_files):
+        for inside in file.container_paths:
+            mount(root.host_path(file), inside, FILE_MOUNT_OPTIONS)
     for file in root.sockets:
-        mount(root.host_path(file), file.container_path, SOCKET_MOUNT_OPTIONS)
+        for inside in file.container_paths:
+            mount(root.host_path(file), inside, SOCKET_MOUNT_OPTIONS)
     hooks: list[dict[str, Any]] = []
     if root.cdi_hook:
         argv0 = ["nvidia-ctk", "hook"] if Path(root.cdi_hook).name == "nvidia-ctk" else [Path(root.cdi_hook).name]
+
+        def hook(*args: str) -> None:
+            hooks.append({"hookName": "createContainer", "path": root.cdi_hook, "args": [*argv0, *args]})
+
         links = [arg for link in root.symlinks for arg in ("--link", f"{link.target}::{link.link}")]
         if links:
-            hooks.append(
-                {"hookName": "createContainer", "path": root.cdi_hook, "args": [*argv0, "create-symlinks", *links]}
-            )
-        folders = [arg for folder in root.library_dirs for arg in ("--folder", folder)]
-        hooks.append(
-            {"hookName": "createContainer", "path": root.cdi_hook, "args": [*argv0, "update-ldcache", *folders]}
-        )
+            hook("create-symlinks", *links)
+        # Before update-ldcache, which then takes in the compat directory's ld.so.conf.d entry.
+        hook("enable-cuda-compat", f"--host-driver-version={root.version}")
+        # The container's view of /proc/driver/nvidia/params says ModifyDeviceFiles: 0, so CUDA in it never
+        # creates /dev/nvidia* nodes of GPUs the claim did not give it.
+        hook("disable-device-node-modification")
+        hook("update-ldcache", *[arg for folder in root.library_dirs for arg in ("--folder", folder)])
     else:
         for link in root.symlinks:
-            if link.installed:
-                mount(str(root.host_root / link.link.lstrip("/")), link.link, FILE_MOUNT_OPTIONS)
+            if link.library is not None:
+                mount(str(root.host_root / link.library), link.link, FILE_MOUNT_OPTIONS)
     edits: dict[str, Any] = {"mounts": mounts}
     if hooks:
         edits["hooks"] = hooks

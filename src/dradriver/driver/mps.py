@@ -45,10 +45,20 @@ class ControlUnavailable(DeviceError):
 class MpsControl:
     """Starts and stops the MPS control daemons of claims; ``root`` holds their pipe and log directories."""
 
-    def __init__(self, command: Sequence[str], root: Path, *, ready_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        command: Sequence[str],
+        root: Path,
+        *,
+        ready_timeout_s: float = 10.0,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """``env``: added to the daemons' environment (the driver root's library directories, so the daemon finds
+        ``libcuda`` wherever the host keeps it)."""
         if not command:
             raise ValueError("the MPS control command is empty")
         self.command = tuple(command)
+        self.extra_env = dict(env or {})
         self.root = root
         self.ready_timeout_s = ready_timeout_s
         self._children: dict[int, subprocess.Popen[bytes]] = {}
@@ -249,7 +259,12 @@ class MpsControl:
         return pid > 0 and start_time is not None and _start_time(pid) == start_time
 
     def _env(self, pipe: Path, logs: Path) -> dict[str, str]:
-        return {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(logs)}
+        return {
+            **os.environ,
+            **self.extra_env,
+            "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
+            "CUDA_MPS_LOG_DIRECTORY": str(logs),
+        }
 
     def _send(self, identity: Mapping[str, Any], text: str, *, what: str) -> str:
         env = self._env(Path(str(identity["pipeDir"])), Path(str(identity["logDir"])))

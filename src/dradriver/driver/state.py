@@ -26,6 +26,7 @@ from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.cdi_step import STEP_CDI_SPEC, CdiSpecStep, ReadyDevice, build_claim_spec
 from dradriver.driver.checkpoint import CheckpointStore, ClaimRecord, ClaimState, DeviceRecord
 from dradriver.driver.config import ConfigSource, DeviceTarget, resolve_configs
+from dradriver.driver.device_nodes import gpu_device_nodes
 from dradriver.driver.mig import STEP_MIG_MODE, MigSteps
 from dradriver.driver.mps import MpsControl
 from dradriver.driver.reconcile import ClaimExists, reconcile
@@ -370,8 +371,7 @@ class GpuDriver:
                 record.previous_mig_mode = self.mig.ensure_mig_mode(
                     txn, device, False, lambda: self._users(txn.record.uid, device.name)
                 )
-            parent = DeviceNode(f"/dev/nvidia{device.info.minor}")
-            return ReadyDevice(device, (parent,), planned.admin_access)
+            return ReadyDevice(device, gpu_device_nodes(device.info), planned.admin_access)
         mig = device.existing
         if self.mig_mode is MigMode.DYNAMIC:
             assert self.mig is not None  # checked in _resolve
@@ -478,7 +478,7 @@ class GpuDriver:
                 "node now (GPU lost?); delete the claim's pod so the claim is unprepared"
             )
         if isinstance(found, GpuDevice):
-            return ReadyDevice(found, (DeviceNode(f"/dev/nvidia{found.info.minor}"),), device.admin_access)
+            return ReadyDevice(found, gpu_device_nodes(found.info), device.admin_access)
         candidates = self.gpulib.mig_devices(found.parent.uuid) if self.gpulib is not None else [found.existing]
         mig = next((m for m in candidates if m is not None and m.uuid == device.mig_uuid), None)
         if mig is None:

@@ -96,6 +96,9 @@ _HINTS: dict[int, str] = {
     12: "install the NVIDIA driver or use --gpu-backend sim",
     15: "the GPU fell off the bus; drain the node and reset or reboot it",
     16: "reset the GPU (nvidia-smi -r) or reboot the node to apply the pending change",
+    # NVML_ERROR_LIB_RM_VERSION_MISMATCH: the user-space driver and the kernel module differ (an in-place upgrade).
+    18: "the NVIDIA driver was upgraded in place: reload its kernel module or reboot the node, then restart this "
+    "pod, which loads the new NVML and rediscovers the driver's files",
 }
 
 

@@ -193,6 +193,22 @@ def nvidia_smi_set_timeslice(gpu_uuid: str, value: int) -> None:
         )
 
 
+def _load_library(nvml: Any, path: str) -> None:
+    """Hand pynvml the library loaded from ``path``: pynvml loads ``libnvidia-ml.so.1`` by soname only when its
+    ``nvmlLib`` is unset, so a library set first is the one every call uses."""
+    with nvml.libLoadLock:
+        if nvml.nvmlLib is not None:
+            return
+        try:
+            nvml.nvmlLib = ctypes.CDLL(path)
+        except OSError as err:
+            raise LibraryNotFound(
+                f"cannot load NVML from {path}: {err}; check the driver root (--driver-root, "
+                "--container-driver-root) or use --gpu-backend sim",
+                call="dlopen",
+            ) from err
+
+
 class NvmlGpuLib:
     """The ``GpuLib`` port on NVML. Thread-safe as NVML is; ``close()`` shuts NVML down."""
 
@@ -204,12 +220,17 @@ class NvmlGpuLib:
         mig_capabilities: MigCapabilities | None = None,
         gpu_reset: Callable[[str], None] | None = None,
         timeslice_setter: Callable[[str, int], None] | None = None,
+        library_path: str | None = None,
     ) -> None:
+        """``library_path``: load ``libnvidia-ml.so.1`` from this file (the driver root's, as discovery found it)
+        instead of by soname through this process's loader, so one image works on every driver layout."""
         if nvml is None:
             import pynvml
 
             nvml = pynvml
         self._nvml: Any = nvml
+        if library_path is not None:
+            _load_library(nvml, library_path)
         self._topology = pci_topology if pci_topology is not None else SysfsPciTopology()
         self._capabilities = mig_capabilities if mig_capabilities is not None else ProcMigCapabilities()
         self._gpu_reset = gpu_reset if gpu_reset is not None else nvidia_smi_reset

@@ -1,0 +1,293 @@
+"""Real NVIDIA driver install layouts as test fixtures, built from stub shared objects with the real SONAMEs.
+
+Each stub is a real ELF library compiled with ``cc`` (``-Wl,-soname``) exporting a function the real one has
+(``cuDriverGetVersion``, ``nvmlSystemGetDriverVersion``, …), so a program can ``dlopen`` it by soname and call
+it; ``nvidia-smi`` is a small program that loads ``libnvidia-ml.so.1`` by soname as the real one does. Where the
+install runs ``ldconfig``, the root's linker cache is made by the real ``ldconfig -r``. The stubs are compiled
+once per test session (:func:`build_stubs`) and copied into each layout.
+
+The layouts (``LAYOUTS``), each with what ``--driver-root`` a user gives on such a node:
+
+- ``debian``: Debian's packages: files in ``usr/lib/<arch>/nvidia/current``, soname links in ``usr/lib/<arch>``;
+- ``runfile``: NVIDIA's ``.run`` installer on Ubuntu: everything flat in ``usr/lib/<arch>``, ``usr/bin``;
+- ``rhel``: RHEL packages: ``usr/lib64`` (32-bit copies in ``usr/lib``), ``usr/bin``;
+- ``gpu-operator``: the GPU Operator's driver container, a full root at ``run/nvidia/driver``; its toolkit (and
+  so the hook) at ``usr/local/nvidia/toolkit`` on the host;
+- ``gke``: GKE/COS: ``home/kubernetes/bin/nvidia/{lib64,bin}``, no cache entry (``--driver-root`` is that dir);
+- ``h100``: the lent H100 node: ``usr/local/nvidia/{lib64,bin}`` registered in ``etc/ld.so.conf.d`` and cached,
+  ``--driver-root /``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+VERSION = "580.159.04"
+ARCH = "x86_64-linux-gnu"
+
+STUB_C = r"""
+#include <string.h>
+int cuInit(unsigned flags) { (void)flags; return 0; }
+int cuDriverGetVersion(int *version) { *version = 13000; return 0; }
+int nvmlInit_v2(void) { return 0; }
+int nvmlSystemGetDriverVersion(char *out, unsigned length) {
+    strncpy(out, DRIVER_VERSION, length); return 0;
+}
+int stub_library_present(void) { return 1; }
+"""
+
+# nvidia-smi: loads NVML by soname from the default search path, like the real tool.
+SMI_C = r"""
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+int main(int argc, char **argv) {
+    void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    if (!nvml) { printf("NVIDIA-SMI has failed: %s\n", dlerror()); return 9; }
+    int (*version)(char *, unsigned) = (int (*)(char *, unsigned))dlsym(nvml, "nvmlSystemGetDriverVersion");
+    char buf[80] = "";
+    version(buf, sizeof buf);
+    if (argc > 1 && strcmp(argv[1], "-L") == 0) printf("GPU 0: NVIDIA H100 80GB HBM3 (stub driver %s)\n", buf);
+    else printf("NVIDIA-SMI stub, driver version %s\n", buf);
+    return 0;
+}
+"""
+
+# The workload: what a CUDA program needs of the driver, and nvidia-smi from PATH.
+PROBE_C = r"""
+#include <dlfcn.h>
+#include <stdio.h>
+#include <unistd.h>
+int main(void) {
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!cuda) { printf("FAIL libcuda: %s\n", dlerror()); return 3; }
+    int (*get)(int *) = (int (*)(int *))dlsym(cuda, "cuDriverGetVersion");
+    int v = 0;
+    if (!get || get(&v) != 0) { printf("FAIL cuDriverGetVersion\n"); return 4; }
+    void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    if (!nvml) { printf("FAIL libnvidia-ml: %s\n", dlerror()); return 5; }
+    int (*ver)(char *, unsigned) = (int (*)(char *, unsigned))dlsym(nvml, "nvmlSystemGetDriverVersion");
+    char buf[80] = "";
+    if (!ver || ver(buf, sizeof buf) != 0) { printf("FAIL nvmlSystemGetDriverVersion\n"); return 6; }
+    printf("OK cuda=%d driver=%s\n", v, buf);
+    fflush(stdout);
+    execlp("nvidia-smi", "nvidia-smi", "-L", (char *)0);
+    printf("FAIL nvidia-smi: not on PATH\n");
+    return 7;
+}
+"""
+
+#: Library file stem → soname, as the real driver names them.
+LIBRARIES = {
+    "libcuda.so": "libcuda.so.1",
+    "libnvidia-ml.so": "libnvidia-ml.so.1",
+    "libnvidia-ptxjitcompiler.so": "libnvidia-ptxjitcompiler.so.1",
+    "libnvidia-nvvm.so": "libnvidia-nvvm.so.4",
+    "libcudadebugger.so": "libcudadebugger.so.1",
+    "libnvidia-cfg.so": "libnvidia-cfg.so.1",
+    "libnvidia-allocator.so": "libnvidia-allocator.so.1",
+    "libnvidia-encode.so": "libnvidia-encode.so.1",
+    "libnvcuvid.so": "libnvcuvid.so.1",
+    "libGLX_nvidia.so": "libGLX_nvidia.so.0",
+    "libEGL_nvidia.so": "libEGL_nvidia.so.0",
+    "libnvidia-gpucomp.so": None,  # soname is the versioned name itself
+}
+VDPAU = {"libvdpau_nvidia.so": "libvdpau_nvidia.so.1"}
+BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-cuda-mps-control")
+VULKAN_ICD = '{"file_format_version": "1.0.1", "ICD": {"library_path": "libGLX_nvidia.so.0", "api_version": "1.4"}}\n'
+
+
+@dataclass(frozen=True)
+class Stubs:
+    """The compiled stubs: ``libs/<file>`` per library and ``vdpau/``, ``bin/nvidia-smi``, ``bin/probe``."""
+
+    dir: Path
+    version: str
+
+    def library(self, stem: str) -> Path:
+        return self.dir / "libs" / f"{stem}.{self.version}"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A built layout: ``root`` is what stands for the host's ``/``; ``driver_root`` what ``--driver-root``
+    names under it; ``hook_dir`` a host directory where this layout's toolkit keeps nvidia-cdi-hook, if any."""
+
+    name: str
+    root: Path
+    driver_root: Path
+    hook_dir: Path | None = None
+
+
+def tools_missing() -> list[str]:
+    return [tool for tool in ("cc", "ldconfig") if shutil.which(tool) is None]
+
+
+def build_stubs(dest: Path, version: str = VERSION) -> Stubs:
+    """Compile every stub library, nvidia-smi and the probe program into ``dest``."""
+    (dest / "libs/vdpau").mkdir(parents=True, exist_ok=True)
+    (dest / "bin").mkdir(exist_ok=True)
+    source = dest / "stub.c"
+    source.write_text(STUB_C)
+    for stem, soname in {**LIBRARIES, **{f"vdpau/{k}": v for k, v in VDPAU.items()}}.items():
+        name = f"{stem}.{version}"
+        _cc(
+            "-shared",
+            "-fPIC",
+            f"-DDRIVER_VERSION={_c_string(version)}",
+            f"-Wl,-soname,{soname or Path(name).name}",
+            "-o",
+            dest / "libs" / name,
+            source,
+        )
+    (dest / "smi.c").write_text(SMI_C)
+    _cc("-o", dest / "bin/nvidia-smi", dest / "smi.c")
+    (dest / "probe.c").write_text(PROBE_C)
+    _cc("-o", dest / "bin/probe", dest / "probe.c")
+    return Stubs(dest, version)
+
+
+def build_layout(name: str, base: Path, stubs: Stubs, *, hook: Path | None = None) -> Layout:
+    """Lay out driver install ``name`` under ``base`` (see the module docstring)."""
+    builder = _BUILDERS[name]
+    root = base / name
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    return builder(root, stubs, hook)
+
+
+def _debian(root: Path, stubs: Stubs, _hook: Path | None) -> Layout:
+    real = root / "usr/lib" / ARCH / "nvidia/current"
+    _install_libraries(stubs, real, links_in=root / "usr/lib" / ARCH, link_prefix="nvidia/current/")
+    _install_binaries(stubs, root / "usr/bin")
+    _firmware(root / "lib/firmware", stubs.version)
+    _write(root / "usr/share/vulkan/icd.d/nvidia_icd.json", VULKAN_ICD)
+    _ldconfig(root)
+    return Layout("debian", root, root)
+
+
+def _runfile(root: Path, stubs: Stubs, _hook: Path | None) -> Layout:
+    _install_libraries(stubs, root / "usr/lib" / ARCH)
+    _install_binaries(stubs, root / "usr/bin")
+    _firmware(root / "lib/firmware", stubs.version)
+    _write(root / "etc/vulkan/icd.d/nvidia_icd.json", VULKAN_ICD)
+    _ldconfig(root)
+    return Layout("runfile", root, root)
+
+
+def _rhel(root: Path, stubs: Stubs, _hook: Path | None) -> Layout:
+    _install_libraries(stubs, root / "usr/lib64")
+    # The 32-bit compatibility copies (not ELF here: only their names matter, and ldconfig skips them).
+    (root / "usr/lib").mkdir(parents=True)
+    (root / "usr/lib" / f"libcuda.so.{stubs.version}").write_text("32-bit copy\n")
+    _install_binaries(stubs, root / "usr/bin")
+    _firmware(root / "usr/lib/firmware", stubs.version)
+    (root / "lib").symlink_to("usr/lib")
+    (root / "lib64").symlink_to("usr/lib64")
+    # RHEL's ldconfig trusts /usr/lib64 built in; this machine's Debian ldconfig is told through the conf.
+    _write(root / "etc/ld.so.conf", "include ld.so.conf.d/*.conf\n")
+    _write(root / "etc/ld.so.conf.d/lib64.conf", "/usr/lib64\n")
+    _ldconfig(root)
+    return Layout("rhel", root, root)
+
+
+def _gpu_operator(root: Path, stubs: Stubs, hook: Path | None) -> Layout:
+    driver = root / "run/nvidia/driver"
+    _install_libraries(stubs, driver / "usr/lib" / ARCH)
+    _install_binaries(stubs, driver / "usr/bin")
+    _firmware(driver / "lib/firmware", stubs.version)
+    _ldconfig(driver)
+    toolkit = root / "usr/local/nvidia/toolkit"
+    toolkit.mkdir(parents=True)
+    if hook is not None:
+        shutil.copy2(hook, toolkit / "nvidia-cdi-hook")
+    return Layout("gpu-operator", root, driver, hook_dir=toolkit)
+
+
+def _gke(root: Path, stubs: Stubs, _hook: Path | None) -> Layout:
+    nvidia = root / "home/kubernetes/bin/nvidia"
+    _install_libraries(stubs, nvidia / "lib64")
+    _install_binaries(stubs, nvidia / "bin")
+    _firmware(nvidia / "firmware", stubs.version)
+    return Layout("gke", root, nvidia)
+
+
+def _h100(root: Path, stubs: Stubs, _hook: Path | None) -> Layout:
+    nvidia = root / "usr/local/nvidia"
+    _install_libraries(stubs, nvidia / "lib64")
+    _install_binaries(stubs, nvidia / "bin")
+    _firmware(root / "lib/firmware", stubs.version)
+    _write(root / "etc/ld.so.conf", "include /etc/ld.so.conf.d/*.conf\n")
+    _write(root / "etc/ld.so.conf.d/000_cuda.conf", "/usr/local/cuda/targets/x86_64-linux/lib\n")
+    _write(root / "etc/ld.so.conf.d/nvidia.conf", "/usr/local/nvidia/lib64\n")
+    (root / "usr/local/cuda/targets/x86_64-linux/lib").mkdir(parents=True)
+    _ldconfig(root)
+    return Layout("h100", root, root)
+
+
+_BUILDERS = {
+    "debian": _debian,
+    "runfile": _runfile,
+    "rhel": _rhel,
+    "gpu-operator": _gpu_operator,
+    "gke": _gke,
+    "h100": _h100,
+}
+LAYOUTS = tuple(_BUILDERS)
+
+
+def _install_libraries(stubs: Stubs, libdir: Path, *, links_in: Path | None = None, link_prefix: str = "") -> None:
+    """Copy the stubs into ``libdir`` with their soname links (``links_in``: where the links go instead, as
+    Debian's packages keep them one directory up)."""
+    (libdir / "vdpau").mkdir(parents=True, exist_ok=True)
+    link_dir = links_in or libdir
+    for stem, soname in LIBRARIES.items():
+        name = f"{stem}.{stubs.version}"
+        shutil.copy2(stubs.dir / "libs" / name, libdir / name)
+        if soname is not None:
+            (link_dir / soname).symlink_to(f"{link_prefix}{name}")
+    for stem, soname in VDPAU.items():
+        name = f"{stem}.{stubs.version}"
+        shutil.copy2(stubs.dir / "libs/vdpau" / name, libdir / "vdpau" / name)
+        (libdir / "vdpau" / soname).symlink_to(name)
+
+
+def _install_binaries(stubs: Stubs, bindir: Path) -> None:
+    bindir.mkdir(parents=True, exist_ok=True)
+    for name in BINARIES:
+        shutil.copy2(stubs.dir / "bin/nvidia-smi", bindir / name)
+
+
+def _firmware(base: Path, version: str) -> None:
+    _write(base / "nvidia" / version / "gsp_ga10x.bin", "stub GSP firmware\n")
+
+
+def _ldconfig(root: Path) -> None:
+    """The linker cache of ``root`` as the installer leaves it (the real ``ldconfig``, no links changed)."""
+    (root / "etc").mkdir(exist_ok=True)
+    if not (root / "etc/ld.so.conf").exists():
+        (root / "etc/ld.so.conf").write_text("")
+    subprocess.run(["ldconfig", "-X", "-r", str(root)], check=True, capture_output=True, timeout=60)
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def _cc(*args: object) -> None:
+    subprocess.run(["cc", "-O1", *map(str, args)], check=True, capture_output=True, timeout=120)
+
+
+def _c_string(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def host_glibc() -> tuple[Path, Path]:
+    """This machine's (Debian-family) loader and libc, followed to their files."""
+    return Path(os.path.realpath("/lib64/ld-linux-x86-64.so.2")), Path(os.path.realpath(f"/lib/{ARCH}/libc.so.6"))
