@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 import threading
@@ -56,6 +57,9 @@ def cd_cluster(control_plane: ControlPlane) -> Iterator[dict[str, Any]]:
     _kubectl(control_plane, "apply", "--server-side", "-f", str(REPO / "manifests/computedomain/rbac.yaml"))
     nodes: dict[str, CdNode] = {}
     controller = ControllerRun(control_plane.kubeconfig, control_plane.logs / "cd-controller.log", "controller-a")
+    cluster: dict[str, Any] = {"kube": kube, "nodes": nodes, "controller": controller, "plane": control_plane}
+    # Loopback addresses of this run's own (all of 127.0.0.0/8 is local): IMEX ports never meet another run's.
+    subnet = f"127.{random.randrange(64, 250)}.{random.randrange(1, 250)}"
     try:
         for i, name in enumerate(("tray-a", "tray-b", "tray-c"), start=1):
             nodes[name] = CdNode.start(
@@ -63,12 +67,12 @@ def cd_cluster(control_plane: ControlPlane) -> Iterator[dict[str, Any]]:
                 control_plane.kubeconfig,
                 control_plane.root / name,
                 name,
-                ip=f"127.42.0.{i}",
+                ip=f"{subnet}.{i}",
                 profile="gb200-nvl72-tray",
             )
-        yield {"kube": kube, "nodes": nodes, "controller": controller, "plane": control_plane}
+        yield cluster
     finally:
-        controller.stop()
+        cluster["controller"].stop()  # the standby, after the failover test
         for node in nodes.values():
             (control_plane.logs / f"dradriver-{node.name}.log").write_text(node.node.driver.log)
             node.stop()

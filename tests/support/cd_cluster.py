@@ -156,6 +156,8 @@ class PodRunner:
                     container.mounts.update({m["containerPath"]: m["hostPath"] for m in edits.get("mounts", [])})
 
     def _start_daemon(self, running: RunningPod) -> None:
+        if self._stop.is_set():
+            return  # stopping: a process started now would outlive the runner
         env = {
             **os.environ,
             **running.container.env,
@@ -214,7 +216,7 @@ class PodRunner:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(10)
+        self._thread.join(60)
         for running in self.pods.values():
             if running.process is not None:
                 with contextlib.suppress(ProcessLookupError):
