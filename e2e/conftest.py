@@ -7,6 +7,7 @@ Runs only where Docker, kind and kubectl exist; everywhere else every test is sk
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import uuid
@@ -47,6 +48,10 @@ def cluster() -> Iterator[Cluster]:
     """A kind cluster with the sim overlay installed and rolled out; deleted afterwards (unless
     E2E_KEEP_CLUSTER=1)."""
     name = f"dradriver-e2e-{uuid.uuid4().hex[:6]}"
+    # The Dockerfile copies NVIDIA's nvidia-cdi-hook from build/ (docs/image.md).
+    hook = run(str(ROOT / "scripts/build-cdi-hook"), timeout=1800).strip()
+    (ROOT / "build").mkdir(exist_ok=True)
+    shutil.copy2(hook, ROOT / "build/nvidia-cdi-hook")
     run("docker", "build", "-t", IMAGE, str(ROOT), timeout=900)
     config = str(ROOT / "e2e/kind-config.yaml")
     run("kind", "create", "cluster", "--name", name, "--image", NODE_IMAGE, "--config", config, "--wait", "180s",
@@ -56,7 +61,7 @@ def cluster() -> Iterator[Cluster]:
         cluster = Cluster(f"kind-{name}")
         rendered = run(kubectl_binary(), "kustomize", str(ROOT / "manifests/overlays/sim"))
         cluster.kubectl(
-            "apply", "--server-side", "-f", "-", input=rendered.replace("image: dradriver:dev", f"image: {IMAGE}")
+            "apply", "--server-side", "-f", "-", input=re.sub(r"image: dradriver:\S+", f"image: {IMAGE}", rendered)
         )
         cluster.kubectl("-n", NAMESPACE, "rollout", "status", DAEMONSET, "--timeout=300s", timeout=320)
         yield cluster

@@ -60,7 +60,6 @@ def admit(req: dict[str, Any], obj: dict[str, Any] | None, old: dict[str, Any] |
         ("CREATE", slice_on("node-a"), None),
         ("UPDATE", slice_on("node-a"), slice_on("node-a")),
         ("DELETE", None, slice_on("node-a")),
-        ("CREATE", slice_on("node-a", driver="compute-domain.dradriver.dev"), None),  # the second driver, ComputeDomains
     ],
 )
 def test_the_plugin_may_write_its_own_nodes_slices(operation: str, obj: Any, old: Any) -> None:

@@ -1,10 +1,13 @@
-"""The install manifests: every kustomize overlay renders with a real `kubectl kustomize`, every object it
-yields validates strictly against the official schemas of each supported Kubernetes release, and the
-DaemonSet carries what a production install needs."""
+"""The install manifests, from both install paths: the Helm chart rendered by the real helm with each preset
+(deployments/helm/dradriver/presets), and the kustomize overlays generated from it (manifests/overlays/<preset>,
+rendered by a real `kubectl kustomize`). Every object validates strictly against the official schemas of each
+supported Kubernetes release, the DaemonSet carries what a production install needs, and manifests/ is exactly
+what the chart renders (scripts/gen-manifests)."""
 
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 import subprocess
 import sys
@@ -14,12 +17,15 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from support.helm import PRESETS, helm, render_preset
 
 from dradriver.cli.run import STOP_BUDGET_SECONDS
 
 ROOT = Path(__file__).resolve().parent.parent
-OVERLAYS = ("node", "gpu-operator", "sim")
+SOURCES = ("chart", "kustomize")
 VERSIONS = ("1.34.0", "1.35.0", "1.36.0", "1.37.0")
+DRIVER_ROOTS = {"host": "/", "gpu-operator": "/run/nvidia/driver", "gke": "/home/kubernetes/bin/nvidia"}
+HELM_ONLY_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
 
 
 def kubectl() -> str:
@@ -32,7 +38,7 @@ def kubectl() -> str:
 
 
 @functools.cache
-def render(overlay: str) -> tuple[dict[str, Any], ...]:
+def kustomize(overlay: str) -> tuple[dict[str, Any], ...]:
     result = subprocess.run(
         [kubectl(), "kustomize", str(ROOT / "manifests/overlays" / overlay)],
         capture_output=True,
@@ -42,6 +48,10 @@ def render(overlay: str) -> tuple[dict[str, Any], ...]:
     )
     assert result.returncode == 0, result.stderr
     return tuple(d for d in yaml.safe_load_all(result.stdout) if d)
+
+
+def render(source: str, preset: str) -> tuple[dict[str, Any], ...]:
+    return render_preset(preset) if source == "chart" else kustomize(preset)
 
 
 def find(objects: tuple[dict[str, Any], ...], kind: str, name: str | None = None) -> dict[str, Any]:
@@ -58,10 +68,11 @@ def env(container: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("version", VERSIONS)
-def test_every_rendered_object_passes_the_official_schemas_strictly(overlay: str, version: str) -> None:
-    objects = render(overlay)
+def test_every_rendered_object_passes_the_official_schemas_strictly(source: str, preset: str, version: str) -> None:
+    objects = render(source, preset)
     kinds = {o["kind"] for o in objects}
     assert {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "DeviceClass"} <= kinds
     assert {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} <= kinds
@@ -69,9 +80,10 @@ def test_every_rendered_object_passes_the_official_schemas_strictly(overlay: str
         kubernetes_validate.validate(obj, version, strict=True)
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_the_daemonset_is_production_ready(overlay: str) -> None:
-    objects = render(overlay)
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("preset", PRESETS)
+def test_the_daemonset_is_production_ready(source: str, preset: str) -> None:
+    objects = render(source, preset)
     daemonset = find(objects, "DaemonSet")
     pod = daemonset["spec"]["template"]["spec"]
     container = plugin_container(objects)
@@ -96,53 +108,64 @@ def test_the_daemonset_is_production_ready(overlay: str) -> None:
     assert pod["serviceAccountName"] == find(objects, "ServiceAccount")["metadata"]["name"]
     # `run` stops within its budget, before the kubelet's SIGKILL at the end of the grace period.
     assert pod.get("terminationGracePeriodSeconds", 30) > STOP_BUDGET_SECONDS
+    # The kubelet dials the sockets by the paths the plugin reports: container and host paths must agree.
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    for volume in pod["volumes"]:
+        if volume["name"] != "driver-root":
+            assert mounts[volume["name"]] == volume["hostPath"]["path"], volume
+    assert variables["DRADRIVER_REGISTRY_DIR"] == mounts["plugins-registry"]
+    assert variables["DRADRIVER_PLUGIN_DIR"].startswith(mounts["plugins"] + "/")
+    assert variables["DRADRIVER_CDI_DIR"] == mounts["cdi"]
 
 
-@pytest.mark.parametrize(("overlay", "root"), [("node", "/"), ("gpu-operator", "/run/nvidia/driver")])
-def test_real_gpu_overlays_mount_the_driver_root_and_need_a_gpu_node(overlay: str, root: str) -> None:
-    objects = render(overlay)
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize(("preset", "root"), sorted(DRIVER_ROOTS.items()))
+def test_real_gpu_presets_mount_the_driver_root_and_need_a_gpu_node(source: str, preset: str, root: str) -> None:
+    objects = render(source, preset)
     pod = find(objects, "DaemonSet")["spec"]["template"]["spec"]
     container = plugin_container(objects)
     [volume] = [v for v in pod["volumes"] if v["name"] == "driver-root"]
     assert volume["hostPath"]["path"] == root
     [mount] = [m for m in container["volumeMounts"] if m["name"] == "driver-root"]
     assert mount["mountPropagation"] == "HostToContainer" and mount["readOnly"] is True
-    assert env(container)["DRADRIVER_GPU_BACKEND"] == "nvml"
-    assert env(container)["DRADRIVER_DRIVER_ROOT"] == root
+    variables = env(container)
+    assert variables["DRADRIVER_GPU_BACKEND"] == "nvml"
+    assert variables["DRADRIVER_DRIVER_ROOT"] == root
+    assert variables["DRADRIVER_CONTAINER_DRIVER_ROOT"] == mount["mountPath"]
     # NVML is loaded from the driver root by the path discovery found, whatever the layout (issue 22).
-    assert "LD_LIBRARY_PATH" not in env(container)
+    assert "LD_LIBRARY_PATH" not in variables
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     keys = {e["key"] for t in terms for e in t["matchExpressions"]}
     assert keys == {"feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present"}
 
 
-@pytest.mark.parametrize("overlay", ["node", "gpu-operator"])
-def test_real_gpu_overlays_find_the_mps_control_binary_in_the_driver_root(overlay: str) -> None:
-    # dradriver run starts nvidia-cuda-mps-control by name (unless DRADRIVER_MPS_CONTROL_COMMAND says otherwise);
-    # the image has no such binary, the driver root mounted in the container does.
-    container = plugin_container(render(overlay))
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("preset", sorted(DRIVER_ROOTS))
+def test_real_gpu_presets_fall_back_to_the_driver_roots_binaries(source: str, preset: str) -> None:
+    # The image has no NVIDIA binaries: PATH falls back to the driver root's (usr/bin, or bin on GKE) after the
+    # image's own directories.
+    container = plugin_container(render(source, preset))
     [mount] = [m for m in container["volumeMounts"] if m["name"] == "driver-root"]
     variables = env(container)
-    command = variables.get("DRADRIVER_MPS_CONTROL_COMMAND")
-    if command:
-        assert command.startswith(mount["mountPath"] + "/")
-    else:
-        path = variables.get("PATH", "").split(":")
-        assert f"{mount['mountPath']}/usr/bin" in path
-        assert "/usr/local/bin" in path and "/usr/bin" in path  # the image's own commands, dradriver first
+    path = variables.get("PATH", "").split(":")
+    assert f"{mount['mountPath']}/usr/bin" in path and f"{mount['mountPath']}/bin" in path
+    assert path.index("/usr/local/bin") < path.index(f"{mount['mountPath']}/usr/bin")  # the image's commands first
 
 
-def test_the_sim_overlay_runs_simulated_gpus_anywhere() -> None:
-    objects = render("sim")
+@pytest.mark.parametrize("source", SOURCES)
+def test_the_sim_preset_runs_simulated_gpus_anywhere(source: str) -> None:
+    objects = render(source, "sim")
     pod = find(objects, "DaemonSet")["spec"]["template"]["spec"]
     variables = env(plugin_container(objects))
     assert variables["DRADRIVER_GPU_BACKEND"] == "sim"
     assert variables["DRADRIVER_MIG_MODE"] == "dynamic"
     assert variables["DRADRIVER_SIM_PROFILE"]
-    # An explicit driver root would be honoured on the simulated backend too: the sim overlay sets none.
-    assert "DRADRIVER_DRIVER_ROOT" not in variables and "DRADRIVER_CONTAINER_DRIVER_ROOT" not in variables
+    # Simulated MIG devices survive a plugin restart: the state lives in the (host) plugin directory.
+    assert variables["DRADRIVER_SIM_STATE"].startswith(variables["DRADRIVER_PLUGIN_DIR"] + "/")
     assert "affinity" not in pod
     assert all(v["name"] != "driver-root" for v in pod["volumes"])
+    # An explicit driver root would be honoured on the simulated backend too: the sim preset sets none.
+    assert "DRADRIVER_DRIVER_ROOT" not in variables and "DRADRIVER_CONTAINER_DRIVER_ROOT" not in variables
 
 
 def test_the_plain_manifest_folders_hold_only_kubernetes_objects() -> None:
@@ -152,3 +175,32 @@ def test_the_plain_manifest_folders_hold_only_kubernetes_objects() -> None:
             continue
         for document in (d for d in yaml.safe_load_all(path.read_text()) if d):
             kubernetes_validate.validate(document, "1.37.0", strict=True)
+
+
+def test_manifests_are_what_the_chart_renders() -> None:
+    """One source of truth: manifests/ is scripts/gen-manifests' output, byte for byte."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/gen-manifests"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "HELM": helm()},
+    )
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_each_overlay_is_its_preset(preset: str) -> None:
+    """What `kubectl apply -k manifests/overlays/<preset>` creates is what `helm install -f presets/<preset>.yaml`
+    creates, but for the labels that only helm may set."""
+
+    def key(obj: dict[str, Any]) -> tuple[str, str]:
+        return obj["kind"], obj["metadata"]["name"]
+
+    def without_helm_labels(obj: dict[str, Any]) -> dict[str, Any]:
+        labels = {k: v for k, v in obj["metadata"]["labels"].items() if k not in HELM_ONLY_LABELS}
+        return {**obj, "metadata": {**obj["metadata"], "labels": labels}}
+
+    chart = {key(o): without_helm_labels(o) for o in render_preset(preset)}
+    assert chart == {key(o): o for o in kustomize(preset)}

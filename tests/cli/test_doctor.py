@@ -154,3 +154,14 @@ def test_the_table_shows_each_fail_with_its_fix(stubs, node: Path, capsys) -> No
     assert out.splitlines()[0].split() == ["CHECK", "STATUS", "DETAIL"]
     fixes = [line.strip() for line in out.splitlines() if line.strip().startswith("fix: ")]
     assert any("set --driver-root /home/kubernetes/bin/nvidia" in fix for fix in fixes), out
+
+
+def test_the_hook_source_is_judged_as_run_uses_it(stubs, node: Path, capsys) -> None:
+    # run copies the source and makes the copy executable: a plain file is enough, a missing one is not.
+    layout = build_layout("runfile", node / "roots", stubs)
+    (node / "image/nvidia-cdi-hook").chmod(0o644)
+    code, checks = doctor(node, capsys, *roots(layout))
+    assert code == 0 and checks["CDI hook"]["status"] == "OK"
+    missing = str(node / "image/missing-hook")
+    code, checks = doctor(node, capsys, *roots(layout), "--cdi-hook-source", missing)
+    assert code == 1 and checks["CDI hook"]["detail"] == f"--cdi-hook-source {missing} is not a file"

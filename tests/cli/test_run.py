@@ -227,8 +227,9 @@ def test_the_images_hook_is_copied_to_the_plugin_directory_and_named_in_specs(tm
     assert cdi_hook_for(given) == "/opt/hook"
     assert cdi_hook_for(_root_args(tmp_path, nvidia_cdi_hook_path="none")) is None
     assert cdi_hook_for(_root_args(tmp_path)) == ""
-    with pytest.raises(ConfigError, match="--cdi-hook-source"):
+    with pytest.raises(ConfigError, match="--cdi-hook-source") as err:
         cdi_hook_for(_root_args(tmp_path, cdi_hook_source=str(tmp_path / "missing")))
+    assert "--nvidia-cdi-hook-path none makes specs without hooks" in str(err.value)
 
 
 def test_a_node_without_the_driver_yet_waits_alive_but_not_ready_and_stops_on_sigterm(tmp_path):
@@ -263,6 +264,16 @@ def test_a_node_without_the_driver_yet_waits_alive_but_not_ready_and_stops_on_si
         process.kill()
     assert process.returncode == 0, err
     assert "waiting for the NVIDIA driver" in err and "NVML" in err
+
+
+def test_a_driver_root_that_no_install_can_fix_fails_at_once_instead_of_waiting(tmp_path):
+    # Waiting is for a driver still being installed; a relative --driver-root stays wrong however long we wait.
+    argv = [*run_args(tmp_path), "--driver-root", "run/nvidia/driver", "--cdi-hook-source", "none"]
+    command = [sys.executable, "-m", "dradriver", *argv]
+    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "--driver-root run/nvidia/driver is not an absolute path" in done.stderr
+    assert "waiting for the NVIDIA driver" not in done.stderr
 
 
 def test_an_unexpected_rescan_failure_does_not_end_rescanning(caplog):

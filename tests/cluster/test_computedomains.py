@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from support.cd_cluster import NAMESPACE, CdNode, ControllerRun
 from support.cluster_pods import kubectl
 from support.control_plane import ControlPlane
+from support.helm import template
 from support.kube_rest import Kube
 
 from dradriver.computedomain import api
@@ -45,7 +47,14 @@ def _kubectl(plane: ControlPlane, *args: str, check: bool = True) -> subprocess.
 def cd_cluster(control_plane: ControlPlane) -> Iterator[dict[str, Any]]:
     kube = control_plane.kube
     _kubectl(control_plane, "apply", "--server-side", "-f", str(REPO / "deployments/helm/dradriver/crds"))
-    _kubectl(control_plane, "apply", "--server-side", "-f", str(REPO / "manifests/computedomain/deviceclasses.yaml"))
+    # The chart's ComputeDomain objects but the controller (run here as a process): RBAC, daemon account, classes.
+    chart = [
+        o for o in template("--set", "computeDomains.enabled=true")
+        if o["kind"] in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount", "DeviceClass")
+        and "compute-domain" in o["metadata"]["name"]
+    ]  # fmt: skip
+    rendered = control_plane.root / "computedomain-chart.yaml"
+    rendered.write_text(yaml.safe_dump_all(chart))
     _kubectl(control_plane, "wait", "--for=condition=Established", "crd/computedomains.resource.dradriver.dev",
              "crd/computedomaincliques.resource.dradriver.dev")  # fmt: skip
     if kube.find("namespaces", NAMESPACE) is None:
@@ -53,8 +62,8 @@ def cd_cluster(control_plane: ControlPlane) -> Iterator[dict[str, Any]]:
     kube.wait(
         "the dradriver namespace's default ServiceAccount", lambda: kube.find("serviceaccounts", "default", NAMESPACE)
     )
-    # The daemon pods' service account (and the rest of the ComputeDomain RBAC, accepted by the API server).
-    _kubectl(control_plane, "apply", "--server-side", "-f", str(REPO / "manifests/computedomain/rbac.yaml"))
+    # The daemon pods' service account and the rest (RBAC accepted by the API server, the DeviceClasses).
+    _kubectl(control_plane, "apply", "--server-side", "-f", str(rendered))
     nodes: dict[str, CdNode] = {}
     controller = ControllerRun(control_plane.kubeconfig, control_plane.logs / "cd-controller.log", "controller-a")
     cluster: dict[str, Any] = {"kube": kube, "nodes": nodes, "controller": controller, "plane": control_plane}

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import kubernetes_validate
 import pytest
 import yaml
+from support.helm import template
 
 from dradriver.cli.main import main
 from dradriver.computedomain import api
@@ -16,11 +18,31 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "computedomains"
 
 
-def test_the_manifest_device_classes_are_the_ones_explain_uses() -> None:
-    shipped = list(yaml.safe_load_all((ROOT / "manifests/computedomain/deviceclasses.yaml").read_text()))
-    assert [(c["metadata"]["name"], c["spec"]) for c in shipped] == [
+def test_the_charts_device_classes_are_the_ones_explain_uses() -> None:
+    shipped = [o for o in template("--set", "computeDomains.enabled=true") if o["kind"] == "DeviceClass"]
+    assert [(c["metadata"]["name"], c["spec"]) for c in shipped if "compute-domain" in c["metadata"]["name"]] == [
         (c["metadata"]["name"], c["spec"]) for c in api.device_classes()
     ]
+
+
+def test_the_chart_installs_controller_rbac_and_classes_only_when_enabled() -> None:
+    def kinds(*args: str) -> set[tuple[str, str]]:
+        return {
+            (o["kind"], o["metadata"]["name"]) for o in template(*args) if "compute-domain" in o["metadata"]["name"]
+        }
+
+    assert kinds() == set()
+    enabled = template("--set", "computeDomains.enabled=true")
+    assert kinds("--set", "computeDomains.enabled=true") >= {
+        ("Deployment", "dradriver-compute-domain-controller"),
+        ("ServiceAccount", "dradriver-compute-domain-daemon"),
+        ("ClusterRole", "dradriver-compute-domain-plugin"),
+        ("DeviceClass", "compute-domain-daemon.dradriver.dev"),
+    }
+    plugin = next(o for o in enabled if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "DRADRIVER_COMPUTE_DOMAINS", "value": "true"} in plugin["env"]
+    for document in enabled:
+        kubernetes_validate.validate(document, "1.37.0", strict=True)
 
 
 def test_the_crds_use_nvidias_field_names() -> None:

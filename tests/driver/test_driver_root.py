@@ -84,13 +84,19 @@ def test_missing_optional_files_are_skipped(root: Path):
     assert "/usr/lib/x86_64-linux-gnu/libcudadebugger.so.1" not in {s.link for s in found.symlinks}
 
 
+def test_the_places_searched_for_libcuda_are_named_as_paths_of_the_root():
+    with pytest.raises(DriverRootError) as err:
+        discover_driver_root(host_root="/", version="0.0.0-none", machine="x86_64")
+    assert "/usr/lib64" in str(err.value) and "//" not in str(err.value)
+
+
 def test_soname_links_are_found_and_the_development_link_is_added(root: Path):
     links = {s.link: s for s in discover(root).symlinks}
     assert links[f"/{LIBDIR}/libcuda.so.1"].target == f"libcuda.so.{VERSION}"
-    assert links[f"/{LIBDIR}/libcuda.so.1"].installed
+    assert links[f"/{LIBDIR}/libcuda.so.1"].library == PurePosixPath(f"{LIBDIR}/libcuda.so.{VERSION}")
     assert links[f"/{LIBDIR}/libnvidia-ml.so.1"].target == f"libnvidia-ml.so.{VERSION}"
     assert links[f"/{LIBDIR}/libcuda.so"].target == "libcuda.so.1"
-    assert not links[f"/{LIBDIR}/libcuda.so"].installed
+    assert links[f"/{LIBDIR}/libcuda.so"].library is None  # only the hook makes it
 
 
 def test_symlinked_libraries_are_resolved_inside_the_root_and_dangling_ones_skipped(root: Path):
@@ -163,6 +169,27 @@ def test_an_absolute_directory_link_is_followed_inside_the_root_not_in_this_cont
     assert found.libcuda.path == PurePosixPath(f"opt/driver/libcuda.so.{VERSION}")
     assert all(str(f.path).startswith("opt/driver/") for f in found.libraries)
     assert f"/{LIBDIR}/libcuda.so.1" in {s.link for s in found.symlinks}
+
+
+def test_a_link_climbing_out_of_a_linked_directory_is_followed_as_the_kernel_does(root: Path):
+    # ".." after a linked directory goes up from where the link leads, not from the link's own name.
+    real = root / "opt/nvidia/580" / f"libcuda.so.{VERSION}"
+    (root / "opt/nvidia/580/lib").mkdir(parents=True)
+    (root / LIBDIR / f"libcuda.so.{VERSION}").rename(real)
+    (root / LIBDIR / "current").symlink_to("/opt/nvidia/580/lib")
+    (root / LIBDIR / f"libcuda.so.{VERSION}").symlink_to(f"current/../libcuda.so.{VERSION}")
+    assert discover(root).libcuda.path == PurePosixPath(f"opt/nvidia/580/libcuda.so.{VERSION}")
+
+
+def test_a_hook_linked_in_the_driver_root_is_named_by_the_file_the_host_can_run(root: Path):
+    # The runtime runs the hook on the host, where an absolute link in /run/nvidia/driver would lead out of it.
+    toolkit = root / "usr/local/nvidia/toolkit"
+    toolkit.mkdir(parents=True)
+    (toolkit / "nvidia-cdi-hook").write_text("#!/bin/sh\n")
+    os.chmod(toolkit / "nvidia-cdi-hook", 0o755)
+    (root / "usr/bin/nvidia-cdi-hook").symlink_to("/usr/local/nvidia/toolkit/nvidia-cdi-hook")
+    found = discover(root, host_root="/run/nvidia/driver")
+    assert found.cdi_hook == "/run/nvidia/driver/usr/local/nvidia/toolkit/nvidia-cdi-hook"
 
 
 # --- real install layouts (support.driver_layouts: ELF stubs, the real ldconfig's cache) ------------------------

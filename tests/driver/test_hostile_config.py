@@ -88,6 +88,8 @@ def mutated(draw: st.DrawFn) -> dict[str, Any]:
     config = copy.deepcopy(draw(st.sampled_from(GOOD)))
     for _ in range(draw(st.integers(1, 3))):
         paths = list(_paths(config))
+        if not paths:
+            break  # an earlier round removed every field: nothing left to mutate
         path = draw(st.sampled_from(paths))
         parent = config
         for key in path[:-1]:

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path, PurePosixPath
 
 import pytest
-from support.ldcache_files import AARCH64, I386, X86_64, new_format_cache
+from support.ldcache_files import AARCH64, I386, S390X, X86_64, new_format_cache
 
 from dradriver.driver import ldcache
 
@@ -71,6 +71,35 @@ def test_32_bit_and_aarch64_entries_are_told_apart() -> None:
     entries = ldcache.parse(data)
     assert [e.path for e in ldcache.native(entries, "x86_64")] == ["/usr/lib/x86_64-linux-gnu/libcuda.so.1"]
     assert [e.path for e in ldcache.native(entries, "aarch64")] == ["/usr/lib/aarch64-linux-gnu/libcuda.so.1"]
+
+
+def test_a_big_endian_cache_is_read_in_the_byte_order_its_header_names() -> None:
+    # s390x's ldconfig writes its own byte order and, since glibc 2.32, says so in the header's flags.
+    data = new_format_cache([(S390X, "libcuda.so.1", "/usr/lib64/libcuda.so.1")], big_endian=True)
+    assert [(e.soname, e.path) for e in ldcache.native(ldcache.parse(data), "s390x")] == [
+        ("libcuda.so.1", "/usr/lib64/libcuda.so.1")
+    ]
+
+
+def test_the_cache_and_ld_so_conf_are_read_through_links_inside_the_root(tmp_path: Path) -> None:
+    # Debian's alternatives make an ld.so.conf.d file an absolute link; such a link means the root's /, not the
+    # plugin container's, and the same holds for the include directory and the cache itself.
+    root = tmp_path / "root"
+    (root / "etc/alternatives").mkdir(parents=True)
+    (root / "opt/conf.d").mkdir(parents=True)
+    (root / "usr/lib/nvidia").mkdir(parents=True)
+    (root / "var/cache/ldconfig").mkdir(parents=True)
+    (root / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
+    (root / "etc/ld.so.conf.d").symlink_to("/opt/conf.d")
+    (root / "opt/conf.d/x86_64-linux-gnu_GL.conf").symlink_to("/etc/alternatives/x86_64-linux-gnu_gl_conf")
+    (root / "etc/alternatives/x86_64-linux-gnu_gl_conf").symlink_to("/usr/lib/nvidia/ld.so.conf")
+    (root / "usr/lib/nvidia/ld.so.conf").write_text("/usr/lib/nvidia/current\n")
+    assert ldcache.conf_dirs(root) == (PurePosixPath("/usr/lib/nvidia/current"),)
+    (root / "var/cache/ldconfig/ld.so.cache").write_bytes(
+        new_format_cache([(X86_64, "libcuda.so.1", "/usr/lib/nvidia/current/libcuda.so.1")])
+    )
+    (root / "etc/ld.so.cache").symlink_to("/var/cache/ldconfig/ld.so.cache")
+    assert [e.path for e in ldcache.read_cache(root, "x86_64") or ()] == ["/usr/lib/nvidia/current/libcuda.so.1"]
 
 
 @pytest.mark.parametrize(

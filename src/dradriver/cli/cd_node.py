@@ -92,6 +92,7 @@ def start(
         node_uid=node_uid,
         shape=shape,
         ready_timeout=args.cd_ready_timeout,
+        pod_uid=args.pod_uid or None,
         daemon_mounts=[
             {"hostPath": host, "containerPath": container, "options": ["ro", "nosuid", "nodev", "bind"]}
             for host, container in imex_binaries

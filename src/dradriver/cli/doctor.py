@@ -14,12 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.cli.driver_root import add_driver_root_options, nvml_library_for, plugin_dir_of
 from dradriver.cli.options import add_env_option, add_gpu_options, add_output_option
 from dradriver.driver.cdi_hook import HOOK_NAME
@@ -27,12 +29,14 @@ from dradriver.driver.driver_root import (
     CDI_HOOK,
     FOUND_IN_CONF,
     KNOWN_ROOTS,
+    DriverFilesMissing,
     DriverRoot,
     DriverRootError,
     discover_driver_root,
     find_library,
     likely_driver_roots,
 )
+from dradriver.driver.root_paths import regular_file
 from dradriver.errors import DradriverError
 from dradriver.gpu.backend import open_gpu_backend
 from dradriver.gpu.interface import GpuLib
@@ -43,9 +47,12 @@ OK, WARN, FAIL, SKIP = "OK", "WARN", "FAIL", "SKIP"
 EXIT_FAILED = 1
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
 CRIO_CONFIG = "/etc/crio/crio.conf"
-DRIVER_NAME = "gpu.dradriver.dev"
 # The first Kubernetes minor serving resource.k8s.io/v1 (DRA GA).
 MIN_MINOR = 34
+ROOT_FIX = (
+    "install the NVIDIA driver, or point --driver-root (host path; /run/nvidia/driver with the GPU Operator, "
+    "/home/kubernetes/bin/nvidia on GKE) and --container-driver-root (its mount here) at its root"
+)
 #: Library classes, by file-name prefix, the way an admin thinks of them.
 LIBRARY_CLASSES = (
     ("CUDA", ("libcuda.", "libnvidia-ptxjitcompiler.", "libnvidia-nvvm", "libcudadebugger.")),
@@ -72,7 +79,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     add_gpu_options(parser)
     add_driver_root_options(parser)
-    add_env_option(parser, "--driver-name", env="DRADRIVER_DRIVER_NAME", default=DRIVER_NAME, help="driver name")
+    add_env_option(
+        parser, "--driver-name", env="DRADRIVER_DRIVER_NAME", default=DEFAULT_DRIVER_NAME, help="driver name"
+    )
     add_env_option(parser, "--cdi-dir", env="DRADRIVER_CDI_DIR", default="/var/run/cdi", help="CDI spec directory")
     add_env_option(
         parser,
@@ -181,7 +190,7 @@ def _open_nvml(args: argparse.Namespace) -> tuple[GpuLib | None, Inventory | Non
             nvml_library=library,
         )
     except DradriverError as err:
-        return None, None, Check("NVML", FAIL, str(err), _root_fix(args))
+        return None, None, Check("NVML", FAIL, str(err), ROOT_FIX)
     where = (
         f"simulated node {args.sim_profile}"
         if simulated is not None
@@ -195,13 +204,6 @@ def _open_nvml(args: argparse.Namespace) -> tuple[GpuLib | None, Inventory | Non
         gpulib.close()
         return None, None, Check("NVML", FAIL, f"{where}; discovery failed: {err}", "see the NVML error above")
     return gpulib, inventory, Check("NVML", OK if simulated is not None or library else WARN, where)
-
-
-def _root_fix(args: argparse.Namespace) -> str:
-    return (
-        "install the NVIDIA driver, or point --driver-root (host path; /run/nvidia/driver with the GPU Operator, "
-        "/home/kubernetes/bin/nvidia on GKE) and --container-driver-root (its mount here) at its root"
-    )
 
 
 def _driver_root_checks(
@@ -224,7 +226,7 @@ def _driver_root_checks(
         detail = (
             f"libcuda.so.{version} not found in driver root {host} (its linker cache, ld.so.conf and the usual "
             "library directories searched)"
-            if "was not found" in str(err)
+            if isinstance(err, DriverFilesMissing) and container.is_dir()
             else str(err).split(";")[0]
         )
         return None, [Check("libcuda", FAIL, detail, fix)]
@@ -264,7 +266,7 @@ def _libcuda_without_nvml(args: argparse.Namespace) -> Check:
         for relative in KNOWN_ROOTS
         if find_library(container / relative, "libcuda.so.1")[0] is not None
     ]
-    fix = f"set --driver-root {elsewhere[0]}" if elsewhere else _root_fix(args)
+    fix = f"set --driver-root {elsewhere[0]}" if elsewhere else ROOT_FIX
     return Check("libcuda", FAIL, f"libcuda.so.1 not found in driver root {host} (searched {how})", fix)
 
 
@@ -345,26 +347,27 @@ def _hook_check(args: argparse.Namespace) -> Check:
         return Check("CDI hook", WARN, "hooks turned off", "specs still work; drop --nvidia-cdi-hook-path none")
     if args.nvidia_cdi_hook_path:
         return Check("CDI hook", OK, f"{args.nvidia_cdi_hook_path} (as given)")
-    source = args.cdi_hook_source or _which(HOOK_NAME)
+    source = args.cdi_hook_source or shutil.which(HOOK_NAME) or ""
     if source and source != "none":
-        if not os.access(source, os.X_OK):
-            return Check("CDI hook", FAIL, f"{source} is not executable", "give the image's nvidia-cdi-hook")
+        # What run needs of it: a file to copy (the copy is made executable).
+        if not Path(source).is_file():
+            return Check(
+                "CDI hook",
+                FAIL,
+                f"--cdi-hook-source {source} is not a file",
+                "give the image's nvidia-cdi-hook, or none to ship no hook",
+            )
         return Check("CDI hook", OK, f"{source}, copied to {plugin_dir_of(args) / HOOK_NAME} at start")
     container = Path(args.container_driver_root or args.driver_root or "/")
-    if (container / CDI_HOOK).is_file():
-        return Check("CDI hook", OK, f"{PurePosixPath(args.driver_root or '/') / CDI_HOOK} (in the driver root)")
+    in_root = regular_file(container, PurePosixPath(CDI_HOOK))
+    if in_root is not None:
+        return Check("CDI hook", OK, f"{PurePosixPath(args.driver_root or '/') / in_root} (in the driver root)")
     return Check(
         "CDI hook",
         WARN,
         "no nvidia-cdi-hook: specs without hooks",
         "ship the image's hook (--cdi-hook-source) so images' linker caches list the driver's libraries",
     )
-
-
-def _which(name: str) -> str:
-    import shutil
-
-    return shutil.which(name) or ""
 
 
 def _writable_dir(name: str, path: Path, flag: str, why: str) -> Check:

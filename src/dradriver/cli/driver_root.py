@@ -56,7 +56,8 @@ def add_driver_root_options(parser: argparse.ArgumentParser) -> None:
         default="",
         metavar="PATH|none",
         help="nvidia-cdi-hook in this container (the image ships one), copied at start to <plugin-dir>/"
-        "nvidia-cdi-hook, a path the host shares, for the specs' hooks; empty: nvidia-cdi-hook on PATH if any",
+        "nvidia-cdi-hook, a path the host shares, for the specs' hooks; empty: nvidia-cdi-hook on PATH if any; "
+        "none: ship no hook (then <driver-root>/usr/bin/nvidia-cdi-hook if it exists)",
     )
 
 

@@ -38,7 +38,7 @@ from dradriver.cli.status_server import StatusServer, check_bindable
 from dradriver.computedomain.plugin import ComputeDomainPlugin
 from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.checkpoint import CheckpointStore
-from dradriver.driver.driver_root import DriverRoot, DriverRootError
+from dradriver.driver.driver_root import DriverFilesMissing, DriverRoot
 from dradriver.driver.health import (
     DEFAULT_FATAL_XIDS,
     DEFAULT_IGNORED_XIDS,
@@ -377,7 +377,7 @@ class DriverProcess:
                     raise
                 self.waiting_for = None
                 return True
-            except (LibraryNotFound, DriverNotLoaded, DriverRootError) as err:
+            except (LibraryNotFound, DriverNotLoaded, DriverFilesMissing) as err:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise

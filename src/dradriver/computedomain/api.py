@@ -177,7 +177,7 @@ def workload_claim_template(domain: dict[str, Any]) -> dict[str, Any]:
 
 
 def device_classes() -> list[dict[str, Any]]:
-    """The two DeviceClasses (NVIDIA's selectors with our driver name); manifests/computedomain holds them too."""
+    """The two DeviceClasses (NVIDIA's selectors, our driver name); the chart ships them (templates/computedomain)."""
 
     def device_class(name: str, expression: str) -> dict[str, Any]:
         return {

@@ -66,6 +66,7 @@ class ComputeDomainPlugin:
         shape: SliceShape,
         ready_timeout: float,
         daemon_mounts: Sequence[Mapping[str, Any]] = (),
+        pod_uid: str | None = None,
     ) -> None:
         facts = read()
         self._read = read
@@ -87,6 +88,8 @@ class ComputeDomainPlugin:
                 node_name=facts.node_name,
                 registry_dir=registry_dir,
                 plugin_dir=plugin_dir,
+                # Rolling updates: per-pod sockets, like the GPU driver's, so the new pod starts beside the old.
+                pod_uid=pod_uid,
             ),
             handler=self.driver,
             claim_source=cluster,

@@ -25,8 +25,8 @@ def install_cdi_hook(source: Path, directory: Path) -> Path:
     target = directory / HOOK_NAME
     if not source.is_file():
         raise ConfigError(
-            f"--cdi-hook-source {source} is not a file: give the image's nvidia-cdi-hook, or 'none' for specs "
-            "without hooks"
+            f"--cdi-hook-source {source} is not a file: give the image's nvidia-cdi-hook, or 'none' to ship no hook "
+            "(--nvidia-cdi-hook-path none makes specs without hooks)"
         )
     try:
         if target.is_file() and filecmp.cmp(source, target, shallow=False) and os.access(target, os.X_OK):

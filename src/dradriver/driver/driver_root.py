@@ -26,12 +26,13 @@ or the GPU Operator's ``/run/nvidia/driver``, and ``container_root`` where the p
 from __future__ import annotations
 
 import logging
-import os
 import platform
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from dradriver.driver import ldcache
+from dradriver.driver.root_paths import directory as root_directory
+from dradriver.driver.root_paths import regular_file, resolve
 from dradriver.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -105,7 +106,12 @@ def container_library_dirs(machine: str | None = None) -> tuple[str, ...]:
 
 
 class DriverRootError(ConfigError):
-    """The driver root lacks what every CUDA container needs (libcuda.so of the running driver)."""
+    """The driver root is wrong, or lacks what every CUDA container needs (libcuda.so of the running driver)."""
+
+
+class DriverFilesMissing(DriverRootError):
+    """The root's directory, or libcuda.so of the running driver in it, is not there (yet): the GPU Operator may
+    still be installing the driver, so ``dradriver run`` waits for it."""
 
 
 @dataclass(frozen=True)
@@ -128,10 +134,6 @@ class Symlink:
     target: str
     link: str
     library: PurePosixPath | None = None
-
-    @property
-    def installed(self) -> bool:
-        return self.library is not None
 
 
 @dataclass(frozen=True)
@@ -170,13 +172,13 @@ def find_library(root: Path, name: str, *, machine: str | None = None) -> tuple[
     if cache is not None:
         for entry in cache:
             if entry.soname == name:
-                found = _regular_file(root, PurePosixPath(entry.path.lstrip("/")))
+                found = regular_file(root, PurePosixPath(entry.path.lstrip("/")))
                 if found is not None:
                     return found, FOUND_IN_CACHE
         searched.append("/etc/ld.so.cache")
     for how, dirs in _search_dirs(root, machine):
         for directory in dirs:
-            found = _regular_file(root, directory / name)
+            found = regular_file(root, directory / name)
             if found is not None:
                 return found, how
             searched.append(f"/{directory}")
@@ -211,7 +213,7 @@ def discover_driver_root(
             f"--driver-root {host} is not an absolute path; give the host path, e.g. / or /run/nvidia/driver"
         )
     if not root.is_dir():
-        raise DriverRootError(
+        raise DriverFilesMissing(
             f"driver root {root} is not a directory: mount the host's driver root (--driver-root {host}) into "
             "the plugin's container and pass that mount as --container-driver-root"
         )
@@ -219,7 +221,7 @@ def discover_driver_root(
     libcuda_name = f"libcuda.so.{version}"
     located = _locate(root, libcuda_name, cache, machine)
     if isinstance(located, list):
-        raise DriverRootError(
+        raise DriverFilesMissing(
             f"{libcuda_name} of the running NVIDIA driver {version} was not found in driver root {root} "
             f"(searched {', '.join(located)}); install the driver's user-space libraries (and run ldconfig if "
             "they are outside the usual directories), or point --driver-root (host path, e.g. /run/nvidia/driver "
@@ -228,7 +230,7 @@ def discover_driver_root(
         )
     libcuda_dir, libcuda, found_by = located
     # Where libcuda was found, and where its file really is when that is a link into another directory.
-    sources = tuple(dict.fromkeys(d for d in (_resolve(root, libcuda_dir), libcuda.parent) if d is not None))
+    sources = tuple(dict.fromkeys(d for d in (resolve(root, libcuda_dir), libcuda.parent) if d is not None))
     libraries, sonames = _libraries(root, sources, version=version, cache=cache, found_by=found_by, machine=machine)
     symlinks = _symlinks(libraries, sonames, machine)
     firmware = _firmware(root, version, kernel_release or platform.release(), sources)
@@ -237,9 +239,9 @@ def discover_driver_root(
         DriverFile(path, (f"/usr/bin/{name}",)) for name in BINARIES if (path := _first_file(root, bin_dirs, name))
     )
     sockets = tuple(
-        DriverFile(PurePosixPath("run") / sock, (f"/run/{sock}",))
+        DriverFile(path, (f"/run/{sock}",))
         for sock in IPC_SOCKETS
-        if (root / "run" / sock).exists()
+        if (path := resolve(root, PurePosixPath("run", sock)))
     )
     config_files = tuple(
         DriverFile(path, (f"{inside}/{name}",))
@@ -248,7 +250,10 @@ def discover_driver_root(
     )
     hook: str | None
     if cdi_hook == "":
-        hook = str(host / CDI_HOOK) if _regular_file(root, PurePosixPath(CDI_HOOK)) is not None else None
+        # The runtime runs the hook on the host, which would follow an absolute link from the host's / rather
+        # than the driver root's: name the file the link leads to.
+        in_root = regular_file(root, PurePosixPath(CDI_HOOK))
+        hook = str(host / in_root) if in_root is not None else None
     else:
         hook = cdi_hook
     libcuda_file = next(f for f in libraries if f.path == libcuda)
@@ -295,18 +300,18 @@ def _locate(
         if entry.soname.startswith("libcuda.so"):
             cached = PurePosixPath(entry.path.lstrip("/"))
             # The link's directory, and its file's (Debian keeps the files in nvidia/current below the links).
-            real = _regular_file(root, cached)
+            real = regular_file(root, cached)
             candidates.extend((FOUND_IN_CACHE, d) for d in (cached.parent, real.parent if real else None) if d)
     if cache:
         searched.append("the directories /etc/ld.so.cache lists for libcuda")
     for how, dirs in _search_dirs(root, machine):
         candidates.extend((how, d) for d in dirs)
     for how, directory in dict.fromkeys(candidates):
-        found = _regular_file(root, directory / name)
+        found = regular_file(root, directory / name)
         if found is not None:
             return directory, found, how
         if how != FOUND_IN_CACHE:
-            searched.append(f"{root}/{directory}")
+            searched.append(str(root / directory))
     return searched
 
 
@@ -326,12 +331,12 @@ def _libraries(
     found: dict[PurePosixPath, bool] = {}  # real file → in vdpau/
     names: dict[PurePosixPath, set[str]] = {}
     for directory in dirs:
-        for sub, vdpau in ((directory, False), (directory / "vdpau", True)):
-            folder = root / sub
-            if not folder.is_dir():
+        for below, vdpau in ((directory, False), (directory / "vdpau", True)):
+            sub = root_directory(root, below)
+            if sub is None:
                 continue
-            for entry in sorted(folder.iterdir(), key=lambda e: e.name):
-                resolved = _regular_file(root, sub / entry.name)
+            for entry in sorted((root / sub).iterdir(), key=lambda e: e.name):
+                resolved = regular_file(root, sub / entry.name)
                 if resolved is None:
                     continue
                 if entry.name.endswith(f".so.{version}") or entry.name.startswith("libnvidia-nvvm70.so."):
@@ -339,7 +344,7 @@ def _libraries(
                 elif entry.is_symlink() and ".so" in entry.name:
                     names.setdefault(resolved, set()).add(entry.name)
     for cached in cache:
-        resolved = _regular_file(root, PurePosixPath(cached.path.lstrip("/")))
+        resolved = regular_file(root, PurePosixPath(cached.path.lstrip("/")))
         if resolved is not None and resolved.name.endswith(f".so.{version}"):
             found.setdefault(resolved, resolved.parent.name == "vdpau")
             names.setdefault(resolved, set()).add(cached.soname)
@@ -389,14 +394,10 @@ def _firmware(
         *(str(d.parent / "firmware") for d in sources),  # beside the library tree (/home/kubernetes/bin/nvidia)
     )
     for base in candidates:
-        folder = root / base / "nvidia" / version
-        if folder.is_dir():
-            files = sorted(p.name for p in folder.glob("gsp*.bin"))
-            found = [
-                (name, f)
-                for name in files
-                if (f := _regular_file(root, PurePosixPath(base) / "nvidia" / version / name))
-            ]
+        folder = root_directory(root, PurePosixPath(base, "nvidia", version))
+        if folder is not None:
+            files = sorted(p.name for p in (root / folder).glob("gsp*.bin"))
+            found = [(name, f) for name in files if (f := regular_file(root, folder / name))]
             if found:
                 return tuple(
                     DriverFile(f, (f"/lib/firmware/nvidia/{version}/{name}",)) for name, f in dict(found).items()
@@ -406,51 +407,10 @@ def _firmware(
 
 def _first_file(root: Path, dirs: tuple[str, ...] | list[str], name: str) -> PurePosixPath | None:
     for directory in dirs:
-        found = _regular_file(root, PurePosixPath(directory) / name)
+        found = regular_file(root, PurePosixPath(directory) / name)
         if found is not None:
             return found
     return None
-
-
-def _regular_file(root: Path, relative: PurePosixPath) -> PurePosixPath | None:
-    """``relative`` resolved inside ``root`` if it ends at a regular file, else None."""
-    resolved = _resolve(root, relative)
-    return resolved if resolved is not None and (root / resolved).is_file() else None
-
-
-def _resolve(root: Path, relative: PurePosixPath, *, depth: int = 0) -> PurePosixPath | None:
-    """``relative`` with symlinks followed *inside* ``root`` (an absolute link target means root-relative, as
-    on the host); None when missing, dangling or looping. ``..`` never leaves the root."""
-    if depth > 40:
-        return None
-    current = PurePosixPath()
-    parts = relative.parts
-    for index, part in enumerate(parts):
-        if part in ("", "."):
-            continue
-        if part == "..":
-            current = current.parent
-            continue
-        candidate = root / current / part
-        if candidate.is_symlink():
-            target = PurePosixPath(os.readlink(candidate))
-            rest = PurePosixPath(*parts[index + 1 :]) if index + 1 < len(parts) else PurePosixPath()
-            base = PurePosixPath() if target.is_absolute() else current
-            joined = PurePosixPath(*[p for p in (base / target / rest).parts if p != "/"])
-            return _resolve(root, _normalise(joined), depth=depth + 1)
-        current = current / part
-    return current if (root / current).exists() and not (root / current).is_symlink() else None
-
-
-def _normalise(path: PurePosixPath) -> PurePosixPath:
-    parts: list[str] = []
-    for part in path.parts:
-        if part == "..":
-            if parts:
-                parts.pop()
-        elif part not in ("", ".", "/"):
-            parts.append(part)
-    return PurePosixPath(*parts)
 
 
 #: Roots other installs use, relative to the host's /: the GPU Operator's driver container, GKE/COS, and the

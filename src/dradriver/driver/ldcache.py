@@ -21,8 +21,11 @@ import glob
 import os
 import platform
 import struct
+import sys
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+
+from dradriver.driver.root_paths import directory, regular_file
 
 OLD_MAGIC = b"ld.so-1.7.0"
 NEW_MAGIC = b"glibc-ld.so.cache1.1"
@@ -30,7 +33,10 @@ _OLD_HEADER = struct.Struct("<12sI")  # magic padded to 12 bytes, entry count
 _OLD_ENTRY = struct.Struct("<iII")  # flags, key, value
 _NEW_HEADER_SIZE = 48  # magic (20), count, string length, byte order + 3 pad, extension offset, 3 unused
 _NEW_ENTRY_SIZE = 24  # flags, key, value, OS version (all 32-bit), hwcap (64-bit)
-_BIG_ENDIAN = 3  # the new header's byte-order byte: 0 unset (native), 2 little, 3 big
+# The new header's flags byte: its low two bits are the byte order (0 unset: the writer's own, 2 little, 3 big).
+_ENDIAN_MASK = 3
+_ENDIAN_UNSET = 0
+_ENDIAN_BIG = 3
 
 FLAG_TYPE_MASK = 0x00FF
 FLAG_ELF_LIBC6 = 0x0003
@@ -81,7 +87,10 @@ def parse(data: bytes) -> tuple[CacheEntry, ...]:
 def _parse_new(data: bytes, start: int) -> tuple[CacheEntry, ...]:
     if len(data) < start + _NEW_HEADER_SIZE:
         raise LdCacheError("linker cache cut short in its header")
-    order = ">" if data[start + 28] == _BIG_ENDIAN else "<"
+    endian = data[start + 28] & _ENDIAN_MASK
+    # Unset (glibc before 2.32): the writer's order, i.e. the host's, which is ours.
+    big = endian == _ENDIAN_BIG or (endian == _ENDIAN_UNSET and sys.byteorder == "big")
+    order = ">" if big else "<"
     count, _string_length = struct.unpack_from(f"{order}II", data, start + 20)
     entry = struct.Struct(f"{order}iIIIQ")
     first = start + _NEW_HEADER_SIZE
@@ -115,8 +124,11 @@ def native(entries: tuple[CacheEntry, ...], machine: str | None = None) -> tuple
 
 def read_cache(root: Path, machine: str | None = None) -> tuple[CacheEntry, ...] | None:
     """The native entries of ``root``'s ``etc/ld.so.cache``; None when it has none or it cannot be read."""
+    cache = regular_file(root, PurePosixPath("etc/ld.so.cache"))
+    if cache is None:
+        return None
     try:
-        data = (root / "etc/ld.so.cache").read_bytes()
+        data = (root / cache).read_bytes()
     except OSError:
         return None
     try:
@@ -137,8 +149,11 @@ def _read_conf(root: Path, conf: PurePosixPath, found: dict[PurePosixPath, None]
     if str(conf) in seen or len(seen) > 256:
         return  # an include loop, or a pathological tree
     seen.add(str(conf))
+    file = regular_file(root, PurePosixPath(str(conf).lstrip("/")))
+    if file is None:
+        return
     try:
-        text = (root / str(conf).lstrip("/")).read_text(errors="replace")
+        text = (root / file).read_text(errors="replace")
     except OSError:
         return
     for raw in text.splitlines():
@@ -147,15 +162,27 @@ def _read_conf(root: Path, conf: PurePosixPath, found: dict[PurePosixPath, None]
             continue
         if line.startswith("include") and line[7:8].isspace():
             for pattern in line[8:].split():
-                absolute = pattern if pattern.startswith("/") else f"{conf.parent}/{pattern}"
-                matches = sorted(glob.glob(os.path.join(glob.escape(str(root)), absolute.lstrip("/"))))
-                for match in matches:
-                    _read_conf(root, PurePosixPath("/") / os.path.relpath(match, root), found, seen=seen)
+                absolute = PurePosixPath(pattern if pattern.startswith("/") else f"{conf.parent}/{pattern}")
+                for match in _glob_in_root(root, absolute):
+                    _read_conf(root, match, found, seen=seen)
         elif line.startswith("hwcap"):
             continue  # an obsolete directive, not a directory
         else:
             # A directory, optionally "dir=TYPE" (old syntax); also several separated by whitespace or commas.
-            for directory in line.replace(",", " ").split():
-                path = directory.split("=", 1)[0]
+            for name in line.replace(",", " ").split():
+                path = name.split("=", 1)[0]
                 if path.startswith("/"):
                     found.setdefault(PurePosixPath(path.rstrip("/") or "/"), None)
+
+
+def _glob_in_root(root: Path, pattern: PurePosixPath) -> list[PurePosixPath]:
+    """The files an include pattern names, its directory resolved inside ``root`` (includes glob file names:
+    ``ld.so.conf.d/*.conf``; a pattern in the directory part too is globbed as it stands)."""
+    if any(magic in str(pattern.parent) for magic in "*?["):
+        matches = glob.glob(os.path.join(glob.escape(str(root)), str(pattern).lstrip("/")))
+        return [PurePosixPath("/", os.path.relpath(match, root)) for match in sorted(matches)]
+    folder = directory(root, PurePosixPath(str(pattern.parent).lstrip("/")))
+    if folder is None:
+        return []
+    matches = glob.glob(os.path.join(glob.escape(str(root / folder)), pattern.name))
+    return [PurePosixPath("/", str(folder), Path(match).name) for match in sorted(matches)]

@@ -72,7 +72,6 @@ _MEMORY_ERROR_UNCORRECTED = 1
 _VOLATILE_ECC = 0
 _FIELD_GPU_RECOVERY_ACTION = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (drivers from the 565 branch on)
 
-# nvmlDeviceGetArchitecture values → the names go-nvlib and nvidia-smi use.
 # nvmlDeviceGetBrand values → go-nvlib's brand strings.
 BRAND_NAMES = {
     0: "Unknown",
