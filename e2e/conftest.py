@@ -1,11 +1,17 @@
-"""The kind end-to-end suite: a real cluster with the driver (manifests/overlays/sim) running on a simulated
-GPU node. Start it with e2e/run-kind.sh, or `pytest e2e -m e2e`.
+"""The end-to-end suite, on one of two backends with the same test bodies:
 
-Runs only where Docker, kind and kubectl exist; everywhere else every test is skipped, saying what is missing.
+- kind, where Docker, kind and kubectl exist: a real cluster with the driver (manifests/overlays/sim) as a
+  DaemonSet on a simulated GPU node. Start it with e2e/run-kind.sh.
+- the local node everywhere else: the `node` tests' real kubelet and containerd (scripts/build-node) on the real
+  control plane (scripts/build-control-plane), `dradriver run` on a simulated GPU node as a host process. It is
+  what `pytest` runs here and in CI; without those binaries it skips (fails with DRADRIVER_REQUIRE_NODE=1).
+
+E2E_BACKEND=kind or E2E_BACKEND=local picks one explicitly.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -15,7 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kindutil import DAEMONSET, NAMESPACE, ROOT, Cluster, kubectl_binary, run
+from kindutil import DAEMONSET, NAMESPACE, ROOT, Backend, Cluster, kubectl_binary, run
+from local_backend import LocalCluster
 
 REQUIRED_TOOLS = ("docker", "kind", "kubectl")
 IMAGE = "dradriver:e2e"
@@ -23,6 +30,7 @@ IMAGE = "dradriver:e2e"
 NODE_IMAGE = os.environ.get("KIND_NODE_IMAGE", "kindest/node:v1.35.0")
 
 
+@functools.cache
 def missing_tools() -> list[str]:
     missing = [tool for tool in REQUIRED_TOOLS if shutil.which(tool) is None]
     if "docker" not in missing:
@@ -32,19 +40,34 @@ def missing_tools() -> list[str]:
     return missing
 
 
+def backend() -> str:
+    chosen = os.environ.get("E2E_BACKEND")
+    if chosen:
+        return chosen
+    return "local" if missing_tools() else "kind"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
-    ours = [item for item in items if Path(str(item.fspath)).is_relative_to(here)]
-    missing = missing_tools()
-    if not missing:
-        return
-    skip = pytest.mark.skip(reason=f"kind e2e suite needs Docker, kind and kubectl: missing {', '.join(missing)}")
-    for item in ours:
-        item.add_marker(skip)
+    for item in items:
+        if Path(str(item.fspath)).is_relative_to(here):
+            item.add_marker(pytest.mark.node if backend() == "local" else pytest.mark.e2e)
+            # The local backend shares the worker (and so the control plane and node) of the cluster and node tests.
+            item.add_marker(pytest.mark.xdist_group("cluster"))
 
 
 @pytest.fixture(scope="session")
-def cluster() -> Iterator[Cluster]:
+def cluster(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    if backend() == "local":
+        yield LocalCluster(request.getfixturevalue("node"))
+        return
+    missing = missing_tools()
+    if missing:
+        pytest.skip(f"E2E_BACKEND=kind needs Docker, kind and kubectl: missing {', '.join(missing)}")
+    yield from kind_cluster()
+
+
+def kind_cluster() -> Iterator[Cluster]:
     """A kind cluster with the sim overlay installed and rolled out; deleted afterwards (unless
     E2E_KEEP_CLUSTER=1)."""
     name = f"dradriver-e2e-{uuid.uuid4().hex[:6]}"

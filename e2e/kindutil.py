@@ -1,4 +1,4 @@
-"""Shell helpers for the kind e2e suite."""
+"""Shell helpers for the e2e suite, and its kind backend."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -40,11 +40,41 @@ def kubectl_binary() -> str:
     return str(beside) if beside.exists() else "kubectl"
 
 
+class Backend(Protocol):
+    """What the test bodies use of a cluster: kind's (:class:`Cluster`) or the local node's
+    (local_backend.LocalCluster)."""
+
+    backend: str
+    node_config: str  # the simulated node, as the examples' "# Node:" header names it
+
+    def kubectl(self, *args: str, timeout: float = 300, input: str | None = None) -> str: ...
+
+    def apply(self, path: Path) -> None: ...
+
+    def delete(self, path: Path) -> None: ...
+
+    def roll_driver(self) -> None: ...
+
+
 class Cluster:
     """kubectl bound to the e2e cluster's context."""
+
+    backend = "kind"
+    node_config = "mixed --mig-mode dynamic"  # manifests/overlays/sim
 
     def __init__(self, context: str) -> None:
         self.context = context
 
     def kubectl(self, *args: str, timeout: float = 300, input: str | None = None) -> str:
         return run(kubectl_binary(), "--context", self.context, *args, timeout=timeout, input=input)
+
+    def apply(self, path: Path) -> None:
+        self.kubectl("apply", "-f", str(path))
+
+    def delete(self, path: Path) -> None:
+        self.kubectl("delete", "-f", str(path), "--wait=true", "--timeout=180s", timeout=200)
+
+    def roll_driver(self) -> None:
+        """A rolling update of the driver's DaemonSet, waited for."""
+        self.kubectl("-n", NAMESPACE, "rollout", "restart", DAEMONSET)
+        self.kubectl("-n", NAMESPACE, "rollout", "status", DAEMONSET, "--timeout=300s", timeout=320)

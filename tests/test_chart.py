@@ -291,3 +291,56 @@ def test_the_notes_say_what_to_check_next() -> None:
     sim_notes = sim.stdout.split("NOTES:", 1)[1]
     # doctor checks a real driver: on simulated GPUs it would only report what a simulated node lacks.
     assert "SIMULATED" in sim_notes and "doctor" not in sim_notes and "2. See the devices" in sim_notes
+
+
+def test_compat_nvidia_runs_under_nvidias_names_everywhere() -> None:
+    from dradriver.driver.presets import NVIDIA
+
+    objects = objects_with("compat=nvidia")
+    variables = container_env(objects)
+    assert variables["DRADRIVER_COMPAT"] == "nvidia"
+    assert variables["DRADRIVER_DRIVER_NAME"] == "gpu.nvidia.com"
+    assert variables["DRADRIVER_PLUGIN_DIR"] == "/var/lib/kubelet/plugins/gpu.nvidia.com"
+    classes = {o["metadata"]["name"]: o["spec"] for o in objects if o["kind"] == "DeviceClass"}
+    assert sorted(classes) == sorted(c["metadata"]["name"] for c in NVIDIA.device_classes())  # no per-profile ones
+    assert classes["gpu.nvidia.com"]["extendedResourceName"] == "nvidia.com/gpu"
+    for name, kind in (("gpu.nvidia.com", "gpu"), ("mig.nvidia.com", "mig")):
+        expression = " ".join(classes[name]["selectors"][0]["cel"]["expression"].split())
+        assert (
+            expression == f'device.driver == "gpu.nvidia.com" && device.attributes["gpu.nvidia.com"].type == "{kind}"'
+        )
+    [policy] = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy" and "opaque" in o["metadata"]["name"]]
+    assert policy["spec"]["variables"][0] == {"name": "driver", "expression": '"gpu.nvidia.com"'}
+    # The slice policy and the claim-status RBAC name the driver too: nothing may still name ours.
+    text = yaml.safe_dump_all(objects)
+    assert "gpu.dradriver.dev" not in text.replace("gpu.dradriver.dev/v1alpha1", "").replace(
+        "gpu.dradriver.dev.yaml", ""
+    )
+
+
+@pytest.mark.parametrize("preset", [p for p in PRESETS if p != "sim"])
+def test_mps_daemons_are_started_outside_the_plugins_container(preset: str) -> None:
+    # A daemon started from the container would die with it (its cgroup is killed on every restart or update):
+    # the wrapper enters the host's namespaces and has systemd put the daemon into a scope of its own.
+    objects = template("-f", preset_file(preset))
+    wrapper = container_env(objects)["DRADRIVER_MPS_DAEMON_WRAPPER"].split()
+    assert daemonset(objects)["spec"]["template"]["spec"]["hostPID"] is True
+    assert wrapper[:4] == ["nsenter", "--target", "1", "--mount"]
+    assert wrapper[wrapper.index("systemd-run") :][:2] == ["systemd-run", "--scope"]
+    off = objects_with("mps.outliveThePlugin=false")
+    assert "DRADRIVER_MPS_DAEMON_WRAPPER" not in container_env(off)
+    assert "hostPID" not in daemonset(off)["spec"]["template"]["spec"]
+
+
+def test_the_sim_preset_runs_its_mps_stand_in_in_the_container() -> None:
+    objects = template("-f", preset_file("sim"))
+    assert "DRADRIVER_MPS_DAEMON_WRAPPER" not in container_env(objects)
+    assert "hostPID" not in daemonset(objects)["spec"]["template"]["spec"]
+
+
+def test_consumable_shares_and_list_attributes_reach_the_plugin() -> None:
+    variables = container_env(objects_with("gpu.consumableShares=4", "listAttributes=true"))
+    assert variables["DRADRIVER_CONSUMABLE_SHARES"] == "4"
+    assert variables["DRADRIVER_LIST_ATTRIBUTES"] == "true"
+    done = run_helm("template", RELEASE, str(CHART), "--set", "gpu.consumableShares=lots")
+    assert done.returncode != 0 and "consumableShares" in done.stderr

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PYTHON_TREES = ["src", "tests", "e2e", "benchmarks", "scripts"]
+PYTHON_TREES = ["src", "tests", "e2e", "benchmarks", "scripts", "conftest.py"]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

@@ -12,7 +12,7 @@ import yaml
 from support.cel_admission import evaluate, evaluate_variable
 
 from dradriver.cel.errors import CelError
-from tests.driver.config_table import BAD, GOOD, gpu
+from tests.driver.config_table import BAD, GOOD, NVIDIA, gpu
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,12 +38,14 @@ def claim(*parameters: Any, template: bool = False, driver: str = "gpu.dradriver
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "spec": {"devices": devices}}
 
 
-def denials(obj: dict[str, Any]) -> list[str]:
-    """The messages of the validations that deny ``obj`` (an evaluation error denies too: failurePolicy Fail)."""
+def denials(obj: dict[str, Any], driver: str = "gpu.dradriver.dev") -> list[str]:
+    """The messages of the validations that deny ``obj`` (an evaluation error denies too: failurePolicy Fail),
+    with the policy's ``driver`` variable set to ``driver`` as an overlay sets it (tests/test_manifests.py)."""
     spec = policy()["spec"]
     variables: dict[str, Any] = {}
     for variable in spec["variables"]:
-        variables[variable["name"]] = evaluate_variable(variable["expression"], object=obj, variables=variables)
+        expression = f'"{driver}"' if variable["name"] == "driver" else variable["expression"]
+        variables[variable["name"]] = evaluate_variable(expression, object=obj, variables=variables)
     denied = []
     for validation in spec["validations"]:
         try:
@@ -65,6 +67,20 @@ def test_configs_the_models_accept_are_admitted(config: dict[str, Any], template
 @pytest.mark.parametrize("template", [False, True])
 def test_configs_the_models_refuse_are_denied(config: dict[str, Any], message: str, template: bool) -> None:
     assert denials(claim(config, template=template)), f"admitted, but the models say: {message}"
+
+
+def test_the_driver_variable_is_the_driver_name_of_the_base_install() -> None:
+    assert policy()["spec"]["variables"][0] == {"name": "driver", "expression": '"gpu.dradriver.dev"'}
+
+
+@pytest.mark.parametrize("config", [c for c in GOOD if c["apiVersion"] == NVIDIA])
+def test_under_the_nvidia_preset_nvidias_configs_are_admitted(config: dict[str, Any]) -> None:
+    assert denials(claim(config, driver="gpu.nvidia.com"), driver="gpu.nvidia.com") == []
+
+
+@pytest.mark.parametrize(("config", "message"), [(c, m) for c, m in BAD if c.get("apiVersion") == NVIDIA])
+def test_under_the_nvidia_preset_configs_the_models_refuse_are_denied(config: dict[str, Any], message: str) -> None:
+    assert denials(claim(config, driver="gpu.nvidia.com"), driver="gpu.nvidia.com"), message
 
 
 def test_other_drivers_configs_and_claims_without_config_are_not_judged() -> None:

@@ -80,7 +80,7 @@ def _env(**extra: str) -> dict[str, str]:
         ("DRADRIVER_RESCAN_INTERVAL", "soon", ["run", "--node-name", "n"], "'soon' is not a number of seconds"),
         ("DRADRIVER_GPU_BACKEND", "cuda", ["inventory"], "choose one of nvml, sim"),
         ("DRADRIVER_DRIVER_NAME", "GPU", ["inventory", "--gpu-backend", "sim"], "'GPU' is not a valid driver name"),
-        ("DRADRIVER_KUBERNETES_VERSION", "1.30", ["inventory", "--gpu-backend", "sim"], "DRA needs 1.34 or newer"),
+        ("DRADRIVER_KUBERNETES_VERSION", "1.30", ["inventory", "--gpu-backend", "sim"], "DRA needs 1.32 or newer"),
         ("NODE_NAME", "Node_1", ["demo"], "'Node_1' is not a valid node name"),
     ],
 )

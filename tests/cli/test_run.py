@@ -38,7 +38,7 @@ def test_run_needs_a_node_name(monkeypatch, capsys, tmp_path):
 
 def test_run_rejects_a_kubernetes_version_without_dra(capsys):
     assert main(["run", "--node-name", "n", "--gpu-backend", "sim", "--kubernetes-version", "1.30"]) == 2
-    assert "DRA needs 1.34 or newer" in capsys.readouterr().err
+    assert "DRA needs 1.32 or newer" in capsys.readouterr().err
 
 
 def test_run_without_nvml_fails_with_one_line(capsys):
@@ -369,3 +369,27 @@ def test_an_in_place_driver_upgrade_is_followed_for_new_prepares_naming_claims_o
     assert process.driver.cdi.driver_root is process.driver_root  # what the next prepare's spec is built from
     assert process.driver_root.libcuda.path.name == "libcuda.so.590.10.01"
     assert "upgraded in place from 580.65.06 to 590.10.01" in caplog.text and "claims=claim-a,claim-b" in caplog.text
+
+
+def test_a_wrapped_mps_daemon_is_named_by_its_host_paths(tmp_path):
+    # The wrapper runs the daemon in the host's namespaces, where the driver root is at its host path, not where
+    # this container mounts it.
+    import argparse
+
+    from dradriver.cli.run import _mps_command, _mps_daemon_command
+    from dradriver.driver.driver_root import discover_driver_root
+    from dradriver.sim.driver_root import write_stub_driver_root
+
+    mounted = write_stub_driver_root(tmp_path / "driver-root", "580.65.06", machine="x86_64")
+    root = discover_driver_root(
+        host_root="/run/nvidia/driver", container_root=mounted, version="580.65.06", machine="x86_64"
+    )
+    args = argparse.Namespace(
+        mps_daemon_wrapper="nsenter --target 1 --mount -- systemd-run --scope --", mps_control_command=None
+    )
+    daemon = _mps_daemon_command(args, False, root)
+    assert daemon[:7] == ["nsenter", "--target", "1", "--mount", "--", "systemd-run", "--scope"]
+    assert daemon[8] == "env" and daemon[9].startswith("LD_LIBRARY_PATH=/run/nvidia/driver/")
+    assert daemon[10] == "/run/nvidia/driver/usr/bin/nvidia-cuda-mps-control"
+    assert _mps_command(args, False, root)[0].startswith(str(mounted))  # control calls stay in the container
+    assert _mps_daemon_command(argparse.Namespace(mps_daemon_wrapper="", mps_control_command=None), False, root) == []

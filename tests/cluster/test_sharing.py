@@ -23,6 +23,7 @@ from dradriver.plugin.kubeletplugin.kubelet_client import Claim
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = "gpu-sharing"
+WRAPPED = "DRADRIVER_TEST_WRAPPED_DAEMON"
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,8 @@ def sharing_node(control_plane: ControlPlane, kube: Kube, device_classes: None) 
         NODE,
         profile="mixed",
         mig_mode="none",
-        extra=("--gpu-sharing", "consumable"),
+        # As the DaemonSet's nsenter/systemd-run wrapper, one that marks the daemon and execs it.
+        extra=("--gpu-sharing", "consumable", "--mps-daemon-wrapper", f"env {WRAPPED}=1"),
     )
     try:
         yield node
@@ -89,6 +91,9 @@ def test_two_claims_share_one_gpu_each_with_its_mps_limits(sharing_node: SimNode
             )  # fmt: skip
             assert asked.returncode == 0 and asked.stdout.strip() == "25.0", asked
             assert (Path(pipe).parent / "log" / "control.log").read_text().count("Startup") == 1
+            # the serving daemon is the one the wrapper started
+            pid = json.loads((Path(pipe).parent / "daemon.json").read_text())["pid"]
+            assert f"{WRAPPED}=1".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         claims = [Claim(NAMESPACE, p.claim()["metadata"]["name"], p.claim()["metadata"]["uid"]) for p in pods]
         assert set(sharing_node.kubelet.unprepare(claims).values()) == {""}
     finally:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 API = "gpu.dradriver.dev/v1alpha1"
+NVIDIA = "resource.nvidia.com/v1beta1"
 
 
 def gpu(**fields: Any) -> dict[str, Any]:
@@ -15,6 +16,15 @@ def gpu(**fields: Any) -> dict[str, Any]:
 
 def mig(**fields: Any) -> dict[str, Any]:
     return {"apiVersion": API, "kind": "MigDeviceConfig", **fields}
+
+
+def nv_gpu(**fields: Any) -> dict[str, Any]:
+    """A GpuConfig in NVIDIA's version, as written for NVIDIA's driver."""
+    return {"apiVersion": NVIDIA, "kind": "GpuConfig", **fields}
+
+
+def nv_mig(**fields: Any) -> dict[str, Any]:
+    return {"apiVersion": NVIDIA, "kind": "MigDeviceConfig", **fields}
 
 
 GOOD: list[dict[str, Any]] = [
@@ -42,12 +52,34 @@ GOOD: list[dict[str, Any]] = [
     gpu(sharing={"strategy": "TimeSlicing"}, computeMode="Default"),
     mig(),
     mig(sharing={"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 25}}),
+    gpu(sharing={"strategy": "MPS", "mps": {"multiUser": True}}),
+    # NVIDIA's version: every field of its GpuConfig and MigDeviceConfig.
+    nv_gpu(),
+    nv_gpu(sharing={"strategy": "TimeSlicing"}),
+    nv_gpu(sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {}}),
+    nv_gpu(sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}),
+    nv_gpu(sharing={"strategy": "MPS"}),
+    nv_gpu(
+        sharing={
+            "strategy": "MPS",
+            "mpsConfig": {
+                "defaultActiveThreadPercentage": 50,
+                "defaultPinnedDeviceMemoryLimit": "10Gi",
+                "defaultPerDevicePinnedMemoryLimit": {"0": "5Gi"},
+                "multiUser": True,
+            },
+        }
+    ),
+    nv_mig(),
+    nv_mig(sharing={"strategy": "TimeSlicing"}),  # accepted, and sets nothing, as in NVIDIA's driver
+    nv_mig(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 20, "multiUser": False}}),
 ]
 
 BAD: list[tuple[dict[str, Any], str]] = [
     (
-        {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"},
-        "apiVersion: 'resource.nvidia.com/v1beta1' is not supported; allowed: gpu.dradriver.dev/v1alpha1",
+        {"apiVersion": "resource.nvidia.com/v1alpha1", "kind": "GpuConfig"},
+        "apiVersion: 'resource.nvidia.com/v1alpha1' is not supported; allowed: gpu.dradriver.dev/v1alpha1 "
+        "(or NVIDIA's resource.nvidia.com/v1beta1)",
     ),
     (
         {"apiVersion": API, "kind": "VfioDeviceConfig"},
@@ -94,9 +126,13 @@ BAD: list[tuple[dict[str, Any], str]] = [
         "sharing.mps.defaultPerDevicePinnedMemoryLimit: 'lots' is not a quantity",
     ),
     (
-        gpu(sharing={"strategy": "MPS", "mps": {"multiUser": True}}),
-        "sharing.mps.multiUser: unknown field; allowed fields here: defaultActiveThreadPercentage, "
-        "defaultPinnedDeviceMemoryLimit, defaultPerDevicePinnedMemoryLimit",
+        gpu(sharing={"strategy": "MPS", "mps": {"multiUser": "yes"}}),
+        "sharing.mps.multiUser: input should be a valid boolean",
+    ),
+    (
+        gpu(sharing={"strategy": "MPS", "mps": {"pinned": "1Gi"}}),
+        "sharing.mps.pinned: unknown field; allowed fields here: defaultActiveThreadPercentage, "
+        "defaultPinnedDeviceMemoryLimit, defaultPerDevicePinnedMemoryLimit, multiUser",
     ),
     (
         gpu(computeMode="Exclusive"),
@@ -113,4 +149,57 @@ BAD: list[tuple[dict[str, Any], str]] = [
         mig(computeMode="Default"),
         "MigDeviceConfig: computeMode: unknown field; allowed fields here: apiVersion, kind, sharing",
     ),
+    # NVIDIA's version: its own field names only, its kinds only, its rules.
+    (
+        nv_gpu(computeMode="Default"),
+        "resource.nvidia.com/v1beta1 GpuConfig: computeMode: unknown field; allowed fields here: apiVersion, kind, "
+        "sharing",
+    ),
+    (
+        nv_gpu(sharing={"strategy": "MPS", "mps": {}}),
+        "sharing.mps: unknown field; allowed fields here: strategy, timeSlicingConfig, mpsConfig",
+    ),
+    (
+        nv_gpu(sharing={"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}}),
+        "sharing.timeSlicing: unknown field; allowed fields here: strategy, timeSlicingConfig, mpsConfig",
+    ),
+    (nv_gpu(sharing={"strategy": "TimeSlicing", "mpsConfig": {}}), "sharing: mps is set but strategy is TimeSlicing"),
+    (nv_gpu(sharing={"strategy": "MPS", "timeSlicingConfig": {}}), "sharing: timeSlicing is set but strategy is MPS"),
+    (nv_gpu(sharing={"strategy": "Vgpu"}), "sharing.strategy: 'Vgpu' is not allowed; allowed: 'TimeSlicing' or 'MPS'"),
+    (nv_gpu(sharing={"strategy": ""}), "sharing.strategy: '' is not allowed"),
+    (
+        nv_gpu(sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Longest"}}),
+        "sharing.timeSlicingConfig.interval: 'Longest' is not allowed",
+    ),
+    (
+        nv_gpu(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 101}}),
+        "sharing.mpsConfig.defaultActiveThreadPercentage: 101 is out of range; allowed: 0 to 100",
+    ),
+    (
+        nv_gpu(sharing={"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "100Ki"}}),
+        "sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: the limit 100Ki is below 1Mi",
+    ),
+    (nv_gpu(metadata={"name": "x"}), "metadata: unknown field; allowed fields here: apiVersion, kind, sharing"),
+    (
+        nv_mig(sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}),
+        "sharing.timeSlicingConfig: unknown field; allowed fields here: strategy, mpsConfig",
+    ),
+    (
+        nv_mig(sharing={"strategy": "TimeSlicing", "mpsConfig": {}}),
+        "sharing: mpsConfig is set but strategy is TimeSlicing",
+    ),
+    (
+        {"apiVersion": NVIDIA, "kind": "VfioDeviceConfig", "iommu": {"backendPolicy": "LegacyOnly"}},
+        "kind: VfioDeviceConfig of resource.nvidia.com/v1beta1 is for GPU passthrough to virtual machines (vfio-pci), "
+        "which this driver does not implement",
+    ),
+    (
+        {"apiVersion": NVIDIA, "kind": "ComputeDomainChannelConfig", "domainID": "x"},
+        "ComputeDomain IMEX channels (multi-node NVLink), which this driver does not implement",
+    ),
+    (
+        {"apiVersion": NVIDIA, "kind": "ComputeDomainDaemonConfig", "domainID": "x"},
+        "which this driver does not implement",
+    ),
+    ({"apiVersion": NVIDIA, "kind": "MpsConfig"}, "kind: 'MpsConfig' is not a kind of resource.nvidia.com/v1beta1"),
 ]

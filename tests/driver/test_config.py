@@ -20,7 +20,7 @@ from dradriver.driver.config import (
     schema_text,
 )
 from dradriver.errors import ClaimError
-from tests.driver.config_table import BAD, GOOD, gpu, mig
+from tests.driver.config_table import BAD, GOOD, gpu, mig, nv_gpu, nv_mig
 
 SCHEMA = Path(__file__).parents[2] / "api" / "config" / "gpu.dradriver.dev_v1alpha1.schema.json"
 
@@ -125,6 +125,56 @@ def test_a_merge_that_makes_an_invalid_config_is_refused() -> None:
             [entry(gpu(sharing={"strategy": "MPS"}), source="FromClass"), entry(gpu(computeMode="Prohibited"))],
             [GPU0],
         )
+
+
+def test_nvidia_configs_convert_to_ours_with_every_field() -> None:
+    decoded = decode_config(
+        nv_gpu(
+            sharing={
+                "strategy": "MPS",
+                "mpsConfig": {
+                    "defaultActiveThreadPercentage": 50,
+                    "defaultPinnedDeviceMemoryLimit": "10Gi",
+                    "defaultPerDevicePinnedMemoryLimit": {"GPU-1": "5Gi"},
+                    "multiUser": True,
+                },
+            }
+        )
+    )
+    assert dump(decoded) == gpu(
+        sharing={
+            "strategy": "MPS",
+            "mps": {
+                "defaultActiveThreadPercentage": 50,
+                "defaultPinnedDeviceMemoryLimit": "10Gi",
+                "defaultPerDevicePinnedMemoryLimit": {"GPU-1": "5Gi"},
+                "multiUser": True,
+            },
+        }
+    )
+    long = decode_config(nv_gpu(sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}))
+    assert dump(long) == gpu(sharing={"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}})
+
+
+def test_nvidia_time_slicing_on_a_mig_device_is_accepted_and_sets_nothing() -> None:
+    assert dump(decode_config(nv_mig(sharing={"strategy": "TimeSlicing"}))) == mig()
+
+
+def test_an_nvidia_entry_replaces_earlier_entries_as_in_nvidias_driver() -> None:
+    klass = entry(gpu(sharing={"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 80}}), source="FromClass")
+    claim = entry(nv_gpu(sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}}))
+    resolved = resolve_configs("default/c", [claim, klass], [GPU0])
+    assert dump(resolved["gpu-0"])["sharing"] == {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Short"}}
+
+
+def test_nvidia_configs_pick_devices_by_kind_like_ours() -> None:
+    resolved = resolve_configs(
+        "default/c",
+        [entry(nv_gpu(sharing={"strategy": "TimeSlicing"})), entry(nv_mig(sharing={"strategy": "MPS"}))],
+        [GPU0, MIG0],
+    )
+    assert dump(resolved["gpu-0"])["sharing"]["strategy"] == "TimeSlicing"
+    assert dump(resolved["gpu-2-mig-1g"])["sharing"]["strategy"] == "MPS"
 
 
 def test_a_malformed_entry_is_refused_naming_the_entry() -> None:

@@ -309,9 +309,11 @@ def test_a_valid_config_always_prepares_and_unprepares_back_to_the_original_stat
     """A valid config for each device (named by its request, or one entry per kind for all requests): the claim
     prepares, and unprepares back to what the GPUs were."""
     percentages = {
-        (c.get("sharing") or {}).get("mps", {}).get("defaultActiveThreadPercentage")
+        mps.get("defaultActiveThreadPercentage")
         for request, c in (("whole", whole), ("part", part))
         if request in dict(devices)
+        # ours spells it mps, NVIDIA's mpsConfig
+        for mps in [(c.get("sharing") or {}).get("mps") or (c.get("sharing") or {}).get("mpsConfig") or {}]
     } - {None}
     assume(len(percentages) <= 1)  # one MPS daemon per claim: two percentages are refused (test_state_sharing)
     config = [

@@ -63,3 +63,23 @@ def test_a_daemon_started_just_before_a_crash_is_stopped_by_the_next_instance(tm
     MpsControl(silent, tmp_path).stop({"pipeDir": str(pipe), "logDir": str(logs)})
     assert gone(pid) and not (tmp_path / "c1").exists()
     first._children[pid].wait(10)
+
+
+def test_a_daemon_command_starts_the_daemon_only_and_its_pid_is_the_daemons(tmp_path: Path) -> None:
+    # Like `nsenter … -- systemd-run --scope --` in the DaemonSet: the wrapper does its work, then execs the daemon.
+    marker = tmp_path / "wrapped"
+    wrapper = [
+        sys.executable,
+        "-c",
+        "import os, sys; open(sys.argv[1], 'a').write(f'{os.getpid()}\\n'); os.execvp(sys.argv[2], sys.argv[2:])",
+        str(marker),
+    ]
+    mps = MpsControl(mps_standin.command(), tmp_path / "mps", daemon_command=[*wrapper, *mps_standin.command()])
+    daemon = mps.start("c1", ["GPU-1"], ["set_default_active_thread_percentage 20"])
+    assert marker.read_text().split() == [str(daemon["pid"])]  # the recorded pid is the daemon, started once
+    assert mps.query(daemon, "get_default_active_thread_percentage") == "20.0"  # control calls go unwrapped
+    assert marker.read_text().split() == [str(daemon["pid"])]
+    restarted = MpsControl(mps_standin.command(), tmp_path / "mps", daemon_command=[*wrapper, *mps_standin.command()])
+    assert restarted.alive(daemon)  # a new instance finds it serving
+    restarted.stop(daemon)
+    assert not mps.alive(daemon)

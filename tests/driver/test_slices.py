@@ -86,6 +86,35 @@ def test_mig_partitions_carry_parent_profile_placement_and_their_own_capacity():
     assert mig["capacity"]["multiprocessors"] == {"value": "42"}
 
 
+def test_mig_partitions_carry_one_memory_slice_capacity_per_slice_of_their_placement():
+    devices = {d["name"]: d for d in devices_of(slices_for("dgx-a100-80gb", MigMode.DYNAMIC))}
+    capacity = devices["gpu-0000-07-00-0-mig-3g40gb-4"]["capacity"]
+    assert {k: v for k, v in capacity.items() if k.startswith("memorySlice")} == {
+        f"memorySlice{i}": {"value": "1"} for i in range(4, 8)
+    }
+    static = [d for d in devices_of(slices_for("mixed", MigMode.STATIC)) if d["attributes"]["type"]["string"] == "mig"]
+    assert all(any(k.startswith("memorySlice") for k in d["capacity"]) for d in static)
+
+
+def test_the_addressing_mode_is_published_where_nvml_reports_one():
+    from dradriver.gpu.inventory import discover
+    from dradriver.sim.fakelib import simulated_gpulib_on
+
+    node = SimulatedNode(load_node_profile("dgx-a100-80gb"), node_name="node-a")
+    node.gpus[0].addressing_mode = 1  # NVML_DEVICE_ADDRESSING_MODE_HMM
+    gpulib = simulated_gpulib_on(node)
+    try:
+        inventory = discover(gpulib)
+    finally:
+        gpulib.close()
+    devices = devices_of(as_resource_slices(build_slice_specs(inventory), node_name="node-a"))
+    modes = {d["name"]: d["attributes"].get("addressingMode") for d in devices if "-mig-" not in d["name"]}
+    assert modes["gpu-0000-07-00-0"] == {"string": "HMM"}
+    assert [m for name, m in modes.items() if name != "gpu-0000-07-00-0"] == [None] * 7
+    partitions = [d for d in devices if d["name"].startswith("gpu-0000-07-00-0-mig-")]
+    assert partitions and all(d["attributes"]["addressingMode"] == {"string": "HMM"} for d in partitions)
+
+
 def test_static_mig_devices_publish_their_uuid():
     devices = devices_of(slices_for("mixed", MigMode.STATIC))
     migs = [d for d in devices if d["attributes"]["type"] == {"string": "mig"}]
@@ -123,8 +152,10 @@ def test_non_mig_gpus_do_not_consume_counters_in_dynamic_mode():
 def test_kubernetes_version_picks_the_shape_and_rejects_nonsense():
     assert shape_for("1.34") is SliceShape.V1_34
     assert shape_for("v1.36.2") is SliceShape.V1_35
-    with pytest.raises(ConfigError, match=r"1\.34 or newer"):
-        shape_for("1.33")
+    assert shape_for("1.32") is SliceShape.V1_34  # served as v1beta1 (v1beta2 on 1.33): counters inline
+    assert shape_for("1.33") is SliceShape.V1_34
+    with pytest.raises(ConfigError, match=r"1\.32 or newer"):
+        shape_for("1.31")
     with pytest.raises(ConfigError, match="not a version"):
         shape_for("latest")
 
@@ -250,3 +281,94 @@ def test_consumable_gpus_pass_the_validator_and_dynamic_mig_gpus_stay_exclusive(
     assert all("allowMultipleAllocations" not in d for d in devices if d["attributes"]["type"]["string"] == "mig")
     if mode is MigMode.DYNAMIC:
         assert all("allowMultipleAllocations" not in d for d in gpus if "consumesCounters" in d)
+
+
+@pytest.mark.parametrize("mode", ["memory", "unlimited", "4"])
+def test_consumable_shares_make_gpus_and_static_mig_devices_shareable_in_every_mode(mode):
+    specs = build_slice_specs(INVENTORIES["mixed"], SliceSettings(mig_mode=MigMode.STATIC, consumable_shares=mode))
+    slices = as_resource_slices(specs, node_name="node-a")
+    for obj in slices:
+        kubernetes_validate.validate(obj, "1.37.0", strict=True)
+    assert validate_pool(slices) == []
+    devices = devices_of(slices)
+    assert {d["attributes"]["type"]["string"] for d in devices} == {"gpu", "mig"}
+    for device in devices:
+        assert device["allowMultipleAllocations"] is True
+        memory = device["capacity"]["memory"]
+        policy = memory["requestPolicy"]
+        assert policy["default"] == (memory["value"] if mode == "memory" else "0")
+        assert policy["validRange"] == {
+            "min": "1Mi" if mode == "memory" else "0",
+            "max": memory["value"],
+            "step": "1Mi",
+        }
+        # every other capacity is consumed only when asked for, so a second claim still fits
+        assert all(
+            c["requestPolicy"]["default"] == "0" for n, c in device["capacity"].items() if n not in ("memory", "shares")
+        )
+        if mode == "4":
+            assert device["capacity"]["shares"] == {
+                "value": "4",
+                "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": "4", "step": "1"}},
+            }
+        else:
+            assert "shares" not in device["capacity"]
+
+
+def test_a_consumable_shares_value_that_is_no_mode_is_refused():
+    from dradriver.driver.slices import check_consumable_shares
+
+    for good in ("memory", "unlimited", "1", "16"):
+        check_consumable_shares(good)
+    for bad in ("0", "-1", "lots", ""):
+        with pytest.raises(ConfigError, match="give memory"):
+            check_consumable_shares(bad)
+
+
+NUMA_LIST_SELECTOR = 'device.attributes["resource.kubernetes.io"].numaNode.exists(n, n == 1)'
+
+
+@pytest.mark.parametrize("mode", [MigMode.STATIC, MigMode.DYNAMIC])
+def test_list_attributes_publish_the_numa_node_as_a_list_within_64_devices_a_slice(mode):
+    from dradriver.allocator.allocator import allocate
+
+    settings = SliceSettings(mig_mode=mode, list_attributes=True)
+    slices = as_resource_slices(build_slice_specs(INVENTORIES["dgx-a100-80gb"], settings), node_name="node-a")
+    for version in ("1.36.0", "1.37.0"):
+        for obj in slices:
+            kubernetes_validate.validate(obj, version, strict=True)
+    assert validate_pool(slices) == []
+    devices = devices_of(slices)
+    assert all(d["attributes"]["resource.kubernetes.io/numaNode"]["ints"] for d in devices)
+    assert all(len(s["spec"].get("devices", [])) <= 64 for s in slices)
+    # A selector written for the list form (NVIDIA's with DRAListTypeAttributes) selects through our CEL.
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "numa", "namespace": "default"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": "any",
+                            "selectors": [{"cel": {"expression": NUMA_LIST_SELECTOR}}],
+                        },
+                    }
+                ]
+            }
+        },
+    }
+    any_class = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "any"}, "spec": {}}
+    [result] = allocate(claim, slices=slices, classes=[any_class], node="node-a")["devices"]["results"]
+    [device] = [d for d in devices if d["name"] == result["device"]]
+    assert device["attributes"]["resource.kubernetes.io/numaNode"] == {"ints": [1]}
+
+
+def test_list_attributes_need_kubernetes_1_36():
+    from dradriver.driver.slices import release_problem
+
+    settings = SliceSettings(mig_mode=MigMode.STATIC, list_attributes=True)
+    assert "DRAListTypeAttributes" in str(release_problem("1.35", settings))
+    assert release_problem("1.36", settings) is None

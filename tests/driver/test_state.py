@@ -175,6 +175,36 @@ def test_a_device_prepared_for_one_claim_is_refused_to_another(driver: GpuDriver
     assert driver.prepare_resource_claims([claim("b", ("g", "gpu-0000-0f-00-0"))])["b"].error is None
 
 
+def test_a_device_the_cluster_gave_to_a_new_claim_is_released_by_its_earlier_claim(tmp_path: Path):
+    # The real kubelet removes a pod from the API server before it unprepares the pod's claims, so the scheduler
+    # can give the device to a new claim first; the cluster (here: ``released``) says whether the holder lost it.
+    asked: list[tuple[str, str]] = []
+    released = {"a"}
+
+    def holder_released(ref: ClaimRef, device: str) -> bool:
+        asked.append((ref.uid, device))
+        return ref.uid in released
+
+    driver = GpuDriver(
+        driver_name=DRIVER,
+        pool="node-a",
+        inventory=inventory_of("mixed"),
+        mig_mode=MigMode.STATIC,
+        cdi=CdiWriter(tmp_path),
+        holder_released=holder_released,
+    )
+    assert driver.prepare_resource_claims([claim("a", ("g", "gpu-0000-0f-00-0"))])["a"].error is None
+    assert driver.prepare_resource_claims([claim("b", ("g", "gpu-0000-0f-00-0"))])["b"].error is None
+    assert asked == [("a", "gpu-0000-0f-00-0")]
+    assert [r.uid for r in driver.checkpoint.records()] == ["b"]
+    # The kubelet's own unprepare of the earlier claim comes later and finds nothing to do.
+    assert driver.unprepare_resource_claims([ClaimRef("default", "claim-a", "a")]) == {"a": None}
+    # A holder the cluster still allocates the device to keeps it.
+    refused = driver.prepare_resource_claims([claim("c", ("g", "gpu-0000-0f-00-0"))])["c"]
+    assert "gpu-0000-0f-00-0 is already prepared for claim b" in (refused.error or "")
+    assert [r.uid for r in driver.checkpoint.records()] == ["b"]
+
+
 def test_admin_access_may_share_a_prepared_device(driver: GpuDriver):
     assert driver.prepare_resource_claims([claim("a", ("g", "gpu-0000-0f-00-0"))])["a"].error is None
     monitor = claim("m", ("all", "gpu-0000-0f-00-0"), admin=True)

@@ -19,14 +19,14 @@ from dradriver.driver.mps import MpsControl
 from dradriver.driver.sharing import CONFIG_FIELD, STEP_MPS_DAEMON, refuse_conflicts
 from dradriver.driver.state import GpuDriver
 from dradriver.errors import ClaimError
-from dradriver.gpu.inventory import MigMode, discover
+from dradriver.gpu.inventory import GpuDevice, MigMode, discover
 from dradriver.gpu.models import ComputeMode
 from dradriver.plugin.handler import AllocatedClaim, AllocatedDevice, ClaimRef, DeviceConfig
 from dradriver.sim import mps_standin
 from dradriver.sim.fakelib import simulated_gpulib_on
 from dradriver.sim.node import SimulatedNode
 from dradriver.sim.profiles import load_node_profile
-from tests.driver.config_table import gpu, mig
+from tests.driver.config_table import gpu, mig, nv_gpu, nv_mig
 
 DRIVER = "gpu.dradriver.dev"
 GPU0 = "gpu-0000-07-00-0"  # the first two GPUs of dgx-a100-40gb
@@ -247,6 +247,25 @@ def test_time_slicing_on_a_mig_device_is_refused_with_the_reason(tmp_path: Path)
     assert error is not None and "time-slicing is not a MIG setting" in error
 
 
+def test_nvidias_mps_config_with_multi_user_starts_a_multi_user_daemon(node: Node) -> None:
+    config = nv_gpu(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 40, "multiUser": True}})
+    assert node.prepare(claim("a", GPU0, config=[config])) is None
+    daemon = node.daemon("a")
+    assert daemon["multiUser"] is True
+    assert b"-M" in Path(f"/proc/{daemon['pid']}/cmdline").read_bytes().split(b"\0")
+    assert node.mps.query(daemon, "get_default_active_thread_percentage") == "40.0"
+    node.unprepare("a")
+    assert not node.mps.alive(daemon)
+
+
+def test_nvidias_time_slicing_on_a_mig_device_prepares_and_sets_nothing(tmp_path: Path) -> None:
+    node = Node(tmp_path, "hgx-h100-80gb", MigMode.DYNAMIC)
+    partition = next(d.name for d in node.driver._devices.values() if "-mig-" in d.name)
+    assert node.prepare(claim("a", partition, config=[nv_mig(sharing={"strategy": "TimeSlicing"})])) is None
+    assert node.sim.gpus[0].timeslice == 0
+    node.unprepare("a")
+
+
 def test_a_malformed_config_fails_prepare_before_any_change(node: Node) -> None:
     error = node.prepare(claim("a", GPU0, config=[gpu(computeMode="Exclusive")]))
     assert error is not None
@@ -322,6 +341,88 @@ def test_two_claims_share_a_gpu_through_consumable_shares_each_with_its_mps_limi
     assert node.mode(index) is ComputeMode.DEFAULT  # still in use by b
     node.unprepare("b")
     assert node.mode(index) is ComputeMode.PROHIBITED  # the last share out restores what the first one found
+
+
+def nvidia_shares(tmp_path: Path, mode: str) -> tuple[Node, Any]:
+    """A node run with ``--consumable-shares mode`` and a maker of claims allocated on its slices."""
+    import yaml
+    from support.sim_slices import published_slices
+
+    from dradriver.allocator.allocator import allocate
+    from dradriver.plugin.kubeletplugin.claims import allocated_claim
+
+    root = Path(__file__).parents[2]
+    classes = [
+        d for p in (root / "manifests/deviceclasses").glob("*.yaml") for d in yaml.safe_load_all(p.read_text()) if d
+    ]
+    slices = published_slices("dgx-a100-40gb", "none", node="node-a", consumable_shares=mode)
+    node = Node(tmp_path)
+    node.driver.consumable_shares = mode
+    allocated: list[dict[str, Any]] = []
+
+    def share(name: str, config: dict[str, Any] | None, capacity: dict[str, str] | None = None) -> AllocatedClaim:
+        request: dict[str, Any] = {"deviceClassName": "gpu.dradriver.dev"}
+        if capacity:
+            request["capacity"] = {"requests": capacity}
+        devices: dict[str, Any] = {"requests": [{"name": "gpu", "exactly": request}]}
+        if config is not None:
+            devices["config"] = [{"opaque": {"driver": DRIVER, "parameters": config}}]
+        obj: dict[str, Any] = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "default", "uid": name},
+            "spec": {"devices": devices},
+        }
+        obj["status"] = {
+            "allocation": allocate(obj, slices=slices, classes=classes, node="node-a", allocated=allocated)
+        }
+        allocated.append(obj)
+        return allocated_claim(obj, ClaimRef("default", name, name), DRIVER)
+
+    return node, share
+
+
+def test_consumable_shares_with_time_slicing_keep_the_slice_until_the_last_share_leaves(tmp_path: Path) -> None:
+    node, share = nvidia_shares(tmp_path, "4")
+    config = gpu(sharing={"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}})
+    first, second = share("a", config), share("b", config)
+    assert first.devices[0].device == second.devices[0].device  # one share each of one GPU
+    index = next(i for i, g in enumerate(node.sim.gpus) if g.uuid == node.driver._devices[first.devices[0].device].uuid)
+    assert node.prepare(first) is None and node.prepare(second) is None
+    assert node.sim.gpus[index].timeslice == 3
+    node.unprepare("a")
+    assert node.sim.gpus[index].timeslice == 3  # b still time-slices
+    node.unprepare("b")
+    assert node.sim.gpus[index].timeslice == 0
+
+
+def test_consumable_shares_with_mps_take_their_part_of_the_shares_as_threads(tmp_path: Path) -> None:
+    node, share = nvidia_shares(tmp_path, "4")
+    claim = share("a", gpu(sharing={"strategy": "MPS"}), {"shares": "2"})
+    assert node.prepare(claim) is None
+    assert node.mps.query(node.daemon("a"), "get_default_active_thread_percentage") == "50.0"
+    node.unprepare("a")
+
+
+def test_consumable_shares_in_memory_mode_limit_mps_to_the_memory_taken(tmp_path: Path) -> None:
+    node, share = nvidia_shares(tmp_path, "memory")
+    claim = share("a", gpu(sharing={"strategy": "MPS"}), {"memory": "8Gi"})
+    assert node.prepare(claim) is None
+    uuid = node.driver._devices[claim.devices[0].device].uuid
+    assert node.mps.query(node.daemon("a"), f"get_default_device_pinned_mem_limit {uuid}") == "8192M"
+    node.unprepare("a")
+
+
+def test_unlimited_shares_without_config_change_nothing(tmp_path: Path) -> None:
+    node, share = nvidia_shares(tmp_path, "unlimited")
+    claims = [share(name, None) for name in "abc"]
+    assert len({c.devices[0].device for c in claims}) == 1  # oversubscribed: each takes no memory
+    node.sim.set_compute_mode(0, ComputeMode.PROHIBITED)
+    for claim in claims:
+        assert node.prepare(claim) is None
+    assert all(status_sharing(node, uid) == {"strategy": "Exclusive"} for uid in "abc")
+    for uid in "abc":
+        node.unprepare(uid)
 
 
 class Crash(BaseException):
@@ -562,3 +663,14 @@ def test_a_daemon_restarted_while_an_unprepare_waits_for_the_gpu_is_what_a_faile
     assert node.daemon("a")["pid"] == second  # not the dead daemon's pid written back
     node.unprepare("a")
     assert daemon_processes(node.mps.root) == [] and node.driver.checkpoint.records() == []
+
+
+def test_mps_multi_user_on_a_gpu_before_volta_is_refused_with_the_reason(node: Node) -> None:
+    device = node.driver._devices[GPU0]
+    assert isinstance(device, GpuDevice)
+    node.driver._devices[GPU0] = replace(device, info=replace(device.info, cuda_compute_capability=(6, 1)))
+    config = nv_gpu(sharing={"strategy": "MPS", "mpsConfig": {"multiUser": True}})
+    error = node.prepare(claim("a", GPU0, config=[config]))
+    assert error is not None and "needs a Volta or newer GPU (compute capability 7.0)" in error
+    assert node.prepare(claim("b", GPU0, config=[nv_gpu(sharing={"strategy": "MPS"})])) is None
+    node.unprepare("b")

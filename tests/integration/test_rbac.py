@@ -30,14 +30,15 @@ def granted() -> set[tuple[str, str, str]]:
 
 def authorization(record: RequestRecord) -> tuple[str, str, str] | None:
     """The RBAC (apiGroup, resource, verb) a request needs, as the API server's request-info resolver derives
-    it; None for non-resource URLs such as /version (readable by every user through system:public-info-viewer)."""
+    it; None for non-resource URLs such as /version (readable by every user through system:public-info-viewer) and
+    API discovery."""
     parts = [p for p in record.path.split("/") if p]
     if parts[:2] == ["api", "v1"]:
         group, rest = "", parts[2:]
-    elif parts[:1] == ["apis"]:
+    elif parts[:1] == ["apis"] and len(parts) > 3:
         group, rest = parts[1], parts[3:]
     else:
-        return None
+        return None  # /apis/<group>[/<version>] is discovery, which system:discovery lets every user read
     if len(rest) > 2 and rest[0] == "namespaces":
         rest = rest[2:]
     resource = rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")
@@ -97,6 +98,6 @@ def test_the_role_is_exactly_what_the_driver_calls(root: Path) -> None:
             driver.stop()
         used = {a for r in api.requests if r.authorized and (a := authorization(r)) is not None}
     # The API server (1.36+) derives this check from a node's status.devices write; no request names it.
-    if ("resource.k8s.io", "resourceclaims/status", "update") in used:
-        used.add(("resource.k8s.io", "resourceclaims/driver", "associated-node:update"))
+    if ("resource.k8s.io", "resourceclaims/status", "patch") in used:
+        used.add(("resource.k8s.io", "resourceclaims/driver", "associated-node:patch"))
     assert used == granted()

@@ -4,7 +4,11 @@ process stops."""
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -80,6 +84,46 @@ def test_prepares_keep_succeeding_while_the_old_pod_stops(api: FakeApiServer, ro
     assert [p.name for p in discover(root / "registry")] == [f"gpu.dradriver.dev-{NEW_UID}-reg.sock"]
     assert kubelet.newest().prepare([claim])[claim.uid] == first
     new.stop()
+
+
+def test_an_mps_daemon_keeps_serving_through_a_rolling_update_and_a_crash(api: FakeApiServer, root: Path) -> None:
+    # The wrapper stands in for the DaemonSet's nsenter/systemd-run: it marks the daemon, then execs it.
+    kubeconfig = api.write_kubeconfig(root / "kubeconfig")
+    wrapper = ("--mps-daemon-wrapper", "env DRADRIVER_TEST_WRAPPED_DAEMON=1")
+    old = DriverProcess(root, kubeconfig, "--pod-uid", OLD_UID, *wrapper)
+    old.wait_ready()
+    kubelet = Kubelet(root / "registry")
+    mps = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "MPS"}}
+    claim = allocated_claim(api, "mps", ["gpu-0000-07-00-0"], config=mps)
+    first = kubelet.newest().prepare([claim])[claim.uid]
+    assert first.error == "", first.error
+    [identity] = (root / "plugin").rglob("daemon.json")
+    pid = json.loads(identity.read_text())["pid"]
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    assert b"DRADRIVER_TEST_WRAPPED_DAEMON=1" in environ
+
+    def serving() -> bool:
+        asked = subprocess.run(
+            [sys.executable, "-m", "dradriver.sim.mps_standin"],
+            input="get_server_list\n",
+            env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(identity.parent / "pipe")},
+            capture_output=True, text=True, timeout=TIMEOUT, check=False,
+        )  # fmt: skip
+        return asked.returncode == 0
+
+    assert serving()
+    new = DriverProcess(root, kubeconfig, "--pod-uid", NEW_UID, *wrapper)
+    try:
+        new.wait_ready()  # the rolling update: the new pod beside the old one
+        assert old.stop(signal.SIGKILL) != 0  # the old pod crashes instead of stopping
+        assert serving()
+        assert kubelet.newest().prepare([claim])[claim.uid] == first  # the new pod re-adopts, starts nothing
+        assert json.loads(identity.read_text())["pid"] == pid
+        assert (identity.parent / "log" / "control.log").read_text().count("Startup") == 1
+        assert kubelet.newest().unprepare([Claim("default", claim.name, claim.uid)]) == {claim.uid: ""}
+        assert eventually(lambda: not Path(f"/proc/{pid}").exists() or not serving())
+    finally:
+        new.stop()
 
 
 def test_a_second_process_of_the_same_pod_is_refused(api: FakeApiServer, root: Path) -> None:

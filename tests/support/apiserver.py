@@ -267,6 +267,9 @@ class FakeApiServer:
         self.drop_device_taints = drop_device_taints
         # What GET /version answers: set another release to exercise the driver's version detection.
         self.version: dict[str, str] = {"major": "1", "minor": "35", "gitVersion": "v1.35.0", "platform": "linux/amd64"}
+        # The versions of resource.k8s.io that GET /apis/resource.k8s.io lists (newest first, as real servers list
+        # them); the objects themselves are served in v1 only.
+        self.resource_versions: list[str] = ["v1"]
         self._cond = threading.Condition()
         self._rv = 0
         self._objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {r: {} for r in RESOURCES}
@@ -724,6 +727,21 @@ class _Handler(BaseHTTPRequestHandler):
                 api._record(RequestRecord(method, split.path, query, 200, authorized))
                 self._send_json(200, dict(api.version))
                 return
+            if method == "GET" and split.path.rstrip("/") == "/apis/resource.k8s.io":
+                # The API group's discovery document (any client may read it), as real servers answer it.
+                api._record(RequestRecord(method, split.path, query, 200, authorized))
+                versions = [{"groupVersion": f"resource.k8s.io/{v}", "version": v} for v in api.resource_versions]
+                self._send_json(
+                    200,
+                    {
+                        "kind": "APIGroup",
+                        "apiVersion": "v1",
+                        "name": "resource.k8s.io",
+                        "versions": versions,
+                        **({"preferredVersion": versions[0]} if versions else {}),
+                    },
+                )
+                return
             route = self._route(split.path)
             if watch:
                 api._record(RequestRecord(method, split.path, query, 200, authorized, watch=True))
@@ -794,10 +812,27 @@ class _Handler(BaseHTTPRequestHandler):
             if resource.namespaced:
                 body["metadata"]["namespace"] = namespace
             return 200, api.replace(resource.plural, body, subresource=subresource)
+        if method == "PATCH":
+            return 200, self._patch(resource, namespace, str(name), subresource, body)
         if method == "DELETE":
             preconditions = (body or {}).get("preconditions")
             return 200, api.delete(resource.plural, str(name), namespace, preconditions=preconditions)
         raise ApiError(405, "MethodNotAllowed", f"{method} is not supported by the stand-in")
+
+    def _patch(
+        self, resource: Resource, namespace: str | None, name: str, subresource: str, body: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        """A JSON merge patch (RFC 7386), as the real API server applies it; a resourceVersion in the patch is a
+        precondition (409 when stale). Other patch types are not served."""
+        kind = self.headers.get("Content-Type", "").split(";")[0].strip()
+        if kind != "application/merge-patch+json":
+            raise ApiError(415, "UnsupportedMediaType", f"the stand-in serves merge patches only, not {kind!r}")
+        if body is None:
+            raise ApiError(400, "BadRequest", "PATCH needs a body")
+        current = self.api.get(resource.plural, name, namespace)
+        if current is None:
+            raise ApiError(404, "NotFound", f'{resource.plural} "{name}" not found')
+        return self.api.replace(resource.plural, merge_patch(current, body), subresource=subresource)
 
     @staticmethod
     def _check_body(resource: Resource, namespace: str | None, body: dict[str, Any]) -> None:
@@ -952,3 +987,16 @@ def allocated_claim(
         namespace="default",
     )
     return Claim("default", name, created["metadata"]["uid"])
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch: objects merge key by key, ``null`` deletes, anything else replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    merged = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = merge_patch(merged.get(key), value)
+    return merged

@@ -32,8 +32,15 @@ class DriverRun:
         mig_mode: str,
         version: str,
         extra: tuple[str, ...] = (),
+        registry_dir: Path | None = None,
+        plugin_dir: Path | None = None,
+        cdi_dir: Path | None = None,
     ) -> None:
         self.root = root
+        self.registry_dir = registry_dir or root / "registry"
+        self.plugin_dir = plugin_dir or root / "plugin"
+        self.cdi_dir = cdi_dir or root / "cdi"
+        self.pod_uid = next((extra[i + 1] for i, arg in enumerate(extra[:-1]) if arg == "--pod-uid"), None)
         self.lines: list[str] = []
         self._ready = threading.Event()
         self.proc = subprocess.Popen(
@@ -46,9 +53,9 @@ class DriverRun:
                 "--sim-state", str(root / "sim.json"),
                 "--mig-mode", mig_mode,
                 "--kubernetes-version", version,
-                "--registry-dir", str(root / "registry"),
-                "--plugin-dir", str(root / "plugin"),
-                "--cdi-dir", str(root / "cdi"),
+                "--registry-dir", str(self.registry_dir),
+                "--plugin-dir", str(self.plugin_dir),
+                "--cdi-dir", str(self.cdi_dir),
                 "--rescan-interval", "0",
                 "--log-format", "json",
                 "--metrics-address", "127.0.0.1:0",

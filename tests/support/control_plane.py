@@ -36,10 +36,17 @@ BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager
 START_TIMEOUT = 90.0
 # Feature gates of the pinned release (1.37) our driver's slices and claims rely on, named even where that
 # release has them on by default, so a pin moved back to a release where they are off still turns them on.
-FEATURE_GATES = "DRADeviceTaints=true,DRADeviceTaintRules=true,DRAPartitionableDevices=true,DRAConsumableCapacity=true"
-# The DaemonSet controller and the garbage collector serve the ComputeDomain tests (per-domain daemon DaemonSets,
-# cliques owned by daemon pods).
-CONTROLLERS = "resourceclaim-controller,serviceaccount-controller,daemonset-controller,garbagecollector"
+FEATURE_GATES = (
+    "DRADeviceTaints=true,DRADeviceTaintRules=true,DRAPartitionableDevices=true,DRAConsumableCapacity=true,"
+    "DRAListTypeAttributes=true"
+)
+# The claim and service-account controllers the cluster tests need; the node tests' workloads (the example
+# scenarios' Deployments, namespaces) also need Deployments, ReplicaSets, namespace deletion and the garbage collector;
+# the ComputeDomain tests the DaemonSet controller (per-domain daemon DaemonSets; the collector removes cliques).
+CONTROLLERS = (
+    "resourceclaim-controller,serviceaccount-controller,deployment-controller,replicaset-controller,"
+    "namespace-controller,garbage-collector-controller,daemonset-controller"
+)
 
 
 def binaries_dir() -> Path:
@@ -126,6 +133,7 @@ def write_pki(directory: Path) -> Pki:
     pki = Pki(*(directory / n for n in ("ca.crt", "apiserver.crt", "apiserver.key", "admin.crt", "admin.key")),
               sa_key=directory / "sa.key", sa_pub=directory / "sa.pub")  # fmt: skip
     pki.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    _write_key(directory / "ca.key", ca_key)  # for client certificates issued later (a kubelet's)
     serving_key = _key()
     sans = [
         x509.DNSName("localhost"),
@@ -155,6 +163,25 @@ def write_pki(directory: Path) -> Pki:
     return pki
 
 
+def issue_client_certificate(pki: Pki, name: str, common_name: str, organization: str) -> tuple[Path, Path]:
+    """A client certificate signed by the test CA, for another identity (e.g. a kubelet's
+    ``system:node:<name>`` in ``system:nodes``): its certificate and key files beside the CA's."""
+    directory = pki.ca_cert.parent
+    ca = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    ca_key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), password=None)
+    key = _key()
+    subject = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization),
+            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+        ]
+    )
+    cert, key_file = directory / f"{name}.crt", directory / f"{name}.key"
+    cert.write_bytes(_cert(subject, key, ca.subject, ca_key).public_bytes(serialization.Encoding.PEM))
+    _write_key(key_file, key)
+    return cert, key_file
+
+
 def write_kubeconfig(
     path: Path, server: str, ca: Path, cert: Path | None = None, key: Path | None = None, *, token: str = ""
 ) -> Path:
@@ -181,10 +208,13 @@ class Component:
     argv: list[str]
     log: Path
     proc: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] | None = None  # None: this process's environment
 
     def start(self) -> None:
         with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=self.env
+            )
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -280,7 +310,8 @@ class ControlPlane:
             "--service-cluster-ip-range=10.0.0.0/24",
             "--authorization-mode=Node,RBAC",
             f"--feature-gates={FEATURE_GATES}",
-            "--runtime-config=resource.k8s.io/v1=true",
+            # v1alpha3 for DeviceTaintRule in its alpha form, as e2e/kind-config.yaml serves it (an example uses it).
+            "--runtime-config=resource.k8s.io/v1=true,resource.k8s.io/v1alpha3=true",
             "--endpoint-reconciler-type=none",
             "--allow-privileged=true",  # as kubeadm and kind run it: the plugin DaemonSet is privileged
             "--v=1",

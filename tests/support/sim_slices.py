@@ -15,15 +15,19 @@ DRIVER = "gpu.dradriver.dev"
 
 
 @functools.cache
-def _published(profile: str, mig_mode: str, node: str, gpu_sharing: str) -> tuple[dict[str, Any], ...]:
+def _published(
+    profile: str, mig_mode: str, node: str, *, gpu_sharing: str, driver: str, consumable_shares: str | None
+) -> tuple[dict[str, Any], ...]:
     inventory = inventory_of(profile, node=node)
-    settings = SliceSettings(driver=DRIVER, mig_mode=MigMode(mig_mode), gpu_sharing=gpu_sharing)
+    settings = SliceSettings(
+        driver=driver, mig_mode=MigMode(mig_mode), gpu_sharing=gpu_sharing, consumable_shares=consumable_shares
+    )
     specs = build_slice_specs(inventory, settings)
     cluster = MemoryCluster()
     cluster.add_node(node)
     publisher = Publisher(
         cluster,
-        driver=DRIVER,
+        driver=driver,
         node_name=node,
         node_uid=cluster.get_node(node)["metadata"]["uid"],
         pools={node: [SliceSpec.of(s.get("devices", ()), s.get("sharedCounters", ())) for s in specs]},
@@ -34,9 +38,27 @@ def _published(profile: str, mig_mode: str, node: str, gpu_sharing: str) -> tupl
 
 
 def published_slices(
-    profile: str, mig_mode: str = "none", node: str | None = None, gpu_sharing: str = "exclusive"
+    profile: str,
+    mig_mode: str = "none",
+    node: str | None = None,
+    *,
+    gpu_sharing: str = "exclusive",
+    driver: str = DRIVER,
+    consumable_shares: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Fresh copies of the slices of simulated node ``profile`` (named ``node``, default the profile)."""
+    """Fresh copies of the slices of simulated node ``profile`` (named ``node``, default the profile), published
+    by driver ``driver``."""
     import copy
 
-    return copy.deepcopy(list(_published(profile, mig_mode, node or profile, gpu_sharing)))
+    return copy.deepcopy(
+        list(
+            _published(
+                profile,
+                mig_mode,
+                node or profile,
+                gpu_sharing=gpu_sharing,
+                driver=driver,
+                consumable_shares=consumable_shares,
+            )
+        )
+    )

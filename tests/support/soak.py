@@ -21,7 +21,7 @@ import grpc
 
 from dradriver.driver.checkpoint import read_records
 from dradriver.gpu.models import ComputeMode
-from dradriver.plugin.kubeletplugin.kubelet_client import Claim, KubeletClient, RegisteredPlugin
+from dradriver.plugin.kubeletplugin.kubelet_client import Claim, KubeletClient, RegisteredPlugin, discover
 from dradriver.sim.node import SimulatedNode
 from dradriver.sim.profiles import load_node_profile
 from support.apiserver import FakeApiServer, allocated_claim
@@ -116,7 +116,8 @@ class Driver:
         deadline = time.monotonic() + TIMEOUT
         while True:  # only a poll sees a socket file appear, and the file is bound before the server listens
             assert self.proc.poll() is None and time.monotonic() < deadline, "dradriver run did not register"
-            if any((root / "registry").glob("*.sock")):
+            # discover() as the kubelet sees sockets: the plugin binds at a dot-name first, then renames.
+            if (root / "registry").exists() and discover(root / "registry"):
                 try:
                     self.kubelet = KubeletClient(root / "registry").register()
                     return

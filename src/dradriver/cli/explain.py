@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.allocator import AllocationError, ClaimReport, explain_claim
 from dradriver.cel import CelCompileError, CelEvaluationError, compile_selector
 from dradriver.cli.explain_input import BUILTIN_CLASSES, Document, Inputs, check_claim, check_class, load
@@ -74,6 +75,15 @@ def register(parser: argparse.ArgumentParser) -> None:
         metavar="FILE|DIR",
         help="ResourceClaims whose status.allocation already holds devices",
     )
+    add_env_option(
+        parser,
+        "--compat",
+        env="DRADRIVER_COMPAT",
+        default="none",
+        choices=("none", "nvidia"),
+        help="with --sim-profile, and for the default DeviceClasses and config checks: the names of the "
+        "driver's --compat preset ('nvidia': gpu.nvidia.com, DeviceClasses gpu.nvidia.com and mig.nvidia.com)",
+    )
     parser.add_argument("--node", help="explain for this node only (default: every node of the slices)")
     parser.add_argument("--selector", metavar="EXPR", help="test one CEL selector against every device")
     parser.add_argument(
@@ -88,7 +98,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(handler=run)
 
 
-def slices_from_sim_profile(profile: str, mig_mode: str) -> list[dict[str, Any]]:
+def slices_from_sim_profile(profile: str, mig_mode: str, driver: str = DEFAULT_DRIVER_NAME) -> list[dict[str, Any]]:
     """The ResourceSlices a simulated node of ``profile`` publishes, built by the driver's own slice builder.
 
     The node (and pool) is named after the profile, so explanations read "fits on node dgx-a100-80gb"."""
@@ -104,8 +114,29 @@ def slices_from_sim_profile(profile: str, mig_mode: str) -> list[dict[str, Any]]
         clique = clique_id(gpulib)
     finally:
         gpulib.close()
-    specs = build_slice_specs(inventory, SliceSettings(mig_mode=MigMode(mig_mode)))
-    return as_resource_slices(specs, node_name=node) + compute_domain_slices(clique, node)
+    specs = build_slice_specs(inventory, SliceSettings(driver=driver, mig_mode=MigMode(mig_mode)))
+    return as_resource_slices(specs, node_name=node, driver=driver) + compute_domain_slices(clique, node)
+
+
+def _driver_name(args: argparse.Namespace) -> str:
+    from dradriver.driver.presets import PRESETS
+
+    preset = PRESETS.get(args.compat)
+    return preset.driver_name if preset is not None else DEFAULT_DRIVER_NAME
+
+
+def _builtin_classes(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The DeviceClasses the driver's install brings: ours, or those of its --compat preset."""
+    from dradriver.driver.presets import PRESETS
+
+    preset = PRESETS.get(args.compat)
+    return preset.device_classes() if preset is not None else list(BUILTIN_CLASSES)
+
+
+def _builtin_class_names(args: argparse.Namespace) -> str:
+    if args.compat == "nvidia":
+        return "the nvidia preset's DeviceClasses gpu.nvidia.com and mig.nvidia.com"
+    return "dradriver's DeviceClasses gpu.dradriver.dev and mig.dradriver.dev"
 
 
 def compute_domain_slices(clique: str, node: str) -> list[dict[str, Any]]:
@@ -158,33 +189,34 @@ def run(args: argparse.Namespace) -> int:
     inputs.skipped += allocated_inputs.skipped
     slices = [d.obj for d in inputs.of_kind("ResourceSlice")]
     if args.sim_profile:
-        slices += slices_from_sim_profile(args.sim_profile, args.mig_mode)
+        slices += slices_from_sim_profile(args.sim_profile, args.mig_mode, _driver_name(args))
     if args.selector is not None:
         return explain_selector(args, slices, inputs)
     if not args.claims:
         raise ConfigError("give CLAIM.yaml files, --selector EXPR or --pod NS/NAME")
     if not slices:
         if inputs.errors:  # the slices given could not be read: say why rather than that there are none
-            render([], inputs, args.output, builtin_classes=False)
+            render([], inputs, args.output, builtin_classes=None)
             return EXIT_INVALID
         raise ConfigError("no ResourceSlices to allocate from: pass --slices FILE|DIR or --sim-profile NAME")
     class_docs = inputs.of_kind("DeviceClass")
     if args.classes and not class_docs and not inputs.errors:
         raise ConfigError("no DeviceClass found in " + ", ".join(args.classes))
     # dradriver's own classes stand in only when no --classes was given at all.
-    classes = [d.obj for d in class_docs] or ([] if args.classes else list(BUILTIN_CLASSES))
+    classes = [d.obj for d in class_docs] or ([] if args.classes else _builtin_classes(args))
     for doc in class_docs:
         inputs.errors += check_class(doc)
     class_names = {str((c.get("metadata") or {}).get("name")) for c in classes}
     allocated = [d.obj for d in allocated_inputs.documents]
     outcomes = []
     for doc in inputs.of_kind("ResourceClaim", "ResourceClaimTemplate"):
-        problems = check_claim(doc, class_names)
+        problems = check_claim(doc, class_names, driver_name=_driver_name(args))
         if problems:
             inputs.errors += problems
             continue
         outcomes.append(explain_document(doc, slices=slices, classes=classes, allocated=allocated, node=args.node))
-    render(outcomes, inputs, args.output, builtin_classes=not class_docs and not args.classes)
+    used_builtin = not class_docs and not args.classes
+    render(outcomes, inputs, args.output, builtin_classes=_builtin_class_names(args) if used_builtin else None)
     if inputs.errors:
         return EXIT_INVALID
     if not outcomes:
@@ -260,7 +292,8 @@ def print_problems(inputs: Inputs) -> None:
         print(f"error: {error}", file=sys.stderr)
 
 
-def render(outcomes: list[ClaimOutcome], inputs: Inputs, output: str, *, builtin_classes: bool) -> None:
+def render(outcomes: list[ClaimOutcome], inputs: Inputs, output: str, *, builtin_classes: str | None) -> None:
+    """Print the outcomes; ``builtin_classes`` names the default DeviceClasses used, if they were."""
     if output == "json":
         claims = [outcome_dict(o) for o in outcomes]
         json.dump({"errors": inputs.errors, "skipped": inputs.skipped, "claims": claims}, sys.stdout, indent=2)
@@ -268,7 +301,7 @@ def render(outcomes: list[ClaimOutcome], inputs: Inputs, output: str, *, builtin
         return
     print_problems(inputs)
     if builtin_classes and outcomes:
-        print("(no --classes given: using dradriver's DeviceClasses gpu.dradriver.dev and mig.dradriver.dev)")
+        print(f"(no --classes given: using {builtin_classes})")
     for outcome in outcomes:
         print(render_outcome(outcome))
 

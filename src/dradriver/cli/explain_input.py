@@ -235,8 +235,9 @@ def check_class(doc: Document) -> list[str]:
     return errors
 
 
-def check_claim(doc: Document, class_names: set[str]) -> list[str]:
-    """Problems that make a claim unexplainable: unknown classes, selectors that do not compile."""
+def check_claim(doc: Document, class_names: set[str], *, driver_name: str = DEFAULT_DRIVER_NAME) -> list[str]:
+    """Problems that make a claim unexplainable: unknown classes, selectors that do not compile, opaque configs
+    for ``driver_name`` that prepare would refuse."""
     errors: list[str] = []
     template = doc.kind == "ResourceClaimTemplate"
     spec = doc.obj.get("spec") or {}
@@ -285,17 +286,19 @@ def check_claim(doc: Document, class_names: set[str]) -> list[str]:
                     compile_selector(expression)
                 except CelCompileError as err:
                     errors.append(selector_error(doc.source, what, field_path, err))
-    errors += config_errors(doc, spec, prefix)
+    errors += config_errors(doc, spec, prefix, driver_name)
     return errors
 
 
-def config_errors(doc: Document, spec: dict[str, Any], prefix: str) -> list[str]:
+def config_errors(
+    doc: Document, spec: dict[str, Any], prefix: str, driver_name: str = DEFAULT_DRIVER_NAME
+) -> list[str]:
     """Our opaque configs that prepare would refuse (the same strict decoding; other drivers' are not judged)."""
     errors = []
     entries = (spec.get("devices") or {}).get("config") or []
     for i, entry in enumerate(entries if isinstance(entries, list) else []):
         opaque = entry.get("opaque") if isinstance(entry, dict) else None
-        if not isinstance(opaque, dict) or opaque.get("driver") != DEFAULT_DRIVER_NAME:
+        if not isinstance(opaque, dict) or opaque.get("driver") != driver_name:
             continue
         try:
             decode_config(opaque.get("parameters") or {})

@@ -10,7 +10,14 @@ from typing import Any
 
 import yaml
 
-from dradriver.cli.options import add_env_option, add_gpu_options, add_output_option, add_slice_options, dns_subdomain
+from dradriver.cli.options import (
+    add_env_option,
+    add_gpu_options,
+    add_output_option,
+    add_slice_options,
+    apply_compat,
+    dns_subdomain,
+)
 from dradriver.driver import slice_map
 from dradriver.driver.health import GpuHealth, HealthPolicy
 from dradriver.driver.slice_map import InstanceCell, owners_from_checkpoint
@@ -57,6 +64,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    apply_compat(args)
     inventory = load_inventory(args)
     mode = MigMode(args.mig_mode)
     plugin_dir = Path(args.plugin_dir) if args.plugin_dir else DEFAULT_PLUGINS_DIR / args.driver_name

@@ -118,7 +118,7 @@ def dns_subdomain(what: str, max_length: int = 253) -> Callable[[str], str]:
 
 
 def kubernetes_version(text: str) -> str:
-    """A Kubernetes minor version with resource.k8s.io/v1 (1.34 or newer); empty: ask the API server."""
+    """A Kubernetes minor version with DRA (1.32 or newer); empty: ask the API server."""
     from dradriver.driver.slices import shape_for
 
     if text == "":
@@ -229,12 +229,29 @@ def add_slice_options(parser: argparse.ArgumentParser, *, version_default: str =
     )
     add_env_option(
         group,
+        "--compat",
+        env="DRADRIVER_COMPAT",
+        default="none",
+        choices=("none", "nvidia"),
+        help="publish under another driver's names so its manifests work unedited: 'nvidia' runs as "
+        "gpu.nvidia.com, the driver name and attribute domain NVIDIA's DeviceClasses and claims select "
+        "(docs/nvidia-compatibility.md)",
+    )
+    add_env_option(
+        group,
         "--kubernetes-version",
         env="DRADRIVER_KUBERNETES_VERSION",
         default=version_default,
         type=kubernetes_version,
         metavar="1.N",
-        help="the cluster's Kubernetes minor version; 1.34 keeps MIG counter sets inline "
+        help="the cluster's Kubernetes minor version (1.32 or newer); up to 1.34 MIG counter sets stay inline "
         "with devices, 1.35 and newer put them in slices of their own ('dradriver run' reads it from the API "
         "server when unset)",
     )
+
+
+def apply_compat(args: argparse.Namespace) -> None:
+    """Set ``args.driver_name`` from ``--compat`` (after parsing: the flag and the variable may come in any order)."""
+    from dradriver.driver.presets import preset_driver_name
+
+    args.driver_name = preset_driver_name(args.compat, args.driver_name)

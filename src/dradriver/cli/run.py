@@ -27,6 +27,7 @@ from dradriver.cli.options import (
     add_env_option,
     add_gpu_options,
     add_slice_options,
+    apply_compat,
     check_kubeconfig,
     check_writable_dir,
     check_writable_file,
@@ -50,7 +51,13 @@ from dradriver.driver.health import (
 )
 from dradriver.driver.metrics import InstrumentedHandler, NodeCollector, register_node_collector
 from dradriver.driver.mps import DEFAULT_COMMAND, MpsControl
-from dradriver.driver.slices import SliceSettings, build_slice_specs, shape_for
+from dradriver.driver.slices import (
+    SliceSettings,
+    build_slice_specs,
+    check_consumable_shares,
+    release_problem,
+    shape_for,
+)
 from dradriver.driver.state import GpuDriver
 from dradriver.errors import ConfigError, DradriverError
 from dradriver.gpu.backend import open_gpu_backend, simulated_mps_command
@@ -132,11 +139,39 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     add_env_option(
         parser,
+        "--consumable-shares",
+        env="DRADRIVER_CONSUMABLE_SHARES",
+        metavar="memory|unlimited|N",
+        help="NVIDIA's consumable shares: whole GPUs and MIG devices (static MIG) shared by claims (KEP-5075), "
+        "each claim taking memory (memory: by default all of it; unlimited: none unless asked) or one of N shares; "
+        "each claim's config chooses MPS (limits from what it took), TimeSlicing or nothing (docs/sharing.md)",
+    )
+    add_env_option(
+        parser,
         "--mps-control-command",
         env="DRADRIVER_MPS_CONTROL_COMMAND",
         metavar="COMMAND",
         help="the MPS control command, split like a shell line (default: nvidia-cuda-mps-control, or the simulated "
         "node's stand-in with --gpu-backend sim); claims with MPS get one daemon each, started with -f",
+    )
+    add_env_option(
+        parser,
+        "--list-attributes",
+        env="DRADRIVER_LIST_ATTRIBUTES",
+        default="false",
+        choices=("true", "false"),
+        help="publish resource.kubernetes.io/numaNode as a list of ints (KEP-6072), as NVIDIA's driver does with "
+        "DRAListTypeAttributes: Kubernetes 1.36+ with that feature gate on (a server without it refuses the devices)",
+    )
+    add_env_option(
+        parser,
+        "--mps-daemon-wrapper",
+        env="DRADRIVER_MPS_DAEMON_WRAPPER",
+        metavar="COMMAND",
+        help="put before the MPS control command when a claim's daemon starts (not for control calls): a command "
+        "that takes the daemon out of this container, so a plugin restart or update leaves it serving, and then "
+        "execs it, such as 'nsenter --target 1 --mount -- systemd-run --scope --quiet --collect --' (the "
+        "DaemonSet's; needs hostPID: true)",
     )
     add_env_option(
         parser,
@@ -280,6 +315,7 @@ def _health_policy(args: argparse.Namespace) -> HealthPolicy:
 
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_format, args.log_level)
+    apply_compat(args)
     check_config(args)
     return DriverProcess(args).serve()
 
@@ -292,6 +328,13 @@ def check_config(args: argparse.Namespace) -> None:
         shape_for(args.kubernetes_version)  # when unset, the API server is asked later
     if args.pod_uid:
         check_pod_uid(args.pod_uid)
+    if args.consumable_shares:
+        check_consumable_shares(args.consumable_shares)
+        if args.gpu_sharing == "consumable":
+            raise ConfigError(
+                "--consumable-shares and --gpu-sharing consumable are two ways to share GPUs; choose one "
+                "(--gpu-sharing consumable: always MPS, compute shares in percent)"
+            )
     if args.metrics_address:
         check_bindable("--metrics-address", args.metrics_address)
     for flag, env, value in (
@@ -424,13 +467,22 @@ class DriverProcess:
     def _connect(self) -> None:
         self.cluster = KubeCluster.from_kubeconfig(self.args.kubeconfig)
         try:
-            self.shape = shape_for(self.args.kubernetes_version or _detect_kubernetes_version(self.cluster))
+            release = self.args.kubernetes_version or _detect_kubernetes_version(self.cluster)
+            self.shape = shape_for(release)
+            self.settings = SliceSettings(
+                driver=self.args.driver_name,
+                mig_mode=self.mig_mode,
+                shape=self.shape,
+                gpu_sharing=self.args.gpu_sharing,
+                consumable_shares=self.args.consumable_shares or None,
+                list_attributes=self.args.list_attributes == "true",
+            )
+            problem = release_problem(release, self.settings)
+            if problem is not None:
+                raise ConfigError(problem)
         except BaseException:
             self.cluster.close()
             raise
-        self.settings = SliceSettings(
-            driver=self.args.driver_name, mig_mode=self.mig_mode, shape=self.shape, gpu_sharing=self.args.gpu_sharing
-        )
 
     def _assemble(self) -> None:
         args, node = self.args, self.node
@@ -466,7 +518,14 @@ class DriverProcess:
             gpulib=self.gpulib,
             checkpoint=self.checkpoint,
             device_problem=self.health.problem,
-            mps=MpsControl(_mps_command(args, simulated, self.driver_root), state_dir / "mps", env=mps_env),
+            mps=MpsControl(
+                _mps_command(args, simulated, self.driver_root),
+                state_dir / "mps",
+                daemon_command=_mps_daemon_command(args, simulated, self.driver_root),
+                env=mps_env,
+            ),
+            consumable_shares=args.consumable_shares or None,
+            holder_released=lambda ref, device: _holder_released(self.cluster, args.driver_name, node, ref, device),
         )
         claim_status = (
             ClaimStatusWriter(self.cluster, driver_name=args.driver_name, node_name=node)
@@ -726,6 +785,22 @@ def _claim_exists(cluster: KubeCluster, ref: ClaimRef) -> bool | None:
     return bool(uid == ref.uid)
 
 
+def _holder_released(cluster: KubeCluster, driver: str, pool: str, ref: ClaimRef, device: str) -> bool:
+    """Whether the API server no longer allocates ``device`` of this node to the claim ``ref``: it was deleted,
+    replaced or deallocated (so its pods are gone). False when it cannot say."""
+    try:
+        claim = cluster.get_resource_claim(ref.namespace, ref.name)
+    except NotFoundError:
+        return True
+    except ClusterError as err:
+        log.warning("cannot tell whether claim %s still holds device %s; keeping it error=%s", ref, device, err)
+        return False
+    if claim.get("metadata", {}).get("uid") != ref.uid:
+        return True
+    results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []
+    return not any(r.get("driver") == driver and r.get("pool") == pool and r.get("device") == device for r in results)
+
+
 def _pools(node: str, specs: list[dict[str, Any]]) -> dict[str, list[SliceSpec]]:
     """The one pool a node publishes, named after the node."""
     return {node: [SliceSpec.of(s.get("devices", ()), s.get("sharedCounters", ())) for s in specs]}
@@ -752,6 +827,22 @@ def _node_uid(cluster: KubeCluster, node: str) -> str | None:
     except ClusterError as err:
         log.warning("cannot read Node %s; slices get no owner reference error=%s", node, err)
         return None
+
+
+def _mps_daemon_command(args: argparse.Namespace, simulated: bool, driver_root: DriverRoot) -> list[str]:
+    """How a claim's daemon starts with --mps-daemon-wrapper (none without one: the control command). The wrapper
+    runs it in the host's namespaces, where the driver root is at its host path: the binary and its libraries are
+    named there (a simulated node's stand-in, or an explicit --mps-control-command, are taken as given)."""
+    wrapper = shlex.split(str(args.mps_daemon_wrapper or ""))
+    if not wrapper:
+        return []
+    if simulated or args.mps_control_command:
+        return [*wrapper, *_mps_command(args, simulated, driver_root)]
+    host = driver_root.host_root
+    libraries = ":".join(str(host / d) for d in driver_root.source_dirs)
+    binary = next((b.path for b in driver_root.binaries if b.path.name == DEFAULT_COMMAND[0]), None)
+    command = [str(host / binary)] if binary is not None else list(DEFAULT_COMMAND)
+    return [*wrapper, "env", f"LD_LIBRARY_PATH={libraries}", *command]
 
 
 def _mps_command(args: argparse.Namespace, simulated: bool, driver_root: DriverRoot) -> list[str]:

@@ -1,14 +1,21 @@
-"""The opaque configuration API ``gpu.dradriver.dev/v1alpha1``: ``GpuConfig`` and ``MigDeviceConfig``.
+"""The opaque configuration API ``gpu.dradriver.dev/v1alpha1``: ``GpuConfig`` and ``MigDeviceConfig``; NVIDIA's
+``resource.nvidia.com/v1beta1`` of the same two kinds is accepted too and converted to ours.
 
 Decoding is strict: an unknown field, a wrong type or a value out of range is a :class:`ConfigError` naming the
-field path and what is allowed. Field names are NVIDIA's (``resource.nvidia.com/v1beta1``) where the meaning is
-the same; ``timeSlicing``/``mps`` are ours and NVIDIA's ``timeSlicingConfig``/``mpsConfig`` are accepted too, so
-a config ports by changing its group and driver.
+field path and what is allowed. Field names are NVIDIA's where the meaning is the same; ``timeSlicing``/``mps``
+are ours and NVIDIA's ``timeSlicingConfig``/``mpsConfig`` are accepted too.
+
+NVIDIA's version is decoded by the same models after its own rules are checked (:func:`_nvidia_problems`): only
+NVIDIA's field names, no ``computeMode``, and on a MIG device strategy TimeSlicing is accepted and means what it
+means in NVIDIA's driver: nothing to set (a MIG device has its own scheduler), so it converts to no sharing. The
+kinds of that version this driver does not implement (VFIO passthrough, ComputeDomains) are refused saying so.
+docs/nvidia-compatibility.md maps every NVIDIA field to ours.
 
 Resolution (:func:`resolve_configs`) follows the API's order: class configs, then claim configs; an entry that
 names requests applies only to their devices; two entries for one device merge field by field with the later
 winning, except that two different sharing strategies are refused (merging TimeSlicing settings into MPS, or the
-reverse, would silently drop what one entry asked for).
+reverse, would silently drop what one entry asked for). An entry in NVIDIA's version replaces what came before it
+for its devices, as NVIDIA's driver applies only the last matching config.
 
 ``python -m dradriver.driver.config > api/config/gpu.dradriver.dev_v1alpha1.schema.json`` regenerates the
 checked-in JSON schema (a test keeps it current).
@@ -29,6 +36,9 @@ from dradriver.quantity import Quantity, QuantityError
 
 GROUP = "gpu.dradriver.dev"
 API_VERSION = f"{GROUP}/v1alpha1"
+#: NVIDIA's config API (its DRA driver's ``api/nvidia.com/resource/v1beta1``), accepted and converted to ours.
+NVIDIA_API_VERSION = "resource.nvidia.com/v1beta1"
+API_VERSIONS = (API_VERSION, NVIDIA_API_VERSION)
 GPU_CONFIG = "GpuConfig"
 MIG_DEVICE_CONFIG = "MigDeviceConfig"
 MIB = 1024 * 1024
@@ -44,6 +54,16 @@ TIME_SLICING_ON_MIG = (
     "time-slicing is not a MIG setting: a MIG device has its own scheduler, which NVIDIA's time-slice policy does "
     "not change; use strategy MPS on the partition, or time-slice a whole GPU with GpuConfig"
 )
+
+
+#: Kinds of NVIDIA's version this driver does not implement, and what they are for.
+NVIDIA_UNSUPPORTED_KINDS: dict[str, str] = {
+    "VfioDeviceConfig": "GPU passthrough to virtual machines (vfio-pci)",
+    "ComputeDomainChannelConfig": "ComputeDomain IMEX channels (multi-node NVLink)",
+    "ComputeDomainDaemonConfig": "ComputeDomain IMEX daemons (multi-node NVLink)",
+    "ComputeDomain": "ComputeDomains (a custom resource, not a device config)",
+    "ComputeDomainClique": "ComputeDomain cliques (a custom resource, not a device config)",
+}
 
 
 class ConfigError(DradriverError):
@@ -83,6 +103,8 @@ class MpsConfig(_Strict):
     default_per_device_pinned_memory_limit: dict[str, str] | None = Field(
         default=None, alias="defaultPerDevicePinnedMemoryLimit"
     )
+    # Start the daemon with -M: clients of any user id may connect (NVIDIA's default: one user only).
+    multi_user: bool | None = Field(default=None, alias="multiUser")
 
     @field_validator("default_pinned_device_memory_limit", mode="before")
     @classmethod
@@ -170,19 +192,78 @@ _KINDS: dict[str, type[GpuConfig] | type[MigDeviceConfig]] = {GPU_CONFIG: GpuCon
 
 
 def decode_config(parameters: Mapping[str, Any]) -> AnyConfig:
-    """Decode one opaque config strictly; :class:`ConfigError` names the field path and what is allowed."""
+    """Decode one opaque config strictly (ours, or NVIDIA's converted to ours); :class:`ConfigError` names the
+    field path and what is allowed."""
     if not isinstance(parameters, Mapping):
         raise ConfigError(f"the parameters must be an object with apiVersion {API_VERSION} and a kind")
     api_version, kind = parameters.get("apiVersion"), parameters.get("kind")
-    if api_version != API_VERSION:
-        raise ConfigError(f"apiVersion: {_shown(api_version)} is not supported; allowed: {API_VERSION}")
+    if api_version not in API_VERSIONS:
+        raise ConfigError(
+            f"apiVersion: {_shown(api_version)} is not supported; allowed: {API_VERSION} "
+            f"(or NVIDIA's {NVIDIA_API_VERSION})"
+        )
+    nvidia = api_version == NVIDIA_API_VERSION
+    if nvidia and isinstance(kind, str) and kind in NVIDIA_UNSUPPORTED_KINDS:
+        raise ConfigError(
+            f"kind: {kind} of {NVIDIA_API_VERSION} is for {NVIDIA_UNSUPPORTED_KINDS[kind]}, which this driver does "
+            f"not implement; it accepts {', '.join(_KINDS)}"
+        )
     model = _KINDS.get(kind) if isinstance(kind, str) else None
     if model is None:
-        raise ConfigError(f"kind: {_shown(kind)} is not a kind of {API_VERSION}; allowed: {', '.join(_KINDS)}")
+        raise ConfigError(f"kind: {_shown(kind)} is not a kind of {api_version}; allowed: {', '.join(_KINDS)}")
+    data = dict(parameters)
+    if nvidia:
+        problems = _nvidia_problems(data, model)
+        if problems:
+            raise ConfigError(f"{NVIDIA_API_VERSION} {kind}: {'; '.join(problems)}")
+        data = _from_nvidia(data)
     try:
-        return model.model_validate(dict(parameters))
+        return model.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(f"{kind}: {_explain(err, model)}") from None
+        where = f"{NVIDIA_API_VERSION} {kind}" if nvidia else str(kind)
+        raise ConfigError(f"{where}: {_explain(err, model)}") from None
+
+
+#: The fields of NVIDIA's version, where they differ from what our models accept.
+_NVIDIA_FIELDS: dict[tuple[str, str], tuple[str, ...]] = {
+    (GPU_CONFIG, ""): ("apiVersion", "kind", "sharing"),
+    (GPU_CONFIG, "sharing"): ("strategy", "timeSlicingConfig", "mpsConfig"),
+    (MIG_DEVICE_CONFIG, "sharing"): ("strategy", "mpsConfig"),
+}
+
+
+def _nvidia_problems(data: Mapping[str, Any], model: type[BaseModel]) -> list[str]:
+    """What NVIDIA's version refuses that our models would accept: our own fields (``computeMode``) and our
+    spellings (``timeSlicing``, ``mps``), each named with the fields allowed there."""
+    kind = str(data.get("kind"))
+    problems = []
+    sharing = data.get("sharing")
+    for path, node in (("", data), ("sharing", sharing)):
+        allowed = _NVIDIA_FIELDS.get((kind, path))
+        if allowed is None or not isinstance(node, Mapping):
+            continue
+        for key in node:
+            if key not in allowed:
+                where = f"{path}.{key}" if path else str(key)
+                problems.append(f"{where}: unknown field; allowed fields here: {', '.join(allowed)}")
+    if _mig_time_slicing(data) and isinstance(sharing, Mapping) and "mpsConfig" in sharing:
+        problems.append("sharing: mpsConfig is set but strategy is TimeSlicing; remove mpsConfig or set strategy: MPS")
+    return problems
+
+
+def _from_nvidia(data: dict[str, Any]) -> dict[str, Any]:
+    """NVIDIA's config in our version. TimeSlicing on a MIG device sets nothing in NVIDIA's driver (a MIG device
+    is scheduled on its own; its time-slice policy is the parent's), so it becomes no sharing here."""
+    data["apiVersion"] = API_VERSION
+    if _mig_time_slicing(data):
+        data.pop("sharing")
+    return data
+
+
+def _mig_time_slicing(data: Mapping[str, Any]) -> bool:
+    sharing = data.get("sharing")
+    on_mig = data.get("kind") == MIG_DEVICE_CONFIG
+    return on_mig and isinstance(sharing, Mapping) and sharing.get("strategy") == "TimeSlicing"
 
 
 def _explain(err: ValidationError, model: type[BaseModel]) -> str:
@@ -287,7 +368,7 @@ def resolve_configs(
                     )
                 continue  # an entry for every request configures the devices of its own kind
             data = config.model_dump(by_alias=True, exclude_unset=True)
-            if merged is None:
+            if merged is None or entry.parameters.get("apiVersion") == NVIDIA_API_VERSION:
                 merged, first = data, where
                 continue
             # ``sharing: null`` is allowed (it unsets an earlier entry's sharing), so either side may be None.

@@ -51,13 +51,18 @@ class MpsControl:
         root: Path,
         *,
         ready_timeout_s: float = 10.0,
+        daemon_command: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
     ) -> None:
-        """``env``: added to the daemons' environment (the driver root's library directories, so the daemon finds
-        ``libcuda`` wherever the host keeps it)."""
+        """``daemon_command`` starts a daemon when given (control calls always use ``command``): in the shipped
+        DaemonSet ``nsenter … -- systemd-run --scope -- env LD_LIBRARY_PATH=<host dirs> <host binary>``, which
+        moves the daemon out of the plugin's container and then execs it, keeping its pid, which is recorded
+        (docs/sharing.md). ``env``: added to the daemons' environment (the driver root's library directories, so
+        the daemon finds ``libcuda`` wherever the host keeps it)."""
         if not command:
             raise ValueError("the MPS control command is empty")
         self.command = tuple(command)
+        self.daemon_command = tuple(daemon_command)  # empty: the control command
         self.extra_env = dict(env or {})
         self.root = root
         self.ready_timeout_s = ready_timeout_s
@@ -75,15 +80,18 @@ class MpsControl:
         base = self.root / claim_uid
         return base / "pipe", base / "log"
 
-    def start(self, claim_uid: str, device_uuids: Sequence[str], commands: Sequence[str]) -> dict[str, Any]:
-        """Start the claim's daemon, wait until it answers, send ``commands`` (the limits); the recorded identity."""
+    def start(
+        self, claim_uid: str, device_uuids: Sequence[str], commands: Sequence[str], *, multi_user: bool = False
+    ) -> dict[str, Any]:
+        """Start the claim's daemon, wait until it answers, send ``commands`` (the limits); the recorded identity.
+        ``multi_user`` starts it with ``-M`` (MPS's multi-user mode: clients of any user id may connect)."""
         pipe, logs = self.dirs(claim_uid)
         self._make_dirs(pipe, logs)
         env = self._env(pipe, logs)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(device_uuids)
         try:
             child = subprocess.Popen(
-                [*self.command, "-f"],
+                [*(self.daemon_command or self.command), "-f", *(["-M"] if multi_user else [])],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,

@@ -97,14 +97,23 @@ def consumed_total(results: Sequence[Any]) -> tuple[tuple[str, str], ...]:
 
 
 def share_config(
-    claim: str, device: str, config: AnyConfig | None, consumed: Sequence[tuple[str, str]], shared: bool
+    claim: str,
+    device: str,
+    config: AnyConfig | None,
+    consumed: Sequence[tuple[str, str]],
+    shared: bool,
+    *,
+    shares_mode: str | None = None,
 ) -> dict[str, Any] | None:
     """The config to record for a device: as resolved, or for a consumable share the MPS limits its consumed
     capacity sets (pinned memory = consumed memory, active threads = consumed shares), capped further by any
-    smaller limit the claim's own MPS config gives. A share is enforced with MPS, so TimeSlicing and compute
-    modes are refused on it."""
+    smaller limit the claim's own MPS config gives. With ``--gpu-sharing consumable`` a share is enforced with
+    MPS, so TimeSlicing and compute modes are refused on it; with ``--consumable-shares`` (``shares_mode``) the
+    claim's config chooses: :func:`_nvidia_share_config`."""
     if not shared:
         return recorded_config(config) if config is not None else None
+    if shares_mode is not None:
+        return _nvidia_share_config(claim, device, config, consumed, shares_mode)
     data: dict[str, Any] = (
         recorded_config(config) if config is not None else {"apiVersion": API_VERSION, "kind": "GpuConfig"}
     )
@@ -124,6 +133,40 @@ def share_config(
     if shares > 0:
         percentage = mps.get("defaultActiveThreadPercentage")
         mps["defaultActiveThreadPercentage"] = min(shares, percentage) if percentage is not None else shares
+    data["sharing"] = {"strategy": "MPS", "mps": mps}
+    data[SHARED_KEY] = True
+    return data
+
+
+def _nvidia_share_config(
+    claim: str, device: str, config: AnyConfig | None, consumed: Sequence[tuple[str, str]], shares_mode: str
+) -> dict[str, Any] | None:
+    """A share of a device published with ``--consumable-shares``: the claim's config picks how it is kept apart
+    from the others. None: not at all (as device-plugin time-slicing replicas). TimeSlicing: the GPU-wide
+    time-slice, which every sharing claim must ask the same of (:func:`refuse_conflicts`). MPS: the claim's own
+    daemon, in the Default compute mode (several servers on one device), its limits what the share consumed:
+    pinned memory = consumed memory (when any), active threads = its part of the shares (shares/N)."""
+    if config is None or not getattr(config, "sharing", None):
+        return recorded_config(config) if config is not None else None
+    data = recorded_config(config)
+    sharing = data["sharing"]
+    if sharing.get("strategy") != "MPS":
+        return data
+    if data.get("computeMode"):
+        raise ClaimError(
+            f"claim {claim}: device {device} is a consumable share; MPS on a share runs in the Default compute mode "
+            "(one MPS server per claim), so remove computeMode"
+        )
+    mps = dict(sharing.get("mps") or {})
+    used = dict(consumed)
+    if "memory" in used and Quantity.parse(used["memory"]).value > 0:
+        limit = mps.get("defaultPinnedDeviceMemoryLimit")
+        if limit is None or Quantity.parse(limit) > Quantity.parse(used["memory"]):
+            mps["defaultPinnedDeviceMemoryLimit"] = used["memory"]
+    if shares_mode.isdigit() and "shares" in used:
+        part = max(1, Quantity.parse(used["shares"]).as_integer() * 100 // int(shares_mode))
+        percentage = mps.get("defaultActiveThreadPercentage")
+        mps["defaultActiveThreadPercentage"] = min(part, percentage) if percentage is not None else part
     data["sharing"] = {"strategy": "MPS", "mps": mps}
     data[SHARED_KEY] = True
     return data
@@ -209,7 +252,7 @@ class SharingSteps:
             known = [u for u in uuids if u is not None]
             # Commands name the devices: with a partition still to carve they are made when it exists.
             params = (
-                {"deviceUUIDs": known, "commands": mps_commands(txn.record, devices, known)}
+                {"deviceUUIDs": known, "commands": mps_commands(txn.record, devices, known), **_multi_user(devices)}
                 if len(known) == len(uuids)
                 else {}
             )
@@ -247,8 +290,8 @@ class SharingSteps:
         uuids = [_target(d) for d, _s in devices]
         commands = mps_commands(txn.record, devices, uuids)
         mps = self.mps
-        params: dict[str, Any] = {"deviceUUIDs": uuids, "commands": commands}
-        txn.run(STEP_MPS_DAEMON, "", params, lambda p: mps.start(txn.record.uid, p["deviceUUIDs"], p["commands"]))
+        params: dict[str, Any] = {"deviceUUIDs": uuids, "commands": commands, **_multi_user(devices)}
+        txn.run(STEP_MPS_DAEMON, "", params, lambda p: _start_daemon(mps, txn.record.uid, p))
 
     @staticmethod
     def _mps_devices(record: ClaimRecord) -> list[tuple[DeviceRecord, Settings]]:
@@ -298,7 +341,7 @@ class SharingSteps:
         )
         # Not answering is not always dead: a daemon whose directories were removed runs on unreachable.
         self.mps.kill(action.params)
-        action.params.update(self.mps.start(record.uid, action.params["deviceUUIDs"], action.params["commands"]))
+        action.params.update(_start_daemon(self.mps, record.uid, action.params))
         self.checkpoint.put(record)
         return True
 
@@ -441,6 +484,18 @@ def mps_commands(
         if limit is not None:
             commands.append(f"set_default_device_pinned_mem_limit {uuid} {mib(limit)}M")
     return commands
+
+
+def _multi_user(devices: Sequence[tuple[DeviceRecord, Settings]]) -> dict[str, Any]:
+    """``multiUser`` for the claim's one daemon: on when any of its devices asks (a multi-user daemon serves the
+    claim's own user as well); left out of the params when off, so records written before it read the same."""
+    return {"multiUser": True} if any(s.mps is not None and s.mps.multi_user for _d, s in devices) else {}
+
+
+def _start_daemon(mps: MpsControl, claim_uid: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    return mps.start(
+        claim_uid, params["deviceUUIDs"], params["commands"], multi_user=bool(params.get("multiUser", False))
+    )
 
 
 def _target(device: DeviceRecord) -> str:

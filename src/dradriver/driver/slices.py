@@ -24,6 +24,7 @@ from dradriver.errors import ConfigError, DeviceError
 from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode, MigPartition, semver_of_driver
 from dradriver.gpu.models import MigProfile, Placement
 from dradriver.gpu.products import COMPUTE_SLICES_PER_GPU, MEMORY_SLICES_PER_GPU
+from dradriver.quantity import Quantity
 from dradriver.validation.slices import SliceShape
 
 STANDARD_DOMAIN = "resource.kubernetes.io"
@@ -43,10 +44,16 @@ class SliceSettings:
     mig_mode: MigMode = MigMode.DYNAMIC
     shape: SliceShape = SliceShape.V1_35
     gpu_sharing: str = "exclusive"  # or "consumable": whole GPUs shared by claims (KEP-5075), see docs/sharing.md
+    # NVIDIA's consumable shares (--consumable-shares): "memory", "unlimited" or a number of shares; None: off.
+    consumable_shares: str | None = None
+    # numaNode as a list of ints (KEP-6072 list attributes, Kubernetes 1.36+ with DRAListTypeAttributes), as NVIDIA's
+    # driver publishes it with that gate: a server without the gate would refuse the devices.
+    list_attributes: bool = False
 
 
 #: With ``--gpu-sharing consumable``: a GPU's compute share as a capacity, in percent of its multiprocessors.
 SHARES = 100
+MIB = 2**20
 
 
 # Counter names (DNS labels) of a GPU's counter set, mapped to the MigProfile field they count.
@@ -70,12 +77,16 @@ def build_slice_specs(
     never moves to another slice when its health changes. The caller (the publisher, or ``as_resource_slices``)
     adds driver, pool and node fields.
     """
-    per_slice = MAX_DEVICES_WITH_TAINTS if taints is not None else MAX_DEVICES_PER_SLICE
+    # Taints and list attributes each lower the limit of devices per slice to 64.
+    limited = taints is not None or settings.list_attributes
+    per_slice = MAX_DEVICES_WITH_TAINTS if limited else MAX_DEVICES_PER_SLICE
 
     def device(d: GpuDevice | MigPartition, *, counters: bool = False) -> dict[str, Any]:
-        built = _device(d, inventory, settings.driver, counters=counters)
+        built = _device(d, inventory, settings.driver, counters=counters, lists=settings.list_attributes)
         if settings.gpu_sharing == "consumable" and isinstance(d, GpuDevice) and not counters:
             _make_consumable(built, d)
+        elif settings.consumable_shares and not counters:
+            make_shared(built, settings.consumable_shares)
         found = taints(d.name) if taints is not None else []
         if settings.shape is SliceShape.V1_34:
             # Effect None (informational) is in the v1 types of 1.36, not in those of 1.33/1.34: a 1.34 server
@@ -210,7 +221,7 @@ def _consumption(gpu: GpuDevice, partition: MigPartition | None) -> list[dict[st
 
 
 def _device(
-    device: GpuDevice | MigPartition, inventory: Inventory, driver: str, *, counters: bool = False
+    device: GpuDevice | MigPartition, inventory: Inventory, driver: str, *, counters: bool = False, lists: bool = False
 ) -> dict[str, Any]:
     gpu = device if isinstance(device, GpuDevice) else device.parent
     info = gpu.info
@@ -241,7 +252,9 @@ def _device(
     if info.pcie_root:
         attributes[f"{STANDARD_DOMAIN}/pcieRoot"] = {"string": info.pcie_root}
     if info.numa_node is not None:
-        attributes[f"{STANDARD_DOMAIN}/numaNode"] = {"int": info.numa_node}
+        attributes[f"{STANDARD_DOMAIN}/numaNode"] = {"ints": [info.numa_node]} if lists else {"int": info.numa_node}
+    if info.addressing_mode is not None:
+        attributes["addressingMode"] = {"string": info.addressing_mode}
 
     if isinstance(device, GpuDevice):
         capacity = {"memory": info.memory_bytes, "multiprocessors": info.multiprocessors}
@@ -256,6 +269,9 @@ def _device(
             "jpegEngines": profile.jpeg_engines,
             "ofaEngines": profile.ofa_engines,
         }
+        # One per memory slice the partition's placement covers, as NVIDIA's driver publishes them: a selector can
+        # ask for a placement (device.capacity["gpu.nvidia.com"].memorySlice0 == 1).
+        capacity.update({f"memorySlice{i}": 1 for i in device.placement.slices})
     result: dict[str, Any] = {
         "name": device.name,
         "attributes": attributes,
@@ -282,6 +298,42 @@ def _make_consumable(built: dict[str, Any], gpu: GpuDevice) -> None:
     }
 
 
+def check_consumable_shares(mode: str) -> None:
+    """Refuse a ``--consumable-shares`` value that is not memory, unlimited or a positive whole number."""
+    if mode in ("memory", "unlimited") or (mode.isdigit() and int(mode) > 0):
+        return
+    raise ConfigError(
+        f"--consumable-shares {mode!r}: give memory (each claim takes memory, by default all of it), unlimited "
+        "(claims share without limits) or a number of shares (such as 4)"
+    )
+
+
+def make_shared(built: dict[str, Any], mode: str) -> None:
+    """A device (whole GPU or MIG device) that several claims share, NVIDIA's consumable shares: ``memory`` (each
+    claim takes memory, by default all of it), ``unlimited`` (each takes none unless it asks: oversubscription, as
+    device-plugin time-slicing replicas) or N (``shares`` = N, each claim takes one by default). How the sharing
+    claims are kept apart is each claim's config: MPS limits from what it consumed, time-slicing, or nothing.
+    Every other capacity gets a policy that consumes nothing by default: without one each claim would consume all
+    of it, and a second claim could never fit."""
+    capacity = built["capacity"]
+    memory = Quantity.parse(capacity["memory"]["value"]).value // MIB * MIB
+    top = _quantity(memory)
+    built["allowMultipleAllocations"] = True
+    for entry in capacity.values():
+        entry["requestPolicy"] = {"default": "0", "validRange": {"min": "0", "max": entry["value"]}}
+    memory_policy = {
+        "default": top if mode == "memory" else "0",
+        "validRange": {"min": "1Mi" if mode == "memory" else "0", "max": top, "step": "1Mi"},
+    }
+    capacity["memory"] = {"value": top, "requestPolicy": memory_policy}
+    if mode.isdigit():
+        count = str(int(mode))
+        capacity["shares"] = {
+            "value": count,
+            "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": count, "step": "1"}},
+        }
+
+
 def _quantity(value: int) -> str:
     """Bytes and counts as Kubernetes quantities, in binary units where exact ("80Gi", "9728Mi", "108")."""
     for suffix, unit in (("Gi", 2**30), ("Mi", 2**20)):
@@ -294,12 +346,46 @@ def _chunks(items: list[Any], size: int) -> list[list[Any]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-def shape_for(kubernetes_version: str) -> SliceShape:
-    """The slice shape for a cluster's minor version ("1.34" → V1_34; 1.35 and later → V1_35)."""
+def _minor(kubernetes_version: str) -> tuple[int, int]:
     try:
         major, minor = (int(part) for part in kubernetes_version.removeprefix("v").split(".")[:2])
     except ValueError:
         raise ConfigError(f"--kubernetes-version {kubernetes_version!r} is not a version like 1.35") from None
-    if (major, minor) < (1, 34):
-        raise ConfigError(f"Kubernetes {kubernetes_version} has no resource.k8s.io/v1; DRA needs 1.34 or newer")
-    return SliceShape.V1_34 if (major, minor) == (1, 34) else SliceShape.V1_35
+    return major, minor
+
+
+def shape_for(kubernetes_version: str) -> SliceShape:
+    """The slice shape for a cluster's minor version (1.32 to 1.34 → V1_34: counter sets inline with their
+    devices, no informational taints; 1.35 and later → V1_35). 1.32 and 1.33 have no resource.k8s.io/v1: the
+    cluster adapter speaks the newest version they serve (v1beta2, v1beta1) in its shape."""
+    version = _minor(kubernetes_version)
+    if version < (1, 32):
+        raise ConfigError(
+            f"Kubernetes {kubernetes_version} serves no resource.k8s.io version this driver speaks (v1, v1beta2, "
+            "v1beta1); DRA needs 1.32 or newer"
+        )
+    return SliceShape.V1_34 if version < (1, 35) else SliceShape.V1_35
+
+
+def release_problem(kubernetes_version: str, settings: SliceSettings) -> str | None:
+    """What ``settings`` publish that the release cannot take, or None: shared counters (dynamic MIG) need 1.33
+    (alpha, DRAPartitionableDevices), consumable capacity needs 1.34 (DRAConsumableCapacity)."""
+    version = _minor(kubernetes_version)
+    if settings.mig_mode is MigMode.DYNAMIC and version < (1, 33):
+        return (
+            f"--mig-mode dynamic needs shared counters in ResourceSlices, which Kubernetes {kubernetes_version} does "
+            "not have (1.33 and newer, with the DRAPartitionableDevices feature gate before 1.36); use --mig-mode "
+            "static"
+        )
+    if settings.list_attributes and version < (1, 36):
+        return (
+            f"--list-attributes needs list-typed attributes, which Kubernetes {kubernetes_version} does not have "
+            "(1.36 and newer, feature gate DRAListTypeAttributes); turn it off"
+        )
+    if (settings.gpu_sharing == "consumable" or settings.consumable_shares) and version < (1, 34):
+        return (
+            f"consumable shares need devices that allow multiple allocations, which Kubernetes {kubernetes_version} "
+            "does not have (1.34 and newer, feature gate DRAConsumableCapacity); turn --consumable-shares and "
+            "--gpu-sharing consumable off"
+        )
+    return None

@@ -25,7 +25,7 @@ from typing import Any
 from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.cdi_step import STEP_CDI_SPEC, CdiSpecStep, ReadyDevice, build_claim_spec
 from dradriver.driver.checkpoint import CheckpointStore, ClaimRecord, ClaimState, DeviceRecord
-from dradriver.driver.config import ConfigSource, DeviceTarget, resolve_configs
+from dradriver.driver.config import AnyConfig, ConfigSource, DeviceTarget, resolve_configs
 from dradriver.driver.device_nodes import gpu_device_nodes
 from dradriver.driver.mig import STEP_MIG_MODE, MigSteps
 from dradriver.driver.mps import MpsControl
@@ -78,6 +78,21 @@ class PlannedDevice:
         return self.device if isinstance(self.device, GpuDevice) else self.device.parent
 
 
+# Whether the cluster no longer allocates ``device`` to the claim ``holder`` (deleted, replaced or deallocated).
+HolderReleased = Callable[[ClaimRef, str], bool]
+# The most earlier claims one prepare releases (one per device it is refused, at most a claim's devices).
+MAX_RELEASES = 32
+
+
+class DeviceInUse(ClaimError):
+    """A device of the claim is prepared for another claim (``holder``), which holds it as ``device``."""
+
+    def __init__(self, message: str, *, holder: ClaimRef, device: str) -> None:
+        super().__init__(message)
+        self.holder = holder
+        self.device = device
+
+
 class GpuDriver:
     """Implements the plugin layer's ``DriverHandler`` for NVIDIA GPUs.
 
@@ -97,6 +112,8 @@ class GpuDriver:
         checkpoint: CheckpointStore | None = None,
         device_problem: DeviceProblem | None = None,
         mps: MpsControl | None = None,
+        consumable_shares: str | None = None,
+        holder_released: HolderReleased | None = None,
     ) -> None:
         """``device_problem`` says why a device must not be given to a new claim (its health: cause and time),
         or None when it may; consulted for each device of a claim that is not prepared yet (a claim prepared
@@ -109,6 +126,9 @@ class GpuDriver:
         self.gpulib = gpulib
         self.checkpoint = checkpoint if checkpoint is not None else CheckpointStore()
         self._device_problem = device_problem
+        # --consumable-shares: a share's config chooses how it is kept apart (sharing.share_config).
+        self.consumable_shares = consumable_shares
+        self._holder_released = holder_released
         self.mig = MigSteps(gpulib) if gpulib is not None else None
         self.sharing = SharingSteps(gpulib, self.checkpoint, mps)
         self.cdi_step = CdiSpecStep(cdi)
@@ -157,7 +177,30 @@ class GpuDriver:
     # --- the recipe ---------------------------------------------------------------------------------------
 
     def prepare(self, claim: AllocatedClaim) -> tuple[PreparedDevice, ...]:
-        """Prepare one claim: all of its devices or, on any error, none (everything done is undone)."""
+        """Prepare one claim: all of its devices or, on any error, none (everything done is undone).
+
+        A device still prepared for another claim is refused, unless ``holder_released`` says the cluster no
+        longer allocates it to that claim: the kubelet removes a pod from the API server first and calls
+        NodeUnprepareResources for its claims seconds later, so the scheduler can give the device to a new claim
+        in between. That claim is then unprepared here (its pod's containers are gone) and the prepare goes on;
+        the kubelet's own unprepare of it later finds nothing to do."""
+        for _ in range(MAX_RELEASES):
+            try:
+                return self._prepare(claim)
+            except DeviceInUse as err:
+                if self._holder_released is None or not self._holder_released(err.holder, err.device):
+                    raise
+                log.info(
+                    "releasing a device the cluster gave to another claim: unpreparing its earlier claim now, "
+                    "before the kubelet does claim=%s device=%s earlier=%s",
+                    claim.ref.uid,
+                    err.device,
+                    err.holder.uid,
+                )
+                self.unprepare(err.holder)
+        return self._prepare(claim)
+
+    def _prepare(self, claim: AllocatedClaim) -> tuple[PreparedDevice, ...]:
         ref = claim.ref
         earlier = self.checkpoint.get(ref.uid)
         if earlier is not None and earlier.state is ClaimState.PREPARE_COMPLETED and earlier.rollback_error is None:
@@ -305,11 +348,18 @@ class GpuDriver:
                 if not p.admin_access
             ],
         )
+        for p in planned:
+            _refuse_multi_user_before_volta(str(claim.ref), p.device, configs.get(p.device.name))
         return [
             replace(
                 p,
                 config=share_config(
-                    str(claim.ref), p.device.name, configs.get(p.device.name), p.consumed, bool(p.share_ids)
+                    str(claim.ref),
+                    p.device.name,
+                    configs.get(p.device.name),
+                    p.consumed,
+                    bool(p.share_ids),
+                    shares_mode=self.consumable_shares,
                 ),
             )
             for p in planned
@@ -495,6 +545,19 @@ def _refuse_overlap_and_conflicts(ref: ClaimRef, record: ClaimRecord, others: li
     refuse_conflicts(str(ref), record, others)
 
 
+def _refuse_multi_user_before_volta(ref: str, device: GpuDevice | MigPartition, config: AnyConfig | None) -> None:
+    """MPS's multi-user mode needs Volta (compute capability 7.0) or newer, as NVIDIA's driver checks."""
+    sharing = getattr(config, "sharing", None)
+    mps = getattr(sharing, "mps", None)
+    gpu = device if isinstance(device, GpuDevice) else device.parent
+    if mps is not None and mps.multi_user and gpu.info.cuda_compute_capability < (7, 0):
+        major, minor = gpu.info.cuda_compute_capability
+        raise ClaimError(
+            f"claim {ref}: device {device.name} asks for MPS multiUser, which needs a Volta or newer GPU (compute "
+            f"capability 7.0); {gpu.info.product_name} has {major}.{minor}: remove multiUser"
+        )
+
+
 def _refuse_overlap(ref: ClaimRef, record: ClaimRecord, others: list[ClaimRecord]) -> None:
     """A device is prepared for one claim at a time (admin access excepted): after a scheduler race or a
     force-deleted claim two claims can name the same device, or partitions that share memory slices, and both
@@ -508,17 +571,22 @@ def _refuse_overlap(ref: ClaimRef, record: ClaimRecord, others: list[ClaimRecord
                     continue
                 if mine.extra.get(SHARE_IDS_FIELD) and theirs.extra.get(SHARE_IDS_FIELD):
                     continue  # shares of one multi-allocatable GPU: the scheduler accounts their capacity
+                holder = ClaimRef(namespace=other.namespace, name=other.name, uid=other.uid)
                 if theirs.name == mine.name:
-                    raise ClaimError(
+                    raise DeviceInUse(
                         f"claim {ref}: device {mine.name} is already prepared for claim {other.uid} "
                         f"({other.namespace}/{other.name}); it is released when that claim is unprepared (if that "
-                        "claim is gone, its pod is still being torn down)"
+                        "claim is gone, its pod is still being torn down)",
+                        holder=holder,
+                        device=theirs.name,
                     )
                 if set(mine.slices) & set(theirs.slices):
-                    raise ClaimError(
+                    raise DeviceInUse(
                         f"claim {ref}: device {mine.name} overlaps {theirs.name}, which is already prepared for "
                         f"claim {other.uid} ({other.namespace}/{other.name}); it is released when that claim is "
-                        "unprepared"
+                        "unprepared",
+                        holder=holder,
+                        device=theirs.name,
                     )
 
 

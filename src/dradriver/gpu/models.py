@@ -91,6 +91,9 @@ class GpuInfo:
     numa_node: int | None
     pcie_root: str | None
     mig_capable: bool
+    # The memory-addressing mode on platforms with coherent CPU-GPU memory (HMM, ATS, or None when supported but
+    # inactive); None on the others (NVML reports not supported), as on every discrete GPU of an x86 host.
+    addressing_mode: str | None = None
 
 
 @dataclass(frozen=True)

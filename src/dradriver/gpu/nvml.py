@@ -72,6 +72,10 @@ _MEMORY_ERROR_UNCORRECTED = 1
 _VOLATILE_ECC = 0
 _FIELD_GPU_RECOVERY_ACTION = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (drivers from the 565 branch on)
 
+#: NVML_ERROR_FUNCTION_NOT_FOUND: the installed driver's NVML lacks the function.
+FUNCTION_NOT_FOUND = 13
+# nvmlDeviceGetAddressingMode values → the names go-nvlib (and NVIDIA's addressingMode attribute) use.
+ADDRESSING_MODE_NAMES = {0: "None", 1: "HMM", 2: "ATS"}
 # nvmlDeviceGetBrand values → go-nvlib's brand strings.
 BRAND_NAMES = {
     0: "Unknown",
@@ -369,7 +373,20 @@ class NvmlGpuLib:
             numa_node=self._topology.numa_node(bus_id),
             pcie_root=self._topology.pcie_root(bus_id),
             mig_capable=mig_capable,
+            addressing_mode=self._addressing_mode(handle, uuid),
         )
+
+    def _addressing_mode(self, handle: Any, uuid: str) -> str | None:
+        # Absent from older drivers (no such function) and unsupported on non-coherent platforms: both mean none.
+        if not hasattr(self._nvml, "nvmlDeviceGetAddressingMode"):
+            return None
+        try:
+            mode = self._call("nvmlDeviceGetAddressingMode", handle, device=uuid)
+        except GpuError as err:
+            if isinstance(err, NotSupported) or err.code == FUNCTION_NOT_FOUND:
+                return None
+            raise
+        return ADDRESSING_MODE_NAMES.get(int(mode))
 
     def _multiprocessors(self, handle: Any, uuid: str, name: str) -> int:
         # NVML reports SM counts only for MIG device handles; for a whole GPU we know them per product (0 when not).

@@ -561,6 +561,14 @@ class FakeNvmlLibrary:
         self._device(handle)
         return sim.NOT_SUPPORTED
 
+    def nvmlDeviceGetAddressingMode(self, handle: Any, mode: Any) -> int:
+        # Discrete GPUs of x86 hosts are not coherent: NVML reports not supported unless a test sets a mode.
+        value = self._gpu(handle).addressing_mode
+        if value is None:
+            return sim.NOT_SUPPORTED
+        _target(mode).value = value
+        return sim.SUCCESS
+
     def nvmlDeviceGetAttributes_v2(self, handle: Any, attributes: Any) -> int:
         # NVML answers this for MIG device handles only.
         device = self._device(handle)

@@ -108,6 +108,7 @@ class SimGpu:
     lost: bool = False
     gpu_instances: dict[int, SimGpuInstance] = field(default_factory=dict)
     fabric_state: FabricState | None = None  # None: no fabric info at all (before Hopper)
+    addressing_mode: int | None = None  # nvmlDeviceGetAddressingMode's value on coherent platforms; None: unsupported
     fabric_status: int = SUCCESS  # NVML return code of the registration, meaningful once COMPLETED
     ecc_volatile: int = 0  # uncorrectable ECC errors since the last reset (NVML_VOLATILE_ECC)
     ecc_aggregate: int = 0  # uncorrectable ECC errors over the GPU's life (NVML_AGGREGATE_ECC)

@@ -125,8 +125,8 @@ def test_a_failing_status_write_does_not_fail_the_prepare_and_is_retried(
     api: ApiEnv, processor: ClaimProcessor, writer: ClaimStatusWriter
 ) -> None:
     ref = stored_claim(api)
-    api.server.fail_next("PUT", STATUS_PATH, 500, count=2)
-    api.server.fail_next("PUT", STATUS_PATH, 409, count=1)
+    api.server.fail_next("PATCH", STATUS_PATH, 500, count=2)
+    api.server.fail_next("PATCH", STATUS_PATH, 409, count=1)
     result = processor.prepare([ref])[ref.uid]
     assert result.error is None and len(result.devices) == 2
     assert writer.wait_idle(10)
@@ -137,11 +137,11 @@ def test_a_status_write_that_keeps_failing_is_given_up_and_the_prepare_still_suc
     api: ApiEnv, processor: ClaimProcessor, writer: ClaimStatusWriter
 ) -> None:
     ref = stored_claim(api)
-    api.server.fail_next("PUT", STATUS_PATH, 403, count=100, message="forbidden: RBAC")
+    api.server.fail_next("PATCH", STATUS_PATH, 403, count=100, message="forbidden: RBAC")
     assert processor.prepare([ref])[ref.uid].error is None
     assert writer.wait_idle(10)
-    puts = [r for r in api.server.requests if r.method == "PUT" and r.path.endswith("/status")]
-    assert len(puts) == 1  # forbidden is not retried: RBAC does not fix itself
+    patches = [r for r in api.server.requests if r.method == "PATCH" and r.path.endswith("/status")]
+    assert len(patches) == 1  # forbidden is not retried: RBAC does not fix itself
     assert devices_of(api) == []
 
 
@@ -158,7 +158,7 @@ def test_the_stand_in_rejects_status_for_a_device_that_is_not_allocated(api: Api
     writer.prepared(ref, [PreparedDevice(pool="node-a", device="gpu-9")])
     assert writer.wait_idle(10)
     assert devices_of(api) == []
-    rejected = [r for r in api.server.requests if r.method == "PUT" and r.status == 422]
+    rejected = [r for r in api.server.requests if r.method == "PATCH" and r.status == 422]
     assert len(rejected) == 1
 
 

@@ -17,6 +17,7 @@ from support.apiserver import ApiEnv, api_env
 from dradriver.errors import ConfigError
 from dradriver.plugin.cluster import (
     ApiUnavailableError,
+    ClusterError,
     ConflictError,
     InvalidObjectError,
     NotFoundError,
@@ -80,34 +81,42 @@ def test_fields_unknown_to_the_client_models_are_kept(api: ApiEnv) -> None:
     assert items[0]["futureField"] == {"x": 1}
 
 
-def test_claim_status_update_replaces_status_and_checks_the_resource_version(api: ApiEnv) -> None:
-    api.server.create("resourceclaims", a_claim())
-    claim = api.cluster.get_resource_claim("ns", "claim-1")
-    claim["status"] = {
-        "allocation": {
-            "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": "node-1", "device": "gpu-0"}]}
-        },
-        "devices": [
-            {
-                "driver": DRIVER,
-                "pool": "node-1",
-                "device": "gpu-0",
-                "conditions": [
-                    {
-                        "type": "Ready",
-                        "status": "True",
-                        "reason": "Prepared",
-                        "message": "",
-                        "lastTransitionTime": "2026-01-01T00:00:00Z",
-                    }
-                ],
-            }
-        ],
+def test_claim_status_update_patches_only_status_devices_and_checks_the_resource_version(api: ApiEnv) -> None:
+    allocation = {
+        "devices": {
+            "results": [{"request": "gpu", "driver": DRIVER, "pool": "node-1", "device": "gpu-0"}],
+            "config": [{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": {"kind": "GpuConfig"}}}],
+        }
     }
+    api.server.create("resourceclaims", {**a_claim(), "status": {"allocation": allocation}})
+    claim = api.cluster.get_resource_claim("ns", "claim-1")
+    claim["status"]["allocation"] = {"tampered": True}  # never sent: the scheduler's, compared byte for byte
+    claim["status"]["devices"] = [
+        {
+            "driver": DRIVER,
+            "pool": "node-1",
+            "device": "gpu-0",
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "Prepared",
+                    "message": "",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }
+            ],
+        }
+    ]
     updated = api.cluster.update_resource_claim_status(claim)
     assert updated["status"]["devices"][0]["device"] == "gpu-0"
+    assert updated["status"]["allocation"] == allocation
+    [patch] = [r for r in api.server.requests if r.method == "PATCH"]
+    assert patch.path.endswith("/resourceclaims/claim-1/status")
     with pytest.raises(ConflictError, match="ResourceClaim ns/claim-1 status"):
         api.cluster.update_resource_claim_status(claim)  # stale resourceVersion now
+    cleared = api.cluster.get_resource_claim("ns", "claim-1")
+    cleared["status"].pop("devices")
+    assert "devices" not in api.cluster.update_resource_claim_status(cleared)["status"]
 
 
 def test_get_node_returns_its_uid(api: ApiEnv) -> None:
@@ -122,7 +131,8 @@ def test_list_filters_by_driver_and_node_and_returns_a_resource_version(api: Api
     items, rv = api.cluster.list_resource_slices(driver=DRIVER, node_name="node-1")
     assert [i["metadata"]["name"] for i in items] == ["mine"]
     assert rv == api.server.resource_version
-    [request] = [r for r in api.server.requests if r.method == "GET"]
+    discovery, request = [r for r in api.server.requests if r.method == "GET"]
+    assert discovery.path == "/apis/resource.k8s.io"  # the version to speak, asked once
     assert request.query["fieldSelector"] == f"spec.driver={DRIVER},spec.nodeName=node-1"
 
 
@@ -398,3 +408,24 @@ def test_a_lazy_package_whose_init_failed_fails_again_the_same_way(lazy_package:
         with pytest.raises(ImportError, match="needs somedependency"):
             package.VALUE  # noqa: B018
     assert package.part.PART == "part"  # its submodules still import
+
+
+def test_the_newest_resource_version_the_server_serves_is_spoken(api: ApiEnv) -> None:
+    api.server.resource_versions = ["v1", "v1beta2", "v1beta1"]
+    assert api.cluster.resource_version() == "v1"
+
+
+def test_a_server_without_dra_is_refused_saying_what_it_needs(api: ApiEnv) -> None:
+    api.server.resource_versions = ["v1alpha3"]
+    with pytest.raises(ClusterError, match=r"serves resource.k8s.io v1alpha3, none of v1, v1beta2, v1beta1.*1\.32"):
+        api.cluster.resource_version()
+
+
+def test_an_older_server_is_spoken_to_in_its_version(api: ApiEnv) -> None:
+    # The stand-in stores v1 objects only: a v1beta1 server's paths are not found there, which shows the adapter
+    # asks for the version discovery chose.
+    api.server.resource_versions = ["v1beta1"]
+    with pytest.raises(NotFoundError):
+        api.cluster.list_resource_slices(driver=DRIVER, node_name="node-1")
+    [request] = [r for r in api.server.requests if r.path.endswith("/resourceslices")]
+    assert request.path == "/apis/resource.k8s.io/v1beta1/resourceslices"

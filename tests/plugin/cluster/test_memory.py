@@ -85,8 +85,11 @@ def test_claims_and_nodes() -> None:
     assert cluster.get_node("node-1")["metadata"]["uid"] == node["metadata"]["uid"] == "uid-1"
     cluster.add_resource_claim({"metadata": {"name": "c", "namespace": "ns"}, "spec": {}})
     claim = cluster.get_resource_claim("ns", "c")
-    claim["status"] = {"allocation": {}}
-    assert cluster.update_resource_claim_status(claim)["status"] == {"allocation": {}}
+    claim["status"] = {"allocation": {"changed": True}, "devices": [{"driver": "d", "pool": "p", "device": "x"}]}
+    # Only status.devices is written, as the real adapter writes it.
+    assert cluster.update_resource_claim_status(claim)["status"] == {
+        "devices": [{"driver": "d", "pool": "p", "device": "x"}]
+    }
     with pytest.raises(ConflictError):
         cluster.update_resource_claim_status(claim)
     with pytest.raises(NotFoundError, match="ResourceClaim ns/missing"):

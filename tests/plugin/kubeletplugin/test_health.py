@@ -7,10 +7,11 @@ import threading
 from typing import Any
 
 import grpc
+import pytest
 
 from dradriver.api.generated import dra_health_v1alpha1_pb2 as pb
 from dradriver.plugin.handler import DeviceHealth, HealthBoard, HealthStatus
-from dradriver.plugin.kubeletplugin.kubelet_client import KubeletClient
+from dradriver.plugin.kubeletplugin.kubelet_client import KUBELET_HEALTH_VERSIONS, KubeletClient
 
 from .conftest import PluginFactory
 
@@ -48,9 +49,11 @@ class StreamReader:
             self.messages.put(err)
 
     def next(self) -> pb.NodeWatchResourcesResponse:
+        """The next message, of either version (the fields and enum values are the same in v1 and v1alpha1)."""
         item = self.messages.get(timeout=TIMEOUT)
-        assert isinstance(item, pb.NodeWatchResourcesResponse), item
-        return item
+        assert not isinstance(item, BaseException), item
+        assert type(item).__name__ == "NodeWatchResourcesResponse", item
+        return item  # type: ignore[return-value]
 
 
 GPU0_OK = DeviceHealth(
@@ -59,12 +62,25 @@ GPU0_OK = DeviceHealth(
 GPU1_OK = DeviceHealth(pool="node-a", device="gpu-1", status=HealthStatus.HEALTHY, last_updated=1_700_000_000)
 
 
+def test_the_plugin_advertises_health_v1_and_v1alpha1_and_a_1_37_kubelet_picks_v1(
+    make_plugin: PluginFactory, kubelet: KubeletClient
+) -> None:
+    make_plugin().start()
+    with kubelet.register() as registered:
+        assert [v for v in registered.info.supported_versions if "Health" in v] == list(KUBELET_HEALTH_VERSIONS)
+        assert registered.health_version == "v1.DRAResourceHealth"
+
+
+@pytest.mark.parametrize("version", KUBELET_HEALTH_VERSIONS)
 def test_stream_sends_the_list_at_once_and_on_every_change(
-    make_plugin: PluginFactory, health: HealthBoard, kubelet: KubeletClient
+    make_plugin: PluginFactory, health: HealthBoard, kubelet: KubeletClient, version: str
 ) -> None:
     health.set_devices([GPU0_OK, GPU1_OK])
     make_plugin().start()
-    with kubelet.register() as registered:
+    # A kubelet that knows only ``version`` (v1alpha1: 1.34-1.36) uses it.
+    only = KubeletClient(kubelet.registry_dir, health_versions=(version,))
+    with only.register() as registered:
+        assert registered.health_version == version
         reader = StreamReader(registered.watch_health())
         assert _devices(reader.next()) == [
             ("node-a", "gpu-0", pb.HEALTHY, 1_700_000_000, 60, ""),

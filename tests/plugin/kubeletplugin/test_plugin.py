@@ -49,7 +49,12 @@ def test_get_info_advertises_driver_endpoint_and_services(plugin: KubeletPlugin,
     assert info.name == DRIVER
     assert info.endpoint == str(plugin.plugin_dir / "dra.sock")
     assert Path(info.endpoint).is_absolute()
-    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
+    assert list(info.supported_versions) == [
+        "v1.DRAPlugin",
+        "v1beta1.DRAPlugin",
+        "v1.DRAResourceHealth",
+        "v1alpha1.DRAResourceHealth",
+    ]
 
 
 def test_health_is_not_advertised_without_a_health_source(make_plugin: PluginFactory, kubelet: KubeletClient) -> None:

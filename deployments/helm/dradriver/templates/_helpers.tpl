@@ -47,3 +47,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 device.driver == {{ .driver | quote }} &&
         device.attributes[{{ .driver | quote }}].type == {{ .type | quote }}
 {{- end -}}
+
+{{/* The driver name: NVIDIA's with compat nvidia (its manifests select on it), else driverName. */}}
+{{- define "dradriver.driverName" -}}
+{{- if eq .Values.compat "nvidia" -}}gpu.nvidia.com{{- else -}}{{ .Values.driverName }}{{- end -}}
+{{- end -}}

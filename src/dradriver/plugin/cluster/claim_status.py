@@ -4,7 +4,7 @@ The ResourceClaim's ``status.devices`` (KEP-4817, feature ``DRAResourceClaimDevi
 1.33, GA in 1.37) lists, per allocated device, conditions and driver-specific ``data`` that users and controllers
 read with ``kubectl get resourceclaim -o yaml``. A driver owns the entries with its own driver name and leaves the
 others alone. The write goes through the ``resourceclaims/status`` subresource (on 1.36 and later the service
-account also needs ``associated-node:update`` on the synthetic ``resourceclaims/driver`` subresource, see
+account also needs ``associated-node:patch`` on the synthetic ``resourceclaims/driver`` subresource, see
 docs/cdi.md).
 
 Status is information, not part of preparing: writes run on a background thread after the kubelet already has its

@@ -15,7 +15,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import quote
 
@@ -34,6 +34,7 @@ from dradriver.plugin.cluster.port import (
     WatchExpiredError,
     describe,
 )
+from dradriver.plugin.cluster.resource_versions import VERSIONS, newest_served, slice_from, slice_to
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +101,9 @@ def _load_kube_config(**options: Any) -> None:
     importlib.import_module("kubernetes.config.kube_config").load_kube_config(**options)
 
 
-_SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+_RESOURCE_GROUP = "/apis/resource.k8s.io"
 _JSON_HEADERS = {"Accept": "application/json", "Content-Type": "application/json"}
+_MERGE_PATCH = "application/merge-patch+json"
 # Default per-request timeout (connect, read) in seconds; watches set their own read timeout.
 DEFAULT_REQUEST_TIMEOUT = (5.0, 30.0)
 
@@ -175,9 +177,10 @@ def error_for_status(status: int, body: bytes, what: str, verb: str) -> ClusterE
 class _KubeWatchStream:
     """Watch events read line by line from a streaming response; ``close()`` interrupts a blocked read."""
 
-    def __init__(self, response: Any, what: str) -> None:
+    def __init__(self, response: Any, what: str, convert: Callable[[JsonObject], JsonObject] | None = None) -> None:
         self._response = response
         self._what = what
+        self._convert = convert
         self._closed = threading.Event()
         self._lines = self._iter_lines()
 
@@ -215,7 +218,7 @@ class _KubeWatchStream:
                 self.close()
                 raise error_for_status(int(obj.get("code", 500)), json.dumps(obj).encode(), self._what, "watch")
             if kind in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK"):
-                return WatchEvent(type=kind, object=obj)
+                return WatchEvent(type=kind, object=self._convert(obj) if self._convert and kind != "BOOKMARK" else obj)
             log.warning("watch sent an unknown event type what=%s type=%s", self._what, kind)
         self.close()
         raise StopIteration
@@ -241,9 +244,13 @@ class KubeCluster:
         api_client: Any,
         *,
         request_timeout: tuple[float, float] = DEFAULT_REQUEST_TIMEOUT,
+        resource_version: str | None = None,
     ) -> None:
+        """``resource_version``: the resource.k8s.io version to speak; unset, API discovery picks the newest the
+        server serves (:mod:`~dradriver.plugin.cluster.resource_versions`) at the first call that needs it."""
         self._api = api_client
         self._timeout = request_timeout
+        self._resource_version = resource_version
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: str | None = None, *, context: str | None = None) -> KubeCluster:
@@ -266,12 +273,14 @@ class KubeCluster:
         body: JsonObject | None = None,
         stream: bool = False,
         timeout: Any = None,
+        content_type: str | None = None,
     ) -> Any:
+        headers = {**_JSON_HEADERS, **({"Content-Type": content_type} if content_type else {})}
         request = self._api.param_serialize(
             method=method,
             resource_path=path,
             query_params=query or None,
-            header_params=dict(_JSON_HEADERS),
+            header_params=headers,
             body=body,
             auth_settings=["BearerToken"],
         )
@@ -294,18 +303,53 @@ class KubeCluster:
                 raise ApiUnavailableError(f"{method} {what}: answer is not JSON: {data[:200]!r}") from exc
         return response.response
 
+    def resource_version(self) -> str:
+        """The resource.k8s.io version this adapter speaks: the newest of v1, v1beta2, v1beta1 the server lists."""
+        if self._resource_version is None:
+            group = self._send("GET", _RESOURCE_GROUP, "the resource.k8s.io API group")
+            found = newest_served(group)
+            if found is None:
+                listed = ", ".join(str(v.get("version")) for v in group.get("versions") or []) or "none"
+                raise ClusterError(
+                    f"the API server serves resource.k8s.io {listed}, none of {', '.join(VERSIONS)}: dynamic resource "
+                    "allocation needs Kubernetes 1.32 or newer (with the DynamicResourceAllocation feature gate and "
+                    "the resource.k8s.io API enabled before 1.34)"
+                )
+            self._resource_version = found
+        return self._resource_version
+
+    def _slices(self) -> str:
+        return f"{_RESOURCE_GROUP}/{self.resource_version()}/resourceslices"
+
+    def _to_server(self, obj: JsonObject) -> JsonObject:
+        return slice_to(self.resource_version(), obj)
+
+    def _from_server(self, obj: JsonObject) -> JsonObject:
+        return slice_from(self.resource_version(), obj)
+
     # -- the port ----------------------------------------------------------------------------------
 
     def get_resource_claim(self, namespace: str, name: str) -> JsonObject:
-        path = f"/apis/resource.k8s.io/v1/namespaces/{quote(namespace)}/resourceclaims/{quote(name)}"
+        path = f"{_RESOURCE_GROUP}/{self.resource_version()}/namespaces/{quote(namespace)}/resourceclaims/{quote(name)}"
         result: JsonObject = self._send("GET", path, describe("ResourceClaim", name, namespace))
         return result
 
     def update_resource_claim_status(self, claim: JsonObject) -> JsonObject:
         meta = claim.get("metadata", {})
         namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
-        path = f"/apis/resource.k8s.io/v1/namespaces/{quote(namespace)}/resourceclaims/{quote(name)}/status"
-        result: JsonObject = self._send("PUT", path, describe("ResourceClaim", name, namespace) + " status", body=claim)
+        path = (
+            f"{_RESOURCE_GROUP}/{self.resource_version()}/namespaces/{quote(namespace)}/resourceclaims/"
+            f"{quote(name)}/status"
+        )
+        # A merge patch of status.devices, not a PUT of the whole status: a PUT sends status.allocation back, and
+        # the API server compares its opaque config parameters (RawExtension) byte for byte, so JSON re-encoded
+        # here (other spacing, key order or escapes) reads as a change: 422 "status.allocation: field cannot be
+        # modified once set" for every claim with a config. The resourceVersion keeps it a conditional update.
+        patch: JsonObject = {"status": {"devices": claim.get("status", {}).get("devices") or None}}
+        if meta.get("resourceVersion"):
+            patch["metadata"] = {"resourceVersion": meta["resourceVersion"]}
+        what = describe("ResourceClaim", name, namespace) + " status"
+        result: JsonObject = self._send("PATCH", path, what, body=patch, content_type=_MERGE_PATCH)
         return result
 
     def get_node(self, name: str) -> JsonObject:
@@ -321,8 +365,8 @@ class KubeCluster:
         items: list[JsonObject] = []
         query = [("fieldSelector", selector), ("limit", "500")]
         while True:
-            result = self._send("GET", _SLICES, f"ResourceSlices of {driver} on {node_name}", query=query)
-            items.extend(result.get("items") or [])
+            result = self._send("GET", self._slices(), f"ResourceSlices of {driver} on {node_name}", query=query)
+            items.extend(self._from_server(item) for item in result.get("items") or [])
             metadata = result.get("metadata") or {}
             token = metadata.get("continue")
             if not token:
@@ -332,13 +376,14 @@ class KubeCluster:
     def create_resource_slice(self, obj: JsonObject) -> JsonObject:
         meta = obj.get("metadata", {})
         what = describe("ResourceSlice", str(meta.get("name") or meta.get("generateName", "") + "*"))
-        result: JsonObject = self._send("POST", _SLICES, what, body=obj)
-        return result
+        result: JsonObject = self._send("POST", self._slices(), what, body=self._to_server(obj))
+        return self._from_server(result)
 
     def update_resource_slice(self, obj: JsonObject) -> JsonObject:
         name = str(obj.get("metadata", {}).get("name", ""))
-        result: JsonObject = self._send("PUT", f"{_SLICES}/{quote(name)}", describe("ResourceSlice", name), body=obj)
-        return result
+        path = f"{self._slices()}/{quote(name)}"
+        result: JsonObject = self._send("PUT", path, describe("ResourceSlice", name), body=self._to_server(obj))
+        return self._from_server(result)
 
     def delete_resource_slice(self, name: str, *, uid: str, resource_version: str) -> None:
         body = {
@@ -346,7 +391,7 @@ class KubeCluster:
             "kind": "DeleteOptions",
             "preconditions": {"uid": uid, "resourceVersion": resource_version},
         }
-        self._send("DELETE", f"{_SLICES}/{quote(name)}", describe("ResourceSlice", name), body=body)
+        self._send("DELETE", f"{self._slices()}/{quote(name)}", describe("ResourceSlice", name), body=body)
 
     def watch_resource_slices(
         self, *, driver: str, node_name: str, resource_version: str, timeout_seconds: int
@@ -361,6 +406,6 @@ class KubeCluster:
         ]
         # The read timeout outlasts the server's own watch timeout, so a silently dead connection ends too.
         response = self._send(
-            "GET", _SLICES, what, query=query, stream=True, timeout=(self._timeout[0], timeout_seconds + 30.0)
+            "GET", self._slices(), what, query=query, stream=True, timeout=(self._timeout[0], timeout_seconds + 30.0)
         )
-        return _KubeWatchStream(response, what)
+        return _KubeWatchStream(response, what, self._from_server)

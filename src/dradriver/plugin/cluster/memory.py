@@ -155,7 +155,13 @@ class MemoryCluster:
                 raise NotFoundError(f"update {what} status: not found", status=404)
             if meta.get("resourceVersion") != stored["metadata"]["resourceVersion"]:
                 raise ConflictError(f"update {what} status: the object has been modified", status=409)
-            stored["status"] = copy.deepcopy(claim.get("status", {}))
+            # Only status.devices, as the real adapter writes it (the allocation is the scheduler's).
+            devices = claim.get("status", {}).get("devices")
+            status = stored.setdefault("status", {})
+            if devices:
+                status["devices"] = copy.deepcopy(devices)
+            else:
+                status.pop("devices", None)
             self._stamp(stored, new=False)
             return copy.deepcopy(stored)
 

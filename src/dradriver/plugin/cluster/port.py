@@ -106,7 +106,8 @@ class Cluster(Protocol):
         ...
 
     def update_resource_claim_status(self, claim: JsonObject) -> JsonObject:
-        """Replace the claim's ``status`` (PUT .../status); ``metadata.resourceVersion`` must be current."""
+        """Write the claim's ``status.devices`` as ``claim`` has them (the rest of the status is the scheduler's
+        and stays as stored); ``metadata.resourceVersion`` must be current."""
         ...
 
     def get_node(self, name: str) -> JsonObject:

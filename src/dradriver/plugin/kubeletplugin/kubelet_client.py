@@ -2,7 +2,9 @@
 
 It does what the kubelet's plugin watcher and DRA manager do: find registration sockets in a directory,
 GetInfo, pick the first DRA version it supports in the plugin's order, NotifyRegistrationStatus, then call
-NodePrepareResources / NodeUnprepareResources / NodeWatchResources with the kubelet's 45 s deadline.
+NodePrepareResources / NodeUnprepareResources / NodeWatchResources with the kubelet's 45 s deadline. The health
+service is picked as a 1.37 kubelet picks it: the newest version the plugin advertises (v1, else v1alpha1),
+none when it advertises neither.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any
 import grpc
 
 from dradriver.api.generated import (
+    dra_health_v1_pb2,
+    dra_health_v1_pb2_grpc,
     dra_health_v1alpha1_pb2,
     dra_health_v1alpha1_pb2_grpc,
     dra_v1_pb2,
@@ -30,6 +34,12 @@ from dradriver.api.generated import (
 CALL_TIMEOUT = 45.0
 # What a 1.34+ kubelet understands, in the kubelet's own terms.
 KUBELET_DRA_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+# The health services a 1.37 kubelet supports, newest (preferred) first; a 1.34-1.36 kubelet knows v1alpha1 only.
+KUBELET_HEALTH_VERSIONS = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
+_HEALTH_MODULES: dict[str, tuple[Any, Any]] = {
+    "v1.DRAResourceHealth": (dra_health_v1_pb2, dra_health_v1_pb2_grpc),
+    "v1alpha1.DRAResourceHealth": (dra_health_v1alpha1_pb2, dra_health_v1alpha1_pb2_grpc),
+}
 _DRA_MODULES: dict[str, tuple[Any, Any]] = {
     "v1.DRAPlugin": (dra_v1_pb2, dra_v1_pb2_grpc),
     "v1beta1.DRAPlugin": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc),
@@ -72,13 +82,15 @@ class PreparedClaim:
 class RegisteredPlugin:
     """A plugin the stand-in has registered: a DRA client for the chosen version plus the health client."""
 
-    def __init__(self, info: pluginregistration_v1_pb2.PluginInfo, version: str) -> None:
+    def __init__(
+        self, info: pluginregistration_v1_pb2.PluginInfo, version: str, health_version: str | None = None
+    ) -> None:
         self.info = info
         self.version = version
+        self.health_version = health_version
         self._channel = grpc.insecure_channel(f"unix:{info.endpoint}")
         self._pb, pb_grpc = _DRA_MODULES[version]
         self._dra = pb_grpc.DRAPluginStub(self._channel)
-        self._health = dra_health_v1alpha1_pb2_grpc.DRAResourceHealthStub(self._channel)
 
     def close(self) -> None:
         self._channel.close()
@@ -128,16 +140,28 @@ class RegisteredPlugin:
         return {uid: entry.error for uid, entry in response.claims.items()}
 
     def watch_health(self, timeout: float = CALL_TIMEOUT) -> Any:
-        """Open NodeWatchResources; iterate for responses, ``.cancel()`` the result to end it."""
-        return self._health.NodeWatchResources(dra_health_v1alpha1_pb2.NodeWatchResourcesRequest(), timeout=timeout)
+        """Open NodeWatchResources in the negotiated version; iterate for responses, ``.cancel()`` the result to
+        end it."""
+        if self.health_version is None:
+            raise AssertionError(f"the plugin advertises no health service: {list(self.info.supported_versions)}")
+        messages, stubs = _HEALTH_MODULES[self.health_version]
+        stub = stubs.DRAResourceHealthStub(self._channel)
+        return stub.NodeWatchResources(messages.NodeWatchResourcesRequest(), timeout=timeout)
 
 
 class KubeletClient:
     """Registers plugins found in ``registry_dir`` the way the kubelet does."""
 
-    def __init__(self, registry_dir: Path, *, supported_versions: Sequence[str] = KUBELET_DRA_VERSIONS) -> None:
+    def __init__(
+        self,
+        registry_dir: Path,
+        *,
+        supported_versions: Sequence[str] = KUBELET_DRA_VERSIONS,
+        health_versions: Sequence[str] = KUBELET_HEALTH_VERSIONS,
+    ) -> None:
         self.registry_dir = registry_dir
         self.supported_versions = tuple(supported_versions)
+        self.health_versions = tuple(health_versions)
 
     def get_info(self, socket: Path, timeout: float = 5.0) -> pluginregistration_v1_pb2.PluginInfo:
         with grpc.insecure_channel(f"unix:{socket}") as channel:
@@ -177,4 +201,5 @@ class KubeletClient:
             self.notify(socket, False, problem or "")
             raise RegistrationRejected(problem)
         self.notify(socket, True)
-        return RegisteredPlugin(info, version)
+        health = next((v for v in self.health_versions if v in info.supported_versions), None)
+        return RegisteredPlugin(info, version, health)

@@ -27,7 +27,7 @@ from dradriver.plugin.handler import DriverHandler, HealthSource
 from dradriver.plugin.kubeletplugin.claims import ClaimLocks, ClaimSource
 from dradriver.plugin.kubeletplugin.device_metadata import DeviceMetadataWriter
 from dradriver.plugin.kubeletplugin.dra_service import ClaimProcessor, add_dra_services
-from dradriver.plugin.kubeletplugin.health import DRAResourceHealthV1alpha1, add_health_service
+from dradriver.plugin.kubeletplugin.health import HealthStreams, add_health_services
 from dradriver.plugin.kubeletplugin.lifecycle import (
     MAX_SOCKET_PATH_BYTES,
     InstanceLock,
@@ -39,6 +39,7 @@ from dradriver.plugin.kubeletplugin.lifecycle import (
 from dradriver.plugin.kubeletplugin.registration import (
     DRA_V1,
     DRA_V1BETA1,
+    HEALTH_V1,
     HEALTH_V1ALPHA1,
     RegistrationService,
     RegistrationState,
@@ -86,9 +87,17 @@ class KubeletPluginOptions:
     device_metadata_cdi_dir: Path | None = None
     device_metadata: bool = True
     pod_uid: str | None = None
+    # The health API versions served and advertised (with a health source), newest first: a 1.37+ kubelet picks
+    # v1, 1.34-1.36 know only v1alpha1. Narrow it only to test a kubelet's fallback.
+    health_versions: tuple[str, ...] = (HEALTH_V1, HEALTH_V1ALPHA1)
 
     def __post_init__(self) -> None:
         check_driver_name(self.driver_name)
+        unknown = [v for v in self.health_versions if v not in (HEALTH_V1, HEALTH_V1ALPHA1)]
+        if unknown or not self.health_versions:
+            raise ConfigError(
+                f"health_versions {list(self.health_versions)}: name one or both of {HEALTH_V1}, {HEALTH_V1ALPHA1}"
+            )
         if self.health_interval <= 0 or self.registration_check_interval <= 0:
             raise ConfigError("health_interval and registration_check_interval must be positive (seconds)")
         if self.pod_uid is not None:
@@ -96,7 +105,7 @@ class KubeletPluginOptions:
 
 
 class KubeletPlugin:
-    """Serves a driver to the kubelet: DRA v1 + v1beta1 (+ health v1alpha1) and the registration socket.
+    """Serves a driver to the kubelet: DRA v1 + v1beta1 (+ health v1 and v1alpha1) and the registration socket.
 
     ``options`` say how (:class:`KubeletPluginOptions`); the rest are the parts it works with. ``handler``
     prepares and unprepares claims; ``claim_source`` fetches claims from the API server before prepare;
@@ -158,11 +167,10 @@ class KubeletPlugin:
             device_metadata=self._device_metadata,
         )
         self._health = (
-            DRAResourceHealthV1alpha1(health_source, interval=options.health_interval)
-            if health_source is not None
-            else None
+            HealthStreams(health_source, interval=options.health_interval) if health_source is not None else None
         )
-        self.services: tuple[str, ...] = (DRA_V1, DRA_V1BETA1) + ((HEALTH_V1ALPHA1,) if self._health else ())
+        health = options.health_versions if self._health else ()
+        self.services: tuple[str, ...] = (DRA_V1, DRA_V1BETA1, *health)
         self._check_interval = options.registration_check_interval
         self._stop_grace = options.stop_grace
         self._stop_drain = options.stop_drain
@@ -286,7 +294,7 @@ class KubeletPlugin:
     def _add_dra_services(self, server: grpc.Server) -> None:
         add_dra_services(server, self._processor)
         if self._health is not None:
-            add_health_service(server, self._health)
+            add_health_services(server, self._health, self.options.health_versions)
 
     def _add_registration_service(self, server: grpc.Server) -> None:
         add_registration_service(

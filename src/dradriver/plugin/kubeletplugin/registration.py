@@ -18,6 +18,7 @@ logger = logging.getLogger(__name__)
 PLUGIN_TYPE = "DRAPlugin"
 DRA_V1 = "v1.DRAPlugin"
 DRA_V1BETA1 = "v1beta1.DRAPlugin"
+HEALTH_V1 = "v1.DRAResourceHealth"
 HEALTH_V1ALPHA1 = "v1alpha1.DRAResourceHealth"
 
 

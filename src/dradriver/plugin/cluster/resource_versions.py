@@ -1,0 +1,54 @@
+"""The versions of resource.k8s.io this driver speaks, the one a server serves, and ResourceSlices in its shape.
+
+Kubernetes 1.34 and later serve ``v1``; 1.33 serves ``v1beta2`` (and ``v1beta1``); 1.32 only ``v1beta1``. API
+discovery (``GET /apis/resource.k8s.io``) decides: the newest version the server lists. The rest of the driver
+speaks ``v1`` alone; this module converts ResourceSlices at the edge, both ways:
+
+- ``v1beta2`` has the shape of ``v1`` (a device's fields beside its name).
+- ``v1beta1`` nests them in ``basic`` (``{name, basic: {attributes, capacity, …}}``).
+
+Fields a version does not have are the caller's to avoid (the slice shape for the server's release leaves out
+what it would refuse): a conversion never drops anything silently.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+GROUP = "resource.k8s.io"
+#: Newest first: the order in which a served version is chosen.
+VERSIONS = ("v1", "v1beta2", "v1beta1")
+
+
+def newest_served(group: Mapping[str, Any]) -> str | None:
+    """The newest of :data:`VERSIONS` an ``APIGroup`` discovery document lists, or None when it lists none."""
+    served = {str(v.get("version")) for v in group.get("versions") or [] if isinstance(v, Mapping)}
+    return next((v for v in VERSIONS if v in served), None)
+
+
+def slice_to(version: str, obj: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``v1`` ResourceSlice object in ``version``'s shape (a copy)."""
+    converted = copy.deepcopy(dict(obj))
+    converted["apiVersion"] = f"{GROUP}/{version}"
+    spec = converted.get("spec")
+    if version == "v1beta1" and isinstance(spec, dict) and isinstance(spec.get("devices"), list):
+        spec["devices"] = [
+            {"name": d.get("name"), "basic": {k: v for k, v in d.items() if k != "name"}} if isinstance(d, dict) else d
+            for d in spec["devices"]
+        ]
+    return converted
+
+
+def slice_from(version: str, obj: Mapping[str, Any]) -> dict[str, Any]:
+    """A ResourceSlice object the server sent in ``version``, in the ``v1`` shape (a copy)."""
+    converted = copy.deepcopy(dict(obj))
+    if "apiVersion" in converted:
+        converted["apiVersion"] = f"{GROUP}/v1"
+    spec = converted.get("spec")
+    if version == "v1beta1" and isinstance(spec, dict) and isinstance(spec.get("devices"), list):
+        spec["devices"] = [
+            {"name": d.get("name"), **(d.get("basic") or {})} if isinstance(d, dict) else d for d in spec["devices"]
+        ]
+    return converted

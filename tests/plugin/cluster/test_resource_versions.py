@@ -1,0 +1,56 @@
+"""ResourceSlices for servers without resource.k8s.io/v1 (Kubernetes 1.32: v1beta1; 1.33: v1beta2): discovery picks
+the version, and the driver's slices converted to it pass that release's official schemas strictly, and convert
+back to what the driver published."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from support.nodes import inventory_of
+
+from dradriver.driver.slices import SliceSettings, as_resource_slices, build_slice_specs, release_problem, shape_for
+from dradriver.gpu.inventory import MigMode
+from dradriver.plugin.cluster.resource_versions import newest_served, slice_from, slice_to
+from dradriver.sim.profiles import builtin_profile_names
+
+
+def group(*versions: str) -> dict[str, Any]:
+    return {"kind": "APIGroup", "versions": [{"groupVersion": f"resource.k8s.io/{v}", "version": v} for v in versions]}
+
+
+def test_discovery_picks_the_newest_version_served() -> None:
+    assert newest_served(group("v1", "v1beta2", "v1beta1")) == "v1"
+    assert newest_served(group("v1beta2", "v1beta1")) == "v1beta2"  # 1.33
+    assert newest_served(group("v1beta1", "v1alpha3")) == "v1beta1"  # 1.32
+    assert newest_served(group("v1alpha3")) is None
+    assert newest_served({}) is None
+
+
+# (release, version it serves newest, the MIG modes it can take)
+RELEASES = [("1.32.0", "v1beta1", (MigMode.NONE, MigMode.STATIC)), ("1.33.0", "v1beta2", tuple(MigMode))]
+
+
+@pytest.mark.parametrize("profile", builtin_profile_names())
+@pytest.mark.parametrize(("release", "version", "modes"), RELEASES)
+def test_slices_in_the_older_versions_pass_their_releases_schemas(
+    profile: str, release: str, version: str, modes: tuple[MigMode, ...]
+) -> None:
+    for mode in modes:
+        settings = SliceSettings(mig_mode=mode, shape=shape_for(release))
+        assert release_problem(release, settings) is None
+        published = as_resource_slices(build_slice_specs(inventory_of(profile), settings), node_name="node-a")
+        for obj in published:
+            converted = slice_to(version, obj)
+            kubernetes_validate.validate(converted, release, strict=True)
+            assert slice_from(version, converted) == obj
+
+
+def test_what_an_older_release_cannot_take_is_refused_with_the_fix() -> None:
+    dynamic = SliceSettings(mig_mode=MigMode.DYNAMIC)
+    assert "use --mig-mode static" in str(release_problem("1.32", dynamic))
+    assert release_problem("1.33", dynamic) is None
+    shares = SliceSettings(mig_mode=MigMode.STATIC, consumable_shares="4")
+    assert "DRAConsumableCapacity" in str(release_problem("1.33", shares))
+    assert release_problem("1.34", shares) is None

@@ -1,0 +1,122 @@
+"""Session fixtures shared by the `cluster` tests, the `node` tests and the e2e suite's local backend: one real
+control plane per test process (``control_plane``), the DeviceClasses, and one real node (``node``) on top.
+Registered for the whole tree by the repository's root conftest.py. See docs/cluster-tests.md and
+docs/node-tests.md."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from support import real_node
+from support.cluster_pods import kubectl
+from support.control_plane import BUILD_SCRIPT, ControlPlane, binaries_dir, missing_binaries
+from support.kube_rest import Kube
+
+REPO = Path(__file__).resolve().parents[2]
+# CI sets these: there a control plane (a node) that cannot start is a failure, not a skip.
+REQUIRE = "DRADRIVER_REQUIRE_CLUSTER"
+REQUIRE_NODE = "DRADRIVER_REQUIRE_NODE"
+
+_FAILURES: list[int] = [0]
+
+
+def failures() -> int:
+    """Tests failed so far in this process (logs are kept when a session fixture's tests failed)."""
+    return _FAILURES[0]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.failed:
+        _FAILURES[0] += 1
+
+
+def _skip_or_fail(message: str, require: str) -> None:
+    if os.environ.get(require):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[ControlPlane]:
+    directory = binaries_dir()
+    missing = missing_binaries(directory)
+    if missing:
+        _skip_or_fail(
+            f"the cluster tests need the real control plane: {', '.join(missing)} missing from {directory}; "
+            f"build it with `{BUILD_SCRIPT.relative_to(REPO)}` (Go >= 1.26 and the Go module proxy; a cold build "
+            "takes a while, see docs/cluster-tests.md; `scripts/test` does it)",
+            REQUIRE,
+        )
+    root = Path(tempfile.mkdtemp(prefix="dra-cp-", dir="/tmp"))  # short: unix socket paths are limited
+    plane = ControlPlane(directory, root)
+    try:
+        plane.start()
+    except Exception:
+        plane.stop()
+        raise
+    failed_before = failures()
+    yield plane
+    plane.stop()
+    if failures() > failed_before:
+        sys.stderr.write(f"\ncluster tests failed: control-plane and driver logs kept in {root}\n")
+        plane.discard()
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def kube(control_plane: ControlPlane) -> Kube:
+    return control_plane.kube
+
+
+@pytest.fixture(scope="session")
+def device_classes(control_plane: ControlPlane) -> None:
+    subprocess.run(
+        [kubectl(), "--kubeconfig", str(control_plane.kubeconfig), "apply", "--server-side", "-f",
+         str(REPO / "manifests" / "deviceclasses")],
+        check=True, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def node(control_plane: ControlPlane, device_classes: None) -> Iterator[real_node.RealNode]:
+    """A real kubelet and containerd registered with ``control_plane``, and `dradriver run` (simulated
+    mixed GPUs, dynamic MIG) registered with that kubelet."""
+    directory = real_node.binaries_dir()
+    missing = real_node.missing(directory)
+    if missing:
+        _skip_or_fail(
+            f"the node tests need a real kubelet and containerd: missing {', '.join(missing)}; build them with "
+            f"`{real_node.BUILD_SCRIPT.relative_to(REPO)}` and install Debian's runc, busybox-static and "
+            "containernetworking-plugins (see docs/node-tests.md)",
+            REQUIRE_NODE,
+        )
+    root = Path(tempfile.mkdtemp(prefix="dra-n-", dir="/tmp"))  # short: the plugin sockets live below it
+    started = real_node.RealNode(directory, root, control_plane)
+    try:
+        started.start()
+    except Exception as exc:
+        tails = started.tails()
+        started.stop()
+        raise RuntimeError(f"the real node did not start ({exc}); logs in {started.logs}:\n{tails}") from exc
+    failed_before = failures()
+    yield started
+    if failures() > failed_before:
+        sys.stderr.write(f"\nnode tests failed: kubelet, containerd and driver logs kept in {started.logs}\n"
+                         f"{started.tails(20)}\n")  # fmt: skip
+    started.stop()
+    if failures() > failed_before:
+        started.discard()
+    else:
+        shutil.rmtree(root, ignore_errors=True)
