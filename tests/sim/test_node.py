@@ -459,6 +459,7 @@ EXPECTED_PROFILES = {
     "hgx-h200": (8, {"NVIDIA H200"}, "switch"),
     "h100-nvl-pairs": (4, {"NVIDIA H100 NVL"}, "pairs"),
     "mixed": (6, {"NVIDIA A100-SXM4-40GB", "NVIDIA L4"}, "pairs"),
+    "gb200-nvl72-tray": (4, {"NVIDIA GB200"}, "switch"),
 }
 
 

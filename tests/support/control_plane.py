@@ -41,10 +41,11 @@ FEATURE_GATES = (
     "DRAListTypeAttributes=true"
 )
 # The claim and service-account controllers the cluster tests need; the node tests' workloads (the example
-# scenarios' Deployments, namespaces) also need Deployments, ReplicaSets, namespace deletion and the garbage collector.
+# scenarios' Deployments, namespaces) also need Deployments, ReplicaSets, namespace deletion and the garbage collector;
+# the ComputeDomain tests the DaemonSet controller (per-domain daemon DaemonSets; the collector removes cliques).
 CONTROLLERS = (
     "resourceclaim-controller,serviceaccount-controller,deployment-controller,replicaset-controller,"
-    "namespace-controller,garbage-collector-controller"
+    "namespace-controller,garbage-collector-controller,daemonset-controller"
 )
 
 

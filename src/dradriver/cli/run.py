@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 
+from dradriver.cli import cd_node
 from dradriver.cli.driver_root import (
     add_driver_root_options,
     driver_root_for,
@@ -37,6 +38,7 @@ from dradriver.cli.options import (
     unwritable_state,
 )
 from dradriver.cli.status_server import StatusServer, check_bindable
+from dradriver.computedomain.plugin import ComputeDomainPlugin
 from dradriver.driver.allocations import Allocation, allocations
 from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.checkpoint import CheckpointStore
@@ -266,6 +268,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     add_driver_root_options(parser)
     _add_claim_status_options(parser)
     _add_health_options(parser)
+    cd_node.add_options(parser)
     parser.set_defaults(handler=run)
 
 
@@ -414,6 +417,7 @@ class DriverProcess:
         self.mig_mode = MigMode(args.mig_mode)
         self.stop = threading.Event()
         self.checkpoint: CheckpointStore | None = None
+        self.compute_domains: ComputeDomainPlugin | None = None
         self.waiting_for: str | None = "starting"  # what start-up still waits for; None once serving
         self.running = False
         self.usage: UsageSampler | None = None
@@ -656,6 +660,8 @@ class DriverProcess:
             # The instance lock comes first: a second instance must be refused before it publishes anything.
             self.plugin.start()
             self.publisher.start()
+            if self.args.compute_domains == "true":
+                self.compute_domains = self._start_compute_domains()
             self.health.start(self.gpulib, poll_seconds=1.0)
             if self.status:
                 assert self.checkpoint is not None
@@ -686,6 +692,8 @@ class DriverProcess:
             self.refresh.set()
             self.running = False
             self.plugin.stop(budget)
+            if self.compute_domains is not None:
+                self.compute_domains.stop(budget)
             self._unregister_metrics()
             if self.usage is not None:
                 self.usage.stop(budget.left(5.0))
@@ -696,6 +704,24 @@ class DriverProcess:
                     thread.join(budget.left())  # a rediscovery or unprepare in flight finishes before NVML shuts down
                     if thread.is_alive():
                         log.warning("thread still running when the stop budget ran out thread=%s", thread.name)
+
+    def _start_compute_domains(self) -> ComputeDomainPlugin:
+        # The IMEX daemon pods run the host driver's nvidia-imex and nvidia-imex-ctl (versions must match it).
+        imex = [
+            (self.driver_root.host_path(f), path)
+            for f in self.driver_root.binaries
+            if f.path.name.startswith("nvidia-imex")
+            for path in f.container_paths
+        ]
+        return cd_node.start(
+            self.args,
+            imex_binaries=imex,
+            gpulib=self.gpulib,
+            simulated=self.simulated is not None,
+            cluster=self.cluster,
+            node_uid=_node_uid(self.cluster, self.node),
+            shape=self.shape,
+        )
 
     def _liveness(self) -> tuple[bool, dict[str, Any]]:
         """/livez: alive while both gRPC sockets answer. Nothing about the API server: a restart does not cure

@@ -15,7 +15,7 @@ from dradriver.cli.options import add_env_option, check_writable_file, dns_subdo
 from dradriver.driver import slice_map
 from dradriver.driver.slice_map import InstanceCell, owners_from_checkpoint
 from dradriver.errors import ConfigError, DeviceError
-from dradriver.gpu.models import ComputeMode
+from dradriver.gpu.models import ComputeMode, FabricState
 from dradriver.gpu.products import LOST_XIDS
 from dradriver.inputs import path_exists
 from dradriver.sim.node import SimGpu, SimNvmlError, SimulatedNode, full_compute_instance_profile
@@ -96,6 +96,14 @@ def register(parser: argparse.ArgumentParser) -> None:
     ecc.add_argument("gpu")
     ecc.add_argument("--count", type=int, default=1, help="how many errors the counters grow by (default: 1)")
     ecc.set_defaults(sim_action=_ecc)
+
+    fabric = actions.add_parser(
+        "fabric", help="set a GPU's NVLink fabric registration, as the fabric manager does while it (re)registers"
+    )
+    fabric.add_argument("gpu")
+    fabric.add_argument("state", choices=[s.name for s in FabricState if s is not FabricState.NOT_SUPPORTED])
+    fabric.add_argument("--status", type=int, default=0, help="NVML return code of a COMPLETED registration (0: ok)")
+    fabric.set_defaults(sim_action=_fabric)
 
     lose = actions.add_parser("lose", help="make a GPU fall off the bus (GPU_IS_LOST until `reset`)")
     lose.add_argument("gpu")
@@ -273,6 +281,15 @@ def _compute_mode(node: SimulatedNode, args: argparse.Namespace) -> None:
     gpu = _gpu(node, args.gpu)
     node.set_compute_mode(gpu.index, ComputeMode[args.mode])
     print(f"compute mode of {gpu.pci_bus_id}: {args.mode}")
+
+
+def _fabric(node: SimulatedNode, args: argparse.Namespace) -> None:
+    gpu = _gpu(node, args.gpu)
+    try:
+        node.set_fabric_state(gpu.index, FabricState[args.state], args.status)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    print(f"fabric registration of {gpu.pci_bus_id}: {args.state} (status {args.status})")
 
 
 def _xid(node: SimulatedNode, args: argparse.Namespace) -> None:

@@ -693,16 +693,18 @@ class NvmlGpuLib:
 
     # --- NVLink fabric ------------------------------------------------------------------------------------
 
-    def fabric_info(self, gpu_uuid: str) -> FabricInfo | None:
+    def fabric_info(self, gpu_uuid: str, *, fresh: bool = False) -> FabricInfo | None:
         with self._lock:
-            if gpu_uuid in self._fabric:
+            if not fresh and gpu_uuid in self._fabric:
                 return self._fabric[gpu_uuid]
         info = self._read_fabric(gpu_uuid)
         # Only settled answers are kept: a registration that is still running (or failed and will be retried by
         # the fabric manager) must be read again at the next rescan, or the GPU would never join its domain.
-        if info is None or info.registered:
-            with self._lock:
+        with self._lock:
+            if info is None or info.registered:
                 self._fabric[gpu_uuid] = info
+            else:
+                self._fabric.pop(gpu_uuid, None)
         return info
 
     def _read_fabric(self, gpu_uuid: str) -> FabricInfo | None:
