@@ -280,6 +280,27 @@ def test_a_service_monitor_scrapes_the_status_port_when_asked() -> None:
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
 
 
+def test_the_grafana_dashboard_ships_as_a_configmap_for_the_sidecar_when_asked() -> None:
+    assert "ConfigMap" not in {o["kind"] for o in template()}
+    [dashboard] = [
+        o
+        for o in objects_with("metrics.grafanaDashboard.enabled=true", "metrics.grafanaDashboard.namespace=monitoring")
+        if o["kind"] == "ConfigMap"
+    ]
+    assert dashboard["metadata"]["namespace"] == "monitoring"
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = json.loads((CHART / "dashboards" / "dradriver.json").read_text())
+    assert json.loads(dashboard["data"]["dradriver.json"]) == shipped
+
+
+def test_the_pod_shares_the_hosts_pids_to_map_gpu_processes_to_pods() -> None:
+    assert daemonset(template())["spec"]["template"]["spec"]["hostPID"] is True  # MPS daemons need it already
+    alone = daemonset(objects_with("hostPID=true", "mps.outliveThePlugin=false"))["spec"]["template"]["spec"]
+    assert alone["hostPID"] is True
+    without = daemonset(objects_with("mps.outliveThePlugin=false"))["spec"]["template"]["spec"]
+    assert "hostPID" not in without
+
+
 def test_the_notes_say_what_to_check_next() -> None:
     done = run_helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client")
     assert done.returncode == 0, done.stderr

@@ -161,3 +161,15 @@ def test_an_unattributable_loss_leaves_the_gpu_answering(tmp_path, capsys):
     assert "NVML cannot say which GPU" in capsys.readouterr().out
     assert sim(state, "show") == 0
     assert "MIG lost" not in capsys.readouterr().out
+
+
+def test_a_process_started_on_a_gpu_shows_in_nvml_until_it_ends(tmp_path, capsys):
+    state = tmp_path / "sim.json"
+    assert sim(state, "process", "0000:0f:00.0", "4242", "--memory-mib", "2048", "--utilization", "70") == 0
+    assert "process 4242 runs on GPU-" in capsys.readouterr().out
+    node = SimulatedNode(load_node_profile("mixed"), node_name="sim-node", state_path=state)
+    assert [(p.pid, p.memory_bytes, p.utilization_percent) for p in node.processes_on(1)] == [(4242, 2 << 30, 70)]
+    assert sim(state, "process-end", "4242") == 0
+    assert node.processes_on(1) == []
+    assert sim(state, "process", "MIG-00000000-0000-0000-0000-000000000000", "1") == 2
+    assert "no GPU or MIG device with UUID" in capsys.readouterr().err

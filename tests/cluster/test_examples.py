@@ -249,7 +249,8 @@ def test_an_unhealthy_devices_taint_keeps_the_scheduler_away_and_a_toleration_le
             "--sim-state",
             str(node.root / "sim.json"),
         ]
-        assert main([*sim, "xid", "0000:17:00.0", "79"]) == 0
+        # XID 62 (a micro-controller halt): fatal, and the GPU keeps answering (79 would take it off the bus).
+        assert main([*sim, "xid", "0000:17:00.0", "62"]) == 0
 
         def taints() -> list[dict[str, Any]]:
             return [
@@ -261,7 +262,7 @@ def test_an_unhealthy_devices_taint_keeps_the_scheduler_away_and_a_toleration_le
             ]
 
         [taint] = kube.wait(f"the XID taint on {sick}", taints)
-        assert (taint["key"], taint["value"], taint["effect"]) == ("gpu.dradriver.dev/xid", "79", "NoSchedule")
+        assert (taint["key"], taint["value"], taint["effect"]) == ("gpu.dradriver.dev/xid", "62", "NoSchedule")
         spec = whole_gpus(1, 'device.attributes["resource.kubernetes.io"].pciBusID == "0000:17:00.0"')
         apply_template(control_plane, tmp_path, "the-sick-gpu", spec)
         pod = GatedPod(kube, "sick-refused", "the-sick-gpu", node=name).create()

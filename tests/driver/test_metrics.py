@@ -6,10 +6,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from prometheus_client import REGISTRY, generate_latest
+from support.nodes import inventory_of
 
+from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.checkpoint import Action, CheckpointStore, ClaimRecord, ClaimState, DeviceRecord
 from dradriver.driver.metrics import InstrumentedHandler, NodeCollector, error_reason, register_node_collector
+from dradriver.driver.state import GpuDriver
+from dradriver.gpu.inventory import MigMode
 from dradriver.plugin.handler import AllocatedClaim, ClaimRef, PrepareResult
+from tests.driver.test_state import DRIVER, raw_claim, typed
 
 
 def value(name: str, **labels: str) -> float:
@@ -126,3 +131,56 @@ def test_prepared_devices_are_labelled_by_how_they_are_shared_and_mps_daemons_co
     finally:
         unregister()
         store.close()
+
+
+def test_each_prepared_device_has_one_allocation_series_per_pod_gone_at_unprepare(tmp_path: Path) -> None:
+    """Built from the checkpoint and the claims' reservedFor; ``uuid`` is the MIG device's own UUID, ready to join
+    with DCGM exporter's series."""
+    store = CheckpointStore.open(tmp_path / "state", boot_id="b")
+    driver = GpuDriver(
+        driver_name=DRIVER,
+        pool="node-a",
+        inventory=inventory_of("mixed"),
+        mig_mode=MigMode.STATIC,
+        cdi=CdiWriter(tmp_path / "cdi"),
+        checkpoint=store,
+    )
+    unregister = register_node_collector(NodeCollector(store, lambda: True))
+    mig, gpu = "gpu-0000-07-00-0-mig-1g5gb-6", "gpu-0000-0f-00-0"
+    mixed = inventory_of("mixed")
+    try:
+        raw = raw_claim("u1", ("train", mig), ("eval", gpu))
+        raw["status"]["reservedFor"] = [
+            {"resource": "pods", "name": "trainer-0", "uid": "p0"},
+            {"resource": "pods", "name": "trainer-1", "uid": "p1"},
+        ]
+        assert driver.prepare_resource_claims([typed(raw)])["u1"].error is None
+        series = allocation_series()
+        assert len(series) == 4  # two devices, two pods
+        assert {
+            "namespace": "default",
+            "pod": "trainer-1",
+            "pod_uid": "p1",
+            "claim": "claim-u1",
+            "request": "train",
+            "device": mig,
+            "uuid": "MIG-cde5205c-3650-605f-e8cc-6a00cadf0114",
+            "gpu_uuid": next(g.uuid for g in inventory_of("mixed").gpus if g.name == "gpu-0000-07-00-0"),
+            "gpu_instance_id": str(next(m.existing.gpu_instance_id for m in mixed.mig_devices if m.name == mig)),
+            "mig_profile": "1g.5gb",
+            "sharing": "exclusive",
+        }.items() <= next(s for s in series if s["pod"] == "trainer-1" and s["device"] == mig).items()
+        driver.unprepare_resource_claims([ClaimRef("default", "claim-u1", "u1")])
+        assert allocation_series() == []
+    finally:
+        unregister()
+
+
+def allocation_series() -> list[dict[str, str]]:
+    return [
+        dict(sample.labels)
+        for family in REGISTRY.collect()
+        if family.name == "dradriver_device_allocation_info"
+        for sample in family.samples
+        if sample.value == 1
+    ]

@@ -113,7 +113,7 @@ class _FabricFails:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def fabric_info(self, gpu_uuid: str) -> FabricInfo | None:
+    def fabric_info(self, gpu_uuid: str, *, fresh: bool = False) -> FabricInfo | None:
         raise GpuError("Function Not Found", device=gpu_uuid, call="nvmlDeviceGetGpuFabricInfoV")
 
 

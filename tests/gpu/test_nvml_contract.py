@@ -633,3 +633,35 @@ def test_a_restarted_driver_finds_the_mig_devices_and_compute_modes_it_left(tmp_
     assert again.mig_devices(uuid) == [device]
     assert again.compute_mode(device.uuid) == ComputeMode.PROHIBITED
     assert again.mig_mode(uuid).current
+
+
+# --- usage ------------------------------------------------------------------------------------------------------
+
+
+def test_usage_of_a_whole_gpu_reports_every_figure_as_nvml_does(backend: Backend) -> None:
+    uuid = non_mig_gpu(backend)
+    usage = backend.lib.usage(uuid)
+    assert usage.uuid == uuid
+    assert usage.utilization_percent is not None and 0 <= usage.utilization_percent <= 100
+    assert usage.memory_total_bytes is not None and usage.memory_used_bytes is not None
+    assert 0 < usage.memory_used_bytes <= usage.memory_total_bytes  # the driver itself holds a little
+    assert usage.temperature_celsius is not None and 0 < usage.temperature_celsius < 120
+    assert usage.power_watts is not None and usage.power_watts > 0
+    assert all(p.pid > 0 and p.gpu_instance_id is None for p in usage.processes)
+
+
+def test_usage_of_a_mig_device_has_memory_but_no_utilization_temperature_or_power(backend: Backend) -> None:
+    may_change(backend)
+    lib = backend.lib
+    uuid = mig_ready_gpu(backend)
+    gi = lib.create_gpu_instance(uuid, P_1G, 0)
+    try:
+        lib.create_compute_instance(uuid, gi.id)
+        [device] = lib.mig_devices(uuid)
+        usage = lib.usage(device.uuid)
+        assert (usage.utilization_percent, usage.temperature_celsius, usage.power_watts) == (None, None, None)
+        assert usage.memory_total_bytes is not None and usage.memory_total_bytes > 0
+        assert lib.usage(uuid).utilization_percent is None  # a GPU in MIG mode reports none either
+        lib.destroy_compute_instance(uuid, gi.id, device.compute_instance_id)
+    finally:
+        lib.destroy_gpu_instance(uuid, gi.id)

@@ -104,14 +104,15 @@ class Node:
 
 
 def _fatal_xid(node: Node) -> None:
-    """A critical XID: unhealthy, tainted NoSchedule with the XID, refused at prepare."""
-    sim(node.root, "xid", BUS[1], "79")
+    """A critical XID (62, a micro-controller halt): unhealthy, tainted NoSchedule with the XID, refused at
+    prepare."""
+    sim(node.root, "xid", BUS[1], "62")
     assert eventually(lambda: node.watch.status(GPU[1]) == UNHEALTHY), node.driver.log
-    assert "XID 79" in node.watch.latest[GPU[1]][1]
-    assert eventually(lambda: taints(node.api, GPU[1]) == [(f"{DRIVER}/xid", "79", "NoSchedule")]), node.driver.log
+    assert "XID 62" in node.watch.latest[GPU[1]][1]
+    assert eventually(lambda: taints(node.api, GPU[1]) == [(f"{DRIVER}/xid", "62", "NoSchedule")]), node.driver.log
     assert published(node.api)[GPU[1]]["taints"][0]["timeAdded"].endswith("Z")
     error = node.prepare_error("on-xid", GPU[1])
-    assert "is unhealthy: XID 79" in error and "since 20" in error
+    assert "is unhealthy: XID 62" in error and "since 20" in error
 
 
 def _application_xid(node: Node) -> None:
@@ -143,7 +144,7 @@ def _inventory_shows_it(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
     document = inventory(node.root, capsys, "-o", "json")
     health = document["deviceHealth"]
     assert health[GPU[1]]["status"] == "UNHEALTHY"
-    assert health[GPU[1]]["taints"][0]["value"] == "79"
+    assert health[GPU[1]]["taints"][0]["value"] == "62"
     assert health[GPU[2]]["status"] == "HEALTHY"
     assert [t["effect"] for t in health[GPU[2]]["taints"]] == ["None"]
     assert health[GPU[3]]["taints"][0]["key"] == f"{DRIVER}/ecc"
@@ -152,30 +153,35 @@ def _inventory_shows_it(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
     table = inventory(node.root, capsys)
     assert "HEALTH" in table and "TAINTS" in table
     row = next(line for line in table.splitlines() if line.startswith(GPU[1]))
-    assert "unhealthy" in row and "xid=79:NoSchedule" in row
+    assert "unhealthy" in row and "xid=62:NoSchedule" in row
     assert any(line.startswith(GPU[4]) and "lost" in line for line in table.splitlines())
 
 
 def _resets_recover(node: Node) -> None:
-    """The ECC GPU, the lost one and one with an XID that leaves no ECC trace (119, GSP timeout: NVML's recovery
-    action asks for a reset) are healthy again within 30 s of their reset, the lost one under its name."""
+    """The ECC GPU, the lost one, one with an XID that leaves no ECC trace (119, GSP timeout: NVML's recovery
+    action asks for a reset) and one with XID 79 (fallen off the bus, as on hardware: withdrawn until its reset)
+    are healthy again within 30 s of their reset, the lost ones under their names."""
     sim(node.root, "xid", BUS[6], "119")
+    sim(node.root, "xid", BUS[7], "79")
     assert eventually(lambda: node.watch.status(GPU[6]) == UNHEALTHY), node.driver.log
-    sim(node.root, "reset", BUS[3])
-    sim(node.root, "reset", BUS[4])
-    sim(node.root, "reset", BUS[6])
+    assert eventually(lambda: node.watch.status(GPU[7]) == UNHEALTHY), node.driver.log
+    assert eventually(lambda: GPU[7] not in published(node.api)), node.driver.log
+    assert "fell off the bus" in node.prepare_error("on-xid-79", GPU[7])
+    for i in (3, 4, 6, 7):
+        sim(node.root, "reset", BUS[i])
     reset_at = time.monotonic()
     assert eventually(
         lambda: (
-            all(node.watch.status(GPU[i]) == HEALTHY for i in (3, 4, 6))
-            and all(taints(node.api, GPU[i]) == [] for i in (3, 4, 6))
+            all(node.watch.status(GPU[i]) == HEALTHY for i in (3, 4, 6, 7))
+            and all(taints(node.api, GPU[i]) == [] for i in (3, 4, 6, 7))
         ),
         timeout=30,
     ), node.driver.log
     assert time.monotonic() - reset_at < 30
     assert node.prepare_error("after-reset", GPU[4]) == ""
+    assert node.prepare_error("after-xid-79-reset", GPU[7]) == ""
     # The XID without a reset or a quiet period stays.
-    assert taints(node.api, GPU[1]) == [(f"{DRIVER}/xid", "79", "NoSchedule")]
+    assert taints(node.api, GPU[1]) == [(f"{DRIVER}/xid", "62", "NoSchedule")]
     assert "device unhealthy" in node.driver.log and "cause=ecc" in node.driver.log
 
 

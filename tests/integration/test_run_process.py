@@ -498,7 +498,8 @@ def test_a_restart_in_dynamic_mode_never_publishes_an_unhealthy_gpu_without_its_
     try:
         first.wait_ready()
         sim = ["sim", "--sim-profile", "dgx-a100-40gb", "--node-name", NODE, "--sim-state", str(root / "sim.json")]
-        assert main([*sim, "xid", "0000:0f:00.0", "79"]) == 0
+        # XID 62: fatal, and the GPU keeps answering (79 would take it off the bus, and out of the slices).
+        assert main([*sim, "xid", "0000:0f:00.0", "62"]) == 0
         assert api.wait_until(lambda: _taint_of(api, "gpu-0000-0f-00-0") is True, TIMEOUT), first.log
     finally:
         assert first.stop() == 0

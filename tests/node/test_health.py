@@ -64,7 +64,7 @@ def test_an_xid_on_a_gpu_in_use_shows_in_pod_status_and_the_taint_keeps_new_pods
             60,
         )
         assert all(r["health"] == "Healthy" for r in healthy), healthy
-        node.sim("xid", pci, "79")
+        node.sim("xid", pci, "62")  # fatal, and the GPU keeps answering (79 takes it off the bus)
         unhealthy = wait_for(
             "the pod status to report the device unhealthy",
             lambda: [r for r in resource_health(kube.get("pods", name, NAMESPACE)) if r["health"] == "Unhealthy"],
@@ -97,6 +97,13 @@ def test_an_xid_on_a_gpu_in_use_shows_in_pod_status_and_the_taint_keeps_new_pods
         workloads.delete([*reversed(later), *reversed(docs)])
         if pci:
             node.sim("reset", pci)  # healthy again for the tests that follow
+    if device:
+        # A reset GPU is healthy at the next probe: the tests that follow must not meet the taint.
+        wait_for(
+            "the slice taint to go after the reset",
+            lambda: not any(t["key"] == XID_TAINT for t in slice_device(kube, node.name, device).get("taints") or []),
+            60,
+        )
 
 
 @pytest.mark.parametrize(

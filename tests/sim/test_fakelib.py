@@ -50,7 +50,7 @@ def test_calls_before_init_are_uninitialized_as_in_nvml() -> None:
 def test_a_symbol_the_fake_lacks_is_function_not_found() -> None:
     nvml, _ = loaded()
     handle = nvml.nvmlDeviceGetHandleByIndex(0)
-    assert code_of(nvml, lambda: nvml.nvmlDeviceGetPowerUsage(handle)) == nvml.NVML_ERROR_FUNCTION_NOT_FOUND
+    assert code_of(nvml, lambda: nvml.nvmlDeviceGetFanSpeed(handle)) == nvml.NVML_ERROR_FUNCTION_NOT_FOUND
 
 
 def test_pci_info_uses_nvml_spelling_and_handles_are_found_by_either_bus_id_form() -> None:

@@ -301,10 +301,10 @@ def test_a_bad_state_file_is_a_config_error_and_is_left_alone(
 def test_an_injected_xid_reaches_a_waiter_on_that_gpu(make_node: MakeNode) -> None:
     node = make_node()
     after = node.last_event_sequence()
-    node.inject_xid(3, 79, gpu_instance_id=2, compute_instance_id=0)
+    node.inject_xid(3, 62, gpu_instance_id=2, compute_instance_id=0)
     event = node.wait_event(after, {3}, timeout_s=1)
     assert event is not None
-    assert (event.gpu_index, event.xid, event.gpu_instance_id, event.compute_instance_id) == (3, 79, 2, 0)
+    assert (event.gpu_index, event.xid, event.gpu_instance_id, event.compute_instance_id) == (3, 62, 2, 0)
     assert node.wait_event(after, {1}, timeout_s=0.01) is None
 
 
@@ -336,11 +336,40 @@ def test_a_reset_zeroes_volatile_ecc_brings_a_lost_gpu_back_and_drops_its_unread
     assert (node.ecc_errors(1, volatile=True), node.ecc_errors(1, volatile=False)) == (0, 2)
     after = node.last_event_sequence()
     node.lose_gpu(2)
-    node.inject_xid(3, 79)
+    node.inject_xid(3, 62)
     node.reset_gpu(2)
     assert node.gpu(2).index == 2
     event = node.wait_event(after, {2, 3}, timeout_s=1)
     assert event is not None and event.gpu_index == 3  # GPU 2's lost event went with the reset
+
+
+def test_xid_79_takes_the_gpu_off_the_bus_until_a_reset_as_on_hardware(make_node: MakeNode) -> None:
+    node = make_node()
+    after = node.last_event_sequence()
+    node.inject_xid(2, 79)
+    event = node.wait_event(after, {2}, timeout_s=1)
+    assert event is not None and event.xid == 79
+    assert code_of(lambda: node.gpu(2)) == GPU_IS_LOST
+    assert node.gpu(1).index == 1
+    node.reset_gpu(2)
+    assert node.gpu(2).index == 2
+
+
+@pytest.mark.parametrize("xid", [48, 94, 95])
+def test_an_ecc_xid_counts_an_uncorrectable_error_and_asks_for_a_reset(make_node: MakeNode, xid: int) -> None:
+    node = make_node()
+    node.inject_xid(1, xid)
+    assert (node.ecc_errors(1, volatile=True), node.ecc_errors(1, volatile=False)) == (1, 1)
+    assert node.recovery_action(1) == 1
+    node.reset_gpu(1)
+    assert (node.ecc_errors(1, volatile=True), node.recovery_action(1)) == (0, 0)
+
+
+@pytest.mark.parametrize("xid", [13, 31, 43, 45, 68, 109])
+def test_an_application_xid_leaves_the_gpu_as_it_was(make_node: MakeNode, xid: int) -> None:
+    node = make_node()
+    node.inject_xid(1, xid)
+    assert (node.ecc_errors(1, volatile=True), node.recovery_action(1), node.gpu(1).index) == (0, 0, 1)
 
 
 def test_an_unattributable_loss_raises_the_event_but_every_gpu_still_answers(make_node: MakeNode) -> None:
@@ -430,6 +459,7 @@ EXPECTED_PROFILES = {
     "hgx-h200": (8, {"NVIDIA H200"}, "switch"),
     "h100-nvl-pairs": (4, {"NVIDIA H100 NVL"}, "pairs"),
     "mixed": (6, {"NVIDIA A100-SXM4-40GB", "NVIDIA L4"}, "pairs"),
+    "gb200-nvl72-tray": (4, {"NVIDIA GB200"}, "switch"),
 }
 
 

@@ -958,10 +958,11 @@ def allocated_claim(
     driver: str = "gpu.dradriver.dev",
     node: str = "node-a",
     config: dict[str, Any] | None = None,
+    pods: dict[str, str] | None = None,
 ) -> Claim:
     """A ResourceClaim in ``api`` with ``devices`` of ``node``'s pool allocated, as the scheduler leaves it;
     ``config``: opaque parameters for all of them (in the claim's spec and, as the scheduler copies it, in its
-    allocation)."""
+    allocation); ``pods`` (name → UID): whom the scheduler reserved it for (status.reservedFor)."""
     entries = [{"opaque": {"driver": driver, "parameters": config}}] if config is not None else []
     created = api.create(
         "resourceclaims",
@@ -981,7 +982,12 @@ def allocated_claim(
                         "results": [{"request": "gpus", "driver": driver, "pool": node, "device": d} for d in devices],
                         **({"config": [{"source": "FromClaim", **e} for e in entries]} if entries else {}),
                     }
-                }
+                },
+                **(
+                    {"reservedFor": [{"resource": "pods", "name": n, "uid": u} for n, u in pods.items()]}
+                    if pods
+                    else {}
+                ),
             },
         },
         namespace="default",

@@ -41,8 +41,9 @@ FEATURE_GATES = (
     "DRAListTypeAttributes=true"
 )
 # The claim and service-account controllers the cluster tests need; the node tests' workloads (the example
-# scenarios' Deployments, namespaces) also need Deployments, ReplicaSets, namespace deletion and the garbage collector.
-# The chart installed on the real node (tests/node/test_helm_install.py) needs DaemonSets, and the root-CA publisher
+# scenarios' Deployments, namespaces) also need Deployments, ReplicaSets, namespace deletion and the garbage collector;
+# the ComputeDomain tests the DaemonSet controller (per-domain daemon DaemonSets; the collector removes cliques). The
+# chart installed on the real node (tests/node/test_helm_install.py) needs DaemonSets too, and the root-CA publisher
 # (with --root-ca-file), without which a pod's service-account ca.crt is empty and the in-cluster client refuses it.
 CONTROLLERS = (
     "resourceclaim-controller,serviceaccount-controller,deployment-controller,replicaset-controller,"

@@ -32,6 +32,9 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "devicetaintrules": ("/apis/resource.k8s.io/v1", False),
     "resourceclaims": ("/apis/resource.k8s.io/v1", True),
     "resourceclaimtemplates": ("/apis/resource.k8s.io/v1", True),
+    "daemonsets": ("/apis/apps/v1", True),
+    "computedomains": ("/apis/resource.dradriver.dev/v1beta1", True),
+    "computedomaincliques": ("/apis/resource.dradriver.dev/v1beta1", True),
 }
 
 

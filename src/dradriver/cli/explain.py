@@ -24,6 +24,8 @@ from dradriver.allocator import AllocationError, ClaimReport, explain_claim
 from dradriver.cel import CelCompileError, CelEvaluationError, compile_selector
 from dradriver.cli.explain_input import BUILTIN_CLASSES, Document, Inputs, check_claim, check_class, load
 from dradriver.cli.options import add_env_option, add_output_option
+from dradriver.computedomain import api as cd_api
+from dradriver.computedomain.node import slice_devices
 from dradriver.errors import ConfigError
 from dradriver.validation import MAX_CEL_LENGTH
 
@@ -100,6 +102,7 @@ def slices_from_sim_profile(profile: str, mig_mode: str, driver: str = DEFAULT_D
     """The ResourceSlices a simulated node of ``profile`` publishes, built by the driver's own slice builder.
 
     The node (and pool) is named after the profile, so explanations read "fits on node dgx-a100-80gb"."""
+    from dradriver.computedomain.fabric import clique_id
     from dradriver.driver.slices import SliceSettings, as_resource_slices, build_slice_specs
     from dradriver.gpu.backend import open_gpu_backend, sim_profile_name
     from dradriver.gpu.inventory import MigMode, discover
@@ -108,10 +111,11 @@ def slices_from_sim_profile(profile: str, mig_mode: str, driver: str = DEFAULT_D
     gpulib, _ = open_gpu_backend("sim", sim_profile=profile, node_name=node)
     try:
         inventory = discover(gpulib)
+        clique = clique_id(gpulib)
     finally:
         gpulib.close()
     specs = build_slice_specs(inventory, SliceSettings(driver=driver, mig_mode=MigMode(mig_mode)))
-    return as_resource_slices(specs, node_name=node, driver=driver)
+    return as_resource_slices(specs, node_name=node, driver=driver) + compute_domain_slices(clique, node)
 
 
 def _driver_name(args: argparse.Namespace) -> str:
@@ -133,6 +137,25 @@ def _builtin_class_names(args: argparse.Namespace) -> str:
     if args.compat == "nvidia":
         return "the nvidia preset's DeviceClasses gpu.nvidia.com and mig.nvidia.com"
     return "dradriver's DeviceClasses gpu.dradriver.dev and mig.dradriver.dev"
+
+
+def compute_domain_slices(clique: str, node: str) -> list[dict[str, Any]]:
+    """A node in a multi-node NVLink clique also publishes the ComputeDomain driver's channel and daemon."""
+    if not clique:
+        return []
+    return [
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": f"{node}-{cd_api.DRIVER_NAME}"},
+            "spec": {
+                "driver": cd_api.DRIVER_NAME,
+                "nodeName": node,
+                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                "devices": slice_devices(clique),
+            },
+        }
+    ]
 
 
 @dataclass

@@ -10,7 +10,9 @@ from typing import Any
 
 from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.cel import CelCompileError, compile_selector
+from dradriver.computedomain import api as compute_domain
 from dradriver.driver.config import ConfigError, decode_config
+from dradriver.errors import DradriverError
 from dradriver.inputs import InputError, load_yaml_file, path_exists, type_name
 from dradriver.validation import default_namespace, validate_claim, validate_class, validate_slice_fields
 from dradriver.validation.slices import validate_slice
@@ -38,7 +40,7 @@ BUILTIN_CLASSES: list[dict[str, Any]] = [
         },
     }
     for kind in ("gpu", "mig")
-]
+] + compute_domain.device_classes()
 
 
 @dataclass
@@ -134,6 +136,16 @@ def _add(doc: Any, source: str, inputs: Inputs, want: tuple[str, ...]) -> None:
                 want,
             )
         return
+    if kind == "ComputeDomain" and doc.get("apiVersion") == compute_domain.API_VERSION and "ResourceClaim" in want:
+        # What a ComputeDomain asks of a node is the channel claim of the template it generates.
+        domain = Document(doc, source).name
+        try:
+            doc = compute_domain.workload_claim_template(doc)
+        except DradriverError as err:
+            inputs.errors.append(f"{source}: {err}")
+            return
+        kind = "ResourceClaimTemplate"
+        source = f"{source}, the claim template of ComputeDomain {domain}"
     if kind not in KINDS and _not_read(doc):
         inputs.skipped.append(f"{source}: skipped {kind} {Document(doc, source).name}: not an object explain reads")
         return

@@ -39,6 +39,8 @@ class Parser(argparse.ArgumentParser):
 # (argparse needs no other command's options to parse a command line), so ``dradriver run`` never loads the CEL
 # and allocator code that ``explain`` and ``demo`` need: start-up time, docs/reliability.md.
 COMMANDS: dict[str, tuple[str, str]] = {
+    "cd-controller": ("dradriver.cli.cd_controller", "run the ComputeDomain controller (a Deployment)"),
+    "cd-daemon": ("dradriver.cli.cd_daemon", "run or probe a ComputeDomain's IMEX daemon (in its DaemonSet pods)"),
     "demo": ("dradriver.cli.demo", "run the whole driver on a simulated node, without a cluster"),
     "doctor": ("dradriver.cli.doctor", "check this node for the driver: NVML, driver files, CDI, runtime, kubelet"),
     "inventory": ("dradriver.cli.inventory", "list this node's GPUs and MIG devices"),
@@ -48,6 +50,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "dradriver.cli.sim",
         "change a simulated node's hardware state (MIG, compute mode, faults), like nvidia-smi",
     ),
+    "top": ("dradriver.cli.top", "show which pod holds which GPU on a node, and how busy it is"),
 }
 
 

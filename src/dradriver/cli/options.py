@@ -102,6 +102,28 @@ def interval_seconds(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    """A finite number, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: use a finite number, 0 or more")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """A whole number, 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: use a whole number, 1 or more")
+    return value
+
+
 def dns_subdomain(what: str, max_length: int = 253) -> Callable[[str], str]:
     """An argparse type for a Kubernetes name (a DNS subdomain) such as a node or driver name."""
 
@@ -161,6 +183,11 @@ def check_writable_dir(flag: str, path: Path) -> None:
     if not existing.is_dir():
         raise ConfigError(f"{flag} {path}: {existing} is not a directory; point {flag} at a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
+        if os.statvfs(existing).f_flag & os.ST_RDONLY:
+            raise ConfigError(
+                f"{flag} {path}: {existing} is on a read-only filesystem; mount it read-write (in the DaemonSet: "
+                "a hostPath volume without readOnly)"
+            )
         raise ConfigError(f"{flag} {path}: {existing} is not writable by this process; fix its permissions")
 
 
@@ -247,6 +274,15 @@ def add_slice_options(parser: argparse.ArgumentParser, *, version_default: str =
         help="the cluster's Kubernetes minor version (1.32 or newer); up to 1.34 MIG counter sets stay inline "
         "with devices, 1.35 and newer put them in slices of their own ('dradriver run' reads it from the API "
         "server when unset)",
+    )
+
+
+def unwritable_state(state: Path, err: OSError) -> ConfigError:
+    """The error for a simulated node's --sim-state file that cannot be written (here, so that `run` on real
+    GPUs never imports the simulator's command)."""
+    return ConfigError(
+        f"--sim-state {state}: cannot write the state file ({err.strerror or err}); "
+        "point --sim-state at a file in a writable directory"
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 
+from dradriver.cli import cd_node
 from dradriver.cli.driver_root import (
     add_driver_root_options,
     driver_root_for,
@@ -32,9 +33,13 @@ from dradriver.cli.options import (
     check_writable_file,
     dns_subdomain,
     interval_seconds,
+    non_negative_float,
+    positive_int,
+    unwritable_state,
 )
-from dradriver.cli.sim import unwritable_state
 from dradriver.cli.status_server import StatusServer, check_bindable
+from dradriver.computedomain.plugin import ComputeDomainPlugin
+from dradriver.driver.allocations import Allocation, allocations
 from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.checkpoint import CheckpointStore
 from dradriver.driver.driver_root import DriverFilesMissing, DriverRoot
@@ -49,6 +54,8 @@ from dradriver.driver.health import (
 )
 from dradriver.driver.metrics import InstrumentedHandler, NodeCollector, register_node_collector
 from dradriver.driver.mps import DEFAULT_COMMAND, MpsControl
+from dradriver.driver.recheck import DEFAULT_INTERVAL as DEFAULT_RECHECK_INTERVAL
+from dradriver.driver.recheck import ClaimLookup, recheck_claims
 from dradriver.driver.slices import (
     SliceSettings,
     build_slice_specs,
@@ -57,6 +64,9 @@ from dradriver.driver.slices import (
     shape_for,
 )
 from dradriver.driver.state import GpuDriver
+from dradriver.driver.usage import DEFAULT_INTERVAL as DEFAULT_USAGE_INTERVAL
+from dradriver.driver.usage import Device as UsageDevice
+from dradriver.driver.usage import UsageCollector, UsageSampler, pod_uid_of_pid
 from dradriver.errors import ConfigError, DradriverError
 from dradriver.gpu.backend import open_gpu_backend, simulated_mps_command
 from dradriver.gpu.errors import DriverNotLoaded, LibraryNotFound
@@ -65,6 +75,7 @@ from dradriver.plugin.cluster import ClusterError, NotFoundError, kubernetes_min
 from dradriver.plugin.cluster.claim_status import ClaimStatusWriter
 from dradriver.plugin.cluster.kube import KubeCluster
 from dradriver.plugin.handler import ClaimRef
+from dradriver.plugin.kubeletplugin.claims import consumers
 from dradriver.plugin.kubeletplugin.lifecycle import StopBudget, exclusive
 from dradriver.plugin.kubeletplugin.plugin import (
     DEFAULT_PLUGINS_DIR,
@@ -79,6 +90,9 @@ from dradriver.plugin.resourceslice.publisher import Publisher, SliceSpec
 log = logging.getLogger("dradriver.run")
 # Probes reach the pod's IP, so listen on every interface; the DaemonSet declares the port.
 DEFAULT_STATUS_ADDRESS = ":8080"
+# Above client-go's 5/10: each pod start costs a claim GET and a status write, and a node starting 50 pods at once
+# must not queue them behind the limit; it still bounds a runaway loop to a rate the API server shrugs off.
+DEFAULT_KUBE_API_QPS, DEFAULT_KUBE_API_BURST = 50.0, 100
 # The DaemonSet's terminationGracePeriodSeconds is 30: stop within 25 s, leaving the rest for the exit itself.
 STOP_BUDGET_SECONDS = 25.0
 # How often a start waiting for the NVIDIA driver looks again (and says what it waits for).
@@ -197,6 +211,44 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     add_env_option(
         parser,
+        "--claim-recheck-interval",
+        env="DRADRIVER_CLAIM_RECHECK_INTERVAL",
+        default=DEFAULT_RECHECK_INTERVAL,
+        type=interval_seconds,
+        metavar="SECONDS",
+        help="how often to look up every prepared claim in the API server and unprepare those deleted behind "
+        "the kubelet's back (their MIG instances, MPS daemons and CDI specs freed); 0: only at start-up",
+    )
+    add_env_option(
+        parser,
+        "--usage-interval",
+        env="DRADRIVER_USAGE_INTERVAL",
+        default=DEFAULT_USAGE_INTERVAL,
+        type=interval_seconds,
+        metavar="SECONDS",
+        help="how often to read each GPU's and MIG device's utilisation, memory, temperature, power and processes "
+        "from NVML for /metrics and `dradriver top`; 0: off",
+    )
+    add_env_option(
+        parser,
+        "--kube-api-qps",
+        env="DRADRIVER_KUBE_API_QPS",
+        default=DEFAULT_KUBE_API_QPS,
+        type=non_negative_float,
+        metavar="QPS",
+        help="requests a second to the API server after a burst (client-go's QPS); 0: no limit",
+    )
+    add_env_option(
+        parser,
+        "--kube-api-burst",
+        env="DRADRIVER_KUBE_API_BURST",
+        default=DEFAULT_KUBE_API_BURST,
+        type=positive_int,
+        metavar="N",
+        help="requests to the API server that may go at once before --kube-api-qps paces them",
+    )
+    add_env_option(
+        parser,
         "--log-format",
         env="DRADRIVER_LOG_FORMAT",
         default="text",
@@ -216,6 +268,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     add_driver_root_options(parser)
     _add_claim_status_options(parser)
     _add_health_options(parser)
+    cd_node.add_options(parser)
     parser.set_defaults(handler=run)
 
 
@@ -364,8 +417,10 @@ class DriverProcess:
         self.mig_mode = MigMode(args.mig_mode)
         self.stop = threading.Event()
         self.checkpoint: CheckpointStore | None = None
+        self.compute_domains: ComputeDomainPlugin | None = None
         self.waiting_for: str | None = "starting"  # what start-up still waits for; None once serving
         self.running = False
+        self.usage: UsageSampler | None = None
         self._unregister_metrics: Callable[[], None] = lambda: None
 
     def serve(self) -> int:
@@ -374,7 +429,13 @@ class DriverProcess:
             signal.signal(signum, lambda *_: self.stop.set())
         # Up first: while the driver is awaited the pod is alive (no restarts) but not ready.
         self.status = (
-            StatusServer(self.args.metrics_address, self._readiness, self._liveness, self._health)
+            StatusServer(
+                self.args.metrics_address,
+                self._readiness,
+                self._liveness,
+                self._health,
+                documents={"/allocations": self._allocations},
+            )
             if self.args.metrics_address
             else None
         )
@@ -461,7 +522,8 @@ class DriverProcess:
         )
 
     def _connect(self) -> None:
-        self.cluster = KubeCluster.from_kubeconfig(self.args.kubeconfig)
+        args = self.args
+        self.cluster = KubeCluster.from_kubeconfig(args.kubeconfig, qps=args.kube_api_qps, burst=args.kube_api_burst)
         try:
             release = self.args.kubernetes_version or _detect_kubernetes_version(self.cluster)
             self.shape = shape_for(release)
@@ -564,10 +626,22 @@ class DriverProcess:
         except BaseException:
             self.plugin.stop()
             raise
+        self.usage = (
+            UsageSampler(
+                self.gpulib,
+                self._usage_devices,
+                self._allocations_now,
+                # A simulated node's PIDs are nobody's: it says itself which pod each process runs for.
+                pod_of_pid=self.simulated.pod_of_pid if self.simulated is not None else pod_uid_of_pid,
+            )
+            if self.status is not None and args.usage_interval > 0
+            else None
+        )
         # A health change (a taint to add or remove, a lost GPU back) rescans at once, not at the next interval.
         self.refresh = threading.Event()
         self.health.subscribe(self.refresh.set)
         self.rescanner = threading.Thread(target=self._rescan_loop, name="rescan", daemon=True)
+        self.rechecker = threading.Thread(target=self._recheck_loop, name="claim-recheck", daemon=True)
 
     def _reconcile(self) -> None:
         """Before the kubelet can call: finish what a crash left half done, drop what is gone, destroy orphans."""
@@ -586,13 +660,21 @@ class DriverProcess:
             # The instance lock comes first: a second instance must be refused before it publishes anything.
             self.plugin.start()
             self.publisher.start()
+            if self.args.compute_domains == "true":
+                self.compute_domains = self._start_compute_domains()
             self.health.start(self.gpulib, poll_seconds=1.0)
             if self.status:
                 assert self.checkpoint is not None
                 collector = NodeCollector(self.checkpoint, lambda: self.publisher.status.ready)
-                self._unregister_metrics = register_node_collector(collector)
+                unregister = [register_node_collector(collector)]
+                if self.usage is not None:
+                    self.usage.start(self.args.usage_interval)
+                    unregister.append(register_node_collector(UsageCollector(self.usage)))
+                self._unregister_metrics = lambda: _call_each(unregister)
             self.running = True
             self.rescanner.start()
+            if self.args.claim_recheck_interval > 0:
+                self.rechecker.start()
             log.info(
                 "ready node=%s driver=%s mig_mode=%s devices=%d",
                 self.node,
@@ -610,13 +692,36 @@ class DriverProcess:
             self.refresh.set()
             self.running = False
             self.plugin.stop(budget)
+            if self.compute_domains is not None:
+                self.compute_domains.stop(budget)
             self._unregister_metrics()
+            if self.usage is not None:
+                self.usage.stop(budget.left(5.0))
             self.publisher.stop(budget.left(10.0))
             self.health.stop(budget.left(10.0))
-            if self.rescanner.is_alive():
-                self.rescanner.join(budget.left())  # a rediscovery in flight finishes before NVML shuts down
-                if self.rescanner.is_alive():
-                    log.warning("a rescan was still running when the stop budget ran out")
+            for thread in (self.rescanner, self.rechecker):
+                if thread.is_alive():
+                    thread.join(budget.left())  # a rediscovery or unprepare in flight finishes before NVML shuts down
+                    if thread.is_alive():
+                        log.warning("thread still running when the stop budget ran out thread=%s", thread.name)
+
+    def _start_compute_domains(self) -> ComputeDomainPlugin:
+        # The IMEX daemon pods run the host driver's nvidia-imex and nvidia-imex-ctl (versions must match it).
+        imex = [
+            (self.driver_root.host_path(f), path)
+            for f in self.driver_root.binaries
+            if f.path.name.startswith("nvidia-imex")
+            for path in f.container_paths
+        ]
+        return cd_node.start(
+            self.args,
+            imex_binaries=imex,
+            gpulib=self.gpulib,
+            simulated=self.simulated is not None,
+            cluster=self.cluster,
+            node_uid=_node_uid(self.cluster, self.node),
+            shape=self.shape,
+        )
 
     def _liveness(self) -> tuple[bool, dict[str, Any]]:
         """/livez: alive while both gRPC sockets answer. Nothing about the API server: a restart does not cure
@@ -654,6 +759,35 @@ class DriverProcess:
             "registered": bool(registered and registered.registered),
         }
 
+    def _allocations_now(self) -> list[Allocation]:
+        return allocations(self.driver.checkpoint.records())
+
+    def _usage_devices(self) -> list[UsageDevice]:
+        """Every GPU and MIG device of the last inventory, and MIG devices carved for claims since."""
+        inventory = self.inventory
+        devices = [UsageDevice(g.name, g.uuid, g.uuid) for g in inventory.gpus]
+        devices += [UsageDevice(m.name, m.uuid, m.parent.uuid) for m in inventory.mig_devices if m.uuid]
+        known = {d.uuid for d in devices}
+        for a in self._allocations_now():
+            if a.uuid not in known:
+                known.add(a.uuid)
+                devices.append(UsageDevice(a.device, a.uuid, a.gpu_uuid))
+        return devices
+
+    def _allocations(self) -> dict[str, Any]:
+        """/allocations: this node's GPUs, which pod holds which device and, when sampled, how busy each device is
+        (``dradriver top`` reads it); empty, with what start-up waits for, until the driver serves."""
+        if not self.running:
+            return {"node": self.node, "waitingFor": self.waiting_for, "gpus": [], "allocations": [], "usage": []}
+        gpus = [
+            {"name": g.name, "uuid": g.uuid, "productName": g.info.product_name, "index": g.info.index}
+            for g in self.inventory.gpus
+        ]
+        held = [a.to_json() for a in self._allocations_now()]
+        sample = self.usage.latest if self.usage is not None else None
+        usage = sample.to_json() if sample is not None else []
+        return {"node": self.node, "gpus": gpus, "allocations": held, "usage": usage}
+
     def _rescan_loop(self) -> None:
         interval = self.args.rescan_interval if self.args.rescan_interval > 0 else None
         while not self.stop.is_set():
@@ -670,6 +804,28 @@ class DriverProcess:
                     self.driver.check_mps_daemons()
             except Exception:
                 log.exception("rescan failed unexpectedly; retrying at the next interval or health change")
+
+    def _recheck_loop(self) -> None:
+        """Every --claim-recheck-interval: unprepare the claims deleted behind the kubelet's back."""
+        cluster, plugin = self.cluster, self.plugin
+        rolling = bool(self.args.pod_uid)
+
+        @contextlib.contextmanager
+        def hold(uid: str) -> Iterator[None]:
+            # As a kubelet call: the claim's lock, and in rolling-update mode the lock the two pods share; only
+            # around the unprepare, never around the API look-ups.
+            with plugin.claim_locks.hold([uid]), _serialised_with_other_pods(plugin.plugin_dir, enabled=rolling):
+                yield
+
+        while not self.stop.wait(self.args.claim_recheck_interval):
+            try:
+                gone = recheck_claims(self.driver, lambda ref: _look_up_claim(cluster, ref), hold=hold)
+                if gone:
+                    with _serialised_with_other_pods(plugin.plugin_dir, enabled=rolling):
+                        plugin.remove_unowned_device_metadata({r.uid for r in self.driver.checkpoint.records()})
+                    self.refresh.set()  # freed MIG instances and GPUs: republish at once
+            except Exception:
+                log.exception("claim re-check failed unexpectedly; retrying at the next interval")
 
     def _follow_driver_upgrade(self, version: str) -> None:
         """NVML reports another driver version than the root was discovered for (an in-place upgrade): find the
@@ -719,8 +875,14 @@ class DriverProcess:
             len(fresh.lost_gpus),
         )
         self.specs = fresh_specs
+        self.inventory = fresh  # what /allocations and the usage sampler list
         self.driver.update_inventory(fresh, self.mig_mode)
         self.publisher.update(_pools(self.node, fresh_specs))
+
+
+def _call_each(calls: list[Callable[[], None]]) -> None:
+    for call in calls:
+        call()
 
 
 @contextlib.contextmanager
@@ -757,6 +919,23 @@ def _claim_exists(cluster: KubeCluster, ref: ClaimRef) -> bool | None:
         log.warning("cannot tell whether claim %s still exists; keeping it error=%s", ref, err)
         return None
     return bool(uid == ref.uid)
+
+
+def _look_up_claim(cluster: KubeCluster, ref: ClaimRef) -> ClaimLookup:
+    """The claim as the re-check needs it: gone (or replaced: another UID), there with its pods, or unknown now."""
+    try:
+        claim = cluster.get_resource_claim(ref.namespace, ref.name)
+    except NotFoundError:
+        return ClaimLookup(exists=False)
+    except ClusterError as err:
+        log.warning("claim re-check: cannot tell whether claim %s still exists; keeping it error=%s", ref, err)
+        return ClaimLookup(exists=None)
+    if claim.get("metadata", {}).get("uid") != ref.uid:
+        return ClaimLookup(exists=False)
+    status = claim.get("status")
+    return ClaimLookup(
+        exists=True, consumers=consumers(status.get("reservedFor") if isinstance(status, dict) else None)
+    )
 
 
 def _holder_released(cluster: KubeCluster, driver: str, pool: str, ref: ClaimRef, device: str) -> bool:

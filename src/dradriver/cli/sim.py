@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
-from dradriver.cli.options import add_env_option, check_writable_file, dns_subdomain
+from dradriver.cli.options import add_env_option, check_writable_file, dns_subdomain, unwritable_state
 from dradriver.driver import slice_map
 from dradriver.driver.slice_map import InstanceCell, owners_from_checkpoint
 from dradriver.errors import ConfigError, DeviceError
-from dradriver.gpu.models import ComputeMode
+from dradriver.gpu.models import ComputeMode, FabricState
+from dradriver.gpu.products import LOST_XIDS
 from dradriver.inputs import path_exists
 from dradriver.sim.node import SimGpu, SimNvmlError, SimulatedNode, full_compute_instance_profile
 from dradriver.sim.profiles import load_node_profile
@@ -95,6 +97,14 @@ def register(parser: argparse.ArgumentParser) -> None:
     ecc.add_argument("--count", type=int, default=1, help="how many errors the counters grow by (default: 1)")
     ecc.set_defaults(sim_action=_ecc)
 
+    fabric = actions.add_parser(
+        "fabric", help="set a GPU's NVLink fabric registration, as the fabric manager does while it (re)registers"
+    )
+    fabric.add_argument("gpu")
+    fabric.add_argument("state", choices=[s.name for s in FabricState if s is not FabricState.NOT_SUPPORTED])
+    fabric.add_argument("--status", type=int, default=0, help="NVML return code of a COMPLETED registration (0: ok)")
+    fabric.set_defaults(sim_action=_fabric)
+
     lose = actions.add_parser("lose", help="make a GPU fall off the bus (GPU_IS_LOST until `reset`)")
     lose.add_argument("gpu")
     lose.add_argument(
@@ -103,7 +113,26 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="NVML reports a lost GPU but every GPU still answers, so no call can say which",
     )
     lose.set_defaults(sim_action=_lose)
+
+    _add_workload_actions(actions)
     parser.set_defaults(handler=run, read_only=False)
+
+
+def _add_workload_actions(actions: Any) -> None:
+    """``process`` and ``process-end``: CUDA processes on the simulated node, for usage metrics and `top`."""
+    process = actions.add_parser(
+        "process", help="start a CUDA process on a GPU or MIG device (what NVML's process list and usage show)"
+    )
+    process.add_argument("device", help="a GPU (PCI address, index or UUID) or a MIG device's UUID (MIG-…)")
+    process.add_argument("pid", type=positive, help="its PID (to map it to a pod, the PID of a pod's process)")
+    process.add_argument("--memory-mib", type=non_negative, default=1024, help="device memory it holds (MiB)")
+    process.add_argument("--utilization", type=percent, default=50, help="how busy it keeps the GPU (percent)")
+    process.add_argument("--pod-uid", default="", help="the UID of the pod it runs in (its cgroup on a real node)")
+    process.set_defaults(sim_action=_process)
+
+    end = actions.add_parser("process-end", help="end a process started with `process`")
+    end.add_argument("pid", type=positive)
+    end.set_defaults(sim_action=_process_end)
 
 
 # NVML reports XIDs as small positive numbers; the documented ones stay well below this bound.
@@ -117,6 +146,20 @@ def xid_number(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if not MIN_XID <= value <= MAX_XID:
         raise argparse.ArgumentTypeError(f"XID {value} is out of range: use {MIN_XID} to {MAX_XID} (e.g. 79, 48)")
+    return value
+
+
+def positive(text: str) -> int:
+    value = non_negative(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: use 1 or more")
+    return value
+
+
+def percent(text: str) -> int:
+    value = non_negative(text)
+    if value > 100:
+        raise argparse.ArgumentTypeError(f"{value}: use a percentage, 0 to 100")
     return value
 
 
@@ -150,13 +193,6 @@ def run(args: argparse.Namespace) -> int:
     except OSError as err:
         raise unwritable_state(state, err) from None
     return 0
-
-
-def unwritable_state(state: Path, err: OSError) -> ConfigError:
-    return ConfigError(
-        f"--sim-state {state}: cannot write the state file ({err.strerror or err}); "
-        "point --sim-state at a file in a writable directory"
-    )
 
 
 def _gpu(node: SimulatedNode, which: str) -> SimGpu:
@@ -247,10 +283,20 @@ def _compute_mode(node: SimulatedNode, args: argparse.Namespace) -> None:
     print(f"compute mode of {gpu.pci_bus_id}: {args.mode}")
 
 
+def _fabric(node: SimulatedNode, args: argparse.Namespace) -> None:
+    gpu = _gpu(node, args.gpu)
+    try:
+        node.set_fabric_state(gpu.index, FabricState[args.state], args.status)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    print(f"fabric registration of {gpu.pci_bus_id}: {args.state} (status {args.status})")
+
+
 def _xid(node: SimulatedNode, args: argparse.Namespace) -> None:
     gpu = _gpu(node, args.gpu)
     node.inject_xid(gpu.index, args.xid)
-    print(f"XID {args.xid} raised on {gpu.pci_bus_id}")
+    lost = ": the GPU fell off the bus; NVML answers GPU_IS_LOST for it until `reset`" if args.xid in LOST_XIDS else ""
+    print(f"XID {args.xid} raised on {gpu.pci_bus_id}{lost}")
 
 
 def _ecc(node: SimulatedNode, args: argparse.Namespace) -> None:
@@ -268,3 +314,14 @@ def _lose(node: SimulatedNode, args: argparse.Namespace) -> None:
         print(f"{gpu.pci_bus_id} reported lost, but it still answers: NVML cannot say which GPU it was")
     else:
         print(f"{gpu.pci_bus_id} fell off the bus")
+
+
+def _process(node: SimulatedNode, args: argparse.Namespace) -> None:
+    uuid = args.device if args.device.startswith("MIG-") else _gpu(node, args.device).uuid
+    node.start_process(uuid, args.pid, args.memory_mib << 20, args.utilization, pod_uid=args.pod_uid)
+    print(f"process {args.pid} runs on {uuid}: {args.memory_mib} MiB, {args.utilization}% busy")
+
+
+def _process_end(node: SimulatedNode, args: argparse.Namespace) -> None:
+    node.end_process(args.pid)
+    print(f"process {args.pid} ended")

@@ -1,5 +1,6 @@
-"""The ``--metrics-address`` endpoint: Prometheus metrics on /metrics and kube-apiserver's three probes: /livez
-(restart me if this fails), /readyz (send me work) and /healthz (every check together, for people and monitors)."""
+"""The ``--metrics-address`` endpoint: Prometheus metrics on /metrics, kube-apiserver's three probes: /livez
+(restart me if this fails), /readyz (send me work) and /healthz (every check together, for people and monitors),
+and JSON documents for tools (/allocations: which pod holds which device, read by ``dradriver top``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 import logging
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
@@ -26,10 +27,17 @@ class StatusServer:
     """Serves metrics and the probes until ``stop``; each check says yes or no and why (a JSON object)."""
 
     def __init__(
-        self, address: str, readiness: Readiness, liveness: Readiness | None = None, health: Readiness | None = None
+        self,
+        address: str,
+        readiness: Readiness,
+        liveness: Readiness | None = None,
+        health: Readiness | None = None,
+        documents: Mapping[str, Callable[[], Any]] | None = None,
     ) -> None:
         """``liveness`` (default: always alive) decides /livez, ``readiness`` /readyz and ``health`` (default:
-        ``liveness``) /healthz; a check that says no gets 503 with its reasons."""
+        ``liveness``) /healthz; a check that says no gets 503 with its reasons. ``documents`` are further paths
+        answered with the JSON their function returns (``/allocations`` for ``dradriver top``)."""
+        routes: dict[str, Callable[[], Any]] = dict(documents or {})
         host, port_number = parse_address("--metrics-address", address)
         outer = self
 
@@ -46,8 +54,21 @@ class StatusServer:
                     ready, detail = self._run_check("ready", "readiness", outer.readiness)
                     body = json.dumps({"ready": ready, **detail}, default=str).encode() + b"\n"
                     self._reply(200 if ready else 503, body, "application/json")
+                elif path in routes:
+                    self._document(path, routes[path])
                 else:
-                    self._reply(404, b"not found: try /metrics, /livez, /readyz or /healthz\n", "text/plain")
+                    paths = ", ".join(["/metrics", "/livez", "/readyz", "/healthz", *routes])
+                    self._reply(404, f"not found: try {paths}\n".encode(), "text/plain")
+
+            def _document(self, path: str, build: Callable[[], Any]) -> None:
+                try:
+                    body = json.dumps(build(), default=str).encode() + b"\n"
+                except Exception as err:
+                    log.exception("building %s failed; answering 500", path)
+                    body = json.dumps({"error": f"{type(err).__name__}: {err}"}).encode() + b"\n"
+                    self._reply(500, body, "application/json")
+                    return
+                self._reply(200, body, "application/json")
 
             def _probe(self, what: str, name: str, check: Readiness | None) -> None:
                 good, detail = self._run_check(what, name, check) if check is not None else (True, {})

@@ -33,6 +33,8 @@ from typing import Any
 
 from dradriver.atomic_files import storage_fix
 from dradriver.errors import ConfigError, DeviceError, DradriverError
+from dradriver.plugin.handler import ClaimConsumer
+from dradriver.plugin.kubeletplugin.claims import consumers
 from dradriver.plugin.kubeletplugin.lifecycle import InstanceLock
 
 log = logging.getLogger(__name__)
@@ -169,6 +171,8 @@ class ClaimRecord:
     devices: list[DeviceRecord] = field(default_factory=list)
     actions: list[Action] = field(default_factory=list)
     rollback_error: str | None = None  # set when undoing failed; start-up (or the next prepare) finishes it
+    # The claim's status.reservedFor as last seen (at prepare, or by the periodic check): the pods for metrics.
+    reserved_for: list[ClaimConsumer] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __str__(self) -> str:
@@ -185,11 +189,15 @@ class ClaimRecord:
         }
         if self.rollback_error is not None:
             out["rollbackError"] = self.rollback_error
+        if self.reserved_for:
+            out["reservedFor"] = [_consumer_json(c) for c in self.reserved_for]
         return out
 
     @classmethod
     def from_json(cls, uid: str, raw: Any) -> ClaimRecord:
-        known, extra = _split(raw, {"namespace", "name", "state", "devices", "actions", "rollbackError"}, "a claim")
+        known, extra = _split(
+            raw, {"namespace", "name", "state", "devices", "actions", "rollbackError", "reservedFor"}, "a claim"
+        )
         try:
             state = ClaimState(str(known.get("state")))
         except ValueError as err:
@@ -206,8 +214,16 @@ class ClaimRecord:
             devices=[DeviceRecord.from_json(d) for d in devices],
             actions=[Action.from_json(a) for a in actions],
             rollback_error=str(rollback_error) if rollback_error is not None else None,
+            reserved_for=list(consumers(known.get("reservedFor"))),
             extra=extra,
         )
+
+
+def _consumer_json(consumer: ClaimConsumer) -> dict[str, str]:
+    out = {"resource": consumer.resource, "name": consumer.name, "uid": consumer.uid}
+    if consumer.api_group:
+        out["apiGroup"] = consumer.api_group
+    return out
 
 
 def read_boot_id(path: Path = BOOT_ID_PATH) -> str:

@@ -37,7 +37,7 @@ from typing import Any
 
 from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.atomic_files import sweep_dead_writers, temp_file_for
-from dradriver.driver.metrics import DEVICE_HEALTH, GPU_EVENTS
+from dradriver.driver.metrics import DEVICE_HEALTH, GPU_EVENTS, XID_ERRORS
 from dradriver.errors import ConfigError
 from dradriver.gpu.errors import GpuError, GpuIsLost
 from dradriver.gpu.interface import GpuLib
@@ -331,6 +331,7 @@ class GpuHealth:
         elif event.xid is not None:
             ignored = self.policy.ignores(event.xid)
             GPU_EVENTS.labels("xid", str(event.xid)).inc()
+            XID_ERRORS.labels(event.gpu_uuid, str(event.xid)).inc()
             where = f"GPU {event.gpu_uuid}" + (
                 f" GPU instance {event.gpu_instance_id}" if event.gpu_instance_id is not None else ""
             )

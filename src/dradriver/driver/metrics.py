@@ -1,21 +1,23 @@
 """Prometheus metrics, named the Kubernetes way (``<component>_<what>_<unit>``, ``_total`` for counters, base
 units): kubelet calls per RPC and outcome, claim errors by reason, prepared devices by type and sharing and the MPS
-daemons (both read from the checkpoint at scrape time), device health and GPU events (recorded by
+daemons and which pod holds which device (``dradriver_device_allocation_info``; all read from the checkpoint at
+scrape time), device health and GPU events (recorded by
 ``driver.health``), and whether the last ResourceSlice publish succeeded. docs/reliability.md shows a sample
 scrape."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from dradriver.driver.checkpoint import CheckpointStore, DeviceRecord
-from dradriver.driver.sharing import CONFIG_FIELD, SHARE_IDS_FIELD, STEP_MPS_DAEMON, wanted_settings
+from dradriver.driver.allocations import allocations, sharing_label
+from dradriver.driver.checkpoint import CheckpointStore, ClaimRecord
+from dradriver.driver.sharing import STEP_MPS_DAEMON
 from dradriver.plugin.handler import AllocatedClaim, ClaimRef, DriverHandler, PrepareResult
 
 PREPARE_RPC = "NodePrepareResources"
@@ -42,6 +44,15 @@ DEVICE_HEALTH = Gauge(
     "dradriver_device_health",
     "Health of each published device as the kubelet's health stream says it: 0 unknown, 1 healthy, 2 unhealthy",
     ["device"],
+)
+DELETED_CLAIMS = Counter(
+    "dradriver_deleted_claims_unprepared_total",
+    "Prepared claims the periodic re-check found deleted from the API server, and unprepared",
+)
+XID_ERRORS = Counter(
+    "dradriver_device_xid_errors_total",
+    "XID errors NVML reported, by GPU UUID and XID (docs/health.md: which XIDs are the application's)",
+    ["gpu_uuid", "xid"],
 )
 GPU_EVENTS = Counter(
     "dradriver_gpu_events_total",
@@ -125,7 +136,8 @@ class NodeCollector(Collector):
         )
         counts = dict.fromkeys(_PREPARED_SERIES, 0)
         daemons = 0
-        for record in self._checkpoint.records():
+        records = self._checkpoint.records()
+        for record in records:
             for device in record.devices:
                 key = (device.kind, sharing_label(device))
                 counts[key] = counts.get(key, 0) + 1
@@ -133,6 +145,7 @@ class NodeCollector(Collector):
         for (kind, sharing), value in sorted(counts.items()):
             prepared.add_metric([kind, sharing], value)
         yield prepared
+        yield allocation_info(records)
         yield GaugeMetricFamily(
             "dradriver_mps_daemons",
             "MPS control daemons this driver runs for prepared claims (one per claim with MPS devices)",
@@ -152,18 +165,39 @@ _PREPARED_SERIES = (
 )
 
 
-def sharing_label(device: DeviceRecord) -> str:
-    """How a prepared device is held: admin-access (monitoring), consumable (a share of a multi-allocatable GPU,
-    enforced with MPS), mps or time-slicing (its config's strategy), else exclusive."""
-    if device.admin_access:
-        return "admin-access"
-    if device.extra.get(SHARE_IDS_FIELD):
-        return "consumable"
-    strategy = wanted_settings(device.extra.get(CONFIG_FIELD), device.kind).strategy
-    return {"MPS": "mps", "TimeSlicing": "time-slicing"}.get(str(strategy), "exclusive")
+#: Labels of ``dradriver_device_allocation_info``: ``uuid`` joins with DCGM exporter's ``UUID`` for a whole GPU,
+#: ``gpu_uuid`` and ``gpu_instance_id`` with its ``UUID`` and ``GPU_I_ID`` for a MIG device (docs/observability.md).
+ALLOCATION_LABELS = (
+    "namespace",
+    "pod",
+    "pod_uid",
+    "claim",
+    "request",
+    "device",
+    "uuid",
+    "gpu_uuid",
+    "gpu_instance_id",
+    "mig_profile",
+    "sharing",
+)
 
 
-def register_node_collector(collector: NodeCollector) -> Callable[[], None]:
+def allocation_info(records: Iterable[ClaimRecord]) -> GaugeMetricFamily:
+    """One series of value 1 per prepared device and pod, gone when the claim is unprepared."""
+    family = GaugeMetricFamily(
+        "dradriver_device_allocation_info",
+        "A device prepared for a pod's claim (value 1): which pod holds which GPU or MIG device, by UUID",
+        labels=list(ALLOCATION_LABELS),
+    )
+    for a in allocations(records):
+        requests = ",".join(a.requests)
+        instance = "" if a.gpu_instance_id is None else str(a.gpu_instance_id)
+        values = (a.namespace, a.pod, a.pod_uid, a.claim, requests, a.device, a.uuid, a.gpu_uuid, instance)
+        family.add_metric([*values, a.mig_profile, a.sharing], 1)
+    return family
+
+
+def register_node_collector(collector: Collector) -> Callable[[], None]:
     """Register ``collector`` with the default registry; returns its unregister (tests and restarts)."""
     REGISTRY.register(collector)
     return lambda: REGISTRY.unregister(collector)

@@ -49,6 +49,7 @@ from dradriver.gpu.models import DeviceNode, MigDevice
 from dradriver.plugin.handler import (
     AllocatedClaim,
     AllocatedDevice,
+    ClaimConsumer,
     ClaimRef,
     DeviceToleration,
     PreparedDevice,
@@ -209,6 +210,7 @@ class GpuDriver:
                 log.warning("re-writing the missing CDI spec of a prepared claim claim=%s", ref.uid)
                 self.rewrite_spec(earlier)
             self._ensure_mps(ref.uid)  # a kubelet retry finds the claim's MPS daemon serving
+            self._note_consumers(earlier, claim.consumers)
             return self._reported(earlier)
         if earlier is not None and earlier.state is ClaimState.PREPARE_COMPLETED:
             # An unprepare failed half way: what is recorded is no longer what the hardware has, so the claim must
@@ -225,6 +227,7 @@ class GpuDriver:
             name=ref.name,
             state=ClaimState.PREPARE_STARTED,
             devices=[_device_record(p) for p in planned],
+            reserved_for=list(claim.consumers),
         )
         txn = Transaction(record, self.checkpoint, self.step_kinds)
         # The GPUs' locks are held from before the intents are made (a compute mode to restore is read from the
@@ -262,6 +265,22 @@ class GpuDriver:
             ",".join(d.name for d in record.devices),
         )
         return self._reported(record)
+
+    def note_consumers(self, uid: str, consumers: Sequence[ClaimConsumer]) -> None:
+        """Record who a prepared claim is reserved for now, as the API server says (the periodic re-check); the
+        caller holds the claim's lock."""
+        record = self.checkpoint.get(uid)
+        if record is not None and record.state is ClaimState.PREPARE_COMPLETED:
+            self._note_consumers(record, consumers)
+
+    def _note_consumers(self, record: ClaimRecord, consumers: Sequence[ClaimConsumer]) -> None:
+        """Record who a prepared claim is reserved for now: a shared claim's next pod prepares it again."""
+        if consumers and list(consumers) != record.reserved_for:
+            record.reserved_for = list(consumers)
+            try:
+                self.checkpoint.put(record)
+            except DradriverError as err:  # only the metrics' pod names are out of date
+                log.warning("cannot record the pods of a prepared claim claim=%s error=%s", record, err)
 
     def unprepare(self, ref: ClaimRef) -> None:
         """Undo prepare: destroy exactly what this claim created, remove its CDI spec, forget it.
@@ -432,8 +451,9 @@ class GpuDriver:
                     txn, device.parent, True, lambda: self._users(txn.record.uid, device.parent.name)
                 )
                 mig = self.mig.carve(txn, device)
-                record.gpu_instance_id, record.compute_instance_id = mig.gpu_instance_id, mig.compute_instance_id
         assert mig is not None  # static and none modes offer only partitions that exist
+        # Recorded in every mode: DCGM exporter names a MIG device by its GPU's UUID and this GPU instance id.
+        record.gpu_instance_id, record.compute_instance_id = mig.gpu_instance_id, mig.compute_instance_id
         record.mig_uuid = mig.uuid
         return ReadyDevice(replace(device, existing=mig), _mig_device_nodes(device, mig), planned.admin_access)
 

@@ -53,6 +53,20 @@ def simulated_driver_root(directory: Path, driver_version: str) -> Path:
     return write_stub_driver_root(directory, driver_version)
 
 
+def simulated_proc_root(directory: Path) -> Path:
+    """Write the ``/proc`` files a simulated multi-node NVLink node shows (devices, IMEX capability) there."""
+    from dradriver.sim.fabric import write_fake_proc
+
+    return write_fake_proc(directory)
+
+
+def simulated_imex_commands() -> tuple[list[str], list[str]]:
+    """The command lines of the IMEX daemon and control tool stand-ins that serve simulated nodes."""
+    from dradriver.sim import imex_standin
+
+    return imex_standin.command(), imex_standin.ctl_command()
+
+
 def simulated_mps_command() -> list[str]:
     """The command line of the MPS control stand-in that serves a simulated node."""
     from dradriver.sim import mps_standin

@@ -11,6 +11,7 @@ from typing import Protocol
 from dradriver.gpu.models import (
     ComputeInstance,
     ComputeMode,
+    DeviceUsage,
     FabricInfo,
     GpuEvent,
     GpuInfo,
@@ -37,6 +38,10 @@ class GpuLib(Protocol):
 
     def probe(self, gpu_uuid: str) -> GpuProbe:
         """Cheap reads of a GPU's fitness; ``GpuIsLost`` when it fell off the bus."""
+
+    def usage(self, device_uuid: str) -> DeviceUsage:
+        """Utilisation, memory, temperature, power, ECC and compute processes of a GPU or MIG device (by UUID);
+        what NVML does not report for that device is None. ``GpuIsLost`` when its GPU fell off the bus."""
 
     def mig_mode(self, gpu_uuid: str) -> MigModeState:
         """Current and pending MIG mode; ``NotSupported`` for GPUs without MIG."""
@@ -88,9 +93,10 @@ class GpuLib(Protocol):
     def nvlinks(self, gpu_uuid: str) -> list[NvlinkConnection]:
         """Active NVLinks and what each one reaches."""
 
-    def fabric_info(self, gpu_uuid: str) -> FabricInfo | None:
+    def fabric_info(self, gpu_uuid: str, *, fresh: bool = False) -> FabricInfo | None:
         """The GPU's NVLink fabric registration; None where NVML says fabric info is not supported (GPUs before
-        Hopper, and Hopper GPUs on no NVSwitch fabric, whose state is NOT_SUPPORTED)."""
+        Hopper, and Hopper GPUs on no NVSwitch fabric, whose state is NOT_SUPPORTED). A settled answer may be
+        remembered; ``fresh`` asks NVML again (the fabric manager can re-register a GPU into another clique)."""
 
     def wait_for_event(self, timeout_s: float) -> GpuEvent | None:
         """The next XID / GPU-lost event, or None when none came within ``timeout_s``."""

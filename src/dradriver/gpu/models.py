@@ -223,3 +223,30 @@ class SystemInfo:
     driver_version: str  # e.g. "580.65.06"
     cuda_driver_version: int  # NVML form, e.g. 13000 for 13.0
     extra: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A compute process NVML lists on a device (``nvmlDeviceGetComputeRunningProcesses``): its host PID and the
+    device memory it holds (None where NVML cannot say); on a MIG-enabled GPU, the instance it runs in."""
+
+    pid: int
+    used_memory_bytes: int | None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+
+@dataclass(frozen=True)
+class DeviceUsage:
+    """How busy a GPU or MIG device is, as NVML reports it; a field is None where NVML does not report it for this
+    device (NOT_SUPPORTED): utilisation on a MIG device or a GPU in MIG mode, temperature, power and ECC on a MIG
+    device (read its GPU's), ECC on a GPU without it."""
+
+    uuid: str
+    utilization_percent: int | None
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    temperature_celsius: int | None
+    power_watts: float | None
+    ecc_uncorrected_volatile: int | None
+    processes: tuple[GpuProcess, ...] = ()

@@ -37,12 +37,14 @@ from dradriver.gpu.models import (
     ComputeInstance,
     ComputeMode,
     DeviceNode,
+    DeviceUsage,
     FabricInfo,
     FabricState,
     GpuEvent,
     GpuInfo,
     GpuInstance,
     GpuProbe,
+    GpuProcess,
     MigDevice,
     MigModeState,
     MigProfile,
@@ -70,6 +72,7 @@ _XID_EVENT = 0x8
 _DOUBLE_BIT_ECC_EVENT = 0x2
 _MEMORY_ERROR_UNCORRECTED = 1
 _VOLATILE_ECC = 0
+_TEMPERATURE_GPU = 0  # NVML_TEMPERATURE_GPU: the GPU die
 _FIELD_GPU_RECOVERY_ACTION = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (drivers from the 565 branch on)
 
 #: NVML_ERROR_FUNCTION_NOT_FOUND: the installed driver's NVML lacks the function.
@@ -690,16 +693,18 @@ class NvmlGpuLib:
 
     # --- NVLink fabric ------------------------------------------------------------------------------------
 
-    def fabric_info(self, gpu_uuid: str) -> FabricInfo | None:
+    def fabric_info(self, gpu_uuid: str, *, fresh: bool = False) -> FabricInfo | None:
         with self._lock:
-            if gpu_uuid in self._fabric:
+            if not fresh and gpu_uuid in self._fabric:
                 return self._fabric[gpu_uuid]
         info = self._read_fabric(gpu_uuid)
         # Only settled answers are kept: a registration that is still running (or failed and will be retried by
         # the fabric manager) must be read again at the next rescan, or the GPU would never join its domain.
-        if info is None or info.registered:
-            with self._lock:
+        with self._lock:
+            if info is None or info.registered:
                 self._fabric[gpu_uuid] = info
+            else:
+                self._fabric.pop(gpu_uuid, None)
         return info
 
     def _read_fabric(self, gpu_uuid: str) -> FabricInfo | None:
@@ -804,6 +809,38 @@ class NvmlGpuLib:
             recovery_action=recovery_action,
         )
 
+    def usage(self, device_uuid: str) -> DeviceUsage:
+        """One NVML read of each figure; NOT_SUPPORTED (and, for ECC on a MIG handle, INVALID_ARGUMENT) is None."""
+        handle = self._handle(device_uuid)
+
+        def read(function: str, *args: Any, absent: tuple[type[GpuError], ...] = (NotSupported,)) -> Any:
+            try:
+                return self._call(function, handle, *args, device=device_uuid)
+            except absent:
+                return None
+
+        utilization = read("nvmlDeviceGetUtilizationRates")
+        memory = read("nvmlDeviceGetMemoryInfo")
+        temperature = read("nvmlDeviceGetTemperature", _TEMPERATURE_GPU)
+        power_mw = read("nvmlDeviceGetPowerUsage")
+        ecc = read(
+            "nvmlDeviceGetTotalEccErrors",
+            _MEMORY_ERROR_UNCORRECTED,
+            _VOLATILE_ECC,
+            absent=(NotSupported, InvalidArgument),
+        )
+        processes = read("nvmlDeviceGetComputeRunningProcesses") or []
+        return DeviceUsage(
+            uuid=device_uuid,
+            utilization_percent=int(utilization.gpu) if utilization is not None else None,
+            memory_used_bytes=int(memory.used) if memory is not None else None,
+            memory_total_bytes=int(memory.total) if memory is not None else None,
+            temperature_celsius=int(temperature) if temperature is not None else None,
+            power_watts=power_mw / 1000.0 if power_mw is not None else None,
+            ecc_uncorrected_volatile=int(ecc) if ecc is not None else None,
+            processes=tuple(_process(p) for p in processes),
+        )
+
     def _recovery_action(self, gpu_uuid: str, handle: Any) -> int | None:
         """NVML's recommended recovery action; None where the driver does not report it (or the GPU is lost:
         the probe's handle lookup says so)."""
@@ -898,3 +935,15 @@ class NvmlGpuLib:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _process(info: Any) -> GpuProcess:
+    """pynvml's process entry: instance ids of 0xFFFFFFFF (not in a MIG instance) become None."""
+    gi, ci = getattr(info, "gpuInstanceId", _NOT_ATTRIBUTABLE), getattr(info, "computeInstanceId", _NOT_ATTRIBUTABLE)
+    used = info.usedGpuMemory
+    return GpuProcess(
+        pid=int(info.pid),
+        used_memory_bytes=int(used) if used is not None else None,
+        gpu_instance_id=None if gi in (None, _NOT_ATTRIBUTABLE) else int(gi),
+        compute_instance_id=None if ci in (None, _NOT_ATTRIBUTABLE) else int(ci),
+    )

@@ -67,6 +67,11 @@ HARDWARE_XIDS: dict[int, str] = {
 # XIDs after which the driver asks for a GPU reset (NVML_GPU_RECOVERY_ACTION_GPU_RESET), as NVIDIA's XID catalog
 # does for them; the action reads "none" again once the GPU is reset.
 RESET_XIDS = frozenset({48, 62, 63, 64, 74, 94, 95, 119, 120, 140})
+# XIDs that mean the GPU left the PCIe bus: NVML then answers GPU_IS_LOST for it until a reset brings it back.
+LOST_XIDS = frozenset({79})
+# XIDs the driver logs for an uncorrectable ECC error, which the GPU's uncorrectable ECC counters also count: 48
+# (double-bit), 94 (contained) and 95 (uncontained).
+ECC_XIDS = frozenset({48, 94, 95})
 
 
 class _Strict(BaseModel):

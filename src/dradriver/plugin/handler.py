@@ -76,16 +76,32 @@ class DeviceConfig:
 
 
 @dataclass(frozen=True)
+class ClaimConsumer:
+    """An entry of the claim's ``status.reservedFor``: what the claim is reserved for, usually a pod."""
+
+    resource: str  # "pods" for a pod
+    name: str
+    uid: str
+    api_group: str = ""  # "" for the core group (pods)
+
+    @property
+    def is_pod(self) -> bool:
+        return self.resource == "pods" and not self.api_group
+
+
+@dataclass(frozen=True)
 class AllocatedClaim:
     """A ResourceClaim as the driver gets it for prepare: parsed and checked once by the plugin layer.
 
-    It carries the kubelet's reference (UID, namespace, name), this driver's allocation results (never empty)
-    and this driver's opaque configs. The raw JSON stays at the cluster port.
+    It carries the kubelet's reference (UID, namespace, name), this driver's allocation results (never empty),
+    this driver's opaque configs and whom the claim is reserved for (the pods, for metrics and ``dradriver top``).
+    The raw JSON stays at the cluster port.
     """
 
     ref: ClaimRef
     devices: tuple[AllocatedDevice, ...]
     config: tuple[DeviceConfig, ...] = ()
+    consumers: tuple[ClaimConsumer, ...] = ()  # status.reservedFor when the claim was fetched
 
     @property
     def uid(self) -> str:

@@ -69,6 +69,9 @@ AGGREGATE_ECC = 1
 BRAND_NVIDIA = 14
 # What an idle GPU reports as used memory (driver reservations), in bytes.
 IDLE_USED_BYTES = 1 * MIB
+TEMPERATURE_GPU = 0  # NVML_TEMPERATURE_GPU
+IDLE_CELSIUS = 34  # an idle data-centre GPU; every 10 % of load adds 4 °C
+IDLE_MILLIWATTS, BUSY_MILLIWATTS = 70_000, 400_000  # nvidia-smi's power draw, idle and at 100 %
 
 _ERROR_TEXT = {
     0: "Success",
@@ -524,11 +527,70 @@ class FakeNvmlLibrary:
         device = self._device(handle)
         if isinstance(device, _MigDevice):
             total = device.gi.profile.memory_bytes
+            processes = self.node.processes_on(device.index, device.ci.uuid)
         else:
             total = self.node.gpus[device.index].product.memory_mib * MIB
+            processes = self.node.processes_on(device.index)
+        used = min(total, IDLE_USED_BYTES + sum(p.memory_bytes for p in processes))
         info = _target(memory)
-        info.total, info.used, info.free = total, IDLE_USED_BYTES, total - IDLE_USED_BYTES
+        info.total, info.used, info.free = total, used, total - used
         return sim.SUCCESS
+
+    # --- usage: what nvidia-smi's table shows ---------------------------------------------------------------
+    # On real hardware a MIG device handle answers NOT_SUPPORTED for utilisation, temperature and power (they are
+    # the GPU's), and a GPU in MIG mode answers NOT_SUPPORTED for utilisation too.
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any, utilization: Any) -> int:
+        device = self._device(handle)
+        if isinstance(device, _MigDevice) or self.node.gpus[device.index].mig_current:
+            return sim.NOT_SUPPORTED
+        busy = self.node.utilization(device.index)
+        rates = _target(utilization)
+        rates.gpu, rates.memory = busy, busy // 2
+        return sim.SUCCESS
+
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: Any, temperature: Any) -> int:
+        device = self._device(handle)
+        if isinstance(device, _MigDevice):
+            return sim.NOT_SUPPORTED
+        if _int(sensor) != TEMPERATURE_GPU:
+            return sim.INVALID_ARGUMENT
+        _target(temperature).value = IDLE_CELSIUS + self.node.utilization(device.index) * 4 // 10
+        return sim.SUCCESS
+
+    def nvmlDeviceGetPowerUsage(self, handle: Any, milliwatts: Any) -> int:
+        device = self._device(handle)
+        if isinstance(device, _MigDevice):
+            return sim.NOT_SUPPORTED
+        busy = self.node.utilization(device.index)
+        _target(milliwatts).value = IDLE_MILLIWATTS + busy * (BUSY_MILLIWATTS - IDLE_MILLIWATTS) // 100
+        return sim.SUCCESS
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any, count: Any, infos: Any) -> int:
+        """A GPU lists every process on it, its MIG devices' included (with their instance ids); a MIG device
+        lists its own. The two-call protocol: no buffer (or too small) answers the count with INSUFFICIENT_SIZE,
+        or SUCCESS when there are none."""
+        device = self._device(handle)
+        mig_uuid = device.ci.uuid if isinstance(device, _MigDevice) else None
+        processes = self.node.processes_on(device.index, mig_uuid)
+        counter = _target(count)
+        if infos is None or counter.value < len(processes):
+            counter.value = len(processes)
+            return INSUFFICIENT_SIZE if processes else sim.SUCCESS
+        buffer = _buffer(infos)
+        instances = self._instance_ids(device.index)
+        for i, process in enumerate(processes):
+            gi, ci = instances.get(process.device_uuid, (NOT_ATTRIBUTABLE, NOT_ATTRIBUTABLE))
+            entry = buffer[i]
+            entry.pid, entry.usedGpuMemory = process.pid, process.memory_bytes
+            entry.gpuInstanceId, entry.computeInstanceId = gi, ci
+        counter.value = len(processes)
+        return sim.SUCCESS
+
+    def _instance_ids(self, index: int) -> dict[str, tuple[int, int]]:
+        """MIG device UUID → (GPU instance id, compute instance id) on GPU ``index``."""
+        gpu = self.node.gpus[index]
+        return {ci.uuid: (gi.id, ci.id) for gi in gpu.gpu_instances.values() for ci in gi.compute_instances.values()}
 
     def nvmlDeviceGetPciInfo_v3(self, handle: Any, pci: Any) -> int:
         device = self._device(handle)

@@ -30,7 +30,9 @@ from dradriver.errors import ConfigError
 from dradriver.gpu.models import NO_CLUSTER_UUID, ComputeMode, FabricState, MigProfile, NvlinkPeerType, Placement
 from dradriver.gpu.products import (
     COMPUTE_SLICES_PER_GPU,
+    ECC_XIDS,
     FABRIC_ARCHITECTURES,
+    LOST_XIDS,
     RESET_XIDS,
     RESETLESS_MIG_ARCHITECTURES,
     ProductSpec,
@@ -90,6 +92,18 @@ class SimGpuInstance:
     profile: MigProfile
     placement: Placement
     compute_instances: dict[int, SimComputeInstance] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SimProcess:
+    """A compute process on a GPU or one of its MIG devices: what NVML's running-process list shows, and how busy
+    it keeps the GPU (the simulator's utilisation, temperature and power follow from it)."""
+
+    pid: int
+    device_uuid: str  # the GPU's or the MIG device's UUID
+    memory_bytes: int
+    utilization_percent: int = 0
+    pod_uid: str = ""  # the pod whose cgroup it runs in (what /proc/PID/cgroup names on a real node)
 
 
 @dataclass
@@ -178,6 +192,7 @@ class SimulatedNode:
         self._event_log: list[dict[str, Any]] = []
         self._faults: dict[str, list[int]] = {}  # NVML function name -> return codes of its next calls
         self._cleared: dict[int, int] = {}  # GPU index → last event sequence a reset discarded
+        self.processes: dict[int, SimProcess] = {}  # PID → compute process (`sim process`, tests)
         products = load_products()
         # NVML enumerates GPUs in PCI bus order.
         ordered = sorted(profile.gpus, key=lambda g: g.pci_bus_id)
@@ -284,6 +299,8 @@ class SimulatedNode:
             self._refresh()
             gpu = self.gpus[index]
             self._require_privilege("resetting a GPU")
+            # A reset ends every process on the GPU (a lost GPU's died with it).
+            self.processes = {pid: p for pid, p in self.processes.items() if not self._on_gpu(p, gpu)}
             if gpu.lost:
                 gpu.lost = False
                 gpu.gpu_instances = {}
@@ -296,6 +313,12 @@ class SimulatedNode:
             self._event_log = [e for e in self._event_log if e.get("gpu") != index]
             self._cleared[index] = len(self._events)
             self._save()
+
+    @staticmethod
+    def _on_gpu(process: SimProcess, gpu: SimGpu) -> bool:
+        return process.device_uuid == gpu.uuid or any(
+            ci.uuid == process.device_uuid for gi in gpu.gpu_instances.values() for ci in gi.compute_instances.values()
+        )
 
     def ecc_errors(self, index: int, *, volatile: bool) -> int:
         """Uncorrectable ECC errors since the last reset (``volatile``) or over the GPU's life."""
@@ -513,16 +536,79 @@ class SimulatedNode:
     def _profile_bus_id(self, profile_index: int) -> str:
         return self.profile.gpus[profile_index].pci_bus_id
 
+    # --- workload -----------------------------------------------------------------------------------------
+
+    def start_process(
+        self, device_uuid: str, pid: int, memory_bytes: int, utilization_percent: int = 0, *, pod_uid: str = ""
+    ) -> None:
+        """A CUDA process starts on a GPU or MIG device (by UUID): it holds ``memory_bytes`` of the device's memory
+        and keeps its GPU ``utilization_percent`` busy; ``pod_uid``: the pod it belongs to. Persisted, so a driver
+        sharing the state file sees it."""
+        if pid < 1 or memory_bytes < 0 or not 0 <= utilization_percent <= 100:
+            raise ValueError(f"process {pid}: PID from 1, memory 0 or more and utilisation 0 to 100 percent")
+        with self._lock:
+            self._refresh()
+            index = self.device_index(device_uuid)
+            self.gpu(index)  # GPU_IS_LOST: nothing starts on a GPU off the bus
+            self.processes[pid] = SimProcess(pid, device_uuid, memory_bytes, utilization_percent, pod_uid)
+            self._save()
+
+    def end_process(self, pid: int) -> None:
+        """The process exits (a PID not running is already done)."""
+        with self._lock:
+            self._refresh()
+            if self.processes.pop(pid, None) is not None:
+                self._save()
+
+    def pod_of_pid(self, pid: int) -> str | None:
+        """The pod UID a process runs for, as the driver reads it from /proc/PID/cgroup on a real node."""
+        with self._lock:
+            self._refresh()
+            process = self.processes.get(pid)
+            return process.pod_uid or None if process is not None else None
+
+    def device_index(self, device_uuid: str) -> int:
+        """The index of the GPU that is, or holds the MIG device, ``device_uuid``; NOT_FOUND for neither."""
+        for gpu in self.gpus:
+            if gpu.uuid == device_uuid or any(
+                ci.uuid == device_uuid for gi in gpu.gpu_instances.values() for ci in gi.compute_instances.values()
+            ):
+                return gpu.index
+        raise SimNvmlError(NOT_FOUND, f"no GPU or MIG device with UUID {device_uuid}")
+
+    def processes_on(self, index: int, mig_uuid: str | None = None) -> list[SimProcess]:
+        """The processes on GPU ``index`` (all, its MIG devices' included) or on one of its MIG devices."""
+        with self._lock:
+            self._refresh()
+            gpu = self.gpus[index]
+            if mig_uuid is not None:
+                return [p for p in self.processes.values() if p.device_uuid == mig_uuid]
+            mine = {gpu.uuid} | {ci.uuid for gi in gpu.gpu_instances.values() for ci in gi.compute_instances.values()}
+            return sorted((p for p in self.processes.values() if p.device_uuid in mine), key=lambda p: p.pid)
+
+    def utilization(self, index: int) -> int:
+        """Percent of time GPU ``index`` was busy: its processes' load, capped at 100."""
+        return min(100, sum(p.utilization_percent for p in self.processes_on(index)))
+
     # --- events -------------------------------------------------------------------------------------------
 
     def inject_xid(
         self, index: int, xid: int, *, gpu_instance_id: int | None = None, compute_instance_id: int | None = None
     ) -> None:
-        """Raise an XID on a GPU (or one of its MIG devices), as the kernel driver would."""
+        """Raise an XID on a GPU (or one of its MIG devices), as the kernel driver would, with its effect on the
+        GPU (docs/simulator.md lists them): an XID in ``RESET_XIDS`` makes NVML ask for a GPU reset, one in
+        ``ECC_XIDS`` counts an uncorrectable ECC error, and XID 79 (``LOST_XIDS``) takes the GPU off the bus:
+        every later call on it answers GPU_IS_LOST until ``reset_gpu``."""
         with self._lock:
+            self._refresh()
+            gpu = self.gpu(index)
             if xid in RESET_XIDS:
-                self._refresh()
-                self.gpu(index).recovery_action = RECOVERY_ACTION_GPU_RESET
+                gpu.recovery_action = RECOVERY_ACTION_GPU_RESET
+            if xid in ECC_XIDS:
+                gpu.ecc_volatile += 1
+                gpu.ecc_aggregate += 1
+            if xid in LOST_XIDS:
+                gpu.lost = True
             self._raise(
                 {"gpu": index, "xid": xid, "gpuInstanceId": gpu_instance_id, "computeInstanceId": compute_instance_id}
             )
@@ -633,6 +719,16 @@ class SimulatedNode:
             "events": self._event_log,
             # Kept apart from the log: a reset removes a GPU's events, and ids must never be handed out twice.
             "lastEventId": self._event_id,
+            "processes": [
+                {
+                    "pid": p.pid,
+                    "device": p.device_uuid,
+                    "memory": p.memory_bytes,
+                    "utilization": p.utilization_percent,
+                    "podUID": p.pod_uid,
+                }
+                for p in sorted(self.processes.values(), key=lambda p: p.pid)
+            ],
             "gpus": {
                 gpu.pci_bus_id: {
                     "migCurrent": gpu.mig_current,
@@ -715,7 +811,17 @@ class SimulatedNode:
             parsed = {gpu.pci_bus_id: _parse_gpu_state(gpu, gpus[gpu.pci_bus_id]) for gpu in self.gpus}
         except (KeyError, TypeError, ValueError, StopIteration) as err:
             raise bad("gpus", f"malformed entry ({err!r})") from err
+        try:
+            processes = {
+                int(p["pid"]): SimProcess(
+                    int(p["pid"]), str(p["device"]), int(p["memory"]), int(p["utilization"]), str(p.get("podUID", ""))
+                )
+                for p in raw.get("processes", [])
+            }
+        except (KeyError, TypeError, ValueError) as err:
+            raise bad("processes", f"malformed entry ({err!r})") from err
         self._mig_serial = max(self._mig_serial, serial)
+        self.processes = processes
         self._take_events(raw.get("events"))
         last_id = raw.get("lastEventId", 0)
         self._event_id = max(self._event_id, last_id if isinstance(last_id, int) else 0)

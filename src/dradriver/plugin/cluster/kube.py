@@ -34,6 +34,7 @@ from dradriver.plugin.cluster.port import (
     WatchExpiredError,
     describe,
 )
+from dradriver.plugin.cluster.rate_limit import TokenBucket
 from dradriver.plugin.cluster.resource_versions import VERSIONS, newest_served, slice_from, slice_to
 
 log = logging.getLogger(__name__)
@@ -245,17 +246,23 @@ class KubeCluster:
         *,
         request_timeout: tuple[float, float] = DEFAULT_REQUEST_TIMEOUT,
         resource_version: str | None = None,
+        rate_limit: TokenBucket | None = None,
     ) -> None:
         """``resource_version``: the resource.k8s.io version to speak; unset, API discovery picks the newest the
-        server serves (:mod:`~dradriver.plugin.cluster.resource_versions`) at the first call that needs it."""
+        server serves (:mod:`~dradriver.plugin.cluster.resource_versions`) at the first call that needs it.
+        ``rate_limit`` paces every request (watches included), as client-go's QPS and burst do."""
         self._api = api_client
         self._timeout = request_timeout
         self._resource_version = resource_version
+        self._rate_limit = rate_limit
 
     @classmethod
-    def from_kubeconfig(cls, kubeconfig: str | None = None, *, context: str | None = None) -> KubeCluster:
-        """A cluster adapter configured by :func:`load_api_client`."""
-        return cls(load_api_client(kubeconfig, context=context))
+    def from_kubeconfig(
+        cls, kubeconfig: str | None = None, *, context: str | None = None, qps: float = 0.0, burst: int = 1
+    ) -> KubeCluster:
+        """A cluster adapter configured by :func:`load_api_client`; ``qps`` above 0 limits its requests."""
+        limit = TokenBucket(qps, burst) if qps > 0 else None
+        return cls(load_api_client(kubeconfig, context=context), rate_limit=limit)
 
     def close(self) -> None:
         """Release the client's connections."""
@@ -275,6 +282,8 @@ class KubeCluster:
         timeout: Any = None,
         content_type: str | None = None,
     ) -> Any:
+        if self._rate_limit is not None:
+            self._rate_limit.wait()
         headers = {**_JSON_HEADERS, **({"Content-Type": content_type} if content_type else {})}
         request = self._api.param_serialize(
             method=method,

@@ -9,7 +9,14 @@ from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-from dradriver.plugin.handler import AllocatedClaim, AllocatedDevice, ClaimRef, DeviceConfig, DeviceToleration
+from dradriver.plugin.handler import (
+    AllocatedClaim,
+    AllocatedDevice,
+    ClaimConsumer,
+    ClaimRef,
+    DeviceConfig,
+    DeviceToleration,
+)
 
 _UID = re.compile(r"[A-Za-z0-9._-]{1,253}")
 
@@ -91,7 +98,28 @@ def allocated_claim(claim: Mapping[str, Any], ref: ClaimRef, driver_name: str) -
         for result in allocation["devices"]["results"]
         if isinstance(result, Mapping) and result.get("driver") == driver_name
     )
-    return AllocatedClaim(ref=ref, devices=devices, config=_configs(allocation["devices"].get("config"), driver_name))
+    return AllocatedClaim(
+        ref=ref,
+        devices=devices,
+        config=_configs(allocation["devices"].get("config"), driver_name),
+        consumers=consumers(claim["status"].get("reservedFor")),
+    )
+
+
+def consumers(entries: Any) -> tuple[ClaimConsumer, ...]:
+    """A claim's ``status.reservedFor`` (entries of no known shape skipped)."""
+    if not isinstance(entries, list):
+        return ()
+    return tuple(
+        ClaimConsumer(
+            resource=str(entry.get("resource") or ""),
+            name=str(entry.get("name") or ""),
+            uid=str(entry.get("uid") or ""),
+            api_group=str(entry.get("apiGroup") or ""),
+        )
+        for entry in entries
+        if isinstance(entry, Mapping)
+    )
 
 
 def _consumed(raw: Any) -> tuple[tuple[str, str], ...]:

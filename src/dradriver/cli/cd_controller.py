@@ -1,0 +1,105 @@
+"""``dradriver cd-controller``: the ComputeDomain controller (a Deployment of the same image), leader-elected."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import threading
+import uuid
+
+from dradriver.cli.logs import configure_logging
+from dradriver.cli.options import add_env_option, check_kubeconfig
+from dradriver.computedomain.controller import Controller, ControllerSettings
+from dradriver.computedomain.kube import Rest
+from dradriver.computedomain.leader import LeaderElector
+
+log = logging.getLogger("dradriver.cd-controller")
+LEASE_NAME = "dradriver-compute-domain-controller"
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Turn each ComputeDomain into its claim templates and a DaemonSet of IMEX daemons, number the daemons of "
+        "each clique and report status, until SIGTERM. Replicas elect one leader on a Lease."
+    )
+    add_env_option(parser, "--kubeconfig", env="DRADRIVER_KUBECONFIG", help="kubeconfig file (default: in-cluster)")
+    add_env_option(
+        parser,
+        "--namespace",
+        env="POD_NAMESPACE",
+        default="dradriver",
+        help="the driver's namespace (daemons, cliques)",
+    )
+    add_env_option(
+        parser, "--image", env="IMAGE_NAME", default="dradriver:latest", help="the image the daemon pods run"
+    )
+    add_env_option(
+        parser,
+        "--daemon-service-account",
+        env="DRADRIVER_CD_DAEMON_SERVICE_ACCOUNT",
+        default="dradriver-compute-domain-daemon",
+        help="the service account of the daemon pods",
+    )
+    add_env_option(
+        parser,
+        "--daemon-command",
+        env="DRADRIVER_CD_DAEMON_COMMAND",
+        default="dradriver cd-daemon",
+        help="the daemon pods' command, before run/check",
+    )
+    add_env_option(
+        parser,
+        "--max-nodes-per-imex-domain",
+        env="MAX_NODES_PER_IMEX_DOMAIN",
+        default=18,
+        type=int,
+        help="the most daemons of one clique (NVL72: 18 trays)",
+    )
+    add_env_option(
+        parser, "--identity", env="POD_NAME", default="", help="this replica's name in the Lease (default: host+uuid)"
+    )
+    add_env_option(parser, "--lease-duration", env="DRADRIVER_LEASE_DURATION", default=15.0, type=float, help="seconds")
+    add_env_option(
+        parser, "--interval", env="DRADRIVER_CD_INTERVAL", default=2.0, type=float, help="seconds between passes"
+    )
+    add_env_option(parser, "--log-format", env="DRADRIVER_LOG_FORMAT", default="text", choices=("text", "json"),
+                   help="log line format")  # fmt: skip
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    configure_logging(args.log_format)
+    check_kubeconfig("--kubeconfig", args.kubeconfig)
+    rest = Rest.from_kubeconfig(args.kubeconfig)
+    settings = ControllerSettings(
+        namespace=args.namespace,
+        image=args.image,
+        daemon_service_account=args.daemon_service_account,
+        daemon_command=tuple(args.daemon_command.split()),
+        max_nodes_per_domain=args.max_nodes_per_imex_domain,
+    )
+    identity = args.identity or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+    elector = LeaderElector(
+        rest, namespace=args.namespace, name=LEASE_NAME, identity=identity, duration=args.lease_duration
+    )
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    controller = Controller(rest, settings)
+
+    def elect() -> None:
+        while not stop.is_set():
+            elector.try_acquire()
+            stop.wait(elector.renew)
+
+    threading.Thread(target=elect, name="leader-election", daemon=True).start()
+    log.info("ready identity=%s namespace=%s pid=%d", identity, args.namespace, os.getpid())
+    try:
+        controller.run(stop, leading=elector.leading.is_set, interval=args.interval)
+    finally:
+        elector.release()
+        rest.close()
+    return 0

@@ -1,0 +1,65 @@
+"""``dradriver cd-daemon run|check``: the IMEX daemon's supervisor in a ComputeDomain's DaemonSet pods."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import threading
+from pathlib import Path
+
+from dradriver.cli.logs import configure_logging
+from dradriver.cli.options import add_env_option
+from dradriver.computedomain.daemon import ImexDaemon, local_ready, settings_from_env
+from dradriver.computedomain.kube import Rest
+from dradriver.errors import ConfigError
+
+HOST_IMEX_SOCKET = "/etc/nvidia-imex/imex_ctrl.sock"
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = "Run (run) or probe (check) the IMEX daemon of a ComputeDomain on this node."
+    parser.add_argument("action", choices=("run", "check"))
+    add_env_option(parser, "--kubeconfig", env="DRADRIVER_KUBECONFIG", help="kubeconfig file (default: in-cluster)")
+    add_env_option(parser, "--config-dir", env="DRADRIVER_IMEX_CONFIG_DIR", default="/imexd",
+                   help="where the daemon claim mounted this domain's IMEX files")  # fmt: skip
+    add_env_option(parser, "--hosts-file", env="DRADRIVER_HOSTS_FILE", default="/etc/hosts",
+                   help="the hosts file that maps peer names to addresses")  # fmt: skip
+    add_env_option(parser, "--imex-command", env="DRADRIVER_IMEX_COMMAND", default="nvidia-imex",
+                   help="the IMEX daemon, split like a shell line")  # fmt: skip
+    add_env_option(parser, "--imex-ctl-command", env="DRADRIVER_IMEX_CTL_COMMAND", default="nvidia-imex-ctl",
+                   help="the IMEX control tool, split like a shell line")  # fmt: skip
+    add_env_option(parser, "--host-imex-socket", env="DRADRIVER_HOST_IMEX_SOCKET", default=HOST_IMEX_SOCKET,
+                   help="a host nvidia-imex service's control socket: refuse to run beside it")  # fmt: skip
+    add_env_option(parser, "--log-format", env="DRADRIVER_LOG_FORMAT", default="text", choices=("text", "json"),
+                   help="log line format")  # fmt: skip
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = settings_from_env(
+        dict(os.environ),
+        config_dir=Path(args.config_dir),
+        hosts_file=Path(args.hosts_file),
+        imex_command=shlex.split(args.imex_command),
+        imex_ctl_command=shlex.split(args.imex_ctl_command),
+    )
+    if args.action == "check":
+        return 0 if local_ready(settings) else 1
+    configure_logging(args.log_format)
+    if settings.clique_id and Path(args.host_imex_socket).exists():
+        raise ConfigError(
+            f"a host nvidia-imex service runs on node {settings.node_name} (its socket {args.host_imex_socket} "
+            "exists): two IMEX daemons on one node break each other's domains; stop it for driver-managed "
+            "ComputeDomains (systemctl disable --now nvidia-imex.service; systemctl mask nvidia-imex.service)"
+        )
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    rest = Rest.from_kubeconfig(args.kubeconfig)
+    try:
+        ImexDaemon(rest, settings).run(stop)
+    finally:
+        rest.close()
+    return 0

@@ -1,0 +1,102 @@
+"""``dradriver run --compute-domains``: the flags of the ComputeDomain driver, and its start beside the GPU driver."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+from dradriver.cli.options import add_env_option
+from dradriver.computedomain import api
+from dradriver.computedomain.kube import Rest
+from dradriver.computedomain.node import DEFAULT_READY_TIMEOUT
+from dradriver.computedomain.plugin import ComputeDomainPlugin, read_facts
+from dradriver.gpu.backend import simulated_proc_root
+from dradriver.gpu.interface import GpuLib
+from dradriver.plugin.cluster.port import Cluster
+from dradriver.plugin.kubeletplugin.plugin import DEFAULT_PLUGINS_DIR
+from dradriver.validation.slices import SliceShape
+
+DEFAULT_NAMESPACE = "dradriver"
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    add_env_option(
+        parser,
+        "--compute-domains",
+        env="DRADRIVER_COMPUTE_DOMAINS",
+        default="false",
+        choices=("true", "false"),
+        help=f"also serve {api.DRIVER_NAME} (ComputeDomains: IMEX channels for multi-node NVLink jobs)",
+    )
+    add_env_option(
+        parser,
+        "--cd-namespace",
+        env="POD_NAMESPACE",
+        default=DEFAULT_NAMESPACE,
+        help="the driver's namespace, where ComputeDomain daemons and their cliques live",
+    )
+    add_env_option(
+        parser,
+        "--cd-ready-timeout",
+        env="DRADRIVER_CD_READY_TIMEOUT",
+        default=DEFAULT_READY_TIMEOUT,
+        type=float,
+        metavar="SECONDS",
+        help="how long one prepare of a channel waits for this node's IMEX daemon before the kubelet retries",
+    )
+    add_env_option(
+        parser,
+        "--cd-fabric-interval",
+        env="DRADRIVER_CD_FABRIC_INTERVAL",
+        default=10.0,
+        type=float,
+        metavar="SECONDS",
+        help="how often to re-read the node's NVLink clique (the fabric manager may re-register GPUs); 0: never",
+    )
+    add_env_option(
+        parser,
+        "--cd-proc-root",
+        env="DRADRIVER_CD_PROC_ROOT",
+        default="/proc",
+        help="where /proc/devices and the NVIDIA capability files are read (a simulated node writes its own)",
+    )
+
+
+def start(
+    args: argparse.Namespace,
+    *,
+    gpulib: GpuLib,
+    simulated: bool,
+    cluster: Cluster,
+    node_uid: str | None,
+    shape: SliceShape,
+    imex_binaries: Sequence[tuple[str, str]] = (),
+) -> ComputeDomainPlugin:
+    """Serve and publish; the node's clique and device numbers are read now and every --cd-fabric-interval.
+    Its plugin directory (socket, lock, checkpoint, per-domain daemon files) is beside the GPU driver's."""
+    base = Path(args.plugin_dir).parent if args.plugin_dir else DEFAULT_PLUGINS_DIR
+    plugin_dir = base / api.DRIVER_NAME
+    proc = Path(args.cd_proc_root)
+    if simulated and args.cd_proc_root == "/proc":
+        proc = simulated_proc_root(plugin_dir / "proc")
+    plugin = ComputeDomainPlugin(
+        read=lambda: read_facts(gpulib, args.node_name, proc),
+        refresh_interval=args.cd_fabric_interval,
+        cluster=cluster,
+        rest=Rest.from_kubeconfig(args.kubeconfig),
+        namespace=args.cd_namespace,
+        registry_dir=Path(args.registry_dir),
+        plugin_dir=plugin_dir,
+        cdi_dir=Path(args.cdi_dir),
+        node_uid=node_uid,
+        shape=shape,
+        ready_timeout=args.cd_ready_timeout,
+        pod_uid=args.pod_uid or None,
+        daemon_mounts=[
+            {"hostPath": host, "containerPath": container, "options": ["ro", "nosuid", "nodev", "bind"]}
+            for host, container in imex_binaries
+        ],
+    )
+    plugin.start()
+    return plugin

@@ -1,0 +1,457 @@
+"""The ComputeDomain controller: per domain, the workload claim template, the daemon claim template and the
+DaemonSet of IMEX daemons; clique indices; status and conditions; finalizer and a deletion that never hangs.
+
+Level-triggered: each pass lists what exists and converges it, so a missed event, a restart or a failover
+loses nothing. Writes happen only on a difference, and the controller is the only writer of daemon indices
+and of ComputeDomain status, so the daemons (one per node) never rewrite one shared object: each applies its
+own clique entry (server-side apply), the controller numbers them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from dradriver.computedomain import api
+from dradriver.computedomain.kube import Rest, path_of
+from dradriver.errors import DradriverError
+from dradriver.plugin.cluster.port import ClusterError, ConflictError
+
+log = logging.getLogger(__name__)
+
+CONTROLLER_MANAGER = "dradriver-cd-controller"
+DAEMON_CONTAINER = "imex-daemon"
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    namespace: str  # the driver's: daemon DaemonSets, their claim templates and the cliques live here
+    image: str
+    daemon_service_account: str = "dradriver-compute-domain-daemon"
+    daemon_command: tuple[str, ...] = ("dradriver", "cd-daemon")
+    max_nodes_per_domain: int = api.MAX_NODES_PER_IMEX_DOMAIN
+
+
+@dataclass
+class Snapshot:
+    """What exists, listed once per pass."""
+
+    domains: list[dict[str, Any]]
+    cliques: list[dict[str, Any]]
+    pods: list[dict[str, Any]]
+    daemonsets: set[str]
+    templates: list[dict[str, Any]]
+    nodes: list[dict[str, Any]]
+    by_uid: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+class Controller:
+    """Converges every ComputeDomain; :meth:`sync` is one pass, :meth:`run` passes until stopped (while leading)."""
+
+    def __init__(self, rest: Rest, settings: ControllerSettings) -> None:
+        self.rest = rest
+        self.settings = settings
+        self.ns = settings.namespace
+
+    # -- one pass --------------------------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        label = api.DOMAIN_LABEL
+        # What domains left behind is listed before the domains: an object made for a domain created meanwhile
+        # then always has its domain in the list, so the sweep never mistakes it for an orphan.
+        cliques = self.rest.list(path_of(api.API_VERSION, "computedomaincliques", self.ns))
+        pods = self.rest.list(path_of("v1", "pods", self.ns), labels=label)
+        daemonsets = {
+            d["metadata"]["name"] for d in self.rest.list(path_of("apps/v1", "daemonsets", self.ns), labels=label)
+        }
+        templates = self.rest.list(path_of("resource.k8s.io/v1", "resourceclaimtemplates"), labels=label)
+        nodes = self.rest.list(path_of("v1", "nodes"), labels=label)
+        domains = self.rest.list(path_of(api.API_VERSION, "computedomains"))
+        snap = Snapshot(domains, cliques, pods, daemonsets, templates, nodes)
+        snap.by_uid = {d["metadata"]["uid"]: d for d in snap.domains}
+        return snap
+
+    def sync(self) -> None:
+        """One pass over everything; an error on one domain does not stop the others."""
+        snap = self.snapshot()
+        for domain in snap.domains:
+            meta = domain["metadata"]
+            try:
+                if meta.get("deletionTimestamp"):
+                    self._delete(domain, snap)
+                else:
+                    self._converge(domain, snap)
+            except (ClusterError, DradriverError) as err:
+                log.warning("reconcile failed domain=%s/%s error=%s", meta["namespace"], meta["name"], err)
+        self._sweep(snap)
+
+    # -- a live domain ---------------------------------------------------------------------------------
+
+    def _converge(self, domain: dict[str, Any], snap: Snapshot) -> None:
+        meta = domain["metadata"]
+        uid = meta["uid"]
+        try:
+            spec = api.parse_spec(domain)
+        except DradriverError as err:
+            self._write_status(domain, [], error=str(err))
+            return
+        if api.FINALIZER not in (meta.get("finalizers") or []):
+            domain = self.rest.json_patch(
+                path_of(api.API_VERSION, "computedomains", meta["namespace"], meta["name"]),
+                [
+                    {"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
+                    _add_finalizer_op(meta),
+                ],
+            )
+        names = {
+            (t["metadata"]["namespace"], t["metadata"]["name"])
+            for t in snap.templates
+            if t["metadata"].get("labels", {}).get(api.DOMAIN_LABEL) == uid
+        }
+        daemon_name = api.daemon_object_name(uid)
+        if (self.ns, daemon_name) not in names:
+            self._create(path_of("resource.k8s.io/v1", "resourceclaimtemplates", self.ns), self._daemon_template(uid))
+        if daemon_name not in snap.daemonsets:
+            self._create(path_of("apps/v1", "daemonsets", self.ns), self._daemonset(uid))
+        workload = spec.channel.resource_claim_template.name
+        if (meta["namespace"], workload) not in names:
+            self._create(
+                path_of("resource.k8s.io/v1", "resourceclaimtemplates", meta["namespace"]),
+                self._workload_template(domain),
+            )
+        nodes = self._number_cliques(uid, snap)
+        self._write_status(domain, nodes, num_nodes=spec.num_nodes)
+
+    def _create(self, path: str, body: dict[str, Any]) -> None:
+        try:
+            self.rest.create(path, body)
+            log.info("created kind=%s name=%s", body["kind"], body["metadata"]["name"])
+        except ConflictError:
+            pass  # made since the list (a pass of an earlier leader): the next pass sees it
+
+    def _number_cliques(self, uid: str, snap: Snapshot) -> list[dict[str, Any]]:
+        """Give every daemon of the domain an index (lowest free, kept for as long as its entry lives) and
+        drop entries of nodes that no longer run a daemon of it; the domain's ``status.nodes``."""
+        live = {
+            p["spec"].get("nodeName")
+            for p in snap.pods
+            if p["metadata"].get("labels", {}).get(api.DOMAIN_LABEL) == uid
+            and not p["metadata"].get("deletionTimestamp")
+        }
+        nodes: list[dict[str, Any]] = []
+        for clique in snap.cliques:
+            if clique["metadata"].get("labels", {}).get(api.DOMAIN_LABEL) != uid:
+                continue
+            for d in self._converge_clique(clique, live):
+                if d.get("index") is None:
+                    continue
+                nodes.append(
+                    {
+                        "name": d["nodeName"],
+                        "ipAddress": d.get("ipAddress", ""),
+                        "cliqueID": d.get("cliqueID", ""),
+                        "index": d["index"],
+                        "status": d.get("status") or api.NOT_READY,
+                    }
+                )
+        # Nodes without multi-node NVLink run a daemon that joins no clique: reported from the pod, index -1.
+        for pod in snap.pods:
+            labels = pod["metadata"].get("labels", {})
+            if labels.get(api.DOMAIN_LABEL) == uid and labels.get(api.CLIQUE_LABEL, None) == "":
+                nodes.append(
+                    {
+                        "name": pod["spec"].get("nodeName", ""),
+                        "ipAddress": pod.get("status", {}).get("podIP", ""),
+                        "cliqueID": "",
+                        "index": -1,
+                        "status": api.READY if _pod_ready(pod) else api.NOT_READY,
+                    }
+                )
+        return sorted(nodes, key=lambda n: n["name"])
+
+    def _converge_clique(self, clique: dict[str, Any], live: set[str]) -> list[dict[str, Any]]:
+        """The clique's entries once those of nodes without a live daemon are gone and the rest numbered."""
+        daemons = [d for d in clique.get("daemons") or [] if d.get("nodeName") in live]
+        if len(daemons) != len(clique.get("daemons") or []):
+            clique = self._drop_entries(clique, {d["nodeName"] for d in daemons})
+            daemons = clique.get("daemons") or []
+        if any(d.get("index") is None for d in daemons):
+            clique = self._assign_indices(clique, daemons)
+            daemons = clique.get("daemons") or []
+        return list(daemons)
+
+    def _drop_entries(self, clique: dict[str, Any], keep: set[str]) -> dict[str, Any]:
+        meta = clique["metadata"]
+        operations: list[dict[str, Any]] = [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]}
+        ]
+        for position, entry in reversed(list(enumerate(clique.get("daemons") or []))):
+            if entry.get("nodeName") not in keep:
+                operations.append({"op": "remove", "path": f"/daemons/{position}"})
+                log.info("dropping clique entry clique=%s node=%s", meta["name"], entry.get("nodeName"))
+        return self.rest.json_patch(path_of(api.API_VERSION, "computedomaincliques", self.ns, meta["name"]), operations)
+
+    def _assign_indices(self, clique: dict[str, Any], daemons: list[dict[str, Any]]) -> dict[str, Any]:
+        taken = {d["index"] for d in daemons if d.get("index") is not None}
+        indices: dict[str, int] = {d["nodeName"]: d["index"] for d in daemons if d.get("index") is not None}
+        for d in sorted(daemons, key=lambda d: d["nodeName"]):
+            if d.get("index") is not None:
+                continue
+            free = next((i for i in range(self.settings.max_nodes_per_domain) if i not in taken), None)
+            if free is None:
+                log.warning(
+                    "clique full: no index left clique=%s node=%s max=%d",
+                    clique["metadata"]["name"],
+                    d["nodeName"],
+                    self.settings.max_nodes_per_domain,
+                )
+                continue
+            taken.add(free)
+            indices[d["nodeName"]] = free
+        body = {
+            "apiVersion": api.API_VERSION,
+            "kind": "ComputeDomainClique",
+            "metadata": {"name": clique["metadata"]["name"], "namespace": self.ns},
+            "daemons": [{"nodeName": node, "index": index} for node, index in sorted(indices.items())],
+        }
+        return self.rest.apply(
+            path_of(api.API_VERSION, "computedomaincliques", self.ns, clique["metadata"]["name"]),
+            body,
+            manager=CONTROLLER_MANAGER,
+        )
+
+    def _write_status(
+        self, domain: dict[str, Any], nodes: list[dict[str, Any]], *, num_nodes: int = 0, error: str = ""
+    ) -> None:
+        old = domain.get("status") or {}
+        ready = sum(1 for n in nodes if n["status"] == api.READY)
+        overall = api.READY if not error and len(nodes) >= num_nodes and ready == len(nodes) else api.NOT_READY
+        wanted = f"{num_nodes} wanted" if num_nodes else "numNodes not set"
+        conditions = [
+            _condition(
+                old,
+                "Ready",
+                true=overall == api.READY,
+                reason="InvalidSpec" if error else ("AllDaemonsReady" if overall == api.READY else "WaitingForDaemons"),
+                message=error or f"{ready} of {len(nodes)} IMEX daemons Ready ({wanted})",
+                domain=domain,
+            ),
+            _condition(
+                old,
+                "DaemonsReady",
+                true=bool(nodes) and ready == len(nodes),
+                reason="DaemonsReady"
+                if nodes and ready == len(nodes)
+                else ("NoDaemons" if not nodes else "DaemonsNotReady"),
+                message=f"{ready}/{len(nodes)} Ready",
+                domain=domain,
+            ),
+        ]
+        status = {"status": overall, "nodes": nodes, "conditions": conditions}
+        if _comparable(old) == _comparable(status):
+            return
+        meta = domain["metadata"]
+        self.rest.merge_patch(
+            path_of(api.API_VERSION, "computedomains", meta["namespace"], meta["name"]) + "/status",
+            {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": status},
+        )
+
+    # -- deletion --------------------------------------------------------------------------------------
+
+    def _delete(self, domain: dict[str, Any], snap: Snapshot) -> None:
+        """Take the domain apart without waiting on anything that could wait on us: the workload template,
+        the DaemonSet and its template, the node labels (which ends every daemon), the cliques; then the
+        finalizer. Running workload pods keep their channels until they end (unprepare needs no domain)."""
+        meta = domain["metadata"]
+        uid = meta["uid"]
+        for template in snap.templates:
+            if template["metadata"].get("labels", {}).get(api.DOMAIN_LABEL) == uid:
+                tmeta = template["metadata"]
+                self.rest.delete(
+                    path_of("resource.k8s.io/v1", "resourceclaimtemplates", tmeta["namespace"], tmeta["name"])
+                )
+        self.rest.delete(path_of("apps/v1", "daemonsets", self.ns, api.daemon_object_name(uid)))
+        self._unlabel_nodes(uid, snap)
+        for clique in snap.cliques:
+            if clique["metadata"].get("labels", {}).get(api.DOMAIN_LABEL) == uid:
+                self.rest.delete(path_of(api.API_VERSION, "computedomaincliques", self.ns, clique["metadata"]["name"]))
+        finalizers = meta.get("finalizers") or []
+        if api.FINALIZER in finalizers:
+            self.rest.json_patch(
+                path_of(api.API_VERSION, "computedomains", meta["namespace"], meta["name"]),
+                [
+                    {"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
+                    {"op": "remove", "path": f"/metadata/finalizers/{finalizers.index(api.FINALIZER)}"},
+                ],
+            )
+            log.info("domain deleted domain=%s/%s uid=%s", meta["namespace"], meta["name"], uid)
+
+    def _unlabel_nodes(self, uid: str, snap: Snapshot) -> None:
+        for node in snap.nodes:
+            if node["metadata"].get("labels", {}).get(api.DOMAIN_LABEL) == uid:
+                self.rest.merge_patch(
+                    path_of("v1", "nodes", None, node["metadata"]["name"]),
+                    {
+                        "metadata": {
+                            "resourceVersion": node["metadata"]["resourceVersion"],
+                            "labels": {api.DOMAIN_LABEL: None},
+                        }
+                    },
+                )
+
+    def _sweep(self, snap: Snapshot) -> None:
+        """What a domain left behind when it vanished without our finalizer (deleted while no controller ran
+        and the finalizer forced off): node labels, DaemonSets, templates, cliques."""
+        gone = set()
+        for node in snap.nodes:
+            gone.add(node["metadata"]["labels"][api.DOMAIN_LABEL])
+        for template in snap.templates:
+            gone.add(template["metadata"]["labels"][api.DOMAIN_LABEL])
+        for clique in snap.cliques:
+            gone.add(clique["metadata"].get("labels", {}).get(api.DOMAIN_LABEL, ""))
+        for uid in sorted(gone - set(snap.by_uid) - {""}):
+            try:
+                log.info("removing what a vanished domain left uid=%s", uid)
+                self._delete({"metadata": {"uid": uid, "namespace": "", "name": ""}}, snap)
+            except ClusterError as err:
+                log.warning("sweep failed uid=%s error=%s", uid, err)
+
+    # -- generated objects -----------------------------------------------------------------------------
+
+    def _owner(self, domain: dict[str, Any]) -> dict[str, Any]:
+        meta = domain["metadata"]
+        return {"apiVersion": api.API_VERSION, "kind": "ComputeDomain", "name": meta["name"], "uid": meta["uid"]}
+
+    def _workload_template(self, domain: dict[str, Any]) -> dict[str, Any]:
+        template = api.workload_claim_template(domain)
+        template["metadata"]["ownerReferences"] = [self._owner(domain)]
+        return template
+
+    def _daemon_template(self, uid: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {
+                "name": api.daemon_object_name(uid),
+                "namespace": self.ns,
+                "labels": {api.DOMAIN_LABEL: uid, api.TARGET_LABEL: "Daemon"},
+            },
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [{"name": "daemon", "exactly": {"deviceClassName": api.DAEMON_CLASS}}],
+                        "config": [
+                            {
+                                "requests": ["daemon"],
+                                "opaque": {"driver": api.DRIVER_NAME, "parameters": api.daemon_config(uid)},
+                            }
+                        ],
+                    }
+                }
+            },
+        }
+
+    def _daemonset(self, uid: str) -> dict[str, Any]:
+        name = api.daemon_object_name(uid)
+        labels = {api.DOMAIN_LABEL: uid}
+
+        def field_env(env: str, path: str) -> dict[str, Any]:
+            return {"name": env, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+        probe = {"exec": {"command": [*self.settings.daemon_command, "check"]}}
+        return {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {"name": name, "namespace": self.ns, "labels": labels},
+            "spec": {
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "nodeSelector": labels,
+                        "serviceAccountName": self.settings.daemon_service_account,
+                        "tolerations": [{"operator": "Exists"}],
+                        "terminationGracePeriodSeconds": 10,
+                        "resourceClaims": [{"name": "compute-domain-daemon", "resourceClaimTemplateName": name}],
+                        "containers": [
+                            {
+                                "name": DAEMON_CONTAINER,
+                                "image": self.settings.image,
+                                "command": [*self.settings.daemon_command, "run"],
+                                "env": [
+                                    field_env("NODE_NAME", "spec.nodeName"),
+                                    field_env("POD_IP", "status.podIP"),
+                                    field_env("POD_NAME", "metadata.name"),
+                                    field_env("POD_NAMESPACE", "metadata.namespace"),
+                                    field_env("POD_UID", "metadata.uid"),
+                                    {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
+                                    {
+                                        "name": "MAX_NODES_PER_IMEX_DOMAIN",
+                                        "value": str(self.settings.max_nodes_per_domain),
+                                    },
+                                ],
+                                "resources": {"claims": [{"name": "compute-domain-daemon"}]},
+                                "startupProbe": {**probe, "periodSeconds": 1, "failureThreshold": 1200},
+                                "readinessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 1},
+                            }
+                        ],
+                    },
+                },
+            },
+        }
+
+    # -- the loop --------------------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event, *, leading: Callable[[], bool] = lambda: True, interval: float = 1.0) -> None:
+        """Pass every ``interval`` seconds while ``leading()``, until ``stop`` is set."""
+        while not stop.is_set():
+            if leading():
+                try:
+                    self.sync()
+                except ClusterError as err:
+                    log.warning("pass failed error=%s", err)
+            stop.wait(interval)
+
+
+def _add_finalizer_op(meta: dict[str, Any]) -> dict[str, Any]:
+    if meta.get("finalizers"):
+        return {"op": "add", "path": "/metadata/finalizers/-", "value": api.FINALIZER}
+    return {"op": "add", "path": "/metadata/finalizers", "value": [api.FINALIZER]}
+
+
+def _pod_ready(pod: dict[str, Any]) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in pod.get("status", {}).get("conditions") or []
+    )
+
+
+def _condition(
+    old: dict[str, Any], kind: str, *, true: bool, reason: str, message: str, domain: dict[str, Any]
+) -> dict[str, Any]:
+    status = "True" if true else "False"
+    previous = next((c for c in old.get("conditions") or [] if c.get("type") == kind), None)
+    moment = (
+        previous["lastTransitionTime"]
+        if previous and previous.get("status") == status
+        else datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    )
+    return {
+        "type": kind,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": moment,
+        "observedGeneration": domain["metadata"].get("generation", 0),
+    }
+
+
+def _comparable(status: dict[str, Any]) -> Any:
+    return (
+        status.get("status"),
+        status.get("nodes") or [],
+        [{k: v for k, v in c.items() if k != "lastTransitionTime"} for c in status.get("conditions") or []],
+    )

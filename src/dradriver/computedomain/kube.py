@@ -1,0 +1,141 @@
+"""Raw JSON access to any Kubernetes resource, for the ComputeDomain controller, node driver and daemon.
+
+The same client and error mapping as the plugin layer's cluster port (``plugin/cluster/kube.py``), with what
+controllers need beside it: any resource path, merge and server-side-apply patches, label selectors. Bodies
+stay JSON (never the client's models, which drop fields they do not know). ``writes`` counts mutating requests,
+so tests and metrics can show that nothing storms the API server.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import quote
+
+import urllib3
+
+from dradriver.plugin.cluster.kube import DEFAULT_REQUEST_TIMEOUT, error_for_status, k8s_client, load_api_client
+from dradriver.plugin.cluster.port import ApiUnavailableError, JsonObject, NotFoundError
+
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"  # JSON is YAML: the API server takes a JSON body under this type
+
+
+def path_of(api_version: str, plural: str, namespace: str | None = None, name: str | None = None) -> str:
+    """The REST path of a collection or (with ``name``) an object."""
+    base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    scope = f"/namespaces/{quote(namespace)}" if namespace else ""
+    return f"{base}{scope}/{plural}" + (f"/{quote(name)}" if name else "")
+
+
+def resource_of(path: str) -> str:
+    """The resource (plural, with a subresource) a REST path names: ``pods``, ``computedomains/status``."""
+    parts = [p for p in path.split("?", maxsplit=1)[0].split("/") if p]
+    parts = parts[2:] if parts[:1] == ["api"] else parts[3:]
+    if parts[:1] == ["namespaces"] and len(parts) > 2:
+        parts = parts[2:]
+    return parts[0] + (f"/{parts[2]}" if len(parts) > 2 else "") if parts else path
+
+
+class Rest:
+    """Requests to the API server with JSON bodies; errors are the cluster port's ``ClusterError`` subclasses."""
+
+    def __init__(self, api_client: Any, *, timeout: tuple[float, float] = DEFAULT_REQUEST_TIMEOUT) -> None:
+        self._api = api_client
+        self._timeout = timeout
+        self._count_lock = threading.Lock()
+        self.writes: Counter[str] = Counter()  # "VERB plural" -> requests sent
+
+    @classmethod
+    def from_kubeconfig(cls, kubeconfig: str | None = None) -> Rest:
+        return cls(load_api_client(kubeconfig))
+
+    def close(self) -> None:
+        self._api.close()
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> JsonObject:
+        """One request; the answer's JSON (``{}`` when empty)."""
+        what = path
+        if method != "GET":
+            with self._count_lock:
+                self.writes[f"{method} {resource_of(path)}"] += 1
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        request = self._api.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=query or None,
+            header_params=headers,
+            # The client serialises bodies of JSON content types itself and sends strings as they are.
+            body=json.dumps(body) if content_type == APPLY_PATCH else body,
+            auth_settings=["BearerToken"],
+        )
+        try:
+            response = self._api.call_api(*request, _request_timeout=self._timeout)
+            data = response.read()
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ApiUnavailableError(f"{method} {what}: API server unreachable: {exc}") from exc
+        except k8s_client.ApiException as exc:
+            raise error_for_status(exc.status or 0, (exc.body or str(exc)).encode(), what, method) from exc
+        if not 200 <= response.status <= 299:
+            raise error_for_status(response.status, data or b"", what, method)
+        try:
+            result: JsonObject = json.loads(data) if data else {}
+        except ValueError as exc:
+            raise ApiUnavailableError(f"{method} {what}: answer is not JSON: {data[:200]!r}") from exc
+        return result
+
+    # -- conveniences ----------------------------------------------------------------------------------
+
+    def get(self, path: str) -> JsonObject:
+        return self.request("GET", path)
+
+    def find(self, path: str) -> JsonObject | None:
+        """The object, or None when it does not exist."""
+        try:
+            return self.get(path)
+        except NotFoundError:
+            return None
+
+    def list(self, path: str, *, labels: str = "", fields: str = "") -> list[JsonObject]:
+        query = [("labelSelector", labels)] if labels else []
+        query += [("fieldSelector", fields)] if fields else []
+        items: list[JsonObject] = self.request("GET", path, query=query).get("items") or []
+        return items
+
+    def create(self, path: str, body: JsonObject) -> JsonObject:
+        return self.request("POST", path, body=body)
+
+    def update(self, path: str, body: JsonObject) -> JsonObject:
+        return self.request("PUT", path, body=body)
+
+    def merge_patch(self, path: str, patch: JsonObject) -> JsonObject:
+        return self.request("PATCH", path, body=patch, content_type=MERGE_PATCH)
+
+    def json_patch(self, path: str, operations: Sequence[JsonObject]) -> JsonObject:
+        return self.request("PATCH", path, body=list(operations), content_type=JSON_PATCH)
+
+    def apply(self, path: str, body: JsonObject, *, manager: str, force: bool = True) -> JsonObject:
+        """Server-side apply of ``body`` (the fields ``manager`` owns, and only those) to the object at ``path``."""
+        query = [("fieldManager", manager)] + ([("force", "true")] if force else [])
+        return self.request("PATCH", path, query=query, body=body, content_type=APPLY_PATCH)
+
+    def delete(self, path: str, *, propagation: str = "Background") -> bool:
+        """Delete the object; False when it was already gone."""
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation}
+        try:
+            self.request("DELETE", path, body=body)
+        except NotFoundError:
+            return False
+        return True

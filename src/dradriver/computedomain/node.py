@@ -1,0 +1,380 @@
+"""The node side: the ``compute-domain.dradriver.dev`` DRA driver, on the generic kubelet-plugin layer.
+
+It publishes two devices per node: ``channel-0`` (what a workload pod's claim gets: IMEX channel 0, or every
+channel in ``All`` mode) and ``daemon-0`` (what the domain's IMEX daemon pod gets). Preparing a channel labels
+the Node with the domain's UID, which pulls the domain's daemon onto it; the channel is handed out only once
+that daemon is Ready in its clique (bounded wait, then a retryable error the kubelet retries).
+
+One record of what is prepared: ``<state-dir>/checkpoint.json``. CDI specs are outputs, never read back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dradriver.computedomain import api
+from dradriver.computedomain.fabric import CharDevice
+from dradriver.computedomain.kube import Rest, path_of
+from dradriver.errors import ClaimError, DradriverError
+from dradriver.plugin.cluster.port import ClusterError, ConflictError, NotFoundError
+from dradriver.plugin.handler import AllocatedClaim, ClaimRef, DeviceConfig, PreparedDevice, PrepareResult
+
+log = logging.getLogger(__name__)
+
+CHANNEL_DEVICE = "channel-0"
+DAEMON_DEVICE = "daemon-0"
+DEFAULT_READY_TIMEOUT = 20.0
+
+
+class NotReadyError(DradriverError):
+    """This node's IMEX daemon is not Ready yet: the kubelet retries prepare later (the pod waits)."""
+
+
+def slice_devices(clique_id: str) -> list[dict[str, Any]]:
+    """The devices of this node's one slice. ``cliqueID`` lets a selector keep a job inside one clique."""
+
+    def device(name: str, kind: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "attributes": {"type": {"string": kind}, "id": {"int": 0}, "cliqueID": {"string": clique_id}},
+        }
+
+    return [device(CHANNEL_DEVICE, "channel"), device(DAEMON_DEVICE, "daemon")]
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What the node side knows about its node: clique and device numbers (re-read while it runs, since the
+    fabric manager can re-register GPUs into another clique)."""
+
+    node_name: str
+    clique_id: str  # "" when the node is in no multi-node clique
+    channel_major: int
+    imex_mgmt: CharDevice | None  # None on a node without the capability (no clique)
+    problem: str = ""  # why the node cannot serve ComputeDomains now (fabric not registered); "" when it can
+
+
+class Checkpoint:
+    """Prepared claims of this driver, in one JSON file written atomically."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def load(self) -> dict[str, dict[str, Any]]:
+        try:
+            data: dict[str, dict[str, Any]] = json.loads(self.path.read_text()).get("claims", {})
+        except FileNotFoundError:
+            return {}
+        return data
+
+    def update(self, change: Callable[[dict[str, dict[str, Any]]], None]) -> None:
+        with self._lock:
+            claims = self.load()
+            change(claims)
+            _write_atomically(self.path, json.dumps({"claims": claims}, indent=1, sort_keys=True))
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class ComputeDomainDriver:
+    """The :class:`~dradriver.plugin.handler.DriverHandler` of ``compute-domain.dradriver.dev``."""
+
+    def __init__(
+        self,
+        *,
+        facts: NodeFacts,
+        rest: Rest,
+        namespace: str,
+        state_dir: Path,
+        cdi_dir: Path,
+        ready_timeout: float = DEFAULT_READY_TIMEOUT,
+        poll_interval: float = 0.5,
+        daemon_mounts: Sequence[Mapping[str, Any]] = (),
+    ) -> None:
+        self.facts = facts
+        self.rest = rest
+        self.namespace = namespace  # the driver's, where cliques and daemon pods live
+        self.state_dir = state_dir
+        self.cdi_dir = cdi_dir
+        self.ready_timeout = ready_timeout
+        self.poll_interval = poll_interval
+        # Host files every daemon container gets (the driver's nvidia-imex and nvidia-imex-ctl).
+        self.daemon_mounts = [dict(m) for m in daemon_mounts]
+        self.checkpoint = Checkpoint(state_dir / "checkpoint.json")
+        self._label_lock = threading.Lock()
+
+    # -- DriverHandler ---------------------------------------------------------------------------------
+
+    def prepare_resource_claims(self, claims: Sequence[AllocatedClaim]) -> Mapping[str, PrepareResult]:
+        results: dict[str, PrepareResult] = {}
+        for claim in claims:
+            try:
+                results[claim.uid] = PrepareResult(devices=tuple(self._prepare(claim)))
+            except (DradriverError, OSError) as err:
+                log.info("prepare refused claim=%s error=%s", claim.ref, err)
+                results[claim.uid] = PrepareResult(error=str(err))
+        return results
+
+    def unprepare_resource_claims(self, claims: Sequence[ClaimRef]) -> Mapping[str, str | None]:
+        results: dict[str, str | None] = {}
+        for ref in claims:
+            try:
+                self._unprepare(ref)
+                results[ref.uid] = None
+            except (DradriverError, OSError) as err:
+                results[ref.uid] = f"unprepare of {ref}: {err}"
+        return results
+
+    # -- prepare ---------------------------------------------------------------------------------------
+
+    def _prepare(self, claim: AllocatedClaim) -> list[PreparedDevice]:
+        if self.facts.problem:
+            raise NotReadyError(f"node {self.facts.node_name} cannot serve ComputeDomains now: {self.facts.problem}")
+        prepared: list[PreparedDevice] = []
+        for device in claim.devices:
+            if device.pool != self.facts.node_name or device.device not in (CHANNEL_DEVICE, DAEMON_DEVICE):
+                raise ClaimError(f"claim {claim.ref}: device {device.pool}/{device.device} is not on this node")
+            config = _config_for(device.request, claim.config)
+            if device.device == CHANNEL_DEVICE:
+                if not isinstance(config, api.ChannelConfig):
+                    raise ClaimError(
+                        f"claim {claim.ref}: request {device.request!r} has a channel but no "
+                        "ComputeDomainChannelConfig; use the claim template the ComputeDomain generated"
+                    )
+                edits = self._prepare_channel(claim.ref, config)
+            else:
+                if not isinstance(config, api.DaemonConfig):
+                    raise ClaimError(
+                        f"claim {claim.ref}: request {device.request!r} has a daemon device but no "
+                        "ComputeDomainDaemonConfig; only the domain's DaemonSet asks for daemon devices"
+                    )
+                edits = self._prepare_daemon(claim.ref, config)
+            name = f"{claim.uid}-{device.device}"
+            self._write_cdi(claim.uid, name, edits)
+            prepared.append(
+                PreparedDevice(
+                    pool=device.pool,
+                    device=device.device,
+                    requests=(device.request.split("/", 1)[0],),
+                    cdi_device_ids=(f"{api.CDI_VENDOR}/claim={name}",),
+                )
+            )
+        return prepared
+
+    def _prepare_channel(self, ref: ClaimRef, config: api.ChannelConfig) -> dict[str, Any]:
+        # Channel 0 is one per node: a claim still holding it (being unprepared) must go first.
+        holders = [
+            uid for uid, entry in self.checkpoint.load().items() if entry["kind"] == "channel" and uid != ref.uid
+        ]
+        if holders:
+            raise NotReadyError(
+                f"IMEX channel 0 on node {self.facts.node_name} is still held by claim {holders[0]}; "
+                "retrying once it is unprepared"
+            )
+        domain = self._domain(config.domain_id, ref.namespace)
+        channels = api.MAX_IMEX_CHANNELS if config.allocation_mode == api.ALL else 1
+        self.checkpoint.update(
+            lambda c: c.__setitem__(
+                ref.uid, {"kind": "channel", "domain": config.domain_id, "namespace": ref.namespace, "name": ref.name}
+            )
+        )
+        self._label_node(config.domain_id, domain)
+        edits: dict[str, Any] = {"env": [f"COMPUTE_DOMAIN_UUID={config.domain_id}"]}
+        if not self.facts.clique_id:
+            # A node with no multi-node NVLink runs no IMEX daemon work; the pod starts without channels.
+            return edits
+        self._wait_daemon_ready(config.domain_id)
+        edits["deviceNodes"] = [
+            _node(CharDevice(f"{api.CHANNEL_DIR}/channel{i}", self.facts.channel_major, i)) for i in range(channels)
+        ]
+        return edits
+
+    def _prepare_daemon(self, ref: ClaimRef, config: api.DaemonConfig) -> dict[str, Any]:
+        domain = self._domain(config.domain_id, None)
+        meta = domain["metadata"]
+        directory = self.state_dir / "domains" / config.domain_id
+        directory.mkdir(parents=True, exist_ok=True)
+        self.checkpoint.update(
+            lambda c: c.__setitem__(
+                ref.uid, {"kind": "daemon", "domain": config.domain_id, "namespace": ref.namespace, "name": ref.name}
+            )
+        )
+        edits: dict[str, Any] = {
+            "env": [
+                f"CLIQUE_ID={self.facts.clique_id}",
+                f"COMPUTE_DOMAIN_UUID={config.domain_id}",
+                f"COMPUTE_DOMAIN_NAME={meta['name']}",
+                f"COMPUTE_DOMAIN_NAMESPACE={meta['namespace']}",
+            ],
+            "mounts": [
+                {"hostPath": str(directory), "containerPath": "/imexd", "options": ["rw", "nosuid", "nodev", "bind"]},
+                *self.daemon_mounts,
+            ],
+        }
+        if self.facts.clique_id and self.facts.imex_mgmt is not None:
+            edits["deviceNodes"] = [_node(self.facts.imex_mgmt)]
+        return edits
+
+    def _domain(self, uid: str, namespace: str | None) -> dict[str, Any]:
+        """The ComputeDomain with ``uid``; for a channel it must be in the claim's namespace."""
+        items = self.rest.list(path_of(api.API_VERSION, "computedomains", namespace))
+        for item in items:
+            if item["metadata"].get("uid") == uid:
+                if item["metadata"].get("deletionTimestamp"):
+                    raise ClaimError(f"ComputeDomain {item['metadata']['name']} (UID {uid}) is being deleted")
+                return item
+        where = f"namespace {namespace}" if namespace else "the cluster"
+        raise ClaimError(
+            f"no ComputeDomain with UID {uid} in {where}: a channel claim must be in its ComputeDomain's namespace, "
+            "made from the claim template the ComputeDomain generated"
+        )
+
+    def _label_node(self, uid: str, domain: dict[str, Any]) -> None:
+        """Label this Node with the domain (which pulls its daemon here); refuse when another domain holds it."""
+        path = path_of("v1", "nodes", None, self.facts.node_name)
+        with self._label_lock:
+            for _ in range(5):
+                node = self.rest.get(path)
+                current = (node["metadata"].get("labels") or {}).get(api.DOMAIN_LABEL)
+                if current == uid:
+                    return
+                if current:
+                    raise NotReadyError(
+                        f"node {self.facts.node_name} serves ComputeDomain {current} (label {api.DOMAIN_LABEL}); "
+                        f"one domain per node: {domain['metadata']['name']} gets this node once that one is done"
+                    )
+                patch = {
+                    "metadata": {
+                        "resourceVersion": node["metadata"]["resourceVersion"],
+                        "labels": {api.DOMAIN_LABEL: uid},
+                    }
+                }
+                try:
+                    self.rest.merge_patch(path, patch)
+                    log.info("node labelled node=%s domain=%s", self.facts.node_name, uid)
+                    return
+                except ConflictError:
+                    continue
+        raise NotReadyError(f"node {self.facts.node_name} kept changing while labelling it; retrying")
+
+    def _wait_daemon_ready(self, uid: str) -> None:
+        path = path_of(
+            api.API_VERSION, "computedomaincliques", self.namespace, api.clique_object_name(uid, self.facts.clique_id)
+        )
+        deadline = time.monotonic() + self.ready_timeout
+        while True:
+            try:
+                clique = self.rest.get(path)
+                entry = next(
+                    (d for d in clique.get("daemons") or [] if d.get("nodeName") == self.facts.node_name), None
+                )
+                if entry is not None and entry.get("status") == api.READY:
+                    return
+            except NotFoundError:
+                pass
+            if time.monotonic() >= deadline:
+                raise NotReadyError(
+                    f"the IMEX daemon of ComputeDomain {uid} on node {self.facts.node_name} is not Ready in clique "
+                    f"{self.facts.clique_id} yet; the kubelet retries (the pod stays in ContainerCreating)"
+                )
+            time.sleep(self.poll_interval)
+
+    # -- unprepare -------------------------------------------------------------------------------------
+
+    def _unprepare(self, ref: ClaimRef) -> None:
+        entry = self.checkpoint.load().get(ref.uid)
+        if entry is None:
+            self._remove_cdi(ref.uid)
+            return
+        if entry["kind"] == "channel":
+            self._unlabel_node(entry["domain"])
+        self._remove_cdi(ref.uid)
+        self.checkpoint.update(lambda c: _drop(c, ref.uid))
+        if entry["kind"] == "daemon" and not any(
+            e["kind"] == "daemon" and e["domain"] == entry["domain"] for e in self.checkpoint.load().values()
+        ):
+            # The domain's IMEX files go with its last daemon here (a later daemon writes them anew).
+            shutil.rmtree(self.state_dir / "domains" / entry["domain"], ignore_errors=True)
+
+    def _unlabel_node(self, uid: str) -> None:
+        path = path_of("v1", "nodes", None, self.facts.node_name)
+        with self._label_lock:
+            try:
+                node = self.rest.get(path)
+            except NotFoundError:
+                return
+            if (node["metadata"].get("labels") or {}).get(api.DOMAIN_LABEL) != uid:
+                return
+            try:
+                self.rest.merge_patch(
+                    path,
+                    {
+                        "metadata": {
+                            "resourceVersion": node["metadata"]["resourceVersion"],
+                            "labels": {api.DOMAIN_LABEL: None},
+                        }
+                    },
+                )
+            except ClusterError as err:
+                raise DradriverError(
+                    f"removing label {api.DOMAIN_LABEL} from node {self.facts.node_name}: {err}"
+                ) from None
+            log.info("node unlabelled node=%s domain=%s", self.facts.node_name, uid)
+
+    # -- CDI -------------------------------------------------------------------------------------------
+
+    def _cdi_path(self, claim_uid: str) -> Path:
+        return self.cdi_dir / f"{api.CDI_VENDOR}-claim_{claim_uid}.json"
+
+    def _write_cdi(self, claim_uid: str, name: str, edits: dict[str, Any]) -> None:
+        spec = {
+            "cdiVersion": "0.5.0",
+            "kind": f"{api.CDI_VENDOR}/claim",
+            "devices": [{"name": name, "containerEdits": edits}],
+        }
+        self.cdi_dir.mkdir(parents=True, exist_ok=True)
+        _write_atomically(self._cdi_path(claim_uid), json.dumps(spec))
+
+    def _remove_cdi(self, claim_uid: str) -> None:
+        self._cdi_path(claim_uid).unlink(missing_ok=True)
+
+
+def _config_for(request: str, configs: Sequence[DeviceConfig]) -> api.ChannelConfig | api.DaemonConfig | None:
+    """The config that applies to ``request``: the last one naming it (or every request); claim wins over class."""
+    base = request.split("/", 1)[0]
+    chosen = None
+    for config in configs:
+        if not config.requests or request in config.requests or base in config.requests:
+            chosen = api.parse_config(config.parameters)
+    return chosen
+
+
+def _node(device: CharDevice) -> dict[str, Any]:
+    return {"path": device.path, "type": "c", "major": device.major, "minor": device.minor, "fileMode": device.mode}
+
+
+def _drop(claims: dict[str, dict[str, Any]], uid: str) -> None:
+    claims.pop(uid, None)

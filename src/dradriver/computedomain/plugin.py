@@ -1,0 +1,146 @@
+"""The node side assembled: the ComputeDomain driver served to the kubelet, its one slice published.
+
+A second :class:`~dradriver.plugin.kubeletplugin.plugin.KubeletPlugin` beside the GPU driver's, in the same
+process, with its own registration socket, plugin directory and checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from dradriver.computedomain import api
+from dradriver.computedomain.fabric import CHANNELS_DEVICE, clique_id, device_major, imex_mgmt_device
+from dradriver.computedomain.kube import Rest
+from dradriver.computedomain.node import ComputeDomainDriver, NodeFacts, slice_devices
+from dradriver.errors import DeviceError
+from dradriver.gpu.interface import GpuLib
+from dradriver.plugin.cluster.port import Cluster
+from dradriver.plugin.kubeletplugin.lifecycle import StopBudget
+from dradriver.plugin.kubeletplugin.plugin import KubeletPlugin, KubeletPluginOptions
+from dradriver.plugin.resourceslice.publisher import Publisher, SliceSpec
+from dradriver.validation.slices import SliceShape
+
+log = logging.getLogger(__name__)
+
+
+def read_facts(gpulib: GpuLib, node_name: str, proc_root: Path) -> NodeFacts:
+    """The node's clique and IMEX device numbers; a fabric that is not registered is a ``problem``, not an
+    exception, so the GPU driver beside us keeps serving while ComputeDomains wait for the fabric manager."""
+    try:
+        clique = clique_id(gpulib)
+        if not clique:
+            return NodeFacts(node_name, "", 0, None)
+        try:
+            mgmt = imex_mgmt_device(proc_root)
+        except DeviceError as err:
+            log.warning("no IMEX management capability: daemons get none error=%s", err)
+            mgmt = None
+        return NodeFacts(node_name, clique, device_major(CHANNELS_DEVICE, proc_root), mgmt)
+    except DeviceError as err:
+        return NodeFacts(node_name, "", 0, None, problem=str(err))
+
+
+class ComputeDomainPlugin:
+    """Start serves and publishes; stop withdraws nothing (the slice stays for the next instance).
+
+    Every ``refresh_interval`` seconds it reads the node's facts again (``read``): a clique that changed is
+    republished, a fabric that is not registered withdraws the devices until it is."""
+
+    def __init__(
+        self,
+        *,
+        read: Callable[[], NodeFacts],
+        refresh_interval: float = 10.0,
+        cluster: Cluster,
+        rest: Rest,
+        namespace: str,
+        registry_dir: Path,
+        plugin_dir: Path,
+        cdi_dir: Path,
+        node_uid: str | None,
+        shape: SliceShape,
+        ready_timeout: float,
+        daemon_mounts: Sequence[Mapping[str, Any]] = (),
+        pod_uid: str | None = None,
+    ) -> None:
+        facts = read()
+        self._read = read
+        self._interval = refresh_interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._refresh_loop, name="compute-domain-fabric", daemon=True)
+        self.driver = ComputeDomainDriver(
+            facts=facts,
+            rest=rest,
+            namespace=namespace,
+            state_dir=plugin_dir,
+            cdi_dir=cdi_dir,
+            ready_timeout=ready_timeout,
+            daemon_mounts=daemon_mounts,
+        )
+        self.plugin = KubeletPlugin(
+            KubeletPluginOptions(
+                driver_name=api.DRIVER_NAME,
+                node_name=facts.node_name,
+                registry_dir=registry_dir,
+                plugin_dir=plugin_dir,
+                # Rolling updates: per-pod sockets, like the GPU driver's, so the new pod starts beside the old.
+                pod_uid=pod_uid,
+            ),
+            handler=self.driver,
+            claim_source=cluster,
+        )
+        self.publisher = Publisher(
+            cluster,
+            driver=api.DRIVER_NAME,
+            node_name=facts.node_name,
+            node_uid=node_uid,
+            shape=shape,
+            pools=_pools(facts),
+        )
+        self._log_facts(facts)
+
+    def start(self) -> None:
+        self.plugin.start()
+        self.publisher.start()
+        if self._interval > 0:
+            self._thread.start()
+
+    def stop(self, budget: StopBudget | None = None) -> None:
+        self._stop.set()
+        self.plugin.stop(budget)
+        self.publisher.stop(budget.left(10.0) if budget else 10.0)
+
+    def refresh(self) -> None:
+        """Read the node's facts again; republish and hand them to the driver when they changed."""
+        facts = self._read()
+        if facts == self.driver.facts:
+            return
+        self.driver.facts = replace(facts)
+        self.publisher.update(_pools(facts))
+        self._log_facts(facts)
+
+    def _refresh_loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.refresh()
+
+    @staticmethod
+    def _log_facts(facts: NodeFacts) -> None:
+        if facts.problem:
+            log.warning("compute domains unavailable node=%s problem=%s", facts.node_name, facts.problem)
+        else:
+            log.info(
+                "compute domains ready node=%s driver=%s clique=%s",
+                facts.node_name,
+                api.DRIVER_NAME,
+                facts.clique_id or "(none)",
+            )
+
+
+def _pools(facts: NodeFacts) -> dict[str, list[SliceSpec]]:
+    """This node's one pool: the two devices, or nothing while the fabric is not registered."""
+    return {facts.node_name: [] if facts.problem else [SliceSpec.of(slice_devices(facts.clique_id))]}

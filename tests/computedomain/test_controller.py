@@ -1,0 +1,175 @@
+"""The ComputeDomain controller, pass by pass on an in-memory API server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from support.fake_rest import FakeRest
+
+from dradriver.computedomain import api
+from dradriver.computedomain.controller import Controller, ControllerSettings
+from dradriver.computedomain.kube import path_of
+
+NS = "dradriver"
+UID = "uid-job"
+CD_PATH = path_of(api.API_VERSION, "computedomains", "team", "job")
+CLIQUE_PATH = path_of(api.API_VERSION, "computedomaincliques", NS, f"{UID}.c")
+
+
+def _domain(rest: FakeRest, *, num_nodes: int = 2, mode: str = "Single") -> None:
+    rest.put(
+        CD_PATH,
+        {
+            "apiVersion": api.API_VERSION,
+            "kind": "ComputeDomain",
+            "metadata": {"name": "job", "namespace": "team", "uid": UID, "generation": 1},
+            "spec": {
+                "numNodes": num_nodes,
+                "channel": {"resourceClaimTemplate": {"name": "job-ch"}, "allocationMode": mode},
+            },
+        },
+    )
+
+
+def _daemon_pod(rest: FakeRest, node: str, *, clique: str = "c") -> None:
+    rest.put(
+        path_of("v1", "pods", NS, f"daemon-{node}"),
+        {
+            "metadata": {"name": f"daemon-{node}", "labels": {api.DOMAIN_LABEL: UID, api.CLIQUE_LABEL: clique}},
+            "spec": {"nodeName": node},
+            "status": {"podIP": "10.0.0.9", "conditions": [{"type": "Ready", "status": "True"}]},
+        },
+    )
+
+
+def _join(rest: FakeRest, node: str, status: str = "NotReady") -> None:
+    rest.apply(
+        CLIQUE_PATH,
+        {
+            "metadata": {"name": f"{UID}.c", "namespace": NS, "labels": {api.DOMAIN_LABEL: UID}},
+            "daemons": [{"nodeName": node, "ipAddress": f"10.0.0.{len(node)}", "cliqueID": "c", "status": status}],
+        },
+        manager=f"cd-daemon-{node}",
+    )
+
+
+@pytest.fixture
+def rest() -> FakeRest:
+    return FakeRest()
+
+
+@pytest.fixture
+def controller(rest: FakeRest) -> Controller:
+    return Controller(rest, ControllerSettings(namespace=NS, image="dradriver:test"))  # type: ignore[arg-type]
+
+
+def _status(rest: FakeRest) -> dict[str, Any]:
+    status: dict[str, Any] = rest.get(CD_PATH).get("status", {})
+    return status
+
+
+def test_a_domain_gets_its_finalizer_templates_and_daemonset(rest: FakeRest, controller: Controller) -> None:
+    _domain(rest, mode="All")
+    controller.sync()
+    assert rest.get(CD_PATH)["metadata"]["finalizers"] == [api.FINALIZER]
+    workload = rest.get(path_of("resource.k8s.io/v1", "resourceclaimtemplates", "team", "job-ch"))
+    config = workload["spec"]["spec"]["devices"]["config"][0]["opaque"]
+    assert config == {"driver": api.DRIVER_NAME, "parameters": api.channel_config(UID, "All")}
+    daemonset = rest.get(path_of("apps/v1", "daemonsets", NS, f"computedomain-daemon-{UID}"))
+    pod = daemonset["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {api.DOMAIN_LABEL: UID}
+    assert pod["resourceClaims"] == [
+        {"name": "compute-domain-daemon", "resourceClaimTemplateName": f"computedomain-daemon-{UID}"}
+    ]
+    assert rest.find(path_of("resource.k8s.io/v1", "resourceclaimtemplates", NS, f"computedomain-daemon-{UID}"))
+    assert _status(rest)["status"] == "NotReady"
+
+
+def test_a_second_pass_writes_nothing(rest: FakeRest, controller: Controller) -> None:
+    _domain(rest)
+    controller.sync()
+    before = sum(rest.writes.values())
+    controller.sync()
+    assert sum(rest.writes.values()) == before
+
+
+def test_daemons_are_numbered_lowest_free_and_keep_their_index(rest: FakeRest, controller: Controller) -> None:
+    _domain(rest)
+    controller.sync()
+    for node in ("b", "a"):
+        _daemon_pod(rest, node)
+        _join(rest, node)
+    controller.sync()
+    indices = {d["nodeName"]: d["index"] for d in rest.get(CLIQUE_PATH)["daemons"]}
+    assert indices == {"a": 0, "b": 1}
+    # a goes, c comes: c takes the freed index 0, b keeps 1.
+    rest.delete(path_of("v1", "pods", NS, "daemon-a"))
+    _daemon_pod(rest, "ccc")
+    _join(rest, "ccc")
+    controller.sync()
+    controller.sync()
+    indices = {d["nodeName"]: d["index"] for d in rest.get(CLIQUE_PATH)["daemons"]}
+    assert indices == {"b": 1, "ccc": 0}
+
+
+def test_status_and_conditions_follow_the_daemons(rest: FakeRest, controller: Controller) -> None:
+    _domain(rest, num_nodes=2)
+    controller.sync()
+    _daemon_pod(rest, "a")
+    _join(rest, "a", "Ready")
+    controller.sync()
+    status = _status(rest)
+    assert status["status"] == "NotReady"  # one of the two wanted
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Ready"]["status"] == "False"
+    assert conditions["Ready"]["message"] == "1 of 1 IMEX daemons Ready (2 wanted)"
+    assert conditions["DaemonsReady"]["status"] == "True"
+    _daemon_pod(rest, "b")
+    _join(rest, "b", "Ready")
+    controller.sync()
+    status = _status(rest)
+    assert status["status"] == "Ready"
+    assert [(n["name"], n["index"], n["status"]) for n in status["nodes"]] == [("a", 0, "Ready"), ("b", 1, "Ready")]
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {"Ready": "True", "DaemonsReady": "True"}
+
+
+def test_a_daemon_on_a_node_without_a_clique_is_reported_from_its_pod(rest: FakeRest, controller: Controller) -> None:
+    _domain(rest, num_nodes=1)
+    controller.sync()
+    _daemon_pod(rest, "plain", clique="")
+    controller.sync()
+    assert _status(rest)["nodes"] == [
+        {"name": "plain", "ipAddress": "10.0.0.9", "cliqueID": "", "index": -1, "status": "Ready"}
+    ]
+
+
+def test_deletion_takes_everything_apart_without_waiting(rest: FakeRest, controller: Controller) -> None:
+    _domain(rest)
+    controller.sync()
+    _daemon_pod(rest, "a")
+    _join(rest, "a")
+    node = path_of("v1", "nodes", None, "a")
+    rest.put(node, {"metadata": {"name": "a", "labels": {api.DOMAIN_LABEL: UID, "keep": "me"}}})
+    controller.sync()
+    rest.merge_patch(CD_PATH, {"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}})
+    controller.sync()
+    assert rest.get(CD_PATH)["metadata"]["finalizers"] == []
+    assert rest.get(node)["metadata"]["labels"] == {"keep": "me"}
+    assert not rest.find(path_of("apps/v1", "daemonsets", NS, f"computedomain-daemon-{UID}"))
+    assert not rest.find(path_of("resource.k8s.io/v1", "resourceclaimtemplates", "team", "job-ch"))
+    assert not rest.find(CLIQUE_PATH)
+
+
+def test_what_a_vanished_domain_left_is_swept(rest: FakeRest, controller: Controller) -> None:
+    node = path_of("v1", "nodes", None, "a")
+    rest.put(node, {"metadata": {"name": "a", "labels": {api.DOMAIN_LABEL: "gone"}}})
+    controller.sync()
+    assert rest.get(node)["metadata"]["labels"] == {}
+
+
+def test_an_invalid_spec_is_reported_in_the_condition(rest: FakeRest, controller: Controller) -> None:
+    rest.put(CD_PATH, {"metadata": {"name": "job", "namespace": "team", "uid": UID}, "spec": {"numNodes": 1}})
+    controller.sync()
+    ready = next(c for c in _status(rest)["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "InvalidSpec" and "channel" in ready["message"]

@@ -1,0 +1,137 @@
+"""The IMEX daemon supervisor against an in-memory API server and the IMEX stand-in on a loopback address."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.fake_rest import FakeRest
+
+from dradriver.cli.main import main
+from dradriver.computedomain import api
+from dradriver.computedomain.daemon import DaemonSettings, ImexDaemon, settings_from_env
+from dradriver.computedomain.kube import path_of
+from dradriver.errors import ConfigError
+from dradriver.gpu.backend import simulated_imex_commands
+
+NS = "dradriver"
+CLIQUE = "c1.7"
+UID = "uid-x"
+CLIQUE_PATH = path_of(api.API_VERSION, "computedomaincliques", NS, f"{UID}.{CLIQUE}")
+IP = "127.44.0.1"
+
+
+def _wait(what: str, probe: Callable[[], Any], timeout: float = 15.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+def _entry(rest: FakeRest, node: str) -> dict[str, Any] | None:
+    clique = rest.find(CLIQUE_PATH) or {}
+    return next((d for d in clique.get("daemons") or [] if d["nodeName"] == node), None)
+
+
+Running = tuple[FakeRest, ImexDaemon, DaemonSettings, Callable[[], None]]
+
+
+@pytest.fixture
+def running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Running]:
+    rest = FakeRest()
+    rest.put(path_of("v1", "pods", NS, "daemon-n1"), {"metadata": {"name": "daemon-n1"}})
+    imex, ctl = simulated_imex_commands()
+    settings = DaemonSettings(
+        domain_uid=UID, clique_id=CLIQUE, node_name="n1", pod_ip=IP, pod_name="daemon-n1", pod_uid="pod-uid",
+        namespace=NS, config_dir=tmp_path / "imexd", hosts_file=tmp_path / "hosts", imex_command=tuple(imex),
+        imex_ctl_command=tuple(ctl), poll=0.05,
+    )  # fmt: skip
+    (tmp_path / "hosts").write_text("127.0.0.1\tlocalhost\n")
+    daemon = ImexDaemon(rest, settings)  # type: ignore[arg-type]
+    stop = threading.Event()
+    monkeypatch.setenv("IMEX_STANDIN_HOSTS", str(tmp_path / "hosts"))  # the stand-in resolves names there
+    thread = threading.Thread(target=daemon.run, args=(stop,), daemon=True)
+    thread.start()
+
+    def stopped() -> None:
+        stop.set()
+        thread.join(20)
+
+    try:
+        yield rest, daemon, settings, stopped
+    finally:
+        stopped()
+
+
+def _number(rest: FakeRest, **indices: int) -> None:
+    body = {"daemons": [{"nodeName": node, "index": index} for node, index in indices.items()]}
+    rest.apply(CLIQUE_PATH, body, manager="dradriver-cd-controller")
+
+
+def _table(settings: DaemonSettings) -> str:
+    return subprocess.run(
+        [*settings.imex_ctl_command, "-c", str(settings.config_file), "-N"],
+        capture_output=True, text=True, timeout=10, check=False,
+    ).stdout  # fmt: skip
+
+
+def test_the_daemon_joins_runs_imex_and_follows_its_peers(running: Running) -> None:
+    rest, daemon, settings, _ = running
+    joined = _wait("the entry", lambda: _entry(rest, "n1"))
+    assert joined == {"nodeName": "n1", "ipAddress": IP, "cliqueID": CLIQUE, "status": "NotReady"}
+    assert rest.get(path_of("v1", "pods", NS, "daemon-n1"))["metadata"]["labels"] == {api.CLIQUE_LABEL: CLIQUE}
+    assert daemon.process is None  # no index yet: IMEX could not find itself in the node list
+    _number(rest, n1=0)
+    _wait("Ready", lambda: (_entry(rest, "n1") or {}).get("status") == "Ready")
+    assert f"{IP}\tcompute-domain-daemon-0000" in settings.hosts_file.read_text()
+    assert (settings.config_dir / "nodes.cfg").read_text().count("\n") == api.MAX_NODES_PER_IMEX_DOMAIN
+    assert daemon.process is not None
+    first = daemon.process.pid
+    # A peer joins: the hosts file names it and IMEX re-reads it (SIGUSR1), without a restart.
+    rest.apply(CLIQUE_PATH, {"daemons": [{"nodeName": "n2", "ipAddress": "127.44.0.2", "index": 1}]}, manager="x")
+    _wait("the peer in IMEX's table", lambda: "1 compute-domain-daemon-0001 127.44.0.2 N" in _table(settings))
+    assert daemon.process.pid == first and daemon.restarts == 0
+    # IMEX dies: the daemon starts it again.
+    daemon.process.kill()
+    _wait("the restart", lambda: daemon.restarts == 1)
+    assert daemon.process.pid != first
+
+
+def test_the_daemon_stops_imex_and_leaves_its_clique_on_stop(running: Running) -> None:
+    rest, daemon, _, stop = running
+    _wait("the entry", lambda: _entry(rest, "n1"))
+    _number(rest, n1=0)
+    _wait("Ready", lambda: (_entry(rest, "n1") or {}).get("status") == "Ready")
+    process = daemon.process
+    assert process is not None
+    stop()
+    assert process.poll() is not None
+    assert _entry(rest, "n1") is None
+
+
+def test_settings_need_the_domain_from_the_claim() -> None:
+    with pytest.raises(ConfigError, match="COMPUTE_DOMAIN_UUID is not set"):
+        settings_from_env(
+            {}, config_dir=Path("/imexd"), hosts_file=Path("/etc/hosts"), imex_command=[], imex_ctl_command=[]
+        )
+
+
+def test_the_daemon_refuses_to_run_beside_a_host_imex_service(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    socket = tmp_path / "imex_ctrl.sock"
+    socket.touch()
+    env = {"COMPUTE_DOMAIN_UUID": UID, "CLIQUE_ID": CLIQUE, "NODE_NAME": "n1", "POD_NAME": "p", "POD_NAMESPACE": NS,
+           "POD_UID": "u", "POD_IP": IP}  # fmt: skip
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert main(["cd-daemon", "run", "--host-imex-socket", str(socket)]) == 2
+    assert "a host nvidia-imex service runs on node n1" in capsys.readouterr().err

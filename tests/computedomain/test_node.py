@@ -1,0 +1,210 @@
+"""The node side of ComputeDomains: channel and daemon prepare, the node label, the wait for the daemon."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.fake_rest import FakeRest
+
+from dradriver.computedomain import api
+from dradriver.computedomain.fabric import CharDevice
+from dradriver.computedomain.kube import path_of
+from dradriver.computedomain.node import ComputeDomainDriver, NodeFacts, slice_devices
+from dradriver.plugin.handler import AllocatedClaim, AllocatedDevice, ClaimRef, DeviceConfig
+
+NODE = "tray-a"
+CLIQUE = "9f410827-489f-46fd-8203-51266ca08eb7.32766"
+UID = "cd-uid-1"
+NODE_PATH = path_of("v1", "nodes", None, NODE)
+CLIQUE_PATH = path_of(api.API_VERSION, "computedomaincliques", "dradriver", f"{UID}.{CLIQUE}")
+
+
+@pytest.fixture
+def rest() -> FakeRest:
+    rest = FakeRest()
+    rest.put(NODE_PATH, {"metadata": {"name": NODE}})
+    rest.put(
+        path_of(api.API_VERSION, "computedomains", "team", "job"),
+        {"metadata": {"name": "job", "namespace": "team", "uid": UID}, "spec": {}},
+    )
+    return rest
+
+
+def _driver(rest: FakeRest, tmp_path: Path, clique: str = CLIQUE) -> ComputeDomainDriver:
+    facts = NodeFacts(NODE, clique, 237, CharDevice("/dev/nvidia-caps/nvidia-cap1", 236, 1, 0o400))
+    return ComputeDomainDriver(
+        facts=facts,
+        rest=rest,  # type: ignore[arg-type]
+        namespace="dradriver",
+        state_dir=tmp_path / "state",
+        cdi_dir=tmp_path / "cdi",
+        ready_timeout=0.2,
+        poll_interval=0.05,
+    )
+
+
+def _claim(uid: str, device: str, parameters: dict[str, Any], namespace: str = "team") -> AllocatedClaim:
+    return AllocatedClaim(
+        ref=ClaimRef(namespace, f"claim-{uid}", uid),
+        devices=(AllocatedDevice(request="channel", pool=NODE, device=device),),
+        config=(DeviceConfig("FromClaim", ("channel",), parameters),),
+    )
+
+
+def _ready(rest: FakeRest, status: str = "Ready") -> None:
+    rest.put(CLIQUE_PATH, {"metadata": {"name": f"{UID}.{CLIQUE}"}, "daemons": [{"nodeName": NODE, "status": status}]})
+
+
+def _spec(tmp_path: Path, uid: str) -> dict[str, Any]:
+    spec: dict[str, Any] = json.loads((tmp_path / "cdi" / f"{api.CDI_VENDOR}-claim_{uid}.json").read_text())
+    return spec
+
+
+def test_the_slice_offers_one_channel_and_one_daemon_with_the_clique() -> None:
+    devices = slice_devices(CLIQUE)
+    assert [d["name"] for d in devices] == ["channel-0", "daemon-0"]
+    assert devices[0]["attributes"] == {"type": {"string": "channel"}, "id": {"int": 0}, "cliqueID": {"string": CLIQUE}}
+
+
+@pytest.mark.parametrize(("mode", "count"), [("Single", 1), ("All", api.MAX_IMEX_CHANNELS)])
+def test_a_channel_is_injected_once_the_daemon_is_ready(rest: FakeRest, tmp_path: Path, mode: str, count: int) -> None:
+    driver = _driver(rest, tmp_path)
+    _ready(rest)
+    result = driver.prepare_resource_claims([_claim("c1", "channel-0", api.channel_config(UID, mode))])["c1"]
+    assert result.error is None
+    assert result.devices[0].cdi_device_ids == (f"{api.CDI_VENDOR}/claim=c1-channel-0",)
+    nodes = _spec(tmp_path, "c1")["devices"][0]["containerEdits"]["deviceNodes"]
+    assert len(nodes) == count
+    assert nodes[-1] == {
+        "path": f"/dev/nvidia-caps-imex-channels/channel{count - 1}", "type": "c", "major": 237,
+        "minor": count - 1, "fileMode": 0o666,
+    }  # fmt: skip
+    assert rest.get(NODE_PATH)["metadata"]["labels"] == {api.DOMAIN_LABEL: UID}
+
+
+def test_a_channel_waits_for_the_daemon_then_asks_the_kubelet_to_retry(rest: FakeRest, tmp_path: Path) -> None:
+    driver = _driver(rest, tmp_path)
+    _ready(rest, "NotReady")
+    result = driver.prepare_resource_claims([_claim("c1", "channel-0", api.channel_config(UID, "Single"))])["c1"]
+    assert result.error and "not Ready in clique" in result.error
+    # The label is set anyway: it is what brings the daemon to this node.
+    assert rest.get(NODE_PATH)["metadata"]["labels"] == {api.DOMAIN_LABEL: UID}
+    _ready(rest)
+    assert driver.prepare_resource_claims([_claim("c1", "channel-0", api.channel_config(UID, "Single"))])["c1"].devices
+
+
+def test_a_node_of_another_domain_is_refused(rest: FakeRest, tmp_path: Path) -> None:
+    rest.merge_patch(NODE_PATH, {"metadata": {"labels": {api.DOMAIN_LABEL: "other-uid"}}})
+    result = _driver(rest, tmp_path).prepare_resource_claims(
+        [_claim("c1", "channel-0", api.channel_config(UID, "Single"))]
+    )["c1"]
+    assert result.error and "one domain per node" in result.error
+
+
+def test_a_channel_claim_must_be_in_its_domains_namespace(rest: FakeRest, tmp_path: Path) -> None:
+    claim = _claim("c1", "channel-0", api.channel_config(UID, "Single"), namespace="elsewhere")
+    result = _driver(rest, tmp_path).prepare_resource_claims([claim])["c1"]
+    assert result.error and "no ComputeDomain with UID cd-uid-1 in namespace elsewhere" in result.error
+    assert "labels" not in rest.get(NODE_PATH)["metadata"]
+
+
+def test_a_label_write_that_loses_a_race_is_retried(rest: FakeRest, tmp_path: Path) -> None:
+    _ready(rest)
+    rest.conflicts = 1
+    result = _driver(rest, tmp_path).prepare_resource_claims(
+        [_claim("c1", "channel-0", api.channel_config(UID, "Single"))]
+    )["c1"]
+    assert result.error is None
+
+
+def test_channel_zero_waits_until_the_claim_holding_it_is_unprepared(rest: FakeRest, tmp_path: Path) -> None:
+    driver = _driver(rest, tmp_path)
+    _ready(rest)
+    assert driver.prepare_resource_claims([_claim("c1", "channel-0", api.channel_config(UID, "Single"))])["c1"].devices
+    second = driver.prepare_resource_claims([_claim("c2", "channel-0", api.channel_config(UID, "Single"))])["c2"]
+    assert second.error and "still held by claim c1" in second.error
+    assert driver.unprepare_resource_claims([ClaimRef("team", "claim-c1", "c1")]) == {"c1": None}
+    assert "labels" not in rest.get(NODE_PATH)["metadata"] or not rest.get(NODE_PATH)["metadata"]["labels"]
+    assert not (tmp_path / "cdi" / f"{api.CDI_VENDOR}-claim_c1.json").exists()
+    _ready(rest)
+    assert driver.prepare_resource_claims([_claim("c2", "channel-0", api.channel_config(UID, "Single"))])["c2"].devices
+
+
+def test_prepare_is_idempotent(rest: FakeRest, tmp_path: Path) -> None:
+    driver = _driver(rest, tmp_path)
+    _ready(rest)
+    claim = _claim("c1", "channel-0", api.channel_config(UID, "Single"))
+    first = driver.prepare_resource_claims([claim])["c1"]
+    assert driver.prepare_resource_claims([claim])["c1"] == first
+
+
+def test_a_node_outside_any_clique_gets_no_channel_device(rest: FakeRest, tmp_path: Path) -> None:
+    result = _driver(rest, tmp_path, clique="").prepare_resource_claims(
+        [_claim("c1", "channel-0", api.channel_config(UID, "Single"))]
+    )["c1"]
+    assert result.error is None
+    assert "deviceNodes" not in _spec(tmp_path, "c1")["devices"][0]["containerEdits"]
+
+
+def test_the_daemon_claim_gets_its_domain_files_env_and_management_device(rest: FakeRest, tmp_path: Path) -> None:
+    claim = _claim("d1", "daemon-0", api.daemon_config(UID), namespace="dradriver")
+    assert _driver(rest, tmp_path).prepare_resource_claims([claim])["d1"].error is None
+    edits = _spec(tmp_path, "d1")["devices"][0]["containerEdits"]
+    assert edits["env"] == [
+        f"CLIQUE_ID={CLIQUE}", f"COMPUTE_DOMAIN_UUID={UID}", "COMPUTE_DOMAIN_NAME=job", "COMPUTE_DOMAIN_NAMESPACE=team"
+    ]  # fmt: skip
+    assert edits["mounts"][0]["containerPath"] == "/imexd"
+    assert Path(edits["mounts"][0]["hostPath"]).is_dir()
+    assert edits["deviceNodes"] == [
+        {"path": "/dev/nvidia-caps/nvidia-cap1", "type": "c", "major": 236, "minor": 1, "fileMode": 0o400}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("device", "parameters", "message"),
+    [
+        ("channel-0", api.daemon_config(UID), "no ComputeDomainChannelConfig"),
+        ("daemon-0", api.channel_config(UID, "Single"), "no ComputeDomainDaemonConfig"),
+        ("channel-0", {"apiVersion": api.API_VERSION, "kind": "GpuConfig"}, "is not one of"),
+        ("channel-0", {**api.channel_config(UID, "Single"), "allocationMode": "Some"}, "allocationMode"),
+        ("channel-0", {**api.channel_config(UID, "Single"), "domainID": ""}, "domainID"),
+    ],
+)
+def test_wrong_configs_are_refused_naming_the_field(
+    rest: FakeRest, tmp_path: Path, device: str, parameters: dict[str, Any], message: str
+) -> None:
+    result = _driver(rest, tmp_path).prepare_resource_claims([_claim("c1", device, parameters)])["c1"]
+    assert result.error and message in result.error
+
+
+def test_a_node_whose_fabric_is_not_registered_refuses_channels(rest: FakeRest, tmp_path: Path) -> None:
+    driver = _driver(rest, tmp_path)
+    driver.facts = NodeFacts(NODE, "", 0, None, problem="GPU x: NVLink fabric registration is IN_PROGRESS")
+    result = driver.prepare_resource_claims([_claim("c1", "channel-0", api.channel_config(UID, "Single"))])["c1"]
+    assert result.error == (
+        "node tray-a cannot serve ComputeDomains now: GPU x: NVLink fabric registration is IN_PROGRESS"
+    )
+    assert "labels" not in rest.get(NODE_PATH)["metadata"]
+
+
+def test_the_daemon_claim_mounts_the_host_drivers_imex_binaries(rest: FakeRest, tmp_path: Path) -> None:
+    mount = {"hostPath": "/run/nvidia/driver/usr/bin/nvidia-imex", "containerPath": "/usr/bin/nvidia-imex",
+             "options": ["ro", "nosuid", "nodev", "bind"]}  # fmt: skip
+    driver = _driver(rest, tmp_path)
+    driver.daemon_mounts = [mount]
+    claim = _claim("d1", "daemon-0", api.daemon_config(UID), namespace="dradriver")
+    assert driver.prepare_resource_claims([claim])["d1"].error is None
+    assert _spec(tmp_path, "d1")["devices"][0]["containerEdits"]["mounts"][1] == mount
+
+
+def test_the_domains_files_go_with_its_daemon_claim(rest: FakeRest, tmp_path: Path) -> None:
+    driver = _driver(rest, tmp_path)
+    claim = _claim("d1", "daemon-0", api.daemon_config(UID), namespace="dradriver")
+    assert driver.prepare_resource_claims([claim])["d1"].error is None
+    assert (tmp_path / "state" / "domains" / UID).is_dir()
+    assert driver.unprepare_resource_claims([claim.ref]) == {"d1": None}
+    assert not (tmp_path / "state" / "domains" / UID).exists()
+    assert not (tmp_path / "cdi" / f"{api.CDI_VENDOR}-claim_d1.json").exists()

@@ -1,0 +1,287 @@
+"""ComputeDomains in the real control plane, several simulated GB200 trays on one machine.
+
+Each :class:`CdNode` is a Ready Node served by ``dradriver run --compute-domains true`` (both DRA drivers) with
+a :class:`PodRunner`: the kubelet's part for pods bound to the node. It prepares their claims with every driver
+they name (retrying as the kubelet does), applies the CDI edits it gets back to a record of the container, and
+for the IMEX daemon pods of the domain DaemonSets runs the container command as a local process (its /imexd
+mount mapped to the host directory, its pod IP the node's own loopback address); it restarts that process when
+it exits, reports pods Running, and on deletion stops the process, unprepares and removes the pod.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dradriver.computedomain import api
+from dradriver.plugin.kubeletplugin.kubelet_client import Claim, KubeletClient
+from dradriver.sim import imex_standin
+from support.cluster_node import SimNode
+from support.kube_rest import ApiError, Kube
+
+NAMESPACE = "dradriver"
+GPU_DRIVER = "gpu.dradriver.dev"
+
+
+@dataclass
+class Container:
+    """What the runtime would have made of a pod's CDI edits."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    device_nodes: list[dict[str, Any]] = field(default_factory=list)
+    mounts: dict[str, str] = field(default_factory=dict)  # container path -> host path
+
+
+@dataclass
+class RunningPod:
+    name: str
+    namespace: str
+    uid: str
+    claims: dict[str, list[Claim]]  # driver -> its claims
+    container: Container
+    process: subprocess.Popen[bytes] | None = None
+    log: Path | None = None
+    starts: int = 0
+
+
+class PodRunner:
+    def __init__(self, kube: Kube, kubeconfig: Path, node: SimNode, ip: str) -> None:
+        self.kube = kube
+        self.kubeconfig = kubeconfig
+        self.node = node
+        self.ip = ip
+        self.hosts = node.root / "hosts"
+        self.hosts.write_text(f"127.0.0.1\tlocalhost\n{ip}\t{node.name}\n")
+        self.client = KubeletClient(node.root / "registry")
+        self.pods: dict[str, RunningPod] = {}
+        self.errors: dict[str, str] = {}  # pod uid -> last prepare error
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"pods-{node.name}", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.3):
+            try:
+                self._pass()
+            except (ApiError, OSError) as err:
+                self.errors["_loop"] = str(err)
+
+    def _pass(self) -> None:
+        bound = {
+            p["metadata"]["uid"]: p for p in self.kube.list("pods", fieldSelector=f"spec.nodeName={self.node.name}")
+        }
+        for uid, running in list(self.pods.items()):
+            pod = bound.get(uid)
+            if pod is None or pod["metadata"].get("deletionTimestamp"):
+                self._end(running)
+            elif running.process is not None and running.process.poll() is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(running.process.pid, signal.SIGKILL)  # the container is gone, all of it
+                self._start_daemon(running)  # restartPolicy Always
+        for uid, pod in bound.items():
+            if uid not in self.pods and not pod["metadata"].get("deletionTimestamp"):
+                if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+                    continue
+                self._admit(pod)
+
+    def _admit(self, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        claims: dict[str, list[Claim]] = {}
+        generated = {
+            s["name"]: s.get("resourceClaimName") for s in pod.get("status", {}).get("resourceClaimStatuses") or []
+        }
+        for entry in pod["spec"].get("resourceClaims") or []:
+            name = entry.get("resourceClaimName") or generated.get(entry["name"])
+            if not name:
+                return
+            claim = self.kube.get("resourceclaims", name, meta["namespace"])
+            if meta["uid"] not in {r.get("uid") for r in claim.get("status", {}).get("reservedFor") or []}:
+                return
+            for result in claim["status"]["allocation"]["devices"]["results"]:
+                driver_claims = claims.setdefault(result["driver"], [])
+                if all(c.uid != claim["metadata"]["uid"] for c in driver_claims):
+                    driver_claims.append(Claim(meta["namespace"], name, claim["metadata"]["uid"]))
+        container = Container()
+        for driver, driver_claims in claims.items():
+            with self.client.register(self.client.registry_dir / f"{driver}-reg.sock") as plugin:
+                prepared = plugin.prepare(driver_claims)
+            for claim in driver_claims:
+                result = prepared[claim.uid]
+                if result.error:
+                    self.errors[meta["uid"]] = result.error
+                    return  # the kubelet retries at its next sync
+                for device in result.devices:
+                    for cdi_id in device["cdi_device_ids"]:
+                        self._apply_cdi(cdi_id, container)
+        running = RunningPod(meta["name"], meta["namespace"], meta["uid"], claims, container)
+        self.errors.pop(meta["uid"], None)
+        self.pods[meta["uid"]] = running
+        if meta.get("labels", {}).get(api.DOMAIN_LABEL) and meta["namespace"] == NAMESPACE:
+            self._start_daemon(running)
+        self.kube.patch(
+            "pods",
+            meta["name"],
+            {
+                "status": {
+                    "phase": "Running",
+                    "podIP": self.ip,
+                    "podIPs": [{"ip": self.ip}],
+                    "conditions": [{"type": "Ready", "status": "True"}],
+                }
+            },
+            meta["namespace"],
+            sub="status",
+        )
+
+    def _apply_cdi(self, cdi_id: str, container: Container) -> None:
+        kind, name = cdi_id.split("=", 1)
+        for spec_file in self.node.cdi_dir.glob("*.json"):
+            spec = json.loads(spec_file.read_text())
+            if spec["kind"] != kind:
+                continue
+            for device in spec["devices"]:
+                if device["name"] == name:
+                    edits = device["containerEdits"]
+                    container.env.update(e.split("=", 1) for e in edits.get("env", []))
+                    container.device_nodes += edits.get("deviceNodes", [])
+                    container.mounts.update({m["containerPath"]: m["hostPath"] for m in edits.get("mounts", [])})
+
+    def _start_daemon(self, running: RunningPod) -> None:
+        if self._stop.is_set():
+            return  # stopping: a process started now would outlive the runner
+        env = {
+            **os.environ,
+            **running.container.env,
+            "NODE_NAME": self.node.name,
+            "POD_IP": self.ip,
+            "POD_NAME": running.name,
+            "POD_NAMESPACE": running.namespace,
+            "POD_UID": running.uid,
+            "IMEX_STANDIN_HOSTS": str(self.hosts),
+        }
+        running.log = self.node.root / f"daemon-{running.name}.log"
+        command = [
+            sys.executable, "-m", "dradriver", "cd-daemon", "run",
+            "--kubeconfig", str(self.kubeconfig),
+            "--config-dir", running.container.mounts.get("/imexd", str(self.node.root / "no-imexd")),
+            "--hosts-file", str(self.hosts),
+            "--imex-command", shlex.join(imex_standin.command()),
+            "--imex-ctl-command", shlex.join(imex_standin.ctl_command()),
+            "--host-imex-socket", str(self.node.root / "host-imex.sock"),
+        ]  # fmt: skip
+        with running.log.open("ab") as out:
+            # A session of its own: the container's processes (the daemon and its IMEX child) end together.
+            running.process = subprocess.Popen(
+                command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        running.starts += 1
+
+    def _end(self, running: RunningPod) -> None:
+        if running.process is not None and running.process.poll() is None:
+            running.process.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                running.process.wait(20)
+        if running.process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(running.process.pid, signal.SIGKILL)  # what the container left, as the runtime does
+            running.process.wait(5)
+        for driver, claims in running.claims.items():
+            with self.client.register(self.client.registry_dir / f"{driver}-reg.sock") as plugin:
+                errors = plugin.unprepare(claims)
+            if any(errors.values()):
+                self.errors[running.uid] = str(errors)
+                return  # retried at the next pass
+        del self.pods[running.uid]
+        with contextlib.suppress(ApiError):
+            self.kube.delete("pods", running.name, running.namespace, gracePeriodSeconds="0")
+
+    def crash_daemon(self) -> RunningPod:
+        """SIGKILL every process of this node's daemon container, as a container crash does."""
+        running = self.daemon()
+        assert running is not None and running.process is not None
+        os.killpg(running.process.pid, signal.SIGKILL)
+        return running
+
+    def daemon(self) -> RunningPod | None:
+        return next((p for p in self.pods.values() if p.process is not None), None)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+        for running in self.pods.values():
+            if running.process is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(running.process.pid, signal.SIGKILL)
+                running.process.wait(5)
+
+
+@dataclass
+class CdNode:
+    node: SimNode
+    runner: PodRunner
+    ip: str
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    @classmethod
+    def start(cls, kube: Kube, kubeconfig: Path, root: Path, name: str, *, ip: str, profile: str) -> CdNode:
+        node = SimNode.start(
+            kube,
+            kubeconfig,
+            root,
+            name,
+            profile=profile,
+            mig_mode="none",
+            extra=(
+                "--compute-domains",
+                "true",
+                "--cd-namespace",
+                NAMESPACE,
+                "--cd-ready-timeout",
+                "2",
+                "--cd-fabric-interval",
+                "1",
+            ),
+        )
+        return cls(node, PodRunner(kube, kubeconfig, node, ip), ip)
+
+    def stop(self) -> None:
+        self.runner.stop()
+        self.node.stop()
+
+
+class ControllerRun:
+    """``dradriver cd-controller`` as a process."""
+
+    def __init__(self, kubeconfig: Path, log: Path, identity: str) -> None:
+        self.log = log
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable, "-m", "dradriver", "cd-controller",
+                    "--kubeconfig", str(kubeconfig),
+                    "--namespace", NAMESPACE,
+                    "--image", "dradriver:test",
+                    "--identity", identity,
+                    "--lease-duration", "4",
+                    "--interval", "0.5",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )  # fmt: skip
+
+    def stop(self, signum: int = signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signum)
+        self.proc.wait(20)
