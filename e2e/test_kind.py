@@ -31,7 +31,13 @@ def wait_running(cluster: Backend, workload: dict[str, Any]) -> list[str]:
         labels = ",".join(f"{k}={v}" for k, v in workload["spec"]["selector"]["matchLabels"].items())
         pods = json.loads(cluster.kubectl("-n", ns, "get", "pods", "-l", labels, "-o", "json"))["items"]
         return [p["metadata"]["name"] for p in pods]
-    cluster.kubectl("-n", ns, "wait", f"pod/{name}", "--for=condition=Ready", "--timeout=240s", timeout=260)
+    try:
+        cluster.kubectl("-n", ns, "wait", f"pod/{name}", "--for=condition=Ready", "--timeout=240s", timeout=260)
+    except AssertionError as err:
+        # Why it never ran (the scheduler's or kubelet's events, the claim's allocation) is in the description.
+        described = cluster.kubectl("-n", ns, "describe", "pod", name)
+        claims = cluster.kubectl("-n", ns, "get", "resourceclaims", "-o", "wide")
+        raise AssertionError(f"{err}\n{described}\n{claims}") from None
     return [name]
 
 

@@ -29,9 +29,13 @@ NODES = (("nv-mixed-static", "mixed", "static"), ("nv-mixed", "mixed", "none"), 
 @pytest.fixture(scope="module")
 def nvidia_nodes(control_plane: ControlPlane, kube: Kube) -> Iterator[dict[tuple[str, str], SimNode]]:
     # NVIDIA's DeviceClasses, as the chart installs them with compat=nvidia (tests/test_chart.py checks the two agree).
+    # Removed again at the end: gpu.nvidia.com claims the extended resource nvidia.com/gpu too, and while both classes
+    # exist the scheduler may map a later test's `nvidia.com/gpu: 1` pod to this one, which no node of theirs serves.
+    created: list[str] = []
     for device_class in NVIDIA.device_classes():
         if not [c for c in kube.list("deviceclasses") if c["metadata"]["name"] == device_class["metadata"]["name"]]:
             kube.create("deviceclasses", device_class)
+            created.append(device_class["metadata"]["name"])
     started: dict[tuple[str, str], SimNode] = {}
     try:
         for name, profile, mig_mode in NODES:
@@ -51,6 +55,8 @@ def nvidia_nodes(control_plane: ControlPlane, kube: Kube) -> Iterator[dict[tuple
             node.stop()
             kube.delete_all("resourceslices", fieldSelector=f"spec.nodeName={node.name}")
             kube.delete("nodes", node.name)
+        for name in created:
+            kube.delete("deviceclasses", name)
 
 
 def claim_specs(path: Path) -> list[tuple[str, dict[str, Any]]]:
