@@ -78,7 +78,15 @@ def test_the_image_runs_as_the_sim_daemonset_against_the_real_api_server(
     try:
         slices = kube.wait(
             "the image's driver to publish the simulated node's slices",
-            lambda: kube.list("resourceslices", fieldSelector=f"spec.nodeName={node}"),
+            # Until every slice of the pool is there: the first one written may hold only counters, no devices.
+            lambda: (
+                [
+                    s
+                    for s in [kube.list("resourceslices", fieldSelector=f"spec.nodeName={node}")]
+                    if s and sum(len(x["spec"].get("devices", [])) for x in s) > 0
+                ]
+                and kube.list("resourceslices", fieldSelector=f"spec.nodeName={node}")
+            ),
             timeout=120,
         )
         assert {s["spec"]["driver"] for s in slices} == {"gpu.dradriver.dev"}
