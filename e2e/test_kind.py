@@ -16,9 +16,6 @@ from kindutil import ROOT, Backend, header, workloads
 
 pytestmark = pytest.mark.e2e
 SCENARIOS = sorted((ROOT / "examples/scenarios").glob("*.yaml"))
-# Scenario 11 (an extended-resource pod) passes alone and after tests/node, but after the whole suite the scheduler
-# answered "Insufficient nvidia.com/gpu" on the local node; the cause is not found yet (open issue note).
-FLAKY = {"11-device-plugin-style": "after the whole suite the scheduler finds no class serving nvidia.com/gpu"}
 DRIVER = "gpu.dradriver.dev"
 
 
@@ -72,13 +69,7 @@ def test_the_driver_publishes_the_simulated_node(cluster: Backend) -> None:
     assert kinds == {"gpu", "mig"}, kinds  # mixed profile, dynamic MIG
 
 
-@pytest.mark.parametrize(
-    "path",
-    [
-        pytest.param(p, id=p.stem, marks=[pytest.mark.xfail(reason=FLAKY[p.stem])] if p.stem in FLAKY else [])
-        for p in SCENARIOS
-    ],
-)
+@pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
 def test_example_runs_and_its_containers_get_their_devices(cluster: Backend, path: Path) -> None:
     needs = header(path, "Needs")
     if needs:
