@@ -74,20 +74,19 @@ def test_example_runs_and_its_containers_get_their_devices(cluster: Backend, pat
     needs = header(path, "Needs")
     if needs:
         pytest.skip(f"{path.name} needs {needs}")
-    if header(path, "Node") != cluster.node_config:
-        pytest.skip(f"{path.name} is written for a node {header(path, 'Node')!r}; this one is {cluster.node_config!r}")
     expect = re.compile(header(path, "Expect") or "^DRADRIVER_DEVICE_")
-    cluster.apply(path)
-    try:
-        for workload in workloads(path):
-            for pod in wait_running(cluster, workload):
-                spec = workload["spec"] if workload["kind"] == "Pod" else workload["spec"]["template"]["spec"]
-                logs = container_logs(cluster, namespace_of(workload), pod, lines=len(spec["containers"]))
-                assert len(logs.splitlines()) >= len(spec["containers"]), logs  # one report per container
-                for line in logs.splitlines():
-                    assert expect.search(line), f"{pod}: {line!r} does not match {expect.pattern!r}"
-    finally:
-        cluster.delete(path)
+    with cluster.configured(header(path, "Node") or cluster.node_config):
+        cluster.apply(path)
+        try:
+            for workload in workloads(path):
+                for pod in wait_running(cluster, workload):
+                    spec = workload["spec"] if workload["kind"] == "Pod" else workload["spec"]["template"]["spec"]
+                    logs = container_logs(cluster, namespace_of(workload), pod, lines=len(spec["containers"]))
+                    assert len(logs.splitlines()) >= len(spec["containers"]), logs  # one report per container
+                    for line in logs.splitlines():
+                        assert expect.search(line), f"{pod}: {line!r} does not match {expect.pattern!r}"
+        finally:
+            cluster.delete(path)
 
 
 def test_a_rolling_update_keeps_a_held_gpu_and_serves_new_pods(cluster: Backend) -> None:

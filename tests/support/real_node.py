@@ -433,14 +433,23 @@ class RealNode:
         """How often the kubelet has registered ``driver`` (default: the newest) so far."""
         return (driver or self.driver).log.count("kubelet registered the plugin")
 
-    def start_driver(self, *, pod_uid: str | None = None, wait_registered: bool = True) -> DriverRun:
-        extra = ("--pod-uid", pod_uid) if pod_uid else ()
+    def start_driver(
+        self,
+        *,
+        pod_uid: str | None = None,
+        wait_registered: bool = True,
+        mig_mode: str | None = None,
+        flags: tuple[str, ...] = (),
+    ) -> DriverRun:
+        """Start `dradriver run` on this node (``mig_mode`` and ``flags`` change the node's configuration for this
+        instance only)."""
+        extra = (*(("--pod-uid", pod_uid) if pod_uid else ()), *flags)
         driver = DriverRun(
             self.root / "driver",
             self.name,
             self.control_plane.kubeconfig,
             profile=self.profile,
-            mig_mode=self.mig_mode,
+            mig_mode=mig_mode or self.mig_mode,
             version="1.37",
             extra=extra,
             registry_dir=self.kubelet.registry_dir,
