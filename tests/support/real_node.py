@@ -379,21 +379,8 @@ class RealNode:
     def start(self) -> None:
         self.containerd.start()
         self.images = self.containerd.import_images(self.root / "images")
-        self.publish_root_ca()
         self.start_kubelet()
         self.start_driver()
-
-    def publish_root_ca(self, namespace: str = "default") -> None:
-        """The ConfigMap every pod's service-account volume projects (the root-ca-cert-publisher controller's
-        job; the test control plane does not run it)."""
-        body = {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": "kube-root-ca.crt", "namespace": namespace},
-            "data": {"ca.crt": self.control_plane.pki.ca_cert.read_text()},
-        }
-        with contextlib.suppress(ApiError):
-            self.kube.request("POST", f"/api/v1/namespaces/{namespace}/configmaps", body)
 
     def start_kubelet(self) -> None:
         self.kubelet.start()
