@@ -6,7 +6,7 @@ What it checks, in order: NVML (from where it loads), the driver and CUDA versio
 driver library (where, and whether through the linker cache or a search), binaries, firmware, device nodes and
 MIG capability nodes, the CDI hook, the CDI directory, the container runtime's CDI settings (containerd and
 CRI-O config files), the kubelet's plugin directories, the API server's version and DRA API (with
-``--kubeconfig``), persistence mode and, on NVSwitch systems, the fabric manager.
+``--kubeconfig``) with the DRA feature gates it reports, persistence mode and, on NVSwitch systems, the fabric manager.
 """
 
 from __future__ import annotations
@@ -464,8 +464,77 @@ def _api_checks(args: argparse.Namespace) -> Iterator[Check]:
         return
     try:
         yield from _api_version_checks(lambda: k8s_client.VersionApi(api).get_code(), api, k8s_client)
+        yield _feature_gate_check(lambda: _read_metrics(api), args.mig_mode)
     finally:
         api.close()
+
+
+def _read_metrics(api: Any) -> str:
+    """The API server's /metrics text (its `kubernetes_feature_enabled` series name every feature gate)."""
+    request = api.param_serialize(method="GET", resource_path="/metrics", auth_settings=["BearerToken"])
+    response = api.call_api(*request, _request_timeout=10)
+    data = response.read()
+    if not 200 <= response.status <= 299:
+        raise RuntimeError(f"HTTP {response.status}: {data[:200].decode(errors='replace')}")
+    return str(data.decode())
+
+
+def feature_gates(metrics: str) -> dict[str, bool]:
+    """Feature gate -> enabled, from Prometheus text lines like
+    ``kubernetes_feature_enabled{name="DRADeviceTaints",stage="BETA"} 1``."""
+    gates: dict[str, bool] = {}
+    for line in metrics.splitlines():
+        if not line.startswith("kubernetes_feature_enabled{"):
+            continue
+        labels, _, value = line.rpartition("} ")
+        name = next(
+            (v for k, _, v in (p.partition("=") for p in labels.split("{", 1)[1].split(",")) if k == "name"), ""
+        )
+        if name:
+            gates[name.strip('"')] = value.strip() in ("1", "1.0")
+    return gates
+
+
+#: The API server's DRA feature gates our driver uses, and what it does while one is off.
+DRA_GATES = {
+    "DRAPartitionableDevices": "no dynamic MIG (--mig-mode dynamic publishes MIG partitions on shared counters)",
+    "DRAConsumableCapacity": "no consumable shares (--gpu-sharing consumable, --consumable-shares)",
+    "DRADeviceTaints": "unhealthy devices are withdrawn from the slices instead of tainted",
+    "DRAExtendedResource": "no `nvidia.com/gpu: N` pods through the DeviceClasses' extendedResourceName",
+    "DRAResourceClaimDeviceStatus": "claims' status.devices are dropped",
+    "DRAPrioritizedList": "no firstAvailable requests",
+    "DRAAdminAccess": "no adminAccess requests (monitoring)",
+}
+
+
+def _feature_gate_check(read_metrics: Callable[[], str], mig_mode: str) -> Check:
+    name = "DRA features"
+    try:
+        gates = feature_gates(read_metrics())
+    except Exception as err:  # 403 for a service account without /metrics, or no answer: the check cannot run
+        return Check(
+            name,
+            SKIP,
+            f"cannot read the API server's /metrics ({str(err).splitlines()[0][:120]})",
+            "run doctor with a kubeconfig allowed `get` on the non-resource URL /metrics to see its feature gates",
+        )
+    known = {gate: gates[gate] for gate in DRA_GATES if gate in gates}
+    if not known:
+        return Check(name, SKIP, "the API server's /metrics names no DRA feature gate")
+    off = [gate for gate, enabled in known.items() if not enabled]
+    detail = f"on: {', '.join(g for g, e in known.items() if e) or 'none'}"
+    if not off:
+        return Check(name, OK, detail)
+    detail += "; off: " + "; ".join(f"{gate} ({DRA_GATES[gate]})" for gate in off)
+    needed = "DRAPartitionableDevices" in off and mig_mode == "dynamic"
+    return Check(
+        name,
+        FAIL if needed else WARN,
+        detail,
+        "turn DRAPartitionableDevices on (API server and scheduler) or run --mig-mode static"
+        if needed
+        else "turn the gates on in the API server and scheduler (--feature-gates) where you need what they do",
+    )
 
 
 def _api_version_checks(get_version: Callable[[], Any], api: Any, k8s_client: Any) -> Iterator[Check]:
