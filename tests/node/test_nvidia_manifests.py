@@ -64,11 +64,10 @@ def compat_node(control_plane: ControlPlane, kube: Kube) -> Iterator[RealNode]:
         _, profile, mig_mode, _ = NODE_TEST_MANIFESTS[0]
         settings = {"profile": profile, "mig_mode": mig_mode, "driver_args": ("--compat", "nvidia")}
         with running_node(control_plane, name=NODE, driver_name=NVIDIA.driver_name, **settings) as node:
-            try:
-                yield node
-            finally:
-                kube.delete_all("resourceslices", fieldSelector=f"spec.nodeName={NODE}")
+            yield node
     finally:
+        # After the driver stopped (a running one would publish them again); the Node's deletion would collect them.
+        kube.delete_all("resourceslices", fieldSelector=f"spec.nodeName={NODE}")
         for name in created:
             kube.delete("deviceclasses", name)
 
