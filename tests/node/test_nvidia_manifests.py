@@ -133,8 +133,9 @@ def test_an_nvidia_manifest_runs_unedited_in_containers_and_unprepares(
             assert cdi_specs_of(compat_node, uid), f"claim {claim['metadata']['name']} has no CDI spec"
     finally:
         workloads.delete(reversed(docs))
-    for uid, claim in claims.items():
-        name = claim["metadata"]["name"]
-        wait_for(f"the kubelet to unprepare claim {name}", lambda uid=uid: not cdi_specs_of(compat_node, uid), 90)
-        assert status_devices(kube, claim) == [], f"claim {name} kept status.devices after unprepare"
+    names = sorted(c["metadata"]["name"] for c in claims.values())
+    wait_for(f"the kubelet to unprepare claims {names} (their CDI specs gone)",
+             lambda: not any(cdi_specs_of(compat_node, uid) for uid in claims), 90)  # fmt: skip
+    wait_for(f"status.devices of claims {names} to be cleared",
+             lambda: all(status_devices(kube, claim) == [] for claim in claims.values()), 30)  # fmt: skip
     assert compat_node.prepared_claims() == []
