@@ -72,19 +72,19 @@ class LocalCluster:
         at = flags.index("--mig-mode")
         mig_mode, rest = flags[at + 1], (*flags[:at], *flags[at + 2 :])
         own = wait_for(f"the slices of the {self.node_config!r} node", self._slices, 90)
-        self._restart(mig_mode=mig_mode, flags=rest)
+        self._restart(mig_mode=mig_mode, extra=rest)
         wait_for(f"the slices of a {node_config!r} node", lambda: self._published_other_than(own), 90)
         try:
             yield
         finally:
-            self._restart(mig_mode=None, flags=())
+            self._restart(mig_mode=None, extra=())
             wait_for(f"the slices of a {self.node_config!r} node", lambda: self._slices() == own, 90)
 
-    def _restart(self, *, mig_mode: str | None, flags: tuple[str, ...]) -> None:
+    def _restart(self, *, mig_mode: str | None, extra: tuple[str, ...]) -> None:
         node = self.node
         assert not node.prepared_claims(), f"claims still prepared before a reconfiguration: {node.prepared_claims()}"
         node.stop_driver(node.driver)
-        node.start_driver(mig_mode=mig_mode, flags=flags)
+        node.start_driver(mig_mode=mig_mode, extra=extra)
 
     def _slices(self) -> list[Any] | None:
         """The node's pool as the driver last published it in full (None while a publish is half done)."""

@@ -351,6 +351,10 @@ class RealNode:
     name: str = "localhost"
     profile: str = "mixed"
     mig_mode: str = "dynamic"
+    # The driver's name (its plugin directory is named after it) and the arguments every start of it gets: the
+    # NVIDIA-compatible node runs `--compat nvidia` as gpu.nvidia.com.
+    driver_name: str = DRIVER
+    driver_args: tuple[str, ...] = ()
     containerd: Containerd = field(init=False)
     kubelet: Kubelet = field(init=False)
     drivers: list[DriverRun] = field(default_factory=list)
@@ -374,7 +378,7 @@ class RealNode:
 
     @property
     def plugin_dir(self) -> Path:
-        return self.kubelet.plugins_dir / DRIVER
+        return self.kubelet.plugins_dir / self.driver_name
 
     def start(self) -> None:
         self.containerd.start()
@@ -416,6 +420,26 @@ class RealNode:
 
         wait_for(f"node {self.name} to lose its not-ready taint", lifted, 30)
 
+    def container_output(self, pod: dict[str, Any]) -> dict[str, list[str]]:
+        """Each container's output so far, read from the kubelet's pod log files (CRI format: time, stream, tag,
+        text): works on a node the API server cannot reach for ``kubectl logs`` (any but the one named
+        ``localhost``, see docs/node-tests.md)."""
+        meta = pod["metadata"]
+        directory = self.root / "pod-logs" / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
+        output: dict[str, list[str]] = {}
+        for container in sorted(directory.glob("*/")) if directory.is_dir() else []:
+            lines = []
+            for log in sorted(container.glob("*.log")):
+                lines += [line.split(" ", 3)[3] for line in log.read_text().splitlines() if line.count(" ") >= 3]
+            output[container.name] = lines
+        return output
+
+    def container_pids(self) -> dict[str, int]:
+        """containerd's task of each running container (its ID, as a pod's ``containerStatuses`` names it after
+        ``containerd://``) and that task's host pid."""
+        listed = self.containerd.ctr("tasks", "ls").stdout.splitlines()[1:]
+        return {words[0]: int(words[1]) for words in (line.split() for line in listed) if len(words) >= 3}
+
     def registrations(self, driver: DriverRun | None = None) -> int:
         """How often the kubelet has registered ``driver`` (default: the newest) so far."""
         return (driver or self.driver).log.count("kubelet registered the plugin")
@@ -426,11 +450,11 @@ class RealNode:
         pod_uid: str | None = None,
         wait_registered: bool = True,
         mig_mode: str | None = None,
-        flags: tuple[str, ...] = (),
+        extra: tuple[str, ...] = (),
     ) -> DriverRun:
-        """Start `dradriver run` on this node (``mig_mode`` and ``flags`` change the node's configuration for this
-        instance only)."""
-        extra = (*(("--pod-uid", pod_uid) if pod_uid else ()), *flags)
+        """`dradriver run` with the node's settings, ``driver_args`` and ``extra`` (``mig_mode`` overrides the
+        node's for this instance only); by default returns once the kubelet has registered it."""
+        extra = (*self.driver_args, *extra, *(("--pod-uid", pod_uid) if pod_uid else ()))
         driver = DriverRun(
             self.root / "driver",
             self.name,
