@@ -354,7 +354,12 @@ def test_an_in_place_driver_upgrade_is_followed_for_new_prepares_naming_claims_o
     process = DriverProcess(args)
     process.simulated = None
     process.driver_root = driver_root_for(args, "580.65.06", simulated=False)
-    process.driver = SimpleNamespace(cdi=SimpleNamespace(driver_root=process.driver_root))
+    args.mps_control_command, args.mps_daemon_wrapper = None, None
+    mps_uses: list[dict[str, object]] = []
+    process.driver = SimpleNamespace(
+        cdi=SimpleNamespace(driver_root=process.driver_root),
+        sharing=SimpleNamespace(mps=SimpleNamespace(use=lambda **commands: mps_uses.append(commands))),
+    )
     process.checkpoint = SimpleNamespace(
         records=lambda: [SimpleNamespace(uid="claim-b"), SimpleNamespace(uid="claim-a")]
     )
@@ -369,6 +374,9 @@ def test_an_in_place_driver_upgrade_is_followed_for_new_prepares_naming_claims_o
     assert process.driver.cdi.driver_root is process.driver_root  # what the next prepare's spec is built from
     assert process.driver_root.libcuda.path.name == "libcuda.so.590.10.01"
     assert "upgraded in place from 580.65.06 to 590.10.01" in caplog.text and "claims=claim-a,claim-b" in caplog.text
+    # New MPS daemons start from the new driver's files too (daemons already serving keep theirs).
+    [commands] = mps_uses
+    assert str(commands["env"]["LD_LIBRARY_PATH"]).startswith(str(root))  # type: ignore[index]
 
 
 def test_a_wrapped_mps_daemon_is_named_by_its_host_paths(tmp_path):

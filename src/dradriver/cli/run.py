@@ -182,8 +182,8 @@ def register(parser: argparse.ArgumentParser) -> None:
         metavar="COMMAND",
         help="put before the MPS control command when a claim's daemon starts (not for control calls): a command "
         "that takes the daemon out of this container, so a plugin restart or update leaves it serving, and then "
-        "execs it, such as 'nsenter --target 1 --mount -- systemd-run --scope --quiet --collect --' (the "
-        "DaemonSet's; needs hostPID: true)",
+        "execs it; the chart's is 'nsenter --target 1 --mount --uts --ipc --net -- systemd-run --scope --quiet "
+        "--collect --slice=dradriver-mps.slice --' (needs hostPID: true; docs/sharing.md)",
     )
     add_env_option(
         parser,
@@ -560,11 +560,6 @@ class DriverProcess:
             driver_root=self.driver_root,
         )
         state_dir = Path(args.state_dir or args.plugin_dir or DEFAULT_PLUGINS_DIR / args.driver_name)
-        # The daemon loads libcuda like any CUDA program: from the driver root, wherever the host keeps it.
-        root = self.driver_root
-        mps_env = (
-            {} if simulated else {"LD_LIBRARY_PATH": ":".join(str(root.container_root / d) for d in root.source_dirs)}
-        )
         # In rolling-update mode the old and the new pod share the checkpoint (their calls are serialised).
         self.checkpoint = CheckpointStore.open(state_dir, shared=bool(args.pod_uid))
         self.driver = GpuDriver(
@@ -576,12 +571,7 @@ class DriverProcess:
             gpulib=self.gpulib,
             checkpoint=self.checkpoint,
             device_problem=self.health.problem,
-            mps=MpsControl(
-                _mps_command(args, simulated, self.driver_root),
-                state_dir / "mps",
-                daemon_command=_mps_daemon_command(args, simulated, self.driver_root),
-                env=mps_env,
-            ),
+            mps=MpsControl(root=state_dir / "mps", **_mps_commands(args, simulated, self.driver_root)),
             consumable_shares=args.consumable_shares or None,
             holder_released=lambda ref, device: _holder_released(self.cluster, args.driver_name, node, ref, device),
         )
@@ -844,6 +834,8 @@ class DriverProcess:
             return
         self.driver_root = fresh
         self.driver.cdi.driver_root = fresh
+        if self.driver.sharing.mps is not None:  # new daemons start the new driver's binary and libraries
+            self.driver.sharing.mps.use(**_mps_commands(self.args, self.simulated is not None, fresh))
         assert self.checkpoint is not None
         prepared = sorted(record.uid for record in self.checkpoint.records())
         log.warning(
@@ -980,6 +972,21 @@ def _node_uid(cluster: KubeCluster, node: str) -> str | None:
     except ClusterError as err:
         log.warning("cannot read Node %s; slices get no owner reference error=%s", node, err)
         return None
+
+
+def _mps_commands(args: argparse.Namespace, simulated: bool, driver_root: DriverRoot) -> dict[str, Any]:
+    """MpsControl's commands and daemon environment for ``driver_root`` (at start, and after an in-place driver
+    upgrade). The daemon loads libcuda like any CUDA program: from the driver root, wherever the host keeps it."""
+    env = (
+        {}
+        if simulated
+        else {"LD_LIBRARY_PATH": ":".join(str(driver_root.container_root / d) for d in driver_root.source_dirs)}
+    )
+    return {
+        "command": _mps_command(args, simulated, driver_root),
+        "daemon_command": _mps_daemon_command(args, simulated, driver_root),
+        "env": env,
+    }
 
 
 def _mps_daemon_command(args: argparse.Namespace, simulated: bool, driver_root: DriverRoot) -> list[str]:

@@ -59,15 +59,22 @@ class MpsControl:
         moves the daemon out of the plugin's container and then execs it, keeping its pid, which is recorded
         (docs/sharing.md). ``env``: added to the daemons' environment (the driver root's library directories, so
         the daemon finds ``libcuda`` wherever the host keeps it)."""
+        self.root = root
+        self.use(command=command, daemon_command=daemon_command, env=env)
+        self.ready_timeout_s = ready_timeout_s
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._pause = threading.Event()  # never set: waits between checks of a condition another process changes
+
+    def use(
+        self, *, command: Sequence[str], daemon_command: Sequence[str] = (), env: Mapping[str, str] | None = None
+    ) -> None:
+        """Start daemons (and make control calls) with these from now on: an in-place driver upgrade moves the
+        binary and libraries; daemons already serving keep theirs."""
         if not command:
             raise ValueError("the MPS control command is empty")
         self.command = tuple(command)
         self.daemon_command = tuple(daemon_command)  # empty: the control command
         self.extra_env = dict(env or {})
-        self.root = root
-        self.ready_timeout_s = ready_timeout_s
-        self._children: dict[int, subprocess.Popen[bytes]] = {}
-        self._pause = threading.Event()  # never set: waits between checks of a condition another process changes
 
     def dirs(self, claim_uid: str) -> tuple[Path, Path]:
         """The claim's pipe and log directories, always inside ``root``: a UID that would name anything else (a

@@ -55,7 +55,7 @@ DRA_SOCKET_NAME = "dra.sock"
 LOCK_FILE_NAME = "plugin.lock"
 SERIALIZE_LOCK_NAME = "serialize.lock"
 CLAIM_STATUS_STOP_SECONDS = 5.0  # the most a stop waits for a claim status write in flight
-# A DNS subdomain: what the API server accepts as a DRA driver name (and safe in a file name).
+# A pod's UID as the downward API gives it (a UUID), safe in the per-pod socket and file names.
 _POD_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
 
 
