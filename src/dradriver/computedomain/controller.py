@@ -34,6 +34,10 @@ class ControllerSettings:
     daemon_service_account: str = "dradriver-compute-domain-daemon"
     daemon_command: tuple[str, ...] = ("dradriver", "cd-daemon")
     max_nodes_per_domain: int = api.MAX_NODES_PER_IMEX_DOMAIN
+    # Daemon pods in the node's network, and more environment for them: for nodes whose pods cannot reach the API
+    # server through its service address (no kube-proxy or CNI yet), as the chart's plugin pod can be set up too.
+    daemon_host_network: bool = False
+    daemon_env: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass
@@ -363,6 +367,9 @@ class Controller:
             return {"name": env, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
         probe = {"exec": {"command": [*self.settings.daemon_command, "check"]}}
+        network: dict[str, Any] = (
+            {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"} if self.settings.daemon_host_network else {}
+        )
         return {
             "apiVersion": "apps/v1",
             "kind": "DaemonSet",
@@ -373,6 +380,7 @@ class Controller:
                     "metadata": {"labels": labels},
                     "spec": {
                         "nodeSelector": labels,
+                        **network,
                         "serviceAccountName": self.settings.daemon_service_account,
                         "tolerations": [{"operator": "Exists"}],
                         "terminationGracePeriodSeconds": 10,
@@ -393,6 +401,7 @@ class Controller:
                                         "name": "MAX_NODES_PER_IMEX_DOMAIN",
                                         "value": str(self.settings.max_nodes_per_domain),
                                     },
+                                    *(dict(e) for e in self.settings.daemon_env),
                                 ],
                                 "resources": {"claims": [{"name": "compute-domain-daemon"}]},
                                 "startupProbe": {**probe, "periodSeconds": 1, "failureThreshold": 1200},
