@@ -73,7 +73,8 @@ def test_compute_domain_controller_settings_reach_its_pod_and_through_it_the_dae
     pod = controller(
         objects_with(
             "computeDomains.enabled=true", "computeDomains.hostNetwork=true",
-            "computeDomains.controllerNodeSelector.pool=system", "computeDomains.controllerTolerations[0].operator=Exists",
+            "computeDomains.controllerNodeSelector.pool=system",
+            "computeDomains.controllerTolerations[0].operator=Exists",
             "computeDomains.extraEnv[0].name=KUBERNETES_SERVICE_HOST", "computeDomains.extraEnv[0].value=127.0.0.1",
         )
     )  # fmt: skip

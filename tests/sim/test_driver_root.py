@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 from dradriver.computedomain.imexconf import render_config, render_nodes
-
 from dradriver.sim.driver_root import STUB_BINARIES, STUB_IMEX_BINARIES, write_stub_driver_root
 
 VERSION = "580.65.06"
@@ -40,7 +39,8 @@ def test_the_stub_imex_tools_run_the_stand_in_through_dradriver_on_path(tmp_path
     config.write_text(render_config(pod_ip="127.0.0.1", nodes_file=nodes).replace("50005", "0"))
     hosts = tmp_path / "hosts"
     hosts.write_text("127.0.0.1\tcompute-domain-daemon-0000\n")
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "IMEX_STANDIN_HOSTS": str(hosts)}
+    path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+    env = {**os.environ, "PATH": path, "IMEX_STANDIN_HOSTS": str(hosts)}
     # No daemon listens: the control tool says so as the real one does, with a failing status.
     done = subprocess.run([root / "usr/bin/nvidia-imex-ctl", "-c", config, "-q"], capture_output=True, text=True,
                           env=env, timeout=60, check=False)  # fmt: skip
