@@ -100,6 +100,8 @@ def test_daemon_pods_are_in_the_pod_network_unless_asked_and_get_the_extra_envir
     [container] = pod["containers"]
     assert container["env"][-1] == extra
     assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in container["env"]
+    # Longer than the kubelet's default of 1 s: the probe is a Python process running nvidia-imex-ctl.
+    assert container["startupProbe"]["timeoutSeconds"] == container["readinessProbe"]["timeoutSeconds"] == 10
 
 
 def test_a_second_pass_writes_nothing(rest: FakeRest, controller: Controller) -> None:

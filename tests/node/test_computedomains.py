@@ -180,7 +180,8 @@ def test_the_kubelet_runs_the_domains_daemon_pod_and_the_worker_gets_its_channel
     # The first prepares fail until the daemon the channel pulled here is Ready; the kubelet retries.
     [worker] = tray.workloads.wait_running(worker_doc, timeout=TIMEOUT)
 
-    [daemon] = [p for p in tray.daemon_pods(uid) if running(p)]
+    # Its daemon pod: Ready once its probe (`dradriver cd-daemon check`, every 10 s) has passed.
+    [daemon] = tray.wait("the daemon pod to be Ready", lambda: [p for p in tray.daemon_pods(uid) if running(p)], 60)
     assert daemon["spec"]["nodeName"] == tray.node.name and daemon["spec"]["hostNetwork"] is True
     [status] = daemon["status"]["containerStatuses"]
     assert status["image"] == IMAGE, status

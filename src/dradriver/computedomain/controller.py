@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 CONTROLLER_MANAGER = "dradriver-cd-controller"
 DAEMON_CONTAINER = "imex-daemon"
+PROBE_TIMEOUT = 10
 
 
 @dataclass(frozen=True)
@@ -366,7 +367,9 @@ class Controller:
         def field_env(env: str, path: str) -> dict[str, Any]:
             return {"name": env, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
-        probe = {"exec": {"command": [*self.settings.daemon_command, "check"]}}
+        # The probe starts a Python process that runs nvidia-imex-ctl (itself bounded at 5 s): the kubelet's default
+        # timeout of 1 s failed it on a busy node, and the daemon pod never became Ready.
+        probe = {"exec": {"command": [*self.settings.daemon_command, "check"]}, "timeoutSeconds": PROBE_TIMEOUT}
         network: dict[str, Any] = (
             {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"} if self.settings.daemon_host_network else {}
         )
