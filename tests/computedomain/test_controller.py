@@ -91,6 +91,8 @@ def test_daemon_pods_are_in_the_pod_network_unless_asked_and_get_the_extra_envir
     Controller(rest, ControllerSettings(namespace=NS, image="dradriver:test")).sync()  # type: ignore[arg-type]
     plain = rest.get(path_of("apps/v1", "daemonsets", NS, f"computedomain-daemon-{UID}"))["spec"]["template"]["spec"]
     assert "hostNetwork" not in plain
+    # Unused peer names resolve in the hosts file (a sentinel address): no search-domain queries for the rest.
+    assert plain["dnsConfig"] == {"options": [{"name": "ndots", "value": "1"}]}
     rest.delete(path_of("apps/v1", "daemonsets", NS, f"computedomain-daemon-{UID}"))
     extra = {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"}
     settings = ControllerSettings(namespace=NS, image="dradriver:test", daemon_host_network=True, daemon_env=(extra,))

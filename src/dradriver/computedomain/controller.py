@@ -384,6 +384,9 @@ class Controller:
                     "spec": {
                         "nodeSelector": labels,
                         **network,
+                        # Every peer name is in the hosts file (unused ones with a sentinel address): a name the
+                        # daemon looks up should not first go through the search domains.
+                        "dnsConfig": {"options": [{"name": "ndots", "value": "1"}]},
                         "serviceAccountName": self.settings.daemon_service_account,
                         "tolerations": [{"operator": "Exists"}],
                         "terminationGracePeriodSeconds": 10,
