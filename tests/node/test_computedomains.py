@@ -19,6 +19,7 @@ import re
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -84,7 +85,7 @@ class Tray:
     workloads: Workloads
 
     @property
-    def cd_plugin_dir(self) -> Any:
+    def cd_plugin_dir(self) -> Path:
         return self.node.kubelet.plugins_dir / api.DRIVER_NAME
 
     def kubectl(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
