@@ -12,11 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from support.cd_cluster import NAMESPACE, CdNode, ControllerRun
+from support.cd_cluster import NAMESPACE, CdNode, ControllerRun, install_chart_parts
 from support.cluster_pods import kubectl
 from support.control_plane import ControlPlane
-from support.helm import template
 from support.kube_rest import Kube
 
 from dradriver.computedomain import api
@@ -46,24 +44,7 @@ def _kubectl(plane: ControlPlane, *args: str, check: bool = True) -> subprocess.
 @pytest.fixture(scope="module")
 def cd_cluster(control_plane: ControlPlane) -> Iterator[dict[str, Any]]:
     kube = control_plane.kube
-    _kubectl(control_plane, "apply", "--server-side", "-f", str(REPO / "deployments/helm/dradriver/crds"))
-    # The chart's ComputeDomain objects but the controller (run here as a process): RBAC, daemon account, classes.
-    chart = [
-        o for o in template("--set", "computeDomains.enabled=true")
-        if o["kind"] in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount", "DeviceClass")
-        and "compute-domain" in o["metadata"]["name"]
-    ]  # fmt: skip
-    rendered = control_plane.root / "computedomain-chart.yaml"
-    rendered.write_text(yaml.safe_dump_all(chart))
-    _kubectl(control_plane, "wait", "--for=condition=Established", "crd/computedomains.resource.dradriver.dev",
-             "crd/computedomaincliques.resource.dradriver.dev")  # fmt: skip
-    if kube.find("namespaces", NAMESPACE) is None:
-        kube.create("namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-    kube.wait(
-        "the dradriver namespace's default ServiceAccount", lambda: kube.find("serviceaccounts", "default", NAMESPACE)
-    )
-    # The daemon pods' service account and the rest (RBAC accepted by the API server, the DeviceClasses).
-    _kubectl(control_plane, "apply", "--server-side", "-f", str(rendered))
+    install_chart_parts(control_plane)
     nodes: dict[str, CdNode] = {}
     controller = ControllerRun(control_plane.kubeconfig, control_plane.logs / "cd-controller.log", "controller-a")
     cluster: dict[str, Any] = {"kube": kube, "nodes": nodes, "controller": controller, "plane": control_plane}

@@ -86,6 +86,26 @@ def test_a_domain_gets_its_finalizer_templates_and_daemonset(rest: FakeRest, con
     assert _status(rest)["status"] == "NotReady"
 
 
+def test_daemon_pods_are_in_the_pod_network_unless_asked_and_get_the_extra_environment(rest: FakeRest) -> None:
+    _domain(rest)
+    Controller(rest, ControllerSettings(namespace=NS, image="dradriver:test")).sync()  # type: ignore[arg-type]
+    plain = rest.get(path_of("apps/v1", "daemonsets", NS, f"computedomain-daemon-{UID}"))["spec"]["template"]["spec"]
+    assert "hostNetwork" not in plain
+    # Unused peer names resolve in the hosts file (a sentinel address): no search-domain queries for the rest.
+    assert plain["dnsConfig"] == {"options": [{"name": "ndots", "value": "1"}]}
+    rest.delete(path_of("apps/v1", "daemonsets", NS, f"computedomain-daemon-{UID}"))
+    extra = {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"}
+    settings = ControllerSettings(namespace=NS, image="dradriver:test", daemon_host_network=True, daemon_env=(extra,))
+    Controller(rest, settings).sync()  # type: ignore[arg-type]
+    pod = rest.get(path_of("apps/v1", "daemonsets", NS, f"computedomain-daemon-{UID}"))["spec"]["template"]["spec"]
+    assert (pod["hostNetwork"], pod["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
+    [container] = pod["containers"]
+    assert container["env"][-1] == extra
+    assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in container["env"]
+    # Longer than the kubelet's default of 1 s: the probe is a Python process running nvidia-imex-ctl.
+    assert container["startupProbe"]["timeoutSeconds"] == container["readinessProbe"]["timeoutSeconds"] == 10
+
+
 def test_a_second_pass_writes_nothing(rest: FakeRest, controller: Controller) -> None:
     _domain(rest)
     controller.sync()

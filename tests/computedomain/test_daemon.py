@@ -91,7 +91,11 @@ def test_the_daemon_joins_runs_imex_and_follows_its_peers(running: Running) -> N
     assert daemon.process is None  # no index yet: IMEX could not find itself in the node list
     _number(rest, n1=0)
     _wait("Ready", lambda: (_entry(rest, "n1") or {}).get("status") == "Ready")
-    assert f"{IP}\tcompute-domain-daemon-0000" in settings.hosts_file.read_text()
+    hosts = settings.hosts_file.read_text()
+    assert f"{IP}\tcompute-domain-daemon-0000" in hosts
+    # Every other name of the node list has the sentinel address, which IMEX never dials or lists as a peer.
+    assert hosts.count("255.255.255.255\tcompute-domain-daemon-") == api.MAX_NODES_PER_IMEX_DOMAIN - 1
+    assert _table(settings) == f"0 compute-domain-daemon-0000 {IP} I\n"
     assert (settings.config_dir / "nodes.cfg").read_text().count("\n") == api.MAX_NODES_PER_IMEX_DOMAIN
     assert daemon.process is not None
     first = daemon.process.pid

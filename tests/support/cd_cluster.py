@@ -22,14 +22,55 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from dradriver.computedomain import api
 from dradriver.plugin.kubeletplugin.kubelet_client import Claim, KubeletClient
 from dradriver.sim import imex_standin
 from support.cluster_node import SimNode
+from support.cluster_pods import kubectl
+from support.control_plane import ControlPlane
+from support.helm import template
 from support.kube_rest import ApiError, Kube
 
 NAMESPACE = "dradriver"
 GPU_DRIVER = "gpu.dradriver.dev"
+REPO = Path(__file__).resolve().parents[2]
+CRDS = REPO / "deployments/helm/dradriver/crds"
+
+
+def chart_parts() -> list[dict[str, Any]]:
+    """The chart's ComputeDomain objects but the controller (tests run it as a process): RBAC, the daemons'
+    service account, the DeviceClasses (release dradriver, namespace dradriver)."""
+    return [
+        o for o in template("--set", "computeDomains.enabled=true")
+        if o["kind"] in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount", "DeviceClass")
+        and "compute-domain" in o["metadata"]["name"]
+    ]  # fmt: skip
+
+
+def install_chart_parts(plane: ControlPlane) -> Path:
+    """The CRDs (Established) and :func:`chart_parts` in the namespace NAMESPACE; the rendered file returned
+    (``kubectl delete -f`` it to remove them again)."""
+
+    def run(*args: str) -> None:
+        done = subprocess.run([kubectl(), "--kubeconfig", str(plane.kubeconfig), *args], capture_output=True,
+                              text=True, timeout=120, check=False)  # fmt: skip
+        assert done.returncode == 0, f"kubectl {' '.join(args)}:\n{done.stdout}{done.stderr}"
+
+    kube = plane.kube
+    run("apply", "--server-side", "-f", str(CRDS))
+    rendered = plane.root / "computedomain-chart.yaml"
+    rendered.write_text(yaml.safe_dump_all(chart_parts()))
+    run("wait", "--for=condition=Established", "crd/computedomains.resource.dradriver.dev",
+        "crd/computedomaincliques.resource.dradriver.dev")  # fmt: skip
+    if kube.find("namespaces", NAMESPACE) is None:
+        kube.create("namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    kube.wait(
+        "the dradriver namespace's default ServiceAccount", lambda: kube.find("serviceaccounts", "default", NAMESPACE)
+    )
+    run("apply", "--server-side", "-f", str(rendered))
+    return rendered
 
 
 @dataclass
@@ -264,7 +305,9 @@ class CdNode:
 class ControllerRun:
     """``dradriver cd-controller`` as a process."""
 
-    def __init__(self, kubeconfig: Path, log: Path, identity: str) -> None:
+    def __init__(
+        self, kubeconfig: Path, log: Path, identity: str, *, image: str = "dradriver:test", extra: tuple[str, ...] = ()
+    ) -> None:
         self.log = log
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
@@ -272,10 +315,11 @@ class ControllerRun:
                     sys.executable, "-m", "dradriver", "cd-controller",
                     "--kubeconfig", str(kubeconfig),
                     "--namespace", NAMESPACE,
-                    "--image", "dradriver:test",
+                    "--image", image,
                     "--identity", identity,
                     "--lease-duration", "4",
                     "--interval", "0.5",
+                    *extra,
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,

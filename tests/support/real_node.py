@@ -224,6 +224,13 @@ state = "{self.root / "state"}"
             raise RuntimeError(f"images {absent} not in containerd after import (has {listed})")
         return names
 
+    def import_archive(self, archive: Path, base_name: str) -> None:
+        """An OCI archive (our image: support/image.py) into the k8s.io namespace, as ``<base_name>:<tag>``."""
+        done = self.ctr("images", "import", "--local", "--snapshotter", "native", "--base-name", base_name,
+                        str(archive), timeout=300)  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"ctr images import {archive} failed:\n{done.stdout}{done.stderr}")
+
     def stop(self) -> None:
         if self.component is not None:
             self.component.stop()

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 CONTROLLER_MANAGER = "dradriver-cd-controller"
 DAEMON_CONTAINER = "imex-daemon"
+PROBE_TIMEOUT = 10
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,10 @@ class ControllerSettings:
     daemon_service_account: str = "dradriver-compute-domain-daemon"
     daemon_command: tuple[str, ...] = ("dradriver", "cd-daemon")
     max_nodes_per_domain: int = api.MAX_NODES_PER_IMEX_DOMAIN
+    # Daemon pods in the node's network, and more environment for them: for nodes whose pods cannot reach the API
+    # server through its service address (no kube-proxy or CNI yet), as the chart's plugin pod can be set up too.
+    daemon_host_network: bool = False
+    daemon_env: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass
@@ -362,7 +367,12 @@ class Controller:
         def field_env(env: str, path: str) -> dict[str, Any]:
             return {"name": env, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
-        probe = {"exec": {"command": [*self.settings.daemon_command, "check"]}}
+        # The probe starts a Python process that runs nvidia-imex-ctl (itself bounded at 5 s): the kubelet's default
+        # timeout of 1 s failed it on a busy node, and the daemon pod never became Ready.
+        probe = {"exec": {"command": [*self.settings.daemon_command, "check"]}, "timeoutSeconds": PROBE_TIMEOUT}
+        network: dict[str, Any] = (
+            {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"} if self.settings.daemon_host_network else {}
+        )
         return {
             "apiVersion": "apps/v1",
             "kind": "DaemonSet",
@@ -373,6 +383,10 @@ class Controller:
                     "metadata": {"labels": labels},
                     "spec": {
                         "nodeSelector": labels,
+                        **network,
+                        # Every peer name is in the hosts file (unused ones with a sentinel address): a name the
+                        # daemon looks up should not first go through the search domains.
+                        "dnsConfig": {"options": [{"name": "ndots", "value": "1"}]},
                         "serviceAccountName": self.settings.daemon_service_account,
                         "tolerations": [{"operator": "Exists"}],
                         "terminationGracePeriodSeconds": 10,
@@ -393,6 +407,7 @@ class Controller:
                                         "name": "MAX_NODES_PER_IMEX_DOMAIN",
                                         "value": str(self.settings.max_nodes_per_domain),
                                     },
+                                    *(dict(e) for e in self.settings.daemon_env),
                                 ],
                                 "resources": {"claims": [{"name": "compute-domain-daemon"}]},
                                 "startupProbe": {**probe, "periodSeconds": 1, "failureThreshold": 1200},

@@ -158,7 +158,7 @@ class ImexDaemon:
             return  # the controller has not numbered us yet: IMEX cannot know its own node ID
         if peers != self._peers:
             current = self.s.hosts_file.read_text() if self.s.hosts_file.exists() else ""
-            self.s.hosts_file.write_text(imexconf.rewrite_hosts(current, peers))
+            self.s.hosts_file.write_text(imexconf.rewrite_hosts(current, peers, self.s.max_nodes))
             changed = bool(self._peers)
             self._peers = peers
             if changed and self.process is not None and self.process.poll() is None:
