@@ -88,7 +88,9 @@ class LocalCluster:
 
     def _slices(self) -> list[Any] | None:
         """The node's pool as the driver last published it in full (None while a publish is half done)."""
-        found = self.node.kube.list("resourceslices", fieldSelector=f"spec.nodeName={self.node.name}")
+        found = self.node.kube.list(
+            "resourceslices", fieldSelector=f"spec.nodeName={self.node.name},spec.driver={self.node.driver_name}"
+        )
         pools = {json.dumps(s["spec"]["pool"], sort_keys=True) for s in found}
         if len(pools) != 1 or len(found) != found[0]["spec"]["pool"]["resourceSliceCount"]:
             return None
