@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -38,7 +38,6 @@ from dradriver.cli.options import (
     unwritable_state,
 )
 from dradriver.cli.status_server import StatusServer, check_bindable
-from dradriver.computedomain.plugin import ComputeDomainPlugin
 from dradriver.driver.allocations import Allocation, allocations
 from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.checkpoint import CheckpointStore
@@ -86,6 +85,9 @@ from dradriver.plugin.kubeletplugin.plugin import (
     check_pod_uid,
 )
 from dradriver.plugin.resourceslice.publisher import Publisher, SliceSpec
+
+if TYPE_CHECKING:  # loaded by cd_node.start only with --compute-domains (docs/reliability.md, memory)
+    from dradriver.computedomain.plugin import ComputeDomainPlugin
 
 log = logging.getLogger("dradriver.run")
 # Probes reach the pod's IP, so listen on every interface; the DaemonSet declares the port.
