@@ -401,3 +401,11 @@ def test_a_wrapped_mps_daemon_is_named_by_its_host_paths(tmp_path):
     assert daemon[10] == "/run/nvidia/driver/usr/bin/nvidia-cuda-mps-control"
     assert _mps_command(args, False, root)[0].startswith(str(mounted))  # control calls stay in the container
     assert _mps_daemon_command(argparse.Namespace(mps_daemon_wrapper="", mps_control_command=None), False, root) == []
+
+
+def test_the_compute_domain_flags_name_the_compute_domain_drivers_own_values() -> None:
+    # cd_node repeats two values so that `dradriver run` loads the ComputeDomain modules only when they serve.
+    from dradriver.cli import cd_node
+    from dradriver.computedomain import api, node
+
+    assert (cd_node.DRIVER_NAME, cd_node.DEFAULT_READY_TIMEOUT) == (api.DRIVER_NAME, node.DEFAULT_READY_TIMEOUT)

@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -38,7 +38,6 @@ from dradriver.cli.options import (
     unwritable_state,
 )
 from dradriver.cli.status_server import StatusServer, check_bindable
-from dradriver.computedomain.plugin import ComputeDomainPlugin
 from dradriver.driver.allocations import Allocation, allocations
 from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.checkpoint import CheckpointStore
@@ -86,6 +85,9 @@ from dradriver.plugin.kubeletplugin.plugin import (
     check_pod_uid,
 )
 from dradriver.plugin.resourceslice.publisher import Publisher, SliceSpec
+
+if TYPE_CHECKING:  # loaded by cd_node.start only with --compute-domains (docs/reliability.md, memory)
+    from dradriver.computedomain.plugin import ComputeDomainPlugin
 
 log = logging.getLogger("dradriver.run")
 # Probes reach the pod's IP, so listen on every interface; the DaemonSet declares the port.
@@ -603,14 +605,16 @@ class DriverProcess:
         try:
             self._reconcile()
             # Built once, from the inventory as reconciliation left it; the publisher validates them once too.
-            self.specs = build_slice_specs(self.inventory, self.settings, taints=self.health.taints)
+            # Kept as the publisher keeps them (JSON text, shared with it): the dict form would hold about 2 MB
+            # more for the driver's whole life (docs/reliability.md, memory).
+            self.pools = _pools(node, build_slice_specs(self.inventory, self.settings, taints=self.health.taints))
             self.publisher = Publisher(
                 self.cluster,
                 driver=args.driver_name,
                 node_name=node,
                 node_uid=_node_uid(self.cluster, node),
                 shape=self.shape,
-                pools=_pools(node, self.specs),
+                pools=self.pools,
                 withdraw_tainted_if_dropped=args.health_taint_fallback == "withdraw",
             )
         except BaseException:
@@ -670,7 +674,7 @@ class DriverProcess:
                 self.node,
                 self.args.driver_name,
                 self.mig_mode.value,
-                sum(len(s.get("devices", ())) for s in self.specs),
+                sum(spec.device_count for spec in self.pools[self.node]),
             )
             self.stop.wait()
             log.info("stopping")
@@ -852,13 +856,13 @@ class DriverProcess:
         try:
             fresh = discover(self.gpulib)
             self.health.update_inventory(fresh, self.mig_mode)
-            fresh_specs = build_slice_specs(fresh, self.settings, taints=self.health.taints)
+            fresh_pools = _pools(self.node, build_slice_specs(fresh, self.settings, taints=self.health.taints))
         except DradriverError as err:
             log.warning("rediscovery failed; keeping the last inventory error=%s", err)
             return
         if fresh.driver_version != self.driver_root.version:
             self._follow_driver_upgrade(fresh.driver_version)
-        if fresh_specs == self.specs:
+        if fresh_pools == self.pools:
             return
         log.info(
             "devices or their health changed; republishing gpus=%d mig_devices=%d lost_gpus=%d",
@@ -866,10 +870,10 @@ class DriverProcess:
             len(fresh.mig_devices),
             len(fresh.lost_gpus),
         )
-        self.specs = fresh_specs
+        self.pools = fresh_pools
         self.inventory = fresh  # what /allocations and the usage sampler list
         self.driver.update_inventory(fresh, self.mig_mode)
-        self.publisher.update(_pools(self.node, fresh_specs))
+        self.publisher.update(fresh_pools)
 
 
 def _call_each(calls: list[Callable[[], None]]) -> None:

@@ -20,12 +20,11 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.cdi_step import STEP_CDI_SPEC, CdiSpecStep, ReadyDevice, build_claim_spec
 from dradriver.driver.checkpoint import CheckpointStore, ClaimRecord, ClaimState, DeviceRecord
-from dradriver.driver.config import AnyConfig, ConfigSource, DeviceTarget, resolve_configs
 from dradriver.driver.device_nodes import gpu_device_nodes
 from dradriver.driver.mig import STEP_MIG_MODE, MigSteps
 from dradriver.driver.mps import MpsControl
@@ -55,6 +54,9 @@ from dradriver.plugin.handler import (
     PreparedDevice,
     PrepareResult,
 )
+
+if TYPE_CHECKING:
+    from dradriver.driver.config import AnyConfig
 
 log = logging.getLogger(__name__)
 
@@ -367,16 +369,7 @@ class GpuDriver:
             )
             for name, requests in by_device.items()
         ]
-        # Admin access is monitoring another claim's device: its settings are that claim's, not this one's.
-        configs = resolve_configs(
-            str(claim.ref),
-            [ConfigSource(c.source, c.requests, c.parameters) for c in claim.config],
-            [
-                DeviceTarget(p.device.name, p.requests, "gpu" if isinstance(p.device, GpuDevice) else "mig")
-                for p in planned
-                if not p.admin_access
-            ],
-        )
+        configs = _resolved_configs(claim, planned) if claim.config else {}
         for p in planned:
             _refuse_multi_user_before_volta(str(claim.ref), p.device, configs.get(p.device.name))
         return [
@@ -573,6 +566,23 @@ def _refuse_overlap_and_conflicts(ref: ClaimRef, record: ClaimRecord, others: li
     check_mps_settings(record)
     _refuse_overlap(ref, record, others)
     refuse_conflicts(str(ref), record, others)
+
+
+def _resolved_configs(claim: AllocatedClaim, planned: Sequence[PlannedDevice]) -> dict[str, AnyConfig]:
+    """The claim's opaque configs resolved per device. The config module and its pydantic models load here, at
+    the first claim that carries a config, not with the driver (docs/reliability.md, memory)."""
+    from dradriver.driver.config import ConfigSource, DeviceTarget, resolve_configs
+
+    # Admin access is monitoring another claim's device: its settings are that claim's, not this one's.
+    return resolve_configs(
+        str(claim.ref),
+        [ConfigSource(c.source, c.requests, c.parameters) for c in claim.config],
+        [
+            DeviceTarget(p.device.name, p.requests, "gpu" if isinstance(p.device, GpuDevice) else "mig")
+            for p in planned
+            if not p.admin_access
+        ],
+    )
 
 
 def _refuse_multi_user_before_volta(ref: str, device: GpuDevice | MigPartition, config: AnyConfig | None) -> None:
