@@ -6,6 +6,9 @@ they name (retrying as the kubelet does), applies the CDI edits it gets back to 
 for the IMEX daemon pods of the domain DaemonSets runs the container command as a local process (its /imexd
 mount mapped to the host directory, its pod IP the node's own loopback address); it restarts that process when
 it exits, reports pods Running, and on deletion stops the process, unprepares and removes the pod.
+
+The node plugin, the daemons and the controller run with tokens of the chart's service accounts
+(:func:`account_kubeconfig`), never as admin: a rule missing from the chart's RBAC fails the tests.
 """
 
 from __future__ import annotations
@@ -25,11 +28,33 @@ from typing import Any
 from dradriver.computedomain import api
 from dradriver.plugin.kubeletplugin.kubelet_client import Claim, KubeletClient
 from dradriver.sim import imex_standin
-from support.cluster_node import SimNode
+from support.cluster_node import DriverRun, KubeletStandIn, SimNode
+from support.control_plane import ControlPlane, NodeKeeper, write_kubeconfig
 from support.kube_rest import ApiError, Kube
 
 NAMESPACE = "dradriver"
 GPU_DRIVER = "gpu.dradriver.dev"
+# The chart's service accounts (release dradriver).
+PLUGIN_ACCOUNT = "dradriver-kubelet-plugin"
+DAEMON_ACCOUNT = "dradriver-compute-domain-daemon"
+CONTROLLER_ACCOUNT = "dradriver-compute-domain-controller"
+
+
+def account_kubeconfig(plane: ControlPlane, account: str, path: Path, pod: dict[str, Any] | None = None) -> Path:
+    """A kubeconfig with a token of the chart's service account ``account`` (TokenRequest API), bound to ``pod``
+    when given (the token then names the pod's node, as the own-node slice policy wants)."""
+    spec: dict[str, Any] = {"expirationSeconds": 4 * 3600}
+    if pod is not None:
+        meta = pod["metadata"]
+        spec["boundObjectRef"] = {"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"]}
+    request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
+    answer = plane.kube.request("POST", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{account}/token", request)
+    return write_kubeconfig(path, plane.server, plane.pki.ca_cert, token=answer["status"]["token"])
+
+
+def refusals(log: str) -> list[str]:
+    """The lines of a component's log where the API server refused it (an RBAC rule missing)."""
+    return [line for line in log.splitlines() if "HTTP 403" in line or "forbidden" in line.lower()]
 
 
 @dataclass
@@ -56,7 +81,7 @@ class RunningPod:
 class PodRunner:
     def __init__(self, kube: Kube, kubeconfig: Path, node: SimNode, ip: str) -> None:
         self.kube = kube
-        self.kubeconfig = kubeconfig
+        self.kubeconfig = kubeconfig  # the daemon pods' (their service account's token)
         self.node = node
         self.ip = ip
         self.hosts = node.root / "hosts"
@@ -235,26 +260,34 @@ class CdNode:
         return self.node.name
 
     @classmethod
-    def start(cls, kube: Kube, kubeconfig: Path, root: Path, name: str, *, ip: str, profile: str) -> CdNode:
-        node = SimNode.start(
-            kube,
-            kubeconfig,
-            root,
-            name,
-            profile=profile,
-            mig_mode="none",
-            extra=(
-                "--compute-domains",
-                "true",
-                "--cd-namespace",
-                NAMESPACE,
-                "--cd-ready-timeout",
-                "2",
-                "--cd-fabric-interval",
-                "1",
-            ),
-        )
-        return cls(node, PodRunner(kube, kubeconfig, node, ip), ip)
+    def start(cls, plane: ControlPlane, daemons: Path, root: Path, name: str, *, ip: str, profile: str) -> CdNode:
+        """The node, its plugin (both drivers) on the plugin account's token bound to a pod on the node, and a
+        pod runner whose daemons use the kubeconfig ``daemons``."""
+        kube = plane.kube
+        root.mkdir(parents=True, exist_ok=True)
+        keeper = NodeKeeper(kube, name)
+        holder = kube.find("pods", f"plugin-on-{name}", NAMESPACE) or kube.create(
+            "pods",
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": f"plugin-on-{name}", "namespace": NAMESPACE},
+                "spec": {"nodeName": name, "serviceAccountName": PLUGIN_ACCOUNT, "automountServiceAccountToken": False,
+                         "containers": [{"name": "plugin", "image": "dradriver:test"}]},
+            },
+            NAMESPACE,
+        )  # fmt: skip
+        kubeconfig = account_kubeconfig(plane, PLUGIN_ACCOUNT, root / "plugin.kubeconfig", holder)
+        extra = (
+            "--compute-domains", "true",
+            "--cd-namespace", NAMESPACE,
+            "--cd-ready-timeout", "2",
+            "--cd-fabric-interval", "1",
+        )  # fmt: skip
+        driver = DriverRun(root, name, kubeconfig, profile=profile, mig_mode="none", version="1.35", extra=extra)
+        kubelet = KubeletStandIn(kube, name, root / "registry")
+        node = SimNode(name, profile, "none", "1.35", root, kubeconfig, keeper, driver, kubelet, extra)
+        return cls(node, PodRunner(kube, daemons, node, ip), ip)
 
     def stop(self) -> None:
         self.runner.stop()
