@@ -208,3 +208,15 @@ def test_the_domains_files_go_with_its_daemon_claim(rest: FakeRest, tmp_path: Pa
     assert driver.unprepare_resource_claims([claim.ref]) == {"d1": None}
     assert not (tmp_path / "state" / "domains" / UID).exists()
     assert not (tmp_path / "cdi" / f"{api.CDI_VENDOR}-claim_d1.json").exists()
+
+
+def test_a_daemon_claim_outside_the_drivers_namespace_is_refused(rest: FakeRest, tmp_path: Path) -> None:
+    claim = _claim("d1", "daemon-0", api.daemon_config(UID), namespace="team")
+    result = _driver(rest, tmp_path).prepare_resource_claims([claim])["d1"]
+    assert result.error and (
+        "only the IMEX DaemonSet of a ComputeDomain (in the driver's namespace dradriver) may request daemon devices"
+        in result.error
+    )
+    assert not (tmp_path / "state" / "domains" / UID).exists()
+    assert not (tmp_path / "cdi" / f"{api.CDI_VENDOR}-claim_d1.json").exists()
+

@@ -213,6 +213,14 @@ class ComputeDomainDriver:
         return edits
 
     def _prepare_daemon(self, ref: ClaimRef, config: api.DaemonConfig) -> dict[str, Any]:
+        # The daemon device carries the domain's IMEX files and management capability: a claim anyone can make in
+        # their own namespace must never get it, only the controller's DaemonSet in the driver's namespace.
+        if ref.namespace != self.namespace:
+            raise ClaimError(
+                f"claim {ref}: only the IMEX DaemonSet of a ComputeDomain (in the driver's namespace {self.namespace}) "
+                f"may request daemon devices, not a claim in namespace {ref.namespace}; a workload requests the "
+                "channel through the claim template its ComputeDomain generated"
+            )
         domain = self._domain(config.domain_id, None)
         meta = domain["metadata"]
         directory = self.state_dir / "domains" / config.domain_id
