@@ -3,7 +3,7 @@
 It publishes two devices per node: ``channel-0`` (what a workload pod's claim gets: IMEX channel 0, or every
 channel in ``All`` mode) and ``daemon-0`` (what the domain's IMEX daemon pod gets). Preparing a channel labels
 the Node with the domain's UID, which pulls the domain's daemon onto it; the channel is handed out only once
-that daemon is Ready in its clique (bounded wait, then a retryable error the kubelet retries).
+that daemon is Ready in its clique (until then a retryable error: the kubelet retries the prepare).
 
 One record of what is prepared: ``<state-dir>/checkpoint.json``. CDI specs are outputs, never read back.
 """
@@ -16,7 +16,6 @@ import os
 import shutil
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +32,6 @@ log = logging.getLogger(__name__)
 
 CHANNEL_DEVICE = "channel-0"
 DAEMON_DEVICE = "daemon-0"
-DEFAULT_READY_TIMEOUT = 20.0
 
 
 class NotReadyError(DradriverError):
@@ -110,8 +108,6 @@ class ComputeDomainDriver:
         namespace: str,
         state_dir: Path,
         cdi_dir: Path,
-        ready_timeout: float = DEFAULT_READY_TIMEOUT,
-        poll_interval: float = 0.5,
         daemon_mounts: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         self.facts = facts
@@ -119,8 +115,6 @@ class ComputeDomainDriver:
         self.namespace = namespace  # the driver's, where cliques and daemon pods live
         self.state_dir = state_dir
         self.cdi_dir = cdi_dir
-        self.ready_timeout = ready_timeout
-        self.poll_interval = poll_interval
         # Host files every daemon container gets (the driver's nvidia-imex and nvidia-imex-ctl).
         self.daemon_mounts = [dict(m) for m in daemon_mounts]
         self.checkpoint = Checkpoint(state_dir / "checkpoint.json")
@@ -206,7 +200,7 @@ class ComputeDomainDriver:
         if not self.facts.clique_id:
             # A node with no multi-node NVLink runs no IMEX daemon work; the pod starts without channels.
             return edits
-        self._wait_daemon_ready(config.domain_id)
+        self._check_daemon_ready(config.domain_id)
         edits["deviceNodes"] = [
             _node(CharDevice(f"{api.CHANNEL_DIR}/channel{i}", self.facts.channel_major, i)) for i in range(channels)
         ]
@@ -288,27 +282,22 @@ class ComputeDomainDriver:
                     continue
         raise NotReadyError(f"node {self.facts.node_name} kept changing while labelling it; retrying")
 
-    def _wait_daemon_ready(self, uid: str) -> None:
+    def _check_daemon_ready(self, uid: str) -> None:
+        """One look at this node's clique entry, never a wait: a prepare runs under the node-wide handler lock
+        (rolling updates), and the daemon pod's own prepare, which the entry waits on, needs that lock too."""
         path = path_of(
             api.API_VERSION, "computedomaincliques", self.namespace, api.clique_object_name(uid, self.facts.clique_id)
         )
-        deadline = time.monotonic() + self.ready_timeout
-        while True:
-            try:
-                clique = self.rest.get(path)
-                entry = next(
-                    (d for d in clique.get("daemons") or [] if d.get("nodeName") == self.facts.node_name), None
-                )
-                if entry is not None and entry.get("status") == api.READY:
-                    return
-            except NotFoundError:
-                pass
-            if time.monotonic() >= deadline:
-                raise NotReadyError(
-                    f"the IMEX daemon of ComputeDomain {uid} on node {self.facts.node_name} is not Ready in clique "
-                    f"{self.facts.clique_id} yet; the kubelet retries (the pod stays in ContainerCreating)"
-                )
-            time.sleep(self.poll_interval)
+        try:
+            clique = self.rest.get(path)
+        except NotFoundError:
+            clique = {}
+        entry = next((d for d in clique.get("daemons") or [] if d.get("nodeName") == self.facts.node_name), None)
+        if entry is None or entry.get("status") != api.READY:
+            raise NotReadyError(
+                f"the IMEX daemon of ComputeDomain {uid} on node {self.facts.node_name} is not Ready in clique "
+                f"{self.facts.clique_id} yet; the kubelet retries (the pod stays in ContainerCreating)"
+            )
 
     # -- unprepare -------------------------------------------------------------------------------------
 
