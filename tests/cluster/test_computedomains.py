@@ -316,7 +316,9 @@ def test_a_restarted_controller_leaves_a_converged_domain_alone(cd_cluster: dict
     cd_cluster["controller"].stop()  # a clean stop hands the Lease back
     before = kube.get("computedomains", "steady", USER_NS)["metadata"]["resourceVersion"]
     clique = kube.list("computedomaincliques", NAMESPACE)[0]["metadata"]["resourceVersion"]
-    restarted = ControllerRun(cd_cluster["controller_kubeconfig"], plane.logs / "cd-controller-restarted.log", "controller-a")
+    restarted = ControllerRun(
+        cd_cluster["controller_kubeconfig"], plane.logs / "cd-controller-restarted.log", "controller-a"
+    )
     cd_cluster["controller"] = restarted
     kube.wait(
         "the restarted controller to lead",

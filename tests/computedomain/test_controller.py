@@ -173,3 +173,41 @@ def test_an_invalid_spec_is_reported_in_the_condition(rest: FakeRest, controller
     controller.sync()
     ready = next(c for c in _status(rest)["conditions"] if c["type"] == "Ready")
     assert ready["reason"] == "InvalidSpec" and "channel" in ready["message"]
+
+
+def test_a_node_that_moved_clique_is_dropped_from_its_old_one_and_listed_once(
+    rest: FakeRest, controller: Controller
+) -> None:
+    """tray-a's fabric was re-registered into clique c2: its daemon pod now carries c2, its old entry in c must go
+    (a node listed twice in status.nodes, a map by name, makes the API server refuse every status write)."""
+    _domain(rest, num_nodes=1)
+    controller.sync()
+    _daemon_pod(rest, "a", clique="c")
+    _join(rest, "a", "Ready")
+    controller.sync()
+    _daemon_pod(rest, "a", clique="c2")
+    rest.apply(
+        path_of(api.API_VERSION, "computedomaincliques", NS, f"{UID}.c2"),
+        {
+            "metadata": {"name": f"{UID}.c2", "namespace": NS,
+                         "labels": {api.DOMAIN_LABEL: UID, api.CLIQUE_LABEL: "c2"}},
+            "daemons": [{"nodeName": "a", "ipAddress": "10.0.0.1", "cliqueID": "c2", "status": "Ready"}],
+        },
+        manager="cd-daemon-a",
+    )  # fmt: skip
+    controller.sync()
+    assert rest.get(CLIQUE_PATH).get("daemons") == []
+    assert [(n["name"], n["cliqueID"]) for n in _status(rest)["nodes"]] == [("a", "c2")]
+
+
+def test_a_node_with_two_live_daemons_is_listed_once(rest: FakeRest, controller: Controller) -> None:
+    _domain(rest, num_nodes=1)
+    controller.sync()
+    _daemon_pod(rest, "a", clique="")
+    rest.put(
+        path_of("v1", "pods", NS, "daemon-a-new"),
+        {"metadata": {"name": "daemon-a-new", "labels": {api.DOMAIN_LABEL: UID, api.CLIQUE_LABEL: ""}},
+         "spec": {"nodeName": "a"}, "status": {"podIP": "10.0.0.8"}},
+    )  # fmt: skip
+    controller.sync()
+    assert [n["name"] for n in _status(rest)["nodes"]] == ["a"]

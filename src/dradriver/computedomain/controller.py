@@ -135,18 +135,23 @@ class Controller:
 
     def _number_cliques(self, uid: str, snap: Snapshot) -> list[dict[str, Any]]:
         """Give every daemon of the domain an index (lowest free, kept for as long as its entry lives) and
-        drop entries of nodes that no longer run a daemon of it; the domain's ``status.nodes``."""
+        drop entries of nodes that no longer run a daemon of it in that clique; the domain's ``status.nodes``.
+
+        A daemon is live in a clique when its pod (on that node, not being deleted) carries the clique's label:
+        a node that moved to another clique leaves its old entry behind, which must go, or the node would be
+        listed twice and the API server would refuse every status write (``status.nodes`` is a map by name)."""
         live = {
-            p["spec"].get("nodeName")
+            (p["spec"].get("nodeName"), p["metadata"]["labels"].get(api.CLIQUE_LABEL))
             for p in snap.pods
             if p["metadata"].get("labels", {}).get(api.DOMAIN_LABEL) == uid
             and not p["metadata"].get("deletionTimestamp")
         }
         nodes: list[dict[str, Any]] = []
         for clique in snap.cliques:
-            if clique["metadata"].get("labels", {}).get(api.DOMAIN_LABEL) != uid:
+            labels = clique["metadata"].get("labels", {})
+            if labels.get(api.DOMAIN_LABEL) != uid:
                 continue
-            for d in self._converge_clique(clique, live):
+            for d in self._converge_clique(clique, live, labels.get(api.CLIQUE_LABEL)):
                 if d.get("index") is None:
                     continue
                 nodes.append(
@@ -171,11 +176,24 @@ class Controller:
                         "status": api.READY if _pod_ready(pod) else api.NOT_READY,
                     }
                 )
-        return sorted(nodes, key=lambda n: n["name"])
+        unique: dict[str, dict[str, Any]] = {}
+        for node in nodes:
+            if node["name"] in unique:
+                # Two live daemons of one domain on a node (a rollout): one entry, as the list-map demands.
+                log.warning("node listed twice domain=%s node=%s", uid, node["name"])
+                continue
+            unique[node["name"]] = node
+        return sorted(unique.values(), key=lambda n: n["name"])
 
-    def _converge_clique(self, clique: dict[str, Any], live: set[str]) -> list[dict[str, Any]]:
-        """The clique's entries once those of nodes without a live daemon are gone and the rest numbered."""
-        daemons = [d for d in clique.get("daemons") or [] if d.get("nodeName") in live]
+    def _converge_clique(
+        self, clique: dict[str, Any], live: set[tuple[str | None, str | None]], clique_id: str | None
+    ) -> list[dict[str, Any]]:
+        """The clique's entries once those of nodes without a live daemon in it are gone and the rest numbered."""
+        daemons = [
+            d
+            for d in clique.get("daemons") or []
+            if (d.get("nodeName"), clique_id if clique_id is not None else d.get("cliqueID")) in live
+        ]
         if len(daemons) != len(clique.get("daemons") or []):
             clique = self._drop_entries(clique, {d["nodeName"] for d in daemons})
             daemons = clique.get("daemons") or []
