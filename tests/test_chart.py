@@ -42,6 +42,12 @@ def test_the_chart_lints_strictly(preset: str | None) -> None:
     assert "0 chart(s) failed" in done.stdout
 
 
+def test_the_chart_with_compute_domains_lints_strictly() -> None:
+    done = run_helm("lint", "--strict", str(CHART), "--set", "computeDomains.enabled=true")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 chart(s) failed" in done.stdout
+
+
 def test_the_chart_versions_are_the_drivers() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["version"] == chart["appVersion"] == VERSION
