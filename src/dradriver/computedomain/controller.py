@@ -113,27 +113,52 @@ class Controller:
             if t["metadata"].get("labels", {}).get(api.DOMAIN_LABEL) == uid
         }
         daemon_name = api.daemon_object_name(uid)
+        problems: list[str] = []
         if (self.ns, daemon_name) not in names:
-            self._create(path_of("resource.k8s.io/v1", "resourceclaimtemplates", self.ns), self._daemon_template(uid))
+            problems += self._create(
+                path_of("resource.k8s.io/v1", "resourceclaimtemplates", self.ns), self._daemon_template(uid), uid
+            )
         if daemon_name not in snap.daemonsets:
-            self._create(path_of("apps/v1", "daemonsets", self.ns), self._daemonset(uid))
+            problems += self._create(path_of("apps/v1", "daemonsets", self.ns), self._daemonset(uid), uid)
         workload = spec.channel.resource_claim_template.name
         if (meta["namespace"], workload) not in names:
-            self._create(
+            problems += self._create(
                 path_of("resource.k8s.io/v1", "resourceclaimtemplates", meta["namespace"]),
                 self._workload_template(domain),
+                uid,
             )
-        nodes = self._number_cliques(uid, snap)
-        self._write_status(domain, nodes, num_nodes=spec.num_nodes)
+        nodes = self._number_cliques(uid, snap, problems)
+        # The status is written whatever failed: a domain whose objects cannot be made says why.
+        self._write_status(domain, nodes, num_nodes=spec.num_nodes, error="; ".join(problems), reason="CannotConverge")
 
-    def _create(self, path: str, body: dict[str, Any]) -> None:
+    def _create(self, path: str, body: dict[str, Any], uid: str) -> list[str]:
+        """Create ``body``; what went wrong, for the domain's Ready condition (nothing when it was made)."""
+        meta = body["metadata"]
+        what = f"{body['kind']} {meta['namespace']}/{meta['name']}"
         try:
             self.rest.create(path, body)
-            log.info("created kind=%s name=%s", body["kind"], body["metadata"]["name"])
+            log.info("created kind=%s name=%s", body["kind"], meta["name"])
+            return []
         except ConflictError:
-            pass  # made since the list (a pass of an earlier leader): the next pass sees it
+            # Made since the list (a pass of an earlier leader): the next pass sees it. Unless it is not ours:
+            # an object of that name without our label is never listed, and would be created again forever.
+            try:
+                existing = self.rest.get(f"{path}/{meta['name']}")
+            except ClusterError:
+                return []
+            if (existing["metadata"].get("labels") or {}).get(api.DOMAIN_LABEL) == uid:
+                return []
+            log.warning("name taken by an object not made for the domain object=%s uid=%s", what, uid)
+            return [
+                f"{what} exists but was not made for this ComputeDomain (no label {api.DOMAIN_LABEL}={uid}): "
+                "delete or rename that object, or recreate the ComputeDomain naming another "
+                "spec.channel.resourceClaimTemplate.name"
+            ]
+        except ClusterError as err:
+            log.warning("create failed object=%s error=%s", what, err)
+            return [f"creating {what} failed ({err}): see the controller's log, and its RBAC if it was refused"]
 
-    def _number_cliques(self, uid: str, snap: Snapshot) -> list[dict[str, Any]]:
+    def _number_cliques(self, uid: str, snap: Snapshot, problems: list[str]) -> list[dict[str, Any]]:
         """Give every daemon of the domain an index (lowest free, kept for as long as its entry lives) and
         drop entries of nodes that no longer run a daemon of it in that clique; the domain's ``status.nodes``.
 
@@ -153,6 +178,11 @@ class Controller:
                 continue
             for d in self._converge_clique(clique, live, labels.get(api.CLIQUE_LABEL)):
                 if d.get("index") is None:
+                    problems.append(
+                        f"clique {clique['metadata']['name']} is full: node {d.get('nodeName')} got no index (at "
+                        f"most {self.settings.max_nodes_per_domain} daemons, --max-nodes-per-imex-domain); keep "
+                        "the job within that many nodes of one clique"
+                    )
                     continue
                 nodes.append(
                     {
@@ -216,6 +246,7 @@ class Controller:
     def _assign_indices(self, clique: dict[str, Any], daemons: list[dict[str, Any]]) -> dict[str, Any]:
         taken = {d["index"] for d in daemons if d.get("index") is not None}
         indices: dict[str, int] = {d["nodeName"]: d["index"] for d in daemons if d.get("index") is not None}
+        numbered = len(indices)
         for d in sorted(daemons, key=lambda d: d["nodeName"]):
             if d.get("index") is not None:
                 continue
@@ -230,6 +261,8 @@ class Controller:
                 continue
             taken.add(free)
             indices[d["nodeName"]] = free
+        if len(indices) == numbered:
+            return clique  # a full clique: nothing new to number, nothing to write until an index frees up
         body = {
             "apiVersion": api.API_VERSION,
             "kind": "ComputeDomainClique",
@@ -243,7 +276,13 @@ class Controller:
         )
 
     def _write_status(
-        self, domain: dict[str, Any], nodes: list[dict[str, Any]], *, num_nodes: int = 0, error: str = ""
+        self,
+        domain: dict[str, Any],
+        nodes: list[dict[str, Any]],
+        *,
+        num_nodes: int = 0,
+        error: str = "",
+        reason: str = "InvalidSpec",
     ) -> None:
         old = domain.get("status") or {}
         ready = sum(1 for n in nodes if n["status"] == api.READY)
@@ -254,7 +293,7 @@ class Controller:
                 old,
                 "Ready",
                 true=overall == api.READY,
-                reason="InvalidSpec" if error else ("AllDaemonsReady" if overall == api.READY else "WaitingForDaemons"),
+                reason=reason if error else ("AllDaemonsReady" if overall == api.READY else "WaitingForDaemons"),
                 message=error or f"{ready} of {len(nodes)} IMEX daemons Ready ({wanted})",
                 domain=domain,
             ),
