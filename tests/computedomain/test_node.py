@@ -242,3 +242,28 @@ def test_a_daemon_prepare_is_not_held_up_by_a_channel_prepare_waiting_for_that_d
     assert daemon["d1"].error is None
     assert channel["c1"].error and "not Ready in clique" in channel["c1"].error
     assert time.monotonic() - started < 5  # the old wait held the lock for --cd-ready-timeout (20 s)
+
+
+@pytest.mark.parametrize("text", ["{not json", '{"claims": []}', '{"claims": {"c0": "channel"}}', "[]"])
+def test_a_corrupt_checkpoint_is_an_error_naming_the_file_and_the_fix(
+    rest: FakeRest, tmp_path: Path, text: str
+) -> None:
+    driver = _driver(rest, tmp_path)
+    _ready(rest)
+    driver.checkpoint.path.write_text(text)
+    result = driver.prepare_resource_claims([_claim("c1", "channel-0", api.channel_config(UID, "Single"))])["c1"]
+    assert result.error and result.error.startswith(
+        f"ComputeDomain checkpoint {tmp_path}/state/checkpoint.json is corrupt ("
+    )
+    assert result.error.endswith("move it aside and restart this node's dradriver pod; the kubelet then prepares the "
+                                 "claims of running pods again")  # fmt: skip
+    unprepared = driver.unprepare_resource_claims([ClaimRef("team", "claim-c1", "c1")])["c1"]
+    assert unprepared and f"{tmp_path}/state/checkpoint.json is corrupt" in unprepared
+
+
+def test_the_checkpoint_and_cdi_specs_leave_no_temp_files(rest: FakeRest, tmp_path: Path) -> None:
+    driver = _driver(rest, tmp_path)
+    _ready(rest)
+    assert driver.prepare_resource_claims([_claim("c1", "channel-0", api.channel_config(UID, "Single"))])["c1"].devices
+    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == ["checkpoint.json"]
+    assert sorted(p.name for p in (tmp_path / "cdi").iterdir()) == [f"{api.CDI_VENDOR}-claim_c1.json"]

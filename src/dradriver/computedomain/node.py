@@ -12,19 +12,18 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
-import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dradriver.atomic_files import write_atomically
 from dradriver.computedomain import api
 from dradriver.computedomain.fabric import CharDevice
 from dradriver.computedomain.kube import Rest, path_of
-from dradriver.errors import ClaimError, DradriverError
+from dradriver.errors import ClaimError, ConfigError, DradriverError
 from dradriver.plugin.cluster.port import ClusterError, ConflictError, NotFoundError
 from dradriver.plugin.handler import AllocatedClaim, ClaimRef, DeviceConfig, PreparedDevice, PrepareResult
 
@@ -72,29 +71,27 @@ class Checkpoint:
 
     def load(self) -> dict[str, dict[str, Any]]:
         try:
-            data: dict[str, dict[str, Any]] = json.loads(self.path.read_text()).get("claims", {})
+            text = self.path.read_text()
         except FileNotFoundError:
             return {}
-        return data
+        try:
+            claims = json.loads(text).get("claims", {})
+            if not isinstance(claims, dict) or not all(
+                isinstance(entry, dict) and isinstance(entry.get("kind"), str) for entry in claims.values()
+            ):
+                raise ValueError("claims is not an object of claim entries with a kind")
+        except (ValueError, AttributeError) as err:
+            raise ConfigError(
+                f"ComputeDomain checkpoint {self.path} is corrupt ({err}): move it aside and restart this node's "
+                "dradriver pod; the kubelet then prepares the claims of running pods again"
+            ) from None
+        return claims
 
     def update(self, change: Callable[[dict[str, dict[str, Any]]], None]) -> None:
         with self._lock:
             claims = self.load()
             change(claims)
-            _write_atomically(self.path, json.dumps({"claims": claims}, indent=1, sort_keys=True))
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+            write_atomically(self.path, json.dumps({"claims": claims}, indent=1, sort_keys=True))
 
 
 class ComputeDomainDriver:
@@ -353,7 +350,7 @@ class ComputeDomainDriver:
             "devices": [{"name": name, "containerEdits": edits}],
         }
         self.cdi_dir.mkdir(parents=True, exist_ok=True)
-        _write_atomically(self._cdi_path(claim_uid), json.dumps(spec))
+        write_atomically(self._cdi_path(claim_uid), json.dumps(spec))
 
     def _remove_cdi(self, claim_uid: str) -> None:
         self._cdi_path(claim_uid).unlink(missing_ok=True)
