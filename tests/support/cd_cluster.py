@@ -281,7 +281,6 @@ class CdNode:
         extra = (
             "--compute-domains", "true",
             "--cd-namespace", NAMESPACE,
-            "--cd-ready-timeout", "2",
             "--cd-fabric-interval", "1",
         )  # fmt: skip
         driver = DriverRun(root, name, kubeconfig, profile=profile, mig_mode="none", version="1.35", extra=extra)
