@@ -168,6 +168,10 @@ def tray(node: RealNode) -> Iterator[Tray]:
         (node.logs / "tray-driver.log").write_text(driver.log)
         if tray.node_label() is not None:
             node.kube.patch("nodes", node.name, {"metadata": {"labels": {api.DOMAIN_LABEL: None}}})
+        # Only the ComputeDomain objects go: the GPU driver's accounts and RBAC may serve other modules of this
+        # control plane (the cluster tests' kustomize install has the same names).
+        ours = [o for o in yaml.safe_load_all(rendered.read_text()) if o and "compute-domain" in o["metadata"]["name"]]
+        rendered.write_text(yaml.safe_dump_all(ours))
         tray.kubectl("delete", "--ignore-not-found", "-f", str(rendered))
 
 

@@ -132,12 +132,7 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signum, lambda *_: stop.set())
     controller = Controller(rest, settings)
 
-    def elect() -> None:
-        while not stop.is_set():
-            elector.try_acquire()
-            stop.wait(elector.renew)
-
-    threading.Thread(target=elect, name="leader-election", daemon=True).start()
+    threading.Thread(target=elector.run, args=(stop,), name="leader-election", daemon=True).start()
     log.info("ready identity=%s namespace=%s pid=%d", identity, args.namespace, os.getpid())
     try:
         controller.run(stop, leading=elector.leading.is_set, interval=args.interval)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dradriver.cli.options import add_env_option
+from dradriver.cli.options import add_env_option, interval_seconds, non_negative_float
 from dradriver.gpu.backend import simulated_proc_root
 from dradriver.gpu.interface import GpuLib
 from dradriver.plugin.cluster.port import Cluster
@@ -18,11 +18,9 @@ if TYPE_CHECKING:
     from dradriver.computedomain.plugin import ComputeDomainPlugin
 
 DEFAULT_NAMESPACE = "dradriver"
-# computedomain.api's DRIVER_NAME and computedomain.node's DEFAULT_READY_TIMEOUT (tests/cli/test_run.py checks
-# they agree): the ComputeDomain modules, pydantic models among them, load only when --compute-domains is on,
-# not in every GPU driver (docs/reliability.md, memory).
+# computedomain.api's DRIVER_NAME (tests/cli/test_run.py checks they agree): the ComputeDomain modules, pydantic
+# models among them, load only when --compute-domains is on, not in every GPU driver (docs/reliability.md, memory).
 DRIVER_NAME = "compute-domain.dradriver.dev"
-DEFAULT_READY_TIMEOUT = 20.0
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -45,17 +43,18 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         parser,
         "--cd-ready-timeout",
         env="DRADRIVER_CD_READY_TIMEOUT",
-        default=DEFAULT_READY_TIMEOUT,
-        type=float,
+        default=0.0,
+        type=non_negative_float,
         metavar="SECONDS",
-        help="how long one prepare of a channel waits for this node's IMEX daemon before the kubelet retries",
+        help="deprecated, ignored: a channel prepare no longer waits for this node's IMEX daemon (it looks once "
+        "and the kubelet retries), since a wait would hold up the daemon's own prepare",
     )
     add_env_option(
         parser,
         "--cd-fabric-interval",
         env="DRADRIVER_CD_FABRIC_INTERVAL",
         default=10.0,
-        type=float,
+        type=interval_seconds,
         metavar="SECONDS",
         help="how often to re-read the node's NVLink clique (the fabric manager may re-register GPUs); 0: never",
     )
@@ -99,7 +98,6 @@ def start(
         cdi_dir=Path(args.cdi_dir),
         node_uid=node_uid,
         shape=shape,
-        ready_timeout=args.cd_ready_timeout,
         pod_uid=args.pod_uid or None,
         daemon_mounts=[
             {"hostPath": host, "containerPath": container, "options": ["ro", "nosuid", "nodev", "bind"]}
