@@ -199,3 +199,41 @@ def test_a_forbidden_metrics_endpoint_skips_the_feature_check_with_the_fix() -> 
 
     check = _feature_gate_check(forbidden, "dynamic")
     assert check.status == "SKIP" and "(403)" in check.detail and "/metrics" in check.fix
+
+
+@pytest.mark.parametrize(
+    ("minor", "served", "status", "words"),
+    [
+        ("37", ["v1", "v1beta2"], "OK", "resource.k8s.io v1, v1beta2"),
+        ("33", ["v1beta2", "v1beta1"], "OK", "the driver speaks v1beta2"),
+        ("32", ["v1beta1"], "OK", "the driver speaks v1beta1"),
+        ("32", [], "FAIL", "not served in v1, v1beta2 or v1beta1"),
+    ],
+)
+def test_the_dra_api_check_accepts_every_version_the_driver_speaks(
+    minor: str, served: list[str], status: str, words: str
+) -> None:
+    from types import SimpleNamespace
+
+    from dradriver.cli.doctor import _api_version_checks
+
+    version = SimpleNamespace(minor=minor, git_version=f"v1.{minor}.0")
+    groups = [SimpleNamespace(name="resource.k8s.io", versions=[SimpleNamespace(version=v) for v in served])]
+    client = SimpleNamespace(
+        ApisApi=lambda api: SimpleNamespace(get_api_versions=lambda: SimpleNamespace(groups=groups))
+    )
+    server, dra = _api_version_checks(lambda: version, None, client)
+    assert server.status == "OK"
+    assert dra.status == status and words in dra.detail, dra
+    if status == "FAIL":
+        assert "--runtime-config=resource.k8s.io/v1beta1=true" in dra.fix
+
+
+def test_an_api_server_older_than_1_32_fails_with_the_upgrade() -> None:
+    from types import SimpleNamespace
+
+    from dradriver.cli.doctor import _api_version_checks
+
+    client = SimpleNamespace(ApisApi=lambda api: SimpleNamespace(get_api_versions=lambda: SimpleNamespace(groups=[])))
+    server, _ = _api_version_checks(lambda: SimpleNamespace(minor="31", git_version="v1.31.4"), None, client)
+    assert server.status == "FAIL" and server.fix == "upgrade to 1.32 or newer"

@@ -41,14 +41,15 @@ from dradriver.errors import DradriverError
 from dradriver.gpu.backend import open_gpu_backend
 from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.inventory import Inventory, discover
+from dradriver.plugin.cluster.resource_versions import VERSIONS
 from dradriver.plugin.kubeletplugin.plugin import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR
 
 OK, WARN, FAIL, SKIP = "OK", "WARN", "FAIL", "SKIP"
 EXIT_FAILED = 1
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
 CRIO_CONFIG = "/etc/crio/crio.conf"
-# The first Kubernetes minor serving resource.k8s.io/v1 (DRA GA).
-MIN_MINOR = 34
+# The oldest Kubernetes minor the driver publishes to (resource.k8s.io/v1beta1; v1, DRA GA, from 1.34).
+MIN_MINOR = 32
 ROOT_FIX = (
     "install the NVIDIA driver, or point --driver-root (host path; /run/nvidia/driver with the GPU Operator, "
     "/home/kubernetes/bin/nvidia on GKE) and --container-driver-root (its mount here) at its root"
@@ -552,14 +553,21 @@ def _api_version_checks(get_version: Callable[[], Any], api: Any, k8s_client: An
     )
     resource = next((g for g in groups if g.name == "resource.k8s.io"), None)
     served = [v.version for v in resource.versions] if resource else []
-    yield (
-        Check("DRA API", OK, f"resource.k8s.io {', '.join(served)}")
-        if "v1" in served
-        else Check(
+    spoken = next((v for v in VERSIONS if v in served), None)
+    if spoken == "v1":
+        yield Check("DRA API", OK, f"resource.k8s.io {', '.join(served)}")
+    elif spoken is not None:
+        yield Check(
+            "DRA API",
+            OK,
+            f"resource.k8s.io {', '.join(served)}: the driver speaks {spoken} (Kubernetes 1.32/1.33: no dynamic MIG "
+            "on 1.32, no consumable shares before 1.34; docs/publishing.md)",
+        )
+    else:
+        yield Check(
             "DRA API",
             FAIL,
-            f"resource.k8s.io/v1 not served ({', '.join(served) or 'no versions'})",
-            "enable DRA: Kubernetes 1.34+, or --runtime-config=resource.k8s.io/v1=true with the "
-            "DynamicResourceAllocation feature gate",
+            f"resource.k8s.io not served in v1, v1beta2 or v1beta1 ({', '.join(served) or 'no versions'})",
+            "enable DRA: Kubernetes 1.34+ serves it; on 1.32/1.33 turn on the DynamicResourceAllocation feature gate "
+            "and --runtime-config=resource.k8s.io/v1beta1=true (1.33: also resource.k8s.io/v1beta2=true)",
         )
-    )
