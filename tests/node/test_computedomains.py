@@ -124,7 +124,6 @@ class Tray:
 def tray(node: RealNode) -> Iterator[Tray]:
     node.containerd.import_archive(image_archive(), "localhost/dradriver")
     rendered = install_chart_parts(node.control_plane)
-    node.publish_root_ca(NAMESPACE)
     kubeconfig = node.control_plane.kubeconfig
     driver = DriverRun(
         node.root / "tray-driver",

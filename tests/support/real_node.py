@@ -250,6 +250,9 @@ class Kubelet:
     component: Component | None = None
     port: int = field(default_factory=free_port)
     healthz_port: int = field(default_factory=free_port)
+    # The Node's InternalIP (``--node-ip``), which is also the pod IP of its hostNetwork pods; None: the kubelet
+    # picks the host's (the default route's interface).
+    node_ip: str | None = None
 
     @property
     def root_dir(self) -> Path:
@@ -320,6 +323,7 @@ class Kubelet:
                 f"--root-dir={self.root_dir}",
                 f"--cert-dir={self.root / 'kubelet-pki'}",
                 f"--hostname-override={self.name}",
+                *([f"--node-ip={self.node_ip}"] if self.node_ip else []),
                 "--v=4",
             ],
             self.logs / "kubelet.log",
@@ -362,6 +366,9 @@ class RealNode:
     # NVIDIA-compatible node runs `--compat nvidia` as gpu.nvidia.com.
     driver_name: str = DRIVER
     driver_args: tuple[str, ...] = ()
+    # An address of this node alone (see :func:`add_address`): its InternalIP and its hostNetwork pods' IP, so
+    # that two nodes on one machine give such pods different addresses. None: the host's, as the kubelet picks it.
+    node_ip: str | None = None
     containerd: Containerd = field(init=False)
     kubelet: Kubelet = field(init=False)
     drivers: list[DriverRun] = field(default_factory=list)
@@ -373,7 +380,8 @@ class RealNode:
         self.cdi_dir.mkdir(parents=True, exist_ok=True)
         self.containerd = Containerd(self.binaries, self.root / "containerd", self.cdi_dir, self.logs)
         self.kubelet = Kubelet(self.binaries, self.root, self.name, self.control_plane, self.containerd.socket,
-                               self.logs)  # fmt: skip
+                               self.logs, node_ip=self.node_ip)  # fmt: skip
+        self._added_address = False
 
     @property
     def kube(self) -> Kube:
@@ -388,6 +396,8 @@ class RealNode:
         return self.kubelet.plugins_dir / self.driver_name
 
     def start(self) -> None:
+        if self.node_ip:
+            self._added_address = add_address(self.node_ip)
         self.containerd.start()
         self.images = self.containerd.import_images(self.root / "images")
         self.start_kubelet()
@@ -531,6 +541,8 @@ class RealNode:
         self.containerd.stop()
         _kill_shims(self.containerd.root)
         unmount_all(self.root)
+        if self._added_address and self.node_ip:
+            remove_address(self.node_ip)
         with contextlib.suppress(ApiError):
             self.kube.request("DELETE", f"/api/v1/nodes/{self.name}")
 
@@ -539,6 +551,24 @@ class RealNode:
         for child in self.root.iterdir():
             if child != self.logs:
                 shutil.rmtree(child, ignore_errors=True)
+
+
+def add_address(address: str) -> bool:
+    """``address`` (a /32) on the loopback interface unless some interface has it already; True if added. The
+    kubelet refuses a loopback node IP (127/8) and one no interface has; an address on ``lo`` is neither, and is
+    reachable from the host only (pods on the pod network have no route to it)."""
+    shown = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True, check=True, timeout=30)
+    if f" {address}/" in shown.stdout:
+        return False
+    done = subprocess.run(["ip", "addr", "add", f"{address}/32", "dev", "lo"], capture_output=True, text=True,
+                          check=False, timeout=30)  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"cannot add the node address {address} to lo: {done.stderr.strip()}")
+    return True
+
+
+def remove_address(address: str) -> None:
+    subprocess.run(["ip", "addr", "del", f"{address}/32", "dev", "lo"], capture_output=True, check=False, timeout=30)
 
 
 def _kill_shims(containerd_root: Path) -> None:
