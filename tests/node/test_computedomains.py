@@ -8,8 +8,8 @@ controller pod is installed in test_helm_install.py); the daemon pods it creates
 prepares their daemon claim through our plugin, containerd applies the CDI edits (the simulated driver's
 ``nvidia-imex`` mounted from its stub driver root, ``/imexd``, the fabric-imex-mgmt device), and the daemon's
 probes are ``dradriver cd-daemon check`` execs. Daemon pods run in the node's network (this node has no pod
-network to the API server: ``--daemon-host-network``, ``--daemon-env``). One kubelet per machine: a one-node
-domain; the multi-node cases run against the kubelet stand-in (tests/cluster/test_computedomains.py).
+network to the API server: ``--daemon-host-network``, ``--daemon-env``). A one-node domain on the session's node;
+two real nodes in one domain: test_computedomains_two_nodes.py.
 """
 
 from __future__ import annotations
@@ -39,8 +39,7 @@ IMAGE = f"localhost/dradriver:{VERSION}"
 # The tray's GPU driver, under a name of its own so that the session's driver keeps gpu.dradriver.dev.
 GPU_DRIVER = "gpu-tray.dradriver.dev"
 PROFILE = "gb200-nvl72-tray"
-TRAY_FLAGS = ("--driver-name", GPU_DRIVER, "--compute-domains", "true", "--cd-namespace", NAMESPACE,
-              "--cd-ready-timeout", "10")  # fmt: skip
+TRAY_FLAGS = ("--driver-name", GPU_DRIVER, "--compute-domains", "true", "--cd-namespace", NAMESPACE)
 USER_NS = "default"
 DOMAIN = "node-imex"
 TEMPLATE = "node-imex-channel"
@@ -132,16 +131,7 @@ def tray(node: RealNode) -> Iterator[Tray]:
         profile=PROFILE,
         mig_mode="none",
         version="1.37",
-        extra=(
-            "--driver-name",
-            GPU_DRIVER,
-            "--compute-domains",
-            "true",
-            "--cd-namespace",
-            NAMESPACE,
-            "--cd-ready-timeout",
-            "10",
-        ),
+        extra=TRAY_FLAGS,
         registry_dir=node.kubelet.registry_dir,
         plugin_dir=node.kubelet.plugins_dir / GPU_DRIVER,
         cdi_dir=node.cdi_dir,

@@ -30,7 +30,7 @@ from support.cluster_fixtures import running_node
 from support.cluster_pods import kubectl
 from support.control_plane import ControlPlane
 from support.image import archive as image_archive
-from support.kube_rest import Kube
+from support.kube_rest import ApiError, Kube
 from support.node_pods import claim_names, pin_to, running
 from support.real_node import RealNode, wait_for
 
@@ -39,6 +39,7 @@ from dradriver.sim.fabric import IMEX_CHANNELS_MAJOR
 from node.test_computedomains import GPU_DRIVER, IMAGE, PROFILE, TRAY_FLAGS
 
 NODES = ("cd-tray-a", "cd-tray-b")
+MODES = ("Single", "All")
 USER_NS = "default"
 TIMEOUT = 180.0
 CHANNELS = "/dev/nvidia-caps-imex-channels"
@@ -52,6 +53,10 @@ def node_addresses() -> list[str]:
     base = f"198.18.{secrets.randbelow(256)}"
     first = 1 + secrets.randbelow(250)
     return [f"{base}.{first + i}" for i in range(len(NODES))]
+
+
+def domain_name(mode: str) -> str:
+    return f"two-node-{mode.lower()}"
 
 
 def domain_doc(name: str, mode: str) -> dict[str, Any]:
@@ -192,8 +197,10 @@ def trays(control_plane: ControlPlane, device_classes: None) -> Iterator[Trays]:
         # What a failed test left: its workers and domains (the controller still runs and lets them go).
         for doc in kube.list("pods", USER_NS):
             if doc["spec"].get("nodeName") in NODES:
-                kube.delete("pods", doc["metadata"]["name"], USER_NS)
-        trays.kubectl("delete", "--ignore-not-found", "--timeout=60s", "computedomains", "--all", "-n", USER_NS)
+                with contextlib.suppress(ApiError):
+                    kube.delete("pods", doc["metadata"]["name"], USER_NS)
+        domains = [domain_name(mode) for mode in MODES]
+        trays.kubectl("delete", "--ignore-not-found", "--timeout=60s", "-n", USER_NS, "computedomains", *domains)
         for name in NODES:
             if trays.labels().get(name) is not None:
                 kube.patch("nodes", name, {"metadata": {"labels": {api.DOMAIN_LABEL: None}}})
@@ -284,12 +291,12 @@ def check_nothing_left(trays: Trays, uid: str, claims: list[tuple[str, str]]) ->
         assert not (plugin_dir / "domains" / uid).exists(), node.name
 
 
-@pytest.mark.parametrize("mode", ["Single", "All"])
+@pytest.mark.parametrize("mode", MODES)
 def test_a_two_node_domain_has_a_daemon_pod_on_each_node_in_one_imex_domain_and_both_workers_get_channels(
     trays: Trays, mode: str
 ) -> None:
     kube = trays.kube
-    name = f"two-node-{mode.lower()}"
+    name = domain_name(mode)
     applied = trays.kubectl("apply", "-f", "-", input=yaml.safe_dump(domain_doc(name, mode)))
     assert applied.returncode == 0, applied.stderr
     uid = kube.get("computedomains", name, USER_NS)["metadata"]["uid"]
