@@ -161,6 +161,8 @@ class Trays:
 @pytest.fixture(scope="module")
 def trays(control_plane: ControlPlane, device_classes: None) -> Iterator[Trays]:
     kube = control_plane.kube
+    # Another module's (the chart parts are the same for all): then that one removes them, not this one.
+    owned = kube.find("deviceclasses", api.DAEMON_CLASS) is None
     rendered = install_chart_parts(control_plane)
     archive = image_archive()
     with contextlib.ExitStack() as stack:
@@ -169,9 +171,10 @@ def trays(control_plane: ControlPlane, device_classes: None) -> Iterator[Trays]:
             for name in NODES:
                 kube.delete_all("resourceslices", fieldSelector=f"spec.nodeName={name}")
 
-        stack.callback(lambda: subprocess.run([kubectl(), "--kubeconfig", str(control_plane.kubeconfig), "delete",
-                                               "--ignore-not-found", "-f", str(rendered)],
-                                              capture_output=True, timeout=120, check=False))  # fmt: skip
+        if owned:
+            stack.callback(lambda: subprocess.run([kubectl(), "--kubeconfig", str(control_plane.kubeconfig),
+                                                   "delete", "--ignore-not-found", "-f", str(rendered)],
+                                                  capture_output=True, timeout=120, check=False))  # fmt: skip
         stack.callback(remove_slices)
         nodes = []
         for name, address in zip(NODES, node_addresses(), strict=True):
