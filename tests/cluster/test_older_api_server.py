@@ -1,0 +1,381 @@
+"""A real Kubernetes 1.33 kube-apiserver (scripts/build-apiserver-1.33), whose resource.k8s.io serves v1beta2 and
+v1beta1 but no v1: `dradriver run`, told nothing about the release, finds the newest version by API discovery and
+publishes every simulated node's slices through it (dynamic MIG's shared counters included, with the alpha gate
+DRAPartitionableDevices 1.33 needs for them); they read back equal through both versions; deleted and edited
+slices are repaired; a server serving only v1beta1 gets them in v1beta1; the chart's DeviceClasses for 1.32 and
+1.33 are stored as rendered; and a 1.33 server with DRA off, its default, is refused by the driver and by the
+chart with the fix. There is no 1.33 scheduler here: allocation is the 1.37 control plane's (test_slices.py and
+the rest of tests/cluster)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from support.cluster_fixtures import REQUIRE, failures, skip_or_fail
+from support.cluster_node import DRIVER, DriverRun, SimNode
+from support.control_plane import BUILD_SCRIPT, BUILD_SCRIPT_133, REPO, ControlPlane, apiserver_133, binaries_dir
+from support.helm import CHART, RELEASE, run_helm
+from support.kube_rest import Kube
+
+from dradriver.driver.slices import SliceSettings, build_slice_specs, shape_for
+from dradriver.gpu.backend import open_gpu_backend
+from dradriver.gpu.inventory import MigMode, discover
+from dradriver.sim.profiles import builtin_profile_names
+
+TIMEOUT = 90.0
+GROUP = "/apis/resource.k8s.io"
+# DRA is beta in 1.33 and off by default: its gate, its API versions, and the alpha gate of shared counters.
+GATES = "DynamicResourceAllocation=true,DRAPartitionableDevices=true"
+BOTH_VERSIONS = "resource.k8s.io/v1beta2=true,resource.k8s.io/v1beta1=true"
+# Who wrote which ResourceSlice through which version: the audit log, one JSON event per line.
+AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
+kind: Policy
+rules:
+- level: Metadata
+  resources: [{group: resource.k8s.io, resources: [resourceslices, deviceclasses]}]
+  omitStages: [RequestReceived]
+- level: None
+"""
+
+
+def start_133(name: str, runtime_config: str, feature_gates: str) -> Iterator[ControlPlane]:
+    """etcd (the 1.37 control plane's) and the 1.33 kube-apiserver with an audit log; logs kept on failure."""
+    apiserver, etcd = apiserver_133(), binaries_dir() / "etcd"
+    missing = [str(p) for p in (apiserver, etcd) if not os.access(p, os.X_OK)]
+    if missing:
+        skip_or_fail(
+            f"the 1.33 API server tests need {' and '.join(missing)}: build them with "
+            f"`{BUILD_SCRIPT_133.relative_to(REPO)}` and `{BUILD_SCRIPT.relative_to(REPO)}` (`scripts/test` does)",
+            REQUIRE,
+        )
+    root = Path(tempfile.mkdtemp(prefix=f"dra-133-{name}-", dir="/tmp"))
+    policy = root / "audit-policy.yaml"
+    policy.write_text(AUDIT_POLICY)
+    plane = ControlPlane(
+        binaries_dir(),
+        root,
+        apiserver=apiserver,
+        runtime_config=runtime_config,
+        feature_gates=feature_gates,
+        apiserver_args=(f"--audit-policy-file={policy}", f"--audit-log-path={root / 'logs' / 'audit.log'}"),
+    )
+    try:
+        plane.start_api_server()
+    except Exception:
+        plane.stop()
+        raise
+    failed_before = failures()
+    yield plane
+    plane.stop()
+    if failures() > failed_before:
+        sys.stderr.write(f"\n1.33 API server tests failed: logs kept in {root / 'logs'}\n")
+        plane.discard()
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def beta2() -> Iterator[ControlPlane]:
+    """1.33 with DRA turned on as its documentation says: both beta versions, the DRA gate (and shared counters)."""
+    yield from start_133("beta2", BOTH_VERSIONS, GATES)
+
+
+@pytest.fixture(scope="module")
+def beta1_only() -> Iterator[ControlPlane]:
+    """1.33 serving only v1beta1 (as 1.32 does)."""
+    yield from start_133("beta1", "resource.k8s.io/v1beta1=true", GATES)
+
+
+@pytest.fixture(scope="module")
+def no_counters() -> Iterator[ControlPlane]:
+    """1.33 with DRA on but not the alpha gate of shared counters (DRAPartitionableDevices): it drops them."""
+    yield from start_133("nocounters", BOTH_VERSIONS, "DynamicResourceAllocation=true")
+
+
+@pytest.fixture(scope="module")
+def dra_off() -> Iterator[ControlPlane]:
+    """1.33 as it starts by default: no resource.k8s.io at all."""
+    yield from start_133("off", "", "")
+
+
+# --- reading back ------------------------------------------------------------------------------------------------
+
+
+def served(kube: Kube, version: str, node: str) -> list[dict[str, Any]]:
+    """The node's slices of our driver, read through ``version`` of resource.k8s.io, by name."""
+    found = kube.request(
+        "GET", f"{GROUP}/{version}/resourceslices", fieldSelector=f"spec.nodeName={node},spec.driver={DRIVER}"
+    )
+    assert found["apiVersion"] == f"resource.k8s.io/{version}"
+    return sorted(found["items"], key=lambda s: s["metadata"]["name"])
+
+
+def specs(slices: list[dict[str, Any]], version: str) -> list[dict[str, Any]]:
+    """The devices/sharedCounters part of each slice, devices in the v1 shape: v1beta1 nests a device's fields
+    under ``basic`` (asserted here, then undone)."""
+    out = []
+    for item in slices:
+        spec = {k: item["spec"][k] for k in ("devices", "sharedCounters") if item["spec"].get(k)}
+        if version == "v1beta1" and "devices" in spec:
+            assert all(set(d) == {"name", "basic"} for d in spec["devices"]), spec["devices"][0]
+            spec["devices"] = [{"name": d["name"], **d["basic"]} for d in spec["devices"]]
+        out.append(spec)
+    return out
+
+
+def intended(node: SimNode, release: str = "1.33") -> list[dict[str, Any]]:
+    """What the driver means to publish for the node's simulated hardware on ``release``."""
+    gpulib, _ = open_gpu_backend("sim", sim_profile=node.profile, node_name=node.name, sim_state=node.root / "sim.json")
+    settings = SliceSettings(driver=DRIVER, mig_mode=MigMode(node.mig_mode), shape=shape_for(release))
+    return [{k: v for k, v in spec.items() if v} for spec in build_slice_specs(discover(gpulib), settings)]
+
+
+def canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def driver_writes(plane: ControlPlane) -> set[tuple[str, str]]:
+    """(verb, API version) of every ResourceSlice request the driver made (the kubernetes client's user agent;
+    the tests' own client is urllib3's)."""
+    log = plane.logs / "audit.log"
+    seen = set()
+    for line in log.read_text().splitlines() if log.exists() else []:
+        event = json.loads(line)
+        ref = event.get("objectRef") or {}
+        if ref.get("resource") == "resourceslices" and event.get("userAgent", "").startswith("OpenAPI-Generator"):
+            seen.add((event["verb"], ref.get("apiVersion", "")))
+    return seen
+
+
+def start_node(plane: ControlPlane, name: str, profile: str, mig_mode: str) -> SimNode:
+    """A simulated node whose `dradriver run` is given no --kubernetes-version: it reads /version itself."""
+    return SimNode.start(
+        plane.kube, plane.kubeconfig, plane.root / name, name, profile=profile, mig_mode=mig_mode, version=""
+    )
+
+
+def stop_node(plane: ControlPlane, node: SimNode) -> None:
+    (plane.logs / f"dradriver-{node.name}.log").write_text(node.driver.log)
+    node.stop()
+    # No garbage collector runs here: the Node's owner reference does not take the slices with it.
+    for item in served(plane.kube, "v1beta1", node.name):
+        plane.kube.request("DELETE", f"{GROUP}/v1beta1/resourceslices/{item['metadata']['name']}")
+    plane.kube.delete("nodes", node.name)
+
+
+def wait_published(plane: ControlPlane, node: SimNode, version: str, want: list[dict[str, Any]]) -> None:
+    plane.kube.wait(
+        f"the slices of {node.name} ({node.profile}, MIG {node.mig_mode}) read through {version}",
+        lambda: canonical(specs(served(plane.kube, version, node.name), version)) == canonical(want),
+        TIMEOUT,
+    )
+
+
+# --- the driver ----------------------------------------------------------------------------------------------------
+
+
+def test_discovery_on_the_1_33_server_lists_the_two_beta_versions(beta2: ControlPlane) -> None:
+    version = beta2.kube.request("GET", "/version")
+    assert (version["major"], version["minor"]) == ("1", "33")
+    group = beta2.kube.request("GET", GROUP)
+    assert [v["version"] for v in group["versions"]] == ["v1beta2", "v1beta1"]
+    assert group["preferredVersion"]["version"] == "v1beta2"
+
+
+@pytest.mark.parametrize("profile", builtin_profile_names())
+def test_every_simulated_node_is_published_through_v1beta2_and_reads_back_equal_in_both_versions(
+    beta2: ControlPlane, profile: str
+) -> None:
+    nodes: list[SimNode] = []
+    errors: list[BaseException] = []
+
+    def start(mode: str) -> None:
+        try:
+            nodes.append(start_node(beta2, f"{profile}-{mode}", profile, mode))
+        except BaseException as err:  # raised below, in the test's thread
+            errors.append(err)
+
+    # The three MIG modes of one profile side by side (three driver processes start faster together).
+    threads = [threading.Thread(target=start, args=(mode.value,)) for mode in MigMode]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    try:
+        if errors:
+            raise errors[0]
+        for node in nodes:
+            want = intended(node)
+            assert want, node.name
+            wait_published(beta2, node, "v1beta2", want)
+            wait_published(beta2, node, "v1beta1", want)
+            assert "detected Kubernetes version=1.33" in node.driver.log
+            assert '"level": "error"' not in node.driver.log, node.driver.log
+        counters = [n for n in nodes if any(s.get("sharedCounters") for s in intended(n))]
+        if profile in ("dgx-a100-80gb", "mixed"):
+            assert counters, "dynamic MIG published no shared counters"
+    finally:
+        for node in nodes:
+            stop_node(beta2, node)
+    writes = driver_writes(beta2)
+    assert ("create", "v1beta2") in writes
+    assert not {w for w in writes if w[1] != "v1beta2"}, writes
+
+
+def test_deleted_and_edited_slices_are_repaired_through_v1beta2(beta2: ControlPlane) -> None:
+    kube = beta2.kube
+    node = start_node(beta2, "repair", "dgx-a100-80gb", "dynamic")
+    try:
+        want = intended(node)
+        wait_published(beta2, node, "v1beta2", want)
+        first, *_ = served(kube, "v1beta2", node.name)
+
+        # An admin deletes a slice: the driver's watch (through v1beta2) sees it, the slice comes back.
+        kube.request("DELETE", f"{GROUP}/v1beta2/resourceslices/{first['metadata']['name']}")
+        wait_published(beta2, node, "v1beta2", want)
+
+        # Someone rewrites a slice through v1beta1: the driver puts its own back (an update).
+        victim = served(kube, "v1beta1", node.name)[-1]
+        victim["spec"]["devices"] = victim["spec"]["devices"][:1]
+        kube.request("PUT", f"{GROUP}/v1beta1/resourceslices/{victim['metadata']['name']}", victim)
+        wait_published(beta2, node, "v1beta2", want)
+
+        # A restart, SIGKILL included, keeps the same slices under the same names.
+        before = [s["metadata"]["name"] for s in served(kube, "v1beta2", node.name)]
+        node.restart_driver(signal.SIGKILL)
+        wait_published(beta2, node, "v1beta2", want)
+        assert [s["metadata"]["name"] for s in served(kube, "v1beta2", node.name)] == before
+
+        # Fewer devices (dynamic MIG → whole GPUs only): the driver deletes the slices it no longer needs.
+        node.driver.stop()
+        node.mig_mode = "none"
+        node.driver = DriverRun(node.root, node.name, node.kubeconfig, profile=node.profile, mig_mode="none",
+                                version="")  # fmt: skip
+        wait_published(beta2, node, "v1beta2", intended(node))
+    finally:
+        stop_node(beta2, node)
+    writes = driver_writes(beta2)
+    assert {("create", "v1beta2"), ("update", "v1beta2"), ("delete", "v1beta2")} <= writes, writes
+
+
+def test_a_server_serving_only_v1beta1_gets_the_slices_in_v1beta1(beta1_only: ControlPlane) -> None:
+    assert [v["version"] for v in beta1_only.kube.request("GET", GROUP)["versions"]] == ["v1beta1"]
+    nodes = [start_node(beta1_only, f"beta1-{mode}", "mixed", mode) for mode in ("static", "dynamic")]
+    try:
+        for node in nodes:
+            wait_published(beta1_only, node, "v1beta1", intended(node))
+            assert '"level": "error"' not in node.driver.log, node.driver.log
+    finally:
+        for node in nodes:
+            stop_node(beta1_only, node)
+    writes = driver_writes(beta1_only)
+    assert ("create", "v1beta1") in writes
+    assert not {w for w in writes if w[1] != "v1beta1"}, writes
+
+
+def test_without_the_counters_gate_dynamic_mig_offers_only_what_cannot_overlap_and_says_why(
+    no_counters: ControlPlane,
+) -> None:
+    # The server accepts sharedCounters and consumesCounters and silently drops them: a whole GPU and its MIG
+    # placements would look independent. The driver withdraws every device that consumes counters, once, with
+    # the fix; static MIG needs no counters and is published whole.
+    dynamic = start_node(no_counters, "nocounters-dynamic", "mixed", "dynamic")
+    static = start_node(no_counters, "nocounters-static", "mixed", "static")
+    try:
+        full = intended(dynamic)
+        safe = [{"devices": [d for d in s.get("devices", []) if not d.get("consumesCounters")]} for s in full]
+        safe = [{k: v for k, v in s.items() if v} for s in safe]
+        assert 0 < sum(len(s.get("devices", [])) for s in safe) < sum(len(s.get("devices", [])) for s in full)
+        wait_published(no_counters, dynamic, "v1beta2", safe)
+        assert dynamic.driver.log.count("dropped the slices' shared counters") == 1
+        assert "DRAPartitionableDevices" in dynamic.driver.log
+        wait_published(no_counters, static, "v1beta2", intended(static))
+        assert "shared counters" not in static.driver.log
+    finally:
+        stop_node(no_counters, dynamic)
+        stop_node(no_counters, static)
+
+
+def test_a_server_with_dra_off_is_refused_by_the_driver_with_the_fix(dra_off: ControlPlane) -> None:
+    # 1.33's default answers the group's discovery with a plain 404: the driver still says what is missing and how
+    # to turn it on, keeps retrying, and is not ready (its slices are not published).
+    node = start_node(dra_off, "dra-off", "mixed", "static")
+    try:
+        reason = "does not serve resource.k8s.io at all, none of v1, v1beta2, v1beta1"
+        dra_off.kube.wait("the driver to log why it cannot publish", lambda: reason in node.driver.log, TIMEOUT)
+        assert "--runtime-config=resource.k8s.io/v1beta1=true" in node.driver.log
+        assert "404 page not found" not in node.driver.log
+        [port] = {int(m) for m in re.findall(r"serving metrics and readiness port=(\d+)", node.driver.log)}
+        with pytest.raises(urllib.error.HTTPError) as answer:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=10)
+        assert answer.value.code == 503
+        assert reason in answer.value.read().decode()
+    finally:
+        node.stop()
+        dra_off.kube.delete("nodes", node.name)
+
+
+# --- the chart -----------------------------------------------------------------------------------------------------
+
+
+def chart_device_classes(*args: str) -> list[dict[str, Any]]:
+    done = run_helm("template", RELEASE, str(CHART), "--namespace", "dradriver", *args)
+    assert done.returncode == 0, done.stderr
+    return [d for d in yaml.safe_load_all(done.stdout) if d and d["kind"] == "DeviceClass"]
+
+
+@pytest.mark.parametrize(("kube_version", "version"), [("1.33.5", "v1beta2"), ("1.32.9", "v1beta1")])
+def test_the_charts_device_classes_for_older_releases_are_stored_as_rendered(
+    beta2: ControlPlane, kube_version: str, version: str
+) -> None:
+    kube = beta2.kube
+    classes = chart_device_classes("--kube-version", kube_version, "--set", "gpu.migMode=static")
+    assert classes and {c["apiVersion"] for c in classes} == {f"resource.k8s.io/{version}"}
+    try:
+        for obj in classes:
+            # Strict: a field this release does not know is an error, not silently dropped.
+            stored = kube.request("POST", f"{GROUP}/{version}/deviceclasses", obj, fieldValidation="Strict")
+            assert stored["spec"] == obj["spec"]
+            back = kube.request("GET", f"{GROUP}/v1beta2/deviceclasses/{obj['metadata']['name']}")
+            assert back["spec"]["selectors"] == obj["spec"]["selectors"]
+    finally:
+        for obj in classes:
+            kube.request("DELETE", f"{GROUP}/v1beta1/deviceclasses/{obj['metadata']['name']}")
+
+
+def helm_against(plane: ControlPlane, *args: str) -> Any:
+    """`helm install --dry-run=server`: helm asks the API server which versions it serves (discovery)."""
+    return run_helm("install", RELEASE, str(CHART), "--namespace", "dradriver", "--dry-run=server",
+                    "--kubeconfig", str(plane.kubeconfig), *args)  # fmt: skip
+
+
+@pytest.mark.parametrize(("plane", "version"), [("beta2", "v1beta2"), ("beta1_only", "v1beta1")])
+def test_a_real_install_renders_device_classes_in_the_version_the_server_serves(
+    request: pytest.FixtureRequest, plane: str, version: str
+) -> None:
+    done = helm_against(request.getfixturevalue(plane))
+    assert done.returncode == 0, done.stderr
+    rendered = [d for d in yaml.safe_load_all(done.stdout.split("MANIFEST:", 1)[-1].split("NOTES:", 1)[0]) if d]
+    classes = [d for d in rendered if d.get("kind") == "DeviceClass"]
+    assert classes and {c["apiVersion"] for c in classes} == {f"resource.k8s.io/{version}"}
+
+
+def test_a_real_install_on_a_server_with_dra_off_fails_with_the_fix(dra_off: ControlPlane) -> None:
+    done = helm_against(dra_off)
+    assert done.returncode != 0
+    assert "serves no resource.k8s.io version" in done.stderr, done.stderr
+    assert "--feature-gates=DynamicResourceAllocation=true" in done.stderr, done.stderr
