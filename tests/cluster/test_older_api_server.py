@@ -9,6 +9,7 @@ the rest of tests/cluster)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -29,11 +30,12 @@ from support.cluster_fixtures import REQUIRE, failures, skip_or_fail
 from support.cluster_node import DRIVER, DriverRun, SimNode
 from support.control_plane import BUILD_SCRIPT, BUILD_SCRIPT_133, REPO, ControlPlane, apiserver_133, binaries_dir
 from support.helm import CHART, RELEASE, run_helm
-from support.kube_rest import Kube
+from support.kube_rest import ApiError, Kube
 
 from dradriver.driver.slices import SliceSettings, build_slice_specs, shape_for
 from dradriver.gpu.backend import open_gpu_backend
 from dradriver.gpu.inventory import MigMode, discover
+from dradriver.plugin.kubeletplugin.kubelet_client import Claim, KubeletClient
 from dradriver.sim.profiles import builtin_profile_names
 
 TIMEOUT = 90.0
@@ -276,6 +278,80 @@ def test_deleted_and_edited_slices_are_repaired_through_v1beta2(beta2: ControlPl
     writes = driver_writes(beta2, mark)
     assert {("create", "v1beta2"), ("update", "v1beta2"), ("delete", "v1beta2")} <= writes, writes
     assert not {w for w in writes if w[1] != "v1beta2"}, writes
+
+
+def claim_body(version: str, name: str) -> dict[str, Any]:
+    """A one-GPU ResourceClaim in ``version``'s shape (v1beta1 has the request's fields beside its name)."""
+    request: dict[str, Any] = {"name": "gpu"}
+    exactly = {"deviceClassName": "gpu.dradriver.dev", "allocationMode": "ExactCount", "count": 1}
+    request.update(exactly if version == "v1beta1" else {"exactly": exactly})
+    config = {"opaque": {"driver": DRIVER, "parameters": {"apiVersion": "gpu.dradriver.dev/v1alpha1",
+                                                          "kind": "GpuConfig", "computeMode": "Default"}}}  # fmt: skip
+    return {
+        "apiVersion": f"resource.k8s.io/{version}",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": {"requests": [request], "config": [{"requests": ["gpu"], **config}]}},
+    }
+
+
+def compact(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+@pytest.mark.parametrize("plane", ["beta2", "beta1_only"])
+def test_a_claim_is_prepared_and_its_device_status_written_through_the_servers_version(
+    request: pytest.FixtureRequest, plane: str
+) -> None:
+    """No 1.33 scheduler runs here: the test allocates (status.allocation, as the scheduler writes it), then calls
+    the plugin as a 1.33 kubelet does (DRA gRPC v1beta1). The driver reads the claim and writes status.devices
+    (DRAResourceClaimDeviceStatus, beta and on in 1.33) in the version the server serves."""
+    server: ControlPlane = request.getfixturevalue(plane)
+    kube, version = server.kube, "v1beta2" if plane == "beta2" else "v1beta1"
+    node = start_node(server, f"claims-{version}", "mixed", "static")
+    claims = f"{GROUP}/{version}/namespaces/default/resourceclaims"
+    try:
+        wait_published(server, node, version, intended(node))
+        [device, *_] = [d["name"] for s in served(kube, version, node.name) for d in s["spec"].get("devices", [])
+                        if (d.get("basic") or d)["attributes"]["type"]["string"] == "gpu"]  # fmt: skip
+        claim = kube.request("POST", claims, compact(claim_body(version, "one-gpu")), fieldValidation="Strict")
+        claim["status"] = {
+            "allocation": {
+                "devices": {
+                    "results": [{"request": "gpu", "driver": DRIVER, "pool": node.name, "device": device}],
+                    "config": [{"source": "FromClaim", **claim["spec"]["devices"]["config"][0]}],
+                },
+            },
+            "reservedFor": [{"resource": "pods", "name": "p", "uid": "0b7e3a53-6b0e-4c1e-9d47-1f9f6f5d2c11"}],
+        }
+        # Compact JSON, as the scheduler (Go) writes it: 1.33 keeps a config's raw bytes and compares them byte for
+        # byte when status.devices is patched later, and a patch round-trip compacts them.
+        claim = kube.request("PUT", f"{claims}/one-gpu/status", compact(claim))
+        as_133 = KubeletClient(node.root / "registry", supported_versions=("v1beta1.DRAPlugin",),
+                               health_versions=("v1alpha1.DRAResourceHealth",))  # fmt: skip
+        ref = Claim("default", "one-gpu", claim["metadata"]["uid"])
+        with as_133.register() as plugin:
+            prepared = plugin.prepare([ref])[ref.uid]
+        assert prepared.error == "", prepared.error
+        assert [d["device_name"] for d in prepared.devices] == [device]
+        status = kube.wait(
+            "the driver to write status.devices",
+            lambda: kube.request("GET", f"{claims}/one-gpu")["status"].get("devices"),
+            TIMEOUT,
+        )
+        assert [(d["driver"], d["pool"], d["device"]) for d in status] == [(DRIVER, node.name, device)]
+        with as_133.register() as plugin:
+            assert plugin.unprepare([ref]) == {ref.uid: ""}
+        kube.wait(
+            "the driver to clear status.devices",
+            lambda: not kube.request("GET", f"{claims}/one-gpu")["status"].get("devices"),
+            TIMEOUT,
+        )
+        assert '"level": "error"' not in node.driver.log, node.driver.log
+    finally:
+        with contextlib.suppress(ApiError):
+            kube.request("DELETE", f"{claims}/one-gpu")
+        stop_node(server, node)
 
 
 def test_a_server_serving_only_v1beta1_gets_the_slices_in_v1beta1(beta1_only: ControlPlane) -> None:
