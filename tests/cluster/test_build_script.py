@@ -1,5 +1,5 @@
-"""scripts/build-control-plane and scripts/build-apiserver-1.33: where they put the binaries, and that a complete
-directory is left alone."""
+"""scripts/build-control-plane and scripts/build-older-apiservers: where they put the binaries, and that a
+complete directory is left alone."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from support.control_plane import BINARIES, BUILD_SCRIPT, BUILD_SCRIPT_133
+import pytest
+from support.control_plane import BINARIES, BUILD_SCRIPT, OLDER_BUILD_SCRIPT
 
 
 def run_script(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -45,35 +46,43 @@ def test_binaries_already_built_for_the_pin_are_not_rebuilt(tmp_path: Path) -> N
     assert "building" not in done.stderr
 
 
-def run_133(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def run_older(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["bash", str(BUILD_SCRIPT_133), *args], capture_output=True, text=True, timeout=60, env=env, check=False
+        ["bash", str(OLDER_BUILD_SCRIPT), *args], capture_output=True, text=True, timeout=60, env=env, check=False
     )
 
 
-def test_the_1_33_api_server_has_its_own_directory_beside_the_control_planes(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "DRADRIVER_APISERVER_133_DIR"}
+@pytest.mark.parametrize(("release", "version"), [("1.33", "v1.33.5"), ("1.32", "v1.32.9")])
+def test_each_older_api_server_has_its_own_directory_beside_the_control_planes(
+    tmp_path: Path, release: str, version: str
+) -> None:
+    override = f"DRADRIVER_APISERVER_{release.replace('.', '')}_DIR"
+    env = {k: v for k, v in os.environ.items() if k != override}
     env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
-    printed = run_133("--print", env=env)
+    printed = run_older("--print", release, env=env)
     assert printed.returncode == 0, printed.stderr
-    assert printed.stdout.strip() == str(tmp_path / "cache" / "dradriver" / "control-plane" / "v1.33.5")
-    env["DRADRIVER_APISERVER_133_DIR"] = str(tmp_path / "elsewhere")
-    assert run_133("--print", env=env).stdout.strip() == str(tmp_path / "elsewhere")
+    assert printed.stdout.strip() == str(tmp_path / "cache" / "dradriver" / "control-plane" / version)
+    env[override] = str(tmp_path / "elsewhere")
+    assert run_older("--print", release, env=env).stdout.strip() == str(tmp_path / "elsewhere")
+    unknown = run_older("--print", "1.31", env=env)
+    assert unknown.returncode == 2 and "1.33 1.32" in unknown.stderr
 
 
-def test_a_1_33_api_server_already_built_for_the_pin_is_not_rebuilt(tmp_path: Path) -> None:
-    target = tmp_path / "bin"
-    env = {**os.environ, "DRADRIVER_APISERVER_133_DIR": str(target), "GO": "/bin/false"}  # building would fail
-    target.mkdir()
-    module = BUILD_SCRIPT_133.parent.parent / "tools" / "control-plane-1.33"
-    stamp = subprocess.run(
-        f"cat {module / 'go.mod'} {module / 'go.sum'} | sha256sum | cut -c1-16",
-        shell=True, capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    (target / ".stamp").write_text(stamp)
-    (target / "kube-apiserver").write_text("#!/bin/sh\n")
-    (target / "kube-apiserver").chmod(0o755)
-    done = run_133(env=env)
+def test_older_api_servers_already_built_for_their_pins_are_not_rebuilt(tmp_path: Path) -> None:
+    env = {**os.environ, "GO": "/bin/false"}  # building would fail
+    for release in ("1.33", "1.32"):
+        target = tmp_path / release
+        env[f"DRADRIVER_APISERVER_{release.replace('.', '')}_DIR"] = str(target)
+        target.mkdir()
+        module = OLDER_BUILD_SCRIPT.parent.parent / "tools" / f"control-plane-{release}"
+        stamp = subprocess.run(
+            f"cat {module / 'go.mod'} {module / 'go.sum'} | sha256sum | cut -c1-16",
+            shell=True, capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        (target / ".stamp").write_text(stamp)
+        (target / "kube-apiserver").write_text("#!/bin/sh\n")
+        (target / "kube-apiserver").chmod(0o755)
+    done = run_older(env=env)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == str(target)
+    assert done.stdout.split() == [str(tmp_path / "1.33"), str(tmp_path / "1.32")]
     assert "building" not in done.stderr

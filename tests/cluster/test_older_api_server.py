@@ -1,11 +1,13 @@
-"""A real Kubernetes 1.33 kube-apiserver (scripts/build-apiserver-1.33), whose resource.k8s.io serves v1beta2 and
-v1beta1 but no v1: `dradriver run`, told nothing about the release, finds the newest version by API discovery and
-publishes every simulated node's slices through it (dynamic MIG's shared counters included, with the alpha gate
-DRAPartitionableDevices 1.33 needs for them); they read back equal through both versions; deleted and edited
-slices are repaired; a server serving only v1beta1 gets them in v1beta1; the chart's DeviceClasses for 1.32 and
-1.33 are stored as rendered; and a 1.33 server with DRA off, its default, is refused by the driver and by the
-chart with the fix. There is no 1.33 scheduler here: allocation is the 1.37 control plane's (test_slices.py and
-the rest of tests/cluster)."""
+"""Real kube-apiservers of Kubernetes 1.33 and 1.32 (scripts/build-older-apiservers): no resource.k8s.io/v1, 1.33
+serves v1beta2 and v1beta1, 1.32 v1beta1. `dradriver run`, told nothing about the release, finds the newest version by
+API discovery and publishes every simulated node's slices through it (on 1.33 dynamic MIG's shared counters too,
+with the alpha gate DRAPartitionableDevices they need there; 1.32 refuses dynamic MIG at start); they read back
+equal through every version served; deleted and edited slices are repaired; a 1.33 server serving only v1beta1
+gets them in v1beta1; a claim is prepared as a kubelet of that release asks and its status written; the chart's
+DeviceClasses for 1.32 and 1.33 are stored as rendered and a real install renders them in the served version; a
+1.33 server without the counters gate gets no device it could not keep apart; and one with DRA off, its default,
+is refused by the driver and by the chart with the fix. There is no older scheduler here: allocation on the real
+scheduler is the 1.37 control plane's (test_slices.py and the rest of tests/cluster)."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ import pytest
 import yaml
 from support.cluster_fixtures import REQUIRE, failures, skip_or_fail
 from support.cluster_node import DRIVER, DriverRun, SimNode
-from support.control_plane import BUILD_SCRIPT, BUILD_SCRIPT_133, REPO, ControlPlane, apiserver_133, binaries_dir
+from support.control_plane import BUILD_SCRIPT, OLDER_BUILD_SCRIPT, REPO, ControlPlane, binaries_dir, older_apiserver
 from support.helm import CHART, RELEASE, run_helm
 from support.kube_rest import ApiError, Kube
 
@@ -48,23 +50,24 @@ AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
 kind: Policy
 rules:
 - level: Metadata
-  resources: [{group: resource.k8s.io, resources: [resourceslices, deviceclasses]}]
+  resources: [{group: resource.k8s.io, resources: [resourceslices, deviceclasses, resourceclaims/status]}]
   omitStages: [RequestReceived]
 - level: None
 """
 
 
-def start_133(name: str, runtime_config: str, feature_gates: str) -> Iterator[ControlPlane]:
-    """etcd (the 1.37 control plane's) and the 1.33 kube-apiserver with an audit log; logs kept on failure."""
-    apiserver, etcd = apiserver_133(), binaries_dir() / "etcd"
+def start_older(name: str, runtime_config: str, feature_gates: str, release: str = "1.33") -> Iterator[ControlPlane]:
+    """etcd (the 1.37 control plane's) and the kube-apiserver of ``release`` with an audit log; logs kept on
+    failure."""
+    apiserver, etcd = older_apiserver(release), binaries_dir() / "etcd"
     missing = [str(p) for p in (apiserver, etcd) if not os.access(p, os.X_OK)]
     if missing:
         skip_or_fail(
-            f"the 1.33 API server tests need {' and '.join(missing)}: build them with "
-            f"`{BUILD_SCRIPT_133.relative_to(REPO)}` and `{BUILD_SCRIPT.relative_to(REPO)}` (`scripts/test` does)",
+            f"the {release} API server tests need {' and '.join(missing)}: build them with "
+            f"`{OLDER_BUILD_SCRIPT.relative_to(REPO)}` and `{BUILD_SCRIPT.relative_to(REPO)}` (`scripts/test` does)",
             REQUIRE,
         )
-    root = Path(tempfile.mkdtemp(prefix=f"dra-133-{name}-", dir="/tmp"))
+    root = Path(tempfile.mkdtemp(prefix=f"dra-{release.replace('.', '')}-{name}-", dir="/tmp"))
     policy = root / "audit-policy.yaml"
     policy.write_text(AUDIT_POLICY)
     plane = ControlPlane(
@@ -84,7 +87,7 @@ def start_133(name: str, runtime_config: str, feature_gates: str) -> Iterator[Co
     yield plane
     plane.stop()
     if failures() > failed_before:
-        sys.stderr.write(f"\n1.33 API server tests failed: logs kept in {root / 'logs'}\n")
+        sys.stderr.write(f"\n{release} API server tests failed: logs kept in {root / 'logs'}\n")
         plane.discard()
     else:
         shutil.rmtree(root, ignore_errors=True)
@@ -93,25 +96,31 @@ def start_133(name: str, runtime_config: str, feature_gates: str) -> Iterator[Co
 @pytest.fixture(scope="module")
 def beta2() -> Iterator[ControlPlane]:
     """1.33 with DRA turned on as its documentation says: both beta versions, the DRA gate (and shared counters)."""
-    yield from start_133("beta2", BOTH_VERSIONS, GATES)
+    yield from start_older("beta2", BOTH_VERSIONS, GATES)
 
 
 @pytest.fixture(scope="module")
 def beta1_only() -> Iterator[ControlPlane]:
     """1.33 serving only v1beta1 (as 1.32 does)."""
-    yield from start_133("beta1", "resource.k8s.io/v1beta1=true", GATES)
+    yield from start_older("beta1", "resource.k8s.io/v1beta1=true", GATES)
 
 
 @pytest.fixture(scope="module")
 def no_counters() -> Iterator[ControlPlane]:
     """1.33 with DRA on but not the alpha gate of shared counters (DRAPartitionableDevices): it drops them."""
-    yield from start_133("nocounters", BOTH_VERSIONS, "DynamicResourceAllocation=true")
+    yield from start_older("nocounters", BOTH_VERSIONS, "DynamicResourceAllocation=true")
+
+
+@pytest.fixture(scope="module")
+def k132() -> Iterator[ControlPlane]:
+    """1.32 with DRA turned on: v1beta1 (its only version) and the DRA gate; no other DRA gate."""
+    yield from start_older("k132", "resource.k8s.io/v1beta1=true", "DynamicResourceAllocation=true", release="1.32")
 
 
 @pytest.fixture(scope="module")
 def dra_off() -> Iterator[ControlPlane]:
     """1.33 as it starts by default: no resource.k8s.io at all."""
-    yield from start_133("off", "", "")
+    yield from start_older("off", "", "")
 
 
 # --- reading back ------------------------------------------------------------------------------------------------
@@ -202,29 +211,36 @@ def test_discovery_on_the_1_33_server_lists_the_two_beta_versions(beta2: Control
     assert group["preferredVersion"]["version"] == "v1beta2"
 
 
-@pytest.mark.parametrize("profile", builtin_profile_names())
-def test_every_simulated_node_is_published_through_v1beta2_and_reads_back_equal_in_both_versions(
-    beta2: ControlPlane, profile: str
-) -> None:
-    mark = len(audit(beta2))
+def start_nodes(plane: ControlPlane, profile: str, modes: list[str]) -> list[SimNode]:
+    """One node per MIG mode of ``profile``, started side by side (driver processes start faster together)."""
     nodes: list[SimNode] = []
     errors: list[BaseException] = []
 
     def start(mode: str) -> None:
         try:
-            nodes.append(start_node(beta2, f"{profile}-{mode}", profile, mode))
+            nodes.append(start_node(plane, f"{profile}-{mode}", profile, mode))
         except BaseException as err:  # raised below, in the test's thread
             errors.append(err)
 
-    # The three MIG modes of one profile side by side (three driver processes start faster together).
-    threads = [threading.Thread(target=start, args=(mode.value,)) for mode in MigMode]
+    threads = [threading.Thread(target=start, args=(mode,)) for mode in modes]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    if errors:
+        for node in nodes:
+            stop_node(plane, node)
+        raise errors[0]
+    return nodes
+
+
+@pytest.mark.parametrize("profile", builtin_profile_names())
+def test_every_simulated_node_is_published_through_v1beta2_and_reads_back_equal_in_both_versions(
+    beta2: ControlPlane, profile: str
+) -> None:
+    mark = len(audit(beta2))
+    nodes = start_nodes(beta2, profile, [mode.value for mode in MigMode])
     try:
-        if errors:
-            raise errors[0]
         for node in nodes:
             want = intended(node)
             assert want, node.name
@@ -299,19 +315,35 @@ def compact(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
-@pytest.mark.parametrize("plane", ["beta2", "beta1_only"])
+def driver_status_patches(plane: ControlPlane, since: int) -> int:
+    """How many resourceclaims/status patches of the driver the server answered 200 after ``since`` audit events."""
+    count = 0
+    for line in audit(plane)[since:]:
+        event = json.loads(line)
+        ref = event.get("objectRef") or {}
+        if (ref.get("resource"), ref.get("subresource"), event.get("verb")) == ("resourceclaims", "status", "patch"):
+            count += (
+                event.get("userAgent", "").startswith("OpenAPI-Generator") and event["responseStatus"]["code"] == 200
+            )
+    return count
+
+
+@pytest.mark.parametrize("plane", ["beta2", "beta1_only", "k132"])
 def test_a_claim_is_prepared_and_its_device_status_written_through_the_servers_version(
     request: pytest.FixtureRequest, plane: str
 ) -> None:
-    """No 1.33 scheduler runs here: the test allocates (status.allocation, as the scheduler writes it), then calls
-    the plugin as a 1.33 kubelet does (DRA gRPC v1beta1). The driver reads the claim and writes status.devices
-    (DRAResourceClaimDeviceStatus, beta and on in 1.33) in the version the server serves."""
+    """No older scheduler runs here: the test allocates (status.allocation, as the scheduler writes it), then calls
+    the plugin as a 1.32/1.33 kubelet does (DRA gRPC v1beta1). The driver reads the claim and writes status.devices
+    (DRAResourceClaimDeviceStatus: beta and on in 1.33) in the version the server serves; 1.32 (the gate alpha and
+    off) accepts the write and keeps nothing of it."""
     server: ControlPlane = request.getfixturevalue(plane)
     kube, version = server.kube, "v1beta2" if plane == "beta2" else "v1beta1"
-    node = start_node(server, f"claims-{version}", "mixed", "static")
+    mark = len(audit(server))
+    node = start_node(server, f"claims-{plane.replace('_', '-')}", "mixed", "static")
     claims = f"{GROUP}/{version}/namespaces/default/resourceclaims"
     try:
-        wait_published(server, node, version, intended(node))
+        release = "1.32" if plane == "k132" else "1.33"
+        wait_published(server, node, version, intended(node, release))
         [device, *_] = [d["name"] for s in served(kube, version, node.name) for d in s["spec"].get("devices", [])
                         if (d.get("basic") or d)["attributes"]["type"]["string"] == "gpu"]  # fmt: skip
         claim = kube.request("POST", claims, compact(claim_body(version, "one-gpu")), fieldValidation="Strict")
@@ -334,6 +366,13 @@ def test_a_claim_is_prepared_and_its_device_status_written_through_the_servers_v
             prepared = plugin.prepare([ref])[ref.uid]
         assert prepared.error == "", prepared.error
         assert [d["device_name"] for d in prepared.devices] == [device]
+        if plane == "k132":
+            kube.wait("the driver's status write", lambda: driver_status_patches(server, mark) >= 1, TIMEOUT)
+            assert not kube.request("GET", f"{claims}/one-gpu")["status"].get("devices")
+            with as_133.register() as plugin:
+                assert plugin.unprepare([ref]) == {ref.uid: ""}
+            assert '"level": "error"' not in node.driver.log, node.driver.log
+            return
         status = kube.wait(
             "the driver to write status.devices",
             lambda: kube.request("GET", f"{claims}/one-gpu")["status"].get("devices"),
@@ -411,6 +450,41 @@ def test_a_server_with_dra_off_is_refused_by_the_driver_with_the_fix(dra_off: Co
         dra_off.kube.delete("nodes", node.name)
 
 
+# --- Kubernetes 1.32 ------------------------------------------------------------------------------------------------
+
+
+def test_the_1_32_server_serves_only_v1beta1(k132: ControlPlane) -> None:
+    version = k132.kube.request("GET", "/version")
+    assert (version["major"], version["minor"]) == ("1", "32")
+    assert [v["version"] for v in k132.kube.request("GET", GROUP)["versions"]] == ["v1beta1"]
+
+
+@pytest.mark.parametrize("profile", builtin_profile_names())
+def test_every_simulated_node_is_published_through_v1beta1_on_1_32(k132: ControlPlane, profile: str) -> None:
+    mark = len(audit(k132))
+    nodes = start_nodes(k132, profile, ["none", "static"])
+    try:
+        for node in nodes:
+            wait_published(k132, node, "v1beta1", intended(node, "1.32"))
+            assert "detected Kubernetes version=1.32" in node.driver.log
+            assert '"level": "error"' not in node.driver.log, node.driver.log
+    finally:
+        for node in nodes:
+            stop_node(k132, node)
+    writes = driver_writes(k132, mark)
+    assert ("create", "v1beta1") in writes
+    assert not {w for w in writes if w[1] != "v1beta1"}, writes
+
+
+def test_dynamic_mig_is_refused_at_start_on_1_32_with_the_fix(k132: ControlPlane) -> None:
+    # 1.32 has no shared counters at all: the driver exits before publishing anything.
+    with pytest.raises(RuntimeError) as failed:
+        DriverRun(k132.root / "k132-dynamic", "k132-dynamic", k132.kubeconfig, profile="mixed", mig_mode="dynamic",
+                  version="")  # fmt: skip
+    assert "--mig-mode dynamic needs shared counters" in str(failed.value)
+    assert "use --mig-mode static" in str(failed.value)
+
+
 # --- the chart -----------------------------------------------------------------------------------------------------
 
 
@@ -420,11 +494,16 @@ def chart_device_classes(*args: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(done.stdout) if d and d["kind"] == "DeviceClass"]
 
 
-@pytest.mark.parametrize(("kube_version", "version"), [("1.33.5", "v1beta2"), ("1.32.9", "v1beta1")])
+STORED = [("beta2", "1.33.5", "v1beta2"), ("beta2", "1.32.9", "v1beta1"), ("k132", "1.32.9", "v1beta1")]
+
+
+@pytest.mark.parametrize(("plane", "kube_version", "version"), STORED, ids=[f"{p}-{k}" for p, k, _ in STORED])
 def test_the_charts_device_classes_for_older_releases_are_stored_as_rendered(
-    beta2: ControlPlane, kube_version: str, version: str
+    request: pytest.FixtureRequest, plane: str, kube_version: str, version: str
 ) -> None:
-    kube = beta2.kube
+    server: ControlPlane = request.getfixturevalue(plane)
+    kube = server.kube
+    served_versions = [v["version"] for v in kube.request("GET", GROUP)["versions"]]
     classes = chart_device_classes("--kube-version", kube_version, "--set", "gpu.migMode=static")
     assert classes and {c["apiVersion"] for c in classes} == {f"resource.k8s.io/{version}"}
     try:
@@ -432,8 +511,9 @@ def test_the_charts_device_classes_for_older_releases_are_stored_as_rendered(
             # Strict: a field this release does not know is an error, not silently dropped.
             stored = kube.request("POST", f"{GROUP}/{version}/deviceclasses", obj, fieldValidation="Strict")
             assert stored["spec"] == obj["spec"]
-            back = kube.request("GET", f"{GROUP}/v1beta2/deviceclasses/{obj['metadata']['name']}")
-            assert back["spec"]["selectors"] == obj["spec"]["selectors"]
+            for other in served_versions:
+                back = kube.request("GET", f"{GROUP}/{other}/deviceclasses/{obj['metadata']['name']}")
+                assert back["spec"]["selectors"] == obj["spec"]["selectors"]
     finally:
         for obj in classes:
             kube.request("DELETE", f"{GROUP}/v1beta1/deviceclasses/{obj['metadata']['name']}")
@@ -445,7 +525,7 @@ def helm_against(plane: ControlPlane, *args: str) -> Any:
                     "--kubeconfig", str(plane.kubeconfig), *args)  # fmt: skip
 
 
-@pytest.mark.parametrize(("plane", "version"), [("beta2", "v1beta2"), ("beta1_only", "v1beta1")])
+@pytest.mark.parametrize(("plane", "version"), [("beta2", "v1beta2"), ("beta1_only", "v1beta1"), ("k132", "v1beta1")])
 def test_a_real_install_renders_device_classes_in_the_version_the_server_serves(
     request: pytest.FixtureRequest, plane: str, version: str
 ) -> None:
@@ -454,6 +534,13 @@ def test_a_real_install_renders_device_classes_in_the_version_the_server_serves(
     rendered = [d for d in yaml.safe_load_all(done.stdout.split("MANIFEST:", 1)[-1].split("NOTES:", 1)[0]) if d]
     classes = [d for d in rendered if d.get("kind") == "DeviceClass"]
     assert classes and {c["apiVersion"] for c in classes} == {f"resource.k8s.io/{version}"}
+
+
+def test_a_real_install_of_dynamic_mig_on_1_32_fails_with_the_fix(k132: ControlPlane) -> None:
+    done = helm_against(k132, "--set", "gpu.migMode=dynamic")
+    assert done.returncode != 0
+    assert "gpu.migMode=dynamic needs shared counters" in done.stderr and "Kubernetes v1.32.9" in done.stderr
+    assert "set gpu.migMode=static" in done.stderr, done.stderr
 
 
 def test_a_real_install_on_a_server_with_dra_off_fails_with_the_fix(dra_off: ControlPlane) -> None:

@@ -33,8 +33,8 @@ from support.kube_rest import ApiError, Credentials, Kube
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "scripts" / "build-control-plane"
 BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager")
-# The older API server (its resource.k8s.io has v1beta2 and v1beta1, no v1) and the script that builds it.
-BUILD_SCRIPT_133 = REPO / "scripts" / "build-apiserver-1.33"
+# The older API servers (1.33: resource.k8s.io v1beta2 and v1beta1; 1.32: v1beta1; no v1) and their build script.
+OLDER_BUILD_SCRIPT = REPO / "scripts" / "build-older-apiservers"
 START_TIMEOUT = 90.0
 # Feature gates of the pinned release (1.37) our driver's slices and claims rely on, named even where that
 # release has them on by default, so a pin moved back to a release where they are off still turns them on.
@@ -68,13 +68,10 @@ def missing_binaries(directory: Path) -> list[str]:
     return [name for name in BINARIES if not os.access(directory / name, os.X_OK)]
 
 
-def apiserver_133() -> Path:
-    """Where scripts/build-apiserver-1.33 puts (or would put) the 1.33 kube-apiserver."""
-    override = os.environ.get("DRADRIVER_APISERVER_133_DIR")
-    if override:
-        return Path(override) / "kube-apiserver"
-    out = subprocess.run(["bash", str(BUILD_SCRIPT_133), "--print"], capture_output=True, text=True, check=True,
-                         timeout=30)  # fmt: skip
+def older_apiserver(release: str) -> Path:
+    """Where scripts/build-older-apiservers puts (or would put) the kube-apiserver of ``release`` ("1.33")."""
+    out = subprocess.run(["bash", str(OLDER_BUILD_SCRIPT), "--print", release], capture_output=True, text=True,
+                         check=True, timeout=30)  # fmt: skip
     return Path(out.stdout.strip()) / "kube-apiserver"
 
 

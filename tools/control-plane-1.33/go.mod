@@ -1,5 +1,5 @@
 // Pins the Kubernetes 1.33 kube-apiserver the older-API-server `cluster` tests run against (resource.k8s.io
-// v1beta2/v1beta1, no v1). Built by scripts/build-apiserver-1.33; the staging modules (v0.0.0 in
+// v1beta2/v1beta1, no v1). Built by scripts/build-older-apiservers; the staging modules (v0.0.0 in
 // k8s.io/kubernetes's go.mod) are replaced by their published tags of the same release.
 module dradriver.local/control-plane-1.33
 

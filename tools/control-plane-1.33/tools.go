@@ -1,6 +1,6 @@
 //go:build tools
 
-// Package tools names the command scripts/build-apiserver-1.33 builds, so `go mod tidy` keeps its dependencies.
+// Package tools names the command scripts/build-older-apiservers builds, so `go mod tidy` keeps its dependencies.
 package tools
 
 import (
