@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -30,6 +31,7 @@ import pytest
 import yaml
 from support.cluster_fixtures import REQUIRE, failures, skip_or_fail
 from support.cluster_node import DRIVER, DriverRun, SimNode
+from support.cluster_pods import kubectl
 from support.control_plane import BUILD_SCRIPT, OLDER_BUILD_SCRIPT, REPO, ControlPlane, binaries_dir, older_apiserver
 from support.helm import CHART, RELEASE, run_helm
 from support.kube_rest import ApiError, Kube
@@ -548,3 +550,47 @@ def test_a_real_install_on_a_server_with_dra_off_fails_with_the_fix(dra_off: Con
     assert done.returncode != 0
     assert "serves no resource.k8s.io version" in done.stderr, done.stderr
     assert "--feature-gates=DynamicResourceAllocation=true" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(("plane", "kube_version"), [("beta2", "1.33.5"), ("k132", "1.32.9")])
+def test_the_whole_chart_applies_and_its_config_policy_judges_claims_on_the_older_release(
+    request: pytest.FixtureRequest, plane: str, kube_version: str, tmp_path: Path
+) -> None:
+    """Every object of the chart rendered for the release is accepted by that release's API server, and its
+    opaque-config policy (CEL compiled by that release) refuses a bad config and admits a good one. (The policies'
+    type-check status is written by kube-controller-manager, which does not run here.)"""
+    server: ControlPlane = request.getfixturevalue(plane)
+    kube, version = server.kube, "v1beta2" if plane == "beta2" else "v1beta1"
+    done = run_helm("template", RELEASE, str(CHART), "--namespace", "default", "--kube-version", kube_version,
+                    "--set", "gpu.migMode=static")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rendered = tmp_path / "chart.yaml"
+    rendered.write_text(done.stdout)
+    command = [kubectl(), "--kubeconfig", str(server.kubeconfig)]
+    claims = f"{GROUP}/{version}/namespaces/default/resourceclaims"
+    applied = subprocess.run([*command, "apply", "--server-side", "-f", str(rendered)], capture_output=True,
+                             text=True, timeout=120, check=False)  # fmt: skip
+    try:
+        assert applied.returncode == 0, applied.stdout + applied.stderr
+        kinds = {d["kind"] for d in yaml.safe_load_all(done.stdout) if d}
+        assert {"DaemonSet", "DeviceClass", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} <= kinds
+
+        bad = claim_body(version, "bad-config")
+        bad["spec"]["devices"]["config"][0]["opaque"]["parameters"]["computeMode"] = "Turbo"
+
+        def refused() -> str | None:
+            try:
+                kube.request("POST", claims, compact(bad))
+            except ApiError as err:
+                return str(err) if err.status in (403, 422) else None
+            kube.request("DELETE", f"{claims}/bad-config")  # created before the policy was loaded: try again
+            return None
+
+        assert "computeMode allows Default, ExclusiveProcess or Prohibited" in kube.wait(
+            "the opaque-config policy to refuse a bad config", refused, TIMEOUT
+        )
+        kube.request("POST", claims, compact(claim_body(version, "good-config")))
+        kube.request("DELETE", f"{claims}/good-config")
+    finally:
+        subprocess.run([*command, "delete", "--ignore-not-found", "--wait=false", "-f", str(rendered)],
+                       capture_output=True, timeout=120, check=False)  # fmt: skip
