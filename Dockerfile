@@ -12,7 +12,7 @@ ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY src ./src
 # Trimmed to what dradriver runs (tests/test_dockerfile.py keeps src/ from needing what goes): the kubernetes
 # client's asyncio copy (kubernetes/aio) and its typed API classes (kubernetes/client/api; our cluster adapter
@@ -21,7 +21,7 @@ COPY src ./src
 # nothing can fetch or build code in the image. Bytecode is compiled ahead for everything but the client's
 # generated models, which it imports lazily (few ever load).
 RUN python3 -m venv /opt/dradriver \
-    && /opt/dradriver/bin/pip install --no-cache-dir --no-compile . \
+    && /opt/dradriver/bin/pip install --no-cache-dir --no-compile -c constraints.txt . \
     && rm -rf /opt/dradriver/lib/python3.11/site-packages/kubernetes/aio \
               /opt/dradriver/lib/python3.11/site-packages/kubernetes/client/api \
     && /opt/dradriver/bin/pip uninstall --no-cache-dir -y aiohttp aiohttp-retry aiosignal aiohappyeyeballs attrs \

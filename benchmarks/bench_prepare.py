@@ -2,6 +2,7 @@
 
     python benchmarks/bench_prepare.py [--cycles 200] [--soak 1000] [--json benchmarks/latest.json]
     python benchmarks/bench_prepare.py --only startup      # one part, its figures as JSON
+    python benchmarks/bench_prepare.py --only rss          # RSS idle after start-up, as in a pod
 
 The full soak of issue 15 is ``--soak 10000`` (about 15 minutes on two cores).
 
@@ -477,6 +478,80 @@ def _start_once(api_server: Any, env: dict[str, str]) -> tuple[float, float]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+# The Go reference plugin's RSS idle after start-up (dra-example-driver, measured beside ours: docs/performance.md),
+# and the goal of issue 26: within 1.25x of it.
+PEER_RSS_MIB = 45.0
+RSS_GOAL_MIB = 1.25 * PEER_RSS_MIB
+
+
+def bench_rss(runs: int, settle: float = 3.0) -> dict[str, Any]:
+    """`dradriver run` as in a pod (in-cluster service account against an HTTPS stand-in, no kubeconfig: what
+    a DaemonSet pod loads) on the simulated 8-GPU dynamic-MIG node: its resident memory ``settle`` seconds after
+    it registered and published every slice, from ``/proc/PID/smaps_rollup``; the median of ``runs`` starts.
+    A kubeconfig would add the client's kubeconfig loader, its typed ApiClient and pydantic (about 13 MiB) that a
+    deployed driver never loads."""
+    from support.in_pod import in_a_pod
+
+    cache = Path(tempfile.mkdtemp(prefix="dra-pyc-", dir="/tmp"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(cache)  # as in the image: compiled once, then loaded
+    samples: list[dict[str, float]] = []
+    try:
+        for run in range(runs + 1):
+            figures = _rss_once(in_a_pod, env, settle)
+            if run:  # the first run compiles
+                samples.append(figures)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    rss = statistics.median(s["rss_mib"] for s in samples)
+    return {
+        "rss_mib": round(rss, 1),
+        "anonymous_mib": round(statistics.median(s["anonymous_mib"] for s in samples), 1),
+        "threads": max(int(s["threads"]) for s in samples),
+        "samples_mib": [round(s["rss_mib"], 1) for s in samples],
+        "goal_mib": RSS_GOAL_MIB,
+        "peer_mib": PEER_RSS_MIB,
+        "load": os.getloadavg()[0],
+    }
+
+
+def _rss_once(in_a_pod: Any, env: dict[str, str], settle: float) -> dict[str, float]:
+    root = Path(tempfile.mkdtemp(prefix="dra-rss-", dir="/tmp"))
+    try:
+        with in_a_pod(root / "pod", validate=False) as pod:
+            pod.api.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+            command = [sys.executable, *pod.entry(), "run", "--node-name", NODE]
+            command += ["--gpu-backend", "sim", "--sim-profile", H100, "--mig-mode", "dynamic"]
+            command += ["--registry-dir", str(root / "registry"), "--plugin-dir", str(root / "plugin")]
+            command += ["--cdi-dir", str(root / "cdi"), "--state-dir", str(root / "state")]
+            command += ["--metrics-address", "127.0.0.1:0"]
+
+            def published() -> bool:
+                slices = pod.api.list("resourceslices")
+                return bool(slices) and len(slices) == slices[0]["spec"]["pool"]["resourceSliceCount"]
+
+            proc = subprocess.Popen(
+                command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**env, **pod.env}
+            )
+            try:
+                if not pod.api.wait_until(published, timeout=30):
+                    raise RuntimeError("dradriver run did not publish its slices within 30 s")
+                time.sleep(settle)  # idle: nothing to wait on, the figure is what an idle driver holds
+                fields = dict(
+                    line.split(":", 1) for line in Path(f"/proc/{proc.pid}/smaps_rollup").read_text().splitlines()[1:]
+                )
+                return {
+                    "rss_mib": int(fields["Rss"].split()[0]) / 1024,
+                    "anonymous_mib": int(fields["Anonymous"].split()[0]) / 1024,
+                    "threads": float(len(list(Path(f"/proc/{proc.pid}/task").iterdir()))),
+                }
+            finally:
+                proc.terminate()
+                proc.wait(30)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def _cpu_seconds(pid: int) -> float:
     """User plus system CPU time of a running process (Linux /proc; clock-tick resolution)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -544,6 +619,14 @@ def table(results: dict[str, Any]) -> str:
         st["startup_ms"] <= 1000,
     )
     row("start-up: CPU time the driver process used", st["cpu_ms"], None, "-", True)
+    if "rss" in results:
+        rss = results["rss"]
+        ratio = rss["rss_mib"] / rss["peer_mib"]
+        rows.append(
+            f"| driver RSS idle after start-up, as in a pod (8 GPUs, dynamic MIG; {rss['threads']} threads) "
+            f"| {rss['rss_mib']:.1f} MiB | {rss['peer_mib']:.0f} MiB (Go plugin) | {ratio:.2f}x "
+            f"| <= {rss['goal_mib']:.2f} MiB (1.25x) | {'yes' if rss['rss_mib'] <= rss['goal_mib'] else 'NO'} |"
+        )
     soak = results["soak"]
     if soak["marks"]:
         first, last = soak["marks"][0], soak["marks"][-1]
@@ -566,12 +649,13 @@ def main() -> int:
     parser.add_argument("--soak", type=int, default=1000, help="soak cycles before RSS is read (0: skip)")
     parser.add_argument("--kill-every", type=int, default=300, help="soak: SIGKILL the driver about this often")
     parser.add_argument("--startup-runs", type=int, default=5, help="timed start-ups (the figure is their median)")
+    parser.add_argument("--rss-runs", type=int, default=3, help="starts measured for RSS (the figure is their median)")
     parser.add_argument("--state-dir", default=None, help="parent of the checkpoint directory (default: temp dir)")
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "latest.json")
     parser.add_argument(
         "--only",
         action="append",
-        choices=("latency", "many", "startup", "soak"),
+        choices=("latency", "many", "startup", "rss", "soak"),
         help="run only this part (repeatable) and print its figures as JSON; no table, --json not written",
     )
     args = parser.parse_args()
@@ -584,6 +668,7 @@ def main() -> int:
         ("latency", lambda: [bench_latency(k, args.cycles, args.state_dir) for k in LATENCY_KINDS]),
         ("many", lambda: bench_many(args.claims, args.state_dir)),
         ("startup", lambda: bench_startup(args.startup_runs)),
+        ("rss", lambda: bench_rss(args.rss_runs)),
         ("soak", lambda: bench_soak(args.soak, args.kill_every) if args.soak else {"cycles": 0, "marks": []}),
     ]
     for name, step in steps:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,6 +58,11 @@ class Backend(Protocol):
 
     def roll_driver(self) -> None: ...
 
+    def configured(self, node_config: str) -> contextlib.AbstractContextManager[None]:
+        """The node as an example's "# Node:" header names it, for the body of the block (skips where the
+        backend cannot reconfigure its node)."""
+        ...
+
 
 class Cluster:
     """kubectl bound to the e2e cluster's context."""
@@ -78,3 +86,9 @@ class Cluster:
         """A rolling update of the driver's DaemonSet, waited for."""
         self.kubectl("-n", NAMESPACE, "rollout", "restart", DAEMONSET)
         self.kubectl("-n", NAMESPACE, "rollout", "status", DAEMONSET, "--timeout=300s", timeout=320)
+
+    @contextlib.contextmanager
+    def configured(self, node_config: str) -> Iterator[None]:
+        if node_config != self.node_config:  # the sim overlay's DaemonSet runs one configuration
+            pytest.skip(f"written for a node {node_config!r}; the kind node is {self.node_config!r}")
+        yield

@@ -5,9 +5,14 @@ DaemonSet are methods of the backend."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pytest
 from support.node_pods import Workloads, cdi_specs_of, claims_of, documents, pod_spec_of, status_devices
 from support.real_node import RealNode, wait_for
 
@@ -52,3 +57,46 @@ class LocalCluster:
             old = node.start_driver(pod_uid=f"e2e-{uuid.uuid4().hex[:8]}")
         node.start_driver(pod_uid=f"e2e-{uuid.uuid4().hex[:8]}")
         node.stop_driver(old)
+
+    @contextlib.contextmanager
+    def configured(self, node_config: str) -> Iterator[None]:
+        """The node as an example's "# Node:" header names it (same profile, other flags), for the body of the
+        block: the driver restarts with those flags and, after the block, with the node's own again. The node's
+        slices are waited for both times, so the scheduler never allocates from the other configuration."""
+        if node_config == self.node_config:
+            yield
+            return
+        profile, *flags = node_config.split()
+        if profile != self.node.profile or "--mig-mode" not in flags[:-1]:
+            pytest.skip(f"written for a node {node_config!r}; this one is {self.node_config!r} (profiles differ)")
+        at = flags.index("--mig-mode")
+        mig_mode, rest = flags[at + 1], (*flags[:at], *flags[at + 2 :])
+        own = wait_for(f"the slices of the {self.node_config!r} node", self._slices, 90)
+        self._restart(mig_mode=mig_mode, extra=rest)
+        wait_for(f"the slices of a {node_config!r} node", lambda: self._published_other_than(own), 90)
+        try:
+            yield
+        finally:
+            self._restart(mig_mode=None, extra=())
+            wait_for(f"the slices of a {self.node_config!r} node", lambda: self._slices() == own, 90)
+
+    def _restart(self, *, mig_mode: str | None, extra: tuple[str, ...]) -> None:
+        node = self.node
+        assert not node.prepared_claims(), f"claims still prepared before a reconfiguration: {node.prepared_claims()}"
+        node.stop_driver(node.driver)
+        node.start_driver(mig_mode=mig_mode, extra=extra)
+
+    def _slices(self) -> list[Any] | None:
+        """The node's pool as the driver last published it in full (None while a publish is half done)."""
+        found = self.node.kube.list(
+            "resourceslices", fieldSelector=f"spec.nodeName={self.node.name},spec.driver={self.node.driver_name}"
+        )
+        pools = {json.dumps(s["spec"]["pool"], sort_keys=True) for s in found}
+        if len(pools) != 1 or len(found) != found[0]["spec"]["pool"]["resourceSliceCount"]:
+            return None
+        specs = [(s["spec"].get("devices", []), s["spec"].get("sharedCounters", [])) for s in found]
+        return sorted(specs, key=lambda spec: json.dumps(spec, sort_keys=True))
+
+    def _published_other_than(self, before: list[Any] | None) -> bool:
+        now = self._slices()
+        return now is not None and now != before

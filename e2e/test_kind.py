@@ -16,9 +16,6 @@ from kindutil import ROOT, Backend, header, workloads
 
 pytestmark = pytest.mark.e2e
 SCENARIOS = sorted((ROOT / "examples/scenarios").glob("*.yaml"))
-# Scenario 11 (an extended-resource pod) passes alone and after tests/node, but after the whole suite the scheduler
-# answered "Insufficient nvidia.com/gpu" on the local node; the cause is not found yet (open issue note).
-FLAKY = {"11-device-plugin-style": "after the whole suite the scheduler finds no class serving nvidia.com/gpu"}
 DRIVER = "gpu.dradriver.dev"
 
 
@@ -72,31 +69,24 @@ def test_the_driver_publishes_the_simulated_node(cluster: Backend) -> None:
     assert kinds == {"gpu", "mig"}, kinds  # mixed profile, dynamic MIG
 
 
-@pytest.mark.parametrize(
-    "path",
-    [
-        pytest.param(p, id=p.stem, marks=[pytest.mark.xfail(reason=FLAKY[p.stem])] if p.stem in FLAKY else [])
-        for p in SCENARIOS
-    ],
-)
+@pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
 def test_example_runs_and_its_containers_get_their_devices(cluster: Backend, path: Path) -> None:
     needs = header(path, "Needs")
     if needs:
         pytest.skip(f"{path.name} needs {needs}")
-    if header(path, "Node") != cluster.node_config:
-        pytest.skip(f"{path.name} is written for a node {header(path, 'Node')!r}; this one is {cluster.node_config!r}")
     expect = re.compile(header(path, "Expect") or "^DRADRIVER_DEVICE_")
-    cluster.apply(path)
-    try:
-        for workload in workloads(path):
-            for pod in wait_running(cluster, workload):
-                spec = workload["spec"] if workload["kind"] == "Pod" else workload["spec"]["template"]["spec"]
-                logs = container_logs(cluster, namespace_of(workload), pod, lines=len(spec["containers"]))
-                assert len(logs.splitlines()) >= len(spec["containers"]), logs  # one report per container
-                for line in logs.splitlines():
-                    assert expect.search(line), f"{pod}: {line!r} does not match {expect.pattern!r}"
-    finally:
-        cluster.delete(path)
+    with cluster.configured(header(path, "Node") or cluster.node_config):
+        cluster.apply(path)
+        try:
+            for workload in workloads(path):
+                for pod in wait_running(cluster, workload):
+                    spec = workload["spec"] if workload["kind"] == "Pod" else workload["spec"]["template"]["spec"]
+                    logs = container_logs(cluster, namespace_of(workload), pod, lines=len(spec["containers"]))
+                    assert len(logs.splitlines()) >= len(spec["containers"]), logs  # one report per container
+                    for line in logs.splitlines():
+                        assert expect.search(line), f"{pod}: {line!r} does not match {expect.pattern!r}"
+        finally:
+            cluster.delete(path)
 
 
 def test_a_rolling_update_keeps_a_held_gpu_and_serves_new_pods(cluster: Backend) -> None:

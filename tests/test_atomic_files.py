@@ -6,7 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from dradriver.atomic_files import sweep_dead_writers, temp_file_for
+from dradriver.atomic_files import sweep_dead_writers, temp_file_for, write_atomically
 from dradriver.sim.node import SimulatedNode
 from dradriver.sim.profiles import load_node_profile
 
@@ -39,3 +39,11 @@ def test_a_simulated_node_sweeps_what_a_killed_writer_left(tmp_path: Path) -> No
     node = SimulatedNode(load_node_profile("mixed"), node_name="sim-node", state_path=state)
     assert not leftover.exists()
     assert len(node.gpus) == 6
+
+
+def test_a_file_is_replaced_whole_and_no_temp_file_stays(tmp_path: Path) -> None:
+    state = tmp_path / "state.json"
+    state.write_text("old")
+    write_atomically(state, "new")
+    assert state.read_text() == "new"
+    assert [p.name for p in tmp_path.iterdir()] == ["state.json"]

@@ -42,6 +42,58 @@ def test_the_chart_lints_strictly(preset: str | None) -> None:
     assert "0 chart(s) failed" in done.stdout
 
 
+@pytest.mark.parametrize("preset", [None, *PRESETS])
+def test_the_chart_with_compute_domains_lints_strictly_and_renders(preset: str | None) -> None:
+    args = [*(["-f", preset_file(preset)] if preset else []), "--set", "computeDomains.enabled=true"]
+    done = run_helm("lint", "--strict", str(CHART), *args)
+    assert done.returncode == 0, done.stdout + done.stderr
+    kinds = {(o["kind"], o["metadata"]["name"]) for o in template(*args)}
+    assert {
+        ("Deployment", "dradriver-compute-domain-controller"),
+        ("DeviceClass", "compute-domain-default-channel.dradriver.dev"),
+        ("DeviceClass", "compute-domain-daemon.dradriver.dev"),
+        ("ClusterRole", "dradriver-compute-domain-controller"),
+        ("ClusterRole", "dradriver-compute-domain-plugin"),
+        ("Role", "dradriver-compute-domain-daemon"),
+    } <= kinds
+    assert container_env(template(*args))["DRADRIVER_COMPUTE_DOMAINS"] == "true"
+
+
+def test_compute_domain_controller_settings_reach_its_pod_and_through_it_the_daemons() -> None:
+    def controller(objects: tuple[dict[str, Any], ...]) -> dict[str, Any]:
+        [found] = [o for o in objects if o["kind"] == "Deployment"]
+        pod: dict[str, Any] = found["spec"]["template"]["spec"]
+        return pod
+
+    plain = controller(objects_with("computeDomains.enabled=true"))
+    assert not {"hostNetwork", "nodeSelector", "tolerations"} & set(plain)
+    [container] = plain["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert (env["DRADRIVER_CD_DAEMON_HOST_NETWORK"], env["DRADRIVER_CD_DAEMON_ENV"]) == ("false", "[]")
+    pod = controller(
+        objects_with(
+            "computeDomains.enabled=true", "computeDomains.hostNetwork=true",
+            "computeDomains.controllerNodeSelector.pool=system",
+            "computeDomains.controllerTolerations[0].operator=Exists",
+            "computeDomains.extraEnv[0].name=KUBERNETES_SERVICE_HOST", "computeDomains.extraEnv[0].value=127.0.0.1",
+        )
+    )  # fmt: skip
+    assert (pod["hostNetwork"], pod["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
+    assert (pod["nodeSelector"], pod["tolerations"]) == ({"pool": "system"}, [{"operator": "Exists"}])
+    [container] = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["KUBERNETES_SERVICE_HOST"] == "127.0.0.1"
+    assert env["DRADRIVER_CD_DAEMON_HOST_NETWORK"] == "true"
+    assert json.loads(env["DRADRIVER_CD_DAEMON_ENV"]) == [{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"}]
+    # Every DRADRIVER_ variable is one `dradriver cd-controller` reads.
+    shown = subprocess.run([sys.executable, "-m", "dradriver", "cd-controller", "--help"], capture_output=True,
+                           text=True, check=True, timeout=60)  # fmt: skip
+    controller_help = " ".join(shown.stdout.split())
+    for name in env:
+        if name.startswith("DRADRIVER_"):
+            assert f"[env {name}]" in controller_help, f"dradriver cd-controller reads no {name}"
+
+
 def test_the_chart_versions_are_the_drivers() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["version"] == chart["appVersion"] == VERSION

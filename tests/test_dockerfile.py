@@ -75,3 +75,22 @@ def test_the_driver_needs_nothing_the_image_trims() -> None:
     for path in sorted((ROOT / "src").rglob("*.py")):
         found = trimmed.search(path.read_text())
         assert not found, f"{path.relative_to(ROOT)} uses {found.group(0)}, which the image leaves out (Dockerfile)"
+
+
+def test_the_image_and_the_tests_pin_the_same_runtime_dependencies() -> None:
+    # constraints.txt is what the image installs (-c) and what scripts/test installs the suite with: it must be the
+    # runtime closure of this environment, every dependency pinned, so the tested versions are the shipped ones.
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/gen-constraints")], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert (ROOT / "constraints.txt").read_text() == done.stdout, (
+        "constraints.txt differs from this environment's runtime dependencies: reinstall with "
+        "`.venv/bin/pip install -c constraints.txt -e '.[test]'`, or regenerate it with "
+        "`.venv/bin/python scripts/gen-constraints > constraints.txt` after running the suite on the new versions"
+    )
+    pinned = {line.split("==")[0] for line in done.stdout.splitlines() if "==" in line}
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {re.split(r"[<>=!~\[; ]", d, maxsplit=1)[0].lower().replace("_", "-") for d in declared}
+    assert names <= pinned
+    assert "COPY pyproject.toml README.md constraints.txt" in (ROOT / "Dockerfile").read_text()
+    assert "-c constraints.txt" in (ROOT / "Dockerfile").read_text()

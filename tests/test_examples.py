@@ -5,6 +5,8 @@ allocates each claim on the simulated node its header names, as the scheduler wo
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -152,3 +154,13 @@ def test_our_allocator_allocates_the_scenario_on_its_node(path: Path) -> None:
         assert results, f"{claim['metadata']['name']}: nothing allocated"
         ours = [r for r in results if r["driver"] == DRIVER]
         assert ours, f"{claim['metadata']['name']}: no GPU allocated"
+
+
+def test_the_publisher_example_publishes_once_and_names_the_invalid_field() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples/python/publish_one_device.py")],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert done.stdout.startswith("SyncResult(created=1, updated=0, deleted=0")
+    assert "SyncResult(created=0, updated=0, deleted=0" in done.stdout  # the second pass writes nothing
+    assert "field=spec.devices[0].name rule=device-name-dns-label" in done.stderr

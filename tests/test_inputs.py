@@ -1,11 +1,13 @@
 """The bounded loader every input file goes through: limits, encodings and special files."""
 
 import os
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from dradriver.inputs import MAX_YAML_DEPTH, InputError, load_yaml_file, parse_yaml, read_text
+from dradriver.inputs import MAX_YAML_DEPTH, Fields, InputError, load_yaml_file, parse_yaml, read_text
 
 
 def test_documents_load_as_json_would_see_them(tmp_path: Path) -> None:
@@ -86,3 +88,41 @@ def test_invalid_yaml_is_one_line_with_its_position(text: str, message: str) -> 
     with pytest.raises(InputError, match=message) as raised:
         parse_yaml(text, source="f.yaml")
     assert "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("raw", "read", "message"),
+    [
+        ({"a": 1, "b": 2}, lambda f: f.integer("a"), "x.b: Extra inputs are not permitted"),
+        ({}, lambda f: f.integer("a"), "x.a: Field required"),
+        ({"a": True}, lambda f: f.integer("a"), "x.a: Input should be a valid integer"),
+        ({"a": -1}, lambda f: f.integer("a", ge=0), "x.a: Input should be greater than or equal to 0"),
+        ({"a": 0}, lambda f: f.integer("a", gt=0), "x.a: Input should be greater than 0"),
+        ({"a": 9}, lambda f: f.integer("a", le=8), "x.a: Input should be less than or equal to 8"),
+        ({"a": 1}, lambda f: f.string("a"), "x.a: Input should be a valid string"),
+        ({"a": "v"}, lambda f: f.string("a", pattern=re.compile(r"^\d$")), "x.a: String should match pattern"),
+        ({"a": "yes"}, lambda f: f.boolean("a", False), "x.a: Input should be a valid boolean"),
+        ({"a": {}}, lambda f: f.items("a"), "x.a: Input should be a valid tuple"),
+        ({"a": [1, 2]}, lambda f: f.items("a", max_length=1), "x.a: Tuple should have at most 1 items"),
+        ({"a": []}, lambda f: f.items("a", min_length=1), "x.a: Tuple should have at least 1 item after"),
+        ([1], lambda f: None, "x: Input should be a valid dictionary"),
+    ],
+)
+def test_fields_name_the_field_and_the_problem(raw: object, read: Any, message: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        fields = Fields(raw, "x")
+        read(fields)
+        fields.done()
+    assert str(caught.value).startswith(message)
+
+
+def test_fields_give_defaults_and_each_entry_of_a_list_its_path() -> None:
+    fields = Fields({"n": 3, "l": ["p", "q"]})
+    assert (fields.integer("n"), fields.integer("m", 7), fields.string("s", ""), fields.boolean("b", True)) == (
+        3,
+        7,
+        "",
+        True,
+    )
+    assert fields.items("l") == [("l.0", "p"), ("l.1", "q")]
+    fields.done()

@@ -2,7 +2,7 @@
 they pass the official schemas, our allocator allocates them on slices published as gpu.nvidia.com with NVIDIA's
 DeviceClasses, `dradriver explain --compat nvidia` finds them fitting, and the driver prepares each allocation
 (configs included) and unprepares it. The real scheduler allocates them in tests/cluster/test_nvidia_compat.py;
-the node tests (a real kubelet) take the same files: NODE_TEST_MANIFESTS lists them with their node settings."""
+tests/node/test_nvidia_manifests.py runs the files NODE_TEST_MANIFESTS lists in containers on a real kubelet."""
 
 from __future__ import annotations
 
@@ -44,8 +44,8 @@ def node_settings(path: Path) -> tuple[str, str]:
     return match[1], match[2]
 
 
-#: For the node tests (tests/node, a real kubelet and containerd): each manifest with the simulated node it needs
-#: (`dradriver run --compat nvidia --sim-profile P --mig-mode M`) and the line its containers must print.
+#: What tests/node/test_nvidia_manifests.py runs on a real kubelet and containerd: each manifest with the simulated
+#: node it needs (`dradriver run --compat nvidia --sim-profile P --mig-mode M`) and the line its containers print.
 NODE_TEST_MANIFESTS: list[tuple[Path, str, str, str]] = [
     (
         path,

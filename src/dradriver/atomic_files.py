@@ -21,6 +21,26 @@ def temp_file_for(path: Path) -> tuple[int, str]:
     return tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
 
 
+def write_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` all at once: a temp file beside it (named after this process), fsync,
+    rename, fsync of the directory (so the rename survives a power loss). Readers see the old or the new file."""
+    fd, tmp = temp_file_for(path)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
 def sweep_dead_writers(path: Path) -> list[Path]:
     """Remove the temp files of ``path`` whose writing process no longer exists; return what was removed."""
     removed = []

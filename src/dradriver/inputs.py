@@ -9,6 +9,7 @@ would see them, as the API server's YAML-to-JSON conversion does: timestamps and
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -179,3 +180,92 @@ def type_name(value: object) -> str:
     if isinstance(value, dict):
         return "a mapping"
     return f"a {type(value).__name__}"
+
+
+_REQUIRED: Any = object()
+
+
+class Fields:
+    """Reads one mapping of a strict document (a node profile, the product table) field by field, by the names
+    the file uses; :meth:`done` refuses names nobody read. Every problem is a ``ValueError`` whose message starts
+    with the field's path (``gpus.0.pciBusId: …``), worded as pydantic words them, which these documents were
+    validated with before: pydantic is kept off ``dradriver run``'s path for its memory (docs/reliability.md)."""
+
+    def __init__(self, raw: object, where: str = "") -> None:
+        if not isinstance(raw, dict):
+            raise ValueError(f"{where or 'the document'}: Input should be a valid dictionary, not {type_name(raw)}")
+        self._raw: dict[Any, Any] = raw
+        self._where = where
+        self._read: set[str] = set()
+
+    def path(self, name: str) -> str:
+        """The path of field ``name`` in messages."""
+        return f"{self._where}.{name}" if self._where else name
+
+    def value(self, name: str, default: Any = _REQUIRED) -> Any:
+        """The raw value of ``name``; ``default`` when it is absent (a ``Field required`` error without one)."""
+        self._read.add(name)
+        if name not in self._raw:
+            if default is _REQUIRED:
+                raise ValueError(f"{self.path(name)}: Field required")
+            return default
+        return self._raw[name]
+
+    def integer(
+        self,
+        name: str,
+        default: Any = _REQUIRED,
+        *,
+        ge: int | None = None,
+        gt: int | None = None,
+        le: int | None = None,
+    ) -> int:
+        value = self.value(name, default)
+        if value is default and default is not _REQUIRED:
+            return value  # type: ignore[no-any-return]
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"{self.path(name)}: Input should be a valid integer")
+        for bound, holds, words in ((ge, value >= (ge or 0), "greater than or equal to"),
+                                    (gt, value > (gt or 0), "greater than"),
+                                    (le, value <= (le or 0), "less than or equal to")):  # fmt: skip
+            if bound is not None and not holds:
+                raise ValueError(f"{self.path(name)}: Input should be {words} {bound}")
+        return value
+
+    def string(self, name: str, default: Any = _REQUIRED, *, pattern: re.Pattern[str] | None = None) -> str:
+        value = self.value(name, default)
+        if value is default and default is not _REQUIRED:
+            return value  # type: ignore[no-any-return]
+        if not isinstance(value, str):
+            raise ValueError(f"{self.path(name)}: Input should be a valid string")
+        if pattern is not None and not pattern.search(value):
+            raise ValueError(f"{self.path(name)}: String should match pattern '{pattern.pattern}'")
+        return value
+
+    def boolean(self, name: str, default: bool) -> bool:
+        value = self.value(name, default)
+        if not isinstance(value, bool):
+            raise ValueError(f"{self.path(name)}: Input should be a valid boolean")
+        return value
+
+    def items(self, name: str, *, min_length: int = 0, max_length: int | None = None) -> list[tuple[str, Any]]:
+        """The entries of list ``name`` (absent: none), each with its path (``gpus.0``)."""
+        value = self.value(name, [])
+        if not isinstance(value, list):
+            raise ValueError(f"{self.path(name)}: Input should be a valid tuple")
+        if len(value) < min_length:
+            raise ValueError(
+                f"{self.path(name)}: Tuple should have at least {min_length} item"
+                f"{'' if min_length == 1 else 's'} after validation, not {len(value)}"
+            )
+        if max_length is not None and len(value) > max_length:
+            raise ValueError(
+                f"{self.path(name)}: Tuple should have at most {max_length} items after validation, not {len(value)}"
+            )
+        return [(f"{self.path(name)}.{i}", item) for i, item in enumerate(value)]
+
+    def done(self) -> None:
+        """Refuse the names no one read."""
+        for name in self._raw:
+            if name not in self._read:
+                raise ValueError(f"{self.path(str(name))}: Extra inputs are not permitted")

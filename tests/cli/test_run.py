@@ -102,6 +102,10 @@ def test_a_metrics_port_in_use_is_one_line_before_anything_starts(tmp_path, caps
         (("--rescan-interval", "nan"), "'nan': use 0 (never)"),
         (("--rescan-interval", "inf"), "'inf': use 0 (never)"),
         (("--rescan-interval", "0.2"), "'0.2': use 0 (never)"),
+        (("--cd-fabric-interval", "nan"), "argument --cd-fabric-interval: 'nan': use 0 (never)"),
+        (("--cd-fabric-interval", "-1"), "argument --cd-fabric-interval: '-1': use 0 (never)"),
+        (("--cd-ready-timeout", "-1"), "argument --cd-ready-timeout: '-1': use a finite number, 0 or more"),
+        (("--cd-ready-timeout", "inf"), "argument --cd-ready-timeout: 'inf': use a finite number, 0 or more"),
         (("--node-name", "Node_A"), "argument --node-name: 'Node_A' is not a valid node name"),
         (("--driver-name", "a" * 64 + ".com"), "is not a valid driver name"),
         (("--registry-dir", "/dev/null"), "--registry-dir /dev/null: /dev/null is not a directory"),
@@ -354,7 +358,12 @@ def test_an_in_place_driver_upgrade_is_followed_for_new_prepares_naming_claims_o
     process = DriverProcess(args)
     process.simulated = None
     process.driver_root = driver_root_for(args, "580.65.06", simulated=False)
-    process.driver = SimpleNamespace(cdi=SimpleNamespace(driver_root=process.driver_root))
+    args.mps_control_command, args.mps_daemon_wrapper = None, None
+    mps_uses: list[dict[str, object]] = []
+    process.driver = SimpleNamespace(
+        cdi=SimpleNamespace(driver_root=process.driver_root),
+        sharing=SimpleNamespace(mps=SimpleNamespace(use=lambda **commands: mps_uses.append(commands))),
+    )
     process.checkpoint = SimpleNamespace(
         records=lambda: [SimpleNamespace(uid="claim-b"), SimpleNamespace(uid="claim-a")]
     )
@@ -369,6 +378,9 @@ def test_an_in_place_driver_upgrade_is_followed_for_new_prepares_naming_claims_o
     assert process.driver.cdi.driver_root is process.driver_root  # what the next prepare's spec is built from
     assert process.driver_root.libcuda.path.name == "libcuda.so.590.10.01"
     assert "upgraded in place from 580.65.06 to 590.10.01" in caplog.text and "claims=claim-a,claim-b" in caplog.text
+    # New MPS daemons start from the new driver's files too (daemons already serving keep theirs).
+    [commands] = mps_uses
+    assert str(commands["env"]["LD_LIBRARY_PATH"]).startswith(str(root))  # type: ignore[index]
 
 
 def test_a_wrapped_mps_daemon_is_named_by_its_host_paths(tmp_path):
@@ -393,3 +405,11 @@ def test_a_wrapped_mps_daemon_is_named_by_its_host_paths(tmp_path):
     assert daemon[10] == "/run/nvidia/driver/usr/bin/nvidia-cuda-mps-control"
     assert _mps_command(args, False, root)[0].startswith(str(mounted))  # control calls stay in the container
     assert _mps_daemon_command(argparse.Namespace(mps_daemon_wrapper="", mps_control_command=None), False, root) == []
+
+
+def test_the_compute_domain_flags_name_the_compute_domain_drivers_own_name() -> None:
+    # cd_node repeats the driver name so that `dradriver run` loads the ComputeDomain modules only when they serve.
+    from dradriver.cli import cd_node
+    from dradriver.computedomain import api
+
+    assert cd_node.DRIVER_NAME == api.DRIVER_NAME

@@ -12,11 +12,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from support.cd_cluster import NAMESPACE, CdNode, ControllerRun
+from support.cd_cluster import (
+    CONTROLLER_ACCOUNT,
+    DAEMON_ACCOUNT,
+    NAMESPACE,
+    CdNode,
+    ControllerRun,
+    account_kubeconfig,
+    install_chart_parts,
+    refusals,
+)
 from support.cluster_pods import kubectl
 from support.control_plane import ControlPlane
-from support.helm import template
 from support.kube_rest import Kube
 
 from dradriver.computedomain import api
@@ -46,34 +53,24 @@ def _kubectl(plane: ControlPlane, *args: str, check: bool = True) -> subprocess.
 @pytest.fixture(scope="module")
 def cd_cluster(control_plane: ControlPlane) -> Iterator[dict[str, Any]]:
     kube = control_plane.kube
-    _kubectl(control_plane, "apply", "--server-side", "-f", str(REPO / "deployments/helm/dradriver/crds"))
-    # The chart's ComputeDomain objects but the controller (run here as a process): RBAC, daemon account, classes.
-    chart = [
-        o for o in template("--set", "computeDomains.enabled=true")
-        if o["kind"] in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount", "DeviceClass")
-        and "compute-domain" in o["metadata"]["name"]
-    ]  # fmt: skip
-    rendered = control_plane.root / "computedomain-chart.yaml"
-    rendered.write_text(yaml.safe_dump_all(chart))
-    _kubectl(control_plane, "wait", "--for=condition=Established", "crd/computedomains.resource.dradriver.dev",
-             "crd/computedomaincliques.resource.dradriver.dev")  # fmt: skip
-    if kube.find("namespaces", NAMESPACE) is None:
-        kube.create("namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-    kube.wait(
-        "the dradriver namespace's default ServiceAccount", lambda: kube.find("serviceaccounts", "default", NAMESPACE)
+    install_chart_parts(control_plane)
+    daemons = account_kubeconfig(control_plane, DAEMON_ACCOUNT, control_plane.root / "cd-daemon.kubeconfig")
+    controller_kubeconfig = account_kubeconfig(
+        control_plane, CONTROLLER_ACCOUNT, control_plane.root / "cd-controller.kubeconfig"
     )
-    # The daemon pods' service account and the rest (RBAC accepted by the API server, the DeviceClasses).
-    _kubectl(control_plane, "apply", "--server-side", "-f", str(rendered))
     nodes: dict[str, CdNode] = {}
-    controller = ControllerRun(control_plane.kubeconfig, control_plane.logs / "cd-controller.log", "controller-a")
-    cluster: dict[str, Any] = {"kube": kube, "nodes": nodes, "controller": controller, "plane": control_plane}
+    controller = ControllerRun(controller_kubeconfig, control_plane.logs / "cd-controller.log", "controller-a")
+    cluster: dict[str, Any] = {
+        "kube": kube, "nodes": nodes, "controller": controller, "plane": control_plane,
+        "controller_kubeconfig": controller_kubeconfig,
+    }  # fmt: skip
     # Loopback addresses of this run's own (all of 127.0.0.0/8 is local): IMEX ports never meet another run's.
     subnet = f"127.{random.randrange(64, 250)}.{random.randrange(1, 250)}"
     try:
         for i, name in enumerate(("tray-a", "tray-b", "tray-c"), start=1):
             nodes[name] = CdNode.start(
-                kube,
-                control_plane.kubeconfig,
+                control_plane,
+                daemons,
                 control_plane.root / name,
                 name,
                 ip=f"{subnet}.{i}",
@@ -141,10 +138,14 @@ def _job(cluster: dict[str, Any], name: str, mode: str, nodes: tuple[str, ...]) 
     domain = _domain(kube, name, f"{name}-channel", num_nodes=len(nodes), mode=mode)
     kube.wait("the workload claim template", lambda: kube.find("resourceclaimtemplates", f"{name}-channel", USER_NS))
     pods = [_pod(kube, f"{name}-{i}", f"{name}-channel", node) for i, node in enumerate(nodes)]
-    running = [
-        kube.wait(f"pod {p['metadata']['name']} running", lambda p=p, n=n: _running(cluster, n, p), TIMEOUT)
-        for p, n in zip(pods, nodes, strict=True)
-    ]
+    try:
+        running = [
+            kube.wait(f"pod {p['metadata']['name']} running", lambda p=p, n=n: _running(cluster, n, p), TIMEOUT)
+            for p, n in zip(pods, nodes, strict=True)
+        ]
+    except TimeoutError:
+        _assert_no_refusals(cluster)  # the likelier cause, named
+        raise
     return domain, running
 
 
@@ -154,6 +155,18 @@ def _delete_pods(cluster: dict[str, Any], name: str, count: int) -> None:
         kube.delete("pods", f"{name}-{i}", USER_NS)
     for i in range(count):
         _wait_gone(kube, "pods", f"{name}-{i}")
+
+
+def _assert_no_refusals(cluster: dict[str, Any]) -> None:
+    """Nothing the plugin, the daemons or the controller asked for was refused by the chart's RBAC."""
+    logs = {"controller": cluster["controller"].log.read_text()}
+    for node in cluster["nodes"].values():
+        logs[f"plugin {node.name}"] = node.node.driver.log
+        for pod in node.runner.pods.values():
+            if pod.log is not None:
+                logs[f"daemon {pod.name}"] = pod.log.read_text()
+    refused = {who: lines for who, log in logs.items() if (lines := refusals(log))}
+    assert not refused, refused
 
 
 def _labelled(kube: Kube, uid: str) -> set[str]:
@@ -190,6 +203,7 @@ def test_a_two_node_job_runs_with_its_channels_and_leaves_nothing_behind(cd_clus
         capture_output=True, text=True, timeout=10, check=True,
     ).stdout  # fmt: skip
     assert sorted(line.split()[-1] for line in table.splitlines()) in (["C", "I"], ["I", "C"])
+    _assert_no_refusals(cd_cluster)
 
     _delete_pods(cd_cluster, name, 2)
     kube.wait("node labels removed", lambda: not _labelled(kube, uid), TIMEOUT)
@@ -280,12 +294,14 @@ def test_a_restarted_controller_leaves_a_converged_domain_alone(cd_cluster: dict
     cd_cluster["controller"].stop()  # a clean stop hands the Lease back
     before = kube.get("computedomains", "steady", USER_NS)["metadata"]["resourceVersion"]
     clique = kube.list("computedomaincliques", NAMESPACE)[0]["metadata"]["resourceVersion"]
-    restarted = ControllerRun(plane.kubeconfig, plane.logs / "cd-controller-restarted.log", "controller-a")
+    restarted = ControllerRun(
+        cd_cluster["controller_kubeconfig"], plane.logs / "cd-controller-restarted.log", "controller-a"
+    )
     cd_cluster["controller"] = restarted
     kube.wait(
         "the restarted controller to lead",
         lambda: (
-            kube.get("leases", "dradriver-compute-domain-controller", NAMESPACE)["spec"]["holderIdentity"]
+            kube.get("leases", "dradriver-compute-domain-controller", NAMESPACE)["spec"].get("holderIdentity")
             == "controller-a"
         ),
     )
@@ -305,7 +321,7 @@ def test_a_restarted_controller_leaves_a_converged_domain_alone(cd_cluster: dict
 def test_the_controller_fails_over_to_a_standby(cd_cluster: dict[str, Any]) -> None:
     kube: Kube = cd_cluster["kube"]
     plane: ControlPlane = cd_cluster["plane"]
-    standby = ControllerRun(plane.kubeconfig, plane.logs / "cd-controller-b.log", "controller-b")
+    standby = ControllerRun(cd_cluster["controller_kubeconfig"], plane.logs / "cd-controller-b.log", "controller-b")
     try:
         cd_cluster["controller"].stop(9)  # no clean release: the standby waits out the lease
         _domain(kube, "after-failover", "after-failover-channel", num_nodes=0)

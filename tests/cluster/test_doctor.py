@@ -29,3 +29,15 @@ def test_doctor_says_an_unreachable_api_server_fails(tmp_path, capsys: pytest.Ca
     assert main(["doctor", "--gpu-backend", "sim", "--kubeconfig", str(config), "-o", "json"]) == 1
     checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
     assert checks["API server"]["status"] == "FAIL" and "--kubeconfig" in checks["API server"]["fix"]
+
+
+def test_doctor_reports_the_api_servers_dra_feature_gates(
+    control_plane: ControlPlane, capsys: pytest.CaptureFixture[str]
+) -> None:
+    main(["doctor", "--gpu-backend", "sim", "--kubeconfig", str(control_plane.kubeconfig), "-o", "json"])
+    check = next(c for c in json.loads(capsys.readouterr().out)["checks"] if c["name"] == "DRA features")
+    # The test control plane turns on every DRA gate the driver uses (support/control_plane.py).
+    assert check["status"] == "OK", check
+    assert {"DRAPartitionableDevices", "DRAConsumableCapacity", "DRADeviceTaints"} <= set(
+        check["detail"].removeprefix("on: ").split(", ")
+    )

@@ -45,6 +45,28 @@ def test_the_chart_installs_controller_rbac_and_classes_only_when_enabled() -> N
         kubernetes_validate.validate(document, "1.37.0", strict=True)
 
 
+def test_the_rbac_is_cluster_wide_only_where_the_code_spans_namespaces() -> None:
+    """Cliques, DaemonSets and daemon pods live in the driver's namespace only: a Role, never a ClusterRole."""
+
+    def resources(kind: str) -> dict[str, set[str]]:
+        return {
+            o["metadata"]["name"]: {r for rule in o["rules"] for r in rule["resources"]}
+            for o in template("--set", "computeDomains.enabled=true")
+            if o["kind"] == kind and "compute-domain" in o["metadata"]["name"]
+        }
+
+    assert resources("ClusterRole") == {
+        "dradriver-compute-domain-controller": {"computedomains", "computedomains/status", "resourceclaimtemplates",
+                                                "nodes"},
+        "dradriver-compute-domain-plugin": {"computedomains", "nodes"},
+    }  # fmt: skip
+    assert resources("Role") == {
+        "dradriver-compute-domain-controller": {"leases", "computedomaincliques", "daemonsets", "pods"},
+        "dradriver-compute-domain-daemon": {"computedomaincliques", "pods"},
+        "dradriver-compute-domain-plugin": {"computedomaincliques"},
+    }
+
+
 def test_the_crds_use_nvidias_field_names() -> None:
     crd = yaml.safe_load(
         (ROOT / "deployments/helm/dradriver/crds/resource.dradriver.dev_computedomains.yaml").read_text()

@@ -10,6 +10,7 @@ from support.fake_rest import FakeRest
 from dradriver.computedomain import api
 from dradriver.computedomain.controller import Controller, ControllerSettings
 from dradriver.computedomain.kube import path_of
+from dradriver.plugin.cluster.port import ForbiddenError
 
 NS = "dradriver"
 UID = "uid-job"
@@ -84,6 +85,26 @@ def test_a_domain_gets_its_finalizer_templates_and_daemonset(rest: FakeRest, con
     ]
     assert rest.find(path_of("resource.k8s.io/v1", "resourceclaimtemplates", NS, f"computedomain-daemon-{UID}"))
     assert _status(rest)["status"] == "NotReady"
+
+
+def test_daemon_pods_are_in_the_pod_network_unless_asked_and_get_the_extra_environment(rest: FakeRest) -> None:
+    _domain(rest)
+    Controller(rest, ControllerSettings(namespace=NS, image="dradriver:test")).sync()  # type: ignore[arg-type]
+    plain = rest.get(path_of("apps/v1", "daemonsets", NS, f"computedomain-daemon-{UID}"))["spec"]["template"]["spec"]
+    assert "hostNetwork" not in plain
+    # Unused peer names resolve in the hosts file (a sentinel address): no search-domain queries for the rest.
+    assert plain["dnsConfig"] == {"options": [{"name": "ndots", "value": "1"}]}
+    rest.delete(path_of("apps/v1", "daemonsets", NS, f"computedomain-daemon-{UID}"))
+    extra = {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"}
+    settings = ControllerSettings(namespace=NS, image="dradriver:test", daemon_host_network=True, daemon_env=(extra,))
+    Controller(rest, settings).sync()  # type: ignore[arg-type]
+    pod = rest.get(path_of("apps/v1", "daemonsets", NS, f"computedomain-daemon-{UID}"))["spec"]["template"]["spec"]
+    assert (pod["hostNetwork"], pod["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
+    [container] = pod["containers"]
+    assert container["env"][-1] == extra
+    assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in container["env"]
+    # Longer than the kubelet's default of 1 s: the probe is a Python process running nvidia-imex-ctl.
+    assert container["startupProbe"]["timeoutSeconds"] == container["readinessProbe"]["timeoutSeconds"] == 10
 
 
 def test_a_second_pass_writes_nothing(rest: FakeRest, controller: Controller) -> None:
@@ -173,3 +194,103 @@ def test_an_invalid_spec_is_reported_in_the_condition(rest: FakeRest, controller
     controller.sync()
     ready = next(c for c in _status(rest)["conditions"] if c["type"] == "Ready")
     assert ready["reason"] == "InvalidSpec" and "channel" in ready["message"]
+
+
+def test_a_node_that_moved_clique_is_dropped_from_its_old_one_and_listed_once(
+    rest: FakeRest, controller: Controller
+) -> None:
+    """tray-a's fabric was re-registered into clique c2: its daemon pod now carries c2, its old entry in c must go
+    (a node listed twice in status.nodes, a map by name, makes the API server refuse every status write)."""
+    _domain(rest, num_nodes=1)
+    controller.sync()
+    _daemon_pod(rest, "a", clique="c")
+    _join(rest, "a", "Ready")
+    controller.sync()
+    _daemon_pod(rest, "a", clique="c2")
+    rest.apply(
+        path_of(api.API_VERSION, "computedomaincliques", NS, f"{UID}.c2"),
+        {
+            "metadata": {"name": f"{UID}.c2", "namespace": NS,
+                         "labels": {api.DOMAIN_LABEL: UID, api.CLIQUE_LABEL: "c2"}},
+            "daemons": [{"nodeName": "a", "ipAddress": "10.0.0.1", "cliqueID": "c2", "status": "Ready"}],
+        },
+        manager="cd-daemon-a",
+    )  # fmt: skip
+    controller.sync()
+    assert rest.get(CLIQUE_PATH).get("daemons") == []
+    assert [(n["name"], n["cliqueID"]) for n in _status(rest)["nodes"]] == [("a", "c2")]
+
+
+def test_a_node_with_two_live_daemons_is_listed_once(rest: FakeRest, controller: Controller) -> None:
+    _domain(rest, num_nodes=1)
+    controller.sync()
+    _daemon_pod(rest, "a", clique="")
+    rest.put(
+        path_of("v1", "pods", NS, "daemon-a-new"),
+        {"metadata": {"name": "daemon-a-new", "labels": {api.DOMAIN_LABEL: UID, api.CLIQUE_LABEL: ""}},
+         "spec": {"nodeName": "a"}, "status": {"podIP": "10.0.0.8"}},
+    )  # fmt: skip
+    controller.sync()
+    assert [n["name"] for n in _status(rest)["nodes"]] == ["a"]
+
+
+def _ready_condition(rest: FakeRest) -> dict[str, Any]:
+    return next(c for c in _status(rest)["conditions"] if c["type"] == "Ready")
+
+
+def test_a_template_of_that_name_not_made_for_the_domain_is_reported(rest: FakeRest, controller: Controller) -> None:
+    rest.put(
+        path_of("resource.k8s.io/v1", "resourceclaimtemplates", "team", "job-ch"),
+        {"metadata": {"name": "job-ch", "namespace": "team"}, "spec": {}},
+    )
+    _domain(rest)
+    controller.sync()
+    ready = _ready_condition(rest)
+    assert (ready["status"], ready["reason"]) == ("False", "CannotConverge")
+    assert ready["message"] == (
+        f"ResourceClaimTemplate team/job-ch exists but was not made for this ComputeDomain (no label "
+        f"{api.DOMAIN_LABEL}={UID}): delete or rename that object, or recreate the ComputeDomain naming another "
+        "spec.channel.resourceClaimTemplate.name"
+    )
+    # The DaemonSet and the daemon's template are made all the same; the status is not rewritten every pass.
+    assert rest.find(path_of("apps/v1", "daemonsets", NS, f"computedomain-daemon-{UID}"))
+    version = rest.get(CD_PATH)["metadata"].get("resourceVersion")
+    controller.sync()
+    assert rest.get(CD_PATH)["metadata"].get("resourceVersion") == version
+
+
+def test_a_failed_create_is_reported_in_the_status(
+    rest: FakeRest, controller: Controller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    create = rest.create
+
+    def refuse_daemonsets(path: str, body: dict[str, Any]) -> dict[str, Any]:
+        if "/daemonsets" in path:
+            raise ForbiddenError(f"POST {path}: HTTP 403: forbidden", status=403)
+        return create(path, body)
+
+    monkeypatch.setattr(rest, "create", refuse_daemonsets)
+    _domain(rest)
+    controller.sync()
+    ready = _ready_condition(rest)
+    assert ready["status"] == "False"
+    assert ready["message"].startswith(f"creating DaemonSet {NS}/computedomain-daemon-{UID} failed (POST ")
+    assert "HTTP 403" in ready["message"] and ready["message"].endswith("and its RBAC if it was refused")
+
+
+def test_a_full_clique_is_reported_and_not_rewritten_every_pass(rest: FakeRest) -> None:
+    controller = Controller(rest, ControllerSettings(namespace=NS, image="x", max_nodes_per_domain=1))  # type: ignore[arg-type]
+    _domain(rest, num_nodes=2)
+    controller.sync()
+    for node in ("a", "b"):
+        _daemon_pod(rest, node)
+        _join(rest, node, "Ready")
+    controller.sync()
+    assert {d["nodeName"]: d.get("index") for d in rest.get(CLIQUE_PATH)["daemons"]} == {"a": 0, "b": None}
+    assert _ready_condition(rest)["message"] == (
+        f"clique {UID}.c is full: node b got no index (at most 1 daemons, --max-nodes-per-imex-domain); keep the "
+        "job within that many nodes of one clique"
+    )
+    before = sum(rest.writes.values())
+    controller.sync()
+    assert sum(rest.writes.values()) == before

@@ -91,7 +91,11 @@ def test_the_daemon_joins_runs_imex_and_follows_its_peers(running: Running) -> N
     assert daemon.process is None  # no index yet: IMEX could not find itself in the node list
     _number(rest, n1=0)
     _wait("Ready", lambda: (_entry(rest, "n1") or {}).get("status") == "Ready")
-    assert f"{IP}\tcompute-domain-daemon-0000" in settings.hosts_file.read_text()
+    hosts = settings.hosts_file.read_text()
+    assert f"{IP}\tcompute-domain-daemon-0000" in hosts
+    # Every other name of the node list has the sentinel address, which IMEX never dials or lists as a peer.
+    assert hosts.count("255.255.255.255\tcompute-domain-daemon-") == api.MAX_NODES_PER_IMEX_DOMAIN - 1
+    assert _table(settings) == f"0 compute-domain-daemon-0000 {IP} I\n"
     assert (settings.config_dir / "nodes.cfg").read_text().count("\n") == api.MAX_NODES_PER_IMEX_DOMAIN
     assert daemon.process is not None
     first = daemon.process.pid
@@ -135,3 +139,21 @@ def test_the_daemon_refuses_to_run_beside_a_host_imex_service(
         monkeypatch.setenv(key, value)
     assert main(["cd-daemon", "run", "--host-imex-socket", str(socket)]) == 2
     assert "a host nvidia-imex service runs on node n1" in capsys.readouterr().err
+
+
+def test_a_missing_imex_binary_is_one_line_naming_it_and_the_fix(tmp_path: Path) -> None:
+    rest = FakeRest()
+    rest.put(path_of("v1", "pods", NS, "daemon-n1"), {"metadata": {"name": "daemon-n1"}})
+    _number(rest, n1=0)
+    settings = DaemonSettings(
+        domain_uid=UID, clique_id=CLIQUE, node_name="n1", pod_ip=IP, pod_name="daemon-n1", pod_uid="pod-uid",
+        namespace=NS, config_dir=tmp_path / "imexd", hosts_file=tmp_path / "hosts",
+        imex_command=(str(tmp_path / "usr/bin/nvidia-imex"),), imex_ctl_command=("false",), poll=0.05,
+    )  # fmt: skip
+    with pytest.raises(ConfigError) as raised:
+        ImexDaemon(rest, settings).run(threading.Event())  # type: ignore[arg-type]
+    message = str(raised.value)
+    assert "\n" not in message
+    assert f"cannot run the IMEX daemon {tmp_path}/usr/bin/nvidia-imex: No such file or directory" in message
+    assert "install NVIDIA's nvidia-imex package of the driver's version on the host" in message
+    assert _entry(rest, "n1") is None  # it left the clique on the way out

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from dradriver.computedomain.fabric import CHANNELS_DEVICE, clique_id, device_major, imex_mgmt_device
-from dradriver.computedomain.imexconf import render_config, render_nodes, rewrite_hosts
+from dradriver.computedomain.imexconf import SENTINEL_ADDRESS, render_config, render_nodes, rewrite_hosts
 from dradriver.errors import DeviceError
 from dradriver.gpu.backend import open_gpu_backend, simulated_proc_root
 from dradriver.gpu.models import FabricState
@@ -59,9 +59,14 @@ def test_imex_files() -> None:
     assert "IMEX_CMD_BIND_INTERFACE_IP=10.1.2.3\n" in config and "IMEX_NODE_CONFIG_FILE=/imexd/nodes.cfg\n" in config
     assert render_nodes(3) == "compute-domain-daemon-0000\ncompute-domain-daemon-0001\ncompute-domain-daemon-0002\n"
     hosts = rewrite_hosts(
-        "127.0.0.1\tlocalhost\n10.9.9.9\tcompute-domain-daemon-0007\n", {1: "10.0.0.2", 0: "10.0.0.1"}
+        "127.0.0.1\tlocalhost\n10.9.9.9\tcompute-domain-daemon-0007\n", {2: "10.0.0.3", 0: "10.0.0.1"}, max_nodes=4
     )
-    assert hosts == "127.0.0.1\tlocalhost\n10.0.0.1\tcompute-domain-daemon-0000\n10.0.0.2\tcompute-domain-daemon-0001\n"
+    # Every name resolves: a peer's to its address, an unused one to the sentinel (no DNS query, no stale peer).
+    assert hosts == (
+        "127.0.0.1\tlocalhost\n10.0.0.1\tcompute-domain-daemon-0000\n255.255.255.255\tcompute-domain-daemon-0001\n"
+        "10.0.0.3\tcompute-domain-daemon-0002\n255.255.255.255\tcompute-domain-daemon-0003\n"
+    )
+    assert SENTINEL_ADDRESS == "255.255.255.255"
 
 
 def test_the_node_facts_carry_a_fabric_problem_instead_of_failing(tmp_path: Path) -> None:

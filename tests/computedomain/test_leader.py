@@ -1,22 +1,41 @@
-"""Leader election on a Lease: one leader, a takeover once the Lease lapses, an immediate one after a release."""
+"""Leader election on a Lease: one leader, a takeover once the Lease lapses (by the standby's own clock), an
+immediate one after a release, and a step-down on any failure."""
 
 from __future__ import annotations
 
 import datetime
+import threading
+import time
+from typing import Any
 
+import pytest
 from support.fake_rest import FakeRest
 
 from dradriver.computedomain.leader import LeaderElector
 
 
-def _elector(rest: FakeRest, identity: str) -> LeaderElector:
-    return LeaderElector(rest, namespace="dradriver", name="lease", identity=identity, duration=15)  # type: ignore[arg-type]
+class Clock:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
-def _age(rest: FakeRest, seconds: float) -> None:
-    lease = rest.objects[_elector(rest, "x").path]
-    moment = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=seconds)
-    lease["spec"]["renewTime"] = moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+def _elector(rest: FakeRest, identity: str, clock: Clock | None = None, renew: float = 2.0) -> LeaderElector:
+    return LeaderElector(
+        rest,  # type: ignore[arg-type]
+        namespace="dradriver", name="lease", identity=identity, duration=15, renew=renew, clock=clock or Clock(),
+    )  # fmt: skip
+
+
+def _wait(what: str, probe: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not probe():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
 
 
 def test_one_replica_leads_and_renews() -> None:
@@ -28,9 +47,11 @@ def test_one_replica_leads_and_renews() -> None:
 
 def test_a_standby_takes_over_a_lapsed_lease() -> None:
     rest = FakeRest()
-    a, b = _elector(rest, "a"), _elector(rest, "b")
+    clock = Clock()
+    a, b = _elector(rest, "a"), _elector(rest, "b", clock)
     a.try_acquire()
-    _age(rest, 16)
+    assert not b.try_acquire()  # b sees the record now
+    clock.now += 16  # and it has not changed since, by b's clock
     assert b.try_acquire()
     lease = rest.get(b.path)["spec"]
     assert (lease["holderIdentity"], lease["leaseTransitions"]) == ("b", 1)
@@ -48,8 +69,58 @@ def test_a_released_lease_is_taken_at_once() -> None:
 
 def test_two_candidates_racing_for_a_lapsed_lease_cannot_both_win() -> None:
     rest = FakeRest()
-    a, b = _elector(rest, "a"), _elector(rest, "b")
+    clock = Clock()
+    a, b = _elector(rest, "a"), _elector(rest, "b", clock)
     a.try_acquire()
-    _age(rest, 16)
+    b.try_acquire()
+    clock.now += 16
     rest.conflicts = 1  # someone else wrote the Lease between b's read and b's update
     assert not b.try_acquire()
+
+
+@pytest.mark.parametrize("skew", [-3600, 3600])
+def test_expiry_never_compares_this_hosts_clock_with_the_holders(skew: int) -> None:
+    """The holder's clock is an hour off ours: while it keeps renewing, the standby never takes over; once it
+    stops, the standby waits the lease's duration from when it saw the last renewal, not from renewTime."""
+    rest = FakeRest()
+    clock = Clock()
+    a, b = _elector(rest, "a"), _elector(rest, "b", clock)
+
+    def renew_from_a_skewed_host() -> None:
+        assert a.try_acquire()
+        moment = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=skew)
+        rest.objects[a.path]["spec"]["renewTime"] = moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+    for _ in range(5):
+        renew_from_a_skewed_host()
+        assert not b.try_acquire()
+        clock.now += 10  # less than the duration between two renewals
+    renew_from_a_skewed_host()
+    assert not b.try_acquire()
+    clock.now += 14
+    assert not b.try_acquire()
+    clock.now += 2
+    assert b.try_acquire()
+
+
+def test_any_failure_steps_down_and_is_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    rest = FakeRest()
+    a = _elector(rest, "a", renew=0.01)
+    stop = threading.Event()
+    thread = threading.Thread(target=a.run, args=(stop,))
+    thread.start()
+    try:
+        _wait("a to lead", a.leading.is_set)
+        get = rest.get
+
+        def broken(path: str) -> dict[str, Any]:
+            raise ValueError("an answer the client could not decode")
+
+        monkeypatch.setattr(rest, "get", broken)
+        _wait("a to step down", lambda: not a.leading.is_set())
+        assert thread.is_alive()
+        monkeypatch.setattr(rest, "get", get)
+        _wait("a to lead again", a.leading.is_set)
+    finally:
+        stop.set()
+        thread.join(10)

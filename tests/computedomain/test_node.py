@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,8 @@ from dradriver.computedomain import api
 from dradriver.computedomain.fabric import CharDevice
 from dradriver.computedomain.kube import path_of
 from dradriver.computedomain.node import ComputeDomainDriver, NodeFacts, slice_devices
-from dradriver.plugin.handler import AllocatedClaim, AllocatedDevice, ClaimRef, DeviceConfig
+from dradriver.plugin.handler import AllocatedClaim, AllocatedDevice, ClaimRef, DeviceConfig, PrepareResult
+from dradriver.plugin.kubeletplugin.lifecycle import SerializedHandler
 
 NODE = "tray-a"
 CLIQUE = "9f410827-489f-46fd-8203-51266ca08eb7.32766"
@@ -41,8 +44,6 @@ def _driver(rest: FakeRest, tmp_path: Path, clique: str = CLIQUE) -> ComputeDoma
         namespace="dradriver",
         state_dir=tmp_path / "state",
         cdi_dir=tmp_path / "cdi",
-        ready_timeout=0.2,
-        poll_interval=0.05,
     )
 
 
@@ -208,3 +209,61 @@ def test_the_domains_files_go_with_its_daemon_claim(rest: FakeRest, tmp_path: Pa
     assert driver.unprepare_resource_claims([claim.ref]) == {"d1": None}
     assert not (tmp_path / "state" / "domains" / UID).exists()
     assert not (tmp_path / "cdi" / f"{api.CDI_VENDOR}-claim_d1.json").exists()
+
+
+def test_a_daemon_claim_outside_the_drivers_namespace_is_refused(rest: FakeRest, tmp_path: Path) -> None:
+    claim = _claim("d1", "daemon-0", api.daemon_config(UID), namespace="team")
+    result = _driver(rest, tmp_path).prepare_resource_claims([claim])["d1"]
+    assert result.error and (
+        "only the IMEX DaemonSet of a ComputeDomain (in the driver's namespace dradriver) may request daemon devices"
+        in result.error
+    )
+    assert not (tmp_path / "state" / "domains" / UID).exists()
+    assert not (tmp_path / "cdi" / f"{api.CDI_VENDOR}-claim_d1.json").exists()
+
+
+def test_a_daemon_prepare_is_not_held_up_by_a_channel_prepare_waiting_for_that_daemon(
+    rest: FakeRest, tmp_path: Path
+) -> None:
+    """Prepares share one node-wide lock (rolling updates): a channel prepare must not sit on it waiting for the
+    daemon whose own prepare needs it. It looks once and hands the retry to the kubelet."""
+    handler = SerializedHandler(_driver(rest, tmp_path), tmp_path / "serialize.lock")
+    _ready(rest, "NotReady")
+    channel: dict[str, PrepareResult] = {}
+    started = time.monotonic()
+    thread = threading.Thread(
+        target=lambda: channel.update(
+            handler.prepare_resource_claims([_claim("c1", "channel-0", api.channel_config(UID, "Single"))])
+        )
+    )
+    thread.start()
+    daemon = handler.prepare_resource_claims([_claim("d1", "daemon-0", api.daemon_config(UID), namespace="dradriver")])
+    thread.join(60)
+    assert daemon["d1"].error is None
+    assert channel["c1"].error and "not Ready in clique" in channel["c1"].error
+    assert time.monotonic() - started < 5  # the old wait held the lock for --cd-ready-timeout (20 s)
+
+
+@pytest.mark.parametrize("text", ["{not json", '{"claims": []}', '{"claims": {"c0": "channel"}}', "[]"])
+def test_a_corrupt_checkpoint_is_an_error_naming_the_file_and_the_fix(
+    rest: FakeRest, tmp_path: Path, text: str
+) -> None:
+    driver = _driver(rest, tmp_path)
+    _ready(rest)
+    driver.checkpoint.path.write_text(text)
+    result = driver.prepare_resource_claims([_claim("c1", "channel-0", api.channel_config(UID, "Single"))])["c1"]
+    assert result.error and result.error.startswith(
+        f"ComputeDomain checkpoint {tmp_path}/state/checkpoint.json is corrupt ("
+    )
+    assert result.error.endswith("move it aside and restart this node's dradriver pod; the kubelet then prepares the "
+                                 "claims of running pods again")  # fmt: skip
+    unprepared = driver.unprepare_resource_claims([ClaimRef("team", "claim-c1", "c1")])["c1"]
+    assert unprepared and f"{tmp_path}/state/checkpoint.json is corrupt" in unprepared
+
+
+def test_the_checkpoint_and_cdi_specs_leave_no_temp_files(rest: FakeRest, tmp_path: Path) -> None:
+    driver = _driver(rest, tmp_path)
+    _ready(rest)
+    assert driver.prepare_resource_claims([_claim("c1", "channel-0", api.channel_config(UID, "Single"))])["c1"].devices
+    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == ["checkpoint.json"]
+    assert sorted(p.name for p in (tmp_path / "cdi").iterdir()) == [f"{api.CDI_VENDOR}-claim_c1.json"]

@@ -44,6 +44,8 @@ def test_finds_the_libraries_of_the_running_version_binaries_and_firmware(root: 
         "nvidia-persistenced",
         "nvidia-cuda-mps-control",
         "nvidia-cuda-mps-server",
+        "nvidia-imex",
+        "nvidia-imex-ctl",
     ]
     assert {p for f in found.firmware for p in f.container_paths} == {
         f"/lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -201,6 +202,29 @@ def test_a_dead_daemon_is_restarted_with_its_limits(node: Node) -> None:
     second = node.daemon("a")
     assert second["pid"] != first["pid"] and node.mps.alive(second)
     assert node.mps.query(second, "get_default_active_thread_percentage") == "50.0"
+
+
+def test_the_mps_check_racing_an_unprepare_never_brings_its_daemon_back(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The periodic check (rescan thread) fires just as an unprepare forgets the claim: it must wait for the
+    # unprepare to finish and then find nothing, not restart the daemon the unprepare stopped.
+    assert node.prepare(claim("a", GPU0, config=[MPS])) is None
+    store = node.driver.checkpoint
+    forget = store.remove
+    check = threading.Thread(target=node.driver.check_mps_daemons)
+
+    def remove(uid: str) -> None:
+        check.start()
+        check.join(timeout=0.5)  # a window for the race: the check finishes here unless the GPU lock holds it
+        forget(uid)
+
+    monkeypatch.setattr(store, "remove", remove)
+    node.unprepare("a")
+    check.join(timeout=30)
+    assert not check.is_alive()
+    assert store.get("a") is None
+    assert node.mps.claim_uids() == []  # no daemon without its claim
 
 
 def test_a_daemon_outlives_a_driver_restart_and_is_re_adopted(node: Node) -> None:

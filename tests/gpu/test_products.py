@@ -33,3 +33,23 @@ def test_the_adapter_reads_back_the_architecture_the_simulator_was_built_from() 
         finally:
             gpulib.close()
         assert architectures == [products[gpu.product].architecture for gpu in profile.gpus], profile_name
+
+
+def test_a_product_entry_is_checked_field_by_field() -> None:
+    from dradriver.gpu.products import ProductSpec
+
+    good = {"architecture": "Hopper", "computeCapability": "9.0", "memoryMiB": 81559, "multiprocessors": 132,
+            "pciDeviceId": 0x2330, "nvlinks": 18}  # fmt: skip
+    assert ProductSpec.read(good, "H100").mig_profiles == ()
+    for change, message in [
+        ({"computeCapability": "9"}, "H100.computeCapability: String should match pattern"),
+        ({"nvlinks": 40}, "H100.nvlinks: Input should be less than or equal to 36"),
+        ({"colour": "green"}, "H100.colour: Extra inputs are not permitted"),
+        ({"migProfiles": [{"name": "1g"}]}, "H100.migProfiles.0.id: Field required"),
+    ]:
+        try:
+            ProductSpec.read({**good, **change}, "H100")
+        except ValueError as err:
+            assert str(err).startswith(message), err
+        else:
+            raise AssertionError(f"{change} was accepted")

@@ -112,3 +112,10 @@ def test_top_says_how_to_reach_a_driver_it_cannot_read(capsys: pytest.CaptureFix
     assert main(["top", "--address", "127.0.0.1:1", "--once"]) == 2
     error = capsys.readouterr().err
     assert "cannot read http://127.0.0.1:1/allocations" in error and "--metrics-address" in error
+
+
+@pytest.mark.parametrize("address", ["nohost", "host:port", "host:70000"])
+def test_top_refuses_an_address_that_is_not_host_and_port(address: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["top", "--address", address, "--once"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert f"--address {address!r} is not HOST:PORT" in line

@@ -15,6 +15,7 @@ nothing skips.
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import subprocess
 import tempfile
@@ -160,3 +161,13 @@ def test_a_simulated_node_with_driver_root_slash_finds_the_h100_layout_through_r
         done = podman.run(family, ids, PROBE)
         assert done.returncode == 0, f"{family}: {done.stdout}\n{done.stderr[-1500:]}"
         assert f"OK cuda=13000 driver={VERSION}" in done.stdout
+
+
+def test_the_built_hook_says_its_version(hook: Path | None) -> None:
+    # The stamp NVIDIA's release builds carry: logs and bug reports name the hook's version.
+    if hook is None:
+        pytest.skip("nvidia-cdi-hook could not be built (scripts/build-cdi-hook needs Go and the module proxy)")
+    pinned = re.search(r"^version=v(\S+)$", (REPO / "scripts/build-cdi-hook").read_text(), re.M)
+    assert pinned
+    done = subprocess.run([str(hook), "--version"], capture_output=True, text=True, timeout=60, check=True)
+    assert f"version {pinned[1]}" in done.stdout, done.stdout

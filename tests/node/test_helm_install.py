@@ -4,6 +4,11 @@ publish the node's slices, and a scenario pod gets its device; `helm upgrade` wi
 pod while a pod with a prepared claim keeps running, and the new pod unprepares that claim later; `helm
 uninstall` removes every object of the release, and the kubelet then wipes the driver's slices.
 
+ComputeDomains are on (``computeDomains.enabled=true``): the CRDs are Established, the release's DeviceClasses,
+RBAC and controller Deployment are there, the controller pod (our image, on this node, in its network) turns a
+ComputeDomain written with kubectl into its claim templates and daemon DaemonSet and lets it go when it is
+deleted; uninstall leaves the CRDs (helm never deletes CRDs) and the controller's Lease, nothing else.
+
 The node fixture's own driver (a host process) is stopped for this module and started again after it: the pod
 takes its place, as a DaemonSet replacing a by-hand install would. The release owns the DeviceClasses while it
 is installed (the session's copies, the same objects generated from the chart, are deleted before and applied
@@ -33,6 +38,13 @@ REPO = Path(__file__).resolve().parents[2]
 RELEASE = "nodehelm"
 NAMESPACE = "dradriver-node"
 DAEMONSET = f"{RELEASE}-dradriver-kubelet-plugin"
+CONTROLLER = f"{RELEASE}-dradriver-compute-domain-controller"
+CRDS = ("computedomains.resource.dradriver.dev", "computedomaincliques.resource.dradriver.dev")
+CD_EXAMPLE = REPO / "examples/computedomains/two-node-job.yaml"  # its ComputeDomain, without the Job
+CD_NAME = "two-node-job"
+CD_TEMPLATE = "two-node-job-channel"
+CD_FINALIZER = "resource.dradriver.dev/computeDomain"
+CD_CLASSES = ("compute-domain-default-channel.dradriver.dev", "compute-domain-daemon.dradriver.dev")
 DRIVER = "gpu.dradriver.dev"
 IMAGE = f"localhost/dradriver:{VERSION}"
 SCENARIO = REPO / "examples/scenarios/01-one-gpu.yaml"
@@ -66,7 +78,21 @@ class Chart:
                               timeout=120, check=False)  # fmt: skip
 
     def pods(self) -> list[dict[str, Any]]:
-        return self.node.kube.list("pods", NAMESPACE, labelSelector="app.kubernetes.io/instance=" + RELEASE)
+        """The plugin pods (the controller's are :meth:`controller_pods`)."""
+        return self.node.kube.list("pods", NAMESPACE, labelSelector=f"app.kubernetes.io/instance={RELEASE},"
+                                   "app.kubernetes.io/component=kubelet-plugin")  # fmt: skip
+
+    def controller_pods(self) -> list[dict[str, Any]]:
+        return self.node.kube.list("pods", NAMESPACE, labelSelector=f"app.kubernetes.io/instance={RELEASE},"
+                                   "app.kubernetes.io/component=compute-domain-controller")  # fmt: skip
+
+    def describe_controller(self) -> str:
+        parts = []
+        for pod in self.controller_pods():
+            logs = self.kubectl("-n", NAMESPACE, "logs", pod["metadata"]["name"], "--tail=30")
+            parts.append(f"controller pod {pod['metadata']['name']}: {pod.get('status')}\nevents: "
+                         f"{self.workloads.events(pod)}\nits log:\n{logs.stdout}{logs.stderr}")  # fmt: skip
+        return "\n".join(parts)
 
     def live_pods(self) -> list[dict[str, Any]]:
         return [p for p in self.pods() if not p["metadata"].get("deletionTimestamp")]
@@ -132,6 +158,18 @@ def values_for(node: RealNode) -> dict[str, Any]:
         "cdiDir": str(node.cdi_dir),
         "nodeSelector": {"kubernetes.io/hostname": node.name},
         "tolerations": [{"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+        # ComputeDomains on: the controller pod (and the daemon pods it would create) on this node, in its network.
+        "computeDomains": {
+            "enabled": True,
+            "controllerReplicas": 1,
+            "controllerNodeSelector": {"kubernetes.io/hostname": node.name},
+            "controllerTolerations": [{"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+            "hostNetwork": True,
+            "extraEnv": [
+                {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+                {"name": "KUBERNETES_SERVICE_PORT", "value": str(node.control_plane.port)},
+            ],
+        },
     }
 
 
@@ -140,9 +178,7 @@ def chart(node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     """The node with its host-process driver stopped and our image imported; the release uninstalled and the host
     driver started again afterwards."""
     archive = image_archive()
-    done = node.containerd.ctr("images", "import", "--local", "--snapshotter", "native", "--base-name",
-                               "localhost/dradriver", str(archive), timeout=300)  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
+    node.containerd.import_archive(archive, "localhost/dradriver")
     assert IMAGE in node.containerd.ctr("images", "ls", "-q").stdout.split()
     wait_for("the node's driver to hold no prepared claim", lambda: not node.prepared_claims(), 120)
     for driver in node.drivers:
@@ -153,6 +189,9 @@ def chart(node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     release = Chart(node, values)
     # The release creates the DeviceClasses itself: the session's copies go while it is installed.
     gone = release.kubectl("delete", "--ignore-not-found", "-f", str(DEVICE_CLASSES))
+    assert gone.returncode == 0, gone.stderr
+    # And the ComputeDomain classes, should a module of this process have applied them.
+    gone = release.kubectl("delete", "--ignore-not-found", "deviceclass", *CD_CLASSES)
     assert gone.returncode == 0, gone.stderr
     try:
         yield release
@@ -195,6 +234,69 @@ def test_install_runs_our_image_as_the_plugin_pod_and_a_scenario_gets_its_gpu(ch
     assert [d["driver"] for d in devices] == [DRIVER], devices
 
 
+def test_compute_domains_the_controller_pod_runs_and_turns_a_domain_into_its_objects(
+    chart: Chart, tmp_path: Path
+) -> None:
+    kube = chart.node.kube
+    for crd in CRDS:
+        established = chart.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=30s")
+        assert established.returncode == 0, established.stdout + established.stderr
+    # The release's classes, RBAC and controller, as the API server holds them.
+    for device_class in CD_CLASSES:
+        selectors = kube.get("deviceclasses", device_class)["spec"]["selectors"]
+        assert "compute-domain.dradriver.dev" in selectors[0]["cel"]["expression"], selectors
+    for kind in ("clusterrole", "clusterrolebinding"):
+        for part in ("controller", "plugin"):
+            found = chart.kubectl("get", kind, f"{RELEASE}-dradriver-compute-domain-{part}")
+            assert found.returncode == 0, found.stderr
+    for kind in ("role", "rolebinding", "serviceaccount"):
+        for part in ("controller", "daemon"):
+            found = chart.kubectl("-n", NAMESPACE, "get", kind, f"{RELEASE}-dradriver-compute-domain-{part}")
+            assert found.returncode == 0, found.stderr
+    # The plugin's account may do what the node side does (its ClusterRole bound to it).
+    plugin_account = f"system:serviceaccount:{NAMESPACE}:{DAEMONSET}"
+    for verb, resource in (("list", "computedomains.resource.dradriver.dev"), ("patch", "nodes")):
+        allowed = chart.kubectl("auth", "can-i", verb, resource, "--as", plugin_account)
+        assert allowed.stdout.strip() == "yes", f"{plugin_account} cannot {verb} {resource}: {allowed.stderr}"
+    available = chart.kubectl("-n", NAMESPACE, "wait", "--for=condition=Available", f"deployment/{CONTROLLER}",
+                              "--timeout=120s")  # fmt: skip
+    assert available.returncode == 0, available.stdout + available.stderr + chart.describe_controller()
+    [pod] = [p for p in chart.controller_pods() if running(p)]
+    assert pod["spec"]["nodeName"] == chart.node.name and pod["spec"]["hostNetwork"] is True
+    [status] = pod["status"]["containerStatuses"]
+    assert (status["image"], status["restartCount"]) == (IMAGE, 0), status
+
+    # A ComputeDomain written with kubectl: accepted, and the controller pod gives it its objects.
+    [domain_doc] = [d for d in documents(CD_EXAMPLE) if d["kind"] == "ComputeDomain"]
+    domain_file = tmp_path / "domain.yaml"
+    domain_file.write_text(yaml.safe_dump(domain_doc))
+    created = chart.kubectl("apply", "-f", str(domain_file))
+    assert created.returncode == 0, created.stdout + created.stderr
+    domain = kube.get("computedomains", CD_NAME, "default")
+    uid = domain["metadata"]["uid"]
+    wait_for("the controller to create the domain's objects", lambda: (
+        kube.find("resourceclaimtemplates", CD_TEMPLATE, "default")
+        and kube.find("daemonsets", f"computedomain-daemon-{uid}", NAMESPACE)
+        and kube.find("resourceclaimtemplates", f"computedomain-daemon-{uid}", NAMESPACE)), 90)  # fmt: skip
+    domain = kube.get("computedomains", CD_NAME, "default")
+    assert domain["metadata"]["finalizers"] == [CD_FINALIZER]
+    assert domain["status"]["status"] == "NotReady", domain.get("status")  # no worker yet: no node, no daemon
+    daemonset = kube.get("daemonsets", f"computedomain-daemon-{uid}", NAMESPACE)
+    daemon_pod = daemonset["spec"]["template"]["spec"]
+    assert daemon_pod["serviceAccountName"] == f"{RELEASE}-dradriver-compute-domain-daemon"
+    assert daemon_pod["hostNetwork"] is True and daemon_pod["containers"][0]["image"] == IMAGE
+    assert {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"} in daemon_pod["containers"][0]["env"]
+    assert f"created kind=DaemonSet name=computedomain-daemon-{uid}" in chart.log(pod)
+
+    # Deleted: the controller takes it apart and lets it go.
+    gone = chart.kubectl("delete", "-f", str(domain_file), "--timeout=90s")
+    assert gone.returncode == 0, gone.stdout + gone.stderr + chart.describe_controller()
+    labelled = f"resource.dradriver.dev/computeDomain={uid}"
+    assert not kube.list("daemonsets", NAMESPACE, labelSelector=labelled)
+    wait_for("the domain's claim templates to be gone",
+             lambda: not kube.list("resourceclaimtemplates", labelSelector=labelled), 30)  # fmt: skip
+
+
 def test_upgrade_replaces_the_pod_and_keeps_a_prepared_claim(chart: Chart) -> None:
     [old] = chart.live_pods()
     kube = chart.node.kube
@@ -234,13 +336,22 @@ def test_uninstall_removes_every_object_and_the_kubelet_wipes_the_slices(chart: 
     manifest = tmp_path / "release.yaml"
     manifest.write_text(chart.helm("get", "manifest", RELEASE, "-n", NAMESPACE))
     objects = [d for d in yaml.safe_load_all(manifest.read_text()) if d]
-    assert {o["kind"] for o in objects} >= {"DaemonSet", "DeviceClass", "ClusterRole", "ValidatingAdmissionPolicy"}
+    assert {o["kind"] for o in objects} >= {"DaemonSet", "DeviceClass", "ClusterRole", "ValidatingAdmissionPolicy",
+                                            "Deployment", "Role"}  # fmt: skip
 
     chart.save_logs()
     chart.helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "3m")
     left = chart.kubectl("get", "-f", str(manifest), "--ignore-not-found", "-o", "name")
     assert left.returncode == 0 and left.stdout.split() == [], left.stdout + left.stderr
     wait_for("the plugin pod to be gone", lambda: not chart.pods(), ROLL_TIMEOUT)
+    wait_for("the controller pod to be gone", lambda: not chart.controller_pods(), ROLL_TIMEOUT)
+    # What stays, as documented: the CRDs (helm never deletes CRDs: that would delete every ComputeDomain) and
+    # the controller's Lease (runtime state, not a release object: it goes with the namespace).
+    crds = chart.kubectl("get", "crd", *CRDS, "-o", "name")
+    assert crds.returncode == 0 and len(crds.stdout.split()) == 2, crds.stdout + crds.stderr
+    leases = [lease["metadata"]["name"] for lease in chart.node.kube.list("leases", NAMESPACE)]
+    assert leases in ([], ["dradriver-compute-domain-controller"]), leases
+    assert not chart.node.kube.list("computedomaincliques", NAMESPACE)
     wait_for("the plugin's registration socket to be gone",
              lambda: not list(chart.node.kubelet.registry_dir.glob(f"{DRIVER}-*-reg.sock")), 60)  # fmt: skip
     wait_for("the kubelet to delete the driver's slices", lambda: not chart.slices(), WIPE_TIMEOUT)

@@ -23,6 +23,7 @@ import queue
 import re
 import secrets
 import socket
+import ssl
 import sys
 import threading
 import uuid
@@ -260,8 +261,18 @@ class _QuietServer(ThreadingHTTPServer):
 class FakeApiServer:
     """The stand-in server. Use as a context manager, or call :meth:`start` and :meth:`stop`."""
 
-    def __init__(self, *, validate: bool = True, drop_device_taints: bool = False, drop_counters: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        validate: bool = True,
+        drop_device_taints: bool = False,
+        drop_counters: bool = False,
+        tls: tuple[Path, Path] | None = None,
+    ) -> None:
+        """``tls``: a serving certificate and its key: HTTPS, as a real API server (and an in-cluster client,
+        which only speaks HTTPS) needs."""
         self.validate = validate
+        self.tls = tls
         # As 1.33-1.35 with DRAPartitionableDevices off do (a real 1.33 server, tests/cluster/test_older_api_server.py):
         # sharedCounters and devices[].consumesCounters are accepted and silently not stored.
         self.drop_counters = drop_counters
@@ -291,6 +302,13 @@ class FakeApiServer:
         handler = type("Handler", (_Handler,), {"api": self})
         self._httpd = _QuietServer(("127.0.0.1", 0), handler)
         self._httpd.daemon_threads = True
+        if self.tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*self.tls)
+            # The handshake happens at the first read, in the connection's own thread, not in the accept loop.
+            self._httpd.socket = context.wrap_socket(
+                self._httpd.socket, server_side=True, do_handshake_on_connect=False
+            )
         # A short poll interval keeps stop() fast; serve_forever checks for shutdown only that often.
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, args=(0.02,), name="apiserver-stand-in", daemon=True
@@ -316,7 +334,7 @@ class FakeApiServer:
     @property
     def url(self) -> str:
         assert self._httpd is not None, "server not started"
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self._httpd.server_address[1]}"
 
     def write_kubeconfig(self, path: Path) -> Path:
         """Write a kubeconfig that points at this server (bearer token :data:`TOKEN`) and return its path."""
@@ -713,7 +731,9 @@ class _Handler(BaseHTTPRequestHandler):
         api = self.api
         split = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(split.query).items()}
-        authorized = self.headers.get("Authorization") == f"Bearer {TOKEN}"
+        # The scheme is case-insensitive (RFC 7235); the in-cluster loader sends "bearer".
+        scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+        authorized = scheme.lower() == "bearer" and token == TOKEN
         watch = method == "GET" and query.get("watch") in ("true", "1")
         self._body_read = False
         try:
@@ -955,9 +975,9 @@ def api_env(tmp_path: Path, *, request_timeout: tuple[float, float] = (2.0, 5.0)
 
     urllib3's own retries are switched off so that injected faults reach our code deterministically."""
     with FakeApiServer() as server:
-        from dradriver.plugin.cluster.kube import load_api_client
+        from dradriver.plugin.cluster.kube import load_rest_client
 
-        api_client = load_api_client(str(server.write_kubeconfig(tmp_path / "kubeconfig")))
+        api_client = load_rest_client(str(server.write_kubeconfig(tmp_path / "kubeconfig")))
         api_client.configuration.retries = 0
         api_client.rest_client = k8s_client.rest.RESTClientObject(api_client.configuration)
         cluster = KubeCluster(api_client, request_timeout=request_timeout)

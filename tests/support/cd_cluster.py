@@ -6,6 +6,9 @@ they name (retrying as the kubelet does), applies the CDI edits it gets back to 
 for the IMEX daemon pods of the domain DaemonSets runs the container command as a local process (its /imexd
 mount mapped to the host directory, its pod IP the node's own loopback address); it restarts that process when
 it exits, reports pods Running, and on deletion stops the process, unprepares and removes the pod.
+
+The node plugin, the daemons and the controller run with tokens of the chart's service accounts
+(:func:`account_kubeconfig`), never as admin: a rule missing from the chart's RBAC fails the tests.
 """
 
 from __future__ import annotations
@@ -22,14 +25,81 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from dradriver.computedomain import api
 from dradriver.plugin.kubeletplugin.kubelet_client import Claim, KubeletClient
 from dradriver.sim import imex_standin
-from support.cluster_node import SimNode
+from support.cluster_node import DriverRun, KubeletStandIn, SimNode
+from support.cluster_pods import kubectl
+from support.control_plane import ControlPlane, NodeKeeper, write_kubeconfig
+from support.helm import template
 from support.kube_rest import ApiError, Kube
 
 NAMESPACE = "dradriver"
 GPU_DRIVER = "gpu.dradriver.dev"
+REPO = Path(__file__).resolve().parents[2]
+CRDS = REPO / "deployments/helm/dradriver/crds"
+
+
+def chart_parts() -> list[dict[str, Any]]:
+    """What the ComputeDomain tests take of the chart (release dradriver, namespace dradriver): every service account
+    and RBAC object (each component runs on its own account's token) and the ComputeDomain DeviceClasses; the
+    components themselves run as processes."""
+    return [
+        o for o in template("--set", "computeDomains.enabled=true")
+        if o["kind"] in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount")
+        or (o["kind"] == "DeviceClass" and "compute-domain" in o["metadata"]["name"])
+    ]  # fmt: skip
+
+
+def install_chart_parts(plane: ControlPlane) -> Path:
+    """The CRDs (Established) and :func:`chart_parts` in the namespace NAMESPACE; the rendered file returned
+    (``kubectl delete -f`` it to remove them again)."""
+
+    def run(*args: str) -> None:
+        done = subprocess.run([kubectl(), "--kubeconfig", str(plane.kubeconfig), *args], capture_output=True,
+                              text=True, timeout=120, check=False)  # fmt: skip
+        assert done.returncode == 0, f"kubectl {' '.join(args)}:\n{done.stdout}{done.stderr}"
+
+    kube = plane.kube
+    run("apply", "--server-side", "-f", str(CRDS))
+    rendered = plane.root / "computedomain-chart.yaml"
+    rendered.write_text(yaml.safe_dump_all(chart_parts()))
+    run("wait", "--for=condition=Established", "crd/computedomains.resource.dradriver.dev",
+        "crd/computedomaincliques.resource.dradriver.dev")  # fmt: skip
+    if kube.find("namespaces", NAMESPACE) is None:
+        kube.create("namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    kube.wait(
+        "the dradriver namespace's default ServiceAccount", lambda: kube.find("serviceaccounts", "default", NAMESPACE)
+    )
+    run("apply", "--server-side", "--force-conflicts", "-f", str(rendered))
+    for account in (PLUGIN_ACCOUNT, DAEMON_ACCOUNT, CONTROLLER_ACCOUNT):
+        kube.wait(f"service account {account}", lambda a=account: kube.find("serviceaccounts", a, NAMESPACE))
+    return rendered
+
+
+# The chart's service accounts (release dradriver).
+PLUGIN_ACCOUNT = "dradriver-kubelet-plugin"
+DAEMON_ACCOUNT = "dradriver-compute-domain-daemon"
+CONTROLLER_ACCOUNT = "dradriver-compute-domain-controller"
+
+
+def account_kubeconfig(plane: ControlPlane, account: str, path: Path, pod: dict[str, Any] | None = None) -> Path:
+    """A kubeconfig with a token of the chart's service account ``account`` (TokenRequest API), bound to ``pod``
+    when given (the token then names the pod's node, as the own-node slice policy wants)."""
+    spec: dict[str, Any] = {"expirationSeconds": 4 * 3600}
+    if pod is not None:
+        meta = pod["metadata"]
+        spec["boundObjectRef"] = {"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"]}
+    request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
+    answer = plane.kube.request("POST", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{account}/token", request)
+    return write_kubeconfig(path, plane.server, plane.pki.ca_cert, token=answer["status"]["token"])
+
+
+def refusals(log: str) -> list[str]:
+    """The lines of a component's log where the API server refused it (an RBAC rule missing)."""
+    return [line for line in log.splitlines() if "HTTP 403" in line or "forbidden" in line.lower()]
 
 
 @dataclass
@@ -56,7 +126,7 @@ class RunningPod:
 class PodRunner:
     def __init__(self, kube: Kube, kubeconfig: Path, node: SimNode, ip: str) -> None:
         self.kube = kube
-        self.kubeconfig = kubeconfig
+        self.kubeconfig = kubeconfig  # the daemon pods' (their service account's token)
         self.node = node
         self.ip = ip
         self.hosts = node.root / "hosts"
@@ -235,26 +305,33 @@ class CdNode:
         return self.node.name
 
     @classmethod
-    def start(cls, kube: Kube, kubeconfig: Path, root: Path, name: str, *, ip: str, profile: str) -> CdNode:
-        node = SimNode.start(
-            kube,
-            kubeconfig,
-            root,
-            name,
-            profile=profile,
-            mig_mode="none",
-            extra=(
-                "--compute-domains",
-                "true",
-                "--cd-namespace",
-                NAMESPACE,
-                "--cd-ready-timeout",
-                "2",
-                "--cd-fabric-interval",
-                "1",
-            ),
-        )
-        return cls(node, PodRunner(kube, kubeconfig, node, ip), ip)
+    def start(cls, plane: ControlPlane, daemons: Path, root: Path, name: str, *, ip: str, profile: str) -> CdNode:
+        """The node, its plugin (both drivers) on the plugin account's token bound to a pod on the node, and a
+        pod runner whose daemons use the kubeconfig ``daemons``."""
+        kube = plane.kube
+        root.mkdir(parents=True, exist_ok=True)
+        keeper = NodeKeeper(kube, name)
+        holder = kube.find("pods", f"plugin-on-{name}", NAMESPACE) or kube.create(
+            "pods",
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": f"plugin-on-{name}", "namespace": NAMESPACE},
+                "spec": {"nodeName": name, "serviceAccountName": PLUGIN_ACCOUNT, "automountServiceAccountToken": False,
+                         "containers": [{"name": "plugin", "image": "dradriver:test"}]},
+            },
+            NAMESPACE,
+        )  # fmt: skip
+        kubeconfig = account_kubeconfig(plane, PLUGIN_ACCOUNT, root / "plugin.kubeconfig", holder)
+        extra = (
+            "--compute-domains", "true",
+            "--cd-namespace", NAMESPACE,
+            "--cd-fabric-interval", "1",
+        )  # fmt: skip
+        driver = DriverRun(root, name, kubeconfig, profile=profile, mig_mode="none", version="1.35", extra=extra)
+        kubelet = KubeletStandIn(kube, name, root / "registry")
+        node = SimNode(name, profile, "none", "1.35", root, kubeconfig, keeper, driver, kubelet, extra)
+        return cls(node, PodRunner(kube, daemons, node, ip), ip)
 
     def stop(self) -> None:
         self.runner.stop()
@@ -264,7 +341,9 @@ class CdNode:
 class ControllerRun:
     """``dradriver cd-controller`` as a process."""
 
-    def __init__(self, kubeconfig: Path, log: Path, identity: str) -> None:
+    def __init__(
+        self, kubeconfig: Path, log: Path, identity: str, *, image: str = "dradriver:test", extra: tuple[str, ...] = ()
+    ) -> None:
         self.log = log
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
@@ -272,10 +351,11 @@ class ControllerRun:
                     sys.executable, "-m", "dradriver", "cd-controller",
                     "--kubeconfig", str(kubeconfig),
                     "--namespace", NAMESPACE,
-                    "--image", "dradriver:test",
+                    "--image", image,
                     "--identity", identity,
                     "--lease-duration", "4",
                     "--interval", "0.5",
+                    *extra,
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,

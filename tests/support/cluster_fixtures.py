@@ -11,7 +11,9 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -89,10 +91,11 @@ def device_classes(control_plane: ControlPlane) -> None:
     )  # fmt: skip
 
 
-@pytest.fixture(scope="session")
-def node(control_plane: ControlPlane, device_classes: None) -> Iterator[real_node.RealNode]:
-    """A real kubelet and containerd registered with ``control_plane``, and `dradriver run` (simulated
-    mixed GPUs, dynamic MIG) registered with that kubelet."""
+@contextmanager
+def running_node(control_plane: ControlPlane, **settings: Any) -> Iterator[real_node.RealNode]:
+    """A real kubelet and containerd registered with ``control_plane`` and `dradriver run` registered with that
+    kubelet (``settings``: RealNode's fields, such as name, profile, driver_args); stopped again on exit, its logs
+    kept when a test failed meanwhile."""
     directory = real_node.binaries_dir()
     missing = real_node.missing(directory)
     if missing:
@@ -103,7 +106,7 @@ def node(control_plane: ControlPlane, device_classes: None) -> Iterator[real_nod
             REQUIRE_NODE,
         )
     root = Path(tempfile.mkdtemp(prefix="dra-n-", dir="/tmp"))  # short: the plugin sockets live below it
-    started = real_node.RealNode(directory, root, control_plane)
+    started = real_node.RealNode(directory, root, control_plane, **settings)
     try:
         started.start()
     except Exception as exc:
@@ -111,12 +114,22 @@ def node(control_plane: ControlPlane, device_classes: None) -> Iterator[real_nod
         started.stop()
         raise RuntimeError(f"the real node did not start ({exc}); logs in {started.logs}:\n{tails}") from exc
     failed_before = failures()
-    yield started
-    if failures() > failed_before:
-        sys.stderr.write(f"\nnode tests failed: kubelet, containerd and driver logs kept in {started.logs}\n"
-                         f"{started.tails(20)}\n")  # fmt: skip
-    started.stop()
-    if failures() > failed_before:
-        started.discard()
-    else:
-        shutil.rmtree(root, ignore_errors=True)
+    try:
+        yield started
+    finally:
+        if failures() > failed_before:
+            sys.stderr.write(f"\nnode tests failed: kubelet, containerd and driver logs kept in {started.logs}\n"
+                             f"{started.tails(20)}\n")  # fmt: skip
+        started.stop()
+        if failures() > failed_before:
+            started.discard()
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def node(control_plane: ControlPlane, device_classes: None) -> Iterator[real_node.RealNode]:
+    """A real kubelet and containerd registered with ``control_plane`` as Node localhost, and `dradriver run`
+    (simulated mixed GPUs, dynamic MIG) registered with that kubelet."""
+    with running_node(control_plane) as started:
+        yield started

@@ -72,8 +72,6 @@ class Workloads:
     def apply(self, docs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         pinned = [pin_to(doc, self.node.name) for doc in docs]
         self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(pinned))
-        for namespace in {doc["metadata"]["name"] for doc in pinned if doc.get("kind") == "Namespace"}:
-            self.node.publish_root_ca(namespace)  # the kubelet retries the pods' volume mounts until it exists
         return pinned
 
     def delete(self, docs: Iterable[dict[str, Any]], timeout: float = 120) -> None:

@@ -224,6 +224,13 @@ state = "{self.root / "state"}"
             raise RuntimeError(f"images {absent} not in containerd after import (has {listed})")
         return names
 
+    def import_archive(self, archive: Path, base_name: str) -> None:
+        """An OCI archive (our image: support/image.py) into the k8s.io namespace, as ``<base_name>:<tag>``."""
+        done = self.ctr("images", "import", "--local", "--snapshotter", "native", "--base-name", base_name,
+                        str(archive), timeout=300)  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"ctr images import {archive} failed:\n{done.stdout}{done.stderr}")
+
     def stop(self) -> None:
         if self.component is not None:
             self.component.stop()
@@ -351,6 +358,10 @@ class RealNode:
     name: str = "localhost"
     profile: str = "mixed"
     mig_mode: str = "dynamic"
+    # The driver's name (its plugin directory is named after it) and the arguments every start of it gets: the
+    # NVIDIA-compatible node runs `--compat nvidia` as gpu.nvidia.com.
+    driver_name: str = DRIVER
+    driver_args: tuple[str, ...] = ()
     containerd: Containerd = field(init=False)
     kubelet: Kubelet = field(init=False)
     drivers: list[DriverRun] = field(default_factory=list)
@@ -374,26 +385,13 @@ class RealNode:
 
     @property
     def plugin_dir(self) -> Path:
-        return self.kubelet.plugins_dir / DRIVER
+        return self.kubelet.plugins_dir / self.driver_name
 
     def start(self) -> None:
         self.containerd.start()
         self.images = self.containerd.import_images(self.root / "images")
-        self.publish_root_ca()
         self.start_kubelet()
         self.start_driver()
-
-    def publish_root_ca(self, namespace: str = "default") -> None:
-        """The ConfigMap every pod's service-account volume projects (the root-ca-cert-publisher controller's
-        job; the test control plane does not run it)."""
-        body = {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": "kube-root-ca.crt", "namespace": namespace},
-            "data": {"ca.crt": self.control_plane.pki.ca_cert.read_text()},
-        }
-        with contextlib.suppress(ApiError):
-            self.kube.request("POST", f"/api/v1/namespaces/{namespace}/configmaps", body)
 
     def start_kubelet(self) -> None:
         self.kubelet.start()
@@ -429,18 +427,47 @@ class RealNode:
 
         wait_for(f"node {self.name} to lose its not-ready taint", lifted, 30)
 
+    def container_output(self, pod: dict[str, Any]) -> dict[str, list[str]]:
+        """Each container's output so far, read from the kubelet's pod log files (CRI format: time, stream, tag,
+        text): works on a node the API server cannot reach for ``kubectl logs`` (any but the one named
+        ``localhost``, see docs/node-tests.md)."""
+        meta = pod["metadata"]
+        directory = self.root / "pod-logs" / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
+        output: dict[str, list[str]] = {}
+        for container in sorted(directory.glob("*/")) if directory.is_dir() else []:
+            lines = []
+            for log in sorted(container.glob("*.log")):
+                lines += [line.split(" ", 3)[3] for line in log.read_text().splitlines() if line.count(" ") >= 3]
+            output[container.name] = lines
+        return output
+
+    def container_pids(self) -> dict[str, int]:
+        """containerd's task of each running container (its ID, as a pod's ``containerStatuses`` names it after
+        ``containerd://``) and that task's host pid."""
+        listed = self.containerd.ctr("tasks", "ls").stdout.splitlines()[1:]
+        return {words[0]: int(words[1]) for words in (line.split() for line in listed) if len(words) >= 3}
+
     def registrations(self, driver: DriverRun | None = None) -> int:
         """How often the kubelet has registered ``driver`` (default: the newest) so far."""
         return (driver or self.driver).log.count("kubelet registered the plugin")
 
-    def start_driver(self, *, pod_uid: str | None = None, wait_registered: bool = True) -> DriverRun:
-        extra = ("--pod-uid", pod_uid) if pod_uid else ()
+    def start_driver(
+        self,
+        *,
+        pod_uid: str | None = None,
+        wait_registered: bool = True,
+        mig_mode: str | None = None,
+        extra: tuple[str, ...] = (),
+    ) -> DriverRun:
+        """`dradriver run` with the node's settings, ``driver_args`` and ``extra`` (``mig_mode`` overrides the
+        node's for this instance only); by default returns once the kubelet has registered it."""
+        extra = (*self.driver_args, *extra, *(("--pod-uid", pod_uid) if pod_uid else ()))
         driver = DriverRun(
             self.root / "driver",
             self.name,
             self.control_plane.kubeconfig,
             profile=self.profile,
-            mig_mode=self.mig_mode,
+            mig_mode=mig_mode or self.mig_mode,
             version="1.37",
             extra=extra,
             registry_dir=self.kubelet.registry_dir,

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
 import socket
 import threading
 import uuid
+from typing import Any
 
 from dradriver.cli.logs import configure_logging
 from dradriver.cli.options import add_env_option, check_kubeconfig
 from dradriver.computedomain.controller import Controller, ControllerSettings
 from dradriver.computedomain.kube import Rest
 from dradriver.computedomain.leader import LeaderElector
+from dradriver.errors import ConfigError
 
 log = logging.getLogger("dradriver.cd-controller")
 LEASE_NAME = "dradriver-compute-domain-controller"
@@ -52,6 +55,23 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     add_env_option(
         parser,
+        "--daemon-host-network",
+        env="DRADRIVER_CD_DAEMON_HOST_NETWORK",
+        default="false",
+        choices=("true", "false"),
+        help="run the daemon pods in the node's network (nodes whose pods cannot reach the API server otherwise)",
+    )
+    add_env_option(
+        parser,
+        "--daemon-env",
+        env="DRADRIVER_CD_DAEMON_ENV",
+        default="[]",
+        metavar="JSON",
+        help="more environment for the daemon containers: a JSON list of Kubernetes EnvVars, e.g. "
+        '[{"name": "KUBERNETES_SERVICE_HOST", "value": "10.0.0.1"}]',
+    )
+    add_env_option(
+        parser,
         "--max-nodes-per-imex-domain",
         env="MAX_NODES_PER_IMEX_DOMAIN",
         default=18,
@@ -70,6 +90,26 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(handler=run)
 
 
+def daemon_env(text: str) -> tuple[dict[str, Any], ...]:
+    """``--daemon-env``: a JSON list of EnvVars, each with a name and a value or valueFrom."""
+    try:
+        entries = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(
+            f'--daemon-env is not JSON ({err}): give a list like [{{"name": "A", "value": "b"}}]'
+        ) from None
+    if not isinstance(entries, list):
+        raise ConfigError('--daemon-env must be a JSON list of EnvVars ({"name": …, "value": …})')
+    for position, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry["name"]:
+            raise ConfigError(f'--daemon-env[{position}] has no name: each entry is {{"name": …, "value": …}}')
+        if not isinstance(entry.get("value", ""), str) or not isinstance(entry.get("valueFrom", {}), dict):
+            raise ConfigError(
+                f"--daemon-env[{position}] ({entry['name']}): value must be a string, valueFrom an object"
+            )
+    return tuple(entries)
+
+
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_format)
     check_kubeconfig("--kubeconfig", args.kubeconfig)
@@ -80,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
         daemon_service_account=args.daemon_service_account,
         daemon_command=tuple(args.daemon_command.split()),
         max_nodes_per_domain=args.max_nodes_per_imex_domain,
+        daemon_host_network=args.daemon_host_network == "true",
+        daemon_env=daemon_env(args.daemon_env),
     )
     identity = args.identity or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
     elector = LeaderElector(
@@ -90,12 +132,7 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signum, lambda *_: stop.set())
     controller = Controller(rest, settings)
 
-    def elect() -> None:
-        while not stop.is_set():
-            elector.try_acquire()
-            stop.wait(elector.renew)
-
-    threading.Thread(target=elect, name="leader-election", daemon=True).start()
+    threading.Thread(target=elector.run, args=(stop,), name="leader-election", daemon=True).start()
     log.info("ready identity=%s namespace=%s pid=%d", identity, args.namespace, os.getpid())
     try:
         controller.run(stop, leading=elector.leading.is_set, interval=args.interval)

@@ -6,7 +6,7 @@ What it checks, in order: NVML (from where it loads), the driver and CUDA versio
 driver library (where, and whether through the linker cache or a search), binaries, firmware, device nodes and
 MIG capability nodes, the CDI hook, the CDI directory, the container runtime's CDI settings (containerd and
 CRI-O config files), the kubelet's plugin directories, the API server's version and DRA API (with
-``--kubeconfig``), persistence mode and, on NVSwitch systems, the fabric manager.
+``--kubeconfig``) with the DRA feature gates it reports, persistence mode and, on NVSwitch systems, the fabric manager.
 """
 
 from __future__ import annotations
@@ -41,14 +41,15 @@ from dradriver.errors import DradriverError
 from dradriver.gpu.backend import open_gpu_backend
 from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.inventory import Inventory, discover
+from dradriver.plugin.cluster.resource_versions import VERSIONS
 from dradriver.plugin.kubeletplugin.plugin import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR
 
 OK, WARN, FAIL, SKIP = "OK", "WARN", "FAIL", "SKIP"
 EXIT_FAILED = 1
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
 CRIO_CONFIG = "/etc/crio/crio.conf"
-# The first Kubernetes minor serving resource.k8s.io/v1 (DRA GA).
-MIN_MINOR = 34
+# The oldest Kubernetes minor the driver publishes to (resource.k8s.io/v1beta1; v1, DRA GA, from 1.34).
+MIN_MINOR = 32
 ROOT_FIX = (
     "install the NVIDIA driver, or point --driver-root (host path; /run/nvidia/driver with the GPU Operator, "
     "/home/kubernetes/bin/nvidia on GKE) and --container-driver-root (its mount here) at its root"
@@ -464,8 +465,77 @@ def _api_checks(args: argparse.Namespace) -> Iterator[Check]:
         return
     try:
         yield from _api_version_checks(lambda: k8s_client.VersionApi(api).get_code(), api, k8s_client)
+        yield _feature_gate_check(lambda: _read_metrics(api), args.mig_mode)
     finally:
         api.close()
+
+
+def _read_metrics(api: Any) -> str:
+    """The API server's /metrics text (its `kubernetes_feature_enabled` series name every feature gate)."""
+    request = api.param_serialize(method="GET", resource_path="/metrics", auth_settings=["BearerToken"])
+    response = api.call_api(*request, _request_timeout=10)
+    data = response.read()
+    if not 200 <= response.status <= 299:
+        raise RuntimeError(f"HTTP {response.status}: {data[:200].decode(errors='replace')}")
+    return str(data.decode())
+
+
+def feature_gates(metrics: str) -> dict[str, bool]:
+    """Feature gate -> enabled, from Prometheus text lines like
+    ``kubernetes_feature_enabled{name="DRADeviceTaints",stage="BETA"} 1``."""
+    gates: dict[str, bool] = {}
+    for line in metrics.splitlines():
+        if not line.startswith("kubernetes_feature_enabled{"):
+            continue
+        labels, _, value = line.rpartition("} ")
+        name = next(
+            (v for k, _, v in (p.partition("=") for p in labels.split("{", 1)[1].split(",")) if k == "name"), ""
+        )
+        if name:
+            gates[name.strip('"')] = value.strip() in ("1", "1.0")
+    return gates
+
+
+#: The API server's DRA feature gates our driver uses, and what it does while one is off.
+DRA_GATES = {
+    "DRAPartitionableDevices": "no dynamic MIG (--mig-mode dynamic publishes MIG partitions on shared counters)",
+    "DRAConsumableCapacity": "no consumable shares (--gpu-sharing consumable, --consumable-shares)",
+    "DRADeviceTaints": "unhealthy devices are withdrawn from the slices instead of tainted",
+    "DRAExtendedResource": "no `nvidia.com/gpu: N` pods through the DeviceClasses' extendedResourceName",
+    "DRAResourceClaimDeviceStatus": "claims' status.devices are dropped",
+    "DRAPrioritizedList": "no firstAvailable requests",
+    "DRAAdminAccess": "no adminAccess requests (monitoring)",
+}
+
+
+def _feature_gate_check(read_metrics: Callable[[], str], mig_mode: str) -> Check:
+    name = "DRA features"
+    try:
+        gates = feature_gates(read_metrics())
+    except Exception as err:  # 403 for a service account without /metrics, or no answer: the check cannot run
+        return Check(
+            name,
+            SKIP,
+            f"cannot read the API server's /metrics ({str(err).splitlines()[0][:120]})",
+            "run doctor with a kubeconfig allowed `get` on the non-resource URL /metrics to see its feature gates",
+        )
+    known = {gate: gates[gate] for gate in DRA_GATES if gate in gates}
+    if not known:
+        return Check(name, SKIP, "the API server's /metrics names no DRA feature gate")
+    off = [gate for gate, enabled in known.items() if not enabled]
+    detail = f"on: {', '.join(g for g, e in known.items() if e) or 'none'}"
+    if not off:
+        return Check(name, OK, detail)
+    detail += "; off: " + "; ".join(f"{gate} ({DRA_GATES[gate]})" for gate in off)
+    needed = "DRAPartitionableDevices" in off and mig_mode == "dynamic"
+    return Check(
+        name,
+        FAIL if needed else WARN,
+        detail,
+        "turn DRAPartitionableDevices on (API server and scheduler) or run --mig-mode static"
+        if needed
+        else "turn the gates on in the API server and scheduler (--feature-gates) where you need what they do",
+    )
 
 
 def _api_version_checks(get_version: Callable[[], Any], api: Any, k8s_client: Any) -> Iterator[Check]:
@@ -483,14 +553,21 @@ def _api_version_checks(get_version: Callable[[], Any], api: Any, k8s_client: An
     )
     resource = next((g for g in groups if g.name == "resource.k8s.io"), None)
     served = [v.version for v in resource.versions] if resource else []
-    yield (
-        Check("DRA API", OK, f"resource.k8s.io {', '.join(served)}")
-        if "v1" in served
-        else Check(
+    spoken = next((v for v in VERSIONS if v in served), None)
+    if spoken == "v1":
+        yield Check("DRA API", OK, f"resource.k8s.io {', '.join(served)}")
+    elif spoken is not None:
+        yield Check(
+            "DRA API",
+            OK,
+            f"resource.k8s.io {', '.join(served)}: the driver speaks {spoken} (Kubernetes 1.32/1.33: no dynamic MIG "
+            "on 1.32, no consumable shares before 1.34; docs/publishing.md)",
+        )
+    else:
+        yield Check(
             "DRA API",
             FAIL,
-            f"resource.k8s.io/v1 not served ({', '.join(served) or 'no versions'})",
-            "enable DRA: Kubernetes 1.34+, or --runtime-config=resource.k8s.io/v1=true with the "
-            "DynamicResourceAllocation feature gate",
+            f"resource.k8s.io not served in v1, v1beta2 or v1beta1 ({', '.join(served) or 'no versions'})",
+            "enable DRA: Kubernetes 1.34+ serves it; on 1.32/1.33 turn on the DynamicResourceAllocation feature gate "
+            "and --runtime-config=resource.k8s.io/v1beta1=true (1.33: also resource.k8s.io/v1beta2=true)",
         )
-    )

@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -38,7 +38,6 @@ from dradriver.cli.options import (
     unwritable_state,
 )
 from dradriver.cli.status_server import StatusServer, check_bindable
-from dradriver.computedomain.plugin import ComputeDomainPlugin
 from dradriver.driver.allocations import Allocation, allocations
 from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.checkpoint import CheckpointStore
@@ -86,6 +85,9 @@ from dradriver.plugin.kubeletplugin.plugin import (
     check_pod_uid,
 )
 from dradriver.plugin.resourceslice.publisher import Publisher, SliceSpec
+
+if TYPE_CHECKING:  # loaded by cd_node.start only with --compute-domains (docs/reliability.md, memory)
+    from dradriver.computedomain.plugin import ComputeDomainPlugin
 
 log = logging.getLogger("dradriver.run")
 # Probes reach the pod's IP, so listen on every interface; the DaemonSet declares the port.
@@ -182,8 +184,8 @@ def register(parser: argparse.ArgumentParser) -> None:
         metavar="COMMAND",
         help="put before the MPS control command when a claim's daemon starts (not for control calls): a command "
         "that takes the daemon out of this container, so a plugin restart or update leaves it serving, and then "
-        "execs it, such as 'nsenter --target 1 --mount -- systemd-run --scope --quiet --collect --' (the "
-        "DaemonSet's; needs hostPID: true)",
+        "execs it; the chart's is 'nsenter --target 1 --mount --uts --ipc --net -- systemd-run --scope --quiet "
+        "--collect --slice=dradriver-mps.slice --' (needs hostPID: true; docs/sharing.md)",
     )
     add_env_option(
         parser,
@@ -560,11 +562,6 @@ class DriverProcess:
             driver_root=self.driver_root,
         )
         state_dir = Path(args.state_dir or args.plugin_dir or DEFAULT_PLUGINS_DIR / args.driver_name)
-        # The daemon loads libcuda like any CUDA program: from the driver root, wherever the host keeps it.
-        root = self.driver_root
-        mps_env = (
-            {} if simulated else {"LD_LIBRARY_PATH": ":".join(str(root.container_root / d) for d in root.source_dirs)}
-        )
         # In rolling-update mode the old and the new pod share the checkpoint (their calls are serialised).
         self.checkpoint = CheckpointStore.open(state_dir, shared=bool(args.pod_uid))
         self.driver = GpuDriver(
@@ -576,12 +573,7 @@ class DriverProcess:
             gpulib=self.gpulib,
             checkpoint=self.checkpoint,
             device_problem=self.health.problem,
-            mps=MpsControl(
-                _mps_command(args, simulated, self.driver_root),
-                state_dir / "mps",
-                daemon_command=_mps_daemon_command(args, simulated, self.driver_root),
-                env=mps_env,
-            ),
+            mps=MpsControl(root=state_dir / "mps", **_mps_commands(args, simulated, self.driver_root)),
             consumable_shares=args.consumable_shares or None,
             holder_released=lambda ref, device: _holder_released(self.cluster, args.driver_name, node, ref, device),
         )
@@ -613,14 +605,16 @@ class DriverProcess:
         try:
             self._reconcile()
             # Built once, from the inventory as reconciliation left it; the publisher validates them once too.
-            self.specs = build_slice_specs(self.inventory, self.settings, taints=self.health.taints)
+            # Kept as the publisher keeps them (JSON text, shared with it): the dict form would hold about 2 MB
+            # more for the driver's whole life (docs/reliability.md, memory).
+            self.pools = _pools(node, build_slice_specs(self.inventory, self.settings, taints=self.health.taints))
             self.publisher = Publisher(
                 self.cluster,
                 driver=args.driver_name,
                 node_name=node,
                 node_uid=_node_uid(self.cluster, node),
                 shape=self.shape,
-                pools=_pools(node, self.specs),
+                pools=self.pools,
                 withdraw_tainted_if_dropped=args.health_taint_fallback == "withdraw",
             )
         except BaseException:
@@ -680,7 +674,7 @@ class DriverProcess:
                 self.node,
                 self.args.driver_name,
                 self.mig_mode.value,
-                sum(len(s.get("devices", ())) for s in self.specs),
+                sum(spec.device_count for spec in self.pools[self.node]),
             )
             self.stop.wait()
             log.info("stopping")
@@ -844,6 +838,8 @@ class DriverProcess:
             return
         self.driver_root = fresh
         self.driver.cdi.driver_root = fresh
+        if self.driver.sharing.mps is not None:  # new daemons start the new driver's binary and libraries
+            self.driver.sharing.mps.use(**_mps_commands(self.args, self.simulated is not None, fresh))
         assert self.checkpoint is not None
         prepared = sorted(record.uid for record in self.checkpoint.records())
         log.warning(
@@ -860,13 +856,13 @@ class DriverProcess:
         try:
             fresh = discover(self.gpulib)
             self.health.update_inventory(fresh, self.mig_mode)
-            fresh_specs = build_slice_specs(fresh, self.settings, taints=self.health.taints)
+            fresh_pools = _pools(self.node, build_slice_specs(fresh, self.settings, taints=self.health.taints))
         except DradriverError as err:
             log.warning("rediscovery failed; keeping the last inventory error=%s", err)
             return
         if fresh.driver_version != self.driver_root.version:
             self._follow_driver_upgrade(fresh.driver_version)
-        if fresh_specs == self.specs:
+        if fresh_pools == self.pools:
             return
         log.info(
             "devices or their health changed; republishing gpus=%d mig_devices=%d lost_gpus=%d",
@@ -874,10 +870,10 @@ class DriverProcess:
             len(fresh.mig_devices),
             len(fresh.lost_gpus),
         )
-        self.specs = fresh_specs
+        self.pools = fresh_pools
         self.inventory = fresh  # what /allocations and the usage sampler list
         self.driver.update_inventory(fresh, self.mig_mode)
-        self.publisher.update(_pools(self.node, fresh_specs))
+        self.publisher.update(fresh_pools)
 
 
 def _call_each(calls: list[Callable[[], None]]) -> None:
@@ -980,6 +976,21 @@ def _node_uid(cluster: KubeCluster, node: str) -> str | None:
     except ClusterError as err:
         log.warning("cannot read Node %s; slices get no owner reference error=%s", node, err)
         return None
+
+
+def _mps_commands(args: argparse.Namespace, simulated: bool, driver_root: DriverRoot) -> dict[str, Any]:
+    """MpsControl's commands and daemon environment for ``driver_root`` (at start, and after an in-place driver
+    upgrade). The daemon loads libcuda like any CUDA program: from the driver root, wherever the host keeps it."""
+    env = (
+        {}
+        if simulated
+        else {"LD_LIBRARY_PATH": ":".join(str(driver_root.container_root / d) for d in driver_root.source_dirs)}
+    )
+    return {
+        "command": _mps_command(args, simulated, driver_root),
+        "daemon_command": _mps_daemon_command(args, simulated, driver_root),
+        "env": env,
+    }
 
 
 def _mps_daemon_command(args: argparse.Namespace, simulated: bool, driver_root: DriverRoot) -> list[str]:

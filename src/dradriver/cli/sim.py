@@ -8,6 +8,7 @@ driver react: rediscovery republishes slices, health events reach the kubelet's 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,18 @@ def register(parser: argparse.ArgumentParser) -> None:
 
     _add_workload_actions(actions)
     parser.set_defaults(handler=run, read_only=False)
+    _add_imex_action(actions)
+
+
+def _add_imex_action(actions: Any) -> None:
+    """``imex``: the IMEX stand-in that the simulated driver root's nvidia-imex and nvidia-imex-ctl run (in a
+    ComputeDomain daemon pod of our image); it needs no state file, so it has a handler of its own."""
+    imex = actions.add_parser(
+        "imex", help="run the IMEX stand-in, as the simulated driver's nvidia-imex (daemon) and nvidia-imex-ctl (ctl)"
+    )
+    imex.add_argument("tool", choices=("daemon", "ctl"))
+    imex.add_argument("tool_args", nargs=argparse.REMAINDER, help="-c <cfg> [-q | -N]")
+    imex.set_defaults(handler=_imex)
 
 
 def _add_workload_actions(actions: Any) -> None:
@@ -171,6 +184,19 @@ def non_negative(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} is negative; see `dradriver sim show` for valid values")
     return value
+
+
+def _imex(args: argparse.Namespace) -> int:
+    from dradriver.sim import imex_standin
+
+    try:
+        imex_standin.main([args.tool, *args.tool_args])
+    except SystemExit as exit_:
+        if isinstance(exit_.code, str):  # the stand-in's message, as the real tool prints it
+            print(exit_.code, file=sys.stderr)
+            return 1
+        return exit_.code or 0
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:

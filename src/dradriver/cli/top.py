@@ -15,6 +15,7 @@ import urllib.request
 from typing import Any
 
 from dradriver.cli.options import add_env_option, interval_seconds
+from dradriver.cli.status_server import parse_address
 from dradriver.errors import ConfigError
 
 DEFAULT_ADDRESS = "127.0.0.1:8080"
@@ -61,8 +62,9 @@ def run(args: argparse.Namespace) -> int:
 
 def fetch(address: str, timeout: float = 5.0) -> dict[str, Any]:
     """The driver's /allocations document; a clear error when the driver cannot be reached."""
-    host, _, port = address.rpartition(":")
-    url = f"http://{host or '127.0.0.1'}:{port}/allocations"
+    host, port = parse_address("--address", address)
+    host = "127.0.0.1" if host == "0.0.0.0" else f"[{host}]" if ":" in host else host  # ":8080": this machine
+    url = f"http://{host}:{port}/allocations"
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
             document = json.loads(response.read())

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 CONTROLLER_MANAGER = "dradriver-cd-controller"
 DAEMON_CONTAINER = "imex-daemon"
+PROBE_TIMEOUT = 10
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,10 @@ class ControllerSettings:
     daemon_service_account: str = "dradriver-compute-domain-daemon"
     daemon_command: tuple[str, ...] = ("dradriver", "cd-daemon")
     max_nodes_per_domain: int = api.MAX_NODES_PER_IMEX_DOMAIN
+    # Daemon pods in the node's network, and more environment for them: for nodes whose pods cannot reach the API
+    # server through its service address (no kube-proxy or CNI yet), as the chart's plugin pod can be set up too.
+    daemon_host_network: bool = False
+    daemon_env: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass
@@ -113,41 +118,76 @@ class Controller:
             if t["metadata"].get("labels", {}).get(api.DOMAIN_LABEL) == uid
         }
         daemon_name = api.daemon_object_name(uid)
+        problems: list[str] = []
         if (self.ns, daemon_name) not in names:
-            self._create(path_of("resource.k8s.io/v1", "resourceclaimtemplates", self.ns), self._daemon_template(uid))
+            problems += self._create(
+                path_of("resource.k8s.io/v1", "resourceclaimtemplates", self.ns), self._daemon_template(uid), uid
+            )
         if daemon_name not in snap.daemonsets:
-            self._create(path_of("apps/v1", "daemonsets", self.ns), self._daemonset(uid))
+            problems += self._create(path_of("apps/v1", "daemonsets", self.ns), self._daemonset(uid), uid)
         workload = spec.channel.resource_claim_template.name
         if (meta["namespace"], workload) not in names:
-            self._create(
+            problems += self._create(
                 path_of("resource.k8s.io/v1", "resourceclaimtemplates", meta["namespace"]),
                 self._workload_template(domain),
+                uid,
             )
-        nodes = self._number_cliques(uid, snap)
-        self._write_status(domain, nodes, num_nodes=spec.num_nodes)
+        nodes = self._number_cliques(uid, snap, problems)
+        # The status is written whatever failed: a domain whose objects cannot be made says why.
+        self._write_status(domain, nodes, num_nodes=spec.num_nodes, error="; ".join(problems), reason="CannotConverge")
 
-    def _create(self, path: str, body: dict[str, Any]) -> None:
+    def _create(self, path: str, body: dict[str, Any], uid: str) -> list[str]:
+        """Create ``body``; what went wrong, for the domain's Ready condition (nothing when it was made)."""
+        meta = body["metadata"]
+        what = f"{body['kind']} {meta['namespace']}/{meta['name']}"
         try:
             self.rest.create(path, body)
-            log.info("created kind=%s name=%s", body["kind"], body["metadata"]["name"])
+            log.info("created kind=%s name=%s", body["kind"], meta["name"])
+            return []
         except ConflictError:
-            pass  # made since the list (a pass of an earlier leader): the next pass sees it
+            # Made since the list (a pass of an earlier leader): the next pass sees it. Unless it is not ours:
+            # an object of that name without our label is never listed, and would be created again forever.
+            try:
+                existing = self.rest.get(f"{path}/{meta['name']}")
+            except ClusterError:
+                return []
+            if (existing["metadata"].get("labels") or {}).get(api.DOMAIN_LABEL) == uid:
+                return []
+            log.warning("name taken by an object not made for the domain object=%s uid=%s", what, uid)
+            return [
+                f"{what} exists but was not made for this ComputeDomain (no label {api.DOMAIN_LABEL}={uid}): "
+                "delete or rename that object, or recreate the ComputeDomain naming another "
+                "spec.channel.resourceClaimTemplate.name"
+            ]
+        except ClusterError as err:
+            log.warning("create failed object=%s error=%s", what, err)
+            return [f"creating {what} failed ({err}): see the controller's log, and its RBAC if it was refused"]
 
-    def _number_cliques(self, uid: str, snap: Snapshot) -> list[dict[str, Any]]:
+    def _number_cliques(self, uid: str, snap: Snapshot, problems: list[str]) -> list[dict[str, Any]]:
         """Give every daemon of the domain an index (lowest free, kept for as long as its entry lives) and
-        drop entries of nodes that no longer run a daemon of it; the domain's ``status.nodes``."""
+        drop entries of nodes that no longer run a daemon of it in that clique; the domain's ``status.nodes``.
+
+        A daemon is live in a clique when its pod (on that node, not being deleted) carries the clique's label:
+        a node that moved to another clique leaves its old entry behind, which must go, or the node would be
+        listed twice and the API server would refuse every status write (``status.nodes`` is a map by name)."""
         live = {
-            p["spec"].get("nodeName")
+            (p["spec"].get("nodeName"), p["metadata"]["labels"].get(api.CLIQUE_LABEL))
             for p in snap.pods
             if p["metadata"].get("labels", {}).get(api.DOMAIN_LABEL) == uid
             and not p["metadata"].get("deletionTimestamp")
         }
         nodes: list[dict[str, Any]] = []
         for clique in snap.cliques:
-            if clique["metadata"].get("labels", {}).get(api.DOMAIN_LABEL) != uid:
+            labels = clique["metadata"].get("labels", {})
+            if labels.get(api.DOMAIN_LABEL) != uid:
                 continue
-            for d in self._converge_clique(clique, live):
+            for d in self._converge_clique(clique, live, labels.get(api.CLIQUE_LABEL)):
                 if d.get("index") is None:
+                    problems.append(
+                        f"clique {clique['metadata']['name']} is full: node {d.get('nodeName')} got no index (at "
+                        f"most {self.settings.max_nodes_per_domain} daemons, --max-nodes-per-imex-domain); keep "
+                        "the job within that many nodes of one clique"
+                    )
                     continue
                 nodes.append(
                     {
@@ -171,11 +211,24 @@ class Controller:
                         "status": api.READY if _pod_ready(pod) else api.NOT_READY,
                     }
                 )
-        return sorted(nodes, key=lambda n: n["name"])
+        unique: dict[str, dict[str, Any]] = {}
+        for node in nodes:
+            if node["name"] in unique:
+                # Two live daemons of one domain on a node (a rollout): one entry, as the list-map demands.
+                log.warning("node listed twice domain=%s node=%s", uid, node["name"])
+                continue
+            unique[node["name"]] = node
+        return sorted(unique.values(), key=lambda n: n["name"])
 
-    def _converge_clique(self, clique: dict[str, Any], live: set[str]) -> list[dict[str, Any]]:
-        """The clique's entries once those of nodes without a live daemon are gone and the rest numbered."""
-        daemons = [d for d in clique.get("daemons") or [] if d.get("nodeName") in live]
+    def _converge_clique(
+        self, clique: dict[str, Any], live: set[tuple[str | None, str | None]], clique_id: str | None
+    ) -> list[dict[str, Any]]:
+        """The clique's entries once those of nodes without a live daemon in it are gone and the rest numbered."""
+        daemons = [
+            d
+            for d in clique.get("daemons") or []
+            if (d.get("nodeName"), clique_id if clique_id is not None else d.get("cliqueID")) in live
+        ]
         if len(daemons) != len(clique.get("daemons") or []):
             clique = self._drop_entries(clique, {d["nodeName"] for d in daemons})
             daemons = clique.get("daemons") or []
@@ -198,6 +251,7 @@ class Controller:
     def _assign_indices(self, clique: dict[str, Any], daemons: list[dict[str, Any]]) -> dict[str, Any]:
         taken = {d["index"] for d in daemons if d.get("index") is not None}
         indices: dict[str, int] = {d["nodeName"]: d["index"] for d in daemons if d.get("index") is not None}
+        numbered = len(indices)
         for d in sorted(daemons, key=lambda d: d["nodeName"]):
             if d.get("index") is not None:
                 continue
@@ -212,6 +266,8 @@ class Controller:
                 continue
             taken.add(free)
             indices[d["nodeName"]] = free
+        if len(indices) == numbered:
+            return clique  # a full clique: nothing new to number, nothing to write until an index frees up
         body = {
             "apiVersion": api.API_VERSION,
             "kind": "ComputeDomainClique",
@@ -225,7 +281,13 @@ class Controller:
         )
 
     def _write_status(
-        self, domain: dict[str, Any], nodes: list[dict[str, Any]], *, num_nodes: int = 0, error: str = ""
+        self,
+        domain: dict[str, Any],
+        nodes: list[dict[str, Any]],
+        *,
+        num_nodes: int = 0,
+        error: str = "",
+        reason: str = "InvalidSpec",
     ) -> None:
         old = domain.get("status") or {}
         ready = sum(1 for n in nodes if n["status"] == api.READY)
@@ -236,7 +298,7 @@ class Controller:
                 old,
                 "Ready",
                 true=overall == api.READY,
-                reason="InvalidSpec" if error else ("AllDaemonsReady" if overall == api.READY else "WaitingForDaemons"),
+                reason=reason if error else ("AllDaemonsReady" if overall == api.READY else "WaitingForDaemons"),
                 message=error or f"{ready} of {len(nodes)} IMEX daemons Ready ({wanted})",
                 domain=domain,
             ),
@@ -362,7 +424,12 @@ class Controller:
         def field_env(env: str, path: str) -> dict[str, Any]:
             return {"name": env, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
-        probe = {"exec": {"command": [*self.settings.daemon_command, "check"]}}
+        # The probe starts a Python process that runs nvidia-imex-ctl (itself bounded at 5 s): the kubelet's default
+        # timeout of 1 s failed it on a busy node, and the daemon pod never became Ready.
+        probe = {"exec": {"command": [*self.settings.daemon_command, "check"]}, "timeoutSeconds": PROBE_TIMEOUT}
+        network: dict[str, Any] = (
+            {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"} if self.settings.daemon_host_network else {}
+        )
         return {
             "apiVersion": "apps/v1",
             "kind": "DaemonSet",
@@ -373,6 +440,10 @@ class Controller:
                     "metadata": {"labels": labels},
                     "spec": {
                         "nodeSelector": labels,
+                        **network,
+                        # Every peer name is in the hosts file (unused ones with a sentinel address): a name the
+                        # daemon looks up should not first go through the search domains.
+                        "dnsConfig": {"options": [{"name": "ndots", "value": "1"}]},
                         "serviceAccountName": self.settings.daemon_service_account,
                         "tolerations": [{"operator": "Exists"}],
                         "terminationGracePeriodSeconds": 10,
@@ -393,6 +464,7 @@ class Controller:
                                         "name": "MAX_NODES_PER_IMEX_DOMAIN",
                                         "value": str(self.settings.max_nodes_per_domain),
                                     },
+                                    *(dict(e) for e in self.settings.daemon_env),
                                 ],
                                 "resources": {"claims": [{"name": "compute-domain-daemon"}]},
                                 "startupProbe": {**probe, "periodSeconds": 1, "failureThreshold": 1200},

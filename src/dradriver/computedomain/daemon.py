@@ -9,6 +9,7 @@ IMEX daemon answers READY. On SIGTERM it stops IMEX and leaves the clique.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import threading
@@ -81,6 +82,17 @@ def settings_from_env(
         imex_command=tuple(imex_command),
         imex_ctl_command=tuple(imex_ctl_command),
         max_nodes=int(env.get("MAX_NODES_PER_IMEX_DOMAIN") or api.MAX_NODES_PER_IMEX_DOMAIN),
+    )
+
+
+def missing_imex(binary: str, err: OSError) -> str:
+    """The one line a daemon dies with when it cannot start the IMEX daemon binary."""
+    where = binary if "/" in binary else f"{binary} (looked up in PATH={os.environ.get('PATH', '')})"
+    return (
+        f"cannot run the IMEX daemon {where}: {err.strerror or err}; the node plugin mounts the host driver's "
+        "nvidia-imex from the driver root into this pod: install NVIDIA's nvidia-imex package of the driver's "
+        "version on the host (or into the driver root of a containerized driver), then restart the node's "
+        "dradriver pod and this one"
     )
 
 
@@ -158,7 +170,7 @@ class ImexDaemon:
             return  # the controller has not numbered us yet: IMEX cannot know its own node ID
         if peers != self._peers:
             current = self.s.hosts_file.read_text() if self.s.hosts_file.exists() else ""
-            self.s.hosts_file.write_text(imexconf.rewrite_hosts(current, peers))
+            self.s.hosts_file.write_text(imexconf.rewrite_hosts(current, peers, self.s.max_nodes))
             changed = bool(self._peers)
             self._peers = peers
             if changed and self.process is not None and self.process.poll() is None:
@@ -176,7 +188,10 @@ class ImexDaemon:
             self.restarts += 1
             log.warning("IMEX daemon exited, restarting code=%s restarts=%d", self.process.returncode, self.restarts)
         command = [*self.s.imex_command, "-c", str(self.s.config_file)]
-        self.process = subprocess.Popen(command)
+        try:
+            self.process = subprocess.Popen(command)
+        except OSError as err:
+            raise ConfigError(missing_imex(self.s.imex_command[0], err)) from None
         log.info("IMEX daemon started pid=%d", self.process.pid)
 
     def _stop_process(self) -> None:

@@ -15,6 +15,12 @@ from dradriver.computedomain import api
 SERVER_PORT = 50000
 CMD_PORT = 50005
 _MARK = "compute-domain-daemon-"
+#: The address of every unused name of the node list. Resolved, a name is never looked up in DNS (with the pod's
+#: ndots and search domains, each lookup is several queries, repeated while IMEX retries); and this address is no
+#: host's, so IMEX never reaches a pod that has since been given a departed peer's IP (NVIDIA's #1447 and #1465:
+#: a dying daemon of an old domain told the new domain's daemon at that address to shut down). A TCP connection to
+#: it fails at once.
+SENTINEL_ADDRESS = "255.255.255.255"
 
 
 def render_config(*, pod_ip: str, nodes_file: Path) -> str:
@@ -39,8 +45,10 @@ def render_nodes(max_nodes: int = api.MAX_NODES_PER_IMEX_DOMAIN) -> str:
     return "".join(api.daemon_dns_name(i) + "\n" for i in range(max_nodes))
 
 
-def rewrite_hosts(current: str, peers: Mapping[int, str]) -> str:
-    """``current`` hosts-file text with our lines replaced by one ``<ip>\\t<name>`` per peer (index → IP)."""
+def rewrite_hosts(current: str, peers: Mapping[int, str], max_nodes: int = api.MAX_NODES_PER_IMEX_DOMAIN) -> str:
+    """``current`` hosts-file text with our lines replaced by one ``<ip>\\t<name>`` per name of the node list: the
+    peer's address (index → IP), or SENTINEL_ADDRESS for a name no daemon holds."""
     kept = [line for line in current.splitlines() if _MARK not in line]
-    ours = [f"{ip}\t{api.daemon_dns_name(index)}" for index, ip in sorted(peers.items())]
+    count = max(max_nodes, max(peers, default=-1) + 1)
+    ours = [f"{peers.get(index, SENTINEL_ADDRESS)}\t{api.daemon_dns_name(index)}" for index in range(count)]
     return "\n".join(kept + ours) + "\n"

@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 import urllib3
 
-from dradriver.plugin.cluster.kube import DEFAULT_REQUEST_TIMEOUT, error_for_status, k8s_client, load_api_client
+from dradriver.plugin.cluster.kube import DEFAULT_REQUEST_TIMEOUT, error_for_status, k8s_client, load_rest_client
 from dradriver.plugin.cluster.port import ApiUnavailableError, JsonObject, NotFoundError
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -52,7 +52,7 @@ class Rest:
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: str | None = None) -> Rest:
-        return cls(load_api_client(kubeconfig))
+        return cls(load_rest_client(kubeconfig))
 
     def close(self) -> None:
         self._api.close()

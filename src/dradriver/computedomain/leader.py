@@ -1,7 +1,10 @@
 """Leader election on a ``coordination.k8s.io/v1`` Lease, so two controller replicas never both write.
 
-The holder renews every ``renew`` seconds; another replica takes over once the Lease has not been renewed for
-``duration`` seconds. Every write carries the resourceVersion read, so two candidates cannot both win.
+The holder renews every ``renew`` seconds; another replica takes over once the Lease has not changed for
+``duration`` seconds *as this replica observed it* (its own monotonic clock from the moment it saw the record
+change, as client-go does): the renewTime another host wrote is never compared with this host's clock, so clock
+skew cannot make two replicas lead. Every write carries the resourceVersion read, so two candidates cannot both
+win. A release empties the holder, which lets a standby take over at once.
 """
 
 from __future__ import annotations
@@ -9,6 +12,9 @@ from __future__ import annotations
 import datetime
 import logging
 import threading
+import time
+from collections.abc import Callable
+from typing import Any
 
 from dradriver.computedomain.kube import Rest, path_of
 from dradriver.plugin.cluster.port import ClusterError, NotFoundError
@@ -24,15 +30,19 @@ def _format(moment: datetime.datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _parse(text: str) -> datetime.datetime:
-    return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.UTC)
-
-
 class LeaderElector:
     """Holds (or waits for) the Lease ``namespace/name``; ``leading`` is set while this replica leads."""
 
     def __init__(
-        self, rest: Rest, *, namespace: str, name: str, identity: str, duration: float = 15.0, renew: float = 2.0
+        self,
+        rest: Rest,
+        *,
+        namespace: str,
+        name: str,
+        identity: str,
+        duration: float = 15.0,
+        renew: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.rest = rest
         self.path = path_of("coordination.k8s.io/v1", "leases", namespace, name)
@@ -40,6 +50,28 @@ class LeaderElector:
         self.namespace, self.name, self.identity = namespace, name, identity
         self.duration, self.renew = duration, renew
         self.leading = threading.Event()
+        self._clock = clock
+        self._observed: tuple[Any, ...] | None = None  # the Lease record as last seen, and when (our clock)
+        self._observed_at = 0.0
+
+    def run(self, stop: threading.Event) -> None:
+        """Try every ``renew`` seconds until ``stop``; any failure, whatever its kind, steps down (clears
+        ``leading``) and is retried, so a replica never goes on believing it leads while it cannot renew."""
+        while not stop.is_set():
+            try:
+                self.try_acquire()
+            except Exception:  # whatever broke, this replica cannot know it still holds the Lease
+                log.exception("lease attempt failed, stepping down lease=%s", self.name)
+                self._set(False)
+            stop.wait(self.renew)
+
+    def _expired(self, spec: dict[str, Any]) -> bool:
+        """Whether the holder has not renewed for the lease's duration, by when this replica saw it change."""
+        record = (spec.get("holderIdentity"), spec.get("renewTime"), spec.get("leaseTransitions"))
+        now = self._clock()
+        if record != self._observed:
+            self._observed, self._observed_at = record, now
+        return now - self._observed_at > float(spec.get("leaseDurationSeconds") or self.duration)
 
     def try_acquire(self) -> bool:
         """One attempt to take or renew the Lease; whether this replica leads now."""
@@ -63,11 +95,8 @@ class LeaderElector:
                 return self._set(True)
             current = lease.get("spec") or {}
             holder = current.get("holderIdentity")
-            renewed = current.get("renewTime")
-            expired = renewed is None or (now - _parse(renewed)).total_seconds() > float(
-                current.get("leaseDurationSeconds") or self.duration
-            )
-            if holder != self.identity and not expired:
+            expired = self._expired(current)
+            if holder and holder != self.identity and not expired:
                 return self._set(False)
             if holder != self.identity:
                 spec["acquireTime"] = _format(now)
@@ -96,7 +125,9 @@ class LeaderElector:
         try:
             lease = self.rest.get(self.path)
             if (lease.get("spec") or {}).get("holderIdentity") == self.identity:
-                lease["spec"]["renewTime"] = _format(_now() - datetime.timedelta(seconds=self.duration + 1))
+                # No holder: a standby takes it at its next attempt, whatever its clock says.
+                lease["spec"] = {k: v for k, v in lease["spec"].items() if k != "holderIdentity"}
+                lease["spec"]["leaseDurationSeconds"] = 1
                 self.rest.update(self.path, lease)
         except ClusterError as err:
             log.warning("releasing the lease failed lease=%s error=%s", self.name, err)

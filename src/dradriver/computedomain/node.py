@@ -3,7 +3,7 @@
 It publishes two devices per node: ``channel-0`` (what a workload pod's claim gets: IMEX channel 0, or every
 channel in ``All`` mode) and ``daemon-0`` (what the domain's IMEX daemon pod gets). Preparing a channel labels
 the Node with the domain's UID, which pulls the domain's daemon onto it; the channel is handed out only once
-that daemon is Ready in its clique (bounded wait, then a retryable error the kubelet retries).
+that daemon is Ready in its clique (until then a retryable error: the kubelet retries the prepare).
 
 One record of what is prepared: ``<state-dir>/checkpoint.json``. CDI specs are outputs, never read back.
 """
@@ -12,20 +12,18 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
-import tempfile
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dradriver.atomic_files import write_atomically
 from dradriver.computedomain import api
 from dradriver.computedomain.fabric import CharDevice
 from dradriver.computedomain.kube import Rest, path_of
-from dradriver.errors import ClaimError, DradriverError
+from dradriver.errors import ClaimError, ConfigError, DradriverError
 from dradriver.plugin.cluster.port import ClusterError, ConflictError, NotFoundError
 from dradriver.plugin.handler import AllocatedClaim, ClaimRef, DeviceConfig, PreparedDevice, PrepareResult
 
@@ -33,7 +31,6 @@ log = logging.getLogger(__name__)
 
 CHANNEL_DEVICE = "channel-0"
 DAEMON_DEVICE = "daemon-0"
-DEFAULT_READY_TIMEOUT = 20.0
 
 
 class NotReadyError(DradriverError):
@@ -74,29 +71,27 @@ class Checkpoint:
 
     def load(self) -> dict[str, dict[str, Any]]:
         try:
-            data: dict[str, dict[str, Any]] = json.loads(self.path.read_text()).get("claims", {})
+            text = self.path.read_text()
         except FileNotFoundError:
             return {}
-        return data
+        try:
+            claims = json.loads(text).get("claims", {})
+            if not isinstance(claims, dict) or not all(
+                isinstance(entry, dict) and isinstance(entry.get("kind"), str) for entry in claims.values()
+            ):
+                raise ValueError("claims is not an object of claim entries with a kind")
+        except (ValueError, AttributeError) as err:
+            raise ConfigError(
+                f"ComputeDomain checkpoint {self.path} is corrupt ({err}): move it aside and restart this node's "
+                "dradriver pod; the kubelet then prepares the claims of running pods again"
+            ) from None
+        return claims
 
     def update(self, change: Callable[[dict[str, dict[str, Any]]], None]) -> None:
         with self._lock:
             claims = self.load()
             change(claims)
-            _write_atomically(self.path, json.dumps({"claims": claims}, indent=1, sort_keys=True))
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+            write_atomically(self.path, json.dumps({"claims": claims}, indent=1, sort_keys=True))
 
 
 class ComputeDomainDriver:
@@ -110,8 +105,6 @@ class ComputeDomainDriver:
         namespace: str,
         state_dir: Path,
         cdi_dir: Path,
-        ready_timeout: float = DEFAULT_READY_TIMEOUT,
-        poll_interval: float = 0.5,
         daemon_mounts: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         self.facts = facts
@@ -119,8 +112,6 @@ class ComputeDomainDriver:
         self.namespace = namespace  # the driver's, where cliques and daemon pods live
         self.state_dir = state_dir
         self.cdi_dir = cdi_dir
-        self.ready_timeout = ready_timeout
-        self.poll_interval = poll_interval
         # Host files every daemon container gets (the driver's nvidia-imex and nvidia-imex-ctl).
         self.daemon_mounts = [dict(m) for m in daemon_mounts]
         self.checkpoint = Checkpoint(state_dir / "checkpoint.json")
@@ -206,13 +197,21 @@ class ComputeDomainDriver:
         if not self.facts.clique_id:
             # A node with no multi-node NVLink runs no IMEX daemon work; the pod starts without channels.
             return edits
-        self._wait_daemon_ready(config.domain_id)
+        self._check_daemon_ready(config.domain_id)
         edits["deviceNodes"] = [
             _node(CharDevice(f"{api.CHANNEL_DIR}/channel{i}", self.facts.channel_major, i)) for i in range(channels)
         ]
         return edits
 
     def _prepare_daemon(self, ref: ClaimRef, config: api.DaemonConfig) -> dict[str, Any]:
+        # The daemon device carries the domain's IMEX files and management capability: a claim anyone can make in
+        # their own namespace must never get it, only the controller's DaemonSet in the driver's namespace.
+        if ref.namespace != self.namespace:
+            raise ClaimError(
+                f"claim {ref}: only the IMEX DaemonSet of a ComputeDomain (in the driver's namespace {self.namespace}) "
+                f"may request daemon devices, not a claim in namespace {ref.namespace}; a workload requests the "
+                "channel through the claim template its ComputeDomain generated"
+            )
         domain = self._domain(config.domain_id, None)
         meta = domain["metadata"]
         directory = self.state_dir / "domains" / config.domain_id
@@ -280,27 +279,22 @@ class ComputeDomainDriver:
                     continue
         raise NotReadyError(f"node {self.facts.node_name} kept changing while labelling it; retrying")
 
-    def _wait_daemon_ready(self, uid: str) -> None:
+    def _check_daemon_ready(self, uid: str) -> None:
+        """One look at this node's clique entry, never a wait: a prepare runs under the node-wide handler lock
+        (rolling updates), and the daemon pod's own prepare, which the entry waits on, needs that lock too."""
         path = path_of(
             api.API_VERSION, "computedomaincliques", self.namespace, api.clique_object_name(uid, self.facts.clique_id)
         )
-        deadline = time.monotonic() + self.ready_timeout
-        while True:
-            try:
-                clique = self.rest.get(path)
-                entry = next(
-                    (d for d in clique.get("daemons") or [] if d.get("nodeName") == self.facts.node_name), None
-                )
-                if entry is not None and entry.get("status") == api.READY:
-                    return
-            except NotFoundError:
-                pass
-            if time.monotonic() >= deadline:
-                raise NotReadyError(
-                    f"the IMEX daemon of ComputeDomain {uid} on node {self.facts.node_name} is not Ready in clique "
-                    f"{self.facts.clique_id} yet; the kubelet retries (the pod stays in ContainerCreating)"
-                )
-            time.sleep(self.poll_interval)
+        try:
+            clique = self.rest.get(path)
+        except NotFoundError:
+            clique = {}
+        entry = next((d for d in clique.get("daemons") or [] if d.get("nodeName") == self.facts.node_name), None)
+        if entry is None or entry.get("status") != api.READY:
+            raise NotReadyError(
+                f"the IMEX daemon of ComputeDomain {uid} on node {self.facts.node_name} is not Ready in clique "
+                f"{self.facts.clique_id} yet; the kubelet retries (the pod stays in ContainerCreating)"
+            )
 
     # -- unprepare -------------------------------------------------------------------------------------
 
@@ -356,7 +350,7 @@ class ComputeDomainDriver:
             "devices": [{"name": name, "containerEdits": edits}],
         }
         self.cdi_dir.mkdir(parents=True, exist_ok=True)
-        _write_atomically(self._cdi_path(claim_uid), json.dumps(spec))
+        write_atomically(self._cdi_path(claim_uid), json.dumps(spec))
 
     def _remove_cdi(self, claim_uid: str) -> None:
         self._cdi_path(claim_uid).unlink(missing_ok=True)

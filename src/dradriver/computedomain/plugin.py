@@ -64,7 +64,6 @@ class ComputeDomainPlugin:
         cdi_dir: Path,
         node_uid: str | None,
         shape: SliceShape,
-        ready_timeout: float,
         daemon_mounts: Sequence[Mapping[str, Any]] = (),
         pod_uid: str | None = None,
     ) -> None:
@@ -79,7 +78,6 @@ class ComputeDomainPlugin:
             namespace=namespace,
             state_dir=plugin_dir,
             cdi_dir=cdi_dir,
-            ready_timeout=ready_timeout,
             daemon_mounts=daemon_mounts,
         )
         self.plugin = KubeletPlugin(

@@ -38,15 +38,6 @@ class Allocation:
         raw = asdict(self)
         return {_camel(key): list(value) if isinstance(value, tuple) else value for key, value in raw.items()}
 
-    @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> Allocation:
-        """Read what ``to_json`` wrote (``dradriver top`` reads the status server's answer)."""
-        values: dict[str, Any] = {key: str(raw.get(_camel(key)) or "") for key in cls.__dataclass_fields__}
-        values["requests"] = tuple(str(r) for r in raw.get("requests") or ())
-        gpu_instance = raw.get("gpuInstanceID")
-        values["gpu_instance_id"] = gpu_instance if isinstance(gpu_instance, int) else None
-        return cls(**values)
-
 
 def _camel(name: str) -> str:
     head, *rest = name.split("_")

@@ -56,7 +56,8 @@ XID_ERRORS = Counter(
 )
 GPU_EVENTS = Counter(
     "dradriver_gpu_events_total",
-    "GPU health events seen, by kind (xid, ecc, gpu-lost) and XID (empty for other kinds)",
+    "GPU health events seen on the node, by kind (xid, ecc, gpu-lost) and XID (empty for other kinds); the same "
+    "XIDs per GPU are dradriver_device_xid_errors_total",
     ["kind", "xid"],
 )
 

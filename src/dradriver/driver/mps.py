@@ -14,7 +14,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dradriver.errors import DeviceError
+from dradriver.validation.names import is_path_safe_uid
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,6 @@ CONTAINER_LOG_DIR = "/var/log/nvidia-mps"
 DEFAULT_COMMAND = ("nvidia-cuda-mps-control",)
 #: Beside a daemon's pipe and log directories (not in them: they are the containers'): its pid and start time.
 IDENTITY_FILE = "daemon.json"
-_DIR_NAME = re.compile(r"[A-Za-z0-9._-]{1,253}")
 
 
 class ControlUnavailable(DeviceError):
@@ -59,20 +58,27 @@ class MpsControl:
         moves the daemon out of the plugin's container and then execs it, keeping its pid, which is recorded
         (docs/sharing.md). ``env``: added to the daemons' environment (the driver root's library directories, so
         the daemon finds ``libcuda`` wherever the host keeps it)."""
+        self.root = root
+        self.use(command=command, daemon_command=daemon_command, env=env)
+        self.ready_timeout_s = ready_timeout_s
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._pause = threading.Event()  # never set: waits between checks of a condition another process changes
+
+    def use(
+        self, *, command: Sequence[str], daemon_command: Sequence[str] = (), env: Mapping[str, str] | None = None
+    ) -> None:
+        """Start daemons (and make control calls) with these from now on: an in-place driver upgrade moves the
+        binary and libraries; daemons already serving keep theirs."""
         if not command:
             raise ValueError("the MPS control command is empty")
         self.command = tuple(command)
         self.daemon_command = tuple(daemon_command)  # empty: the control command
         self.extra_env = dict(env or {})
-        self.root = root
-        self.ready_timeout_s = ready_timeout_s
-        self._children: dict[int, subprocess.Popen[bytes]] = {}
-        self._pause = threading.Event()  # never set: waits between checks of a condition another process changes
 
     def dirs(self, claim_uid: str) -> tuple[Path, Path]:
         """The claim's pipe and log directories, always inside ``root``: a UID that would name anything else (a
         checkpoint edited by hand; Kubernetes UIDs never do) is refused."""
-        if not _DIR_NAME.fullmatch(claim_uid) or claim_uid in (".", ".."):
+        if not is_path_safe_uid(claim_uid):
             raise DeviceError(
                 f"claim UID {claim_uid[:80]!r} cannot name an MPS directory under {self.root} (a Kubernetes UID has "
                 "only letters, digits and '-'); is the checkpoint damaged?"
@@ -158,9 +164,7 @@ class MpsControl:
         if not self.root.is_dir():
             return []
         return sorted(
-            p.name
-            for p in self.root.iterdir()
-            if _DIR_NAME.fullmatch(p.name) and p.name not in (".", "..") and p.is_dir() and not p.is_symlink()
+            p.name for p in self.root.iterdir() if is_path_safe_uid(p.name) and p.is_dir() and not p.is_symlink()
         )
 
     def _make_dirs(self, pipe: Path, logs: Path) -> None:

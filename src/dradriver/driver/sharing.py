@@ -21,10 +21,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dradriver.driver.checkpoint import Action, CheckpointStore, ClaimRecord, DeviceRecord
-from dradriver.driver.config import API_VERSION, TIMESLICE_VALUES, AnyConfig, MpsConfig, mib
 from dradriver.driver.mps import CONTAINER_LOG_DIR, CONTAINER_PIPE_DIR, ControlUnavailable, MpsControl
 from dradriver.driver.transaction import StepKind, Transaction
 from dradriver.errors import ClaimError, DeviceError
@@ -32,6 +31,11 @@ from dradriver.gpu.errors import GpuError, NotFound
 from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.models import ComputeMode
 from dradriver.quantity import Quantity
+
+# The config module (pydantic models) is imported where a config is at hand, not here: a driver whose claims
+# carry no opaque config never loads pydantic (docs/reliability.md, memory).
+if TYPE_CHECKING:
+    from dradriver.driver.config import AnyConfig, MpsConfig
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +70,8 @@ def wanted_settings(config: Mapping[str, Any] | None, kind: str) -> Settings:
     """The settings of a recorded (already validated) config of a ``gpu`` or ``mig`` device."""
     if not config:
         return Settings(None, None, None, None)
+    from dradriver.driver.config import MpsConfig
+
     if config.get(SHARED_KEY):
         # Several claims' MPS daemons on one GPU: each server needs the Default mode to get a context at all.
         return Settings("Default", None, MpsConfig.model_validate(config["sharing"].get("mps") or {}), "MPS")
@@ -114,6 +120,8 @@ def share_config(
         return recorded_config(config) if config is not None else None
     if shares_mode is not None:
         return _nvidia_share_config(claim, device, config, consumed, shares_mode)
+    from dradriver.driver.config import API_VERSION
+
     data: dict[str, Any] = (
         recorded_config(config) if config is not None else {"apiVersion": API_VERSION, "kind": "GpuConfig"}
     )
@@ -244,6 +252,8 @@ class SharingSteps:
                     params.update(deviceUUID=target, previous=self._previous_mode(device, txn.record.uid, target))
                 txn.expect(STEP_COMPUTE_MODE, device.name, params)
             if wanted.timeslice is not None:
+                from dradriver.driver.config import TIMESLICE_VALUES
+
                 value = TIMESLICE_VALUES[wanted.timeslice]
                 txn.expect(STEP_TIME_SLICE, device.name, {"gpuUUID": device.gpu_uuid, "value": value})
         devices = self._mps_devices(txn.record)
@@ -276,6 +286,8 @@ class SharingSteps:
             params = {"deviceUUID": target, "mode": int(mode), "previous": previous}
             txn.run(STEP_COMPUTE_MODE, device.name, params, lambda p: self._set_mode(gpulib, p["deviceUUID"], mode))
         if wanted.timeslice is not None:
+            from dradriver.driver.config import TIMESLICE_VALUES
+
             value = TIMESLICE_VALUES[wanted.timeslice]
             params = {"gpuUUID": device.gpu_uuid, "value": value}
             txn.run(STEP_TIME_SLICE, device.name, params, lambda p: self._set_timeslice(gpulib, p["gpuUUID"], value))
@@ -365,6 +377,8 @@ class SharingSteps:
         gpu = str(action.params["gpuUUID"])
         if self._holder(record.uid, STEP_TIME_SLICE, gpu) is not None:
             return
+        from dradriver.driver.config import TIMESLICE_VALUES
+
         try:
             self._gpulib(None).set_timeslice(gpu, TIMESLICE_VALUES["Default"])
         except GpuError as err:
@@ -482,6 +496,8 @@ def mps_commands(
             if key in (uuid, str(index)):
                 limit = value
         if limit is not None:
+            from dradriver.driver.config import mib
+
             commands.append(f"set_default_device_pinned_mem_limit {uuid} {mib(limit)}M")
     return commands
 

@@ -20,12 +20,11 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.cdi_step import STEP_CDI_SPEC, CdiSpecStep, ReadyDevice, build_claim_spec
 from dradriver.driver.checkpoint import CheckpointStore, ClaimRecord, ClaimState, DeviceRecord
-from dradriver.driver.config import AnyConfig, ConfigSource, DeviceTarget, resolve_configs
 from dradriver.driver.device_nodes import gpu_device_nodes
 from dradriver.driver.mig import STEP_MIG_MODE, MigSteps
 from dradriver.driver.mps import MpsControl
@@ -56,9 +55,11 @@ from dradriver.plugin.handler import (
     PrepareResult,
 )
 
+if TYPE_CHECKING:
+    from dradriver.driver.config import AnyConfig
+
 log = logging.getLogger(__name__)
 
-#: What is wrong with a device right now (e.g. unhealthy), or None: a hook for refusing prepare.
 # Why a device must not go to a new claim (cause and time), given the tolerations its allocation carries.
 DeviceProblem = Callable[[str, Sequence[DeviceToleration]], str | None]
 
@@ -81,7 +82,8 @@ class PlannedDevice:
 
 # Whether the cluster no longer allocates ``device`` to the claim ``holder`` (deleted, replaced or deallocated).
 HolderReleased = Callable[[ClaimRef, str], bool]
-# The most earlier claims one prepare releases (one per device it is refused, at most a claim's devices).
+# The most earlier claims one prepare releases (one per refused device): a bound, so a cluster that keeps
+# answering "released" cannot make a prepare loop forever.
 MAX_RELEASES = 32
 
 
@@ -198,7 +200,12 @@ class GpuDriver:
                     err.device,
                     err.holder.uid,
                 )
-                self.unprepare(err.holder)
+                try:
+                    self.unprepare(err.holder)
+                except DradriverError as undo:
+                    raise DeviceError(
+                        f"claim {claim.ref}: releasing device {err.device} from earlier claim {err.holder}: {undo}"
+                    ) from undo
         return self._prepare(claim)
 
     def _prepare(self, claim: AllocatedClaim) -> tuple[PreparedDevice, ...]:
@@ -210,8 +217,8 @@ class GpuDriver:
                 log.warning("re-writing the missing CDI spec of a prepared claim claim=%s", ref.uid)
                 self.rewrite_spec(earlier)
             self._ensure_mps(ref.uid)  # a kubelet retry finds the claim's MPS daemon serving
-            self._note_consumers(earlier, claim.consumers)
-            return self._reported(earlier)
+            self.note_consumers(ref.uid, claim.consumers)
+            return self._reported(self.checkpoint.get(ref.uid) or earlier)
         if earlier is not None and earlier.state is ClaimState.PREPARE_COMPLETED:
             # An unprepare failed half way: what is recorded is no longer what the hardware has, so the claim must
             # not be answered from the record. Finish the undo, then prepare afresh.
@@ -267,20 +274,22 @@ class GpuDriver:
         return self._reported(record)
 
     def note_consumers(self, uid: str, consumers: Sequence[ClaimConsumer]) -> None:
-        """Record who a prepared claim is reserved for now, as the API server says (the periodic re-check); the
-        caller holds the claim's lock."""
+        """Record who a prepared claim is reserved for now, as the API server says (a shared claim's next pod
+        prepares it again; the periodic re-check). The caller holds the claim's lock; the record is read again
+        under its GPUs' locks, as the MPS check writes it under them (a restarted daemon's pid must not go back)."""
         record = self.checkpoint.get(uid)
-        if record is not None and record.state is ClaimState.PREPARE_COMPLETED:
-            self._note_consumers(record, consumers)
-
-    def _note_consumers(self, record: ClaimRecord, consumers: Sequence[ClaimConsumer]) -> None:
-        """Record who a prepared claim is reserved for now: a shared claim's next pod prepares it again."""
-        if consumers and list(consumers) != record.reserved_for:
-            record.reserved_for = list(consumers)
-            try:
-                self.checkpoint.put(record)
-            except DradriverError as err:  # only the metrics' pod names are out of date
-                log.warning("cannot record the pods of a prepared claim claim=%s error=%s", record, err)
+        if not consumers or record is None:
+            return
+        with self._hold_gpus(sorted({d.gpu for d in record.devices})):
+            record = self.checkpoint.get(uid)
+            if record is None or record.state is not ClaimState.PREPARE_COMPLETED:
+                return
+            if list(consumers) != record.reserved_for:
+                record.reserved_for = list(consumers)
+                try:
+                    self.checkpoint.put(record)
+                except DradriverError as err:  # only the metrics' pod names are out of date
+                    log.warning("cannot record the pods of a prepared claim claim=%s error=%s", record, err)
 
     def unprepare(self, ref: ClaimRef) -> None:
         """Undo prepare: destroy exactly what this claim created, remove its CDI spec, forget it.
@@ -304,12 +313,15 @@ class GpuDriver:
             keep_mode = keep_mig_mode and current.state is ClaimState.PREPARE_COMPLETED
             txn = Transaction(current, self.checkpoint, self.step_kinds)
             error = txn.rollback(skip=lambda a: keep_mode and a.step == STEP_MIG_MODE)
+            if error is None:
+                # Forgotten before the locks go: the MPS check (which takes them too) must not find the record
+                # still complete and start the daemon this undo just stopped.
+                self.checkpoint.remove(record.uid)
         if error is not None:
             raise DeviceError(
                 f"claim {record}: {reason}: {error}; the rest is recorded in the checkpoint and retried by the "
                 "next unprepare or at start-up"
             )
-        self.checkpoint.remove(record.uid)
 
     def _failed(self, txn: Transaction, err: DradriverError) -> ClaimError:
         """Roll the claim back after ``err`` (the caller holds its GPUs' locks); the error for the kubelet names
@@ -357,16 +369,7 @@ class GpuDriver:
             )
             for name, requests in by_device.items()
         ]
-        # Admin access is monitoring another claim's device: its settings are that claim's, not this one's.
-        configs = resolve_configs(
-            str(claim.ref),
-            [ConfigSource(c.source, c.requests, c.parameters) for c in claim.config],
-            [
-                DeviceTarget(p.device.name, p.requests, "gpu" if isinstance(p.device, GpuDevice) else "mig")
-                for p in planned
-                if not p.admin_access
-            ],
-        )
+        configs = _resolved_configs(claim, planned) if claim.config else {}
         for p in planned:
             _refuse_multi_user_before_volta(str(claim.ref), p.device, configs.get(p.device.name))
         return [
@@ -563,6 +566,23 @@ def _refuse_overlap_and_conflicts(ref: ClaimRef, record: ClaimRecord, others: li
     check_mps_settings(record)
     _refuse_overlap(ref, record, others)
     refuse_conflicts(str(ref), record, others)
+
+
+def _resolved_configs(claim: AllocatedClaim, planned: Sequence[PlannedDevice]) -> dict[str, AnyConfig]:
+    """The claim's opaque configs resolved per device. The config module and its pydantic models load here, at
+    the first claim that carries a config, not with the driver (docs/reliability.md, memory)."""
+    from dradriver.driver.config import ConfigSource, DeviceTarget, resolve_configs
+
+    # Admin access is monitoring another claim's device: its settings are that claim's, not this one's.
+    return resolve_configs(
+        str(claim.ref),
+        [ConfigSource(c.source, c.requests, c.parameters) for c in claim.config],
+        [
+            DeviceTarget(p.device.name, p.requests, "gpu" if isinstance(p.device, GpuDevice) else "mig")
+            for p in planned
+            if not p.admin_access
+        ],
+    )
 
 
 def _refuse_multi_user_before_volta(ref: str, device: GpuDevice | MigPartition, config: AnyConfig | None) -> None:

@@ -109,6 +109,7 @@ class UsageSampler:
         """``pod_of_pid`` is a seam for tests (a simulated node's PIDs are nobody's)."""
         self._gpulib = gpulib
         self._devices = devices
+        self._unreadable: set[str] = set()
         self._allocations = allocations
         self._pod_of_pid = pod_of_pid
         self._latest: UsageSample | None = None
@@ -127,7 +128,15 @@ class UsageSampler:
             try:
                 read.append((device, self._gpulib.usage(device.uuid)))
             except GpuError as err:
-                log.debug("usage not read device=%s error=%s", device.name, err)
+                # Once per device at warning level: a device that never answers would vanish from /metrics and
+                # `top` without a word; later failures stay at debug (one line per sample would flood the log).
+                if device.name not in self._unreadable:
+                    self._unreadable.add(device.name)
+                    log.warning(
+                        "usage not read, the device is left out of the samples device=%s error=%s", device.name, err
+                    )
+                else:
+                    log.debug("usage not read device=%s error=%s", device.name, err)
         sample = UsageSample(
             taken_at=taken_at,
             duration_seconds=time.perf_counter() - began,

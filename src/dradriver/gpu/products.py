@@ -9,13 +9,15 @@ profiles), validated on load.
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dradriver.gpu.models import MigProfile, Placement
+from dradriver.inputs import Fields
 
 # A MIG-capable GPU has 8 memory slices and 7 compute slices; profiles and placements are counted in them.
 MEMORY_SLICES_PER_GPU = 8
@@ -74,35 +76,56 @@ LOST_XIDS = frozenset({79})
 ECC_XIDS = frozenset({48, 94, 95})
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+_COMPUTE_CAPABILITY = re.compile(r"^\d+\.\d+$")
 
 
-class MigProfileSpec(_Strict):
+@dataclass(frozen=True)
+class MigProfileSpec:
+    """One MIG profile of a product as ``data/products.yaml`` lists it (``memorySlices``, ``memoryMiB``…)."""
+
     name: str
-    id: int = Field(ge=0)
-    enum: int = Field(ge=0, description="NVML_GPU_INSTANCE_PROFILE_* value used to look the profile up")
-    slices: int = Field(ge=1, le=8)
-    memory_slices: int = Field(alias="memorySlices", ge=1, le=8)
-    max: int = Field(ge=1)
-    memory_mib: int = Field(alias="memoryMiB", gt=0)
-    sm: int = Field(gt=0)
-    ce: int = Field(ge=0)
-    dec: int = Field(ge=0)
-    enc: int = Field(ge=0)
-    jpeg: int = Field(ge=0)
-    ofa: int = Field(ge=0)
+    id: int
+    enum: int  # NVML_GPU_INSTANCE_PROFILE_* value used to look the profile up
+    slices: int
+    memory_slices: int
+    max: int
+    memory_mib: int
+    sm: int
+    ce: int
+    dec: int
+    enc: int
+    jpeg: int
+    ofa: int
     starts: tuple[int, ...]
 
-    @model_validator(mode="after")
-    def _placements_fit(self) -> MigProfileSpec:
-        for start in self.starts:
-            if start < 0 or start + self.memory_slices > MEMORY_SLICES_PER_GPU:
+    @classmethod
+    def read(cls, raw: object, where: str) -> MigProfileSpec:
+        fields = Fields(raw, where)
+        starts = tuple(int(_start(value, at)) for at, value in fields.items("starts"))
+        spec = cls(
+            name=fields.string("name"),
+            id=fields.integer("id", ge=0),
+            enum=fields.integer("enum", ge=0),
+            slices=fields.integer("slices", ge=1, le=8),
+            memory_slices=fields.integer("memorySlices", ge=1, le=8),
+            max=fields.integer("max", ge=1),
+            memory_mib=fields.integer("memoryMiB", gt=0),
+            sm=fields.integer("sm", gt=0),
+            ce=fields.integer("ce", ge=0),
+            dec=fields.integer("dec", ge=0),
+            enc=fields.integer("enc", ge=0),
+            jpeg=fields.integer("jpeg", ge=0),
+            ofa=fields.integer("ofa", ge=0),
+            starts=starts,
+        )
+        fields.done()
+        for start in spec.starts:
+            if start < 0 or start + spec.memory_slices > MEMORY_SLICES_PER_GPU:
                 raise ValueError(
-                    f"placement start {start} with {self.memory_slices} memory slices does not fit "
+                    f"{where}: placement start {start} with {spec.memory_slices} memory slices does not fit "
                     f"in {MEMORY_SLICES_PER_GPU} slices"
                 )
-        return self
+        return spec
 
     def to_profile(self) -> MigProfile:
         return MigProfile(
@@ -122,14 +145,38 @@ class MigProfileSpec(_Strict):
         )
 
 
-class ProductSpec(_Strict):
+def _start(value: object, where: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{where}: Input should be a valid integer")
+    return value
+
+
+@dataclass(frozen=True)
+class ProductSpec:
+    """One product of ``data/products.yaml``, keyed there by its NVML name."""
+
     architecture: str
-    compute_capability: str = Field(alias="computeCapability", pattern=r"^\d+\.\d+$")
-    memory_mib: int = Field(alias="memoryMiB", gt=0)
-    multiprocessors: int = Field(gt=0)
-    pci_device_id: int = Field(alias="pciDeviceId", ge=0)
-    nvlinks: int = Field(ge=0, le=36)
-    mig_profiles: tuple[MigProfileSpec, ...] = Field(default=(), alias="migProfiles")
+    compute_capability: str
+    memory_mib: int
+    multiprocessors: int
+    pci_device_id: int
+    nvlinks: int
+    mig_profiles: tuple[MigProfileSpec, ...] = ()
+
+    @classmethod
+    def read(cls, raw: object, where: str) -> ProductSpec:
+        fields = Fields(raw, where)
+        spec = cls(
+            architecture=fields.string("architecture"),
+            compute_capability=fields.string("computeCapability", pattern=_COMPUTE_CAPABILITY),
+            memory_mib=fields.integer("memoryMiB", gt=0),
+            multiprocessors=fields.integer("multiprocessors", gt=0),
+            pci_device_id=fields.integer("pciDeviceId", ge=0),
+            nvlinks=fields.integer("nvlinks", ge=0, le=36),
+            mig_profiles=tuple(MigProfileSpec.read(value, at) for at, value in fields.items("migProfiles")),
+        )
+        fields.done()
+        return spec
 
     @property
     def mig_capable(self) -> bool:
@@ -141,9 +188,12 @@ class ProductSpec(_Strict):
 
 @cache
 def load_products() -> dict[str, ProductSpec]:
-    """Every product we know, keyed by its NVML name (the simulator can build a node of any of them)."""
+    """Every product we know, keyed by its NVML name (the simulator can build a node of any of them).
+
+    Checked by hand (:class:`~dradriver.inputs.Fields`), not by pydantic models: the NVML adapter reads this
+    table in every node driver, and pydantic's machinery is about 10 MB of a driver's memory."""
     text = resources.files("dradriver.gpu").joinpath("data/products.yaml").read_text()
     # Our own file: libyaml's safe loader where PyYAML has it, since the pure-Python one spent 20 times as long
     # (about 90 ms against 4 on the loaded benchmark machine) of every simulated node's start-up.
     raw = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    return {name: ProductSpec.model_validate(spec) for name, spec in raw.items()}
+    return {name: ProductSpec.read(spec, name) for name, spec in raw.items()}

@@ -31,6 +31,9 @@ STUB_BINARIES = (
     "nvidia-cuda-mps-control",
     "nvidia-cuda-mps-server",
 )
+#: The IMEX daemon and its control tool: scripts that run dradriver's IMEX stand-in (``dradriver sim imex``), so a
+#: ComputeDomain daemon pod of our image runs the "driver's" IMEX it gets mounted, as on a real node.
+STUB_IMEX_BINARIES = {"nvidia-imex": "daemon", "nvidia-imex-ctl": "ctl"}
 
 
 def write_stub_driver_root(root: Path, version: str, *, machine: str | None = None) -> Path:
@@ -50,6 +53,9 @@ def write_stub_driver_root(root: Path, version: str, *, machine: str | None = No
             _link(libdir / soname, versioned)
     for name in STUB_BINARIES:
         script = f'#!/bin/sh\necho "{name} (simulated NVIDIA driver {version})"\n'
+        _write(bindir / name, script, mode=0o755)
+    for name, tool in STUB_IMEX_BINARIES.items():
+        script = f'#!/bin/sh\n# {name} (simulated NVIDIA driver {version})\nexec dradriver sim imex {tool} "$@"\n'
         _write(bindir / name, script, mode=0o755)
     _write(firmware / "gsp_ga10x.bin", "stub GSP firmware\n", mode=0o644)
     _write(firmware / "gsp_tu10x.bin", "stub GSP firmware\n", mode=0o644)

@@ -101,10 +101,12 @@ _copies = itertools.count(1)
 
 def fake_pynvml(node: SimulatedNode) -> ModuleType:
     """A private copy of pynvml whose C calls are answered by ``node`` instead of ``libnvidia-ml.so``."""
-    import pynvml
-
+    # Found, not imported: pynvml itself is never used on a simulated node, and a second copy of its thousand
+    # functions and structures is 2 MB of a simulated driver's memory (docs/reliability.md).
+    found = importlib.util.find_spec("pynvml")
+    assert found is not None and found.origin is not None, "nvidia-ml-py is a dependency"
     name = f"dradriver_fake_pynvml_{next(_copies)}"
-    spec = importlib.util.spec_from_file_location(name, pynvml.__file__)
+    spec = importlib.util.spec_from_file_location(name, found.origin)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     # pynvml looks itself up in sys.modules while it builds its NVMLError subclasses; it is not needed afterwards.

@@ -22,6 +22,8 @@ import sys
 import threading
 import time
 
+# What dradriver's daemon maps unused names to (computedomain/imexconf.py's SENTINEL_ADDRESS).
+SENTINEL = "255.255.255.255"
 KEYS = {
     "SERVER_PORT",
     "IMEX_NODE_CONFIG_FILE",
@@ -91,7 +93,8 @@ class Daemon:
         self.load()
 
     def load(self) -> None:
-        addresses = resolve(self.names, self.hosts)
+        # An unused name (the sentinel address) is no peer: dialled, it fails at once; the table leaves it out.
+        addresses = [None if a == SENTINEL else a for a in resolve(self.names, self.hosts)]
         own = [i for i, address in enumerate(addresses) if address == self.bind]
         if not own:
             sys.exit("No matching network interface found for any IP addresses in the node configuration file")

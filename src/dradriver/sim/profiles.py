@@ -8,86 +8,136 @@ Built-in profiles live in ``sim/data/nodes``; users can write their own profile 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-
 from dradriver.errors import ConfigError
 from dradriver.gpu.models import NO_CLUSTER_UUID
 from dradriver.gpu.products import FABRIC_ARCHITECTURES, ProductSpec, load_products
-from dradriver.inputs import parse_yaml, path_exists, read_text
+from dradriver.inputs import Fields, parse_yaml, path_exists, read_text
 from dradriver.validation.names import DNS_SUBDOMAIN_MAX_LENGTH, is_dns_label
 
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+_DRIVER_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")
+_PCIE_ROOT = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
+# NVML numbers GPUs per node; no server holds more than a few dozen (and each costs simulation time).
+MAX_GPUS = 64
 
 
-class MigDeviceSpec(_Strict):
+@dataclass(frozen=True)
+class MigDeviceSpec:
     profile: str
-    start: int = Field(ge=0, le=7)
+    start: int
 
-
-class GpuSpec(_Strict):
-    product: str
-    pci_bus_id: str = Field(alias="pciBusId")
-    numa_node: int | None = Field(default=None, alias="numaNode", ge=0)
-    pcie_root: str | None = Field(default=None, alias="pcieRoot", pattern=r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
-    mig_enabled: bool = Field(default=False, alias="migEnabled")
-    mig_devices: tuple[MigDeviceSpec, ...] = Field(default=(), alias="migDevices")
-
-    @field_validator("pci_bus_id")
     @classmethod
-    def _bdf(cls, value: str) -> str:
-        value = value.lower()
-        if not _BDF.fullmatch(value):
-            raise ValueError(f"{value!r} is not a PCI address like '0000:07:00.0'")
-        return value
+    def read(cls, raw: object, where: str) -> MigDeviceSpec:
+        fields = Fields(raw, where)
+        spec = cls(profile=fields.string("profile"), start=fields.integer("start", ge=0, le=7))
+        fields.done()
+        return spec
 
 
-class FabricSpec(_Strict):
+@dataclass(frozen=True)
+class GpuSpec:
+    product: str
+    pci_bus_id: str
+    numa_node: int | None = None
+    pcie_root: str | None = None
+    mig_enabled: bool = False
+    mig_devices: tuple[MigDeviceSpec, ...] = ()
+
+    @classmethod
+    def read(cls, raw: object, where: str) -> GpuSpec:
+        fields = Fields(raw, where)
+        product = fields.string("product")
+        pci_bus_id = fields.string("pciBusId").lower()
+        if not _BDF.fullmatch(pci_bus_id):
+            raise ValueError(f"{fields.path('pciBusId')}: {pci_bus_id!r} is not a PCI address like '0000:07:00.0'")
+        spec = cls(
+            product=product,
+            pci_bus_id=pci_bus_id,
+            numa_node=None if fields.value("numaNode", None) is None else fields.integer("numaNode", ge=0),
+            pcie_root=None if fields.value("pcieRoot", None) is None else fields.string("pcieRoot", pattern=_PCIE_ROOT),
+            mig_enabled=fields.boolean("migEnabled", False),
+            mig_devices=tuple(MigDeviceSpec.read(value, at) for at, value in fields.items("migDevices")),
+        )
+        fields.done()
+        return spec
+
+
+@dataclass(frozen=True)
+class FabricSpec:
     """The multi-node NVLink clique the node's GPUs registered into (GH200 NVL32, GB200 NVL72 style)."""
 
-    cluster_uuid: str = Field(alias="clusterUuid")
-    clique_id: int = Field(alias="cliqueId", ge=0, le=0xFFFFFFFF)
+    cluster_uuid: str
+    clique_id: int
 
-    @field_validator("cluster_uuid")
     @classmethod
-    def _uuid(cls, value: str) -> str:
-        value = value.lower()
-        if not _UUID.fullmatch(value):
-            raise ValueError(f"{value!r} is not a UUID like '6f1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d'")
-        if value == NO_CLUSTER_UUID:
-            raise ValueError("the all-zero UUID means 'not in a multi-node clique'; omit fabric instead")
-        return value
+    def read(cls, raw: object, where: str) -> FabricSpec:
+        fields = Fields(raw, where)
+        cluster_uuid = fields.string("clusterUuid").lower()
+        if not _UUID.fullmatch(cluster_uuid):
+            raise ValueError(
+                f"{fields.path('clusterUuid')}: {cluster_uuid!r} is not a UUID like "
+                "'6f1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d'"
+            )
+        if cluster_uuid == NO_CLUSTER_UUID:
+            raise ValueError(
+                f"{fields.path('clusterUuid')}: the all-zero UUID means 'not in a multi-node clique'; omit fabric "
+                "instead"
+            )
+        spec = cls(cluster_uuid=cluster_uuid, clique_id=fields.integer("cliqueId", ge=0, le=0xFFFFFFFF))
+        fields.done()
+        return spec
 
 
-class NodeProfile(_Strict):
+@dataclass(frozen=True)
+class NodeProfile:
+    """A simulated node: its GPUs (at most :data:`MAX_GPUS`), how they are linked, its driver's versions.
+
+    Read by :meth:`read` with hand-written checks (:class:`~dradriver.inputs.Fields`) rather than pydantic
+    models, which would cost a simulated node's driver about 10 MB of memory (docs/reliability.md)."""
+
     name: str
+    gpus: tuple[GpuSpec, ...]
     description: str = ""
-    driver_version: str = Field(default="580.65.06", alias="driverVersion", pattern=r"^\d+\.\d+(\.\d+)?$")
-    cuda_driver_version: int = Field(default=13000, alias="cudaDriverVersion", ge=1000)
-    nvswitch: bool = Field(default=False, description="every GPU is attached to one NVSwitch fabric")
-    nvlink_bridges: tuple[tuple[int, int], ...] = Field(default=(), alias="nvlinkBridges")
-    fabric: FabricSpec | None = Field(default=None, description="multi-node NVLink clique of the NVSwitch fabric")
-    # NVML numbers GPUs per node; no server holds more than a few dozen (and each costs simulation time).
-    gpus: tuple[GpuSpec, ...] = Field(min_length=1, max_length=64)
+    driver_version: str = "580.65.06"
+    cuda_driver_version: int = 13000
+    nvswitch: bool = False  # every GPU is attached to one NVSwitch fabric
+    nvlink_bridges: tuple[tuple[int, int], ...] = ()
+    fabric: FabricSpec | None = None  # multi-node NVLink clique of the NVSwitch fabric
 
-    @field_validator("name")
     @classmethod
-    def _name(cls, value: str) -> str:
+    def read(cls, raw: object) -> NodeProfile:
+        """The profile in ``raw`` (a profile file's mapping); ``ValueError`` names the field and the problem."""
+        fields = Fields(raw)
+        name = fields.string("name")
         # It names the simulated node (a DNS subdomain, at most 253 characters) and its pool, without dots.
-        if not is_dns_label(value, max_length=DNS_SUBDOMAIN_MAX_LENGTH):
-            raise ValueError(f"{value!r} is not a node name without dots (lower-case letters, digits and '-')")
-        return value
+        if not is_dns_label(name, max_length=DNS_SUBDOMAIN_MAX_LENGTH):
+            raise ValueError(f"name: {name!r} is not a node name without dots (lower-case letters, digits and '-')")
+        fabric = fields.value("fabric", None)
+        profile = cls(
+            name=name,
+            description=fields.string("description", ""),
+            driver_version=fields.string("driverVersion", "580.65.06", pattern=_DRIVER_VERSION),
+            cuda_driver_version=fields.integer("cudaDriverVersion", 13000, ge=1000),
+            nvswitch=fields.boolean("nvswitch", False),
+            nvlink_bridges=tuple(_bridge(value, at) for at, value in fields.items("nvlinkBridges")),
+            fabric=None if fabric is None else FabricSpec.read(fabric, "fabric"),
+            gpus=tuple(
+                GpuSpec.read(value, at) for at, value in fields.items("gpus", min_length=1, max_length=MAX_GPUS)
+            ),
+        )
+        fields.done()
+        profile._consistent()
+        return profile
 
-    @model_validator(mode="after")
-    def _consistent(self) -> NodeProfile:
+    def _consistent(self) -> None:
         products = load_products()
         self._check_gpus(products)
         bridged = self._check_bridges(products)
@@ -95,7 +145,6 @@ class NodeProfile(_Strict):
             raise ValueError("nvswitch and nvlinkBridges cannot be combined in one profile")
         if self.fabric is not None:
             self._check_fabric(products)
-        return self
 
     def _check_gpus(self, products: dict[str, ProductSpec]) -> None:
         """Known products, one GPU per PCI address, MIG devices only where the product has those profiles."""
@@ -175,15 +224,16 @@ def load_node_profile(name_or_path: str) -> NodeProfile:
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: a node profile must be a mapping with 'name' and 'gpus'")
     try:
-        return NodeProfile.model_validate(raw)
-    except ValidationError as err:
-        raise ConfigError(f"{source}: invalid node profile: {_describe(err)}") from err
+        return NodeProfile.read(raw)
+    except ValueError as err:
+        raise ConfigError(f"{source}: invalid node profile: {err}") from err
 
 
-def _describe(err: ValidationError) -> str:
-    parts = []
-    for problem in err.errors():
-        location = ".".join(str(p) for p in problem["loc"])
-        message = problem["msg"].removeprefix("Value error, ")
-        parts.append(f"{location}: {message}" if location else message)
-    return "; ".join(parts)
+def _bridge(value: object, where: str) -> tuple[int, int]:
+    if (
+        not isinstance(value, list)
+        or len(value) != 2
+        or not all(isinstance(i, int) and not isinstance(i, bool) for i in value)
+    ):
+        raise ValueError(f"{where}: a bridge is a pair of GPU indexes, like [0, 1]")
+    return value[0], value[1]

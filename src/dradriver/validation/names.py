@@ -103,3 +103,12 @@ def is_label_value(value: object) -> bool:
 def is_semver(value: object) -> bool:
     """A Semantic Versioning 2.0.0 version such as ``1.2.3-rc.1+build`` (no leading ``v``, no leading zeros)."""
     return isinstance(value, str) and SEMVER.fullmatch(value) is not None
+
+
+_PATH_SAFE_UID = re.compile(r"[A-Za-z0-9._-]{1,253}")
+
+
+def is_path_safe_uid(value: object) -> bool:
+    """A claim UID as the driver names files and directories after it: Kubernetes writes UUIDs, and anything
+    else (a checkpoint edited by hand, a hostile caller) must still be one path component, never ``.``/``..``."""
+    return isinstance(value, str) and _PATH_SAFE_UID.fullmatch(value) is not None and value not in (".", "..")

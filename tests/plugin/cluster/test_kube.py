@@ -25,7 +25,7 @@ from dradriver.plugin.cluster import (
     WatchExpiredError,
 )
 from dradriver.plugin.cluster import kube as kube_cluster
-from dradriver.plugin.cluster.kube import KubeCluster, load_api_client
+from dradriver.plugin.cluster.kube import KubeCluster, load_api_client, load_rest_client
 
 DRIVER = "gpu.dradriver.dev"
 
@@ -440,3 +440,43 @@ def test_an_older_server_is_spoken_to_in_its_version(api: ApiEnv) -> None:
         api.cluster.list_resource_slices(driver=DRIVER, node_name="node-1")
     [request] = [r for r in api.server.requests if r.path.endswith("/resourceslices")]
     assert request.path == "/apis/resource.k8s.io/v1beta1/resourceslices"
+
+
+def test_the_rest_client_sends_what_the_clients_api_client_sends(api: ApiEnv, tmp_path: Path) -> None:
+    # The adapters use RestClient instead of ApiClient (which costs pydantic): same URL, query, headers, auth.
+    path = str(api.server.write_kubeconfig(tmp_path / "kubeconfig"))
+    request = {
+        "method": "PATCH",
+        "resource_path": "/apis/x/v1/namespaces/a b/things/t",
+        "query_params": [("fieldSelector", "spec.driver=d,spec.nodeName=n"), ("limit", "500")],
+        "header_params": {"Accept": "application/json", "Content-Type": "application/merge-patch+json"},
+        "body": {"spec": {"a": [1, "é"]}},
+        "auth_settings": ["BearerToken"],
+    }
+    ours, theirs = load_rest_client(path), load_api_client(path)
+    try:
+        assert ours.param_serialize(**request) == theirs.param_serialize(**request)
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_in_a_pod_the_adapter_never_imports_the_typed_client_or_pydantic(tmp_path: Path) -> None:
+    # kubernetes.client.ApiClient defines a pydantic model at import: with its date parser, about 10 MB of RSS.
+    (tmp_path / "token").write_text("pod-token")
+    (tmp_path / "ca.crt").write_text("not read before the first request")
+    code = f"""
+import json, sys
+from dradriver.plugin.cluster import kube as kube_cluster
+kube_cluster._in_cluster.SERVICE_TOKEN_FILENAME = {str(tmp_path / "token")!r}
+kube_cluster._in_cluster.SERVICE_CERT_FILENAME = {str(tmp_path / "ca.crt")!r}
+cluster = kube_cluster.KubeCluster.from_kubeconfig()
+request = cluster._api.param_serialize(method="GET", resource_path="/version", auth_settings=["BearerToken"])
+print(json.dumps({{
+    "url": request[1],
+    "authorization": request[2].get("authorization"),
+    "loaded": sorted(m for m in ("pydantic", "kubernetes.client.api_client", "dateutil") if m in sys.modules),
+}}))
+"""
+    seen = _in_fresh_interpreter(code, KUBERNETES_SERVICE_HOST="10.0.0.1", KUBERNETES_SERVICE_PORT="443")
+    assert seen == {"url": "https://10.0.0.1:443/version", "authorization": "bearer pod-token", "loaded": []}

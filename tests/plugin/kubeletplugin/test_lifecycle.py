@@ -16,7 +16,7 @@ from dradriver.plugin.kubeletplugin.lifecycle import (
     InstanceLock,
     SocketServer,
 )
-from dradriver.plugin.kubeletplugin.plugin import rolling_update_registration_socket
+from dradriver.plugin.kubeletplugin.plugin import rolling_update_dra_socket, rolling_update_registration_socket
 
 
 def test_fixed_name_instances_exclude_each_other(tmp_path: Path) -> None:
@@ -69,6 +69,18 @@ def test_registration_socket_names_fall_back_to_a_hash_when_too_long() -> None:
     last = rolling_update_registration_socket(deeper, "gpu.dradriver.dev", uid)
     assert last.name.startswith("dra-") and len(last.name) == len("dra-") + 16 + len("-reg.sock")
     assert "/" not in last.name and "+" not in last.name
+
+
+def test_dra_socket_names_fall_back_to_a_hash_when_too_long() -> None:
+    uid = "6b0e3b9c-2f0e-4a9e-8f5e-1c2d3e4f5a6b"
+    short = rolling_update_dra_socket(Path("/var/lib/kubelet/plugins/compute-domain.dradriver.dev"), uid)
+    assert short.name == f"dra-{uid}.sock"
+    # The node tests' kubelet root with the second driver's directory: 110 bytes with the UID.
+    deep = Path("/tmp/dra-n-jqy3lb68/kubelet/plugins/compute-domain.dradriver.dev")
+    hashed = rolling_update_dra_socket(deep, uid)
+    assert hashed.name.startswith("dra-") and uid not in hashed.name and len(hashed.name) == len("dra-.sock") + 16
+    assert len(bytes(hashed)) <= MAX_SOCKET_PATH_BYTES
+    assert rolling_update_dra_socket(deep, uid) == hashed  # stable: the same pod finds its socket again
 
 
 class _Recorder:

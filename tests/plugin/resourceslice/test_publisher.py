@@ -697,3 +697,10 @@ def test_a_server_that_keeps_taints_gets_them_and_nothing_is_withdrawn(
     assert device_names(api) == [["gpu-0", "gpu-1", "gpu-2"]]
     assert not publisher.status.taints_dropped
     assert [t["effect"] for t in slices(api)[0]["spec"]["devices"][0]["taints"]] == ["NoSchedule"]
+
+
+def test_a_spec_takes_kubernetes_client_models_in_their_json_form() -> None:
+    from kubernetes.client import V1Device
+
+    spec = SliceSpec.of(devices=[V1Device(name="gpu-0", attributes=None)])
+    assert spec.devices == ({"name": "gpu-0"},)

@@ -91,10 +91,15 @@ def _lazy_package(name: str) -> None:
 
 _lazy_package("kubernetes")
 _lazy_package("kubernetes.config")
+# ``kubernetes/utils/__init__`` imports YAML object creation, quantities, durations and metrics: the REST layer
+# wants only its retry and keepalive helpers.
+_lazy_package("kubernetes.utils")
 # The client's functions carry no type hints; we call them through Any rather than scatter ignores.
 k8s_client: Any = importlib.import_module("kubernetes.client")
 _in_cluster: Any = importlib.import_module("kubernetes.config.incluster_config")
 _ConfigException: type[Exception] = importlib.import_module("kubernetes.config.config_exception").ConfigException
+# What the client's own ApiClient sends, so the API server's logs and audit see the same agent.
+_USER_AGENT = f"OpenAPI-Generator/{k8s_client.__version__}/python"
 
 
 def _load_kube_config(**options: Any) -> None:
@@ -110,7 +115,18 @@ DEFAULT_REQUEST_TIMEOUT = (5.0, 30.0)
 
 
 def load_api_client(kubeconfig: str | None = None, *, context: str | None = None) -> Any:
-    """An ``ApiClient`` configured from, in this order: the kubeconfig file ``kubeconfig`` if given; the
+    """An ``ApiClient`` configured as :func:`load_configuration` says (for code that calls the client's typed
+    APIs; the cluster adapters use the lighter :func:`load_rest_client`)."""
+    return k8s_client.ApiClient(load_configuration(kubeconfig, context=context))
+
+
+def load_rest_client(kubeconfig: str | None = None, *, context: str | None = None) -> RestClient:
+    """A :class:`RestClient` configured as :func:`load_configuration` says."""
+    return RestClient(load_configuration(kubeconfig, context=context))
+
+
+def load_configuration(kubeconfig: str | None = None, *, context: str | None = None) -> Any:
+    """The client's ``Configuration`` from, in this order: the kubeconfig file ``kubeconfig`` if given; the
     in-cluster service account when running in a pod; ``$KUBECONFIG`` or ``~/.kube/config``.
 
     Raises :class:`ConfigError` naming what was tried when none works."""
@@ -141,7 +157,60 @@ def load_api_client(kubeconfig: str | None = None, *, context: str | None = None
             f"cannot load Kubernetes client configuration from {source}: {exc}; pass --kubeconfig with a "
             "valid kubeconfig file, or run inside a pod with a service account"
         ) from exc
-    return k8s_client.ApiClient(configuration)
+    return configuration
+
+
+class RestClient:
+    """The part of the client's ``ApiClient`` the adapters call (``param_serialize``, ``call_api``, ``close``,
+    ``configuration``), over the same ``Configuration`` and REST layer (urllib3 pool, TLS, proxies, retries) and
+    the same bearer-token setting (refreshed by the in-cluster loader's hook). ``ApiClient`` itself imports
+    pydantic and defines a model at import, with the date parser and thread pool of its typed APIs: about 10 MB
+    of a node driver's memory for requests whose bodies we read and write as raw JSON (docs/reliability.md)."""
+
+    def __init__(self, configuration: Any) -> None:
+        self.configuration = configuration
+        self.rest_client = importlib.import_module("kubernetes.client.rest").RESTClientObject(configuration)
+        self.default_headers = {"User-Agent": _USER_AGENT}
+
+    def param_serialize(
+        self,
+        *,
+        method: str,
+        resource_path: str,
+        query_params: list[tuple[str, str]] | None = None,
+        header_params: dict[str, str] | None = None,
+        body: Any = None,
+        auth_settings: list[str] | None = None,
+    ) -> tuple[str, str, dict[str, str], Any, None]:
+        """``(method, url, headers, body, post_params)`` for :meth:`call_api`, as ``ApiClient`` builds them."""
+        headers = {**(header_params or {}), **self.default_headers}
+        settings = self.configuration.auth_settings()
+        for name in auth_settings or ():
+            setting = settings.get(name)
+            if setting and setting["in"] == "header":
+                headers[setting["key"]] = setting["value"]
+        url = self.configuration.host + resource_path
+        if query_params:
+            url += "?" + "&".join(f"{key}={quote(str(value))}" for key, value in query_params)
+        return method, url, headers, body, None
+
+    def call_api(
+        self,
+        method: str,
+        url: str,
+        header_params: dict[str, str] | None = None,
+        body: Any = None,
+        post_params: Any = None,
+        _request_timeout: Any = None,
+    ) -> Any:
+        """The client's ``RESTResponse`` (its ``ApiException`` for what its REST layer refuses)."""
+        return self.rest_client.request(
+            method, url, headers=header_params, body=body, post_params=post_params, _request_timeout=_request_timeout
+        )
+
+    def close(self) -> None:
+        """Release the connections."""
+        self.rest_client.close()
 
 
 def _status_message(body: bytes) -> tuple[str, str]:
@@ -262,7 +331,7 @@ class KubeCluster:
     ) -> KubeCluster:
         """A cluster adapter configured by :func:`load_api_client`; ``qps`` above 0 limits its requests."""
         limit = TokenBucket(qps, burst) if qps > 0 else None
-        return cls(load_api_client(kubeconfig, context=context), rate_limit=limit)
+        return cls(load_rest_client(kubeconfig, context=context), rate_limit=limit)
 
     def close(self) -> None:
         """Release the client's connections."""

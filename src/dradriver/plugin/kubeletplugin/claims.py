@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import threading
 from collections import Counter
 from collections.abc import Collection, Iterator, Mapping
@@ -17,8 +16,7 @@ from dradriver.plugin.handler import (
     DeviceConfig,
     DeviceToleration,
 )
-
-_UID = re.compile(r"[A-Za-z0-9._-]{1,253}")
+from dradriver.validation.names import is_path_safe_uid
 
 
 class ClaimSource(Protocol):
@@ -39,7 +37,7 @@ def ref_problem(ref: ClaimRef) -> str | None:
     missing = [field for field in ("uid", "namespace", "name") if not getattr(ref, field)]
     if missing:
         return f"claim {ref} has an empty {' and '.join(missing)}: the kubelet must send uid, namespace and name"
-    if not _UID.fullmatch(ref.uid) or ref.uid in (".", ".."):
+    if not is_path_safe_uid(ref.uid):
         # The UID names the claim's files (CDI spec, MPS and metadata directories): it must not name a path.
         return (
             f"claim {ref.namespace}/{ref.name}: UID {ref.uid[:80]!r} is not a Kubernetes UID (letters, digits, '-', "

@@ -55,7 +55,7 @@ DRA_SOCKET_NAME = "dra.sock"
 LOCK_FILE_NAME = "plugin.lock"
 SERIALIZE_LOCK_NAME = "serialize.lock"
 CLAIM_STATUS_STOP_SECONDS = 5.0  # the most a stop waits for a claim status write in flight
-# A DNS subdomain: what the API server accepts as a DRA driver name (and safe in a file name).
+# A pod's UID as the downward API gives it (a UUID), safe in the per-pod socket and file names.
 _POD_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
 
 
@@ -141,7 +141,7 @@ class KubeletPlugin:
             self.dra_socket = self.plugin_dir / DRA_SOCKET_NAME
             self.registration_socket = self.registry_dir / f"{driver_name}-reg.sock"
         else:
-            self.dra_socket = self.plugin_dir / f"dra-{self.pod_uid}.sock"
+            self.dra_socket = rolling_update_dra_socket(self.plugin_dir, self.pod_uid)
             self.registration_socket = rolling_update_registration_socket(self.registry_dir, driver_name, self.pod_uid)
         self.registration = RegistrationState()
         self.claim_locks = claim_locks or ClaimLocks()
@@ -417,6 +417,17 @@ def rolling_update_registration_socket(registry_dir: Path, driver_name: str, pod
         if len(os.fsencode(path)) <= MAX_SOCKET_PATH_BYTES:
             return path
     return path  # too long even so: SocketServer.start names the path and the limit
+
+
+def rolling_update_dra_socket(plugin_dir: Path, pod_uid: str) -> Path:
+    """``dra-<uid>.sock``, or ``dra-<16 characters of the UID's hash>.sock`` when that path would not fit in a unix
+    socket address (a second driver's longer directory name, e.g. compute-domain.dradriver.dev, under a deep kubelet
+    root: seen on the node tests' kubelet)."""
+    path = plugin_dir / f"dra-{pod_uid}.sock"
+    if len(os.fsencode(path)) <= MAX_SOCKET_PATH_BYTES:
+        return path
+    digest = base64.urlsafe_b64encode(hashlib.sha256(pod_uid.encode()).digest()).decode()
+    return plugin_dir / f"dra-{digest[:16]}.sock"  # too long even so: SocketServer.start names the path and the limit
 
 
 def _make_dir(path: Path, what: str, flag: str) -> None:

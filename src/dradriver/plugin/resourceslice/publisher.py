@@ -29,10 +29,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import tenacity
-from pydantic import BaseModel
 
 from dradriver.plugin.cluster import (
     RESOURCE_SLICE_API_VERSION,
@@ -71,10 +70,18 @@ def copy_json(value: Any) -> Any:
 _JSON_SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
-def to_json_form(obj: Mapping[str, Any] | BaseModel) -> JsonObject:
+@runtime_checkable
+class ClientModel(Protocol):
+    """A ``kubernetes`` client model (a pydantic model), known by its method: importing pydantic to recognise one
+    would load it into every node driver, which never passes one (docs/reliability.md, memory)."""
+
+    def model_dump(self, *, by_alias: bool, exclude_none: bool, mode: str) -> dict[str, Any]: ...
+
+
+def to_json_form(obj: Mapping[str, Any] | ClientModel) -> JsonObject:
     """A Kubernetes object or part of one in JSON form: a deep copy of a dict, or a ``kubernetes`` client
     model serialised with its camelCase names and without unset fields."""
-    if isinstance(obj, BaseModel):
+    if not isinstance(obj, Mapping) and isinstance(obj, ClientModel):
         dumped: JsonObject = obj.model_dump(by_alias=True, exclude_none=True, mode="json")
         return dumped
     copied: JsonObject = copy_json(obj)
@@ -87,22 +94,43 @@ class SliceSpec:
 
     From Kubernetes 1.35 a slice carries either devices or counter sets, not both: put counter sets in a
     slice of their own in the same pool. ``kubernetes`` client models (``V1Device``, ``V1CounterSet``) are
-    accepted and converted."""
+    accepted and converted.
 
-    devices: tuple[JsonObject, ...] = ()
-    shared_counters: tuple[JsonObject, ...] = ()
+    Kept as JSON text, decoded into a fresh copy at each use: a node's devices as dicts took several times the
+    memory of their text (2.6 MB against about 0.4 for the 208 devices of a dynamic-MIG H100 node), held for
+    the driver's whole life, and ``json.loads`` copies faster than :func:`copy_json` (docs/reliability.md)."""
+
+    devices_json: str = "[]"
+    shared_counters_json: str = "[]"
+    device_count: int = 0
 
     @classmethod
     def of(
         cls,
-        devices: Iterable[Mapping[str, Any] | BaseModel] = (),
-        shared_counters: Iterable[Mapping[str, Any] | BaseModel] = (),
+        devices: Iterable[Mapping[str, Any] | ClientModel] = (),
+        shared_counters: Iterable[Mapping[str, Any] | ClientModel] = (),
     ) -> SliceSpec:
-        """A spec from dicts or client models (both converted to independent JSON-form copies)."""
+        """A spec from dicts or client models (both converted to an independent JSON form)."""
+        listed = [to_json_form(d) for d in devices]
         return cls(
-            devices=tuple(to_json_form(d) for d in devices),
-            shared_counters=tuple(to_json_form(c) for c in shared_counters),
+            devices_json=_compact(listed),
+            shared_counters_json=_compact([to_json_form(c) for c in shared_counters]),
+            device_count=len(listed),
         )
+
+    @property
+    def devices(self) -> tuple[JsonObject, ...]:
+        """The devices, a fresh copy at each call."""
+        return tuple(json.loads(self.devices_json))
+
+    @property
+    def shared_counters(self) -> tuple[JsonObject, ...]:
+        """The counter sets, a fresh copy at each call."""
+        return tuple(json.loads(self.shared_counters_json))
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
 
 
 DesiredPools = Mapping[str, Sequence[SliceSpec]]
@@ -410,17 +438,16 @@ class Publisher:
             "nodeName": self._node_name,
             "pool": {"name": pool, "generation": generation, "resourceSliceCount": count},
         }
-        devices = (
-            _without_taints(spec.devices, withdraw=self._withdraw_tainted)
-            if self._taints_dropped
-            else copy_json(spec.devices)
-        )
+        devices: list[JsonObject] = json.loads(spec.devices_json)  # a fresh copy, ours to change
+        if self._taints_dropped:
+            devices = _without_taints(devices, withdraw=self._withdraw_tainted)
         if self._counters_dropped:
             devices = _without_counter_consumers(devices)
         if devices:
             slice_spec["devices"] = devices
-        if spec.shared_counters and not self._counters_dropped:
-            slice_spec["sharedCounters"] = copy_json(spec.shared_counters)
+        counters: list[JsonObject] = json.loads(spec.shared_counters_json)
+        if counters and not self._counters_dropped:
+            slice_spec["sharedCounters"] = counters
         return {
             "apiVersion": RESOURCE_SLICE_API_VERSION,
             "kind": "ResourceSlice",
@@ -570,7 +597,7 @@ class Publisher:
                 pool,
                 _name(stored),
                 generation,
-                len(specs[index].devices),
+                specs[index].device_count,
             )
             self._note_stored(pool, index, desired, stored)
         return len(missing), len(changed), len(obsolete)
