@@ -358,8 +358,8 @@ def test_a_claim_is_prepared_and_its_device_status_written_through_the_servers_v
             },
             "reservedFor": [{"resource": "pods", "name": "p", "uid": "0b7e3a53-6b0e-4c1e-9d47-1f9f6f5d2c11"}],
         }
-        # Compact JSON, as the scheduler (Go) writes it: 1.33 keeps a config's raw bytes and compares them byte for
-        # byte when status.devices is patched later, and a patch round-trip compacts them.
+        # Compact JSON, as kubectl sends it: the server keeps a config's raw bytes and compares them byte for byte
+        # when status.devices is patched later, and a patch round-trip compacts them (the next test).
         claim = kube.request("PUT", f"{claims}/one-gpu/status", compact(claim))
         as_133 = KubeletClient(node.root / "registry", supported_versions=("v1beta1.DRAPlugin",),
                                health_versions=("v1alpha1.DRAResourceHealth",))  # fmt: skip
@@ -393,6 +393,47 @@ def test_a_claim_is_prepared_and_its_device_status_written_through_the_servers_v
         with contextlib.suppress(ApiError):
             kube.request("DELETE", f"{claims}/one-gpu")
         stop_node(server, node)
+
+
+def test_on_1_33_a_config_sent_as_non_compact_json_keeps_status_devices_out_but_prepare_works(
+    beta2: ControlPlane,
+) -> None:
+    """An API server limit (1.37 answers the same), documented in docs/deployment.md: the server keeps an allocated
+    config's raw bytes and, when the driver patches status.devices, compares them with the patched object's
+    (re-encoded, compact): "field is immutable". Prepare does not depend on it."""
+    kube = beta2.kube
+    node = start_node(beta2, "claims-spaced", "mixed", "static")
+    claims = f"{GROUP}/v1beta2/namespaces/default/resourceclaims"
+    try:
+        wait_published(beta2, node, "v1beta2", intended(node))
+        [device, *_] = [d["name"] for s in served(kube, "v1beta2", node.name) for d in s["spec"].get("devices", [])
+                        if d["attributes"]["type"]["string"] == "gpu"]  # fmt: skip
+        claim = kube.request("POST", claims, claim_body("v1beta2", "spaced"))  # json.dumps: ", " and ": "
+        claim["status"] = {
+            "allocation": {
+                "devices": {
+                    "results": [{"request": "gpu", "driver": DRIVER, "pool": node.name, "device": device}],
+                    "config": [{"source": "FromClaim", **claim["spec"]["devices"]["config"][0]}],
+                },
+            },
+            "reservedFor": [{"resource": "pods", "name": "p", "uid": "0b7e3a53-6b0e-4c1e-9d47-1f9f6f5d2c11"}],
+        }
+        claim = kube.request("PUT", f"{claims}/spaced/status", claim)
+        kubelet = KubeletClient(node.root / "registry", supported_versions=("v1beta1.DRAPlugin",),
+                                health_versions=("v1alpha1.DRAResourceHealth",))  # fmt: skip
+        ref = Claim("default", "spaced", claim["metadata"]["uid"])
+        with kubelet.register() as plugin:
+            assert plugin.prepare([ref])[ref.uid].error == ""
+        refusal = "status.allocation: Invalid value"
+        kube.wait("the server to refuse the status write", lambda: refusal in node.driver.log, TIMEOUT)
+        assert "field is immutable" in node.driver.log
+        assert not kube.request("GET", f"{claims}/spaced")["status"].get("devices")
+        with kubelet.register() as plugin:
+            assert plugin.unprepare([ref]) == {ref.uid: ""}
+    finally:
+        with contextlib.suppress(ApiError):
+            kube.request("DELETE", f"{claims}/spaced")
+        stop_node(beta2, node)
 
 
 def test_a_server_serving_only_v1beta1_gets_the_slices_in_v1beta1(beta1_only: ControlPlane) -> None:
