@@ -101,17 +101,71 @@ def test_the_chart_versions_are_the_drivers() -> None:
     assert container["image"] == f"dradriver:{VERSION}"
 
 
-@pytest.mark.parametrize("version", ["1.34.0", "1.35.2", "1.36.0", "1.37.2", "1.34.1-gke.1200"])
+@pytest.mark.parametrize("version", ["1.32.0", "1.33.5", "1.34.0", "1.35.2", "1.36.0", "1.37.2", "1.34.1-gke.1200"])
 def test_the_supported_kubernetes_releases_install(version: str) -> None:
     done = run_helm("template", RELEASE, str(CHART), "--kube-version", version)
     assert done.returncode == 0, done.stderr
 
 
-@pytest.mark.parametrize("version", ["1.32.0", "1.33.5"])
-def test_releases_without_resource_k8s_io_v1_are_refused(version: str) -> None:
+@pytest.mark.parametrize("version", ["1.30.4", "1.31.0"])
+def test_releases_without_a_resource_k8s_io_version_the_driver_speaks_are_refused(version: str) -> None:
     done = run_helm("template", RELEASE, str(CHART), "--kube-version", version)
     assert done.returncode != 0
-    assert "kubeVersion" in done.stderr or ">=1.34.0-0" in done.stderr, done.stderr
+    assert ">=1.32.0-0" in done.stderr, done.stderr
+
+
+# The newest resource.k8s.io version each release has (helm template lists every version it knows as served, so
+# the release decides; a real install asks the API server, tests/cluster/test_older_api_server.py).
+DEVICE_CLASS_VERSIONS = {"1.32.3": "v1beta1", "1.33.5": "v1beta2", "1.34.0": "v1", "1.37.2": "v1"}
+
+
+@pytest.mark.parametrize(("version", "api"), sorted(DEVICE_CLASS_VERSIONS.items()))
+@pytest.mark.parametrize("compat", ["none", "nvidia"])
+def test_device_classes_use_the_newest_resource_api_the_release_has(version: str, api: str, compat: str) -> None:
+    # ComputeDomains (their two classes too) need v1: on where the release has it.
+    domains = "true" if api == "v1" else "false"
+    objects = template(
+        "--kube-version", version, "--set", f"compat={compat}", "--set", f"computeDomains.enabled={domains}"
+    )
+    classes = [o for o in objects if o["kind"] == "DeviceClass"]
+    assert len(classes) >= 2
+    assert {c["apiVersion"] for c in classes} == {f"resource.k8s.io/{api}"}
+    # extendedResourceName (the device-plugin bridge) exists in v1 only: older versions would refuse the field.
+    bridged = {c["metadata"]["name"] for c in classes if "extendedResourceName" in c["spec"]}
+    gpu_class = "gpu.nvidia.com" if compat == "nvidia" else "gpu.dradriver.dev"
+    assert (gpu_class in bridged) == (api == "v1")
+    if api != "v1":
+        assert not bridged
+
+
+TOO_OLD = [
+    ("1.32.9", "gpu.migMode=dynamic", "set gpu.migMode=static"),
+    ("1.33.5", "gpu.consumableShares=4", "leave gpu.consumableShares empty"),
+    ("1.33.5", "gpu.consumableShares=memory", "leave gpu.consumableShares empty"),
+    ("1.32.0", "gpu.sharing=consumable", "set gpu.sharing=exclusive"),
+    ("1.35.0", "listAttributes=true", "set listAttributes=false"),
+    ("1.33.5", "computeDomains.enabled=true", "set computeDomains.enabled=false"),
+]
+
+
+@pytest.mark.parametrize(("version", "value", "fix"), TOO_OLD, ids=[f"{v}-{s}" for v, s, _ in TOO_OLD])
+def test_a_value_the_release_cannot_take_fails_naming_it_and_the_fix(version: str, value: str, fix: str) -> None:
+    done = run_helm("template", RELEASE, str(CHART), "--kube-version", version, "--set", value)
+    assert done.returncode != 0, f"--set {value} was accepted on {version}"
+    assert value in done.stderr and f"Kubernetes v{version}" in done.stderr and fix in done.stderr, done.stderr
+
+
+FIRST_RELEASE = [
+    ("1.33.0", "gpu.migMode=dynamic"),
+    ("1.34.0", "gpu.consumableShares=4"),
+    ("1.36.0", "listAttributes=true"),
+]
+
+
+@pytest.mark.parametrize(("version", "value"), FIRST_RELEASE)
+def test_the_same_values_install_from_the_release_that_has_them(version: str, value: str) -> None:
+    done = run_helm("template", RELEASE, str(CHART), "--kube-version", version, "--set", value)
+    assert done.returncode == 0, done.stderr
 
 
 HOSTILE = [

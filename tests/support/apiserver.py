@@ -262,12 +262,20 @@ class FakeApiServer:
     """The stand-in server. Use as a context manager, or call :meth:`start` and :meth:`stop`."""
 
     def __init__(
-        self, *, validate: bool = True, drop_device_taints: bool = False, tls: tuple[Path, Path] | None = None
+        self,
+        *,
+        validate: bool = True,
+        drop_device_taints: bool = False,
+        drop_counters: bool = False,
+        tls: tuple[Path, Path] | None = None,
     ) -> None:
         """``tls``: a serving certificate and its key: HTTPS, as a real API server (and an in-cluster client,
         which only speaks HTTPS) needs."""
         self.validate = validate
         self.tls = tls
+        # As 1.33-1.35 with DRAPartitionableDevices off do (a real 1.33 server, tests/cluster/test_older_api_server.py):
+        # sharedCounters and devices[].consumesCounters are accepted and silently not stored.
+        self.drop_counters = drop_counters
         # As a server with the DRADeviceTaints gate off (before 1.36, or disabled) does: it accepts a slice with
         # devices[].taints and silently stores it without them.
         self.drop_device_taints = drop_device_taints
@@ -384,8 +392,12 @@ class FakeApiServer:
                 raise ApiError(422, "Invalid", f"{resource.kind} is invalid: {'; '.join(problems)}")
 
     def _fill_slice_defaults(self, obj: dict[str, Any]) -> None:
+        if self.drop_counters:
+            obj.get("spec", {}).pop("sharedCounters", None)
         # The real server sets a taint's timeAdded when the writer leaves it out.
         for device in obj.get("spec", {}).get("devices") or []:
+            if self.drop_counters:
+                device.pop("consumesCounters", None)
             if self.drop_device_taints:
                 device.pop("taints", None)
             for taint in device.get("taints") or []:
@@ -744,6 +756,16 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             if method == "GET" and split.path.rstrip("/") == "/apis/resource.k8s.io":
                 # The API group's discovery document (any client may read it), as real servers answer it.
+                if not api.resource_versions:
+                    # DRA off (1.32/1.33 by default): the group is not served at all, and the real server says so
+                    # in plain text.
+                    api._record(RequestRecord(method, split.path, query, 404, authorized))
+                    self.send_response(404)
+                    self.send_header("Content-Type", "text/plain; charset=utf-8")
+                    self.send_header("Content-Length", "19")
+                    self.end_headers()
+                    self.wfile.write(b"404 page not found\n")
+                    return
                 api._record(RequestRecord(method, split.path, query, 200, authorized))
                 versions = [{"groupVersion": f"resource.k8s.io/{v}", "version": v} for v in api.resource_versions]
                 self._send_json(

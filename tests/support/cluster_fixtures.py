@@ -43,7 +43,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         _FAILURES[0] += 1
 
 
-def _skip_or_fail(message: str, require: str) -> None:
+def skip_or_fail(message: str, require: str) -> None:
     if os.environ.get(require):
         pytest.fail(message)
     pytest.skip(message)
@@ -54,7 +54,7 @@ def control_plane() -> Iterator[ControlPlane]:
     directory = binaries_dir()
     missing = missing_binaries(directory)
     if missing:
-        _skip_or_fail(
+        skip_or_fail(
             f"the cluster tests need the real control plane: {', '.join(missing)} missing from {directory}; "
             f"build it with `{BUILD_SCRIPT.relative_to(REPO)}` (Go >= 1.26 and the Go module proxy; a cold build "
             "takes a while, see docs/cluster-tests.md; `scripts/test` does it)",
@@ -99,7 +99,7 @@ def running_node(control_plane: ControlPlane, **settings: Any) -> Iterator[real_
     directory = real_node.binaries_dir()
     missing = real_node.missing(directory)
     if missing:
-        _skip_or_fail(
+        skip_or_fail(
             f"the node tests need a real kubelet and containerd: missing {', '.join(missing)}; build them with "
             f"`{real_node.BUILD_SCRIPT.relative_to(REPO)}` and install Debian's runc, busybox-static and "
             "containernetworking-plugins (see docs/node-tests.md)",

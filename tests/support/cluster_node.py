@@ -52,7 +52,7 @@ class DriverRun:
                 "--sim-profile", profile,
                 "--sim-state", str(root / "sim.json"),
                 "--mig-mode", mig_mode,
-                "--kubernetes-version", version,
+                *(("--kubernetes-version", version) if version else ()),  # none: the driver asks /version
                 "--registry-dir", str(self.registry_dir),
                 "--plugin-dir", str(self.plugin_dir),
                 "--cdi-dir", str(self.cdi_dir),

@@ -33,6 +33,8 @@ from support.kube_rest import ApiError, Credentials, Kube
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "scripts" / "build-control-plane"
 BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager")
+# The older API servers (1.33: resource.k8s.io v1beta2 and v1beta1; 1.32: v1beta1; no v1) and their build script.
+OLDER_BUILD_SCRIPT = REPO / "scripts" / "build-older-apiservers"
 START_TIMEOUT = 90.0
 # Feature gates of the pinned release (1.37) our driver's slices and claims rely on, named even where that
 # release has them on by default, so a pin moved back to a release where they are off still turns them on.
@@ -49,6 +51,8 @@ CONTROLLERS = (
     "resourceclaim-controller,serviceaccount-controller,deployment-controller,replicaset-controller,"
     "namespace-controller,garbage-collector-controller,daemonset-controller,root-ca-certificate-publisher-controller"
 )
+# v1alpha3 for DeviceTaintRule in its alpha form, as e2e/kind-config.yaml serves it (an example uses it).
+RUNTIME_CONFIG = "resource.k8s.io/v1=true,resource.k8s.io/v1alpha3=true"
 
 
 def binaries_dir() -> Path:
@@ -62,6 +66,13 @@ def binaries_dir() -> Path:
 
 def missing_binaries(directory: Path) -> list[str]:
     return [name for name in BINARIES if not os.access(directory / name, os.X_OK)]
+
+
+def older_apiserver(release: str) -> Path:
+    """Where scripts/build-older-apiservers puts (or would put) the kube-apiserver of ``release`` ("1.33")."""
+    out = subprocess.run(["bash", str(OLDER_BUILD_SCRIPT), "--print", release], capture_output=True, text=True,
+                         check=True, timeout=30)  # fmt: skip
+    return Path(out.stdout.strip()) / "kube-apiserver"
 
 
 def free_port() -> int:
@@ -248,11 +259,19 @@ def _healthy(url: str, context: ssl.SSLContext | None = None) -> bool:
 
 @dataclass
 class ControlPlane:
-    """Starts and stops the four components; ``kube`` is an admin client, ``kubeconfig`` an admin kubeconfig."""
+    """Starts and stops the four components; ``kube`` is an admin client, ``kubeconfig`` an admin kubeconfig.
+
+    ``apiserver`` (another release's kube-apiserver binary), ``runtime_config`` and ``feature_gates`` start an
+    older API server over the same etcd (:meth:`start_api_server`: no scheduler or controllers);
+    ``apiserver_args`` are more flags for it (an audit log)."""
 
     binaries: Path
     root: Path
     components: list[Component] = field(default_factory=list)
+    apiserver: Path | None = None
+    runtime_config: str = RUNTIME_CONFIG
+    feature_gates: str = FEATURE_GATES
+    apiserver_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.logs = self.root / "logs"
@@ -266,7 +285,8 @@ class ControlPlane:
         self.kube = Kube(Credentials(self.server, self.pki.ca_cert, self.pki.admin_cert, self.pki.admin_key))
 
     def _component(self, name: str, *args: str) -> Component:
-        component = Component(name, [str(self.binaries / name), *args], self.logs / f"{name}.log")
+        binary = self.apiserver if name == "kube-apiserver" and self.apiserver else self.binaries / name
+        component = Component(name, [str(binary), *args], self.logs / f"{name}.log")
         component.start()
         self.components.append(component)
         return component
@@ -280,7 +300,8 @@ class ControlPlane:
             raise RuntimeError(f"{component.name} exited with {component.proc and component.proc.returncode}:\n"
                                f"{component.tail()}")  # fmt: skip
 
-    def start(self) -> None:
+    def start_api_server(self) -> None:
+        """etcd and kube-apiserver only."""
         client, peer = free_port(), free_port()
         etcd = self._component(
             "etcd",
@@ -311,14 +332,17 @@ class ControlPlane:
             "--api-audiences=https://kubernetes.default.svc",
             "--service-cluster-ip-range=10.0.0.0/24",
             "--authorization-mode=Node,RBAC",
-            f"--feature-gates={FEATURE_GATES}",
-            # v1alpha3 for DeviceTaintRule in its alpha form, as e2e/kind-config.yaml serves it (an example uses it).
-            "--runtime-config=resource.k8s.io/v1=true,resource.k8s.io/v1alpha3=true",
+            *([f"--feature-gates={self.feature_gates}"] if self.feature_gates else []),
+            *([f"--runtime-config={self.runtime_config}"] if self.runtime_config else []),
             "--endpoint-reconciler-type=none",
             "--allow-privileged=true",  # as kubeadm and kind run it: the plugin DaemonSet is privileged
             "--v=1",
+            *self.apiserver_args,
         )
         self._wait(apiserver, self.kube.healthy)
+
+    def start(self) -> None:
+        self.start_api_server()
         admin = str(self.kubeconfig)
         scheduler_port = free_port()
         insecure = ssl.create_default_context()
@@ -333,7 +357,7 @@ class ControlPlane:
             "--bind-address=127.0.0.1",
             f"--secure-port={scheduler_port}",
             f"--cert-dir={self.root / 'scheduler-certs'}",
-            f"--feature-gates={FEATURE_GATES}",
+            f"--feature-gates={self.feature_gates}",
             "--v=2",
         )
         manager_port = free_port()
@@ -348,7 +372,7 @@ class ControlPlane:
             f"--cert-dir={self.root / 'manager-certs'}",
             f"--controllers={CONTROLLERS}",
             f"--root-ca-file={self.pki.ca_cert}",
-            f"--feature-gates={FEATURE_GATES}",
+            f"--feature-gates={self.feature_gates}",
             "--v=2",
         )
         self._wait(scheduler, lambda: _healthy(f"https://127.0.0.1:{scheduler_port}/healthz", insecure))

@@ -421,6 +421,17 @@ def test_a_server_without_dra_is_refused_saying_what_it_needs(api: ApiEnv) -> No
         api.cluster.resource_version()
 
 
+def test_a_server_that_does_not_serve_the_group_at_all_is_refused_the_same_way(api: ApiEnv) -> None:
+    # 1.32/1.33 with DRA off (their default) answer the group's discovery with a plain 404: the reason and the fix
+    # must still reach the log, not "404 page not found" (seen on a real 1.33 server, tests/cluster/).
+    api.server.resource_versions = []
+    with pytest.raises(
+        ClusterError, match=r"does not serve resource.k8s.io at all, none of v1, .*runtime-config="
+    ) as refused:
+        api.cluster.resource_version()
+    assert not isinstance(refused.value, NotFoundError)
+
+
 def test_an_older_server_is_spoken_to_in_its_version(api: ApiEnv) -> None:
     # The stand-in stores v1 objects only: a v1beta1 server's paths are not found there, which shows the adapter
     # asks for the version discovery chose.

@@ -645,6 +645,40 @@ def test_where_the_server_drops_taints_tainted_devices_are_withdrawn_once_notice
     assert caplog.text.count("dropped devices[].taints") == 1
 
 
+def _partitioned() -> list[SliceSpec]:
+    """The 1.35 layout: a counter set in its own slice, a whole GPU and a MIG device consuming it, and a GPU that
+    consumes nothing."""
+    counters = [{"name": "gpu-0-counters", "counters": {"memory": {"value": "80Gi"}}}]
+    consume = [{"counterSet": "gpu-0-counters", "counters": {"memory": {"value": "80Gi"}}}]
+    small = [{"counterSet": "gpu-0-counters", "counters": {"memory": {"value": "10Gi"}}}]
+    devices = [gpu("gpu-0", consumesCounters=consume), gpu("gpu-0-mig-0", consumesCounters=small), gpu("gpu-1")]
+    return [SliceSpec.of(shared_counters=counters), SliceSpec.of(devices=devices)]
+
+
+def test_where_the_server_drops_shared_counters_the_devices_consuming_them_are_withdrawn(
+    api: ApiEnv, make_publisher: PublisherFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Stripped of their counters, gpu-0 and its MIG device would look independent: both could be allocated.
+    api.server.drop_counters = True
+    publisher = make_publisher({NODE: _partitioned()})
+    assert publisher.wait_synced(10)
+    assert device_names(api) == [[], ["gpu-1"]]
+    assert not any(s["spec"].get("sharedCounters") for s in slices(api))
+    assert publisher.status.counters_dropped
+    publisher.update({NODE: _partitioned()})
+    assert publisher.wait_synced(10)
+    assert device_names(api) == [[], ["gpu-1"]]
+    assert caplog.text.count("dropped the slices' shared counters") == 1
+    assert "DRAPartitionableDevices" in caplog.text
+
+
+def test_a_server_that_keeps_counters_gets_every_device(api: ApiEnv, make_publisher: PublisherFactory) -> None:
+    publisher = make_publisher({NODE: _partitioned()})
+    assert publisher.wait_synced(10)
+    assert device_names(api) == [[], ["gpu-0", "gpu-0-mig-0", "gpu-1"]]
+    assert not publisher.status.counters_dropped
+
+
 def test_withdrawal_can_be_switched_off_then_tainted_devices_stay_offered(
     api: ApiEnv, make_publisher: PublisherFactory
 ) -> None:

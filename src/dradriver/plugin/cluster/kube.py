@@ -384,14 +384,20 @@ class KubeCluster:
     def resource_version(self) -> str:
         """The resource.k8s.io version this adapter speaks: the newest of v1, v1beta2, v1beta1 the server lists."""
         if self._resource_version is None:
-            group = self._send("GET", _RESOURCE_GROUP, "the resource.k8s.io API group")
+            try:
+                group = self._send("GET", _RESOURCE_GROUP, "the resource.k8s.io API group")
+            except NotFoundError:
+                # The group is not served at all: 1.32/1.33 as they start by default (DRA is beta and off there).
+                group = {}
             found = newest_served(group)
             if found is None:
-                listed = ", ".join(str(v.get("version")) for v in group.get("versions") or []) or "none"
+                listed = ", ".join(str(v.get("version")) for v in group.get("versions") or [])
+                serves = f"serves resource.k8s.io {listed}" if listed else "does not serve resource.k8s.io at all"
                 raise ClusterError(
-                    f"the API server serves resource.k8s.io {listed}, none of {', '.join(VERSIONS)}: dynamic resource "
+                    f"the API server {serves}, none of {', '.join(VERSIONS)}: dynamic resource "
                     "allocation needs Kubernetes 1.32 or newer (with the DynamicResourceAllocation feature gate and "
-                    "the resource.k8s.io API enabled before 1.34)"
+                    "the resource.k8s.io API enabled before 1.34: kube-apiserver --runtime-config="
+                    "resource.k8s.io/v1beta1=true, on 1.33 also resource.k8s.io/v1beta2=true)"
                 )
             self._resource_version = found
         return self._resource_version

@@ -158,6 +158,7 @@ class PublisherStatus:
     invalid_pools: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     generations: Mapping[str, int] = field(default_factory=dict)
     taints_dropped: bool = False  # the API server stores slices without devices[].taints (gate off)
+    counters_dropped: bool = False  # ... without sharedCounters/consumesCounters (DRAPartitionableDevices off)
 
 
 @dataclass(frozen=True)
@@ -234,6 +235,17 @@ def _has_taints(spec: Mapping[str, Any]) -> bool:
     return any(device.get("taints") for device in spec.get("devices") or [])
 
 
+def _has_counters(spec: Mapping[str, Any]) -> bool:
+    return bool(spec.get("sharedCounters")) or any(d.get("consumesCounters") for d in spec.get("devices") or [])
+
+
+def _without_counter_consumers(devices: Iterable[Mapping[str, Any]]) -> list[JsonObject]:
+    """``devices`` for a server that drops shared counters: without the devices that consume them. Stripped of
+    their counters they would look independent, and the scheduler could hand out a whole GPU and a MIG device
+    on it, or two overlapping MIG placements, to different claims."""
+    return [copy_json(dict(d)) for d in devices if not d.get("consumesCounters")]
+
+
 def _without_taints(devices: Iterable[Mapping[str, Any]], *, withdraw: bool) -> list[JsonObject]:
     """``devices`` for a server that drops taints: without them, and without the devices a taint keeps pods
     away from when ``withdraw`` (so new pods avoid those devices either way)."""
@@ -296,6 +308,7 @@ class Publisher:
         self._watch_timeout = watch_timeout_seconds
         self._withdraw_tainted = withdraw_tainted_if_dropped
         self._taints_dropped = False
+        self._counters_dropped = False
 
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -367,6 +380,7 @@ class Publisher:
                 invalid_pools={k: tuple(str(p) for p in v) for k, v in self._invalid.items()},
                 generations=dict(self._generations),
                 taints_dropped=self._taints_dropped,
+                counters_dropped=self._counters_dropped,
             )
 
     def reconcile(self) -> SyncResult:
@@ -427,10 +441,12 @@ class Publisher:
         devices: list[JsonObject] = json.loads(spec.devices_json)  # a fresh copy, ours to change
         if self._taints_dropped:
             devices = _without_taints(devices, withdraw=self._withdraw_tainted)
+        if self._counters_dropped:
+            devices = _without_counter_consumers(devices)
         if devices:
             slice_spec["devices"] = devices
         counters: list[JsonObject] = json.loads(spec.shared_counters_json)
-        if counters:
+        if counters and not self._counters_dropped:
             slice_spec["sharedCounters"] = counters
         return {
             "apiVersion": RESOURCE_SLICE_API_VERSION,
@@ -468,6 +484,22 @@ class Publisher:
     def _note_stored(self, pool: str, index: int, desired: JsonObject, stored: Mapping[str, Any]) -> None:
         """Remember when the server keeps something other than what we wrote (a feature gate that drops
         fields, defaulting we do not know), so that we do not rewrite the same slice forever."""
+        if (
+            not self._counters_dropped
+            and _has_counters(desired["spec"])
+            and not _has_counters(stored.get("spec") or {})
+        ):
+            # Kubernetes 1.33-1.35 store counters only with the DRAPartitionableDevices gate on. Said once (an
+            # error: those devices are not offered); the next pass withdraws them.
+            self._counters_dropped = True
+            log.error(
+                "API server dropped the slices' shared counters: withdrawing the devices that consume them (dynamic "
+                "MIG devices, and whole GPUs that can be partitioned), which it could not keep apart; turn the "
+                "DRAPartitionableDevices feature gate on (API server and scheduler; Kubernetes 1.33-1.35) or run "
+                "with --mig-mode static pool=%s",
+                pool,
+            )
+            return
         if not self._taints_dropped and _has_taints(desired["spec"]) and not _has_taints(stored.get("spec") or {}):
             # Said once: from now on taints are left out, and tainted devices withdrawn if so configured (the
             # next pass writes that).
