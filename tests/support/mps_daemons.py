@@ -41,6 +41,16 @@ def daemon_dirs(root: Path) -> set[str]:
     return {p.name for p in root.iterdir()} if root.exists() else set()
 
 
+def shm_mounts(root: Path) -> set[str]:
+    """Claim UIDs with a mount (their shm tmpfs) under ``root``, in this process's mount namespace."""
+    found = set()
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = Path(line.split()[4])
+        if point.is_relative_to(root) and point != root:
+            found.add(point.relative_to(root).parts[0])
+    return found
+
+
 def kill_daemons(root: Path) -> None:
     """SIGKILL every live daemon of ``root`` (a test's clean-up after a failure left claims prepared)."""
     for pid in live_daemons(root).values():

@@ -183,6 +183,13 @@ class MpsControl:
                     failure: DeviceError | None = err
             else:
                 failure = None
+            if child.poll() in (126, 127):
+                # The shell of the shm namespace (or the wrapper) could not exec it: not found, or not runnable.
+                raise DeviceError(
+                    f"cannot start the MPS control daemon {' '.join(self.daemon_command or self.command)}: exit "
+                    f"status {child.returncode} (not found or not executable); is it in the driver root "
+                    "(--mps-control-command, --mps-daemon-wrapper)?"
+                )
             if child.poll() is not None or time.monotonic() > deadline:
                 why = f" ({failure})" if failure is not None else ""
                 if child.returncode is not None:

@@ -332,7 +332,7 @@ class SharingSteps:
         if action is None or wanted.mps is None:
             return (), ()
         env = (f"CUDA_MPS_PIPE_DIRECTORY={CONTAINER_PIPE_DIR}", f"CUDA_MPS_LOG_DIRECTORY={CONTAINER_LOG_DIR}")
-        mounts = (
+        mounts: tuple[tuple[str, str], ...] = (
             (str(action.params["pipeDir"]), CONTAINER_PIPE_DIR),
             (str(action.params["logDir"]), CONTAINER_LOG_DIR),
         )

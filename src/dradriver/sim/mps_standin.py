@@ -22,6 +22,7 @@ the benchmark measures of an MPS claim.
 # The C module under ``socket``: ``socket`` itself imports enum and selectors, which takes longer than the rest of
 # the client's work together.
 import _socket
+import io  # already loaded by the interpreter at start: free
 import os
 import sys
 
@@ -49,7 +50,6 @@ def _dirs() -> tuple[str, str]:
 
 
 def _serve() -> int:
-    import contextlib
     import time
 
     pipe, logs = _dirs()
@@ -63,12 +63,7 @@ def _serve() -> int:
     server.listen(8)
     log = open(os.path.join(logs, "control.log"), "a", buffering=1)  # noqa: SIM115 - open for the daemon's life
     log.write(f"[{time.time():.3f}] Startup pid={os.getpid()}\n")
-    marker = shm_marker(os.getpid())
-    try:
-        with open(marker, "w") as out:
-            out.write(f"{os.getpid()}\n")
-    except OSError as err:  # a /dev/shm it may not write to: the daemon serves on, and says so
-        log.write(f"[{time.time():.3f}] cannot write {marker}: {err}\n")
+    marker = _mark_shm(log)
     percentage = 100.0
     pinned: dict[str, str] = {}
     while True:
@@ -103,13 +98,32 @@ def _serve() -> int:
             if quit_now:
                 # The socket goes before the answer: once the client returns, nothing answers in the directory.
                 os.unlink(SOCKET_NAME)
-                with contextlib.suppress(OSError):
-                    os.unlink(marker)
+                _remove(marker)
             conn.sendall(("\n".join(replies) + "\n").encode() if replies else b"")
         if quit_now:
             log.write(f"[{time.time():.3f}] Shutdown\n")
             log.close()
             return 0
+
+
+def _mark_shm(log: io.TextIOWrapper) -> str:
+    """Write the daemon's marker into its /dev/shm; its path."""
+    import time
+
+    marker = shm_marker(os.getpid())
+    try:
+        with open(marker, "w") as out:
+            out.write(f"{os.getpid()}\n")
+    except OSError as err:  # a /dev/shm it may not write to: the daemon serves on, and says so
+        log.write(f"[{time.time():.3f}] cannot write {marker}: {err}\n")
+    return marker
+
+
+def _remove(path: str) -> None:
+    import contextlib
+
+    with contextlib.suppress(OSError):  # gone already (a /dev/shm emptied under it), or never written
+        os.unlink(path)
 
 
 def _client() -> int:
