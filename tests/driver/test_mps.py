@@ -118,6 +118,11 @@ def test_the_daemons_dev_shm_is_the_claims_size_limited_tmpfs_and_goes_with_it(t
         # The stand-in wrote its marker into its /dev/shm: the claim's directory, not this machine's /dev/shm.
         assert Path(mps_standin.shm_marker(daemon["pid"], str(shm))).read_text().split() == [str(daemon["pid"])]
         assert not Path(mps_standin.shm_marker(daemon["pid"])).exists()
+        # What the daemon sees on its /dev/shm (the last mount there): the claim's tmpfs, with /dev/shm's flags.
+        dev_shm = [m.split() for m in Path(f"/proc/{daemon['pid']}/mountinfo").read_text().splitlines()]
+        seen = [m for m in dev_shm if m[4] == "/dev/shm"][-1]
+        assert {"nosuid", "nodev", "noexec"} <= set(seen[5].split(",")) and seen[seen.index("-") + 1] == "tmpfs"
+        assert f"size={8 * 1024}k" in seen[-1]  # the claim's tmpfs, its size
     finally:
         mps.stop(daemon)
     assert gone(daemon["pid"]) and mounts_under(tmp_path) == [] and not (tmp_path / "c1").exists()

@@ -38,7 +38,7 @@ CGROUP_ROOTS = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/pids"))  # cgroup v
 # filesystem on its /dev/shm and what is in it (the daemon's shared memory: the stand-in's marker).
 SHOW_MPS = (
     'echo "pipe=$CUDA_MPS_PIPE_DIRECTORY"; ls -a "$CUDA_MPS_PIPE_DIRECTORY" | sed "s/^/entry /"; '
-    "awk '$2 == \"/dev/shm\" {print \"shm-fs \" $3}' /proc/mounts; ls -a /dev/shm | sed 's/^/shm /'"
+    "awk '$2 == \"/dev/shm\" {print \"shm-fs \" $3 \" \" $4}' /proc/mounts; ls -a /dev/shm | sed 's/^/shm /'"
 )
 
 
@@ -147,8 +147,8 @@ def container_sees_mps(workloads: Workloads, pod: dict[str, Any], daemon: Daemon
     lines = shown.splitlines()
     assert "pipe=/tmp/nvidia-mps" in lines, shown
     assert f"entry {mps_standin.SOCKET_NAME}" in lines, shown
-    assert lines.count("shm-fs tmpfs") >= 1, shown  # the last /dev/shm line is the one the container sees
-    assert [line for line in lines if line.startswith("shm-fs ")][-1] == "shm-fs tmpfs", shown
+    # The last /dev/shm mount is the one the container sees: the claim's tmpfs, not the pod's own.
+    assert [line for line in lines if line.startswith("shm-fs ")][-1].startswith("shm-fs tmpfs "), shown
     assert f"shm {Path(mps_standin.shm_marker(daemon.pid)).name}" in lines, shown
     return shown
 

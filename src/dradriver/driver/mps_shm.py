@@ -89,5 +89,6 @@ def namespace_prefix(path: Path) -> list[str]:
     whose ``nsenter`` would leave the namespace, and so made by the host's ``unshare`` then, or the image's
     without a wrapper. Slave propagation: the bind stays in the daemon's namespace, while the host's later
     mounts and unmounts (other claims' tmpfs) still reach it, so it holds no copy of them."""
-    script = f'mount --bind "$1" {CONTAINER_SHM_DIR} && shift && exec "$@"'
+    # A bind takes none of the tmpfs mount's flags: given again (util-linux binds, then remounts with them).
+    script = f'mount --bind -o nosuid,nodev,noexec "$1" {CONTAINER_SHM_DIR} && shift && exec "$@"'
     return ["unshare", "--mount", "--propagation", "slave", "--", "sh", "-c", script, "mps-shm", str(path)]
