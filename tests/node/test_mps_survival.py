@@ -38,7 +38,7 @@ CGROUP_ROOTS = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/pids"))  # cgroup v
 # filesystem on its /dev/shm and what is in it (the daemon's shared memory: the stand-in's marker).
 SHOW_MPS = (
     'echo "pipe=$CUDA_MPS_PIPE_DIRECTORY"; ls -a "$CUDA_MPS_PIPE_DIRECTORY" | sed "s/^/entry /"; '
-    "awk '$2 == \"/dev/shm\" {print \"shm-fs \" $3 \" \" $4}' /proc/mounts; ls -a /dev/shm | sed 's/^/shm /'"
+    'awk \'$2 == "/dev/shm" {print "shm-fs " $3 " " $4}\' /proc/mounts; ls -a /dev/shm | sed \'s/^/shm /\''
 )
 
 
