@@ -6,12 +6,11 @@ point they pass, so steps added later (compute mode, MPS, …) are walked withou
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from support.mps_daemons import daemon_dirs, kill_daemons, live_daemons, shm_mounts
+from support.mps_daemons import daemon_dirs, kill_daemons, live_daemons, may_mount, shm_mounts
 
 from dradriver import faults
 from dradriver.driver.checkpoint import ClaimState
@@ -175,7 +174,7 @@ def assert_daemon_serves(node: Node, where: str) -> None:
     [daemon] = [a.params for a in node.driver.checkpoint.records()[0].actions if a.step == "mps-daemon"]
     assert node.driver.sharing.mps is not None
     assert node.driver.sharing.mps.query(daemon, "get_default_active_thread_percentage") == "30.0", where
-    if os.geteuid() == 0:  # may mount: the daemon's /dev/shm is the claim's tmpfs
+    if may_mount():  # may mount: the daemon's /dev/shm is the claim's tmpfs
         assert node.mps_root is not None and shm_mounts(node.mps_root) == {CLAIM.uid}, where
         assert Path(mps_standin.shm_marker(daemon["pid"], daemon["shmDir"])).exists(), where
 

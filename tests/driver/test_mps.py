@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.mps_daemons import may_mount
 
 from dradriver.driver.mps import MpsControl
 from dradriver.errors import DeviceError
@@ -103,7 +104,7 @@ def fs_type(path: Path) -> str:
     return "none"
 
 
-needs_mount = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root (CAP_SYS_ADMIN)")
+needs_mount = pytest.mark.skipif(not may_mount(), reason="mounting a tmpfs needs root (CAP_SYS_ADMIN)")
 
 
 @needs_mount

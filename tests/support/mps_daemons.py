@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
+import tempfile
 from pathlib import Path
+
+from dradriver.driver import mps_shm
 
 
 def live_daemons(root: Path) -> dict[str, int]:
@@ -56,3 +60,17 @@ def kill_daemons(root: Path) -> None:
     for pid in live_daemons(root).values():
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+@functools.cache
+def may_mount() -> bool:
+    """Whether this process may mount a tmpfs (root with CAP_SYS_ADMIN): then a claim's shm directory is one, and
+    its daemon's /dev/shm. Tried, not guessed from the uid (root in an unprivileged container may not)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        probe = Path(scratch) / "shm"
+        try:
+            mps_shm.make(probe, 1024 * 1024)
+        except OSError:
+            return False
+        mps_shm.remove(probe)
+        return True
