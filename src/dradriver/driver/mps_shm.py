@@ -29,7 +29,8 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 
 class NoMountPermission(OSError):
-    """This process may not mount (no CAP_SYS_ADMIN: an unprivileged container, a test run as a user)."""
+    """This process may not mount (no CAP_SYS_ADMIN: an unprivileged container, a test run as a user; or a security
+    module refuses it)."""
 
 
 def default_size(meminfo: Path = Path("/proc/meminfo")) -> int:
@@ -60,7 +61,7 @@ def make(path: Path, size: int, *, mount: bool = True) -> bool:
     options = f"size={size},mode=1777".encode()
     if _libc.mount(b"tmpfs", os.fsencode(path), b"tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, options) != 0:
         code = ctypes.get_errno()
-        if code == errno.EPERM:
+        if code in (errno.EPERM, errno.EACCES):  # no CAP_SYS_ADMIN; or a security module's refusal
             raise NoMountPermission(code, f"mounting a tmpfs on {path}: {os.strerror(code)}")
         raise OSError(code, f"mounting a tmpfs on {path}: {os.strerror(code)}")
     return True
