@@ -388,7 +388,7 @@ def test_a_wrapped_mps_daemon_is_named_by_its_host_paths(tmp_path):
     # this container mounts it.
     import argparse
 
-    from dradriver.cli.run import _mps_command, _mps_daemon_command
+    from dradriver.cli.run import _mps_commands
     from dradriver.driver.driver_root import discover_driver_root
     from dradriver.sim.driver_root import write_stub_driver_root
 
@@ -399,12 +399,26 @@ def test_a_wrapped_mps_daemon_is_named_by_its_host_paths(tmp_path):
     args = argparse.Namespace(
         mps_daemon_wrapper="nsenter --target 1 --mount -- systemd-run --scope --", mps_control_command=None
     )
-    daemon = _mps_daemon_command(args, False, root)
-    assert daemon[:7] == ["nsenter", "--target", "1", "--mount", "--", "systemd-run", "--scope"]
-    assert daemon[8] == "env" and daemon[9].startswith("LD_LIBRARY_PATH=/run/nvidia/driver/")
-    assert daemon[10] == "/run/nvidia/driver/usr/bin/nvidia-cuda-mps-control"
-    assert _mps_command(args, False, root)[0].startswith(str(mounted))  # control calls stay in the container
-    assert _mps_daemon_command(argparse.Namespace(mps_daemon_wrapper="", mps_control_command=None), False, root) == []
+    commands = _mps_commands(args, False, root)
+    # The wrapper apart: the daemon's shm mount namespace goes between it and the daemon (docs/sharing.md).
+    assert commands["wrapper"] == ["nsenter", "--target", "1", "--mount", "--", "systemd-run", "--scope", "--"]
+    daemon = commands["daemon_command"]
+    assert daemon[0] == "env" and daemon[1].startswith("LD_LIBRARY_PATH=/run/nvidia/driver/")
+    assert daemon[2] == "/run/nvidia/driver/usr/bin/nvidia-cuda-mps-control"
+    assert commands["command"][0].startswith(str(mounted))  # control calls stay in the container
+    unwrapped = _mps_commands(argparse.Namespace(mps_daemon_wrapper="", mps_control_command=None), False, root)
+    assert unwrapped["wrapper"] == [] and unwrapped["daemon_command"] == []
+
+
+def test_the_mps_shm_size_is_a_quantity_of_at_least_one_mebibyte():
+    import argparse
+
+    from dradriver.cli.run import _shm_size
+
+    assert _shm_size("64Mi") == 64 * 1024 * 1024 and _shm_size("2G") == 2 * 10**9
+    for bad in ("", "64", "1Ki", "lots"):
+        with pytest.raises(argparse.ArgumentTypeError, match="at least 1Mi"):
+            _shm_size(bad)
 
 
 def test_the_compute_domain_flags_name_the_compute_domain_drivers_own_name() -> None:

@@ -10,12 +10,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from support.mps_daemons import daemon_dirs, kill_daemons, live_daemons
+from support.mps_daemons import daemon_dirs, kill_daemons, live_daemons, may_mount, shm_mounts
 
 from dradriver import faults
 from dradriver.driver.checkpoint import ClaimState
 from dradriver.gpu.models import ComputeMode
 from dradriver.plugin.handler import DeviceConfig
+from dradriver.sim import mps_standin
 from tests.driver.config_table import gpu, mig
 from tests.driver.test_state_mig import H100, Node, claim, ref
 
@@ -93,12 +94,14 @@ def assert_nothing_unowned(node: Node) -> None:
     assert node.mps_root is not None
     assert set(live_daemons(node.mps_root)) <= owners
     assert daemon_dirs(node.mps_root) <= owners
+    assert shm_mounts(node.mps_root) <= owners  # a claim's shm tmpfs goes with it
 
 
 def assert_gpus_as_found(node: Node, where: str) -> None:
     """No daemon or daemon directory, and compute modes and time-slices as the walk found them."""
     assert node.mps_root is not None
     assert live_daemons(node.mps_root) == {} and daemon_dirs(node.mps_root) == set(), where
+    assert shm_mounts(node.mps_root) == set(), where
     assert [(g.compute_mode, g.timeslice) for g in node.sim.gpus[1:3]] == [
         (ComputeMode.DEFAULT, 0),
         (ComputeMode.PROHIBITED, 0),
@@ -171,6 +174,9 @@ def assert_daemon_serves(node: Node, where: str) -> None:
     [daemon] = [a.params for a in node.driver.checkpoint.records()[0].actions if a.step == "mps-daemon"]
     assert node.driver.sharing.mps is not None
     assert node.driver.sharing.mps.query(daemon, "get_default_active_thread_percentage") == "30.0", where
+    if may_mount():  # may mount: the daemon's /dev/shm is the claim's tmpfs
+        assert node.mps_root is not None and shm_mounts(node.mps_root) == {CLAIM.uid}, where
+        assert Path(mps_standin.shm_marker(daemon["pid"], daemon["shmDir"])).exists(), where
 
 
 def run_one(

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support.mps_daemons import may_mount
 
 from dradriver.driver.mps import MpsControl
 from dradriver.errors import DeviceError
@@ -74,12 +79,108 @@ def test_a_daemon_command_starts_the_daemon_only_and_its_pid_is_the_daemons(tmp_
         "import os, sys; open(sys.argv[1], 'a').write(f'{os.getpid()}\\n'); os.execvp(sys.argv[2], sys.argv[2:])",
         str(marker),
     ]
-    mps = MpsControl(mps_standin.command(), tmp_path / "mps", daemon_command=[*wrapper, *mps_standin.command()])
+    mps = MpsControl(mps_standin.command(), tmp_path / "mps", wrapper=wrapper)
     daemon = mps.start("c1", ["GPU-1"], ["set_default_active_thread_percentage 20"])
     assert marker.read_text().split() == [str(daemon["pid"])]  # the recorded pid is the daemon, started once
     assert mps.query(daemon, "get_default_active_thread_percentage") == "20.0"  # control calls go unwrapped
     assert marker.read_text().split() == [str(daemon["pid"])]
-    restarted = MpsControl(mps_standin.command(), tmp_path / "mps", daemon_command=[*wrapper, *mps_standin.command()])
+    restarted = MpsControl(mps_standin.command(), tmp_path / "mps", wrapper=wrapper)
     assert restarted.alive(daemon)  # a new instance finds it serving
     restarted.stop(daemon)
     assert not mps.alive(daemon)
+
+
+def mounts_under(path: Path) -> list[str]:
+    """Mount points at or below ``path`` in this process's mount namespace."""
+    found = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    return [m for m in found if m == str(path) or m.startswith(f"{path}/")]
+
+
+def fs_type(path: Path) -> str:
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[4] == str(path):
+            return fields[fields.index("-") + 1]
+    return "none"
+
+
+needs_mount = pytest.mark.skipif(not may_mount(), reason="mounting a tmpfs needs root (CAP_SYS_ADMIN)")
+
+
+@needs_mount
+def test_the_daemons_dev_shm_is_the_claims_size_limited_tmpfs_and_goes_with_it(tmp_path: Path) -> None:
+    mps = MpsControl(mps_standin.command(), tmp_path, shm_size=8 * 1024 * 1024)
+    daemon = mps.start("c1", ["GPU-a"], [])
+    shm = Path(daemon["shmDir"])
+    try:
+        assert shm == tmp_path / "c1" / "shm" and fs_type(shm) == "tmpfs"
+        assert os.statvfs(shm).f_blocks * os.statvfs(shm).f_frsize == 8 * 1024 * 1024
+        assert (shm.stat().st_mode & 0o7777) == 0o1777  # as /dev/shm: clients of any user create files there
+        # The stand-in wrote its marker into its /dev/shm: the claim's directory, not this machine's /dev/shm.
+        assert Path(mps_standin.shm_marker(daemon["pid"], str(shm))).read_text().split() == [str(daemon["pid"])]
+        assert not Path(mps_standin.shm_marker(daemon["pid"])).exists()
+        # What the daemon sees on its /dev/shm (the last mount there): the claim's tmpfs, with /dev/shm's flags.
+        dev_shm = [m.split() for m in Path(f"/proc/{daemon['pid']}/mountinfo").read_text().splitlines()]
+        seen = [m for m in dev_shm if m[4] == "/dev/shm"][-1]
+        assert {"nosuid", "nodev", "noexec"} <= set(seen[5].split(",")) and seen[seen.index("-") + 1] == "tmpfs"
+        assert f"size={8 * 1024}k" in seen[-1]  # the claim's tmpfs, its size
+    finally:
+        mps.stop(daemon)
+    assert gone(daemon["pid"]) and mounts_under(tmp_path) == [] and not (tmp_path / "c1").exists()
+
+
+@needs_mount
+def test_a_restarted_daemon_keeps_its_claims_tmpfs_and_the_next_instance_unmounts_it(tmp_path: Path) -> None:
+    mps = MpsControl(mps_standin.command(), tmp_path)
+    first = mps.start("c1", ["GPU-a"], [])
+    mps.kill(first)
+    (Path(first["shmDir"]) / "client-file").write_text("x")  # a client's shared memory, kept across the restart
+    second = mps.start("c1", ["GPU-a"], [])
+    assert mounts_under(tmp_path) == [second["shmDir"]]  # one tmpfs, not one stacked per start
+    assert (Path(second["shmDir"]) / "client-file").exists()
+    assert Path(mps_standin.shm_marker(second["pid"], second["shmDir"])).exists()
+    MpsControl(mps_standin.command(), tmp_path).stop(second)  # a new instance, after a plugin restart
+    assert mounts_under(tmp_path) == [] and not (tmp_path / "c1").exists()
+
+
+FALLBACK = """
+import json, logging, os, sys
+from pathlib import Path
+from dradriver.driver.mps import MpsControl
+from dradriver.sim import mps_standin
+warnings = []
+logging.getLogger("dradriver.driver.mps").addHandler(logging.Handler())
+logging.getLogger("dradriver.driver.mps").handlers[0].emit = lambda r: warnings.append(r.getMessage())
+mps = MpsControl(mps_standin.command(), Path(sys.argv[1]))
+daemons = [mps.start(uid, ["GPU-a"], []) for uid in ("c1", "c2")]
+shm = [d["shmDir"] for d in daemons]
+seen = {
+    "plain": [os.path.isdir(s) and not os.path.ismount(s) for s in shm],
+    "mode": [oct(os.stat(s).st_mode & 0o7777) for s in shm],
+    "alive": [mps.alive(d) for d in daemons],
+    "warnings": [w for w in warnings if "cannot mount" in w],
+}
+for d in daemons:
+    mps.stop(d)
+seen["left"] = os.listdir(sys.argv[1])
+print(json.dumps(seen))
+"""
+
+
+def test_without_the_right_to_mount_the_shm_directory_is_a_plain_one_and_says_so_once(tmp_path: Path) -> None:
+    # A user namespace of its own: root there, without CAP_SYS_ADMIN over this machine's mounts (as an
+    # unprivileged plugin container), so mount() fails with EPERM.
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare (util-linux)")
+    done = subprocess.run(
+        ["unshare", "--user", "--map-root-user", sys.executable, "-c", FALLBACK, str(tmp_path)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    if done.returncode != 0 and "unshare failed" in done.stderr:
+        pytest.skip(f"no user namespaces here: {done.stderr.strip()}")
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["plain"] == [True, True] and seen["mode"] == ["0o1777", "0o1777"] and seen["alive"] == [True, True]
+    [warning] = seen["warnings"]  # logged once, not per claim
+    assert "Operation not permitted" in warning and "run the plugin privileged" in warning
+    assert seen["left"] == []

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from support.mps_daemons import daemon_processes
 
+from dradriver.driver import mps_shm
 from dradriver.driver.checkpoint import ClaimState
 from dradriver.gpu.inventory import MigMode
 from dradriver.gpu.models import ComputeMode
@@ -187,7 +188,9 @@ def test_an_mps_claim_whose_directories_vanished_is_kept_and_its_daemon_restarte
 ) -> None:
     assert node.prepare(sharing_claim("a", GPU0, config=[MPS])) is None
     daemon = dict(node.daemon("a"))
-    shutil.rmtree(Path(daemon["pipeDir"]).parent)  # someone cleaned the state directory
+    # Someone cleaned the state directory (its shm tmpfs unmounted first: no rm -rf removes a mount point).
+    mps_shm.remove(Path(daemon["shmDir"]))
+    shutil.rmtree(Path(daemon["pipeDir"]).parent)
     with caplog.at_level(logging.WARNING):
         node.restart().reconcile(lambda _ref: True)
     assert "MPS daemon directories" in "\n".join(drift_warnings(caplog))
@@ -195,6 +198,7 @@ def test_an_mps_claim_whose_directories_vanished_is_kept_and_its_daemon_restarte
     assert restarted["pid"] != daemon["pid"] and node.mps.alive(restarted)
     assert node.spec("a")["devices"][0]["containerEdits"]["mounts"]
     assert daemon_processes(node.mps.root) == [("a", restarted["pid"])]  # the unreachable one was killed
+    assert restarted["shmDir"] == daemon["shmDir"] and Path(restarted["shmDir"]).is_dir()  # made again
 
 
 def test_a_kill_right_after_an_unprepare_removed_the_spec_keeps_the_claim_until_the_unprepare_is_re_sent(

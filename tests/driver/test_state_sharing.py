@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from support.cdi_schema import cdi_problems
+from support.mps_daemons import may_mount
 
 from dradriver.driver.cdi import CdiWriter
 from dradriver.driver.checkpoint import CheckpointStore, ClaimRecord, ClaimState, DeviceRecord
@@ -159,12 +160,18 @@ def test_mps_starts_a_daemon_with_the_limits_and_mounts_its_directories(node: No
     assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in edits["env"]
     assert "CUDA_MPS_LOG_DIRECTORY=/var/log/nvidia-mps" in edits["env"]
     mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
-    assert mounts == {"/tmp/nvidia-mps": daemon["pipeDir"], "/var/log/nvidia-mps": daemon["logDir"]}
+    assert mounts == {
+        "/tmp/nvidia-mps": daemon["pipeDir"],
+        "/var/log/nvidia-mps": daemon["logDir"],
+        "/dev/shm": daemon["shmDir"],  # the daemon's /dev/shm: its marker is there (as root, which may mount)
+    }
     assert (Path(daemon["pipeDir"]) / "control").exists()
+    if may_mount():
+        assert Path(mps_standin.shm_marker(daemon["pid"], daemon["shmDir"])).exists()
     assert cdi_problems(node.spec("a")) == []
     node.unprepare("a")
     assert not node.mps.alive(daemon)
-    assert not Path(daemon["pipeDir"]).exists()
+    assert not Path(daemon["pipeDir"]).exists() and not Path(daemon["shmDir"]).exists()
     assert node.mode() is ComputeMode.DEFAULT
 
 

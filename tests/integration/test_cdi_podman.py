@@ -22,12 +22,14 @@ from support.nodes import inventory_of
 
 from dradriver.driver.cdi import CdiWriter, device_env_name
 from dradriver.driver.driver_root import discover_driver_root
+from dradriver.driver.mps import MpsControl
 from dradriver.driver.state import GpuDriver
 from dradriver.gpu.inventory import MigMode, discover
 from dradriver.plugin.handler import AllocatedClaim, ClaimRef
 from dradriver.plugin.kubeletplugin.claims import ClaimLocks, allocated_claim
 from dradriver.plugin.kubeletplugin.device_metadata import DeviceMetadataWriter
 from dradriver.plugin.kubeletplugin.dra_service import ClaimProcessor
+from dradriver.sim import mps_standin
 from dradriver.sim.driver_root import write_stub_driver_root
 from dradriver.sim.fakelib import simulated_gpulib
 
@@ -298,4 +300,39 @@ def test_podman_sees_a_carved_mig_devices_uuid_and_capability_nodes(world: Path)
     assert all(path in done.stdout for path in caps) and len(caps) == 2
     driver.unprepare_resource_claims([ClaimRef("default", uid, uid)])
     assert node.gpus[0].gpu_instances == {}
+    gpulib.close()
+
+
+def test_an_mps_container_shares_the_daemons_dev_shm_and_pipe_directory(world: Path) -> None:
+    # The claim's shm tmpfs is the daemon's /dev/shm (the stand-in writes its marker there) and, through the CDI
+    # spec, the container's; the daemon's socket is in the container's pipe directory.
+    gpulib, _node = simulated_gpulib("mixed", node_name="node-a")
+    driver = GpuDriver(
+        driver_name=DRIVER,
+        pool="node-a",
+        inventory=discover(gpulib),
+        mig_mode=MigMode.STATIC,
+        cdi=CdiWriter(world / "cdi", host_path=lambda _path: "/dev/null"),
+        gpulib=gpulib,
+        mps=MpsControl(mps_standin.command(), world / "mps"),
+    )
+    uid = "3c5e-mps-claim"
+    mps_claim = claim(uid, ("gpu", GPU_A))
+    parameters = {"apiVersion": "gpu.dradriver.dev/v1alpha1", "kind": "GpuConfig", "sharing": {"strategy": "MPS"}}
+    mps_claim["status"]["allocation"]["devices"]["config"] = [
+        {"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": parameters}}
+    ]
+    ids = cdi_ids_by_request(driver, mps_claim)
+    [daemon] = [a.params for a in driver.checkpoint.records()[0].actions if a.step == "mps-daemon"]
+    done = podman_run(
+        world,
+        ids["gpu"],
+        'echo pipe=$CUDA_MPS_PIPE_DIRECTORY; ls "$CUDA_MPS_PIPE_DIRECTORY" /dev/shm; grep /dev/shm /proc/mounts',
+    )
+    assert done.returncode == 0, done.stderr
+    assert "pipe=/tmp/nvidia-mps" in done.stdout and mps_standin.SOCKET_NAME in done.stdout.split()
+    assert Path(mps_standin.shm_marker(daemon["pid"])).name in done.stdout.split(), done.stdout
+    assert done.stdout.splitlines()[-1].split()[2] == "tmpfs", done.stdout  # the last mount on /dev/shm: the claim's
+    driver.unprepare_resource_claims([ClaimRef("default", uid, uid)])
+    assert not (world / "mps" / uid).exists()
     gpulib.close()

@@ -28,6 +28,8 @@ EXCEPTIONS = [
     ("plugin/mps/*/log", 0o755, "the MPS log directory, mounted into the claim's containers (any user)"),
     ("plugin/mps/*/pipe/*", None, "the MPS control daemon's own files"),
     ("plugin/mps/*/log/*", None, "the MPS control daemon's own files"),
+    ("plugin/mps/*/shm", 0o1777, "the /dev/shm of the claim's daemon and containers (any user, sticky)"),
+    ("plugin/mps/*/shm/*", None, "the MPS daemon's and its clients' shared memory"),
     ("plugin/dra-device-metadata", 0o755, "device metadata (KEP-5304): containers read it as any user"),
     ("plugin/dra-device-metadata/*", "0o755 dirs, 0o644 files", "as above"),
     ("cdi", 0o755, "the CDI directory: shared with the container runtime and other drivers"),
@@ -113,6 +115,7 @@ def test_every_file_and_socket_the_driver_creates_is_owner_only_but_the_document
     ):
         assert name in found
     assert any(fnmatch(name, "plugin/mps/*/pipe") for name in found)
+    assert any(fnmatch(name, "plugin/mps/*/shm") for name in found)
     assert any(fnmatch(name, "cdi/k8s.gpu.dradriver.dev-claim_*.json") for name in found)
     wrong = {
         name: f"{oct(mode)}, expected {oct(want)}"

@@ -18,6 +18,7 @@ def test_cycles_with_random_kills_leave_nothing_behind_and_nothing_grows(root: P
         "checkpoint_claims": 0,
         "mps_daemons": 0,
         "mps_dirs": 0,
+        "mps_shm_mounts": 0,
         "gpu_settings": 0,
     }
     first, last = result.marks

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 from support.kube_rest import Kube
-from support.mps_daemons import daemon_processes
+from support.mps_daemons import daemon_processes, shm_mounts
 from support.node_pods import Workloads, cdi_specs_of, claims_of, running
 from support.real_node import RealNode, wait_for
 
@@ -34,8 +34,12 @@ from dradriver.sim import mps_standin
 from node.test_pods import GPU_CLASS, NAMESPACE, template, wait_unprepared
 
 CGROUP_ROOTS = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/pids"))  # cgroup v2, or v1's pids hierarchy
-# What the pod's container reports of MPS: the pipe directory's variable and what is in that directory.
-SHOW_MPS = 'echo "pipe=$CUDA_MPS_PIPE_DIRECTORY"; ls -a "$CUDA_MPS_PIPE_DIRECTORY" | sed "s/^/entry /"'
+# What the pod's container reports of MPS: the pipe directory's variable and what is in that directory, the
+# filesystem on its /dev/shm and what is in it (the daemon's shared memory: the stand-in's marker).
+SHOW_MPS = (
+    'echo "pipe=$CUDA_MPS_PIPE_DIRECTORY"; ls -a "$CUDA_MPS_PIPE_DIRECTORY" | sed "s/^/entry /"; '
+    'awk \'$2 == "/dev/shm" {print "shm-fs " $3 " " $4}\' /proc/mounts; ls -a /dev/shm | sed \'s/^/shm /\''
+)
 
 
 def cgroup_root() -> Path:
@@ -135,13 +139,29 @@ def the_daemon(node: RealNode, uid: str) -> Daemon:
     return daemon
 
 
-def container_sees_mps(workloads: Workloads, pod: dict[str, Any]) -> None:
-    """Inside the pod's container (kubectl exec): the MPS pipe directory's variable, and the daemon's socket in
-    the directory mounted there."""
+def container_sees_mps(workloads: Workloads, pod: dict[str, Any], daemon: Daemon) -> str:
+    """Inside the pod's container (kubectl exec): the MPS pipe directory's variable, the daemon's socket in the
+    directory mounted there, and the daemon's /dev/shm as the container's: a tmpfs (the driver runs as root here,
+    so it may mount) holding the marker the daemon wrote into its own /dev/shm. What the container showed."""
     shown = workloads.kubectl("-n", NAMESPACE, "exec", pod["metadata"]["name"], "--", "sh", "-c", SHOW_MPS)
     lines = shown.splitlines()
     assert "pipe=/tmp/nvidia-mps" in lines, shown
     assert f"entry {mps_standin.SOCKET_NAME}" in lines, shown
+    # The last /dev/shm mount is the one the container sees: the claim's tmpfs, not the pod's own.
+    assert [line for line in lines if line.startswith("shm-fs ")][-1].startswith("shm-fs tmpfs "), shown
+    assert f"shm {Path(mps_standin.shm_marker(daemon.pid)).name}" in lines, shown
+    return shown
+
+
+def shares_its_dev_shm(node: RealNode, workloads: Workloads, pod: dict[str, Any], uid: str, daemon: Daemon) -> None:
+    """The claim's shm directory is a tmpfs on the node, the daemon's /dev/shm (its marker is there, not in the
+    node's own /dev/shm) and the container's (what the container shows is printed, for docs/sharing.md)."""
+    shm = node.plugin_dir / "mps" / uid / "shm"
+    assert shm_mounts(node.plugin_dir / "mps") == {uid} and os.path.ismount(shm)
+    assert Path(mps_standin.shm_marker(daemon.pid, str(shm))).exists()
+    assert not Path(mps_standin.shm_marker(daemon.pid)).exists(), "the daemon wrote into the node's /dev/shm"
+    print(f"daemon {daemon.pid}, {shm}: {sorted(p.name for p in shm.iterdir())}")
+    print(f"kubectl exec {pod['metadata']['name']}:\n{container_sees_mps(workloads, pod, daemon)}")
 
 
 @pytest.fixture
@@ -184,14 +204,14 @@ def test_an_mps_pod_keeps_its_daemon_across_a_driver_sigkill_and_a_rolling_updat
         daemon = the_daemon(node, uid)
         assert daemon.pid in scope.pids() and daemon.pid not in first_container.pids(), "not moved by the wrapper"
         assert '"msg": "started MPS control daemon' in first.log
-        container_sees_mps(workloads, pod)
+        shares_its_dev_shm(node, workloads, pod, uid, daemon)
 
         def unchanged(after: str) -> None:
             assert the_daemon(node, uid) == daemon, f"the MPS control daemon changed {after}"
             fresh = kube.get("pods", pod["metadata"]["name"], NAMESPACE)
             assert fresh["metadata"]["uid"] == pod["metadata"]["uid"] and running(fresh), fresh.get("status")
             assert [s["restartCount"] for s in fresh["status"]["containerStatuses"]] == [0]
-            container_sees_mps(workloads, pod)
+            container_sees_mps(workloads, pod, daemon)
 
         # The plugin's container dies (a crash, an OOM kill): every process in its cgroup gets SIGKILL.
         first_container.kill()
@@ -228,6 +248,7 @@ def nothing_left(node: RealNode, kube: Kube, claim: dict[str, Any], daemon: Daem
     wait_for(f"the MPS control daemon {daemon.pid} to exit", lambda: not alive(daemon), 30)
     assert [pid for _, pid in daemon_processes(node.plugin_dir / "mps")] == []
     assert not (node.plugin_dir / "mps" / uid).exists(), "the claim's MPS directories outlived its unprepare"
+    assert shm_mounts(node.plugin_dir / "mps") == set(), "the claim's shm tmpfs outlived its unprepare"
     assert cdi_specs_of(node, uid) == []
 
 

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
+import tempfile
 from pathlib import Path
+
+from dradriver.driver import mps_shm
 
 
 def live_daemons(root: Path) -> dict[str, int]:
@@ -41,8 +45,32 @@ def daemon_dirs(root: Path) -> set[str]:
     return {p.name for p in root.iterdir()} if root.exists() else set()
 
 
+def shm_mounts(root: Path) -> set[str]:
+    """Claim UIDs with a mount (their shm tmpfs) under ``root``, in this process's mount namespace."""
+    found = set()
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = Path(line.split()[4])
+        if point.is_relative_to(root) and point != root:
+            found.add(point.relative_to(root).parts[0])
+    return found
+
+
 def kill_daemons(root: Path) -> None:
     """SIGKILL every live daemon of ``root`` (a test's clean-up after a failure left claims prepared)."""
     for pid in live_daemons(root).values():
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+@functools.cache
+def may_mount() -> bool:
+    """Whether this process may mount a tmpfs (root with CAP_SYS_ADMIN): then a claim's shm directory is one, and
+    its daemon's /dev/shm. Tried, not guessed from the uid (root in an unprivileged container may not)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        probe = Path(scratch) / "shm"
+        try:
+            mps_shm.make(probe, 1024 * 1024)
+        except OSError:
+            return False
+        mps_shm.remove(probe)
+        return True

@@ -25,7 +25,7 @@ from dradriver.plugin.kubeletplugin.kubelet_client import Claim, KubeletClient, 
 from dradriver.sim.node import SimulatedNode
 from dradriver.sim.profiles import load_node_profile
 from support.apiserver import FakeApiServer, allocated_claim
-from support.mps_daemons import daemon_dirs, kill_daemons, live_daemons
+from support.mps_daemons import daemon_dirs, kill_daemons, live_daemons, shm_mounts
 
 DRIVER = "gpu.dradriver.dev"
 NODE = "node-a"
@@ -190,6 +190,7 @@ def run_soak(root: Path, cycles: int, *, kill_every: int, seed: int = 1) -> Soak
             "checkpoint_claims": len(read_records(root / "state" / "checkpoint.json")),
             "mps_daemons": len(live_daemons(mps_root)),
             "mps_dirs": len(daemon_dirs(mps_root)),
+            "mps_shm_mounts": len(shm_mounts(mps_root)),
             # Compute modes and time-slices not back at the defaults the node started with.
             "gpu_settings": sum(1 for g in node.gpus if g.compute_mode != ComputeMode.DEFAULT or g.timeslice != 0),
         }

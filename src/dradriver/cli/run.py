@@ -85,6 +85,7 @@ from dradriver.plugin.kubeletplugin.plugin import (
     check_pod_uid,
 )
 from dradriver.plugin.resourceslice.publisher import Publisher, SliceSpec
+from dradriver.quantity import parse_quantity
 
 if TYPE_CHECKING:  # loaded by cd_node.start only with --compute-domains (docs/reliability.md, memory)
     from dradriver.computedomain.plugin import ComputeDomainPlugin
@@ -186,6 +187,15 @@ def register(parser: argparse.ArgumentParser) -> None:
         "that takes the daemon out of this container, so a plugin restart or update leaves it serving, and then "
         "execs it; the chart's is 'nsenter --target 1 --mount --uts --ipc --net -- systemd-run --scope --quiet "
         "--collect --slice=dradriver-mps.slice --' (needs hostPID: true; docs/sharing.md)",
+    )
+    add_env_option(
+        parser,
+        "--mps-shm-size",
+        env="DRADRIVER_MPS_SHM_SIZE",
+        type=_shm_size,
+        metavar="QUANTITY",
+        help="the size limit of each MPS claim's shared-memory tmpfs, the /dev/shm of its daemon and its containers "
+        "(default: half the node's memory, as a tmpfs's and NVIDIA's; docs/sharing.md)",
     )
     add_env_option(
         parser,
@@ -573,7 +583,9 @@ class DriverProcess:
             gpulib=self.gpulib,
             checkpoint=self.checkpoint,
             device_problem=self.health.problem,
-            mps=MpsControl(root=state_dir / "mps", **_mps_commands(args, simulated, self.driver_root)),
+            mps=MpsControl(
+                root=state_dir / "mps", shm_size=args.mps_shm_size, **_mps_commands(args, simulated, self.driver_root)
+            ),
             consumable_shares=args.consumable_shares or None,
             holder_released=lambda ref, device: _holder_released(self.cluster, args.driver_name, node, ref, device),
         )
@@ -986,27 +998,26 @@ def _mps_commands(args: argparse.Namespace, simulated: bool, driver_root: Driver
         if simulated
         else {"LD_LIBRARY_PATH": ":".join(str(driver_root.container_root / d) for d in driver_root.source_dirs)}
     )
+    wrapper = shlex.split(str(args.mps_daemon_wrapper or ""))
     return {
         "command": _mps_command(args, simulated, driver_root),
-        "daemon_command": _mps_daemon_command(args, simulated, driver_root),
+        "daemon_command": _mps_daemon_command(args, simulated, driver_root) if wrapper else [],
+        "wrapper": wrapper,
         "env": env,
     }
 
 
 def _mps_daemon_command(args: argparse.Namespace, simulated: bool, driver_root: DriverRoot) -> list[str]:
-    """How a claim's daemon starts with --mps-daemon-wrapper (none without one: the control command). The wrapper
-    runs it in the host's namespaces, where the driver root is at its host path: the binary and its libraries are
-    named there (a simulated node's stand-in, or an explicit --mps-control-command, are taken as given)."""
-    wrapper = shlex.split(str(args.mps_daemon_wrapper or ""))
-    if not wrapper:
-        return []
+    """How a claim's daemon starts after --mps-daemon-wrapper. The wrapper runs it in the host's namespaces, where
+    the driver root is at its host path: the binary and its libraries are named there (a simulated node's
+    stand-in, or an explicit --mps-control-command, are taken as given)."""
     if simulated or args.mps_control_command:
-        return [*wrapper, *_mps_command(args, simulated, driver_root)]
+        return _mps_command(args, simulated, driver_root)
     host = driver_root.host_root
     libraries = ":".join(str(host / d) for d in driver_root.source_dirs)
     binary = next((b.path for b in driver_root.binaries if b.path.name == DEFAULT_COMMAND[0]), None)
     command = [str(host / binary)] if binary is not None else list(DEFAULT_COMMAND)
-    return [*wrapper, "env", f"LD_LIBRARY_PATH={libraries}", *command]
+    return ["env", f"LD_LIBRARY_PATH={libraries}", *command]
 
 
 def _mps_command(args: argparse.Namespace, simulated: bool, driver_root: DriverRoot) -> list[str]:
@@ -1018,3 +1029,11 @@ def _mps_command(args: argparse.Namespace, simulated: bool, driver_root: DriverR
         if binary.path.name == DEFAULT_COMMAND[0]:
             return [str(driver_root.container_root / binary.path), *DEFAULT_COMMAND[1:]]
     return list(DEFAULT_COMMAND)
+
+
+def _shm_size(value: str) -> int:
+    """--mps-shm-size: a Kubernetes quantity of at least 1Mi, in bytes."""
+    size = parse_quantity(value)
+    if size is None or size < 1024 * 1024:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a size of at least 1Mi (e.g. 64Mi, 2Gi)")
+    return int(size)

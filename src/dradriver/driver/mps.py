@@ -1,7 +1,8 @@
 """MPS control daemons: one per claim that asks for MPS, started, checked and stopped here.
 
-Each daemon gets its own pipe and log directory under ``<state dir>/mps/<claim uid>/``; the claim's containers get
-both through the CDI spec (``CUDA_MPS_PIPE_DIRECTORY``, ``CUDA_MPS_LOG_DIRECTORY``). The daemon is the configured
+Each daemon gets its own pipe, log and shm directory under ``<state dir>/mps/<claim uid>/``; the claim's containers
+get them through the CDI spec (``CUDA_MPS_PIPE_DIRECTORY``, ``CUDA_MPS_LOG_DIRECTORY``, and ``/dev/shm``, which the
+daemon sees as its own ``/dev/shm`` too: :mod:`dradriver.driver.mps_shm`). The daemon is the configured
 command (``nvidia-cuda-mps-control`` by default; the simulated node runs ``dradriver.sim.mps_standin``) started in
 the foreground (``-f``) in a session of its own, so it does not die with the plugin's process: see docs/sharing.md
 for how it outlives the plugin's container. Liveness is asked of the daemon itself (``get_server_list`` through
@@ -23,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dradriver.driver import mps_shm
 from dradriver.errors import DeviceError
 from dradriver.validation.names import is_path_safe_uid
 
@@ -52,20 +54,30 @@ class MpsControl:
         ready_timeout_s: float = 10.0,
         daemon_command: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
+        wrapper: Sequence[str] = (),
+        shm_size: int | None = None,
     ) -> None:
-        """``daemon_command`` starts a daemon when given (control calls always use ``command``): in the shipped
-        DaemonSet ``nsenter … -- systemd-run --scope -- env LD_LIBRARY_PATH=<host dirs> <host binary>``, which
-        moves the daemon out of the plugin's container and then execs it, keeping its pid, which is recorded
-        (docs/sharing.md). ``env``: added to the daemons' environment (the driver root's library directories, so
-        the daemon finds ``libcuda`` wherever the host keeps it)."""
+        """``daemon_command`` starts a daemon when given (control calls always use ``command``), after
+        ``wrapper``: in the shipped DaemonSet ``nsenter … -- systemd-run --scope --`` then ``env
+        LD_LIBRARY_PATH=<host dirs> <host binary>``; the wrapper moves the daemon out of the plugin's container and
+        then execs it, keeping its pid, which is recorded (docs/sharing.md). ``env``: added to the daemons'
+        environment (the driver root's library directories, so the daemon finds ``libcuda`` wherever the host
+        keeps it). ``shm_size``: the bytes of each claim's shm tmpfs (default: half the node's memory)."""
         self.root = root
-        self.use(command=command, daemon_command=daemon_command, env=env)
+        self.use(command=command, daemon_command=daemon_command, env=env, wrapper=wrapper)
+        self.shm_size = shm_size if shm_size is not None else mps_shm.default_size()
+        self._can_mount: bool | None = None  # unknown until the first claim's shm directory is made
         self.ready_timeout_s = ready_timeout_s
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._pause = threading.Event()  # never set: waits between checks of a condition another process changes
 
     def use(
-        self, *, command: Sequence[str], daemon_command: Sequence[str] = (), env: Mapping[str, str] | None = None
+        self,
+        *,
+        command: Sequence[str],
+        daemon_command: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        wrapper: Sequence[str] = (),
     ) -> None:
         """Start daemons (and make control calls) with these from now on: an in-place driver upgrade moves the
         binary and libraries; daemons already serving keep theirs."""
@@ -73,6 +85,7 @@ class MpsControl:
             raise ValueError("the MPS control command is empty")
         self.command = tuple(command)
         self.daemon_command = tuple(daemon_command)  # empty: the control command
+        self.wrapper = tuple(wrapper)
         self.extra_env = dict(env or {})
 
     def dirs(self, claim_uid: str) -> tuple[Path, Path]:
@@ -86,18 +99,32 @@ class MpsControl:
         base = self.root / claim_uid
         return base / "pipe", base / "log"
 
+    def shm_dir(self, claim_uid: str) -> Path:
+        """The claim's shm directory, beside its pipe and log directories: the daemon's and its clients'
+        ``/dev/shm``."""
+        return self.dirs(claim_uid)[0].parent / "shm"
+
     def start(
         self, claim_uid: str, device_uuids: Sequence[str], commands: Sequence[str], *, multi_user: bool = False
     ) -> dict[str, Any]:
         """Start the claim's daemon, wait until it answers, send ``commands`` (the limits); the recorded identity.
         ``multi_user`` starts it with ``-M`` (MPS's multi-user mode: clients of any user id may connect)."""
         pipe, logs = self.dirs(claim_uid)
+        shm = self.shm_dir(claim_uid)
         self._make_dirs(pipe, logs)
+        private_shm = self._make_shm(shm)
         env = self._env(pipe, logs)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(device_uuids)
+        argv = [
+            *self.wrapper,
+            *(mps_shm.namespace_prefix(shm) if private_shm else []),
+            *(self.daemon_command or self.command),
+            "-f",
+            *(["-M"] if multi_user else []),
+        ]
         try:
             child = subprocess.Popen(
-                [*(self.daemon_command or self.command), "-f", *(["-M"] if multi_user else [])],
+                argv,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -110,7 +137,13 @@ class MpsControl:
                 "(--mps-control-command)?"
             ) from err
         self._children[child.pid] = child
-        identity = {"pid": child.pid, "startTime": _start_time(child.pid), "pipeDir": str(pipe), "logDir": str(logs)}
+        identity = {
+            "pid": child.pid,
+            "startTime": _start_time(child.pid),
+            "pipeDir": str(pipe),
+            "logDir": str(logs),
+            "shmDir": str(shm),
+        }
         try:
             # The checkpoint learns the daemon's pid with the claim's completion; until then (a crash in between)
             # the undo finds it here, and can stop a daemon that never came to answer.
@@ -150,8 +183,17 @@ class MpsControl:
                     failure: DeviceError | None = err
             else:
                 failure = None
+            if child.poll() in (126, 127):
+                # The shell of the shm namespace (or the wrapper) could not exec it: not found, or not runnable.
+                raise DeviceError(
+                    f"cannot start the MPS control daemon {' '.join(self.daemon_command or self.command)}: exit "
+                    f"status {child.returncode} (not found or not executable); is it in the driver root "
+                    "(--mps-control-command, --mps-daemon-wrapper)?"
+                )
             if child.poll() is not None or time.monotonic() > deadline:
                 why = f" ({failure})" if failure is not None else ""
+                if child.returncode is not None:
+                    why += f" (it exited with status {child.returncode})"
                 raise DeviceError(
                     f"the MPS control daemon of claim {claim_uid} did not become ready within "
                     f"{self.ready_timeout_s:g}s{why}; see {Path(str(identity['logDir'])) / 'control.log'}"
@@ -183,6 +225,27 @@ class MpsControl:
         except OSError as err:
             raise DeviceError(f"cannot create the MPS directories {pipe.parent}: {err}; check --state-dir") from err
 
+    def _make_shm(self, shm: Path) -> bool:
+        """The claim's shm directory, a tmpfs where this process may mount; whether the daemon gets it as its
+        ``/dev/shm`` (that takes a mount namespace, which needs the same privilege). Without it the daemon keeps
+        the ``/dev/shm`` it has: enough for the simulated node's stand-in, not for real MPS clients."""
+        try:
+            mounted = mps_shm.make(shm, self.shm_size, mount=self._can_mount is not False)
+        except mps_shm.NoMountPermission as err:
+            self._can_mount = False
+            log.warning(
+                "cannot mount a tmpfs for MPS shared memory (%s); claims' shm directories are plain directories and "
+                "their daemons keep their own /dev/shm, so real MPS clients cannot connect: run the plugin "
+                "privileged (docs/sharing.md)",
+                err,
+            )
+            return False
+        except OSError as err:
+            raise DeviceError(f"cannot make the MPS shm directory {shm}: {err}; check --state-dir") from err
+        if self._can_mount is None and mounted:
+            self._can_mount = True
+        return mounted and self._can_mount is not False
+
     def alive(self, identity: Mapping[str, Any]) -> bool:
         """Whether the daemon answers through its pipe directory; :class:`ControlUnavailable` when that cannot be
         asked (a daemon must not be taken for dead, and killed, because the client could not run)."""
@@ -213,6 +276,10 @@ class MpsControl:
                 self._exited(pid, start_time)  # gone before its directories are
             self._reap(pid)
         if base != Path() and base.parent == self.root:
+            try:
+                mps_shm.remove(base / "shm")  # a tmpfs would keep rmtree from removing its mount point
+            except OSError as err:
+                log.warning("cannot remove the MPS shm directory of %s: %s", base.name, err)
             shutil.rmtree(base, ignore_errors=True)
 
     def kill(self, identity: Mapping[str, Any]) -> None:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from dradriver.driver.checkpoint import Action, CheckpointStore, ClaimRecord, DeviceRecord
 from dradriver.driver.mps import CONTAINER_LOG_DIR, CONTAINER_PIPE_DIR, ControlUnavailable, MpsControl
+from dradriver.driver.mps_shm import CONTAINER_SHM_DIR
 from dradriver.driver.transaction import StepKind, Transaction
 from dradriver.errors import ClaimError, DeviceError
 from dradriver.gpu.errors import GpuError, NotFound
@@ -331,10 +332,12 @@ class SharingSteps:
         if action is None or wanted.mps is None:
             return (), ()
         env = (f"CUDA_MPS_PIPE_DIRECTORY={CONTAINER_PIPE_DIR}", f"CUDA_MPS_LOG_DIRECTORY={CONTAINER_LOG_DIR}")
-        mounts = (
+        mounts: tuple[tuple[str, str], ...] = (
             (str(action.params["pipeDir"]), CONTAINER_PIPE_DIR),
             (str(action.params["logDir"]), CONTAINER_LOG_DIR),
         )
+        if "shmDir" in action.params:  # absent from daemons started before there was one: they use their own
+            mounts += ((str(action.params["shmDir"]), CONTAINER_SHM_DIR),)
         return env, mounts
 
     def ensure_mps(self, record: ClaimRecord) -> bool:

@@ -4,7 +4,9 @@ It behaves as NVIDIA's MPS documentation describes the tool, for what the driver
 
 - ``-d`` starts the control daemon in the background and returns once it answers; ``-f`` runs it in the
   foreground. The daemon creates its control socket in ``CUDA_MPS_PIPE_DIRECTORY`` and logs to
-  ``control.log`` in ``CUDA_MPS_LOG_DIRECTORY``.
+  ``control.log`` in ``CUDA_MPS_LOG_DIRECTORY``. As the real one creates its shared memory in ``/dev/shm``,
+  it writes a marker there, ``/dev/shm/dradriver-mps-standin.<its pid>``, removed when it quits: a client
+  that sees it shares the daemon's ``/dev/shm``.
 - Without a flag it is the client: it sends the commands on stdin to the daemon of ``CUDA_MPS_PIPE_DIRECTORY``
   and prints the answers; it fails when no daemon serves that directory.
 - Commands: ``get_server_list``, ``set_default_active_thread_percentage <n>``,
@@ -20,16 +22,24 @@ the benchmark measures of an MPS claim.
 # The C module under ``socket``: ``socket`` itself imports enum and selectors, which takes longer than the rest of
 # the client's work together.
 import _socket
+import io  # already loaded by the interpreter at start: free
 import os
 import sys
 
 SOCKET_NAME = "control"
+SHM_DIR = "/dev/shm"
+SHM_MARKER = "dradriver-mps-standin"
 
 
 def command() -> list[str]:
     """The command line that runs the stand-in (the driver's ``--mps-control-command`` on a simulated node).
     ``-S``: no ``site``, so no site-packages; the stand-in needs only the standard library."""
     return [sys.executable, "-S", os.path.abspath(__file__)]
+
+
+def shm_marker(pid: int, shm: str = SHM_DIR) -> str:
+    """The file the daemon of ``pid`` writes in its ``/dev/shm`` (``shm``: where another process sees that)."""
+    return os.path.join(shm, f"{SHM_MARKER}.{pid}")
 
 
 def _dirs() -> tuple[str, str]:
@@ -53,6 +63,7 @@ def _serve() -> int:
     server.listen(8)
     log = open(os.path.join(logs, "control.log"), "a", buffering=1)  # noqa: SIM115 - open for the daemon's life
     log.write(f"[{time.time():.3f}] Startup pid={os.getpid()}\n")
+    marker = _mark_shm(log)
     percentage = 100.0
     pinned: dict[str, str] = {}
     while True:
@@ -87,11 +98,32 @@ def _serve() -> int:
             if quit_now:
                 # The socket goes before the answer: once the client returns, nothing answers in the directory.
                 os.unlink(SOCKET_NAME)
+                _remove(marker)
             conn.sendall(("\n".join(replies) + "\n").encode() if replies else b"")
         if quit_now:
             log.write(f"[{time.time():.3f}] Shutdown\n")
             log.close()
             return 0
+
+
+def _mark_shm(log: io.TextIOWrapper) -> str:
+    """Write the daemon's marker into its /dev/shm; its path."""
+    import time
+
+    marker = shm_marker(os.getpid())
+    try:
+        with open(marker, "w") as out:
+            out.write(f"{os.getpid()}\n")
+    except OSError as err:  # a /dev/shm it may not write to: the daemon serves on, and says so
+        log.write(f"[{time.time():.3f}] cannot write {marker}: {err}\n")
+    return marker
+
+
+def _remove(path: str) -> None:
+    import contextlib
+
+    with contextlib.suppress(OSError):  # gone already (a /dev/shm emptied under it), or never written
+        os.unlink(path)
 
 
 def _client() -> int:
