@@ -184,3 +184,40 @@ def test_without_the_right_to_mount_the_shm_directory_is_a_plain_one_and_says_so
     [warning] = seen["warnings"]  # logged once, not per claim
     assert "Operation not permitted" in warning and "run the plugin privileged" in warning
     assert seen["left"] == []
+
+
+def test_a_daemon_that_cannot_be_executed_leaves_no_directory_and_names_what_is_missing(tmp_path: Path) -> None:
+    mps = MpsControl(mps_standin.command(), tmp_path, daemon_command=["/nonexistent/nvidia-cuda-mps-control"])
+    with pytest.raises(DeviceError) as raised:
+        mps.start("c1", ["GPU-a"], [])
+    assert not (tmp_path / "c1").exists()  # no pipe, log or shm directory (nor tmpfs) outlives the failed start
+    assert "claim c1" in str(raised.value)
+
+
+def test_a_failed_restart_keeps_the_directories_a_running_pod_mounts(tmp_path: Path) -> None:
+    # A prepared claim's daemon died and cannot be started again: its pods still mount the pipe, log and shm
+    # directories (the shm tmpfs is their whole /dev/shm), so only the process goes.
+    mps = MpsControl(mps_standin.command(), tmp_path)
+    daemon = mps.start("c1", ["GPU-a"], [])
+    mps.kill(daemon)
+    (tmp_path / "c1" / "shm" / "pod-segment").write_text("in use")
+    broken = MpsControl(mps_standin.command(), tmp_path, daemon_command=["/nonexistent/nvidia-cuda-mps-control"])
+    with pytest.raises(DeviceError):
+        broken.start("c1", ["GPU-a"], [], restart=True)
+    assert (tmp_path / "c1" / "shm" / "pod-segment").read_text() == "in use"
+    mps.stop(daemon)
+    assert not (tmp_path / "c1").exists()
+
+
+def test_a_tmpfs_that_would_not_reach_the_host_is_found_from_mountinfo(tmp_path: Path) -> None:
+    from dradriver.driver.mps_shm import shared_with_host
+
+    info = tmp_path / "mountinfo"
+    info.write_text(
+        "22 1 0:21 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n"
+        "40 22 0:40 / /state/mps/c1/shm rw,nosuid,nodev,noexec shared:17 - tmpfs tmpfs rw,size=64k\n"
+        "41 22 0:41 / /state/mps/c2/shm rw,nosuid,nodev,noexec - tmpfs tmpfs rw,size=64k\n"
+    )
+    assert shared_with_host(Path("/state/mps/c1/shm"), info) is True  # a Bidirectional volume's mount
+    assert shared_with_host(Path("/state/mps/c2/shm"), info) is False  # private: the host sees the directory
+    assert shared_with_host(Path("/state/mps/c3/shm"), info) is None  # no mount there

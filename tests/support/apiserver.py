@@ -87,11 +87,12 @@ RESOURCES = {
 class ApiError(Exception):
     """An error answered as a metav1.Status body."""
 
-    def __init__(self, code: int, reason: str, message: str) -> None:
+    def __init__(self, code: int, reason: str, message: str, *, details: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.reason = reason
         self.message = message
+        self.details = details
 
     def status(self) -> dict[str, Any]:
         return {
@@ -101,8 +102,21 @@ class ApiError(Exception):
             "status": "Failure",
             "message": self.message,
             "reason": self.reason,
+            # As kube-apiserver: an object that is not there is named (name, group, kind); a path it does not
+            # serve is not.
+            **({"details": self.details} if self.details else {}),
             "code": self.code,
         }
+
+
+def not_found(plural: str, group: str, name: str) -> ApiError:
+    """kube-apiserver's answer for a named object that does not exist."""
+    return ApiError(
+        404,
+        "NotFound",
+        f'{plural}.{group or "core"} "{name}" not found',
+        details={"name": name, "group": group, "kind": plural},
+    )
 
 
 @dataclass(frozen=True)
@@ -459,7 +473,7 @@ class FakeApiServer:
             key = self._key(resource, obj)
             current = self._objects[plural].get(key)
             if current is None:
-                raise ApiError(404, "NotFound", f'{plural}.{resource.group or "core"} "{key[1]}" not found')
+                raise not_found(plural, resource.group, key[1])
             given_rv = obj.get("metadata", {}).get("resourceVersion")
             if given_rv and given_rv != current["metadata"]["resourceVersion"]:
                 raise ApiError(
@@ -519,7 +533,7 @@ class FakeApiServer:
             key = (namespace or "" if resource.namespaced else "", name)
             current = self._objects[plural].get(key)
             if current is None:
-                raise ApiError(404, "NotFound", f'{plural}.{resource.group or "core"} "{name}" not found')
+                raise not_found(plural, resource.group, name)
             meta = current["metadata"]
             for field_name in ("uid", "resourceVersion"):
                 wanted = (preconditions or {}).get(field_name)
@@ -711,6 +725,9 @@ class _Handler(BaseHTTPRequestHandler):
             group, version, rest = "", "v1", parts[2:]
         elif len(parts) >= 3 and parts[0] == "apis":
             group, version, rest = parts[1], parts[2], parts[3:]
+            if group == "resource.k8s.io" and version not in self.api.resource_versions:
+                # A version this server does not serve: its paths name nothing (kube-apiserver: a bare 404).
+                raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
         else:
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
         namespace = None
@@ -833,7 +850,7 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "GET":
             obj = api.get(resource.plural, str(name), namespace)
             if obj is None:
-                raise ApiError(404, "NotFound", f'{resource.plural} "{name}" not found')
+                raise not_found(resource.plural, resource.group, str(name))
             return 200, obj
         if method == "POST":
             if name is not None or body is None:

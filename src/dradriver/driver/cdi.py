@@ -210,7 +210,7 @@ class CdiWriter:
                     {
                         "hostPath": host,
                         "containerPath": inside,
-                        "options": ["rw", "nosuid", "nodev", "rbind", "rprivate"],
+                        "options": ["rw", "nosuid", "nodev", "noexec", "rbind", "rprivate"],
                     }
                     for host, inside in device.mounts
                 ]

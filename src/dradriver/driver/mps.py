@@ -105,14 +105,29 @@ class MpsControl:
         return self.dirs(claim_uid)[0].parent / "shm"
 
     def start(
-        self, claim_uid: str, device_uuids: Sequence[str], commands: Sequence[str], *, multi_user: bool = False
+        self,
+        claim_uid: str,
+        device_uuids: Sequence[str],
+        commands: Sequence[str],
+        *,
+        multi_user: bool = False,
+        restart: bool = False,
     ) -> dict[str, Any]:
         """Start the claim's daemon, wait until it answers, send ``commands`` (the limits); the recorded identity.
-        ``multi_user`` starts it with ``-M`` (MPS's multi-user mode: clients of any user id may connect)."""
+        ``multi_user`` starts it with ``-M`` (MPS's multi-user mode: clients of any user id may connect).
+
+        A start that fails leaves nothing: the daemon is stopped and the claim's directories and tmpfs go. Not so
+        for a ``restart`` (a prepared claim whose daemon died): its pods mount those directories, and the tmpfs
+        is their whole ``/dev/shm``, so only the process is killed."""
         pipe, logs = self.dirs(claim_uid)
         shm = self.shm_dir(claim_uid)
+        undo = self.kill if restart else self.stop
         self._make_dirs(pipe, logs)
-        private_shm = self._make_shm(shm)
+        try:
+            private_shm = self._make_shm(shm)
+        except DeviceError:
+            undo({"pipeDir": str(pipe), "logDir": str(logs)})
+            raise
         env = self._env(pipe, logs)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(device_uuids)
         argv = [
@@ -132,9 +147,11 @@ class MpsControl:
                 start_new_session=True,  # not in the plugin's process group: a signal to the plugin spares it
             )
         except OSError as err:
+            undo({"pipeDir": str(pipe), "logDir": str(logs)})
             raise DeviceError(
-                f"cannot start the MPS control daemon {' '.join(self.command)}: {err}; is it in the driver root "
-                "(--mps-control-command)?"
+                f"cannot start the MPS control daemon of claim {claim_uid}: {argv[0]}: {err}; is it on this "
+                "machine (the control command in the driver root: --mps-control-command; the wrapper: "
+                "--mps-daemon-wrapper; unshare, sh and mount for the daemon's /dev/shm)?"
             ) from err
         self._children[child.pid] = child
         identity = {
@@ -150,10 +167,10 @@ class MpsControl:
             _write_identity(pipe.parent / IDENTITY_FILE, {"pid": child.pid, "startTime": identity["startTime"]})
             self._await_ready(claim_uid, child, identity, commands)
         except OSError as err:
-            self.stop(identity)
+            undo(identity)
             raise DeviceError(f"starting the MPS control daemon of claim {claim_uid}: {err}") from err
         except DeviceError:
-            self.stop(identity)
+            undo(identity)
             raise
         log.info("started MPS control daemon claim=%s pid=%d devices=%s", claim_uid, child.pid, ",".join(device_uuids))
         return identity
@@ -186,9 +203,9 @@ class MpsControl:
             if child.poll() in (126, 127):
                 # The shell of the shm namespace (or the wrapper) could not exec it: not found, or not runnable.
                 raise DeviceError(
-                    f"cannot start the MPS control daemon {' '.join(self.daemon_command or self.command)}: exit "
-                    f"status {child.returncode} (not found or not executable); is it in the driver root "
-                    "(--mps-control-command, --mps-daemon-wrapper)?"
+                    f"cannot start the MPS control daemon of claim {claim_uid}: "
+                    f"{' '.join(self.daemon_command or self.command)}: exit status {child.returncode} (not found or "
+                    "not executable); is it in the driver root (--mps-control-command, --mps-daemon-wrapper)?"
                 )
             if child.poll() is not None or time.monotonic() > deadline:
                 why = f" ({failure})" if failure is not None else ""
@@ -244,6 +261,15 @@ class MpsControl:
             raise DeviceError(f"cannot make the MPS shm directory {shm}: {err}; check --state-dir") from err
         if self._can_mount is None and mounted:
             self._can_mount = True
+            if mps_shm.shared_with_host(shm) is False:
+                # Said once: the clients' CDI bind is made by the runtime on the host, which sees the directory
+                # under this tmpfs unless the mount propagates there.
+                log.error(
+                    "the MPS shm tmpfs on %s does not propagate to the host: clients would get the directory under "
+                    "it and could not reach their daemon; mount the state directory (--state-dir, the plugin "
+                    "directory by default) with mountPropagation: Bidirectional, as the chart does",
+                    shm,
+                )
         return mounted and self._can_mount is not False
 
     def alive(self, identity: Mapping[str, Any]) -> bool:
@@ -279,7 +305,12 @@ class MpsControl:
             try:
                 mps_shm.remove(base / "shm")  # a tmpfs would keep rmtree from removing its mount point
             except OSError as err:
-                log.warning("cannot remove the MPS shm directory of %s: %s", base.name, err)
+                # Raised, not logged: the undo then records the failure and is retried, instead of forgetting the
+                # claim with its tmpfs still mounted.
+                raise DeviceError(
+                    f"cannot remove the MPS shm directory {base / 'shm'}: {err}; unmount it by hand "
+                    "(umount -l) or restart the plugin, which retries"
+                ) from err
             shutil.rmtree(base, ignore_errors=True)
 
     def kill(self, identity: Mapping[str, Any]) -> None:

@@ -25,6 +25,7 @@ FALLBACK_SIZE = 64 * 1024 * 1024
 
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 2, 4, 8
 _MNT_DETACH = 2
+_UMOUNT_NOFOLLOW = 8  # never follow a symlink put in the mount point's place
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -79,9 +80,28 @@ def remove(path: Path) -> None:
             else:
                 entry.unlink()
     # Detached: a client's or daemon's open file in it must not make the undo fail; the kernel frees it after them.
-    if os.path.ismount(path) and _libc.umount2(os.fsencode(path), _MNT_DETACH) != 0:
+    if os.path.ismount(path) and _libc.umount2(os.fsencode(path), _MNT_DETACH | _UMOUNT_NOFOLLOW) != 0:
         code = ctypes.get_errno()
         raise OSError(code, f"unmounting the tmpfs on {path}: {os.strerror(code)}")
+
+
+def shared_with_host(path: Path, mountinfo: Path = Path("/proc/self/mountinfo")) -> bool | None:
+    """Whether the mount on ``path`` propagates to peers (a ``shared:`` tag in mountinfo), so that the host and the
+    container runtime, which bind it into the clients, see the tmpfs and not the directory under it; None when
+    ``path`` is no mount point listed there."""
+    target = os.fsencode(os.path.realpath(path))
+    try:
+        lines = mountinfo.read_bytes().splitlines()
+    except OSError:
+        return None
+    found: bool | None = None
+    for line in lines:
+        fields = line.split(b" ")
+        # id parent major:minor root mount-point options [optional fields...] - fstype source super-options
+        if len(fields) > 6 and fields[4].replace(b"\\040", b" ") == target:
+            optional = fields[6 : fields.index(b"-")] if b"-" in fields else []
+            found = any(f.startswith(b"shared:") for f in optional)  # the last mount on a point is the one seen
+    return found
 
 
 def namespace_prefix(path: Path) -> list[str]:

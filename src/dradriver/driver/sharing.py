@@ -356,7 +356,7 @@ class SharingSteps:
         )
         # Not answering is not always dead: a daemon whose directories were removed runs on unreachable.
         self.mps.kill(action.params)
-        action.params.update(_start_daemon(self.mps, record.uid, action.params))
+        action.params.update(_start_daemon(self.mps, record.uid, action.params, restart=True))
         self.checkpoint.put(record)
         return True
 
@@ -511,9 +511,15 @@ def _multi_user(devices: Sequence[tuple[DeviceRecord, Settings]]) -> dict[str, A
     return {"multiUser": True} if any(s.mps is not None and s.mps.multi_user for _d, s in devices) else {}
 
 
-def _start_daemon(mps: MpsControl, claim_uid: str, params: Mapping[str, Any]) -> dict[str, Any]:
+def _start_daemon(
+    mps: MpsControl, claim_uid: str, params: Mapping[str, Any], *, restart: bool = False
+) -> dict[str, Any]:
     return mps.start(
-        claim_uid, params["deviceUUIDs"], params["commands"], multi_user=bool(params.get("multiUser", False))
+        claim_uid,
+        params["deviceUUIDs"],
+        params["commands"],
+        multi_user=bool(params.get("multiUser", False)),
+        restart=restart,
     )
 
 

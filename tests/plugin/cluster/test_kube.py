@@ -436,10 +436,26 @@ def test_an_older_server_is_spoken_to_in_its_version(api: ApiEnv) -> None:
     # The stand-in stores v1 objects only: a v1beta1 server's paths are not found there, which shows the adapter
     # asks for the version discovery chose.
     api.server.resource_versions = ["v1beta1"]
-    with pytest.raises(NotFoundError):
+    with pytest.raises(ClusterError) as raised:
         api.cluster.list_resource_slices(driver=DRIVER, node_name="node-1")
     [request] = [r for r in api.server.requests if r.path.endswith("/resourceslices")]
     assert request.path == "/apis/resource.k8s.io/v1beta1/resourceslices"
+    # A path not served is not "not found": nothing may take it for a deleted object.
+    assert raised.value.status == 404 and not isinstance(raised.value, NotFoundError)
+
+
+def test_a_claim_is_gone_only_when_the_api_server_names_it_not_found(api: ApiEnv) -> None:
+    # kube-apiserver names a missing object in its 404 (details.name); a 404 for a path it does not serve (a DRA
+    # version turned off since discovery) names nothing, and read as "deleted" it would unprepare running pods.
+    with pytest.raises(NotFoundError):
+        api.cluster.get_resource_claim("default", "no-such-claim")
+    api.cluster.resource_version()  # discovery done: v1
+    api.server.resource_versions = ["v1beta1"]  # the server stops serving v1
+    with pytest.raises(ClusterError) as raised:
+        api.cluster.get_resource_claim("default", "no-such-claim")
+    assert not isinstance(raised.value, NotFoundError) and "does not serve this path" in str(raised.value)
+    # Discovery runs again at the next call and finds the version now served.
+    assert api.cluster.resource_version() == "v1beta1"
 
 
 def test_the_rest_client_sends_what_the_clients_api_client_sends(api: ApiEnv, tmp_path: Path) -> None:

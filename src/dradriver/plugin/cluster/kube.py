@@ -213,22 +213,35 @@ class RestClient:
         self.rest_client.close()
 
 
-def _status_message(body: bytes) -> tuple[str, str]:
-    """The ``message`` and ``reason`` of a metav1.Status body (or the raw text when it is not one)."""
+def _status_message(body: bytes) -> tuple[str, str, bool]:
+    """The ``message`` and ``reason`` of a metav1.Status body (or the raw text when it is not one), and whether
+    it names an object (``details.name``)."""
     text = body.decode("utf-8", "replace")
     try:
         status = json.loads(text)
     except ValueError:
-        return text.strip()[:500], ""
+        return text.strip()[:500], "", False
     if isinstance(status, dict):
-        return str(status.get("message", text))[:2000], str(status.get("reason", ""))
-    return text[:500], ""
+        details = status.get("details")
+        named = isinstance(details, dict) and bool(details.get("name"))
+        return str(status.get("message", text))[:2000], str(status.get("reason", "")), named
+    return text[:500], "", False
 
 
 def error_for_status(status: int, body: bytes, what: str, verb: str) -> ClusterError:
-    """The :class:`ClusterError` subclass for an HTTP error ``status`` answering ``verb`` on ``what``."""
-    message, reason = _status_message(body)
+    """The :class:`ClusterError` subclass for an HTTP error ``status`` answering ``verb`` on ``what``.
+
+    A 404 is "the object is gone" (:class:`NotFoundError`) only when the answer names the object, as
+    kube-apiserver's does: a 404 for a path it does not serve (a DRA API version turned off since discovery, a
+    skewed API server) must never read as "every claim was deleted", which would unprepare running pods."""
+    message, reason, named = _status_message(body)
     text = f"{verb} {what}: HTTP {status}: {message}"
+    if status == 404 and not named:
+        return ClusterError(
+            f"{text} (the API server does not serve this path: is its DRA API version still turned on?)",
+            status=status,
+            reason=reason,
+        )
     kinds: dict[int, type[ClusterError]] = {
         401: ForbiddenError,
         403: ForbiddenError,
@@ -367,26 +380,34 @@ class KubeCluster:
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise ApiUnavailableError(f"{method} {what}: API server unreachable: {exc}") from exc
         except k8s_client.ApiException as exc:
-            raise error_for_status(exc.status or 0, (exc.body or str(exc)).encode(), what, method) from exc
+            raise self._failed(exc.status or 0, (exc.body or str(exc)).encode(), what, method) from exc
         if not 200 <= response.status <= 299 or not stream:
             try:
                 data = response.read()
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 raise ApiUnavailableError(f"{method} {what}: reading the answer failed: {exc}") from exc
             if not 200 <= response.status <= 299:
-                raise error_for_status(response.status, data or b"", what, method)
+                raise self._failed(response.status, data or b"", what, method)
             try:
                 return json.loads(data) if data else {}
             except ValueError as exc:
                 raise ApiUnavailableError(f"{method} {what}: answer is not JSON: {data[:200]!r}") from exc
         return response.response
 
+    def _failed(self, status: int, body: bytes, what: str, method: str) -> ClusterError:
+        error = error_for_status(status, body, what, method)
+        if status == 404 and not isinstance(error, NotFoundError):
+            self._resource_version = None  # a version no longer served: discovery asks again at the next call
+        return error
+
     def resource_version(self) -> str:
         """The resource.k8s.io version this adapter speaks: the newest of v1, v1beta2, v1beta1 the server lists."""
         if self._resource_version is None:
             try:
                 group = self._send("GET", _RESOURCE_GROUP, "the resource.k8s.io API group")
-            except NotFoundError:
+            except ClusterError as err:
+                if err.status != 404:
+                    raise
                 # The group is not served at all: 1.32/1.33 as they start by default (DRA is beta and off there).
                 group = {}
             found = newest_served(group)

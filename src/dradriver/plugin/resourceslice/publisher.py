@@ -495,8 +495,8 @@ class Publisher:
             log.error(
                 "API server dropped the slices' shared counters: withdrawing the devices that consume them (dynamic "
                 "MIG devices, and whole GPUs that can be partitioned), which it could not keep apart; turn the "
-                "DRAPartitionableDevices feature gate on (API server and scheduler; Kubernetes 1.33-1.35) or run "
-                "with --mig-mode static pool=%s",
+                "DRAPartitionableDevices feature gate on (API server and scheduler; Kubernetes 1.33-1.35) and "
+                "restart the plugin, or run with --mig-mode static pool=%s",
                 pool,
             )
             return
