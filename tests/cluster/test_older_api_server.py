@@ -15,10 +15,8 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import urllib.error
@@ -29,7 +27,7 @@ from typing import Any
 
 import pytest
 import yaml
-from support.cluster_fixtures import REQUIRE, failures, skip_or_fail
+from support.cluster_fixtures import REQUIRE, running_plane, skip_or_fail
 from support.cluster_node import DRIVER, DriverRun, SimNode
 from support.cluster_pods import kubectl
 from support.control_plane import BUILD_SCRIPT, OLDER_BUILD_SCRIPT, REPO, ControlPlane, binaries_dir, older_apiserver
@@ -80,19 +78,7 @@ def start_older(name: str, runtime_config: str, feature_gates: str, release: str
         feature_gates=feature_gates,
         apiserver_args=(f"--audit-policy-file={policy}", f"--audit-log-path={root / 'logs' / 'audit.log'}"),
     )
-    try:
-        plane.start_api_server()
-    except Exception:
-        plane.stop()
-        raise
-    failed_before = failures()
-    yield plane
-    plane.stop()
-    if failures() > failed_before:
-        sys.stderr.write(f"\n{release} API server tests failed: logs kept in {root / 'logs'}\n")
-        plane.discard()
-    else:
-        shutil.rmtree(root, ignore_errors=True)
+    yield from running_plane(plane, ControlPlane.start_api_server, f"{release} API server tests")
 
 
 @pytest.fixture(scope="module")

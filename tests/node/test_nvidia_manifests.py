@@ -9,6 +9,7 @@ driver, its classes and its slices never meet theirs. The API server cannot reac
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,7 @@ from dradriver.driver.presets import NVIDIA
 from node.test_pods import edits_of, spec_of
 
 NODE = "nvidia-compat"
+NAMESPACE = "nvidia-compat"  # the manifests' own namespace (default) holds names the e2e scenarios use too
 
 
 def slices_with_devices(kube: Kube) -> bool:
@@ -64,6 +66,8 @@ def compat_node(control_plane: ControlPlane, kube: Kube) -> Iterator[RealNode]:
             if device_class["metadata"]["name"] not in existing:
                 kube.create("deviceclasses", device_class)
                 created.append(device_class["metadata"]["name"])
+        if kube.find("namespaces", NAMESPACE) is None:
+            kube.create("namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
         _, profile, mig_mode, _ = NODE_TEST_MANIFESTS[0]
         settings = {"profile": profile, "mig_mode": mig_mode, "driver_args": ("--compat", "nvidia")}
         with running_node(control_plane, name=NODE, driver_name=NVIDIA.driver_name, **settings) as node:
@@ -116,6 +120,14 @@ def check_pod(node: RealNode, pod: dict[str, Any], expect: str) -> list[dict[str
     return owned
 
 
+def in_namespace(doc: dict[str, Any], namespace: str) -> dict[str, Any]:
+    """``doc`` placed in ``namespace`` instead of ``default`` (as `kubectl apply -n` would place a manifest that
+    names none): the e2e scenarios, applied to the same control plane meanwhile, use some of the same names."""
+    placed = copy.deepcopy(doc)
+    placed["metadata"]["namespace"] = namespace
+    return placed
+
+
 @pytest.mark.parametrize("manifest", NODE_TEST_MANIFESTS, ids=[m[0].stem for m in NODE_TEST_MANIFESTS])
 def test_an_nvidia_manifest_runs_unedited_in_containers_and_unprepares(
     compat_node: RealNode, kube: Kube, manifest: tuple[Path, str, str, str]
@@ -123,7 +135,7 @@ def test_an_nvidia_manifest_runs_unedited_in_containers_and_unprepares(
     path, profile, mig_mode, expect = manifest
     use(compat_node, profile, mig_mode)
     workloads = Workloads(compat_node)
-    docs = documents(path)
+    docs = [in_namespace(doc, NAMESPACE) for doc in documents(path)]
     workloads.apply(docs)
     claims: dict[str, dict[str, Any]] = {}
     try:

@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -61,9 +61,14 @@ def control_plane() -> Iterator[ControlPlane]:
             REQUIRE,
         )
     root = Path(tempfile.mkdtemp(prefix="dra-cp-", dir="/tmp"))  # short: unix socket paths are limited
-    plane = ControlPlane(directory, root)
+    yield from running_plane(ControlPlane(directory, root), ControlPlane.start, "cluster tests")
+
+
+def running_plane(plane: ControlPlane, start: Callable[[ControlPlane], None], who: str) -> Iterator[ControlPlane]:
+    """``plane`` started with ``start`` for the body of a fixture, stopped after it; its directory removed, or
+    kept with its logs (and said where) when a test failed meanwhile."""
     try:
-        plane.start()
+        start(plane)
     except Exception:
         plane.stop()
         raise
@@ -71,10 +76,10 @@ def control_plane() -> Iterator[ControlPlane]:
     yield plane
     plane.stop()
     if failures() > failed_before:
-        sys.stderr.write(f"\ncluster tests failed: control-plane and driver logs kept in {root}\n")
+        sys.stderr.write(f"\n{who} failed: control-plane and driver logs kept in {plane.root}\n")
         plane.discard()
     else:
-        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(plane.root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
