@@ -67,9 +67,15 @@ class DriverRun:
         )  # fmt: skip
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
-        if not self._ready.wait(READY_TIMEOUT) or self.proc.poll() is not None:
+        # Woken by the ready line, or by the end of the output: a driver that exits closes its stderr a moment
+        # before its exit status can be read, so only the line itself says "ready".
+        if not self._ready.wait(READY_TIMEOUT) or not self.ready_seen or self.proc.poll() is not None:
             self.stop()
             raise RuntimeError(f"dradriver run for {node} did not become ready:\n{self.log}")
+
+    @property
+    def ready_seen(self) -> bool:
+        return any('"msg": "ready ' in line for line in self.lines)
 
     def _read(self) -> None:
         assert self.proc.stderr is not None

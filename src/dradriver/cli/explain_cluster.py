@@ -167,10 +167,13 @@ class KubernetesReader:
         return self._list("resourceclaims")
 
     def list_device_taint_rules(self) -> list[dict[str, Any]]:
-        # resource.k8s.io/v1 serves DeviceTaintRules from 1.37; an older server has none there.
+        # resource.k8s.io/v1 serves DeviceTaintRules from 1.37; an older server has none there (a 404 for the path,
+        # which names no object).
         try:
             return self._list("devicetaintrules")
-        except NotFoundError:
+        except ClusterError as err:
+            if err.status != 404:
+                raise
             return []
 
 
