@@ -36,7 +36,7 @@ class LocalCluster:
 
     def delete(self, path: Path) -> None:
         """Delete the example, then check what only this backend can see: the kubelet unprepared every claim
-        its pods had (each claim's CDI spec is gone, its status.devices cleared)."""
+        its pods had (each claim's CDI spec and checkpoint record are gone, its status.devices cleared)."""
         docs = documents(path)
         kube = self.node.kube
         pods = [pod for doc in docs if pod_spec_of(doc) is not None for pod in self._workloads.pods_of(doc)]
@@ -44,8 +44,14 @@ class LocalCluster:
         self._workloads.delete(reversed(docs), timeout=180)
         for uid, claim in claims.items():
             name = claim["metadata"]["name"]
-            wait_for(f"the kubelet to unprepare claim {name}", lambda uid=uid: not cdi_specs_of(self.node, uid), 90)
-            assert status_devices(kube, claim) == [], f"claim {name} kept status.devices after unprepare"
+            # The CDI spec goes first and the checkpoint record last (after the MPS daemon stops, say): wait for both.
+            wait_for(
+                f"the kubelet to unprepare claim {name}",
+                lambda uid=uid: not cdi_specs_of(self.node, uid) and uid not in self.node.prepared_claims(),
+                90,
+            )
+            # The driver clears status.devices from a queue after unprepare returns.
+            wait_for(f"claim {name} to lose status.devices", lambda claim=claim: status_devices(kube, claim) == [], 30)
 
     def roll_driver(self) -> None:
         """A rolling update of the driver: a second instance beside the first (per-pod socket names), the
