@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.node_pods import Workloads, cdi_specs_of, claims_of, documents, pod_spec_of, status_devices
+from support.node_pods import Workloads, claims_of, documents, pod_spec_of, status_devices, unprepared
 from support.real_node import RealNode, wait_for
 
 
@@ -44,12 +44,7 @@ class LocalCluster:
         self._workloads.delete(reversed(docs), timeout=180)
         for uid, claim in claims.items():
             name = claim["metadata"]["name"]
-            # The CDI spec goes first and the checkpoint record last (after the MPS daemon stops, say): wait for both.
-            wait_for(
-                f"the kubelet to unprepare claim {name}",
-                lambda uid=uid: not cdi_specs_of(self.node, uid) and uid not in self.node.prepared_claims(),
-                90,
-            )
+            wait_for(f"the kubelet to unprepare claim {name}", lambda uid=uid: unprepared(self.node, uid), 90)
             # The driver clears status.devices from a queue after unprepare returns.
             wait_for(f"claim {name} to lose status.devices", lambda claim=claim: status_devices(kube, claim) == [], 30)
 

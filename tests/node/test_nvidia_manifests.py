@@ -19,7 +19,7 @@ import pytest
 from support.cluster_fixtures import running_node
 from support.control_plane import ControlPlane
 from support.kube_rest import Kube
-from support.node_pods import Workloads, cdi_specs_of, claims_of, documents, pod_spec_of, status_devices
+from support.node_pods import Workloads, cdi_specs_of, claims_of, documents, pod_spec_of, status_devices, unprepared
 from support.real_node import RealNode, wait_for
 from test_nvidia_examples import NODE_TEST_MANIFESTS
 
@@ -149,8 +149,8 @@ def test_an_nvidia_manifest_runs_unedited_in_containers_and_unprepares(
     finally:
         workloads.delete(reversed(docs))
     names = sorted(c["metadata"]["name"] for c in claims.values())
-    wait_for(f"the kubelet to unprepare claims {names} (their CDI specs gone)",
-             lambda: not any(cdi_specs_of(compat_node, uid) for uid in claims), 90)  # fmt: skip
+    wait_for(f"the kubelet to unprepare claims {names}",
+             lambda: all(unprepared(compat_node, uid) for uid in claims), 90)  # fmt: skip
     wait_for(f"status.devices of claims {names} to be cleared",
              lambda: all(status_devices(kube, claim) == [] for claim in claims.values()), 30)  # fmt: skip
     assert compat_node.prepared_claims() == []

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from support.kube_rest import ApiError, Kube
-from support.node_pods import Workloads, cdi_specs_of, claims_of, status_devices
+from support.node_pods import Workloads, cdi_specs_of, claims_of, status_devices, unprepared
 from support.real_node import RealNode, wait_for
 
 NAMESPACE = "default"
@@ -93,7 +93,7 @@ def sim_show(node: RealNode) -> str:
 
 def wait_unprepared(node: RealNode, kube: Kube, claim: dict[str, Any]) -> None:
     uid, name = claim["metadata"]["uid"], claim["metadata"]["name"]
-    wait_for(f"the kubelet to unprepare claim {name} (its CDI spec gone)", lambda: not cdi_specs_of(node, uid), 90)
+    wait_for(f"the kubelet to unprepare claim {name}", lambda: unprepared(node, uid), 90)
     wait_for(f"status.devices of claim {name} to be cleared", lambda: status_devices(kube, claim) == [], 30)
 
 
@@ -130,7 +130,7 @@ def test_a_mig_pod_sees_what_its_cdi_spec_names_and_deleting_it_destroys_the_par
         assert status_devices(kube, owned), "the driver wrote no status.devices"
     finally:
         workloads.delete(reversed(docs))
-    wait_for("the claim's CDI spec to go", lambda: not cdi_specs_of(node, uid), 90)
+    wait_for("the claim to be unprepared", lambda: unprepared(node, uid), 90)
     assert uid not in sim_show(node), "the claim's MIG partition outlived its pod"
 
 

@@ -165,3 +165,9 @@ def status_devices(kube: Kube, claim: dict[str, Any]) -> list[dict[str, Any]]:
 
 def cdi_specs_of(node: RealNode, claim_uid: str) -> list[Path]:
     return [p for p in node.cdi_dir.glob("*.json") if claim_uid in p.name]
+
+
+def unprepared(node: RealNode, claim_uid: str) -> bool:
+    """Whether the node's driver finished unpreparing the claim: its CDI spec goes first, its checkpoint record
+    last (after, say, its MPS daemon stopped), so only both gone means done."""
+    return not cdi_specs_of(node, claim_uid) and claim_uid not in node.prepared_claims()
