@@ -213,16 +213,12 @@ def test_a_forbidden_metrics_endpoint_skips_the_feature_check_with_the_fix() -> 
 def test_the_dra_api_check_accepts_every_version_the_driver_speaks(
     minor: str, served: list[str], status: str, words: str
 ) -> None:
-    from types import SimpleNamespace
-
     from dradriver.cli.doctor import _api_version_checks
 
-    version = SimpleNamespace(minor=minor, git_version=f"v1.{minor}.0")
-    groups = [SimpleNamespace(name="resource.k8s.io", versions=[SimpleNamespace(version=v) for v in served])]
-    client = SimpleNamespace(
-        ApisApi=lambda api: SimpleNamespace(get_api_versions=lambda: SimpleNamespace(groups=groups))
-    )
-    server, dra = _api_version_checks(lambda: version, None, client)
+    version = {"major": "1", "minor": minor, "gitVersion": f"v1.{minor}.0"}
+    versions = [{"groupVersion": f"resource.k8s.io/{v}", "version": v} for v in served]
+    groups = {"kind": "APIGroupList", "groups": [{"name": "resource.k8s.io", "versions": versions}]}
+    server, dra = _api_version_checks(lambda: version, lambda: groups)
     assert server.status == "OK"
     assert dra.status == status and words in dra.detail, dra
     if status == "FAIL":
@@ -230,10 +226,8 @@ def test_the_dra_api_check_accepts_every_version_the_driver_speaks(
 
 
 def test_an_api_server_older_than_1_32_fails_with_the_upgrade() -> None:
-    from types import SimpleNamespace
-
     from dradriver.cli.doctor import _api_version_checks
 
-    client = SimpleNamespace(ApisApi=lambda api: SimpleNamespace(get_api_versions=lambda: SimpleNamespace(groups=[])))
-    server, _ = _api_version_checks(lambda: SimpleNamespace(minor="31", git_version="v1.31.4"), None, client)
+    version = {"major": "1", "minor": "31", "gitVersion": "v1.31.4"}
+    server, _ = _api_version_checks(lambda: version, lambda: {"kind": "APIGroupList", "groups": []})
     assert server.status == "FAIL" and server.fix == "upgrade to 1.32 or newer"

@@ -154,12 +154,12 @@ def audit(plane: ControlPlane) -> list[str]:
 
 def driver_writes(plane: ControlPlane, since: int = 0) -> set[tuple[str, str]]:
     """(verb, API version) of every ResourceSlice request the driver made after the first ``since`` audit events
-    (the kubernetes client's user agent; the tests' own client is urllib3's)."""
+    (the driver's user agent; the tests' own client is urllib3's)."""
     seen = set()
     for line in audit(plane)[since:]:
         event = json.loads(line)
         ref = event.get("objectRef") or {}
-        if ref.get("resource") == "resourceslices" and event.get("userAgent", "").startswith("OpenAPI-Generator"):
+        if ref.get("resource") == "resourceslices" and event.get("userAgent", "").startswith("dradriver/"):
             seen.add((event["verb"], ref.get("apiVersion", "")))
     return seen
 
@@ -310,9 +310,7 @@ def driver_status_patches(plane: ControlPlane, since: int) -> int:
         event = json.loads(line)
         ref = event.get("objectRef") or {}
         if (ref.get("resource"), ref.get("subresource"), event.get("verb")) == ("resourceclaims", "status", "patch"):
-            count += (
-                event.get("userAgent", "").startswith("OpenAPI-Generator") and event["responseStatus"]["code"] == 200
-            )
+            count += event.get("userAgent", "").startswith("dradriver/") and event["responseStatus"]["code"] == 200
     return count
 
 

@@ -154,14 +154,19 @@ NOT_FOR_RUN = (
     "lark",
     "pydantic",
     "pydantic_core",
-    "kubernetes.client.api_client",
-    "kubernetes.client.models",
+    # In a pod the service account is read without the client: its Configuration brings urllib3, and urllib3's
+    # HTTP/2 probe importlib.metadata (docs/reliability.md). Only the lazy stubs of `kubernetes`, its `config` and
+    # `utils` packages are in sys.modules: none of their code ran.
+    "kubernetes.client",
     "kubernetes.config.kube_config",
+    "kubernetes.config.incluster_config",
     "kubernetes.dynamic",
     "kubernetes.informer",
     "kubernetes.leaderelection",
     "kubernetes.stream",
     "kubernetes.watch",
+    "urllib3",
+    "importlib.metadata",
     "kubernetes_validate",
     "jsonschema",
     "dateutil",
@@ -197,7 +202,7 @@ def test_run_never_imports_what_only_other_commands_or_unused_client_parts_need(
     assert {
         "dradriver.cli.run",
         "dradriver.plugin.resourceslice.publisher",
-        "kubernetes.client.rest",
+        "dradriver.plugin.cluster.transport",
         "grpc",
     } <= imported
     unwanted = sorted(m for m in imported if any(m == p or m.startswith(p + ".") for p in NOT_FOR_RUN))

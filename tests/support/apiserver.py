@@ -38,7 +38,7 @@ from urllib.parse import parse_qs, urlsplit
 import kubernetes_validate
 import yaml
 
-from dradriver.plugin.cluster.kube import KubeCluster, k8s_client
+from dradriver.plugin.cluster.kube import KubeCluster, load_transport
 from dradriver.plugin.kubeletplugin.kubelet_client import Claim
 from support.slice_rules import slice_errors
 
@@ -990,14 +990,12 @@ class ApiEnv(NamedTuple):
 def api_env(tmp_path: Path, *, request_timeout: tuple[float, float] = (2.0, 5.0)) -> Iterator[ApiEnv]:
     """Start a stand-in and build a :class:`KubeCluster` for it from a kubeconfig file, the way the CLI does.
 
-    urllib3's own retries are switched off so that injected faults reach our code deterministically."""
+    The transport's own retry (of a kept-alive connection the server closed) is off, so that injected faults
+    reach our code deterministically."""
     with FakeApiServer() as server:
-        from dradriver.plugin.cluster.kube import load_rest_client
-
-        api_client = load_rest_client(str(server.write_kubeconfig(tmp_path / "kubeconfig")))
-        api_client.configuration.retries = 0
-        api_client.rest_client = k8s_client.rest.RESTClientObject(api_client.configuration)
-        cluster = KubeCluster(api_client, request_timeout=request_timeout)
+        transport = load_transport(str(server.write_kubeconfig(tmp_path / "kubeconfig")))
+        transport.retries = 0
+        cluster = KubeCluster(transport, request_timeout=request_timeout)
         try:
             yield ApiEnv(server, cluster)
         finally:

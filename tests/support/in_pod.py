@@ -4,7 +4,8 @@
 A kubeconfig brings the client's kubeconfig loader, and with it the client's ``ApiClient``, pydantic, oauthlib and
 requests, which a deployed driver never loads: what `run` imports and how much memory it holds must be measured
 this way (docs/reliability.md). The service account files live at fixed paths in a pod; the entry points the
-client's in-cluster loader at a directory of the test's instead (as ``test_kube.py`` does)."""
+service account reader (``plugin/cluster/transport.py``) at a directory of the test's instead (as ``test_kube.py``
+does)."""
 
 from __future__ import annotations
 
@@ -30,9 +31,9 @@ class Pod:
         """``-c`` code running `dradriver` with the service account files here; ``before``: statements to run
         first (one line)."""
         code = (
-            "from dradriver.plugin.cluster import kube; "
-            f"kube._in_cluster.SERVICE_TOKEN_FILENAME = {str(self.token)!r}; "
-            f"kube._in_cluster.SERVICE_CERT_FILENAME = {str(self.ca)!r}; "
+            "from dradriver.plugin.cluster import transport; "
+            f"transport.SERVICE_ACCOUNT_TOKEN = {str(self.token)!r}; "
+            f"transport.SERVICE_ACCOUNT_CA = {str(self.ca)!r}; "
             f"{before + '; ' if before else ''}"
             "import runpy; runpy.run_module('dradriver', run_name='__main__', alter_sys=True)"
         )

@@ -454,30 +454,27 @@ def _api_checks(args: argparse.Namespace) -> Iterator[Check]:
     if not args.kubeconfig:
         yield Check("API server", SKIP, "pass --kubeconfig to check the API server's version and DRA API")
         return
-    from kubernetes import client as k8s_client
-
-    from dradriver.plugin.cluster.kube import load_api_client
+    from dradriver.plugin.cluster.kube import load_transport
 
     try:
-        api = load_api_client(args.kubeconfig)
+        transport = load_transport(args.kubeconfig)
     except DradriverError as err:
         yield Check("API server", FAIL, str(err), "fix --kubeconfig")
         return
+
+    def get(path: str) -> bytes:
+        response = transport.request("GET", path, timeout=(5.0, 10.0))
+        data = response.read()
+        if not 200 <= response.status <= 299:
+            raise RuntimeError(f"GET {path}: HTTP {response.status}: {data[:200].decode(errors='replace')}")
+        return data
+
     try:
-        yield from _api_version_checks(lambda: k8s_client.VersionApi(api).get_code(), api, k8s_client)
-        yield _feature_gate_check(lambda: _read_metrics(api), args.mig_mode)
+        yield from _api_version_checks(lambda: json.loads(get("/version")), lambda: json.loads(get("/apis")))
+        # The `kubernetes_feature_enabled` series of /metrics name every feature gate.
+        yield _feature_gate_check(lambda: get("/metrics").decode(), args.mig_mode)
     finally:
-        api.close()
-
-
-def _read_metrics(api: Any) -> str:
-    """The API server's /metrics text (its `kubernetes_feature_enabled` series name every feature gate)."""
-    request = api.param_serialize(method="GET", resource_path="/metrics", auth_settings=["BearerToken"])
-    response = api.call_api(*request, _request_timeout=10)
-    data = response.read()
-    if not 200 <= response.status <= 299:
-        raise RuntimeError(f"HTTP {response.status}: {data[:200].decode(errors='replace')}")
-    return str(data.decode())
+        transport.close()
 
 
 def feature_gates(metrics: str) -> dict[str, bool]:
@@ -538,21 +535,23 @@ def _feature_gate_check(read_metrics: Callable[[], str], mig_mode: str) -> Check
     )
 
 
-def _api_version_checks(get_version: Callable[[], Any], api: Any, k8s_client: Any) -> Iterator[Check]:
+def _api_version_checks(get_version: Callable[[], Any], get_groups: Callable[[], Any]) -> Iterator[Check]:
+    """The server's version (``GET /version``) and the resource.k8s.io versions it serves (``GET /apis``), both
+    as the JSON the server sends."""
     try:
-        version = get_version()
-        groups = k8s_client.ApisApi(api).get_api_versions().groups
-    except Exception as err:  # the client raises urllib3 and ApiException errors alike: all mean "no answer"
+        version, groups = get_version(), get_groups().get("groups") or []
+        minor = int("".join(ch for ch in str(version.get("minor", "")) if ch.isdigit()) or 0)
+        git_version = str(version.get("gitVersion", "?"))
+    except Exception as err:  # no answer, an error status or no JSON: all mean the check cannot be made
         yield Check("API server", FAIL, f"unreachable: {err}", "check --kubeconfig and the network")
         return
-    minor = int("".join(ch for ch in str(version.minor) if ch.isdigit()) or 0)
     yield (
-        Check("API server", OK, f"Kubernetes {version.git_version}")
+        Check("API server", OK, f"Kubernetes {git_version}")
         if minor >= MIN_MINOR
-        else Check("API server", FAIL, f"Kubernetes {version.git_version}", f"upgrade to 1.{MIN_MINOR} or newer")
+        else Check("API server", FAIL, f"Kubernetes {git_version}", f"upgrade to 1.{MIN_MINOR} or newer")
     )
-    resource = next((g for g in groups if g.name == "resource.k8s.io"), None)
-    served = [v.version for v in resource.versions] if resource else []
+    resource = next((g for g in groups if g.get("name") == "resource.k8s.io"), None)
+    served = [str(v.get("version")) for v in resource.get("versions") or []] if resource else []
     spoken = next((v for v in VERSIONS if v in served), None)
     if spoken == "v1":
         yield Check("DRA API", OK, f"resource.k8s.io {', '.join(served)}")

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import sys
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote
-
-import urllib3
 
 from dradriver.allocator.taints import with_taint_rules
 from dradriver.cli.explain import (
@@ -25,7 +24,7 @@ from dradriver.cli.explain_input import Document
 from dradriver.cli.options import check_kubeconfig
 from dradriver.errors import ConfigError
 from dradriver.plugin.cluster import ClusterError, ForbiddenError, NotFoundError
-from dradriver.plugin.cluster.kube import error_for_status, k8s_client, load_api_client
+from dradriver.plugin.cluster.kube import error_for_status, load_transport
 
 GROUP, VERSION = "resource.k8s.io", "v1"
 # (connect, read) seconds per request: explain is interactive, a hung API server must not hang it.
@@ -68,41 +67,30 @@ _KINDS = {
 
 
 class KubernetesReader:
-    """ClusterReader over the ``kubernetes`` client's ``ApiClient`` (GET and LIST only).
+    """ClusterReader over the cluster adapters' transport (GET and LIST only).
 
     Bodies are read as raw JSON rather than through the client's models: those drop fields they do not
     know and reject values they do not expect, and explain must see what a newer API server sends."""
 
     def __init__(self, kubeconfig: str | None, context: str | None, *, page_size: int = PAGE_SIZE) -> None:
-        self._api: Any = load_api_client(kubeconfig, context=context)
+        self._api = load_transport(kubeconfig, context=context)
         self._page_size = page_size
 
     def close(self) -> None:
-        """Release the client's connections."""
+        """Release the connections."""
         self._api.close()
 
     def _request(self, path: str, what: str, query: list[tuple[str, str]] | None = None) -> dict[str, Any]:
-        request = self._api.param_serialize(
-            method="GET",
-            resource_path=path,
-            query_params=query or None,
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
-        )
-        host = self._api.configuration.host
+        host = self._api.endpoint.url
         try:
-            response = self._api.call_api(*request, _request_timeout=REQUEST_TIMEOUT)
-            data: bytes = response.read() or b""
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            response = self._api.request(
+                "GET", path, query=query, headers={"Accept": "application/json"}, timeout=REQUEST_TIMEOUT
+            )
+            data: bytes = response.read()
+        except (http.client.HTTPException, OSError) as exc:  # TLS failures included
             raise ConfigError(
                 f"cannot reach the API server at {host} to read {what}: {exc}; check --kubeconfig/--context"
             ) from exc
-        except k8s_client.ApiException as exc:
-            if not exc.status:  # the client's own failure before any answer (TLS, for one)
-                raise ConfigError(
-                    f"cannot reach the API server at {host} to read {what}: {exc.reason}; check --kubeconfig/--context"
-                ) from exc
-            raise self._error(exc.status, (exc.body or str(exc.reason)).encode(), what) from exc
         if not 200 <= response.status <= 299:
             raise self._error(response.status, data, what)
         try:

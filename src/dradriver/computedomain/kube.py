@@ -8,6 +8,7 @@ so tests and metrics can show that nothing storms the API server.
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 from collections import Counter
@@ -15,10 +16,9 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
-import urllib3
-
-from dradriver.plugin.cluster.kube import DEFAULT_REQUEST_TIMEOUT, error_for_status, k8s_client, load_rest_client
+from dradriver.plugin.cluster.kube import DEFAULT_REQUEST_TIMEOUT, error_for_status, load_transport
 from dradriver.plugin.cluster.port import ApiUnavailableError, JsonObject, NotFoundError
+from dradriver.plugin.cluster.transport import Transport
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
@@ -44,15 +44,15 @@ def resource_of(path: str) -> str:
 class Rest:
     """Requests to the API server with JSON bodies; errors are the cluster port's ``ClusterError`` subclasses."""
 
-    def __init__(self, api_client: Any, *, timeout: tuple[float, float] = DEFAULT_REQUEST_TIMEOUT) -> None:
-        self._api = api_client
+    def __init__(self, transport: Transport, *, timeout: tuple[float, float] = DEFAULT_REQUEST_TIMEOUT) -> None:
+        self._api = transport
         self._timeout = timeout
         self._count_lock = threading.Lock()
         self.writes: Counter[str] = Counter()  # "VERB plural" -> requests sent
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: str | None = None) -> Rest:
-        return cls(load_rest_client(kubeconfig))
+        return cls(load_transport(kubeconfig))
 
     def close(self) -> None:
         self._api.close()
@@ -72,22 +72,14 @@ class Rest:
             with self._count_lock:
                 self.writes[f"{method} {resource_of(path)}"] += 1
         headers = {"Accept": "application/json", "Content-Type": content_type}
-        request = self._api.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=query or None,
-            header_params=headers,
-            # The client serialises bodies of JSON content types itself and sends strings as they are.
-            body=json.dumps(body) if content_type == APPLY_PATCH else body,
-            auth_settings=["BearerToken"],
-        )
+        payload = None if body is None else json.dumps(body).encode()
         try:
-            response = self._api.call_api(*request, _request_timeout=self._timeout)
+            response = self._api.request(
+                method, path, query=query, headers=headers, body=payload, timeout=self._timeout
+            )
             data = response.read()
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
+        except (http.client.HTTPException, OSError) as exc:
             raise ApiUnavailableError(f"{method} {what}: API server unreachable: {exc}") from exc
-        except k8s_client.ApiException as exc:
-            raise error_for_status(exc.status or 0, (exc.body or str(exc)).encode(), what, method) from exc
         if not 200 <= response.status <= 299:
             raise error_for_status(response.status, data or b"", what, method)
         try:

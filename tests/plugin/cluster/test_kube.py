@@ -25,7 +25,7 @@ from dradriver.plugin.cluster import (
     WatchExpiredError,
 )
 from dradriver.plugin.cluster import kube as kube_cluster
-from dradriver.plugin.cluster.kube import KubeCluster, load_api_client, load_rest_client
+from dradriver.plugin.cluster.kube import KubeCluster, load_transport
 
 DRIVER = "gpu.dradriver.dev"
 
@@ -286,27 +286,27 @@ def test_closing_a_watch_from_another_thread_ends_a_blocked_read(api: ApiEnv) ->
     assert consumed == []
 
 
-def test_load_api_client_reads_an_explicit_kubeconfig(api: ApiEnv, tmp_path: Path) -> None:
+def test_load_transport_reads_an_explicit_kubeconfig(api: ApiEnv, tmp_path: Path) -> None:
     path = api.server.write_kubeconfig(tmp_path / "explicit")
-    cluster = KubeCluster(load_api_client(str(path)))
+    cluster = KubeCluster(load_transport(str(path)))
     api.server.create("nodes", {"metadata": {"name": "n"}})
     assert cluster.get_node("n")["metadata"]["name"] == "n"
     cluster.close()
 
 
-def test_load_api_client_falls_back_to_the_kubeconfig_variable(
+def test_load_transport_falls_back_to_the_kubeconfig_variable(
     api: ApiEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setenv("KUBECONFIG", str(api.server.write_kubeconfig(tmp_path / "env")))
-    api_client = load_api_client()
-    assert api_client.configuration.host == api.server.url
-    api_client.close()
+    transport = load_transport()
+    assert transport.endpoint.url == api.server.url
+    transport.close()
 
 
-def test_load_api_client_explains_a_missing_kubeconfig(tmp_path: Path) -> None:
+def test_load_transport_explains_a_missing_kubeconfig(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"missing.*--kubeconfig"):
-        load_api_client(str(tmp_path / "missing"))
+        load_transport(str(tmp_path / "missing"))
 
 
 def _in_fresh_interpreter(code: str, **env: str) -> Any:
@@ -318,24 +318,27 @@ def _in_fresh_interpreter(code: str, **env: str) -> Any:
     return json.loads(result.stdout)
 
 
-def test_in_a_pod_the_kubeconfig_loader_is_never_imported(tmp_path: Path) -> None:
-    # It brings oauthlib, requests and dateutil: a large part of `dradriver run`'s start-up (docs/reliability.md).
-    (tmp_path / "token").write_text("pod-token")
+def test_in_a_pod_the_adapter_loads_neither_the_client_nor_its_kubeconfig_loader(tmp_path: Path) -> None:
+    # The client's Configuration brings urllib3 (and importlib.metadata with it), its ApiClient pydantic, its
+    # kubeconfig loader oauthlib, requests and dateutil: none of them has a job in a pod (docs/reliability.md).
+    (tmp_path / "token").write_text("pod-token\n")
     (tmp_path / "ca.crt").write_text("not read before the first request")
     code = f"""
 import json, sys
-from dradriver.plugin.cluster import kube as kube_cluster
-kube_cluster._in_cluster.SERVICE_TOKEN_FILENAME = {str(tmp_path / "token")!r}  # the pod's mounted files
-kube_cluster._in_cluster.SERVICE_CERT_FILENAME = {str(tmp_path / "ca.crt")!r}
-client = kube_cluster.load_api_client()
+from dradriver.plugin.cluster import kube, transport
+transport.SERVICE_ACCOUNT_TOKEN = {str(tmp_path / "token")!r}  # the pod's mounted files
+transport.SERVICE_ACCOUNT_CA = {str(tmp_path / "ca.crt")!r}
+cluster = kube.KubeCluster.from_kubeconfig()
+endpoint = kube.load_transport().endpoint
+unwanted = ("kubernetes.client", "kubernetes.config.kube_config", "urllib3", "pydantic", "dateutil", "requests")
 print(json.dumps({{
-    "host": client.configuration.host,
-    "authorization": client.configuration.api_key.get("BearerToken"),
-    "kubeconfig_loader": "kubernetes.config.kube_config" in sys.modules,
+    "url": endpoint.url,
+    "authorization": endpoint.authorization(),
+    "loaded": sorted(m for m in unwanted if m in sys.modules),
 }}))
 """
     seen = _in_fresh_interpreter(code, KUBERNETES_SERVICE_HOST="10.0.0.1", KUBERNETES_SERVICE_PORT="443")
-    assert seen == {"host": "https://10.0.0.1:443", "authorization": "bearer pod-token", "kubeconfig_loader": False}
+    assert seen == {"url": "https://10.0.0.1:443", "authorization": "Bearer pod-token", "loaded": []}
 
 
 def test_the_kubernetes_package_still_offers_everything_it_exports() -> None:
@@ -456,43 +459,3 @@ def test_a_claim_is_gone_only_when_the_api_server_names_it_not_found(api: ApiEnv
     assert not isinstance(raised.value, NotFoundError) and "does not serve this path" in str(raised.value)
     # Discovery runs again at the next call and finds the version now served.
     assert api.cluster.resource_version() == "v1beta1"
-
-
-def test_the_rest_client_sends_what_the_clients_api_client_sends(api: ApiEnv, tmp_path: Path) -> None:
-    # The adapters use RestClient instead of ApiClient (which costs pydantic): same URL, query, headers, auth.
-    path = str(api.server.write_kubeconfig(tmp_path / "kubeconfig"))
-    request = {
-        "method": "PATCH",
-        "resource_path": "/apis/x/v1/namespaces/a b/things/t",
-        "query_params": [("fieldSelector", "spec.driver=d,spec.nodeName=n"), ("limit", "500")],
-        "header_params": {"Accept": "application/json", "Content-Type": "application/merge-patch+json"},
-        "body": {"spec": {"a": [1, "é"]}},
-        "auth_settings": ["BearerToken"],
-    }
-    ours, theirs = load_rest_client(path), load_api_client(path)
-    try:
-        assert ours.param_serialize(**request) == theirs.param_serialize(**request)
-    finally:
-        ours.close()
-        theirs.close()
-
-
-def test_in_a_pod_the_adapter_never_imports_the_typed_client_or_pydantic(tmp_path: Path) -> None:
-    # kubernetes.client.ApiClient defines a pydantic model at import: with its date parser, about 10 MB of RSS.
-    (tmp_path / "token").write_text("pod-token")
-    (tmp_path / "ca.crt").write_text("not read before the first request")
-    code = f"""
-import json, sys
-from dradriver.plugin.cluster import kube as kube_cluster
-kube_cluster._in_cluster.SERVICE_TOKEN_FILENAME = {str(tmp_path / "token")!r}
-kube_cluster._in_cluster.SERVICE_CERT_FILENAME = {str(tmp_path / "ca.crt")!r}
-cluster = kube_cluster.KubeCluster.from_kubeconfig()
-request = cluster._api.param_serialize(method="GET", resource_path="/version", auth_settings=["BearerToken"])
-print(json.dumps({{
-    "url": request[1],
-    "authorization": request[2].get("authorization"),
-    "loaded": sorted(m for m in ("pydantic", "kubernetes.client.api_client", "dateutil") if m in sys.modules),
-}}))
-"""
-    seen = _in_fresh_interpreter(code, KUBERNETES_SERVICE_HOST="10.0.0.1", KUBERNETES_SERVICE_PORT="443")
-    assert seen == {"url": "https://10.0.0.1:443/version", "authorization": "bearer pod-token", "loaded": []}

@@ -64,7 +64,7 @@ def test_a_claim_get_the_server_does_not_answer_in_time_fails_that_claim_and_a_r
         first = plugin.prepare([slow, quick])
         assert first[quick.uid].error == ""
         assert "cannot get claim default/slow" in first[slow.uid].error
-        assert "Read timed out" in first[slow.uid].error
+        assert "timed out (connect timeout 2 s, read timeout 0.5 s)" in first[slow.uid].error
         assert plugin.prepare([slow])[slow.uid].error == ""
 
 

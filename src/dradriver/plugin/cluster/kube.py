@@ -1,13 +1,15 @@
-"""The cluster port over the real ``kubernetes`` client.
+"""The cluster port over HTTPS to the API server.
 
-Requests go through ``ApiClient.param_serialize``/``call_api`` (so authentication, TLS and proxies are the
-client's own) but bodies are read and written as raw JSON: the client's pydantic models drop fields they do
-not know, and we never want to lose a field the API server sent.
+Requests go through :mod:`~dradriver.plugin.cluster.transport` (in a pod: the service account; elsewhere: the
+``kubernetes`` client's kubeconfig loader, so authentication means what it means to the client), and bodies
+are read and written as raw JSON: the client's pydantic models drop fields they do not know, and we never want
+to lose a field the API server sent.
 """
 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import importlib
 import importlib.util
 import json
@@ -19,9 +21,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import quote
 
-import urllib3
-
 from dradriver.errors import ConfigError
+from dradriver.plugin.cluster import transport
 from dradriver.plugin.cluster.port import (
     ApiUnavailableError,
     ClusterError,
@@ -36,6 +37,14 @@ from dradriver.plugin.cluster.port import (
 )
 from dradriver.plugin.cluster.rate_limit import TokenBucket
 from dradriver.plugin.cluster.resource_versions import VERSIONS, newest_served, slice_from, slice_to
+from dradriver.plugin.cluster.transport import (
+    Endpoint,
+    Response,
+    Timeout,
+    Transport,
+    from_client_configuration,
+    in_cluster,
+)
 
 log = logging.getLogger(__name__)
 
@@ -94,12 +103,12 @@ _lazy_package("kubernetes.config")
 # ``kubernetes/utils/__init__`` imports YAML object creation, quantities, durations and metrics: the REST layer
 # wants only its retry and keepalive helpers.
 _lazy_package("kubernetes.utils")
-# The client's functions carry no type hints; we call them through Any rather than scatter ignores.
-k8s_client: Any = importlib.import_module("kubernetes.client")
-_in_cluster: Any = importlib.import_module("kubernetes.config.incluster_config")
-_ConfigException: type[Exception] = importlib.import_module("kubernetes.config.config_exception").ConfigException
-# What the client's own ApiClient sends, so the API server's logs and audit see the same agent.
-_USER_AGENT = f"OpenAPI-Generator/{k8s_client.__version__}/python"
+
+
+def client_package() -> Any:
+    """``kubernetes.client``, imported at the first use (a driver in a pod never imports it: its ``Configuration``
+    brings urllib3). Its functions carry no type hints; we call them through Any rather than scatter ignores."""
+    return importlib.import_module("kubernetes.client")
 
 
 def _load_kube_config(**options: Any) -> None:
@@ -114,15 +123,21 @@ _MERGE_PATCH = "application/merge-patch+json"
 DEFAULT_REQUEST_TIMEOUT = (5.0, 30.0)
 
 
-def load_api_client(kubeconfig: str | None = None, *, context: str | None = None) -> Any:
-    """An ``ApiClient`` configured as :func:`load_configuration` says (for code that calls the client's typed
-    APIs; the cluster adapters use the lighter :func:`load_rest_client`)."""
-    return k8s_client.ApiClient(load_configuration(kubeconfig, context=context))
-
-
-def load_rest_client(kubeconfig: str | None = None, *, context: str | None = None) -> RestClient:
-    """A :class:`RestClient` configured as :func:`load_configuration` says."""
-    return RestClient(load_configuration(kubeconfig, context=context))
+def load_transport(kubeconfig: str | None = None, *, context: str | None = None) -> Transport:
+    """A :class:`~dradriver.plugin.cluster.transport.Transport` to the API server :func:`load_configuration`
+    names; in a pod (no ``kubeconfig``, ``KUBERNETES_SERVICE_HOST`` set) read from the service account by
+    :func:`~dradriver.plugin.cluster.transport.in_cluster`, without the client."""
+    endpoint: Endpoint
+    if not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        try:
+            endpoint = in_cluster()
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot load Kubernetes client configuration from the in-cluster service account: {exc}"
+            ) from exc
+    else:
+        endpoint = from_client_configuration(load_configuration(kubeconfig, context=context))
+    return Transport(endpoint)
 
 
 def load_configuration(kubeconfig: str | None = None, *, context: str | None = None) -> Any:
@@ -130,7 +145,8 @@ def load_configuration(kubeconfig: str | None = None, *, context: str | None = N
     in-cluster service account when running in a pod; ``$KUBECONFIG`` or ``~/.kube/config``.
 
     Raises :class:`ConfigError` naming what was tried when none works."""
-    configuration = k8s_client.Configuration()
+    configuration = client_package().Configuration()
+    config_exception = importlib.import_module("kubernetes.config.config_exception").ConfigException
     try:
         if kubeconfig:
             _load_kube_config(
@@ -140,14 +156,17 @@ def load_configuration(kubeconfig: str | None = None, *, context: str | None = N
                 persist_config=False,
             )
         elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-            _in_cluster.load_incluster_config(client_configuration=configuration)
+            in_cluster_config = importlib.import_module("kubernetes.config.incluster_config")
+            in_cluster_config.InClusterConfigLoader(  # the files the transport reads (tests point both elsewhere)
+                token_filename=transport.SERVICE_ACCOUNT_TOKEN, cert_filename=transport.SERVICE_ACCOUNT_CA
+            ).load_and_set(configuration)
         else:
             path = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
             # KUBECONFIG may list several files; the client merges them itself.
             _load_kube_config(
                 config_file=path, context=context, client_configuration=configuration, persist_config=False
             )
-    except (_ConfigException, OSError, ValueError) as exc:
+    except (config_exception, OSError, ValueError) as exc:
         source = kubeconfig or (
             "in-cluster service account"
             if os.environ.get("KUBERNETES_SERVICE_HOST")
@@ -158,59 +177,6 @@ def load_configuration(kubeconfig: str | None = None, *, context: str | None = N
             "valid kubeconfig file, or run inside a pod with a service account"
         ) from exc
     return configuration
-
-
-class RestClient:
-    """The part of the client's ``ApiClient`` the adapters call (``param_serialize``, ``call_api``, ``close``,
-    ``configuration``), over the same ``Configuration`` and REST layer (urllib3 pool, TLS, proxies, retries) and
-    the same bearer-token setting (refreshed by the in-cluster loader's hook). ``ApiClient`` itself imports
-    pydantic and defines a model at import, with the date parser and thread pool of its typed APIs: about 10 MB
-    of a node driver's memory for requests whose bodies we read and write as raw JSON (docs/reliability.md)."""
-
-    def __init__(self, configuration: Any) -> None:
-        self.configuration = configuration
-        self.rest_client = importlib.import_module("kubernetes.client.rest").RESTClientObject(configuration)
-        self.default_headers = {"User-Agent": _USER_AGENT}
-
-    def param_serialize(
-        self,
-        *,
-        method: str,
-        resource_path: str,
-        query_params: list[tuple[str, str]] | None = None,
-        header_params: dict[str, str] | None = None,
-        body: Any = None,
-        auth_settings: list[str] | None = None,
-    ) -> tuple[str, str, dict[str, str], Any, None]:
-        """``(method, url, headers, body, post_params)`` for :meth:`call_api`, as ``ApiClient`` builds them."""
-        headers = {**(header_params or {}), **self.default_headers}
-        settings = self.configuration.auth_settings()
-        for name in auth_settings or ():
-            setting = settings.get(name)
-            if setting and setting["in"] == "header":
-                headers[setting["key"]] = setting["value"]
-        url = self.configuration.host + resource_path
-        if query_params:
-            url += "?" + "&".join(f"{key}={quote(str(value))}" for key, value in query_params)
-        return method, url, headers, body, None
-
-    def call_api(
-        self,
-        method: str,
-        url: str,
-        header_params: dict[str, str] | None = None,
-        body: Any = None,
-        post_params: Any = None,
-        _request_timeout: Any = None,
-    ) -> Any:
-        """The client's ``RESTResponse`` (its ``ApiException`` for what its REST layer refuses)."""
-        return self.rest_client.request(
-            method, url, headers=header_params, body=body, post_params=post_params, _request_timeout=_request_timeout
-        )
-
-    def close(self) -> None:
-        """Release the connections."""
-        self.rest_client.close()
 
 
 def _status_message(body: bytes) -> tuple[str, str, bool]:
@@ -260,7 +226,9 @@ def error_for_status(status: int, body: bytes, what: str, verb: str) -> ClusterE
 class _KubeWatchStream:
     """Watch events read line by line from a streaming response; ``close()`` interrupts a blocked read."""
 
-    def __init__(self, response: Any, what: str, convert: Callable[[JsonObject], JsonObject] | None = None) -> None:
+    def __init__(
+        self, response: Response, what: str, convert: Callable[[JsonObject], JsonObject] | None = None
+    ) -> None:
         self._response = response
         self._what = what
         self._convert = convert
@@ -271,8 +239,8 @@ class _KubeWatchStream:
         buffer = b""
         while not self._closed.is_set():
             try:
-                chunk = self._response.read1(65536) if hasattr(self._response, "read1") else self._response.read(65536)
-            except (urllib3.exceptions.HTTPError, OSError, ValueError, AttributeError):
+                chunk = self._response.read1(65536)
+            except (http.client.HTTPException, OSError, ValueError, AttributeError):
                 # A dropped connection or our own close(): the watch is over either way.
                 return
             if not chunk:
@@ -320,11 +288,11 @@ class _KubeWatchStream:
 
 
 class KubeCluster:
-    """The :class:`~dradriver.plugin.cluster.Cluster` port over a ``kubernetes.client.ApiClient``."""
+    """The :class:`~dradriver.plugin.cluster.Cluster` port over a :class:`Transport`."""
 
     def __init__(
         self,
-        api_client: Any,
+        transport: Transport,
         *,
         request_timeout: tuple[float, float] = DEFAULT_REQUEST_TIMEOUT,
         resource_version: str | None = None,
@@ -333,7 +301,7 @@ class KubeCluster:
         """``resource_version``: the resource.k8s.io version to speak; unset, API discovery picks the newest the
         server serves (:mod:`~dradriver.plugin.cluster.resource_versions`) at the first call that needs it.
         ``rate_limit`` paces every request (watches included), as client-go's QPS and burst do."""
-        self._api = api_client
+        self._api = transport
         self._timeout = request_timeout
         self._resource_version = resource_version
         self._rate_limit = rate_limit
@@ -342,12 +310,12 @@ class KubeCluster:
     def from_kubeconfig(
         cls, kubeconfig: str | None = None, *, context: str | None = None, qps: float = 0.0, burst: int = 1
     ) -> KubeCluster:
-        """A cluster adapter configured by :func:`load_api_client`; ``qps`` above 0 limits its requests."""
+        """A cluster adapter configured by :func:`load_transport`; ``qps`` above 0 limits its requests."""
         limit = TokenBucket(qps, burst) if qps > 0 else None
-        return cls(load_rest_client(kubeconfig, context=context), rate_limit=limit)
+        return cls(load_transport(kubeconfig, context=context), rate_limit=limit)
 
     def close(self) -> None:
-        """Release the client's connections."""
+        """Release the connections."""
         self._api.close()
 
     # -- plumbing ----------------------------------------------------------------------------------
@@ -361,30 +329,27 @@ class KubeCluster:
         query: list[tuple[str, str]] | None = None,
         body: JsonObject | None = None,
         stream: bool = False,
-        timeout: Any = None,
+        timeout: Timeout | None = None,
         content_type: str | None = None,
     ) -> Any:
         if self._rate_limit is not None:
             self._rate_limit.wait()
         headers = {**_JSON_HEADERS, **({"Content-Type": content_type} if content_type else {})}
-        request = self._api.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=query or None,
-            header_params=headers,
-            body=body,
-            auth_settings=["BearerToken"],
-        )
         try:
-            response = self._api.call_api(*request, _request_timeout=timeout or self._timeout)
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            response = self._api.request(
+                method,
+                path,
+                query=query,
+                headers=headers,
+                body=None if body is None else json.dumps(body).encode(),
+                timeout=timeout or self._timeout,
+            )
+        except (http.client.HTTPException, OSError) as exc:
             raise ApiUnavailableError(f"{method} {what}: API server unreachable: {exc}") from exc
-        except k8s_client.ApiException as exc:
-            raise self._failed(exc.status or 0, (exc.body or str(exc)).encode(), what, method) from exc
         if not 200 <= response.status <= 299 or not stream:
             try:
                 data = response.read()
-            except (urllib3.exceptions.HTTPError, OSError) as exc:
+            except (http.client.HTTPException, OSError) as exc:
                 raise ApiUnavailableError(f"{method} {what}: reading the answer failed: {exc}") from exc
             if not 200 <= response.status <= 299:
                 raise self._failed(response.status, data or b"", what, method)
@@ -392,7 +357,7 @@ class KubeCluster:
                 return json.loads(data) if data else {}
             except ValueError as exc:
                 raise ApiUnavailableError(f"{method} {what}: answer is not JSON: {data[:200]!r}") from exc
-        return response.response
+        return response
 
     def _failed(self, status: int, body: bytes, what: str, method: str) -> ClusterError:
         error = error_for_status(status, body, what, method)

@@ -1,0 +1,280 @@
+"""The cluster adapters' HTTPS transport: what it sends, how it holds connections, TLS, the service account and
+proxies; judged by what a server (a raw recording one, or the API server stand-in over TLS) and a CONNECT proxy
+saw."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import select
+import socket
+import socketserver
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.apiserver import TOKEN, FakeApiServer
+from support.control_plane import write_pki
+
+from dradriver.errors import ConfigError
+from dradriver.plugin.cluster import ApiUnavailableError
+from dradriver.plugin.cluster import transport as transport_module
+from dradriver.plugin.cluster.kube import KubeCluster, client_package, load_configuration, load_transport
+from dradriver.plugin.cluster.transport import Endpoint, FileToken, Transport, in_cluster
+
+
+@dataclass
+class Seen:
+    """What the recording server saw: each request (line, headers, body) and the connections it accepted."""
+
+    requests: list[tuple[str, dict[str, str], bytes]] = field(default_factory=list)
+    connections: int = 0
+
+
+@contextlib.contextmanager
+def recording_server(*, answers_per_connection: int = 0) -> Iterator[tuple[str, Seen]]:
+    """An HTTP/1.1 server that answers every request ``200 {}`` on kept-alive connections and records it;
+    ``answers_per_connection``: after that many answers it reads the next request on the connection and closes
+    it unanswered (as a server whose idle timeout raced the request)."""
+    seen = Seen()
+
+    class Handler(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            seen.connections += 1
+            answered = 0
+            while True:
+                line = self.rfile.readline()
+                if not line:
+                    return
+                headers: dict[str, str] = {}
+                while (header := self.rfile.readline().decode()) not in ("\r\n", ""):
+                    key, value = header.split(":", 1)
+                    headers[key.strip().lower()] = value.strip()
+                body = self.rfile.read(int(headers.get("content-length", "0")))
+                seen.requests.append((line.decode().strip(), headers, body))
+                if answers_per_connection and answered == answers_per_connection:
+                    return
+                self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+                self.wfile.flush()
+                answered += 1
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextlib.contextmanager
+def connect_proxy() -> Iterator[tuple[str, list[str]]]:
+    """An HTTP CONNECT proxy (RFC 9110 §9.3.6) that records each tunnel's target and relays its bytes."""
+    targets: list[str] = []
+
+    class Handler(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            method, target, _ = self.rfile.readline().decode().split()
+            while self.rfile.readline() not in (b"\r\n", b""):
+                pass
+            targets.append(f"{method} {target}")
+            host, port = target.rsplit(":", 1)
+            with socket.create_connection((host, int(port))) as upstream:
+                self.wfile.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                self.wfile.flush()
+                ends = [self.connection, upstream]
+                while True:
+                    readable, _, _ = select.select(ends, [], [], 10)
+                    if not readable:
+                        return
+                    for end in readable:
+                        data = end.recv(65536)
+                        if not data:
+                            return
+                        (upstream if end is self.connection else self.connection).sendall(data)
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", targets
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_requests_carry_the_token_and_our_agent_and_share_one_kept_alive_connection() -> None:
+    with recording_server() as (url, seen):
+        transport = Transport(Endpoint(url, lambda: "Bearer t0k3n"))
+        for path in ("/version", "/api/v1/nodes/a"):
+            response = transport.request("GET", path, query=[("fieldSelector", "spec.nodeName=n 1")])
+            assert response.status == 200 and response.read() == b"{}"
+        transport.close()
+    assert [line for line, _, _ in seen.requests] == [
+        "GET /version?fieldSelector=spec.nodeName%3Dn%201 HTTP/1.1",
+        "GET /api/v1/nodes/a?fieldSelector=spec.nodeName%3Dn%201 HTTP/1.1",
+    ]
+    assert all(h["authorization"] == "Bearer t0k3n" and h["user-agent"].startswith("dradriver/") for _, h, _ in
+               seen.requests)  # fmt: skip
+    assert seen.connections == 1
+
+
+def test_a_kubeconfig_gives_the_same_request_the_clients_api_client_sends(tmp_path: Path) -> None:
+    # Path prefix, percent-encoding, token, content type and body as the kubernetes client would send them.
+    with recording_server() as (url, seen):
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "c",
+            "clusters": [{"name": "c", "cluster": {"server": url + "/prefix"}}],
+            "users": [{"name": "u", "user": {"token": "abc"}}],
+            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        }))  # fmt: skip
+        body = {"spec": {"a": [1, "é"]}}
+        query = [("fieldSelector", "spec.driver=d,spec.nodeName=n"), ("limit", "500")]
+        headers = {"Accept": "application/json", "Content-Type": "application/merge-patch+json"}
+        ours = load_transport(str(kubeconfig))
+        ours.request("PATCH", "/apis/x/v1/namespaces/a b/things/t", query=query, headers=headers,
+                     body=json.dumps(body).encode()).read()  # fmt: skip
+        theirs = client_package().ApiClient(load_configuration(str(kubeconfig)))
+        request = theirs.param_serialize(method="PATCH", resource_path="/apis/x/v1/namespaces/a b/things/t",
+                                         query_params=query, header_params=headers, body=body,
+                                         auth_settings=["BearerToken"])  # fmt: skip
+        theirs.call_api(*request).read()
+        ours.close()
+        theirs.close()
+    [(our_line, our_headers, our_body), (their_line, their_headers, their_body)] = seen.requests
+    assert our_line == their_line
+    assert our_body == their_body
+    for name in ("authorization", "content-type", "accept"):
+        assert our_headers[name].lower() == their_headers[name].lower(), name
+
+
+def test_a_get_the_server_dropped_on_a_reused_connection_is_sent_again_on_a_new_one() -> None:
+    with recording_server(answers_per_connection=1) as (url, seen):
+        transport = Transport(Endpoint(url))
+        assert transport.request("GET", "/a").read() == b"{}"
+        assert transport.request("GET", "/b").read() == b"{}"  # dropped once, answered on a new connection
+        transport.close()
+    assert [line.split()[1] for line, _, _ in seen.requests] == ["/a", "/b", "/b"] and seen.connections == 2
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "PATCH", "DELETE"])
+def test_a_write_the_server_may_have_read_is_never_sent_twice(method: str) -> None:
+    # The server read it before it closed the connection: it may have acted on it. The caller decides.
+    with recording_server(answers_per_connection=1) as (url, seen):
+        transport = Transport(Endpoint(url))
+        assert transport.request("GET", "/a").read() == b"{}"
+        with pytest.raises(http.client.RemoteDisconnected):
+            transport.request(method, "/b", body=b"{}")
+        transport.close()
+    assert [line.split()[:2] for line, _, _ in seen.requests] == [["GET", "/a"], [method, "/b"]]
+
+
+def test_tls_checks_the_server_against_the_ca_and_the_server_name(tmp_path: Path) -> None:
+    pki = write_pki(tmp_path / "pki")
+    other = write_pki(tmp_path / "other")
+    with FakeApiServer(tls=(pki.serving_cert, pki.serving_key)) as api:
+        token = lambda: f"Bearer {TOKEN}"  # noqa: E731
+        good = Transport(Endpoint(api.url, token, ca_file=str(pki.ca_cert)))
+        assert json.loads(good.request("GET", "/version").read())["major"]
+        # The serving certificate names kubernetes.default.svc, not other.example.
+        named = Transport(Endpoint(api.url, token, ca_file=str(pki.ca_cert), server_name="kubernetes.default.svc"))
+        assert named.request("GET", "/version").status == 200
+        for endpoint in (
+            Endpoint(api.url, token, ca_file=str(other.ca_cert)),
+            Endpoint(api.url, token, ca_file=str(pki.ca_cert), server_name="other.example"),
+        ):
+            cluster = KubeCluster(Transport(endpoint))
+            with pytest.raises(ApiUnavailableError, match="CERTIFICATE_VERIFY_FAILED"):
+                cluster.server_version()
+        skip = Transport(Endpoint(api.url, token, ca_file=str(other.ca_cert), verify=False))
+        assert skip.request("GET", "/version").status == 200
+        for transport in (good, named, skip):
+            transport.close()
+
+
+def test_a_rotated_token_file_is_read_again_and_a_missing_one_keeps_the_last(tmp_path: Path) -> None:
+    path = tmp_path / "token"
+    path.write_text("first\n")
+    token = FileToken(str(path), reread=0)
+    assert token() == "Bearer first"
+    path.write_text("second")
+    assert token() == "Bearer second"
+    path.unlink()
+    assert token() == "Bearer second"
+
+
+@pytest.fixture
+def service_account(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "token").write_text("pod-token")
+    (tmp_path / "ca.crt").write_text("read at the first connection")
+    monkeypatch.setattr(transport_module, "SERVICE_ACCOUNT_TOKEN", str(tmp_path / "token"))
+    monkeypatch.setattr(transport_module, "SERVICE_ACCOUNT_CA", str(tmp_path / "ca.crt"))
+    for name in ("https_proxy", "HTTPS_PROXY", "no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    return tmp_path
+
+
+def test_in_a_pod_the_service_account_and_the_service_variables_are_read(
+    service_account: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    endpoint = in_cluster()
+    assert (endpoint.url, endpoint.authorization(), endpoint.proxy) == ("https://10.96.0.1:443", "Bearer pod-token",
+                                                                        None)  # fmt: skip
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "fd00:10:96::1")
+    assert in_cluster().url == "https://[fd00:10:96::1]:443"
+
+
+def test_in_a_pod_a_missing_variable_or_file_is_refused_naming_it(
+    service_account: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_PORT")
+    with pytest.raises(ConfigError, match=r"KUBERNETES_SERVICE_PORT must be set.*--kubeconfig"):
+        in_cluster()
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    (service_account / "token").unlink()
+    with pytest.raises(ConfigError, match=r"service account token .*/token is missing.*automountServiceAccountToken"):
+        load_transport()
+    (service_account / "token").write_text("")
+    with pytest.raises(ConfigError, match=r"token file .* is empty"):
+        in_cluster()
+
+
+@pytest.mark.parametrize(
+    ("no_proxy", "proxied"),
+    [("", True), ("10.0.0.0/8", False), ("10.96.0.1", False), ("10.96.0.1:443", False), ("*", False),
+     ("example.com,10.97.0.0/16", True)],
+)  # fmt: skip
+def test_in_a_pod_the_environments_proxy_is_used_unless_no_proxy_exempts_the_server(
+    service_account: Path, monkeypatch: pytest.MonkeyPatch, no_proxy: str, proxied: bool
+) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
+    monkeypatch.setenv("NO_PROXY", no_proxy)
+    assert in_cluster().proxy == ("http://proxy.internal:3128" if proxied else None)
+
+
+def test_a_proxy_that_is_not_http_is_refused_saying_what_works(
+    service_account: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("https_proxy", "socks5://proxy.internal:1080")
+    with pytest.raises(ConfigError, match=r"socks5://proxy.internal:1080 is not an http://host:port proxy.*no_proxy"):
+        in_cluster()
+
+
+def test_through_a_connect_proxy_tls_still_ends_at_the_api_server(tmp_path: Path) -> None:
+    pki = write_pki(tmp_path / "pki")
+    with FakeApiServer(tls=(pki.serving_cert, pki.serving_key)) as api, connect_proxy() as (proxy, targets):
+        api.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"}})
+        endpoint = Endpoint(api.url, lambda: f"Bearer {TOKEN}", ca_file=str(pki.ca_cert), proxy=proxy)
+        cluster = KubeCluster(Transport(endpoint))
+        node: Any = cluster.get_node("n")
+        cluster.close()
+    assert node["metadata"]["name"] == "n"
+    assert targets == [f"CONNECT {api.url.removeprefix('https://')}"]
