@@ -4,6 +4,7 @@ saw."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import http.client
 import json
@@ -73,16 +74,23 @@ def recording_server(*, answers_per_connection: int = 0) -> Iterator[tuple[str, 
 
 
 @contextlib.contextmanager
-def connect_proxy() -> Iterator[tuple[str, list[str]]]:
-    """An HTTP CONNECT proxy (RFC 9110 §9.3.6) that records each tunnel's target and relays its bytes."""
+def connect_proxy(*, refuse: bool = False) -> Iterator[tuple[str, list[str]]]:
+    """An HTTP CONNECT proxy (RFC 9110 §9.3.6) that records each tunnel's request line (and its
+    Proxy-Authorization) and relays its bytes; ``refuse``: it answers 502 instead of connecting."""
     targets: list[str] = []
 
     class Handler(socketserver.StreamRequestHandler):
         def handle(self) -> None:
             method, target, _ = self.rfile.readline().decode().split()
-            while self.rfile.readline() not in (b"\r\n", b""):
-                pass
-            targets.append(f"{method} {target}")
+            credentials = ""
+            while (line := self.rfile.readline()) not in (b"\r\n", b""):
+                key, _, value = line.decode().partition(":")
+                if key.strip().lower() == "proxy-authorization":
+                    credentials = " " + value.strip()
+            targets.append(f"{method} {target}{credentials}")
+            if refuse:
+                self.wfile.write(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
+                return
             host, port = target.rsplit(":", 1)
             with socket.create_connection((host, int(port))) as upstream:
                 self.wfile.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
@@ -248,16 +256,37 @@ def test_in_a_pod_a_missing_variable_or_file_is_refused_naming_it(
 
 
 @pytest.mark.parametrize(
-    ("no_proxy", "proxied"),
-    [("", True), ("10.0.0.0/8", False), ("10.96.0.1", False), ("10.96.0.1:443", False), ("*", False),
-     ("example.com,10.97.0.0/16", True)],
+    ("host", "no_proxy", "proxied"),
+    [("10.96.0.1", "", True), ("10.96.0.1", "10.0.0.0/8", False), ("10.96.0.1", "10.96.0.1", False),
+     ("10.96.0.1", "10.96.0.1:443", False), ("10.96.0.1", "*", False), ("10.96.0.1", "example.com,10.97.0.0/16", True),
+     ("api.example.com", "*.example.com", False), ("api.example.com", ".example.com", False),
+     ("api.example.com", "example.com", False), ("api.example.org", "example.com", True),
+     ("127.0.0.1", "", False), ("::1", "", False), ("localhost", "", False)],
 )  # fmt: skip
-def test_in_a_pod_the_environments_proxy_is_used_unless_no_proxy_exempts_the_server(
-    service_account: Path, monkeypatch: pytest.MonkeyPatch, no_proxy: str, proxied: bool
+def test_in_a_pod_the_environments_proxy_is_used_unless_no_proxy_or_loopback_exempts_the_server(
+    service_account: Path, monkeypatch: pytest.MonkeyPatch, host: str, no_proxy: str, proxied: bool
 ) -> None:
+    # Go's httpproxy rules, which client-go follows: loopback is never proxied.
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", host)
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
     monkeypatch.setenv("NO_PROXY", no_proxy)
     assert in_cluster().proxy == ("http://proxy.internal:3128" if proxied else None)
+
+
+def test_in_a_pod_the_upper_case_proxy_variables_come_first_as_in_go(
+    service_account: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "http://upper.internal:3128")
+    monkeypatch.setenv("https_proxy", "http://lower.internal:3128")
+    assert in_cluster().proxy == "http://upper.internal:3128"
+
+
+def test_a_server_address_without_a_usable_port_is_refused_naming_where_it_came_from(
+    service_account: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "https")
+    with pytest.raises(ConfigError, match=r"https://10.96.0.1:https.*KUBERNETES_SERVICE_PORT"):
+        load_transport()
 
 
 def test_a_proxy_that_is_not_http_is_refused_saying_what_works(
@@ -272,9 +301,35 @@ def test_through_a_connect_proxy_tls_still_ends_at_the_api_server(tmp_path: Path
     pki = write_pki(tmp_path / "pki")
     with FakeApiServer(tls=(pki.serving_cert, pki.serving_key)) as api, connect_proxy() as (proxy, targets):
         api.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"}})
-        endpoint = Endpoint(api.url, lambda: f"Bearer {TOKEN}", ca_file=str(pki.ca_cert), proxy=proxy)
+        # The proxy URL's user and password become its Proxy-Authorization, as Go's transport sends them.
+        with_user = proxy.replace("http://", "http://ops:p%40ss@")
+        endpoint = Endpoint(api.url, lambda: f"Bearer {TOKEN}", ca_file=str(pki.ca_cert), proxy=with_user)
         cluster = KubeCluster(Transport(endpoint))
         node: Any = cluster.get_node("n")
         cluster.close()
     assert node["metadata"]["name"] == "n"
-    assert targets == [f"CONNECT {api.url.removeprefix('https://')}"]
+    credentials = base64.b64encode(b"ops:p@ss").decode()
+    assert targets == [f"CONNECT {api.url.removeprefix('https://')} Basic {credentials}"]
+
+
+def test_a_tunnel_to_an_ipv6_api_server_names_it_in_brackets() -> None:
+    with connect_proxy(refuse=True) as (proxy, targets):
+        transport = Transport(Endpoint("https://[fd00:10:96::1]:6443", proxy=proxy))
+        with pytest.raises(OSError, match="Tunnel connection failed: 502"):
+            transport.request("GET", "/version")
+    assert targets == ["CONNECT [fd00:10:96::1]:6443"]
+
+
+def test_closing_a_watch_over_tls_from_another_thread_ends_a_blocked_read(tmp_path: Path) -> None:
+    pki = write_pki(tmp_path / "pki")
+    with FakeApiServer(tls=(pki.serving_cert, pki.serving_key)) as api:
+        cluster = KubeCluster(Transport(Endpoint(api.url, lambda: f"Bearer {TOKEN}", ca_file=str(pki.ca_cert))))
+        _, version = cluster.list_resource_slices(driver="d", node_name="n")
+        stream = cluster.watch_resource_slices(driver="d", node_name="n", resource_version=version, timeout_seconds=60)
+        assert next(stream).type == "BOOKMARK"
+        done = threading.Event()
+        threading.Thread(target=lambda: (list(stream), done.set()), daemon=True).start()
+        assert api.wait_until(lambda: api.active_watches == 1)
+        stream.close()
+        assert done.wait(5)
+        cluster.close()

@@ -279,8 +279,8 @@ class _KubeWatchStream:
             return
         self._closed.set()
         # shutdown() (SHUT_RD) unblocks a read in progress in another thread; close() then closes the
-        # connection, so the server sees the watch end. A half-read watch must never go back to the pool.
-        # RuntimeError/ValueError: the response already ended and gave its connection back to the pool.
+        # connection, so the server sees the watch end (a watch's connection never goes back to the pool).
+        # OSError/ValueError: the socket was closed already (the server ended the watch).
         with contextlib.suppress(AttributeError, OSError, RuntimeError, ValueError):
             self._response.shutdown()
         with contextlib.suppress(AttributeError, OSError, RuntimeError, ValueError):

@@ -16,6 +16,7 @@ providers, merged files.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import http.client
 import ipaddress
@@ -29,7 +30,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from dradriver import __version__
 from dradriver.errors import ConfigError
@@ -167,14 +168,17 @@ def from_client_configuration(configuration: Any) -> Endpoint:
 
 
 def _bypasses_proxy(url: str, no_proxy: str) -> bool:
-    """Whether ``url`` matches a ``no_proxy`` entry: ``*``, an IP network holding its address, its host or
-    ``host:port``, or a domain its host is in (as client-go and the ``kubernetes`` client read the list)."""
+    """Whether ``url`` goes around the proxy, as Go's ``httpproxy`` (client-go's) decides: ``localhost`` and
+    loopback addresses always; else a ``no_proxy`` entry that is ``*``, an IP network holding its address, its
+    host or ``host:port``, or a domain its host is in (``example.com``, ``.example.com``, ``*.example.com``)."""
     parts = urlsplit(url)
     host = (parts.hostname or "").lower()
     try:
         address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(host)
     except ValueError:
         address = None
+    if host == "localhost" or (address is not None and address.is_loopback):
+        return True
     for entry in (e.strip().lower() for e in no_proxy.split(",")):
         if not entry:
             continue
@@ -184,7 +188,7 @@ def _bypasses_proxy(url: str, no_proxy: str) -> bool:
             with contextlib.suppress(ValueError):
                 if address in ipaddress.ip_network(entry.strip("[]"), strict=False):
                     return True
-        domain = entry.lstrip(".")
+        domain = entry.removeprefix("*").lstrip(".")
         if host == domain or host.endswith("." + domain):
             return True
     return False
@@ -196,7 +200,7 @@ def _environment_proxy(url: str) -> tuple[str | None, str]:
     scheme = urlsplit(url).scheme
 
     def variable(name: str) -> str:
-        return os.environ.get(name.lower()) or os.environ.get(name.upper()) or ""
+        return os.environ.get(name.upper()) or os.environ.get(name.lower()) or ""  # Go's order
 
     return variable(f"{scheme}_proxy") or None, variable("no_proxy")
 
@@ -212,10 +216,23 @@ class _Connection(http.client.HTTPSConnection):
         self.server_name = server_name
         self.read_timeout: float | None = None
 
+    def _tunnel(self) -> None:
+        # Python 3.11 writes "CONNECT fd00::1:443"; the authority form needs brackets around an IPv6 address
+        # (3.12 adds them itself, and leaves an address already in brackets as it is).
+        host: str = self._tunnel_host  # type: ignore[has-type]
+        if ":" in host and not host.startswith("["):
+            self._tunnel_host = f"[{host}]"
+            try:
+                super()._tunnel()  # type: ignore[misc]
+            finally:
+                self._tunnel_host = host
+        else:
+            super()._tunnel()  # type: ignore[misc]
+
     def connect(self) -> None:
         http.client.HTTPConnection.connect(self)  # TCP, and through a proxy the CONNECT tunnel
         if self.tls:
-            name = self.server_name or self._tunnel_host or self.host  # type: ignore[attr-defined]
+            name = self.server_name or self._tunnel_host or self.host
             self.sock = self._context.wrap_socket(self.sock, server_hostname=name)  # type: ignore[attr-defined]
         self.sock.settimeout(self.read_timeout)
 
@@ -250,7 +267,8 @@ class Response:
         return self._answer.read1(size)
 
     def shutdown(self) -> None:
-        self._sock.shutdown(socket.SHUT_RD)
+        # The plain socket's shutdown: SSLSocket.shutdown would also drop its TLS object under a reader.
+        socket.socket.shutdown(self._sock, socket.SHUT_RD)
 
     def close(self) -> None:
         """End the answer; its connection never goes back to the pool (a half-read stream cannot be reused)."""
@@ -271,11 +289,18 @@ class Transport:
         self.retries = retries
         self._pool_size = pool_size
         parts = urlsplit(endpoint.url)
-        if parts.scheme not in ("https", "http") or not parts.hostname:
-            raise ConfigError(f"the API server address {endpoint.url!r} is not an https:// (or http://) URL")
+        try:
+            port = parts.port
+        except ValueError:
+            port = -1
+        if parts.scheme not in ("https", "http") or not parts.hostname or port == -1:
+            raise ConfigError(
+                f"the API server address {endpoint.url!r} is not an https://host[:port] (or http://) URL: check "
+                "the kubeconfig's server, or KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT in a pod"
+            )
         self._tls = parts.scheme == "https"
         self._host = parts.hostname
-        self._port = parts.port or (443 if self._tls else 80)
+        self._port = port or (443 if self._tls else 80)
         self._prefix = parts.path.rstrip("/")
         self._context: ssl.SSLContext | None = None
         self._lock = threading.Lock()
@@ -309,7 +334,9 @@ class Transport:
         if authorization:
             send_headers["Authorization"] = authorization
         if self.endpoint.proxy and not self._tls:
-            target = f"http://{self._host}:{self._port}{target}"  # a plain-HTTP proxy takes the absolute form
+            host = f"[{self._host}]" if ":" in self._host else self._host
+            target = f"http://{host}:{self._port}{target}"  # a plain-HTTP proxy takes the absolute form
+            send_headers.update(self._proxy_headers())
         attempt = 0
         while True:
             connection, reused = self._take()
@@ -373,17 +400,29 @@ class Transport:
         if self._tls:
             connection.server_name = self.endpoint.server_name
         if proxy and self._tls:
-            connection.set_tunnel(self._host, self._port, headers=dict(self.endpoint.proxy_headers))
+            connection.set_tunnel(self._host, self._port, headers=self._proxy_headers())
         return connection
+
+    def _proxy_headers(self) -> dict[str, str]:
+        """The endpoint's proxy headers, with ``Proxy-Authorization`` from the proxy URL's user and password (as
+        Go's transport sends them) unless a header gives one."""
+        headers = dict(self.endpoint.proxy_headers)
+        proxy = urlsplit(self.endpoint.proxy or "")
+        if proxy.username is not None and not any(k.lower() == "proxy-authorization" for k in headers):
+            user = f"{unquote(proxy.username)}:{unquote(proxy.password or '')}"
+            headers["Proxy-Authorization"] = "Basic " + base64.b64encode(user.encode()).decode()
+        return headers
 
 
 def _dropped(connection: _Connection) -> bool:
-    """Whether an idle connection was closed by the server (readable while idle: EOF or stray bytes)."""
+    """Whether an idle connection was closed by the server (readable while idle: EOF or stray bytes). poll, not
+    select: select refuses file descriptors from 1024 up."""
     sock = connection.sock
     if sock is None:
         return True
+    poller = select.poll()
     try:
-        readable, _, _ = select.select([sock], [], [], 0)
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(0))
     except (OSError, ValueError):
         return True
-    return bool(readable)
