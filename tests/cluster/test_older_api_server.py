@@ -6,7 +6,8 @@ equal through every version served; deleted and edited slices are repaired; a 1.
 gets them in v1beta1; a claim is prepared as a kubelet of that release asks and its status written; the chart's
 DeviceClasses for 1.32 and 1.33 are stored as rendered and a real install renders them in the served version; a
 1.33 server without the counters gate gets no device it could not keep apart; and one with DRA off, its default,
-is refused by the driver and by the chart with the fix. There is no older scheduler here: allocation on the real
+is refused by the driver and by the chart with the fix; where the server keeps no device taints (1.32, and 1.33
+without its alpha gate) an unhealthy GPU is withdrawn from the slices until it heals. There is no older scheduler here: allocation on the real
 scheduler is the 1.37 control plane's (test_slices.py and the rest of tests/cluster)."""
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from support.control_plane import BUILD_SCRIPT, OLDER_BUILD_SCRIPT, REPO, Contro
 from support.helm import CHART, RELEASE, run_helm
 from support.kube_rest import ApiError, Kube
 
+from dradriver.cli.main import main
 from dradriver.driver.slices import SliceSettings, build_slice_specs, shape_for
 from dradriver.gpu.backend import open_gpu_backend
 from dradriver.gpu.inventory import MigMode, discover
@@ -501,6 +503,35 @@ def test_every_simulated_node_is_published_through_v1beta1_on_1_32(k132: Control
     writes = driver_writes(k132, mark)
     assert ("create", "v1beta1") in writes
     assert not {w for w in writes if w[1] != "v1beta1"}, writes
+
+
+@pytest.mark.parametrize("plane", ["beta2", "k132"])
+def test_where_the_server_has_no_device_taints_an_unhealthy_gpu_is_withdrawn_and_comes_back_when_healed(
+    request: pytest.FixtureRequest, plane: str
+) -> None:
+    # 1.32's API has no device taints; 1.33 has them behind the alpha gate DRADeviceTaints (off here). The server
+    # drops them, the publisher notices the stored slice lacks them and withdraws the GPU instead, so the scheduler
+    # cannot give it out (--health-taint-fallback withdraw, the default).
+    server: ControlPlane = request.getfixturevalue(plane)
+    name = f"{plane.replace('_', '-')}-sick"
+    node = start_node(server, name, "h100-nvl-pairs", "none")
+    sick = "gpu-0000-17-00-0"
+    sim = ["sim", "--sim-profile", node.profile, "--node-name", name, "--sim-state", str(node.root / "sim.json")]
+
+    def offered() -> set[str]:
+        return {d["name"] for s in served(server.kube, "v1beta1", name) for d in s["spec"].get("devices") or []}
+
+    try:
+        server.kube.wait(f"{sick} offered on {name}", lambda: sick in offered(), TIMEOUT)
+        healthy = offered()
+        # XID 62 (a micro-controller halt): fatal; the GPU keeps answering, and a reset heals it.
+        assert main([*sim, "xid", "0000:17:00.0", "62"]) == 0
+        server.kube.wait(f"{sick} withdrawn from {name}'s slices", lambda: offered() == healthy - {sick}, TIMEOUT)
+        assert "withdrawing tainted devices from the slices instead" in node.driver.log
+        assert main([*sim, "reset", "0000:17:00.0"]) == 0
+        server.kube.wait(f"{sick} offered again on {name}", lambda: offered() == healthy, TIMEOUT)
+    finally:
+        stop_node(server, node)
 
 
 def test_dynamic_mig_is_refused_at_start_on_1_32_with_the_fix(k132: ControlPlane) -> None:
