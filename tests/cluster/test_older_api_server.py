@@ -7,8 +7,8 @@ gets them in v1beta1; a claim is prepared as a kubelet of that release asks and 
 DeviceClasses for 1.32 and 1.33 are stored as rendered and a real install renders them in the served version; a
 1.33 server without the counters gate gets no device it could not keep apart; and one with DRA off, its default,
 is refused by the driver and by the chart with the fix; where the server keeps no device taints (1.32, and 1.33
-without its alpha gate) an unhealthy GPU is withdrawn from the slices until it heals. There is no older scheduler here: allocation on the real
-scheduler is the 1.37 control plane's (test_slices.py and the rest of tests/cluster)."""
+without its alpha gate) an unhealthy GPU is withdrawn from the slices until it heals. There is no older scheduler
+here: allocation on the real scheduler is the 1.37 control plane's (test_slices.py and the rest of tests/cluster)."""
 
 from __future__ import annotations
 
