@@ -37,6 +37,19 @@ class Seen:
 
 
 @contextlib.contextmanager
+def serving(handler: type[socketserver.BaseRequestHandler]) -> Iterator[str]:
+    """``handler`` served on a loopback port by its own threads, for the block; its http:// address."""
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextlib.contextmanager
 def recording_server(*, answers_per_connection: int = 0) -> Iterator[tuple[str, Seen]]:
     """An HTTP/1.1 server that answers every request ``200 {}`` on kept-alive connections and records it;
     ``answers_per_connection``: after that many answers it reads the next request on the connection and closes
@@ -63,14 +76,8 @@ def recording_server(*, answers_per_connection: int = 0) -> Iterator[tuple[str, 
                 self.wfile.flush()
                 answered += 1
 
-    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", seen
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as url:
+        yield url, seen
 
 
 @contextlib.contextmanager
@@ -106,14 +113,8 @@ def connect_proxy(*, refuse: bool = False) -> Iterator[tuple[str, list[str]]]:
                             return
                         (upstream if end is self.connection else self.connection).sendall(data)
 
-    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", targets
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as url:
+        yield url, targets
 
 
 def test_requests_carry_the_token_and_our_agent_and_share_one_kept_alive_connection() -> None:
