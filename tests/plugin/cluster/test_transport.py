@@ -329,7 +329,12 @@ def test_closing_a_watch_over_tls_from_another_thread_ends_a_blocked_read(tmp_pa
         stream = cluster.watch_resource_slices(driver="d", node_name="n", resource_version=version, timeout_seconds=60)
         assert next(stream).type == "BOOKMARK"
         done = threading.Event()
-        threading.Thread(target=lambda: (list(stream), done.set()), daemon=True).start()
+
+        def consume() -> None:
+            list(stream)
+            done.set()
+
+        threading.Thread(target=consume, daemon=True).start()
         assert api.wait_until(lambda: api.active_watches == 1)
         stream.close()
         assert done.wait(5)
