@@ -386,6 +386,23 @@ def test_a_service_monitor_scrapes_the_status_port_when_asked() -> None:
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
 
 
+def test_the_compute_domain_controller_serves_its_probes_and_metrics_on_its_own_port() -> None:
+    objects = objects_with("computeDomains.enabled=true", "computeDomains.metricsPort=9500",
+                           "metrics.serviceMonitor.enabled=true")  # fmt: skip
+    [deployment] = [o for o in objects if o["kind"] == "Deployment"]
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["DRADRIVER_METRICS_ADDRESS"] == ":9500"
+    assert container["ports"] == [{"name": "status", "containerPort": 9500, "protocol": "TCP"}]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "status"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "status"}
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    services = [o for o in objects if o["kind"] == "Service" and o["spec"]["selector"].items() <= pod_labels.items()]
+    [monitor] = [o for o in objects if o["kind"] == "ServiceMonitor" and o["metadata"]["name"].endswith("controller")]
+    assert [s["spec"]["ports"][0]["port"] for s in services] == [9500]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= services[0]["metadata"]["labels"].items()
+
+
 def test_the_grafana_dashboard_ships_as_a_configmap_for_the_sidecar_when_asked() -> None:
     assert "ConfigMap" not in {o["kind"] for o in template()}
     [dashboard] = [

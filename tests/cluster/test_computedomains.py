@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from support.cd_cluster import (
     CONTROLLER_ACCOUNT,
     DAEMON_ACCOUNT,
@@ -169,6 +171,17 @@ def _assert_no_refusals(cluster: dict[str, Any]) -> None:
     assert not refused, refused
 
 
+def _samples(controller: ControllerRun) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The controller's /metrics: (sample name, sorted labels) → value."""
+    code, text = controller.get("/metrics")
+    assert code == 200, text
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
 def _labelled(kube: Kube, uid: str) -> set[str]:
     return {n["metadata"]["name"] for n in kube.list("nodes", labelSelector=f"{api.DOMAIN_LABEL}={uid}")}
 
@@ -196,6 +209,19 @@ def test_a_two_node_job_runs_with_its_channels_and_leaves_nothing_behind(cd_clus
     assert {n["name"] for n in status["nodes"]} == {"tray-a", "tray-b"}
     daemons_ready = next(c for c in status["conditions"] if c["type"] == "DaemonsReady")
     assert daemons_ready["status"] == "True" and daemons_ready["message"] == "2/2 Ready"
+    # The controller's own metrics and probes say the same (the domains gauge is its next pass's reading).
+    controller = cd_cluster["controller"]
+    ready_domains = ("dradriver_computedomains", (("status", "Ready"),))
+    kube.wait("the controller's metrics to count the Ready domain",
+              lambda: _samples(controller).get(ready_domains, 0) >= 1, TIMEOUT)  # fmt: skip
+    samples = _samples(controller)
+    assert samples[("dradriver_computedomain_controller_leading", ())] == 1
+    assert samples[("dradriver_computedomain_controller_passes_total", (("outcome", "ok"),))] >= 1
+    writes = ("dradriver_computedomain_api_writes_total", (("resource", "daemonsets"), ("verb", "POST")))
+    assert samples[writes] >= 1
+    assert controller.get("/livez") == (200, "ok\n")
+    code, body = controller.get("/readyz")
+    assert code == 200 and json.loads(body) == {"ready": True, "leading": True}
     # The IMEX daemons found each other through the names in their hosts files.
     daemon = cd_cluster["nodes"]["tray-a"].runner.daemon()
     table = subprocess.run(

@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 from support.fake_rest import FakeRest
 
 from dradriver.computedomain import api
 from dradriver.computedomain.controller import Controller, ControllerSettings
 from dradriver.computedomain.kube import path_of
-from dradriver.plugin.cluster.port import ForbiddenError
+from dradriver.plugin.cluster.port import ApiUnavailableError, ForbiddenError
 
 NS = "dradriver"
 UID = "uid-job"
 CD_PATH = path_of(api.API_VERSION, "computedomains", "team", "job")
 CLIQUE_PATH = path_of(api.API_VERSION, "computedomaincliques", NS, f"{UID}.c")
+PASSES_OK = "dradriver_computedomain_controller_passes_total"
+RECONCILE_ERRORS = "dradriver_computedomain_reconcile_errors_total"
+DOMAINS = "dradriver_computedomains"
 
 
 def _domain(rest: FakeRest, *, num_nodes: int = 2, mode: str = "Single") -> None:
@@ -294,3 +299,77 @@ def test_a_full_clique_is_reported_and_not_rewritten_every_pass(rest: FakeRest) 
     before = sum(rest.writes.values())
     controller.sync()
     assert sum(rest.writes.values()) == before
+
+
+def _one_pass(controller: Controller, *, leading: bool = True) -> None:
+    """Controller.run for exactly one turn of its loop (as the leader, or as a standby)."""
+    stop = threading.Event()
+
+    def lead() -> bool:
+        stop.set()  # the loop ends after this turn
+        return leading
+
+    controller.run(stop, leading=lead, interval=0)
+
+
+def _sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_the_metrics_count_passes_failed_reconciles_and_domains_by_status(
+    rest: FakeRest, controller: Controller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _domain(rest)
+    passes, errors = _sample(PASSES_OK, outcome="ok"), _sample(RECONCILE_ERRORS, operation="converge")
+
+    def refuse(path: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        raise ForbiddenError(f"PATCH {path}: HTTP 403: forbidden", status=403)
+
+    monkeypatch.setattr(rest, "json_patch", refuse)  # the finalizer cannot be added: the domain's reconcile fails
+    _one_pass(controller)
+    assert _sample(PASSES_OK, outcome="ok") == passes + 1
+    assert _sample(RECONCILE_ERRORS, operation="converge") == errors + 1
+    assert _sample("dradriver_computedomain_controller_leading") == 1
+    assert (_sample(DOMAINS, status="NotReady"), _sample(DOMAINS, status="Ready")) == (1, 0)
+
+
+def test_a_pass_that_cannot_read_the_cluster_counts_as_an_error(
+    rest: FakeRest, controller: Controller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failed = _sample(PASSES_OK, outcome="error")
+
+    def unreachable(path: str, **_: str) -> list[dict[str, Any]]:
+        raise ApiUnavailableError(f"GET {path}: API server unreachable")
+
+    monkeypatch.setattr(rest, "list", unreachable)
+    _one_pass(controller)
+    assert _sample(PASSES_OK, outcome="error") == failed + 1
+
+
+def test_a_standby_says_it_does_not_lead_and_reports_no_domains(rest: FakeRest, controller: Controller) -> None:
+    _domain(rest)
+    _one_pass(controller)
+    assert _sample(DOMAINS, status="NotReady") == 1
+    _one_pass(controller, leading=False)
+    assert _sample("dradriver_computedomain_controller_leading") == 0
+    assert REGISTRY.get_sample_value(DOMAINS, {"status": "NotReady"}) is None  # the leader's figures only
+
+
+def test_liveness_fails_only_while_a_pass_is_stuck(
+    rest: FakeRest, controller: Controller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dradriver.computedomain import controller as controller_module
+
+    monkeypatch.setattr(controller_module, "STUCK_AFTER_SECONDS", -1.0)  # any pass in progress counts as stuck
+    seen: list[bool] = []
+    listing = rest.list
+
+    def observed(path: str, **selectors: str) -> list[dict[str, Any]]:
+        seen.append(controller.alive()[0])
+        return listing(path, **selectors)
+
+    monkeypatch.setattr(rest, "list", observed)
+    assert controller.alive() == (True, {})
+    _one_pass(controller)
+    assert seen and not any(seen)
+    assert controller.alive() == (True, {})

@@ -16,11 +16,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
 import sys
 import threading
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -355,6 +358,7 @@ class ControllerRun:
                     "--identity", identity,
                     "--lease-duration", "4",
                     "--interval", "0.5",
+                    "--metrics-address", "127.0.0.1:0",  # two replicas on one host: a free port each
                     *extra,
                 ],
                 stdout=out,
@@ -365,3 +369,13 @@ class ControllerRun:
         if self.proc.poll() is None:
             self.proc.send_signal(signum)
         self.proc.wait(20)
+
+    def get(self, path: str) -> tuple[int, str]:
+        """GET ``path`` from the status endpoint (its port, from the log's last start): status and body."""
+        ports = re.findall(r"serving metrics and readiness port=(\d+)", self.log.read_text())
+        assert ports, f"the controller logged no status port:\n{self.log.read_text()[-2000:]}"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{ports[-1]}{path}", timeout=10) as answer:
+                return answer.status, answer.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()

@@ -12,15 +12,21 @@ import threading
 import uuid
 from typing import Any
 
+from prometheus_client import REGISTRY
+
 from dradriver.cli.logs import configure_logging
 from dradriver.cli.options import add_env_option, check_kubeconfig
+from dradriver.cli.status_server import StatusServer, check_bindable
 from dradriver.computedomain.controller import Controller, ControllerSettings
 from dradriver.computedomain.kube import Rest
 from dradriver.computedomain.leader import LeaderElector
+from dradriver.computedomain.metrics import ApiWrites
 from dradriver.errors import ConfigError
 
 log = logging.getLogger("dradriver.cd-controller")
 LEASE_NAME = "dradriver-compute-domain-controller"
+# Not the plugin's :8080: with hostNetwork a replica may share a node's network with a plugin pod.
+DEFAULT_METRICS_ADDRESS = ":8081"
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -85,6 +91,14 @@ def register(parser: argparse.ArgumentParser) -> None:
     add_env_option(
         parser, "--interval", env="DRADRIVER_CD_INTERVAL", default=2.0, type=float, help="seconds between passes"
     )
+    add_env_option(
+        parser,
+        "--metrics-address",
+        env="DRADRIVER_METRICS_ADDRESS",
+        default=DEFAULT_METRICS_ADDRESS,
+        help="HOST:PORT serving /metrics, /livez, /readyz and /healthz, which the Deployment's probes call "
+        "(empty: off)",
+    )
     add_env_option(parser, "--log-format", env="DRADRIVER_LOG_FORMAT", default="text", choices=("text", "json"),
                    help="log line format")  # fmt: skip
     parser.set_defaults(handler=run)
@@ -113,6 +127,8 @@ def daemon_env(text: str) -> tuple[dict[str, Any], ...]:
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_format)
     check_kubeconfig("--kubeconfig", args.kubeconfig)
+    if args.metrics_address:
+        check_bindable("--metrics-address", args.metrics_address)
     rest = Rest.from_kubeconfig(args.kubeconfig)
     settings = ControllerSettings(
         namespace=args.namespace,
@@ -131,6 +147,16 @@ def run(args: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     controller = Controller(rest, settings)
+    status = None
+    if args.metrics_address:
+        REGISTRY.register(ApiWrites(rest.writes_so_far))
+        # Ready as soon as it runs (a standby replica too: nothing is sent to it); alive while no pass is stuck.
+        status = StatusServer(
+            args.metrics_address,
+            readiness=lambda: (True, {"leading": elector.leading.is_set()}),
+            liveness=controller.alive,
+        )
+        status.start()
 
     threading.Thread(target=elector.run, args=(stop,), name="leader-election", daemon=True).start()
     log.info("ready identity=%s namespace=%s pid=%d", identity, args.namespace, os.getpid())
@@ -139,4 +165,6 @@ def run(args: argparse.Namespace) -> int:
     finally:
         elector.release()
         rest.close()
+        if status is not None:
+            status.stop()
     return 0

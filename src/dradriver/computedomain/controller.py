@@ -12,16 +12,21 @@ from __future__ import annotations
 import datetime
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dradriver.computedomain import api
+from dradriver.computedomain import api, metrics
 from dradriver.computedomain.kube import Rest, path_of
 from dradriver.errors import DradriverError
 from dradriver.plugin.cluster.port import ClusterError, ConflictError
 
 log = logging.getLogger(__name__)
+
+# A pass running longer than this is stuck (each request has its own timeout): /livez then fails, so the
+# Deployment restarts the replica. An API outage ends passes with errors instead, which a restart would not cure.
+STUCK_AFTER_SECONDS = 300.0
 
 CONTROLLER_MANAGER = "dradriver-cd-controller"
 DAEMON_CONTAINER = "imex-daemon"
@@ -61,6 +66,7 @@ class Controller:
         self.rest = rest
         self.settings = settings
         self.ns = settings.namespace
+        self._pass_started: float | None = None  # monotonic; None between passes
 
     # -- one pass --------------------------------------------------------------------------------------
 
@@ -85,14 +91,17 @@ class Controller:
         snap = self.snapshot()
         for domain in snap.domains:
             meta = domain["metadata"]
+            operation = "delete" if meta.get("deletionTimestamp") else "converge"
             try:
-                if meta.get("deletionTimestamp"):
+                if operation == "delete":
                     self._delete(domain, snap)
                 else:
                     self._converge(domain, snap)
             except (ClusterError, DradriverError) as err:
+                metrics.RECONCILE_ERRORS.labels(operation).inc()
                 log.warning("reconcile failed domain=%s/%s error=%s", meta["namespace"], meta["name"], err)
         self._sweep(snap)
+        metrics.record_domains(snap.domains)
 
     # -- a live domain ---------------------------------------------------------------------------------
 
@@ -482,11 +491,29 @@ class Controller:
         """Pass every ``interval`` seconds while ``leading()``, until ``stop`` is set."""
         while not stop.is_set():
             if leading():
+                metrics.LEADING.set(1)
+                self._pass_started = started = time.monotonic()
+                outcome = "error"
                 try:
                     self.sync()
+                    outcome = "ok"
                 except ClusterError as err:
                     log.warning("pass failed error=%s", err)
+                finally:
+                    self._pass_started = None
+                    metrics.PASSES.labels(outcome).inc()
+                    metrics.PASS_DURATION.observe(time.monotonic() - started)
+            else:
+                metrics.LEADING.set(0)
+                metrics.DOMAINS.clear()  # the leader's figures only: summed over replicas they stay right
             stop.wait(interval)
+
+    def alive(self) -> tuple[bool, dict[str, Any]]:
+        """For /livez: no pass has run longer than :data:`STUCK_AFTER_SECONDS`."""
+        started = self._pass_started
+        if started is not None and (running := time.monotonic() - started) > STUCK_AFTER_SECONDS:
+            return False, {"failedCheck": "pass", "reason": f"the current pass has run {running:.0f} s"}
+        return True, {}
 
 
 def _add_finalizer_op(meta: dict[str, Any]) -> dict[str, Any]:

@@ -57,6 +57,11 @@ class Rest:
     def close(self) -> None:
         self._api.close()
 
+    def writes_so_far(self) -> dict[str, int]:
+        """A copy of :attr:`writes`, taken while no request adds to it."""
+        with self._count_lock:
+            return dict(self.writes)
+
     def request(
         self,
         method: str,
