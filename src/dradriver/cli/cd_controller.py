@@ -148,8 +148,9 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signum, lambda *_: stop.set())
     controller = Controller(rest, settings)
     status = None
+    writes = ApiWrites(rest.writes_so_far)
     if args.metrics_address:
-        REGISTRY.register(ApiWrites(rest.writes_so_far))
+        REGISTRY.register(writes)
         # Ready as soon as it runs (a standby replica too: nothing is sent to it); alive while no pass is stuck.
         status = StatusServer(
             args.metrics_address,
@@ -167,4 +168,5 @@ def run(args: argparse.Namespace) -> int:
         rest.close()
         if status is not None:
             status.stop()
+            REGISTRY.unregister(writes)
     return 0
