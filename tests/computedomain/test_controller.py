@@ -257,11 +257,19 @@ def test_a_template_of_that_name_not_made_for_the_domain_is_reported(rest: FakeR
         f"{api.DOMAIN_LABEL}={UID}): delete or rename that object, or recreate the ComputeDomain naming another "
         "spec.channel.resourceClaimTemplate.name"
     )
-    # The DaemonSet and the daemon's template are made all the same; the status is not rewritten every pass.
+    # The DaemonSet and the daemon's template are made all the same; the status is not rewritten every pass, nor
+    # is the taken name POSTed again: it is read until it goes.
     assert rest.find(path_of("apps/v1", "daemonsets", NS, f"computedomain-daemon-{UID}"))
     version = rest.get(CD_PATH)["metadata"].get("resourceVersion")
+    writes = sum(rest.writes.values())
     controller.sync()
     assert rest.get(CD_PATH)["metadata"].get("resourceVersion") == version
+    assert sum(rest.writes.values()) == writes
+    # Once the other object is gone, the next pass makes the domain's own template.
+    rest.delete(path_of("resource.k8s.io/v1", "resourceclaimtemplates", "team", "job-ch"))
+    controller.sync()
+    made = rest.get(path_of("resource.k8s.io/v1", "resourceclaimtemplates", "team", "job-ch"))
+    assert made["metadata"]["labels"][api.DOMAIN_LABEL] == UID
 
 
 def test_a_failed_create_is_reported_in_the_status(

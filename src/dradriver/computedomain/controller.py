@@ -20,7 +20,7 @@ from typing import Any
 from dradriver.computedomain import api, metrics
 from dradriver.computedomain.kube import Rest, path_of
 from dradriver.errors import DradriverError
-from dradriver.plugin.cluster.port import ClusterError, ConflictError
+from dradriver.plugin.cluster.port import ClusterError, ConflictError, NotFoundError
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,9 @@ class Controller:
         self.settings = settings
         self.ns = settings.namespace
         self._pass_started: float | None = None  # monotonic; None between passes
+        # Objects whose name a create found taken by one not made for its domain: read, not created again, each
+        # pass until that object goes (a POST every pass would be a steady write for nothing).
+        self._taken: set[str] = set()
 
     # -- one pass --------------------------------------------------------------------------------------
 
@@ -149,6 +152,23 @@ class Controller:
         """Create ``body``; what went wrong, for the domain's Ready condition (nothing when it was made)."""
         meta = body["metadata"]
         what = f"{body['kind']} {meta['namespace']}/{meta['name']}"
+        taken = (
+            f"{what} exists but was not made for this ComputeDomain (no label {api.DOMAIN_LABEL}={uid}): delete or "
+            "rename that object, or recreate the ComputeDomain naming another spec.channel.resourceClaimTemplate.name"
+        )
+        key = f"{path}/{meta['name']}"
+        if key in self._taken:
+            try:
+                existing = self.rest.get(key)
+            except NotFoundError:
+                self._taken.discard(key)  # gone: ours can be made now
+            except ClusterError as err:
+                return [f"{taken} (reading it again failed: {err})"]
+            else:
+                if (existing["metadata"].get("labels") or {}).get(api.DOMAIN_LABEL) != uid:
+                    return [taken]
+                self._taken.discard(key)
+                return []
         try:
             self.rest.create(path, body)
             log.info("created kind=%s name=%s", body["kind"], meta["name"])
@@ -157,17 +177,14 @@ class Controller:
             # Made since the list (a pass of an earlier leader): the next pass sees it. Unless it is not ours:
             # an object of that name without our label is never listed, and would be created again forever.
             try:
-                existing = self.rest.get(f"{path}/{meta['name']}")
+                existing = self.rest.get(key)
             except ClusterError:
                 return []
             if (existing["metadata"].get("labels") or {}).get(api.DOMAIN_LABEL) == uid:
                 return []
             log.warning("name taken by an object not made for the domain object=%s uid=%s", what, uid)
-            return [
-                f"{what} exists but was not made for this ComputeDomain (no label {api.DOMAIN_LABEL}={uid}): "
-                "delete or rename that object, or recreate the ComputeDomain naming another "
-                "spec.channel.resourceClaimTemplate.name"
-            ]
+            self._taken.add(key)
+            return [taken]
         except ClusterError as err:
             log.warning("create failed object=%s error=%s", what, err)
             return [f"creating {what} failed ({err}): see the controller's log, and its RBAC if it was refused"]
