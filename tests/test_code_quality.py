@@ -26,6 +26,8 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
     [
         pytest.param(("ruff", "check", *PYTHON_TREES), id="ruff-check"),
         pytest.param(("ruff", "format", "--check", *PYTHON_TREES), id="ruff-format"),
+        # The Python examples in README.md and docs/ too (ruff formats Markdown's ```python blocks).
+        pytest.param(("ruff", "format", "--check", "README.md", "docs"), id="ruff-format-docs"),
         pytest.param(("mypy",), id="mypy-strict"),
     ],
 )
