@@ -9,13 +9,16 @@ prepares their daemon claim through our plugin, containerd applies the CDI edits
 ``nvidia-imex`` mounted from its stub driver root, ``/imexd``, the fabric-imex-mgmt device), and the daemon's
 probes are ``dradriver cd-daemon check`` execs. Daemon pods run in the node's network (this node has no pod
 network to the API server: ``--daemon-host-network``, ``--daemon-env``). A one-node domain on the session's node;
-two real nodes in one domain: test_computedomains_two_nodes.py.
+two real nodes in one domain: test_computedomains_two_nodes.py. A daemon container SIGKILLed is restarted by the
+kubelet and rejoins with its index while the worker keeps running.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -203,6 +206,8 @@ def test_the_kubelet_runs_the_domains_daemon_pod_and_the_worker_gets_its_channel
     worker_claims = claim_names(worker)
     daemon_claims = claim_names(daemon)
 
+    _crash_the_daemon_and_see_it_rejoin(tray, uid, daemon, worker)
+
     # The worker goes: its channel is unprepared, the node label removed, the daemon pod goes with it.
     tray.workloads.delete([worker_doc])
     tray.wait("the node label to be removed", lambda: tray.node_label() is None, 60)
@@ -223,3 +228,26 @@ def test_the_kubelet_runs_the_domains_daemon_pod_and_the_worker_gets_its_channel
     checkpoint = json.loads((tray.cd_plugin_dir / "checkpoint.json").read_text())
     assert checkpoint["claims"] == {}, checkpoint
     assert not (tray.cd_plugin_dir / "domains" / uid).exists()
+
+
+def _crash_the_daemon_and_see_it_rejoin(tray: Tray, uid: str, daemon: dict[str, Any], worker: dict[str, Any]) -> None:
+    """The daemon crashes (its container's init SIGKILLed, as an OOM kill would): the kubelet restarts the
+    container in the same pod, the daemon rejoins with the index it had, the domain is Ready again, and the
+    worker never noticed."""
+    kube = tray.node.kube
+    [status] = daemon["status"]["containerStatuses"]
+    container_id = status["containerID"].removeprefix("containerd://")
+    os.kill(tray.node.container_pids()[container_id], signal.SIGKILL)
+
+    def restarted_and_ready() -> bool:
+        pods = [p for p in tray.daemon_pods(uid) if p["metadata"]["uid"] == daemon["metadata"]["uid"]]
+        return bool(pods) and running(pods[0]) and pods[0]["status"]["containerStatuses"][0]["restartCount"] >= 1
+
+    tray.wait("the daemon container to be restarted and Ready", restarted_and_ready, 120)
+    waited = tray.kubectl("wait", "--for=condition=Ready", f"computedomain/{DOMAIN}", "--timeout=60s")
+    assert waited.returncode == 0, waited.stdout + waited.stderr + tray.describe()
+    [again] = kube.get("computedomains", DOMAIN, USER_NS)["status"]["nodes"]
+    assert (again["name"], again["index"], again["status"]) == (tray.node.name, 0, "Ready")
+    still = kube.get("pods", worker["metadata"]["name"], USER_NS)
+    assert still["metadata"]["uid"] == worker["metadata"]["uid"] and running(still)
+    assert still["status"]["containerStatuses"][0]["restartCount"] == 0
