@@ -401,6 +401,13 @@ def test_the_compute_domain_controller_serves_its_probes_and_metrics_on_its_own_
     [monitor] = [o for o in objects if o["kind"] == "ServiceMonitor" and o["metadata"]["name"].endswith("controller")]
     assert [s["spec"]["ports"][0]["port"] for s in services] == [9500]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= services[0]["metadata"]["labels"].items()
+    assert "strategy" not in deployment["spec"]  # surging is fine in the pod network
+    # In the node's network the port is a host port: replace, never surge; and a long release name still fits.
+    on_host = objects_with("computeDomains.enabled=true", "computeDomains.hostNetwork=true",
+                           "metrics.serviceMonitor.enabled=true", "fullnameOverride=" + "x" * 40)  # fmt: skip
+    [deployment] = [o for o in on_host if o["kind"] == "Deployment"]
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert all(len(o["metadata"]["name"]) <= 63 for o in on_host if o["kind"] in ("Service", "ServiceMonitor"))
 
 
 def test_the_grafana_dashboard_ships_as_a_configmap_for_the_sidecar_when_asked() -> None:

@@ -9,9 +9,12 @@ import time
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 from support.fake_rest import FakeRest
 
 from dradriver.computedomain.leader import LeaderElector
+
+LEADING = "dradriver_computedomain_controller_leading"
 
 
 class Clock:
@@ -62,8 +65,10 @@ def test_a_released_lease_is_taken_at_once() -> None:
     rest = FakeRest()
     a, b = _elector(rest, "a"), _elector(rest, "b")
     a.try_acquire()
+    assert REGISTRY.get_sample_value(LEADING) == 1  # the metric follows the Lease at once
     a.release()
     assert not a.leading.is_set()
+    assert REGISTRY.get_sample_value(LEADING) == 0
     assert b.try_acquire()
 
 

@@ -150,13 +150,13 @@ def run(args: argparse.Namespace) -> int:
     status = None
     writes = ApiWrites(rest.writes_so_far)
     if args.metrics_address:
-        REGISTRY.register(writes)
         # Ready as soon as it runs (a standby replica too: nothing is sent to it); alive while no pass is stuck.
         status = StatusServer(
             args.metrics_address,
             readiness=lambda: (True, {"leading": elector.leading.is_set()}),
             liveness=controller.alive,
         )
+        REGISTRY.register(writes)
         status.start()
 
     threading.Thread(target=elector.run, args=(stop,), name="leader-election", daemon=True).start()

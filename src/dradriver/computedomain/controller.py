@@ -24,8 +24,9 @@ from dradriver.plugin.cluster.port import ClusterError, ConflictError, NotFoundE
 
 log = logging.getLogger(__name__)
 
-# A pass running longer than this is stuck (each request has its own timeout): /livez then fails, so the
-# Deployment restarts the replica. An API outage ends passes with errors instead, which a restart would not cure.
+# A pass that has made no progress (finished no domain) for this long is stuck: every request has its own timeout
+# of about 35 s, and a domain makes a few. /livez then fails and the Deployment restarts the replica. An API outage
+# or a slow API server ends requests with errors or late instead, which a restart would not cure.
 STUCK_AFTER_SECONDS = 300.0
 
 CONTROLLER_MANAGER = "dradriver-cd-controller"
@@ -66,7 +67,7 @@ class Controller:
         self.rest = rest
         self.settings = settings
         self.ns = settings.namespace
-        self._pass_started: float | None = None  # monotonic; None between passes
+        self._progress_at: float | None = None  # monotonic: the running pass's last step; None between passes
         # Objects whose name a create found taken by one not made for its domain: read, not created again, each
         # pass until that object goes (a POST every pass would be a steady write for nothing).
         self._taken: set[str] = set()
@@ -92,6 +93,7 @@ class Controller:
     def sync(self) -> None:
         """One pass over everything; an error on one domain does not stop the others."""
         snap = self.snapshot()
+        self._progressed()
         for domain in snap.domains:
             meta = domain["metadata"]
             operation = "delete" if meta.get("deletionTimestamp") else "converge"
@@ -103,6 +105,7 @@ class Controller:
             except (ClusterError, DradriverError) as err:
                 metrics.RECONCILE_ERRORS.labels(operation).inc()
                 log.warning("reconcile failed domain=%s/%s error=%s", meta["namespace"], meta["name"], err)
+            self._progressed()
         self._sweep(snap)
         metrics.record_domains(snap.domains)
 
@@ -508,8 +511,7 @@ class Controller:
         """Pass every ``interval`` seconds while ``leading()``, until ``stop`` is set."""
         while not stop.is_set():
             if leading():
-                metrics.LEADING.set(1)
-                self._pass_started = started = time.monotonic()
+                self._progress_at = started = time.monotonic()
                 outcome = "error"
                 try:
                     self.sync()
@@ -517,20 +519,23 @@ class Controller:
                 except ClusterError as err:
                     log.warning("pass failed error=%s", err)
                 finally:
-                    self._pass_started = None
+                    self._progress_at = None
                     metrics.PASSES.labels(outcome).inc()
                     metrics.PASS_DURATION.observe(time.monotonic() - started)
             else:
-                metrics.LEADING.set(0)
-                metrics.DOMAINS.clear()  # the leader's figures only: summed over replicas they stay right
+                metrics.forget_domains()  # the leader's figures only: summed over replicas they stay right
             stop.wait(interval)
 
     def alive(self) -> tuple[bool, dict[str, Any]]:
-        """For /livez: no pass has run longer than :data:`STUCK_AFTER_SECONDS`."""
-        started = self._pass_started
-        if started is not None and (running := time.monotonic() - started) > STUCK_AFTER_SECONDS:
-            return False, {"failedCheck": "pass", "reason": f"the current pass has run {running:.0f} s"}
+        """For /livez: the running pass (if any) made progress within :data:`STUCK_AFTER_SECONDS`."""
+        last = self._progress_at
+        if last is not None and (idle := time.monotonic() - last) > STUCK_AFTER_SECONDS:
+            return False, {"failedCheck": "pass", "reason": f"the current pass has made no progress for {idle:.0f} s"}
         return True, {}
+
+    def _progressed(self) -> None:
+        if self._progress_at is not None:
+            self._progress_at = time.monotonic()
 
 
 def _add_finalizer_op(meta: dict[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from dradriver.computedomain import metrics
 from dradriver.computedomain.kube import Rest, path_of
 from dradriver.plugin.cluster.port import ClusterError, NotFoundError
 
@@ -116,6 +117,7 @@ class LeaderElector:
             self.leading.set()
         else:
             self.leading.clear()
+        metrics.LEADING.set(1 if leading else 0)
         return leading
 
     def release(self) -> None:
@@ -132,3 +134,4 @@ class LeaderElector:
         except ClusterError as err:
             log.warning("releasing the lease failed lease=%s error=%s", self.name, err)
         self.leading.clear()
+        metrics.LEADING.set(0)

@@ -38,14 +38,29 @@ DOMAINS = Gauge(
 )
 
 
+_shown: set[str] = set()  # the status labels DOMAINS has now
+
+
 def record_domains(domains: Iterable[dict[str, Any]]) -> None:
-    """Set :data:`DOMAINS` from one pass's list of ComputeDomains; every status is present, 0 when none."""
+    """Set :data:`DOMAINS` from one pass's list of ComputeDomains: the three known statuses always (0 when none),
+    another only while some domain has it."""
     counts = Tally(
         "Deleting" if d["metadata"].get("deletionTimestamp") else (d.get("status") or {}).get("status") or api.NOT_READY
         for d in domains
     )
-    for status in {api.READY, api.NOT_READY, "Deleting", *counts}:
+    now = {api.READY, api.NOT_READY, "Deleting", *counts}
+    for status in _shown - now:
+        DOMAINS.remove(status)
+    for status in now:
         DOMAINS.labels(status).set(counts.get(status, 0))
+    _shown.clear()
+    _shown.update(now)
+
+
+def forget_domains() -> None:
+    """No :data:`DOMAINS` series at all (a standby)."""
+    DOMAINS.clear()
+    _shown.clear()
 
 
 class ApiWrites(Collector):
