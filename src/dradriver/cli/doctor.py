@@ -6,7 +6,8 @@ What it checks, in order: NVML (from where it loads), the driver and CUDA versio
 driver library (where, and whether through the linker cache or a search), binaries, firmware, device nodes and
 MIG capability nodes, the CDI hook, the CDI directory, the container runtime's CDI settings (containerd and
 CRI-O config files), the kubelet's plugin directories, the API server's version and DRA API (with
-``--kubeconfig``) with the DRA feature gates it reports, persistence mode and, on NVSwitch systems, the fabric manager.
+``--kubeconfig``, or in a pod with its service account) with the DRA feature gates it reports, persistence mode
+and, on NVSwitch systems, the fabric manager.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     """The options of this command on ``parser`` (cli/main.py adds it to the command line)."""
     parser.description = (
         "Check this node for the driver: NVML, the driver's files, device nodes, the CDI hook and directory, the "
-        "container runtime's CDI setting, the kubelet's directories and (with --kubeconfig) the API server. "
+        "container runtime's CDI setting, the kubelet's directories and (with --kubeconfig, or in a pod with its "
+        "service account) the API server. "
         "Exit status 0 only when no check fails."
     )
     add_gpu_options(parser)
@@ -98,7 +100,10 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="kubelet plugin registration directory",
     )
     add_env_option(
-        parser, "--kubeconfig", env="DRADRIVER_KUBECONFIG", help="check the API server too (version, DRA API)"
+        parser,
+        "--kubeconfig",
+        env="DRADRIVER_KUBECONFIG",
+        help="check the API server too (version, DRA API); in a pod its service account is used without it",
     )
     add_env_option(
         parser,
@@ -451,7 +456,8 @@ def _find_key(doc: Any, key: str) -> Any:
 
 
 def _api_checks(args: argparse.Namespace) -> Iterator[Check]:
-    if not args.kubeconfig:
+    if not args.kubeconfig and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        # In a pod (`kubectl exec … -- dradriver doctor`) the service account is used, as `run` uses it.
         yield Check("API server", SKIP, "pass --kubeconfig to check the API server's version and DRA API")
         return
     from dradriver.plugin.cluster.kube import load_transport
@@ -459,7 +465,7 @@ def _api_checks(args: argparse.Namespace) -> Iterator[Check]:
     try:
         transport = load_transport(args.kubeconfig)
     except DradriverError as err:
-        yield Check("API server", FAIL, str(err), "fix --kubeconfig")
+        yield Check("API server", FAIL, str(err), "fix --kubeconfig (in a pod: its service account)")
         return
 
     def get(path: str) -> bytes:
