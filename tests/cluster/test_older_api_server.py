@@ -305,6 +305,20 @@ def compact(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
+def allocated_to(claim: dict[str, Any], pool: str, device: str) -> dict[str, Any]:
+    """The status the scheduler would write for ``claim`` given ``device`` of ``pool``: its allocation (with the
+    claim's config copied as the scheduler copies it) and a pod it is reserved for."""
+    return {
+        "allocation": {
+            "devices": {
+                "results": [{"request": "gpu", "driver": DRIVER, "pool": pool, "device": device}],
+                "config": [{"source": "FromClaim", **claim["spec"]["devices"]["config"][0]}],
+            },
+        },
+        "reservedFor": [{"resource": "pods", "name": "p", "uid": "0b7e3a53-6b0e-4c1e-9d47-1f9f6f5d2c11"}],
+    }
+
+
 def driver_status_patches(plane: ControlPlane, since: int) -> int:
     """How many resourceclaims/status patches of the driver the server answered 200 after ``since`` audit events."""
     count = 0
@@ -335,15 +349,7 @@ def test_a_claim_is_prepared_and_its_device_status_written_through_the_servers_v
         [device, *_] = [d["name"] for s in served(kube, version, node.name) for d in s["spec"].get("devices", [])
                         if (d.get("basic") or d)["attributes"]["type"]["string"] == "gpu"]  # fmt: skip
         claim = kube.request("POST", claims, compact(claim_body(version, "one-gpu")), fieldValidation="Strict")
-        claim["status"] = {
-            "allocation": {
-                "devices": {
-                    "results": [{"request": "gpu", "driver": DRIVER, "pool": node.name, "device": device}],
-                    "config": [{"source": "FromClaim", **claim["spec"]["devices"]["config"][0]}],
-                },
-            },
-            "reservedFor": [{"resource": "pods", "name": "p", "uid": "0b7e3a53-6b0e-4c1e-9d47-1f9f6f5d2c11"}],
-        }
+        claim["status"] = allocated_to(claim, node.name, device)
         # Compact JSON, as kubectl sends it: the server keeps a config's raw bytes and compares them byte for byte
         # when status.devices is patched later, and a patch round-trip compacts them (the next test).
         claim = kube.request("PUT", f"{claims}/one-gpu/status", compact(claim))
@@ -395,15 +401,7 @@ def test_on_1_33_a_config_sent_as_non_compact_json_keeps_status_devices_out_but_
         [device, *_] = [d["name"] for s in served(kube, "v1beta2", node.name) for d in s["spec"].get("devices", [])
                         if d["attributes"]["type"]["string"] == "gpu"]  # fmt: skip
         claim = kube.request("POST", claims, claim_body("v1beta2", "spaced"))  # json.dumps: ", " and ": "
-        claim["status"] = {
-            "allocation": {
-                "devices": {
-                    "results": [{"request": "gpu", "driver": DRIVER, "pool": node.name, "device": device}],
-                    "config": [{"source": "FromClaim", **claim["spec"]["devices"]["config"][0]}],
-                },
-            },
-            "reservedFor": [{"resource": "pods", "name": "p", "uid": "0b7e3a53-6b0e-4c1e-9d47-1f9f6f5d2c11"}],
-        }
+        claim["status"] = allocated_to(claim, node.name, device)
         claim = kube.request("PUT", f"{claims}/spaced/status", claim)
         kubelet = KubeletClient(node.root / "registry", supported_versions=("v1beta1.DRAPlugin",),
                                 health_versions=("v1alpha1.DRAResourceHealth",))  # fmt: skip
