@@ -39,11 +39,11 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 import grpc  # noqa: E402
 
 from dradriver.api.generated import dra_v1_pb2, dra_v1_pb2_grpc, pluginregistration_v1_pb2  # noqa: E402
-from dradriver.driver.cdi import CdiWriter  # noqa: E402
-from dradriver.driver.checkpoint import CheckpointStore  # noqa: E402
-from dradriver.driver.mps import MpsControl  # noqa: E402
-from dradriver.driver.state import GpuDriver  # noqa: E402
+from dradriver.driver.prepare.checkpoint import CheckpointStore  # noqa: E402
+from dradriver.driver.prepare.mps import MpsControl  # noqa: E402
+from dradriver.driver.prepare.state import GpuDriver  # noqa: E402
 from dradriver.gpu.inventory import MigMode, discover  # noqa: E402
+from dradriver.nvidia_install.cdi import CdiWriter  # noqa: E402
 from dradriver.plugin.cluster.memory import MemoryCluster  # noqa: E402
 from dradriver.plugin.kubeletplugin.kubelet_client import Claim, KubeletClient, RegisteredPlugin  # noqa: E402
 from dradriver.plugin.kubeletplugin.plugin import KubeletPlugin, KubeletPluginOptions  # noqa: E402

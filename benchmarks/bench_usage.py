@@ -21,9 +21,9 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 
-from dradriver.driver.usage import UsageCollector, UsageSampler  # noqa: E402
+from dradriver.driver.observe.usage import UsageCollector, UsageSampler  # noqa: E402
 from dradriver.sim.fakelib import simulated_gpulib_on  # noqa: E402
-from tests.driver.test_usage import node_of_56_mig_devices  # noqa: E402
+from tests.driver.observe.test_usage import node_of_56_mig_devices  # noqa: E402
 
 
 def main() -> int:

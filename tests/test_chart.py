@@ -445,7 +445,7 @@ def test_the_notes_say_what_to_check_next() -> None:
 
 
 def test_compat_nvidia_runs_under_nvidias_names_everywhere() -> None:
-    from dradriver.driver.presets import NVIDIA
+    from dradriver.driver.prepare.presets import NVIDIA
 
     objects = objects_with("compat=nvidia")
     variables = container_env(objects)

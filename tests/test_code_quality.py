@@ -58,8 +58,12 @@ def test_the_import_contracts_hold() -> None:
 
 # (module, the import planted in it, words of the contract it breaks)
 PLANTED = {
-    "plugin-to-driver": ("plugin/handler.py", "import dradriver.driver.state", "The plugin layer knows nothing"),
-    "driver-to-sim": ("driver/checkpoint.py", "import dradriver.sim.node", "only through the backend factory"),
+    "plugin-to-driver": (
+        "plugin/handler.py",
+        "import dradriver.driver.prepare.state",
+        "The plugin layer knows nothing",
+    ),
+    "driver-to-sim": ("driver/prepare/checkpoint.py", "import dradriver.sim.node", "only through the backend factory"),
     "gpu-to-cli": ("gpu/models.py", "import dradriver.cli.main", "Layers:"),
     "cel-to-allocator": ("cel/ast.py", "import dradriver.allocator.model", "Layers:"),
 }

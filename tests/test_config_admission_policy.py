@@ -1,5 +1,6 @@
 """The admission policy for gpu.dradriver.dev opaque configs, run with our CEL evaluator over the same table of
-good and bad configs as the pydantic models (tests/driver/config_table.py): the two must agree on every entry."""
+good and bad configs as the pydantic models (tests/driver/prepare/config_table.py): the two must agree on every
+entry."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import yaml
 from support.cel_admission import evaluate, evaluate_variable
 
 from dradriver.cel.errors import CelError
-from tests.driver.config_table import BAD, GOOD, NVIDIA, gpu
+from tests.driver.prepare.config_table import BAD, GOOD, NVIDIA, gpu
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -18,12 +18,12 @@ from support.sim_slices import published_slices
 
 from dradriver.allocator.allocator import allocate
 from dradriver.cli.main import main
-from dradriver.driver.cdi import CdiWriter
-from dradriver.driver.checkpoint import CheckpointStore
-from dradriver.driver.mps import MpsControl
-from dradriver.driver.presets import NVIDIA
-from dradriver.driver.state import GpuDriver
+from dradriver.driver.prepare.checkpoint import CheckpointStore
+from dradriver.driver.prepare.mps import MpsControl
+from dradriver.driver.prepare.presets import NVIDIA
+from dradriver.driver.prepare.state import GpuDriver
 from dradriver.gpu.inventory import MigMode, discover
+from dradriver.nvidia_install.cdi import CdiWriter
 from dradriver.plugin.handler import ClaimRef
 from dradriver.plugin.kubeletplugin.claims import allocated_claim
 from dradriver.sim import mps_standin

@@ -389,7 +389,7 @@ def test_a_wrapped_mps_daemon_is_named_by_its_host_paths(tmp_path):
     import argparse
 
     from dradriver.cli.run import _mps_commands
-    from dradriver.driver.driver_root import discover_driver_root
+    from dradriver.nvidia_install.driver_root import discover_driver_root
     from dradriver.sim.driver_root import write_stub_driver_root
 
     mounted = write_stub_driver_root(tmp_path / "driver-root", "580.65.06", machine="x86_64")

@@ -209,7 +209,7 @@ def claim_with(parameters: dict[str, Any], template: bool) -> dict[str, Any]:
 
 def test_the_config_policy_refuses_malformed_opaque_configs_and_admits_good_ones(installed: None, kube: Kube) -> None:
     """The API server runs the policy's CEL (and accepts its cost) with the verdicts of the pydantic models."""
-    from tests.driver.config_table import BAD, GOOD, gpu
+    from tests.driver.prepare.config_table import BAD, GOOD, gpu
 
     def refused(parameters: dict[str, Any], template: bool) -> str | None:
         plural = "resourceclaimtemplates" if template else "resourceclaims"

@@ -17,7 +17,7 @@ from support.cluster_pods import NAMESPACE, GatedPod, allocated_devices
 from support.control_plane import ControlPlane
 from support.kube_rest import Kube
 
-from dradriver.driver.presets import NVIDIA
+from dradriver.driver.prepare.presets import NVIDIA
 from dradriver.plugin.kubeletplugin.kubelet_client import Claim
 
 REPO = Path(__file__).resolve().parents[2]

@@ -36,7 +36,7 @@ from support.helm import CHART, RELEASE, run_helm
 from support.kube_rest import ApiError, Kube
 
 from dradriver.cli.main import main
-from dradriver.driver.slices import SliceSettings, build_slice_specs, shape_for
+from dradriver.driver.publish.slices import SliceSettings, build_slice_specs, shape_for
 from dradriver.gpu.backend import open_gpu_backend
 from dradriver.gpu.inventory import MigMode, discover
 from dradriver.plugin.kubeletplugin.kubelet_client import Claim, KubeletClient

@@ -15,7 +15,7 @@ from support.cluster_node import DRIVER, SimNode
 from support.control_plane import ControlPlane
 from support.kube_rest import Kube
 
-from dradriver.driver.slices import SliceSettings, build_slice_specs, shape_for
+from dradriver.driver.publish.slices import SliceSettings, build_slice_specs, shape_for
 from dradriver.gpu.backend import open_gpu_backend
 from dradriver.gpu.inventory import MigMode, discover
 
@@ -128,7 +128,7 @@ def test_slices_come_back_after_deletion_and_foreign_edits_and_a_restart(slice_n
 def test_consumable_gpus_are_stored_with_their_sharing_fields(kube: Kube) -> None:
     """--gpu-sharing consumable (KEP-5075): the server keeps allowMultipleAllocations and the request policies
     (a server without DRAConsumableCapacity would drop them silently, and the scheduler would never pack)."""
-    from dradriver.driver.slices import as_resource_slices
+    from dradriver.driver.publish.slices import as_resource_slices
 
     gpulib, _ = open_gpu_backend("sim", sim_profile="mixed", node_name="consumable-node")
     settings = SliceSettings(driver=DRIVER, mig_mode=MigMode.NONE, gpu_sharing="consumable")

@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 from support.nodes import inventory_of
 
-from dradriver.driver.cdi import CdiWriter, device_env_name
-from dradriver.driver.driver_root import discover_driver_root
-from dradriver.driver.mps import MpsControl
-from dradriver.driver.state import GpuDriver
+from dradriver.driver.prepare.mps import MpsControl
+from dradriver.driver.prepare.state import GpuDriver
 from dradriver.gpu.inventory import MigMode, discover
+from dradriver.nvidia_install.cdi import CdiWriter, device_env_name
+from dradriver.nvidia_install.driver_root import discover_driver_root
 from dradriver.plugin.handler import AllocatedClaim, ClaimRef
 from dradriver.plugin.kubeletplugin.claims import ClaimLocks, allocated_claim
 from dradriver.plugin.kubeletplugin.device_metadata import DeviceMetadataWriter

@@ -29,10 +29,10 @@ from support.driver_layouts import LAYOUTS, Layout, Stubs, build_layout, build_s
 from support.nodes import inventory_of
 
 from dradriver.cli.driver_root import driver_root_for
-from dradriver.driver.cdi import CdiWriter
-from dradriver.driver.driver_root import DriverRoot, discover_driver_root
-from dradriver.driver.state import GpuDriver
+from dradriver.driver.prepare.state import GpuDriver
 from dradriver.gpu.inventory import MigMode
+from dradriver.nvidia_install.cdi import CdiWriter
+from dradriver.nvidia_install.driver_root import DriverRoot, discover_driver_root
 from dradriver.plugin.handler import ClaimRef
 from dradriver.plugin.kubeletplugin.claims import allocated_claim
 

@@ -10,7 +10,7 @@ import pytest
 from support.apiserver import FakeApiServer
 
 from dradriver.cli.main import main
-from dradriver.driver.transaction import CRASH_ENV
+from dradriver.driver.prepare.transaction import CRASH_ENV
 from dradriver.plugin.kubeletplugin.kubelet_client import KubeletClient
 from dradriver.sim.node import SimulatedNode
 from dradriver.sim.profiles import load_node_profile

@@ -1,8 +1,8 @@
 """A really full (tmpfs with a size) and a really read-only (a read-only bind mount) state or CDI directory, as
 on a node: the claim fails with an error naming the path, the cause and the fix, nothing is half-written, and the
-re-sent prepare succeeds once space returns or the directory is read-write again. (tests/driver/test_state_mig.py
-raises the same errors through a seam at every write; this is the kernel raising them.) Needs root and mount:
-skipped, with the reason, where either is missing."""
+re-sent prepare succeeds once space returns or the directory is read-write again.
+(tests/driver/prepare/test_state_mig.py raises the same errors through a seam at every write; this is the kernel
+raising them.) Needs root and mount: skipped, with the reason, where either is missing."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 
 from dradriver.cli.options import check_writable_dir
 from dradriver.errors import ConfigError
-from tests.driver.test_state_mig import H100, Node, claim, ref
+from tests.driver.prepare.test_state_mig import H100, Node, claim, ref
 
 MOUNT = shutil.which("mount")
 

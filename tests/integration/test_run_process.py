@@ -149,7 +149,7 @@ NOT_FOR_RUN = (
     "dradriver.cli.explain_input",
     "dradriver.cli.inventory",
     "dradriver.computedomain",
-    "dradriver.driver.config",
+    "dradriver.driver.prepare.config",
     "celpy",
     "lark",
     "pydantic",

@@ -23,7 +23,7 @@ from support.node_pods import Workloads, cdi_specs_of, claims_of, documents, pod
 from support.real_node import RealNode, wait_for
 from test_nvidia_examples import NODE_TEST_MANIFESTS
 
-from dradriver.driver.presets import NVIDIA
+from dradriver.driver.prepare.presets import NVIDIA
 from node.test_pods import edits_of, spec_of
 
 NODE = "nvidia-compat"

@@ -1,6 +1,6 @@
 """Linker caches for machines no ldconfig here can write for (aarch64 on an x86-64 machine): the new format laid
 out as glibc's elf/cache.c writes it. The reader is also tested against caches the real ldconfig wrote
-(tests/driver/test_ldcache.py), so this writer only supplies entries with other machines' flags."""
+(tests/nvidia_install/test_ldcache.py), so this writer only supplies entries with other machines' flags."""
 
 from __future__ import annotations
 

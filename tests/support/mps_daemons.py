@@ -9,7 +9,7 @@ import signal
 import tempfile
 from pathlib import Path
 
-from dradriver.driver import mps_shm
+from dradriver.driver.prepare import mps_shm
 
 
 def live_daemons(root: Path) -> dict[str, int]:

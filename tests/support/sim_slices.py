@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from dradriver.driver.slices import SliceSettings, build_slice_specs
+from dradriver.driver.publish.slices import SliceSettings, build_slice_specs
 from dradriver.gpu.inventory import MigMode
 from dradriver.plugin.cluster.memory import MemoryCluster
 from dradriver.plugin.resourceslice.publisher import Publisher, SliceSpec

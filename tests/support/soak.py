@@ -19,7 +19,7 @@ from typing import Any
 
 import grpc
 
-from dradriver.driver.checkpoint import read_records
+from dradriver.driver.prepare.checkpoint import read_records
 from dradriver.gpu.models import ComputeMode
 from dradriver.plugin.kubeletplugin.kubelet_client import Claim, KubeletClient, RegisteredPlugin, discover
 from dradriver.sim.node import SimulatedNode

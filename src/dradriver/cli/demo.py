@@ -19,14 +19,14 @@ from dradriver.allocator import AllocationError, Unsatisfiable, allocate
 from dradriver.cli.explain_input import BUILTIN_CLASSES, Inputs, check_claim, load
 from dradriver.cli.inventory import render_table
 from dradriver.cli.options import add_env_option, add_gpu_options, dns_subdomain
-from dradriver.driver.cdi import CdiWriter
-from dradriver.driver.driver_root import discover_driver_root
-from dradriver.driver.slices import SliceSettings, build_slice_specs
-from dradriver.driver.state import GpuDriver
+from dradriver.driver.prepare.state import GpuDriver
+from dradriver.driver.publish.slices import SliceSettings, build_slice_specs
 from dradriver.errors import ConfigError
 from dradriver.gpu.backend import open_gpu_backend, simulated_driver_root
 from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.inventory import Inventory, MigMode, discover
+from dradriver.nvidia_install.cdi import CdiWriter
+from dradriver.nvidia_install.driver_root import discover_driver_root
 from dradriver.plugin.cluster.claim_status import ClaimStatusWriter
 from dradriver.plugin.cluster.memory import MemoryCluster
 from dradriver.plugin.kubeletplugin.kubelet_client import Claim, KubeletClient

@@ -25,8 +25,12 @@ from typing import Any
 from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.cli.driver_root import add_driver_root_options, nvml_library_for, plugin_dir_of
 from dradriver.cli.options import add_env_option, add_gpu_options, add_output_option
-from dradriver.driver.cdi_hook import HOOK_NAME
-from dradriver.driver.driver_root import (
+from dradriver.errors import DradriverError
+from dradriver.gpu.backend import open_gpu_backend
+from dradriver.gpu.interface import GpuLib
+from dradriver.gpu.inventory import Inventory, discover
+from dradriver.nvidia_install.cdi_hook import HOOK_NAME
+from dradriver.nvidia_install.driver_root import (
     CDI_HOOK,
     FOUND_IN_CONF,
     KNOWN_ROOTS,
@@ -37,11 +41,7 @@ from dradriver.driver.driver_root import (
     find_library,
     likely_driver_roots,
 )
-from dradriver.driver.root_paths import regular_file
-from dradriver.errors import DradriverError
-from dradriver.gpu.backend import open_gpu_backend
-from dradriver.gpu.interface import GpuLib
-from dradriver.gpu.inventory import Inventory, discover
+from dradriver.nvidia_install.root_paths import regular_file
 from dradriver.plugin.cluster.resource_versions import VERSIONS
 from dradriver.plugin.kubeletplugin.plugin import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR
 

@@ -12,9 +12,9 @@ import shutil
 from pathlib import Path
 
 from dradriver.cli.options import add_env_option
-from dradriver.driver.cdi_hook import HOOK_NAME, install_cdi_hook
-from dradriver.driver.driver_root import DriverRoot, discover_driver_root, find_library
 from dradriver.gpu.backend import simulated_driver_root
+from dradriver.nvidia_install.cdi_hook import HOOK_NAME, install_cdi_hook
+from dradriver.nvidia_install.driver_root import DriverRoot, discover_driver_root, find_library
 from dradriver.plugin.kubeletplugin.plugin import DEFAULT_PLUGINS_DIR
 
 log = logging.getLogger("dradriver.run")

@@ -103,7 +103,7 @@ def slices_from_sim_profile(profile: str, mig_mode: str, driver: str = DEFAULT_D
 
     The node (and pool) is named after the profile, so explanations read "fits on node dgx-a100-80gb"."""
     from dradriver.computedomain.fabric import clique_id
-    from dradriver.driver.slices import SliceSettings, as_resource_slices, build_slice_specs
+    from dradriver.driver.publish.slices import SliceSettings, as_resource_slices, build_slice_specs
     from dradriver.gpu.backend import open_gpu_backend, sim_profile_name
     from dradriver.gpu.inventory import MigMode, discover
 
@@ -119,7 +119,7 @@ def slices_from_sim_profile(profile: str, mig_mode: str, driver: str = DEFAULT_D
 
 
 def _driver_name(args: argparse.Namespace) -> str:
-    from dradriver.driver.presets import PRESETS
+    from dradriver.driver.prepare.presets import PRESETS
 
     preset = PRESETS.get(args.compat)
     return preset.driver_name if preset is not None else DEFAULT_DRIVER_NAME
@@ -127,7 +127,7 @@ def _driver_name(args: argparse.Namespace) -> str:
 
 def _builtin_classes(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The DeviceClasses the driver's install brings: ours, or those of its --compat preset."""
-    from dradriver.driver.presets import PRESETS
+    from dradriver.driver.prepare.presets import PRESETS
 
     preset = PRESETS.get(args.compat)
     return preset.device_classes() if preset is not None else list(BUILTIN_CLASSES)

@@ -11,7 +11,7 @@ from typing import Any
 from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.cel import CelCompileError, compile_selector
 from dradriver.computedomain import api as compute_domain
-from dradriver.driver.config import ConfigError, decode_config
+from dradriver.driver.prepare.config import ConfigError, decode_config
 from dradriver.errors import DradriverError
 from dradriver.inputs import InputError, load_yaml_file, path_exists, type_name
 from dradriver.validation import default_namespace, validate_claim, validate_class, validate_slice_fields

@@ -18,10 +18,10 @@ from dradriver.cli.options import (
     apply_compat,
     dns_subdomain,
 )
-from dradriver.driver import slice_map
-from dradriver.driver.health import GpuHealth, HealthPolicy
-from dradriver.driver.slice_map import InstanceCell, owners_from_checkpoint
-from dradriver.driver.slices import SliceSettings, as_resource_slices, build_slice_specs, shape_for
+from dradriver.driver.observe.health import GpuHealth, HealthPolicy
+from dradriver.driver.publish import slice_map
+from dradriver.driver.publish.slice_map import InstanceCell, owners_from_checkpoint
+from dradriver.driver.publish.slices import SliceSettings, as_resource_slices, build_slice_specs, shape_for
 from dradriver.gpu.backend import open_gpu_backend
 from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode, MigPartition, discover
 from dradriver.gpu.models import MigProfile

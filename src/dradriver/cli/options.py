@@ -141,7 +141,7 @@ def dns_subdomain(what: str, max_length: int = 253) -> Callable[[str], str]:
 
 def kubernetes_version(text: str) -> str:
     """A Kubernetes minor version with DRA (1.32 or newer); empty: ask the API server."""
-    from dradriver.driver.slices import shape_for
+    from dradriver.driver.publish.slices import shape_for
 
     if text == "":
         return text
@@ -288,6 +288,6 @@ def unwritable_state(state: Path, err: OSError) -> ConfigError:
 
 def apply_compat(args: argparse.Namespace) -> None:
     """Set ``args.driver_name`` from ``--compat`` (after parsing: the flag and the variable may come in any order)."""
-    from dradriver.driver.presets import preset_driver_name
+    from dradriver.driver.prepare.presets import preset_driver_name
 
     args.driver_name = preset_driver_name(args.compat, args.driver_name)

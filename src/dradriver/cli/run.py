@@ -38,11 +38,8 @@ from dradriver.cli.options import (
     unwritable_state,
 )
 from dradriver.cli.status_server import StatusServer, check_bindable
-from dradriver.driver.allocations import Allocation, allocations
-from dradriver.driver.cdi import CdiWriter
-from dradriver.driver.checkpoint import CheckpointStore
-from dradriver.driver.driver_root import DriverFilesMissing, DriverRoot
-from dradriver.driver.health import (
+from dradriver.driver.observe.allocations import Allocation, allocations
+from dradriver.driver.observe.health import (
     DEFAULT_FATAL_XIDS,
     DEFAULT_IGNORED_XIDS,
     DEFAULT_RECOVERY_PERIOD,
@@ -51,25 +48,28 @@ from dradriver.driver.health import (
     TaintEffect,
     parse_xids,
 )
-from dradriver.driver.metrics import InstrumentedHandler, NodeCollector, register_node_collector
-from dradriver.driver.mps import DEFAULT_COMMAND, MpsControl
-from dradriver.driver.recheck import DEFAULT_INTERVAL as DEFAULT_RECHECK_INTERVAL
-from dradriver.driver.recheck import ClaimLookup, recheck_claims
-from dradriver.driver.slices import (
+from dradriver.driver.observe.metrics import DELETED_CLAIMS, InstrumentedHandler, NodeCollector, register_node_collector
+from dradriver.driver.observe.usage import DEFAULT_INTERVAL as DEFAULT_USAGE_INTERVAL
+from dradriver.driver.observe.usage import Device as UsageDevice
+from dradriver.driver.observe.usage import UsageCollector, UsageSampler, pod_uid_of_pid
+from dradriver.driver.prepare.checkpoint import CheckpointStore
+from dradriver.driver.prepare.mps import DEFAULT_COMMAND, MpsControl
+from dradriver.driver.prepare.recheck import DEFAULT_INTERVAL as DEFAULT_RECHECK_INTERVAL
+from dradriver.driver.prepare.recheck import ClaimLookup, recheck_claims
+from dradriver.driver.prepare.state import GpuDriver
+from dradriver.driver.publish.slices import (
     SliceSettings,
     build_slice_specs,
     check_consumable_shares,
     release_problem,
     shape_for,
 )
-from dradriver.driver.state import GpuDriver
-from dradriver.driver.usage import DEFAULT_INTERVAL as DEFAULT_USAGE_INTERVAL
-from dradriver.driver.usage import Device as UsageDevice
-from dradriver.driver.usage import UsageCollector, UsageSampler, pod_uid_of_pid
 from dradriver.errors import ConfigError, DradriverError
 from dradriver.gpu.backend import open_gpu_backend, simulated_mps_command
 from dradriver.gpu.errors import DriverNotLoaded, LibraryNotFound
 from dradriver.gpu.inventory import MigMode, discover
+from dradriver.nvidia_install.cdi import CdiWriter
+from dradriver.nvidia_install.driver_root import DriverFilesMissing, DriverRoot
 from dradriver.plugin.cluster import ClusterError, NotFoundError, kubernetes_minor_version
 from dradriver.plugin.cluster.claim_status import ClaimStatusWriter
 from dradriver.plugin.cluster.kube import KubeCluster
@@ -826,6 +826,7 @@ class DriverProcess:
         while not self.stop.wait(self.args.claim_recheck_interval):
             try:
                 gone = recheck_claims(self.driver, lambda ref: _look_up_claim(cluster, ref), hold=hold)
+                DELETED_CLAIMS.inc(len(gone))
                 if gone:
                     with _serialised_with_other_pods(plugin.plugin_dir, enabled=rolling):
                         plugin.remove_unowned_device_metadata({r.uid for r in self.driver.checkpoint.records()})

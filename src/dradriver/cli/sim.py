@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from dradriver.cli.options import add_env_option, check_writable_file, dns_subdomain, unwritable_state
-from dradriver.driver import slice_map
-from dradriver.driver.slice_map import InstanceCell, owners_from_checkpoint
+from dradriver.driver.publish import slice_map
+from dradriver.driver.publish.slice_map import InstanceCell, owners_from_checkpoint
 from dradriver.errors import ConfigError, DeviceError
 from dradriver.gpu.models import ComputeMode, FabricState
 from dradriver.gpu.products import LOST_XIDS

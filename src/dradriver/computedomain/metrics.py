@@ -1,7 +1,7 @@
 """The ComputeDomain controller's Prometheus metrics (``dradriver cd-controller --metrics-address``): whether this
 replica leads, its passes (how many, how they ended, how long they took), the domains that failed to reconcile,
 the domains by status as the last pass found them, and its writes to the API server. Named as the driver's are
-(``driver/metrics.py``); docs/computedomains.md lists them."""
+(``driver/observe/metrics.py``); docs/computedomains.md lists them."""
 
 from __future__ import annotations
 

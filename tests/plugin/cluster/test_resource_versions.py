@@ -10,7 +10,13 @@ import kubernetes_validate
 import pytest
 from support.nodes import inventory_of
 
-from dradriver.driver.slices import SliceSettings, as_resource_slices, build_slice_specs, release_problem, shape_for
+from dradriver.driver.publish.slices import (
+    SliceSettings,
+    as_resource_slices,
+    build_slice_specs,
+    release_problem,
+    shape_for,
+)
 from dradriver.gpu.inventory import MigMode
 from dradriver.plugin.cluster.resource_versions import newest_served, slice_from, slice_to
 from dradriver.sim.profiles import builtin_profile_names

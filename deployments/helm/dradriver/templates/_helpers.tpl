@@ -72,7 +72,7 @@ serves; `helm template` lists every version it knows, so there --kube-version (a
 {{- end -}}
 
 {{/* Fails the install when a value needs a newer Kubernetes release than the cluster's, naming the value and the
-way out (the driver would refuse the same at start-up, after the install; src/dradriver/driver/slices.py). */}}
+way out (the driver would refuse the same at start-up, after the install; src/dradriver/driver/publish/slices.py). */}}
 {{- define "dradriver.releaseChecks" -}}
 {{- $kube := .Capabilities.KubeVersion.Version -}}
 {{- $api := include "dradriver.resourceApiVersion" . -}}

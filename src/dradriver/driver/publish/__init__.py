@@ -1,0 +1,5 @@
+"""What the node offers: ResourceSlices built from the inventory (``slices``: whole GPUs, MIG devices on shared
+counters, per Kubernetes version) and which devices prepared claims hold (``slice_map``).
+
+May import: :mod:`dradriver.driver.prepare` (the checkpoint), ``gpu`` and the leaves; never ``observe``.
+"""
