@@ -6,7 +6,7 @@ allocation = allocate(claim, slices=[...], classes=[...], allocated=[...], node=
 
 from dradriver.allocator.allocator import allocate, explain_claim
 from dradriver.allocator.errors import AllocationError, Unsatisfiable
-from dradriver.allocator.explain import ClaimReport, RequestReport, Stage
+from dradriver.allocator.report import ClaimReport, RequestReport, Stage
 from dradriver.allocator.search import AllocationInputs, AllocationOptions, ShareIDs, stable_share_id
 
 __all__ = [

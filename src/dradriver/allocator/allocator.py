@@ -17,7 +17,8 @@ import logging
 from typing import Any, Unpack
 
 from dradriver.allocator.errors import AllocationError, Unsatisfiable
-from dradriver.allocator.explain import ClaimReport, diagnose
+from dradriver.allocator.explain import diagnose
+from dradriver.allocator.report import ClaimReport
 from dradriver.allocator.search import AllocationInputs, AllocationOptions, Search
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from dradriver.errors import ClaimError
 
 if TYPE_CHECKING:
-    from dradriver.allocator.explain import ClaimReport
+    from dradriver.allocator.report import ClaimReport
 
 
 class AllocationError(ClaimError):

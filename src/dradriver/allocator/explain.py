@@ -8,75 +8,18 @@ from __future__ import annotations
 
 import difflib
 from collections import Counter
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dradriver.allocator.constraints import Constraint, lookup_attribute
 from dradriver.allocator.errors import AllocationError
 from dradriver.allocator.model import Device, Request, SelectorRef
+from dradriver.allocator.report import ClaimReport, RequestReport, Stage
 from dradriver.allocator.search import Search
 from dradriver.allocator.taints import blocking_taint
 from dradriver.cel import CelEvaluationError
 from dradriver.cel import ast as cel_ast
 
 MAX_LISTED = 8
-
-
-@dataclass
-class Stage:
-    """One filter: how many devices reached it and how many passed."""
-
-    label: str
-    entered: int
-    passed: int
-    errors: int = 0
-    error: str | None = None
-
-
-@dataclass
-class RequestReport:
-    request: str
-    device_class: str
-    wanted: str
-    stages: list[Stage] = field(default_factory=list)
-    matched: list[str] = field(default_factory=list)  # devices that pass every filter
-    rejected: dict[str, str] = field(default_factory=dict)  # device → the first filter that rejected it
-    allocated: list[str] = field(default_factory=list)
-    hints: list[str] = field(default_factory=list)
-
-
-@dataclass
-class ClaimReport:
-    claim: str
-    node: str | None
-    fits: bool = False
-    allocation: dict[str, Any] | None = None
-    error: str | None = None
-    requests: list[RequestReport] = field(default_factory=list)
-    explanation: list[str] = field(default_factory=list)
-
-    def summary(self) -> str:
-        where = f" on node {self.node}" if self.node else ""
-        if self.fits:
-            head = f"claim {self.claim} fits{where}"
-        elif self.error:
-            head = f"claim {self.claim} cannot be allocated{where}: {self.error}"
-        else:
-            head = f"claim {self.claim} does not fit{where}"
-        lines = [head]
-        for request in self.requests:
-            funnel = " -> ".join(
-                f"{s.passed} {s.label}" + (f" ({s.errors} errors)" if s.errors else "") for s in request.stages
-            )
-            lines.append(
-                f"  request {request.request} (class {request.device_class}, wants {request.wanted}): {funnel}"
-            )
-            lines += [f"    {hint}" for hint in request.hints]
-        lines += [f"  {line}" for line in self.explanation]
-        return "\n".join(lines)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _wanted(request: Request) -> str:

@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from dradriver.cel.conversions import to_string
 from dradriver.cel.errors import CelEvaluationError
 from dradriver.cel.semver import Semver
 from dradriver.cel.time_ext import Duration, Timestamp, duration_string, timestamp_string
@@ -33,8 +34,6 @@ def _go_float_word(value: float) -> str | None:
 
 def _string(value: Any) -> str:
     """%s: the value converted to a string, lists and maps spelled out."""
-    from dradriver.cel.library import to_string
-
     kind = type(value)
     if isinstance(value, list):
         return "[" + ", ".join(_quoted(v, _element(v)) for v in value) + "]"
