@@ -14,18 +14,19 @@ this module only decides what to do about it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
-from dradriver.driver.prepare.cdi_step import STEP_CDI_SPEC
-from dradriver.driver.prepare.checkpoint import ClaimRecord, ClaimState
-from dradriver.driver.prepare.mig import STEP_GPU_INSTANCE
+from dradriver.driver.prepare.cdi_step import STEP_CDI_SPEC, CdiSpecStep
+from dradriver.driver.prepare.checkpoint import CheckpointStore, ClaimRecord, ClaimState
+from dradriver.driver.prepare.mig import STEP_GPU_INSTANCE, MigSteps
+from dradriver.driver.prepare.sharing import SharingSteps
+from dradriver.driver.prepare.transaction import StepKind
 from dradriver.errors import DradriverError
-from dradriver.gpu.inventory import MigMode
+from dradriver.gpu.interface import GpuLib
+from dradriver.gpu.inventory import GpuDevice, MigMode
+from dradriver.nvidia_install.cdi import CdiWriter
 from dradriver.plugin.handler import ClaimRef
-
-if TYPE_CHECKING:
-    from dradriver.driver.prepare.state import GpuDriver
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,36 @@ log = logging.getLogger(__name__)
 ClaimExists = Callable[[ClaimRef], bool | None]
 
 
-def reconcile(driver: GpuDriver, claim_exists: ClaimExists | None = None) -> None:
+class ReconciledDriver(Protocol):
+    """What reconciliation needs of the driver (``GpuDriver`` is one): its records, CDI specs, step kinds and
+    hardware, and its own unprepare, rollback and spec re-write, so that a claim is cleaned up as a kubelet
+    call would clean it up."""
+
+    @property
+    def checkpoint(self) -> CheckpointStore: ...
+    @property
+    def cdi(self) -> CdiWriter: ...
+    @property
+    def cdi_step(self) -> CdiSpecStep: ...
+    @property
+    def step_kinds(self) -> Mapping[str, StepKind]: ...
+    @property
+    def mig_mode(self) -> MigMode: ...
+    @property
+    def mig(self) -> MigSteps | None: ...
+    @property
+    def gpulib(self) -> GpuLib | None: ...
+    @property
+    def sharing(self) -> SharingSteps: ...
+
+    def gpus(self) -> tuple[GpuDevice, ...]: ...
+    def roll_back(self, record: ClaimRecord, *, reason: str) -> None: ...
+    def unprepare(self, ref: ClaimRef) -> None: ...
+    def rewrite_spec(self, record: ClaimRecord) -> None: ...
+    def check_mps_daemons(self) -> None: ...
+
+
+def reconcile(driver: ReconciledDriver, claim_exists: ClaimExists | None = None) -> None:
     """Reconcile ``driver``'s node with its checkpoint (see the module docstring for what is done)."""
     for record in driver.checkpoint.discarded:
         log.warning("reconcile: dropping claim prepared before the last reboot claim=%s", record)
@@ -54,7 +84,7 @@ def reconcile(driver: GpuDriver, claim_exists: ClaimExists | None = None) -> Non
     _stop_orphan_mps_daemons(driver, known)
 
 
-def _reconcile_claim(driver: GpuDriver, record: ClaimRecord, claim_exists: ClaimExists | None) -> None:
+def _reconcile_claim(driver: ReconciledDriver, record: ClaimRecord, claim_exists: ClaimExists | None) -> None:
     if record.state is ClaimState.PREPARE_STARTED:
         log.warning("reconcile: rolling back a prepare that did not complete claim=%s", record)
         driver.roll_back(record, reason="start-up rollback")
@@ -98,7 +128,7 @@ def _reconcile_claim(driver: GpuDriver, record: ClaimRecord, claim_exists: Claim
     driver.rewrite_spec(record)
 
 
-def drifted_changes(driver: GpuDriver, record: ClaimRecord) -> list[str]:
+def drifted_changes(driver: ReconciledDriver, record: ClaimRecord) -> list[str]:
     """What of a prepared claim's hardware changes the node no longer shows, newest first, as each step kind's
     drift check words it (the CDI spec aside: the caller weighs that). Nothing is written here: a read of the
     hardware per recorded change, at start-up only."""
@@ -117,7 +147,7 @@ def drifted_changes(driver: GpuDriver, record: ClaimRecord) -> list[str]:
     return drifted
 
 
-def _destroy_orphan_instances(driver: GpuDriver) -> None:
+def _destroy_orphan_instances(driver: ReconciledDriver) -> None:
     mig, gpulib = driver.mig, driver.gpulib
     assert mig is not None and gpulib is not None
     owned = _owned_instances(driver)
@@ -141,7 +171,7 @@ def _destroy_orphan_instances(driver: GpuDriver) -> None:
             log.error("reconcile: cannot clean up MIG instances gpu=%s error=%s", gpu.name, err)
 
 
-def _owned_instances(driver: GpuDriver) -> dict[tuple[str, int], str]:
+def _owned_instances(driver: ReconciledDriver) -> dict[tuple[str, int], str]:
     """(GPU UUID, GPU instance id) → the claim that owns the instance, from the checkpoint."""
     owned: dict[tuple[str, int], str] = {}
     for record in driver.checkpoint.records():
@@ -157,7 +187,7 @@ def _owned_instances(driver: GpuDriver) -> dict[tuple[str, int], str]:
     return owned
 
 
-def _remove_orphan_specs(driver: GpuDriver, known: set[str]) -> None:
+def _remove_orphan_specs(driver: ReconciledDriver, known: set[str]) -> None:
     for uid in driver.cdi.claim_uids():
         if uid not in known:
             log.warning("reconcile: removing CDI spec of a claim not in the checkpoint claim=%s", uid)
@@ -167,7 +197,7 @@ def _remove_orphan_specs(driver: GpuDriver, known: set[str]) -> None:
                 log.error("reconcile: cannot remove a CDI spec no claim owns claim=%s error=%s", uid, err)
 
 
-def _stop_orphan_mps_daemons(driver: GpuDriver, known: set[str]) -> None:
+def _stop_orphan_mps_daemons(driver: ReconciledDriver, known: set[str]) -> None:
     mps = driver.sharing.mps
     if mps is None:
         return
