@@ -126,3 +126,20 @@ def test_fields_give_defaults_and_each_entry_of_a_list_its_path() -> None:
     )
     assert fields.items("l") == [("l.0", "p"), ("l.1", "q")]
     fields.done()
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        ("a: 1\nb: {c: 1}\na: 2\n", 3),  # two objects pasted without ---
+        ('{"spec": {}, "spec": {}}', 1),  # JSON: both on one line
+        ("a:\n  b: 1\n  b: 2\n", 3),  # nested
+    ],
+)
+def test_a_duplicate_field_is_refused_as_the_api_server_refuses_it(text: str, line: int) -> None:
+    with pytest.raises(InputError, match=rf"^x\.yaml: line {line}: duplicate field \"\w+\" \(first at line \d\).*---"):
+        parse_yaml(text, source="x.yaml")
+
+
+def test_yaml_merge_keys_may_override_what_they_merge() -> None:
+    assert parse_yaml("base: &b {x: 1}\nd:\n  <<: *b\n  x: 2\n", source="y") == [{"base": {"x": 1}, "d": {"x": 2}}]

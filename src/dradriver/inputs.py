@@ -98,6 +98,26 @@ class _BoundedLoader(yaml.SafeLoader):
         finally:
             self.depth -= 1
 
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        _refuse_duplicate_keys(node)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _refuse_duplicate_keys(node: yaml.MappingNode) -> None:
+    """A key twice in one mapping: YAML keeps the last value silently, the API server refuses the object (JSON too).
+    Most often two objects pasted into one file without ``---`` between them, where the first would be lost."""
+    first: dict[tuple[str, str], int] = {}
+    for key_node, _value in node.value:
+        if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # `<<` merges may override by design
+        line, key = key_node.start_mark.line + 1, (key_node.tag, key_node.value)
+        if key in first:
+            raise InputError(
+                f'line {line}: duplicate field "{key_node.value}" (first at line {first[key]}); the API server '
+                "refuses duplicate fields. Two objects in one file need a line with --- between them"
+            )
+        first[key] = line
+
 
 def _as_string(loader: yaml.SafeLoader, node: yaml.Node) -> str:
     return str(loader.construct_scalar(node))  # type: ignore[arg-type]

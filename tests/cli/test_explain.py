@@ -516,3 +516,28 @@ def test_good_and_foreign_opaque_configs_are_explained(tmp_path, capsys):
         + (CONFIG % {"driver": "other.example.com", "mode": "Shared"}).split("\n", 1)[1]
     )
     assert main(["explain", str(path), "--slices", SLICES]) == 0
+
+
+def test_a_misspelt_field_is_refused_as_the_api_server_refuses_it_not_answered(tmp_path, capsys):
+    # `selector:` for `selectors:` would select every device: the cluster refuses the claim, so explain must too.
+    expr = 'device.attributes["gpu.dradriver.dev"].productName == "NVIDIA H100 80GB HBM3"'
+    path = write_claim(tmp_path, expr=expr)
+    Path(path).write_text(Path(path).read_text().replace("selectors:", "selector:"))
+    code = main(["explain", path, "--slices", SLICES])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert "fits" not in captured.out
+    assert captured.err.strip() == (
+        f'error: {path} #1: unknown field "spec.devices.requests[0].exactly.selector" (the API server refuses it); '
+        'did you mean "selectors"?'
+    )
+
+
+def test_two_claims_pasted_without_a_separator_are_refused_not_merged(tmp_path, capsys):
+    path = tmp_path / "two.yaml"
+    path.write_text((CLAIM % {"name": "one", "cls": "gpu.dradriver.dev", "count": 1, "expr": "true"}).lstrip() * 2)
+    code = main(["explain", str(path), "--slices", SLICES])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert captured.out == ""
+    assert captured.err.startswith(f'error: {path}: line 13: duplicate field "apiVersion" (first at line 1)')

@@ -15,6 +15,7 @@ from dradriver.driver.prepare.config import ConfigError, decode_config
 from dradriver.errors import DradriverError
 from dradriver.inputs import InputError, load_yaml_file, path_exists, type_name
 from dradriver.validation import default_namespace, validate_claim, validate_class, validate_slice_fields
+from dradriver.validation.fields import unknown_fields
 from dradriver.validation.slices import validate_slice
 
 KINDS = ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass", "ResourceSlice")
@@ -161,7 +162,7 @@ def _add(doc: Any, source: str, inputs: Inputs, want: tuple[str, ...]) -> None:
             f"{source}: {kind} uses {api}; dradriver explain reads resource.k8s.io/v1 objects (field apiVersion)"
         )
         return
-    problems = _problems(doc, kind)
+    problems = [unknown.message() for unknown in unknown_fields(doc)] or _problems(doc, kind)
     if problems:
         inputs.errors += [f"{source}: {problem}" for problem in problems]
         return
