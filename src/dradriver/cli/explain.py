@@ -14,23 +14,26 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
 from dradriver import DEFAULT_DRIVER_NAME
-from dradriver.allocator import AllocationError, ClaimReport, explain_claim
 from dradriver.cel import CelCompileError, CelEvaluationError, compile_selector
-from dradriver.cli.explain_input import BUILTIN_CLASSES, Document, Inputs, check_claim, check_class, load
+from dradriver.cli.explain_input import BUILTIN_CLASSES, Inputs, check_claim, check_class, load
+from dradriver.cli.explain_outcome import (
+    EXIT_DOES_NOT_FIT,
+    EXIT_FITS,
+    EXIT_INVALID,
+    ClaimOutcome,
+    explain_document,
+    outcome_dict,
+    render_outcome,
+)
 from dradriver.cli.options import add_env_option, add_output_option
 from dradriver.computedomain import api as cd_api
 from dradriver.computedomain.node import slice_devices
 from dradriver.errors import ConfigError
 from dradriver.validation import MAX_CEL_LENGTH
 
-EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_INVALID = 0, 1, 2
-MAX_NODES_SHOWN = 10
 MAX_DEVICES_SHOWN = 6
 
 
@@ -41,6 +44,17 @@ def register(parser: argparse.ArgumentParser) -> None:
         "explain the result per request: which devices matched every selector, what rejected "
         "the others, and what would make the claim fit."
     )
+    _add_claim_options(parser)
+    _add_device_options(parser)
+    parser.add_argument("--node", help="explain for this node only (default: every node of the slices)")
+    _add_selector_options(parser)
+    _add_pod_options(parser)
+    add_output_option(parser, ("text", "json"), "text")
+    parser.set_defaults(handler=run)
+
+
+def _add_claim_options(parser: argparse.ArgumentParser) -> None:
+    """What to explain: the claim files, and the DeviceClasses they name."""
     parser.add_argument(
         "claims",
         nargs="*",
@@ -55,6 +69,11 @@ def register(parser: argparse.ArgumentParser) -> None:
         metavar="FILE|DIR",
         help="DeviceClasses (default: dradriver's gpu.dradriver.dev and mig.dradriver.dev)",
     )
+
+
+def _add_device_options(parser: argparse.ArgumentParser) -> None:
+    """What to allocate from: ResourceSlices from files or from a simulated node (its MIG mode, the names of a
+    --compat preset), and the devices other claims already hold."""
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
         "--slices", action="append", default=[], metavar="FILE|DIR", help="ResourceSlices to allocate from"
@@ -84,18 +103,23 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="with --sim-profile, and for the default DeviceClasses and config checks: the names of the "
         "driver's --compat preset ('nvidia': gpu.nvidia.com, DeviceClasses gpu.nvidia.com and mig.nvidia.com)",
     )
-    parser.add_argument("--node", help="explain for this node only (default: every node of the slices)")
+
+
+def _add_selector_options(parser: argparse.ArgumentParser) -> None:
+    """--selector: one CEL expression tested against every device instead of a claim."""
     parser.add_argument("--selector", metavar="EXPR", help="test one CEL selector against every device")
     parser.add_argument(
         "--driver",
         default="gpu.dradriver.dev",
         help="with --selector and no slices: the driver name devices belong to",
     )
+
+
+def _add_pod_options(parser: argparse.ArgumentParser) -> None:
+    """--pod: the claims of a pending pod, read from the cluster."""
     parser.add_argument("--pod", metavar="NS/NAME", help="read a pod's claims from the cluster: why is it Pending?")
     parser.add_argument("--kubeconfig", help="with --pod: kubeconfig file (default: in-cluster or ~/.kube/config)")
     parser.add_argument("--context", help="with --pod: kubeconfig context")
-    add_output_option(parser, ("text", "json"), "text")
-    parser.set_defaults(handler=run)
 
 
 def slices_from_sim_profile(profile: str, mig_mode: str, driver: str = DEFAULT_DRIVER_NAME) -> list[dict[str, Any]]:
@@ -158,19 +182,6 @@ def compute_domain_slices(clique: str, node: str) -> list[dict[str, Any]]:
     ]
 
 
-@dataclass
-class ClaimOutcome:
-    document: Document
-    node: str | None = None
-    report: ClaimReport | None = None
-    other_nodes: dict[str, str] = field(default_factory=dict)  # node → one-line verdict
-    error: str | None = None
-
-    @property
-    def fits(self) -> bool:
-        return self.report is not None and self.report.fits
-
-
 def run(args: argparse.Namespace) -> int:
     if args.pod:
         from dradriver.cli.explain_cluster import explain_pod
@@ -224,67 +235,6 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_FITS if all(o.fits for o in outcomes) else EXIT_DOES_NOT_FIT
 
 
-def nodes_of(slices: list[dict[str, Any]]) -> list[str | None]:
-    """The nodes the slices name: ``nodeName`` and ``metadata.name`` node-selector fields, of slices and of
-    devices with per-device node selection. None (no node restriction) only when no slice names a node:
-    the scheduler allocates every claim for one node, so devices of two named nodes must never mix."""
-    nodes: set[str] = set()
-    for obj in slices:
-        spec = obj.get("spec") or {}
-        sources = (spec.get("devices") or []) if spec.get("perDeviceNodeSelection") else [spec]
-        for source in sources:
-            if source.get("nodeName"):
-                nodes.add(str(source["nodeName"]))
-            for term in (source.get("nodeSelector") or {}).get("nodeSelectorTerms") or []:
-                for requirement in term.get("matchFields") or []:
-                    if requirement.get("key") == "metadata.name" and requirement.get("operator") == "In":
-                        nodes.update(str(v) for v in requirement.get("values") or [])
-    return list(sorted(nodes)) or [None]
-
-
-def explain_document(
-    doc: Document,
-    *,
-    slices: list[dict[str, Any]],
-    classes: list[dict[str, Any]],
-    allocated: list[dict[str, Any]],
-    node: str | None,
-) -> ClaimOutcome:
-    """Explain one claim on ``node``, or on every node of the slices (the first that fits is shown)."""
-    outcome = ClaimOutcome(doc)
-    candidates: list[str | None] = [node] if node else nodes_of(slices)
-    best: tuple[int, str | None, ClaimReport] | None = None
-    for candidate in candidates:
-        try:
-            report = explain_claim(doc.obj, slices=slices, classes=classes, allocated=allocated, node=candidate)
-        except AllocationError as err:
-            outcome.error = str(err)
-            return outcome
-        score = sum(len(r.matched) for r in report.requests) + (10**9 if report.fits else 0)
-        if best is None or score > best[0]:
-            best = (score, candidate, report)
-        if candidate is not None:
-            outcome.other_nodes[candidate] = _one_line(report)
-        if report.fits:
-            break
-    assert best is not None
-    _, outcome.node, outcome.report = best
-    if outcome.node is not None:
-        outcome.other_nodes.pop(outcome.node, None)
-    return outcome
-
-
-def _one_line(report: ClaimReport) -> str:
-    if report.fits:
-        return "fits"
-    if report.error:
-        return f"error: {report.error}"
-    for request in report.requests:
-        if request.hints:
-            return f"does not fit: request {request.request}: {request.hints[0]}"
-    return "does not fit: " + (report.explanation[0] if report.explanation else "no combination of devices fits")
-
-
 def print_problems(inputs: Inputs) -> None:
     for note in inputs.skipped:
         print(f"note: {note}", file=sys.stderr)
@@ -304,60 +254,6 @@ def render(outcomes: list[ClaimOutcome], inputs: Inputs, output: str, *, builtin
         print(f"(no --classes given: using {builtin_classes})")
     for outcome in outcomes:
         print(render_outcome(outcome))
-
-
-def outcome_dict(outcome: ClaimOutcome) -> dict[str, Any]:
-    return {
-        "source": outcome.document.source,
-        "kind": outcome.document.kind,
-        "name": outcome.document.name,
-        "fits": outcome.fits,
-        "node": outcome.node,
-        "error": outcome.error,
-        "report": outcome.report.to_dict() if outcome.report else None,
-        "otherNodes": outcome.other_nodes,
-    }
-
-
-def _devices(labels: list[str]) -> str:
-    names = [label.rsplit("/", 1)[-1] for label in labels]
-    shown = ", ".join(names[:6])
-    return shown + (f", … ({len(names)} in all)" if len(names) > 6 else "")
-
-
-def render_outcome(outcome: ClaimOutcome) -> str:
-    doc = outcome.document
-    head = f"{doc.kind} {doc.name} ({doc.source})"
-    if outcome.error:
-        return f"{head}: ERROR (the scheduler would fail with an error)\n  {outcome.error}\n"
-    report = outcome.report
-    assert report is not None
-    where = f" on node {outcome.node}" if outcome.node else ""
-    verdict = "fits" if report.fits else "cannot be allocated" if report.error else "does NOT fit"
-    lines = [f"{head}: {verdict}{where}"]
-    if report.error:
-        lines.append(f"  error: {report.error}")
-    for request in report.requests:
-        lines.append(f"  request {request.request} (class {request.device_class}, wants {request.wanted}):")
-        for stage in request.stages:
-            errors = f", {stage.errors} failed with an error" if stage.errors else ""
-            lines.append(f"    {stage.passed:>6} {stage.label}{errors}")
-        if request.matched:
-            lines.append(f"    matched every filter: {_devices(request.matched)}")
-        if request.allocated:
-            lines.append(f"    allocated: {_devices(request.allocated)}")
-        lines += [f"    why: {hint}" for hint in request.hints if not report.fits or "fail" in hint]
-    lines += [f"  why: {line}" for line in report.explanation]
-    if report.allocation:
-        text = yaml.safe_dump({"allocation": report.allocation}, sort_keys=False).rstrip()
-        lines += ["  status:"] + [f"    {line}" for line in text.splitlines()]
-    shown = list(outcome.other_nodes.items())[:MAX_NODES_SHOWN]
-    if shown:
-        lines.append("  other nodes:")
-        lines += [f"    {node}: {verdict_line}" for node, verdict_line in shown]
-        if len(outcome.other_nodes) > MAX_NODES_SHOWN:
-            lines.append(f"    … {len(outcome.other_nodes) - MAX_NODES_SHOWN} more")
-    return "\n".join(lines) + "\n"
 
 
 def explain_selector(args: argparse.Namespace, slices: list[dict[str, Any]], inputs: Inputs) -> int:

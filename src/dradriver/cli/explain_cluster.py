@@ -11,7 +11,8 @@ from typing import Any, Protocol
 from urllib.parse import quote
 
 from dradriver.allocator.taints import with_taint_rules
-from dradriver.cli.explain import (
+from dradriver.cli.explain_input import Document
+from dradriver.cli.explain_outcome import (
     EXIT_DOES_NOT_FIT,
     EXIT_FITS,
     EXIT_INVALID,
@@ -20,7 +21,6 @@ from dradriver.cli.explain import (
     outcome_dict,
     render_outcome,
 )
-from dradriver.cli.explain_input import Document
 from dradriver.cli.options import check_kubeconfig
 from dradriver.errors import ConfigError
 from dradriver.plugin.cluster import ClusterError, ForbiddenError, NotFoundError
