@@ -11,7 +11,7 @@ import json
 import logging
 
 from dradriver.plugin.cluster.memory import MemoryCluster
-from dradriver.plugin.resourceslice.publisher import Publisher, SliceSpec
+from dradriver.plugin.resourceslice.publisher import Publisher, PublisherOptions, SliceSpec
 
 NODE = "node-1"
 
@@ -25,7 +25,9 @@ def main() -> None:
         "attributes": {"type": {"string": "gpu"}},
         "capacity": {"memory": {"value": "80Gi"}},
     }
-    publisher = Publisher(cluster, driver="gpu.dradriver.dev", node_name=NODE, pools={NODE: [SliceSpec.of([gpu])]})
+    publisher = Publisher(
+        cluster, PublisherOptions(driver="gpu.dradriver.dev", node_name=NODE), pools={NODE: [SliceSpec.of([gpu])]}
+    )
     print(publisher.reconcile())
     print(publisher.reconcile())
     [stored] = cluster.slice_objects()

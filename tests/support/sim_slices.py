@@ -8,7 +8,7 @@ from typing import Any
 from dradriver.driver.publish.slices import SliceSettings, build_slice_specs
 from dradriver.gpu.inventory import MigMode
 from dradriver.plugin.cluster.memory import MemoryCluster
-from dradriver.plugin.resourceslice.publisher import Publisher, SliceSpec
+from dradriver.plugin.resourceslice.publisher import Publisher, PublisherOptions, SliceSpec
 from support.nodes import inventory_of
 
 DRIVER = "gpu.dradriver.dev"
@@ -27,9 +27,7 @@ def _published(
     cluster.add_node(node)
     publisher = Publisher(
         cluster,
-        driver=driver,
-        node_name=node,
-        node_uid=cluster.get_node(node)["metadata"]["uid"],
+        PublisherOptions(driver=driver, node_name=node, node_uid=cluster.get_node(node)["metadata"]["uid"]),
         pools={node: [SliceSpec.of(s.get("devices", ()), s.get("sharedCounters", ())) for s in specs]},
     )
     publisher.reconcile()

@@ -80,18 +80,14 @@ def start(
     """Serve and publish; the node's clique and device numbers are read now and every --cd-fabric-interval.
     Its plugin directory (socket, lock, checkpoint, per-domain daemon files) is beside the GPU driver's."""
     from dradriver.computedomain.kube import Rest
-    from dradriver.computedomain.plugin import ComputeDomainPlugin, read_facts
+    from dradriver.computedomain.plugin import ComputeDomainPlugin, ComputeDomainPluginOptions, read_facts
 
     base = Path(args.plugin_dir).parent if args.plugin_dir else DEFAULT_PLUGINS_DIR
     plugin_dir = base / DRIVER_NAME
     proc = Path(args.cd_proc_root)
     if simulated and args.cd_proc_root == "/proc":
         proc = simulated_proc_root(plugin_dir / "proc")
-    plugin = ComputeDomainPlugin(
-        read=lambda: read_facts(gpulib, args.node_name, proc),
-        refresh_interval=args.cd_fabric_interval,
-        cluster=cluster,
-        rest=Rest.from_kubeconfig(args.kubeconfig),
+    options = ComputeDomainPluginOptions(
         namespace=args.cd_namespace,
         registry_dir=Path(args.registry_dir),
         plugin_dir=plugin_dir,
@@ -99,10 +95,17 @@ def start(
         node_uid=node_uid,
         shape=shape,
         pod_uid=args.pod_uid or None,
+        refresh_interval=args.cd_fabric_interval,
         daemon_mounts=[
             {"hostPath": host, "containerPath": container, "options": ["ro", "nosuid", "nodev", "bind"]}
             for host, container in imex_binaries
         ],
+    )
+    plugin = ComputeDomainPlugin(
+        options,
+        read=lambda: read_facts(gpulib, args.node_name, proc),
+        cluster=cluster,
+        rest=Rest.from_kubeconfig(args.kubeconfig),
     )
     plugin.start()
     return plugin

@@ -31,7 +31,7 @@ from dradriver.plugin.cluster.claim_status import ClaimStatusWriter
 from dradriver.plugin.cluster.memory import MemoryCluster
 from dradriver.plugin.kubeletplugin.kubelet_client import Claim, KubeletClient
 from dradriver.plugin.kubeletplugin.plugin import KubeletPlugin, KubeletPluginOptions
-from dradriver.plugin.resourceslice.publisher import Publisher, SliceSpec
+from dradriver.plugin.resourceslice.publisher import Publisher, PublisherOptions, SliceSpec
 
 DRIVER = "gpu.dradriver.dev"
 
@@ -97,9 +97,7 @@ def _demo(node: str, mig_mode: MigMode, claim: dict[str, Any], gpulib: GpuLib, a
     specs = build_slice_specs(inventory, SliceSettings(driver=DRIVER, mig_mode=mig_mode))
     publisher = Publisher(
         cluster,
-        driver=DRIVER,
-        node_name=node,
-        node_uid=cluster.get_node(node)["metadata"]["uid"],
+        PublisherOptions(driver=DRIVER, node_name=node, node_uid=cluster.get_node(node)["metadata"]["uid"]),
         pools={node: [SliceSpec.of(s.get("devices", ()), s.get("sharedCounters", ())) for s in specs]},
     )
     publisher.reconcile()

@@ -84,7 +84,7 @@ from dradriver.plugin.kubeletplugin.plugin import (
     KubeletPluginOptions,
     check_pod_uid,
 )
-from dradriver.plugin.resourceslice.publisher import Publisher, SliceSpec
+from dradriver.plugin.resourceslice.publisher import Publisher, PublisherOptions, SliceSpec
 from dradriver.quantity import parse_quantity
 
 if TYPE_CHECKING:  # loaded by cd_node.start only with --compute-domains (docs/reliability.md, memory)
@@ -622,12 +622,14 @@ class DriverProcess:
             self.pools = _pools(node, build_slice_specs(self.inventory, self.settings, taints=self.health.taints))
             self.publisher = Publisher(
                 self.cluster,
-                driver=args.driver_name,
-                node_name=node,
-                node_uid=_node_uid(self.cluster, node),
-                shape=self.shape,
+                PublisherOptions(
+                    driver=args.driver_name,
+                    node_name=node,
+                    node_uid=_node_uid(self.cluster, node),
+                    shape=self.shape,
+                    withdraw_tainted_if_dropped=args.health_taint_fallback == "withdraw",
+                ),
                 pools=self.pools,
-                withdraw_tainted_if_dropped=args.health_taint_fallback == "withdraw",
             )
         except BaseException:
             self.plugin.stop()

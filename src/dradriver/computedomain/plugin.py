@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from dradriver.gpu.interface import GpuLib
 from dradriver.plugin.cluster.port import Cluster
 from dradriver.plugin.kubeletplugin.lifecycle import StopBudget
 from dradriver.plugin.kubeletplugin.plugin import KubeletPlugin, KubeletPluginOptions
-from dradriver.plugin.resourceslice.publisher import Publisher, SliceSpec
+from dradriver.plugin.resourceslice.publisher import Publisher, PublisherOptions, SliceSpec
 from dradriver.validation.slices import SliceShape
 
 log = logging.getLogger(__name__)
@@ -45,61 +45,62 @@ def read_facts(gpulib: GpuLib, node_name: str, proc_root: Path) -> NodeFacts:
         return NodeFacts(node_name, "", 0, None, problem=str(err))
 
 
+@dataclass(frozen=True, kw_only=True)
+class ComputeDomainPluginOptions:
+    """Where the ComputeDomain driver serves and publishes: the namespace of its daemons, the kubelet's
+    registration directory, its own plugin directory (socket, lock, checkpoint, per-domain daemon files), the CDI
+    directory, the Node's UID and slice layout for its slice, the pod's UID (rolling updates), how often the node's
+    facts are read again (0: never), and the host files mounted into its IMEX daemon pods."""
+
+    namespace: str
+    registry_dir: Path
+    plugin_dir: Path
+    cdi_dir: Path
+    node_uid: str | None
+    shape: SliceShape
+    pod_uid: str | None = None
+    refresh_interval: float = 10.0
+    daemon_mounts: Sequence[Mapping[str, Any]] = ()
+
+
 class ComputeDomainPlugin:
     """Start serves and publishes; stop withdraws nothing (the slice stays for the next instance).
 
-    Every ``refresh_interval`` seconds it reads the node's facts again (``read``): a clique that changed is
+    Every ``options.refresh_interval`` seconds it reads the node's facts again (``read``): a clique that changed is
     republished, a fabric that is not registered withdraws the devices until it is."""
 
     def __init__(
-        self,
-        *,
-        read: Callable[[], NodeFacts],
-        refresh_interval: float = 10.0,
-        cluster: Cluster,
-        rest: Rest,
-        namespace: str,
-        registry_dir: Path,
-        plugin_dir: Path,
-        cdi_dir: Path,
-        node_uid: str | None,
-        shape: SliceShape,
-        daemon_mounts: Sequence[Mapping[str, Any]] = (),
-        pod_uid: str | None = None,
+        self, options: ComputeDomainPluginOptions, *, read: Callable[[], NodeFacts], cluster: Cluster, rest: Rest
     ) -> None:
         facts = read()
         self._read = read
-        self._interval = refresh_interval
+        self._interval = options.refresh_interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._refresh_loop, name="compute-domain-fabric", daemon=True)
         self.driver = ComputeDomainDriver(
             facts=facts,
             rest=rest,
-            namespace=namespace,
-            state_dir=plugin_dir,
-            cdi_dir=cdi_dir,
-            daemon_mounts=daemon_mounts,
+            namespace=options.namespace,
+            state_dir=options.plugin_dir,
+            cdi_dir=options.cdi_dir,
+            daemon_mounts=options.daemon_mounts,
         )
         self.plugin = KubeletPlugin(
             KubeletPluginOptions(
                 driver_name=api.DRIVER_NAME,
                 node_name=facts.node_name,
-                registry_dir=registry_dir,
-                plugin_dir=plugin_dir,
+                registry_dir=options.registry_dir,
+                plugin_dir=options.plugin_dir,
                 # Rolling updates: per-pod sockets, like the GPU driver's, so the new pod starts beside the old.
-                pod_uid=pod_uid,
+                pod_uid=options.pod_uid,
             ),
             handler=self.driver,
             claim_source=cluster,
         )
-        self.publisher = Publisher(
-            cluster,
-            driver=api.DRIVER_NAME,
-            node_name=facts.node_name,
-            node_uid=node_uid,
-            shape=shape,
-            pools=_pools(facts),
+        publishing = PublisherOptions(
+            driver=api.DRIVER_NAME, node_name=facts.node_name, node_uid=options.node_uid, shape=options.shape
         )
+        self.publisher = Publisher(cluster, publishing, pools=_pools(facts))
         self._log_facts(facts)
 
     def start(self) -> None:

@@ -12,7 +12,7 @@ import pytest
 from support.apiserver import ApiEnv, api_env
 
 from dradriver.plugin.cluster.memory import MemoryCluster
-from dradriver.plugin.resourceslice.publisher import Backoff, Publisher, SliceSpec, slice_index
+from dradriver.plugin.resourceslice.publisher import Backoff, Publisher, PublisherOptions, SliceSpec, slice_index
 
 DRIVER = "gpu.dradriver.dev"
 NODE = "node-1"
@@ -55,15 +55,16 @@ PublisherFactory = Callable[..., Publisher]
 def make_publisher(api: ApiEnv, sleeps: Sleeps) -> Iterator[PublisherFactory]:
     started: list[Publisher] = []
 
-    def make(pools: dict[str, list[SliceSpec]], *, start: bool = True, **options: Any) -> Publisher:
-        options.setdefault("cluster", api.cluster)
+    def make(
+        pools: dict[str, list[SliceSpec]], *, start: bool = True, cluster: Any = None, **options: Any
+    ) -> Publisher:
         publisher = Publisher(
-            driver=DRIVER,
-            node_name=NODE,
+            cluster or api.cluster,
+            PublisherOptions(
+                driver=DRIVER, node_name=NODE, backoff=Backoff(initial=0.1, maximum=2.0, jitter=0.0), **options
+            ),
             pools=pools,
             sleep=sleeps,
-            backoff=Backoff(initial=0.1, maximum=2.0, jitter=0.0),
-            **options,
         )
         if start:
             publisher.start()
@@ -362,11 +363,9 @@ def test_a_create_answered_too_late_is_retried_without_a_duplicate_slice(tmp_pat
         env.server.delay_next("POST", "/resourceslices", 1.0)
         publisher = Publisher(
             env.cluster,
-            driver=DRIVER,
-            node_name=NODE,
+            PublisherOptions(driver=DRIVER, node_name=NODE, backoff=Backoff(initial=0.1, maximum=2.0, jitter=0.0)),
             pools={NODE: [spec("gpu-0")]},
             sleep=sleeps,
-            backoff=Backoff(initial=0.1, maximum=2.0, jitter=0.0),
         )
         publisher.start()
         try:

@@ -273,8 +273,24 @@ def _carry_taint_times(desired: JsonObject, existing: Mapping[str, Any]) -> None
                 taint["timeAdded"] = times[key]
 
 
+@dataclass(frozen=True, kw_only=True)
+class PublisherOptions:
+    """Whose slices a :class:`Publisher` keeps, and how: the driver and node that own them, the Node's UID for
+    their owner reference (garbage collection with the Node), the API server's slice layout, retry delays, how
+    long one watch lasts, and whether devices with taints are withdrawn where the server drops taints."""
+
+    driver: str
+    node_name: str
+    node_uid: str | None = None
+    shape: SliceShape = SliceShape.V1_35
+    backoff: Backoff = field(default_factory=Backoff)
+    watch_timeout_seconds: int = 300
+    withdraw_tainted_if_dropped: bool = True
+
+
 class Publisher:
-    """Publishes desired pools as ResourceSlices of ``driver`` on ``node_name`` and keeps them there.
+    """Publishes desired pools as ResourceSlices of ``options.driver`` on ``options.node_name`` and keeps them
+    there.
 
     Call :meth:`start` to run in a background thread (it re-publishes after changes by others, seen through
     a watch), or :meth:`reconcile` for one synchronous pass. ``sleep`` (called with the backoff delay in
@@ -285,28 +301,22 @@ class Publisher:
     def __init__(
         self,
         cluster: Cluster,
+        options: PublisherOptions,
         *,
-        driver: str,
-        node_name: str,
-        node_uid: str | None = None,
         pools: DesiredPools | None = None,
-        shape: SliceShape = SliceShape.V1_35,
-        backoff: Backoff | None = None,
         sleep: Callable[[float], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
-        watch_timeout_seconds: int = 300,
-        withdraw_tainted_if_dropped: bool = True,
     ) -> None:
         self._cluster = cluster
-        self._driver = driver
-        self._node_name = node_name
-        self._node_uid = node_uid
-        self._shape = shape
-        self._backoff = backoff or Backoff()
+        self._driver = options.driver
+        self._node_name = options.node_name
+        self._node_uid = options.node_uid
+        self._shape = options.shape
+        self._backoff = options.backoff
         self._sleep = sleep
         self._clock = clock
-        self._watch_timeout = watch_timeout_seconds
-        self._withdraw_tainted = withdraw_tainted_if_dropped
+        self._watch_timeout = options.watch_timeout_seconds
+        self._withdraw_tainted = options.withdraw_tainted_if_dropped
         self._taints_dropped = False
         self._counters_dropped = False
 
