@@ -12,6 +12,7 @@ its pipe directory), which works for a daemon this process did not start (re-ado
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -122,38 +123,11 @@ class MpsControl:
         pipe, logs = self.dirs(claim_uid)
         shm = self.shm_dir(claim_uid)
         undo = self.kill if restart else self.stop
-        self._make_dirs(pipe, logs)
-        try:
-            private_shm = self._make_shm(shm)
-        except DeviceError:
-            undo({"pipeDir": str(pipe), "logDir": str(logs)})
-            raise
-        env = self._env(pipe, logs)
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(device_uuids)
-        argv = [
-            *self.wrapper,
-            *(mps_shm.namespace_prefix(shm) if private_shm else []),
-            *(self.daemon_command or self.command),
-            "-f",
-            *(["-M"] if multi_user else []),
-        ]
-        try:
-            child = subprocess.Popen(
-                argv,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,  # not in the plugin's process group: a signal to the plugin spares it
-            )
-        except OSError as err:
-            undo({"pipeDir": str(pipe), "logDir": str(logs)})
-            raise DeviceError(
-                f"cannot start the MPS control daemon of claim {claim_uid}: {argv[0]}: {err}; is it on this "
-                "machine (the control command in the driver root: --mps-control-command; the wrapper: "
-                "--mps-daemon-wrapper; unshare, sh and mount for the daemon's /dev/shm)?"
-            ) from err
-        self._children[child.pid] = child
+        undo_dirs = functools.partial(undo, {"pipeDir": str(pipe), "logDir": str(logs)})  # before there is a daemon
+        private_shm = self._make_claim_dirs(pipe, logs, shm, undo=undo_dirs)
+        argv = self._daemon_argv(shm, private_shm=private_shm, multi_user=multi_user)
+        env = {**self._env(pipe, logs), "CUDA_VISIBLE_DEVICES": ",".join(device_uuids)}
+        child = self._spawn(claim_uid, argv, env, undo=undo_dirs)
         identity = {
             "pid": child.pid,
             "startTime": _start_time(child.pid),
@@ -174,6 +148,51 @@ class MpsControl:
             raise
         log.info("started MPS control daemon claim=%s pid=%d devices=%s", claim_uid, child.pid, ",".join(device_uuids))
         return identity
+
+    def _make_claim_dirs(self, pipe: Path, logs: Path, shm: Path, *, undo: Callable[[], None]) -> bool:
+        """The claim's pipe, log and shm directories; whether the shm directory is the daemon's own ``/dev/shm``
+        (see ``_make_shm``). Should the shm directory fail, ``undo`` takes the others back."""
+        self._make_dirs(pipe, logs)
+        try:
+            return self._make_shm(shm)
+        except DeviceError:
+            undo()
+            raise
+
+    def _daemon_argv(self, shm: Path, *, private_shm: bool, multi_user: bool) -> list[str]:
+        """The daemon's command line: the wrapper, the mount namespace that gives it ``shm`` as its ``/dev/shm``
+        (where it has one of its own), the daemon in the foreground, ``-M`` for multi-user mode."""
+        return [
+            *self.wrapper,
+            *(mps_shm.namespace_prefix(shm) if private_shm else []),
+            *(self.daemon_command or self.command),
+            "-f",
+            *(["-M"] if multi_user else []),
+        ]
+
+    def _spawn(
+        self, claim_uid: str, argv: Sequence[str], env: Mapping[str, str], *, undo: Callable[[], None]
+    ) -> subprocess.Popen[bytes]:
+        """Start the daemon in a session of its own. A command that cannot start calls ``undo`` and raises an error
+        that says what to check."""
+        try:
+            child = subprocess.Popen(
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,  # not in the plugin's process group: a signal to the plugin spares it
+            )
+        except OSError as err:
+            undo()
+            raise DeviceError(
+                f"cannot start the MPS control daemon of claim {claim_uid}: {argv[0]}: {err}; is it on this "
+                "machine (the control command in the driver root: --mps-control-command; the wrapper: "
+                "--mps-daemon-wrapper; unshare, sh and mount for the daemon's /dev/shm)?"
+            ) from err
+        self._children[child.pid] = child
+        return child
 
     def _await_ready(
         self, claim_uid: str, child: subprocess.Popen[bytes], identity: Mapping[str, Any], commands: Sequence[str]
