@@ -41,7 +41,7 @@ import grpc  # noqa: E402
 from dradriver.api.generated import dra_v1_pb2, dra_v1_pb2_grpc, pluginregistration_v1_pb2  # noqa: E402
 from dradriver.driver.prepare.checkpoint import CheckpointStore  # noqa: E402
 from dradriver.driver.prepare.mps import MpsControl  # noqa: E402
-from dradriver.driver.prepare.state import GpuDriver  # noqa: E402
+from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions  # noqa: E402
 from dradriver.gpu.inventory import MigMode, discover  # noqa: E402
 from dradriver.nvidia_install.cdi import CdiWriter  # noqa: E402
 from dradriver.plugin.cluster.memory import MemoryCluster  # noqa: E402
@@ -232,10 +232,8 @@ def driver_plugin(
     state = Path(tempfile.mkdtemp(prefix="dra-bench-state-", dir=state_parent))
     store = CheckpointStore.open(state, boot_id="bench")
     driver = GpuDriver(
-        driver_name=DRIVER,
-        pool=NODE,
+        GpuDriverOptions(driver_name=DRIVER, pool=NODE, mig_mode=MigMode.DYNAMIC),
         inventory=discover(gpulib),
-        mig_mode=MigMode.DYNAMIC,
         cdi=CdiWriter(root / "cdi"),
         gpulib=gpulib,
         checkpoint=store,

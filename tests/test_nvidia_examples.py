@@ -21,7 +21,7 @@ from dradriver.cli.main import main
 from dradriver.driver.prepare.checkpoint import CheckpointStore
 from dradriver.driver.prepare.mps import MpsControl
 from dradriver.driver.prepare.presets import NVIDIA
-from dradriver.driver.prepare.state import GpuDriver
+from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions
 from dradriver.gpu.inventory import MigMode, discover
 from dradriver.nvidia_install.cdi import CdiWriter
 from dradriver.plugin.handler import ClaimRef
@@ -129,10 +129,8 @@ class Driver:
         gpulib = simulated_gpulib_on(self.sim)
         self.store = CheckpointStore.open(tmp_path / "state", boot_id="boot-1")
         self.driver = GpuDriver(
-            driver_name=NVIDIA.driver_name,
-            pool=NODE,
+            GpuDriverOptions(driver_name=NVIDIA.driver_name, pool=NODE, mig_mode=MigMode(mig_mode)),
             inventory=discover(gpulib),
-            mig_mode=MigMode(mig_mode),
             cdi=CdiWriter(tmp_path / "cdi"),
             gpulib=gpulib,
             checkpoint=self.store,

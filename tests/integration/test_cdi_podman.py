@@ -21,7 +21,7 @@ import pytest
 from support.nodes import inventory_of
 
 from dradriver.driver.prepare.mps import MpsControl
-from dradriver.driver.prepare.state import GpuDriver
+from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions
 from dradriver.gpu.inventory import MigMode, discover
 from dradriver.nvidia_install.cdi import CdiWriter, device_env_name
 from dradriver.nvidia_install.driver_root import discover_driver_root
@@ -145,10 +145,8 @@ def gpu_driver(world: Path, *, hook: bool = False) -> GpuDriver:
         (root / "usr/bin/nvidia-cdi-hook").write_text(HOOK.format(python=sys.executable, log=world / "hook.log"))
         (root / "usr/bin/nvidia-cdi-hook").chmod(0o755)
     return GpuDriver(
-        driver_name=DRIVER,
-        pool="node-a",
+        GpuDriverOptions(driver_name=DRIVER, pool="node-a", mig_mode=MigMode.STATIC),
         inventory=INVENTORY,
-        mig_mode=MigMode.STATIC,
         cdi=CdiWriter(
             world / "cdi",
             host_path=lambda _path: "/dev/null",
@@ -269,10 +267,8 @@ def test_a_container_reads_the_device_metadata_of_its_own_request_only(world: Pa
 def test_podman_sees_a_carved_mig_devices_uuid_and_capability_nodes(world: Path) -> None:
     gpulib, node = simulated_gpulib("hgx-h100-80gb", node_name="node-a")
     driver = GpuDriver(
-        driver_name=DRIVER,
-        pool="node-a",
+        GpuDriverOptions(driver_name=DRIVER, pool="node-a", mig_mode=MigMode.DYNAMIC),
         inventory=discover(gpulib),
-        mig_mode=MigMode.DYNAMIC,
         cdi=CdiWriter(
             world / "cdi",
             host_path=lambda _path: "/dev/null",
@@ -308,10 +304,8 @@ def test_an_mps_container_shares_the_daemons_dev_shm_and_pipe_directory(world: P
     # spec, the container's; the daemon's socket is in the container's pipe directory.
     gpulib, _node = simulated_gpulib("mixed", node_name="node-a")
     driver = GpuDriver(
-        driver_name=DRIVER,
-        pool="node-a",
+        GpuDriverOptions(driver_name=DRIVER, pool="node-a", mig_mode=MigMode.STATIC),
         inventory=discover(gpulib),
-        mig_mode=MigMode.STATIC,
         cdi=CdiWriter(world / "cdi", host_path=lambda _path: "/dev/null"),
         gpulib=gpulib,
         mps=MpsControl(mps_standin.command(), world / "mps"),

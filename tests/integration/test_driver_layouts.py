@@ -29,7 +29,7 @@ from support.driver_layouts import LAYOUTS, Layout, Stubs, build_layout, build_s
 from support.nodes import inventory_of
 
 from dradriver.cli.driver_root import driver_root_for
-from dradriver.driver.prepare.state import GpuDriver
+from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions
 from dradriver.gpu.inventory import MigMode
 from dradriver.nvidia_install.cdi import CdiWriter
 from dradriver.nvidia_install.driver_root import DriverRoot, discover_driver_root
@@ -94,10 +94,8 @@ def podman(world: Path, stubs: Stubs) -> Podman:
 def prepare(podman: Podman, root: DriverRoot, uid: str) -> list[str]:
     """Prepare a claim for one whole GPU on the simulated node, as NodePrepareResources does; its CDI ids."""
     driver = GpuDriver(
-        driver_name=DRIVER,
-        pool="node-a",
+        GpuDriverOptions(driver_name=DRIVER, pool="node-a", mig_mode=MigMode.STATIC),
         inventory=INVENTORY,
-        mig_mode=MigMode.STATIC,
         cdi=CdiWriter(podman.cdi_dir, host_path=lambda _path: "/dev/null", driver_root=root),
     )
     result = {"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": GPU}

@@ -8,7 +8,7 @@ import pytest
 from support.cdi_schema import cdi_problems
 from support.nodes import inventory_of
 
-from dradriver.driver.prepare.state import GpuDriver
+from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions
 from dradriver.gpu.inventory import MigMode
 from dradriver.nvidia_install.cdi import CdiWriter, minimum_cdi_version
 from dradriver.nvidia_install.driver_root import DriverRoot, discover_driver_root
@@ -52,7 +52,9 @@ def driver_root(tmp_path: Path, *, hook: bool, host_root: str | None = None) -> 
 def prepare(tmp_path: Path, root: DriverRoot, spec_claim: dict) -> dict:
     writer = CdiWriter(tmp_path / "cdi", driver_root=root, node_exists=lambda _p: True)
     gpus = GpuDriver(
-        driver_name=DRIVER, pool="node-a", inventory=inventory_of("mixed"), mig_mode=MigMode.STATIC, cdi=writer
+        GpuDriverOptions(driver_name=DRIVER, pool="node-a", mig_mode=MigMode.STATIC),
+        inventory=inventory_of("mixed"),
+        cdi=writer,
     )
     uid = spec_claim["metadata"]["uid"]
     ref = ClaimRef(spec_claim["metadata"]["namespace"], spec_claim["metadata"]["name"], uid)

@@ -19,7 +19,7 @@ from dradriver.allocator import AllocationError, Unsatisfiable, allocate
 from dradriver.cli.explain_input import BUILTIN_CLASSES, Inputs, check_claim, load
 from dradriver.cli.inventory import render_table
 from dradriver.cli.options import add_env_option, add_gpu_options, dns_subdomain
-from dradriver.driver.prepare.state import GpuDriver
+from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions
 from dradriver.driver.publish.slices import SliceSettings, build_slice_specs
 from dradriver.errors import ConfigError
 from dradriver.gpu.backend import open_gpu_backend, simulated_driver_root
@@ -146,7 +146,9 @@ def _prepare_and_unprepare(
     stub_root = simulated_driver_root(root / "driver-root", inventory.driver_version)
     driver_root = discover_driver_root(host_root=str(stub_root), version=inventory.driver_version)
     cdi = CdiWriter(root / "cdi", host_path=lambda _path: "/dev/null", driver_root=driver_root)
-    driver = GpuDriver(driver_name=DRIVER, pool=node, inventory=inventory, mig_mode=mig_mode, cdi=cdi, gpulib=gpulib)
+    driver = GpuDriver(
+        GpuDriverOptions(driver_name=DRIVER, pool=node, mig_mode=mig_mode), inventory=inventory, cdi=cdi, gpulib=gpulib
+    )
     claim_status = ClaimStatusWriter(cluster, driver_name=DRIVER, node_name=node)
     plugin = KubeletPlugin(
         KubeletPluginOptions(

@@ -56,7 +56,7 @@ from dradriver.driver.prepare.checkpoint import CheckpointStore
 from dradriver.driver.prepare.mps import DEFAULT_COMMAND, MpsControl
 from dradriver.driver.prepare.recheck import DEFAULT_INTERVAL as DEFAULT_RECHECK_INTERVAL
 from dradriver.driver.prepare.recheck import ClaimLookup, recheck_claims
-from dradriver.driver.prepare.state import GpuDriver
+from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions
 from dradriver.driver.publish.slices import (
     SliceSettings,
     build_slice_specs,
@@ -575,10 +575,13 @@ class DriverProcess:
         # In rolling-update mode the old and the new pod share the checkpoint (their calls are serialised).
         self.checkpoint = CheckpointStore.open(state_dir, shared=bool(args.pod_uid))
         self.driver = GpuDriver(
-            driver_name=args.driver_name,
-            pool=node,
+            GpuDriverOptions(
+                driver_name=args.driver_name,
+                pool=node,
+                mig_mode=self.mig_mode,
+                consumable_shares=args.consumable_shares or None,
+            ),
             inventory=self.inventory,
-            mig_mode=self.mig_mode,
             cdi=cdi,
             gpulib=self.gpulib,
             checkpoint=self.checkpoint,
@@ -586,7 +589,6 @@ class DriverProcess:
             mps=MpsControl(
                 root=state_dir / "mps", shm_size=args.mps_shm_size, **_mps_commands(args, simulated, self.driver_root)
             ),
-            consumable_shares=args.consumable_shares or None,
             holder_released=lambda ref, device: _holder_released(self.cluster, args.driver_name, node, ref, device),
         )
         claim_status = (

@@ -10,7 +10,7 @@ from support.nodes import inventory_of
 
 from dradriver.driver.observe.metrics import InstrumentedHandler, NodeCollector, error_reason, register_node_collector
 from dradriver.driver.prepare.checkpoint import Action, CheckpointStore, ClaimRecord, ClaimState, DeviceRecord
-from dradriver.driver.prepare.state import GpuDriver
+from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions
 from dradriver.gpu.inventory import MigMode
 from dradriver.nvidia_install.cdi import CdiWriter
 from dradriver.plugin.handler import AllocatedClaim, ClaimRef, PrepareResult
@@ -138,10 +138,8 @@ def test_each_prepared_device_has_one_allocation_series_per_pod_gone_at_unprepar
     with DCGM exporter's series."""
     store = CheckpointStore.open(tmp_path / "state", boot_id="b")
     driver = GpuDriver(
-        driver_name=DRIVER,
-        pool="node-a",
+        GpuDriverOptions(driver_name=DRIVER, pool="node-a", mig_mode=MigMode.STATIC),
         inventory=inventory_of("mixed"),
-        mig_mode=MigMode.STATIC,
         cdi=CdiWriter(tmp_path / "cdi"),
         checkpoint=store,
     )

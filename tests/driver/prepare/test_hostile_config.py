@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from dradriver import faults
 from dradriver.driver.prepare.checkpoint import CheckpointStore
 from dradriver.driver.prepare.mps import MpsControl
-from dradriver.driver.prepare.state import GpuDriver
+from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions
 from dradriver.gpu.inventory import MigMode, discover
 from dradriver.gpu.models import ComputeMode
 from dradriver.nvidia_install.cdi import CdiWriter
@@ -187,10 +187,8 @@ class Node:
         store = CheckpointStore.open(root / "state", boot_id="boot-1")
         mps = MpsControl(STANDIN, root / "mps")
         driver = GpuDriver(
-            driver_name=DRIVER,
-            pool="node-a",
+            GpuDriverOptions(driver_name=DRIVER, pool="node-a", mig_mode=MigMode.DYNAMIC),
             inventory=discover(gpulib),
-            mig_mode=MigMode.DYNAMIC,
             cdi=CdiWriter(root / "cdi"),
             gpulib=gpulib,
             checkpoint=store,

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dradriver.driver.prepare.checkpoint import KIND, CheckpointStore, checksum
-from dradriver.driver.prepare.state import GpuDriver
+from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions
 from dradriver.gpu.inventory import MigMode, discover
 from dradriver.nvidia_install.cdi import CdiWriter
 from dradriver.plugin.handler import ClaimRef
@@ -88,10 +88,8 @@ def test_any_checkpoint_is_reconciled_and_unprepared_without_a_crash(claims: dic
         store = CheckpointStore.open(state, boot_id="b")
         try:
             driver = GpuDriver(
-                driver_name="gpu.dradriver.dev",
-                pool="node-a",
+                GpuDriverOptions(driver_name="gpu.dradriver.dev", pool="node-a", mig_mode=MigMode.DYNAMIC),
                 inventory=discover(gpulib),
-                mig_mode=MigMode.DYNAMIC,
                 cdi=CdiWriter(root / "cdi"),
                 gpulib=gpulib,
                 checkpoint=store,
@@ -305,10 +303,8 @@ def test_start_up_clears_only_its_own_leftovers_and_never_follows_a_link_out(
         store = CheckpointStore.open(root / "state", boot_id="b")
         try:
             driver = GpuDriver(
-                driver_name="gpu.dradriver.dev",
-                pool="node-a",
+                GpuDriverOptions(driver_name="gpu.dradriver.dev", pool="node-a", mig_mode=MigMode.DYNAMIC),
                 inventory=inventory,
-                mig_mode=MigMode.DYNAMIC,
                 cdi=CdiWriter(root / "cdi"),
                 gpulib=simulated_gpulib_on(sim),
                 checkpoint=store,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dradriver.driver.prepare.checkpoint import CheckpointStore
-from dradriver.driver.prepare.state import GpuDriver
+from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions
 from dradriver.gpu.inventory import MigMode, discover
 from dradriver.nvidia_install.cdi import CdiWriter
 from dradriver.plugin.handler import AllocatedClaim, AllocatedDevice, ClaimRef
@@ -37,10 +37,8 @@ def node(tmp_path: Path) -> Iterator[tuple[GpuDriver, SimulatedNode]]:
     gpulib = simulated_gpulib_on(sim)
     store = CheckpointStore.open(files / "state", boot_id="b")
     driver = GpuDriver(
-        driver_name="gpu.dradriver.dev",
-        pool="node-a",
+        GpuDriverOptions(driver_name="gpu.dradriver.dev", pool="node-a", mig_mode=MigMode.DYNAMIC),
         inventory=discover(gpulib),
-        mig_mode=MigMode.DYNAMIC,
         cdi=CdiWriter(files / "cdi"),
         gpulib=gpulib,
         checkpoint=store,

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.nodes import inventory_of
 
-from dradriver.driver.prepare.state import GpuDriver
+from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions
 from dradriver.gpu.inventory import MigMode
 from dradriver.nvidia_install.cdi import CdiWriter
 from dradriver.plugin.handler import ClaimRef
@@ -78,7 +78,9 @@ class OneClaim:
 @given(claim=claims)
 def test_generated_claims_are_prepared_or_refused_in_a_sentence(tmp_path: Path, claim: dict[str, Any]) -> None:
     cdi = CdiWriter(tmp_path / "cdi")
-    driver = GpuDriver(driver_name=DRIVER, pool="node-a", inventory=INVENTORY, mig_mode=MigMode.STATIC, cdi=cdi)
+    driver = GpuDriver(
+        GpuDriverOptions(driver_name=DRIVER, pool="node-a", mig_mode=MigMode.STATIC), inventory=INVENTORY, cdi=cdi
+    )
     processor = ClaimProcessor(driver_name=DRIVER, handler=driver, claim_source=OneClaim(claim), locks=ClaimLocks())
     outcome = processor.prepare([REF])[REF.uid]
     if outcome.error is not None:

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from support.nodes import inventory_of
 
-from dradriver.driver.prepare.state import GpuDriver
+from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions
 from dradriver.gpu.caps import ProcMigCapabilities
 from dradriver.gpu.inventory import MigMode, discover
 from dradriver.gpu.nvml import NvmlGpuLib
@@ -52,10 +52,8 @@ def raw_claim(uid: str, *results: tuple[str, str], pool: str = "node-a", driver:
 @pytest.fixture
 def driver(tmp_path: Path) -> GpuDriver:
     return GpuDriver(
-        driver_name=DRIVER,
-        pool="node-a",
+        GpuDriverOptions(driver_name=DRIVER, pool="node-a", mig_mode=MigMode.STATIC),
         inventory=inventory_of("mixed"),
-        mig_mode=MigMode.STATIC,
         cdi=CdiWriter(tmp_path),
     )
 
@@ -102,7 +100,9 @@ def test_a_mig_device_whose_capabilities_cannot_be_read_is_refused(tmp_path: Pat
     finally:
         gpulib.close()
     blind = GpuDriver(
-        driver_name=DRIVER, pool="node-a", inventory=inventory, mig_mode=MigMode.STATIC, cdi=CdiWriter(tmp_path / "cdi")
+        GpuDriverOptions(driver_name=DRIVER, pool="node-a", mig_mode=MigMode.STATIC),
+        inventory=inventory,
+        cdi=CdiWriter(tmp_path / "cdi"),
     )
     result = blind.prepare_resource_claims([claim("u7", ("mig", "gpu-0000-07-00-0-mig-3g20gb-0"))])["u7"]
     assert "MIG capability device nodes" in (result.error or "")
@@ -133,10 +133,8 @@ def test_bad_allocations_fail_the_claim_and_write_nothing(driver: GpuDriver, tmp
 
 def test_a_partition_not_carved_yet_is_refused_with_the_way_out(tmp_path: Path):
     dynamic = GpuDriver(
-        driver_name=DRIVER,
-        pool="node-a",
+        GpuDriverOptions(driver_name=DRIVER, pool="node-a", mig_mode=MigMode.DYNAMIC),
         inventory=inventory_of("dgx-a100-80gb"),
-        mig_mode=MigMode.DYNAMIC,
         cdi=CdiWriter(tmp_path),
     )
     result = dynamic.prepare_resource_claims([claim("u4", ("m", "gpu-0000-07-00-0-mig-1g10gb-0"))])["u4"]
@@ -146,10 +144,8 @@ def test_a_partition_not_carved_yet_is_refused_with_the_way_out(tmp_path: Path):
 def test_a_whole_gpu_in_mig_mode_is_refused_with_the_way_out(tmp_path: Path):
     # mixed: the first A100 is in MIG mode; dynamic mode offers it whole, but as a whole GPU it runs no work.
     dynamic = GpuDriver(
-        driver_name=DRIVER,
-        pool="node-a",
+        GpuDriverOptions(driver_name=DRIVER, pool="node-a", mig_mode=MigMode.DYNAMIC),
         inventory=inventory_of("mixed"),
-        mig_mode=MigMode.DYNAMIC,
         cdi=CdiWriter(tmp_path),
     )
     result = dynamic.prepare_resource_claims([claim("u5", ("g", "gpu-0000-07-00-0"))])["u5"]
@@ -186,10 +182,8 @@ def test_a_device_the_cluster_gave_to_a_new_claim_is_released_by_its_earlier_cla
         return ref.uid in released
 
     driver = GpuDriver(
-        driver_name=DRIVER,
-        pool="node-a",
+        GpuDriverOptions(driver_name=DRIVER, pool="node-a", mig_mode=MigMode.STATIC),
         inventory=inventory_of("mixed"),
-        mig_mode=MigMode.STATIC,
         cdi=CdiWriter(tmp_path),
         holder_released=holder_released,
     )
@@ -221,10 +215,8 @@ def test_an_admin_access_claim_does_not_block_a_regular_one(driver: GpuDriver, t
 def test_a_new_claim_on_an_unhealthy_device_is_refused_naming_cause_and_time(tmp_path: Path):
     problems = {"gpu-0000-0f-00-0": "XID 79 on GPU GPU-1 (since 2026-11-23T05:00:00Z)"}
     driver = GpuDriver(
-        driver_name=DRIVER,
-        pool="node-a",
+        GpuDriverOptions(driver_name=DRIVER, pool="node-a", mig_mode=MigMode.STATIC),
         inventory=inventory_of("mixed"),
-        mig_mode=MigMode.STATIC,
         cdi=CdiWriter(tmp_path),
         device_problem=lambda name, _tolerations: problems.get(name),
     )
@@ -243,10 +235,8 @@ def test_the_allocation_tolerations_reach_the_health_check(tmp_path: Path):
         return None if tolerations else "XID 79 (since 2026-11-23T05:00:00Z)"
 
     driver = GpuDriver(
-        driver_name=DRIVER,
-        pool="node-a",
+        GpuDriverOptions(driver_name=DRIVER, pool="node-a", mig_mode=MigMode.STATIC),
         inventory=inventory_of("mixed"),
-        mig_mode=MigMode.STATIC,
         cdi=CdiWriter(tmp_path),
         device_problem=problem,
     )
@@ -265,10 +255,8 @@ def test_the_allocation_tolerations_reach_the_health_check(tmp_path: Path):
 def test_a_claim_prepared_before_its_device_turned_unhealthy_is_left_alone(tmp_path: Path):
     problems: dict[str, str] = {}
     driver = GpuDriver(
-        driver_name=DRIVER,
-        pool="node-a",
+        GpuDriverOptions(driver_name=DRIVER, pool="node-a", mig_mode=MigMode.STATIC),
         inventory=inventory_of("mixed"),
-        mig_mode=MigMode.STATIC,
         cdi=CdiWriter(tmp_path),
         device_problem=lambda name, _tolerations: problems.get(name),
     )

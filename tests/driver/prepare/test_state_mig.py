@@ -14,7 +14,7 @@ from dradriver import faults
 from dradriver.driver.prepare import transaction
 from dradriver.driver.prepare.checkpoint import CheckpointStore, ClaimState
 from dradriver.driver.prepare.mps import MpsControl
-from dradriver.driver.prepare.state import GpuDriver
+from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions
 from dradriver.gpu.inventory import MigMode, discover
 from dradriver.nvidia_install.cdi import CdiWriter
 from dradriver.plugin.handler import AllocatedClaim, AllocatedDevice, ClaimRef
@@ -60,14 +60,11 @@ class Node:
         gpulib = simulated_gpulib_on(self.sim)
         self.store = CheckpointStore.open(self.state_dir, boot_id=boot_id)
         self.driver = GpuDriver(
-            driver_name=DRIVER,
-            pool="node-a",
+            GpuDriverOptions(driver_name=DRIVER, pool="node-a", mig_mode=self.mig_mode),
             inventory=discover(gpulib),
-            mig_mode=self.mig_mode,
             cdi=CdiWriter(self.cdi_dir),
             gpulib=gpulib,
             checkpoint=self.store,
-            # A new process knows none of the daemons it finds (re-adopted through their pipe directories).
             mps=MpsControl(mps_standin.command(), self.mps_root) if self.mps_root is not None else None,
         )
         return self.driver

@@ -18,7 +18,7 @@ from support.mps_daemons import may_mount
 from dradriver.driver.prepare.checkpoint import CheckpointStore, ClaimRecord, ClaimState, DeviceRecord
 from dradriver.driver.prepare.mps import MpsControl
 from dradriver.driver.prepare.sharing import CONFIG_FIELD, STEP_MPS_DAEMON, refuse_conflicts
-from dradriver.driver.prepare.state import GpuDriver
+from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions
 from dradriver.errors import ClaimError
 from dradriver.gpu.inventory import GpuDevice, MigMode, discover
 from dradriver.gpu.models import ComputeMode
@@ -63,10 +63,8 @@ class Node:
         self.store = CheckpointStore.open(self.tmp_path / "state", boot_id="boot-1")
         self.mps = MpsControl(STANDIN, self.tmp_path / "mps")  # a new process knows none of the daemons
         self.driver = GpuDriver(
-            driver_name=DRIVER,
-            pool="node-a",
+            GpuDriverOptions(driver_name=DRIVER, pool="node-a", mig_mode=self.mig_mode),
             inventory=discover(gpulib),
-            mig_mode=self.mig_mode,
             cdi=CdiWriter(self.cdi_dir),
             gpulib=gpulib,
             checkpoint=self.store,

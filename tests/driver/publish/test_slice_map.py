@@ -6,7 +6,7 @@ from pathlib import Path
 
 from dradriver.cli.main import main
 from dradriver.driver.prepare.checkpoint import CheckpointStore
-from dradriver.driver.prepare.state import GpuDriver
+from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions
 from dradriver.driver.publish.slice_map import InstanceCell, owners_from_checkpoint, render
 from dradriver.gpu.inventory import MigMode, discover
 from dradriver.nvidia_install.cdi import CdiWriter
@@ -33,10 +33,8 @@ def test_sim_show_and_inventory_draw_the_map_with_owners_from_the_checkpoint(tmp
     gpulib, _ = simulated_gpulib("hgx-h100-80gb", node_name="node-a", state_path=sim)
     store = CheckpointStore.open(state, boot_id="b")
     driver = GpuDriver(
-        driver_name="gpu.dradriver.dev",
-        pool="node-a",
+        GpuDriverOptions(driver_name="gpu.dradriver.dev", pool="node-a", mig_mode=MigMode.DYNAMIC),
         inventory=discover(gpulib),
-        mig_mode=MigMode.DYNAMIC,
         cdi=CdiWriter(tmp_path / "cdi"),
         gpulib=gpulib,
         checkpoint=store,

@@ -96,41 +96,51 @@ class DeviceInUse(ClaimError):
         self.device = device
 
 
+@dataclass(frozen=True, kw_only=True)
+class GpuDriverOptions:
+    """Whose devices a :class:`GpuDriver` prepares: the driver name and pool (this node) the allocations name,
+    how MIG is published, and ``consumable_shares`` (--consumable-shares: a share's config chooses how it is kept
+    apart, sharing.share_config)."""
+
+    driver_name: str
+    pool: str
+    mig_mode: MigMode
+    consumable_shares: str | None = None
+
+
 class GpuDriver:
     """Implements the plugin layer's ``DriverHandler`` for NVIDIA GPUs.
 
-    ``gpulib`` is needed for dynamic MIG (carving at prepare); ``checkpoint`` defaults to one kept in memory;
-    ``device_problem`` lets a health monitor refuse devices it knows to be bad.
+    ``options`` say whose devices (:class:`GpuDriverOptions`); the rest are the parts it works with. ``gpulib`` is
+    needed for dynamic MIG (carving at prepare); ``checkpoint`` defaults to one kept in memory; ``mps`` runs the
+    claims' MPS daemons.
     """
 
     def __init__(
         self,
+        options: GpuDriverOptions,
         *,
-        driver_name: str,
-        pool: str,
         inventory: Inventory,
-        mig_mode: MigMode,
         cdi: CdiWriter,
         gpulib: GpuLib | None = None,
         checkpoint: CheckpointStore | None = None,
-        device_problem: DeviceProblem | None = None,
         mps: MpsControl | None = None,
-        consumable_shares: str | None = None,
+        device_problem: DeviceProblem | None = None,
         holder_released: HolderReleased | None = None,
     ) -> None:
         """``device_problem`` says why a device must not be given to a new claim (its health: cause and time),
         or None when it may; consulted for each device of a claim that is not prepared yet (a claim prepared
         before its device turned unhealthy is returned as recorded: its pod learns of the fault from the health
-        stream)."""
-        self.driver_name = driver_name
-        self.pool = pool
+        stream). ``holder_released`` says whether the cluster no longer allocates a device to the claim
+        prepared with it (so a new claim may take it over)."""
+        self.driver_name = options.driver_name
+        self.pool = options.pool
         self.cdi = cdi
-        self.mig_mode = mig_mode
+        self.mig_mode = options.mig_mode
         self.gpulib = gpulib
         self.checkpoint = checkpoint if checkpoint is not None else CheckpointStore()
         self._device_problem = device_problem
-        # --consumable-shares: a share's config chooses how it is kept apart (sharing.share_config).
-        self.consumable_shares = consumable_shares
+        self.consumable_shares = options.consumable_shares
         self._holder_released = holder_released
         self.mig = MigSteps(gpulib) if gpulib is not None else None
         self.sharing = SharingSteps(gpulib, self.checkpoint, mps)
@@ -140,7 +150,7 @@ class GpuDriver:
         self._gpu_locks: dict[str, threading.Lock] = {}
         self._devices: dict[str, GpuDevice | MigPartition] = {}
         self._gpus: tuple[GpuDevice, ...] = ()
-        self.update_inventory(inventory, mig_mode)
+        self.update_inventory(inventory, options.mig_mode)
 
     def gpus(self) -> tuple[GpuDevice, ...]:
         """This node's GPUs, as the last inventory showed them."""
