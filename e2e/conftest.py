@@ -4,7 +4,8 @@
   DaemonSet on a simulated GPU node. Start it with e2e/run-kind.sh.
 - the local node everywhere else: the `node` tests' real kubelet and containerd (scripts/build-node) on the real
   control plane (scripts/build-control-plane), `dradriver run` on a simulated GPU node as a host process. It is
-  what `pytest` runs here and in CI; without those binaries it skips (fails with DRADRIVER_REQUIRE_NODE=1).
+  what `pytest` runs here and in CI; without those binaries it skips, or fails where the suite demands them
+  (tests/support/required.py: DRADRIVER_REQUIRE_ALL=1 or DRADRIVER_REQUIRE_NODE=1).
 
 E2E_BACKEND=kind or E2E_BACKEND=local picks one explicitly.
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 from kindutil import DAEMONSET, NAMESPACE, ROOT, Backend, Cluster, kubectl_binary, run
 from local_backend import LocalCluster
+from support import required
 
 REQUIRED_TOOLS = ("docker", "kind", "kubectl")
 IMAGE = "dradriver:e2e"
@@ -63,7 +65,11 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Backend]:
         return
     missing = missing_tools()
     if missing:
-        pytest.skip(f"E2E_BACKEND=kind needs Docker, kind and kubectl: missing {', '.join(missing)}")
+        required.need_tools(
+            missing,
+            "E2E_BACKEND=kind runs the scenarios on kind",
+            "install Docker, kind and kubectl, or leave E2E_BACKEND unset for the local node",
+        )
     yield from kind_cluster()
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.driver_layouts import LAYOUTS, Layout, build_layout, build_stubs, tools_missing
+from support.driver_layouts import LAYOUTS, Layout, build_layout, build_stubs, need_layout_tools
 from support.nodes import inventory_of
 
 from dradriver.cli.doctor import _feature_gate_check, feature_gates
@@ -20,8 +20,7 @@ VERSION = inventory_of("dgx-a100-80gb").driver_version  # the simulated node's d
 
 @pytest.fixture(scope="module")
 def stubs(tmp_path_factory: pytest.TempPathFactory):
-    if tools_missing():
-        pytest.skip(f"building driver layouts needs {', '.join(tools_missing())}")
+    need_layout_tools()
     return build_stubs(tmp_path_factory.mktemp("stubs"), VERSION)
 
 

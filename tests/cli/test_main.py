@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import required
 
 from dradriver import __version__
 from dradriver.cli.main import main
@@ -56,7 +57,8 @@ def test_debug_shows_the_traceback_wherever_it_is_given(monkeypatch, capsys):
 def test_kubectl_plugin_names_itself_and_keeps_the_exit_codes():
     script = Path(sys.executable).parent / "kubectl-dradriver"
     if not script.exists():
-        pytest.skip("the package's console scripts are not installed in this environment")
+        required.need("the console scripts", "the package is not installed in this environment",
+                      "pip install -e . (`scripts/test` does)")  # fmt: skip
     out = subprocess.run([script, "sim", "show"], capture_output=True, text=True, env=_env(), check=False)
     assert out.returncode == 2
     assert out.stderr == (

@@ -28,7 +28,8 @@ from typing import Any
 
 import pytest
 import yaml
-from support.cluster_fixtures import REQUIRE, running_plane, skip_or_fail
+from support import required
+from support.cluster_fixtures import running_plane
 from support.cluster_node import DRIVER, DriverRun, SimNode
 from support.cluster_pods import kubectl
 from support.control_plane import BUILD_SCRIPT, OLDER_BUILD_SCRIPT, REPO, ControlPlane, binaries_dir, older_apiserver
@@ -64,10 +65,12 @@ def start_older(name: str, runtime_config: str, feature_gates: str, release: str
     apiserver, etcd = older_apiserver(release), binaries_dir() / "etcd"
     missing = [str(p) for p in (apiserver, etcd) if not os.access(p, os.X_OK)]
     if missing:
-        skip_or_fail(
-            f"the {release} API server tests need {' and '.join(missing)}: build them with "
-            f"`{OLDER_BUILD_SCRIPT.relative_to(REPO)}` and `{BUILD_SCRIPT.relative_to(REPO)}` (`scripts/test` does)",
-            REQUIRE,
+        required.need(
+            f"the {release} API server",
+            f"the {release} API server tests run it; {' and '.join(missing)} not built",
+            f"build them with `{OLDER_BUILD_SCRIPT.relative_to(REPO)}` and `{BUILD_SCRIPT.relative_to(REPO)}` "
+            "(`scripts/test` does)",
+            tier=required.CLUSTER,
         )
     root = Path(tempfile.mkdtemp(prefix=f"dra-{release.replace('.', '')}-{name}-", dir="/tmp"))
     policy = root / "audit-policy.yaml"

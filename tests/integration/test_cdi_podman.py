@@ -2,8 +2,9 @@
 claim on a simulated node with its stub driver root, the way a CUDA container would get them.
 
 Needs root, podman, runc, busybox and unshare (`.ci/run` installs them where apt-get works); skipped otherwise,
-saying what is missing. podman reads specs only from /etc/cdi and /var/run/cdi, so each run happens in a private
-mount namespace where /run/cdi is the driver's CDI directory (see shared tooling notes).
+saying what is missing, or failed where the suite demands them (support/required.py). podman reads specs only
+from /etc/cdi and /var/run/cdi, so each run happens in a private mount namespace where /run/cdi is the driver's
+CDI directory (see shared tooling notes).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support import required
 from support.nodes import inventory_of
 
 from dradriver.driver.prepare.mps import MpsControl
@@ -55,14 +57,10 @@ def _missing() -> list[str]:
     return missing
 
 
-pytestmark = pytest.mark.skipif(
-    bool(_missing()),
-    reason=f"a real CDI consumer needs {', '.join(_missing())} (podman, runc and busybox-static from apt, run as root)",
-)
-
-
 @pytest.fixture
 def world() -> Iterator[Path]:
+    required.need_tools(_missing(), "a real CDI consumer runs our specs",
+                        "apt-get install podman runc busybox-static and run as root (`scripts/test` does)")  # fmt: skip
     root = Path(tempfile.mkdtemp(prefix="dra-cdi-", dir="/tmp"))
     for folder in ("cdi", "empty", "rootfs/bin", "store", "run", "tmp"):
         (root / folder).mkdir(parents=True)
@@ -73,7 +71,8 @@ def world() -> Iterator[Path]:
     probe = podman_run(root, [], "true")
     if probe.returncode != 0:
         shutil.rmtree(root, ignore_errors=True)
-        pytest.skip(f"podman cannot run a plain container on this machine: {probe.stderr.strip()[-300:]}")
+        required.need("a podman that runs containers", probe.stderr.strip()[-300:],
+                      "podman with runc, as root (see the module docstring)")  # fmt: skip
     yield root
     shutil.rmtree(root, ignore_errors=True)
 

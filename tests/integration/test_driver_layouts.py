@@ -8,8 +8,8 @@ with podman. The program ``dlopen``s ``libcuda.so.1`` and ``libnvidia-ml.so.1`` 
 each, then runs ``nvidia-smi -L`` from PATH — for a Debian-family loader and a RHEL-family one.
 
 Needs root, podman, runc, cc and ldconfig; the hook cases need ``scripts/build-cdi-hook`` (Go) and the RHEL
-family ``scripts/build-biarch-glibc`` (apt-get); ``scripts/test`` (what ``.ci/run`` runs) builds both, so in CI
-nothing skips.
+family ``scripts/build-biarch-glibc`` (apt-get). Without them the cases skip; ``scripts/test`` (what ``.ci/run``
+runs) builds both and demands them, so there a missing one fails (support/required.py).
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from dataclasses import replace
 from pathlib import Path, PurePosixPath
 
 import pytest
+from support import required
 from support.bare_container import FAMILIES, PROBE, Podman, biarch_glibc, make_rootfs, podman_missing
-from support.driver_layouts import LAYOUTS, Layout, Stubs, build_layout, build_stubs, tools_missing
+from support.driver_layouts import LAYOUTS, Layout, Stubs, build_layout, build_stubs, need_layout_tools
 from support.nodes import inventory_of
 
 from dradriver.cli.driver_root import driver_root_for
@@ -42,22 +43,34 @@ VERSION = INVENTORY.driver_version  # the simulated node's driver: the layouts a
 DRIVER = "gpu.dradriver.dev"
 GPU = "gpu-0000-0f-00-0"
 
-pytestmark = pytest.mark.skipif(
-    bool(podman_missing() + tools_missing()),
-    reason=f"bare containers need {', '.join(podman_missing() + tools_missing())} (see the module docstring)",
-)
-
 
 def built_hook() -> Path | None:
+    """What scripts/build-cdi-hook built, if it did (built by scripts/test, not here)."""
     done = subprocess.run(
-        [str(REPO / "scripts/build-cdi-hook")], capture_output=True, text=True, timeout=900, check=False
+        [str(REPO / "scripts/build-cdi-hook"), "--print"], capture_output=True, text=True, timeout=60, check=False
     )
-    path = Path(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 and done.stdout.strip() else None
+    path = Path(done.stdout.strip()) if done.returncode == 0 and done.stdout.strip() else None
     return path if path is not None and path.is_file() else None
+
+
+def need_hook(hook: Path | None) -> Path:
+    if hook is None:
+        required.need("nvidia-cdi-hook", "the hook cases run NVIDIA's real hook",
+                      "run scripts/build-cdi-hook (Go and the module proxy; `scripts/test` does)")  # fmt: skip
+    return hook
+
+
+def need_rhel_glibc() -> None:
+    if biarch_glibc() is None:
+        required.need("a RHEL-family glibc", "the RHEL-family cases run its loader",
+                      "run scripts/build-biarch-glibc (apt-get; `scripts/test` does)")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[Path]:
+    required.need_tools(podman_missing(), "bare containers run the driver layouts",
+                        "apt-get install podman runc util-linux and run as root (`scripts/test` does)")  # fmt: skip
+    need_layout_tools()
     base = Path(tempfile.mkdtemp(prefix="dra-layouts-", dir="/tmp"))
     yield base
     shutil.rmtree(base, ignore_errors=True)
@@ -87,7 +100,8 @@ def podman(world: Path, stubs: Stubs) -> Podman:
         runner.import_rootfs(make_rootfs(world / f"rootfs-{family}", family, stubs.dir / "bin/probe"), family)
     probe = runner.run("debian", [], PROBE)
     if "FAIL libcuda" not in probe.stdout:
-        pytest.skip(f"podman cannot run a bare container here: {probe.stderr.strip()[-300:]}")
+        required.need("a podman that runs bare containers", probe.stderr.strip()[-300:],
+                      "podman with runc, as root (see the module docstring)")  # fmt: skip
     return runner
 
 
@@ -126,10 +140,10 @@ def test_a_bare_container_runs_cuda_and_nvidia_smi_on_every_layout(
     podman: Podman, layouts: dict[str, Layout], hook: Path | None, case: tuple[str, bool, str]
 ) -> None:
     layout_name, with_hook, family = case
-    if with_hook and hook is None:
-        pytest.skip("nvidia-cdi-hook could not be built (scripts/build-cdi-hook needs Go and the module proxy)")
-    if family == "rhel" and biarch_glibc() is None:
-        pytest.skip("no RHEL-family glibc: run scripts/build-biarch-glibc")
+    if with_hook:
+        need_hook(hook)
+    if family == "rhel":
+        need_rhel_glibc()
     root = layout_root(layouts[layout_name], hook if with_hook else None)
     ids = prepare(podman, root, f"{layout_name}-{with_hook:d}-{family}")
     done = podman.run(family, ids, PROBE)
@@ -163,9 +177,8 @@ def test_a_simulated_node_with_driver_root_slash_finds_the_h100_layout_through_r
 
 def test_the_built_hook_says_its_version(hook: Path | None) -> None:
     # The stamp NVIDIA's release builds carry: logs and bug reports name the hook's version.
-    if hook is None:
-        pytest.skip("nvidia-cdi-hook could not be built (scripts/build-cdi-hook needs Go and the module proxy)")
+    built = need_hook(hook)
     pinned = re.search(r"^version=v(\S+)$", (REPO / "scripts/build-cdi-hook").read_text(), re.M)
     assert pinned
-    done = subprocess.run([str(hook), "--version"], capture_output=True, text=True, timeout=60, check=True)
+    done = subprocess.run([str(built), "--version"], capture_output=True, text=True, timeout=60, check=True)
     assert f"version {pinned[1]}" in done.stdout, done.stdout

@@ -2,7 +2,8 @@
 on a node: the claim fails with an error naming the path, the cause and the fix, nothing is half-written, and the
 re-sent prepare succeeds once space returns or the directory is read-write again.
 (tests/driver/prepare/test_state_mig.py raises the same errors through a seam at every write; this is the kernel
-raising them.) Needs root and mount: skipped, with the reason, where either is missing."""
+raising them.) Needs root and mount: skipped, with the reason, where either is missing, or failed where the suite
+demands them (support/required.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support import required
 
 from dradriver.cli.options import check_writable_dir
 from dradriver.errors import ConfigError
@@ -43,11 +45,11 @@ class Mounts:
     def _mount(self, where: Path, *arguments: str) -> None:
         where.mkdir(parents=True, exist_ok=True)
         if os.geteuid() != 0 or MOUNT is None:
-            pytest.skip("mounting a filesystem needs root and mount(8)")
+            required.need("root and mount(8)", "these tests mount real filesystems", "run as root (`scripts/test` is)")
         try:
             _run(MOUNT, *arguments)
         except OSError as err:
-            pytest.skip(f"mount is not permitted here: {err}")
+            required.need("the right to mount", str(err), "run as root with CAP_SYS_ADMIN (a privileged container)")
         self.points.append(where)
 
     @staticmethod

@@ -5,7 +5,7 @@ import os
 from pathlib import Path, PurePosixPath
 
 import pytest
-from support.driver_layouts import LAYOUTS, Layout, build_layout, build_stubs, tools_missing
+from support.driver_layouts import LAYOUTS, Layout, build_layout, build_stubs, need_layout_tools
 from support.ldcache_files import AARCH64, X86_64, new_format_cache
 
 from dradriver.nvidia_install.driver_root import (
@@ -212,8 +212,7 @@ RHEL_LOADER_PATH = ("/lib64", "/usr/lib64")
 
 @pytest.fixture(scope="module")
 def layouts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Layout]:
-    if tools_missing():
-        pytest.skip(f"building driver layouts needs {', '.join(tools_missing())}")
+    need_layout_tools()
     base = tmp_path_factory.mktemp("layouts")
     stubs = build_stubs(base / "stubs", VERSION)
     return {name: build_layout(name, base / "roots", stubs) for name in LAYOUTS}

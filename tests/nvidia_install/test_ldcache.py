@@ -8,13 +8,17 @@ import subprocess
 from pathlib import Path, PurePosixPath
 
 import pytest
+from support import required
 from support.ldcache_files import AARCH64, I386, S390X, X86_64, new_format_cache
 
 from dradriver.nvidia_install import ldcache
 
-needs_ldconfig = pytest.mark.skipif(
-    shutil.which("ldconfig") is None or shutil.which("cc") is None, reason="needs ldconfig and cc"
-)
+
+@pytest.fixture(scope="module")  # before the module's stub libraries are built with cc
+def ldconfig_and_cc() -> None:
+    missing = [tool for tool in ("ldconfig", "cc") if shutil.which(tool) is None]
+    required.need_tools(missing, "the real ldconfig writes caches of stub libraries cc builds",
+                        "apt-get install gcc libc-bin (`scripts/test` does)")  # fmt: skip
 
 
 def _shared_object(path: Path, soname: str, *flags: str) -> None:
@@ -41,7 +45,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@needs_ldconfig
+@pytest.mark.usefixtures("ldconfig_and_cc")
 @pytest.mark.parametrize("fmt", ["new", "old", "compat"])
 def test_each_format_ldconfig_writes_is_read(root: Path, fmt: str) -> None:
     subprocess.run(["ldconfig", "-X", "-r", str(root), "-c", fmt], check=True, capture_output=True)
@@ -52,7 +56,7 @@ def test_each_format_ldconfig_writes_is_read(root: Path, fmt: str) -> None:
     assert ldcache.read_cache(root, "x86_64") == entries
 
 
-@needs_ldconfig
+@pytest.mark.usefixtures("ldconfig_and_cc")
 def test_entries_of_another_machine_are_dropped(root: Path) -> None:
     subprocess.run(["ldconfig", "-X", "-r", str(root)], check=True, capture_output=True)
     entries = ldcache.parse((root / "etc/ld.so.cache").read_bytes())

@@ -5,7 +5,6 @@ docs/node-tests.md."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -17,15 +16,12 @@ from typing import Any
 
 import pytest
 
-from support import real_node
+from support import real_node, required
 from support.cluster_pods import kubectl
 from support.control_plane import BUILD_SCRIPT, ControlPlane, binaries_dir, missing_binaries
 from support.kube_rest import Kube
 
 REPO = Path(__file__).resolve().parents[2]
-# CI sets these: there a control plane (a node) that cannot start is a failure, not a skip.
-REQUIRE = "DRADRIVER_REQUIRE_CLUSTER"
-REQUIRE_NODE = "DRADRIVER_REQUIRE_NODE"
 
 _FAILURES: list[int] = [0]
 
@@ -43,22 +39,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         _FAILURES[0] += 1
 
 
-def skip_or_fail(message: str, require: str) -> None:
-    if os.environ.get(require):
-        pytest.fail(message)
-    pytest.skip(message)
-
-
 @pytest.fixture(scope="session")
 def control_plane() -> Iterator[ControlPlane]:
     directory = binaries_dir()
     missing = missing_binaries(directory)
     if missing:
-        skip_or_fail(
-            f"the cluster tests need the real control plane: {', '.join(missing)} missing from {directory}; "
+        required.need(
+            "the real control plane",
+            f"the cluster tests run against it; {', '.join(missing)} not in {directory}",
             f"build it with `{BUILD_SCRIPT.relative_to(REPO)}` (Go >= 1.26 and the Go module proxy; a cold build "
             "takes a while, see docs/cluster-tests.md; `scripts/test` does it)",
-            REQUIRE,
+            tier=required.CLUSTER,
         )
     root = Path(tempfile.mkdtemp(prefix="dra-cp-", dir="/tmp"))  # short: unix socket paths are limited
     yield from running_plane(ControlPlane(directory, root), ControlPlane.start, "cluster tests")
@@ -104,11 +95,12 @@ def running_node(control_plane: ControlPlane, **settings: Any) -> Iterator[real_
     directory = real_node.binaries_dir()
     missing = real_node.missing(directory)
     if missing:
-        skip_or_fail(
-            f"the node tests need a real kubelet and containerd: missing {', '.join(missing)}; build them with "
-            f"`{real_node.BUILD_SCRIPT.relative_to(REPO)}` and install Debian's runc, busybox-static and "
-            "containernetworking-plugins (see docs/node-tests.md)",
-            REQUIRE_NODE,
+        required.need(
+            "a real kubelet and containerd",
+            f"the node tests run pods on them; missing {', '.join(missing)}",
+            f"build them with `{real_node.BUILD_SCRIPT.relative_to(REPO)}` and install Debian's runc, busybox-static "
+            "and containernetworking-plugins (see docs/node-tests.md; `scripts/test` does both)",
+            tier=required.NODE,
         )
     root = Path(tempfile.mkdtemp(prefix="dra-n-", dir="/tmp"))  # short: the plugin sockets live below it
     started = real_node.RealNode(directory, root, control_plane, **settings)

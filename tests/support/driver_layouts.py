@@ -26,6 +26,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from support import required
+
 VERSION = "580.159.04"
 ARCH = "x86_64-linux-gnu"
 
@@ -125,6 +127,12 @@ class Layout:
 
 def tools_missing() -> list[str]:
     return [tool for tool in ("cc", "ldconfig") if shutil.which(tool) is None]
+
+
+def need_layout_tools() -> None:
+    """Skip (or fail, support/required.py) without the tools the layouts are built with."""
+    required.need_tools(tools_missing(), "driver layouts are built from ELF stubs with cc and the real ldconfig",
+                        "apt-get install gcc libc-bin (`scripts/test` does)")  # fmt: skip
 
 
 def build_stubs(dest: Path, version: str = VERSION) -> Stubs:

@@ -1,6 +1,6 @@
 """The real helm (scripts/build-helm builds it from its Go module) and the chart in deployments/helm/dradriver.
 
-Without helm the chart tests skip, saying how to build it; with ``DRADRIVER_REQUIRE_CLUSTER`` set (CI) they fail."""
+Without helm the chart tests skip, saying how to build it, or fail where the suite demands it (support/required.py)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,14 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
+
+from support import required
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deployments/helm/dradriver"
 PRESETS = tuple(sorted(p.stem for p in (CHART / "presets").glob("*.yaml")))
 BUILD_SCRIPT = REPO / "scripts/build-helm"
-# CI (scripts/test) sets this: there a missing helm is a failure, not a skip.
-REQUIRE = "DRADRIVER_REQUIRE_CLUSTER"
 # Release and namespace the kustomize tree (manifests/) is rendered with.
 RELEASE = "dradriver"
 NAMESPACE = "dradriver"
@@ -26,7 +25,7 @@ NAMESPACE = "dradriver"
 
 @functools.cache
 def helm() -> str:
-    """Path of the helm binary: $HELM, else what scripts/build-helm built; skips (fails under CI) without one."""
+    """Path of the helm binary: $HELM, else what scripts/build-helm built; without one, see support/required.py."""
     path = (
         os.environ.get("HELM")
         or subprocess.run(
@@ -34,10 +33,12 @@ def helm() -> str:
         ).stdout.strip()
     )
     if not os.access(path, os.X_OK):
-        message = f"helm is missing ({path}): build it with `scripts/build-helm` (Go >= 1.26 and the Go module proxy)"
-        if os.environ.get(REQUIRE):
-            pytest.fail(message)
-        pytest.skip(message)
+        required.need(
+            "helm",
+            f"the chart tests run it; nothing at {path}",
+            "build it with `scripts/build-helm` (Go >= 1.26 and the Go module proxy; `scripts/test` does)",
+            tier=required.CLUSTER,
+        )
     return path
 
 

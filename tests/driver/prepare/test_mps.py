@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import required
 from support.mps_daemons import may_mount
 
 from dradriver.driver.prepare.mps import MpsControl
@@ -104,10 +105,14 @@ def fs_type(path: Path) -> str:
     return "none"
 
 
-needs_mount = pytest.mark.skipif(not may_mount(), reason="mounting a tmpfs needs root (CAP_SYS_ADMIN)")
+@pytest.fixture
+def mountable() -> None:
+    if not may_mount():
+        required.need("the right to mount a tmpfs", "a claim's shm directory is one where the plugin may mount",
+                      "run as root with CAP_SYS_ADMIN (`scripts/test` as root)")  # fmt: skip
 
 
-@needs_mount
+@pytest.mark.usefixtures("mountable")
 def test_the_daemons_dev_shm_is_the_claims_size_limited_tmpfs_and_goes_with_it(tmp_path: Path) -> None:
     mps = MpsControl(mps_standin.command(), tmp_path, shm_size=8 * 1024 * 1024)
     daemon = mps.start("c1", ["GPU-a"], [])
@@ -129,7 +134,7 @@ def test_the_daemons_dev_shm_is_the_claims_size_limited_tmpfs_and_goes_with_it(t
     assert gone(daemon["pid"]) and mounts_under(tmp_path) == [] and not (tmp_path / "c1").exists()
 
 
-@needs_mount
+@pytest.mark.usefixtures("mountable")
 def test_a_restarted_daemon_keeps_its_claims_tmpfs_and_the_next_instance_unmounts_it(tmp_path: Path) -> None:
     mps = MpsControl(mps_standin.command(), tmp_path)
     first = mps.start("c1", ["GPU-a"], [])
@@ -171,13 +176,13 @@ def test_without_the_right_to_mount_the_shm_directory_is_a_plain_one_and_says_so
     # A user namespace of its own: root there, without CAP_SYS_ADMIN over this machine's mounts (as an
     # unprivileged plugin container), so mount() fails with EPERM.
     if shutil.which("unshare") is None:
-        pytest.skip("needs unshare (util-linux)")
+        required.need("unshare", "the test makes a user namespace of its own", "apt-get install util-linux")
     done = subprocess.run(
         ["unshare", "--user", "--map-root-user", sys.executable, "-c", FALLBACK, str(tmp_path)],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     if done.returncode != 0 and "unshare failed" in done.stderr:
-        pytest.skip(f"no user namespaces here: {done.stderr.strip()}")
+        required.need("user namespaces", done.stderr.strip(), "a kernel (and container) that allows them")
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)
     assert seen["plain"] == [True, True] and seen["mode"] == ["0o1777", "0o1777"] and seen["alive"] == [True, True]
