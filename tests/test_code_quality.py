@@ -63,6 +63,11 @@ PLANTED = {
         "import dradriver.driver.prepare.state",
         "The plugin layer knows nothing",
     ),
+    "prepare-to-checks": (
+        "driver/prepare/state.py",
+        "import dradriver.driver.checks.host",
+        "Our driver by concern",
+    ),
     "driver-to-sim": ("driver/prepare/checkpoint.py", "import dradriver.sim.node", "only through the backend factory"),
     "gpu-to-cli": ("gpu/models.py", "import dradriver.cli.main", "Layers:"),
     "cel-to-allocator": ("cel/ast.py", "import dradriver.allocator.model", "Layers:"),

@@ -12,7 +12,6 @@ import pytest
 from support.driver_layouts import LAYOUTS, Layout, build_layout, build_stubs, need_layout_tools
 from support.nodes import inventory_of
 
-from dradriver.cli.doctor import _feature_gate_check, feature_gates
 from dradriver.cli.main import main
 
 VERSION = inventory_of("dgx-a100-80gb").driver_version  # the simulated node's driver: the layouts are built for it
@@ -165,68 +164,3 @@ def test_the_hook_source_is_judged_as_run_uses_it(stubs, node: Path, capsys) -> 
     missing = str(node / "image/missing-hook")
     code, checks = doctor(node, capsys, *roots(layout), "--cdi-hook-source", missing)
     assert code == 1 and checks["CDI hook"]["detail"] == f"--cdi-hook-source {missing} is not a file"
-
-
-METRICS = """# HELP kubernetes_feature_enabled [BETA] This metric records the data about the stage and enablement
-# TYPE kubernetes_feature_enabled gauge
-kubernetes_feature_enabled{name="DRAConsumableCapacity",stage="BETA"} 1
-kubernetes_feature_enabled{name="DRADeviceTaints",stage="BETA"} 0
-kubernetes_feature_enabled{name="DRAPartitionableDevices",stage="BETA"} 0
-kubernetes_feature_enabled{name="SomethingElse",stage=""} 1
-"""
-
-
-def test_dra_feature_gates_off_warn_and_fail_where_the_mig_mode_needs_them() -> None:
-    assert feature_gates(METRICS) == {
-        "DRAConsumableCapacity": True,
-        "DRADeviceTaints": False,
-        "DRAPartitionableDevices": False,
-        "SomethingElse": True,
-    }
-    dynamic = _feature_gate_check(lambda: METRICS, "dynamic")
-    assert dynamic.status == "FAIL" and "DRAPartitionableDevices" in dynamic.fix and "--mig-mode static" in dynamic.fix
-    static = _feature_gate_check(lambda: METRICS, "static")
-    assert static.status == "WARN" and static.detail.startswith(
-        "on: DRAConsumableCapacity; off: DRAPartitionableDevices"
-    )
-    assert "withdrawn from the slices" in static.detail  # what the driver does without device taints
-
-
-def test_a_forbidden_metrics_endpoint_skips_the_feature_check_with_the_fix() -> None:
-    def forbidden() -> str:
-        raise RuntimeError("(403)\nReason: Forbidden")
-
-    check = _feature_gate_check(forbidden, "dynamic")
-    assert check.status == "SKIP" and "(403)" in check.detail and "/metrics" in check.fix
-
-
-@pytest.mark.parametrize(
-    ("minor", "served", "status", "words"),
-    [
-        ("37", ["v1", "v1beta2"], "OK", "resource.k8s.io v1, v1beta2"),
-        ("33", ["v1beta2", "v1beta1"], "OK", "the driver speaks v1beta2"),
-        ("32", ["v1beta1"], "OK", "the driver speaks v1beta1"),
-        ("32", [], "FAIL", "not served in v1, v1beta2 or v1beta1"),
-    ],
-)
-def test_the_dra_api_check_accepts_every_version_the_driver_speaks(
-    minor: str, served: list[str], status: str, words: str
-) -> None:
-    from dradriver.cli.doctor import _api_version_checks
-
-    version = {"major": "1", "minor": minor, "gitVersion": f"v1.{minor}.0"}
-    versions = [{"groupVersion": f"resource.k8s.io/{v}", "version": v} for v in served]
-    groups = {"kind": "APIGroupList", "groups": [{"name": "resource.k8s.io", "versions": versions}]}
-    server, dra = _api_version_checks(lambda: version, lambda: groups)
-    assert server.status == "OK"
-    assert dra.status == status and words in dra.detail, dra
-    if status == "FAIL":
-        assert "--runtime-config=resource.k8s.io/v1beta1=true" in dra.fix
-
-
-def test_an_api_server_older_than_1_32_fails_with_the_upgrade() -> None:
-    from dradriver.cli.doctor import _api_version_checks
-
-    version = {"major": "1", "minor": "31", "gitVersion": "v1.31.4"}
-    server, _ = _api_version_checks(lambda: version, lambda: {"kind": "APIGroupList", "groups": []})
-    assert server.status == "FAIL" and server.fix == "upgrade to 1.32 or newer"
