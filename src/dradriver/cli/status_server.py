@@ -37,70 +37,13 @@ class StatusServer:
         """``liveness`` (default: always alive) decides /livez, ``readiness`` /readyz and ``health`` (default:
         ``liveness``) /healthz; a check that says no gets 503 with its reasons. ``documents`` are further paths
         answered with the JSON their function returns (``/allocations`` for ``dradriver top``)."""
-        routes: dict[str, Callable[[], Any]] = dict(documents or {})
         host, port_number = parse_address("--metrics-address", address)
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                path = urlsplit(self.path).path  # a query (?verbose, as kube-apiserver's probes take) is ignored
-                if path == "/metrics":
-                    self._reply(200, generate_latest(), CONTENT_TYPE_LATEST)
-                elif path == "/livez":
-                    self._probe("alive", "liveness", outer.liveness)
-                elif path == "/healthz":
-                    self._probe("healthy", "health" if outer.health else "liveness", outer.health or outer.liveness)
-                elif path == "/readyz":
-                    ready, detail = self._run_check("ready", "readiness", outer.readiness)
-                    body = json.dumps({"ready": ready, **detail}, default=str).encode() + b"\n"
-                    self._reply(200 if ready else 503, body, "application/json")
-                elif path in routes:
-                    self._document(path, routes[path])
-                else:
-                    paths = ", ".join(["/metrics", "/livez", "/readyz", "/healthz", *routes])
-                    self._reply(404, f"not found: try {paths}\n".encode(), "text/plain")
-
-            def _document(self, path: str, build: Callable[[], Any]) -> None:
-                try:
-                    body = json.dumps(build(), default=str).encode() + b"\n"
-                except Exception as err:
-                    log.exception("building %s failed; answering 500", path)
-                    body = json.dumps({"error": f"{type(err).__name__}: {err}"}).encode() + b"\n"
-                    self._reply(500, body, "application/json")
-                    return
-                self._reply(200, body, "application/json")
-
-            def _probe(self, what: str, name: str, check: Readiness | None) -> None:
-                good, detail = self._run_check(what, name, check) if check is not None else (True, {})
-                if good:
-                    self._reply(200, b"ok\n", "text/plain")
-                else:
-                    body = json.dumps({what: False, **detail}, default=str).encode() + b"\n"
-                    self._reply(503, body, "application/json")
-
-            def _run_check(self, what: str, name: str, check: Readiness) -> tuple[bool, dict[str, Any]]:
-                """A check that raises says no (503 naming it) rather than dropping the connection unanswered."""
-                try:
-                    return check()
-                except Exception as err:
-                    log.exception("the %s check for %s raised; answering 503", name, self.path)
-                    return False, {"failedCheck": name, "error": f"{type(err).__name__}: {err}"}
-
-            def _reply(self, status: int, body: bytes, content_type: str) -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                log.debug("status request %s", format % args)
-
         self.readiness = readiness
         self.liveness = liveness
         self.health = health
+        self.documents: dict[str, Callable[[], Any]] = dict(documents or {})
         try:
-            self._server = _listen(host, port_number, Handler, wildcard=not address.rpartition(":")[0])
+            self._server = _listen(host, port_number, _handler_for(self), wildcard=not address.rpartition(":")[0])
         except OSError as err:
             raise _unbindable("--metrics-address", address, err) from None
         self._thread = threading.Thread(target=self._server.serve_forever, name="status-server", daemon=True)
@@ -118,6 +61,76 @@ class StatusServer:
         if self._thread.is_alive():
             self._server.shutdown()
         self._server.server_close()
+
+
+def _handler_for(status: StatusServer) -> type[BaseHTTPRequestHandler]:
+    """The request handler class of ``status`` (the HTTP server makes one handler per request)."""
+
+    class Handler(_Handler):
+        server_of = status
+
+    return Handler
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """One request to a :class:`StatusServer`: ``server_of`` is set by :func:`_handler_for`."""
+
+    server_of: StatusServer
+
+    def do_GET(self) -> None:
+        status = self.server_of
+        path = urlsplit(self.path).path  # a query (?verbose, as kube-apiserver's probes take) is ignored
+        if path == "/metrics":
+            self._reply(200, generate_latest(), CONTENT_TYPE_LATEST)
+        elif path == "/livez":
+            self._probe("alive", "liveness", status.liveness)
+        elif path == "/healthz":
+            self._probe("healthy", "health" if status.health else "liveness", status.health or status.liveness)
+        elif path == "/readyz":
+            ready, detail = self._run_check("ready", "readiness", status.readiness)
+            body = json.dumps({"ready": ready, **detail}, default=str).encode() + b"\n"
+            self._reply(200 if ready else 503, body, "application/json")
+        elif path in status.documents:
+            self._document(path, status.documents[path])
+        else:
+            paths = ", ".join(["/metrics", "/livez", "/readyz", "/healthz", *status.documents])
+            self._reply(404, f"not found: try {paths}\n".encode(), "text/plain")
+
+    def _document(self, path: str, build: Callable[[], Any]) -> None:
+        try:
+            body = json.dumps(build(), default=str).encode() + b"\n"
+        except Exception as err:
+            log.exception("building %s failed; answering 500", path)
+            body = json.dumps({"error": f"{type(err).__name__}: {err}"}).encode() + b"\n"
+            self._reply(500, body, "application/json")
+            return
+        self._reply(200, body, "application/json")
+
+    def _probe(self, what: str, name: str, check: Readiness | None) -> None:
+        good, detail = self._run_check(what, name, check) if check is not None else (True, {})
+        if good:
+            self._reply(200, b"ok\n", "text/plain")
+        else:
+            body = json.dumps({what: False, **detail}, default=str).encode() + b"\n"
+            self._reply(503, body, "application/json")
+
+    def _run_check(self, what: str, name: str, check: Readiness) -> tuple[bool, dict[str, Any]]:
+        """A check that raises says no (503 naming it) rather than dropping the connection unanswered."""
+        try:
+            return check()
+        except Exception as err:
+            log.exception("the %s check for %s raised; answering 503", name, self.path)
+            return False, {"failedCheck": name, "error": f"{type(err).__name__}: {err}"}
+
+    def _reply(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("status request %s", format % args)
 
 
 class _Ipv6Server(ThreadingHTTPServer):

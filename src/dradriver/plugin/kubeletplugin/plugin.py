@@ -130,36 +130,20 @@ class KubeletPlugin:
         on_plugin_dir_recreated: Callable[[], None] | None = None,
     ) -> None:
         self.options = options
-        driver_name, pod_uid = options.driver_name, options.pod_uid
-        plugin_dir, device_metadata_cdi_dir = options.plugin_dir, options.device_metadata_cdi_dir
-        self.driver_name = driver_name
+        self.driver_name = options.driver_name
         self.node_name = options.node_name
-        self.pod_uid = pod_uid or None
+        self.pod_uid = options.pod_uid or None
         self.registry_dir = Path(options.registry_dir).absolute()
-        self.plugin_dir = Path(plugin_dir or DEFAULT_PLUGINS_DIR / driver_name).absolute()
-        if self.pod_uid is None:
-            self.dra_socket = self.plugin_dir / DRA_SOCKET_NAME
-            self.registration_socket = self.registry_dir / f"{driver_name}-reg.sock"
-        else:
-            self.dra_socket = rolling_update_dra_socket(self.plugin_dir, self.pod_uid)
-            self.registration_socket = rolling_update_registration_socket(self.registry_dir, driver_name, self.pod_uid)
+        self.plugin_dir = Path(options.plugin_dir or DEFAULT_PLUGINS_DIR / options.driver_name).absolute()
+        self.dra_socket, self.registration_socket = self._socket_paths()
         self.registration = RegistrationState()
         self.claim_locks = claim_locks or ClaimLocks()
         self.claim_status = claim_status
         if self.pod_uid is not None:
             handler = SerializedHandler(handler, self.plugin_dir / SERIALIZE_LOCK_NAME)
-        self._device_metadata = (
-            DeviceMetadataWriter(
-                driver_name=driver_name,
-                plugin_dir=self.plugin_dir,
-                cdi_dir=device_metadata_cdi_dir,
-                enabled=options.device_metadata,
-            )
-            if device_metadata_cdi_dir is not None
-            else None
-        )
+        self._device_metadata = self._device_metadata_writer()
         self._processor = ClaimProcessor(
-            driver_name=driver_name,
+            driver_name=self.driver_name,
             handler=handler,
             claim_source=claim_source,
             locks=self.claim_locks,
@@ -171,10 +155,6 @@ class KubeletPlugin:
         )
         health = options.health_versions if self._health else ()
         self.services: tuple[str, ...] = (DRA_V1, DRA_V1BETA1, *health)
-        self._check_interval = options.registration_check_interval
-        self._stop_grace = options.stop_grace
-        self._stop_drain = options.stop_drain
-        self._max_workers = options.max_workers
         self._lock = InstanceLock(self.plugin_dir / LOCK_FILE_NAME, pod_uid=self.pod_uid)
         self._dra_server: SocketServer | None = None
         self._registration_server: SocketServer | None = None
@@ -185,6 +165,26 @@ class KubeletPlugin:
         self._on_plugin_dir_recreated = on_plugin_dir_recreated
         # Set when the DRA socket was re-created and the driver's write-back has not worked yet (watcher thread only).
         self._write_back_pending = False
+
+    def _socket_paths(self) -> tuple[Path, Path]:
+        """The DRA and registration sockets: fixed names, or per-pod names in rolling-update mode."""
+        if self.pod_uid is None:
+            return self.plugin_dir / DRA_SOCKET_NAME, self.registry_dir / f"{self.driver_name}-reg.sock"
+        return (
+            rolling_update_dra_socket(self.plugin_dir, self.pod_uid),
+            rolling_update_registration_socket(self.registry_dir, self.driver_name, self.pod_uid),
+        )
+
+    def _device_metadata_writer(self) -> DeviceMetadataWriter | None:
+        """KEP-5304 metadata files when the options name a CDI directory for them (written, or only removed)."""
+        if self.options.device_metadata_cdi_dir is None:
+            return None
+        return DeviceMetadataWriter(
+            driver_name=self.driver_name,
+            plugin_dir=self.plugin_dir,
+            cdi_dir=self.options.device_metadata_cdi_dir,
+            enabled=self.options.device_metadata,
+        )
 
     def start(self) -> None:
         """Take the instance lock, serve the DRA socket, then create the registration socket and its watcher.
@@ -202,11 +202,15 @@ class KubeletPlugin:
         self.lock()
         self._processor.open()
         try:
-            self._dra_server = SocketServer(self.dra_socket, self._add_dra_services, max_workers=self._max_workers)
+            self._dra_server = SocketServer(
+                self.dra_socket, self._add_dra_services, max_workers=self.options.max_workers
+            )
             self._dra_server.start()
             logger.info("serving DRA services socket=%s services=%s", self.dra_socket, ",".join(self.services))
             self._start_registration_server()
-            self._watcher = SocketWatcher(interval=self._check_interval, check=self._put_back_sockets)
+            self._watcher = SocketWatcher(
+                interval=self.options.registration_check_interval, check=self._put_back_sockets
+            )
             self._watcher.start()
         except BaseException:
             self.stop()
@@ -242,7 +246,7 @@ class KubeletPlugin:
             self._stopping = True
         if self._watcher is not None:
             # Its check may be re-creating a socket (stopping the old DRA server takes up to stop_grace).
-            watcher_limit = budget.left(self._stop_grace)
+            watcher_limit = budget.left(self.options.stop_grace)
             if not self._watcher.stop(watcher_limit):
                 logger.warning(
                     "the socket watcher did not stop within %.1f s (a check still running); stopping the rest anyway",
@@ -259,11 +263,11 @@ class KubeletPlugin:
         with self._mutex:
             dra_server, self._dra_server = self._dra_server, None
         if dra_server is not None:
-            dra_server.stop(budget.left(self._stop_grace))
+            dra_server.stop(budget.left(self.options.stop_grace))
             logger.info("stopped DRA services socket=%s", self.dra_socket)
         # Calls gRPC gave up on may still run: the lock is held until they are done. Also when no server is held
         # now (a socket re-creation had taken the old one when the stop came).
-        drain = budget.left(self._stop_drain)
+        drain = budget.left(self.options.stop_drain)
         if not self._processor.close(drain):
             logger.warning(
                 "prepare or unprepare calls still running %.0f s after the DRA server stopped; releasing the "
@@ -365,8 +369,8 @@ class KubeletPlugin:
         # Stopped before the new one serves, so one server at a time answers at the path; calls in flight on the
         # old connections get the usual grace.
         if old is not None:
-            old.stop(self._stop_grace)
-        server = SocketServer(self.dra_socket, self._add_dra_services, max_workers=self._max_workers)
+            old.stop(self.options.stop_grace)
+        server = SocketServer(self.dra_socket, self._add_dra_services, max_workers=self.options.max_workers)
         server.start()
         with self._mutex:
             installed = not self._stopping
