@@ -222,21 +222,9 @@ class GpuDriver:
         ref = claim.ref
         earlier = self.checkpoint.get(ref.uid)
         if earlier is not None and earlier.state is ClaimState.PREPARE_COMPLETED and earlier.rollback_error is None:
-            if self.cdi_step.spec_missing(earlier):
-                # Cleaned or changed CDI directory: a pod (re)starting its containers needs the spec.
-                log.warning("re-writing the missing CDI spec of a prepared claim claim=%s", ref.uid)
-                self.rewrite_spec(earlier)
-            self._ensure_mps(ref.uid)  # a kubelet retry finds the claim's MPS daemon serving
-            self.note_consumers(ref.uid, claim.consumers)
-            return self._reported(self.checkpoint.get(ref.uid) or earlier)
-        if earlier is not None and earlier.state is ClaimState.PREPARE_COMPLETED:
-            # An unprepare failed half way: what is recorded is no longer what the hardware has, so the claim must
-            # not be answered from the record. Finish the undo, then prepare afresh.
-            log.info("finishing an earlier unprepare that did not complete claim=%s", ref.uid)
-            self.unprepare(ref)
-        elif earlier is not None:
-            log.info("finishing an earlier prepare that did not complete: rolling it back claim=%s", ref.uid)
-            self.roll_back(earlier, reason="an earlier prepare did not complete")
+            return self._prepared_already(claim, earlier)
+        if earlier is not None:
+            self._finish_earlier(ref, earlier)
         planned = self._plan(claim)
         record = ClaimRecord(
             uid=ref.uid,
@@ -250,30 +238,8 @@ class GpuDriver:
         # The GPUs' locks are held from before the intents are made (a compute mode to restore is read from the
         # device) until the claim is recorded complete or rolled back.
         with self._hold_gpus(sorted({p.gpu.name for p in planned})):
-            for plan in planned:
-                self._expect_ready(txn, plan)
-            self.sharing.expect(txn, {p.device.name: self._known_target(p) for p in planned})
-            self.cdi_step.expect(txn)
-            # One write records the claim and the intent of every step before the first change. A claim whose only
-            # change is its CDI spec needs none: start-up removes a spec the checkpoint does not know.
-            durable = any(a.step != STEP_CDI_SPEC for a in record.actions)
-            self.checkpoint.insert_checked(
-                record, lambda others: _refuse_overlap_and_conflicts(ref, record, others), durable=durable
-            )
-            try:
-                crash_point("prepare-started")
-                ready = [self._make_ready(txn, p) for p in planned]
-                for device in record.devices:
-                    self.sharing.apply_device(txn, device)
-                self.sharing.apply_mps(txn)
-                ready = [self._with_sharing(txn.record, r) for r in ready]
-                self.cdi_step.apply(txn, ready)
-                crash_point("prepare-completing")
-                record.state = ClaimState.PREPARE_COMPLETED
-                self.checkpoint.put(record)  # if this write fails (a full disk), the claim is rolled back
-            except DradriverError as err:
-                record.state = ClaimState.PREPARE_STARTED
-                raise self._failed(txn, err) from err
+            self._record_intents(ref, txn, planned)
+            self._apply(txn, planned)
         log.info(
             "prepared claim=%s name=%s/%s devices=%s",
             ref.uid,
@@ -282,6 +248,63 @@ class GpuDriver:
             ",".join(d.name for d in record.devices),
         )
         return self._reported(record)
+
+    def _prepared_already(self, claim: AllocatedClaim, earlier: ClaimRecord) -> tuple[PreparedDevice, ...]:
+        """A kubelet retry of a claim prepared and recorded complete: what was recorded, with the CDI spec and MPS
+        daemon it needs brought back if they went, and whom it is reserved for now."""
+        uid = claim.ref.uid
+        if self.cdi_step.spec_missing(earlier):
+            # Cleaned or changed CDI directory: a pod (re)starting its containers needs the spec.
+            log.warning("re-writing the missing CDI spec of a prepared claim claim=%s", uid)
+            self.rewrite_spec(earlier)
+        self._ensure_mps(uid)  # a kubelet retry finds the claim's MPS daemon serving
+        self.note_consumers(uid, claim.consumers)
+        return self._reported(self.checkpoint.get(uid) or earlier)
+
+    def _finish_earlier(self, ref: ClaimRef, earlier: ClaimRecord) -> None:
+        """Take back what an earlier attempt on the claim left, so that it is prepared afresh."""
+        if earlier.state is ClaimState.PREPARE_COMPLETED:
+            # An unprepare failed half way: what is recorded is no longer what the hardware has, so the claim must
+            # not be answered from the record. Finish the undo, then prepare afresh.
+            log.info("finishing an earlier unprepare that did not complete claim=%s", ref.uid)
+            self.unprepare(ref)
+        else:
+            log.info("finishing an earlier prepare that did not complete: rolling it back claim=%s", ref.uid)
+            self.roll_back(earlier, reason="an earlier prepare did not complete")
+
+    def _record_intents(self, ref: ClaimRef, txn: Transaction, planned: Sequence[PlannedDevice]) -> None:
+        """The intent of every step, recorded with the claim before the first change (the caller holds the GPUs'
+        locks); refused when a device is another claim's or the claim's configs conflict."""
+        for plan in planned:
+            self._expect_ready(txn, plan)
+        self.sharing.expect(txn, {p.device.name: self._known_target(p) for p in planned})
+        self.cdi_step.expect(txn)
+        record = txn.record
+        # One write records the claim and the intent of every step before the first change. A claim whose only
+        # change is its CDI spec needs none: start-up removes a spec the checkpoint does not know.
+        durable = any(a.step != STEP_CDI_SPEC for a in record.actions)
+        self.checkpoint.insert_checked(
+            record, lambda others: _refuse_overlap_and_conflicts(ref, record, others), durable=durable
+        )
+
+    def _apply(self, txn: Transaction, planned: Sequence[PlannedDevice]) -> None:
+        """Make the devices ready, share them, write the CDI spec, and record the claim complete; on a failure,
+        roll back what was done and raise the claim's error."""
+        record = txn.record
+        try:
+            crash_point("prepare-started")
+            ready = [self._make_ready(txn, p) for p in planned]
+            for device in record.devices:
+                self.sharing.apply_device(txn, device)
+            self.sharing.apply_mps(txn)
+            ready = [self._with_sharing(txn.record, r) for r in ready]
+            self.cdi_step.apply(txn, ready)
+            crash_point("prepare-completing")
+            record.state = ClaimState.PREPARE_COMPLETED
+            self.checkpoint.put(record)  # if this write fails (a full disk), the claim is rolled back
+        except DradriverError as err:
+            record.state = ClaimState.PREPARE_STARTED
+            raise self._failed(txn, err) from err
 
     def note_consumers(self, uid: str, consumers: Sequence[ClaimConsumer]) -> None:
         """Record who a prepared claim is reserved for now, as the API server says (a shared claim's next pod
