@@ -1,14 +1,18 @@
-"""The project's own gates, run with the suite so that CI holds every change to them: lint, format, types, and the
-import contracts that keep the layers apart (pyproject.toml's ``[tool.importlinter]``)."""
+"""The project's own gates, run with the suite so that CI holds every change to them: lint, format, types, the
+import contracts that keep the layers apart (pyproject.toml's ``[tool.importlinter]``), no import circles, and the
+size limits of functions and constructors."""
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import grimp
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,6 +75,22 @@ PLANTED = {
     "driver-to-sim": ("driver/prepare/checkpoint.py", "import dradriver.sim.node", "only through the backend factory"),
     "gpu-to-cli": ("gpu/models.py", "import dradriver.cli.main", "Layers:"),
     "cel-to-allocator": ("cel/ast.py", "import dradriver.allocator.model", "Layers:"),
+    # Each allowed by the layers contract: only the contract of the driver's concerns, or of NVIDIA's install, breaks.
+    "prepare-to-observe": (
+        "driver/prepare/reconcile.py",
+        "import dradriver.driver.observe.metrics",
+        "Our driver by concern",
+    ),
+    "prepare-to-publish": (
+        "driver/prepare/checkpoint.py",
+        "import dradriver.driver.publish.slices",
+        "Our driver by concern",
+    ),
+    "nvidia-install-to-plugin": (
+        "nvidia_install/cdi.py",
+        "import dradriver.plugin.handler",
+        "NVIDIA's install on the host knows nothing",
+    ),
 }
 
 
@@ -85,3 +105,133 @@ def test_a_planted_wrong_import_breaks_a_contract(tmp_path: Path, module: str, p
     assert result.returncode != 0, f"lint-imports passed with {planted!r} in {module}:\n{result.stdout}"
     broken = result.stdout.split("Broken contracts")[-1]
     assert contract in broken, result.stdout
+
+
+def import_circles(package: str) -> list[list[str]]:
+    """The import circles among ``package``'s modules, each as a chain ``a -> b -> … -> a``: at least one through
+    every module that is on a circle. Imports under ``TYPE_CHECKING`` and inside functions count (grimp reads every
+    import statement): a circle only some of the time is still two modules that cannot be read apart."""
+    graph = grimp.build_graph(package, include_external_packages=False, cache_dir=None)
+    circles: list[list[str]] = []
+    on_a_circle: set[str] = set()
+    for importer in sorted(graph.modules):
+        if importer in on_a_circle:
+            continue
+        for imported in sorted(graph.find_modules_directly_imported_by(importer)):
+            back = graph.find_shortest_chain(importer=imported, imported=importer)
+            if back is not None:
+                circles.append([importer, *back])
+                on_a_circle.update(back)
+                break
+    return circles
+
+
+def test_no_import_circles() -> None:
+    circles = import_circles("dradriver")
+    assert not circles, "import circles in src/dradriver:\n" + "\n".join(" -> ".join(c) for c in circles)
+
+
+# How the planted module imports back the module that imports it.
+PLANTED_CIRCLES = {
+    "at-module-level": "import {package}.a\n",
+    "under-type-checking": "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from {package}.a import A\n",
+    "in-a-function": "def make():\n    from {package}.a import A\n\n    return A()\n",
+}
+
+
+@pytest.mark.parametrize("back", list(PLANTED_CIRCLES.values()), ids=list(PLANTED_CIRCLES))
+def test_a_planted_import_circle_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, back: str) -> None:
+    package = f"circled_{tmp_path.name.replace('-', '_')}"  # a name of its own: nothing is imported, only read
+    root = tmp_path / package
+    root.mkdir()
+    (root / "__init__.py").write_text("")
+    (root / "a.py").write_text(f"from {package}.b import B\n\n\nclass A(B):\n    pass\n")
+    (root / "b.py").write_text(back.format(package=package) + "\n\nclass B:\n    pass\n")
+    (root / "c.py").write_text(f"from {package}.a import A\n")  # imports into the circle, is not on it
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert import_circles(package) == [[f"{package}.a", f"{package}.b", f"{package}.a"]]
+
+
+MAX_FUNCTION_LINES = 60
+MAX_CONSTRUCTOR_PARAMETERS = 8  # besides self
+
+
+def _functions(tree: Path) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    """Every function and method under ``tree`` (nested ones too), named ``path:line Class.name``; the generated
+    protobuf code aside."""
+    for path in sorted(tree.rglob("*.py")):
+        if "generated" in path.relative_to(tree).parts:
+            continue
+        where = path.relative_to(tree.parent)
+        stack: list[tuple[ast.AST, str]] = [(ast.parse(path.read_text(), str(path)), "")]
+        while stack:
+            node, prefix = stack.pop()
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                    yield f"{where}:{child.lineno} {prefix}{child.name}", child
+                if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                    stack.append((child, f"{prefix}{child.name}."))
+                else:
+                    stack.append((child, prefix))
+
+
+def long_functions(tree: Path) -> list[str]:
+    """The functions over ``MAX_FUNCTION_LINES`` lines, from ``def`` to their last line (decorators aside)."""
+    found = []
+    for name, function in _functions(tree):
+        assert function.end_lineno is not None
+        lines = function.end_lineno - function.lineno + 1
+        if lines > MAX_FUNCTION_LINES:
+            found.append(f"{name}: {lines} lines")
+    return found
+
+
+def crowded_constructors(tree: Path) -> list[str]:
+    """The ``__init__`` methods taking over ``MAX_CONSTRUCTOR_PARAMETERS`` parameters besides self (``*args`` and
+    ``**kwargs`` count one each): a constructor that needs more takes an options object."""
+    found = []
+    for name, function in _functions(tree):
+        if function.name != "__init__":
+            continue
+        arguments = function.args
+        count = len(arguments.posonlyargs) + len(arguments.args) + len(arguments.kwonlyargs) - 1
+        count += (arguments.vararg is not None) + (arguments.kwarg is not None)
+        if count > MAX_CONSTRUCTOR_PARAMETERS:
+            found.append(f"{name}: {count} parameters")
+    return found
+
+
+def test_no_function_is_over_60_lines() -> None:
+    found = long_functions(ROOT / "src" / "dradriver")
+    assert not found, "split these into the steps they take:\n" + "\n".join(found)
+
+
+def test_no_constructor_takes_over_8_parameters() -> None:
+    found = crowded_constructors(ROOT / "src" / "dradriver")
+    assert not found, "group these parameters into an options object:\n" + "\n".join(found)
+
+
+def _statements(count: int, indent: str) -> str:
+    return "".join(f"{indent}x{i} = {i}\n" for i in range(count))
+
+
+def test_the_size_checks_find_what_is_over_the_limits(tmp_path: Path) -> None:
+    tree = tmp_path / "package"
+    (tree / "generated").mkdir(parents=True)
+    limit = MAX_FUNCTION_LINES
+    crowded = "    def __init__(self, a, b, c, d, e, f, g, *, h, **options):"
+    source = (
+        "import functools\n\n\n"
+        "@functools.cache\n"  # a decorator's line is not the function's
+        f"def at_the_limit():\n{_statements(limit - 1, '    ')}"
+        "\n\nclass Holder:\n"
+        f"    def over_the_limit(self):\n{_statements(limit, '        ')}"
+        f"\n{crowded}\n        pass\n"
+        "\n\nclass AtTheLimit:\n    def __init__(self, a, b, c, d, e, f, g, h):\n        pass\n"
+    )
+    (tree / "module.py").write_text(source)
+    (tree / "generated" / "code.py").write_text(f"def generated():\n{_statements(limit, '    ')}")
+    lines = source.splitlines()
+    over = lines.index("    def over_the_limit(self):") + 1
+    assert long_functions(tree) == [f"package/module.py:{over} Holder.over_the_limit: {limit + 1} lines"]
+    assert crowded_constructors(tree) == [f"package/module.py:{lines.index(crowded) + 1} Holder.__init__: 9 parameters"]
