@@ -1,8 +1,10 @@
 """The soak: `dradriver run` on a simulated 8-GPU dynamic-MIG node, prepared and unprepared over and over with
 mixed claims (whole GPU, one partition, partitions on two GPUs, MPS on a GPU or a partition, a time-sliced GPU)
 and SIGKILLed at random moments, restarted each time as the kubelet would find it. MPS daemons are the simulated
-node's stand-in, real processes that outlive a killed driver. Used by the short soak test and by the benchmark's
-full soak."""
+node's stand-in, real processes that outlive a killed driver. Each process is measured on its own (RSS, open
+files, threads once warm and at its end): growth across a restart would hide a leak that each process repeats.
+With no kills, one process serves every cycle: the unkilled soak, where a slow leak has the longest to show. Used by
+the short soak tests and by the benchmark's full soaks."""
 
 from __future__ import annotations
 
@@ -71,6 +73,10 @@ def shapes() -> list[tuple[list[str], dict[str, Any] | None]]:
     return out
 
 
+#: Cycles a process serves before its first mark: its imports, caches and the gRPC pool's threads settle first.
+WARM_UP = 20
+
+
 @dataclass
 class Mark:
     cycle: int
@@ -80,12 +86,38 @@ class Mark:
 
 
 @dataclass
+class ProcessMarks:
+    """One `dradriver run` process, from its start until it was killed or stopped: its figures once warm (None
+    when it was killed within ``WARM_UP`` cycles) and at its end, so that growth is measured inside each process
+    (a restart starts afresh, so growth across a kill says nothing)."""
+
+    started: int
+    warm: Mark | None = None
+    end: Mark | None = None
+
+    def growth(self) -> Mark | None:
+        """End minus warm, per figure (``cycle``: the cycles measured); None if the process has no warm mark."""
+        if self.warm is None or self.end is None:
+            return None
+        return Mark(
+            cycle=self.end.cycle - self.warm.cycle,
+            rss_kib=self.end.rss_kib - self.warm.rss_kib,
+            open_files=self.end.open_files - self.warm.open_files,
+            threads=self.end.threads - self.warm.threads,
+        )
+
+
+@dataclass
 class SoakResult:
     cycles: int = 0
     mps_cycles: int = 0  # cycles of a claim with an MPS daemon
     kills: int = 0
-    marks: list[Mark] = field(default_factory=list)  # of the last process, after its warm-up and at the end
+    processes: list[ProcessMarks] = field(default_factory=list)  # each process between kills, in order
     leftovers: dict[str, int] = field(default_factory=dict)  # after the last unprepare: what is still there
+
+    def growths(self) -> list[Mark]:
+        """The growth of every process that lived past its warm-up."""
+        return [g for g in (p.growth() for p in self.processes) if g is not None]
 
 
 def process_figures(pid: int) -> tuple[int, int]:
@@ -146,8 +178,9 @@ def cycle(kubelet: RegisteredPlugin, claim: Claim, mps_root: Path | None) -> Non
 
 
 def run_soak(root: Path, cycles: int, *, kill_every: int, seed: int = 1) -> SoakResult:
-    """``cycles`` prepare+unprepare cycles; about every ``kill_every`` cycles the driver is SIGKILLed with a
-    call in flight (or with a claim prepared) and restarted, and the kubelet re-sends what it had not finished."""
+    """``cycles`` prepare+unprepare cycles; about every ``kill_every`` cycles (never, with 0) the driver is
+    SIGKILLed with a call in flight (or with a claim prepared) and restarted, and the kubelet re-sends what it had
+    not finished."""
     rng = random.Random(seed)
     result = SoakResult()
     with FakeApiServer() as api:
@@ -160,25 +193,28 @@ def run_soak(root: Path, cycles: int, *, kill_every: int, seed: int = 1) -> Soak
                 uses_mps.add(claims[-1].uid)
         mps_root = root / "state" / "mps"
         driver = Driver(root, kubeconfig)
-        warm = 0
+        process = ProcessMarks(started=0)
+        result.processes.append(process)
         try:
             for n in range(cycles):
                 claim = rng.choice(claims)
                 if kill_every and n and n % kill_every == 0 and n < cycles - max(30, cycles // 5):
+                    process.end = _mark(driver, n)
                     in_flight = driver.kubelet.prepare_future([claim])
                     threading.Event().wait(rng.uniform(0, 0.01))  # a random moment of the prepare
                     driver.kill()
                     in_flight.cancel()
                     result.kills += 1
                     driver = Driver(root, kubeconfig)
-                    warm = n + 20
+                    process = ProcessMarks(started=n)
+                    result.processes.append(process)
                 # The kubelet re-sends the prepare it saw fail, then unprepares.
                 cycle(driver.kubelet, claim, mps_root if claim.uid in uses_mps else None)
                 result.mps_cycles += claim.uid in uses_mps
-                if n + 1 == warm or (n + 1 == min(20, cycles) and not result.kills):
-                    result.marks = [_mark(driver, n + 1)]
                 result.cycles += 1
-            result.marks.append(_mark(driver, cycles))
+                if n + 1 == process.started + WARM_UP:
+                    process.warm = _mark(driver, n + 1)
+            process.end = _mark(driver, cycles)
         finally:
             driver.stop()
             kill_daemons(mps_root)  # after a failure, claims may be left prepared: their daemons must not linger
@@ -203,10 +239,14 @@ def _mark(driver: Driver, n: int) -> Mark:
 
 
 def as_json(result: SoakResult) -> dict[str, Any]:
+    """The result as the benchmark writes it (``warm``: null for a process killed within its warm-up)."""
     return {
         "cycles": result.cycles,
         "mps_cycles": result.mps_cycles,
         "kills": result.kills,
-        "marks": [vars(m) for m in result.marks],
+        "processes": [
+            {"started": p.started, "warm": p.warm and vars(p.warm), "end": p.end and vars(p.end)}
+            for p in result.processes
+        ],
         "leftovers": result.leftovers,
     }
