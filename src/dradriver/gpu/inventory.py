@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -224,68 +225,95 @@ def _nvlink_domains(gpulib: GpuLib, infos: list[GpuInfo]) -> dict[str, str]:
     registration failed, gets a domain of its own. A registered GPU of a multi-node NVLink clique (non-zero
     cluster UUID) is in the clique's domain, "clique-<clusterUuid>.<cliqueId>", the same on every node of it.
     """
-    by_bus = {info.pci_bus_id: info for info in infos}
-    parent = {info.pci_bus_id: info.pci_bus_id for info in infos}
-
-    def root(bus: str) -> str:
-        while parent[bus] != bus:
-            parent[bus] = parent[parent[bus]]
-            bus = parent[bus]
-        return bus
-
-    def join(a: str, b: str) -> None:
-        ra, rb = root(a), root(b)
-        if ra != rb:
-            parent[max(ra, rb)] = min(ra, rb)
-
+    groups = _BusGroups(info.pci_bus_id for info in infos)
     on_switch: list[str] = []
-    cliques: dict[str, str] = {}  # bus id → clique key, for GPUs of a multi-node NVLink clique
+    cliques: dict[str, str] = {}  # bus id → the domain of its multi-node NVLink clique
     bridged: set[str] = set()
     for info in infos:
-        try:
-            links = gpulib.nvlinks(info.uuid)
-        except GpuError as err:
-            log.info("NVLink topology unavailable gpu=%s error=%s", info.pci_bus_id, err)
-            links = []
-        switch_links = False
-        for link in links:
-            if link.remote_type is NvlinkPeerType.SWITCH:
-                switch_links = True
-            elif link.remote_type is NvlinkPeerType.GPU and link.remote_pci_bus_id in by_bus:
-                join(info.pci_bus_id, link.remote_pci_bus_id)
-                bridged.add(info.pci_bus_id)
-        if not switch_links:
-            continue
-        fabric = _fabric_info(gpulib, info)
-        if fabric is None:
-            on_switch.append(info.pci_bus_id)
-        elif not fabric.registered:
-            # Its NVLinks reach the switches but carry no traffic until the fabric manager has registered it.
-            log.warning(
-                "GPU left out of its NVSwitch domain: NVLink fabric registration not complete gpu=%s "
-                "state=%s status=%d",
-                info.pci_bus_id,
-                _state_name(fabric.state),
-                fabric.status,
-            )
-        elif fabric.multi_node:
-            cliques[info.pci_bus_id] = fabric.clique
-        else:
-            on_switch.append(info.pci_bus_id)
+        bus = info.pci_bus_id
+        peers, switch_links = _nvlink_peers(gpulib, info)
+        for peer in peers:
+            if peer in groups:
+                groups.join(bus, peer)
+                bridged.add(bus)
+        domain = _switch_domain(gpulib, info) if switch_links else None
+        if domain == _NODE_SWITCHES:
+            on_switch.append(bus)
+        elif domain is not None:
+            cliques[bus] = domain
     for bus in on_switch[1:]:
-        join(on_switch[0], bus)
+        groups.join(on_switch[0], bus)
     switched = set(on_switch)
 
     domains: dict[str, str] = {}
     for info in infos:
         bus = info.pci_bus_id
         if bus in cliques:
-            # At most 7 + 36 + 1 + 10 = 54 characters: within the 64 an attribute string may have.
-            domains[info.uuid] = f"clique-{cliques[bus]}"
+            domains[info.uuid] = cliques[bus]
             continue
         kind = "nvswitch" if bus in switched else "bridge" if bus in bridged else "single"
-        domains[info.uuid] = f"{kind}-{gpu_name(root(bus)).removeprefix('gpu-')}"
+        domains[info.uuid] = f"{kind}-{gpu_name(groups.root(bus)).removeprefix('gpu-')}"
     return domains
+
+
+class _BusGroups:
+    """GPUs grouped by PCI bus id as links join them (union-find); a group is known by its lowest address."""
+
+    def __init__(self, buses: Iterable[str]) -> None:
+        self._parent = {bus: bus for bus in buses}
+
+    def __contains__(self, bus: str) -> bool:
+        return bus in self._parent
+
+    def root(self, bus: str) -> str:
+        """The lowest PCI bus id of ``bus``'s group."""
+        parent = self._parent
+        while parent[bus] != bus:
+            parent[bus] = parent[parent[bus]]
+            bus = parent[bus]
+        return bus
+
+    def join(self, a: str, b: str) -> None:
+        ra, rb = self.root(a), self.root(b)
+        if ra != rb:
+            self._parent[max(ra, rb)] = min(ra, rb)
+
+
+def _nvlink_peers(gpulib: GpuLib, info: GpuInfo) -> tuple[list[str], bool]:
+    """The PCI bus ids of the GPUs ``info``'s NVLinks reach directly, and whether any link reaches an NVSwitch;
+    none of either when NVML cannot tell."""
+    try:
+        links = gpulib.nvlinks(info.uuid)
+    except GpuError as err:
+        log.info("NVLink topology unavailable gpu=%s error=%s", info.pci_bus_id, err)
+        return [], False
+    peers = [link.remote_pci_bus_id for link in links if link.remote_type is NvlinkPeerType.GPU]
+    return peers, any(link.remote_type is NvlinkPeerType.SWITCH for link in links)
+
+
+#: What ``_switch_domain`` returns for a GPU in the node's own NVSwitch domain (named later, after its GPUs).
+_NODE_SWITCHES = "nvswitch"
+
+
+def _switch_domain(gpulib: GpuLib, info: GpuInfo) -> str | None:
+    """Where a GPU with links to NVSwitches belongs: ``_NODE_SWITCHES``, the domain of its multi-node NVLink
+    clique, or None (a domain of its own) while its fabric registration keeps its NVLinks from carrying traffic."""
+    fabric = _fabric_info(gpulib, info)
+    if fabric is None:
+        return _NODE_SWITCHES
+    if not fabric.registered:
+        # Its NVLinks reach the switches but carry no traffic until the fabric manager has registered it.
+        log.warning(
+            "GPU left out of its NVSwitch domain: NVLink fabric registration not complete gpu=%s state=%s status=%d",
+            info.pci_bus_id,
+            _state_name(fabric.state),
+            fabric.status,
+        )
+        return None
+    if fabric.multi_node:
+        # At most 7 + 36 + 1 + 10 = 54 characters: within the 64 an attribute string may have.
+        return f"clique-{fabric.clique}"
+    return _NODE_SWITCHES
 
 
 def _fabric_info(gpulib: GpuLib, info: GpuInfo) -> FabricInfo | None:
