@@ -208,68 +208,25 @@ def discover_driver_root(
     host = PurePosixPath(str(host_root))
     root = Path(container_root if container_root is not None else str(host_root))
     machine = machine or platform.machine()
-    if not host.is_absolute():
-        raise DriverRootError(
-            f"--driver-root {host} is not an absolute path; give the host path, e.g. / or /run/nvidia/driver"
-        )
-    if not root.is_dir():
-        raise DriverFilesMissing(
-            f"driver root {root} is not a directory: mount the host's driver root (--driver-root {host}) into "
-            "the plugin's container and pass that mount as --container-driver-root"
-        )
+    _check_roots(host, root)
     cache = ldcache.read_cache(root, machine) or ()
-    libcuda_name = f"libcuda.so.{version}"
-    located = _locate(root, libcuda_name, cache, machine)
-    if isinstance(located, list):
-        raise DriverFilesMissing(
-            f"{libcuda_name} of the running NVIDIA driver {version} was not found in driver root {root} "
-            f"(searched {', '.join(located)}); install the driver's user-space libraries (and run ldconfig if "
-            "they are outside the usual directories), or point --driver-root (host path, e.g. /run/nvidia/driver "
-            "with the GPU Operator) and --container-driver-root (its mount in this container) at the root that "
-            "has them"
-        )
-    libcuda_dir, libcuda, found_by = located
+    libcuda_dir, libcuda, found_by = _find_libcuda(root, version, cache, machine)
     # Where libcuda was found, and where its file really is when that is a link into another directory.
     sources = tuple(dict.fromkeys(d for d in (resolve(root, libcuda_dir), libcuda.parent) if d is not None))
     libraries, sonames = _libraries(root, sources, version=version, cache=cache, found_by=found_by, machine=machine)
-    symlinks = _symlinks(libraries, sonames, machine)
-    firmware = _firmware(root, version, kernel_release or platform.release(), sources)
-    bin_dirs = (*(str(d.parent / "bin") for d in sources), *BINARY_DIRS)
-    binaries = tuple(
-        DriverFile(path, (f"/usr/bin/{name}",)) for name in BINARIES if (path := _first_file(root, bin_dirs, name))
-    )
-    sockets = tuple(
-        DriverFile(path, (f"/run/{sock}",))
-        for sock in IPC_SOCKETS
-        if (path := resolve(root, PurePosixPath("run", sock)))
-    )
-    config_files = tuple(
-        DriverFile(path, (f"{inside}/{name}",))
-        for inside, name, dirs in CONFIG_FILES
-        if (path := _first_file(root, dirs, name))
-    )
-    hook: str | None
-    if cdi_hook == "":
-        # The runtime runs the hook on the host, which would follow an absolute link from the host's / rather
-        # than the driver root's: name the file the link leads to.
-        in_root = regular_file(root, PurePosixPath(CDI_HOOK))
-        hook = str(host / in_root) if in_root is not None else None
-    else:
-        hook = cdi_hook
-    libcuda_file = next(f for f in libraries if f.path == libcuda)
     found_root = DriverRoot(
         host_root=host,
         container_root=root,
         version=version,
         machine=machine,
-        libcuda=libcuda_file,
+        libcuda=next(f for f in libraries if f.path == libcuda),
         libraries=libraries,
-        symlinks=symlinks,
-        firmware=firmware,
-        binaries=binaries,
-        sockets=sockets,
-        config_files=config_files,
-        cdi_hook=hook,
+        symlinks=_symlinks(libraries, sonames, machine),
+        firmware=_firmware(root, version, kernel_release or platform.release(), sources),
+        binaries=_binaries(root, sources),
+        sockets=_sockets(root),
+        config_files=_config_files(root),
+        cdi_hook=_cdi_hook_path(cdi_hook, root, host),
         source_dirs=sources,
     )
     log.info(
@@ -281,11 +238,79 @@ def discover_driver_root(
         libcuda,
         found_by,
         len(libraries),
-        ",".join(f.path.name for f in binaries) or "-",
-        len(firmware),
-        hook or "-",
+        ",".join(f.path.name for f in found_root.binaries) or "-",
+        len(found_root.firmware),
+        found_root.cdi_hook or "-",
     )
     return found_root
+
+
+def _check_roots(host: PurePosixPath, root: Path) -> None:
+    """Refuse a host path that is not absolute, and a container root that is not a directory."""
+    if not host.is_absolute():
+        raise DriverRootError(
+            f"--driver-root {host} is not an absolute path; give the host path, e.g. / or /run/nvidia/driver"
+        )
+    if not root.is_dir():
+        raise DriverFilesMissing(
+            f"driver root {root} is not a directory: mount the host's driver root (--driver-root {host}) into "
+            "the plugin's container and pass that mount as --container-driver-root"
+        )
+
+
+def _find_libcuda(
+    root: Path, version: str, cache: tuple[ldcache.CacheEntry, ...], machine: str
+) -> tuple[PurePosixPath, PurePosixPath, str]:
+    """``libcuda.so.<version>``: (directory where it was found, its real file, how); an error that names the places
+    searched and what to do when it is not there."""
+    libcuda_name = f"libcuda.so.{version}"
+    located = _locate(root, libcuda_name, cache, machine)
+    if isinstance(located, list):
+        raise DriverFilesMissing(
+            f"{libcuda_name} of the running NVIDIA driver {version} was not found in driver root {root} "
+            f"(searched {', '.join(located)}); install the driver's user-space libraries (and run ldconfig if "
+            "they are outside the usual directories), or point --driver-root (host path, e.g. /run/nvidia/driver "
+            "with the GPU Operator) and --container-driver-root (its mount in this container) at the root that "
+            "has them"
+        )
+    return located
+
+
+def _binaries(root: Path, sources: tuple[PurePosixPath, ...]) -> tuple[DriverFile, ...]:
+    """NVIDIA's binaries, each the first found beside the library tree (``<lib>/../bin``) or in the usual bin
+    directories, as ``/usr/bin/<name>`` in the container."""
+    bin_dirs = (*(str(d.parent / "bin") for d in sources), *BINARY_DIRS)
+    return tuple(
+        DriverFile(path, (f"/usr/bin/{name}",)) for name in BINARIES if (path := _first_file(root, bin_dirs, name))
+    )
+
+
+def _sockets(root: Path) -> tuple[DriverFile, ...]:
+    """The driver daemons' sockets the root has, at the same path under ``/run`` in the container."""
+    return tuple(
+        DriverFile(path, (f"/run/{sock}",))
+        for sock in IPC_SOCKETS
+        if (path := resolve(root, PurePosixPath("run", sock)))
+    )
+
+
+def _config_files(root: Path) -> tuple[DriverFile, ...]:
+    """The graphics loaders' configuration files the root has, where the container's loaders look for them."""
+    return tuple(
+        DriverFile(path, (f"{inside}/{name}",))
+        for inside, name, dirs in CONFIG_FILES
+        if (path := _first_file(root, dirs, name))
+    )
+
+
+def _cdi_hook_path(cdi_hook: str | None, root: Path, host: PurePosixPath) -> str | None:
+    """The host path of ``nvidia-cdi-hook`` (see ``discover_driver_root``'s ``cdi_hook``), None when there is none."""
+    if cdi_hook != "":
+        return cdi_hook
+    # The runtime runs the hook on the host, which would follow an absolute link from the host's / rather than the
+    # driver root's: name the file the link leads to.
+    in_root = regular_file(root, PurePosixPath(CDI_HOOK))
+    return str(host / in_root) if in_root is not None else None
 
 
 def _locate(
