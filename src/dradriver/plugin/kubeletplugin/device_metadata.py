@@ -75,6 +75,29 @@ class DeviceMetadataWriter:
             return tuple(devices)
         meta = claim["metadata"]
         uid = str(meta["uid"])
+        by_request = self._devices_by_request(claim, devices)
+        base_requests = _base_requests(meta, by_request)
+        if not base_requests:
+            return tuple(devices)
+        try:
+            cdi_devices = [
+                self._write_request_file(meta, base, {name: by_request[name] for name in full_names})
+                for base, full_names in base_requests.items()
+            ]
+            # Device names made from a UID may start with a digit, which CDI allows from 0.5.0 on.
+            version = "0.5.0" if uid[:1].isdigit() else "0.3.0"
+            _write_json(self.spec_path(uid), {"cdiVersion": version, "kind": self.cdi_kind, "devices": cdi_devices})
+        except OSError as err:
+            raise DeviceError(
+                f"unable to write the device metadata of claim {meta.get('namespace')}/{meta['name']} ({uid}): "
+                f"{err}; check that the plugin directory and --cdi-dir are writable"
+            ) from err
+        return tuple(self._with_metadata_ids(device, uid, base_requests) for device in devices)
+
+    def _devices_by_request(
+        self, claim: Mapping[str, Any], devices: Sequence[PreparedDevice]
+    ) -> dict[str, list[dict[str, Any]]]:
+        """Full request name → the metadata of the devices of this driver allocated for it and prepared."""
         prepared = {(d.pool, d.device): d for d in devices}
         by_request: dict[str, list[dict[str, Any]]] = {}
         results = claim.get("status", {}).get("allocation", {}).get("devices", {}).get("results", [])
@@ -86,68 +109,41 @@ class DeviceMetadataWriter:
             if device.metadata:
                 entry["attributes"] = dict(device.metadata)
             by_request.setdefault(str(result["request"]), []).append(entry)
-        base_requests: dict[str, list[str]] = {}
-        for request in by_request:
-            base = base_request_name(request)
-            if not is_dns_label(base):
-                # It names a directory of the claim's metadata: it must not name any other path.
-                raise DeviceError(
-                    f"claim {meta.get('namespace')}/{meta.get('name')}: request name {base[:80]!r} is not a DNS label, "
-                    "so it cannot name the request's device metadata directory"
-                )
-            base_requests.setdefault(base, []).append(request)
-        if not base_requests:
-            return tuple(devices)
+        return by_request
 
+    def _write_request_file(
+        self, meta: Mapping[str, Any], base: str, requests: Mapping[str, list[dict[str, Any]]]
+    ) -> dict[str, Any]:
+        """Write the metadata file of request ``base`` (``requests``: its full names, ``req/sub``, and their
+        devices); return the CDI device that mounts it where the container looks for it."""
+        uid = str(meta["uid"])
+        host_file = self.root / uid / base / "metadata.json"
+        document: dict[str, Any] = {
+            "apiVersion": API_VERSION,
+            "kind": "DeviceMetadata",
+            "metadata": {"name": meta["name"], "namespace": meta.get("namespace", ""), "uid": uid},
+        }
         pod_claim = (meta.get("annotations") or {}).get(POD_CLAIM_NAME_ANNOTATION)
+        if pod_claim:
+            document["podClaimName"] = pod_claim
+        document["requests"] = [{"name": name, "devices": found} for name, found in requests.items()]
+        document["metadata"]["generation"] = _generation(host_file, document)
+        _write_json(host_file, document)
         scope = f"resourceclaimtemplates/{pod_claim}" if pod_claim else f"resourceclaims/{meta['name']}"
-        cdi_devices = []
-        try:
-            for base, full_names in base_requests.items():
-                host_file = self.root / uid / base / "metadata.json"
-                document: dict[str, Any] = {
-                    "apiVersion": API_VERSION,
-                    "kind": "DeviceMetadata",
-                    "metadata": {"name": meta["name"], "namespace": meta.get("namespace", ""), "uid": uid},
-                }
-                if pod_claim:
-                    document["podClaimName"] = pod_claim
-                document["requests"] = [{"name": name, "devices": by_request[name]} for name in full_names]
-                document["metadata"]["generation"] = _generation(host_file, document)
-                _write_json(host_file, document)
-                container_file = f"{CONTAINER_DIR}/{scope}/{base}/{self.driver_name}-metadata.json"
-                cdi_devices.append(
-                    {
-                        "name": f"{uid}_{base}",
-                        "containerEdits": {
-                            "mounts": [
-                                {"hostPath": str(host_file), "containerPath": container_file, "options": ["ro", "bind"]}
-                            ]
-                        },
-                    }
-                )
-            # Device names made from a UID may start with a digit, which CDI allows from 0.5.0 on.
-            version = "0.5.0" if uid[:1].isdigit() else "0.3.0"
-            _write_json(self.spec_path(uid), {"cdiVersion": version, "kind": self.cdi_kind, "devices": cdi_devices})
-        except OSError as err:
-            raise DeviceError(
-                f"unable to write the device metadata of claim {meta.get('namespace')}/{meta['name']} ({uid}): "
-                f"{err}; check that the plugin directory and --cdi-dir are writable"
-            ) from err
-        return tuple(
-            replace(
-                device,
-                cdi_device_ids=(
-                    *device.cdi_device_ids,
-                    *(
-                        f"{self.cdi_kind}={uid}_{base}"
-                        for base in dict.fromkeys(device.requests)
-                        if base in base_requests
-                    ),
-                ),
-            )
-            for device in devices
-        )
+        container_file = f"{CONTAINER_DIR}/{scope}/{base}/{self.driver_name}-metadata.json"
+        return {
+            "name": f"{uid}_{base}",
+            "containerEdits": {
+                "mounts": [{"hostPath": str(host_file), "containerPath": container_file, "options": ["ro", "bind"]}]
+            },
+        }
+
+    def _with_metadata_ids(
+        self, device: PreparedDevice, uid: str, base_requests: Mapping[str, list[str]]
+    ) -> PreparedDevice:
+        """``device`` with the metadata CDI id of each of its requests that has metadata added."""
+        ids = (f"{self.cdi_kind}={uid}_{base}" for base in dict.fromkeys(device.requests) if base in base_requests)
+        return replace(device, cdi_device_ids=(*device.cdi_device_ids, *ids))
 
     def remove(self, claim_uid: str) -> None:
         """Delete the claim's metadata files and CDI spec; nothing there is fine."""
@@ -183,6 +179,21 @@ class DeviceMetadataWriter:
         for uid in removed:
             self.remove(uid)
         return removed
+
+
+def _base_requests(meta: Mapping[str, Any], by_request: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Base request name (``req`` of ``req/sub``) → its full names. A base name that is not a DNS label is refused:
+    it names a directory of the claim's metadata, so it must not name any other path."""
+    base_requests: dict[str, list[str]] = {}
+    for request in by_request:
+        base = base_request_name(request)
+        if not is_dns_label(base):
+            raise DeviceError(
+                f"claim {meta.get('namespace')}/{meta.get('name')}: request name {base[:80]!r} is not a DNS label, "
+                "so it cannot name the request's device metadata directory"
+            )
+        base_requests.setdefault(base, []).append(request)
+    return base_requests
 
 
 def _generation(path: Path, document: Mapping[str, Any]) -> int:
