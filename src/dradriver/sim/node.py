@@ -781,36 +781,53 @@ class SimulatedNode:
         self._stamp = _file_stamp(path)
 
     def _load_state(self, path: Path) -> None:
-        def bad(field_name: str, problem: str) -> ConfigError:
-            return ConfigError(
-                f"simulated GPU state file {path}: {field_name}: {problem}; fix or delete the "
-                "file to start from the profile's initial state"
-            )
+        """Take the state written to ``path`` (by another process on this node, or an earlier run); a file that is
+        not this node's, or is damaged, changes nothing and raises a ConfigError that says what to fix."""
+        raw = self._read_state_file(path)
+        # Parse everything before touching the live state, so a bad file changes nothing.
+        serial, gpu_states, processes = self._parse_state(path, raw)
+        self._mig_serial = max(self._mig_serial, serial)
+        self.processes = processes
+        self._take_events(raw.get("events"))
+        last_id = raw.get("lastEventId", 0)
+        self._event_id = max(self._event_id, last_id if isinstance(last_id, int) else 0)
+        for gpu in self.gpus:
+            _restore_gpu(gpu, gpu_states[gpu.pci_bus_id])
+        self._stamp = _file_stamp(path)
 
+    def _read_state_file(self, path: Path) -> dict[str, Any]:
+        """The state file's JSON, checked to be a state file of this version, for this profile, node and GPUs."""
         try:
             raw = json.loads(read_text(path))
         except InputError as err:
-            raise bad("(file)", str(err).removeprefix(f"{path}: ")) from None
+            raise _bad_state(path, "(file)", str(err).removeprefix(f"{path}: ")) from None
         except (ValueError, RecursionError) as err:
-            raise bad("(file)", f"not readable JSON ({err})") from None
+            raise _bad_state(path, "(file)", f"not readable JSON ({err})") from None
         if not isinstance(raw, dict) or raw.get("kind") != STATE_KIND:
-            raise bad("kind", f"expected {STATE_KIND!r}")
+            raise _bad_state(path, "kind", f"expected {STATE_KIND!r}")
         if raw.get("version") != STATE_VERSION:
-            raise bad("version", f"version {raw.get('version')!r} is not supported (this build reads {STATE_VERSION})")
+            raise _bad_state(
+                path, "version", f"version {raw.get('version')!r} is not supported (this build reads {STATE_VERSION})"
+            )
         if raw.get("profile") != self.profile.name:
-            raise bad("profile", f"written for profile {raw.get('profile')!r}, not {self.profile.name!r}")
+            raise _bad_state(path, "profile", f"written for profile {raw.get('profile')!r}, not {self.profile.name!r}")
         if raw.get("node", self.node_name) != self.node_name:
             # GPU UUIDs derive from the node name: another node's file would describe other GPUs.
-            raise bad("node", f"written for node {raw.get('node')!r}, not {self.node_name!r} (check --node-name)")
+            raise _bad_state(
+                path, "node", f"written for node {raw.get('node')!r}, not {self.node_name!r} (check --node-name)"
+            )
         gpus = raw.get("gpus")
         if not isinstance(gpus, dict) or set(gpus) != {g.pci_bus_id for g in self.gpus}:
-            raise bad("gpus", "does not list exactly this profile's GPUs by PCI address")
-        # Parse everything before touching the live state, so a bad file changes nothing.
+            raise _bad_state(path, "gpus", "does not list exactly this profile's GPUs by PCI address")
+        return raw
+
+    def _parse_state(self, path: Path, raw: dict[str, Any]) -> tuple[int, dict[str, _GpuState], dict[int, SimProcess]]:
+        """The checked file's MIG serial, each GPU's state by PCI address, and the processes by pid."""
         try:
             serial = int(raw.get("migSerial", 0))
-            parsed = {gpu.pci_bus_id: _parse_gpu_state(gpu, gpus[gpu.pci_bus_id]) for gpu in self.gpus}
+            gpu_states = {gpu.pci_bus_id: _parse_gpu_state(gpu, raw["gpus"][gpu.pci_bus_id]) for gpu in self.gpus}
         except (KeyError, TypeError, ValueError, StopIteration) as err:
-            raise bad("gpus", f"malformed entry ({err!r})") from err
+            raise _bad_state(path, "gpus", f"malformed entry ({err!r})") from err
         try:
             processes = {
                 int(p["pid"]): SimProcess(
@@ -819,28 +836,8 @@ class SimulatedNode:
                 for p in raw.get("processes", [])
             }
         except (KeyError, TypeError, ValueError) as err:
-            raise bad("processes", f"malformed entry ({err!r})") from err
-        self._mig_serial = max(self._mig_serial, serial)
-        self.processes = processes
-        self._take_events(raw.get("events"))
-        last_id = raw.get("lastEventId", 0)
-        self._event_id = max(self._event_id, last_id if isinstance(last_id, int) else 0)
-        for gpu in self.gpus:
-            state = parsed[gpu.pci_bus_id]
-            gpu.mig_current, gpu.mig_pending, gpu.compute_mode, gpu.lost = (
-                state.mig_current,
-                state.mig_pending,
-                state.compute_mode,
-                state.lost,
-            )
-            gpu.ecc_volatile, gpu.ecc_aggregate = state.ecc
-            gpu.recovery_action = state.recovery_action
-            gpu.timeslice = state.timeslice
-            # Files written before fabric info was modelled lack it: the profile's initial state holds.
-            if state.fabric is not None and gpu.fabric_state is not None:
-                gpu.fabric_state, gpu.fabric_status = state.fabric
-            gpu.gpu_instances = _keep_identities(gpu.gpu_instances, state.gpu_instances)
-        self._stamp = _file_stamp(path)
+            raise _bad_state(path, "processes", f"malformed entry ({err!r})") from err
+        return serial, gpu_states, processes
 
     def _take_events(self, logged: Any) -> None:
         """Publish events another process appended to the shared log (on first load: just note where it ends)."""
@@ -920,6 +917,30 @@ def _parse_gpu_state(gpu: SimGpu, entry: dict[str, Any]) -> _GpuState:
         int(entry.get("timeslice", 0)),
         int(entry.get("recoveryAction", 0)),
     )
+
+
+def _bad_state(path: Path, field_name: str, problem: str) -> ConfigError:
+    return ConfigError(
+        f"simulated GPU state file {path}: {field_name}: {problem}; fix or delete the "
+        "file to start from the profile's initial state"
+    )
+
+
+def _restore_gpu(gpu: SimGpu, state: _GpuState) -> None:
+    """Set ``gpu`` to ``state``, keeping the objects of the instances that still exist."""
+    gpu.mig_current, gpu.mig_pending, gpu.compute_mode, gpu.lost = (
+        state.mig_current,
+        state.mig_pending,
+        state.compute_mode,
+        state.lost,
+    )
+    gpu.ecc_volatile, gpu.ecc_aggregate = state.ecc
+    gpu.recovery_action = state.recovery_action
+    gpu.timeslice = state.timeslice
+    # Files written before fabric info was modelled lack it: the profile's initial state holds.
+    if state.fabric is not None and gpu.fabric_state is not None:
+        gpu.fabric_state, gpu.fabric_status = state.fabric
+    gpu.gpu_instances = _keep_identities(gpu.gpu_instances, state.gpu_instances)
 
 
 def _keep_identities(old: dict[int, SimGpuInstance], new: dict[int, SimGpuInstance]) -> dict[int, SimGpuInstance]:
