@@ -86,6 +86,30 @@ def cd_cluster(control_plane: ControlPlane) -> Iterator[dict[str, Any]]:
             node.stop()
 
 
+@pytest.fixture(autouse=True)
+def leftovers(cd_cluster: dict[str, Any]) -> Iterator[None]:
+    """What a test left of its workloads and domains, deleted after it even when it failed: a pod or domain left
+    behind would hold the trays' channels and fail the next test instead."""
+    yield
+    kube: Kube = cd_cluster["kube"]
+    trays = set(cd_cluster["nodes"])
+    pods = [
+        p["metadata"]["name"]
+        for p in kube.list("pods", USER_NS)
+        if p["spec"].get("nodeName") in trays
+        or (p["spec"].get("nodeSelector") or {}).get("kubernetes.io/hostname") in trays
+    ]
+    domains = [d["metadata"]["name"] for d in kube.list("computedomains", USER_NS)]
+    for name in pods:
+        kube.delete("pods", name, USER_NS)
+    for name in domains:
+        kube.delete("computedomains", name, USER_NS)
+    for name in pods:
+        _wait_gone(kube, "pods", name)
+    for name in domains:
+        _wait_gone(kube, "computedomains", name)
+
+
 def _domain(kube: Kube, name: str, template: str, *, num_nodes: int = 2, mode: str = "Single") -> dict[str, Any]:
     return kube.create(
         "computedomains",
@@ -384,22 +408,24 @@ def test_fifty_daemons_join_one_clique_without_a_conflict(cd_cluster: dict[str, 
             errors.append(err)
 
     threads = [threading.Thread(target=join, args=(i,)) for i in range(50)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert errors == []
-    assert rest.writes == {"PATCH computedomaincliques": 50}
-    stored = rest.get(clique)
-    assert len(stored["daemons"]) == 50
-    numbered = Controller(rest, ControllerSettings(namespace=NAMESPACE, image="x", max_nodes_per_domain=64))
-    result = numbered._assign_indices(stored, stored["daemons"])
-    indices = sorted(d["index"] for d in result["daemons"])
-    assert indices == list(range(50))
-    # The daemons' own fields survive the controller's apply; a daemon's later update keeps its index.
-    assert all(d["status"] == "Ready" and d["ipAddress"] for d in result["daemons"])
-    rest.delete(clique)
-    rest.close()
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert errors == []
+        assert rest.writes == {"PATCH computedomaincliques": 50}
+        stored = rest.get(clique)
+        assert len(stored["daemons"]) == 50
+        numbered = Controller(rest, ControllerSettings(namespace=NAMESPACE, image="x", max_nodes_per_domain=64))
+        result = numbered._assign_indices(stored, stored["daemons"])
+        indices = sorted(d["index"] for d in result["daemons"])
+        assert indices == list(range(50))
+        # The daemons' own fields survive the controller's apply; a daemon's later update keeps its index.
+        assert all(d["status"] == "Ready" and d["ipAddress"] for d in result["daemons"])
+    finally:
+        rest.delete(clique)  # a clique of nobody's domain: gone before the next test counts cliques
+        rest.close()
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,10 @@ update intact) and a rollback or uninstall leaves nothing of the release behind.
 
 The release has its own names (release `helmtest`, driver and DeviceClasses under helmtest.dev), so it lives
 beside the kustomize install of test_manifests.py. This control plane runs no DaemonSet controller or kubelet:
-no plugin pod runs here (the node tests run one); what is judged is the API objects helm manages."""
+no plugin pod runs here (the node tests run one); what is judged is the API objects helm manages.
+
+Each test finds the release installed (the ``release`` fixture installs it when a test before, the uninstall test
+say, left none), so each passes alone and in any order; the module's teardown uninstalls what is left."""
 
 from __future__ import annotations
 
@@ -60,13 +63,25 @@ def existing(control_plane: ControlPlane, path: Path) -> list[str]:
     return done.stdout.split()
 
 
+def installed(control_plane: ControlPlane) -> bool:
+    return helm_on(control_plane, "status", RELEASE, "-n", NAMESPACE).returncode == 0
+
+
 @pytest.fixture(scope="module")
-def release(control_plane: ControlPlane) -> Iterator[None]:
+def uninstalled_after(control_plane: ControlPlane) -> Iterator[None]:
+    """Whatever the module's tests left of the release goes at its end."""
+    yield
+    helm_on(control_plane, "uninstall", RELEASE, "-n", NAMESPACE, "--ignore-not-found")
+
+
+@pytest.fixture
+def release(control_plane: ControlPlane, uninstalled_after: None) -> None:
+    """The release installed (its first revision with the module's values), unless a test before left it so."""
+    if installed(control_plane):
+        return
     done = helm_on(control_plane, "install", RELEASE, str(CHART), "-n", NAMESPACE, "--create-namespace",
                    "-f", preset_file("sim"), *values())  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    yield
-    helm_on(control_plane, "uninstall", RELEASE, "-n", NAMESPACE, "--ignore-not-found")
 
 
 def test_install_creates_every_object_the_chart_renders(
@@ -111,7 +126,7 @@ def test_upgrade_with_a_changed_value_rolls_the_daemonset_surge_first(
 
 
 def test_uninstall_leaves_nothing_of_the_release(release: None, control_plane: ControlPlane, tmp_path: Path) -> None:
-    # Every object any revision created: the first revision's full set (the upgrade above dropped some).
+    # Every object any revision created: the first revision's full set (an upgrade may have dropped some).
     done = helm_on(control_plane, "get", "manifest", RELEASE, "-n", NAMESPACE, "--revision", "1")
     assert done.returncode == 0, done.stderr
     first = tmp_path / "revision-1.yaml"

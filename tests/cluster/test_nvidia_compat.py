@@ -33,13 +33,14 @@ def nvidia_nodes(control_plane: ControlPlane, kube: Kube) -> Iterator[dict[tuple
     # second class with that name makes kube-scheduler 1.37 forget the mapping for good (kubernetes/kubernetes#141103,
     # docs/troubleshooting.md), which failed e2e scenario 11's `nvidia.com/gpu: 1` pod after this module.
     created: list[str] = []
-    for device_class in NVIDIA.device_classes():
-        device_class["spec"].pop("extendedResourceName", None)
-        if not [c for c in kube.list("deviceclasses") if c["metadata"]["name"] == device_class["metadata"]["name"]]:
-            kube.create("deviceclasses", device_class)
-            created.append(device_class["metadata"]["name"])
     started: dict[tuple[str, str], SimNode] = {}
     try:
+        for device_class in NVIDIA.device_classes():
+            device_class["spec"].pop("extendedResourceName", None)
+            name = device_class["metadata"]["name"]
+            if not [c for c in kube.list("deviceclasses") if c["metadata"]["name"] == name]:
+                kube.create("deviceclasses", device_class)
+                created.append(name)
         for name, profile, mig_mode in NODES:
             started[(profile, mig_mode)] = SimNode.start(
                 kube,
