@@ -1,10 +1,15 @@
 """Benchmark: the node driver against its floors, on a simulated node (docs/reliability.md explains each figure).
 
-    python benchmarks/bench_prepare.py [--cycles 200] [--soak 1000] [--json benchmarks/latest.json]
+    python benchmarks/bench_prepare.py [--cycles 200] [--soak 1000] [--soak-unkilled 1000] [--json FILE]
     python benchmarks/bench_prepare.py --only startup      # one part, its figures as JSON
     python benchmarks/bench_prepare.py --only rss          # RSS idle after start-up, as in a pod
 
-The full soak of issue 15 is ``--soak 10000`` (about 15 minutes on two cores).
+The full soaks of issue 15 are ``--soak 10000 --only soak`` (the driver SIGKILLed about every 300 cycles; about
+17 minutes on two cores) and ``--soak-unkilled 10000 --only soak_unkilled`` (one process throughout, where a slow
+leak has the longest to show; about as long). Each process is measured from its warm-up to its end.
+
+A row says met (yes) or missed (NO) only where it has a target, else "no target"; the exit status is 1 when a
+target was missed.
 
 Everything real except the API server (in memory) and the hardware (the simulator behind the NVML adapter):
 gRPC over unix sockets, claim GET and checks, CDI spec and checkpoint written with fsync on the real disk (the
@@ -576,8 +581,8 @@ def _cpu_seconds(pid: int) -> float:
 
 def bench_soak(count: int, kill_every: int) -> dict[str, Any]:
     """The soak of tests/support/soak.py: mixed claims through `dradriver run`, SIGKILLed about every
-    ``kill_every`` cycles and restarted; RSS, open files and threads of the last process after its warm-up and
-    at the end, and what is left on the node."""
+    ``kill_every`` cycles and restarted (never, with 0: one process serves every cycle); each process's RSS,
+    open files and threads after its warm-up and at its end, and what is left on the node."""
     from support.soak import as_json, run_soak
 
     root = Path(tempfile.mkdtemp(prefix="dra-soak-", dir="/tmp"))
@@ -590,84 +595,154 @@ def bench_soak(count: int, kill_every: int) -> dict[str, Any]:
 # --- the report ------------------------------------------------------------------------------------------------
 
 
-def table(results: dict[str, Any]) -> str:
-    rows = ["| figure | ours | floor | ratio | target | met |", "|---|---|---|---|---|---|"]
+class Table:
+    """The Markdown table of the figures. A row says met (yes) or missed (NO) only where it has a target, checked
+    against the figure of the same run; else "no target". The targets missed decide the exit status."""
 
-    def row(name: str, ours: float, floor: float | None, target: str, met: bool) -> None:
+    def __init__(self) -> None:
+        self.lines = ["| figure | ours | floor | ratio | target | met |", "|---|---|---|---|---|---|"]
+        self.missed: list[str] = []
+
+    def add(
+        self, name: str, ours: str, floor: str = "-", ratio: str = "-", *, target: str | None = None, met: bool = False
+    ) -> None:
+        """One row; ``met`` is read only with a ``target``."""
+        verdict = "no target" if target is None else "yes" if met else "NO"
+        if target is not None and not met:
+            self.missed.append(name)
+        self.lines.append(f"| {name} | {ours} | {floor} | {ratio} | {target or '-'} | {verdict} |")
+
+    def timing(
+        self, name: str, ours: float, floor: float | None, *, target: str | None = None, met: bool = False
+    ) -> None:
+        """A row of milliseconds, with its ratio to the floor where it has one."""
         ratio = f"{ours / floor:.2f}x" if floor else "-"
         floor_text = f"{floor:.1f} ms" if floor is not None else "-"
-        rows.append(f"| {name} | {ours:.1f} ms | {floor_text} | {ratio} | {target} | {'yes' if met else 'NO'} |")
+        self.add(name, f"{ours:.1f} ms", floor_text, ratio, target=target, met=met)
 
-    for lat in results["latency"]:
-        o, f = lat["ours"], lat["floor"]
-        name = f"{lat['kind']} prepare+unprepare"
-        if lat["kind"] == "whole GPU":
-            met = o["cycle_p50_ms"] <= 10 and o["cycle_p50_ms"] <= 1.5 * f["cycle_p50_ms"]
-            target = "p50 <= 10 ms and <= 1.5x floor"
-        elif lat["kind"] == "MPS":
-            met, target = o["cycle_p50_ms"] <= 50, "p50 <= 50 ms"
-        elif lat["kind"] == "MIG 1g.10gb":
-            met, target = o["cycle_p50_ms"] <= 20, "p50 <= 20 ms"
-        else:
-            met, target = True, "-"
-        row(f"{name} p50", o["cycle_p50_ms"], f["cycle_p50_ms"], target, met)
-        row(f"{name} p99", o["cycle_p99_ms"], f["cycle_p99_ms"], "-", True)
-        row(f"{lat['kind']} prepare p50", o["prepare_p50_ms"], f["prepare_p50_ms"], "-", True)
-        if "floor_with_daemon" in lat:
-            d = lat["floor_with_daemon"]
-            label = f"{name} p50, floor with the stand-in's process starts"
-            row(label, o["cycle_p50_ms"], d["cycle_p50_ms"], "-", True)
-            row(
-                f"{name} p99, floor with the stand-in's process starts", o["cycle_p99_ms"], d["cycle_p99_ms"], "-", True
-            )
-    many = results["many"]
-    for key, label in (
-        ("batch_prepare_ms", "100 MIG claims in one call"),
-        ("concurrent_prepare_ms", "100 concurrent calls"),
-    ):
-        row(label, many[key], None, "<= 1 s", many[key] <= 1000)
-    st = results["startup"]
-    row(
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+def latency_target(kind: str, p50: float, floor_p50: float) -> tuple[str | None, bool]:
+    """The target on a kind's prepare+unprepare p50 (docs/performance.md) and whether ``p50`` met it;
+    (None, False) for a kind with none (time-slicing)."""
+    if kind == "whole GPU":
+        return "p50 <= 10 ms and <= 1.5x floor", p50 <= 10 and p50 <= 1.5 * floor_p50
+    if kind == "MPS":
+        return "p50 <= 50 ms", p50 <= 50
+    if kind == "MIG 1g.10gb":
+        return "p50 <= 20 ms", p50 <= 20
+    return None, False
+
+
+def latency_rows(out: Table, lat: dict[str, Any]) -> None:
+    o, f = lat["ours"], lat["floor"]
+    name = f"{lat['kind']} prepare+unprepare"
+    target, met = latency_target(lat["kind"], o["cycle_p50_ms"], f["cycle_p50_ms"])
+    out.timing(f"{name} p50", o["cycle_p50_ms"], f["cycle_p50_ms"], target=target, met=met)
+    out.timing(f"{name} p99", o["cycle_p99_ms"], f["cycle_p99_ms"])
+    out.timing(f"{lat['kind']} prepare p50", o["prepare_p50_ms"], f["prepare_p50_ms"])
+    if "floor_with_daemon" in lat:
+        d = lat["floor_with_daemon"]
+        for q in ("p50", "p99"):
+            out.timing(f"{name} {q}, floor with the stand-in's process starts", o[f"cycle_{q}_ms"], d[f"cycle_{q}_ms"])
+
+
+def startup_rows(out: Table, st: dict[str, Any]) -> None:
+    out.timing(
         "start-up to registered + all slices (8 GPUs, dynamic MIG)",
         st["startup_ms"],
         st["floor_ms"],
-        "<= 1 s",
-        st["startup_ms"] <= 1000,
+        target="<= 1 s",
+        met=st["startup_ms"] <= 1000,
     )
-    row("start-up: CPU time the driver process used", st["cpu_ms"], None, "-", True)
+    out.timing("start-up: CPU time the driver process used", st["cpu_ms"], None)
     if "pod_startup_ms" in st:
-        row("start-up as in a pod (service account over HTTPS)", st["pod_startup_ms"], st["floor_ms"], "<= 1 s",
-            st["pod_startup_ms"] <= 1000)  # fmt: skip
-        row("start-up as in a pod: CPU time", st["pod_cpu_ms"], None, "-", True)
+        out.timing("start-up as in a pod (service account over HTTPS)", st["pod_startup_ms"], st["floor_ms"],
+                   target="<= 1 s", met=st["pod_startup_ms"] <= 1000)  # fmt: skip
+        out.timing("start-up as in a pod: CPU time", st["pod_cpu_ms"], None)
+
+
+def rss_row(out: Table, rss: dict[str, Any]) -> None:
+    out.add(
+        f"driver RSS idle after start-up, as in a pod (8 GPUs, dynamic MIG; {rss['threads']} threads)",
+        f"{rss['rss_mib']:.1f} MiB",
+        f"{rss['peer_mib']:.0f} MiB (Go plugin)",
+        f"{rss['rss_mib'] / rss['peer_mib']:.2f}x",
+        target=f"<= {rss['goal_mib']:.2f} MiB (1.25x)",
+        met=rss["rss_mib"] <= rss["goal_mib"],
+    )
+
+
+#: The soak's limits: RSS at every mark, and what a process may grow from its warm-up to its end and still be
+#: flat (gRPC's pool starts a worker thread or two on demand). tests/integration/test_soak.py holds its short
+#: form to a tighter RSS bound, measured for its 25 cycles a process.
+SOAK_RSS_LIMIT_MIB = 100
+FLAT_RSS_GROWTH_MIB = 5
+FLAT_THREAD_GROWTH = 2
+
+
+def soak_row(out: Table, soak: dict[str, Any], *, unkilled: bool) -> None:
+    """The soak in one row: the highest RSS of any process against the limit, the largest growth of any process
+    (each measured from its warm-up to its end; the mark before a kill is its end), and what was left."""
+    measured = [p for p in soak["processes"] if p["warm"]]
+    growth = {
+        key: max((p["end"][key] - p["warm"][key] for p in measured), default=0)
+        for key in ("rss_kib", "open_files", "threads")
+    }
+    highest = max(m["rss_kib"] for p in soak["processes"] for m in (p["warm"], p["end"]) if m) / 1024
+    left = sum(soak["leftovers"].values())
+    flat = (
+        bool(measured)
+        and growth["rss_kib"] <= FLAT_RSS_GROWTH_MIB * 1024
+        and growth["open_files"] <= 0
+        and growth["threads"] <= FLAT_THREAD_GROWTH
+    )
+    how = "in one process, never killed" if unkilled else f"({soak['kills']} kills, {len(measured)} processes measured)"
+    out.add(
+        f"driver RSS over {soak['cycles']} soak cycles {how}",
+        f"{highest:.1f} MiB",
+        "-",
+        f"{'growth from its warm-up' if unkilled else 'growth per process at most'} {growth['rss_kib'] / 1024:+.1f} "
+        f"MiB, open files {growth['open_files']:+d}, threads {growth['threads']:+d}; leftovers {left}",
+        target=f"<= {SOAK_RSS_LIMIT_MIB} MiB; flat: each process <= +{FLAT_RSS_GROWTH_MIB} MiB, no more open files, "
+        f"<= +{FLAT_THREAD_GROWTH} threads; nothing left",
+        met=highest <= SOAK_RSS_LIMIT_MIB and flat and left == 0,
+    )
+
+
+def table(results: dict[str, Any]) -> Table:
+    """The table of every part that ran."""
+    out = Table()
+    for lat in results.get("latency", []):
+        latency_rows(out, lat)
+    if "many" in results:
+        many = results["many"]
+        out.timing("100 MIG claims in one call", many["batch_prepare_ms"], None,
+                   target="<= 1 s", met=many["batch_prepare_ms"] <= 1000)  # fmt: skip
+        out.timing("100 concurrent calls", many["concurrent_prepare_ms"], None,
+                   target="<= 1 s", met=many["concurrent_prepare_ms"] <= 1000)  # fmt: skip
+    if "startup" in results:
+        startup_rows(out, results["startup"])
     if "rss" in results:
-        rss = results["rss"]
-        ratio = rss["rss_mib"] / rss["peer_mib"]
-        rows.append(
-            f"| driver RSS idle after start-up, as in a pod (8 GPUs, dynamic MIG; {rss['threads']} threads) "
-            f"| {rss['rss_mib']:.1f} MiB | {rss['peer_mib']:.0f} MiB (Go plugin) | {ratio:.2f}x "
-            f"| <= {rss['goal_mib']:.2f} MiB (1.25x) | {'yes' if rss['rss_mib'] <= rss['goal_mib'] else 'NO'} |"
-        )
-    soak = results["soak"]
-    if soak["marks"]:
-        first, last = soak["marks"][0], soak["marks"][-1]
-        grew = (last["rss_kib"] - first["rss_kib"]) / 1024
-        flat = grew <= 5 and last["open_files"] <= first["open_files"] and last["threads"] <= first["threads"] + 2
-        clean = not any(soak["leftovers"].values())
-        rows.append(
-            f"| driver RSS after {soak['cycles']} soak cycles ({soak['kills']} kills) "
-            f"| {last['rss_kib'] / 1024:.1f} MiB "
-            f"| - | {grew:+.1f} MiB since cycle {first['cycle']}, leftovers {sum(soak['leftovers'].values())} "
-            f"| <= 100 MB, flat | {'yes' if last['rss_kib'] <= 100 * 1024 and flat and clean else 'NO'} |"
-        )
-    return "\n".join(rows)
+        rss_row(out, results["rss"])
+    if results.get("soak"):
+        soak_row(out, results["soak"], unkilled=False)
+    if results.get("soak_unkilled"):
+        soak_row(out, results["soak_unkilled"], unkilled=True)
+    return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=200, help="prepare+unprepare cycles per latency figure")
     parser.add_argument("--claims", type=int, default=100, help="claims in the batch and concurrent figures")
-    parser.add_argument("--soak", type=int, default=1000, help="soak cycles before RSS is read (0: skip)")
+    parser.add_argument("--soak", type=int, default=1000, help="soak cycles, the driver killed and restarted (0: skip)")
     parser.add_argument("--kill-every", type=int, default=300, help="soak: SIGKILL the driver about this often")
+    parser.add_argument(
+        "--soak-unkilled", type=int, default=1000, help="soak cycles in one process, never killed (0: skip)"
+    )
     parser.add_argument("--startup-runs", type=int, default=5, help="timed start-ups (the figure is their median)")
     parser.add_argument("--rss-runs", type=int, default=3, help="starts measured for RSS (the figure is their median)")
     parser.add_argument("--state-dir", default=None, help="parent of the checkpoint directory (default: temp dir)")
@@ -675,8 +750,8 @@ def main() -> int:
     parser.add_argument(
         "--only",
         action="append",
-        choices=("latency", "many", "startup", "rss", "soak"),
-        help="run only this part (repeatable) and print its figures as JSON; no table, --json not written",
+        choices=("latency", "many", "startup", "rss", "soak", "soak_unkilled"),
+        help="run only this part (repeatable): its figures as JSON, its table rows on stderr; --json not written",
     )
     args = parser.parse_args()
 
@@ -689,20 +764,25 @@ def main() -> int:
         ("many", lambda: bench_many(args.claims, args.state_dir)),
         ("startup", lambda: bench_startup(args.startup_runs)),
         ("rss", lambda: bench_rss(args.rss_runs)),
-        ("soak", lambda: bench_soak(args.soak, args.kill_every) if args.soak else {"cycles": 0, "marks": []}),
+        ("soak", lambda: bench_soak(args.soak, args.kill_every) if args.soak else None),
+        ("soak_unkilled", lambda: bench_soak(args.soak_unkilled, 0) if args.soak_unkilled else None),
     ]
     for name, step in steps:
         if args.only and name not in args.only:
             continue
         print(f"running {name} ...", file=sys.stderr)
         results[name] = step()
+    report = table(results)
     if args.only:
         print(json.dumps(results, indent=1))
-        return 0
-    text = table(results)
-    print(text)
-    args.json.write_text(json.dumps({**results, "table": text}, indent=1) + "\n")
-    print(f"\nfigures written to {args.json}", file=sys.stderr)
+        print(report.text(), file=sys.stderr)
+    else:
+        print(report.text())
+        args.json.write_text(json.dumps({**results, "table": report.text()}, indent=1) + "\n")
+        print(f"\nfigures written to {args.json}", file=sys.stderr)
+    if report.missed:
+        print(f"targets missed: {'; '.join(report.missed)}", file=sys.stderr)
+        return 1
     return 0
 
 

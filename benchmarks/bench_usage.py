@@ -1,6 +1,6 @@
 """The cost of the usage metrics on an 8-GPU node split into 56 MIG devices (64 devices, one process each).
 
-    python benchmarks/bench_usage.py            # medians as JSON on stdout
+    python benchmarks/bench_usage.py            # medians as JSON on stdout; exit status 1 over budget
 
 A sample (what the sampler thread does every --usage-interval: six NVML reads per device, processes mapped to
 pods) and a scrape of the usage series (what Prometheus waits for). The budget is a 50 ms scrape; the simulated
@@ -49,8 +49,9 @@ def main() -> int:
         "scrape_budget_ms": 50,
         "load": os.getloadavg()[0],
     }
+    figures["met"] = figures["scrape_ms"] <= figures["scrape_budget_ms"]  # the median scrape; the exit status too
     print(json.dumps(figures, indent=1))
-    return 0 if figures["scrape_ms"] <= 50 else 1
+    return 0 if figures["met"] else 1
 
 
 if __name__ == "__main__":
