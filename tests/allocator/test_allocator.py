@@ -110,7 +110,7 @@ def test_result_includes_a_node_selector_for_node_local_slices(whole_gpus, class
 
 
 def test_other_nodes_devices_are_not_used(whole_gpus, classes):
-    with pytest.raises(Unsatisfiable):
+    with pytest.raises(Unsatisfiable, match="no ResourceSlice offers devices on node node-b"):
         allocate(claim(exact()), slices=whole_gpus, classes=classes, node="node-b")
 
 
@@ -149,7 +149,7 @@ def test_memory_capacity_selector(whole_gpus, classes):
     fits = claim(exact(selectors=['device.capacity["gpu.dradriver.dev"].memory.compareTo(quantity("80Gi")) >= 0']))
     too_big = claim(exact(selectors=['device.capacity["gpu.dradriver.dev"].memory.isGreaterThan(quantity("80Gi"))']))
     assert devices(allocate(fits, slices=whole_gpus, classes=classes))
-    with pytest.raises(Unsatisfiable):
+    with pytest.raises(Unsatisfiable, match=r"no device passes request gpu selector #0 \(device\.capacity"):
         allocate(too_big, slices=whole_gpus, classes=classes)
 
 
@@ -159,7 +159,7 @@ def test_runtime_error_on_a_reached_device_aborts_allocation(whole_gpus, classes
 
 
 def test_runtime_error_guarded_by_in_is_not_an_error(whole_gpus, classes):
-    with pytest.raises(Unsatisfiable):
+    with pytest.raises(Unsatisfiable, match=r'no device passes request gpu selector #0 \("model" in'):
         allocate(
             claim(exact(selectors=[f'"model" in {A} && {A}.model == "x"'])),
             slices=whole_gpus,
@@ -194,7 +194,7 @@ def test_all_mode_takes_every_matching_device(whole_gpus, classes):
 
 
 def test_all_mode_with_one_device_taken_is_unsatisfiable(whole_gpus, classes):
-    with pytest.raises(Unsatisfiable):
+    with pytest.raises(Unsatisfiable, match=r"8 devices -> 8 class gpu\.dradriver\.dev selector #0 -> 7 not allocated"):
         allocate(
             claim(exact(allocationMode="All")),
             slices=whole_gpus,
@@ -211,7 +211,7 @@ def test_all_mode_over_an_incomplete_pool_is_an_error(whole_gpus, classes):
 
 
 def test_all_mode_without_matching_devices_is_unsatisfiable(whole_gpus, classes):
-    with pytest.raises(Unsatisfiable):
+    with pytest.raises(Unsatisfiable, match=r"no device passes request gpu selector #0 \(.*architecture"):
         allocate(
             claim(exact(allocationMode="All", selectors=[f'{A}.architecture == "Hopper"'])),
             slices=whole_gpus,
@@ -321,7 +321,7 @@ def test_first_available_with_every_alternative_taken_is_unsatisfiable(mig_node,
         ("part", "mig.dradriver.dev", None, (MIG.format("3g.40gb"),)),
     )
     taken = allocated_claim("gpu-0000-07-00-0", "gpu-0000-0f-00-0", pool="node-m")
-    with pytest.raises(Unsatisfiable):
+    with pytest.raises(Unsatisfiable, match="2 matching devices are allocated to other claims"):
         allocate(claim(request), slices=mig_node, classes=classes, allocated=[taken])
 
 

@@ -145,7 +145,7 @@ def test_requests_of_one_claim_share_a_device_but_their_sum_must_fit(shared_gpus
 
 
 def test_one_request_never_gets_the_same_device_twice(shared_gpus, classes):
-    with pytest.raises(Unsatisfiable):
+    with pytest.raises(Unsatisfiable, match="only 1 of the 2 wanted devices pass every filter"):
         allocate(claim(request(memory="10Gi", selector=FREE, count=2)), slices=shared_gpus, classes=classes)
     allocation = allocate(claim(request(memory="10Gi", count=3)), slices=shared_gpus, classes=classes)
     assert [r["device"] for r in results(allocation)] == [GPU0, GPU1, GPU2]

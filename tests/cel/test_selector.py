@@ -63,7 +63,7 @@ def test_memo_distinguishes_values_it_reads(gpu):
 def test_memoised_errors_are_raised_again(gpu):
     selector = compile_selector('device.attributes["gpu.dradriver.dev"].nope == 1')
     for _ in range(2):
-        with pytest.raises(CelEvaluationError):
+        with pytest.raises(CelEvaluationError, match="no such key: nope"):
             selector.matches(gpu, driver=DRIVER)
 
 
@@ -75,7 +75,7 @@ def test_whole_domain_reads_are_memoised_on_the_domain(gpu):
 
 def test_invalid_version_attribute_is_a_runtime_error(gpu):
     gpu["attributes"]["driverVersion"] = {"version": "580.65"}
-    with pytest.raises(CelEvaluationError):
+    with pytest.raises(CelEvaluationError, match=r"attribute driverVersion: parse semantic version: '580\.65'"):
         compile_selector('device.attributes["gpu.dradriver.dev"].type == "gpu"').matches(
             gpu, driver=DRIVER, memoize=False
         )

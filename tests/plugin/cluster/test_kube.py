@@ -172,11 +172,11 @@ def test_delete_checks_uid_and_resource_version_preconditions(api: ApiEnv) -> No
     meta = stored["metadata"]
     with pytest.raises(ConflictError, match="Precondition failed"):
         api.cluster.delete_resource_slice("s1", uid="other-uid", resource_version=meta["resourceVersion"])
-    with pytest.raises(ConflictError):
+    with pytest.raises(ConflictError, match="resourceVersion in precondition: 999"):
         api.cluster.delete_resource_slice("s1", uid=meta["uid"], resource_version="999")
     api.cluster.delete_resource_slice("s1", uid=meta["uid"], resource_version=meta["resourceVersion"])
     assert api.server.get("resourceslices", "s1") is None
-    with pytest.raises(NotFoundError):
+    with pytest.raises(NotFoundError, match="DELETE ResourceSlice s1: HTTP 404"):
         api.cluster.delete_resource_slice("s1", uid=meta["uid"], resource_version=meta["resourceVersion"])
 
 
@@ -251,7 +251,7 @@ def test_watch_from_a_compacted_version_raises_watch_expired(api: ApiEnv) -> Non
     stream = api.cluster.watch_resource_slices(
         driver=DRIVER, node_name="node-1", resource_version="1", timeout_seconds=30
     )
-    with pytest.raises(WatchExpiredError):
+    with pytest.raises(WatchExpiredError, match="HTTP 410: too old resource version"):
         next(stream)
 
 
@@ -450,7 +450,7 @@ def test_an_older_server_is_spoken_to_in_its_version(api: ApiEnv) -> None:
 def test_a_claim_is_gone_only_when_the_api_server_names_it_not_found(api: ApiEnv) -> None:
     # kube-apiserver names a missing object in its 404 (details.name); a 404 for a path it does not serve (a DRA
     # version turned off since discovery) names nothing, and read as "deleted" it would unprepare running pods.
-    with pytest.raises(NotFoundError):
+    with pytest.raises(NotFoundError, match="GET ResourceClaim default/no-such-claim: HTTP 404"):
         api.cluster.get_resource_claim("default", "no-such-claim")
     api.cluster.resource_version()  # discovery done: v1
     api.server.resource_versions = ["v1beta1"]  # the server stops serving v1

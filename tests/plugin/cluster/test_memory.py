@@ -39,14 +39,14 @@ def test_create_update_and_delete_follow_optimistic_concurrency() -> None:
     stored["spec"]["devices"].append({"name": "gpu-1"})
     updated = cluster.update_resource_slice(stored)
     assert int(updated["metadata"]["resourceVersion"]) > int(meta["resourceVersion"])
-    with pytest.raises(ConflictError):
+    with pytest.raises(ConflictError, match="the object has been modified"):
         cluster.update_resource_slice(stored)
-    with pytest.raises(ConflictError):
+    with pytest.raises(ConflictError, match="precondition failed"):
         cluster.delete_resource_slice(meta["name"], uid=meta["uid"], resource_version=meta["resourceVersion"])
     cluster.delete_resource_slice(
         meta["name"], uid=meta["uid"], resource_version=updated["metadata"]["resourceVersion"]
     )
-    with pytest.raises(NotFoundError):
+    with pytest.raises(NotFoundError, match=r"ResourceSlice 00000-gpu\.dradriver\.dev-node-1-"):
         cluster.delete_resource_slice(meta["name"], uid=meta["uid"], resource_version="0")
 
 
@@ -90,7 +90,7 @@ def test_claims_and_nodes() -> None:
     assert cluster.update_resource_claim_status(claim)["status"] == {
         "devices": [{"driver": "d", "pool": "p", "device": "x"}]
     }
-    with pytest.raises(ConflictError):
+    with pytest.raises(ConflictError, match="update ResourceClaim ns/c status: the object has been modified"):
         cluster.update_resource_claim_status(claim)
     with pytest.raises(NotFoundError, match="ResourceClaim ns/missing"):
         cluster.get_resource_claim("ns", "missing")

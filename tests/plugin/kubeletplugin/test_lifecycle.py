@@ -150,7 +150,7 @@ def test_a_socket_server_whose_directory_vanishes_while_starting_is_stopped(
         real_chmod(path, mode)
 
     monkeypatch.setattr(lifecycle.os, "chmod", chmod_after_the_directory_went)
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match=r"plugin/\.\w+\.sock"):  # the chmod of the bound socket
         server.start()
     monkeypatch.undo()
     assert servers[0].wait_for_termination(timeout=5) is False  # False: terminated, not timed out

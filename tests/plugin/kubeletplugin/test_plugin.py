@@ -331,7 +331,7 @@ def test_stop_keeps_the_instance_lock_until_a_call_cancelled_by_the_grace_period
         assert handler.wait_until_inside("uid-a")
         stopper = threading.Thread(target=plugin.stop)
         stopper.start()
-        with pytest.raises(grpc.RpcError):
+        with pytest.raises(grpc.RpcError, match=r"(?s)UNAVAILABLE.*Cancelling all calls"):  # gRPC's server stopped
             in_flight.result(TIMEOUT)
         with pytest.raises(AlreadyRunningError):
             make_plugin().start()
@@ -367,7 +367,7 @@ def test_a_prepare_still_fetching_its_claim_when_the_plugin_stops_keeps_the_inst
         assert source.entered.wait(TIMEOUT)
         stopper = threading.Thread(target=plugin.stop)
         stopper.start()
-        with pytest.raises(grpc.RpcError):
+        with pytest.raises(grpc.RpcError, match=r"(?s)UNAVAILABLE.*Cancelling all calls"):  # gRPC's server stopped
             in_flight.result(TIMEOUT)
         with pytest.raises(AlreadyRunningError):
             make_plugin().start()
@@ -466,7 +466,7 @@ def test_stop_ends_within_its_budget_even_with_a_call_stuck_in_the_handler(
         stopper.join(TIMEOUT)  # far less than the 25 s the plugin's own periods allow
         assert not stopper.is_alive()
         gate.set()
-        with pytest.raises(grpc.RpcError):
+        with pytest.raises(grpc.RpcError, match=r"(?s)UNAVAILABLE.*Cancelling all calls"):  # gRPC's server stopped
             in_flight.result(TIMEOUT)
     assert not plugin.dra_socket.exists()
 
