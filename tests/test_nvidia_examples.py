@@ -93,7 +93,7 @@ def test_explain_with_the_nvidia_preset_finds_every_manifest_fitting(
     code = main(["explain", "--compat", "nvidia", "--sim-profile", profile, "--mig-mode", mig_mode, str(path)])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "using the nvidia preset's DeviceClasses gpu.nvidia.com and mig.nvidia.com" in out
+    assert "using the DeviceClasses the chart installs with compat=nvidia: gpu.nvidia.com, mig.nvidia.com, and" in out
 
 
 def test_explain_without_the_preset_knows_no_nvidia_classes(capsys: pytest.CaptureFixture[str]) -> None:

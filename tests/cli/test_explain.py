@@ -541,3 +541,26 @@ def test_two_claims_pasted_without_a_separator_are_refused_not_merged(tmp_path, 
     assert code == 2
     assert captured.out == ""
     assert captured.err.startswith(f'error: {path}: line 13: duplicate field "apiVersion" (first at line 1)')
+
+
+def test_without_classes_explain_assumes_exactly_the_classes_the_chart_installs(tmp_path, capsys):
+    import yaml
+
+    from dradriver.cli.explain_input import chart_classes
+    from dradriver.computedomain import api as compute_domain
+
+    installed = [
+        doc["metadata"]["name"]
+        for path in sorted((ROOT / "manifests/deviceclasses").glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc
+    ]
+    domains = [c["metadata"]["name"] for c in compute_domain.device_classes()]
+    assert len(installed) == 10
+    assert sorted(c["metadata"]["name"] for c in chart_classes()) == sorted(installed + domains)
+    # A per-profile MIG class (scenarios 07 and 08) exists without --classes, as on a default install.
+    path = write_claim(tmp_path, cls="mig-1g.10gb.dradriver.dev")
+    code = main(["explain", path, "--sim-profile", "dgx-a100-80gb", "--mig-mode", "dynamic"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "mig-{1g.5gb,3g.20gb,1g.10gb,2g.20gb,3g.40gb,1g.12gb,1g.18gb,3g.71gb}.dradriver.dev" in out

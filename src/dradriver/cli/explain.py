@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from typing import Any
 
 from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.cel import CelCompileError, CelEvaluationError, compile_selector
-from dradriver.cli.explain_input import BUILTIN_CLASSES, Inputs, check_claim, check_class, load
+from dradriver.cli.explain_input import Inputs, chart_classes, check_claim, check_class, load
 from dradriver.cli.explain_outcome import (
     EXIT_DOES_NOT_FIT,
     EXIT_FITS,
@@ -150,17 +151,24 @@ def _driver_name(args: argparse.Namespace) -> str:
 
 
 def _builtin_classes(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The DeviceClasses the driver's install brings: ours, or those of its --compat preset."""
-    from dradriver.driver.prepare.presets import PRESETS
-
-    preset = PRESETS.get(args.compat)
-    return preset.device_classes() if preset is not None else list(BUILTIN_CLASSES)
+    """The DeviceClasses the driver's install brings: the chart's, with its --compat preset's names."""
+    return chart_classes(args.compat)
 
 
 def _builtin_class_names(args: argparse.Namespace) -> str:
-    if args.compat == "nvidia":
-        return "the nvidia preset's DeviceClasses gpu.nvidia.com and mig.nvidia.com"
-    return "dradriver's DeviceClasses gpu.dradriver.dev and mig.dradriver.dev"
+    """The assumed classes in one line, every name there: the per-profile MIG classes folded into one pattern."""
+    names = [str(c["metadata"]["name"]) for c in chart_classes(args.compat)]
+    domains = [n for n in names if n.startswith("compute-domain-")]
+    profiles = [m for m in (re.fullmatch(r"mig-(\d+g\.\d+gb)\.(.+)", n) for n in names) if m]
+    plain = [n for n in names if n not in domains and not re.fullmatch(r"mig-\d+g\.\d+gb\..+", n)]
+    if profiles:
+        folded = ",".join(m.group(1) for m in profiles)
+        plain.append(f"mig-{{{folded}}}.{profiles[0].group(2)} (one per MIG profile)")
+    preset = " with compat=nvidia" if args.compat == "nvidia" else ""
+    return (
+        f"the DeviceClasses the chart installs{preset}: {', '.join(plain)}, and with computeDomains.enabled "
+        f"{', '.join(domains)}; --classes FILE|DIR to use your cluster's"
+    )
 
 
 def compute_domain_slices(clique: str, node: str) -> list[dict[str, Any]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from dradriver.cel import CelCompileError, compile_selector
 from dradriver.computedomain import api as compute_domain
 from dradriver.driver.prepare.config import ConfigError, decode_config
 from dradriver.errors import DradriverError
-from dradriver.inputs import InputError, load_yaml_file, path_exists, type_name
+from dradriver.inputs import InputError, load_yaml_file, parse_yaml, path_exists, type_name
 from dradriver.validation import default_namespace, validate_claim, validate_class, validate_slice_fields
 from dradriver.validation.fields import unknown_fields
 from dradriver.validation.slices import validate_slice
@@ -24,24 +25,19 @@ DRA_GROUP = "resource.k8s.io"
 DRA_KINDS_NOT_READ = ("DeviceTaintRule",)
 SUFFIXES = (".yaml", ".yml", ".json")
 
-BUILTIN_CLASSES: list[dict[str, Any]] = [
-    {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": f"{kind}.dradriver.dev"},
-        "spec": {
-            "selectors": [
-                {
-                    "cel": {
-                        "expression": f'device.driver == "gpu.dradriver.dev" && '
-                        f'device.attributes["gpu.dradriver.dev"].type == "{kind}"'
-                    }
-                }
-            ]
-        },
-    }
-    for kind in ("gpu", "mig")
-] + compute_domain.device_classes()
+
+def chart_classes(compat: str = "none") -> list[dict[str, Any]]:
+    """The DeviceClasses the Helm chart installs with its defaults (``compat: nvidia``: NVIDIA's names), and those
+    ``computeDomains.enabled`` adds: rendered from the chart by ``scripts/gen-manifests``, so that what explain
+    assumes is what a default install has, not a second list."""
+    folder = resources.files("dradriver.cli").joinpath("data/deviceclasses")
+    classes: list[dict[str, Any]] = []
+    for name in ("nvidia" if compat == "nvidia" else "default", "computedomains"):
+        classes += parse_yaml(folder.joinpath(f"{name}.yaml").read_text(), source=f"the chart's {name} DeviceClasses")
+    return classes
+
+
+BUILTIN_CLASSES: list[dict[str, Any]] = chart_classes()
 
 
 @dataclass
