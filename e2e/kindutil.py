@@ -80,7 +80,7 @@ class Cluster:
         self.kubectl("apply", "-f", str(path))
 
     def delete(self, path: Path) -> None:
-        self.kubectl("delete", "-f", str(path), "--wait=true", "--timeout=180s", timeout=200)
+        self.kubectl("delete", "-f", str(path), "--ignore-not-found", "--wait=true", "--timeout=180s", timeout=200)
 
     def roll_driver(self) -> None:
         """A rolling update of the driver's DaemonSet, waited for."""

@@ -91,6 +91,7 @@ def test_example_runs_and_its_containers_get_their_devices(cluster: Backend, pat
 
 def test_a_rolling_update_keeps_a_held_gpu_and_serves_new_pods(cluster: Backend) -> None:
     example = ROOT / "examples/scenarios/01-one-gpu.yaml"
+    second = ROOT / "examples/scenarios/06-any-gpu-40gi.yaml"
     cluster.apply(example)
     try:
         [pod] = wait_running(cluster, workloads(example)[0])
@@ -101,13 +102,14 @@ def test_a_rolling_update_keeps_a_held_gpu_and_serves_new_pods(cluster: Backend)
         assert after["status"]["containerStatuses"][0]["restartCount"] == 0
         assert after["status"]["phase"] == "Running"
         # The new plugin pod prepares new claims and unprepares the old one.
-        second = ROOT / "examples/scenarios/06-any-gpu-40gi.yaml"
         cluster.apply(second)
         [other] = wait_running(cluster, workloads(second)[0])
         assert re.search(r"^DRADRIVER_DEVICE_\S+=GPU-", container_logs(cluster, "default", other), re.M)
-        cluster.delete(second)
     finally:
-        cluster.delete(example)
+        try:
+            cluster.delete(second)  # never applied when the roll failed: deleting nothing is no error
+        finally:
+            cluster.delete(example)
 
 
 def test_dynamic_mig_carves_partitions_on_one_parent_and_frees_them(cluster: Backend) -> None:

@@ -197,16 +197,23 @@ def trays(control_plane: ControlPlane, device_classes: None) -> Iterator[Trays]:
         for node in nodes:
             trays.wait(f"{node.name}'s kubelet to register both drivers", lambda n=node: n.registrations() >= 2, 60)
         yield trays
-        # What a failed test left: its workers and domains (the controller still runs and lets them go).
-        for doc in kube.list("pods", USER_NS):
-            if doc["spec"].get("nodeName") in NODES:
-                with contextlib.suppress(ApiError):
-                    kube.delete("pods", doc["metadata"]["name"], USER_NS)
-        domains = [domain_name(mode) for mode in MODES]
-        trays.kubectl("delete", "--ignore-not-found", "--timeout=60s", "-n", USER_NS, "computedomains", *domains)
-        for name in NODES:
-            if trays.labels().get(name) is not None:
-                kube.patch("nodes", name, {"metadata": {"labels": {api.DOMAIN_LABEL: None}}})
+
+
+@pytest.fixture
+def leftovers(trays: Trays) -> Iterator[None]:
+    """What a test left, deleted after it even when it failed: its workers and domain (the controller still runs
+    and lets them go) and the nodes' labels, which would otherwise hold the nodes for the next mode's domain."""
+    yield
+    kube = trays.kube
+    for doc in kube.list("pods", USER_NS):
+        if doc["spec"].get("nodeName") in NODES:
+            with contextlib.suppress(ApiError):
+                kube.delete("pods", doc["metadata"]["name"], USER_NS)
+    domains = [domain_name(mode) for mode in MODES]
+    trays.kubectl("delete", "--ignore-not-found", "--timeout=60s", "-n", USER_NS, "computedomains", *domains)
+    for name in NODES:
+        if trays.labels().get(name) is not None:
+            kube.patch("nodes", name, {"metadata": {"labels": {api.DOMAIN_LABEL: None}}})
 
 
 def ready_daemons(trays: Trays, uid: str) -> dict[str, dict[str, Any]]:
@@ -294,6 +301,7 @@ def check_nothing_left(trays: Trays, uid: str, claims: list[tuple[str, str]]) ->
         assert not (plugin_dir / "domains" / uid).exists(), node.name
 
 
+@pytest.mark.usefixtures("leftovers")
 @pytest.mark.parametrize("mode", MODES)
 def test_a_two_node_domain_has_a_daemon_pod_on_each_node_in_one_imex_domain_and_both_workers_get_channels(
     trays: Trays, mode: str
