@@ -25,6 +25,74 @@ def policy() -> dict[str, Any]:
     return found
 
 
+# The policy's validations, each by words of its message.
+API_KIND = "apiVersion must be"
+FIELDS = "unknown field; GpuConfig allows"
+COMPUTE_MODE = "computeMode allows"
+STRATEGY = "sharing.strategy is required"
+NO_MIG_TIME_SLICING = "time-slicing is not a MIG setting"
+CHOSEN_ONLY = "set only the chosen strategy's settings"
+INTERVAL = "sharing.timeSlicing allows only interval"
+MPS_FIELDS = "sharing.mps allows"
+PERCENTAGE = "defaultActiveThreadPercentage must be an integer"
+MEMORY = "MPS memory limits"
+MODE_WITH_SHARING = "computeMode must be ExclusiveProcess (or unset)"
+
+# The validations each entry of BAD must trip, in BAD's order: the rule its error names, so that a config denied
+# for another reason (a rule written wrong, or a typo in the table) does not pass as refused.
+RULES: list[tuple[str, ...]] = [
+    (API_KIND,),  # an apiVersion of neither
+    (API_KIND,),  # VfioDeviceConfig in ours
+    (FIELDS,),
+    (STRATEGY,),  # SpacePartitioning
+    (STRATEGY,),  # missing
+    (INTERVAL,),  # Longer
+    (INTERVAL,),  # slices
+    (CHOSEN_ONLY,),
+    (CHOSEN_ONLY,),
+    (PERCENTAGE,),  # 101
+    (PERCENTAGE,),  # -1
+    (PERCENTAGE,),  # "50"
+    (MEMORY,),  # 8GB!
+    (MEMORY,),  # 512Ki
+    (MEMORY,),  # lots
+    (MPS_FIELDS,),  # multiUser "yes"
+    (MPS_FIELDS,),  # pinned
+    (COMPUTE_MODE,),
+    (MODE_WITH_SHARING,),  # Prohibited with MPS
+    (MODE_WITH_SHARING,),  # ExclusiveProcess with TimeSlicing
+    (NO_MIG_TIME_SLICING,),
+    (NO_MIG_TIME_SLICING, CHOSEN_ONLY),  # MPS with timeSlicing settings, on a MIG device
+    (FIELDS,),  # computeMode on a MigDeviceConfig
+    # NVIDIA's version
+    (FIELDS,),  # computeMode
+    (STRATEGY,),  # mps, not mpsConfig
+    (STRATEGY,),  # timeSlicing, not timeSlicingConfig
+    (CHOSEN_ONLY,),
+    (CHOSEN_ONLY,),
+    (STRATEGY,),  # Vgpu
+    (STRATEGY,),  # ""
+    (INTERVAL,),  # Longest
+    (PERCENTAGE,),
+    (MEMORY,),
+    (FIELDS,),  # metadata
+    (STRATEGY,),  # timeSlicingConfig on a MigDeviceConfig
+    (CHOSEN_ONLY,),
+    (API_KIND, FIELDS),  # VfioDeviceConfig and its iommu
+    (API_KIND, FIELDS),  # ComputeDomainChannelConfig and its domainID
+    (API_KIND, FIELDS),  # ComputeDomainDaemonConfig and its domainID
+    (API_KIND,),  # MpsConfig
+]
+REFUSED = [(config, message, rules) for (config, message), rules in zip(BAD, RULES, strict=True)]
+
+
+def messages(*fragments: str) -> list[str]:
+    """The messages of the policy's validations named by ``fragments`` (one each), in the policy's order."""
+    found = [v["message"] for v in policy()["spec"]["validations"] if any(f in v["message"] for f in fragments)]
+    assert len(found) == len(fragments), (fragments, found)
+    return found
+
+
 def claim(*parameters: Any, template: bool = False, driver: str = "gpu.dradriver.dev") -> dict[str, Any]:
     devices = {
         "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.dradriver.dev"}}],
@@ -64,10 +132,12 @@ def test_configs_the_models_accept_are_admitted(config: dict[str, Any], template
     assert denials(claim(config, template=template)) == []
 
 
-@pytest.mark.parametrize(("config", "message"), BAD)
+@pytest.mark.parametrize(("config", "message", "rules"), REFUSED)
 @pytest.mark.parametrize("template", [False, True])
-def test_configs_the_models_refuse_are_denied(config: dict[str, Any], message: str, template: bool) -> None:
-    assert denials(claim(config, template=template)), f"admitted, but the models say: {message}"
+def test_configs_the_models_refuse_are_denied_by_the_rule_they_break(
+    config: dict[str, Any], message: str, rules: tuple[str, ...], template: bool
+) -> None:
+    assert denials(claim(config, template=template)) == messages(*rules), f"the models say: {message}"
 
 
 def test_the_driver_variable_is_the_driver_name_of_the_base_install() -> None:
@@ -79,9 +149,11 @@ def test_under_the_nvidia_preset_nvidias_configs_are_admitted(config: dict[str, 
     assert denials(claim(config, driver="gpu.nvidia.com"), driver="gpu.nvidia.com") == []
 
 
-@pytest.mark.parametrize(("config", "message"), [(c, m) for c, m in BAD if c.get("apiVersion") == NVIDIA])
-def test_under_the_nvidia_preset_configs_the_models_refuse_are_denied(config: dict[str, Any], message: str) -> None:
-    assert denials(claim(config, driver="gpu.nvidia.com"), driver="gpu.nvidia.com"), message
+@pytest.mark.parametrize(("config", "message", "rules"), [r for r in REFUSED if r[0].get("apiVersion") == NVIDIA])
+def test_under_the_nvidia_preset_configs_the_models_refuse_are_denied(
+    config: dict[str, Any], message: str, rules: tuple[str, ...]
+) -> None:
+    assert denials(claim(config, driver="gpu.nvidia.com"), driver="gpu.nvidia.com") == messages(*rules), message
 
 
 def test_other_drivers_configs_and_claims_without_config_are_not_judged() -> None:

@@ -208,15 +208,17 @@ def claim_with(parameters: dict[str, Any], template: bool) -> dict[str, Any]:
 
 
 def test_the_config_policy_refuses_malformed_opaque_configs_and_admits_good_ones(installed: None, kube: Kube) -> None:
-    """The API server runs the policy's CEL (and accepts its cost) with the verdicts of the pydantic models."""
-    from tests.driver.prepare.config_table import BAD, GOOD, gpu
+    """The API server runs the policy's CEL (and accepts its cost) with the verdicts of the pydantic models, each
+    bad config refused by the rule it breaks (tests/test_config_admission_policy.py: RULES)."""
+    from tests.driver.prepare.config_table import GOOD, gpu
+    from tests.test_config_admission_policy import REFUSED, messages
 
     def refused(parameters: dict[str, Any], template: bool) -> str | None:
         plural = "resourceclaimtemplates" if template else "resourceclaims"
         try:
             created = kube.create(plural, claim_with(parameters, template), "default")
         except ApiError as err:
-            assert err.status in (403, 422), err
+            assert err.status == 422, err  # the policy's validations name no reason: Invalid (RBAC would be 403)
             return str(err)
         kube.delete(plural, created["metadata"]["name"], "default")
         return None
@@ -225,7 +227,9 @@ def test_the_config_policy_refuses_malformed_opaque_configs_and_admits_good_ones
     message = kube.wait("the config policy", lambda: refused(gpu(computeMode="Exclusive"), False))
     assert "computeMode allows Default, ExclusiveProcess or Prohibited" in message
     for template in (False, True):
-        for config, why in BAD:
-            assert refused(config, template) is not None, f"admitted, but the models say: {why}"
+        for config, why, rules in REFUSED:
+            # The API server's denial names the first validation that failed, in the policy's order.
+            message = refused(config, template)
+            assert message is not None and messages(*rules)[0] in message, f"{message}; the models say: {why}"
         for config in GOOD:
             assert refused(config, template) is None, config
