@@ -564,3 +564,67 @@ def test_without_classes_explain_assumes_exactly_the_classes_the_chart_installs(
     out = capsys.readouterr().out
     assert code == 0, out
     assert "mig-{1g.5gb,3g.20gb,1g.10gb,2g.20gb,3g.40gb,1g.12gb,1g.18gb,3g.71gb}.dradriver.dev" in out
+
+
+V1BETA1_SPEC = {
+    "devices": {
+        "requests": [
+            {
+                "name": "gpu",
+                "deviceClassName": "gpu.dradriver.dev",
+                "count": 2,
+                "selectors": [
+                    {
+                        "cel": {
+                            "expression": 'device.attributes["gpu.dradriver.dev"].productName'
+                            ' == "NVIDIA A100-SXM4-80GB"'
+                        }
+                    }
+                ],
+            }
+        ]
+    }
+}
+
+
+@pytest.mark.parametrize("kind", ["ResourceClaim", "ResourceClaimTemplate"])
+def test_a_v1beta1_claim_is_read_as_the_api_server_converts_it(tmp_path, capsys, kind):
+    # Users of Kubernetes 1.32 write v1beta1: fields v1 nests under `exactly` sit on the request itself.
+    import yaml
+
+    spec = {"spec": V1BETA1_SPEC} if kind == "ResourceClaimTemplate" else V1BETA1_SPEC
+    path = tmp_path / "old.yaml"
+    obj = {"apiVersion": "resource.k8s.io/v1beta1", "kind": kind, "metadata": {"name": "old"}, "spec": spec}
+    path.write_text(yaml.safe_dump(obj))
+    code = main(["explain", str(path), "--slices", SLICES, "-o", "json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0, data
+    [claim] = data["claims"]
+    assert claim["source"] == f"{path} #1 (read as resource.k8s.io/v1)"
+    assert [r["device"] for r in claim["report"]["allocation"]["devices"]["results"]] == [
+        "gpu-0000-07-00-0",
+        "gpu-0000-0f-00-0",
+    ]
+
+
+def test_a_v1beta2_claim_is_read_and_checked_by_its_own_schema(tmp_path, capsys):
+    path = write_claim(tmp_path)
+    Path(path).write_text(Path(path).read_text().replace("resource.k8s.io/v1", "resource.k8s.io/v1beta2"))
+    assert main(["explain", path, "--slices", SLICES]) == 0
+    Path(path).write_text(Path(path).read_text().replace("count:", "cuont:"))
+    assert main(["explain", path, "--slices", SLICES]) == 2
+    assert 'unknown field "spec.devices.requests[0].exactly.cuont"' in capsys.readouterr().err
+
+
+def test_an_api_version_the_server_does_not_serve_names_those_it_does(tmp_path, capsys):
+    path = write_claim(tmp_path)
+    Path(path).write_text(Path(path).read_text().replace("resource.k8s.io/v1", "resource.k8s.io/v1alpha3"))
+    assert main(["explain", path, "--slices", SLICES]) == 2
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith(
+            "ResourceClaim uses resource.k8s.io/v1alpha3; the API server serves resource.k8s.io/v1, "
+            "resource.k8s.io/v1beta2, resource.k8s.io/v1beta1 (field apiVersion)"
+        )
+    )

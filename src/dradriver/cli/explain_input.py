@@ -15,6 +15,7 @@ from dradriver.computedomain import api as compute_domain
 from dradriver.driver.prepare.config import ConfigError, decode_config
 from dradriver.errors import DradriverError
 from dradriver.inputs import InputError, load_yaml_file, parse_yaml, path_exists, type_name
+from dradriver.plugin.cluster.resource_versions import VERSIONS, object_from
 from dradriver.validation import default_namespace, validate_claim, validate_class, validate_slice_fields
 from dradriver.validation.fields import unknown_fields
 from dradriver.validation.slices import validate_slice
@@ -153,12 +154,18 @@ def _add(doc: Any, source: str, inputs: Inputs, want: tuple[str, ...]) -> None:
     if not isinstance(api, str) or not api.startswith("resource.k8s.io/"):
         inputs.errors.append(f"{source}: {kind} has apiVersion {api!r}; want resource.k8s.io/v1 (field apiVersion)")
         return
-    if api != "resource.k8s.io/v1":
+    version = api.removeprefix(f"{DRA_GROUP}/")
+    if version not in VERSIONS:
         inputs.errors.append(
-            f"{source}: {kind} uses {api}; dradriver explain reads resource.k8s.io/v1 objects (field apiVersion)"
+            f"{source}: {kind} uses {api}; the API server serves {', '.join(f'{DRA_GROUP}/{v}' for v in VERSIONS)} "
+            "(field apiVersion)"
         )
         return
-    problems = [unknown.message() for unknown in unknown_fields(doc)] or _problems(doc, kind)
+    unknown = [u.message() for u in unknown_fields(doc)]
+    if not unknown and version != "v1":
+        # As the API server stores it: converted to v1, which the checks and the allocator read.
+        doc, source = object_from(version, doc), f"{source} (read as {DRA_GROUP}/v1)"
+    problems = unknown or _problems(doc, kind)
     if problems:
         inputs.errors += [f"{source}: {problem}" for problem in problems]
         return

@@ -60,3 +60,33 @@ def test_what_an_older_release_cannot_take_is_refused_with_the_fix() -> None:
     shares = SliceSettings(mig_mode=MigMode.STATIC, consumable_shares="4")
     assert "DRAConsumableCapacity" in str(release_problem("1.33", shares))
     assert release_problem("1.34", shares) is None
+
+
+def test_a_v1beta1_claim_nests_its_request_fields_under_exactly_as_v1_does() -> None:
+    from dradriver.plugin.cluster.resource_versions import object_from
+
+    request = {"name": "gpu", "deviceClassName": "gpu.dradriver.dev", "count": 2, "allocationMode": "ExactCount"}
+    sub = {"name": "a", "deviceClassName": "gpu.dradriver.dev"}
+    claim = {
+        "apiVersion": "resource.k8s.io/v1beta1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c"},
+        "spec": {"devices": {"requests": [request, {"name": "any", "firstAvailable": [sub]}]}},
+    }
+    converted = object_from("v1beta1", claim)
+    assert converted["apiVersion"] == "resource.k8s.io/v1"
+    assert converted["spec"]["devices"]["requests"] == [
+        {
+            "name": "gpu",
+            "exactly": {"deviceClassName": "gpu.dradriver.dev", "count": 2, "allocationMode": "ExactCount"},
+        },
+        {"name": "any", "firstAvailable": [sub]},  # subrequests have v1's shape already
+    ]
+    assert claim["spec"]["devices"]["requests"][0] is request and "exactly" not in request  # a copy
+
+
+def test_a_v1beta2_object_differs_from_v1_only_in_its_version() -> None:
+    from dradriver.plugin.cluster.resource_versions import object_from
+
+    cls = {"apiVersion": "resource.k8s.io/v1beta2", "kind": "DeviceClass", "metadata": {"name": "x"}, "spec": {}}
+    assert object_from("v1beta2", cls) == {**cls, "apiVersion": "resource.k8s.io/v1"}

@@ -52,3 +52,39 @@ def slice_from(version: str, obj: Mapping[str, Any]) -> dict[str, Any]:
             {"name": d.get("name"), **(d.get("basic") or {})} if isinstance(d, dict) else d for d in spec["devices"]
         ]
     return converted
+
+
+#: The fields of a v1beta1 request that v1 moved under ``exactly`` (the request's ``name`` and ``firstAvailable`` stay).
+V1BETA1_EXACT_FIELDS = (
+    "deviceClassName",
+    "selectors",
+    "allocationMode",
+    "count",
+    "adminAccess",
+    "tolerations",
+    "capacity",
+)
+
+
+def object_from(version: str, obj: Mapping[str, Any]) -> dict[str, Any]:
+    """A ResourceClaim, ResourceClaimTemplate, DeviceClass or ResourceSlice written in ``version``, in the ``v1``
+    shape (a copy), as the API server converts it: ``v1beta2`` differs only in its name; ``v1beta1`` requests carry
+    what ``v1`` nests in ``exactly``, and its slices nest a device's fields in ``basic``."""
+    kind = obj.get("kind")
+    if kind == "ResourceSlice":
+        return slice_from(version, obj)
+    converted = copy.deepcopy(dict(obj))
+    converted["apiVersion"] = f"{GROUP}/v1"
+    if version != "v1beta1" or kind not in ("ResourceClaim", "ResourceClaimTemplate"):
+        return converted
+    spec = converted.get("spec")
+    if kind == "ResourceClaimTemplate" and isinstance(spec, dict):
+        spec = spec.get("spec")
+    devices = spec.get("devices") if isinstance(spec, dict) else None
+    requests = devices.get("requests") if isinstance(devices, dict) else None
+    for request in requests if isinstance(requests, list) else ():
+        if isinstance(request, dict) and "firstAvailable" not in request:
+            exact = {k: request.pop(k) for k in V1BETA1_EXACT_FIELDS if k in request}
+            if exact:
+                request["exactly"] = exact
+    return converted
