@@ -13,6 +13,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.written_paths import outside, recorded_writes
 
 from dradriver.driver.prepare.checkpoint import KIND, CheckpointStore, checksum
 from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions
@@ -85,21 +86,22 @@ def test_any_checkpoint_is_reconciled_and_unprepared_without_a_crash(claims: dic
         (state / "checkpoint.json").write_text(json.dumps(doc))
         sim = SimulatedNode(load_node_profile("hgx-h100-80gb"), node_name="node-a")
         gpulib = simulated_gpulib_on(sim)
-        store = CheckpointStore.open(state, boot_id="b")
-        try:
-            driver = GpuDriver(
-                GpuDriverOptions(driver_name="gpu.dradriver.dev", pool="node-a", mig_mode=MigMode.DYNAMIC),
-                inventory=discover(gpulib),
-                cdi=CdiWriter(root / "cdi"),
-                gpulib=gpulib,
-                checkpoint=store,
-            )
-            driver.reconcile(lambda _ref: False)  # the API server has none of them: unprepare them all
-            for uid in claims:
-                driver.unprepare_resource_claims([ClaimRef("ns", "n", uid)])  # an error per claim, never a raise
-        finally:
-            store.close()
-        assert all(p.resolve().is_relative_to(root.resolve()) for p in root.rglob("*"))
+        with recorded_writes() as written:
+            store = CheckpointStore.open(state, boot_id="b")
+            try:
+                driver = GpuDriver(
+                    GpuDriverOptions(driver_name="gpu.dradriver.dev", pool="node-a", mig_mode=MigMode.DYNAMIC),
+                    inventory=discover(gpulib),
+                    cdi=CdiWriter(root / "cdi"),
+                    gpulib=gpulib,
+                    checkpoint=store,
+                )
+                driver.reconcile(lambda _ref: False)  # the API server has none of them: unprepare them all
+                for uid in claims:
+                    driver.unprepare_resource_claims([ClaimRef("ns", "n", uid)])  # an error per claim, never a raise
+            finally:
+                store.close()
+        assert outside(written, root) == []
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -182,12 +184,13 @@ def test_any_device_health_file_is_read_or_ignored_never_a_crash(doc: Any, raw: 
         path = root / "health.json"
         path.write_bytes(raw if raw is not None else json.dumps(doc).encode())
         _sim, inventory = _node()
-        health = GpuHealth(inventory=inventory, mig_mode=MigMode.DYNAMIC, pool="node-a", state_path=path)
-        health.taints("gpu-0000-1b-00-0")
-        for device in inventory.devices(MigMode.DYNAMIC)[:3]:
-            health.problem(device.name, ())
-        health.update_inventory(inventory, MigMode.DYNAMIC)
-        assert all(p.resolve().is_relative_to(root.resolve()) for p in root.rglob("*"))
+        with recorded_writes() as written:
+            health = GpuHealth(inventory=inventory, mig_mode=MigMode.DYNAMIC, pool="node-a", state_path=path)
+            health.taints("gpu-0000-1b-00-0")
+            for device in inventory.devices(MigMode.DYNAMIC)[:3]:
+                health.problem(device.name, ())
+            health.update_inventory(inventory, MigMode.DYNAMIC)
+        assert outside(written, root) == []
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -326,3 +329,16 @@ def test_start_up_clears_only_its_own_leftovers_and_never_follows_a_link_out(
         ]
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_write_recorder_sees_what_is_written_outside_the_directory(tmp_path: Path) -> None:
+    inside, elsewhere = tmp_path / "root", tmp_path / "elsewhere"
+    inside.mkdir()
+    with recorded_writes() as written:
+        (inside / "a.json").write_text("{}")
+        (inside / ".." / "elsewhere").mkdir()
+        os.replace(inside / "a.json", elsewhere / "b.json")
+        (inside / "read.json").touch()
+        (inside / "read.json").read_text()
+    assert outside(written, inside) == [elsewhere, elsewhere / "b.json"]
+    assert inside / "a.json" in written and inside / "read.json" in written
