@@ -15,8 +15,8 @@ import pytest
 import yaml
 from support.helm import CHART, NAMESPACE, PRESETS, RELEASE, preset_file, run_helm, template
 
+from dradriver.cli.flags.env import resolve_env_values
 from dradriver.cli.main import build_parser
-from dradriver.cli.options import resolve_env_values
 
 VERSION = tomllib.loads((CHART.parents[2] / "pyproject.toml").read_text())["project"]["version"]
 

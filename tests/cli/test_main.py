@@ -113,8 +113,8 @@ def test_a_variable_of_one_subcommand_does_not_break_another(monkeypatch, capsys
 
 
 def _parsed(argv: list[str]):
+    from dradriver.cli.flags.env import resolve_env_values
     from dradriver.cli.main import build_parser
-    from dradriver.cli.options import resolve_env_values
 
     args = build_parser().parse_args(argv)
     resolve_env_values(args)

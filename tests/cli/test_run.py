@@ -152,87 +152,61 @@ def test_run_refuses_a_bad_health_policy_with_one_line(capsys, tmp_path, flags, 
 
 
 def test_a_driver_root_without_libcuda_is_a_start_up_error_naming_the_flags(tmp_path):
-    import argparse
-
-    from dradriver.cli.driver_root import driver_root_for
-    from dradriver.errors import ConfigError
+    from dradriver.cli.flags.driver_root import DriverRootOptions
 
     (tmp_path / "usr/lib").mkdir(parents=True)
-    args = argparse.Namespace(
-        driver_root="/run/nvidia/driver",
-        container_driver_root=str(tmp_path),
-        nvidia_cdi_hook_path="",
-        cdi_hook_source="none",
-        plugin_dir=None,
-        driver_name="gpu.dradriver.dev",
+    options = DriverRootOptions(
+        driver_root="/run/nvidia/driver", container_driver_root=str(tmp_path), cdi_hook_source="none"
     )
     with pytest.raises(ConfigError, match=r"libcuda\.so\.580\.65\.06 .* --driver-root .* --container-driver-root"):
-        driver_root_for(args, "580.65.06", simulated=False)
+        options.discover("580.65.06", simulated=False, plugin_dir=tmp_path / "plugin")
 
 
 def test_a_simulated_node_gets_a_stub_driver_root_in_its_plugin_directory(tmp_path):
-    import argparse
+    from dradriver.cli.flags.driver_root import DriverRootOptions
 
-    from dradriver.cli.driver_root import driver_root_for
-
-    args = argparse.Namespace(
-        driver_root="",
-        container_driver_root="/driver-root",  # the DaemonSet's setting does not matter on a simulated node
-        nvidia_cdi_hook_path="none",
-        plugin_dir=str(tmp_path / "plugin"),
-        driver_name="gpu.dradriver.dev",
-    )
-    root = driver_root_for(args, "550.163.01", simulated=True)
+    # The DaemonSet's --container-driver-root does not matter on a simulated node.
+    options = DriverRootOptions(container_driver_root="/driver-root", nvidia_cdi_hook_path="none")
+    root = options.discover("550.163.01", simulated=True, plugin_dir=tmp_path / "plugin")
     assert str(root.host_root) == str(tmp_path / "plugin/sim-driver-root")
     assert root.libcuda.path.name == "libcuda.so.550.163.01" and root.cdi_hook is None
 
 
-def _root_args(tmp_path, **kwargs):
-    import argparse
+def _root_options(**kwargs):
+    from dradriver.cli.flags.driver_root import DriverRootOptions
 
-    defaults = {
-        "driver_root": "",
-        "container_driver_root": None,
-        "nvidia_cdi_hook_path": "",
-        "cdi_hook_source": "none",
-        "plugin_dir": str(tmp_path / "plugin"),
-        "driver_name": "gpu.dradriver.dev",
-    }
-    return argparse.Namespace(**{**defaults, **kwargs})
+    return DriverRootOptions(**{"cdi_hook_source": "none", **kwargs})
 
 
 def test_a_simulated_node_honours_an_explicit_driver_root(tmp_path):
-    from dradriver.cli.driver_root import driver_root_for
-
     # Any install layout, e.g. the H100 node's /usr/local/nvidia, runs on the simulated backend when named.
     layout = write_stub_driver_root(tmp_path / "layout", "550.163.01")
-    root = driver_root_for(_root_args(tmp_path, driver_root=str(layout)), "550.163.01", simulated=True)
+    root = _root_options(driver_root=str(layout)).discover("550.163.01", simulated=True, plugin_dir=tmp_path / "plugin")
     assert root.host_root == PurePosixPath(layout)
     assert not (tmp_path / "plugin/sim-driver-root").exists()
 
 
 def test_the_images_hook_is_copied_to_the_plugin_directory_and_named_in_specs(tmp_path):
-    from dradriver.cli.driver_root import cdi_hook_for
-
+    plugin = tmp_path / "plugin"
     shipped = tmp_path / "image/nvidia-cdi-hook"
     shipped.parent.mkdir()
     shipped.write_bytes(b"#!/bin/sh\nexit 0\n")
-    copied = tmp_path / "plugin/nvidia-cdi-hook"
-    assert cdi_hook_for(_root_args(tmp_path, cdi_hook_source=str(shipped))) == str(copied)
+    copied = plugin / "nvidia-cdi-hook"
+    assert _root_options(cdi_hook_source=str(shipped)).cdi_hook(plugin) == str(copied)
     assert copied.read_bytes() == shipped.read_bytes() and os.access(copied, os.X_OK)
     before = copied.stat().st_ino
-    assert cdi_hook_for(_root_args(tmp_path, cdi_hook_source=str(shipped))) == str(copied)
+    assert _root_options(cdi_hook_source=str(shipped)).cdi_hook(plugin) == str(copied)
     assert copied.stat().st_ino == before, "an identical hook is left alone (a runtime may be running it)"
     shipped.write_bytes(b"#!/bin/sh\nexit 1\n")
-    cdi_hook_for(_root_args(tmp_path, cdi_hook_source=str(shipped)))
+    _root_options(cdi_hook_source=str(shipped)).cdi_hook(plugin)
     assert copied.read_bytes() == shipped.read_bytes()
     # An explicit host path wins; none turns the hooks off; no source leaves discovery to the driver root.
-    given = _root_args(tmp_path, cdi_hook_source=str(shipped), nvidia_cdi_hook_path="/opt/hook")
-    assert cdi_hook_for(given) == "/opt/hook"
-    assert cdi_hook_for(_root_args(tmp_path, nvidia_cdi_hook_path="none")) is None
-    assert cdi_hook_for(_root_args(tmp_path)) == ""
+    given = _root_options(cdi_hook_source=str(shipped), nvidia_cdi_hook_path="/opt/hook")
+    assert given.cdi_hook(plugin) == "/opt/hook"
+    assert _root_options(nvidia_cdi_hook_path="none").cdi_hook(plugin) is None
+    assert _root_options().cdi_hook(plugin) == ""
     with pytest.raises(ConfigError, match="--cdi-hook-source") as err:
-        cdi_hook_for(_root_args(tmp_path, cdi_hook_source=str(tmp_path / "missing")))
+        _root_options(cdi_hook_source=str(tmp_path / "missing")).cdi_hook(plugin)
     assert "--nvidia-cdi-hook-path none makes specs without hooks" in str(err.value)
 
 
@@ -280,45 +254,61 @@ def test_a_driver_root_that_no_install_can_fix_fails_at_once_instead_of_waiting(
     assert "waiting for the NVIDIA driver" not in done.stderr
 
 
-def test_an_unexpected_rescan_failure_does_not_end_rescanning(caplog):
-    import argparse
+def _node(tmp_path, *, pod_uid=None, **parts):
+    """The parts of an assembled node the loops use, as stand-ins."""
+    from types import SimpleNamespace
+
+    from dradriver.cli.flags.publishing import PublishingOptions
+    from dradriver.cli.flags.sharing import SharingOptions
+    from dradriver.cli.run_assembly import serialised_with_other_pods
+
+    options = SimpleNamespace(
+        publishing=PublishingOptions(rescan_interval=0),
+        sharing=SharingOptions(),
+        driver_root=_root_options(),
+        dirs=SimpleNamespace(plugin=tmp_path / "plugin"),
+    )
+    return SimpleNamespace(
+        options=options,
+        serialised_with_other_pods=lambda: serialised_with_other_pods(tmp_path, enabled=pod_uid is not None),
+        **parts,
+    )
+
+
+def test_an_unexpected_rescan_failure_does_not_end_rescanning(tmp_path, caplog):
     import threading
     from types import SimpleNamespace
 
-    from dradriver.cli.run import DriverProcess
+    from dradriver.cli.node_loops import Rescanner
 
-    class Flaky(DriverProcess):
+    class Flaky(Rescanner):
         rescans = 0
 
-        def _rescan(self) -> None:
+        def rescan(self) -> None:
             self.rescans += 1
             if self.rescans == 1:
                 self.refresh.set()  # ask for the next pass at once, as a health change would
                 raise RuntimeError("NVML wrapper bug")
             self.stop.set()  # the loop survived to a second pass: done
 
-    process = Flaky(argparse.Namespace(node_name="n", mig_mode="none", rescan_interval=0, pod_uid=""))
-    process.refresh = threading.Event()
-    process.plugin = SimpleNamespace(plugin_dir=None)
-    process.driver = SimpleNamespace(check_mps_daemons=lambda: None)
-    worker = threading.Thread(target=process._rescan_loop)
+    rescanner = Flaky(_node(tmp_path, driver=SimpleNamespace(check_mps_daemons=lambda: None)), threading.Event())
+    worker = threading.Thread(target=rescanner.run)
     worker.start()
-    process.refresh.set()
+    rescanner.refresh.set()
     worker.join(10)
-    assert process.rescans == 2 and not worker.is_alive()
+    assert rescanner.rescans == 2 and not worker.is_alive()
     assert "rescan failed unexpectedly" in caplog.text
 
 
 def test_the_periodic_mps_check_holds_the_rolling_update_lock(tmp_path):
     """In rolling-update mode the other pod's unprepare (under that lock) stops a claim's daemon; a restart by this
     pod's check at the same moment would bring it back for a claim that is gone, so the check takes the lock too."""
-    import argparse
     import fcntl
     import os
     import threading
     from types import SimpleNamespace
 
-    from dradriver.cli.run import DriverProcess
+    from dradriver.cli.node_loops import Rescanner
     from dradriver.plugin.kubeletplugin.plugin import SERIALIZE_LOCK_NAME
 
     held: list[bool] = []
@@ -332,51 +322,47 @@ def test_the_periodic_mps_check_holds_the_rolling_update_lock(tmp_path):
             held.append(True)
         finally:
             os.close(fd)
-        process.stop.set()
+        rescanner.stop.set()
 
-    process = DriverProcess(argparse.Namespace(node_name="n", mig_mode="none", rescan_interval=0, pod_uid="pod-1"))
-    process._rescan = lambda: None  # type: ignore[method-assign]
-    process.refresh = threading.Event()
-    process.plugin = SimpleNamespace(plugin_dir=tmp_path)
-    process.driver = SimpleNamespace(check_mps_daemons=check)
-    worker = threading.Thread(target=process._rescan_loop)
+    node = _node(tmp_path, pod_uid="pod-1", driver=SimpleNamespace(check_mps_daemons=check))
+    rescanner = Rescanner(node, threading.Event())
+    rescanner.rescan = lambda: None  # type: ignore[method-assign]
+    worker = threading.Thread(target=rescanner.run)
     worker.start()
-    process.refresh.set()
+    rescanner.refresh.set()
     worker.join(10)
     assert held == [True] and not worker.is_alive()
 
 
 def test_an_in_place_driver_upgrade_is_followed_for_new_prepares_naming_claims_on_the_old_files(tmp_path, caplog):
+    import threading
     from types import SimpleNamespace
 
-    from dradriver.cli.driver_root import driver_root_for
-    from dradriver.cli.run import DriverProcess
+    from dradriver.cli.node_loops import Rescanner
 
     root = tmp_path / "root"
     write_stub_driver_root(root, "580.65.06")
-    args = _root_args(tmp_path, driver_root=str(root), node_name="n", mig_mode="none", rescan_interval=0, pod_uid="")
-    process = DriverProcess(args)
-    process.simulated = None
-    process.driver_root = driver_root_for(args, "580.65.06", simulated=False)
-    args.mps_control_command, args.mps_daemon_wrapper = None, None
+    node = _node(tmp_path)
+    node.options.driver_root = _root_options(driver_root=str(root))
+    driver_root = node.options.driver_root.discover("580.65.06", simulated=False, plugin_dir=tmp_path / "plugin")
+    node.gpus = SimpleNamespace(simulated=False, driver_root=driver_root)
     mps_uses: list[dict[str, object]] = []
-    process.driver = SimpleNamespace(
-        cdi=SimpleNamespace(driver_root=process.driver_root),
+    node.driver = SimpleNamespace(
+        cdi=SimpleNamespace(driver_root=driver_root),
         sharing=SimpleNamespace(mps=SimpleNamespace(use=lambda **commands: mps_uses.append(commands))),
     )
-    process.checkpoint = SimpleNamespace(
-        records=lambda: [SimpleNamespace(uid="claim-b"), SimpleNamespace(uid="claim-a")]
-    )
+    node.checkpoint = SimpleNamespace(records=lambda: [SimpleNamespace(uid="claim-b"), SimpleNamespace(uid="claim-a")])
+    rescanner = Rescanner(node, threading.Event())
     caplog.set_level(logging.INFO)
 
-    process._follow_driver_upgrade("590.10.01")  # NVML says so, but the new files are not there yet
-    assert process.driver_root.version == "580.65.06" and "files are not all there yet" in caplog.text
+    rescanner.follow_driver_upgrade("590.10.01")  # NVML says so, but the new files are not there yet
+    assert node.gpus.driver_root.version == "580.65.06" and "files are not all there yet" in caplog.text
 
     write_stub_driver_root(root, "590.10.01")
-    process._follow_driver_upgrade("590.10.01")
-    assert process.driver_root.version == "590.10.01"
-    assert process.driver.cdi.driver_root is process.driver_root  # what the next prepare's spec is built from
-    assert process.driver_root.libcuda.path.name == "libcuda.so.590.10.01"
+    rescanner.follow_driver_upgrade("590.10.01")
+    assert node.gpus.driver_root.version == "590.10.01"
+    assert node.driver.cdi.driver_root is node.gpus.driver_root  # what the next prepare's spec is built from
+    assert node.gpus.driver_root.libcuda.path.name == "libcuda.so.590.10.01"
     assert "upgraded in place from 580.65.06 to 590.10.01" in caplog.text and "claims=claim-a,claim-b" in caplog.text
     # New MPS daemons start from the new driver's files too (daemons already serving keep theirs).
     [commands] = mps_uses
@@ -386,9 +372,8 @@ def test_an_in_place_driver_upgrade_is_followed_for_new_prepares_naming_claims_o
 def test_a_wrapped_mps_daemon_is_named_by_its_host_paths(tmp_path):
     # The wrapper runs the daemon in the host's namespaces, where the driver root is at its host path, not where
     # this container mounts it.
-    import argparse
-
-    from dradriver.cli.run import _mps_commands
+    from dradriver.cli.flags.sharing import SharingOptions
+    from dradriver.cli.run_assembly import mps_commands
     from dradriver.nvidia_install.driver_root import discover_driver_root
     from dradriver.sim.driver_root import write_stub_driver_root
 
@@ -396,34 +381,34 @@ def test_a_wrapped_mps_daemon_is_named_by_its_host_paths(tmp_path):
     root = discover_driver_root(
         host_root="/run/nvidia/driver", container_root=mounted, version="580.65.06", machine="x86_64"
     )
-    args = argparse.Namespace(
-        mps_daemon_wrapper="nsenter --target 1 --mount -- systemd-run --scope --", mps_control_command=None
+    wrapped = SharingOptions(
+        mps_daemon_wrapper=("nsenter", "--target", "1", "--mount", "--", "systemd-run", "--scope", "--")
     )
-    commands = _mps_commands(args, False, root)
+    commands = mps_commands(wrapped, root, simulated=False)
     # The wrapper apart: the daemon's shm mount namespace goes between it and the daemon (docs/sharing.md).
     assert commands["wrapper"] == ["nsenter", "--target", "1", "--mount", "--", "systemd-run", "--scope", "--"]
     daemon = commands["daemon_command"]
     assert daemon[0] == "env" and daemon[1].startswith("LD_LIBRARY_PATH=/run/nvidia/driver/")
     assert daemon[2] == "/run/nvidia/driver/usr/bin/nvidia-cuda-mps-control"
     assert commands["command"][0].startswith(str(mounted))  # control calls stay in the container
-    unwrapped = _mps_commands(argparse.Namespace(mps_daemon_wrapper="", mps_control_command=None), False, root)
+    unwrapped = mps_commands(SharingOptions(), root, simulated=False)
     assert unwrapped["wrapper"] == [] and unwrapped["daemon_command"] == []
 
 
 def test_the_mps_shm_size_is_a_quantity_of_at_least_one_mebibyte():
     import argparse
 
-    from dradriver.cli.run import _shm_size
+    from dradriver.cli.flags.sharing import shm_size
 
-    assert _shm_size("64Mi") == 64 * 1024 * 1024 and _shm_size("2G") == 2 * 10**9
+    assert shm_size("64Mi") == 64 * 1024 * 1024 and shm_size("2G") == 2 * 10**9
     for bad in ("", "64", "1Ki", "lots"):
         with pytest.raises(argparse.ArgumentTypeError, match="at least 1Mi"):
-            _shm_size(bad)
+            shm_size(bad)
 
 
 def test_the_compute_domain_flags_name_the_compute_domain_drivers_own_name() -> None:
-    # cd_node repeats the driver name so that `dradriver run` loads the ComputeDomain modules only when they serve.
-    from dradriver.cli import cd_node
+    # The flags repeat the driver name so that `dradriver run` loads the ComputeDomain modules only when they serve.
+    from dradriver.cli.flags import compute_domains
     from dradriver.computedomain import api
 
-    assert cd_node.DRIVER_NAME == api.DRIVER_NAME
+    assert compute_domains.DRIVER_NAME == api.DRIVER_NAME

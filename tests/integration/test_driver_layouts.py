@@ -14,7 +14,6 @@ runs) builds both and demands them, so there a missing one fails (support/requir
 
 from __future__ import annotations
 
-import argparse
 import re
 import shutil
 import subprocess
@@ -29,7 +28,7 @@ from support.bare_container import FAMILIES, PROBE, Podman, biarch_glibc, make_r
 from support.driver_layouts import LAYOUTS, Layout, Stubs, build_layout, build_stubs, need_layout_tools
 from support.nodes import inventory_of
 
-from dradriver.cli.driver_root import driver_root_for
+from dradriver.cli.flags.driver_root import DriverRootOptions
 from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions
 from dradriver.gpu.inventory import MigMode
 from dradriver.nvidia_install.cdi import CdiWriter
@@ -157,15 +156,13 @@ def test_a_simulated_node_with_driver_root_slash_finds_the_h100_layout_through_r
 ) -> None:
     # `--driver-root /` with the layout mounted as the plugin's --container-driver-root, on the simulated backend.
     layout = layouts["h100"]
-    args = argparse.Namespace(
+    options = DriverRootOptions(
         driver_root="/",
         container_driver_root=str(layout.root),
         nvidia_cdi_hook_path=str(hook) if hook else "none",
         cdi_hook_source="none",
-        plugin_dir=str(podman.base / "plugin"),
-        driver_name=DRIVER,
     )
-    root = driver_root_for(args, VERSION, simulated=True)
+    root = options.discover(VERSION, simulated=True, plugin_dir=podman.base / "plugin")
     assert root.host_path(root.libcuda) == f"/usr/local/nvidia/lib64/libcuda.so.{VERSION}"
     # The layout stands for the host's /: the runtime here must bind its files where this machine has them.
     ids = prepare(podman, replace(root, host_root=PurePosixPath(layout.root)), "sim-h100-root")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from support import required
 
-from dradriver.cli.options import check_writable_dir
+from dradriver.cli.flags.values import check_writable_dir
 from dradriver.errors import ConfigError
 from tests.driver.prepare.test_state_mig import H100, Node, claim, ref
 

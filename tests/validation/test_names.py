@@ -7,7 +7,7 @@ import pytest
 from support.slice_rules import slice_errors
 
 from dradriver.cel import compile_selector
-from dradriver.cli.options import dns_subdomain
+from dradriver.cli.flags.values import dns_subdomain
 from dradriver.errors import ConfigError
 from dradriver.plugin.kubeletplugin.plugin import check_driver_name
 from dradriver.validation import (

@@ -14,9 +14,12 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
-from dradriver.cli.logs import configure_logging
-from dradriver.cli.options import add_env_option, check_kubeconfig
-from dradriver.cli.status_server import StatusServer, check_bindable
+from dradriver.cli.flags import kube_client, logs, status
+from dradriver.cli.flags.env import add_env_option
+from dradriver.cli.flags.kube_client import KubeClientOptions
+from dradriver.cli.flags.logs import LogOptions
+from dradriver.cli.flags.status import StatusOptions
+from dradriver.cli.status_server import StatusServer
 from dradriver.computedomain.controller import Controller, ControllerSettings
 from dradriver.computedomain.kube import Rest
 from dradriver.computedomain.leader import LeaderElector
@@ -34,7 +37,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         "Turn each ComputeDomain into its claim templates and a DaemonSet of IMEX daemons, number the daemons of "
         "each clique and report status, until SIGTERM. Replicas elect one leader on a Lease."
     )
-    add_env_option(parser, "--kubeconfig", env="DRADRIVER_KUBECONFIG", help="kubeconfig file (default: in-cluster)")
+    kube_client.add_flags(parser, kubeconfig_help=kube_client.IN_CLUSTER_HELP, rate_limits=False)
     add_env_option(
         parser,
         "--namespace",
@@ -42,6 +45,20 @@ def register(parser: argparse.ArgumentParser) -> None:
         default="dradriver",
         help="the driver's namespace (daemons, cliques)",
     )
+    _add_daemon_flags(parser)
+    _add_election_flags(parser)
+    status.METRICS_ADDRESS.add(
+        parser,
+        default=DEFAULT_METRICS_ADDRESS,
+        help="HOST:PORT serving /metrics, /livez, /readyz and /healthz, which the Deployment's probes call "
+        "(empty: off)",
+    )
+    logs.add_flags(parser, level=False)
+    parser.set_defaults(handler=run)
+
+
+def _add_daemon_flags(parser: argparse.ArgumentParser) -> None:
+    """What the IMEX daemon pods run, as whom, in which network and with which environment."""
     add_env_option(
         parser, "--image", env="IMAGE_NAME", default="dradriver:latest", help="the image the daemon pods run"
     )
@@ -84,6 +101,10 @@ def register(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="the most daemons of one clique (NVL72: 18 trays)",
     )
+
+
+def _add_election_flags(parser: argparse.ArgumentParser) -> None:
+    """Who this replica is in the Lease, how long a lease lasts, how often the leader passes over the domains."""
     add_env_option(
         parser, "--identity", env="POD_NAME", default="", help="this replica's name in the Lease (default: host+uuid)"
     )
@@ -91,17 +112,6 @@ def register(parser: argparse.ArgumentParser) -> None:
     add_env_option(
         parser, "--interval", env="DRADRIVER_CD_INTERVAL", default=2.0, type=float, help="seconds between passes"
     )
-    add_env_option(
-        parser,
-        "--metrics-address",
-        env="DRADRIVER_METRICS_ADDRESS",
-        default=DEFAULT_METRICS_ADDRESS,
-        help="HOST:PORT serving /metrics, /livez, /readyz and /healthz, which the Deployment's probes call "
-        "(empty: off)",
-    )
-    add_env_option(parser, "--log-format", env="DRADRIVER_LOG_FORMAT", default="text", choices=("text", "json"),
-                   help="log line format")  # fmt: skip
-    parser.set_defaults(handler=run)
 
 
 def daemon_env(text: str) -> tuple[dict[str, Any], ...]:
@@ -125,11 +135,12 @@ def daemon_env(text: str) -> tuple[dict[str, Any], ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    configure_logging(args.log_format)
-    check_kubeconfig("--kubeconfig", args.kubeconfig)
-    if args.metrics_address:
-        check_bindable("--metrics-address", args.metrics_address)
-    rest = Rest.from_kubeconfig(args.kubeconfig)
+    LogOptions.from_args(args).configure()
+    kube = KubeClientOptions.from_args(args)
+    kube.check()
+    serving = StatusOptions.from_args(args)
+    serving.check()
+    rest = Rest.from_kubeconfig(kube.kubeconfig)
     settings = ControllerSettings(
         namespace=args.namespace,
         image=args.image,
@@ -147,17 +158,17 @@ def run(args: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     controller = Controller(rest, settings)
-    status = None
+    server = None
     writes = ApiWrites(rest.writes_so_far)
-    if args.metrics_address:
+    if serving.address:
         # Ready as soon as it runs (a standby replica too: nothing is sent to it); alive while no pass is stuck.
-        status = StatusServer(
-            args.metrics_address,
+        server = StatusServer(
+            serving.address,
             readiness=lambda: (True, {"leading": elector.leading.is_set()}),
             liveness=controller.alive,
         )
         REGISTRY.register(writes)
-        status.start()
+        server.start()
 
     threading.Thread(target=elector.run, args=(stop,), name="leader-election", daemon=True).start()
     log.info("ready identity=%s namespace=%s pid=%d", identity, args.namespace, os.getpid())
@@ -166,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         elector.release()
         rest.close()
-        if status is not None:
-            status.stop()
+        if server is not None:
+            server.stop()
             REGISTRY.unregister(writes)
     return 0

@@ -9,8 +9,10 @@ import signal
 import threading
 from pathlib import Path
 
-from dradriver.cli.logs import configure_logging
-from dradriver.cli.options import add_env_option
+from dradriver.cli.flags import kube_client, logs
+from dradriver.cli.flags.env import add_env_option
+from dradriver.cli.flags.kube_client import KubeClientOptions
+from dradriver.cli.flags.logs import LogOptions
 from dradriver.computedomain.daemon import ImexDaemon, local_ready, settings_from_env
 from dradriver.computedomain.kube import Rest
 from dradriver.errors import ConfigError
@@ -21,7 +23,7 @@ HOST_IMEX_SOCKET = "/etc/nvidia-imex/imex_ctrl.sock"
 def register(parser: argparse.ArgumentParser) -> None:
     parser.description = "Run (run) or probe (check) the IMEX daemon of a ComputeDomain on this node."
     parser.add_argument("action", choices=("run", "check"))
-    add_env_option(parser, "--kubeconfig", env="DRADRIVER_KUBECONFIG", help="kubeconfig file (default: in-cluster)")
+    kube_client.add_flags(parser, kubeconfig_help=kube_client.IN_CLUSTER_HELP, rate_limits=False)
     add_env_option(parser, "--config-dir", env="DRADRIVER_IMEX_CONFIG_DIR", default="/imexd",
                    help="where the daemon claim mounted this domain's IMEX files")  # fmt: skip
     add_env_option(parser, "--hosts-file", env="DRADRIVER_HOSTS_FILE", default="/etc/hosts",
@@ -32,8 +34,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                    help="the IMEX control tool, split like a shell line")  # fmt: skip
     add_env_option(parser, "--host-imex-socket", env="DRADRIVER_HOST_IMEX_SOCKET", default=HOST_IMEX_SOCKET,
                    help="a host nvidia-imex service's control socket: refuse to run beside it")  # fmt: skip
-    add_env_option(parser, "--log-format", env="DRADRIVER_LOG_FORMAT", default="text", choices=("text", "json"),
-                   help="log line format")  # fmt: skip
+    logs.add_flags(parser, level=False)
     parser.set_defaults(handler=run)
 
 
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.action == "check":
         return 0 if local_ready(settings) else 1
-    configure_logging(args.log_format)
+    LogOptions.from_args(args).configure()
     if settings.clique_id and Path(args.host_imex_socket).exists():
         raise ConfigError(
             f"a host nvidia-imex service runs on node {settings.node_name} (its socket {args.host_imex_socket} "
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    rest = Rest.from_kubeconfig(args.kubeconfig)
+    rest = Rest.from_kubeconfig(KubeClientOptions.from_args(args).kubeconfig)
     try:
         ImexDaemon(rest, settings).run(stop)
     finally:

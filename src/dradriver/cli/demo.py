@@ -17,8 +17,9 @@ from typing import Any
 
 from dradriver.allocator import AllocationError, Unsatisfiable, allocate
 from dradriver.cli.explain_input import BUILTIN_CLASSES, Inputs, check_claim, load
+from dradriver.cli.flags import gpus
+from dradriver.cli.flags.node import NODE_NAME
 from dradriver.cli.inventory import render_table
-from dradriver.cli.options import add_env_option, add_gpu_options, dns_subdomain
 from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions
 from dradriver.driver.publish.slices import SliceSettings, build_slice_specs
 from dradriver.errors import ConfigError
@@ -56,16 +57,9 @@ def register(parser: argparse.ArgumentParser) -> None:
         "claim, then register with a kubelet-like client over real gRPC sockets, prepare the claim "
         "(printing its CDI spec) and unprepare it."
     )
-    add_gpu_options(parser)
+    gpus.add_flags(parser)
     parser.set_defaults(gpu_backend="sim")
-    add_env_option(
-        parser,
-        "--node-name",
-        env="NODE_NAME",
-        default="demo-node",
-        type=dns_subdomain("node name"),
-        help="the simulated node's name",
-    )
+    NODE_NAME.add(parser, default="demo-node", help="the simulated node's name")
     parser.add_argument(
         "--claim",
         metavar="FILE",

@@ -21,7 +21,7 @@ from dradriver.cli.explain_outcome import (
     outcome_dict,
     render_outcome,
 )
-from dradriver.cli.options import check_kubeconfig
+from dradriver.cli.flags.kube_client import check_kubeconfig
 from dradriver.errors import ConfigError
 from dradriver.plugin.cluster import ClusterError, ForbiddenError, NotFoundError
 from dradriver.plugin.cluster.kube import error_for_status, load_transport

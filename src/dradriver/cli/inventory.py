@@ -10,14 +10,11 @@ from typing import Any
 
 import yaml
 
-from dradriver.cli.options import (
-    add_env_option,
-    add_gpu_options,
-    add_output_option,
-    add_slice_options,
-    apply_compat,
-    dns_subdomain,
-)
+from dradriver.cli.flags import gpus, publishing
+from dradriver.cli.flags.node import NODE_NAME
+from dradriver.cli.flags.node_dirs import PLUGIN_DIR, STATE_DIR
+from dradriver.cli.flags.output import add_output_option
+from dradriver.cli.flags.publishing import apply_compat
 from dradriver.driver.observe.health import GpuHealth, HealthPolicy
 from dradriver.driver.publish import slice_map
 from dradriver.driver.publish.slice_map import InstanceCell, owners_from_checkpoint
@@ -35,27 +32,16 @@ def register(parser: argparse.ArgumentParser) -> None:
         "Discover GPUs (through NVML, or a simulated node) and print what the driver would offer; "
         "-o slices prints the ResourceSlices it would publish."
     )
-    add_gpu_options(parser)
-    add_env_option(
+    gpus.add_flags(parser)
+    NODE_NAME.add(parser, default="sim-node", help="node name (names the simulated node's GPUs)")
+    PLUGIN_DIR.add(
         parser,
-        "--node-name",
-        env="NODE_NAME",
-        default="sim-node",
-        type=dns_subdomain("node name"),
-        help="node name (names the simulated node's GPUs)",
-    )
-    add_env_option(
-        parser,
-        "--plugin-dir",
-        env="DRADRIVER_PLUGIN_DIR",
         help=f"the running driver's plugin directory, whose health.json holds device health and taints "
         f"(default: {DEFAULT_PLUGINS_DIR}/<driver-name>)",
     )
-    add_slice_options(parser)
-    add_env_option(
+    publishing.add_flags(parser)
+    STATE_DIR.add(
         parser,
-        "--state-dir",
-        env="DRADRIVER_STATE_DIR",
         help="the running driver's state directory (default: the plugin directory): the slice maps name the "
         "claim that owns each MIG instance",
     )

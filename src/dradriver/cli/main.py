@@ -16,7 +16,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import NoReturn
 
 from dradriver import __version__
-from dradriver.cli.options import resolve_env_values
+from dradriver.cli.flags.env import resolve_env_values
 from dradriver.errors import DradriverError
 
 Handler = Callable[[argparse.Namespace], int]

@@ -12,7 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dradriver.cli.options import add_env_option, check_writable_file, dns_subdomain, unwritable_state
+from dradriver.cli.flags.gpus import SIM_PROFILE, SIM_STATE, unwritable_state
+from dradriver.cli.flags.node import NODE_NAME
+from dradriver.cli.flags.values import check_writable_file
 from dradriver.driver.publish import slice_map
 from dradriver.driver.publish.slice_map import InstanceCell, owners_from_checkpoint
 from dradriver.errors import ConfigError, DeviceError
@@ -29,32 +31,20 @@ def register(parser: argparse.ArgumentParser) -> None:
         "Act on the hardware state file of a simulated node, as an admin with nvidia-smi would on a "
         "real one. A running `dradriver run --gpu-backend sim` on the same --sim-state sees it."
     )
-    add_env_option(
-        parser,
-        "--sim-profile",
-        env="DRADRIVER_SIM_PROFILE",
-        default="dgx-a100-80gb",
-        metavar="NAME|FILE",
-        help="the simulated node's profile",
-    )
-    add_env_option(
-        parser,
-        "--sim-state",
-        env="DRADRIVER_SIM_STATE",
-        metavar="PATH",
-        help="the hardware state file shared with the driver (required)",
-    )
-    add_env_option(
-        parser,
-        "--node-name",
-        env="NODE_NAME",
-        default="sim-node",
-        type=dns_subdomain("node name"),
-        help="node name (the driver's --node-name: it seeds the GPU UUIDs)",
-    )
+    SIM_PROFILE.add(parser, help="the simulated node's profile")
+    SIM_STATE.add(parser, help="the hardware state file shared with the driver (required)")
+    NODE_NAME.add(parser, default="sim-node", help="node name (the driver's --node-name: it seeds the GPU UUIDs)")
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
+    _add_hardware_actions(actions)
+    _add_fault_actions(actions)
+    _add_workload_actions(actions)
+    parser.set_defaults(handler=run, read_only=False)
+    _add_imex_action(actions)
 
+
+def _add_hardware_actions(actions: Any) -> None:
+    """``show`` and what an admin changes: MIG mode, reset, MIG devices, compute mode."""
     show = actions.add_parser("show", help="print GPUs, MIG mode, compute mode, MIG devices and slice maps")
     show.add_argument("--state-dir", help="the driver's state directory: name the claim owning each MIG instance")
     show.set_defaults(sim_action=_show, read_only=True)
@@ -88,6 +78,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     compute.add_argument("mode", choices=[m.name for m in ComputeMode])
     compute.set_defaults(sim_action=_compute_mode)
 
+
+def _add_fault_actions(actions: Any) -> None:
+    """What goes wrong on a real node: XIDs, ECC errors, the NVLink fabric's registration, a GPU off the bus."""
     xid = actions.add_parser("xid", help="raise an XID error on a GPU")
     xid.add_argument("gpu")
     xid.add_argument("xid", type=xid_number, help=f"XID number, {MIN_XID} to {MAX_XID}")
@@ -114,10 +107,6 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="NVML reports a lost GPU but every GPU still answers, so no call can say which",
     )
     lose.set_defaults(sim_action=_lose)
-
-    _add_workload_actions(actions)
-    parser.set_defaults(handler=run, read_only=False)
-    _add_imex_action(actions)
 
 
 def _add_imex_action(actions: Any) -> None:

@@ -14,7 +14,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from dradriver.cli.options import add_env_option, interval_seconds
+from dradriver.cli.flags.env import add_env_option
+from dradriver.cli.flags.values import interval_seconds
 from dradriver.cli.status_server import parse_address
 from dradriver.errors import ConfigError
 

@@ -1,0 +1,82 @@
+"""``--gpu-backend``, ``--sim-profile``, ``--sim-state``, ``--mig-mode``: which GPUs, and how MIG is published."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from dradriver.cli.flags.env import EnvFlag
+from dradriver.cli.flags.values import check_writable_file
+from dradriver.errors import ConfigError
+from dradriver.gpu.inventory import MigMode
+
+GPU_BACKEND = EnvFlag(
+    flag="--gpu-backend",
+    env="DRADRIVER_GPU_BACKEND",
+    default="nvml",
+    choices=("nvml", "sim"),
+    help="where GPUs come from: NVML, or a simulated node",
+)
+SIM_PROFILE = EnvFlag(
+    flag="--sim-profile",
+    env="DRADRIVER_SIM_PROFILE",
+    default="dgx-a100-80gb",
+    metavar="NAME|FILE",
+    help="simulated node: a built-in profile name or a profile file",
+)
+SIM_STATE = EnvFlag(
+    flag="--sim-state",
+    env="DRADRIVER_SIM_STATE",
+    metavar="PATH",
+    help="JSON file holding simulated hardware state (MIG instances, compute modes) across restarts; in memory "
+    "when unset",
+)
+MIG_MODE = EnvFlag(
+    flag="--mig-mode",
+    env="DRADRIVER_MIG_MODE",
+    default="static",
+    choices=("none", "static", "dynamic"),
+    help="publish whole GPUs only, existing MIG devices, or every MIG profile x placement",
+)
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """The GPU discovery flags, in a group of their own."""
+    group = parser.add_argument_group("GPU discovery")
+    for flag in (GPU_BACKEND, SIM_PROFILE, SIM_STATE, MIG_MODE):
+        flag.add(group)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuOptions:
+    """The backend ("nvml" or "sim"), the simulated node's profile and state file, and the MIG mode."""
+
+    backend: str = "nvml"
+    sim_profile: str = "dgx-a100-80gb"
+    sim_state: Path | None = None
+    mig_mode: MigMode = MigMode.STATIC
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> GpuOptions:
+        state = SIM_STATE.value(args)
+        return cls(
+            backend=GPU_BACKEND.value(args),
+            sim_profile=SIM_PROFILE.value(args),
+            sim_state=Path(state) if state else None,
+            mig_mode=MigMode(MIG_MODE.value(args)),
+        )
+
+    def check(self) -> None:
+        """A simulated node's state file can be written (refused before the node starts)."""
+        if self.sim_state is not None:
+            check_writable_file(SIM_STATE.flag, self.sim_state)
+
+
+def unwritable_state(state: Path, err: OSError) -> ConfigError:
+    """The error for a simulated node's --sim-state file that cannot be written (here, so that `run` on real
+    GPUs never imports the simulator's command)."""
+    return ConfigError(
+        f"--sim-state {state}: cannot write the state file ({err.strerror or err}); "
+        "point --sim-state at a file in a writable directory"
+    )

@@ -1,0 +1,157 @@
+"""What ``dradriver run`` keeps doing while it serves, each on a thread of its own: rediscovery (slices, taints,
+MPS daemons and the driver's files follow the node) and the claim re-check (claims deleted behind the kubelet's
+back are unprepared). Each outlives any one failure: a thread that died would leave the node unfollowed while
+/readyz stays green."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterator
+
+from dradriver.cli.run_assembly import NodeDriver, find_driver_root, mps_commands, pools_of
+from dradriver.driver.observe.metrics import DELETED_CLAIMS
+from dradriver.driver.prepare.recheck import ClaimLookup, recheck_claims
+from dradriver.driver.publish.slices import build_slice_specs
+from dradriver.errors import DradriverError
+from dradriver.gpu.inventory import discover
+from dradriver.plugin.cluster import ClusterError, NotFoundError
+from dradriver.plugin.cluster.kube import KubeCluster
+from dradriver.plugin.handler import ClaimRef
+from dradriver.plugin.kubeletplugin.claims import consumers
+
+log = logging.getLogger("dradriver.run")
+
+
+class Rescanner:
+    """Every --rescan-interval (0: never on its own), and at once on ``refresh`` (a health change): rediscover,
+    republish if the devices or their health changed, follow an in-place driver upgrade, check the MPS daemons."""
+
+    def __init__(self, node: NodeDriver, stop: threading.Event) -> None:
+        self.node = node
+        self.stop = stop
+        self.refresh = threading.Event()
+        self.thread = threading.Thread(target=self.run, name="rescan", daemon=True)
+
+    def run(self) -> None:
+        interval = self.node.options.publishing.rescan_interval or None
+        while not self.stop.is_set():
+            self.refresh.wait(interval)
+            self.refresh.clear()
+            if self.stop.is_set():
+                return
+            # The thread must outlive any one failure, or slices, taints and MPS daemons silently stop following
+            # the node while /readyz stays green.
+            try:
+                self.rescan()
+                # Like a prepare or unprepare: the other pod of a rolling update may be stopping a daemon now.
+                with self.node.serialised_with_other_pods():
+                    self.node.driver.check_mps_daemons()
+            except Exception:
+                log.exception("rescan failed unexpectedly; retrying at the next interval or health change")
+
+    def rescan(self) -> None:
+        """Rediscover and republish if the devices or their health changed; one bad rescan keeps the last
+        inventory."""
+        node = self.node
+        mig_mode = node.options.gpus.mig_mode
+        try:
+            fresh = discover(node.gpus.lib)
+            node.health.update_inventory(fresh, mig_mode)
+            fresh_pools = pools_of(node.name, build_slice_specs(fresh, node.settings, taints=node.health.taints))
+        except DradriverError as err:
+            log.warning("rediscovery failed; keeping the last inventory error=%s", err)
+            return
+        if fresh.driver_version != node.gpus.driver_root.version:
+            self.follow_driver_upgrade(fresh.driver_version)
+        if fresh_pools == node.pools:
+            return
+        log.info(
+            "devices or their health changed; republishing gpus=%d mig_devices=%d lost_gpus=%d",
+            len(fresh.gpus),
+            len(fresh.mig_devices),
+            len(fresh.lost_gpus),
+        )
+        node.pools = fresh_pools
+        node.gpus.inventory = fresh  # what /allocations and the usage sampler list
+        node.driver.update_inventory(fresh, mig_mode)
+        node.publisher.update(fresh_pools)
+
+    def follow_driver_upgrade(self, version: str) -> None:
+        """NVML reports another driver version than the root was discovered for (an in-place upgrade): find the
+        new files for new prepares; claims prepared before keep the old files until their pods restart."""
+        node = self.node
+        old = node.gpus.driver_root.version
+        try:
+            fresh = find_driver_root(node.options, version, simulated=node.gpus.simulated)
+        except DradriverError as err:
+            log.warning(
+                "the NVIDIA driver changed but its files are not all there yet; new prepares keep driver %s's "
+                "files until they are version=%s error=%s",
+                old,
+                version,
+                err,
+            )
+            return
+        node.gpus.driver_root = fresh
+        node.driver.cdi.driver_root = fresh
+        if node.driver.sharing.mps is not None:  # new daemons start the new driver's binary and libraries
+            node.driver.sharing.mps.use(**mps_commands(node.options.sharing, fresh, simulated=node.gpus.simulated))
+        prepared = sorted(record.uid for record in node.checkpoint.records())
+        log.warning(
+            "NVIDIA driver upgraded in place from %s to %s: new prepares use the new files; prepared claims keep "
+            "the old driver's files until their pods restart (restart them to use the new driver) claims=%s",
+            old,
+            version,
+            ",".join(prepared) or "-",
+        )
+
+
+class ClaimRechecker:
+    """Every --claim-recheck-interval: unprepare the claims deleted behind the kubelet's back, then ask for a
+    rescan (``republish``), since freed MIG instances and GPUs are offered again."""
+
+    def __init__(self, node: NodeDriver, stop: threading.Event, *, republish: Callable[[], None]) -> None:
+        self.node = node
+        self.stop = stop
+        self.republish = republish
+        self.thread = threading.Thread(target=self.run, name="claim-recheck", daemon=True)
+
+    def run(self) -> None:
+        node = self.node
+
+        @contextlib.contextmanager
+        def hold(uid: str) -> Iterator[None]:
+            # As a kubelet call: the claim's lock, and in rolling-update mode the lock the two pods share; only
+            # around the unprepare, never around the API look-ups.
+            with node.plugin.claim_locks.hold([uid]), node.serialised_with_other_pods():
+                yield
+
+        while not self.stop.wait(node.options.claims.recheck_interval):
+            try:
+                gone = recheck_claims(node.driver, lambda ref: look_up_claim(node.cluster, ref), hold=hold)
+                DELETED_CLAIMS.inc(len(gone))
+                if gone:
+                    with node.serialised_with_other_pods():
+                        node.plugin.remove_unowned_device_metadata({r.uid for r in node.checkpoint.records()})
+                    self.republish()  # freed MIG instances and GPUs: republish at once
+            except Exception:
+                log.exception("claim re-check failed unexpectedly; retrying at the next interval")
+
+
+def look_up_claim(cluster: KubeCluster, ref: ClaimRef) -> ClaimLookup:
+    """The claim as the re-check needs it: gone (or replaced: another UID), there with its pods, or unknown now."""
+    try:
+        claim = cluster.get_resource_claim(ref.namespace, ref.name)
+    except NotFoundError:
+        return ClaimLookup(exists=False)
+    except ClusterError as err:
+        log.warning("claim re-check: cannot tell whether claim %s still exists; keeping it error=%s", ref, err)
+        return ClaimLookup(exists=None)
+    if claim.get("metadata", {}).get("uid") != ref.uid:
+        return ClaimLookup(exists=False)
+    status = claim.get("status")
+    return ClaimLookup(
+        exists=True, consumers=consumers(status.get("reservedFor") if isinstance(status, dict) else None)
+    )

@@ -1,0 +1,452 @@
+"""The parts of ``dradriver run``, one builder each, and :class:`NodeDriver`, the GPU driver of a node they make.
+
+``cli/run.py`` calls them in order: :func:`open_gpus` (the GPUs and the driver's files, waited for while
+missing), :func:`connect` (the API server, its slice layout), then :func:`assemble`: health, the checkpoint, the
+driver, the kubelet plugin (its instance lock taken), start-up reconciliation, the slices and their publisher, and
+the usage sampler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dradriver.cli import cd_node
+from dradriver.cli.flags.gpus import unwritable_state
+from dradriver.cli.flags.sharing import SharingOptions
+from dradriver.cli.run_options import RunOptions
+from dradriver.driver.observe.allocations import Allocation, allocations
+from dradriver.driver.observe.health import GpuHealth
+from dradriver.driver.observe.metrics import InstrumentedHandler
+from dradriver.driver.observe.usage import Device as UsageDevice
+from dradriver.driver.observe.usage import UsageSampler, pod_uid_of_pid
+from dradriver.driver.prepare.checkpoint import CheckpointStore
+from dradriver.driver.prepare.mps import DEFAULT_COMMAND, MpsControl
+from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions
+from dradriver.driver.publish.slices import SliceSettings, build_slice_specs, release_problem, shape_for
+from dradriver.errors import ConfigError
+from dradriver.gpu.backend import open_gpu_backend, simulated_mps_command
+from dradriver.gpu.interface import GpuLib
+from dradriver.gpu.inventory import Inventory, MigMode, discover
+from dradriver.nvidia_install.cdi import CdiWriter
+from dradriver.nvidia_install.driver_root import DriverRoot
+from dradriver.plugin.cluster import ClusterError, NotFoundError, kubernetes_minor_version
+from dradriver.plugin.cluster.claim_status import ClaimStatusWriter
+from dradriver.plugin.cluster.kube import KubeCluster
+from dradriver.plugin.handler import ClaimRef
+from dradriver.plugin.kubeletplugin.lifecycle import exclusive
+from dradriver.plugin.kubeletplugin.plugin import SERIALIZE_LOCK_NAME, KubeletPlugin, KubeletPluginOptions
+from dradriver.plugin.resourceslice.publisher import Publisher, PublisherOptions, SliceSpec
+
+if TYPE_CHECKING:  # loaded by cd_node.start only with --compute-domains (docs/reliability.md, memory)
+    from dradriver.computedomain.plugin import ComputeDomainPlugin
+
+log = logging.getLogger("dradriver.run")
+
+Pools = dict[str, list[SliceSpec]]
+
+
+@dataclass(kw_only=True)
+class Gpus:
+    """The GPU backend, open; the node's GPUs as last discovered; the driver's files for their driver version (both
+    follow the node as rescans find it). ``pod_of_pid`` maps a GPU process to its pod."""
+
+    lib: GpuLib
+    simulated: bool
+    pod_of_pid: Callable[[int], str | None]
+    inventory: Inventory
+    driver_root: DriverRoot
+
+
+@dataclass(kw_only=True)
+class NodeDriver:
+    """The GPU driver of one node, assembled: what the loops, the probes and the stop act on. ``pools`` are the
+    slices as last published (kept as the publisher keeps them: JSON text, shared with it)."""
+
+    options: RunOptions
+    gpus: Gpus
+    cluster: KubeCluster
+    settings: SliceSettings
+    health: GpuHealth
+    checkpoint: CheckpointStore
+    driver: GpuDriver
+    plugin: KubeletPlugin
+    publisher: Publisher
+    pools: Pools
+    usage: UsageSampler | None = None
+
+    @property
+    def name(self) -> str:
+        """The node's name, which is also its one pool's."""
+        return self.options.node.name
+
+    def allocations(self) -> list[Allocation]:
+        """Which pod holds which device, from the checkpoint."""
+        return allocations(self.checkpoint.records())
+
+    def usage_devices(self) -> list[UsageDevice]:
+        """Every GPU and MIG device of the last inventory, and MIG devices carved for claims since."""
+        inventory = self.gpus.inventory
+        devices = [UsageDevice(g.name, g.uuid, g.uuid) for g in inventory.gpus]
+        devices += [UsageDevice(m.name, m.uuid, m.parent.uuid) for m in inventory.mig_devices if m.uuid]
+        known = {d.uuid for d in devices}
+        for a in self.allocations():
+            if a.uuid not in known:
+                known.add(a.uuid)
+                devices.append(UsageDevice(a.device, a.uuid, a.gpu_uuid))
+        return devices
+
+    def serialised_with_other_pods(self) -> contextlib.AbstractContextManager[None]:
+        """See :func:`serialised_with_other_pods` (rolling-update mode only)."""
+        return serialised_with_other_pods(self.plugin.plugin_dir, enabled=self.options.node.rolling_update)
+
+
+def open_gpus(options: RunOptions) -> Gpus:
+    """Open the GPU backend, discover the GPUs, then the driver's files for their driver version. Raises
+    LibraryNotFound, DriverNotLoaded or DriverFilesMissing while the driver is not there (nothing left open)."""
+    state = options.gpus.sim_state
+    try:
+        lib, simulated = open_gpu_backend(
+            options.gpus.backend,
+            sim_profile=options.gpus.sim_profile,
+            node_name=options.node.name,
+            sim_state=state,
+            nvml_library=options.driver_root.nvml_library(options.gpus.backend),
+        )
+    except OSError as err:
+        if state is None:
+            raise
+        raise unwritable_state(state, err) from None
+    try:
+        inventory = discover(lib)
+        log.info(
+            "discovered gpus=%d mig_devices=%d driver=%s backend=%s",
+            len(inventory.gpus),
+            len(inventory.mig_devices),
+            inventory.driver_version,
+            options.gpus.backend,
+        )
+        driver_root = find_driver_root(options, inventory.driver_version, simulated=simulated is not None)
+    except BaseException:
+        lib.close()
+        raise
+    return Gpus(
+        lib=lib,
+        simulated=simulated is not None,
+        # A simulated node's PIDs are nobody's: it says itself which pod each process runs for.
+        pod_of_pid=simulated.pod_of_pid if simulated is not None else pod_uid_of_pid,
+        inventory=inventory,
+        driver_root=driver_root,
+    )
+
+
+def find_driver_root(options: RunOptions, version: str, *, simulated: bool) -> DriverRoot:
+    """The driver's files for driver ``version`` (at start, and after an in-place driver upgrade)."""
+    return options.driver_root.discover(version, simulated=simulated, plugin_dir=options.dirs.plugin)
+
+
+def connect(options: RunOptions) -> tuple[KubeCluster, SliceSettings]:
+    """The API server, and the slice settings its release takes (refused with a ConfigError if it cannot)."""
+    cluster = options.kube.connect()
+    try:
+        release = options.publishing.kubernetes_version or _detect_kubernetes_version(cluster)
+        settings = SliceSettings(
+            driver=options.driver_name,
+            mig_mode=options.gpus.mig_mode,
+            shape=shape_for(release),
+            gpu_sharing=options.sharing.gpu_sharing,
+            consumable_shares=options.sharing.consumable_shares,
+            list_attributes=options.publishing.list_attributes,
+        )
+        problem = release_problem(release, settings)
+        if problem is not None:
+            raise ConfigError(problem)
+    except BaseException:
+        cluster.close()
+        raise
+    return cluster, settings
+
+
+def assemble(options: RunOptions, gpus: Gpus, cluster: KubeCluster, settings: SliceSettings) -> NodeDriver:
+    """Build every part, take the plugin's instance lock and reconcile; nothing serves yet (see ``cli/run.py``).
+    A failure releases what was built."""
+    health = build_health(options, gpus)
+    # In rolling-update mode the old and the new pod share the checkpoint (their calls are serialised).
+    checkpoint = CheckpointStore.open(options.dirs.state, shared=options.node.rolling_update)
+    try:
+        driver = build_driver(options, gpus, health=health, checkpoint=checkpoint, cluster=cluster)
+        plugin = build_plugin(options, driver=driver, cluster=cluster, health=health, checkpoint=checkpoint)
+        # Refused here, a second instance has not touched the running one's claims, CDI specs or MIG devices.
+        plugin.lock()
+        try:
+            reconcile_at_start(options, gpus, driver=driver, plugin=plugin, health=health, cluster=cluster)
+            # Built once, from the inventory as reconciliation left it; the publisher validates them once too.
+            # Kept as the publisher keeps them (JSON text, shared with it): the dict form would hold about 2 MB
+            # more for the driver's whole life (docs/reliability.md, memory).
+            pools = pools_of(options.node.name, build_slice_specs(gpus.inventory, settings, taints=health.taints))
+            publisher = build_publisher(options, cluster=cluster, settings=settings, pools=pools)
+        except BaseException:
+            plugin.stop()
+            raise
+    except BaseException:
+        checkpoint.close()
+        raise
+    node = NodeDriver(
+        options=options,
+        gpus=gpus,
+        cluster=cluster,
+        settings=settings,
+        health=health,
+        checkpoint=checkpoint,
+        driver=driver,
+        plugin=plugin,
+        publisher=publisher,
+        pools=pools,
+    )
+    node.usage = build_usage_sampler(node)
+    return node
+
+
+def build_health(options: RunOptions, gpus: Gpus) -> GpuHealth:
+    """The device health monitor; what it knows survives restarts in the plugin directory."""
+    return GpuHealth(
+        inventory=gpus.inventory,
+        mig_mode=options.gpus.mig_mode,
+        pool=options.node.name,
+        policy=options.health.policy,
+        state_path=options.dirs.plugin / "health.json",
+    )
+
+
+def build_driver(
+    options: RunOptions, gpus: Gpus, *, health: GpuHealth, checkpoint: CheckpointStore, cluster: KubeCluster
+) -> GpuDriver:
+    """The GPU driver: its CDI writer, its MPS control, the health and cluster questions it asks."""
+    # A simulated node has no /dev/nvidia*: bind /dev/null so a real runtime can still inject the spec.
+    cdi = CdiWriter(
+        options.dirs.cdi,
+        host_path=(lambda _path: "/dev/null") if gpus.simulated else lambda _path: None,
+        driver_root=gpus.driver_root,
+    )
+    mps = MpsControl(
+        root=options.dirs.state / "mps",
+        shm_size=options.sharing.mps_shm_size,
+        **mps_commands(options.sharing, gpus.driver_root, simulated=gpus.simulated),
+    )
+    name, node = options.driver_name, options.node.name
+    return GpuDriver(
+        GpuDriverOptions(
+            driver_name=name,
+            pool=node,
+            mig_mode=options.gpus.mig_mode,
+            consumable_shares=options.sharing.consumable_shares,
+        ),
+        inventory=gpus.inventory,
+        cdi=cdi,
+        gpulib=gpus.lib,
+        checkpoint=checkpoint,
+        mps=mps,
+        device_problem=health.problem,
+        holder_released=lambda ref, device: holder_released(cluster, name, node, ref, device),
+    )
+
+
+def build_plugin(
+    options: RunOptions, *, driver: GpuDriver, cluster: KubeCluster, health: GpuHealth, checkpoint: CheckpointStore
+) -> KubeletPlugin:
+    """The kubelet plugin serving ``driver`` (instrumented for /metrics), writing claim status if asked."""
+    name, node = options.driver_name, options.node.name
+    plugin_options = KubeletPluginOptions(
+        driver_name=name,
+        node_name=node,
+        registry_dir=options.dirs.registry,
+        plugin_dir=options.dirs.plugin,
+        device_metadata_cdi_dir=options.dirs.cdi,
+        device_metadata=options.claims.device_metadata,
+        pod_uid=options.node.pod_uid,
+    )
+    return KubeletPlugin(
+        plugin_options,
+        handler=InstrumentedHandler(driver),
+        claim_source=cluster,
+        health_source=health,
+        claim_status=ClaimStatusWriter(cluster, driver_name=name, node_name=node)
+        if options.claims.device_status
+        else None,
+        # The default state directory is the plugin directory: deleted with it, the checkpoint is written back.
+        on_plugin_dir_recreated=checkpoint.ensure_written,
+    )
+
+
+def reconcile_at_start(
+    options: RunOptions,
+    gpus: Gpus,
+    *,
+    driver: GpuDriver,
+    plugin: KubeletPlugin,
+    health: GpuHealth,
+    cluster: KubeCluster,
+) -> None:
+    """Before the kubelet can call: finish what a crash left half done, drop what is gone, destroy orphans."""
+    with serialised_with_other_pods(plugin.plugin_dir, enabled=options.node.rolling_update):
+        driver.reconcile(lambda ref: claim_exists(cluster, ref))
+        prepared = {record.uid for record in driver.checkpoint.records()}
+        plugin.remove_unowned_device_metadata(prepared)
+    mig_mode = options.gpus.mig_mode
+    if mig_mode is MigMode.DYNAMIC:
+        gpus.inventory = discover(gpus.lib)  # reconciliation may have destroyed MIG instances
+        driver.update_inventory(gpus.inventory, mig_mode)
+        health.update_inventory(gpus.inventory, mig_mode)
+
+
+def build_publisher(options: RunOptions, *, cluster: KubeCluster, settings: SliceSettings, pools: Pools) -> Publisher:
+    """The slice publisher of this node's pool, owned by its Node (garbage-collected with it)."""
+    publishing = PublisherOptions(
+        driver=options.driver_name,
+        node_name=options.node.name,
+        node_uid=node_uid(cluster, options.node.name),
+        shape=settings.shape,
+        withdraw_tainted_if_dropped=options.health.withdraw_tainted,
+    )
+    return Publisher(cluster, publishing, pools=pools)
+
+
+def build_usage_sampler(node: NodeDriver) -> UsageSampler | None:
+    """The NVML usage sampler, when a status server shows what it samples and --usage-interval is not 0."""
+    if not node.options.status.samples_usage:
+        return None
+    return UsageSampler(node.gpus.lib, node.usage_devices, node.allocations, pod_of_pid=node.gpus.pod_of_pid)
+
+
+def start_compute_domains(node: NodeDriver) -> ComputeDomainPlugin:
+    """Serve ComputeDomains beside the GPU driver (``--compute-domains``)."""
+    root = node.gpus.driver_root
+    # The IMEX daemon pods run the host driver's nvidia-imex and nvidia-imex-ctl (versions must match it).
+    imex = [
+        (root.host_path(f), path)
+        for f in root.binaries
+        if f.path.name.startswith("nvidia-imex")
+        for path in f.container_paths
+    ]
+    return cd_node.start(
+        node.options,
+        imex_binaries=imex,
+        gpulib=node.gpus.lib,
+        simulated=node.gpus.simulated,
+        cluster=node.cluster,
+        node_uid=node_uid(node.cluster, node.name),
+        shape=node.settings.shape,
+    )
+
+
+def mps_commands(sharing: SharingOptions, driver_root: DriverRoot, *, simulated: bool) -> dict[str, Any]:
+    """MpsControl's commands and daemon environment for ``driver_root`` (at start, and after an in-place driver
+    upgrade). The daemon loads libcuda like any CUDA program: from the driver root, wherever the host keeps it."""
+    env = (
+        {}
+        if simulated
+        else {"LD_LIBRARY_PATH": ":".join(str(driver_root.container_root / d) for d in driver_root.source_dirs)}
+    )
+    wrapper = list(sharing.mps_daemon_wrapper)
+    return {
+        "command": _mps_command(sharing, driver_root, simulated=simulated),
+        "daemon_command": _mps_daemon_command(sharing, driver_root, simulated=simulated) if wrapper else [],
+        "wrapper": wrapper,
+        "env": env,
+    }
+
+
+def _mps_daemon_command(sharing: SharingOptions, driver_root: DriverRoot, *, simulated: bool) -> list[str]:
+    """How a claim's daemon starts after --mps-daemon-wrapper. The wrapper runs it in the host's namespaces, where
+    the driver root is at its host path: the binary and its libraries are named there (a simulated node's
+    stand-in, or an explicit --mps-control-command, are taken as given)."""
+    if simulated or sharing.mps_control_command:
+        return _mps_command(sharing, driver_root, simulated=simulated)
+    host = driver_root.host_root
+    libraries = ":".join(str(host / d) for d in driver_root.source_dirs)
+    binary = next((b.path for b in driver_root.binaries if b.path.name == DEFAULT_COMMAND[0]), None)
+    command = [str(host / binary)] if binary is not None else list(DEFAULT_COMMAND)
+    return ["env", f"LD_LIBRARY_PATH={libraries}", *command]
+
+
+def _mps_command(sharing: SharingOptions, driver_root: DriverRoot, *, simulated: bool) -> list[str]:
+    if sharing.mps_control_command:
+        return list(sharing.mps_control_command)
+    if simulated:
+        return simulated_mps_command()
+    for binary in driver_root.binaries:
+        if binary.path.name == DEFAULT_COMMAND[0]:
+            return [str(driver_root.container_root / binary.path), *DEFAULT_COMMAND[1:]]
+    return list(DEFAULT_COMMAND)
+
+
+@contextlib.contextmanager
+def serialised_with_other_pods(plugin_dir: Path, *, enabled: bool) -> Iterator[None]:
+    """In rolling-update mode, hold the lock the pods' prepare and unprepare calls take (SerializedHandler), so
+    reconciliation never rolls back a prepare the other pod is in the middle of."""
+    if not enabled:
+        yield
+        return
+    plugin_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with exclusive(plugin_dir / SERIALIZE_LOCK_NAME):
+        yield
+
+
+def pools_of(node: str, specs: list[dict[str, Any]]) -> Pools:
+    """The one pool a node publishes, named after the node."""
+    return {node: [SliceSpec.of(s.get("devices", ()), s.get("sharedCounters", ())) for s in specs]}
+
+
+def claim_exists(cluster: KubeCluster, ref: ClaimRef) -> bool | None:
+    """Whether the API server still has the claim (False also when it was replaced); None when it cannot say."""
+    try:
+        uid = cluster.get_resource_claim(ref.namespace, ref.name).get("metadata", {}).get("uid")
+    except NotFoundError:
+        return False
+    except ClusterError as err:
+        log.warning("cannot tell whether claim %s still exists; keeping it error=%s", ref, err)
+        return None
+    return bool(uid == ref.uid)
+
+
+def holder_released(cluster: KubeCluster, driver: str, pool: str, ref: ClaimRef, device: str) -> bool:
+    """Whether the API server no longer allocates ``device`` of this node to the claim ``ref``: it was deleted,
+    replaced or deallocated (so its pods are gone). False when it cannot say."""
+    try:
+        claim = cluster.get_resource_claim(ref.namespace, ref.name)
+    except NotFoundError:
+        return True
+    except ClusterError as err:
+        log.warning("cannot tell whether claim %s still holds device %s; keeping it error=%s", ref, device, err)
+        return False
+    if claim.get("metadata", {}).get("uid") != ref.uid:
+        return True
+    results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []
+    return not any(r.get("driver") == driver and r.get("pool") == pool and r.get("device") == device for r in results)
+
+
+def _detect_kubernetes_version(cluster: KubeCluster) -> str:
+    """The cluster's ``1.N`` from the API server's /version (the slice layout depends on it)."""
+    try:
+        version = kubernetes_minor_version(cluster.server_version())
+    except ClusterError as err:
+        raise ConfigError(
+            f"cannot read the API server's version to choose the ResourceSlice layout: {err}; "
+            "fix the API server connection or set --kubernetes-version (DRADRIVER_KUBERNETES_VERSION)"
+        ) from err
+    log.info("detected Kubernetes version=%s (override with --kubernetes-version)", version)
+    return version
+
+
+def node_uid(cluster: KubeCluster, node: str) -> str | None:
+    """The Node's UID for the slices' owner reference (so they are garbage-collected with the Node)."""
+    try:
+        uid = cluster.get_node(node).get("metadata", {}).get("uid")
+        return str(uid) if uid else None
+    except ClusterError as err:
+        log.warning("cannot read Node %s; slices get no owner reference error=%s", node, err)
+        return None

@@ -1,0 +1,106 @@
+"""Every flag of ``dradriver run``, by group (``cli/flags/``), and :class:`RunOptions`, what they say together."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from dradriver.cli.flags import (
+    claims,
+    compute_domains,
+    driver_root,
+    gpus,
+    health,
+    kube_client,
+    logs,
+    node,
+    node_dirs,
+    publishing,
+    sharing,
+    status,
+)
+from dradriver.cli.flags.claims import ClaimOptions
+from dradriver.cli.flags.compute_domains import ComputeDomainOptions
+from dradriver.cli.flags.driver_root import DriverRootOptions
+from dradriver.cli.flags.gpus import GpuOptions
+from dradriver.cli.flags.health import HealthOptions
+from dradriver.cli.flags.kube_client import KubeClientOptions
+from dradriver.cli.flags.logs import LogOptions
+from dradriver.cli.flags.node import NodeOptions
+from dradriver.cli.flags.node_dirs import NodeDirs
+from dradriver.cli.flags.publishing import PublishingOptions
+from dradriver.cli.flags.sharing import SharingOptions
+from dradriver.cli.flags.status import StatusOptions
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``run``: the node, the cluster client, the node's directories, sharing, the status server,
+    logging, then the groups with a heading of their own."""
+    node.add_flags(parser)
+    kube_client.add_flags(parser)
+    node_dirs.add_flags(parser)
+    sharing.add_flags(parser)
+    status.add_flags(parser)
+    logs.add_flags(parser)
+    gpus.add_flags(parser)
+    publishing.add_flags(parser, version_default="", publisher=True)
+    driver_root.add_flags(parser, wait=True)
+    claims.add_flags(parser)
+    health.add_flags(parser)
+    compute_domains.add_flags(parser)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """What ``run`` was told, one typed group per concern."""
+
+    logs: LogOptions
+    publishing: PublishingOptions
+    node: NodeOptions
+    sharing: SharingOptions
+    status: StatusOptions
+    dirs: NodeDirs
+    gpus: GpuOptions
+    kube: KubeClientOptions
+    health: HealthOptions
+    driver_root: DriverRootOptions
+    claims: ClaimOptions
+    compute_domains: ComputeDomainOptions
+
+    @property
+    def driver_name(self) -> str:
+        return self.publishing.driver_name
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> RunOptions:
+        """Read every group and refuse a configuration that cannot work before anything is created, bound or
+        published (a ConfigError: exit 2). Groups are read and checked one after the other, in this order, so
+        of several problems the same one is always named."""
+        publishing = PublishingOptions.from_args(args)
+        name = publishing.driver_name
+        node = NodeOptions.from_args(args)
+        node.check()
+        sharing = SharingOptions.from_args(args)
+        sharing.check()
+        status = StatusOptions.from_args(args)
+        status.check()
+        dirs = NodeDirs.from_args(args, driver_name=name)
+        dirs.check()
+        gpus = GpuOptions.from_args(args)
+        gpus.check()
+        kube = KubeClientOptions.from_args(args)
+        kube.check()
+        return cls(
+            logs=LogOptions.from_args(args),
+            publishing=publishing,
+            node=node,
+            sharing=sharing,
+            status=status,
+            dirs=dirs,
+            gpus=gpus,
+            kube=kube,
+            health=HealthOptions.from_args(args, taint_domain=name),
+            driver_root=DriverRootOptions.from_args(args),
+            claims=ClaimOptions.from_args(args),
+            compute_domains=ComputeDomainOptions.from_args(args),
+        )
