@@ -287,6 +287,7 @@ def test_a_renamed_driver_renames_it_everywhere() -> None:
     [role] = [o for o in objects if o["kind"] == "ClusterRole"]
     assert ["gpu.example.com"] in [r.get("resourceNames") for r in role["rules"]]
     classes = [o for o in objects if o["kind"] == "DeviceClass"]
+    assert len(classes) >= 2
     assert all('device.driver == "gpu.example.com"' in c["spec"]["selectors"][0]["cel"]["expression"] for c in classes)
 
 
@@ -407,7 +408,8 @@ def test_the_compute_domain_controller_serves_its_probes_and_metrics_on_its_own_
                            "metrics.serviceMonitor.enabled=true", "fullnameOverride=" + "x" * 40)  # fmt: skip
     [deployment] = [o for o in on_host if o["kind"] == "Deployment"]
     assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
-    assert all(len(o["metadata"]["name"]) <= 63 for o in on_host if o["kind"] in ("Service", "ServiceMonitor"))
+    named = [o["metadata"]["name"] for o in on_host if o["kind"] in ("Service", "ServiceMonitor")]
+    assert named and all(len(name) <= 63 for name in named), named
 
 
 def test_the_grafana_dashboard_ships_as_a_configmap_for_the_sidecar_when_asked() -> None:

@@ -132,8 +132,10 @@ def test_scenario_is_documented_and_self_contained(path: Path) -> None:
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
 def test_scenario_objects_pass_the_official_schemas(path: Path, version: str) -> None:
-    for doc in documents(path):
-        kubernetes_validate.validate(doc, version, strict=True)
+    docs = documents(path)
+    assert docs, f"{path} holds no object"
+    for doc in docs:
+        kubernetes_validate.validate(doc, version, strict=True)  # raises on the first invalid one
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])

@@ -81,8 +81,10 @@ def test_there_is_a_manifest_for_every_kind_the_quickstart_documents() -> None:
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("path", MANIFESTS, ids=[p.stem for p in MANIFESTS])
 def test_the_manifests_pass_the_official_schemas(path: Path, version: str) -> None:
-    for doc in documents(path):
-        kubernetes_validate.validate(doc, version, strict=True)
+    docs = documents(path)
+    assert docs, f"{path} holds no object"
+    for doc in docs:
+        kubernetes_validate.validate(doc, version, strict=True)  # raises on the first invalid one
 
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=[p.stem for p in MANIFESTS])

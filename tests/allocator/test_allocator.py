@@ -464,6 +464,7 @@ def test_seven_1g10gb_partitions_fit_on_one_gpu(mig_node, classes):
         slices=mig_node,
         classes=classes,
     )
+    assert len(devices(allocation)) == 7
     assert all(d.startswith("gpu-0000-07-00-0-mig-1g10gb") for d in devices(allocation))
 
 

@@ -140,7 +140,7 @@ def test_requests_of_one_claim_share_a_device_but_their_sum_must_fit(shared_gpus
     too_much = claim(request("a", memory="50Gi", selector=FREE), request("b", memory="31Gi", selector=FREE))
     report = explain_claim(too_much, slices=shared_gpus, classes=classes)
     assert not report.fits
-    assert all(r.matched == [f"gpu.dradriver.dev/node-s/{GPU2}"] for r in report.requests)
+    assert [r.matched for r in report.requests] == [[f"gpu.dradriver.dev/node-s/{GPU2}"]] * 2
     assert "capacity of a shared (allowMultipleAllocations) device" in report.summary()
 
 

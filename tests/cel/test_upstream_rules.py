@@ -81,7 +81,8 @@ def test_conditional_branches_of_unrelated_types_do_not_type_check(expression):
     ],
 )
 def test_conditional_branches_that_agree_or_involve_dyn_type_check(expression):
-    compile_selector(f"({expression}) == dyn(1) || true")
+    selector = compile_selector(f"({expression}) == dyn(1) || true")  # type-checked here: no CelCompileError
+    assert selector.matches({"name": "x", "attributes": {}, "capacity": {}}, driver="d", memoize=False) is True
 
 
 @pytest.mark.parametrize(

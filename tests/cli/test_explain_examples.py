@@ -50,8 +50,10 @@ def test_example_fits_its_profile(path, capsys):
     "path", EXAMPLES + MANIFESTS + FIXTURE_SLICES, ids=[p.name for p in EXAMPLES + MANIFESTS + FIXTURE_SLICES]
 )
 def test_object_is_valid_for_kubernetes_1_37(path):
-    for doc in yaml.safe_load_all(path.read_text()):
-        kubernetes_validate.validate(doc, "1.37.0", strict=True)
+    docs = list(yaml.safe_load_all(path.read_text()))
+    assert docs, f"{path} holds no object"
+    for doc in docs:
+        kubernetes_validate.validate(doc, "1.37.0", strict=True)  # raises on the first invalid one
 
 
 SCENARIOS = sorted((ROOT / "examples/scenarios").glob("*.yaml"))

@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.written_paths import outside, recorded_writes
@@ -195,13 +196,20 @@ def test_any_device_health_file_is_read_or_ignored_never_a_crash(doc: Any, raw: 
         shutil.rmtree(root, ignore_errors=True)
 
 
-def test_a_health_file_nested_deeper_than_json_goes_is_ignored(tmp_path: Path) -> None:
+def test_a_health_file_nested_deeper_than_json_goes_is_ignored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from dradriver.driver.observe.health import GpuHealth
+    from dradriver.plugin.handler import HealthStatus
 
     path = tmp_path / "health.json"
     path.write_text("[" * 100_000 + "]" * 100_000)
     _sim, inventory = _node()
-    GpuHealth(inventory=inventory, mig_mode=MigMode.DYNAMIC, pool="node-a", state_path=path)
+    health = GpuHealth(inventory=inventory, mig_mode=MigMode.DYNAMIC, pool="node-a", state_path=path)
+    assert "ignoring unreadable device health file" in caplog.text
+    # Health starts clean: every device healthy, as with no file.
+    devices = inventory.devices(MigMode.DYNAMIC)
+    assert {health.status(d.name) for d in devices} == {(HealthStatus.HEALTHY, "")}
 
 
 @st.composite

@@ -93,7 +93,7 @@ def test_mig_partitions_carry_one_memory_slice_capacity_per_slice_of_their_place
         f"memorySlice{i}": {"value": "1"} for i in range(4, 8)
     }
     static = [d for d in devices_of(slices_for("mixed", MigMode.STATIC)) if d["attributes"]["type"]["string"] == "mig"]
-    assert all(any(k.startswith("memorySlice") for k in d["capacity"]) for d in static)
+    assert len(static) == 3 and all(any(k.startswith("memorySlice") for k in d["capacity"]) for d in static)
 
 
 def test_the_addressing_mode_is_published_where_nvml_reports_one():
@@ -339,7 +339,7 @@ def test_list_attributes_publish_the_numa_node_as_a_list_within_64_devices_a_sli
             kubernetes_validate.validate(obj, version, strict=True)
     assert validate_pool(slices) == []
     devices = devices_of(slices)
-    assert all(d["attributes"]["resource.kubernetes.io/numaNode"]["ints"] for d in devices)
+    assert devices and all(d["attributes"]["resource.kubernetes.io/numaNode"]["ints"] for d in devices)
     assert all(len(s["spec"].get("devices", [])) <= 64 for s in slices)
     # A selector written for the list form (NVIDIA's with DRAListTypeAttributes) selects through our CEL.
     claim = {

@@ -65,7 +65,7 @@ def test_get_resource_claim_returns_the_json_form_with_the_bearer_token_sent(api
     claim = api.cluster.get_resource_claim("ns", "claim-1")
     assert claim["metadata"]["uid"] == created["metadata"]["uid"]
     assert claim["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] == "gpu.dradriver.dev"
-    assert all(r.authorized for r in api.server.requests)
+    assert api.server.requests and all(r.authorized for r in api.server.requests)
 
 
 def test_a_missing_claim_raises_not_found_naming_it(api: ApiEnv) -> None:
