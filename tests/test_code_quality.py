@@ -5,10 +5,13 @@ size limits of functions and constructors."""
 from __future__ import annotations
 
 import ast
+import io
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tokenize
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -235,3 +238,55 @@ def test_the_size_checks_find_what_is_over_the_limits(tmp_path: Path) -> None:
     over = lines.index("    def over_the_limit(self):") + 1
     assert long_functions(tree) == [f"package/module.py:{over} Holder.over_the_limit: {limit + 1} lines"]
     assert crowded_constructors(tree) == [f"package/module.py:{lines.index(crowded) + 1} Holder.__init__: 9 parameters"]
+
+
+TEST_TREES = ["tests", "e2e", "benchmarks"]
+BROAD = {"Exception", "BaseException"}
+
+
+def broad_raises(tree: Path) -> list[str]:
+    """``pytest.raises`` of ``Exception`` or ``BaseException`` under ``tree``, with or without ``match=``, and lines
+    that switch off ruff's checks of broad raises (B017, PT011): such a test passes on any failure, the one it
+    means or another."""
+    found = []
+    for path in sorted(tree.rglob("*.py")):
+        where = path.relative_to(tree.parent)
+        text = path.read_text()
+        for node in ast.walk(ast.parse(text, str(path))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "raises"
+                and node.args
+                and ast.unparse(node.args[0]) in BROAD
+            ):
+                found.append(f"{where}:{node.lineno} pytest.raises({ast.unparse(node.args[0])})")
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type == tokenize.COMMENT and re.search(r"noqa:[\w\s,]*\b(B017|PT011)\b", token.string):
+                found.append(f"{where}:{token.start[0]} noqa of a broad raises")
+    return found
+
+
+def test_no_test_passes_on_any_exception() -> None:
+    found = [f for tree in TEST_TREES for f in broad_raises(ROOT / tree)]
+    assert not found, "raise the specific type, with match= naming the failure meant:\n" + "\n".join(found)
+
+
+def test_the_broad_raises_check_finds_them(tmp_path: Path) -> None:
+    tree = tmp_path / "tests"
+    tree.mkdir()
+    (tree / "test_x.py").write_text(
+        "import pytest\n\n\n"
+        "def test_a():\n"
+        "    with pytest.raises(Exception, match='x'):\n"
+        "        pass\n"
+        "    with pytest.raises(ValueError, match='y'):\n"
+        "        pass\n"
+        "    with pytest.raises(BaseException):  # noqa: B017\n"
+        "        pass\n"
+    )
+    assert broad_raises(tree) == [
+        "tests/test_x.py:5 pytest.raises(Exception)",
+        "tests/test_x.py:9 pytest.raises(BaseException)",
+        "tests/test_x.py:9 noqa of a broad raises",
+    ]

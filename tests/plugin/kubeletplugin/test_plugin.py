@@ -207,7 +207,7 @@ def test_unknown_methods_get_unimplemented(plugin: KubeletPlugin) -> None:
                 request_serializer=lambda _: b"",
                 response_deserializer=lambda b: b,
             )
-            with pytest.raises(grpc.RpcError) as err:
+            with pytest.raises(grpc.RpcError, match="UNIMPLEMENTED") as err:
                 call(None, timeout=TIMEOUT)
             assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
