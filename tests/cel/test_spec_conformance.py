@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -191,3 +192,17 @@ def test_skipped_cases_are_accounted_for() -> None:
         "format() case for the strings extension's version 4; Kubernetes runs version 2's formatter",
     }
     assert len(RUNNABLE) >= 1000
+
+
+def test_the_counts_quoted_in_the_docs_are_this_suites() -> None:
+    """docs/explain.md ("Conformance") quotes how many cases there are, how many run and why the others do not:
+    checked here, so that the page stays true as cases are added."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "explain.md").read_text()
+    section = text.split("### Conformance", 1)[1].split("\n#", 1)[0]
+    reasons = Counter(skip_reason(c[3], c[5], c[2]) for c in CASES)
+    run = reasons.pop(None)
+    assert f"holds {len(CASES):,} cases" in section
+    assert f"**{run:,} run and all pass (100%)**" in section
+    assert f"{sum(reasons.values()):,} are not run" in section
+    table = [int(n.replace(",", "")) for n in re.findall(r"^\|[^|]+\|\s*([\d,]+)\s*\|", section, re.M)]
+    assert sorted(table) == sorted(reasons.values())
