@@ -43,7 +43,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    LogOptions.from_args(args).configure()
+    LogOptions.from_args(args).configure()  # first: whatever follows may log
     return DriverProcess(RunOptions.from_args(args)).serve()
 
 

@@ -25,7 +25,6 @@ from dradriver.cli.flags.driver_root import DriverRootOptions
 from dradriver.cli.flags.gpus import GpuOptions
 from dradriver.cli.flags.health import HealthOptions
 from dradriver.cli.flags.kube_client import KubeClientOptions
-from dradriver.cli.flags.logs import LogOptions
 from dradriver.cli.flags.node import NodeOptions
 from dradriver.cli.flags.node_dirs import NodeDirs
 from dradriver.cli.flags.publishing import PublishingOptions
@@ -52,9 +51,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class RunOptions:
-    """What ``run`` was told, one typed group per concern."""
+    """What ``run`` was told, one typed group per concern (logging aside: it is set up before any is read)."""
 
-    logs: LogOptions
     publishing: PublishingOptions
     node: NodeOptions
     sharing: SharingOptions
@@ -91,7 +89,6 @@ class RunOptions:
         kube = KubeClientOptions.from_args(args)
         kube.check()
         return cls(
-            logs=LogOptions.from_args(args),
             publishing=publishing,
             node=node,
             sharing=sharing,
