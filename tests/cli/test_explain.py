@@ -628,3 +628,41 @@ def test_an_api_version_the_server_does_not_serve_names_those_it_does(tmp_path, 
             "resource.k8s.io/v1beta2, resource.k8s.io/v1beta1 (field apiVersion)"
         )
     )
+
+
+def test_a_claim_that_fits_only_under_another_node_setting_says_which_flag_and_chart_value(tmp_path, capsys):
+    # MIG devices of a profile no GPU is carved into today: they exist only with dynamic MIG, not the chart's static.
+    path = write_claim(tmp_path, cls="mig-2g.20gb.dradriver.dev")
+    code = main(["explain", path, "--sim-profile", "dgx-a100-80gb", "-o", "json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert data["claims"][0]["wouldFitWith"] == ["--mig-mode dynamic (chart value gpu.migMode: dynamic)"]
+    assert data["assumptions"][1] == (
+        "simulated node dgx-a100-80gb as the chart's defaults unless set: --mig-mode static (gpu.migMode), "
+        "--gpu-sharing exclusive (gpu.sharing), --kubernetes-version 1.35 (kubernetesVersion)"
+    )
+    assert main(["explain", path, "--sim-profile", "dgx-a100-80gb", "--mig-mode", "dynamic"]) == 0
+    assert "would fit with" not in capsys.readouterr().out
+
+
+def test_a_claim_no_setting_makes_fit_gets_no_would_fit_line(tmp_path, capsys):
+    path = write_claim(tmp_path, count=9)  # eight GPUs on the node, whatever its settings
+    assert main(["explain", path, "--sim-profile", "dgx-a100-80gb"]) == 1
+    assert "would fit with" not in capsys.readouterr().out
+
+
+def test_slices_made_for_an_older_release_are_read_under_its_rules(tmp_path, capsys):
+    assert main(["inventory", "--gpu-backend", "sim", "--sim-profile", "mixed", "--mig-mode", "dynamic",
+                 "--kubernetes-version", "1.34", "-o", "slices"]) == 0  # fmt: skip
+    path = tmp_path / "slices-1.34.yaml"
+    path.write_text(capsys.readouterr().out)
+    claim = write_claim(tmp_path, cls="mig.dradriver.dev")
+    assert main(["explain", claim, "--slices", str(path)]) == 2
+    assert "add --kubernetes-version 1.34" in capsys.readouterr().err
+    assert main(["explain", claim, "--slices", str(path), "--kubernetes-version", "1.34"]) == 0
+
+
+def test_a_node_setting_the_release_cannot_take_is_refused_as_run_refuses_it(tmp_path, capsys):
+    args = ["--sim-profile", "mixed", "--mig-mode", "dynamic", "--kubernetes-version", "1.32"]
+    assert main(["explain", write_claim(tmp_path), *args]) == 2
+    assert "--mig-mode dynamic needs shared counters" in capsys.readouterr().err

@@ -14,8 +14,8 @@ import pytest
 import yaml
 from support.apiserver import FakeApiServer
 
-from dradriver.cli.explain import slices_from_sim_profile
 from dradriver.cli.explain_cluster import KubernetesReader
+from dradriver.cli.explain_node import NodeSettings
 from dradriver.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,7 +26,7 @@ NS = "ml"
 @functools.cache
 def _sim_slices(profile: str) -> tuple[dict[str, Any], ...]:
     # Building a simulated node takes ~0.5 s; every test reuses (copies of) the same slices.
-    return tuple(slices_from_sim_profile(profile, "none"))
+    return tuple(NodeSettings(mig_mode="none").slices(profile, "gpu.dradriver.dev"))
 
 
 def node_slices(profile: str, node: str) -> list[dict[str, Any]]:

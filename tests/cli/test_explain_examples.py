@@ -57,18 +57,17 @@ def test_object_is_valid_for_kubernetes_1_37(path):
 
 
 SCENARIOS = sorted((ROOT / "examples/scenarios").glob("*.yaml"))
-# 10 needs a second driver's DeviceClass and slices; 11 asks for GPUs by extended resource only (no claim);
-# 15 needs slices of a node run with --gpu-sharing consumable, which --sim-profile does not build.
-EXPLAINABLE = [p for p in SCENARIOS if not p.name.startswith(("10-", "11-", "15-"))]
+# 10 needs a second driver's DeviceClass and slices; 11 asks for GPUs by extended resource only (no claim).
+EXPLAINABLE = [p for p in SCENARIOS if not p.name.startswith(("10-", "11-"))]
 
 
 @pytest.mark.parametrize("path", EXPLAINABLE, ids=[p.stem for p in EXPLAINABLE])
 def test_scenario_with_its_workload_is_explained_on_its_node(path, capsys):
     """Pods, Deployments and the like beside the claims are skipped with a note, not counted as bad input."""
-    node = re.search(r"^# Node: (\S+)(?: --mig-mode (\S+))?", path.read_text(), re.M)
+    node = re.search(r"^# Node: (\S+)(?: --mig-mode (\S+))?(.*)$", path.read_text(), re.M)
     assert node, path.name
     args = ["explain", str(path), "--sim-profile", node.group(1), "--classes", str(ROOT / "manifests/deviceclasses")]
-    code = main([*args, "--mig-mode", node.group(2) or "none"])
+    code = main([*args, "--mig-mode", node.group(2) or "none", *node.group(3).split()])
     captured = capsys.readouterr()
     assert code == 0, captured.out + captured.err
     assert "error:" not in captured.err

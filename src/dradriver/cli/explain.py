@@ -19,7 +19,8 @@ from typing import Any
 
 from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.cel import CelCompileError, CelEvaluationError, compile_selector
-from dradriver.cli.explain_input import Inputs, chart_classes, check_claim, check_class, load
+from dradriver.cli.explain_input import Document, Inputs, chart_classes, check_claim, check_class, load
+from dradriver.cli.explain_node import NodeSettings
 from dradriver.cli.explain_outcome import (
     EXIT_DOES_NOT_FIT,
     EXIT_FITS,
@@ -29,9 +30,10 @@ from dradriver.cli.explain_outcome import (
     outcome_dict,
     render_outcome,
 )
+from dradriver.cli.flags.gpus import MIG_MODE
+from dradriver.cli.flags.publishing import KUBERNETES_VERSION
+from dradriver.cli.flags.sharing import CONSUMABLE_SHARES, GPU_SHARING
 from dradriver.cli.options import add_env_option, add_output_option
-from dradriver.computedomain import api as cd_api
-from dradriver.computedomain.node import slice_devices
 from dradriver.errors import ConfigError
 from dradriver.validation import MAX_CEL_LENGTH
 
@@ -80,13 +82,16 @@ def _add_device_options(parser: argparse.ArgumentParser) -> None:
         "--slices", action="append", default=[], metavar="FILE|DIR", help="ResourceSlices to allocate from"
     )
     source.add_argument("--sim-profile", metavar="NAME", help="build ResourceSlices from a simulated node")
-    add_env_option(
-        parser,
-        "--mig-mode",
-        env="DRADRIVER_MIG_MODE",
-        default="dynamic",
-        choices=("none", "static", "dynamic"),
-        help="with --sim-profile: how MIG is published",
+    node = parser.add_argument_group(
+        "the simulated node's settings (with --sim-profile; the defaults are the Helm chart's)"
+    )
+    MIG_MODE.add(node, help="how MIG is published (chart value gpu.migMode)")
+    GPU_SHARING.add(node, help="whole GPUs for one claim each, or as consumable capacity (chart value gpu.sharing)")
+    CONSUMABLE_SHARES.add(node, help="NVIDIA's consumable shares (chart value gpu.consumableShares)")
+    KUBERNETES_VERSION.add(
+        node,
+        help="the cluster's Kubernetes minor version: the ResourceSlice rules --slices are checked by (up to 1.34 a "
+        "MIG device's counter sets may sit in its own slice) and the shape --sim-profile builds",
     )
     parser.add_argument(
         "--allocated",
@@ -123,26 +128,6 @@ def _add_pod_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context", help="with --pod: kubeconfig context")
 
 
-def slices_from_sim_profile(profile: str, mig_mode: str, driver: str = DEFAULT_DRIVER_NAME) -> list[dict[str, Any]]:
-    """The ResourceSlices a simulated node of ``profile`` publishes, built by the driver's own slice builder.
-
-    The node (and pool) is named after the profile, so explanations read "fits on node dgx-a100-80gb"."""
-    from dradriver.computedomain.fabric import clique_id
-    from dradriver.driver.publish.slices import SliceSettings, as_resource_slices, build_slice_specs
-    from dradriver.gpu.backend import open_gpu_backend, sim_profile_name
-    from dradriver.gpu.inventory import MigMode, discover
-
-    node = sim_profile_name(profile)
-    gpulib, _ = open_gpu_backend("sim", sim_profile=profile, node_name=node)
-    try:
-        inventory = discover(gpulib)
-        clique = clique_id(gpulib)
-    finally:
-        gpulib.close()
-    specs = build_slice_specs(inventory, SliceSettings(driver=driver, mig_mode=MigMode(mig_mode)))
-    return as_resource_slices(specs, node_name=node, driver=driver) + compute_domain_slices(clique, node)
-
-
 def _driver_name(args: argparse.Namespace) -> str:
     from dradriver.driver.prepare.presets import PRESETS
 
@@ -171,57 +156,29 @@ def _builtin_class_names(args: argparse.Namespace) -> str:
     )
 
 
-def compute_domain_slices(clique: str, node: str) -> list[dict[str, Any]]:
-    """A node in a multi-node NVLink clique also publishes the ComputeDomain driver's channel and daemon."""
-    if not clique:
-        return []
-    return [
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceSlice",
-            "metadata": {"name": f"{node}-{cd_api.DRIVER_NAME}"},
-            "spec": {
-                "driver": cd_api.DRIVER_NAME,
-                "nodeName": node,
-                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                "devices": slice_devices(clique),
-            },
-        }
-    ]
-
-
 def run(args: argparse.Namespace) -> int:
     if args.pod:
         from dradriver.cli.explain_cluster import explain_pod
 
         return explain_pod(args)
-    inputs = Inputs()
-    load(args.claims, inputs)
-    if args.classes:
-        load(args.classes, inputs, want=("DeviceClass",))
-    if args.slices:
-        load(args.slices, inputs, want=("ResourceSlice",))
-    allocated_inputs = Inputs()
-    if args.allocated:
-        load(args.allocated, allocated_inputs, want=("ResourceClaim",))
-    inputs.errors += allocated_inputs.errors
-    inputs.skipped += allocated_inputs.skipped
+    settings = _node_settings(args)
+    inputs, allocated_inputs = _load_inputs(args, settings)
     slices = [d.obj for d in inputs.of_kind("ResourceSlice")]
     if args.sim_profile:
-        slices += slices_from_sim_profile(args.sim_profile, args.mig_mode, _driver_name(args))
+        slices += settings.slices(args.sim_profile, _driver_name(args))
     if args.selector is not None:
         return explain_selector(args, slices, inputs)
     if not args.claims:
         raise ConfigError("give CLAIM.yaml files, --selector EXPR or --pod NS/NAME")
     if not slices:
         if inputs.errors:  # the slices given could not be read: say why rather than that there are none
-            render([], inputs, args.output, builtin_classes=None)
+            render([], inputs, args.output, assumptions=[])
             return EXIT_INVALID
         raise ConfigError("no ResourceSlices to allocate from: pass --slices FILE|DIR or --sim-profile NAME")
     class_docs = inputs.of_kind("DeviceClass")
     if args.classes and not class_docs and not inputs.errors:
         raise ConfigError("no DeviceClass found in " + ", ".join(args.classes))
-    # dradriver's own classes stand in only when no --classes was given at all.
+    # The chart's classes stand in only when no --classes was given at all.
     classes = [d.obj for d in class_docs] or ([] if args.classes else _builtin_classes(args))
     for doc in class_docs:
         inputs.errors += check_class(doc)
@@ -233,14 +190,73 @@ def run(args: argparse.Namespace) -> int:
         if problems:
             inputs.errors += problems
             continue
-        outcomes.append(explain_document(doc, slices=slices, classes=classes, allocated=allocated, node=args.node))
-    used_builtin = not class_docs and not args.classes
-    render(outcomes, inputs, args.output, builtin_classes=_builtin_class_names(args) if used_builtin else None)
+        outcome = explain_document(doc, slices=slices, classes=classes, allocated=allocated, node=args.node)
+        if args.sim_profile and not outcome.fits:
+            outcome.would_fit_with = _would_fit_with(args, settings, doc, classes, allocated)
+        outcomes.append(outcome)
+    render(outcomes, inputs, args.output, assumptions=_assumptions(args, settings, used_builtin=not args.classes))
     if inputs.errors:
         return EXIT_INVALID
     if not outcomes:
         raise ConfigError("no ResourceClaim or ResourceClaimTemplate found in " + ", ".join(args.claims))
     return EXIT_FITS if all(o.fits for o in outcomes) else EXIT_DOES_NOT_FIT
+
+
+def _node_settings(args: argparse.Namespace) -> NodeSettings:
+    """The simulated node's settings, refused as ``run`` refuses them (a share count the slices cannot carry, a
+    setting the release does not have)."""
+    from dradriver.driver.publish.slices import check_consumable_shares
+
+    settings = NodeSettings.from_args(args)
+    if settings.consumable_shares:
+        check_consumable_shares(settings.consumable_shares)
+    problem = settings.release_problem() if args.sim_profile else None
+    if problem:
+        raise ConfigError(problem)
+    return settings
+
+
+def _load_inputs(args: argparse.Namespace, settings: NodeSettings) -> tuple[Inputs, Inputs]:
+    """The claims, classes and slices given (slices checked by the rules of --kubernetes-version), and the claims
+    already allocated."""
+    from dradriver.driver.publish.slices import shape_for
+
+    inputs = Inputs(slice_shape=shape_for(settings.kubernetes_version))
+    load(args.claims, inputs)
+    if args.classes:
+        load(args.classes, inputs, want=("DeviceClass",))
+    if args.slices:
+        load(args.slices, inputs, want=("ResourceSlice",))
+    allocated_inputs = Inputs()
+    if args.allocated:
+        load(args.allocated, allocated_inputs, want=("ResourceClaim",))
+    inputs.errors += allocated_inputs.errors
+    inputs.skipped += allocated_inputs.skipped
+    return inputs, allocated_inputs
+
+
+def _would_fit_with(
+    args: argparse.Namespace,
+    settings: NodeSettings,
+    doc: Document,
+    classes: list[dict[str, Any]],
+    allocated: list[dict[str, Any]],
+) -> list[str]:
+    """The other settings of the simulated node, one change at a time, under which the claim would fit."""
+    found = []
+    for other, how in settings.alternatives():
+        slices = other.slices(args.sim_profile, _driver_name(args))
+        if explain_document(doc, slices=slices, classes=classes, allocated=allocated, node=args.node).fits:
+            found.append(how)
+    return found
+
+
+def _assumptions(args: argparse.Namespace, settings: NodeSettings, *, used_builtin: bool) -> list[str]:
+    """What explain assumed that the input did not say: the DeviceClasses, the simulated node's settings."""
+    lines = [f"no --classes given: using {_builtin_class_names(args)}"] if used_builtin else []
+    if args.sim_profile:
+        lines.append(f"simulated node {args.sim_profile} as the chart's defaults unless set: {settings.describe()}")
+    return lines
 
 
 def print_problems(inputs: Inputs) -> None:
@@ -250,16 +266,18 @@ def print_problems(inputs: Inputs) -> None:
         print(f"error: {error}", file=sys.stderr)
 
 
-def render(outcomes: list[ClaimOutcome], inputs: Inputs, output: str, *, builtin_classes: str | None) -> None:
-    """Print the outcomes; ``builtin_classes`` names the default DeviceClasses used, if they were."""
+def render(outcomes: list[ClaimOutcome], inputs: Inputs, output: str, *, assumptions: list[str]) -> None:
+    """Print the outcomes, after what was assumed (each assumption a line in parentheses; ``assumptions`` in JSON)."""
     if output == "json":
         claims = [outcome_dict(o) for o in outcomes]
-        json.dump({"errors": inputs.errors, "skipped": inputs.skipped, "claims": claims}, sys.stdout, indent=2)
+        document = {"errors": inputs.errors, "skipped": inputs.skipped, "assumptions": assumptions, "claims": claims}
+        json.dump(document, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return
     print_problems(inputs)
-    if builtin_classes and outcomes:
-        print(f"(no --classes given: using {builtin_classes})")
+    if outcomes:
+        for line in assumptions:
+            print(f"({line})")
     for outcome in outcomes:
         print(render_outcome(outcome))
 

@@ -18,7 +18,7 @@ from dradriver.inputs import InputError, load_yaml_file, parse_yaml, path_exists
 from dradriver.plugin.cluster.resource_versions import VERSIONS, object_from
 from dradriver.validation import default_namespace, validate_claim, validate_class, validate_slice_fields
 from dradriver.validation.fields import unknown_fields
-from dradriver.validation.slices import validate_slice
+from dradriver.validation.slices import Problem, SliceShape, validate_slice
 
 KINDS = ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass", "ResourceSlice")
 DRA_GROUP = "resource.k8s.io"
@@ -68,6 +68,8 @@ class Inputs:
     errors: list[str] = field(default_factory=list)
     # Well-formed objects explain has no use for (the Pod or Deployment beside a claim): one note each.
     skipped: list[str] = field(default_factory=list)
+    #: Whose rules ResourceSlices are checked by (``--kubernetes-version``).
+    slice_shape: SliceShape = SliceShape.V1_35
 
     def of_kind(self, *kinds: str) -> list[Document]:
         return [d for d in self.documents if d.kind in kinds]
@@ -165,7 +167,7 @@ def _add(doc: Any, source: str, inputs: Inputs, want: tuple[str, ...]) -> None:
     if not unknown and version != "v1":
         # As the API server stores it: converted to v1, which the checks and the allocator read.
         doc, source = object_from(version, doc), f"{source} (read as {DRA_GROUP}/v1)"
-    problems = unknown or _problems(doc, kind)
+    problems = unknown or _problems(doc, kind, inputs.slice_shape)
     if problems:
         inputs.errors += [f"{source}: {problem}" for problem in problems]
         return
@@ -182,7 +184,7 @@ def _not_read(doc: dict[str, Any]) -> bool:
     return api.split("/")[0] != DRA_GROUP or kind in DRA_KINDS_NOT_READ
 
 
-def _problems(doc: dict[str, Any], kind: str) -> list[str]:
+def _problems(doc: dict[str, Any], kind: str, shape: SliceShape) -> list[str]:
     """What the API server would refuse in ``doc``, each ``field.path: problem``."""
     if kind in ("ResourceClaim", "ResourceClaimTemplate"):
         default_namespace(doc)
@@ -193,7 +195,15 @@ def _problems(doc: dict[str, Any], kind: str) -> list[str]:
     problems = validate_slice_fields(doc)
     if problems:
         return problems
-    return [f"{p.field}{f' (device {p.device})' if p.device else ''}: {p.message}" for p in validate_slice(doc)]
+    return [_slice_problem(p, shape) for p in validate_slice(doc, shape=shape)]
+
+
+def _slice_problem(problem: Problem, shape: SliceShape) -> str:
+    text = f"{problem.field}{f' (device {problem.device})' if problem.device else ''}: {problem.message}"
+    if problem.rule == "devices-or-counters" and shape is SliceShape.V1_35:
+        # The driver's own slices for 1.34 and older keep a MIG device's counters beside it: say how to read them.
+        text += " (slices made for Kubernetes 1.34 or older keep them together: add --kubernetes-version 1.34)"
+    return text
 
 
 def _allocation_problems(doc: dict[str, Any]) -> list[str]:

@@ -26,6 +26,8 @@ class ClaimOutcome:
     report: ClaimReport | None = None
     other_nodes: dict[str, str] = field(default_factory=dict)  # node → one-line verdict
     error: str | None = None
+    #: For a claim that does not fit on a simulated node: the other settings of the node under which it would.
+    would_fit_with: list[str] = field(default_factory=list)
 
     @property
     def fits(self) -> bool:
@@ -104,6 +106,7 @@ def outcome_dict(outcome: ClaimOutcome) -> dict[str, Any]:
         "error": outcome.error,
         "report": outcome.report.to_dict() if outcome.report else None,
         "otherNodes": outcome.other_nodes,
+        "wouldFitWith": outcome.would_fit_with,
     }
 
 
@@ -137,6 +140,7 @@ def render_outcome(outcome: ClaimOutcome) -> str:
             lines.append(f"    allocated: {_devices(request.allocated)}")
         lines += [f"    why: {hint}" for hint in request.hints if not report.fits or "fail" in hint]
     lines += [f"  why: {line}" for line in report.explanation]
+    lines += [f"  would fit with: {how}" for how in outcome.would_fit_with]
     if report.allocation:
         text = yaml.safe_dump({"allocation": report.allocation}, sort_keys=False).rstrip()
         lines += ["  status:"] + [f"    {line}" for line in text.splitlines()]

@@ -18,7 +18,14 @@ from dradriver.cli.flags.publishing import apply_compat
 from dradriver.driver.observe.health import GpuHealth, HealthPolicy
 from dradriver.driver.publish import slice_map
 from dradriver.driver.publish.slice_map import InstanceCell, owners_from_checkpoint
-from dradriver.driver.publish.slices import SliceSettings, as_resource_slices, build_slice_specs, shape_for
+from dradriver.driver.publish.slices import (
+    SliceSettings,
+    as_resource_slices,
+    build_slice_specs,
+    release_problem,
+    shape_for,
+)
+from dradriver.errors import ConfigError
 from dradriver.gpu.backend import open_gpu_backend
 from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode, MigPartition, discover
 from dradriver.gpu.models import MigProfile
@@ -68,6 +75,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(render_slice_maps(inventory, owners_from_checkpoint(_state_dir(args, plugin_dir))))
     elif args.output == "slices":
         settings = SliceSettings(driver=args.driver_name, mig_mode=mode, shape=shape_for(args.kubernetes_version))
+        problem = release_problem(args.kubernetes_version, settings)
+        if problem:  # what `run` refuses on that release: never print slices its API server would not take
+            raise ConfigError(problem)
         slices = as_resource_slices(
             build_slice_specs(inventory, settings, taints=health.taints),
             node_name=args.node_name,
