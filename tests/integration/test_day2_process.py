@@ -119,3 +119,71 @@ def test_top_refuses_an_address_that_is_not_host_and_port(address: str, capsys: 
     assert main(["top", "--address", address, "--once"]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert f"--address {address!r} is not HOST:PORT" in line
+
+
+def _sim(root: Path, profile: str, *args: str) -> None:
+    command = ["sim", "--sim-profile", profile, "--node-name", NODE, "--sim-state", str(root / "sim.json"), *args]
+    assert main(command) == 0
+
+
+def test_top_lists_every_mig_device_with_its_holder_and_the_lost_and_unhealthy_gpus(
+    root: Path, api: FakeApiServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The mixed profile: GPU 0 is split into three MIG devices (one held, two free); an XID makes GPU 1
+    unhealthy and GPU 2 falls off the bus. top shows each, from an --address given as a URL."""
+    driver = DriverProcess(
+        root,
+        api.write_kubeconfig(root / "kubeconfig"),
+        "--mig-mode",
+        "static",
+        "--rescan-interval",
+        "0",
+        profile="mixed",
+    )
+    try:
+        driver.wait_ready()
+        held = "gpu-0000-07-00-0-mig-1g5gb-6"
+        assert eventually(lambda: held in published(api)), driver.log
+        claim = allocated_claim(api, "inference", [held], pods={"inference-0": "pod-uid-1"})
+        with KubeletClient(root / "registry").register() as plugin:
+            assert plugin.prepare([claim])[claim.uid].error == ""
+        _sim(root, "mixed", "xid", "0000:0f:00.0", "62")
+        _sim(root, "mixed", "lose", "0000:47:00.0")
+        port = _status_port(driver)
+
+        def document() -> dict:
+            return json.loads(_get(port, "/allocations")[1])
+
+        assert eventually(lambda: [g["name"] for g in document()["lostGpus"]] == ["gpu-0000-47-00-0"]), driver.log
+        assert eventually(
+            lambda: {g["name"]: g for g in document()["gpus"]}["gpu-0000-0f-00-0"]["health"]["status"] == "UNHEALTHY"
+        ), driver.log
+        gpus = {g["name"]: g for g in document()["gpus"]}
+        assert gpus["gpu-0000-07-00-0"]["migEnabled"] is True
+        assert [d["profile"] for d in gpus["gpu-0000-07-00-0"]["migDevices"]] == ["3g.20gb", "2g.10gb", "1g.5gb"]
+        assert gpus["gpu-0000-0f-00-0"]["health"]["taints"][0]["value"] == "62"
+
+        capsys.readouterr()
+        assert main(["top", "--address", f"http://127.0.0.1:{port}/", "--once"]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        [holder] = [line for line in lines if "default/inference-0" in line]
+        assert "└ mig-1g5gb-6" in holder and "1g.5gb" in holder and "inference" in holder
+        free = [line for line in lines if "└ mig-" in line and " free " in f"{line} "]
+        assert len(free) == 2 and "3g.20gb" in free[0] and "2g.10gb" in free[1]
+        [gpu0] = [line for line in lines if line.startswith("gpu-0000-07-00-0")]
+        assert " MIG " in gpu0 and " ok " in f"{gpu0} "
+        [gpu1] = [line for line in lines if line.startswith("gpu-0000-0f-00-0")]
+        assert "XID 62" in gpu1
+        [lost] = [line for line in lines if line.startswith("gpu-0000-47-00-0")]
+        assert lost.split()[1] == "lost"
+        assert "node node-a: 1 allocated, 1 lost, 1 unhealthy" in lines
+        assert any(line.startswith("lost: gpu-0000-47-00-0: ") for line in lines)
+        assert any(line.startswith("unhealthy: gpu-0000-0f-00-0: ") and "XID 62" in line for line in lines)
+
+        # The JSON output is the document: today's fields, and the new ones.
+        assert main(["top", "--address", f"127.0.0.1:{port}", "-o", "json"]) == 0
+        answered = json.loads(capsys.readouterr().out)
+        assert {"node", "gpus", "allocations", "usage", "lostGpus", "migMode"} <= set(answered)
+        assert {"name", "uuid", "productName", "index"} <= set(answered["gpus"][0])
+    finally:
+        driver.stop(signal.SIGKILL)

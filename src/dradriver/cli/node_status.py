@@ -13,6 +13,8 @@ import grpc
 from dradriver.cli.flags.status import StatusOptions
 from dradriver.cli.run_assembly import NodeDriver
 from dradriver.cli.status_server import StatusServer
+from dradriver.driver.observe.health import GpuHealth
+from dradriver.gpu.inventory import GpuDevice, Inventory, LostGpu
 
 
 class NodeStatus:
@@ -80,19 +82,63 @@ class NodeStatus:
         }
 
     def allocations(self) -> dict[str, Any]:
-        """/allocations: this node's GPUs, which pod holds which device and, when sampled, how busy each device is
-        (``dradriver top`` reads it); empty, with what start-up waits for, until the driver serves."""
+        """/allocations: this node's GPUs with their health and MIG devices, the GPUs it lost, which pod holds which
+        device and, when sampled, how busy each device is (``dradriver top`` reads it); empty, with what start-up
+        waits for, until the driver serves."""
         node = self._serving()
         if node is None:
-            return {"node": self.node_name, "waitingFor": self.waiting_for, "gpus": [], "allocations": [], "usage": []}
-        gpus = [
-            {"name": g.name, "uuid": g.uuid, "productName": g.info.product_name, "index": g.info.index}
-            for g in node.gpus.inventory.gpus
-        ]
+            return {
+                "node": self.node_name,
+                "waitingFor": self.waiting_for,
+                "gpus": [],
+                "lostGpus": [],
+                "allocations": [],
+                "usage": [],
+            }
+        inventory = node.gpus.inventory
         held = [a.to_json() for a in node.allocations()]
         sample = node.usage.latest if node.usage is not None else None
         usage = sample.to_json() if sample is not None else []
-        return {"node": self.node_name, "gpus": gpus, "allocations": held, "usage": usage}
+        return {
+            "node": self.node_name,
+            "migMode": node.settings.mig_mode.value,
+            "gpus": [gpu_entry(g, inventory, node.health) for g in inventory.gpus],
+            "lostGpus": [lost_entry(g, node.health) for g in node.health.lost_gpus(inventory)],
+            "allocations": held,
+            "usage": usage,
+        }
+
+
+def gpu_entry(gpu: GpuDevice, inventory: Inventory, health: GpuHealth) -> dict[str, Any]:
+    """One GPU of /allocations: who it is, its health, whether MIG is on and every MIG device that exists on it."""
+    return {
+        "name": gpu.name,
+        "uuid": gpu.uuid,
+        "productName": gpu.info.product_name,
+        "index": gpu.info.index,
+        "migEnabled": gpu.mig_enabled,
+        "health": health.report(gpu.name),
+        "migDevices": [
+            {
+                "name": d.name,
+                "uuid": d.uuid,
+                "profile": d.profile.name,
+                "gpuInstanceId": d.existing.gpu_instance_id if d.existing else None,
+                "health": health.report(d.name),
+            }
+            for d in inventory.mig_devices
+            if d.parent.name == gpu.name
+        ],
+    }
+
+
+def lost_entry(gpu: LostGpu, health: GpuHealth) -> dict[str, Any]:
+    """One lost GPU of /allocations (``name`` and ``uuid`` null when it was lost before it could be read), with
+    its health where it has a name to hold one."""
+    entry: dict[str, Any] = {"index": gpu.index, "name": gpu.name, "uuid": gpu.uuid, "reason": gpu.reason}
+    if gpu.name is not None:
+        entry["health"] = health.report(gpu.name)
+    return entry
 
 
 def socket_answers(path: Path, timeout: float = 1.0) -> bool:

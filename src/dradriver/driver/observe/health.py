@@ -277,6 +277,12 @@ class GpuHealth:
         with self._lock:
             return self._status_of(device)
 
+    def report(self, device: str) -> dict[str, Any]:
+        """The device's health as JSON (``status`` HEALTHY, UNHEALTHY or UNKNOWN, ``message``, ``taints``), as
+        ``inventory -o json`` and the status server's /allocations show it."""
+        status, message = self.status(device)
+        return {"status": status.name, "message": message, "taints": self.taints(device)}
+
     def problem(self, device: str, tolerations: Sequence[DeviceToleration] = ()) -> str | None:
         """Why a new claim must not get ``device`` (cause and time), or None when it is healthy or the claim's
         allocation tolerates every taint the device carries (the scheduler let it through on purpose)."""
