@@ -800,9 +800,9 @@ class SimulatedNode:
         try:
             raw = json.loads(read_text(path))
         except InputError as err:
-            raise _bad_state(path, "(file)", str(err).removeprefix(f"{path}: ")) from None
+            raise _bad_state(path, "", str(err).removeprefix(f"{path}: ")) from None
         except (ValueError, RecursionError) as err:
-            raise _bad_state(path, "(file)", f"not readable JSON ({err})") from None
+            raise _bad_state(path, "", f"not readable JSON ({err})") from None
         if not isinstance(raw, dict) or raw.get("kind") != STATE_KIND:
             raise _bad_state(path, "kind", f"expected {STATE_KIND!r}")
         if raw.get("version") != STATE_VERSION:
@@ -921,7 +921,7 @@ def _parse_gpu_state(gpu: SimGpu, entry: dict[str, Any]) -> _GpuState:
 
 def _bad_state(path: Path, field_name: str, problem: str) -> ConfigError:
     return ConfigError(
-        f"simulated GPU state file {path}: {field_name}: {problem}; fix or delete the "
+        f"simulated GPU state file {path}: {f'{field_name}: ' if field_name else ''}{problem}; fix or delete the "
         "file to start from the profile's initial state"
     )
 

@@ -351,6 +351,10 @@ def _minor(kubernetes_version: str) -> tuple[int, int]:
         major, minor = (int(part) for part in kubernetes_version.removeprefix("v").split(".")[:2])
     except ValueError:
         raise ConfigError(f"--kubernetes-version {kubernetes_version!r} is not a version like 1.35") from None
+    if major != 1:
+        raise ConfigError(
+            f"--kubernetes-version {kubernetes_version!r}: Kubernetes releases are 1.N; give one like 1.35"
+        )
     return major, minor
 
 
