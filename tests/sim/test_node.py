@@ -270,7 +270,7 @@ def _state_with(state: Path, change: str) -> None:
 @pytest.mark.parametrize(
     ("change", "field"),
     [
-        ("corrupt", "(file)"),
+        ("corrupt", "not readable JSON"),
         ("version", "version"),
         ("profile", "profile"),
         ("kind", "kind"),
@@ -290,7 +290,7 @@ def test_a_bad_state_file_is_a_config_error_and_is_left_alone(
     with pytest.raises(ConfigError) as caught:
         make_node("dgx-a100-40gb", state_path=state)
     assert str(state) in str(caught.value)
-    assert f": {field}:" in str(caught.value)
+    assert f"{state}: {field}" in str(caught.value)
     assert "delete the file" in str(caught.value)
     assert state.read_bytes() == before
 
