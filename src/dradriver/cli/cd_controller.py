@@ -37,7 +37,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         "Turn each ComputeDomain into its claim templates and a DaemonSet of IMEX daemons, number the daemons of "
         "each clique and report status, until SIGTERM. Replicas elect one leader on a Lease."
     )
-    kube_client.add_flags(parser, kubeconfig_help=kube_client.IN_CLUSTER_HELP, rate_limits=False)
+    kube_client.add_flags(parser, rate_limits=False)
     add_env_option(
         parser,
         "--namespace",
@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     kube.check()
     serving = StatusOptions.from_args(args)
     serving.check()
-    rest = Rest.from_kubeconfig(kube.kubeconfig)
+    rest = Rest(kube.transport())
     settings = ControllerSettings(
         namespace=args.namespace,
         image=args.image,

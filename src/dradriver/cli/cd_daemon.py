@@ -23,7 +23,7 @@ HOST_IMEX_SOCKET = "/etc/nvidia-imex/imex_ctrl.sock"
 def register(parser: argparse.ArgumentParser) -> None:
     parser.description = "Run (run) or probe (check) the IMEX daemon of a ComputeDomain on this node."
     parser.add_argument("action", choices=("run", "check"))
-    kube_client.add_flags(parser, kubeconfig_help=kube_client.IN_CLUSTER_HELP, rate_limits=False)
+    kube_client.add_flags(parser, rate_limits=False)
     add_env_option(parser, "--config-dir", env="DRADRIVER_IMEX_CONFIG_DIR", default="/imexd",
                    help="where the daemon claim mounted this domain's IMEX files")  # fmt: skip
     add_env_option(parser, "--hosts-file", env="DRADRIVER_HOSTS_FILE", default="/etc/hosts",
@@ -49,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "check":
         return 0 if local_ready(settings) else 1
     LogOptions.from_args(args).configure()
+    kube = KubeClientOptions.from_args(args)
+    kube.check()
     if settings.clique_id and Path(args.host_imex_socket).exists():
         raise ConfigError(
             f"a host nvidia-imex service runs on node {settings.node_name} (its socket {args.host_imex_socket} "
@@ -58,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    rest = Rest.from_kubeconfig(KubeClientOptions.from_args(args).kubeconfig)
+    rest = Rest(kube.transport())
     try:
         ImexDaemon(rest, settings).run(stop)
     finally:

@@ -57,7 +57,7 @@ def start(
         plugin_options,
         read=lambda: read_facts(gpulib, node, proc),
         cluster=cluster,
-        rest=Rest.from_kubeconfig(options.kube.kubeconfig),
+        rest=Rest(options.kube.transport()),
     )
     plugin.start()
     return plugin

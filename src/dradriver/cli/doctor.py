@@ -5,9 +5,10 @@ when nothing fails.
 What it checks, in order: NVML (from where it loads), the driver and CUDA versions, libcuda and each class of
 driver library (where, and whether through the linker cache or a search), binaries, firmware, device nodes and
 MIG capability nodes, the CDI hook, the CDI directory, the container runtime's CDI settings (containerd and
-CRI-O config files), the kubelet's plugin directories, the API server's version and DRA API (with
-``--kubeconfig``, or in a pod with its service account) with the DRA feature gates it reports, persistence mode
-and, on NVSwitch systems, the fabric manager.
+CRI-O config files), the kubelet's plugin directories, the API server's version and DRA API (through the
+kubeconfig every command finds: ``--kubeconfig``, ``$KUBECONFIG``, in a pod its service account,
+``~/.kube/config``) with the DRA feature gates it reports, persistence mode and, on NVSwitch systems, the fabric
+manager.
 
 The checks are :mod:`dradriver.driver.checks`'; this command builds their settings from its flags, runs them in
 that order and renders the results (a table or JSON).
@@ -17,58 +18,56 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
-from dradriver import DEFAULT_DRIVER_NAME
-from dradriver.cli.driver_root import add_driver_root_options, nvml_library_for, plugin_dir_of
-from dradriver.cli.options import add_env_option, add_gpu_options, add_output_option
+from dradriver.cli.flags import driver_root, gpus, kube_client
+from dradriver.cli.flags.driver_root import DriverRootOptions
+from dradriver.cli.flags.env import add_env_option
+from dradriver.cli.flags.gpus import GpuOptions
+from dradriver.cli.flags.kube_client import KubeClientOptions
+from dradriver.cli.flags.node_dirs import CDI_DIR, PLUGIN_DIR, REGISTRY_DIR, plugin_dir_of
+from dradriver.cli.flags.output import add_output_option
+from dradriver.cli.flags.publishing import DRIVER_NAME
 from dradriver.driver.checks.cluster import api_server_checks
 from dradriver.driver.checks.driver_files import hook_check
 from dradriver.driver.checks.host import gpu_checks, writable_dir
 from dradriver.driver.checks.result import FAIL, WARN, CheckResult, any_failed
 from dradriver.driver.checks.runtime import CONTAINERD_CONFIG, CRIO_CONFIG, runtime_cdi_checks
 from dradriver.driver.checks.settings import ClusterSettings, HostSettings, RuntimeSettings
-from dradriver.plugin.kubeletplugin.plugin import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR
+from dradriver.plugin.kubeletplugin.plugin import DEFAULT_PLUGINS_DIR
 
 EXIT_FAILED = 1
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    """The options of this command on ``parser`` (cli/main.py adds it to the command line)."""
+    """The options of this command on ``parser`` (cli/main.py adds it to the command line): the flags it shares
+    with ``run`` from their groups (``cli/flags/``), worded for what doctor checks, and its own."""
     parser.description = (
         "Check this node for the driver: NVML, the driver's files, device nodes, the CDI hook and directory, the "
-        "container runtime's CDI setting, the kubelet's directories and (with --kubeconfig, or in a pod with its "
+        "container runtime's CDI setting, the kubelet's directories and (with a kubeconfig, or in a pod with its "
         "service account) the API server. "
         "Exit status 0 only when no check fails."
     )
-    add_gpu_options(parser)
-    add_driver_root_options(parser)
-    add_env_option(
-        parser, "--driver-name", env="DRADRIVER_DRIVER_NAME", default=DEFAULT_DRIVER_NAME, help="driver name"
-    )
-    add_env_option(parser, "--cdi-dir", env="DRADRIVER_CDI_DIR", default="/var/run/cdi", help="CDI spec directory")
-    add_env_option(
+    gpus.add_flags(parser)
+    driver_root.add_flags(parser)
+    DRIVER_NAME.add(parser, help="driver name")
+    CDI_DIR.add(parser, help="CDI spec directory")
+    PLUGIN_DIR.add(parser, help=f"plugin directory (default: {DEFAULT_PLUGINS_DIR}/<driver-name>)")
+    REGISTRY_DIR.add(parser)
+    kube_client.add_flags(
         parser,
-        "--plugin-dir",
-        env="DRADRIVER_PLUGIN_DIR",
-        help=f"plugin directory (default: {DEFAULT_PLUGINS_DIR}/<driver-name>)",
+        kubeconfig_help="check the API server too (version, DRA API) through this kubeconfig file",
+        rate_limits=False,
     )
-    add_env_option(
-        parser,
-        "--registry-dir",
-        env="DRADRIVER_REGISTRY_DIR",
-        default=str(DEFAULT_REGISTRY_DIR),
-        help="kubelet plugin registration directory",
-    )
-    add_env_option(
-        parser,
-        "--kubeconfig",
-        env="DRADRIVER_KUBECONFIG",
-        help="check the API server too (version, DRA API); in a pod its service account is used without it",
-    )
+    _add_host_flags(parser)
+    add_output_option(parser, ("table", "json"), "table")
+    parser.set_defaults(handler=doctor)
+
+
+def _add_host_flags(parser: argparse.ArgumentParser) -> None:
+    """Doctor's own: where the container runtimes' config files and the host's device nodes are."""
     add_env_option(
         parser,
         "--containerd-config",
@@ -86,12 +85,12 @@ def register(parser: argparse.ArgumentParser) -> None:
         default="/dev",
         help="where the host's device nodes are seen",
     )
-    add_output_option(parser, ("table", "json"), "table")
-    parser.set_defaults(handler=doctor)
 
 
 def doctor(args: argparse.Namespace) -> int:
-    checks = list(run_checks(args))
+    # A kubeconfig that cannot be used is an input error (exit 2, one line), as for every command.
+    cluster = cluster_settings(args)
+    checks = list(run_checks(args, cluster))
     if args.output == "json":
         print(json.dumps({"ok": not any_failed(checks), "checks": [asdict(c) for c in checks]}, indent=2))
     else:
@@ -112,7 +111,7 @@ def render_table(checks: list[CheckResult]) -> str:
     return "\n".join(lines)
 
 
-def run_checks(args: argparse.Namespace) -> Iterator[CheckResult]:
+def run_checks(args: argparse.Namespace, cluster: ClusterSettings) -> Iterator[CheckResult]:
     """Every check (dradriver.driver.checks), in order; a check that cannot run says why instead."""
     host = host_settings(args)
     yield from gpu_checks(host)
@@ -125,22 +124,35 @@ def run_checks(args: argparse.Namespace) -> Iterator[CheckResult]:
     yield writable_dir(
         "kubelet plugins", host.plugin_dir.parent, "--plugin-dir", "the plugin's sockets and state go there"
     )
-    # In a pod (`kubectl exec … -- dradriver doctor`) the service account is used, as `run` uses it.
-    in_pod = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
-    yield from api_server_checks(ClusterSettings(kubeconfig=args.kubeconfig, in_pod=in_pod, mig_mode=args.mig_mode))
+    yield from api_server_checks(cluster)
+
+
+def cluster_settings(args: argparse.Namespace) -> ClusterSettings:
+    """How the API server checks reach it: by the rule every command follows (``--kubeconfig``, ``$KUBECONFIG``,
+    in a pod the service account, ``~/.kube/config``), loaded now so that an unusable kubeconfig is refused (a
+    ConfigError) before any check runs; no endpoint when none is there (the checks are skipped)."""
+    kube = KubeClientOptions.from_args(args)
+    source = kube.source
+    return ClusterSettings(
+        endpoint=kube.endpoint if source is not None else None,
+        source=str(source) if source is not None else "",
+        mig_mode=GpuOptions.from_args(args).mig_mode.value,
+    )
 
 
 def host_settings(args: argparse.Namespace) -> HostSettings:
-    """What the host checks read, from doctor's flags (those ``run`` shares)."""
+    """What the host checks read, from doctor's flags (those ``run`` shares, read by their groups)."""
+    gpu = GpuOptions.from_args(args)
+    root = DriverRootOptions.from_args(args)
     return HostSettings(
-        gpu_backend=args.gpu_backend,
-        sim_profile=args.sim_profile,
-        sim_state=Path(args.sim_state) if args.sim_state else None,
-        nvml_library=nvml_library_for(args),
-        driver_root=args.driver_root,
-        container_driver_root=args.container_driver_root or "",
+        gpu_backend=gpu.backend,
+        sim_profile=gpu.sim_profile,
+        sim_state=gpu.sim_state,
+        nvml_library=root.nvml_library(gpu.backend),
+        driver_root=root.driver_root,
+        container_driver_root=root.container_driver_root or "",
         dev_dir=Path(args.dev_dir),
         plugin_dir=plugin_dir_of(args),
-        nvidia_cdi_hook_path=args.nvidia_cdi_hook_path,
-        cdi_hook_source=args.cdi_hook_source,
+        nvidia_cdi_hook_path=root.nvidia_cdi_hook_path,
+        cdi_hook_source=root.cdi_hook_source,
     )

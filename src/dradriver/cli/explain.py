@@ -30,10 +30,12 @@ from dradriver.cli.explain_outcome import (
     outcome_dict,
     render_outcome,
 )
+from dradriver.cli.flags import kube_client
+from dradriver.cli.flags.env import add_env_option
 from dradriver.cli.flags.gpus import MIG_MODE
+from dradriver.cli.flags.output import add_output_option
 from dradriver.cli.flags.publishing import KUBERNETES_VERSION
 from dradriver.cli.flags.sharing import CONSUMABLE_SHARES, GPU_SHARING
-from dradriver.cli.options import add_env_option, add_output_option
 from dradriver.errors import ConfigError
 from dradriver.validation import MAX_CEL_LENGTH
 
@@ -124,8 +126,7 @@ def _add_selector_options(parser: argparse.ArgumentParser) -> None:
 def _add_pod_options(parser: argparse.ArgumentParser) -> None:
     """--pod: the claims of a pending pod, read from the cluster."""
     parser.add_argument("--pod", metavar="NS/NAME", help="read a pod's claims from the cluster: why is it Pending?")
-    parser.add_argument("--kubeconfig", help="with --pod: kubeconfig file (default: in-cluster or ~/.kube/config)")
-    parser.add_argument("--context", help="with --pod: kubeconfig context")
+    kube_client.add_flags(parser, kubeconfig_help="with --pod: kubeconfig file", context=True, rate_limits=False)
 
 
 def _driver_name(args: argparse.Namespace) -> str:

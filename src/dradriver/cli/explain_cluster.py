@@ -21,7 +21,7 @@ from dradriver.cli.explain_outcome import (
     outcome_dict,
     render_outcome,
 )
-from dradriver.cli.flags.kube_client import check_kubeconfig
+from dradriver.cli.flags.kube_client import KubeClientOptions
 from dradriver.errors import ConfigError
 from dradriver.plugin.cluster import ClusterError, ForbiddenError, NotFoundError
 from dradriver.plugin.cluster.kube import error_for_status, load_transport
@@ -313,8 +313,8 @@ def _render_pod(pod_ref: str, results: list[dict[str, Any]], errors: list[str], 
 
 
 def explain_pod(args: argparse.Namespace) -> int:
-    check_kubeconfig("--kubeconfig", args.kubeconfig)
-    reader = KubernetesReader(args.kubeconfig, args.context)
+    kube = KubeClientOptions.from_args(args)
+    reader = KubernetesReader(kube.kubeconfig, kube.context)
     try:
         return explain_pod_with(reader, args.pod, args.output)
     finally:

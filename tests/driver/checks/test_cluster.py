@@ -4,7 +4,6 @@ API server to read."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -16,6 +15,7 @@ from dradriver.driver.checks.cluster import (
     feature_gates,
 )
 from dradriver.driver.checks.settings import ClusterSettings
+from dradriver.plugin.cluster.transport import Endpoint
 
 METRICS = """# HELP kubernetes_feature_enabled [BETA] This metric records the data about the stage and enablement
 # TYPE kubernetes_feature_enabled gauge
@@ -97,9 +97,15 @@ def test_an_unreachable_api_server_fails_and_its_metrics_are_skipped() -> None:
     assert features.status == "SKIP"
 
 
-def test_without_a_kubeconfig_outside_a_pod_the_api_server_is_skipped(tmp_path: Path) -> None:
-    [skipped] = api_server_checks(ClusterSettings(kubeconfig=None, in_pod=False, mig_mode="static"))
-    assert skipped.status == "SKIP" and "--kubeconfig" in skipped.detail
-    missing = ClusterSettings(kubeconfig=str(tmp_path / "kubeconfig"), in_pod=False, mig_mode="static")
-    [failed] = api_server_checks(missing)
-    assert failed.status == "FAIL" and "fix --kubeconfig" in failed.fix
+def test_without_a_client_configuration_the_api_server_is_skipped() -> None:
+    [skipped] = api_server_checks(ClusterSettings(endpoint=None, mig_mode="static"))
+    assert skipped.status == "SKIP" and "pass --kubeconfig" in skipped.detail
+
+
+def test_the_api_server_check_names_the_configuration_it_went_through() -> None:
+    # (An unusable kubeconfig never gets here: doctor refuses it first, exit 2, as every command does.)
+    nowhere = Endpoint("https://127.0.0.1:1")
+    settings = ClusterSettings(endpoint=nowhere, source="$KUBECONFIG /home/me/kubeconfig", mig_mode="static")
+    server, _features = api_server_checks(settings)
+    assert server.status == "FAIL" and server.detail.startswith("unreachable: ")
+    assert server.detail.endswith("(through $KUBECONFIG /home/me/kubeconfig)")

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from dradriver.driver.checks.result import FAIL, OK, SKIP, WARN, CheckResult
 from dradriver.driver.checks.settings import ClusterSettings
-from dradriver.errors import DradriverError
 from dradriver.plugin.cluster.resource_versions import VERSIONS
 
 if TYPE_CHECKING:
@@ -33,20 +33,20 @@ DRA_GATES = {
 
 
 def api_server_checks(settings: ClusterSettings) -> Iterator[CheckResult]:
-    """The API server's checks through the kubeconfig, or in a pod its service account (as ``run`` reaches it);
-    a SKIP with neither."""
-    if not settings.kubeconfig and not settings.in_pod:
-        yield CheckResult("API server", SKIP, "pass --kubeconfig to check the API server's version and DRA API")
+    """The API server's checks through the endpoint the command loaded (a kubeconfig, or in a pod its service
+    account, as ``run`` reaches it); a SKIP without one."""
+    if settings.endpoint is None:
+        detail = "no kubeconfig (--kubeconfig, $KUBECONFIG, ~/.kube/config) and not in a pod: pass --kubeconfig"
+        yield CheckResult("API server", SKIP, f"{detail} to check the API server's version and DRA API")
         return
-    from dradriver.plugin.cluster.kube import load_transport  # the HTTPS stack only where it is used
+    from dradriver.plugin.cluster.transport import Transport  # the HTTPS stack only where it is used
 
+    transport = Transport(settings.endpoint)
     try:
-        transport = load_transport(settings.kubeconfig)
-    except DradriverError as err:
-        yield CheckResult("API server", FAIL, str(err), "fix --kubeconfig (in a pod: its service account)")
-        return
-    try:
-        yield from api_server_checks_through(_getter(transport), mig_mode=settings.mig_mode)
+        for result in api_server_checks_through(_getter(transport), mig_mode=settings.mig_mode):
+            # Say which configuration was used: the rule may have found one the admin did not think of.
+            named = result.name == "API server" and settings.source
+            yield replace(result, detail=f"{result.detail} (through {settings.source})") if named else result
     finally:
         transport.close()
 

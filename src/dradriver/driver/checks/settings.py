@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dradriver.plugin.cluster.transport import Endpoint
 
 #: Where the nvidia module lists the capabilities MIG devices are opened through.
 MIG_CAPABILITIES = Path("/proc/driver/nvidia/capabilities")
@@ -56,9 +60,10 @@ class RuntimeSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class ClusterSettings:
-    """How to reach the API server: a kubeconfig, or (``in_pod``) the pod's service account; ``mig_mode`` says
-    which feature gates the driver needs."""
+    """How to reach the API server (None: no configuration was found, the checks are skipped), ``source`` where
+    that came from (a kubeconfig, the pod's service account); ``mig_mode`` says which feature gates the driver
+    needs."""
 
-    kubeconfig: str | None
-    in_pod: bool
+    endpoint: Endpoint | None
+    source: str = ""
     mig_mode: str

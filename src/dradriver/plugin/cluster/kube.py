@@ -23,6 +23,7 @@ from urllib.parse import quote
 
 from dradriver.errors import ConfigError
 from dradriver.plugin.cluster import transport
+from dradriver.plugin.cluster.kubeconfig import ClientSource, checked_context, require_source, unusable
 from dradriver.plugin.cluster.port import (
     ApiUnavailableError,
     ClusterError,
@@ -124,57 +125,65 @@ DEFAULT_REQUEST_TIMEOUT = (5.0, 30.0)
 
 
 def load_transport(kubeconfig: str | None = None, *, context: str | None = None) -> Transport:
-    """A :class:`~dradriver.plugin.cluster.transport.Transport` to the API server :func:`load_configuration`
-    names; in a pod (no ``kubeconfig``, ``KUBERNETES_SERVICE_HOST`` set) read from the service account by
-    :func:`~dradriver.plugin.cluster.transport.in_cluster`, without the client."""
-    endpoint: Endpoint
-    if not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
+    """A :class:`~dradriver.plugin.cluster.transport.Transport` to the API server :func:`load_endpoint` names."""
+    return Transport(load_endpoint(kubeconfig, context=context))
+
+
+def load_endpoint(kubeconfig: str | None = None, *, context: str | None = None) -> Endpoint:
+    """Where the API server is and how to reach it, from the first source of the one rule
+    (:mod:`~dradriver.plugin.cluster.kubeconfig`: ``kubeconfig``, ``$KUBECONFIG``, in a pod the service account,
+    ``~/.kube/config``). A kubeconfig is checked, then read by the ``kubernetes`` client's loader (``context``
+    chooses its context); the service account is read by
+    :func:`~dradriver.plugin.cluster.transport.in_cluster`, without the client.
+
+    Raises :class:`ConfigError` (one line: the source, the file, what is wrong, the fix) when none works."""
+    source = require_source(kubeconfig)
+    if source.in_cluster:
         try:
-            endpoint = in_cluster()
+            return in_cluster()
         except OSError as exc:
-            raise ConfigError(
-                f"cannot load Kubernetes client configuration from the in-cluster service account: {exc}"
-            ) from exc
-    else:
-        endpoint = from_client_configuration(load_configuration(kubeconfig, context=context))
-    return Transport(endpoint)
+            raise ConfigError(f"cannot load {source}: {exc}") from exc
+    return from_client_configuration(_kubeconfig_configuration(source, context))
 
 
 def load_configuration(kubeconfig: str | None = None, *, context: str | None = None) -> Any:
-    """The client's ``Configuration`` from, in this order: the kubeconfig file ``kubeconfig`` if given; the
-    in-cluster service account when running in a pod; ``$KUBECONFIG`` or ``~/.kube/config``.
-
-    Raises :class:`ConfigError` naming what was tried when none works."""
+    """The client's ``Configuration`` from the same source as :func:`load_endpoint` (the client's own
+    in-cluster loader in a pod), for the client's own requests (tests compare them with ours)."""
+    source = require_source(kubeconfig)
+    if not source.in_cluster:
+        return _kubeconfig_configuration(source, context)
     configuration = client_package().Configuration()
     config_exception = importlib.import_module("kubernetes.config.config_exception").ConfigException
     try:
-        if kubeconfig:
-            _load_kube_config(
-                config_file=kubeconfig,
-                context=context,
-                client_configuration=configuration,
-                persist_config=False,
-            )
-        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-            in_cluster_config = importlib.import_module("kubernetes.config.incluster_config")
-            in_cluster_config.InClusterConfigLoader(  # the files the transport reads (tests point both elsewhere)
-                token_filename=transport.SERVICE_ACCOUNT_TOKEN, cert_filename=transport.SERVICE_ACCOUNT_CA
-            ).load_and_set(configuration)
-        else:
-            path = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
-            # KUBECONFIG may list several files; the client merges them itself.
-            _load_kube_config(
-                config_file=path, context=context, client_configuration=configuration, persist_config=False
-            )
+        in_cluster_config = importlib.import_module("kubernetes.config.incluster_config")
+        in_cluster_config.InClusterConfigLoader(  # the files the transport reads (tests point both elsewhere)
+            token_filename=transport.SERVICE_ACCOUNT_TOKEN, cert_filename=transport.SERVICE_ACCOUNT_CA
+        ).load_and_set(configuration)
     except (config_exception, OSError, ValueError) as exc:
-        source = kubeconfig or (
-            "in-cluster service account"
-            if os.environ.get("KUBERNETES_SERVICE_HOST")
-            else os.environ.get("KUBECONFIG") or "~/.kube/config"
+        raise ConfigError(f"cannot load Kubernetes client configuration from {source}: {exc}") from exc
+    return configuration
+
+
+def _kubeconfig_configuration(source: ClientSource, context: str | None) -> Any:
+    """The client's ``Configuration`` from the kubeconfig files of ``source``, checked first
+    (:func:`~dradriver.plugin.cluster.kubeconfig.checked_context`), merged and read by the client's loader with
+    the context that check chose (client-go's: the first file's ``current-context``, where the client would take
+    the last)."""
+    name = checked_context(source, context)
+    configuration = client_package().Configuration()
+    config_exception = importlib.import_module("kubernetes.config.config_exception").ConfigException
+    try:
+        _load_kube_config(
+            config_file=os.pathsep.join(str(f) for f in source.files),  # the client merges them itself
+            context=name,
+            client_configuration=configuration,
+            persist_config=False,
         )
-        raise ConfigError(
-            f"cannot load Kubernetes client configuration from {source}: {exc}; pass --kubeconfig with a "
-            "valid kubeconfig file, or run inside a pod with a service account"
+    except (config_exception, OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        # What the check above does not look at: certificate files, exec plugins, auth providers, value types.
+        problem = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise unusable(
+            source, f"the Kubernetes client cannot use it: {problem}", fix=f"fix what it names, or {source.fix}"
         ) from exc
     return configuration
 
