@@ -29,6 +29,28 @@ def _restore_logging() -> Iterator[None]:
     root.setLevel(level)
 
 
+NOWHERE = "https://127.0.0.1:1"  # a server no test reaches: the runs here end (or wait) before they connect
+
+
+def write_kubeconfig(path, server: str = NOWHERE):
+    """A kubeconfig whose one context points at ``server``."""
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: c, cluster: {{server: '{server}'}}}}]\n"
+        "users: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _a_kubeconfig(tmp_path_factory, monkeypatch) -> None:
+    """Every `run` here finds a usable kubeconfig through $KUBECONFIG (outside its tmp_path, which the tests
+    prove untouched): the checks before and after it are what these tests look at."""
+    monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path_factory.mktemp("kube") / "config")))
+    for name in ("DRADRIVER_KUBECONFIG", "KUBERNETES_SERVICE_HOST"):
+        monkeypatch.delenv(name, raising=False)
+
+
 def test_run_needs_a_node_name(monkeypatch, capsys, tmp_path):
     monkeypatch.delenv("NODE_NAME", raising=False)
     assert main(["run", "--gpu-backend", "sim", "--registry-dir", str(tmp_path)]) == 2
@@ -42,7 +64,7 @@ def test_run_rejects_a_kubernetes_version_without_dra(capsys):
 
 
 def test_run_without_nvml_fails_with_one_line(capsys):
-    flags = ["--gpu-backend", "nvml", "--wait-for-driver", "0", "--metrics-address", ""]
+    flags = ["--gpu-backend", "nvml", "--wait-for-driver", "0", "--metrics-address", "", "--kubernetes-version", "1.35"]
     assert main(["run", "--node-name", "n", *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert (
@@ -74,6 +96,8 @@ def run_args(tmp_path, *extra: str) -> list[str]:
         str(tmp_path / "cdi"),
         "--sim-state",
         str(tmp_path / "state.json"),
+        "--kubernetes-version",
+        "1.35",
         "--metrics-address",
         "",
         *extra,

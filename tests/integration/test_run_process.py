@@ -83,7 +83,7 @@ class DriverProcess:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
             self.lines.append(line)
-            if '"msg": "ready ' in line:
+            if '"msg": "serving node=' in line:  # "ready" waits for a kubelet's registration too
                 self.ready.set()
         self.ready.set()  # the process ended: stop waiting either way
 
@@ -456,6 +456,17 @@ def test_probes_metrics_and_an_api_outage_that_fails_readyz_and_healthz_but_neve
     assert _get(port, "/livez") == (200, "ok\n")  # the liveness probe never restarts the pod for an outage
     api.clear_faults()
     assert eventually(lambda: _get(port, "/healthz")[0] == 200 and _get(port, "/readyz")[0] == 200), driver.log
+
+
+def test_ready_is_logged_only_once_readyz_answers_200(driver: DriverProcess, api: FakeApiServer, root: Path) -> None:
+    port = _status_port(driver)
+    # Serving, its slices published, but no kubelet has registered the plugin: not ready, and not said to be.
+    assert api.wait_until(lambda: len(our_slices(api)) == 1, TIMEOUT), driver.log
+    assert _get(port, "/readyz")[0] == 503
+    assert '"msg": "ready ' not in driver.log
+    KubeletClient(root / "registry").register().close()
+    assert eventually(lambda: '"msg": "ready node=node-a ' in driver.log), driver.log
+    assert _get(port, "/readyz")[0] == 200
 
 
 def test_a_plugin_directory_deleted_under_the_driver_comes_back_with_sockets_checkpoint_and_registration(

@@ -67,21 +67,22 @@ class DriverRun:
         )  # fmt: skip
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
-        # Woken by the ready line, or by the end of the output: a driver that exits closes its stderr a moment
-        # before its exit status can be read, so only the line itself says "ready".
+        # Woken by the serving line (its "ready" line waits for a kubelet's registration too), or by the end of the
+        # output: a driver that exits closes its stderr a moment before its exit status can be read, so only the
+        # line itself says it serves.
         if not self._ready.wait(READY_TIMEOUT) or not self.ready_seen or self.proc.poll() is not None:
             self.stop()
             raise RuntimeError(f"dradriver run for {node} did not become ready:\n{self.log}")
 
     @property
     def ready_seen(self) -> bool:
-        return any('"msg": "ready ' in line for line in self.lines)
+        return any('"msg": "serving node=' in line for line in self.lines)
 
     def _read(self) -> None:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
             self.lines.append(line)
-            if '"msg": "ready ' in line:
+            if '"msg": "serving node=' in line:
                 self._ready.set()
         self._ready.set()
 

@@ -22,8 +22,10 @@ from dradriver.cli.run_assembly import Gpus, NodeDriver, assemble, connect, open
 from dradriver.cli.run_options import RunOptions
 from dradriver.driver.observe.metrics import NodeCollector, register_node_collector
 from dradriver.driver.observe.usage import UsageCollector
+from dradriver.driver.publish.slices import SliceSettings
 from dradriver.gpu.errors import DriverNotLoaded, LibraryNotFound
 from dradriver.nvidia_install.driver_root import DriverFilesMissing
+from dradriver.plugin.cluster.kube import KubeCluster
 from dradriver.plugin.kubeletplugin.lifecycle import StopBudget
 
 log = logging.getLogger("dradriver.run")
@@ -31,6 +33,8 @@ log = logging.getLogger("dradriver.run")
 STOP_BUDGET_SECONDS = 25.0
 # How often a start waiting for the NVIDIA driver looks again (and says what it waits for).
 DRIVER_WAIT_INTERVAL = 30.0
+# How often a started driver asks its readiness until it is ready (then it logs "ready").
+READY_POLL_SECONDS = 0.1
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -48,8 +52,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 class DriverProcess:
-    """One driver instance: discovery, the cluster connection, slice publishing, the kubelet plugin, the
-    status endpoint and periodic rediscovery, started in that order and stopped in reverse."""
+    """One driver instance: the cluster connection (every flag checked against the cluster's release), the status
+    endpoint, discovery, slice publishing, the kubelet plugin and periodic rediscovery, started in that order and
+    stopped in reverse."""
 
     def __init__(self, options: RunOptions) -> None:
         self.options = options
@@ -60,23 +65,32 @@ class DriverProcess:
         """Run until SIGTERM or SIGINT; release everything on the way out, whatever happened."""
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: self.stop.set())
-        # Up first: while the driver is awaited the pod is alive (no restarts) but not ready.
+        # Before any port is bound, GPU discovered or file written: the flags that depend on the cluster's release
+        # (read from the API server unless --kubernetes-version names it) are checked against it.
+        cluster, settings = connect(self.options)
+        try:
+            self.options.status.check()  # last: probing the port binds it for a moment
+            self._serve_connected(cluster, settings)
+        finally:
+            cluster.close()
+        return 0
+
+    def _serve_connected(self, cluster: KubeCluster, settings: SliceSettings) -> None:
+        # Up before the driver is awaited: meanwhile the pod is alive (no restarts) but not ready.
         server = self.status.server(self.options.status)
         if server:
             server.start()
         try:
-            # Before any cluster access: without the driver's libraries no container could use a GPU here.
             gpus = self._wait_for_driver()
             if gpus is None:
-                return 0
+                return
             try:
-                self._serve(gpus)
+                self._serve(gpus, cluster, settings)
             finally:
                 gpus.lib.close()
         finally:
             if server:
                 server.stop()
-        return 0
 
     def _wait_for_driver(self) -> Gpus | None:
         """Open NVML and discover the driver root, waiting (``--wait-for-driver``) while either is missing, as
@@ -101,17 +115,13 @@ class DriverProcess:
                 if self.stop.wait(min(DRIVER_WAIT_INTERVAL, left)):
                     return None
 
-    def _serve(self, gpus: Gpus) -> None:
-        """Connect, assemble, serve until stopped; the checkpoint and the connection are closed on the way out."""
-        cluster, settings = connect(self.options)
+    def _serve(self, gpus: Gpus, cluster: KubeCluster, settings: SliceSettings) -> None:
+        """Assemble, serve until stopped; the checkpoint is closed on the way out."""
+        node = assemble(self.options, gpus, cluster, settings)
         try:
-            node = assemble(self.options, gpus, cluster, settings)
-            try:
-                self._run_until_stopped(node)
-            finally:
-                node.checkpoint.close()
+            self._run_until_stopped(node)
         finally:
-            cluster.close()
+            node.checkpoint.close()
 
     def _run_until_stopped(self, node: NodeDriver) -> None:
         rescanner = Rescanner(node, self.stop)
@@ -126,17 +136,31 @@ class DriverProcess:
             rescanner.thread.start()
             if self.options.claims.recheck_interval > 0:
                 rechecker.thread.start()
-            log.info(
-                "ready node=%s driver=%s mig_mode=%s devices=%d",
-                node.name,
-                self.options.driver_name,
-                self.options.gpus.mig_mode.value,
-                sum(spec.device_count for spec in node.pools[node.name]),
-            )
+            self._log_serving(node, "serving")
+            # "ready" only when /readyz would answer 200: the slices published and the kubelet's registration in.
+            if self._wait_until_ready():
+                self._log_serving(node, "ready")
             self.stop.wait()
             log.info("stopping")
         finally:
             self._stop(node, stopping, rescanner.refresh, threads=(rescanner.thread, rechecker.thread))
+
+    def _wait_until_ready(self) -> bool:
+        """Wait until the readiness probe's answer would be yes (True), or until stopped (False)."""
+        while not self.stop.wait(READY_POLL_SECONDS):
+            if self.status.readiness()[0]:
+                return True
+        return False
+
+    def _log_serving(self, node: NodeDriver, what: str) -> None:
+        log.info(
+            "%s node=%s driver=%s mig_mode=%s devices=%d",
+            what,
+            node.name,
+            self.options.driver_name,
+            self.options.gpus.mig_mode.value,
+            sum(spec.device_count for spec in node.pools[node.name]),
+        )
 
     def _start(self, node: NodeDriver, stopping: list[Callable[[StopBudget], None]]) -> None:
         """Start serving; what is started besides the parts every run has (the ComputeDomain driver, the metrics

@@ -1,9 +1,9 @@
 """The parts of ``dradriver run``, one builder each, and :class:`NodeDriver`, the GPU driver of a node they make.
 
-``cli/run.py`` calls them in order: :func:`open_gpus` (the GPUs and the driver's files, waited for while
-missing), :func:`connect` (the API server, its slice layout), then :func:`assemble`: health, the checkpoint, the
-driver, the kubelet plugin (its instance lock taken), start-up reconciliation, the slices and their publisher, and
-the usage sampler.
+``cli/run.py`` calls them in order: :func:`connect` (the API server, its slice layout: before anything is
+started), :func:`open_gpus` (the GPUs and the driver's files, waited for while missing), then :func:`assemble`:
+health, the checkpoint, the driver, the kubelet plugin (its instance lock taken), start-up reconciliation, the
+slices and their publisher, and the usage sampler.
 """
 
 from __future__ import annotations

@@ -73,7 +73,9 @@ class RunOptions:
     def from_args(cls, args: argparse.Namespace) -> RunOptions:
         """Read every group and refuse a configuration that cannot work before anything is created, bound or
         published (a ConfigError: exit 2). Groups are read and checked one after the other, in this order, so
-        of several problems the same one is always named."""
+        of several problems the same one is always named: this host's flags first, then the kubeconfig (loaded,
+        which may run its exec plugin). The status server's address is probed (bound for a moment) by ``run``
+        once the cluster's release has been checked too, last (``StatusOptions.check``)."""
         publishing = PublishingOptions.from_args(args)
         name = publishing.driver_name
         node = NodeOptions.from_args(args)
@@ -81,11 +83,15 @@ class RunOptions:
         sharing = SharingOptions.from_args(args)
         sharing.check()
         status = StatusOptions.from_args(args)
-        status.check()
         dirs = NodeDirs.from_args(args, driver_name=name)
         dirs.check()
         gpus = GpuOptions.from_args(args)
         gpus.check()
+        health = HealthOptions.from_args(args, taint_domain=name)
+        driver_root = DriverRootOptions.from_args(args)
+        driver_root.check()
+        claims = ClaimOptions.from_args(args)
+        compute_domains = ComputeDomainOptions.from_args(args)
         kube = KubeClientOptions.from_args(args)
         kube.check()
         return cls(
@@ -96,8 +102,8 @@ class RunOptions:
             dirs=dirs,
             gpus=gpus,
             kube=kube,
-            health=HealthOptions.from_args(args, taint_domain=name),
-            driver_root=DriverRootOptions.from_args(args),
-            claims=ClaimOptions.from_args(args),
-            compute_domains=ComputeDomainOptions.from_args(args),
+            health=health,
+            driver_root=driver_root,
+            claims=claims,
+            compute_domains=compute_domains,
         )

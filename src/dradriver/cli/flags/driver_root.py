@@ -12,6 +12,7 @@ from pathlib import Path
 
 from dradriver.cli.flags.env import EnvFlag
 from dradriver.cli.flags.values import seconds_or_forever
+from dradriver.errors import ConfigError
 from dradriver.gpu.backend import simulated_driver_root
 from dradriver.nvidia_install.cdi_hook import HOOK_NAME, install_cdi_hook
 from dradriver.nvidia_install.driver_root import DriverRoot, discover_driver_root, find_library
@@ -92,6 +93,26 @@ class DriverRootOptions:
             cdi_hook_source=CDI_HOOK_SOURCE.value(args),
             wait_for_driver=WAIT_FOR_DRIVER.value(args),
         )
+
+    def check(self) -> None:
+        """What no wait for the driver can fix, refused before anything starts: a host path that is not absolute, an
+        image hook that is not a file."""
+        if self.driver_root and not Path(self.driver_root).is_absolute():
+            raise ConfigError(
+                f"--driver-root {self.driver_root} is not an absolute path; give the host path, e.g. / or "
+                "/run/nvidia/driver"
+            )
+        if self.nvidia_cdi_hook_path not in ("", "none") and not Path(self.nvidia_cdi_hook_path).is_absolute():
+            raise ConfigError(
+                f"--nvidia-cdi-hook-path {self.nvidia_cdi_hook_path} is not an absolute path; give the hook's path "
+                "on the host, or none for specs without hooks"
+            )
+        source = self.cdi_hook_source
+        if source not in ("", "none") and not Path(source).is_file():
+            raise ConfigError(
+                f"--cdi-hook-source {source} is not a file: give the image's nvidia-cdi-hook, or 'none' to ship no "
+                "hook (--nvidia-cdi-hook-path none makes specs without hooks)"
+            )
 
     def discover(self, version: str, *, simulated: bool, plugin_dir: Path) -> DriverRoot:
         """Discover the driver root of driver ``version``. A simulated node without ``--driver-root`` gets a stub

@@ -1,0 +1,130 @@
+"""The one rule by which every command finds its client configuration (--kubeconfig, $KUBECONFIG, in a pod the
+service account, ~/.kube/config), and the checks of a kubeconfig before the client reads it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dradriver.errors import ConfigError
+from dradriver.plugin.cluster import transport
+from dradriver.plugin.cluster.kube import load_endpoint
+
+
+def kubeconfig(path: Path, server: str, *, current: str | None = "c", **extra: Any) -> Path:
+    """A kubeconfig with one context ``c`` pointing at ``server`` (``extra`` replaces whole sections)."""
+    config: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": server}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        **({"current-context": current} if current is not None else {}),
+        **extra,
+    }
+    path.write_text(json.dumps(config))
+    return path
+
+
+@pytest.fixture
+def sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    """Every source of the rule there at once, each pointing at a server of its own; a test takes them away."""
+    for name in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    home = tmp_path / "home"
+    (home / ".kube").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    (tmp_path / "token").write_text("pod-token")
+    (tmp_path / "ca.crt").write_text("read at the first request")
+    monkeypatch.setattr(transport, "SERVICE_ACCOUNT_TOKEN", str(tmp_path / "token"))
+    monkeypatch.setattr(transport, "SERVICE_ACCOUNT_CA", str(tmp_path / "ca.crt"))
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    variable = kubeconfig(tmp_path / "variable", "https://variable.example:6443")
+    monkeypatch.setenv("KUBECONFIG", str(variable))
+    return {
+        "flag": kubeconfig(tmp_path / "flag", "https://flag.example:6443"),
+        "variable": variable,
+        "home": kubeconfig(home / ".kube/config", "https://home.example:6443"),
+    }
+
+
+def test_the_flag_then_the_variable_then_the_service_account_then_the_home_file(
+    sources: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert load_endpoint(str(sources["flag"])).url == "https://flag.example:6443"
+    assert load_endpoint().url == "https://variable.example:6443"  # before the pod's own service account
+    monkeypatch.delenv("KUBECONFIG")
+    in_pod = load_endpoint()
+    assert (in_pod.url, in_pod.authorization()) == ("https://10.96.0.1:443", "Bearer pod-token")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
+    assert load_endpoint().url == "https://home.example:6443"
+    sources["home"].unlink()
+    with pytest.raises(ConfigError, match=r"^no Kubernetes client configuration: .* pass --kubeconfig FILE or set"):
+        load_endpoint()
+
+
+def test_kubeconfig_files_merge_as_kubectl_merges_them(
+    sources: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first file to set current-context wins (the Python client alone would take the last one); a listed file
+    # that does not exist is skipped; a context may come from one file and its cluster from another.
+    first = kubeconfig(tmp_path / "first", "https://first.example:6443", current="other", clusters=[])
+    second = kubeconfig(
+        tmp_path / "second",
+        "https://second.example:6443",
+        current="c",
+        contexts=[{"name": "other", "context": {"cluster": "c", "user": "u"}}],
+    )
+    monkeypatch.setenv("KUBECONFIG", f"{tmp_path / 'absent'}:{first}:{second}")
+    assert load_endpoint().url == "https://second.example:6443"
+    monkeypatch.setenv("KUBECONFIG", f"{tmp_path / 'absent'}:{tmp_path / 'gone'}")
+    with pytest.raises(ConfigError, match=r"^\$KUBECONFIG .*/absent:.*/gone: none of the files it lists exists; point"):
+        load_endpoint()
+
+
+def test_a_context_is_chosen_and_checked(sources: dict[str, Path], tmp_path: Path) -> None:
+    two = kubeconfig(
+        tmp_path / "two",
+        "https://a.example:6443",
+        clusters=[
+            {"name": "c", "cluster": {"server": "https://a.example:6443"}},
+            {"name": "d", "cluster": {"server": "https://d.example:6443"}},
+        ],
+        contexts=[
+            {"name": "c", "context": {"cluster": "c", "user": "u"}},
+            {"name": "d", "context": {"cluster": "d", "user": "u"}},
+        ],
+    )
+    assert load_endpoint(str(two), context="d").url == "https://d.example:6443"
+    with pytest.raises(ConfigError, match=r"--context e is not one of its contexts \(contexts: c, d\); pass one of"):
+        load_endpoint(str(two), context="e")
+
+
+@pytest.mark.parametrize(
+    ("sections", "message"),
+    [
+        ({"current-context": None}, r"no current-context is set; choose one with `kubectl config use-context NAME`"),
+        ({"clusters": [{"name": "c", "cluster": {}}]},
+         r"cluster 'c' has no server; set it: kubectl config set-cluster c --server https://HOST:PORT"),
+        ({"clusters": []}, r"context 'c' names cluster 'c', which is not defined \(it defines no clusters\)"),
+        ({"users": [{"name": "someone-else", "user": {}}]},
+         r"context 'c' names user 'u', which is not defined \(users: someone-else\); fix the context"),
+        ({"contexts": "c"}, r"contexts is a string, not a list"),
+        ({"users": [{"user": {}}]}, r"users\[0\] has no name"),
+        ({"users": [{"name": "u", "user": {"client-certificate": "/nowhere/u.crt", "client-key": "/nowhere/u.key"}}]},
+         r"the Kubernetes client cannot use it: .*/nowhere/u\.crt.*; fix what it names, or point --kubeconfig"),
+    ],
+)  # fmt: skip
+def test_a_kubeconfig_the_client_cannot_use_is_one_line_naming_it(
+    sources: dict[str, Path], tmp_path: Path, sections: dict[str, Any], message: str
+) -> None:
+    path = kubeconfig(tmp_path / "broken", "https://broken.example:6443")
+    config = {**json.loads(path.read_text()), **sections}
+    path.write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+    with pytest.raises(ConfigError, match=rf"^--kubeconfig {path}: {message}") as refused:
+        load_endpoint(str(path))
+    assert "\n" not in str(refused.value)
