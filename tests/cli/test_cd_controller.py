@@ -1,10 +1,13 @@
-"""``dradriver cd-controller``'s settings for the daemon pods it creates."""
+"""``dradriver cd-controller``'s settings for the daemon pods it creates, and its flags checked before it starts."""
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 
 from dradriver.cli.cd_controller import daemon_env
+from dradriver.cli.main import main
 from dradriver.errors import ConfigError
 
 
@@ -29,3 +32,27 @@ def test_daemon_env_takes_kubernetes_env_vars() -> None:
 def test_a_wrong_daemon_env_is_refused_naming_the_entry(text: str, named: str) -> None:
     with pytest.raises(ConfigError, match=named.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
         daemon_env(text)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--interval", "0"], "argument --interval: '0': use a finite number of seconds above 0"),
+        (["--lease-duration", "-1"], "argument --lease-duration: '-1': use a finite number of seconds above 0"),
+        (["--max-nodes-per-imex-domain", "0"], "argument --max-nodes-per-imex-domain: '0': use a whole number"),
+        # Its own flags are checked before the kubeconfig is loaded (here there is none).
+        (["--daemon-env", "A=1", "--kubeconfig", "/nonexistent/kubeconfig"], "--daemon-env is not JSON"),
+    ],
+)
+def test_cd_controller_refuses_a_bad_setting_in_one_line_before_it_connects_or_listens(
+    capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        assert main(["cd-controller", "--metrics-address", "", *flags]) == 2
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err

@@ -19,6 +19,7 @@ from dradriver.cli.flags.env import add_env_option
 from dradriver.cli.flags.kube_client import KubeClientOptions
 from dradriver.cli.flags.logs import LogOptions
 from dradriver.cli.flags.status import StatusOptions
+from dradriver.cli.flags.values import positive_int, positive_seconds
 from dradriver.cli.status_server import StatusServer
 from dradriver.computedomain.controller import Controller, ControllerSettings
 from dradriver.computedomain.kube import Rest
@@ -98,7 +99,7 @@ def _add_daemon_flags(parser: argparse.ArgumentParser) -> None:
         "--max-nodes-per-imex-domain",
         env="MAX_NODES_PER_IMEX_DOMAIN",
         default=18,
-        type=int,
+        type=positive_int,
         help="the most daemons of one clique (NVL72: 18 trays)",
     )
 
@@ -108,9 +109,16 @@ def _add_election_flags(parser: argparse.ArgumentParser) -> None:
     add_env_option(
         parser, "--identity", env="POD_NAME", default="", help="this replica's name in the Lease (default: host+uuid)"
     )
-    add_env_option(parser, "--lease-duration", env="DRADRIVER_LEASE_DURATION", default=15.0, type=float, help="seconds")
     add_env_option(
-        parser, "--interval", env="DRADRIVER_CD_INTERVAL", default=2.0, type=float, help="seconds between passes"
+        parser, "--lease-duration", env="DRADRIVER_LEASE_DURATION", default=15.0, type=positive_seconds, help="seconds"
+    )
+    add_env_option(
+        parser,
+        "--interval",
+        env="DRADRIVER_CD_INTERVAL",
+        default=2.0,
+        type=positive_seconds,
+        help="seconds between passes",
     )
 
 
@@ -134,14 +142,9 @@ def daemon_env(text: str) -> tuple[dict[str, Any], ...]:
     return tuple(entries)
 
 
-def run(args: argparse.Namespace) -> int:
-    LogOptions.from_args(args).configure()
-    kube = KubeClientOptions.from_args(args)
-    kube.check()
-    serving = StatusOptions.from_args(args)
-    serving.check()
-    rest = Rest(kube.transport())
-    settings = ControllerSettings(
+def controller_settings(args: argparse.Namespace) -> ControllerSettings:
+    """What the controller creates, from its flags (``--daemon-env`` checked: a ConfigError names the entry)."""
+    return ControllerSettings(
         namespace=args.namespace,
         image=args.image,
         daemon_service_account=args.daemon_service_account,
@@ -150,6 +153,17 @@ def run(args: argparse.Namespace) -> int:
         daemon_host_network=args.daemon_host_network == "true",
         daemon_env=daemon_env(args.daemon_env),
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    LogOptions.from_args(args).configure()
+    # Every input checked before a port is bound: its own flags, then the kubeconfig, then the port (probed last).
+    settings = controller_settings(args)
+    kube = KubeClientOptions.from_args(args)
+    kube.check()
+    serving = StatusOptions.from_args(args)
+    serving.check()
+    rest = Rest(kube.transport())
     identity = args.identity or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
     elector = LeaderElector(
         rest, namespace=args.namespace, name=LEASE_NAME, identity=identity, duration=args.lease_duration

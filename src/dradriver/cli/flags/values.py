@@ -47,6 +47,17 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def positive_seconds(text: str) -> float:
+    """A finite number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: use a finite number of seconds above 0")
+    return value
+
+
 def positive_int(text: str) -> int:
     """A whole number, 1 or more."""
     try:
