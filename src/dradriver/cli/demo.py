@@ -8,22 +8,30 @@ the real gRPC sockets, prepare (CDI spec written), unprepare (CDI spec removed).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.allocator import AllocationError, Unsatisfiable, allocate
-from dradriver.cli.explain_input import BUILTIN_CLASSES, Inputs, check_claim, load
-from dradriver.cli.flags import gpus
+from dradriver.cli.demo_input import Classes, default_claim, load_claim, load_classes
+from dradriver.cli.flags.gpus import GPU_BACKEND, MIG_MODE, SIM_PROFILE, SIM_STATE, GpuOptions, unwritable_state
 from dradriver.cli.flags.node import NODE_NAME
+from dradriver.cli.flags.publishing import COMPAT
+from dradriver.cli.flags.sharing import CONSUMABLE_SHARES, GPU_SHARING, SharingOptions
 from dradriver.cli.inventory import render_table
+from dradriver.driver.prepare.mps import DEFAULT_COMMAND, MpsControl
+from dradriver.driver.prepare.presets import PRESETS
 from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions
 from dradriver.driver.publish.slices import SliceSettings, build_slice_specs
-from dradriver.errors import ConfigError
-from dradriver.gpu.backend import open_gpu_backend, simulated_driver_root
+from dradriver.gpu.backend import open_gpu_backend, simulated_driver_root, simulated_mps_command
 from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.inventory import Inventory, MigMode, discover
 from dradriver.nvidia_install.cdi import CdiWriter
@@ -34,21 +42,6 @@ from dradriver.plugin.kubeletplugin.kubelet_client import Claim, KubeletClient
 from dradriver.plugin.kubeletplugin.plugin import KubeletPlugin, KubeletPluginOptions
 from dradriver.plugin.resourceslice.publisher import Publisher, PublisherOptions, SliceSpec
 
-DRIVER = "gpu.dradriver.dev"
-
-# Two whole GPUs that share an NVLink domain: what a user would write for a 2-GPU training job.
-DEFAULT_CLAIM: dict[str, Any] = {
-    "apiVersion": "resource.k8s.io/v1",
-    "kind": "ResourceClaim",
-    "metadata": {"name": "two-nvlinked-gpus", "namespace": "default"},
-    "spec": {
-        "devices": {
-            "requests": [{"name": "gpus", "exactly": {"deviceClassName": "gpu.dradriver.dev", "count": 2}}],
-            "constraints": [{"requests": ["gpus"], "matchAttribute": f"{DRIVER}/nvlinkDomain"}],
-        }
-    },
-}
-
 
 def register(parser: argparse.ArgumentParser) -> None:
     """The options of this command on ``parser`` (cli/main.py adds it to the command line)."""
@@ -57,41 +50,220 @@ def register(parser: argparse.ArgumentParser) -> None:
         "claim, then register with a kubelet-like client over real gRPC sockets, prepare the claim "
         "(printing its CDI spec) and unprepare it."
     )
-    gpus.add_flags(parser)
-    parser.set_defaults(gpu_backend="sim")
-    NODE_NAME.add(parser, default="demo-node", help="the simulated node's name")
-    parser.add_argument(
-        "--claim",
-        metavar="FILE",
-        help="a ResourceClaim or ResourceClaimTemplate (YAML) to allocate and prepare "
-        "(default: two GPUs on one NVLink domain)",
-    )
+    _add_node_flags(parser)
+    _add_claim_flags(parser)
     parser.set_defaults(handler=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    node = args.node_name
-    mig_mode = MigMode(args.mig_mode)
-    claim = _load_claim(Path(args.claim)) if args.claim else json.loads(json.dumps(DEFAULT_CLAIM))
+def _add_node_flags(parser: argparse.ArgumentParser) -> None:
+    """The node: where its GPUs come from, how they are published, under whose names."""
+    group = parser.add_argument_group("the node (the defaults are the Helm chart's, on a simulated node)")
+    GPU_BACKEND.add(
+        group,
+        default="sim",
+        help="where GPUs come from: a simulated node, or this machine's GPUs through NVML (prepared for real)",
+    )
+    SIM_PROFILE.add(group)
+    SIM_STATE.add(
+        group,
+        help="JSON file holding the simulated node's hardware state (MIG mode, MIG devices, compute modes) across "
+        "runs, shared with `dradriver sim` and `dradriver run` (use the same --node-name); in memory when unset",
+    )
+    MIG_MODE.add(group)
+    NODE_NAME.add(group, default="demo-node", help="the node's name (a simulated node's GPU UUIDs derive from it)")
+    COMPAT.add(
+        group,
+        help="run under another driver's names: 'nvidia' publishes as gpu.nvidia.com with NVIDIA's DeviceClasses "
+        "gpu.nvidia.com and mig.nvidia.com, so claims written for NVIDIA's driver demo unedited",
+    )
+    GPU_SHARING.add(group, help="whole GPUs for one claim each, or as consumable capacity (chart value gpu.sharing)")
+    CONSUMABLE_SHARES.add(group, help="NVIDIA's consumable shares (chart value gpu.consumableShares)")
 
-    gpulib, _ = open_gpu_backend(args.gpu_backend, sim_profile=args.sim_profile, node_name=node)
+
+def _add_claim_flags(parser: argparse.ArgumentParser) -> None:
+    """The claim, the DeviceClasses it names, and how much of what prepare wrote is printed."""
+    group = parser.add_argument_group("the claim")
+    group.add_argument(
+        "--claim",
+        metavar="FILE",
+        help="a file whose first ResourceClaim or ResourceClaimTemplate (YAML) is allocated and prepared, or "
+        "without one, the claim the scheduler makes for its first Pod asking for a DeviceClass's extended resource "
+        "(nvidia.com/gpu: 1); other objects are skipped (default: two GPUs on one NVLink domain)",
+    )
+    group.add_argument(
+        "--classes",
+        action="append",
+        default=[],
+        metavar="FILE|DIR",
+        help="DeviceClasses the claim may name (default: those the Helm chart installs, with --compat's names); "
+        "DeviceClasses in the --claim file are added",
+    )
+    group.add_argument(
+        "--full", action="store_true", help="print the whole CDI spec and claim status (default: a summary of each)"
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoOptions:
+    """The node (its GPUs, name and driver name, how it shares GPUs), the DeviceClasses, and whether to print
+    prepare's output whole."""
+
+    node: str
+    gpus: GpuOptions
+    sharing: SharingOptions
+    driver_name: str
+    gpu_class: str
+    classes: Classes
+    full: bool
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> DemoOptions:
+        """Read and check the flags: the state file can be written, the shares are valid, the classes load."""
+        gpus, sharing = GpuOptions.from_args(args), SharingOptions.from_args(args)
+        gpus.check()
+        sharing.check()
+        compat = COMPAT.value(args)
+        preset = PRESETS.get(compat)
+        return cls(
+            node=NODE_NAME.value(args),
+            gpus=gpus,
+            sharing=sharing,
+            driver_name=preset.driver_name if preset else DEFAULT_DRIVER_NAME,
+            gpu_class=preset.gpu_class if preset else DEFAULT_DRIVER_NAME,
+            classes=load_classes(args.classes, compat),
+            full=args.full,
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    options = DemoOptions.from_args(args)
+    if args.claim:
+        loaded = load_claim(args.claim, options.classes, driver_name=options.driver_name)
+        claim, source, options = loaded.claim, loaded.source, replace(options, classes=loaded.classes)
+    else:
+        claim = default_claim(options.driver_name, options.gpu_class)
+        source = "the built-in example (--claim FILE for yours)"
+    gpulib = _open_gpus(options)
+    root = Path(tempfile.mkdtemp(prefix="dradriver-demo-", dir="/tmp"))
     try:
-        return _demo(node, mig_mode, claim, gpulib, args)
+        with _driver_warnings_quiet():
+            return _demo(root, claim, source, gpulib=gpulib, options=options)
     finally:
         gpulib.close()
+        shutil.rmtree(root, ignore_errors=True)
 
 
-def _demo(node: str, mig_mode: MigMode, claim: dict[str, Any], gpulib: GpuLib, args: argparse.Namespace) -> int:
-    inventory = discover(gpulib)
-    _step(f"1. Discovered node {node} ({args.gpu_backend}: {args.sim_profile})")
-    print(render_table(inventory, mig_mode), end="")
+#: Loggers quieted while the demo runs, and down to which level: the driver's warnings are told by the demo itself
+#: (a failed prepare, the MIG devices destroyed at start); MPS's error that its shm mount does not reach the host
+#: is about a node's containers, which a demo has none of.
+QUIETED = {"dradriver": logging.ERROR, "dradriver.driver.prepare.mps": logging.CRITICAL}
 
+
+@contextlib.contextmanager
+def _driver_warnings_quiet() -> Iterator[None]:
+    """The loggers of :data:`QUIETED` at their levels while the demo runs, as they were after."""
+    loggers = {logging.getLogger(name): level for name, level in QUIETED.items()}
+    before = {logger: logger.level for logger in loggers}
+    for logger, level in loggers.items():
+        logger.setLevel(level)
+    try:
+        yield
+    finally:
+        for logger, level in before.items():
+            logger.setLevel(level)
+
+
+def _open_gpus(options: DemoOptions) -> GpuLib:
+    """The GPU backend, open (a simulated node keeps its state in ``--sim-state`` when given)."""
+    state = options.gpus.sim_state
+    try:
+        gpulib, _ = open_gpu_backend(
+            options.gpus.backend, sim_profile=options.gpus.sim_profile, node_name=options.node, sim_state=state
+        )
+    except OSError as err:
+        if state is None:
+            raise
+        raise unwritable_state(state, err) from None
+    return gpulib
+
+
+def _demo(root: Path, claim: dict[str, Any], source: str, *, gpulib: GpuLib, options: DemoOptions) -> int:
+    """The six steps, the driver's files in ``root``."""
+    driver = _start_driver(root, gpulib, options)
     cluster = MemoryCluster()
+    slices = _publish(cluster, driver.inventory, options)
+    if slices is None:
+        return 1
+    metadata = claim["metadata"]
+    _step(f"3. Allocated claim {metadata['namespace']}/{metadata['name']} from {source} as the scheduler would")
+    stored = _allocate(cluster, claim, slices, options)
+    if stored is None:
+        return 1
+    return _prepare_and_unprepare(root, driver=driver, cluster=cluster, claim=stored, options=options)
+
+
+@dataclass(frozen=True)
+class StartedDriver:
+    """The GPU driver as ``dradriver run`` starts it, the node's GPUs as it found them, and its CDI writer."""
+
+    driver: GpuDriver
+    inventory: Inventory
+    cdi: CdiWriter
+
+
+def _start_driver(root: Path, gpulib: GpuLib, options: DemoOptions) -> StartedDriver:
+    """Step 1: discover the GPUs and start the GPU driver on them, reconciled as ``dradriver run`` reconciles at
+    start (in dynamic mode, the MIG devices no claim owns are destroyed, so the whole GPU can be offered)."""
+    inventory, gpus = discover(gpulib), options.gpus
+    cdi = CdiWriter(
+        root / "cdi",
+        host_path=lambda _path: "/dev/null",
+        driver_root=discover_driver_root(
+            host_root=str(simulated_driver_root(root / "driver-root", inventory.driver_version)),
+            version=inventory.driver_version,
+        ),
+    )
+    driver = GpuDriver(
+        GpuDriverOptions(
+            driver_name=options.driver_name,
+            pool=options.node,
+            mig_mode=gpus.mig_mode,
+            consumable_shares=options.sharing.consumable_shares,
+        ),
+        inventory=inventory,
+        cdi=cdi,
+        gpulib=gpulib,
+        mps=MpsControl(simulated_mps_command() if gpus.backend == "sim" else list(DEFAULT_COMMAND), root / "mps"),
+    )
+    driver.reconcile()
+    destroyed = 0
+    if gpus.mig_mode is MigMode.DYNAMIC:
+        before, inventory = len(inventory.mig_devices), discover(gpulib)
+        destroyed = before - len(inventory.mig_devices)
+        driver.update_inventory(inventory, gpus.mig_mode)
+    where = f"simulated: {gpus.sim_profile}" if gpus.backend == "sim" else "NVML: this machine's GPUs"
+    where += f", state in {gpus.sim_state}" if gpus.sim_state and gpus.backend == "sim" else ""
+    _step(f"1. Discovered node {options.node} ({where})")
+    if destroyed:
+        print(f"dynamic MIG: destroyed {destroyed} MIG devices no claim owns, as the driver does when it starts")
+    print(render_table(inventory, gpus.mig_mode), end="")
+    return StartedDriver(driver, inventory, cdi)
+
+
+def _publish(cluster: MemoryCluster, inventory: Inventory, options: DemoOptions) -> list[dict[str, Any]] | None:
+    """Step 2: the node's slices, published through the real publisher; None when they break the server's rules."""
+    node, driver = options.node, options.driver_name
     cluster.add_node(node)
-    specs = build_slice_specs(inventory, SliceSettings(driver=DRIVER, mig_mode=mig_mode))
+    settings = SliceSettings(
+        driver=driver,
+        mig_mode=options.gpus.mig_mode,
+        gpu_sharing=options.sharing.gpu_sharing,
+        consumable_shares=options.sharing.consumable_shares,
+    )
+    specs = build_slice_specs(inventory, settings)
     publisher = Publisher(
         cluster,
-        PublisherOptions(driver=DRIVER, node_name=node, node_uid=cluster.get_node(node)["metadata"]["uid"]),
+        PublisherOptions(driver=driver, node_name=node, node_uid=cluster.get_node(node)["metadata"]["uid"]),
         pools={node: [SliceSpec.of(s.get("devices", ()), s.get("sharedCounters", ())) for s in specs]},
     )
     publisher.reconcile()
@@ -99,56 +271,44 @@ def _demo(node: str, mig_mode: MigMode, claim: dict[str, Any], gpulib: GpuLib, a
     invalid = publisher.status.invalid_pools
     if invalid:
         print(f"the slices break the API server's rules, nothing was published: {invalid}")
-        return 1
+        return None
     slices = cluster.slice_objects()
     devices = sum(len(s["spec"].get("devices", [])) for s in slices)
     print(
         f"{len(slices)} slice{'s' if len(slices) != 1 else ''}, {devices} devices, pool {node} generation "
         f"{slices[0]['spec']['pool']['generation']}; every slice passed the API server's validation rules"
     )
+    return slices
 
-    _step(f"3. Allocated claim {claim['metadata']['namespace']}/{claim['metadata']['name']} as the scheduler would")
+
+def _allocate(
+    cluster: MemoryCluster, claim: dict[str, Any], slices: list[dict[str, Any]], options: DemoOptions
+) -> dict[str, Any] | None:
+    """Step 3: the claim allocated by our allocator and stored with its allocation; None when it does not fit."""
+    print(f"DeviceClasses: {options.classes.origin}")
     try:
-        allocation = allocate(claim, slices=slices, classes=BUILTIN_CLASSES, node=node)
+        allocation = allocate(claim, slices=slices, classes=options.classes.objects, node=options.node)
     except (Unsatisfiable, AllocationError) as err:
         print(f"the claim does not fit this node: {err}\n(try `dradriver explain` for the details)")
-        return 1
+        return None
     claim["status"] = {"allocation": allocation}
     stored = cluster.add_resource_claim(claim)
     for entry in allocation["devices"]["results"]:
         print(f"request {entry['request']}: {entry['device']}")
-
-    root = Path(tempfile.mkdtemp(prefix="dradriver-demo-", dir="/tmp"))
-    try:
-        return _prepare_and_unprepare(
-            root, node, inventory=inventory, gpulib=gpulib, mig_mode=mig_mode, cluster=cluster, claim=stored
-        )
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    return stored
 
 
 def _prepare_and_unprepare(
-    root: Path,
-    node: str,
-    *,
-    inventory: Inventory,
-    gpulib: GpuLib,
-    mig_mode: MigMode,
-    cluster: MemoryCluster,
-    claim: dict[str, Any],
+    root: Path, *, driver: StartedDriver, cluster: MemoryCluster, claim: dict[str, Any], options: DemoOptions
 ) -> int:
-    stub_root = simulated_driver_root(root / "driver-root", inventory.driver_version)
-    driver_root = discover_driver_root(host_root=str(stub_root), version=inventory.driver_version)
-    cdi = CdiWriter(root / "cdi", host_path=lambda _path: "/dev/null", driver_root=driver_root)
-    driver = GpuDriver(
-        GpuDriverOptions(driver_name=DRIVER, pool=node, mig_mode=mig_mode), inventory=inventory, cdi=cdi, gpulib=gpulib
-    )
-    claim_status = ClaimStatusWriter(cluster, driver_name=DRIVER, node_name=node)
+    """Steps 4 to 6: register, prepare (CDI spec and claim status printed), unprepare."""
+    node, driver_name = options.node, options.driver_name
+    claim_status = ClaimStatusWriter(cluster, driver_name=driver_name, node_name=node)
     plugin = KubeletPlugin(
         KubeletPluginOptions(
-            driver_name=DRIVER, node_name=node, registry_dir=root / "registry", plugin_dir=root / "plugin"
+            driver_name=driver_name, node_name=node, registry_dir=root / "registry", plugin_dir=root / "plugin"
         ),
-        handler=driver,
+        handler=driver.driver,
         claim_source=cluster,
         claim_status=claim_status,
     )
@@ -164,14 +324,11 @@ def _prepare_and_unprepare(
             return 1
         for device in prepared.devices:
             print(f"{device['device_name']}: {', '.join(device['cdi_device_ids'])}")
-        spec_path = cdi.spec_path(ref.uid)
-        print(f"CDI spec {spec_path.name}:")
-        # The driver writes specs on one line (the C encoder is faster); a person reads them indented.
-        print(json.dumps(json.loads(spec_path.read_text()), indent=2))
+        spec_path = driver.cdi.spec_path(ref.uid)
+        _print_spec(spec_path, ref.uid, full=options.full)
         claim_status.wait_idle(10)
         stored = cluster.get_resource_claim(ref.namespace, ref.name)
-        print("claim status.devices:")
-        print(json.dumps(stored.get("status", {}).get("devices", []), indent=2))
+        _print_status(stored.get("status", {}).get("devices", []), full=options.full)
 
         errors = kubelet.unprepare([ref])
         _step("6. NodeUnprepareResources")
@@ -179,28 +336,71 @@ def _prepare_and_unprepare(
     return 0
 
 
-def _load_claim(path: Path) -> dict[str, Any]:
-    """The first ResourceClaim (or a claim made from the first ResourceClaimTemplate) of the file, checked as
-    the API server would check it."""
-    inputs = Inputs()
-    load([str(path)], inputs, want=("ResourceClaim", "ResourceClaimTemplate", "DeviceClass", "ResourceSlice"))
-    documents = inputs.of_kind("ResourceClaim", "ResourceClaimTemplate")
-    if not documents:
-        found = f" ({inputs.errors[0]})" if inputs.errors else ""
-        raise ConfigError(f"--claim {path}: no ResourceClaim or ResourceClaimTemplate usable in the file{found}")
-    problems = check_claim(documents[0], {c["metadata"]["name"] for c in BUILTIN_CLASSES})
-    if problems:
-        raise ConfigError(f"--claim {problems[0]}")
-    document = documents[0].obj
-    if document["kind"] == "ResourceClaim":
-        return dict(document)
-    metadata = document["metadata"]
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": f"{metadata['name']}-demo", "namespace": metadata["namespace"]},
-        "spec": document["spec"]["spec"],
-    }
+def _print_spec(path: Path, claim_uid: str, *, full: bool) -> None:
+    """The claim's CDI spec: whole and indented with ``full`` (the driver writes it on one line: the C encoder is
+    faster), else its kind and devices with what each adds to a container."""
+    spec = json.loads(path.read_text())
+    print(f"CDI spec {path.name}:")
+    if full:
+        print(json.dumps(spec, indent=2))
+        return
+    devices = [d for d in spec.get("devices") or () if isinstance(d, dict)]
+    counted = f"{len(devices)} device{'s' if len(devices) != 1 else ''}"
+    print(f"  kind {spec.get('kind')}, cdiVersion {spec.get('cdiVersion')}, {counted}")
+    for device in devices:
+        name = str(device.get("name")).removeprefix(f"{claim_uid}-")  # each name starts with the claim's UID
+        print(f"  device …-{name}: {edits_summary(device.get('containerEdits'))}")
+    print(f"  every device: {edits_summary(spec.get('containerEdits'))}")
+    print("  … (--full for the whole spec)")
+
+
+def edits_summary(edits: Any) -> str:
+    """What CDI container edits add, in one line: device nodes and env by name, mounts and hooks by count (with the
+    first mount), anything else by its field name."""
+    if not isinstance(edits, dict) or not edits:
+        return "nothing"
+    parts = []
+    nodes = [str(n.get("path")) for n in edits.get("deviceNodes") or () if isinstance(n, dict)]
+    if nodes:
+        shown = f"device node{'s' if len(nodes) != 1 else ''} {', '.join(nodes)}"
+        parts.append(shown if len(nodes) <= 2 else f"{len(nodes)} device nodes")
+    mounts = [m for m in edits.get("mounts") or () if isinstance(m, dict)]
+    if mounts:
+        parts.append(f"{len(mounts)} mount{'s' if len(mounts) != 1 else ''} ({mounts[0].get('containerPath')}, …)")
+    hooks = [h for h in edits.get("hooks") or () if isinstance(h, dict)]
+    if hooks:
+        parts.append(f"{len(hooks)} hook{'s' if len(hooks) != 1 else ''}")
+    env = [str(value) for value in edits.get("env") or ()]
+    if env:
+        parts.append(f"env {', '.join(env)}")
+    parts += [key for key in edits if key not in ("deviceNodes", "mounts", "hooks", "env")]
+    return "; ".join(parts)
+
+
+def _print_status(devices: list[dict[str, Any]], *, full: bool) -> None:
+    """The claim's status.devices as the driver wrote them: whole with ``full``, else a line per device."""
+    print("claim status.devices:")
+    if full:
+        print(json.dumps(devices, indent=2))
+        return
+    for device in devices:
+        conditions = ", ".join(
+            f"{c.get('type')}{'' if c.get('status') == 'True' else '=' + str(c.get('status'))} ({c.get('reason')})"
+            for c in device.get("conditions") or ()
+        )
+        data = ", ".join(f"{key} {value}" for key, value in _flat(device.get("data") or {}))
+        print(f"  {device.get('device')}: {conditions}; {data}")
+
+
+def _flat(data: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """``{"sharing": {"strategy": "MPS"}}`` → ``[("sharing.strategy", "MPS")]``."""
+    pairs: list[tuple[str, Any]] = []
+    for key, value in data.items():
+        if isinstance(value, dict):
+            pairs += _flat(value, f"{prefix}{key}.")
+        else:
+            pairs.append((f"{prefix}{key}", value))
+    return pairs
 
 
 def _step(title: str) -> None:
