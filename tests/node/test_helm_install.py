@@ -14,7 +14,11 @@ takes its place, as a DaemonSet replacing a by-hand install would. The release o
 is installed (the session's copies, the same objects generated from the chart, are deleted before and applied
 again after). The values are those a bare kubelet needs (docs/deployment.md, "On a bare kubelet"). Kustomize
 overlays are not installed here: scripts/gen-manifests renders them from this chart and tests/test_manifests.py
-fails when they differ, so this install covers what `kubectl apply -k manifests/overlays/sim` would run."""
+fails when they differ, so this install covers what `kubectl apply -k manifests/overlays/sim` would run.
+
+Each test finds the release installed and its plugin pod Ready (the ``release`` fixture installs it when none is,
+as after the uninstall test) and makes what else it needs itself (the scenario pod: the ``scenario`` fixture), so
+each passes alone and in any order."""
 
 from __future__ import annotations
 
@@ -72,6 +76,13 @@ class Chart:
             raise AssertionError(f"helm {' '.join(args)} failed ({done.returncode}):\n{done.stdout}{done.stderr}\n"
                                  f"{self.describe()}\n{self.node.tails(30)}")  # fmt: skip
         return done.stdout
+
+    def installed(self) -> bool:
+        return run_helm("--kubeconfig", self.kubeconfig, "status", RELEASE, "-n", NAMESPACE).returncode == 0
+
+    def install(self) -> None:
+        self.helm("install", RELEASE, str(CHART), "-n", NAMESPACE, "--create-namespace", "-f", preset_file("sim"),
+                  "-f", str(self.values), "--wait", "--timeout", "3m")  # fmt: skip
 
     def kubectl(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([kubectl(), "--kubeconfig", self.kubeconfig, *args], capture_output=True, text=True,
@@ -204,9 +215,31 @@ def chart(node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         node.start_driver()
 
 
-def test_install_runs_our_image_as_the_plugin_pod_and_a_scenario_gets_its_gpu(chart: Chart) -> None:
-    chart.helm("install", RELEASE, str(CHART), "-n", NAMESPACE, "--create-namespace", "-f", preset_file("sim"),
-               "-f", str(chart.values), "--wait", "--timeout", "3m")  # fmt: skip
+@pytest.fixture
+def release(chart: Chart) -> Chart:
+    """The release installed and its one plugin pod Ready: installed here unless a test before left it so."""
+    if not chart.installed():
+        chart.install()
+    chart.wait_ready("the plugin pod to be Ready")
+    return chart
+
+
+@pytest.fixture
+def scenario(release: Chart) -> Iterator[dict[str, Any]]:
+    """The one-GPU scenario's pod, running with the claim the plugin pod prepared; deleted afterwards."""
+    docs = documents(SCENARIO)
+    try:
+        [_template, scenario_pod] = release.workloads.apply(docs)
+        [app] = release.workloads.wait_running(scenario_pod)
+        yield app
+    finally:
+        release.workloads.delete(docs)
+
+
+def test_install_runs_our_image_as_the_plugin_pod_and_a_scenario_gets_its_gpu(
+    release: Chart, scenario: dict[str, Any]
+) -> None:
+    chart, app = release, scenario
     pod = chart.wait_ready("the plugin pod to be Ready")
     assert pod["spec"]["nodeName"] == chart.node.name
     [status] = pod["status"]["containerStatuses"]
@@ -223,8 +256,6 @@ def test_install_runs_our_image_as_the_plugin_pod_and_a_scenario_gets_its_gpu(ch
     assert len(registered) == 1, registered  # the pod's per-pod socket, in the kubelet's own root
     assert chart.slices(), "no ResourceSlices of the node after install"
 
-    [_template, scenario] = chart.workloads.apply(documents(SCENARIO))
-    [app] = chart.workloads.wait_running(scenario)
     output = chart.workloads.kubectl("-n", "default", "logs", app["metadata"]["name"])
     assert any(line.startswith("DRADRIVER_DEVICE_") and "=GPU-" in line for line in output.splitlines()), output
     [claim] = claims_of(chart.node.kube, app)
@@ -235,9 +266,9 @@ def test_install_runs_our_image_as_the_plugin_pod_and_a_scenario_gets_its_gpu(ch
 
 
 def test_compute_domains_the_controller_pod_runs_and_turns_a_domain_into_its_objects(
-    chart: Chart, tmp_path: Path
+    release: Chart, tmp_path: Path
 ) -> None:
-    kube = chart.node.kube
+    chart, kube = release, release.node.kube
     for crd in CRDS:
         established = chart.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=30s")
         assert established.returncode == 0, established.stdout + established.stderr
@@ -270,6 +301,16 @@ def test_compute_domains_the_controller_pod_runs_and_turns_a_domain_into_its_obj
     [domain_doc] = [d for d in documents(CD_EXAMPLE) if d["kind"] == "ComputeDomain"]
     domain_file = tmp_path / "domain.yaml"
     domain_file.write_text(yaml.safe_dump(domain_doc))
+    try:
+        _domain_gets_its_objects_and_goes(chart, domain_file, pod)
+    finally:
+        chart.kubectl("delete", "--ignore-not-found", "--timeout=90s", "-f", str(domain_file))
+
+
+def _domain_gets_its_objects_and_goes(chart: Chart, domain_file: Path, controller: dict[str, Any]) -> None:
+    """The domain in ``domain_file`` applied: the ``controller`` pod makes its objects, and takes them apart once
+    it is deleted."""
+    kube = chart.node.kube
     created = chart.kubectl("apply", "-f", str(domain_file))
     assert created.returncode == 0, created.stdout + created.stderr
     domain = kube.get("computedomains", CD_NAME, "default")
@@ -286,7 +327,7 @@ def test_compute_domains_the_controller_pod_runs_and_turns_a_domain_into_its_obj
     assert daemon_pod["serviceAccountName"] == f"{RELEASE}-dradriver-compute-domain-daemon"
     assert daemon_pod["hostNetwork"] is True and daemon_pod["containers"][0]["image"] == IMAGE
     assert {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"} in daemon_pod["containers"][0]["env"]
-    assert f"created kind=DaemonSet name=computedomain-daemon-{uid}" in chart.log(pod)
+    assert f"created kind=DaemonSet name=computedomain-daemon-{uid}" in chart.log(controller)
 
     # Deleted: the controller takes it apart and lets it go.
     gone = chart.kubectl("delete", "-f", str(domain_file), "--timeout=90s")
@@ -297,10 +338,10 @@ def test_compute_domains_the_controller_pod_runs_and_turns_a_domain_into_its_obj
              lambda: not kube.list("resourceclaimtemplates", labelSelector=labelled), 30)  # fmt: skip
 
 
-def test_upgrade_replaces_the_pod_and_keeps_a_prepared_claim(chart: Chart) -> None:
+def test_upgrade_replaces_the_pod_and_keeps_a_prepared_claim(release: Chart, scenario: dict[str, Any]) -> None:
+    chart, app = release, scenario
     [old] = chart.live_pods()
     kube = chart.node.kube
-    [app] = [p for p in kube.list("pods", "default") if p["metadata"]["name"] == "one-gpu"]
     [claim] = claims_of(kube, app)
     uid = claim["metadata"]["uid"]
 
@@ -331,7 +372,8 @@ def test_upgrade_replaces_the_pod_and_keeps_a_prepared_claim(chart: Chart) -> No
     wait_for("the new plugin pod to unprepare the claim", lambda: unprepared(chart.node, uid), 90)
 
 
-def test_uninstall_removes_every_object_and_the_kubelet_wipes_the_slices(chart: Chart, tmp_path: Path) -> None:
+def test_uninstall_removes_every_object_and_the_kubelet_wipes_the_slices(release: Chart, tmp_path: Path) -> None:
+    chart = release
     manifest = tmp_path / "release.yaml"
     manifest.write_text(chart.helm("get", "manifest", RELEASE, "-n", NAMESPACE))
     objects = [d for d in yaml.safe_load_all(manifest.read_text()) if d]

@@ -18,6 +18,8 @@ from urllib.parse import urlencode
 import urllib3
 
 T = TypeVar("T")
+# How long a request answered 429 (Too Many Requests) is asked again before the 429 is the answer.
+TOO_MANY_REQUESTS_SECONDS = 30.0
 
 # plural -> (API path prefix, namespaced)
 RESOURCES: dict[str, tuple[str, bool]] = {
@@ -90,7 +92,14 @@ class Kube:
     ) -> Any:
         url = self.server + path + (f"?{urlencode(query)}" if query else "")
         data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
-        response = self._http.request(method, url, body=data, headers={"Content-Type": content_type, **self._auth})
+        headers = {"Content-Type": content_type, **self._auth}
+        # 429 is "not now", as while a resource's storage (re)initializes after its CRD was created or changed: the
+        # request was not served, so it is asked again for a while, as client-go does.
+        deadline = time.monotonic() + TOO_MANY_REQUESTS_SECONDS
+        response = self._http.request(method, url, body=data, headers=headers)
+        while response.status == 429 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            response = self._http.request(method, url, body=data, headers=headers)
         text = response.data.decode()
         if response.status >= 300:
             try:
