@@ -49,14 +49,14 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "check":
         return 0 if local_ready(settings) else 1
     LogOptions.from_args(args).configure()
-    kube = KubeClientOptions.from_args(args)
-    kube.check()
     if settings.clique_id and Path(args.host_imex_socket).exists():
         raise ConfigError(
             f"a host nvidia-imex service runs on node {settings.node_name} (its socket {args.host_imex_socket} "
             "exists): two IMEX daemons on one node break each other's domains; stop it for driver-managed "
             "ComputeDomains (systemctl disable --now nvidia-imex.service; systemctl mask nvidia-imex.service)"
         )
+    kube = KubeClientOptions.from_args(args)
+    kube.check()  # after this node's own checks, as run orders them; before anything starts
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
