@@ -144,13 +144,8 @@ def inventory_document(
     }
     if health is not None:
         names = [d.name for d in offered] + [g.name for g in lost if g.name]
-        document["deviceHealth"] = {name: _health_document(health, name) for name in names}
+        document["deviceHealth"] = {name: health.report(name) for name in names}
     return document
-
-
-def _health_document(health: GpuHealth, name: str) -> dict[str, Any]:
-    status, message = health.status(name)
-    return {"status": status.name, "message": message, "taints": health.taints(name)}
 
 
 def _gpu_document(gpu: GpuDevice, inventory: Inventory) -> dict[str, Any]:
