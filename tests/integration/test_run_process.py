@@ -154,8 +154,8 @@ NOT_FOR_RUN = (
     "lark",
     "pydantic",
     "pydantic_core",
-    # In a pod the service account is read without the client: its Configuration brings urllib3, and urllib3's
-    # HTTP/2 probe importlib.metadata (docs/reliability.md). Only the lazy stubs of `kubernetes`, its `config` and
+    # In a pod the service account is read without the client (the transport is urllib3 with our settings; urllib3
+    # brings importlib.metadata, docs/reliability.md). Only the lazy stubs of `kubernetes`, its `config` and
     # `utils` packages are in sys.modules: none of their code ran.
     "kubernetes.client",
     "kubernetes.config.kube_config",
@@ -165,8 +165,6 @@ NOT_FOR_RUN = (
     "kubernetes.leaderelection",
     "kubernetes.stream",
     "kubernetes.watch",
-    "urllib3",
-    "importlib.metadata",
     "kubernetes_validate",
     "jsonschema",
     "dateutil",

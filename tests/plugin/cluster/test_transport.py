@@ -1,12 +1,11 @@
-"""The cluster adapters' HTTPS transport: what it sends, how it holds connections, TLS, the service account and
-proxies; judged by what a server (a raw recording one, or the API server stand-in over TLS) and a CONNECT proxy
-saw."""
+"""The cluster adapters' HTTPS transport (urllib3 with our settings and policy): what it sends, how it holds
+connections, when it sends a request again, TLS, the service account and proxies; judged by what a server (a raw
+recording one, or the API server stand-in over TLS) and a CONNECT proxy saw."""
 
 from __future__ import annotations
 
 import base64
 import contextlib
-import http.client
 import json
 import select
 import socket
@@ -50,10 +49,13 @@ def serving(handler: type[socketserver.BaseRequestHandler]) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def recording_server(*, answers_per_connection: int = 0) -> Iterator[tuple[str, Seen]]:
-    """An HTTP/1.1 server that answers every request ``200 {}`` on kept-alive connections and records it;
-    ``answers_per_connection``: after that many answers it reads the next request on the connection and closes
-    it unanswered (as a server whose idle timeout raced the request)."""
+def recording_server(
+    *, answers_per_connection: int = 0, answer: bytes = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+) -> Iterator[tuple[str, Seen]]:
+    """An HTTP/1.1 server that answers every request with ``answer`` (a status line and headers) and ``{}`` on
+    kept-alive connections and records it; ``answers_per_connection``: after that many answers it reads the next
+    request on the connection and closes it unanswered (as a server whose idle timeout raced the request); an
+    empty ``answer``: it never answers."""
     seen = Seen()
 
     class Handler(socketserver.StreamRequestHandler):
@@ -72,7 +74,9 @@ def recording_server(*, answers_per_connection: int = 0) -> Iterator[tuple[str, 
                 seen.requests.append((line.decode().strip(), headers, body))
                 if answers_per_connection and answered == answers_per_connection:
                     return
-                self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+                if not answer:
+                    continue
+                self.wfile.write(answer + b"Content-Length: 2\r\n\r\n{}")
                 self.wfile.flush()
                 answered += 1
 
@@ -178,10 +182,43 @@ def test_a_write_the_server_may_have_read_is_never_sent_twice(method: str) -> No
     with recording_server(answers_per_connection=1) as (url, seen):
         transport = Transport(Endpoint(url))
         assert transport.request("GET", "/a").read() == b"{}"
-        with pytest.raises(http.client.RemoteDisconnected):
+        with pytest.raises(OSError, match="Remote end closed connection without response"):
             transport.request(method, "/b", body=b"{}")
         transport.close()
     assert [line.split()[:2] for line, _, _ in seen.requests] == [["GET", "/a"], [method, "/b"]]
+
+
+def test_a_get_that_timed_out_is_not_sent_again_and_the_error_names_both_limits() -> None:
+    # A timeout is no dropped connection: as in Go, the caller decides (the publisher's and prepare's retries).
+    with recording_server(answer=b"") as (url, seen):
+        transport = Transport(Endpoint(url))
+        with pytest.raises(TimeoutError, match=r"^timed out \(connect timeout 1 s, read timeout 0.2 s\)$"):
+            transport.request("GET", "/slow", timeout=(1.0, 0.2))
+        transport.close()
+    assert [line for line, _, _ in seen.requests] == ["GET /slow HTTP/1.1"]
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\n", b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 1\r\n",
+     b"HTTP/1.1 302 Found\r\nLocation: /elsewhere\r\n"],
+)  # fmt: skip
+def test_every_status_comes_back_as_it_is_never_retried_or_followed(answer: bytes) -> None:
+    # The adapters map statuses to errors and back off themselves (client-go's rate limiter and retries).
+    with recording_server(answer=answer) as (url, seen):
+        transport = Transport(Endpoint(url))
+        response = transport.request("GET", "/a")
+        assert (response.status, response.read()) == (int(answer.split()[1]), b"{}")
+        transport.close()
+    assert [line for line, _, _ in seen.requests] == ["GET /a HTTP/1.1"]
+
+
+def test_an_unreachable_server_is_an_oserror_saying_why() -> None:
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        transport = Transport(Endpoint(f"http://127.0.0.1:{unused.getsockname()[1]}"))
+        with pytest.raises(OSError, match=r"^\[Errno 111\] Connection refused$"):
+            transport.request("GET", "/version")
 
 
 def test_tls_checks_the_server_against_the_ca_and_the_server_name(tmp_path: Path) -> None:
@@ -216,6 +253,18 @@ def test_a_rotated_token_file_is_read_again_and_a_missing_one_keeps_the_last(tmp
     assert token() == "Bearer second"
     path.unlink()
     assert token() == "Bearer second"
+
+
+def test_a_rotated_token_goes_out_with_the_next_request(tmp_path: Path) -> None:
+    path = tmp_path / "token"
+    path.write_text("first")
+    with recording_server() as (url, seen):
+        transport = Transport(Endpoint(url, FileToken(str(path), reread=0)))
+        transport.request("GET", "/a").read()
+        path.write_text("second\n")
+        transport.request("GET", "/b").read()
+        transport.close()
+    assert [headers["authorization"] for _, headers, _ in seen.requests] == ["Bearer first", "Bearer second"]
 
 
 @pytest.fixture
@@ -254,6 +303,23 @@ def test_in_a_pod_a_missing_variable_or_file_is_refused_naming_it(
     (service_account / "token").write_text("")
     with pytest.raises(ConfigError, match=r"token file .* is empty"):
         in_cluster()
+
+
+def test_in_a_pod_the_ca_is_read_at_each_new_connection(
+    service_account: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # As client-go's transport does (and the kubelet's rotated client certificates need): no restart for a new CA.
+    pki = write_pki(tmp_path / "pki")
+    with FakeApiServer(tls=(pki.serving_cert, pki.serving_key)) as api:
+        (service_account / "token").write_text(TOKEN)
+        monkeypatch.setenv("KUBERNETES_SERVICE_PORT", api.url.rsplit(":", 1)[1])
+        monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+        transport = load_transport()
+        with pytest.raises(OSError, match=r"NO_CERTIFICATE_OR_CRL_FOUND|no certificate or crl found"):
+            transport.request("GET", "/version")
+        (service_account / "ca.crt").write_bytes(pki.ca_cert.read_bytes())
+        assert transport.request("GET", "/version").status == 200
+        transport.close()
 
 
 @pytest.mark.parametrize(

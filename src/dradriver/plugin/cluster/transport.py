@@ -1,12 +1,12 @@
-"""HTTPS to the API server over the standard library's ``http.client``: the cluster adapters' one transport.
+"""HTTPS to the API server over urllib3: the cluster adapters' one transport.
 
-The adapters send raw JSON and read raw JSON (never the client's models), so of the ``kubernetes`` client they
-needed only its connection settings and REST layer; that layer brings urllib3 (whose HTTP/2 probe imports
-``importlib.metadata``) and the client's ``Configuration`` with its own imports: about 5 MiB of every node
-driver's memory (docs/reliability.md). Here the same job in one module: TLS with the server's CA, client
-certificates, a server name override and ``insecure-skip-tls-verify``; a bearer token read fresh (the in-cluster
-service account's rotates); an HTTP proxy through CONNECT with ``no_proxy``; a small pool of kept-alive
-connections; and streaming answers for watches.
+The adapters send raw JSON and read raw JSON (never the client's models), so what they need is a connection:
+urllib3 (the ``kubernetes`` client's own HTTP library) does TLS with the server's CA, client certificates, a
+server name override and ``insecure-skip-tls-verify``, the CONNECT tunnel through an HTTP proxy, a pool of
+kept-alive connections (``TCP_NODELAY`` set, as Go's client sets it) and streaming answers for watches. What is
+ours is policy: where the settings come from, which proxy the environment names (Go's ``no_proxy`` rules, which
+urllib3 does not have), a bearer token read fresh (the in-cluster service account's rotates), and Go's rule for
+sending a request again when the server dropped the connection it went out on.
 
 Settings come from the pod's service account (:func:`in_cluster`, the files and variables client-go's
 ``rest.InClusterConfig`` reads) or from a ``kubernetes`` client ``Configuration`` a kubeconfig loader filled in
@@ -16,21 +16,21 @@ providers, merged files.
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import http.client
 import ipaddress
 import os
 import platform
-import select
-import socket
-import ssl
 import threading
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 from urllib.parse import quote, unquote, urlsplit
+
+import urllib3
+from urllib3.exceptions import HTTPError, InsecureRequestWarning, ProtocolError
+from urllib3.exceptions import TimeoutError as Urllib3TimeoutError
 
 from dradriver import __version__
 from dradriver.errors import ConfigError
@@ -40,11 +40,16 @@ SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 SERVICE_ACCOUNT_CA = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
 # client-go re-reads a file-backed token at most once a minute; a projected token is renewed well before expiry.
 TOKEN_REREAD_SECONDS = 60.0
-USER_AGENT = f"dradriver/{__version__} (linux/{platform.machine() or 'unknown'}) python-http.client"
-# Sent again after the server closed a reused connection, whether or not it had read them (Go's isReplayable).
+USER_AGENT = f"dradriver/{__version__} (linux/{platform.machine() or 'unknown'}) python-urllib3"
+# Sent again after the server dropped the connection they went out on, whether or not it had read them (Go's
+# isReplayable).
 _REPLAYABLE = frozenset({"GET", "HEAD", "OPTIONS"})
 # (connect, read) seconds; a watch asks for a longer read timeout.
 Timeout = tuple[float, float]
+
+
+class TransportError(OSError):
+    """The API server could not be reached, or answered no HTTP: the message says what happened underneath."""
 
 
 class FileToken:
@@ -77,7 +82,8 @@ class FileToken:
 
 @dataclass(frozen=True)
 class Endpoint:
-    """Where the API server is and how to reach it."""
+    """Where the API server is and how to reach it. The TLS files are read at each new connection (by urllib3),
+    so a rotated CA or client certificate is picked up without a restart."""
 
     url: str  # scheme://host[:port][/prefix]
     authorization: Callable[[], str | None] = lambda: None
@@ -90,17 +96,6 @@ class Endpoint:
     server_name: str | None = None  # the TLS server name to send and check instead of the URL's host
     proxy: str | None = None  # http://host:port
     proxy_headers: Mapping[str, str] = field(default_factory=dict)
-
-    def ssl_context(self) -> ssl.SSLContext:
-        context = ssl.create_default_context(cafile=self.ca_file, cadata=self.ca_data)
-        if not self.verify:
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-        elif not self.check_hostname:
-            context.check_hostname = False
-        if self.cert_file:
-            context.load_cert_chain(self.cert_file, self.key_file)
-        return context
 
 
 def in_cluster() -> Endpoint:
@@ -205,89 +200,144 @@ def _environment_proxy(url: str) -> tuple[str | None, str]:
     return variable(f"{scheme}_proxy") or None, variable("no_proxy")
 
 
-class _Connection(http.client.HTTPSConnection):
-    """One kept-alive connection: TLS with the endpoint's server name, the read timeout set after connecting
-    (``timeout`` is the connect timeout)."""
+class _DroppedConnectionRetry(urllib3.Retry):
+    """Go's transport's rule (and so client-go's) for a request whose connection the server dropped: a GET, HEAD
+    or OPTIONS is sent again on a new connection (``read`` times), any other method never, since a server that
+    closed after reading it may have acted on it. Everything else (a refused connection, TLS, the proxy, a
+    timeout, any status) is the caller's to retry, as in Go. urllib3 cannot tell a write that failed while being
+    sent, which Go would send again; it checks an idle connection before reusing it, which catches most of those."""
 
-    def __init__(self, host: str, port: int | None, *, context: ssl.SSLContext | None, server_name: str | None):
-        # A plain-HTTP connection gets a bare context it never uses (the default one would load the system CAs).
-        super().__init__(host, port, context=context or ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT))
-        self.tls = context is not None
-        self.server_name = server_name
-        self.read_timeout: float | None = None
+    def increment(
+        self,
+        method: str | None = None,
+        url: str | None = None,
+        response: Any = None,
+        error: Exception | None = None,
+        _pool: Any = None,
+        _stacktrace: Any = None,
+    ) -> Self:
+        if error is not None and not isinstance(error, ProtocolError):
+            raise error  # not a dropped connection: never sent again here
+        return super().increment(method, url, response, error, _pool, _stacktrace)
 
-    def _tunnel(self) -> None:
-        # Python 3.11 writes "CONNECT fd00::1:443"; the authority form needs brackets around an IPv6 address
-        # (3.12 adds them itself, and leaves an address already in brackets as it is).
-        host: str = self._tunnel_host  # type: ignore[has-type]
-        if ":" in host and not host.startswith("["):
-            self._tunnel_host = f"[{host}]"
-            try:
-                super()._tunnel()  # type: ignore[misc]
-            finally:
-                self._tunnel_host = host
-        else:
-            super()._tunnel()  # type: ignore[misc]
 
-    def connect(self) -> None:
-        http.client.HTTPConnection.connect(self)  # TCP, and through a proxy the CONNECT tunnel
-        if self.tls:
-            name = self.server_name or self._tunnel_host or self.host
-            self.sock = self._context.wrap_socket(self.sock, server_hostname=name)  # type: ignore[attr-defined]
-        self.sock.settimeout(self.read_timeout)
+def _retry(times: int) -> _DroppedConnectionRetry:
+    return _DroppedConnectionRetry(
+        total=None,
+        connect=0,
+        read=times,
+        redirect=0,
+        status=0,
+        other=0,
+        allowed_methods=_REPLAYABLE,
+        raise_on_redirect=False,
+        raise_on_status=False,
+        respect_retry_after_header=False,
+    )
+
+
+def _underneath(error: BaseException) -> BaseException:
+    """The error urllib3 wraps (after retries, in a proxy error, in a protocol or TLS error), down to the
+    standard library's where there is one."""
+    while isinstance(error, HTTPError):
+        nested = getattr(error, "reason", None) or getattr(error, "original_error", None) or error.__cause__
+        nested = nested or next((a for a in error.args if isinstance(a, BaseException)), None)
+        if not isinstance(nested, BaseException):
+            break
+        error = nested
+    return error
+
+
+def _oserror(error: HTTPError | OSError, timeout: Timeout) -> OSError:
+    """The :class:`OSError` the adapters catch for ``error``: a :class:`TimeoutError` naming both limits for a
+    timeout, else a :class:`TransportError` with the message of the error underneath."""
+    cause = _underneath(error)
+    if isinstance(cause, TimeoutError | Urllib3TimeoutError):
+        return TimeoutError(f"timed out (connect timeout {timeout[0]:g} s, read timeout {timeout[1]:g} s)")
+    if isinstance(cause, OSError) and not isinstance(error, HTTPError):
+        return cause
+    return TransportError(str(cause) or type(cause).__name__)
+
+
+def _pool_manager(endpoint: Endpoint, pool_size: int) -> urllib3.PoolManager:
+    """urllib3's pool for ``endpoint``: TLS from its settings (urllib3 builds the context and reads the files at
+    each new connection), through its proxy if it has one (a CONNECT tunnel for https)."""
+    options: dict[str, Any] = {"num_pools": 1, "maxsize": pool_size, "block": False}
+    if urlsplit(endpoint.url).scheme == "https":
+        if not endpoint.verify:
+            # The kubeconfig asked for insecure-skip-tls-verify; as kubectl does, we do not repeat it per request.
+            warnings.filterwarnings("ignore", category=InsecureRequestWarning)
+        options.update(
+            cert_reqs="CERT_REQUIRED" if endpoint.verify else "CERT_NONE",
+            ca_certs=endpoint.ca_file,
+            ca_cert_data=endpoint.ca_data,
+            cert_file=endpoint.cert_file,
+            key_file=endpoint.key_file,
+            server_hostname=endpoint.server_name,
+            assert_hostname=None if endpoint.check_hostname else False,
+        )
+    if endpoint.proxy:
+        return urllib3.ProxyManager(endpoint.proxy, proxy_headers=_proxy_headers(endpoint), **options)
+    return urllib3.PoolManager(**options)
+
+
+def _proxy_headers(endpoint: Endpoint) -> dict[str, str]:
+    """The endpoint's proxy headers, with ``Proxy-Authorization`` from the proxy URL's user and password (as Go's
+    transport sends them; urllib3 leaves them unsent) unless a header gives one."""
+    headers = dict(endpoint.proxy_headers)
+    proxy = urlsplit(endpoint.proxy or "")
+    if proxy.username is not None and not any(k.lower() == "proxy-authorization" for k in headers):
+        user = f"{unquote(proxy.username)}:{unquote(proxy.password or '')}"
+        headers.update(urllib3.make_headers(proxy_basic_auth=user))
+    return headers
 
 
 class Response:
-    """An answer: ``status``, ``read()`` (the whole body; the connection goes back to the pool), and for a
-    stream ``read1()``, with ``shutdown()`` to end a blocked read from another thread and ``close()``."""
+    """An answer: ``status``, ``headers``, ``read()`` (the whole body; the connection goes back to the pool), and
+    for a stream ``read1()``, with ``shutdown()`` to end a blocked read from another thread and ``close()``.
+    Reading raises :class:`OSError`, as sending does."""
 
-    def __init__(
-        self, transport: Transport, connection: _Connection, answer: http.client.HTTPResponse, sock: socket.socket
-    ) -> None:
-        self._transport = transport
-        self._connection = connection
+    def __init__(self, answer: urllib3.BaseHTTPResponse, timeout: Timeout) -> None:
         self._answer = answer
-        self._sock = sock  # the connection forgets it when the answer says "close"; shutdown() needs it
+        self._timeout = timeout
         self.status = answer.status
         self.headers = answer.headers
 
     def read(self) -> bytes:
         try:
             data = self._answer.read()
-        except BaseException:
-            self._connection.close()
-            raise
-        if self._answer.will_close:
-            self._connection.close()
-        else:
-            self._transport._give_back(self._connection)
+        except (HTTPError, OSError) as err:
+            raise _oserror(err, self._timeout) from err
+        self._answer.release_conn()
         return data
 
     def read1(self, size: int = 65536) -> bytes:
-        return self._answer.read1(size)
+        try:
+            return self._answer.read1(size)
+        except (HTTPError, OSError) as err:
+            raise _oserror(err, self._timeout) from err
 
     def shutdown(self) -> None:
-        # The plain socket's shutdown: SSLSocket.shutdown would also drop its TLS object under a reader.
-        socket.socket.shutdown(self._sock, socket.SHUT_RD)
+        """Shut the socket for reading: a ``read1()`` blocked in another thread returns (urllib3's own
+        ``shutdown``). Raises ``RuntimeError`` or ``ValueError`` once the answer has let go of its connection."""
+        self._answer.shutdown()
 
     def close(self) -> None:
-        """End the answer; its connection never goes back to the pool (a half-read stream cannot be reused)."""
+        """End the answer; its connection is closed (a half-read stream cannot be reused), its pool slot freed."""
         self._answer.close()
-        self._connection.close()
+        self._answer.release_conn()
 
 
 class Transport:
     """Requests to one API server over a pool of kept-alive connections (at most ``pool_size`` idle).
 
-    ``retries``: how many times a request is sent again on a new connection when the *reused* one it went out
-    on turns out closed by the server (its idle timeout raced our request), with Go's transport's rule (and so
-    client-go's): a GET, HEAD or OPTIONS always, any other method only if sending it failed, since a server that
-    closed after reading it may have acted on it. Anything else is the caller's to retry."""
+    ``retries``: how many times a GET, HEAD or OPTIONS is sent again on a new connection when the server dropped
+    the one it went out on (as when its idle timeout raced our request): Go's rule
+    (:class:`_DroppedConnectionRetry`). Anything else is the caller's to retry."""
 
     def __init__(self, endpoint: Endpoint, *, retries: int = 1, pool_size: int = 4) -> None:
         self.endpoint = endpoint
         self.retries = retries
-        self._pool_size = pool_size
         parts = urlsplit(endpoint.url)
         try:
             port = parts.port
@@ -298,14 +348,9 @@ class Transport:
                 f"the API server address {endpoint.url!r} is not an https://host[:port] (or http://) URL: check "
                 "the kubeconfig's server, or KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT in a pod"
             )
-        self._tls = parts.scheme == "https"
-        self._host = parts.hostname
-        self._port = port or (443 if self._tls else 80)
+        self._origin = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
         self._prefix = parts.path.rstrip("/")
-        self._context: ssl.SSLContext | None = None
-        self._lock = threading.Lock()
-        self._idle: list[_Connection] = []
-        self._closed = False
+        self._manager = _pool_manager(endpoint, pool_size)
 
     def url(self, path: str, query: list[tuple[str, str]] | None = None) -> str:
         """The request target: the endpoint's path prefix, ``path`` and the query, values percent-encoded (in the
@@ -325,104 +370,28 @@ class Transport:
         body: bytes | None = None,
         timeout: Timeout = (5.0, 30.0),
     ) -> Response:
-        """Send one request and return the answer once its status line and headers arrived. Raises ``OSError``
-        (``ssl.SSLError`` included) or ``http.client.HTTPException`` when the server cannot be reached or answers
-        no HTTP."""
-        target = self.url(path, query)
+        """Send one request and return the answer once its status line and headers arrived (the body is read
+        through the :class:`Response`). Raises ``OSError`` (:class:`TransportError`, ``TimeoutError``) when the
+        server cannot be reached, the TLS handshake or the proxy fails, or the server answers no HTTP."""
         send_headers = {"User-Agent": USER_AGENT, **(headers or {})}
         authorization = self.endpoint.authorization()
         if authorization:
             send_headers["Authorization"] = authorization
-        if self.endpoint.proxy and not self._tls:
-            host = f"[{self._host}]" if ":" in self._host else self._host
-            target = f"http://{host}:{self._port}{target}"  # a plain-HTTP proxy takes the absolute form
-            send_headers.update(self._proxy_headers())
-        attempt = 0
-        while True:
-            connection, reused = self._take()
-            connection.timeout, connection.read_timeout = timeout
-            if connection.sock is not None:
-                connection.sock.settimeout(timeout[1])
-            sent = False
-            try:
-                connection.request(method, target, body=body, headers=send_headers)
-                sent = True
-                sock = connection.sock
-                answer = connection.getresponse()
-            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError):
-                connection.close()
-                if reused and attempt < self.retries and (method in _REPLAYABLE or not sent):
-                    attempt += 1
-                    continue  # the server closed a kept-alive connection as we reused it
-                raise
-            except TimeoutError as err:
-                connection.close()
-                limits = f"connect timeout {timeout[0]:g} s, read timeout {timeout[1]:g} s"
-                raise TimeoutError(f"timed out ({limits})") from err
-            except BaseException:
-                connection.close()
-                raise
-            return Response(self, connection, answer, sock)
+        try:
+            answer = self._manager.urlopen(
+                method,
+                self._origin + self.url(path, query),
+                body=body,
+                headers=send_headers,
+                retries=_retry(self.retries),
+                redirect=False,
+                preload_content=False,
+                timeout=urllib3.Timeout(connect=timeout[0], read=timeout[1]),
+            )
+        except (HTTPError, OSError) as err:
+            raise _oserror(err, timeout) from err
+        return Response(answer, timeout)
 
     def close(self) -> None:
         """Close the idle connections; answers still being read close theirs when done."""
-        with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
-        for connection in idle:
-            connection.close()
-
-    def _take(self) -> tuple[_Connection, bool]:
-        with self._lock:
-            while self._idle:
-                connection = self._idle.pop()
-                if not _dropped(connection):
-                    return connection, True
-                connection.close()
-        return self._new_connection(), False
-
-    def _give_back(self, connection: _Connection) -> None:
-        with self._lock:
-            if not self._closed and len(self._idle) < self._pool_size:
-                self._idle.append(connection)
-                return
-        connection.close()
-
-    def _new_connection(self) -> _Connection:
-        if self._tls and self._context is None:
-            try:
-                self._context = self.endpoint.ssl_context()  # built at the first connection: files read then
-            except (OSError, ValueError) as err:
-                raise ssl.SSLError(f"cannot set up TLS for {self.endpoint.url}: {err}") from err
-        proxy = urlsplit(self.endpoint.proxy) if self.endpoint.proxy else None
-        host, port = (proxy.hostname or "", proxy.port or 80) if proxy else (self._host, self._port)
-        connection = _Connection(host, port, context=self._context if self._tls else None, server_name=None)
-        if self._tls:
-            connection.server_name = self.endpoint.server_name
-        if proxy and self._tls:
-            connection.set_tunnel(self._host, self._port, headers=self._proxy_headers())
-        return connection
-
-    def _proxy_headers(self) -> dict[str, str]:
-        """The endpoint's proxy headers, with ``Proxy-Authorization`` from the proxy URL's user and password (as
-        Go's transport sends them) unless a header gives one."""
-        headers = dict(self.endpoint.proxy_headers)
-        proxy = urlsplit(self.endpoint.proxy or "")
-        if proxy.username is not None and not any(k.lower() == "proxy-authorization" for k in headers):
-            user = f"{unquote(proxy.username)}:{unquote(proxy.password or '')}"
-            headers["Proxy-Authorization"] = "Basic " + base64.b64encode(user.encode()).decode()
-        return headers
-
-
-def _dropped(connection: _Connection) -> bool:
-    """Whether an idle connection was closed by the server (readable while idle: EOF or stray bytes). poll, not
-    select: select refuses file descriptors from 1024 up."""
-    sock = connection.sock
-    if sock is None:
-        return True
-    poller = select.poll()
-    try:
-        poller.register(sock, select.POLLIN)
-        return bool(poller.poll(0))
-    except (OSError, ValueError):
-        return True
+        self._manager.clear()
