@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import sys
 from dataclasses import dataclass
@@ -87,7 +86,7 @@ class KubernetesReader:
                 "GET", path, query=query, headers={"Accept": "application/json"}, timeout=REQUEST_TIMEOUT
             )
             data: bytes = response.read()
-        except (http.client.HTTPException, OSError) as exc:  # TLS failures included
+        except OSError as exc:  # the transport's: unreachable, TLS, proxy, timeout, no HTTP
             raise ConfigError(
                 f"cannot reach the API server at {host} to read {what}: {exc}; check --kubeconfig/--context"
             ) from exc

@@ -8,7 +8,6 @@ so tests and metrics can show that nothing storms the API server.
 
 from __future__ import annotations
 
-import http.client
 import json
 import threading
 from collections import Counter
@@ -83,7 +82,7 @@ class Rest:
                 method, path, query=query, headers=headers, body=payload, timeout=self._timeout
             )
             data = response.read()
-        except (http.client.HTTPException, OSError) as exc:
+        except OSError as exc:  # the transport's: unreachable, TLS, proxy, timeout, no HTTP
             raise ApiUnavailableError(f"{method} {what}: API server unreachable: {exc}") from exc
         if not 200 <= response.status <= 299:
             raise error_for_status(response.status, data or b"", what, method)

@@ -9,7 +9,6 @@ to lose a field the API server sent.
 from __future__ import annotations
 
 import contextlib
-import http.client
 import importlib
 import importlib.util
 import json
@@ -249,7 +248,7 @@ class _KubeWatchStream:
         while not self._closed.is_set():
             try:
                 chunk = self._response.read1(65536)
-            except (http.client.HTTPException, OSError, ValueError, AttributeError):
+            except (OSError, ValueError, AttributeError):
                 # A dropped connection or our own close(): the watch is over either way.
                 return
             if not chunk:
@@ -353,12 +352,12 @@ class KubeCluster:
                 body=None if body is None else json.dumps(body).encode(),
                 timeout=timeout or self._timeout,
             )
-        except (http.client.HTTPException, OSError) as exc:
+        except OSError as exc:  # the transport's: unreachable, TLS, proxy, timeout, no HTTP
             raise ApiUnavailableError(f"{method} {what}: API server unreachable: {exc}") from exc
         if not 200 <= response.status <= 299 or not stream:
             try:
                 data = response.read()
-            except (http.client.HTTPException, OSError) as exc:
+            except OSError as exc:
                 raise ApiUnavailableError(f"{method} {what}: reading the answer failed: {exc}") from exc
             if not 200 <= response.status <= 299:
                 raise self._failed(response.status, data or b"", what, method)
