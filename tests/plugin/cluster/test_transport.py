@@ -379,6 +379,17 @@ def test_through_a_connect_proxy_tls_still_ends_at_the_api_server(tmp_path: Path
     assert targets == [f"CONNECT {api.url.removeprefix('https://')} Basic {credentials}"]
 
 
+def test_through_a_proxy_a_plain_http_server_is_asked_in_absolute_form_with_the_proxy_credentials() -> None:
+    with recording_server() as (proxy, seen):
+        endpoint = Endpoint("http://10.1.2.3:8080/prefix", proxy=proxy.replace("http://", "http://ops:p%40ss@"))
+        transport = Transport(endpoint)
+        assert transport.request("GET", "/version", query=[("a", "b c")]).read() == b"{}"
+        transport.close()
+    [(line, headers, _)] = seen.requests
+    assert line == "GET http://10.1.2.3:8080/prefix/version?a=b%20c HTTP/1.1"
+    assert headers["proxy-authorization"] == "Basic " + base64.b64encode(b"ops:p@ss").decode()
+
+
 def test_a_tunnel_to_an_ipv6_api_server_names_it_in_brackets() -> None:
     with connect_proxy(refuse=True) as (proxy, targets):
         transport = Transport(Endpoint("https://[fd00:10:96::1]:6443", proxy=proxy))
