@@ -222,6 +222,8 @@ class _DroppedConnectionRetry(urllib3.Retry):
 
 
 def _retry(times: int) -> _DroppedConnectionRetry:
+    """The retry policy of one request: a dropped connection ``times`` times (for the methods it may resend), and
+    nothing else: no redirect, no status, no ``Retry-After``, no backoff."""
     return _DroppedConnectionRetry(
         total=None,
         connect=0,
