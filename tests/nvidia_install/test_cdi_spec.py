@@ -10,7 +10,8 @@ from support.nodes import inventory_of
 
 from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions
 from dradriver.gpu.inventory import MigMode
-from dradriver.nvidia_install.cdi import CdiWriter, minimum_cdi_version
+from dradriver.gpu.models import DeviceNode
+from dradriver.nvidia_install.cdi import CdiWriter, ClaimSpec, cdi_device, minimum_cdi_version
 from dradriver.nvidia_install.driver_root import DriverRoot, discover_driver_root
 from dradriver.plugin.handler import ClaimRef
 from dradriver.plugin.kubeletplugin.claims import allocated_claim
@@ -178,3 +179,54 @@ def test_the_version_is_the_minimum_the_content_needs(tmp_path: Path):
 def test_the_schema_check_rejects_what_the_cdi_library_rejects(tmp_path: Path, broken: dict, problem: str):
     spec = prepare(tmp_path, driver_root(tmp_path, hook=True), claim("u6", ("gpu", GPU_A)))
     assert any(problem in p for p in cdi_problems({**spec, **broken}, max_version="0.5.0"))
+
+
+def test_nvidia_s_void_device_list_mount_is_in_every_spec(tmp_path: Path):
+    # NVIDIA's runtime, with its volume-mounts device strategy, reads "void" there as "no devices".
+    for hook in (True, False):
+        spec = prepare(tmp_path, driver_root(tmp_path, hook=hook), claim(f"v{hook:d}", ("gpu", GPU_A)))
+        void = [m for m in spec["containerEdits"]["mounts"] if m["hostPath"] == "/dev/null"]
+        assert void == [
+            {
+                "hostPath": "/dev/null",
+                "containerPath": "/var/run/nvidia-container-devices/void",
+                "options": ["ro", "nosuid", "nodev", "bind"],
+            }
+        ]
+
+
+@pytest.mark.parametrize(("says", "profile"), [("1.20.2", True), ("1.20.0", True), ("1.17.8", False), ("", False)])
+def test_update_application_profile_only_where_the_hook_has_it(tmp_path: Path, says: str, profile: bool):
+    # A spec naming a subcommand the hook lacks would fail every container: the hook is asked its version.
+    root = write_stub_driver_root(tmp_path / "driver-root", VERSION, machine="x86_64")
+    hook = root / "usr/bin/nvidia-cdi-hook"
+    hook.write_text(f"#!/bin/sh\necho 'NVIDIA CDI Hook version {says}'\n" if says else "#!/bin/sh\nexit 1\n")
+    hook.chmod(0o755)
+    found = discover_driver_root(host_root="/", container_root=root, version=VERSION, machine="x86_64")
+    assert found.cdi_hook == "/usr/bin/nvidia-cdi-hook" and found.cdi_hook_version == (says or None)
+    spec = prepare(tmp_path, found, claim("u7", ("gpu", GPU_A)))
+    last = spec["containerEdits"]["hooks"][-1]
+    assert (last["args"] == ["nvidia-cdi-hook", "update-application-profile"]) is profile
+
+
+def test_a_gpu_s_dri_nodes_come_with_their_by_path_links_made_by_the_hook(tmp_path: Path):
+    gpu = next(g for g in inventory_of("mixed").gpus if g.name == GPU_A)
+    nodes = (DeviceNode("/dev/nvidia1"), DeviceNode("/dev/dri/card2"), DeviceNode("/dev/dri/renderD129"))
+    device = cdi_device(gpu, nodes)
+    assert device.links == (
+        ("../card2", "/dev/dri/by-path/pci-0000:0f:00.0-card"),
+        ("../renderD129", "/dev/dri/by-path/pci-0000:0f:00.0-render"),
+    )
+    with_hook = CdiWriter(tmp_path, driver_root=driver_root(tmp_path / "a", hook=True), node_exists=lambda _p: True)
+    [hook] = with_hook.render(ClaimSpec("u8", (device,)))["devices"][0]["containerEdits"]["hooks"]
+    assert hook["args"] == [
+        "nvidia-cdi-hook",
+        "create-symlinks",
+        "--link",
+        "../card2::/dev/dri/by-path/pci-0000:0f:00.0-card",
+        "--link",
+        "../renderD129::/dev/dri/by-path/pci-0000:0f:00.0-render",
+    ]
+    # Without a hook nothing can make a link: the nodes alone.
+    without = CdiWriter(tmp_path, driver_root=driver_root(tmp_path / "b", hook=False), node_exists=lambda _p: True)
+    assert "hooks" not in without.render(ClaimSpec("u8", (device,)))["devices"][0]["containerEdits"]

@@ -204,6 +204,7 @@ LAYOUT_FACTS = {
     "gpu-operator": (LIBDIR, FOUND_IN_CACHE, "usr/bin"),
     "gke": ("lib64", FOUND_IN_DEFAULT, "bin"),
     "h100": ("usr/local/nvidia/lib64", FOUND_IN_CACHE, "usr/local/nvidia/bin"),
+    "full": (LIBDIR, FOUND_IN_CACHE, "usr/bin"),
 }
 # The loaders' built-in search paths (glibc's configure: slibdir and libdir, plus /lib and /usr/lib on Debian).
 DEBIAN_LOADER_PATH = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib", "/usr/lib")
@@ -241,6 +242,41 @@ def test_every_layout_is_found_where_its_installer_put_it(layouts: dict[str, Lay
     if name in ("debian", "runfile"):  # the layouts that ship a Vulkan ICD (in /usr/share and in /etc)
         [icd] = found.config_files
         assert icd.container_paths == ("/usr/share/vulkan/icd.d/nvidia_icd.json",)
+
+
+def test_a_full_install_gives_egl_platforms_opencl_x_org_and_the_toolkit_s_links(layouts: dict[str, Layout]) -> None:
+    found = discover_driver_root(host_root=str(layouts["full"].root), version=VERSION, machine="x86_64", cdi_hook=None)
+    names = {f.path.name for f in found.libraries}
+    # The EGL platform libraries (versions of their own), named by the EGL platform files, with their sonames.
+    platforms = {"libnvidia-egl-gbm.so.1.1.2", "libnvidia-egl-wayland.so.1.1.19", "libnvidia-egl-wayland2.so.1.0.0"}
+    assert platforms | {"libnvidia-egl-xcb.so.1.0.2", "libnvidia-egl-xlib.so.1.0.2", "libnvidia-nvvm70.so.4"} <= names
+    links = {s.link: s.target for s in found.symlinks}
+    assert links[f"/{LIBDIR}/libnvidia-egl-gbm.so.1"] == "libnvidia-egl-gbm.so.1.1.2"
+    assert links["/usr/lib64/libnvidia-opticalflow.so"] == "libnvidia-opticalflow.so.1"
+    inside = {p for f in found.config_files for p in f.container_paths}
+    assert "/etc/OpenCL/vendors/nvidia.icd" in inside  # the one place the OpenCL loader looks
+    assert "/usr/share/egl/egl_external_platform.d/09_nvidia_wayland2.json" in inside
+    assert "/usr/share/X11/xorg.conf.d/nvidia-drm-outputclass.conf" in inside
+    assert not any("vulkansc" in p for p in inside)  # Vulkan SC's ICD: NVIDIA's toolkit leaves it too
+    # X.Org's modules where the host has them (an xorg.conf's ModulePath stays right), the GLX module's .so link.
+    xorg = {p for f in found.xorg_modules for p in f.container_paths}
+    glx = f"/usr/lib/xorg/modules/extensions/libglxserver_nvidia.so.{VERSION}"
+    assert xorg == {"/usr/lib/xorg/modules/drivers/nvidia_drv.so", glx}
+    assert links["/usr/lib/xorg/modules/extensions/libglxserver_nvidia.so"] == PurePosixPath(glx).name
+    assert {f.path.name for f in found.binaries} >= {"nvidia-persistenced", "nvidia-imex", "nvidia-xconfig"}
+    assert "nvidia-settings" not in {f.path.name for f in found.binaries}
+    assert [f.path.name for f in found.firmware] == ["gsp_ga10x.bin", "gsp_tu10x.bin"]
+    assert {f.container_paths for f in found.sockets} == {
+        ("/run/nvidia-persistenced/socket",),
+        ("/run/nvidia-fabricmanager/socket",),
+    }
+
+
+def test_ucode_firmware_is_found_beside_the_gsp_firmware(root: Path) -> None:
+    # R615 drivers add ucode files beside the GSP firmware; NVIDIA's toolkit mounts both.
+    folder = next(p for p in (root / "lib/firmware/nvidia").rglob("gsp*.bin")).parent
+    (folder / "ucode_ga10x.bin").write_text("ucode\n")
+    assert "ucode_ga10x.bin" in {f.path.name for f in discover(root).firmware}
 
 
 def test_the_h100_node_is_found_from_root_through_its_linker_cache_alone(layouts: dict[str, Layout]) -> None:

@@ -15,13 +15,18 @@ The layouts (``LAYOUTS``), each with what ``--driver-root`` a user gives on such
   so the hook) at ``usr/local/nvidia/toolkit`` on the host;
 - ``gke``: GKE/COS: ``home/kubernetes/bin/nvidia/{lib64,bin}``, no cache entry (``--driver-root`` is that dir);
 - ``h100``: the lent H100 node: ``usr/local/nvidia/{lib64,bin}`` registered in ``etc/ld.so.conf.d`` and cached,
-  ``--driver-root /``.
+  ``--driver-root /``;
+- ``full``: a realistic full file set of a 580-series driver as NVIDIA's ``.run`` installer leaves it on Ubuntu: every
+  library NVIDIA's CDI generator looks for (the EGL platform libraries of their own versions, ``libnvidia-nvvm70``,
+  the X.Org modules), its binaries, firmware, loader files (Vulkan, EGL, OpenCL, X.Org, OptiX), the daemons' real
+  sockets and the linker cache; ``--driver-root /``.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +88,8 @@ int main(void) {
 }
 """
 
+VULKAN_ICD = '{"file_format_version": "1.0.1", "ICD": {"library_path": "libGLX_nvidia.so.0", "api_version": "1.4"}}\n'
+
 #: Library file stem → soname, as the real driver names them.
 LIBRARIES = {
     "libcuda.so": "libcuda.so.1",
@@ -99,8 +106,66 @@ LIBRARIES = {
     "libnvidia-gpucomp.so": None,  # soname is the versioned name itself
 }
 VDPAU = {"libvdpau_nvidia.so": "libvdpau_nvidia.so.1"}
+#: The rest of a 580 driver's versioned libraries (``full``), stem → soname (None: the versioned name itself).
+FULL_LIBRARIES = {
+    "libGLESv1_CM_nvidia.so": "libGLESv1_CM_nvidia.so.1",
+    "libGLESv2_nvidia.so": "libGLESv2_nvidia.so.2",
+    "libnvidia-eglcore.so": None,
+    "libnvidia-fbc.so": "libnvidia-fbc.so.1",
+    "libnvidia-glcore.so": None,
+    "libnvidia-glsi.so": None,
+    "libnvidia-glvkspirv.so": None,
+    "libnvidia-gtk3.so": None,
+    "libnvidia-ngx.so": "libnvidia-ngx.so.1",
+    "libnvidia-opencl.so": "libnvidia-opencl.so.1",
+    "libnvidia-opticalflow.so": "libnvidia-opticalflow.so.1",
+    "libnvidia-pkcs11-openssl3.so": None,
+    "libnvidia-present.so": None,
+    "libnvidia-rtcore.so": None,
+    "libnvidia-sandboxutils.so": "libnvidia-sandboxutils.so.1",
+    "libnvidia-tls.so": None,
+    "libnvidia-vksc-core.so": "libnvidia-vksc-core.so.1",
+    "libnvidia-wayland-client.so": None,
+    "libnvoptix.so": "libnvoptix.so.1",
+}
+#: Libraries a 580 driver ships under versions of their own: file → soname.
+FULL_OWN_VERSIONS = {
+    "libnvidia-nvvm70.so.4": "libnvidia-nvvm70.so.4",
+    "libnvidia-api.so.1": "libnvidia-api.so.1",
+    "libnvidia-egl-gbm.so.1.1.2": "libnvidia-egl-gbm.so.1",
+    "libnvidia-egl-wayland.so.1.1.19": "libnvidia-egl-wayland.so.1",
+    "libnvidia-egl-wayland2.so.1.0.0": "libnvidia-egl-wayland2.so.1",
+    "libnvidia-egl-xcb.so.1.0.2": "libnvidia-egl-xcb.so.1",
+    "libnvidia-egl-xlib.so.1.0.2": "libnvidia-egl-xlib.so.1",
+}
+#: The development links the installer makes (``libcuda.so`` → ``libcuda.so.1``, …).
+FULL_DEV_LINKS = ("libcuda.so", "libnvidia-ml.so", "libnvcuvid.so", "libnvidia-encode.so", "libnvidia-cfg.so",
+                  "libnvidia-allocator.so", "libnvidia-fbc.so", "libnvidia-opencl.so")  # fmt: skip
 BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-cuda-mps-control")
-VULKAN_ICD = '{"file_format_version": "1.0.1", "ICD": {"library_path": "libGLX_nvidia.so.0", "api_version": "1.4"}}\n'
+#: A 580 install's binaries: those NVIDIA's toolkit mounts, and some it leaves (settings, bug report, modprobe).
+FULL_BINARIES = (
+    *BINARIES,
+    *("nvidia-persistenced", "nvidia-cuda-mps-server", "nvidia-imex", "nvidia-imex-ctl", "nvidia-xconfig"),
+    *("nvidia-settings", "nvidia-bug-report.sh", "nvidia-modprobe", "nvidia-ngx-updater"),
+)
+EGL_PLATFORMS = "usr/share/egl/egl_external_platform.d"
+#: A 580 install's loader and data files (root-relative), each with the library it names (its stand-in content).
+FULL_CONFIG_FILES = {
+    "usr/share/glvnd/egl_vendor.d/10_nvidia.json": "libEGL_nvidia.so.0",
+    f"{EGL_PLATFORMS}/09_nvidia_wayland2.json": "libnvidia-egl-wayland2.so.1",
+    f"{EGL_PLATFORMS}/10_nvidia_wayland.json": "libnvidia-egl-wayland.so.1",
+    f"{EGL_PLATFORMS}/15_nvidia_gbm.json": "libnvidia-egl-gbm.so.1",
+    f"{EGL_PLATFORMS}/20_nvidia_xcb.json": "libnvidia-egl-xcb.so.1",
+    f"{EGL_PLATFORMS}/20_nvidia_xlib.json": "libnvidia-egl-xlib.so.1",
+    "usr/share/vulkan/icd.d/nvidia_icd.json": "libGLX_nvidia.so.0",
+    "usr/share/vulkan/implicit_layer.d/nvidia_layers.json": "libGLX_nvidia.so.0",
+    "etc/vulkansc/icd.d/nvidia_icd_vksc.json": "libnvidia-vksc-core.so.1",
+    "etc/OpenCL/vendors/nvidia.icd": "libnvidia-opencl.so.1",
+    "usr/share/nvidia/nvoptix.bin": "libnvoptix.so.1",
+    "usr/share/X11/xorg.conf.d/nvidia-drm-outputclass.conf": "nvidia_drv.so",
+}
+#: The daemons' sockets a running node has (real UNIX sockets).
+FULL_SOCKETS = ("run/nvidia-persistenced/socket", "run/nvidia-fabricmanager/socket")
 
 
 @dataclass(frozen=True)
@@ -141,17 +206,12 @@ def build_stubs(dest: Path, version: str = VERSION) -> Stubs:
     (dest / "bin").mkdir(exist_ok=True)
     source = dest / "stub.c"
     source.write_text(STUB_C)
-    for stem, soname in {**LIBRARIES, **{f"vdpau/{k}": v for k, v in VDPAU.items()}}.items():
-        name = f"{stem}.{version}"
-        _cc(
-            "-shared",
-            "-fPIC",
-            f"-DDRIVER_VERSION={_c_string(version)}",
-            f"-Wl,-soname,{soname or Path(name).name}",
-            "-o",
-            dest / "libs" / name,
-            source,
-        )
+    # Compiled once, linked once per library (under its soname).
+    _cc("-c", "-fPIC", f"-DDRIVER_VERSION={_c_string(version)}", "-o", dest / "stub.o", source)
+    versioned = {**LIBRARIES, **FULL_LIBRARIES, **{f"vdpau/{k}": v for k, v in VDPAU.items()}}
+    files = {**{f"{stem}.{version}": soname for stem, soname in versioned.items()}, **FULL_OWN_VERSIONS}
+    for name, soname in files.items():
+        _cc("-shared", f"-Wl,-soname,{soname or Path(name).name}", "-o", dest / "libs" / name, dest / "stub.o")
     (dest / "smi.c").write_text(SMI_C)
     _cc("-o", dest / "bin/nvidia-smi", dest / "smi.c")
     (dest / "probe.c").write_text(PROBE_C)
@@ -238,6 +298,36 @@ def _h100(root: Path, stubs: Stubs, _hook: Path | None) -> Layout:
     return Layout("h100", root, root)
 
 
+def _full(root: Path, stubs: Stubs, _hook: Path | None) -> Layout:
+    libdir = root / "usr/lib" / ARCH
+    _install_libraries(stubs, libdir)
+    for stem, soname in FULL_LIBRARIES.items():
+        _install_library(stubs, libdir, f"{stem}.{stubs.version}", soname)
+    for name, soname in FULL_OWN_VERSIONS.items():
+        _install_library(stubs, libdir, name, soname)
+    for link in FULL_DEV_LINKS:
+        (libdir / link).symlink_to(f"{link}.1")
+    (libdir / "gbm").mkdir()
+    (libdir / "gbm/nvidia-drm_gbm.so").symlink_to("../libnvidia-allocator.so.1")
+    # The X.Org driver and GLX server modules.
+    xorg = root / "usr/lib/xorg/modules"
+    shutil.copy2(stubs.library("libnvidia-cfg.so"), _parent(xorg / "drivers/nvidia_drv.so"))
+    glx = f"libglxserver_nvidia.so.{stubs.version}"
+    shutil.copy2(stubs.library("libnvidia-cfg.so"), _parent(xorg / "extensions" / glx))
+    (xorg / "extensions/libglxserver_nvidia.so").symlink_to(glx)
+    _install_binaries(stubs, root / "usr/bin", FULL_BINARIES)
+    _firmware(root / "lib/firmware", stubs.version, ("gsp_ga10x.bin", "gsp_tu10x.bin"))
+    for path, library in FULL_CONFIG_FILES.items():
+        json_file = path.endswith(".json")
+        _write(root / path, f'{{"ICD": {{"library_path": "{library}"}}}}\n' if json_file else f"{library}\n")
+    for path in FULL_SOCKETS:
+        _unix_socket(root / path)
+    (root / "var").mkdir()
+    (root / "var/run").symlink_to("/run")  # absolute, as on Debian: inside the root, it means the root's /run
+    _ldconfig(root)
+    return Layout("full", root, root)
+
+
 _BUILDERS = {
     "debian": _debian,
     "runfile": _runfile,
@@ -245,6 +335,7 @@ _BUILDERS = {
     "gpu-operator": _gpu_operator,
     "gke": _gke,
     "h100": _h100,
+    "full": _full,
 }
 LAYOUTS = tuple(_BUILDERS)
 
@@ -265,14 +356,33 @@ def _install_libraries(stubs: Stubs, libdir: Path, *, links_in: Path | None = No
         (libdir / "vdpau" / soname).symlink_to(name)
 
 
-def _install_binaries(stubs: Stubs, bindir: Path) -> None:
+def _install_library(stubs: Stubs, libdir: Path, name: str, soname: str | None) -> None:
+    shutil.copy2(stubs.dir / "libs" / name, libdir / name)
+    if soname is not None and soname != name:
+        (libdir / soname).symlink_to(name)
+
+
+def _install_binaries(stubs: Stubs, bindir: Path, names: tuple[str, ...] = BINARIES) -> None:
     bindir.mkdir(parents=True, exist_ok=True)
-    for name in BINARIES:
+    for name in names:
         shutil.copy2(stubs.dir / "bin/nvidia-smi", bindir / name)
 
 
-def _firmware(base: Path, version: str) -> None:
-    _write(base / "nvidia" / version / "gsp_ga10x.bin", "stub GSP firmware\n")
+def _firmware(base: Path, version: str, names: tuple[str, ...] = ("gsp_ga10x.bin",)) -> None:
+    for name in names:
+        _write(base / "nvidia" / version / name, "stub GSP firmware\n")
+
+
+def _unix_socket(path: Path) -> None:
+    """A UNIX socket file, as a listening daemon leaves it (made by mknod: a bind would be refused for a path
+    longer than 107 bytes, as test directories are)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.mknod(path, stat.S_IFSOCK | 0o755)
+
+
+def _parent(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def _ldconfig(root: Path) -> None:

@@ -9,10 +9,11 @@ What a spec holds (see docs/cdi.md):
 - spec-wide edits, applied once to a container that gets any device of the claim: the driver root's libraries,
   firmware, binaries and loader files mounted read-only where a plain image finds them, the control device nodes,
   NVIDIA's hooks (``create-symlinks``, ``enable-cuda-compat``, ``disable-device-node-modification``,
-  ``update-ldcache``) where a ``nvidia-cdi-hook`` is available, and ``NVIDIA_VISIBLE_DEVICES=void``;
+  ``update-ldcache``, ``update-application-profile`` where the hook has it) where a ``nvidia-cdi-hook`` is
+  available, ``NVIDIA_VISIBLE_DEVICES=void`` and NVIDIA's void volume mount;
 - per-device edits, applied only to containers given that device: its device nodes (a MIG device: the parent's
-  ``/dev/nvidia<minor>`` and its capability nodes) and its own environment variable, so each container of a pod
-  sees only the devices of the requests it names.
+  ``/dev/nvidia<minor>`` and its capability nodes; a GPU's DRI nodes with their ``/dev/dri/by-path`` links) and its
+  own environment variable, so each container of a pod sees only the devices of the requests it names.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import logging
 import os
 import re
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,8 @@ from dradriver.atomic_files import storage_fix
 from dradriver.errors import DeviceError
 from dradriver.gpu.inventory import GpuDevice, MigPartition
 from dradriver.gpu.models import DeviceNode
+from dradriver.nvidia_install.cdi_hook import hook_at_least
+from dradriver.nvidia_install.device_nodes import dri_by_path_links
 from dradriver.nvidia_install.driver_root import DriverRoot
 
 CDI_VENDOR = "k8s.gpu.dradriver.dev"
@@ -44,6 +47,15 @@ ADMIN_ACCESS_ENV = "DRA_ADMIN_ACCESS=true"
 # NVIDIA's container runtime in legacy mode injects the GPUs this variable names (CUDA images set it to "all"):
 # "void" means none, so only the devices our spec gives reach the container. NVIDIA's own specs do the same.
 NVIDIA_VISIBLE_DEVICES_VOID = "NVIDIA_VISIBLE_DEVICES=void"
+# NVIDIA's runtime, with its volume-mounts device list strategy, reads the devices to inject from mounts under this
+# directory: a "void" entry means none, as the variable above (NVIDIA's specs add it too).
+VOID_DEVICE_LIST_MOUNT = {
+    "hostPath": "/dev/null",
+    "containerPath": "/var/run/nvidia-container-devices/void",
+    "options": ["ro", "nosuid", "nodev", "bind"],
+}
+# The first hook release with update-application-profile.
+APPLICATION_PROFILE_HOOK = (1, 20, 0)
 # Each device names itself in DRADRIVER_DEVICE_<NAME>=<UUID>: a key per device, because env edits of two
 # devices with one key would overwrite each other in a container that gets both.
 DEVICE_ENV_PREFIX = "DRADRIVER_DEVICE_"
@@ -69,6 +81,7 @@ class CdiDevice:
     device_nodes: tuple[DeviceNode, ...]  # e.g. /dev/nvidia0; MIG devices add their /dev/nvidia-caps nodes
     env: tuple[str, ...] = ()  # "KEY=VALUE"
     mounts: tuple[tuple[str, str], ...] = ()  # (host path, container path): e.g. a claim's MPS pipe directory
+    links: tuple[tuple[str, str], ...] = ()  # (target, link) the hook makes: its DRI nodes' /dev/dri/by-path links
 
 
 def device_env_name(device_name: str) -> str:
@@ -79,11 +92,14 @@ def device_env_name(device_name: str) -> str:
 def cdi_device(
     device: GpuDevice | MigPartition, device_nodes: Sequence[DeviceNode], *, admin_access: bool = False
 ) -> CdiDevice:
-    """The per-device edits of one resolved GPU or MIG device: its nodes and its own environment."""
+    """The per-device edits of one resolved GPU or MIG device: its nodes, its DRI nodes' links and its own
+    environment."""
     env = [f"{device_env_name(device.name)}={device.uuid}"] if device.uuid else []
     if admin_access:
         env.append(ADMIN_ACCESS_ENV)
-    return CdiDevice(name=device.name, device_nodes=tuple(device_nodes), env=tuple(env))
+    pci_bus_id = device.info.pci_bus_id if isinstance(device, GpuDevice) else device.parent.info.pci_bus_id
+    links = dri_by_path_links(pci_bus_id, list(device_nodes))
+    return CdiDevice(name=device.name, device_nodes=tuple(device_nodes), env=tuple(env), links=links)
 
 
 @dataclass(frozen=True)
@@ -205,6 +221,8 @@ class CdiWriter:
             edits: dict[str, Any] = {"deviceNodes": [self._node(node) for node in device.device_nodes]}
             if device.env:
                 edits["env"] = list(device.env)
+            if device.links and self.driver_root is not None and self.driver_root.cdi_hook:
+                edits["hooks"] = [hook(self.driver_root.cdi_hook, "create-symlinks", *link_args(device.links))]
             if device.mounts:
                 edits["mounts"] = [
                     {
@@ -222,6 +240,7 @@ class CdiWriter:
         }
         if self.driver_root is not None:
             common.update(driver_root_edits(self.driver_root))
+        common["mounts"] = [*common.get("mounts", []), dict(VOID_DEVICE_LIST_MOUNT)]
         spec: dict[str, Any] = {"cdiVersion": "", "kind": CDI_KIND, "devices": devices, "containerEdits": common}
         spec["cdiVersion"] = minimum_cdi_version(spec)
         return spec
@@ -247,7 +266,8 @@ def driver_root_edits(root: DriverRoot) -> dict[str, Any]:
     ``create-symlinks`` makes the soname and development links, ``enable-cuda-compat`` lets an image's newer CUDA
     forward-compatibility libraries take over, ``disable-device-node-modification`` keeps CUDA from creating
     device nodes of other GPUs, and ``update-ldcache`` puts the library directories into the container's linker
-    cache, as NVIDIA's specs do. Without it, the library is also bind-mounted under each soname
+    cache, as NVIDIA's specs do, and a hook of 1.20 or newer ``update-application-profile`` (EGL and Vulkan then see
+    only the GPUs the container has). Without it, the library is also bind-mounted under each soname
     the host has (a bind follows the link, so the container gets a file of that name): ``dlopen("libcuda.so.1")``
     then works from the loader's default search path alone.
     """
@@ -256,7 +276,7 @@ def driver_root_edits(root: DriverRoot) -> dict[str, Any]:
     def mount(host: str, container: str, options: Sequence[str]) -> None:
         mounts.append({"hostPath": host, "containerPath": container, "options": list(options)})
 
-    for file in (*root.libraries, *root.firmware, *root.binaries, *root.config_files):
+    for file in (*root.libraries, *root.xorg_modules, *root.firmware, *root.binaries, *root.config_files):
         for inside in file.container_paths:
             mount(root.host_path(file), inside, FILE_MOUNT_OPTIONS)
     for file in root.sockets:
@@ -264,20 +284,19 @@ def driver_root_edits(root: DriverRoot) -> dict[str, Any]:
             mount(root.host_path(file), inside, SOCKET_MOUNT_OPTIONS)
     hooks: list[dict[str, Any]] = []
     if root.cdi_hook:
-        argv0 = ["nvidia-ctk", "hook"] if Path(root.cdi_hook).name == "nvidia-ctk" else [Path(root.cdi_hook).name]
-
-        def hook(*args: str) -> None:
-            hooks.append({"hookName": "createContainer", "path": root.cdi_hook, "args": [*argv0, *args]})
-
-        links = [arg for link in root.symlinks for arg in ("--link", f"{link.target}::{link.link}")]
-        if links:
-            hook("create-symlinks", *links)
+        if root.symlinks:
+            hooks.append(hook(root.cdi_hook, "create-symlinks", *link_args((s.target, s.link) for s in root.symlinks)))
         # Before update-ldcache, which then takes in the compat directory's ld.so.conf.d entry.
-        hook("enable-cuda-compat", f"--host-driver-version={root.version}")
+        hooks.append(hook(root.cdi_hook, "enable-cuda-compat", f"--host-driver-version={root.version}"))
         # The container's view of /proc/driver/nvidia/params says ModifyDeviceFiles: 0, so CUDA in it never
         # creates /dev/nvidia* nodes of GPUs the claim did not give it.
-        hook("disable-device-node-modification")
-        hook("update-ldcache", *[arg for folder in root.library_dirs for arg in ("--folder", folder)])
+        hooks.append(hook(root.cdi_hook, "disable-device-node-modification"))
+        folders = [arg for folder in root.library_dirs for arg in ("--folder", folder)]
+        hooks.append(hook(root.cdi_hook, "update-ldcache", *folders))
+        if hook_at_least(root.cdi_hook_version, APPLICATION_PROFILE_HOOK):
+            # An EGL application profile that names the GPUs of the container's /dev/nvidia<minor> nodes: EGL and
+            # Vulkan enumerate only those (it writes nothing where the container has none).
+            hooks.append(hook(root.cdi_hook, "update-application-profile"))
     else:
         for link in root.symlinks:
             if link.library is not None:
@@ -286,6 +305,18 @@ def driver_root_edits(root: DriverRoot) -> dict[str, Any]:
     if hooks:
         edits["hooks"] = hooks
     return edits
+
+
+def hook(path: str, subcommand: str, *args: str) -> dict[str, Any]:
+    """A createContainer hook running ``subcommand`` of NVIDIA's hook at ``path`` (argv[0] its name; ``nvidia-ctk
+    hook`` when the path is nvidia-ctk, which has the hooks as subcommands of ``hook``)."""
+    argv0 = ["nvidia-ctk", "hook"] if Path(path).name == "nvidia-ctk" else [Path(path).name]
+    return {"hookName": "createContainer", "path": path, "args": [*argv0, subcommand, *args]}
+
+
+def link_args(links: Iterable[tuple[str, str]]) -> list[str]:
+    """``create-symlinks``' arguments for (target, link) pairs."""
+    return [arg for target, link in links for arg in ("--link", f"{target}::{link}")]
 
 
 def minimum_cdi_version(spec: dict[str, Any]) -> str:

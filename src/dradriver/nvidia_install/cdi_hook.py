@@ -5,19 +5,57 @@ a host path. The image carries the hook; at start the plugin copies it into its 
 DaemonSet mounts at the same path on the host and in the container (``/var/lib/kubelet/plugins/<driver>``), as
 NVIDIA's DRA driver does. The copy is atomic (a runtime may run the old one meanwhile) and skipped when the file
 there is already the same.
+
+Which subcommands a hook has depends on its release (``update-application-profile`` came with 1.20.0), and a spec
+naming one the hook lacks fails every container it is given to: :func:`hook_version` asks the hook, and the spec
+names a newer subcommand only where the answer allows it.
 """
 
 from __future__ import annotations
 
 import filecmp
+import functools
 import os
+import re
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
 from dradriver.errors import ConfigError
 
 HOOK_NAME = "nvidia-cdi-hook"
+# `nvidia-cdi-hook --version`: "NVIDIA CDI Hook version 1.20.2"; `nvidia-ctk --version`: "… CLI version 1.20.2".
+_VERSION = re.compile(r"\bversion v?(\d+\.\d+\.\d+)")
+
+
+def hook_version(path: Path) -> str | None:
+    """The release ``path --version`` reports (``1.20.2``); None when it is not an executable file here or does not
+    say. Asked once per file (its size and time of change)."""
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    if not path.is_file() or not os.access(path, os.X_OK):
+        return None
+    return _asked_version(str(path), info.st_size, info.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _asked_version(path: str, _size: int, _mtime_ns: int) -> str | None:
+    try:
+        done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = _VERSION.search(done.stdout) if done.returncode == 0 else None
+    return match.group(1) if match else None
+
+
+def hook_at_least(version: str | None, wanted: tuple[int, int, int]) -> bool:
+    """Whether a hook of ``version`` (None: unknown) is ``wanted`` or newer."""
+    if version is None:
+        return False
+    return tuple(int(part) for part in version.split(".")) >= wanted
 
 
 def install_cdi_hook(source: Path, directory: Path) -> Path:

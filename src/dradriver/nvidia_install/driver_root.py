@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import logging
 import platform
+import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from dradriver.errors import ConfigError
 from dradriver.nvidia_install import ldcache
+from dradriver.nvidia_install.cdi_hook import hook_version
 from dradriver.nvidia_install.root_paths import directory as root_directory
 from dradriver.nvidia_install.root_paths import regular_file, resolve
 
@@ -46,6 +48,7 @@ BINARIES = (
     "nvidia-cuda-mps-server",
     "nvidia-imex",
     "nvidia-imex-ctl",
+    "nvidia-xconfig",  # X.Org's configuration tool, for a container that runs an X server
 )
 BINARY_DIRS = ("usr/bin", "usr/sbin", "bin", "sbin", "usr/local/bin", "usr/local/sbin")
 #: Driver daemons' sockets a container may talk to (persistence mode, fabric manager); mounted when present.
@@ -53,23 +56,41 @@ IPC_SOCKETS = ("nvidia-persistenced/socket", "nvidia-fabricmanager/socket")
 FIRMWARE_DIRS = ("lib/firmware/updates", "lib/firmware")
 #: Where the default path of NVIDIA's hook binary lives, relative to the driver root.
 CDI_HOOK = "usr/bin/nvidia-cdi-hook"
-#: Graphics and video loaders' configuration files (Vulkan ICD and layers, EGL vendor and external platforms) and
-#: OptiX's data file:
-#: (directory in the container, file name, where a root may keep it).
+EGL_PLATFORM_FILES = ("09_nvidia_wayland2.json", "10_nvidia_wayland.json", "15_nvidia_gbm.json", "20_nvidia_xcb.json",
+                      "20_nvidia_xlib.json")  # fmt: skip
+#: Where a root keeps loaders' configuration files, in the toolkit's order (the XDG data directories after /etc).
+CONFIG_DIRS = ("etc", "usr/local/share", "usr/share")
+#: The loaders' configuration files and OptiX's data, by their path under a configuration directory, each with
+#: where it goes in the container: Vulkan's ICD and layers (also kept in the root itself, as GKE does), GLVND's EGL
+#: vendor file, the EGL external platforms (Wayland, GBM, X11), the OpenCL ICD (without it the OpenCL loader
+#: never finds libnvidia-opencl), OptiX's data file, and X.Org's configuration snippets.
 CONFIG_FILES = (
-    ("/usr/share/vulkan/icd.d", "nvidia_icd.json", ("etc/vulkan/icd.d", "usr/share/vulkan/icd.d")),
-    (
-        "/usr/share/vulkan/implicit_layer.d",
-        "nvidia_layers.json",
-        ("etc/vulkan/implicit_layer.d", "usr/share/vulkan/implicit_layer.d"),
-    ),
-    ("/usr/share/glvnd/egl_vendor.d", "10_nvidia.json", ("etc/glvnd/egl_vendor.d", "usr/share/glvnd/egl_vendor.d")),
-    ("/usr/share/nvidia", "nvoptix.bin", ("usr/share/nvidia",)),  # OptiX ray tracing's data
     *(
-        ("/usr/share/egl/egl_external_platform.d", name, ("usr/share/egl/egl_external_platform.d",))
-        for name in ("10_nvidia_wayland.json", "15_nvidia_gbm.json", "20_nvidia_xcb.json", "20_nvidia_xlib.json")
+        (f"vulkan/{name}", f"/usr/share/vulkan/{name}")
+        for name in (
+            "icd.d/nvidia_icd.json",
+            "icd.d/nvidia_icd.x86_64.json",  # some RPM packages' name
+            "icd.d/nvidia_icd.aarch64.json",
+            "icd.d/nvidia_layers.json",
+            "implicit_layer.d/nvidia_layers.json",
+        )
     ),
+    ("glvnd/egl_vendor.d/10_nvidia.json", "/usr/share/glvnd/egl_vendor.d/10_nvidia.json"),
+    *(
+        (f"egl/egl_external_platform.d/{name}", f"/usr/share/egl/egl_external_platform.d/{name}")
+        for name in EGL_PLATFORM_FILES
+    ),
+    ("OpenCL/vendors/nvidia.icd", "/etc/OpenCL/vendors/nvidia.icd"),  # the only place the OpenCL loader looks
+    ("nvidia/nvoptix.bin", "/usr/share/nvidia/nvoptix.bin"),  # OptiX ray tracing's data
+    ("X11/xorg.conf.d/10-nvidia.conf", "/usr/share/X11/xorg.conf.d/10-nvidia.conf"),
+    ("X11/xorg.conf.d/nvidia-drm-outputclass.conf", "/usr/share/X11/xorg.conf.d/nvidia-drm-outputclass.conf"),
 )
+#: The EGL external platform libraries, which carry versions of their own (``libnvidia-egl-gbm.so.1.1.2``): the
+#: EGL platform files name them, so EGL on GBM, Wayland or X11 needs them.
+EGL_PLATFORM_LIBRARY = re.compile(r"^libnvidia-egl-(gbm|wayland|wayland2|xcb|xlib)\.so\.\d+\.\d+")
+#: The X.Org driver and GLX server modules, mounted where the host has them (an xorg.conf's ModulePath stays
+#: right): (file name with ``{version}``, the development link the toolkit adds or None).
+XORG_MODULES = (("nvidia_drv.so", None), ("libglxserver_nvidia.so.{version}", "libglxserver_nvidia.so"))
 #: Debian multiarch triplets of the machines NVIDIA ships drivers for.
 TRIPLETS = {"x86_64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu", "ppc64le": "powerpc64le-linux-gnu"}
 
@@ -153,6 +174,8 @@ class DriverRoot:
     config_files: tuple[DriverFile, ...]
     cdi_hook: str | None  # host path of nvidia-cdi-hook, None when there is none
     source_dirs: tuple[PurePosixPath, ...] = ()  # root-relative directories the libraries came from
+    xorg_modules: tuple[DriverFile, ...] = ()  # X.Org's driver and GLX modules, at their host path in the container
+    cdi_hook_version: str | None = None  # what the hook says it is (None: it could not be asked): which hooks exist
 
     def host_path(self, file: DriverFile) -> str:
         """The host path the container runtime binds for ``file`` (the container root rewritten to the host's)."""
@@ -214,6 +237,8 @@ def discover_driver_root(
     # Where libcuda was found, and where its file really is when that is a link into another directory.
     sources = tuple(dict.fromkeys(d for d in (resolve(root, libcuda_dir), libcuda.parent) if d is not None))
     libraries, sonames = _libraries(root, sources, version=version, cache=cache, found_by=found_by, machine=machine)
+    xorg_modules, xorg_links = _xorg_modules(root, sources, version)
+    hook = _cdi_hook_path(cdi_hook, root, host)
     found_root = DriverRoot(
         host_root=host,
         container_root=root,
@@ -221,17 +246,19 @@ def discover_driver_root(
         machine=machine,
         libcuda=next(f for f in libraries if f.path == libcuda),
         libraries=libraries,
-        symlinks=_symlinks(libraries, sonames, machine),
+        symlinks=(*_symlinks(libraries, sonames, machine), *xorg_links),
         firmware=_firmware(root, version, kernel_release or platform.release(), sources),
         binaries=_binaries(root, sources),
         sockets=_sockets(root),
         config_files=_config_files(root),
-        cdi_hook=_cdi_hook_path(cdi_hook, root, host),
+        cdi_hook=hook,
         source_dirs=sources,
+        xorg_modules=xorg_modules,
+        cdi_hook_version=_cdi_hook_version(cdi_hook, hook, root, host),
     )
     log.info(
         "driver root host=%s container=%s version=%s libcuda=/%s found_by=%s libraries=%d binaries=%s firmware=%d "
-        "hook=%s",
+        "hook=%s hook_version=%s",
         host,
         root,
         version,
@@ -241,6 +268,7 @@ def discover_driver_root(
         ",".join(f.path.name for f in found_root.binaries) or "-",
         len(found_root.firmware),
         found_root.cdi_hook or "-",
+        found_root.cdi_hook_version or "-",
     )
     return found_root
 
@@ -295,12 +323,49 @@ def _sockets(root: Path) -> tuple[DriverFile, ...]:
 
 
 def _config_files(root: Path) -> tuple[DriverFile, ...]:
-    """The graphics loaders' configuration files the root has, where the container's loaders look for them."""
-    return tuple(
-        DriverFile(path, (f"{inside}/{name}",))
-        for inside, name, dirs in CONFIG_FILES
-        if (path := _first_file(root, dirs, name))
-    )
+    """The loaders' configuration files the root has (the first of each in ``CONFIG_DIRS``; Vulkan's also in the
+    root itself), where the container's loaders look for them."""
+    found = []
+    for relative, inside in CONFIG_FILES:
+        dirs = (*CONFIG_DIRS, ".") if relative.startswith("vulkan/") else CONFIG_DIRS
+        path = _first_file(root, dirs, relative)
+        if path is not None:
+            found.append(DriverFile(path, (inside,)))
+    return tuple(found)
+
+
+def _xorg_modules(
+    root: Path, sources: tuple[PurePosixPath, ...], version: str
+) -> tuple[tuple[DriverFile, ...], tuple[Symlink, ...]]:
+    """X.Org's NVIDIA driver and GLX server modules, each the first found in X.Org's module directories (beside the
+    library tree first), at the same path in the container, with the GLX module's development link."""
+    bases = [*(str(d) for d in sources), "usr/lib", "usr/lib64"]
+    dirs = [f"{d}/nvidia/xorg" for d in sources]
+    subdirs = ("drivers", "extensions", "updates/drivers", "updates/extensions")
+    dirs += [f"{b}/xorg/modules/{sub}" for b in bases for sub in subdirs]
+    dirs += [f"usr/X11R6/{lib}/modules/{sub}" for lib in ("lib", "lib64") for sub in subdirs]
+    modules, links = [], []
+    for pattern, dev_link in XORG_MODULES:
+        name = pattern.format(version=version)
+        where = next((d for d in dirs if regular_file(root, PurePosixPath(d, name))), None)
+        real = regular_file(root, PurePosixPath(where, name)) if where else None
+        if where is None or real is None:
+            continue
+        modules.append(DriverFile(real, (f"/{where}/{name}",)))
+        if dev_link is not None:
+            links.append(Symlink(name, f"/{where}/{dev_link}", real))
+    return tuple(modules), tuple(links)
+
+
+def _cdi_hook_version(given: str | None, hook: str | None, root: Path, host: PurePosixPath) -> str | None:
+    """The hook's version, asked of the file this container sees: the driver root's hook under the container
+    root, a given path where it is the same here (the image's copy in the plugin directory); None when there is no
+    hook or it cannot be asked (a path only the host has)."""
+    if hook is None:
+        return None
+    if given == "":
+        return hook_version(root / PurePosixPath(hook).relative_to(host))
+    return hook_version(Path(hook))
 
 
 def _cdi_hook_path(cdi_hook: str | None, root: Path, host: PurePosixPath) -> str | None:
@@ -364,13 +429,13 @@ def _libraries(
                 resolved = regular_file(root, sub / entry.name)
                 if resolved is None:
                     continue
-                if entry.name.endswith(f".so.{version}") or entry.name.startswith("libnvidia-nvvm70.so."):
+                if _driver_library(entry.name, version):
                     found.setdefault(resolved, vdpau)
                 elif entry.is_symlink() and ".so" in entry.name:
                     names.setdefault(resolved, set()).add(entry.name)
     for cached in cache:
         resolved = regular_file(root, PurePosixPath(cached.path.lstrip("/")))
-        if resolved is not None and resolved.name.endswith(f".so.{version}"):
+        if resolved is not None and _driver_library(resolved.name, version):
             found.setdefault(resolved, resolved.parent.name == "vdpau")
             names.setdefault(resolved, set()).add(cached.soname)
     libraries = tuple(
@@ -384,11 +449,22 @@ def _libraries(
     return libraries, {path: {n for n in names.get(path, set()) if n != path.name} for path in found}
 
 
+def _driver_library(name: str, version: str) -> bool:
+    """Whether ``name`` is a library of driver ``version``: ``*.so.<version>``, the legacy NVVM and the EGL
+    platform libraries (versions of their own)."""
+    return (
+        name.endswith(f".so.{version}")
+        or name.startswith("libnvidia-nvvm70.so.")
+        or bool(EGL_PLATFORM_LIBRARY.match(name))
+    )
+
+
 def _symlinks(
     libraries: tuple[DriverFile, ...], sonames: dict[PurePosixPath, set[str]], machine: str
 ) -> tuple[Symlink, ...]:
     """Each library's soname links in every container library directory, plus the links NVIDIA's toolkit adds:
-    the development link ``libcuda.so``, GLX's indirect-rendering name and GBM's backend name."""
+    the development links ``libcuda.so`` and ``libnvidia-opticalflow.so`` (which NVIDIA's installer omits), GLX's
+    indirect-rendering name and GBM's backend name."""
     links: dict[str, Symlink] = {}
     dirs = container_library_dirs(machine)
     for lib in libraries:
@@ -398,6 +474,7 @@ def _symlinks(
                 links.setdefault(f"{d}{inside}/{name}", Symlink(lib.path.name, f"{d}{inside}/{name}", lib.path))
         for prefix, target, link in (
             ("libcuda.so.", "libcuda.so.1", "libcuda.so"),
+            ("libnvidia-opticalflow.so.", "libnvidia-opticalflow.so.1", "libnvidia-opticalflow.so"),
             ("libGLX_nvidia.so.", lib.path.name, "libGLX_indirect.so.0"),
             ("libnvidia-allocator.so.", "../libnvidia-allocator.so.1", "gbm/nvidia-drm_gbm.so"),
         ):
@@ -421,7 +498,8 @@ def _firmware(
     for base in candidates:
         folder = root_directory(root, PurePosixPath(base, "nvidia", version))
         if folder is not None:
-            files = sorted(p.name for p in (root / folder).glob("gsp*.bin"))
+            # GSP firmware, and from the R615 drivers on the ucode files beside it.
+            files = sorted(p.name for pattern in ("gsp*.bin", "ucode*.bin") for p in (root / folder).glob(pattern))
             found = [(name, f) for name in files if (f := regular_file(root, folder / name))]
             if found:
                 return tuple(
