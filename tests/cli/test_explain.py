@@ -666,3 +666,15 @@ def test_a_node_setting_the_release_cannot_take_is_refused_as_run_refuses_it(tmp
     args = ["--sim-profile", "mixed", "--mig-mode", "dynamic", "--kubernetes-version", "1.32"]
     assert main(["explain", write_claim(tmp_path), *args]) == 2
     assert "--mig-mode dynamic needs shared counters" in capsys.readouterr().err
+
+
+def test_a_v1beta1_request_with_both_shapes_is_refused_as_the_api_server_refuses_it(tmp_path, capsys):
+    import yaml
+
+    request = {"name": "gpu", "deviceClassName": "gpu.dradriver.dev", "count": 2}
+    request["firstAvailable"] = [{"name": "one", "deviceClassName": "gpu.dradriver.dev"}]
+    obj = {"apiVersion": "resource.k8s.io/v1beta1", "kind": "ResourceClaim", "metadata": {"name": "both"}}
+    path = tmp_path / "both.yaml"
+    path.write_text(yaml.safe_dump({**obj, "spec": {"devices": {"requests": [request]}}}))
+    assert main(["explain", str(path), "--slices", SLICES]) == 2
+    assert "exactly one of exactly or firstAvailable" in capsys.readouterr().err

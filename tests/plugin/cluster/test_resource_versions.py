@@ -90,3 +90,29 @@ def test_a_v1beta2_object_differs_from_v1_only_in_its_version() -> None:
 
     cls = {"apiVersion": "resource.k8s.io/v1beta2", "kind": "DeviceClass", "metadata": {"name": "x"}, "spec": {}}
     assert object_from("v1beta2", cls) == {**cls, "apiVersion": "resource.k8s.io/v1"}
+
+
+@pytest.mark.parametrize(
+    ("request_fields", "exactly"),
+    [
+        # Any main field set beside firstAvailable: the server moves them all under exactly, and validation then
+        # refuses the request for having both (dropping them would let a claim the server refuses "fit").
+        ({"deviceClassName": "gpu.dradriver.dev", "count": 2}, {"deviceClassName": "gpu.dradriver.dev", "count": 2}),
+        ({"selectors": []}, {"selectors": []}),  # an empty list is set, as a non-nil slice is in Go
+        ({"deviceClassName": "", "count": 0, "adminAccess": None}, None),  # zero values are not set
+    ],
+)
+def test_v1beta1_request_fields_move_under_exactly_by_go_s_rule_whatever_first_available_holds(
+    request_fields: dict[str, Any], exactly: dict[str, Any] | None
+) -> None:
+    from dradriver.plugin.cluster.resource_versions import object_from
+
+    sub = {"name": "one", "deviceClassName": "gpu.dradriver.dev"}
+    claim = {
+        "apiVersion": "resource.k8s.io/v1beta1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": [sub], **request_fields}]}},
+    }
+    [request] = object_from("v1beta1", claim)["spec"]["devices"]["requests"]
+    assert request == {"name": "gpu", "firstAvailable": [sub], **({"exactly": exactly} if exactly else {})}

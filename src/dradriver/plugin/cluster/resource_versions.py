@@ -63,7 +63,22 @@ V1BETA1_EXACT_FIELDS = (
     "adminAccess",
     "tolerations",
     "capacity",
+    "derivedAttributes",
 )
+
+
+def _is_set(value: Any) -> bool:
+    """Set as Go's conversion sees a decoded field: not its zero value (``""``, ``0``, null); an empty list is set."""
+    return value is not None and value != "" and not (isinstance(value, int) and value == 0)
+
+
+def _request_from_v1beta1(request: dict[str, Any]) -> None:
+    """As the API server converts a request: when any field v1 nests is set, they all go under ``exactly``, whatever
+    ``firstAvailable`` holds (validation then refuses a request with both); zero values are dropped, as on the wire."""
+    moved = {k: request.pop(k) for k in V1BETA1_EXACT_FIELDS if k in request}
+    exact = {k: v for k, v in moved.items() if _is_set(v)}
+    if exact:
+        request["exactly"] = exact
 
 
 def object_from(version: str, obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -83,8 +98,6 @@ def object_from(version: str, obj: Mapping[str, Any]) -> dict[str, Any]:
     devices = spec.get("devices") if isinstance(spec, dict) else None
     requests = devices.get("requests") if isinstance(devices, dict) else None
     for request in requests if isinstance(requests, list) else ():
-        if isinstance(request, dict) and "firstAvailable" not in request:
-            exact = {k: request.pop(k) for k in V1BETA1_EXACT_FIELDS if k in request}
-            if exact:
-                request["exactly"] = exact
+        if isinstance(request, dict):
+            _request_from_v1beta1(request)
     return converted
