@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +152,19 @@ def parse_yaml(text: str, *, source: str) -> list[Any]:
         loader.dispose()
     _check_expanded_size(documents, source)
     return documents
+
+
+def read_stdin(*, limit: int = MAX_FILE_BYTES) -> str:
+    """Standard input as UTF-8 text (``-`` for a file name), within the same size limit as a file."""
+    data = sys.stdin.buffer.read(limit + 1)
+    if len(data) > limit:
+        raise InputError(f"standard input: more than the limit of {limit} bytes; split it")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise InputError(
+            f"standard input: not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start}); send UTF-8"
+        ) from None
 
 
 def load_yaml_file(path: Path, *, limit: int = MAX_FILE_BYTES) -> list[Any]:

@@ -639,7 +639,8 @@ def test_a_claim_that_fits_only_under_another_node_setting_says_which_flag_and_c
     assert data["claims"][0]["wouldFitWith"] == ["--mig-mode dynamic (chart value gpu.migMode: dynamic)"]
     assert data["assumptions"][1] == (
         "simulated node dgx-a100-80gb as the chart's defaults unless set: --mig-mode static (gpu.migMode), "
-        "--gpu-sharing exclusive (gpu.sharing), --kubernetes-version 1.35 (kubernetesVersion)"
+        "--gpu-sharing exclusive (gpu.sharing), --kubernetes-version 1.35 (the chart's kubernetesVersion, read from "
+        "the API server when unset)"
     )
     assert main(["explain", path, "--sim-profile", "dgx-a100-80gb", "--mig-mode", "dynamic"]) == 0
     assert "would fit with" not in capsys.readouterr().out
@@ -678,3 +679,18 @@ def test_a_v1beta1_request_with_both_shapes_is_refused_as_the_api_server_refuses
     path.write_text(yaml.safe_dump({**obj, "spec": {"devices": {"requests": [request]}}}))
     assert main(["explain", str(path), "--slices", SLICES]) == 2
     assert "exactly one of exactly or firstAvailable" in capsys.readouterr().err
+
+
+def test_a_dash_reads_the_claims_from_standard_input(tmp_path, monkeypatch, capsys):
+    import io
+
+    text = (CLAIM % {"name": "piped", "cls": "gpu.dradriver.dev", "count": 1, "expr": "true"}).encode()
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(text)))
+    assert main(["explain", "-", "--slices", SLICES]) == 0
+    assert "ResourceClaim default/piped (standard input #1): fits on node node-a" in capsys.readouterr().out
+
+
+def test_sharing_settings_run_refuses_are_refused_here_too(tmp_path, capsys):
+    args = ["--sim-profile", "dgx-a100-80gb", "--gpu-sharing", "consumable", "--consumable-shares", "4"]
+    assert main(["explain", write_claim(tmp_path), *args]) == 2
+    assert "two ways to share GPUs; choose one" in capsys.readouterr().err

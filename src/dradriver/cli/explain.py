@@ -17,7 +17,6 @@ import re
 import sys
 from typing import Any
 
-from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.cel import CelCompileError, CelEvaluationError, compile_selector
 from dradriver.cli.explain_input import Document, Inputs, chart_classes, check_claim, check_class, load
 from dradriver.cli.explain_node import NodeSettings
@@ -31,11 +30,10 @@ from dradriver.cli.explain_outcome import (
     render_outcome,
 )
 from dradriver.cli.flags import kube_client
-from dradriver.cli.flags.env import add_env_option
 from dradriver.cli.flags.gpus import MIG_MODE
 from dradriver.cli.flags.output import add_output_option
-from dradriver.cli.flags.publishing import KUBERNETES_VERSION
-from dradriver.cli.flags.sharing import CONSUMABLE_SHARES, GPU_SHARING
+from dradriver.cli.flags.publishing import COMPAT, KUBERNETES_VERSION, driver_name_of
+from dradriver.cli.flags.sharing import CONSUMABLE_SHARES, GPU_SHARING, SharingOptions
 from dradriver.errors import ConfigError
 from dradriver.validation import MAX_CEL_LENGTH
 
@@ -72,7 +70,7 @@ def _add_claim_options(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="FILE|DIR",
-        help="DeviceClasses (default: dradriver's gpu.dradriver.dev and mig.dradriver.dev)",
+        help="DeviceClasses (default: those the Helm chart installs, NVIDIA's names with --compat nvidia)",
     )
 
 
@@ -102,12 +100,8 @@ def _add_device_options(parser: argparse.ArgumentParser) -> None:
         metavar="FILE|DIR",
         help="ResourceClaims whose status.allocation already holds devices",
     )
-    add_env_option(
+    COMPAT.add(
         parser,
-        "--compat",
-        env="DRADRIVER_COMPAT",
-        default="none",
-        choices=("none", "nvidia"),
         help="with --sim-profile, and for the default DeviceClasses and config checks: the names of the "
         "driver's --compat preset ('nvidia': gpu.nvidia.com, DeviceClasses gpu.nvidia.com and mig.nvidia.com)",
     )
@@ -118,8 +112,8 @@ def _add_selector_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--selector", metavar="EXPR", help="test one CEL selector against every device")
     parser.add_argument(
         "--driver",
-        default="gpu.dradriver.dev",
-        help="with --selector and no slices: the driver name devices belong to",
+        help="with --selector and no slices: the driver name devices belong to (default: gpu.dradriver.dev, "
+        "gpu.nvidia.com with --compat nvidia)",
     )
 
 
@@ -130,10 +124,7 @@ def _add_pod_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _driver_name(args: argparse.Namespace) -> str:
-    from dradriver.driver.prepare.presets import PRESETS
-
-    preset = PRESETS.get(args.compat)
-    return preset.driver_name if preset is not None else DEFAULT_DRIVER_NAME
+    return driver_name_of(args)
 
 
 def _builtin_classes(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -206,11 +197,8 @@ def run(args: argparse.Namespace) -> int:
 def _node_settings(args: argparse.Namespace) -> NodeSettings:
     """The simulated node's settings, refused as ``run`` refuses them (a share count the slices cannot carry, a
     setting the release does not have)."""
-    from dradriver.driver.publish.slices import check_consumable_shares
-
     settings = NodeSettings.from_args(args)
-    if settings.consumable_shares:
-        check_consumable_shares(settings.consumable_shares)
+    SharingOptions(gpu_sharing=settings.gpu_sharing, consumable_shares=settings.consumable_shares).check()
     problem = settings.release_problem() if args.sim_profile else None
     if problem:
         raise ConfigError(problem)
@@ -301,7 +289,7 @@ def explain_selector(args: argparse.Namespace, slices: list[dict[str, Any]], inp
         spec = slice_.get("spec") or {}
         if args.node and spec.get("nodeName") != args.node:
             continue
-        driver = str(spec.get("driver", args.driver))
+        driver = str(spec.get("driver", args.driver or _driver_name(args)))
         for device in spec.get("devices") or []:
             try:
                 verdict = "match" if selector.matches(device, driver=driver) else "no match"

@@ -14,7 +14,7 @@ from dradriver.cel import CelCompileError, compile_selector
 from dradriver.computedomain import api as compute_domain
 from dradriver.driver.prepare.config import ConfigError, decode_config
 from dradriver.errors import DradriverError
-from dradriver.inputs import InputError, load_yaml_file, parse_yaml, path_exists, type_name
+from dradriver.inputs import InputError, load_yaml_file, parse_yaml, path_exists, read_stdin, type_name
 from dradriver.plugin.cluster.resource_versions import VERSIONS, object_from
 from dradriver.validation import default_namespace, validate_claim, validate_class, validate_slice_fields
 from dradriver.validation.fields import unknown_fields
@@ -25,6 +25,8 @@ DRA_GROUP = "resource.k8s.io"
 # DRA objects explain does not read (it allocates as if no DeviceTaintRule applied).
 DRA_KINDS_NOT_READ = ("DeviceTaintRule",)
 SUFFIXES = (".yaml", ".yml", ".json")
+#: The file name that means standard input, as kubectl's ``-f -``.
+STDIN = "-"
 
 
 def chart_classes(compat: str = "none") -> list[dict[str, Any]]:
@@ -36,9 +38,6 @@ def chart_classes(compat: str = "none") -> list[dict[str, Any]]:
     for name in ("nvidia" if compat == "nvidia" else "default", "computedomains"):
         classes += parse_yaml(folder.joinpath(f"{name}.yaml").read_text(), source=f"the chart's {name} DeviceClasses")
     return classes
-
-
-BUILTIN_CLASSES: list[dict[str, Any]] = chart_classes()
 
 
 @dataclass
@@ -95,6 +94,9 @@ def _files(path: Path) -> list[Path]:
 def load(paths: list[str], inputs: Inputs, *, want: tuple[str, ...] = KINDS) -> None:
     """Add the documents of the files (or directories) in ``paths`` to ``inputs``; one error per bad one."""
     for raw_path in paths:
+        if raw_path == STDIN:
+            _load_stdin(inputs, want)
+            continue
         path = Path(raw_path)
         try:
             if not path_exists(path):
@@ -112,6 +114,17 @@ def load(paths: list[str], inputs: Inputs, *, want: tuple[str, ...] = KINDS) -> 
                 continue
             for number, doc in enumerate(docs, start=1):
                 _add(doc, f"{file} #{number}", inputs, want)
+
+
+def _load_stdin(inputs: Inputs, want: tuple[str, ...]) -> None:
+    """``-``: the documents on standard input (``kubectl get … -o yaml | dradriver explain -``)."""
+    try:
+        docs = parse_yaml(read_stdin(), source="standard input")
+    except InputError as err:
+        inputs.errors.append(str(err))
+        return
+    for number, doc in enumerate(docs, start=1):
+        _add(doc, f"standard input #{number}", inputs, want)
 
 
 def _add(doc: Any, source: str, inputs: Inputs, want: tuple[str, ...]) -> None:

@@ -51,7 +51,8 @@ class NodeSettings:
         )
         return (
             f"--mig-mode {self.mig_mode} (gpu.migMode), {sharing}, "
-            f"--kubernetes-version {self.kubernetes_version} (kubernetesVersion)"
+            f"--kubernetes-version {self.kubernetes_version} (the chart's kubernetesVersion, read from the API server "
+            "when unset)"
         )
 
     def alternatives(self) -> list[tuple[NodeSettings, str]]:
@@ -69,7 +70,8 @@ class NodeSettings:
                 ),
                 (
                     replace(self, consumable_shares=SHARES_TRIED, mig_mode="static"),
-                    f"--consumable-shares {SHARES_TRIED} (chart value gpu.consumableShares: {SHARES_TRIED})",
+                    f"--consumable-shares {SHARES_TRIED} (chart value gpu.consumableShares: {SHARES_TRIED})"
+                    + ("" if self.mig_mode == "static" else " with --mig-mode static (gpu.migMode: static)"),
                 ),
             ]
         return [(settings, how) for settings, how in tried if settings.release_problem() is None]
