@@ -5,7 +5,8 @@
   symlinks followed inside the root (``root_paths``).
 - ``device_nodes``: a GPU's ``/dev`` nodes (and its DRI nodes).
 - ``cdi``: CDI specs built from them (container paths, hooks, env) and written atomically.
-- ``cdi_hook``: NVIDIA's ``nvidia-cdi-hook`` shipped onto the host for the specs to call.
+- ``cdi_hook``: NVIDIA's ``nvidia-cdi-hook`` shipped onto the host for the specs to call, and asked its version
+  (which subcommands a spec may name).
 
 May import: ``gpu`` (device models) and the leaves; never ``driver``, ``plugin``, ``cli`` or ``sim``.
 """
