@@ -138,7 +138,8 @@ def test_demo_refuses_a_claim_path_that_is_no_file(capsys, special):
 def test_demo_help_names_the_backend_it_uses(capsys):
     assert main(["demo", "--help"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "(default: sim) [env DRADRIVER_GPU_BACKEND]" in out and "(default: nvml)" not in out
+    assert "(default: sim)" in out and "(default: nvml)" not in out
+    assert "[env DRADRIVER_GPU_BACKEND]" not in out and "[env DRADRIVER_SIM_STATE]" not in out
     for flag in ("--compat", "--classes FILE|DIR", "--full", "--sim-state PATH", "--gpu-sharing"):
         assert flag in out
 
@@ -251,6 +252,41 @@ def test_sim_state_is_the_node_s_hardware_kept_across_runs(tmp_path, capsys):
     assert main(["sim", *node, "show"]) == 0
     shown = capsys.readouterr().out
     assert "GI 1  3g.20gb" in shown and "GI 2  2g.10gb" in shown and "GI 3" not in shown
+
+
+def test_demo_in_a_driver_s_pod_takes_neither_its_gpus_nor_its_state_file(tmp_path, monkeypatch, capsys):
+    """The chart's DaemonSet sets DRADRIVER_GPU_BACKEND and DRADRIVER_SIM_STATE for the running driver: `kubectl exec
+    … dradriver demo` demos a node in memory, never the node's GPUs or the live state file."""
+    state = tmp_path / "live.json"
+    monkeypatch.setenv("DRADRIVER_GPU_BACKEND", "nvml")
+    monkeypatch.setenv("DRADRIVER_SIM_STATE", str(state))
+    assert main(["demo"]) == 0
+    assert "==> 1. Discovered node demo-node (simulated: dgx-a100-80gb)\n" in capsys.readouterr().out
+    assert not state.exists()
+
+
+def test_demo_destroys_unowned_mig_devices_only_on_its_own_node_in_memory(capsys):
+    claim = ROOT / "examples/claims/mig-same-parent.yaml"
+    assert main(["demo", "--sim-profile", "mixed", "--mig-mode", "dynamic", "--claim", str(claim)]) == 0
+    assert "dynamic MIG: destroyed 3 MIG devices no claim owns" in capsys.readouterr().out
+
+
+def test_demo_leaves_the_mig_devices_of_a_state_file_alone_and_names_those_in_the_way(tmp_path, monkeypatch, capsys):
+    """A MIG device in --sim-state may be a running driver's: dynamic mode does not destroy it; the prepare it blocks
+    fails, and demo says which device is in the way and how to destroy it."""
+    state = tmp_path / "st.json"
+    sim = ["sim", "--sim-state", str(state), "--node-name", "demo-node"]
+    for action in (["mig-mode", "0", "enable"], ["reset", "0"], ["mig-create", "0", "1g.10gb"]):
+        assert main([*sim, *action]) == 0
+    capsys.readouterr()
+    monkeypatch.setenv("DRADRIVER_MIG_MODE", "dynamic")
+    assert main(["demo", "--sim-state", str(state)]) == 1
+    out = capsys.readouterr().out
+    assert "destroyed" not in out and "dynamic MIG: 1 MIG device already there, left alone" in out
+    assert "in the way: MIG devices the demo did not make, left alone: gpu-0000-07-00-0-mig-1g10gb-0\n" in out
+    assert f"destroy them (dradriver sim --sim-state {state} --node-name demo-node mig-destroy 0000:07:00.0 1)" in out
+    assert main([*sim, "show"]) == 0
+    assert "GI 1  1g.10gb" in capsys.readouterr().out
 
 
 def test_sim_state_that_cannot_be_written_is_refused_before_anything_runs(tmp_path, capsys):

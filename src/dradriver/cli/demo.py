@@ -33,7 +33,7 @@ from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions
 from dradriver.driver.publish.slices import SliceSettings, build_slice_specs
 from dradriver.gpu.backend import open_gpu_backend, simulated_driver_root, simulated_mps_command
 from dradriver.gpu.interface import GpuLib
-from dradriver.gpu.inventory import Inventory, MigMode, discover
+from dradriver.gpu.inventory import Inventory, MigMode, MigPartition, discover
 from dradriver.nvidia_install.cdi import CdiWriter
 from dradriver.nvidia_install.driver_root import discover_driver_root
 from dradriver.plugin.cluster.claim_status import ClaimStatusWriter
@@ -58,16 +58,21 @@ def register(parser: argparse.ArgumentParser) -> None:
 def _add_node_flags(parser: argparse.ArgumentParser) -> None:
     """The node: where its GPUs come from, how they are published, under whose names."""
     group = parser.add_argument_group("the node (the defaults are the Helm chart's, on a simulated node)")
+    # The backend and the state file are the command line's only: in a driver's pod, DRADRIVER_GPU_BACKEND and
+    # DRADRIVER_SIM_STATE name the node the running driver serves, which a demo must not prepare devices on.
     GPU_BACKEND.add(
         group,
         default="sim",
+        from_env=False,
         help="where GPUs come from: a simulated node, or this machine's GPUs through NVML (prepared for real)",
     )
     SIM_PROFILE.add(group)
     SIM_STATE.add(
         group,
+        from_env=False,
         help="JSON file holding the simulated node's hardware state (MIG mode, MIG devices, compute modes) across "
-        "runs, shared with `dradriver sim` and `dradriver run` (use the same --node-name); in memory when unset",
+        "runs, shared with `dradriver sim` and `dradriver run` (use the same --node-name); MIG devices already "
+        "there are left alone; in memory when unset",
     )
     MIG_MODE.add(group)
     NODE_NAME.add(group, default="demo-node", help="the node's name (a simulated node's GPU UUIDs derive from it)")
@@ -133,6 +138,12 @@ class DemoOptions:
             classes=load_classes(args.classes, compat),
             full=args.full,
         )
+
+    @property
+    def node_in_memory(self) -> bool:
+        """Whether the node lives in memory for this demo only (simulated, no --sim-state): the only node whose MIG
+        devices the demo may destroy, since no one else can hold them."""
+        return self.gpus.backend == "sim" and self.gpus.sim_state is None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -212,8 +223,9 @@ class StartedDriver:
 
 
 def _start_driver(root: Path, gpulib: GpuLib, options: DemoOptions) -> StartedDriver:
-    """Step 1: discover the GPUs and start the GPU driver on them, reconciled as ``dradriver run`` reconciles at
-    start (in dynamic mode, the MIG devices no claim owns are destroyed, so the whole GPU can be offered)."""
+    """Step 1: discover the GPUs and start the GPU driver on them. A node in memory is reconciled as ``dradriver
+    run`` reconciles at start (in dynamic mode, the MIG devices no claim owns are destroyed, so the whole GPU can be
+    offered); any other node's MIG devices may be another driver's, and are left alone."""
     inventory, gpus = discover(gpulib), options.gpus
     cdi = CdiWriter(
         root / "cdi",
@@ -235,19 +247,36 @@ def _start_driver(root: Path, gpulib: GpuLib, options: DemoOptions) -> StartedDr
         gpulib=gpulib,
         mps=MpsControl(simulated_mps_command() if gpus.backend == "sim" else list(DEFAULT_COMMAND), root / "mps"),
     )
-    driver.reconcile()
     destroyed = 0
-    if gpus.mig_mode is MigMode.DYNAMIC:
-        before, inventory = len(inventory.mig_devices), discover(gpulib)
-        destroyed = before - len(inventory.mig_devices)
-        driver.update_inventory(inventory, gpus.mig_mode)
+    if options.node_in_memory:
+        driver.reconcile()
+        if gpus.mig_mode is MigMode.DYNAMIC:
+            before, inventory = len(inventory.mig_devices), discover(gpulib)
+            destroyed = before - len(inventory.mig_devices)
+            driver.update_inventory(inventory, gpus.mig_mode)
     where = f"simulated: {gpus.sim_profile}" if gpus.backend == "sim" else "NVML: this machine's GPUs"
     where += f", state in {gpus.sim_state}" if gpus.sim_state and gpus.backend == "sim" else ""
     _step(f"1. Discovered node {options.node} ({where})")
     if destroyed:
         print(f"dynamic MIG: destroyed {destroyed} MIG devices no claim owns, as the driver does when it starts")
+    elif gpus.mig_mode is MigMode.DYNAMIC and inventory.mig_devices:
+        count = len(inventory.mig_devices)
+        print(
+            f"dynamic MIG: {count} MIG device{'s' if count != 1 else ''} already there, left alone "
+            "(they may be another driver's; a node in memory, without --sim-state, starts clean)"
+        )
     print(render_table(inventory, gpus.mig_mode), end="")
     return StartedDriver(driver, inventory, cdi)
+
+
+def devices_in_the_way(inventory: Inventory, mode: MigMode, allocated: list[str]) -> list[MigPartition]:
+    """The MIG devices already on the GPUs of the ``allocated`` devices: in dynamic mode, what a prepare that
+    switches a GPU's MIG mode or carves a partition can fail on, when the demo left them alone."""
+    if mode is not MigMode.DYNAMIC:
+        return []
+    parents = {d.name: (d.parent if isinstance(d, MigPartition) else d).name for d in inventory.devices(mode)}
+    wanted = {parents[name] for name in allocated if name in parents}
+    return [d for d in inventory.mig_devices if d.parent.name in wanted]
 
 
 def _publish(cluster: MemoryCluster, inventory: Inventory, options: DemoOptions) -> list[dict[str, Any]] | None:
@@ -321,6 +350,7 @@ def _prepare_and_unprepare(
         _step("5. NodePrepareResources")
         if prepared.error:
             print(f"prepare failed: {prepared.error}")
+            _say_what_is_in_the_way(driver.inventory, claim, options)
             return 1
         for device in prepared.devices:
             print(f"{device['device_name']}: {', '.join(device['cdi_device_ids'])}")
@@ -334,6 +364,23 @@ def _prepare_and_unprepare(
         _step("6. NodeUnprepareResources")
         print(errors[ref.uid] or f"done; CDI spec removed: {not spec_path.exists()}")
     return 0
+
+
+def _say_what_is_in_the_way(inventory: Inventory, claim: dict[str, Any], options: DemoOptions) -> None:
+    """After a failed prepare: the MIG devices the demo left alone on the claim's GPUs, and how to clear them."""
+    results = claim["status"]["allocation"]["devices"]["results"]
+    found = devices_in_the_way(inventory, options.gpus.mig_mode, [str(entry["device"]) for entry in results])
+    if not found:
+        return
+    print(f"in the way: MIG devices the demo did not make, left alone: {', '.join(d.name for d in found)}")
+    if options.gpus.backend != "sim":
+        print("destroy them (nvidia-smi mig -dci, then -dgi) if no one uses them")
+        return
+    sim = f"dradriver sim --sim-state {options.gpus.sim_state} --node-name {options.node}"
+    commands = "; ".join(
+        f"{sim} mig-destroy {d.parent.info.pci_bus_id} {d.existing.gpu_instance_id}" for d in found if d.existing
+    )
+    print(f"destroy them ({commands}) if no one uses them, or demo without --sim-state")
 
 
 def _print_spec(path: Path, claim_uid: str, *, full: bool) -> None:

@@ -60,24 +60,25 @@ def add_env_option(
     parser: argparse.ArgumentParser | Any,
     flag: str,
     *,
-    env: str,
+    env: str | None,
     default: Any = None,
     help: str,
     choices: Sequence[str] | None = None,
     type: Callable[[str], Any] | None = None,
     metavar: str | None = None,
 ) -> None:
-    """Add ``flag`` whose default comes from ``env`` (then ``default``); the help names the variable.
+    """Add ``flag`` whose default comes from ``env`` (then ``default``); the help names the variable. With ``env``
+    None the flag alone, its default ``default``.
 
     ``type`` and ``choices`` check the flag and the variable alike; a ``type`` raising
     ``argparse.ArgumentTypeError`` gives both the same message."""
     shown = f" (default: {default})" if default not in (None, "") else ""
-    raw = env_default(env)
+    raw = env_default(env) if env is not None else None
     kwargs: dict[str, Any] = {
         "default": default
-        if raw is None
+        if env is None or raw is None
         else EnvValue(env, raw, flag, type, tuple(choices) if choices is not None else None),
-        "help": f"{help}{shown} [env {env}]",
+        "help": f"{help}{shown}" + (f" [env {env}]" if env is not None else ""),
     }
     if choices is not None:
         kwargs["choices"] = list(choices)
@@ -108,13 +109,22 @@ class EnvFlag:
         """The attribute argparse stores the value in."""
         return self.flag.removeprefix("--").replace("-", "_")
 
-    def add(self, parser: argparse.ArgumentParser | Any, *, help: str | None = None, default: Any = None) -> None:
-        """Add the flag to ``parser`` (or an argument group), with this command's ``help`` or ``default``."""
+    def add(
+        self,
+        parser: argparse.ArgumentParser | Any,
+        *,
+        help: str | None = None,
+        default: Any = None,
+        from_env: bool = True,
+    ) -> None:
+        """Add the flag to ``parser`` (or an argument group), with this command's ``help`` or ``default``; without
+        ``from_env``, the flag alone (its variable ignored: for a command that must act only on what its command
+        line names)."""
         flag = replace(self, help=help or self.help, default=self.default if default is None else default)
         add_env_option(
             parser,
             flag.flag,
-            env=flag.env,
+            env=flag.env if from_env else None,
             default=flag.default,
             help=flag.help,
             choices=flag.choices,
