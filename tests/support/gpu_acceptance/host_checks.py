@@ -1,0 +1,203 @@
+"""The checks that need no driver instance: the real-NVML contract tests, doctor, inventory against nvidia-smi,
+usage from NVML, the workloads on the host; and, last, that the GPU was left as found. They run from the outer kit
+(standard library only) and start the kit's venv interpreter for anything that needs dradriver."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from support.gpu_acceptance import host
+from support.gpu_acceptance.kit import Unpacked
+from support.gpu_acceptance.report import CheckResult, failed, judged, passed, skipped
+
+MIB = 1024 * 1024
+
+
+@dataclass
+class Context:
+    """What every check of one run shares: where things are, the interpreter with dradriver, the deadline, and
+    what was found on the host before anything ran."""
+
+    repo: Path
+    work: Path
+    out: Path
+    python: str
+    deadline: float  # time.monotonic() by which everything must be done
+    rehearse: bool = False
+    kit: Unpacked | None = None
+    smi: list[dict[str, str]] = field(default_factory=list)
+    found: dict[str, dict[str, str]] = field(default_factory=dict)
+    host_probes: dict[str, str] = field(default_factory=dict)
+    #: What the checks' interpreter imports from the checkout: the test support always, and ``src`` unless
+    #: dradriver comes from the kit's wheel.
+    paths: tuple[str, ...] = ("tests", "src")
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def env(self) -> dict[str, str]:
+        pythonpath = os.pathsep.join(str(self.repo / p) for p in self.paths)
+        return {**os.environ, "PYTHONPATH": pythonpath, "GRPC_VERBOSITY": "ERROR", "PYTHONUNBUFFERED": "1"}
+
+    def python_run(self, args: list[str], timeout: float) -> tuple[int, str, str]:
+        """(exit status, stdout, stderr) of the check interpreter run with ``args`` in the checkout."""
+        try:
+            done = subprocess.run(
+                [self.python, *args],
+                capture_output=True,
+                text=True,
+                timeout=max(1.0, min(timeout, self.remaining())),
+                check=False,
+                cwd=self.repo,
+                env=self.env(),
+                stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired:
+            return 124, "", f"timed out after {timeout:.0f} s"
+        return done.returncode, done.stdout, done.stderr
+
+
+def junit_counts(path: Path) -> dict[str, Any]:
+    """Totals and the failed and skipped tests (with their messages) of a JUnit XML file."""
+    root = ET.parse(path).getroot()
+    inner = root.find("testsuite")
+    suite = inner if root.tag != "testsuite" and inner is not None else root
+    counts: dict[str, Any] = {k: int(suite.get(k, "0")) for k in ("tests", "failures", "errors", "skipped")}
+    counts["failed"], counts["skippedTests"] = {}, {}
+    for case in suite.iter("testcase"):
+        name = f"{case.get('classname', '')}::{case.get('name', '')}"
+        for tag, key in (("failure", "failed"), ("error", "failed"), ("skipped", "skippedTests")):
+            found = case.find(tag)
+            if found is not None:
+                counts[key][name] = (found.get("message") or found.text or "")[:300]
+    counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    return counts
+
+
+def check_nvml_contract(ctx: Context) -> CheckResult:
+    junit = ctx.work / "pytest-gpu.xml"
+    args = ["-m", "pytest", "-o", "addopts=", "-p", "no:cacheprovider", "--confcutdir", "tests", "-m", "gpu"]
+    rc, out, err = ctx.python_run([*args, "-rA", "-q", f"--junitxml={junit}", "tests/gpu"], timeout=240)
+    (ctx.out / "pytest-gpu.txt").write_text(out + err)
+    if not junit.exists():
+        return failed("nvml-contract", f"pytest exited {rc} without a report: {(out + err).strip()[-600:]}")
+    counts = junit_counts(junit)
+    if counts["failed"]:
+        return failed("nvml-contract", f"{len(counts['failed'])} failed: {sorted(counts['failed'])}", **counts)
+    if counts["passed"] == 0:
+        why = next(iter(counts["skippedTests"].values()), f"pytest exited {rc}")
+        if ctx.rehearse:
+            return skipped("nvml-contract", f"rehearsal: no real NVML ({why})", **counts)
+        return failed("nvml-contract", f"no real-NVML test ran: {why}", **counts)
+    return passed(
+        "nvml-contract",
+        f"{counts['passed']} passed, {counts['skipped']} skipped (those that change MIG or compute modes, or need "
+        "the simulator's faults)",
+        **counts,
+    )
+
+
+def check_doctor(ctx: Context) -> CheckResult:
+    dirs = {name: ctx.work / "doctor" / name for name in ("cdi", "plugin", "registry")}
+    for folder in dirs.values():
+        folder.mkdir(parents=True, exist_ok=True)
+    args = ["-m", "dradriver", "doctor", "-o", "json", "--cdi-hook-source", "none"]
+    args += [f"--{name}-dir={path}" for name, path in dirs.items()]
+    if ctx.kit is not None:
+        args += ["--nvidia-cdi-hook-path", str(ctx.kit.hook)]
+    args += ["--gpu-backend", "sim"] if ctx.rehearse else ["--driver-root", "/"]
+    rc, out, err = ctx.python_run(args, timeout=60)
+    try:
+        checks = json.loads(out)["checks"]
+    except (ValueError, KeyError):
+        return failed("doctor", f"doctor exited {rc}: {(out + err).strip()[-600:]}")
+    problems = [f"{c['name']}: {c['detail']} ({c['fix']})" for c in checks if c["status"] == "FAIL"]
+    if rc != 0 and not problems:
+        problems.append(f"doctor exited {rc}")
+    warnings = [f"{c['name']}: {c['detail']}" for c in checks if c["status"] == "WARN"]
+    oks = sum(c["status"] == "OK" for c in checks)
+    return judged("doctor", problems, f"{oks} OK, no failure; warnings: {warnings or 'none'}", checks=checks)
+
+
+def mig_profile_names(index: str) -> list[str]:
+    """The GPU-instance profiles nvidia-smi lists for a GPU with MIG on."""
+    code, text = host.run_text([host.find_tool("nvidia-smi") or "nvidia-smi", "mig", "-lgip", "-i", index])
+    return sorted(set(re.findall(r"MIG\s+(\d+g\.\d+gb(?:\+\w+)?)", text))) if code == 0 else []
+
+
+def inventory_problems(inventory: dict[str, Any], smi: list[dict[str, str]]) -> list[str]:
+    """Where dradriver inventory and nvidia-smi disagree on a GPU's identity, memory, modes or MIG profiles."""
+    gpus = {g["uuid"]: g for g in inventory.get("gpus", [])}
+    problems = []
+    for row in smi:
+        gpu = gpus.get(row["uuid"])
+        if gpu is None:
+            problems.append(f"{row['uuid']}: in nvidia-smi, not in the inventory")
+            continue
+        pairs = [
+            ("productName", gpu.get("productName"), row.get("name")),
+            ("pciBusId", gpu.get("pciBusId"), host.normalize_bus_id(row.get("pci.bus_id", ""))),
+            ("memory MiB", str(gpu.get("memoryBytes", 0) // MIB), row.get("memory.total")),
+            ("driverVersion", inventory.get("driverVersion"), row.get("driver_version")),
+        ]
+        if "compute_cap" in row:
+            pairs.append(("cudaComputeCapability", gpu.get("cudaComputeCapability"), row["compute_cap"]))
+        if row.get("mig.mode.current") in ("Enabled", "Disabled"):
+            pairs.append(("migEnabled", str(gpu.get("migEnabled")), str(row["mig.mode.current"] == "Enabled")))
+        if gpu.get("migEnabled"):
+            ours = sorted(p["name"] for p in gpu.get("migProfiles", []))
+            pairs.append(("MIG profiles", str(ours), str(mig_profile_names(row["index"]))))
+        problems += [f"{row['uuid']} {what}: inventory {a!r}, nvidia-smi {b!r}" for what, a, b in pairs if a != b]
+    extra = set(gpus) - {row["uuid"] for row in smi}
+    return problems + [f"{u}: in the inventory, not in nvidia-smi" for u in sorted(extra)]
+
+
+def check_inventory(ctx: Context) -> CheckResult:
+    if ctx.rehearse:
+        return skipped("inventory-vs-nvidia-smi", "rehearsal: no nvidia-smi")
+    rc, out, err = ctx.python_run(["-m", "dradriver", "inventory", "-o", "json"], timeout=60)
+    try:
+        inventory = json.loads(out)
+    except ValueError:
+        return failed("inventory-vs-nvidia-smi", f"inventory exited {rc}: {(out + err).strip()[-600:]}")
+    problems = inventory_problems(inventory, ctx.smi)
+    mig_on = [g["uuid"] for g in inventory.get("gpus", []) if g.get("migEnabled")]
+    profiles = "compared" if mig_on else "not compared: MIG is off (nvidia-smi lists profiles only with MIG on)"
+    return judged(
+        "inventory-vs-nvidia-smi",
+        problems,
+        f"{len(ctx.smi)} GPU(s) agree on identity, bus ID, memory, driver, compute capability; MIG profiles {profiles}",
+        inventory=inventory,
+        nvidiaSmi=ctx.smi,
+    )
+
+
+USAGE_PROBE = (
+    "import dataclasses, json\n"
+    "from dradriver.gpu.nvml import NvmlGpuLib\n"
+    "lib = NvmlGpuLib()\n"
+    "print(json.dumps([dataclasses.asdict(lib.usage(g.uuid)) for g in lib.gpus()], default=str))\n"
+    "lib.close()\n"
+)
+
+
+def check_usage_nvml(ctx: Context) -> CheckResult:
+    if ctx.rehearse:
+        return skipped("usage-nvml", "rehearsal: no real NVML")
+    rc, out, err = ctx.python_run(["-c", USAGE_PROBE], timeout=60)
+    try:
+        usages = json.loads(out)
+    except ValueError:
+        return failed("usage-nvml", f"reading usage exited {rc}: {(out + err).strip()[-600:]}")
+    missing = {u["uuid"]: [k for k, v in u.items() if v is None] for u in usages}
+    problems = [f"{u}: memory not reported" for u, keys in missing.items() if "memory_used_bytes" in keys]
+    summary = "; ".join(f"{u}: {', '.join(keys) or 'nothing'}" for u, keys in missing.items())
+    return judged("usage-nvml", problems, f"NOT_SUPPORTED: {summary}", usage=usages, notSupported=missing)

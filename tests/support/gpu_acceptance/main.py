@@ -1,0 +1,216 @@
+"""``scripts/gpu-acceptance``: prepare the kit (``--prepare``, where there is network), or run every check of
+:data:`~support.gpu_acceptance.report.CHECKS` on this machine's GPU and write one report. Standard library only:
+on the GPU machine this runs before the kit's venv exists, and starts that venv's interpreter for the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from support.gpu_acceptance import host, report
+from support.gpu_acceptance.host_checks import (
+    Context,
+    check_doctor,
+    check_inventory,
+    check_nvml_contract,
+    check_usage_nvml,
+)
+from support.gpu_acceptance.host_workloads import check_workloads_on_host
+from support.gpu_acceptance.kit import DEFAULT_KIT, REPO, install_venv, manifest, unpack, venv_python
+from support.gpu_acceptance.left_as_found import check_left_as_found
+from support.gpu_acceptance.report import CheckResult, Report, failed, skipped
+from support.gpu_acceptance.session import SessionConfig
+
+DEFAULT_DEADLINE_S = 450.0  # the whole run, kit set-up included, inside the 8 minutes the issue allows
+HOST_CHECKS: tuple[tuple[str, Callable[[Context], CheckResult]], ...] = (
+    ("nvml-contract", check_nvml_contract),
+    ("doctor", check_doctor),
+    ("inventory-vs-nvidia-smi", check_inventory),
+    ("usage-nvml", check_usage_nvml),
+    ("workloads-on-host", check_workloads_on_host),
+)
+SESSION_CHECKS = report.CHECK_NAMES[report.CHECK_NAMES.index("run-registration") : -1]
+LOGS = ("driver-a.log", "driver-b.log")
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="scripts/gpu-acceptance",
+        description="Prove the driver on this machine's NVIDIA GPU in one offline run (docs/development.md); "
+        "--prepare builds the kit it needs where there is network. Exit 0: every check that applies held; 1: a "
+        "check failed; 2: the kit could not run; 3: no GPU here, every check skipped.",
+    )
+    parser.add_argument("--prepare", action="store_true", help="build the kit (needs network; no GPU)")
+    parser.add_argument("--kit", type=Path, default=DEFAULT_KIT, help=f"the kit folder (default: {DEFAULT_KIT})")
+    parser.add_argument("--out", type=Path, help="where report.json, summary.txt and the logs go (default: WORK/out)")
+    parser.add_argument("--work", type=Path, help="scratch folder (default: a new /tmp/gpu-acc-*)")
+    parser.add_argument("--deadline", type=float, default=DEFAULT_DEADLINE_S, help="seconds for the whole run")
+    parser.add_argument(
+        "--rehearse",
+        action="store_true",
+        help="run the checks on the simulated node with this interpreter, without a GPU: a dry run of the kit "
+        "itself (runc, the CDI applier, both driver instances, MPS with the stand-in); what needs a GPU fails",
+    )
+    parser.add_argument("--python", help="the interpreter for the checks (default: a venv from the kit's wheels)")
+    return parser.parse_args(argv)
+
+
+def timed(ctx: Context, rep: Report, name: str, check: Callable[[Context], CheckResult]) -> None:
+    if ctx.remaining() < 15:
+        rep.add(skipped(name, "out of time: the run's deadline is near"))
+        return
+    started = time.monotonic()
+    try:
+        result = check(ctx)
+    except Exception as err:  # any error is this check's failure; the next check still runs
+        result = failed(name, f"{type(err).__name__}: {err}")
+    result.seconds = round(time.monotonic() - started, 2)
+    rep.add(result)
+
+
+def set_up(ctx: Context, kit: Path, args: argparse.Namespace) -> str:
+    """Unpack the kit and make the checks' interpreter; '' when ready, else why not."""
+    if manifest(kit) is None:
+        return f"no prepared kit at {kit}: run scripts/gpu-acceptance --prepare where there is network, carry it"
+    ctx.kit = unpack(kit, ctx.work / "kit")
+    missing = ctx.kit.missing()
+    if missing:
+        return f"the kit lacks {missing}: prepare it again"
+    target = str((manifest(kit) or {}).get("targetPython", ""))
+    if args.python or (args.rehearse and f"{sys.version_info.major}.{sys.version_info.minor}" != target):
+        # A rehearsal on another Python than the wheels': the interpreter at hand, with the checkout's src.
+        ctx.python = args.python or sys.executable
+        return ""
+    problem = install_venv(kit, ctx.work / "venv", timeout=max(30.0, ctx.remaining() - 120))
+    ctx.python, ctx.paths = str(venv_python(ctx.work / "venv")), ("tests",)
+    return problem
+
+
+def cgroup_mounted(rep: Report) -> bool:
+    """Mount a cgroup2 hierarchy for runc when the machine has none (recorded, unmounted at the end)."""
+    missing = host.cgroup_ready()
+    rep.host["cgroup"] = missing or "present"
+    if not missing or os.geteuid() != 0:
+        return False
+    code, text = host.run_text(["mount", "-t", "cgroup2", "none", "/sys/fs/cgroup"])
+    rep.host["cgroup"] = f"{missing}: mounted cgroup2 for the run" if code == 0 else f"{missing}; mount failed: {text}"
+    return code == 0
+
+
+def session_config(ctx: Context) -> SessionConfig:
+    assert ctx.kit is not None
+    return SessionConfig(
+        repo=str(ctx.repo),
+        work=str(ctx.work / "node"),
+        kit_root=str(ctx.kit.root),
+        backend="sim" if ctx.rehearse else "nvml",
+        results=str(ctx.work / "session.json"),
+        logs=str(ctx.work / "logs"),
+        mps_control=host.find_tool("nvidia-cuda-mps-control") or "",
+        smi_gpus=ctx.smi,
+        found_modes=ctx.found,
+        host_probes=ctx.host_probes,
+    )
+
+
+def run_session(ctx: Context, rep: Report) -> dict[str, object]:
+    """The node session in the checks' interpreter, its results merged into ``rep``; returns its notes."""
+    cfg = session_config(ctx)
+    (ctx.work / "node").mkdir(parents=True, exist_ok=True)
+    (ctx.work / "logs").mkdir(parents=True, exist_ok=True)
+    cfg.save(ctx.work / "session-config.json")
+    command = [ctx.python, "-m", "support.gpu_acceptance.node_session", str(ctx.work / "session-config.json")]
+    with (ctx.out / "node-session.txt").open("w") as log:
+        proc = subprocess.Popen(
+            command, cwd=ctx.repo, env=ctx.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            code = proc.wait(max(10.0, ctx.remaining() - 30))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            code = proc.wait()
+    document = json.loads(Path(cfg.results).read_text()) if Path(cfg.results).exists() else {}
+    for entry in document.get("results", []):
+        rep.add(CheckResult(**entry))
+    tail = (ctx.out / "node-session.txt").read_text()[-800:]
+    for name in SESSION_CHECKS:
+        if name not in rep.results:
+            rep.add(failed(name, f"the node session ended (exit {code}) before this check: {tail}"))
+    notes: dict[str, object] = document.get("notes", {})
+    return notes
+
+
+def host_facts(ctx: Context, rep: Report) -> None:
+    """What nvidia-smi says before anything runs: the GPUs, the driver, each GPU's compute and MIG mode."""
+    ctx.smi = [] if ctx.rehearse else host.smi_gpus()
+    ctx.found = host.gpu_modes(ctx.smi)
+    rep.host.update(
+        driverVersion=ctx.smi[0].get("driver_version") if ctx.smi else None,
+        gpuNames=[g.get("name", "?") for g in ctx.smi] or (["simulated hgx-h100-80gb"] if ctx.rehearse else []),
+        gpus=ctx.smi,
+        foundModes=ctx.found,
+    )
+
+
+def run_checks(ctx: Context, rep: Report, args: argparse.Namespace) -> None:
+    host_facts(ctx, rep)
+    problem = set_up(ctx, args.kit, args)
+    rep.host["kitSetUpSeconds"] = round(time.monotonic() - (ctx.deadline - args.deadline), 1)
+    if problem:
+        rep.host["kitProblem"] = problem
+        for name in report.CHECK_NAMES:
+            rep.add(failed(name, f"the kit could not run: {problem}"))
+        return
+    mounted = cgroup_mounted(rep)
+    try:
+        for name, check in HOST_CHECKS:
+            timed(ctx, rep, name, check)
+        notes = run_session(ctx, rep) if ctx.remaining() > 60 else {}
+        rep.host["notes"] = notes
+        timed(ctx, rep, "left-as-found", lambda c: check_left_as_found(c, notes))
+    finally:
+        if mounted:
+            host.run_text(["umount", "/sys/fs/cgroup"])
+        for name in LOGS:
+            if (ctx.work / "logs" / name).exists():
+                (ctx.out / name).write_text((ctx.work / "logs" / name).read_text())
+
+
+def finish(rep: Report, out: Path) -> int:
+    document = rep.document()
+    if rep.host.get("kitProblem"):
+        document["exitStatus"] = report.EXIT_UNUSABLE
+    json_path, _ = report.write(document, out)
+    sys.stdout.write(report.summary(document))
+    print(f"report: {json_path}", file=sys.stderr)
+    return int(document["exitStatus"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    if args.prepare:
+        from support.gpu_acceptance.prepare import prepare
+
+        return prepare(args.kit.resolve())
+    work = args.work or Path(tempfile.mkdtemp(prefix="gpu-acc-", dir="/tmp"))
+    out = args.out or work / "out"
+    work.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    rep = Report(rehearsal=args.rehearse)
+    presence = host.gpu_presence()
+    rep.host.update(gpu=presence.present, gpuPresence=presence.why)
+    if not presence.present and not args.rehearse:
+        rep.skip_rest(f"no GPU: skipped ({presence.why})")
+        return finish(rep, out)
+    ctx = Context(REPO, work, out, sys.executable, time.monotonic() + args.deadline, rehearse=args.rehearse)
+    run_checks(ctx, rep, args)
+    return finish(rep, out)
