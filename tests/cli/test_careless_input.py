@@ -77,6 +77,10 @@ CASES = [
         "needs shared counters",
     ),
     (["top", "--address", "host:port"], "is not HOST:PORT"),
+    (["run", "--node-name", "n", "--mps-control-command", "'x"], "no closing quotation"),
+    (["run", "--node-name", "n", "--mps-daemon-wrapper", "nsenter \\"], "no escaped character"),
+    (["cd-daemon", "run", "--imex-command", "'x"], "no closing quotation"),
+    (["cd-daemon", "check", "--imex-ctl-command", "'x"], "no closing quotation"),
 ]
 
 

@@ -84,6 +84,8 @@ def _env(**extra: str) -> dict[str, str]:
         ("DRADRIVER_DRIVER_NAME", "GPU", ["inventory", "--gpu-backend", "sim"], "'GPU' is not a valid driver name"),
         ("DRADRIVER_KUBERNETES_VERSION", "1.30", ["inventory", "--gpu-backend", "sim"], "DRA needs 1.32 or newer"),
         ("NODE_NAME", "Node_1", ["demo"], "'Node_1' is not a valid node name"),
+        ("DRADRIVER_MPS_DAEMON_WRAPPER", "'x", ["run", "--node-name", "n"], "no closing quotation"),
+        ("DRADRIVER_IMEX_COMMAND", "'x", ["cd-daemon", "run"], "no closing quotation"),
     ],
 )
 def test_environment_variables_are_checked_like_their_flags(monkeypatch, capsys, case):

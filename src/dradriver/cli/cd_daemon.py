@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import signal
 import threading
 from pathlib import Path
@@ -13,6 +12,7 @@ from dradriver.cli.flags import kube_client, logs
 from dradriver.cli.flags.env import add_env_option
 from dradriver.cli.flags.kube_client import KubeClientOptions
 from dradriver.cli.flags.logs import LogOptions
+from dradriver.cli.flags.values import command_line
 from dradriver.computedomain.daemon import ImexDaemon, local_ready, settings_from_env
 from dradriver.computedomain.kube import Rest
 from dradriver.errors import ConfigError
@@ -28,10 +28,10 @@ def register(parser: argparse.ArgumentParser) -> None:
                    help="where the daemon claim mounted this domain's IMEX files")  # fmt: skip
     add_env_option(parser, "--hosts-file", env="DRADRIVER_HOSTS_FILE", default="/etc/hosts",
                    help="the hosts file that maps peer names to addresses")  # fmt: skip
-    add_env_option(parser, "--imex-command", env="DRADRIVER_IMEX_COMMAND", default="nvidia-imex",
+    add_env_option(parser, "--imex-command", env="DRADRIVER_IMEX_COMMAND", default="nvidia-imex", type=command_line,
                    help="the IMEX daemon, split like a shell line")  # fmt: skip
     add_env_option(parser, "--imex-ctl-command", env="DRADRIVER_IMEX_CTL_COMMAND", default="nvidia-imex-ctl",
-                   help="the IMEX control tool, split like a shell line")  # fmt: skip
+                   type=command_line, help="the IMEX control tool, split like a shell line")  # fmt: skip
     add_env_option(parser, "--host-imex-socket", env="DRADRIVER_HOST_IMEX_SOCKET", default=HOST_IMEX_SOCKET,
                    help="a host nvidia-imex service's control socket: refuse to run beside it")  # fmt: skip
     logs.add_flags(parser, level=False)
@@ -43,8 +43,8 @@ def run(args: argparse.Namespace) -> int:
         dict(os.environ),
         config_dir=Path(args.config_dir),
         hosts_file=Path(args.hosts_file),
-        imex_command=shlex.split(args.imex_command),
-        imex_ctl_command=shlex.split(args.imex_ctl_command),
+        imex_command=args.imex_command,
+        imex_ctl_command=args.imex_ctl_command,
     )
     if args.action == "check":
         return 0 if local_ready(settings) else 1

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import shlex
 from dataclasses import dataclass
 
 from dradriver.cli.flags.env import EnvFlag
+from dradriver.cli.flags.values import command_line
 from dradriver.errors import ConfigError
 from dradriver.quantity import parse_quantity
 
@@ -38,6 +38,7 @@ CONSUMABLE_SHARES = EnvFlag(
 MPS_CONTROL_COMMAND = EnvFlag(
     flag="--mps-control-command",
     env="DRADRIVER_MPS_CONTROL_COMMAND",
+    type=command_line,
     metavar="COMMAND",
     help="the MPS control command, split like a shell line (default: nvidia-cuda-mps-control, or the simulated "
     "node's stand-in with --gpu-backend sim); claims with MPS get one daemon each, started with -f",
@@ -45,6 +46,7 @@ MPS_CONTROL_COMMAND = EnvFlag(
 MPS_DAEMON_WRAPPER = EnvFlag(
     flag="--mps-daemon-wrapper",
     env="DRADRIVER_MPS_DAEMON_WRAPPER",
+    type=command_line,
     metavar="COMMAND",
     help="put before the MPS control command when a claim's daemon starts (not for control calls): a command "
     "that takes the daemon out of this container, so a plugin restart or update leaves it serving, and then "
@@ -84,8 +86,8 @@ class SharingOptions:
         return cls(
             gpu_sharing=GPU_SHARING.value(args),
             consumable_shares=CONSUMABLE_SHARES.value(args) or None,
-            mps_control_command=tuple(shlex.split(MPS_CONTROL_COMMAND.value(args) or "")),
-            mps_daemon_wrapper=tuple(shlex.split(MPS_DAEMON_WRAPPER.value(args) or "")),
+            mps_control_command=MPS_CONTROL_COMMAND.value(args) or (),
+            mps_daemon_wrapper=MPS_DAEMON_WRAPPER.value(args) or (),
             mps_shm_size=MPS_SHM_SIZE.value(args),
         )
 

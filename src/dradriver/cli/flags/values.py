@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 
 from dradriver.errors import ConfigError
 from dradriver.inputs import path_exists
 from dradriver.validation.names import is_dns_subdomain
+
+
+def command_line(text: str) -> tuple[str, ...]:
+    """A command split like a shell line (``shlex.split``): ``nsenter --target 1 -- systemd-run`` → its words."""
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as err:  # an unclosed quote, a trailing backslash
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a command split like a shell line: {str(err).lower()}"
+        ) from None
 
 
 def interval_seconds(text: str) -> float:
