@@ -113,6 +113,8 @@ def test_a_context_is_chosen_and_checked(sources: dict[str, Path], tmp_path: Pat
         ({"clusters": []}, r"context 'c' names cluster 'c', which is not defined \(it defines no clusters\)"),
         ({"users": [{"name": "someone-else", "user": {}}]},
          r"context 'c' names user 'u', which is not defined \(users: someone-else\); fix the context"),
+        ({"clusters": [{"name": "c", "cluster": {"server": "https://c.example", "proxy-url": 3128}}]},
+         r"cluster 'c' has a proxy-url that is a number, not a URL; set it: kubectl config set-cluster c"),
         ({"contexts": "c"}, r"contexts is a string, not a list"),
         ({"users": [{"user": {}}]}, r"users\[0\] has no name"),
         ({"users": [{"name": "u", "user": {"client-certificate": "/nowhere/u.crt", "client-key": "/nowhere/u.key"}}]},
@@ -128,3 +130,42 @@ def test_a_kubeconfig_the_client_cannot_use_is_one_line_naming_it(
     with pytest.raises(ConfigError, match=rf"^--kubeconfig {path}: {message}") as refused:
         load_endpoint(str(path))
     assert "\n" not in str(refused.value)
+
+
+@pytest.fixture
+def no_proxy_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No proxy variable set: a test sets those it means."""
+    for name in ("ALL_PROXY", "HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY", "REQUEST_METHOD"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+
+
+@pytest.mark.usefixtures("no_proxy_variables")
+def test_a_kubeconfig_without_proxy_url_takes_the_environments_proxy_by_gos_rules(
+    sources: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As kubectl: ALL_PROXY is not read and upper case comes first (the kubernetes client's Configuration reads
+    # ALL_PROXY and prefers lower case; its proxy is not the one we use).
+    monkeypatch.setenv("ALL_PROXY", "socks5://127.0.0.1:1080")
+    assert load_endpoint(str(sources["flag"])).proxy is None
+    monkeypatch.setenv("HTTPS_PROXY", "http://upper.internal:3128")
+    monkeypatch.setenv("https_proxy", "http://lower.internal:3128")
+    assert load_endpoint(str(sources["flag"])).proxy == "http://upper.internal:3128"
+    monkeypatch.setenv("NO_PROXY", "flag.example")
+    assert load_endpoint(str(sources["flag"])).proxy is None
+
+
+@pytest.mark.usefixtures("no_proxy_variables")
+def test_a_kubeconfigs_proxy_url_is_used_whatever_no_proxy_says_and_for_loopback_too(
+    sources: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # client-go takes a cluster's proxy-url with http.ProxyURL: for every request, no exemption.
+    cluster = {"server": "https://127.0.0.1:6443", "proxy-url": "http://proxy.internal:3128"}
+    path = kubeconfig(tmp_path / "proxied", "", clusters=[{"name": "c", "cluster": cluster}])
+    monkeypatch.setenv("HTTPS_PROXY", "http://environment.internal:3128")
+    monkeypatch.setenv("NO_PROXY", "*")
+    assert load_endpoint(str(path)).proxy == "http://proxy.internal:3128"
+    cluster["proxy-url"] = "socks5://proxy.internal:1080"
+    path = kubeconfig(tmp_path / "socks", "", clusters=[{"name": "c", "cluster": cluster}])
+    with pytest.raises(ConfigError, match=r"^the kubeconfig's proxy-url socks5://proxy.internal:1080 is not an http://"):
+        load_endpoint(str(path))

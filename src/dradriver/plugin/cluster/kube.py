@@ -137,20 +137,22 @@ def load_endpoint(kubeconfig: str | None = None, *, context: str | None = None) 
 
     Raises :class:`ConfigError` (one line: the source, the file, what is wrong, the fix) when none works."""
     source = require_source(kubeconfig)
-    if source.in_cluster:
+    chosen = checked_context(source, context)
+    if chosen is None:  # the in-cluster service account
         try:
             return in_cluster()
         except OSError as exc:
             raise ConfigError(f"cannot load {source}: {exc}") from exc
-    return from_client_configuration(_kubeconfig_configuration(source, context))
+    return from_client_configuration(_kubeconfig_configuration(source, chosen.name), proxy_url=chosen.proxy_url)
 
 
 def load_configuration(kubeconfig: str | None = None, *, context: str | None = None) -> Any:
     """The client's ``Configuration`` from the same source as :func:`load_endpoint` (the client's own
     in-cluster loader in a pod), for the client's own requests (tests compare them with ours)."""
     source = require_source(kubeconfig)
-    if not source.in_cluster:
-        return _kubeconfig_configuration(source, context)
+    chosen = checked_context(source, context)
+    if chosen is not None:
+        return _kubeconfig_configuration(source, chosen.name)
     configuration = client_package().Configuration()
     config_exception = importlib.import_module("kubernetes.config.config_exception").ConfigException
     try:
@@ -163,12 +165,10 @@ def load_configuration(kubeconfig: str | None = None, *, context: str | None = N
     return configuration
 
 
-def _kubeconfig_configuration(source: ClientSource, context: str | None) -> Any:
-    """The client's ``Configuration`` from the kubeconfig files of ``source``, checked first
-    (:func:`~dradriver.plugin.cluster.kubeconfig.checked_context`), merged and read by the client's loader with
-    the context that check chose (client-go's: the first file's ``current-context``, where the client would take
-    the last)."""
-    name = checked_context(source, context)
+def _kubeconfig_configuration(source: ClientSource, name: str) -> Any:
+    """The client's ``Configuration`` from the kubeconfig files of ``source``, merged and read by the client's
+    loader with context ``name``, the one :func:`~dradriver.plugin.cluster.kubeconfig.checked_context` chose
+    (client-go's: the first file's ``current-context``, where the client would take the last)."""
     configuration = client_package().Configuration()
     config_exception = importlib.import_module("kubernetes.config.config_exception").ConfigException
     try:
@@ -179,7 +179,7 @@ def _kubeconfig_configuration(source: ClientSource, context: str | None) -> Any:
             persist_config=False,
         )
     except (config_exception, OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
-        # What the check above does not look at: certificate files, exec plugins, auth providers, value types.
+        # What checked_context does not look at: certificate files, exec plugins, auth providers, value types.
         problem = " ".join(str(exc).split())[:300] or type(exc).__name__
         raise unusable(
             source, f"the Kubernetes client cannot use it: {problem}", fix=f"fix what it names, or {source.fix}"

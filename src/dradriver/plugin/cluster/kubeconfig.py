@@ -11,9 +11,9 @@ The first of these that is there (controller-runtime's ``GetConfig`` order, over
 
 Kubeconfig files are read through the bounded loader (:mod:`dradriver.inputs`) and checked before the
 ``kubernetes`` client reads them: each is one YAML mapping, and the context used (``--context``, else
-``current-context``) is defined, names a cluster that is defined with a server and, if it names a user, a user
-that is defined. Every problem is one :class:`~dradriver.errors.ConfigError` line: the source, the file, what is
-wrong and the fix.
+``current-context``) is defined, names a cluster that is defined with a server (and a ``proxy-url``, if any, that
+is a string) and, if it names a user, a user that is defined. Every problem is one
+:class:`~dradriver.errors.ConfigError` line: the source, the file, what is wrong and the fix.
 """
 
 from __future__ import annotations
@@ -65,6 +65,15 @@ class ClientSource:
 IN_CLUSTER = ClientSource("the in-cluster service account")
 
 
+@dataclass(frozen=True)
+class ChosenContext:
+    """The kubeconfig context the client is to use, checked: its ``name``, and its cluster's ``proxy-url`` (None
+    where it sets none; client-go then takes the proxy from the environment)."""
+
+    name: str
+    proxy_url: str | None = None
+
+
 def in_a_pod() -> bool:
     """Whether this process runs in a pod: the kubelet sets ``KUBERNETES_SERVICE_HOST`` in every container."""
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
@@ -104,10 +113,10 @@ def require_source(kubeconfig: str | None) -> ClientSource:
     return source
 
 
-def checked_context(source: ClientSource, context: str | None = None) -> str | None:
-    """Read and check the kubeconfig files of ``source`` (see the module); the name of the context the client
-    is to use: ``context`` if given, else the ``current-context`` of the first file that sets one. None for the
-    in-cluster service account."""
+def checked_context(source: ClientSource, context: str | None = None) -> ChosenContext | None:
+    """Read and check the kubeconfig files of ``source`` (see the module); the context the client is to use:
+    ``context`` if given, else the ``current-context`` of the first file that sets one. None for the in-cluster
+    service account."""
     if source.in_cluster:
         return None
     merged = _Merged(source)
@@ -179,7 +188,7 @@ class _Merged:
                     raise unusable(self.source, f"{section}[{position}] has no name", file=file)
                 self.named[section].setdefault(name, (file, entry))
 
-    def context(self, given: str | None) -> str:
+    def context(self, given: str | None) -> ChosenContext:
         """The context to use, checked: defined, its cluster defined with a server, its user (if any) defined."""
         name = given or (self.current[0] if self.current else "")
         if not name:
@@ -196,15 +205,16 @@ class _Merged:
         body = entry.get("context")
         if not isinstance(body, dict):
             raise unusable(self.source, f"context {name!r} has no context: mapping", file=file, fix=_FIX_CONTEXT)
-        self._check_cluster(name, body.get("cluster"), file)
+        proxy_url = self._check_cluster(name, body.get("cluster"), file)
         user = body.get("user")
         if user and user not in self.named["users"]:
             defined = self._names("users")
             problem = f"context {name!r} names user {user!r}, which is not defined ({defined})"
             raise unusable(self.source, problem, fix=_FIX_CONTEXT)
-        return name
+        return ChosenContext(name, proxy_url)
 
-    def _check_cluster(self, context: str, cluster: object, file: Path) -> None:
+    def _check_cluster(self, context: str, cluster: object, file: Path) -> str | None:
+        """Check the cluster ``context`` names; its ``proxy-url``, if it sets one."""
         if not isinstance(cluster, str) or not cluster:
             raise unusable(self.source, f"context {context!r} names no cluster", file=file, fix=_FIX_CONTEXT)
         if cluster not in self.named["clusters"]:
@@ -221,6 +231,15 @@ class _Merged:
                 file=defined_in,
                 fix=f"set it: kubectl config set-cluster {cluster} --server https://HOST:PORT",
             )
+        proxy_url = body.get("proxy-url") if isinstance(body, dict) else None
+        if proxy_url is not None and not isinstance(proxy_url, str):
+            raise unusable(
+                self.source,
+                f"cluster {cluster!r} has a proxy-url that is {type_name(proxy_url)}, not a URL",
+                file=defined_in,
+                fix=f"set it: kubectl config set-cluster {cluster} --proxy-url http://HOST:PORT",
+            )
+        return proxy_url or None
 
     def _names(self, section: str) -> str:
         names = sorted(self.named[section])

@@ -4,9 +4,10 @@ The adapters send raw JSON and read raw JSON (never the client's models), so wha
 urllib3 (the ``kubernetes`` client's own HTTP library) does TLS with the server's CA, client certificates, a
 server name override and ``insecure-skip-tls-verify``, the CONNECT tunnel through an HTTP proxy, a pool of
 kept-alive connections (``TCP_NODELAY`` set, as Go's client sets it) and streaming answers for watches. What is
-ours is policy: where the settings come from, which proxy the environment names (Go's ``no_proxy`` rules, which
-urllib3 does not have), a bearer token read fresh (the in-cluster service account's rotates), and Go's rule for
-sending a request again when the server dropped the connection it went out on.
+ours is policy: where the settings come from, which proxy to use (a kubeconfig's ``proxy-url``, else the one the
+environment names by Go's rules, ``no_proxy`` included, which urllib3 does not have), a bearer token read fresh
+(the in-cluster service account's rotates), and Go's rule for sending a request again when the server dropped the
+connection it went out on.
 
 Settings come from the pod's service account (:func:`in_cluster`, the files and variables client-go's
 ``rest.InClusterConfig`` reads) or from a ``kubernetes`` client ``Configuration`` a kubeconfig loader filled in
@@ -114,31 +115,31 @@ def in_cluster() -> Endpoint:
             )
     address = f"[{host}]" if ":" in host else host  # an IPv6 service address
     url = f"https://{address}:{port}"
-    proxy, no_proxy = _environment_proxy(url)
-    return Endpoint(
-        url,
-        FileToken(SERVICE_ACCOUNT_TOKEN),
-        ca_file=SERVICE_ACCOUNT_CA,
-        proxy=_checked_proxy(proxy, url, no_proxy, "the environment's https_proxy"),
-    )
+    return Endpoint(url, FileToken(SERVICE_ACCOUNT_TOKEN), ca_file=SERVICE_ACCOUNT_CA, proxy=_environment_proxy(url))
 
 
-def _checked_proxy(proxy: str | None, url: str, no_proxy: str, source: str) -> str | None:
-    """``proxy`` unless ``no_proxy`` exempts ``url``; a proxy that is not http:// is refused, naming ``source``."""
-    if not proxy or _bypasses_proxy(url, no_proxy):
-        return None
+def _usable_proxy(proxy: str, source: str, fix: str) -> str:
+    """``proxy`` if it is an http://host[:port] URL; else a ConfigError naming ``source`` and ``fix``."""
     if urlsplit(proxy).scheme != "http" or not urlsplit(proxy).hostname:
         raise ConfigError(
             f"{source} {proxy} is not an http://host:port proxy; dradriver reaches the API server through an HTTP "
-            "CONNECT proxy only (or none: list the API server in no_proxy)"
+            f"CONNECT proxy only ({fix})"
         )
     return proxy
 
 
-def from_client_configuration(configuration: Any) -> Endpoint:
-    """The settings a ``kubernetes.client.Configuration`` holds (filled in by the client's kubeconfig loader)."""
-    # The client's Configuration holds the kubeconfig's proxy-url, or else the environment's proxy variables.
-    proxy = _checked_proxy(configuration.proxy, configuration.host, configuration.no_proxy or "", "the proxy")
+def from_client_configuration(configuration: Any, *, proxy_url: str | None = None) -> Endpoint:
+    """The settings a ``kubernetes.client.Configuration`` holds (filled in by the client's kubeconfig loader).
+
+    ``proxy_url``, the kubeconfig cluster's ``proxy-url``, carries every request, as client-go's ``http.ProxyURL``
+    (no ``no_proxy``, a loopback server too); without one the environment's proxy by Go's rules
+    (:func:`_environment_proxy`), as client-go. The ``Configuration``'s own proxy is not used: without a
+    ``proxy-url`` the client took it from the environment by Python's rules (``ALL_PROXY``, lower case first)."""
+    proxy: str | None
+    if proxy_url:
+        proxy = _usable_proxy(proxy_url, "the kubeconfig's proxy-url", "set the cluster's to one, or remove it")
+    else:
+        proxy = _environment_proxy(configuration.host)
 
     def authorization() -> str | None:
         # auth_settings() runs the loader's refresh hook (exec plugins, auth providers) before it answers.
@@ -189,15 +190,24 @@ def _bypasses_proxy(url: str, no_proxy: str) -> bool:
     return False
 
 
-def _environment_proxy(url: str) -> tuple[str | None, str]:
-    """The proxy the environment names for ``url`` (``https_proxy``/``HTTPS_PROXY``, for http ``http_proxy``)
-    and the ``no_proxy`` list, as client-go's ``ProxyFromEnvironment`` reads them."""
-    scheme = urlsplit(url).scheme
+def _environment_proxy(url: str) -> str | None:
+    """The proxy the environment names for ``url``, as Go's ``http.ProxyFromEnvironment`` (client-go's, in a pod
+    and for a kubeconfig without ``proxy-url``) chooses it: ``HTTPS_PROXY`` for an https URL, ``HTTP_PROXY`` for
+    http, upper case first, ``ALL_PROXY`` never; None where none is set or ``NO_PROXY`` or loopback exempts
+    ``url``. A proxy that is not http:// is refused, naming its variable."""
+    name, proxy = _variable(f"{urlsplit(url).scheme}_proxy")
+    if not proxy or _bypasses_proxy(url, _variable("no_proxy")[1]):
+        return None
+    return _usable_proxy(proxy, f"the environment's {name}", "or none: list the API server in no_proxy")
 
-    def variable(name: str) -> str:
-        return os.environ.get(name.upper()) or os.environ.get(name.lower()) or ""  # Go's order
 
-    return variable(f"{scheme}_proxy") or None, variable("no_proxy")
+def _variable(name: str) -> tuple[str, str]:
+    """The environment variable ``name`` in upper case, else in lower case (Go's order: the first that is not
+    empty): its name and value, "" where neither is set."""
+    for spelling in (name.upper(), name.lower()):
+        if os.environ.get(spelling):
+            return spelling, os.environ[spelling]
+    return name.upper(), ""
 
 
 class _DroppedConnectionRetry(urllib3.Retry):
