@@ -1,6 +1,7 @@
 """One kubeconfig rule for every command that talks to a cluster (run, doctor, explain --pod, cd-controller):
 --kubeconfig, else $KUBECONFIG, else in a pod its service account, else ~/.kube/config; an unusable kubeconfig is
-one line naming it, what is wrong and the fix, exit 2, before the command starts anything."""
+one line naming it, what is wrong and the fix, exit 2, before the command starts anything (doctor: one given by
+flag or variable; one the rule found by itself is its API server check's FAIL row, so the node's checks still run)."""
 
 from __future__ import annotations
 
@@ -165,6 +166,32 @@ def test_doctor_honours_kubeconfig_and_the_flag_comes_first(
 def test_doctor_without_any_configuration_skips_the_api_server(capsys: pytest.CaptureFixture[str]) -> None:
     check = _doctor_api_check(capsys)
     assert check["status"] == "SKIP" and "pass --kubeconfig" in check["detail"]
+
+
+@pytest.mark.parametrize("found", ["in a pod", "~/.kube/config"])
+def test_doctor_runs_every_node_check_when_the_configuration_the_rule_found_cannot_be_loaded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, found: str
+) -> None:
+    """Not given, so no input error: the node's checks matter most where the pod's service account (or the home
+    kubeconfig) is broken; the API server is a FAIL row saying what is wrong and the fix."""
+    assert main(["doctor", "--gpu-backend", "sim", "-o", "json"]) == 1  # the kubelet's directories are missing
+    expected = [c["name"] for c in json.loads(capsys.readouterr().out)["checks"]]
+    if found == "in a pod":
+        if Path("/var/run/secrets/kubernetes.io/serviceaccount/token").exists():
+            pytest.skip("this test runs in a pod with a service account")
+        monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+        monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+        problem = "cannot load the in-cluster configuration: the service account token "
+        fix = "give the pod a service account with automountServiceAccountToken left on"
+    else:
+        (tmp_path / "home" / ".kube").mkdir(parents=True)
+        problem = f"~/.kube/config {malformed(tmp_path / 'home' / '.kube' / 'config')}: not valid YAML"
+        fix = "fix it, or pass --kubeconfig FILE"
+    assert main(["doctor", "--gpu-backend", "sim", "-o", "json"]) == 1
+    checks = json.loads(capsys.readouterr().out)["checks"]
+    assert [c["name"] for c in checks] == expected
+    api = next(c for c in checks if c["name"] == "API server")
+    assert api["status"] == "FAIL" and api["detail"].startswith(problem) and api["fix"] == fix, api
 
 
 @functools.cache

@@ -36,6 +36,8 @@ from dradriver.driver.checks.host import gpu_checks, writable_dir
 from dradriver.driver.checks.result import FAIL, WARN, CheckResult, any_failed
 from dradriver.driver.checks.runtime import CONTAINERD_CONFIG, CRIO_CONFIG, runtime_cdi_checks
 from dradriver.driver.checks.settings import ClusterSettings, HostSettings, RuntimeSettings
+from dradriver.errors import ConfigError
+from dradriver.plugin.cluster.kubeconfig import FLAG
 from dradriver.plugin.kubeletplugin.plugin import DEFAULT_PLUGINS_DIR
 
 EXIT_FAILED = 1
@@ -88,7 +90,8 @@ def _add_host_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def doctor(args: argparse.Namespace) -> int:
-    # A kubeconfig that cannot be used is an input error (exit 2, one line), as for every command.
+    # A kubeconfig given (--kubeconfig, $KUBECONFIG) that cannot be used is an input error (exit 2, one line), as
+    # for every command; one the rule found by itself is the API server's FAIL row (cluster_settings).
     cluster = cluster_settings(args)
     checks = list(run_checks(args, cluster))
     if args.output == "json":
@@ -111,8 +114,9 @@ def render_table(checks: list[CheckResult]) -> str:
     return "\n".join(lines)
 
 
-def run_checks(args: argparse.Namespace, cluster: ClusterSettings) -> Iterator[CheckResult]:
-    """Every check (dradriver.driver.checks), in order; a check that cannot run says why instead."""
+def run_checks(args: argparse.Namespace, cluster: ClusterSettings | CheckResult) -> Iterator[CheckResult]:
+    """Every check (dradriver.driver.checks), in order; a check that cannot run says why instead (``cluster``: how
+    to reach the API server, or the row saying why it cannot be)."""
     host = host_settings(args)
     yield from gpu_checks(host)
     yield hook_check(host)
@@ -124,20 +128,31 @@ def run_checks(args: argparse.Namespace, cluster: ClusterSettings) -> Iterator[C
     yield writable_dir(
         "kubelet plugins", host.plugin_dir.parent, "--plugin-dir", "the plugin's sockets and state go there"
     )
-    yield from api_server_checks(cluster)
+    if isinstance(cluster, CheckResult):
+        yield cluster
+    else:
+        yield from api_server_checks(cluster)
 
 
-def cluster_settings(args: argparse.Namespace) -> ClusterSettings:
-    """How the API server checks reach it: by the rule every command follows (``--kubeconfig``, ``$KUBECONFIG``,
-    in a pod the service account, ``~/.kube/config``), loaded now so that an unusable kubeconfig is refused (a
-    ConfigError) before any check runs; no endpoint when none is there (the checks are skipped)."""
+def cluster_settings(args: argparse.Namespace) -> ClusterSettings | CheckResult:
+    """How the API server checks reach it, by the rule every command follows (``--kubeconfig``, ``$KUBECONFIG``,
+    in a pod the service account, ``~/.kube/config``), loaded now; no endpoint when none is there (the checks are
+    skipped). A kubeconfig given by flag or variable that cannot be used is refused (a ConfigError) before any
+    check runs; a configuration the rule found by itself (the pod's service account, ``~/.kube/config``) that cannot
+    be loaded is the API server's FAIL row, with its fix, and every node check still runs."""
     kube = KubeClientOptions.from_args(args)
-    source = kube.source
-    return ClusterSettings(
-        endpoint=kube.endpoint if source is not None else None,
-        source=str(source) if source is not None else "",
-        mig_mode=GpuOptions.from_args(args).mig_mode.value,
-    )
+    source, mig_mode = kube.source, GpuOptions.from_args(args).mig_mode.value
+    if source is None:
+        return ClusterSettings(endpoint=None, mig_mode=mig_mode)
+    try:
+        endpoint = kube.endpoint
+    except ConfigError as err:
+        if source.origin in (FLAG, "$KUBECONFIG"):
+            raise
+        # The loader's messages end with their fix after the last "; ".
+        problem, _, fix = str(err).rpartition("; ")
+        return CheckResult("API server", FAIL, problem, fix) if problem else CheckResult("API server", FAIL, fix)
+    return ClusterSettings(endpoint=endpoint, source=str(source), mig_mode=mig_mode)
 
 
 def host_settings(args: argparse.Namespace) -> HostSettings:
