@@ -348,6 +348,19 @@ def test_in_a_pod_the_upper_case_proxy_variables_come_first_as_in_go(
     assert in_cluster().proxy == "http://upper.internal:3128"
 
 
+@pytest.mark.parametrize(
+    ("variable", "proxy"),
+    [("proxy.corp:3128", "http://proxy.corp:3128"), ("10.0.0.1:3128", "http://10.0.0.1:3128"),
+     ("proxy.corp", "http://proxy.corp"), ("[fd00::1]:3128", "http://[fd00::1]:3128")],
+)  # fmt: skip
+def test_in_a_pod_a_proxy_without_a_scheme_is_an_http_proxy_as_in_go(
+    service_account: Path, monkeypatch: pytest.MonkeyPatch, variable: str, proxy: str
+) -> None:
+    # Go's httpproxy: "a complete URL or a host[:port], in which case the http scheme is assumed".
+    monkeypatch.setenv("HTTPS_PROXY", variable)
+    assert in_cluster().proxy == proxy
+
+
 def test_a_server_address_without_a_usable_port_is_refused_naming_where_it_came_from(
     service_account: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -194,10 +194,14 @@ def _environment_proxy(url: str) -> str | None:
     """The proxy the environment names for ``url``, as Go's ``http.ProxyFromEnvironment`` (client-go's, in a pod
     and for a kubeconfig without ``proxy-url``) chooses it: ``HTTPS_PROXY`` for an https URL, ``HTTP_PROXY`` for
     http, upper case first, ``ALL_PROXY`` never; None where none is set or ``NO_PROXY`` or loopback exempts
-    ``url``. A proxy that is not http:// is refused, naming its variable."""
+    ``url``. A bare ``host[:port]`` is an http:// proxy (Go's ``parseProxy``); a proxy that is not http:// is
+    refused, naming its variable."""
     name, proxy = _variable(f"{urlsplit(url).scheme}_proxy")
     if not proxy or _bypasses_proxy(url, _variable("no_proxy")[1]):
         return None
+    # Go prepends http:// to any value whose scheme is not http, https or socks5; a URL of another scheme
+    # (ftp://…) stays as it is here, to be refused by name rather than dialled as the host "ftp".
+    proxy = proxy if "://" in proxy else f"http://{proxy}"
     return _usable_proxy(proxy, f"the environment's {name}", "or none: list the API server in no_proxy")
 
 
