@@ -5,6 +5,7 @@ pipe and /dev/shm, the limits, the daemon stopped at unprepare). Runs inside the
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from support.gpu_acceptance.session import Recorder, SessionConfig, eventually
 NOHOOK = [f"container-nohook-{w}" for w in ("nvidia-smi", "cuda", "opencl", "egl")]
 SHARES = "4"  # --consumable-shares: the MPS claim takes 2 of 4, so its daemon's thread limit is 50 %
 MPS_LIMIT = "4Gi"
-EXPECTED_PERCENTAGE, EXPECTED_MEMORY = "50.0", "4096M"
+EXPECTED_PERCENTAGE, EXPECTED_MEMORY_MIB = 50.0, 4096
 
 
 def mps_control(cfg: SessionConfig) -> list[str]:
@@ -91,6 +92,19 @@ def client_problems(run: Any) -> list[str]:
     return problems
 
 
+def limit_problems(limits: dict[str, str]) -> list[str]:
+    """The daemon's answers against the limits the claim's share and config ask for (read as numbers: the answer's
+    form, ``50.0`` or ``4096M``, is the control tool's)."""
+    problems = []
+    percentage = re.match(r"^\s*(\d+(?:\.\d+)?)", limits["percentage"])
+    if percentage is None or float(percentage.group(1)) != EXPECTED_PERCENTAGE:
+        problems.append(f"thread limit {limits['percentage']!r}, wanted {EXPECTED_PERCENTAGE}")
+    memory = re.match(r"^\s*(\d+)\s*M", limits["memory"])
+    if memory is None or int(memory.group(1)) != EXPECTED_MEMORY_MIB:
+        problems.append(f"memory limit {limits['memory']!r}, wanted {EXPECTED_MEMORY_MIB}M")
+    return problems
+
+
 def check_mps(node: Node, runtime: Runtime, held: dict[str, Any]) -> CheckResult:
     config = {"kind": "GpuConfig", "sharing": {"strategy": "MPS", "mps": {"defaultPinnedDeviceMemoryLimit": MPS_LIMIT}}}
     claim = held["claim"] = node.claim("acceptance-mps", config=config, capacity={"shares": "2"})
@@ -108,10 +122,7 @@ def check_mps(node: Node, runtime: Runtime, held: dict[str, Any]) -> CheckResult
     run = runtime.run("mps", node.dirs.cdi, list(device["cdi_device_ids"]), ["env", "shm", "cuda"])
     servers = mps_query(node.cfg, pipe, "get_server_list")
     problems = [] if daemons else [f"no process serves {pipe}"]
-    if limits["percentage"] != EXPECTED_PERCENTAGE:
-        problems.append(f"thread limit {limits['percentage']!r}, wanted {EXPECTED_PERCENTAGE}")
-    if limits["memory"] != EXPECTED_MEMORY:
-        problems.append(f"memory limit {limits['memory']!r}, wanted {EXPECTED_MEMORY}")
+    problems += limit_problems(limits)
     problems += client_problems(run)
     if not servers.strip():
         problems.append("get_server_list is empty after the client ran: it did not go through the daemon")

@@ -173,7 +173,7 @@ def workloads(build: Path) -> dict[str, Path]:
         built[name] = build / name
         run(
             [
-                os.environ.get("CC", "gcc"),
+                os.environ.get("CC", "cc"),
                 "-O2",
                 "-std=c11",
                 "-D_GNU_SOURCE",
