@@ -148,6 +148,19 @@ def test_a_document_of_a_driver_without_health_or_mig_devices_still_renders() ->
     assert "└ free" in lines[2] and lines[-1] == "node node-a: 0 allocated"
 
 
+def test_devices_of_a_driver_whose_slices_are_not_published_are_not_free() -> None:
+    """No pod can be given a device the API server does not list: top says "not published", with the error."""
+    document = {**_document(), "ready": False, "slicesPublished": False, "publishError": "503: leader changed"}
+    lines = render(document).splitlines()
+    assert _row(lines, "└ mig-3g20gb-0").split()[1:4] == ["mig-3g20gb-0", "3g.20gb", "not"]
+    assert "not published" in _row(lines, "└ mig-3g20gb-0") and not any(" free" in line for line in lines)
+    assert "not published: no pod can be given these devices until the ResourceSlices are: 503: leader changed" in lines
+    document = {"node": "node-a", "slicesPublished": False, "gpus": [{"name": GPU0}], "allocations": []}
+    lines = render(document).splitlines()
+    assert lines[2].split() == ["└", "not", "published"]
+    assert lines[-1].endswith("until the ResourceSlices are: the driver has not published them yet")
+
+
 def test_a_starting_driver_says_what_it_waits_for() -> None:
     document = {"node": "node-a", "waitingFor": "the NVIDIA driver", "gpus": [], "allocations": [], "usage": []}
     assert render(document).splitlines()[-1] == "node node-a: 0 allocated (the driver is starting: the NVIDIA driver)"

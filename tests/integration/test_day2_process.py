@@ -184,6 +184,7 @@ def test_top_lists_every_mig_device_with_its_holder_and_the_lost_and_unhealthy_g
         assert main(["top", "--address", f"127.0.0.1:{port}", "-o", "json"]) == 0
         answered = json.loads(capsys.readouterr().out)
         assert {"node", "gpus", "allocations", "usage", "lostGpus", "migMode"} <= set(answered)
+        assert (answered["ready"], answered["slicesPublished"], answered["publishError"]) == (True, True, None)
         assert {"name", "uuid", "productName", "index"} <= set(answered["gpus"][0])
     finally:
         driver.stop(signal.SIGKILL)

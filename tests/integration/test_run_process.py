@@ -419,7 +419,7 @@ def _get(port: int, path: str) -> tuple[int, str]:
 
 
 def test_probes_metrics_and_an_api_outage_that_fails_readyz_and_healthz_but_never_livez(
-    driver: DriverProcess, api: FakeApiServer, root: Path
+    driver: DriverProcess, api: FakeApiServer, root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     port = _status_port(driver)
     assert _get(port, "/readyz")[0] == 503  # not registered yet
@@ -452,8 +452,19 @@ def test_probes_metrics_and_an_api_outage_that_fails_readyz_and_healthz_but_neve
     assert detail["draSocket"] is True and detail["registrationSocket"] is True
     assert _get(port, "/readyz")[0] == 503
     assert _get(port, "/livez") == (200, "ok\n")  # the liveness probe never restarts the pod for an outage
+    # /allocations and top say so: no device is free to a pod while the slices are not published.
+    document = json.loads(_get(port, "/allocations")[1])
+    assert (document["ready"], document["slicesPublished"]) == (False, False)
+    assert "leader changed" in document["publishError"] and document["gpus"]
+    capsys.readouterr()
+    assert main(["top", "--address", f"127.0.0.1:{port}", "--once"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "└ not published" in lines[2] and not any(" free" in line for line in lines)
+    assert any(line.startswith("not published: ") and "leader changed" in line for line in lines)
     api.clear_faults()
     assert eventually(lambda: _get(port, "/healthz")[0] == 200 and _get(port, "/readyz")[0] == 200), driver.log
+    document = json.loads(_get(port, "/allocations")[1])
+    assert (document["ready"], document["slicesPublished"], document["publishError"]) == (True, True, None)
 
 
 def test_ready_is_logged_only_once_readyz_answers_200(driver: DriverProcess, api: FakeApiServer, root: Path) -> None:

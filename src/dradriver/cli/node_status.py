@@ -82,14 +82,18 @@ class NodeStatus:
         }
 
     def allocations(self) -> dict[str, Any]:
-        """/allocations: this node's GPUs with their health and MIG devices, the GPUs it lost, which pod holds which
-        device and, when sampled, how busy each device is (``dradriver top`` reads it); empty, with what start-up
-        waits for, until the driver serves."""
+        """/allocations: whether the node is ready and its slices published (else the publish error), this node's
+        GPUs with their health and MIG devices, the GPUs it lost, which pod holds which device and, when sampled,
+        how busy each device is (``dradriver top`` reads it); empty, with what start-up waits for, until the driver
+        serves."""
         node = self._serving()
         if node is None:
             return {
                 "node": self.node_name,
                 "waitingFor": self.waiting_for,
+                "ready": False,
+                "slicesPublished": False,
+                "publishError": None,
                 "gpus": [],
                 "lostGpus": [],
                 "allocations": [],
@@ -99,8 +103,13 @@ class NodeStatus:
         held = [a.to_json() for a in node.allocations()]
         sample = node.usage.latest if node.usage is not None else None
         usage = sample.to_json() if sample is not None else []
+        ready, _ = self.readiness()
+        published = node.publisher.status
         return {
             "node": self.node_name,
+            "ready": ready,
+            "slicesPublished": published.ready,
+            "publishError": published.last_error,
             "migMode": node.settings.mig_mode.value,
             "gpus": [gpu_entry(g, inventory, node.health) for g in inventory.gpus],
             "lostGpus": [lost_entry(g, node.health) for g in node.health.lost_gpus(inventory)],

@@ -145,7 +145,8 @@ Row = tuple[str, ...]
 
 def render(document: dict[str, Any]) -> str:
     """The table: every GPU of the node with its health, each followed by its MIG devices (held or free) and the
-    devices pods hold on it (an idle GPU shows as free); then the lost GPUs; then a line per fault."""
+    devices pods hold on it (an idle GPU shows as free); then the lost GPUs; then a line per fault. While the
+    driver's slices are not published, no device is free to a pod: those show as "not published"."""
     usage = {str(u.get("uuid")): u for u in _entries(document.get("usage"))}
     held: dict[str, list[dict[str, Any]]] = {}
     for allocation in _entries(document["allocations"]):
@@ -153,13 +154,14 @@ def render(document: dict[str, Any]) -> str:
     gpus = _entries(document.get("gpus"))
     lost = _entries(document.get("lostGpus"))
     rows: list[Row] = []
+    free = "free" if _published(document) else "not published"
     for gpu in gpus:
-        rows += _gpu_rows(gpu, held.pop(str(gpu.get("name")), []), usage)
+        rows += _gpu_rows(gpu, held.pop(str(gpu.get("name")), []), usage, free=free)
     for gone in lost:
         rows.append((_lost_name(gone), "", "", "", "", "", _lost_cell(gone), "", ""))
         rows += [_allocation_row(a, {}, usage) for a in held.pop(str(gone.get("name")), [])]
     for name in sorted(held):  # on a GPU the document does not list (a driver that lists none)
-        rows += _gpu_rows({"name": name}, held[name], usage)
+        rows += _gpu_rows({"name": name}, held[name], usage, free=free)
     return _table([COLUMNS, *rows]) + _summary(document, gpus, lost)
 
 
@@ -167,8 +169,16 @@ def _entries(value: Any) -> list[dict[str, Any]]:
     return [entry for entry in value or () if isinstance(entry, dict)]
 
 
-def _gpu_rows(gpu: dict[str, Any], held: list[dict[str, Any]], usage: dict[str, dict[str, Any]]) -> list[Row]:
-    """The GPU's row, a row per MIG device on it (its holders, or free), then the other devices pods hold on it."""
+def _published(document: dict[str, Any]) -> bool:
+    """Whether the driver's slices are published (a driver of before the field was in the document: yes)."""
+    return document.get("slicesPublished") is not False
+
+
+def _gpu_rows(
+    gpu: dict[str, Any], held: list[dict[str, Any]], usage: dict[str, dict[str, Any]], *, free: str = "free"
+) -> list[Row]:
+    """The GPU's row, a row per MIG device on it (its holders, or ``free``: what an unheld device is called), then
+    the other devices pods hold on it."""
     name = str(gpu.get("name"))
     mig = "MIG" if gpu.get("migEnabled") else ""
     rows: list[Row] = [
@@ -181,11 +191,11 @@ def _gpu_rows(gpu: dict[str, Any], held: list[dict[str, Any]], usage: dict[str, 
         else:
             short = str(device.get("name", "")).removeprefix(f"{name}-")
             busy = _busy(usage, device)
-            rows.append(("", f"└ {short}", str(device.get("profile", "")), "free", "", "", _health(device), *busy))
+            rows.append(("", f"└ {short}", str(device.get("profile", "")), free, "", "", _health(device), *busy))
     listed = {d.get("name") for d in _entries(gpu.get("migDevices"))}
     rows += [_allocation_row(a, gpu, usage) for a in held if a.get("device") not in listed]
     if len(rows) == 1:
-        rows.append(("", "└ no MIG devices" if mig else "└ free", "", "", "", "", "", "", ""))
+        rows.append(("", "└ no MIG devices" if mig else f"└ {free}", "", "", "", "", "", "", ""))
     return rows
 
 
@@ -251,6 +261,9 @@ def _lost_name(gone: dict[str, Any]) -> str:
 def _summary(document: dict[str, Any], gpus: list[dict[str, Any]], lost: list[dict[str, Any]]) -> str:
     """The node line (how many devices are held, lost, unhealthy), then one line per fault with its message."""
     notes = [f"lost: {_lost_name(g)}: {g.get('reason', '')}" for g in lost]
+    if not _published(document) and not document.get("waitingFor"):
+        error = document.get("publishError") or "the driver has not published them yet"
+        notes.insert(0, f"not published: no pod can be given these devices until the ResourceSlices are: {error}")
     for entry in [device for gpu in gpus for device in (gpu, *_entries(gpu.get("migDevices")))]:
         health = entry.get("health")
         if isinstance(health, dict) and health.get("status") in ("UNHEALTHY", "UNKNOWN") and health.get("message"):
