@@ -165,7 +165,7 @@ def test_a_kubeconfigs_proxy_url_is_used_whatever_no_proxy_says_and_for_loopback
     monkeypatch.setenv("HTTPS_PROXY", "http://environment.internal:3128")
     monkeypatch.setenv("NO_PROXY", "*")
     assert load_endpoint(str(path)).proxy == "http://proxy.internal:3128"
-    cluster["proxy-url"] = "socks5://proxy.internal:1080"
+    cluster["proxy-url"] = "socks5://alice:s3cret@proxy.internal:1080"  # quoted without user and password
     path = kubeconfig(tmp_path / "socks", "", clusters=[{"name": "c", "cluster": cluster}])
     with pytest.raises(ConfigError, match=r"^the kubeconfig's proxy-url socks5://proxy.internal:1080 is not an http://"):
         load_endpoint(str(path))

@@ -377,6 +377,22 @@ def test_a_proxy_that_is_not_http_is_refused_saying_what_works(
         in_cluster()
 
 
+@pytest.mark.parametrize("variable", ["socks5://alice:s3cret@proxy.internal:1080", "ftp://alice:s3cret@proxy.internal"])
+def test_a_refused_proxy_is_quoted_without_its_user_and_password(
+    service_account: Path, monkeypatch: pytest.MonkeyPatch, variable: str
+) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", variable)
+    with pytest.raises(ConfigError, match=r"HTTPS_PROXY (socks5|ftp)://proxy.internal(:1080)? is not") as refused:
+        in_cluster()
+    assert "alice" not in str(refused.value) and "s3cret" not in str(refused.value)
+
+
+def test_an_endpoints_repr_shows_no_proxy_credentials() -> None:
+    endpoint = Endpoint("https://10.1.2.3:6443", proxy="http://alice:s3cret@proxy.internal:3128",
+                        proxy_headers={"Proxy-Authorization": "Basic YWxpY2U6czNjcmV0"})  # fmt: skip
+    assert "s3cret" not in repr(endpoint) and "YWxpY2U6czNjcmV0" not in repr(endpoint)
+
+
 def test_through_a_connect_proxy_tls_still_ends_at_the_api_server(tmp_path: Path) -> None:
     pki = write_pki(tmp_path / "pki")
     with FakeApiServer(tls=(pki.serving_cert, pki.serving_key)) as api, connect_proxy() as (proxy, targets):

@@ -21,6 +21,7 @@ import contextlib
 import ipaddress
 import os
 import platform
+import re
 import threading
 import time
 import warnings
@@ -47,6 +48,9 @@ USER_AGENT = f"dradriver/{__version__} (linux/{platform.machine() or 'unknown'})
 _REPLAYABLE = frozenset({"GET", "HEAD", "OPTIONS"})
 # (connect, read) seconds; a watch asks for a longer read timeout.
 Timeout = tuple[float, float]
+# A URL's user and password (``scheme://user:password@``, or ``user:password@`` with no scheme), up to the last
+# ``@`` before the path: what a message or a log must not show.
+_CREDENTIALS = re.compile(r"^((?:[A-Za-z][A-Za-z0-9+.-]*:)?//)?[^/?#]*@")
 
 
 class TransportError(OSError):
@@ -95,8 +99,9 @@ class Endpoint:
     verify: bool = True
     check_hostname: bool = True
     server_name: str | None = None  # the TLS server name to send and check instead of the URL's host
-    proxy: str | None = None  # http://host:port
-    proxy_headers: Mapping[str, str] = field(default_factory=dict)
+    # http://[user:password@]host:port; neither it nor its headers (Proxy-Authorization) in a repr, which may be logged
+    proxy: str | None = field(default=None, repr=False)
+    proxy_headers: Mapping[str, str] = field(default_factory=dict, repr=False)
 
 
 def in_cluster() -> Endpoint:
@@ -118,12 +123,22 @@ def in_cluster() -> Endpoint:
     return Endpoint(url, FileToken(SERVICE_ACCOUNT_TOKEN), ca_file=SERVICE_ACCOUNT_CA, proxy=_environment_proxy(url))
 
 
+def _without_credentials(url: str) -> str:
+    """``url`` without its user and password: how a message or a log quotes a proxy URL."""
+    return _CREDENTIALS.sub(r"\1", url, count=1)
+
+
 def _usable_proxy(proxy: str, source: str, fix: str) -> str:
-    """``proxy`` if it is an http://host[:port] URL; else a ConfigError naming ``source`` and ``fix``."""
-    if urlsplit(proxy).scheme != "http" or not urlsplit(proxy).hostname:
+    """``proxy`` if it is an http://host[:port] URL; else a ConfigError naming ``source`` and ``fix`` (and the
+    proxy without its user and password)."""
+    try:
+        usable = urlsplit(proxy).scheme == "http" and bool(urlsplit(proxy).hostname)
+    except ValueError:  # a bracket left open
+        usable = False
+    if not usable:
         raise ConfigError(
-            f"{source} {proxy} is not an http://host:port proxy; dradriver reaches the API server through an HTTP "
-            f"CONNECT proxy only ({fix})"
+            f"{source} {_without_credentials(proxy)} is not an http://host:port proxy; dradriver reaches the API "
+            f"server through an HTTP CONNECT proxy only ({fix})"
         )
     return proxy
 
