@@ -29,7 +29,7 @@ BUSYBOX_APPLETS = ("sh", "env", "ls", "cat", "true", "echo", "test", "grep", "he
 #: Libraries from the loaders' packages: an application image's part of OpenCL and EGL, not the driver's.
 LOADERS = ("libOpenCL.so.1", "libEGL.so.1", "libGLdispatch.so.0")
 DEVICE_COMMAND = "PYTHONUNBUFFERED=1 scripts/gpu-acceptance --out $OUT"
-DEVICE_TIMEOUT_S = 540
+DEVICE_TIMEOUT_S = 480
 
 
 def say(message: str) -> None:
