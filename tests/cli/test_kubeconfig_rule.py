@@ -263,6 +263,34 @@ def test_run_that_cannot_read_the_clusters_release_starts_nothing(
     assert (written, bound) == ([], [])
 
 
+def test_run_refuses_an_unknown_simulated_profile_before_it_binds_a_port_or_writes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with FakeApiServer() as api:
+        config = kubeconfig(tmp_path / "kubeconfig", api.url)
+        code, written, bound = _run_recorded(
+            _run_argv(tmp_path, "--kubeconfig", str(config), "--sim-profile", "nosuch")
+        )
+    err = capsys.readouterr().err
+    assert code == 2 and "unknown simulated node profile 'nosuch'" in err, err
+    assert (written, bound) == ([], [])
+    assert "serving metrics" not in err
+
+
+def test_run_refuses_a_state_file_where_no_file_can_be_made_before_it_binds_a_port(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """/proc takes no file, though root may write anywhere by its permissions: a file made there tells."""
+    argv = _run_argv(tmp_path, "--kubernetes-version", "1.34")
+    argv[argv.index("--sim-state") + 1] = "/proc/x"
+    with FakeApiServer() as api:
+        code, written, bound = _run_recorded([*argv, "--kubeconfig", str(kubeconfig(tmp_path / "kubeconfig", api.url))])
+    err = capsys.readouterr().err
+    # As root: "cannot write the state file (No such file or directory)"; else the permissions already tell.
+    assert code == 2 and err.startswith("dradriver run: error: --sim-state /proc/x") and err.count("\n") == 1, err
+    assert bound == [] and not [path for path in written if path.exists()]
+
+
 def test_cd_controller_with_an_unusable_kubeconfig_binds_no_port(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

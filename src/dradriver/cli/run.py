@@ -69,7 +69,10 @@ class DriverProcess:
         # (read from the API server unless --kubernetes-version names it) are checked against it.
         cluster, settings = connect(self.options)
         try:
-            self.options.status.check()  # last: probing the port binds it for a moment
+            # Last, the probes that touch the host: the state file's directory takes a file for a moment, then the
+            # port is bound for a moment.
+            self.options.gpus.probe_state()
+            self.options.status.check()
             self._serve_connected(cluster, settings)
         finally:
             cluster.close()

@@ -74,8 +74,9 @@ class RunOptions:
         """Read every group and refuse a configuration that cannot work before anything is created, bound or
         published (a ConfigError: exit 2). Groups are read and checked one after the other, in this order, so
         of several problems the same one is always named: this host's flags first, then the kubeconfig (loaded,
-        which may run its exec plugin). The status server's address is probed (bound for a moment) by ``run``
-        once the cluster's release has been checked too, last (``StatusOptions.check``)."""
+        which may run its exec plugin). The state file's directory (a file made there for a moment) and the status
+        server's address (bound for a moment) are probed by ``run`` once the cluster's release has been checked too,
+        last (``GpuOptions.probe_state``, ``StatusOptions.check``)."""
         publishing = PublishingOptions.from_args(args)
         name = publishing.driver_name
         node = NodeOptions.from_args(args)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,6 +12,7 @@ from dradriver.cli.flags.env import EnvFlag
 from dradriver.cli.flags.values import check_writable_file
 from dradriver.errors import ConfigError
 from dradriver.gpu.inventory import MigMode
+from dradriver.inputs import path_exists
 
 GPU_BACKEND = EnvFlag(
     flag="--gpu-backend",
@@ -68,9 +71,30 @@ class GpuOptions:
         )
 
     def check(self) -> None:
-        """A simulated node's state file can be written (refused before the node starts)."""
+        """A simulated node's profile exists and loads, and its state file is a regular file (or none) in a
+        writable directory: refused before the node starts, writing nothing (:meth:`probe_state` writes)."""
+        if self.backend == "sim":
+            from dradriver.gpu.backend import sim_profile_name  # the simulator only where a command simulates
+
+            sim_profile_name(self.sim_profile)  # a ConfigError naming the profile and the built-in ones
         if self.sim_state is not None:
             check_writable_file(SIM_STATE.flag, self.sim_state)
+
+    def probe_state(self) -> None:
+        """The state file can be written where it is to be: a file made and removed at once where the first one
+        will be, since permissions do not tell (root may write anywhere, yet /proc takes no file). A ConfigError
+        naming --sim-state if not; nothing with no state file."""
+        if self.sim_state is None:
+            return
+        where = self.sim_state.parent
+        while not path_exists(where) and where != where.parent:
+            where = where.parent  # the node makes the missing directories, from here
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".dradriver-probe-", dir=where)
+        except OSError as err:
+            raise unwritable_state(self.sim_state, err) from None
+        os.close(fd)
+        os.unlink(probe)
 
 
 def unwritable_state(state: Path, err: OSError) -> ConfigError:
