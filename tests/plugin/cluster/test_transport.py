@@ -24,7 +24,7 @@ from dradriver.errors import ConfigError
 from dradriver.plugin.cluster import ApiUnavailableError
 from dradriver.plugin.cluster import transport as transport_module
 from dradriver.plugin.cluster.kube import KubeCluster, client_package, load_configuration, load_transport
-from dradriver.plugin.cluster.transport import Endpoint, FileToken, Transport, in_cluster
+from dradriver.plugin.cluster.transport import Endpoint, FileToken, Transport, from_client_configuration, in_cluster
 
 
 @dataclass
@@ -338,6 +338,32 @@ def test_in_a_pod_the_environments_proxy_is_used_unless_no_proxy_or_loopback_exe
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
     monkeypatch.setenv("NO_PROXY", no_proxy)
     assert in_cluster().proxy == ("http://proxy.internal:3128" if proxied else None)
+
+
+@pytest.mark.parametrize(
+    ("server", "no_proxy", "proxied"),
+    [("https://example.com:6443", ".example.com", True), ("https://example.com:6443", "*.example.com", True),
+     ("https://api.example.com:6443", "*.example.com", False), ("https://example.com:6443", "example.com", False),
+     ("https://notexample.com:6443", "example.com", True), ("https://API.Example.com:6443", "example.COM", False),
+     ("https://api.example.com", "api.example.com:443", False), ("http://api.example.com", "api.example.com:80", False),
+     ("https://api.example.com", "api.example.com:6443", True), ("https://10.96.0.1", "10.96.0.1:443", False),
+     ("https://api.example.com:6443", "example.com:6443", False), ("https://api.example.com", "example.com:6443", True),
+     ("https://api.example.com:6443", ".example.com:6443", False), ("https://[fd00::1]:6443", "[fd00::1]:6443", False),
+     ("https://[fd00::1]:6443", "fd00::1", False), ("https://[fd00::1]:6443", "fd00::/64", False),
+     ("https://[fd00::1]:6443", "[fd00::1]:443", True), ("https://10.96.0.1:6443", "10.96.0.0/12,x", False)],
+)  # fmt: skip
+def test_no_proxy_entries_match_as_in_gos_httpproxy(
+    monkeypatch: pytest.MonkeyPatch, server: str, no_proxy: str, proxied: bool
+) -> None:
+    # golang.org/x/net/http/httpproxy: a leading "." or "*." matches subdomains only, an entry's port must equal
+    # the URL's (its scheme's default port where it names none), a domain may carry a port.
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.internal:3128")
+    monkeypatch.setenv("NO_PROXY", no_proxy)
+    endpoint = from_client_configuration(client_package().Configuration(host=server))
+    assert endpoint.proxy == ("http://proxy.internal:3128" if proxied else None)
 
 
 def test_in_a_pod_the_upper_case_proxy_variables_come_first_as_in_go(

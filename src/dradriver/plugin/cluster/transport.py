@@ -48,6 +48,7 @@ USER_AGENT = f"dradriver/{__version__} (linux/{platform.machine() or 'unknown'})
 _REPLAYABLE = frozenset({"GET", "HEAD", "OPTIONS"})
 # (connect, read) seconds; a watch asks for a longer read timeout.
 Timeout = tuple[float, float]
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 # A URL's user and password (``scheme://user:password@``, or ``user:password@`` with no scheme), up to the last
 # ``@`` before the path: what a message or a log must not show.
 _CREDENTIALS = re.compile(r"^((?:[A-Za-z][A-Za-z0-9+.-]*:)?//)?[^/?#]*@")
@@ -180,29 +181,79 @@ def from_client_configuration(configuration: Any, *, proxy_url: str | None = Non
 
 def _bypasses_proxy(url: str, no_proxy: str) -> bool:
     """Whether ``url`` goes around the proxy, as Go's ``httpproxy`` (client-go's) decides: ``localhost`` and
-    loopback addresses always; else a ``no_proxy`` entry that is ``*``, an IP network holding its address, its
-    host or ``host:port``, or a domain its host is in (``example.com``, ``.example.com``, ``*.example.com``)."""
-    parts = urlsplit(url)
-    host = (parts.hostname or "").lower()
-    try:
-        address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(host)
-    except ValueError:
-        address = None
+    loopback addresses always; else when a ``no_proxy`` entry matches (:func:`_no_proxy_matches`)."""
+    host, port = _canonical_address(url)
+    address = _ip_address(host)
     if host == "localhost" or (address is not None and address.is_loopback):
         return True
-    for entry in (e.strip().lower() for e in no_proxy.split(",")):
-        if not entry:
-            continue
-        if entry == "*" or entry == parts.netloc.lower():
-            return True
-        if address is not None:
-            with contextlib.suppress(ValueError):
-                if address in ipaddress.ip_network(entry.strip("[]"), strict=False):
-                    return True
-        domain = entry.removeprefix("*").lstrip(".")
-        if host == domain or host.endswith("." + domain):
-            return True
-    return False
+    return any(_no_proxy_matches(entry, host, port, address) for entry in no_proxy.split(","))
+
+
+def _canonical_address(url: str) -> tuple[str, str]:
+    """``url``'s host (lower case, IDNA, no brackets) and port, the scheme's default port where it names none
+    (Go's ``canonicalAddr``)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if not host.isascii():
+        with contextlib.suppress(UnicodeError):
+            host = host.encode("idna").decode("ascii")
+    try:
+        port = str(parts.port or "")
+    except ValueError:  # not a number: the Transport refuses the URL
+        port = ""
+    return host, port or {"http": "80", "https": "443"}.get(parts.scheme, "")
+
+
+def _ip_address(text: str) -> IPAddress | None:
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+def _no_proxy_matches(entry: str, host: str, port: str, address: IPAddress | None) -> bool:
+    """Whether one ``no_proxy`` entry exempts ``host``:``port`` (``address``: the host as an IP address), read and
+    matched as Go's ``httpproxy`` does: ``*`` matches all; an IP network (CIDR) the addresses in it; an IP address
+    (``[IPv6]:port`` with a port) that address; a domain (with a port or not) ``example.com`` that host and its
+    subdomains, ``.example.com`` and ``*.example.com`` its subdomains only. An entry with a port matches that
+    port only."""
+    entry = entry.strip().lower()
+    if entry == "*":
+        return True
+    if "/" in entry:
+        with contextlib.suppress(ValueError):
+            return address is not None and address in ipaddress.ip_network(entry, strict=False)
+    entry_host, entry_port = _split_host_port(entry) or (entry, "")
+    if entry_host.startswith("[") and entry_host.endswith("]"):
+        entry_host = entry_host[1:-1]
+    entry_address = _ip_address(entry_host)
+    if entry_address is not None:
+        return entry_address == address and entry_port in ("", port)
+    if not entry_host:
+        return False  # malformed (":443", or nothing)
+    if entry_host.startswith("*."):
+        entry_host = entry_host[1:]
+    match_host = not entry_host.startswith(".")  # the domain itself as well as its subdomains
+    suffix = "." + entry_host if match_host else entry_host
+    return (host.endswith(suffix) or (match_host and host == suffix[1:])) and entry_port in ("", port)
+
+
+def _split_host_port(text: str) -> tuple[str, str] | None:
+    """``host:port`` or ``[host]:port`` as (host, port), as Go's ``net.SplitHostPort`` splits it; None where
+    ``text`` is not of that form (no port, too many colons, a stray bracket)."""
+    bracketed = text.startswith("[")
+    if bracketed:
+        end = text.find("]")
+        if end < 0 or text[end + 1 : end + 2] != ":":
+            return None
+        host, port = text[1:end], text[end + 2 :]
+    else:
+        host, colon, port = text.rpartition(":")
+        if not colon:
+            return None
+    if ":" in port or (not bracketed and ":" in host) or any(bracket in host + port for bracket in "[]"):
+        return None
+    return host, port
 
 
 def _environment_proxy(url: str) -> str | None:
