@@ -77,6 +77,7 @@ CASES = [
         "needs shared counters",
     ),
     (["top", "--address", "host:port"], "is not HOST:PORT"),
+    (["top", "--address", "fe80::1:8080"], "write [fe80::1]:8080"),
     (["run", "--node-name", "n", "--mps-control-command", "'x"], "no closing quotation"),
     (["run", "--node-name", "n", "--mps-daemon-wrapper", "nsenter \\"], "no escaped character"),
     (["cd-daemon", "run", "--imex-command", "'x"], "no closing quotation"),

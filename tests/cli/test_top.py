@@ -210,6 +210,20 @@ def test_any_other_address_is_one_line_and_exit_2(address: str, capsys: pytest.C
     )
 
 
+@pytest.mark.parametrize("address", ["fe80::1:8080", "::1:8080", "http://fe80::1:8080/"])
+def test_an_ipv6_address_without_brackets_is_refused_with_the_bracketed_form(
+    address: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """fe80::1:8080 is also the address fe80::1:8080 with no port: top does not guess."""
+    assert main(["top", "--address", address, "--once"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    host = address.removeprefix("http://").removesuffix("/").rpartition(":")[0]
+    assert line == (
+        f"dradriver top: error: --address {address!r}: an IPv6 host goes in brackets, so that its port is not read "
+        f"as part of it: write [{host}]:8080"
+    )
+
+
 def test_https_is_refused_the_status_server_speaks_plain_http(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["top", "--address", "https://localhost:8080", "--once"]) == 2
     (line,) = capsys.readouterr().err.splitlines()

@@ -116,12 +116,18 @@ def _host_and_port(address: str, hostport: str) -> tuple[str, int]:
     if not colon or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise _not_an_address(address)
     bracketed = host.startswith("[") and host.endswith("]")
+    unbracketed = ":" in host and "[" not in host and "]" not in host
     host = host[1:-1] if bracketed else host
-    if ":" in host:  # IPv6: a literal address, nothing else
+    if bracketed or unbracketed:  # IPv6: a literal address, nothing else
         try:
             ipaddress.IPv6Address(host.split("%", 1)[0])
         except ValueError:
             raise _not_an_address(address) from None
+        if unbracketed:  # fe80::1:8080 is also the address fe80::1:8080 with no port: not guessed
+            raise ConfigError(
+                f"--address {address!r}: an IPv6 host goes in brackets, so that its port is not read as part of "
+                f"it: write [{host}]:{port}"
+            )
         return ("[::1]" if host == "::" else f"[{host}]"), int(port)
     if not _HOSTNAME.fullmatch(host):
         raise _not_an_address(address)
