@@ -14,6 +14,8 @@ from support.gpu_acceptance.report import CheckResult, judged
 def check_left_as_found(ctx: Context, notes: dict[str, Any]) -> CheckResult:
     problems = []
     now = host.gpu_modes(host.smi_gpus()) if not ctx.rehearse else {}
+    if not ctx.rehearse and not ctx.found:
+        problems.append("the GPUs' modes were never read: nvidia-smi answered no query at the start")
     for uuid, found in ctx.found.items():
         current = now.get(uuid)
         if current != found:

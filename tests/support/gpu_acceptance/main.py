@@ -138,7 +138,10 @@ def run_session(ctx: Context, rep: Report) -> dict[str, object]:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             code = proc.wait()
-    document = json.loads(Path(cfg.results).read_text()) if Path(cfg.results).exists() else {}
+    try:
+        document = json.loads(Path(cfg.results).read_text())
+    except (OSError, ValueError):
+        document = {}
     for entry in document.get("results", []):
         rep.add(CheckResult(**entry))
     tail = (ctx.out / "node-session.txt").read_text()[-800:]

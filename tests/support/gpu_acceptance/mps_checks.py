@@ -173,7 +173,7 @@ def mps_checks(node: Node, rec: Recorder, runtime: Runtime) -> None:
         rec.skip(["mps", "mps-unprepare"], "does not apply: the driver ships no nvidia-cuda-mps-control")
         return
     gpu_uuid = str(attribute(node.gpus()[0], "uuid"))
-    found = cfg.found_modes.get(gpu_uuid, {}).get("computeMode", "Default")
+    found = cfg.found_modes.get(gpu_uuid, {}).get("computeMode", "unknown")
     if cfg.real and found != "Default":
         reason = f"does not apply: {gpu_uuid} runs in compute mode {found}; MPS shares need Default, never set here"
         rec.skip(["mps", "mps-unprepare"], reason)

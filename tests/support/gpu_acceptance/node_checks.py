@@ -281,7 +281,7 @@ def compute_policy(cfg: SessionConfig, gpu_uuid: str) -> str:
 
 def check_time_slicing(node: Node) -> CheckResult:
     gpu_uuid = str(attribute(node.gpus()[0], "uuid"))
-    found = node.cfg.found_modes.get(gpu_uuid, {}).get("computeMode", "Default")
+    found = node.cfg.found_modes.get(gpu_uuid, {}).get("computeMode", "unknown")
     if node.cfg.real and found != "Default":
         return skipped(
             "time-slicing", f"{gpu_uuid} runs in compute mode {found}; time-slicing sets Default, never done here"

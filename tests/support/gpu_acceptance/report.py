@@ -141,6 +141,7 @@ def summary(document: dict[str, Any]) -> str:
     meaning = {
         EXIT_HELD: "every check that applies held",
         EXIT_FAILED: "a check failed",
+        EXIT_UNUSABLE: "the kit could not run",
         EXIT_NO_GPU: "no GPU here: nothing was proven",
     }.get(document["exitStatus"], "")
     lines.append(

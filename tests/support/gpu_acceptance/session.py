@@ -75,7 +75,9 @@ class Recorder:
 
     def save(self) -> None:
         document = {"results": [asdict(r) for r in self.results], "notes": self.notes}
-        self.path.write_text(json.dumps(document, indent=2, default=str))
+        partial = self.path.with_suffix(".partial")
+        partial.write_text(json.dumps(document, indent=2, default=str))
+        partial.replace(self.path)  # whole or not at all, should this process be killed mid-write
 
     def recorded(self) -> set[str]:
         return {r.name for r in self.results}
