@@ -7,11 +7,13 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import logging
 import select
 import socket
 import socketserver
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from dradriver.plugin.cluster import ApiUnavailableError
 from dradriver.plugin.cluster import transport as transport_module
 from dradriver.plugin.cluster.kube import KubeCluster, client_package, load_configuration, load_transport
 from dradriver.plugin.cluster.transport import Endpoint, FileToken, Transport, from_client_configuration, in_cluster
+from dradriver.plugin.kubeletplugin.plugin import KubeletPluginOptions
 
 
 @dataclass
@@ -165,6 +168,33 @@ def test_a_kubeconfig_gives_the_same_request_the_clients_api_client_sends(tmp_pa
     assert our_body == their_body
     for name in ("authorization", "content-type", "accept"):
         assert our_headers[name].lower() == their_headers[name].lower(), name
+
+
+def test_as_many_requests_at_once_as_the_kubelet_sends_keep_their_connections(caplog: pytest.LogCaptureFixture) -> None:
+    # The kubelet sends the plugin up to max_workers prepares at once, each a claim GET and a status write; a pool
+    # smaller than that closed the connections it could not keep ("Connection pool is full"): a TLS handshake each.
+    at_once = KubeletPluginOptions.__dataclass_fields__["max_workers"].default
+    everyone_in = threading.Barrier(at_once, timeout=10)  # every request waits for the others: all at once
+    connections: list[int] = []
+
+    class Handler(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            connections.append(1)
+            while self.rfile.readline():
+                while self.rfile.readline() not in (b"\r\n", b""):
+                    pass
+                with contextlib.suppress(threading.BrokenBarrierError):
+                    everyone_in.wait()
+                self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+
+    with serving(Handler) as url, caplog.at_level(logging.WARNING):
+        transport = Transport(Endpoint(url))
+        with ThreadPoolExecutor(at_once) as pool:
+            for _ in range(2):
+                assert set(pool.map(lambda _: transport.request("GET", "/a").read(), range(at_once))) == {b"{}"}
+        transport.close()
+    assert not [record.getMessage() for record in caplog.records if "pool is full" in record.getMessage()]
+    assert len(connections) == at_once  # the second round on the first round's connections
 
 
 def test_a_get_the_server_dropped_on_a_reused_connection_is_sent_again_on_a_new_one() -> None:

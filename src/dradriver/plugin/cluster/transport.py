@@ -46,6 +46,11 @@ USER_AGENT = f"dradriver/{__version__} (linux/{platform.machine() or 'unknown'})
 # Sent again after the server dropped the connection they went out on, whether or not it had read them (Go's
 # isReplayable).
 _REPLAYABLE = frozenset({"GET", "HEAD", "OPTIONS"})
+# Connections kept alive: the kubelet sends the plugin up to KubeletPluginOptions.max_workers (16) prepares and
+# unprepares at once, each a claim GET and a status write, while the publisher writes slices; a connection that
+# comes back to a full pool is closed (urllib3 warns "Connection pool is full"), and the next costs a TLS handshake.
+# A watch's connection never comes back to the pool.
+DEFAULT_POOL_SIZE = 20
 # (connect, read) seconds; a watch asks for a longer read timeout.
 Timeout = tuple[float, float]
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -411,13 +416,14 @@ class Response:
 
 
 class Transport:
-    """Requests to one API server over a pool of kept-alive connections (at most ``pool_size`` idle).
+    """Requests to one API server over a pool of kept-alive connections (at most ``pool_size`` kept; more may be
+    open at once, the rest closed when done).
 
     ``retries``: how many times a GET, HEAD or OPTIONS is sent again on a new connection when the server dropped
     the one it went out on (as when its idle timeout raced our request): Go's rule
     (:class:`_DroppedConnectionRetry`). Anything else is the caller's to retry."""
 
-    def __init__(self, endpoint: Endpoint, *, retries: int = 1, pool_size: int = 4) -> None:
+    def __init__(self, endpoint: Endpoint, *, retries: int = 1, pool_size: int = DEFAULT_POOL_SIZE) -> None:
         self.endpoint = endpoint
         self.retries = retries
         parts = urlsplit(endpoint.url)
