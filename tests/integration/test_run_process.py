@@ -478,6 +478,33 @@ def test_ready_is_logged_only_once_readyz_answers_200(driver: DriverProcess, api
     assert _get(port, "/readyz")[0] == 200
 
 
+#: `dradriver run` whose readiness check raises the first three times the main thread asks it.
+FLAKY_READINESS = """
+import runpy, threading
+from dradriver.cli.node_status import NodeStatus
+real, raised = NodeStatus.readiness, []
+def flaky(self):
+    if threading.current_thread() is threading.main_thread() and len(raised) < 3:
+        raised.append(1)
+        raise RuntimeError("a bug in a readiness check")
+    return real(self)
+NodeStatus.readiness = flaky
+runpy.run_module("dradriver", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_a_readiness_check_that_raises_is_not_ready_and_never_ends_the_driver(root: Path, api: FakeApiServer) -> None:
+    driver = DriverProcess(root, api.write_kubeconfig(root / "kubeconfig"), entry=("-c", FLAKY_READINESS))
+    try:
+        driver.wait_ready()
+        KubeletClient(root / "registry").register().close()
+        assert eventually(lambda: '"msg": "ready node=node-a ' in driver.log), driver.log
+        assert driver.log.count("the readiness check raised; not ready until it answers") == 1, driver.log
+        assert "a bug in a readiness check" in driver.log
+    finally:
+        assert driver.stop() == 0, driver.log
+
+
 def test_a_plugin_directory_deleted_under_the_driver_comes_back_with_sockets_checkpoint_and_registration(
     driver: DriverProcess, api: FakeApiServer, root: Path
 ) -> None:

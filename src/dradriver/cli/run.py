@@ -149,10 +149,18 @@ class DriverProcess:
             self._stop(node, stopping, rescanner.refresh, threads=(rescanner.thread, rechecker.thread))
 
     def _wait_until_ready(self) -> bool:
-        """Wait until the readiness probe's answer would be yes (True), or until stopped (False)."""
+        """Wait until the readiness probe's answer would be yes (True), or until stopped (False). A readiness check
+        that raises counts as not ready, as the status server answers it (503): logged once, never ending the
+        driver."""
+        logged = False
         while not self.stop.wait(READY_POLL_SECONDS):
-            if self.status.readiness()[0]:
-                return True
+            try:
+                if self.status.readiness()[0]:
+                    return True
+            except Exception:  # a bug in a check must not take down a driver that serves claims
+                if not logged:
+                    log.exception("the readiness check raised; not ready until it answers")
+                    logged = True
         return False
 
     def _log_serving(self, node: NodeDriver, what: str) -> None:
