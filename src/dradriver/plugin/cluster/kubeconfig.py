@@ -12,8 +12,9 @@ The first of these that is there (controller-runtime's ``GetConfig`` order, over
 Kubeconfig files are read through the bounded loader (:mod:`dradriver.inputs`) and checked before the
 ``kubernetes`` client reads them: each is one YAML mapping, and the context used (``--context``, else
 ``current-context``) is defined, names a cluster that is defined with a server (and a ``proxy-url``, if any, that
-is a string) and, if it names a user, a user that is defined. Every problem is one
-:class:`~dradriver.errors.ConfigError` line: the source, the file, what is wrong and the fix.
+is a string). A user it names that is not defined means no credentials, as in client-go (the API server then
+sees an anonymous client). Every problem is one :class:`~dradriver.errors.ConfigError` line: the source, the
+file, what is wrong and the fix.
 """
 
 from __future__ import annotations
@@ -189,7 +190,8 @@ class _Merged:
                 self.named[section].setdefault(name, (file, entry))
 
     def context(self, given: str | None) -> ChosenContext:
-        """The context to use, checked: defined, its cluster defined with a server, its user (if any) defined."""
+        """The context to use, checked: defined, its cluster defined with a server. Its user need not be defined:
+        client-go goes on without credentials (it requires a user only when ``--user`` names one)."""
         name = given or (self.current[0] if self.current else "")
         if not name:
             raise unusable(self.source, "no current-context is set", fix=_USE_CONTEXT)
@@ -205,13 +207,7 @@ class _Merged:
         body = entry.get("context")
         if not isinstance(body, dict):
             raise unusable(self.source, f"context {name!r} has no context: mapping", file=file, fix=_FIX_CONTEXT)
-        proxy_url = self._check_cluster(name, body.get("cluster"), file)
-        user = body.get("user")
-        if user and user not in self.named["users"]:
-            defined = self._names("users")
-            problem = f"context {name!r} names user {user!r}, which is not defined ({defined})"
-            raise unusable(self.source, problem, fix=_FIX_CONTEXT)
-        return ChosenContext(name, proxy_url)
+        return ChosenContext(name, self._check_cluster(name, body.get("cluster"), file))
 
     def _check_cluster(self, context: str, cluster: object, file: Path) -> str | None:
         """Check the cluster ``context`` names; its ``proxy-url``, if it sets one."""
