@@ -13,7 +13,7 @@ import re
 import stat
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -23,6 +23,11 @@ MAX_FILE_BYTES = 8 * 1024 * 1024
 MAX_YAML_DEPTH = 100
 # Values after aliases are expanded, summed over a file's documents: far more than any real set of slices.
 MAX_YAML_VALUES = 1_000_000
+
+
+#: What a key twice in one mapping does: refused (as the API server refuses it), or the last value kept (as
+#: client-go's lenient YAML reading of a kubeconfig keeps it).
+DuplicateKeys = Literal["refuse", "last"]
 
 
 class InputError(ConfigError):
@@ -82,9 +87,11 @@ def read_text(path: Path, *, limit: int = MAX_FILE_BYTES) -> str:
 
 
 class _BoundedLoader(yaml.SafeLoader):
-    """A safe loader that refuses nesting deeper than ``MAX_YAML_DEPTH`` (the composer recurses per level)."""
+    """A safe loader that refuses nesting deeper than ``MAX_YAML_DEPTH`` (the composer recurses per level), and
+    a key twice in one mapping unless ``duplicate_keys`` is "last"."""
 
     depth = 0
+    duplicate_keys: DuplicateKeys = "refuse"
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         self.depth += 1
@@ -100,7 +107,8 @@ class _BoundedLoader(yaml.SafeLoader):
             self.depth -= 1
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        _refuse_duplicate_keys(node)
+        if self.duplicate_keys == "refuse":
+            _refuse_duplicate_keys(node)
         return super().construct_mapping(node, deep=deep)
 
 
@@ -129,14 +137,16 @@ _BoundedLoader.add_constructor("tag:yaml.org,2002:timestamp", _as_string)
 _BoundedLoader.add_constructor("tag:yaml.org,2002:binary", _as_string)
 
 
-def parse_yaml(text: str, *, source: str) -> list[Any]:
-    """The documents of YAML (or JSON) ``text``, empty ones dropped; ``InputError`` names ``source``."""
+def parse_yaml(text: str, *, source: str, duplicate_keys: DuplicateKeys = "refuse") -> list[Any]:
+    """The documents of YAML (or JSON) ``text``, empty ones dropped; ``InputError`` names ``source``.
+    ``duplicate_keys``: a key twice in one mapping refused (the API server's rule), or its last value kept."""
     documents: list[Any] = []
     try:
         # The reader checks the characters as it is built: a control character fails here already.
         loader = _BoundedLoader(text)
     except yaml.YAMLError as err:
         raise InputError(f"{source}: not valid YAML: {_one_line(err)}") from None
+    loader.duplicate_keys = duplicate_keys
     try:
         while loader.check_data():  # type: ignore[no-untyped-call]
             document = loader.get_data()
@@ -167,9 +177,10 @@ def read_stdin(*, limit: int = MAX_FILE_BYTES) -> str:
         ) from None
 
 
-def load_yaml_file(path: Path, *, limit: int = MAX_FILE_BYTES) -> list[Any]:
-    """The non-empty documents of the YAML or JSON file ``path``, read within every limit above."""
-    return parse_yaml(read_text(path, limit=limit), source=str(path))
+def load_yaml_file(path: Path, *, limit: int = MAX_FILE_BYTES, duplicate_keys: DuplicateKeys = "refuse") -> list[Any]:
+    """The non-empty documents of the YAML or JSON file ``path``, read within every limit above (``duplicate_keys``:
+    as :func:`parse_yaml`)."""
+    return parse_yaml(read_text(path, limit=limit), source=str(path), duplicate_keys=duplicate_keys)
 
 
 def _check_expanded_size(documents: list[Any], source: str) -> None:

@@ -104,6 +104,21 @@ def test_a_context_is_chosen_and_checked(sources: dict[str, Path], tmp_path: Pat
         load_endpoint(str(two), context="e")
 
 
+def test_a_key_twice_in_a_kubeconfig_is_read_as_client_go_reads_it_the_last_kept(
+    sources: dict[str, Path], tmp_path: Path
+) -> None:
+    # clientcmd decodes a kubeconfig through sigs.k8s.io/yaml's lenient YAMLToJSON (its codec is not strict): the
+    # last value of a key stands, as the kubernetes client's loader (PyYAML) takes it too.
+    path = tmp_path / "twice"
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: other\ncurrent-context: c\n"
+        "clusters:\n- name: c\n  cluster:\n    server: https://first.example:6443\n"
+        "    server: https://last.example:6443\n"
+        "contexts:\n- name: c\n  context: {cluster: c}\n"
+    )
+    assert load_endpoint(str(path)).url == "https://last.example:6443"
+
+
 @pytest.mark.parametrize("users", [[{"name": "someone-else", "user": {"token": "t"}}], []])
 def test_a_context_naming_a_user_that_is_not_defined_connects_without_credentials(
     sources: dict[str, Path], tmp_path: Path, users: list[dict[str, Any]]

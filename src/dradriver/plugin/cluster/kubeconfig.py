@@ -146,7 +146,8 @@ def _existing_files(source: ClientSource) -> list[Path]:
 def _one_mapping(source: ClientSource, file: Path) -> dict[str, Any]:
     """The one YAML mapping of kubeconfig ``file``, read within the bounded loader's limits."""
     try:
-        documents = load_yaml_file(file)
+        # A key twice: the last value kept, as client-go's lenient YAML reading (sigs.k8s.io/yaml) keeps it.
+        documents = load_yaml_file(file, duplicate_keys="last")
     except ConfigError as err:
         # The loader's message starts with the file and may carry its own fix ("save it as UTF-8").
         text = str(err)
