@@ -299,6 +299,14 @@ def test_sim_state_that_cannot_be_written_is_refused_before_anything_runs(tmp_pa
     )
 
 
+def test_a_state_file_that_cannot_be_made_is_one_line_naming_it(capsys):
+    """Root passes the permission check on /proc, which takes no file: opening the node says so, as run does."""
+    assert main(["demo", "--sim-state", "/proc/x"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert captured.err.startswith("dradriver demo: error: --sim-state /proc/x")
+
+
 SCENARIOS = sorted((ROOT / "examples/scenarios").glob("*.yaml")) + sorted((ROOT / "examples/nvidia").glob("*.yaml"))
 # 10 needs a second driver (a NIC's DeviceClass and slices), which a demo node does not have.
 DEMOABLE = [p for p in SCENARIOS if not p.name.startswith("10-")]

@@ -22,7 +22,7 @@ from typing import Any
 from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.allocator import AllocationError, Unsatisfiable, allocate
 from dradriver.cli.demo_input import Classes, default_claim, load_claim, load_classes
-from dradriver.cli.flags.gpus import GPU_BACKEND, MIG_MODE, SIM_PROFILE, SIM_STATE, GpuOptions, unwritable_state
+from dradriver.cli.flags.gpus import GPU_BACKEND, MIG_MODE, SIM_PROFILE, SIM_STATE, GpuOptions
 from dradriver.cli.flags.node import NODE_NAME
 from dradriver.cli.flags.publishing import COMPAT
 from dradriver.cli.flags.sharing import CONSUMABLE_SHARES, GPU_SHARING, SharingOptions
@@ -31,7 +31,7 @@ from dradriver.driver.prepare.mps import DEFAULT_COMMAND, MpsControl
 from dradriver.driver.prepare.presets import PRESETS
 from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions
 from dradriver.driver.publish.slices import SliceSettings, build_slice_specs
-from dradriver.gpu.backend import open_gpu_backend, simulated_driver_root, simulated_mps_command
+from dradriver.gpu.backend import simulated_driver_root, simulated_mps_command
 from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.inventory import Inventory, MigMode, MigPartition, discover
 from dradriver.nvidia_install.cdi import CdiWriter
@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         claim = default_claim(options.driver_name, options.gpu_class)
         source = "the built-in example (--claim FILE for yours)"
-    gpulib = _open_gpus(options)
+    gpulib, _ = options.gpus.open_backend(node_name=options.node)
     root = Path(tempfile.mkdtemp(prefix="dradriver-demo-", dir="/tmp"))
     try:
         with _driver_warnings_quiet():
@@ -182,20 +182,6 @@ def _driver_warnings_quiet() -> Iterator[None]:
     finally:
         for logger, level in before.items():
             logger.setLevel(level)
-
-
-def _open_gpus(options: DemoOptions) -> GpuLib:
-    """The GPU backend, open (a simulated node keeps its state in ``--sim-state`` when given)."""
-    state = options.gpus.sim_state
-    try:
-        gpulib, _ = open_gpu_backend(
-            options.gpus.backend, sim_profile=options.gpus.sim_profile, node_name=options.node, sim_state=state
-        )
-    except OSError as err:
-        if state is None:
-            raise
-        raise unwritable_state(state, err) from None
-    return gpulib
 
 
 def _demo(root: Path, claim: dict[str, Any], source: str, *, gpulib: GpuLib, options: DemoOptions) -> int:

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dradriver.cli import cd_node
-from dradriver.cli.flags.gpus import unwritable_state
 from dradriver.cli.flags.sharing import SharingOptions
 from dradriver.cli.run_options import RunOptions
 from dradriver.driver.observe.allocations import Allocation, allocations
@@ -29,7 +28,7 @@ from dradriver.driver.prepare.mps import DEFAULT_COMMAND, MpsControl
 from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions
 from dradriver.driver.publish.slices import SliceSettings, build_slice_specs, release_problem, shape_for
 from dradriver.errors import ConfigError
-from dradriver.gpu.backend import open_gpu_backend, simulated_mps_command
+from dradriver.gpu.backend import simulated_mps_command
 from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.inventory import Inventory, MigMode, discover
 from dradriver.nvidia_install.cdi import CdiWriter
@@ -108,19 +107,9 @@ class NodeDriver:
 def open_gpus(options: RunOptions) -> Gpus:
     """Open the GPU backend, discover the GPUs, then the driver's files for their driver version. Raises
     LibraryNotFound, DriverNotLoaded or DriverFilesMissing while the driver is not there (nothing left open)."""
-    state = options.gpus.sim_state
-    try:
-        lib, simulated = open_gpu_backend(
-            options.gpus.backend,
-            sim_profile=options.gpus.sim_profile,
-            node_name=options.node.name,
-            sim_state=state,
-            nvml_library=options.driver_root.nvml_library(options.gpus.backend),
-        )
-    except OSError as err:
-        if state is None:
-            raise
-        raise unwritable_state(state, err) from None
+    lib, simulated = options.gpus.open_backend(
+        node_name=options.node.name, nvml_library=options.driver_root.nvml_library(options.gpus.backend)
+    )
     try:
         inventory = discover(lib)
         log.info(

@@ -12,7 +12,12 @@ from typing import TYPE_CHECKING
 from dradriver.gpu.interface import GpuLib
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     from dradriver.sim.node import SimulatedNode
+
+    #: What :func:`open_gpu_backend` returns, for callers that may not name the simulator (a type only).
+    OpenedBackend: TypeAlias = tuple[GpuLib, SimulatedNode | None]
 
 
 def open_gpu_backend(

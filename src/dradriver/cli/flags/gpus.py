@@ -7,12 +7,17 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dradriver.cli.flags.env import EnvFlag
 from dradriver.cli.flags.values import check_writable_file
 from dradriver.errors import ConfigError
+from dradriver.gpu.backend import open_gpu_backend, sim_profile_name
 from dradriver.gpu.inventory import MigMode
 from dradriver.inputs import path_exists
+
+if TYPE_CHECKING:
+    from dradriver.gpu.backend import OpenedBackend
 
 GPU_BACKEND = EnvFlag(
     flag="--gpu-backend",
@@ -74,8 +79,6 @@ class GpuOptions:
         """A simulated node's profile exists and loads, and its state file is a regular file (or none) in a
         writable directory: refused before the node starts, writing nothing (:meth:`probe_state` writes)."""
         if self.backend == "sim":
-            from dradriver.gpu.backend import sim_profile_name  # the simulator only where a command simulates
-
             sim_profile_name(self.sim_profile)  # a ConfigError naming the profile and the built-in ones
         if self.sim_state is not None:
             check_writable_file(SIM_STATE.flag, self.sim_state)
@@ -95,6 +98,23 @@ class GpuOptions:
             raise unwritable_state(self.sim_state, err) from None
         os.close(fd)
         os.unlink(probe)
+
+    def open_backend(self, *, node_name: str, nvml_library: str | None = None) -> OpenedBackend:
+        """The GPU backend these options name, open, and the simulated node behind it (None on NVML); a simulated
+        node keeps its state in the state file, and a state file that cannot be written is the ConfigError naming
+        --sim-state (``nvml_library``: see :func:`~dradriver.gpu.backend.open_gpu_backend`)."""
+        try:
+            return open_gpu_backend(
+                self.backend,
+                sim_profile=self.sim_profile,
+                node_name=node_name,
+                sim_state=self.sim_state,
+                nvml_library=nvml_library,
+            )
+        except OSError as err:
+            if self.sim_state is None:
+                raise
+            raise unwritable_state(self.sim_state, err) from None
 
 
 def unwritable_state(state: Path, err: OSError) -> ConfigError:
