@@ -67,6 +67,18 @@ def test_the_flag_then_the_variable_then_the_service_account_then_the_home_file(
         load_endpoint()
 
 
+def test_a_context_given_in_a_pod_passes_over_the_service_account(
+    sources: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The service account has no contexts: as with kubectl in a pod, --context is looked for in a kubeconfig.
+    monkeypatch.delenv("KUBECONFIG")
+    assert load_endpoint(context="c").url == "https://home.example:6443"
+    sources["home"].unlink()
+    with pytest.raises(ConfigError, match=r"^no Kubernetes client configuration for --context c: .* has no contexts"):
+        load_endpoint(context="c")
+    assert load_endpoint().url == "https://10.96.0.1:443"
+
+
 def test_kubeconfig_files_merge_as_kubectl_merges_them(
     sources: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

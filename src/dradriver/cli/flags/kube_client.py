@@ -59,7 +59,11 @@ def add_flags(
     KUBECONFIG.add(parser, help=f"{kubeconfig_help}; {RULE}" if kubeconfig_help else None)
     if context:
         # Chosen per call, as kubectl's --context: no environment variable.
-        parser.add_argument("--context", help="the kubeconfig's context to use (default: its current-context)")
+        parser.add_argument(
+            "--context",
+            help="the kubeconfig's context to use (default: its current-context); given, a pod's service account "
+            "is passed over (it has no contexts), as kubectl does",
+        )
     if rate_limits:
         KUBE_API_QPS.add(parser)
         KUBE_API_BURST.add(parser)
@@ -87,7 +91,7 @@ class KubeClientOptions:
     @property
     def source(self) -> ClientSource | None:
         """Where the configuration comes from by the rule; None when nothing is there."""
-        return find_source(self.kubeconfig)
+        return find_source(self.kubeconfig, context=self.context)
 
     @cached_property
     def endpoint(self) -> Endpoint:

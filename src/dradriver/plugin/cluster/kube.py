@@ -132,11 +132,11 @@ def load_endpoint(kubeconfig: str | None = None, *, context: str | None = None) 
     """Where the API server is and how to reach it, from the first source of the one rule
     (:mod:`~dradriver.plugin.cluster.kubeconfig`: ``kubeconfig``, ``$KUBECONFIG``, in a pod the service account,
     ``~/.kube/config``). A kubeconfig is checked, then read by the ``kubernetes`` client's loader (``context``
-    chooses its context); the service account is read by
+    chooses its context, and passes over the service account); the service account is read by
     :func:`~dradriver.plugin.cluster.transport.in_cluster`, without the client.
 
     Raises :class:`ConfigError` (one line: the source, the file, what is wrong, the fix) when none works."""
-    source = require_source(kubeconfig)
+    source = require_source(kubeconfig, context=context)
     chosen = checked_context(source, context)
     if chosen is None:  # the in-cluster service account
         try:
@@ -149,7 +149,7 @@ def load_endpoint(kubeconfig: str | None = None, *, context: str | None = None) 
 def load_configuration(kubeconfig: str | None = None, *, context: str | None = None) -> Any:
     """The client's ``Configuration`` from the same source as :func:`load_endpoint` (the client's own
     in-cluster loader in a pod), for the client's own requests (tests compare them with ours)."""
-    source = require_source(kubeconfig)
+    source = require_source(kubeconfig, context=context)
     chosen = checked_context(source, context)
     if chosen is not None:
         return _kubeconfig_configuration(source, chosen.name)

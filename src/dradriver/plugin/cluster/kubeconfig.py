@@ -6,7 +6,8 @@ The first of these that is there (controller-runtime's ``GetConfig`` order, over
 2. ``$KUBECONFIG``: one file or several separated by ``:``, merged as kubectl merges them (the first file to
    define a context, cluster or user, or to set ``current-context``, wins; a listed file that does not exist is
    skipped, but one must exist);
-3. in a pod (``KUBERNETES_SERVICE_HOST`` set): its service account;
+3. in a pod (``KUBERNETES_SERVICE_HOST`` set): its service account, unless ``--context`` names a context (the
+   service account has none);
 4. ``~/.kube/config``.
 
 Kubeconfig files are read through the bounded loader (:mod:`dradriver.inputs`) and checked before the
@@ -88,25 +89,33 @@ def home_kubeconfig() -> Path | None:
         return None
 
 
-def find_source(kubeconfig: str | None) -> ClientSource | None:
+def find_source(kubeconfig: str | None, *, context: str | None = None) -> ClientSource | None:
     """The first source of the rule that is there (``kubeconfig``: the value of ``--kubeconfig``); None when
-    there is none."""
+    there is none. Given a ``context`` (``--context``), a pod's service account is passed over: it has no
+    contexts, and kubectl in a pod looks for one in its kubeconfig files too (client-go's deferred loading takes
+    the in-cluster configuration only when those say nothing)."""
     if kubeconfig:
         return ClientSource(FLAG, (Path(kubeconfig),))
     listed = [Path(p).expanduser() for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
     if listed:
         return ClientSource("$KUBECONFIG", tuple(listed))
-    if in_a_pod():
+    if in_a_pod() and not context:
         return IN_CLUSTER
     home = home_kubeconfig()
     return ClientSource("~/.kube/config", (home,)) if home is not None and path_exists(home) else None
 
 
-def require_source(kubeconfig: str | None) -> ClientSource:
+def require_source(kubeconfig: str | None, *, context: str | None = None) -> ClientSource:
     """:func:`find_source`, or a ConfigError saying what was looked for and how to give one."""
-    source = find_source(kubeconfig)
+    source = find_source(kubeconfig, context=context)
     if source is None:
         home = home_kubeconfig() or "~/.kube/config"
+        if context and in_a_pod():
+            raise ConfigError(
+                f"no Kubernetes client configuration for --context {context}: no --kubeconfig, no $KUBECONFIG and "
+                f"no {home}, and the pod's service account has no contexts; pass --kubeconfig FILE or set "
+                "KUBECONFIG, or leave out --context to use the service account"
+            )
         raise ConfigError(
             f"no Kubernetes client configuration: no --kubeconfig, no $KUBECONFIG, not in a pod "
             f"(KUBERNETES_SERVICE_HOST unset) and no {home}; pass --kubeconfig FILE or set KUBECONFIG"
