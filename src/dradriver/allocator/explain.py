@@ -69,15 +69,33 @@ def _capacity_text(device: Device, domain: str, name: str) -> str:
     return str(raw.get("value") if isinstance(raw, dict) else raw)
 
 
-def _guard_hint(ref: SelectorRef, missing: Counter[str], count: int, message: str) -> str:
+def _guard_hint(ref: SelectorRef, missing: Counter[str], count: int, message: str, devices: list[Device]) -> str:
     if missing:
         attribute, _ = missing.most_common(1)[0]
         domain, _, name = attribute.rpartition("/")
+        known = _names_in_domain(devices, domain)
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+        if close:  # a typo more often than a device that lacks it
+            return (
+                f'{count} devices make {ref.label} fail: {message}; did you mean "{close[0]}"? '
+                "(the scheduler aborts on such errors)"
+            )
         return (
             f"{count} devices make {ref.label} fail: {message}; guard it with "
             f'"{name}" in device.attributes["{domain}"] && ... (the scheduler aborts on such errors)'
         )
     return f"{count} devices make {ref.label} fail: {message} (the scheduler aborts on such errors)"
+
+
+def _names_in_domain(devices: list[Device], domain: str) -> set[str]:
+    """The attribute and capacity names the devices have in ``domain`` (bare names count in their driver's)."""
+    names: set[str] = set()
+    for device in devices:
+        for key in [*(device.raw.get("attributes") or {}), *(device.raw.get("capacity") or {})]:
+            key_domain, _, key_name = str(key).rpartition("/")
+            if (key_domain or device.driver) == domain:
+                names.add(key_name)
+    return names
 
 
 def _no_devices_hint(search: Search) -> str:
@@ -174,7 +192,7 @@ class _Funnel:
         stage.passed = len(passed)
         self.report.stages.append(stage)
         if stage.errors:
-            self.report.hints.append(_guard_hint(ref, missing, stage.errors, stage.error or ""))
+            self.report.hints.append(_guard_hint(ref, missing, stage.errors, stage.error or "", entering))
         if not passed and entering and stage.errors < len(entering):
             rejected = self.report.rejected
             falsified = [d for d in entering if d.label not in rejected or "is false" in rejected[d.label]]
