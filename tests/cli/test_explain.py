@@ -699,7 +699,5 @@ def test_sharing_settings_run_refuses_are_refused_here_too(tmp_path, capsys):
 def test_a_misspelt_attribute_in_a_selector_gets_the_nearest_the_devices_have(tmp_path, capsys):
     expr = 'device.attributes["gpu.dradriver.dev"].prodctName == "NVIDIA A100-SXM4-80GB"'
     assert main(["explain", write_claim(tmp_path, expr=expr), "--slices", SLICES]) == 1
-    assert (
-        'no such key: prodctName (the device has no attribute gpu.dradriver.dev/prodctName); did you mean "productName"?'
-        in (capsys.readouterr().out)
-    )
+    out = capsys.readouterr().out
+    assert "(the device has no attribute gpu.dradriver.dev/prodctName); did you mean " + '"productName"?' in out
