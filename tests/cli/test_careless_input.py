@@ -123,3 +123,14 @@ def test_output_cut_short_by_its_reader_is_not_an_error(argv: list[str]) -> None
     errors = process.stderr.read().decode()
     assert process.wait(timeout=60) == 0, errors
     assert first and errors == ""
+
+
+def test_sim_show_cut_short_by_its_reader_is_not_a_state_file_error(tmp_path: Path) -> None:
+    argv = ["sim", "--sim-profile", "gb200-nvl72-tray", "--sim-state", str(tmp_path / "s.json"), "--node-name", "n"]
+    process = subprocess.Popen([DRADRIVER, *argv, "show"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout is not None and process.stderr is not None
+    assert process.stdout.read(1)
+    process.stdout.close()
+    errors = process.stderr.read().decode()
+    assert process.wait(timeout=60) == 0, errors
+    assert errors == ""

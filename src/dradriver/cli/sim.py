@@ -205,6 +205,8 @@ def run(args: argparse.Namespace) -> int:
         args.sim_action(node, args)
     except SimNvmlError as err:
         raise DeviceError(f"simulated NVML refused: {err} (NVML error {err.code})") from err
+    except BrokenPipeError:
+        raise  # the reader of `show` went (`| head`): main's rule for a closed pipe, not a state-file error
     except OSError as err:
         raise unwritable_state(state, err) from None
     return 0
