@@ -8,7 +8,8 @@ MIG capability nodes, the CDI hook, the CDI directory, the container runtime's C
 CRI-O config files), the kubelet's plugin directories, the API server's version and DRA API (through the
 kubeconfig every command finds: ``--kubeconfig``, ``$KUBECONFIG``, in a pod its service account,
 ``~/.kube/config``) with the DRA feature gates it reports, persistence mode and, on NVSwitch systems, the fabric
-manager.
+manager; last, NVIDIA's device plugin on the node (its kubelet socket, and with ``--node-name`` the Node's
+``nvidia.com/`` resources), which must not hand out the GPUs the driver publishes.
 
 The checks are :mod:`dradriver.driver.checks`'; this command builds their settings from its flags, runs them in
 that order and renders the results (a table or JSON).
@@ -22,15 +23,18 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
-from dradriver.cli.flags import driver_root, gpus, kube_client
+from dradriver.cli.flags import device_plugin, driver_root, gpus, kube_client
+from dradriver.cli.flags.device_plugin import DevicePluginOptions
 from dradriver.cli.flags.driver_root import DriverRootOptions
 from dradriver.cli.flags.env import add_env_option
 from dradriver.cli.flags.gpus import GpuOptions
 from dradriver.cli.flags.kube_client import KubeClientOptions
+from dradriver.cli.flags.node import NODE_NAME
 from dradriver.cli.flags.node_dirs import CDI_DIR, PLUGIN_DIR, REGISTRY_DIR, plugin_dir_of
 from dradriver.cli.flags.output import add_output_option
 from dradriver.cli.flags.publishing import DRIVER_NAME
 from dradriver.driver.checks.cluster import api_server_checks
+from dradriver.driver.checks.device_plugin import device_plugin_row
 from dradriver.driver.checks.driver_files import hook_check
 from dradriver.driver.checks.host import gpu_checks, writable_dir
 from dradriver.driver.checks.result import FAIL, WARN, CheckResult, any_failed
@@ -58,6 +62,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     CDI_DIR.add(parser, help="CDI spec directory")
     PLUGIN_DIR.add(parser, help=f"plugin directory (default: {DEFAULT_PLUGINS_DIR}/<driver-name>)")
     REGISTRY_DIR.add(parser)
+    device_plugin.add_flags(parser, coexistence=False)
+    NODE_NAME.add(parser, help="this node's name: the device plugin check reads its Node's nvidia.com/ resources")
     kube_client.add_flags(
         parser,
         kubeconfig_help="check the API server too (version, DRA API) through this kubeconfig file",
@@ -132,6 +138,9 @@ def run_checks(args: argparse.Namespace, cluster: ClusterSettings | CheckResult)
         yield cluster
     else:
         yield from api_server_checks(cluster)
+    # NVIDIA's device plugin beside the driver would hand out the same GPUs.
+    plugin = DevicePluginOptions.from_args(args).settings(NODE_NAME.value(args) or "")
+    yield device_plugin_row(plugin, None if isinstance(cluster, CheckResult) else cluster)
 
 
 def cluster_settings(args: argparse.Namespace) -> ClusterSettings | CheckResult:

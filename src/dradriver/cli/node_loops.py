@@ -10,7 +10,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 
-from dradriver.cli.run_assembly import NodeDriver, find_driver_root, mps_commands, pools_of
+from dradriver.cli.run_assembly import NodeDriver, find_driver_root, mps_commands, offered, pools_of
 from dradriver.driver.observe.metrics import DELETED_CLAIMS
 from dradriver.driver.prepare.recheck import ClaimLookup, recheck_claims
 from dradriver.driver.publish.slices import build_slice_specs
@@ -59,7 +59,9 @@ class Rescanner:
         try:
             fresh = discover(node.gpus.lib)
             node.health.update_inventory(fresh, mig_mode)
-            fresh_pools = pools_of(node.name, build_slice_specs(fresh, node.settings, taints=node.health.taints))
+            # Withheld while NVIDIA's device plugin is on the node (--device-plugin-coexistence withhold).
+            offer = offered(node.options, node.cluster, fresh)
+            fresh_pools = pools_of(node.name, build_slice_specs(offer, node.settings, taints=node.health.taints))
         except DradriverError as err:
             log.warning("rediscovery failed; keeping the last inventory error=%s", err)
             return

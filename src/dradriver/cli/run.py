@@ -18,7 +18,15 @@ from dradriver.cli import run_options
 from dradriver.cli.flags.logs import LogOptions
 from dradriver.cli.node_loops import ClaimRechecker, Rescanner
 from dradriver.cli.node_status import NodeStatus
-from dradriver.cli.run_assembly import Gpus, NodeDriver, assemble, connect, open_gpus, start_compute_domains
+from dradriver.cli.run_assembly import (
+    Gpus,
+    NodeDriver,
+    assemble,
+    check_device_plugin,
+    connect,
+    open_gpus,
+    start_compute_domains,
+)
 from dradriver.cli.run_options import RunOptions
 from dradriver.driver.observe.metrics import NodeCollector, register_node_collector
 from dradriver.driver.observe.usage import UsageCollector
@@ -69,6 +77,8 @@ class DriverProcess:
         # (read from the API server unless --kubernetes-version names it) are checked against it.
         cluster, settings = connect(self.options)
         try:
+            # NVIDIA's device plugin on this node would hand out the same GPUs: refused before anything is touched.
+            check_device_plugin(self.options, cluster)
             # Last, the probes that touch the host: the state file's directory takes a file for a moment, then the
             # port is bound for a moment.
             self.options.gpus.probe_state()

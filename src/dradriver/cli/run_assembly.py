@@ -11,13 +11,14 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dradriver.cli import cd_node
 from dradriver.cli.flags.sharing import SharingOptions
 from dradriver.cli.run_options import RunOptions
+from dradriver.driver.checks.device_plugin import FIX, DevicePluginFound, find_device_plugin
 from dradriver.driver.observe.allocations import Allocation, allocations
 from dradriver.driver.observe.health import GpuHealth
 from dradriver.driver.observe.metrics import InstrumentedHandler
@@ -160,6 +161,42 @@ def connect(options: RunOptions) -> tuple[KubeCluster, SliceSettings]:
     return cluster, settings
 
 
+def check_device_plugin(options: RunOptions, cluster: KubeCluster) -> DevicePluginFound:
+    """Refuse to start (a ConfigError: one line, exit 2) where NVIDIA's device plugin is on the node, unless told
+    the node is being migrated (``--device-plugin-coexistence withhold``: then the GPUs are withheld, see
+    :func:`offered`). Run before any port is bound or file written."""
+    found = look_for_device_plugin(options, cluster)
+    if found.found and not options.device_plugin.withhold:
+        raise ConfigError(f"{found.describe()}; both would hand out the same GPUs; {FIX}")
+    if found.node_unread:  # the API server's own failures are reported where the driver needs it
+        log.debug("device plugin check: only the kubelet's socket directory was looked at reason=%s", found.node_unread)
+    return found
+
+
+def look_for_device_plugin(options: RunOptions, cluster: KubeCluster) -> DevicePluginFound:
+    """NVIDIA's device plugin's sockets in the kubelet's directory and its resources on this node's Node."""
+    node = options.node.name
+    return find_device_plugin(options.device_plugin.settings(node), lambda: cluster.get_node(node))
+
+
+def offered(options: RunOptions, cluster: KubeCluster, inventory: Inventory) -> Inventory:
+    """What to publish of ``inventory``: all of it, or, with ``--device-plugin-coexistence withhold`` while NVIDIA's
+    device plugin is on the node, no GPU and no MIG device. The plugin advertises counts, not which GPUs it hands
+    out: every GPU is withheld while it advertises any, and published at the first rescan after it is gone."""
+    if not options.device_plugin.withhold:
+        return inventory
+    found = look_for_device_plugin(options, cluster)
+    if not found.found:
+        return inventory
+    log.warning(
+        "withholding every GPU from the slices (--device-plugin-coexistence withhold): %s (%d advertised; which "
+        "GPUs it holds cannot be told); they are published once it is gone from the node",
+        found.describe(),
+        found.advertised_gpus,
+    )
+    return replace(inventory, gpus=(), mig_devices=())
+
+
 def assemble(options: RunOptions, gpus: Gpus, cluster: KubeCluster, settings: SliceSettings) -> NodeDriver:
     """Build every part, take the plugin's instance lock and reconcile; nothing serves yet (see ``cli/run.py``).
     A failure releases what was built."""
@@ -176,7 +213,8 @@ def assemble(options: RunOptions, gpus: Gpus, cluster: KubeCluster, settings: Sl
             # Built once, from the inventory as reconciliation left it; the publisher validates them once too.
             # Kept as the publisher keeps them (JSON text, shared with it): the dict form would hold about 2 MB
             # more for the driver's whole life (docs/reliability.md, memory).
-            pools = pools_of(options.node.name, build_slice_specs(gpus.inventory, settings, taints=health.taints))
+            offer = offered(options, cluster, gpus.inventory)
+            pools = pools_of(options.node.name, build_slice_specs(offer, settings, taints=health.taints))
             publisher = build_publisher(options, cluster=cluster, settings=settings, pools=pools)
         except BaseException:
             plugin.stop()

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dradriver.cli.flags import (
     claims,
     compute_domains,
+    device_plugin,
     driver_root,
     gpus,
     health,
@@ -21,6 +22,7 @@ from dradriver.cli.flags import (
 )
 from dradriver.cli.flags.claims import ClaimOptions
 from dradriver.cli.flags.compute_domains import ComputeDomainOptions
+from dradriver.cli.flags.device_plugin import DevicePluginOptions
 from dradriver.cli.flags.driver_root import DriverRootOptions
 from dradriver.cli.flags.gpus import GpuOptions
 from dradriver.cli.flags.health import HealthOptions
@@ -47,6 +49,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     claims.add_flags(parser)
     health.add_flags(parser)
     compute_domains.add_flags(parser)
+    device_plugin.add_flags(parser)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,6 +67,8 @@ class RunOptions:
     driver_root: DriverRootOptions
     claims: ClaimOptions
     compute_domains: ComputeDomainOptions
+    #: What to do when NVIDIA's device plugin is on the node (checked by ``run`` once connected).
+    device_plugin: DevicePluginOptions = field(default_factory=DevicePluginOptions)
 
     @property
     def driver_name(self) -> str:
@@ -107,4 +112,5 @@ class RunOptions:
             driver_root=driver_root,
             claims=claims,
             compute_domains=compute_domains,
+            device_plugin=DevicePluginOptions.from_args(args),
         )

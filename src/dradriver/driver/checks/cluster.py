@@ -43,7 +43,7 @@ def api_server_checks(settings: ClusterSettings) -> Iterator[CheckResult]:
 
     transport = Transport(settings.endpoint)
     try:
-        for result in api_server_checks_through(_getter(transport), mig_mode=settings.mig_mode):
+        for result in api_server_checks_through(api_getter(transport), mig_mode=settings.mig_mode):
             # Say which configuration was used: the rule may have found one the admin did not think of.
             named = result.name == "API server" and settings.source
             yield replace(result, detail=f"{result.detail} (through {settings.source})") if named else result
@@ -51,7 +51,9 @@ def api_server_checks(settings: ClusterSettings) -> Iterator[CheckResult]:
         transport.close()
 
 
-def _getter(transport: Transport) -> ApiGet:
+def api_getter(transport: Transport) -> ApiGet:
+    """``GET`` through ``transport``: the body of a 2xx answer, a RuntimeError naming the status otherwise."""
+
     def get(path: str) -> bytes:
         response = transport.request("GET", path, timeout=(5.0, 10.0))
         data = response.read()

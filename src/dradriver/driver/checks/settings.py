@@ -67,3 +67,16 @@ class ClusterSettings:
     endpoint: Endpoint | None
     source: str = ""
     mig_mode: str
+
+
+#: Where the kubelet keeps its device plugins' registration sockets (``<kubelet --root-dir>/device-plugins``).
+DEVICE_PLUGINS_DIR = Path("/var/lib/kubelet/device-plugins")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DevicePluginSettings:
+    """Where NVIDIA's device plugin would show itself: the kubelet's device-plugins directory, and the Node
+    (``node_name``; "" when not known, then only the directory is looked at)."""
+
+    device_plugins_dir: Path = DEVICE_PLUGINS_DIR
+    node_name: str = ""
