@@ -26,7 +26,7 @@ def stubs(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture
 def node(tmp_path: Path) -> Path:
     """A node's other directories, all present and right: CDI dir, kubelet dirs, containerd 2.x config."""
-    for folder in ("cdi", "registry", "plugins/gpu.dradriver.dev"):
+    for folder in ("cdi", "registry", "plugins/gpu.dradriver.dev", "device-plugins"):
         (tmp_path / folder).mkdir(parents=True)
     (tmp_path / "containerd.toml").write_text(
         f'version = 3\n[plugins."io.containerd.cri.v1.runtime"]\ncdi_spec_dirs = ["{tmp_path / "cdi"}"]\n'
@@ -56,6 +56,8 @@ def doctor(node: Path, capsys: pytest.CaptureFixture[str], *flags: str) -> tuple
             str(node / "no-crio.conf"),
             "--cdi-hook-source",
             str(node / "image/nvidia-cdi-hook"),
+            "--device-plugins-dir",
+            str(node / "device-plugins"),
             "-o",
             "json",
             *flags,
@@ -164,3 +166,32 @@ def test_the_hook_source_is_judged_as_run_uses_it(stubs, node: Path, capsys) -> 
     missing = str(node / "image/missing-hook")
     code, checks = doctor(node, capsys, *roots(layout), "--cdi-hook-source", missing)
     assert code == 1 and checks["CDI hook"]["detail"] == f"--cdi-hook-source {missing} is not a file"
+
+
+def test_nvidia_device_plugin_on_the_node_is_a_fail_row_with_its_fix(stubs, node: Path, capsys) -> None:
+    layout = build_layout("h100", node / "roots", stubs)
+    code, checks = doctor(node, capsys, *roots(layout))
+    assert code == 0 and checks["device plugin"]["status"] == "OK"
+    assert f"no nvidia-*.sock in {node / 'device-plugins'}" in checks["device plugin"]["detail"]
+    (node / "device-plugins/nvidia-gpu.sock").touch()
+    code, checks = doctor(node, capsys, *roots(layout))
+    row = checks["device plugin"]
+    assert code == 1 and row["status"] == "FAIL" and "nvidia-gpu.sock" in row["detail"]
+    assert "nodeSelector" in row["fix"] and "--device-plugin-coexistence withhold" in row["fix"]
+
+
+def test_the_nodes_nvidia_gpu_capacity_is_read_through_the_kubeconfig(stubs, node: Path, capsys) -> None:
+    from support.apiserver import FakeApiServer
+
+    layout = build_layout("h100", node / "roots", stubs)
+    with FakeApiServer() as api:
+        api.create("nodes", {"metadata": {"name": "gpu-1"}, "status": {"capacity": {"nvidia.com/gpu": "8"}}})
+        kubeconfig = str(api.write_kubeconfig(node / "kubeconfig"))
+        code, checks = doctor(node, capsys, *roots(layout), "--kubeconfig", kubeconfig, "--node-name", "gpu-1")
+        assert code == 1 and checks["device plugin"]["detail"].endswith("the Node advertises nvidia.com/gpu: 8")
+        api.create("nodes", {"metadata": {"name": "gpu-2"}, "status": {"capacity": {"cpu": "8"}}})
+        code, checks = doctor(node, capsys, *roots(layout), "--kubeconfig", kubeconfig, "--node-name", "gpu-2")
+        assert (
+            checks["device plugin"]["status"] == "OK"
+            and "no nvidia.com/* on the Node" in (checks["device plugin"]["detail"])
+        )

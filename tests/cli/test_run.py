@@ -436,3 +436,82 @@ def test_the_compute_domain_flags_name_the_compute_domain_drivers_own_name() -> 
     from dradriver.computedomain import api
 
     assert compute_domains.DRIVER_NAME == api.DRIVER_NAME
+
+
+def test_nvidias_device_plugin_socket_on_the_node_is_refused_before_anything_is_touched(tmp_path, capsys):
+    plugins = tmp_path / "kubelet/device-plugins"
+    plugins.mkdir(parents=True)
+    (plugins / "nvidia-gpu.sock").touch()
+    assert main(run_args(tmp_path, "--device-plugins-dir", str(plugins))) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"NVIDIA's device plugin is on this node: its kubelet socket {plugins}/nvidia-gpu.sock" in err
+    assert "nodeSelector" in err and "--device-plugin-coexistence withhold" in err
+    assert [p.name for p in tmp_path.iterdir()] == ["kubelet"] and list(plugins.iterdir()) == [
+        plugins / "nvidia-gpu.sock"
+    ]
+
+
+def test_a_node_advertising_nvidia_gpus_is_refused_unless_told_it_is_being_migrated(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from support.apiserver import FakeApiServer
+
+    from dradriver.cli.flags.device_plugin import DevicePluginOptions
+    from dradriver.cli.run_assembly import check_device_plugin
+
+    with FakeApiServer() as api:
+        api.create("nodes", {"metadata": {"name": "n"}, "status": {"capacity": {"nvidia.com/mig-1g.10gb": "7"}}})
+        kubeconfig = str(api.write_kubeconfig(tmp_path.parent / f"{tmp_path.name}-kubeconfig"))
+        assert main(run_args(tmp_path, "--kubeconfig", kubeconfig, "--device-plugins-dir", str(tmp_path / "dp"))) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "the Node advertises nvidia.com/mig-1g.10gb: 7" in err
+        assert not list(tmp_path.iterdir())
+        # Told the node is being migrated, run starts: the check says what it found instead of refusing.
+        options = SimpleNamespace(
+            node=SimpleNamespace(name="n"),
+            device_plugin=DevicePluginOptions(coexistence="withhold", directory=tmp_path / "dp"),
+        )
+        with_cluster = SimpleNamespace(get_node=lambda name: api.get("nodes", name))
+        assert check_device_plugin(options, with_cluster).advertised_gpus == 7
+
+
+def test_withhold_publishes_no_gpu_while_the_plugin_is_there_and_every_gpu_once_it_is_gone(tmp_path, caplog):
+    from types import SimpleNamespace
+
+    from support.nodes import inventory_of
+
+    from dradriver.cli.flags.device_plugin import DevicePluginOptions
+    from dradriver.cli.run_assembly import offered
+
+    inventory = inventory_of("dgx-a100-80gb")
+    plugins = tmp_path / "device-plugins"
+    plugins.mkdir()
+    capacity = {"nvidia.com/gpu": "2"}
+    cluster = SimpleNamespace(get_node=lambda name: {"status": {"capacity": capacity}})
+
+    def options(coexistence: str) -> SimpleNamespace:
+        plugin = DevicePluginOptions(coexistence=coexistence, directory=plugins)
+        return SimpleNamespace(node=SimpleNamespace(name="n"), device_plugin=plugin)
+
+    withheld = offered(options("withhold"), cluster, inventory)
+    # It advertises 2 of the node's 8 GPUs, and not which: all are withheld, and the log says so.
+    assert withheld.gpus == () and withheld.mig_devices == () and withheld.driver_version == inventory.driver_version
+    assert "withholding every GPU" in caplog.text and "2 advertised; which GPUs it holds cannot be told" in caplog.text
+    (plugins / "nvidia-gpu.sock").touch()
+    capacity.clear()
+    assert offered(options("withhold"), cluster, inventory).gpus == ()
+    (plugins / "nvidia-gpu.sock").unlink()
+    assert offered(options("withhold"), cluster, inventory) is inventory  # gone: every GPU published again
+    assert offered(options("refuse"), cluster, inventory) is inventory  # refused at start, never looked at again
+
+
+def test_the_coexistence_flag_takes_refuse_or_withhold_and_refuse_is_the_default(tmp_path, capsys, monkeypatch):
+    assert main(run_args(tmp_path, "--device-plugin-coexistence", "share")) == 2
+    assert "argument --device-plugin-coexistence: invalid choice: 'share'" in capsys.readouterr().err
+    monkeypatch.setenv("DRADRIVER_DEVICE_PLUGIN_COEXISTENCE", "both")
+    assert main(run_args(tmp_path)) == 2
+    assert "DRADRIVER_DEVICE_PLUGIN_COEXISTENCE='both'" in capsys.readouterr().err
+    from dradriver.cli.flags.device_plugin import DevicePluginOptions
+
+    assert DevicePluginOptions().coexistence == "refuse"
