@@ -41,6 +41,10 @@ class Parser(argparse.ArgumentParser):
 COMMANDS: dict[str, tuple[str, str]] = {
     "cd-controller": ("dradriver.cli.cd_controller", "run the ComputeDomain controller (a Deployment)"),
     "cd-daemon": ("dradriver.cli.cd_daemon", "run or probe a ComputeDomain's IMEX daemon (in its DaemonSet pods)"),
+    "convert": (
+        "dradriver.cli.convert",
+        "print DRA objects for NVIDIA device plugin config and workloads that ask for nvidia.com/gpu limits",
+    ),
     "demo": ("dradriver.cli.demo", "run the whole driver on a simulated node, without a cluster"),
     "doctor": ("dradriver.cli.doctor", "check this node for the driver: NVML, driver files, CDI, runtime, kubelet"),
     "inventory": ("dradriver.cli.inventory", "list this node's GPUs and MIG devices"),
