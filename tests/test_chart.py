@@ -198,6 +198,7 @@ HOSTILE = [
     ("namespaceOverride=Bad_NS", "namespaceOverride"),
     ("gpu.migmode=static", "migmode"),  # a typo is an unknown value, not a silent default
     ("claimDeviceStatus=yes", "claimDeviceStatus"),
+    ("devicePluginCoexistence=share", "devicePluginCoexistence"),
 ]
 
 
@@ -298,6 +299,17 @@ def test_a_custom_kubelet_directory_moves_every_kubelet_path() -> None:
     root = "/var/snap/microk8s/common/var/lib/kubelet"
     assert paths["plugins-registry"] == f"{root}/plugins_registry" and paths["plugins"] == f"{root}/plugins"
     assert container_env(objects)["DRADRIVER_REGISTRY_DIR"] == f"{root}/plugins_registry"
+    assert paths["device-plugins"] == f"{root}/device-plugins"
+    assert container_env(objects)["DRADRIVER_DEVICE_PLUGINS_DIR"] == f"{root}/device-plugins"
+
+
+def test_nvidias_device_plugin_is_refused_by_default_and_withheld_while_a_node_pool_migrates() -> None:
+    assert container_env(objects_with())["DRADRIVER_DEVICE_PLUGIN_COEXISTENCE"] == "refuse"
+    objects = objects_with("devicePluginCoexistence=withhold")
+    assert container_env(objects)["DRADRIVER_DEVICE_PLUGIN_COEXISTENCE"] == "withhold"
+    [mount] = [m for m in daemonset(objects)["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+               if m["name"] == "device-plugins"]  # fmt: skip
+    assert mount == {"name": "device-plugins", "mountPath": "/var/lib/kubelet/device-plugins", "readOnly": True}
 
 
 def test_device_classes_and_policies_can_be_left_out_or_renamed() -> None:
