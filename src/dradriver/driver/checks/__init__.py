@@ -8,6 +8,8 @@
   the CDI hook.
 - ``runtime``: the container runtime's CDI setting (containerd and CRI-O config files).
 - ``cluster``: the API server's version, DRA API and DRA feature gates, read through an injected ``GET``.
+- ``device_plugin``: NVIDIA's device plugin on the node (its kubelet socket, the Node's ``nvidia.com/`` resources),
+  which ``run`` also asks before it publishes.
 
 May import: :mod:`dradriver.driver.prepare`, ``publish``, ``observe``, ``nvidia_install``, ``gpu``, ``plugin``
 (the cluster port) and the leaves; never ``cli`` or ``sim``. Nothing else in :mod:`dradriver.driver` imports it
