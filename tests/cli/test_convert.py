@@ -211,3 +211,31 @@ def test_several_configs_need_config_flag(capsys):
 def test_missing_file(capsys, tmp_path):
     assert main(["convert", str(tmp_path / "absent.yaml")]) == 2
     assert "no such file or directory" in capsys.readouterr().err
+
+
+def test_commands_page_shows_real_output(capsys, monkeypatch):
+    """docs/commands.md's convert example is what the command prints."""
+    root = FIXTURES.parents[2]
+    text = (root / "docs/commands.md").read_text()
+    block = text.split("## `dradriver convert`", 1)[1].split("```console\n", 1)[1].split("```", 1)[0]
+    command, shown = block.split("\n", 1)
+    monkeypatch.chdir(root)
+    assert main(command.removeprefix("$ dradriver ").split()) == 0
+    assert capsys.readouterr().out == shown
+
+
+def test_migration_page_commands_run(capsys, tmp_path, monkeypatch):
+    """The commands of docs/migrating-from-device-plugin.md run (on our fixtures in the names it uses)."""
+    text = (FIXTURES.parents[2] / "docs/migrating-from-device-plugin.md").read_text()
+    block = text.split("```console\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "workloads").mkdir()
+    (tmp_path / "device-plugin-config.yaml").write_text((FIXTURES / "time-slicing-config.yaml").read_text())
+    for name in ("limits-only-pod.yaml", "time-sliced-deployment.yaml", "mig-mixed-pod.yaml"):
+        (tmp_path / "workloads" / name).write_text((FIXTURES / name).read_text())
+    monkeypatch.chdir(tmp_path)
+    for line in block.splitlines():
+        words = line.split("#")[0].split(">")[0].split()
+        assert words[:2] == ["$", "dradriver"], line
+        assert main(words[2:]) == 0, capsys.readouterr().err
+        out = capsys.readouterr().out
+        assert objects(out) or "served by the chart's DeviceClass" in out, out  # --keep-limits: the chart's do
