@@ -629,3 +629,28 @@ def test_start_up_removes_device_metadata_no_claim_owns_and_keeps_a_prepared_cla
             assert not Path(str(metadata_spec).format(again.uid)).exists()
     finally:
         off.stop(signal.SIGKILL)
+
+
+def test_withhold_publishes_no_gpu_beside_nvidias_device_plugin_and_every_gpu_once_it_is_gone(
+    root: Path, api: FakeApiServer
+) -> None:
+    plugins = root / "device-plugins"
+    plugins.mkdir()
+    (plugins / "nvidia-gpu.sock").touch()
+    flags = ("--rescan-interval", "1", "--device-plugins-dir", str(plugins))
+    kubeconfig = api.write_kubeconfig(root / "kubeconfig")
+    refused = DriverProcess(root, kubeconfig, *flags)
+    assert refused.proc.wait(TIMEOUT) == 2 and "nvidia-gpu.sock" in refused.log and not our_slices(api)
+    driver = DriverProcess(root, kubeconfig, *flags, "--device-plugin-coexistence", "withhold")
+    try:
+        driver.wait_ready()
+
+        def published() -> set[str]:
+            return {d["name"] for s in our_slices(api) for d in s["spec"].get("devices", [])}
+
+        assert eventually(lambda: bool(our_slices(api))), driver.log
+        assert published() == set() and "withholding every GPU" in driver.log
+        (plugins / "nvidia-gpu.sock").unlink()  # the plugin is gone from the node
+        assert eventually(lambda: {FIRST_GPU, SECOND_GPU} <= published()), driver.log
+    finally:
+        driver.stop()
