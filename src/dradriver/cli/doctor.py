@@ -52,8 +52,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     with ``run`` from their groups (``cli/flags/``), worded for what doctor checks, and its own."""
     parser.description = (
         "Check this node for the driver: NVML, the driver's files, device nodes, the CDI hook and directory, the "
-        "container runtime's CDI setting, the kubelet's directories and (with a kubeconfig, or in a pod with its "
-        "service account) the API server. "
+        "container runtime's CDI setting, the kubelet's directories, (with a kubeconfig, or in a pod with its "
+        "service account) the API server, and NVIDIA's device plugin on the node. "
         "Exit status 0 only when no check fails."
     )
     gpus.add_flags(parser)
