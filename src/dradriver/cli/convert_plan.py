@@ -41,7 +41,6 @@ SHARING_FIELDS = {"renameByDefault", "failRequestsGreaterThanOne", "resources"}
 RESOURCE_FIELDS = {"name", "rename", "replicas", "devices"}
 
 
-
 class ConvertError(DradriverError):
     """Input convert cannot read; the message names the input, the field and the fix."""
 
@@ -296,7 +295,8 @@ class Workload:
 
     @property
     def name(self) -> str:
-        return str((self.obj.get("metadata") or {}).get("name") or "workload")
+        meta = self.obj.get("metadata")
+        return str(meta.get("name") or "workload") if isinstance(meta, dict) else "workload"
 
 
 def pod_spec(workload: Workload) -> dict[str, Any] | None:
@@ -323,7 +323,7 @@ def gpu_asks(workload: Workload, config: PluginConfig) -> list[tuple[dict[str, A
             resources = container.get("resources") if isinstance(container, dict) else None
             if not isinstance(resources, dict):
                 continue
-            limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
+            limits, requests = _quantities(resources.get("limits")), _quantities(resources.get("requests"))
             for resource in sorted({*requests, *limits}):
                 if is_gpu_resource(resource, config):
                     where = f"{path}.{group}[{i}].resources.limits[{resource}]"
@@ -331,6 +331,10 @@ def gpu_asks(workload: Workload, config: PluginConfig) -> list[tuple[dict[str, A
                     if count:
                         found.append((container, device_ask(resource, count, config)))
     return found
+
+
+def _quantities(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}  # a malformed list is the API server's to refuse
 
 
 def _count(value: Any, source: str, where: str) -> int:
@@ -434,7 +438,8 @@ def _claim_object(workload: Workload, ask: Ask, name: str, *, template: bool) ->
     if ask.parameters:
         devices["config"] = [opaque_config([request_name], ask.parameters)]
     metadata: dict[str, Any] = {"name": name}
-    namespace = (workload.obj.get("metadata") or {}).get("namespace")
+    meta = workload.obj.get("metadata")
+    namespace = meta.get("namespace") if isinstance(meta, dict) else None
     if namespace:
         metadata["namespace"] = namespace
     spec = {"spec": {"devices": devices}} if template else {"devices": devices}
