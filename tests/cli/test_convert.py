@@ -239,3 +239,59 @@ def test_migration_page_commands_run(capsys, tmp_path, monkeypatch):
         assert main(words[2:]) == 0, capsys.readouterr().err
         out = capsys.readouterr().out
         assert objects(out) or "served by the chart's DeviceClass" in out, out  # --keep-limits: the chart's do
+
+
+def _write_workloads(tmp_path: Path, *workloads: dict) -> str:
+    path = tmp_path / "workloads.yaml"
+    path.write_text(yaml.safe_dump_all(workloads))
+    return str(path)
+
+
+def _job(name: str, *containers: tuple[str, int], kind: str = "Job") -> dict:
+    pod = {
+        "restartPolicy": "Never",
+        "containers": [
+            {"name": c, "image": "i", "resources": {"limits": {"nvidia.com/gpu": n}}} for c, n in containers
+        ],
+    }
+    spec: dict = {"template": {"spec": pod}}
+    if kind == "Deployment":
+        pod["restartPolicy"] = "Always"
+        spec = {"selector": {"matchLabels": {"a": "b"}}, "template": {"metadata": {"labels": {"a": "b"}}, "spec": pod}}
+    return {
+        "apiVersion": "batch/v1" if kind == "Job" else "apps/v1",
+        "kind": kind,
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def test_long_names_keep_one_template_per_container(capsys, tmp_path):
+    """(#35) A long workload name is not cut to 63 characters: two containers keep two templates and their counts."""
+    name = "a-very-long-training-job-name-for-the-research-team-llm-70b"
+    assert main(["convert", _write_workloads(tmp_path, _job(name, ("trainer", 4), ("tracker", 1)))]) == 0
+    docs = assert_valid_and_fits(capsys.readouterr().out, tmp_path, capsys)
+    templates = {t["metadata"]["name"]: t for t in by_kind(docs, "ResourceClaimTemplate")}
+    assert set(templates) == {f"{name}-trainer-gpu", f"{name}-tracker-gpu"}
+    assert templates[f"{name}-trainer-gpu"]["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] == 4
+    (job,) = by_kind(docs, "Job")
+    claims = job["spec"]["template"]["spec"]["resourceClaims"]
+    assert [c["resourceClaimTemplateName"] for c in claims] == [f"{name}-trainer-gpu", f"{name}-tracker-gpu"]
+
+
+def test_names_past_the_limit_end_in_a_hash_and_stay_apart(capsys, tmp_path):
+    name = "w" * 240
+    assert main(["convert", _write_workloads(tmp_path, _job(name, ("trainer", 4), ("tracker", 1)))]) == 0
+    docs = objects(capsys.readouterr().out)
+    names = [t["metadata"]["name"] for t in by_kind(docs, "ResourceClaimTemplate")]
+    assert len(set(names)) == 2 and all(len(n) <= 253 and n.startswith("w" * 200) for n in names), names
+    for doc in docs:
+        kubernetes_validate.validate(doc, "1.37.0", strict=True)
+
+
+def test_two_objects_of_one_name_are_refused(capsys, tmp_path):
+    """Workload `a-b` container `c` and workload `a` container `b-c` would both make template `a-b-c-gpu`."""
+    path = _write_workloads(tmp_path, _job("a-b", ("c", 1)), _job("a", ("b-c", 1)))
+    assert main(["convert", path]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "two objects would be ResourceClaimTemplate a-b-c-gpu" in err, err

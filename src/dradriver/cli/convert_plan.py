@@ -7,6 +7,7 @@ Every object comes with the comments that say what it cannot express exactly (do
 from __future__ import annotations
 
 import copy
+import hashlib
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -15,6 +16,7 @@ from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.driver.prepare.config import ConfigError, decode_config
 from dradriver.errors import DradriverError
 from dradriver.inputs import parse_yaml, type_name
+from dradriver.validation.names import DNS_LABEL_MAX_LENGTH, DNS_SUBDOMAIN_MAX_LENGTH
 
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
@@ -274,10 +276,14 @@ def opaque_config(requests: list[str], parameters: dict[str, Any]) -> dict[str, 
     return {"requests": requests, "opaque": {"driver": DEFAULT_DRIVER_NAME, "parameters": parameters}}
 
 
-def dns_label(text: str) -> str:
-    """``text`` as a DNS label: lower case, dots and other signs as dashes, at most 63 characters."""
-    label = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
-    return label[:63].rstrip("-") or "gpu"
+def dns_label(text: str, limit: int = DNS_LABEL_MAX_LENGTH) -> str:
+    """``text`` as a DNS name of at most ``limit`` characters: lower case, dots and other signs as dashes; a longer
+    one is cut and ends in a hash of the whole, so that two long names that differ only at the end stay apart."""
+    label = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-") or "gpu"
+    if len(label) <= limit:
+        return label
+    digest = hashlib.sha256(label.encode()).hexdigest()[:8]
+    return f"{label[: limit - len(digest) - 1].rstrip('-')}-{digest}"
 
 
 def copy_object(obj: dict[str, Any]) -> dict[str, Any]:
@@ -360,7 +366,25 @@ def plan(
         _add_class(result, ask.class_name, None, chart, extended=ask.shared.name if ask.shared else ask.resource)
     for workload in workloads:
         _rewrite(result, workload, config)
+    _refuse_duplicates(result)
     return result
+
+
+def _refuse_duplicates(result: Plan) -> None:
+    """``ConvertError`` where two printed objects share kind, namespace and name: applied, one would replace the
+    other (and the workloads of both would share its devices)."""
+    seen: set[tuple[str, str, str]] = set()
+    for converted in result.objects():
+        meta = converted.obj.get("metadata")
+        meta = meta if isinstance(meta, dict) else {}
+        key = (str(converted.obj.get("kind")), str(meta.get("namespace") or ""), str(meta.get("name")))
+        if key in seen:
+            kind, namespace, name = key
+            where = f" in namespace {namespace}" if namespace else ""
+            raise ConvertError(
+                f"two objects would be {kind} {name}{where}: rename a workload or a container, or convert them apart"
+            )
+        seen.add(key)
 
 
 def _selectors(class_name: str, chart: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -470,7 +494,7 @@ def _rewrite(result: Plan, original: Workload, config: PluginConfig) -> None:
                 if not resources[key]:
                     del resources[key]
         resources.setdefault("claims", []).append({"name": ref})
-        claim_name = dns_label(f"{workload.name}-{ref}")
+        claim_name = dns_label(f"{workload.name}-{ref}", DNS_SUBDOMAIN_MAX_LENGTH)
         shared = workload.kind in REPLICATED and ask.shared is not None
         reference = "resourceClaimName" if shared else "resourceClaimTemplateName"
         spec.setdefault("resourceClaims", []).append({"name": ref, reference: claim_name})
