@@ -172,7 +172,7 @@ def test_nvidia_device_plugin_on_the_node_is_a_fail_row_with_its_fix(stubs, node
     layout = build_layout("h100", node / "roots", stubs)
     code, checks = doctor(node, capsys, *roots(layout))
     assert code == 0 and checks["device plugin"]["status"] == "OK"
-    assert f"no nvidia-*.sock in {node / 'device-plugins'}" in checks["device plugin"]["detail"]
+    assert f"no nvidia-gpu*.sock or nvidia-mig-*.sock in {node / 'device-plugins'}" in checks["device plugin"]["detail"]
     (node / "device-plugins/nvidia-gpu.sock").touch()
     code, checks = doctor(node, capsys, *roots(layout))
     row = checks["device plugin"]
@@ -189,9 +189,11 @@ def test_the_nodes_nvidia_gpu_capacity_is_read_through_the_kubeconfig(stubs, nod
         kubeconfig = str(api.write_kubeconfig(node / "kubeconfig"))
         code, checks = doctor(node, capsys, *roots(layout), "--kubeconfig", kubeconfig, "--node-name", "gpu-1")
         assert code == 1 and checks["device plugin"]["detail"].endswith("the Node advertises nvidia.com/gpu: 8")
-        api.create("nodes", {"metadata": {"name": "gpu-2"}, "status": {"capacity": {"cpu": "8"}}})
+        # The Network Operator's NICs under nvidia.com/ on a GPUDirect node are not the GPU plugin.
+        nics = {"cpu": "8", "nvidia.com/hostdev": "4", "nvidia.com/sriov_rdma": "8"}
+        api.create("nodes", {"metadata": {"name": "gpu-2"}, "status": {"capacity": nics}})
         code, checks = doctor(node, capsys, *roots(layout), "--kubeconfig", kubeconfig, "--node-name", "gpu-2")
         assert (
             checks["device plugin"]["status"] == "OK"
-            and "no nvidia.com/* on the Node" in (checks["device plugin"]["detail"])
+            and "no nvidia.com/gpu* or nvidia.com/mig-* on the Node" in (checks["device plugin"]["detail"])
         )

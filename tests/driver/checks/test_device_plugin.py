@@ -35,6 +35,20 @@ def test_the_plugins_sockets_are_named_for_each_resource_it_serves(tmp_path: Pat
     assert plugin_sockets(directory) == tuple(str(directory / n) for n in sorted(names))
 
 
+def test_the_network_operators_nic_resources_and_sockets_are_not_the_gpu_plugin(tmp_path: Path) -> None:
+    # NVIDIA's Network Operator advertises NICs under nvidia.com/ on GPUDirect GPU nodes: a healthy node, no plugin.
+    nics = {"nvidia.com/hostdev": "4", "nvidia.com/sriov_rdma": "8", "nvidia.com/rdma_shared_device_a": "1"}
+    assert advertised_resources(node_with({**nics, "nvidia.com/gpu.": "1", "nvidia.com/mig-": "1"})) == {}
+    names = ("nvidia-hostdev.sock", "nvidia-sriov_rdma.sock", "nvidia-gpu..sock", "nvidia-mig-.sock")
+    directory = kubelet_dir(tmp_path, *names, "nvidia.com_sriov_rdma.sock")
+    assert plugin_sockets(directory) == ()
+    settings = DevicePluginSettings(device_plugins_dir=directory, node_name="n")
+    result = device_plugin_check(find_device_plugin(settings, lambda: node_with(nics)), settings)
+    assert result.status == "OK"
+    found = find_device_plugin(settings, lambda: node_with({**nics, "nvidia.com/gpu.shared": "16"}))
+    assert found.resources == {"nvidia.com/gpu.shared": 16}
+
+
 def test_no_directory_is_no_socket(tmp_path: Path) -> None:
     assert plugin_sockets(tmp_path / "missing") == ()
 
@@ -85,7 +99,10 @@ def test_neither_sign_is_ok_saying_what_was_looked_at(tmp_path: Path) -> None:
     settings = DevicePluginSettings(device_plugins_dir=kubelet_dir(tmp_path), node_name="n")
     result = device_plugin_check(find_device_plugin(settings, lambda: node_with({"cpu": "4"})), settings)
     assert result.status == "OK"
-    assert result.detail == f"no nvidia-*.sock in {settings.device_plugins_dir}; no nvidia.com/* on the Node"
+    assert result.detail == (
+        f"no nvidia-gpu*.sock or nvidia-mig-*.sock in {settings.device_plugins_dir}; "
+        "no nvidia.com/gpu* or nvidia.com/mig-* on the Node"
+    )
 
 
 def test_doctors_row_without_an_api_server_looks_at_the_sockets(tmp_path: Path) -> None:

@@ -5,8 +5,12 @@ there.
 Two signs, either enough: the plugin's registration socket in the kubelet's device-plugins directory (NVIDIA's
 plugin names it ``nvidia-<resource>.sock`` for each resource it serves, ``nvidia.com/gpu`` →
 ``nvidia-gpu.sock``, ``nvidia.com/mig-1g.10gb`` → ``nvidia-mig-1g.10gb.sock``, a renamed ``nvidia.com/gpu.shared``
-→ ``nvidia-gpu.shared.sock``), and the Node's ``status.capacity`` or ``allocatable`` counting ``nvidia.com/``
-resources (what the kubelet advertises for the plugin; a resource at 0 is one whose plugin has gone).
+→ ``nvidia-gpu.shared.sock``), and the Node's ``status.capacity`` or ``allocatable`` counting GPU resources
+(what the kubelet advertises for the plugin; a resource at 0 is one whose plugin has gone).
+
+Only the GPU plugin's names count: ``nvidia.com/gpu``, ``nvidia.com/gpu.<name>`` and ``nvidia.com/mig-<profile>``
+(their sockets likewise). NVIDIA's Network Operator advertises NICs under ``nvidia.com/`` too
+(``nvidia.com/hostdev``, ``nvidia.com/sriov_rdma``) on the very GPU nodes that use GPUDirect; those are no sign.
 """
 
 from __future__ import annotations
@@ -24,6 +28,11 @@ from dradriver.driver.checks.settings import ClusterSettings, DevicePluginSettin
 
 #: The extended resources' domain NVIDIA's plugin advertises under (``nvidia.com/gpu``, ``nvidia.com/mig-*``).
 RESOURCE_PREFIX = "nvidia.com/"
+#: The GPU plugin's resources, after the domain: ``gpu``, a renamed ``gpu.<name>``, ``mig-<profile>`` (not the
+#: Network Operator's NICs, ``hostdev`` or ``sriov_rdma``, advertised under the same domain).
+GPU_RESOURCE, RENAMED_GPU_PREFIX, MIG_RESOURCE_PREFIX = "gpu", "gpu.", "mig-"
+#: What ``doctor`` says it looked for, in its OK row.
+RESOURCE_PATTERNS, SOCKET_PATTERNS = "nvidia.com/gpu* or nvidia.com/mig-*", "nvidia-gpu*.sock or nvidia-mig-*.sock"
 #: NVIDIA's plugin's socket: ``nvidia-`` and the resource's name after ``nvidia.com/``, then ``.sock``.
 SOCKET_PREFIX, SOCKET_SUFFIX = "nvidia-", ".sock"
 #: What to do about it, in ``doctor``'s fix and ``run``'s refusal.
@@ -38,9 +47,19 @@ FIX = (
 NodeReader = Callable[[], Mapping[str, Any]]
 
 
+def is_gpu_resource(name: str) -> bool:
+    """Whether ``name`` (after ``nvidia.com/``) is one the GPU device plugin serves: ``gpu``, ``gpu.<name>`` or
+    ``mig-<profile>``."""
+    if name == GPU_RESOURCE:
+        return True
+    return any(
+        name.startswith(prefix) and len(name) > len(prefix) for prefix in (RENAMED_GPU_PREFIX, MIG_RESOURCE_PREFIX)
+    )
+
+
 @dataclass(frozen=True)
 class DevicePluginFound:
-    """What was seen: ``sockets`` the plugin's socket files, ``resources`` the ``nvidia.com/`` resources the Node
+    """What was seen: ``sockets`` the plugin's socket files, ``resources`` the GPU plugin's resources the Node
     advertises (name → the larger of its capacity and allocatable, above 0), ``node_unread`` why the Node was not
     read ("" when it was)."""
 
@@ -54,7 +73,7 @@ class DevicePluginFound:
 
     @property
     def advertised_gpus(self) -> int:
-        """How many devices the Node counts under ``nvidia.com/`` resources (0: none, or the Node unread)."""
+        """How many devices the Node counts under the GPU plugin's resources (0: none, or the Node unread)."""
         return sum(self.resources.values())
 
     def describe(self) -> str:
@@ -79,18 +98,21 @@ def plugin_sockets(directory: Path) -> tuple[str, ...]:
     return tuple(
         str(directory / name)
         for name in names
-        if name.startswith(SOCKET_PREFIX) and name.endswith(SOCKET_SUFFIX) and len(name) > len("nvidia-.sock")
+        if name.startswith(SOCKET_PREFIX)
+        and name.endswith(SOCKET_SUFFIX)
+        and is_gpu_resource(name[len(SOCKET_PREFIX) : -len(SOCKET_SUFFIX)])
     )
 
 
 def advertised_resources(node: Mapping[str, Any]) -> dict[str, int]:
-    """The ``nvidia.com/`` resources in the Node's ``status.capacity`` and ``allocatable`` counted above 0, each with
-    the larger count (quantities that are not whole numbers are skipped: no device plugin advertises those)."""
+    """The GPU plugin's resources (:func:`is_gpu_resource`) in the Node's ``status.capacity`` and ``allocatable``
+    counted above 0, each with the larger count (quantities that are not whole numbers are skipped: no device
+    plugin advertises those)."""
     status = node.get("status") or {}
     counts: dict[str, int] = {}
     for part in ("capacity", "allocatable"):
         for name, quantity in (status.get(part) or {}).items():
-            if not str(name).startswith(RESOURCE_PREFIX):
+            if not (str(name).startswith(RESOURCE_PREFIX) and is_gpu_resource(str(name)[len(RESOURCE_PREFIX) :])):
                 continue
             try:
                 count = int(str(quantity))
@@ -119,8 +141,8 @@ def device_plugin_check(found: DevicePluginFound, settings: DevicePluginSettings
     name = "device plugin"
     if found.found:
         return CheckResult(name, FAIL, found.describe(), FIX)
-    looked = f"no {SOCKET_PREFIX}*{SOCKET_SUFFIX} in {settings.device_plugins_dir}"
-    node = f"; Node not read ({found.node_unread})" if found.node_unread else f"; no {RESOURCE_PREFIX}* on the Node"
+    looked = f"no {SOCKET_PATTERNS} in {settings.device_plugins_dir}"
+    node = f"; Node not read ({found.node_unread})" if found.node_unread else f"; no {RESOURCE_PATTERNS} on the Node"
     return CheckResult(name, OK, looked + node)
 
 
