@@ -295,3 +295,16 @@ def test_two_objects_of_one_name_are_refused(capsys, tmp_path):
     assert main(["convert", path]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "two objects would be ResourceClaimTemplate a-b-c-gpu" in err, err
+
+
+def test_workloads_of_two_kinds_with_one_name_get_claims_of_their_own(capsys, tmp_path):
+    """(#35) A Deployment `train` and a Job `train` each with container `main`: two templates, the kind in each name."""
+    path = _write_workloads(tmp_path, _job("train", ("main", 1), kind="Deployment"), _job("train", ("main", 2)))
+    assert main(["convert", path]) == 0
+    docs = assert_valid_and_fits(capsys.readouterr().out, tmp_path, capsys)
+    templates = {t["metadata"]["name"]: t for t in by_kind(docs, "ResourceClaimTemplate")}
+    assert set(templates) == {"train-deployment-main-gpu", "train-job-main-gpu"}
+    assert templates["train-job-main-gpu"]["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] == 2
+    (job,) = by_kind(docs, "Job")
+    (claim,) = job["spec"]["template"]["spec"]["resourceClaims"]
+    assert claim["resourceClaimTemplateName"] == "train-job-main-gpu"

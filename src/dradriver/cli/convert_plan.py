@@ -304,6 +304,11 @@ class Workload:
         meta = self.obj.get("metadata")
         return str(meta.get("name") or "workload") if isinstance(meta, dict) else "workload"
 
+    @property
+    def namespace(self) -> str:
+        meta = self.obj.get("metadata")
+        return str(meta.get("namespace") or "") if isinstance(meta, dict) else ""
+
 
 def pod_spec(workload: Workload) -> dict[str, Any] | None:
     """The workload's pod spec, or None where it has none."""
@@ -364,10 +369,19 @@ def plan(
         return result
     for ask in [ask for _w, _c, ask in asks if ask.class_name not in chart]:
         _add_class(result, ask.class_name, None, chart, extended=ask.shared.name if ask.shared else ask.resource)
+    clashing = _names_of_several_kinds(workloads)
     for workload in workloads:
-        _rewrite(result, workload, config)
+        _rewrite(result, workload, config, with_kind=(workload.namespace, workload.name) in clashing)
     _refuse_duplicates(result)
     return result
+
+
+def _names_of_several_kinds(workloads: list[Workload]) -> set[tuple[str, str]]:
+    """The (namespace, name)s that workloads of more than one kind share: their claims need the kind in the name."""
+    kinds: dict[tuple[str, str], set[str]] = {}
+    for workload in workloads:
+        kinds.setdefault((workload.namespace, workload.name), set()).add(workload.kind)
+    return {key for key, found in kinds.items() if len(found) > 1}
 
 
 def _refuse_duplicates(result: Plan) -> None:
@@ -471,8 +485,9 @@ def _claim_object(workload: Workload, ask: Ask, name: str, *, template: bool) ->
     return {"apiVersion": "resource.k8s.io/v1", "kind": kind, "metadata": metadata, "spec": spec}
 
 
-def _rewrite(result: Plan, original: Workload, config: PluginConfig) -> None:
-    """The workload with claims in place of its GPU limits (and the claims), or nothing when it asks for none."""
+def _rewrite(result: Plan, original: Workload, config: PluginConfig, *, with_kind: bool) -> None:
+    """The workload with claims in place of its GPU limits (and the claims), or nothing when it asks for none;
+    ``with_kind`` puts the workload's kind in the claims' names (a workload of another kind has its name)."""
     workload = Workload(copy.deepcopy(original.obj), original.source)
     spec = pod_spec(workload)
     asks = gpu_asks(workload, config)
@@ -494,7 +509,8 @@ def _rewrite(result: Plan, original: Workload, config: PluginConfig) -> None:
                 if not resources[key]:
                     del resources[key]
         resources.setdefault("claims", []).append({"name": ref})
-        claim_name = dns_label(f"{workload.name}-{ref}", DNS_SUBDOMAIN_MAX_LENGTH)
+        owner = f"{workload.name}-{workload.kind}" if with_kind else workload.name
+        claim_name = dns_label(f"{owner}-{ref}", DNS_SUBDOMAIN_MAX_LENGTH)
         shared = workload.kind in REPLICATED and ask.shared is not None
         reference = "resourceClaimName" if shared else "resourceClaimTemplateName"
         spec.setdefault("resourceClaims", []).append({"name": ref, reference: claim_name})
