@@ -503,7 +503,34 @@ def test_withhold_publishes_no_gpu_while_the_plugin_is_there_and_every_gpu_once_
     assert offered(options("withhold"), cluster, inventory).gpus == ()
     (plugins / "nvidia-gpu.sock").unlink()
     assert offered(options("withhold"), cluster, inventory) is inventory  # gone: every GPU published again
-    assert offered(options("refuse"), cluster, inventory) is inventory  # refused at start, never looked at again
+
+
+def test_refuse_withholds_every_gpu_with_an_error_when_the_plugin_arrives_while_running(tmp_path, caplog):
+    """Refused at start; arrived later, the driver does not exit (prepared pods keep running) but stops offering
+    the GPUs at the next rescan, and offers them again once the plugin is gone."""
+    from types import SimpleNamespace
+
+    from support.nodes import inventory_of
+
+    from dradriver.cli.flags.device_plugin import DevicePluginOptions
+    from dradriver.cli.run_assembly import offered
+
+    inventory = inventory_of("dgx-a100-80gb")
+    plugins = tmp_path / "device-plugins"
+    plugins.mkdir()
+    cluster = SimpleNamespace(get_node=lambda name: {"status": {"capacity": {}}})
+    options = SimpleNamespace(
+        node=SimpleNamespace(name="n"), device_plugin=DevicePluginOptions(coexistence="refuse", directory=plugins)
+    )
+    assert offered(options, cluster, inventory) is inventory
+    (plugins / "nvidia-gpu.sock").touch()
+    withheld = offered(options, cluster, inventory)
+    assert withheld.gpus == () and withheld.mig_devices == ()
+    [record] = [r for r in caplog.records if "withholding every GPU" in r.getMessage()]
+    assert record.levelname == "ERROR" and f"its kubelet socket {plugins}/nvidia-gpu.sock" in record.getMessage()
+    assert "--device-plugin-coexistence withhold" in record.getMessage()  # the fix
+    (plugins / "nvidia-gpu.sock").unlink()
+    assert offered(options, cluster, inventory) is inventory
 
 
 def test_the_coexistence_flag_takes_refuse_or_withhold_and_refuse_is_the_default(tmp_path, capsys, monkeypatch):

@@ -59,7 +59,8 @@ class Rescanner:
         try:
             fresh = discover(node.gpus.lib)
             node.health.update_inventory(fresh, mig_mode)
-            # Withheld while NVIDIA's device plugin is on the node (--device-plugin-coexistence withhold).
+            # Withheld while NVIDIA's device plugin is on the node, whichever --device-plugin-coexistence: with
+            # refuse, it arrived after the start check.
             offer = offered(node.options, node.cluster, fresh)
             fresh_pools = pools_of(node.name, build_slice_specs(offer, node.settings, taints=node.health.taints))
         except DradriverError as err:

@@ -180,20 +180,28 @@ def look_for_device_plugin(options: RunOptions, cluster: KubeCluster) -> DeviceP
 
 
 def offered(options: RunOptions, cluster: KubeCluster, inventory: Inventory) -> Inventory:
-    """What to publish of ``inventory``: all of it, or, with ``--device-plugin-coexistence withhold`` while NVIDIA's
-    device plugin is on the node, no GPU and no MIG device. The plugin advertises counts, not which GPUs it hands
-    out: every GPU is withheld while it advertises any, and published at the first rescan after it is gone."""
-    if not options.device_plugin.withhold:
-        return inventory
+    """What to publish of ``inventory``: all of it, or, while NVIDIA's device plugin is on the node, no GPU and no
+    MIG device. Looked at when publishing first and at every rescan, in both modes: with ``withhold`` the node is
+    being migrated; with ``refuse`` the plugin arrived after the start check (an ERROR, not an exit: pods already
+    prepared keep running). The plugin advertises counts, not which GPUs it hands out: every GPU is withheld while
+    it advertises any, and published at the first rescan after it is gone."""
     found = look_for_device_plugin(options, cluster)
     if not found.found:
         return inventory
-    log.warning(
-        "withholding every GPU from the slices (--device-plugin-coexistence withhold): %s (%d advertised; which "
-        "GPUs it holds cannot be told); they are published once it is gone from the node",
-        found.describe(),
-        found.advertised_gpus,
-    )
+    if options.device_plugin.withhold:
+        log.warning(
+            "withholding every GPU from the slices (--device-plugin-coexistence withhold): %s (%d advertised; which "
+            "GPUs it holds cannot be told); they are published once it is gone from the node",
+            found.describe(),
+            found.advertised_gpus,
+        )
+    else:
+        log.error(
+            "withholding every GPU from the slices: %s, arrived while the driver runs; both would hand out the same "
+            "GPUs (pods already prepared keep theirs); they are published again once it is gone; %s",
+            found.describe(),
+            FIX,
+        )
     return replace(inventory, gpus=(), mig_devices=())
 
 

@@ -67,7 +67,7 @@ class RunOptions:
     driver_root: DriverRootOptions
     claims: ClaimOptions
     compute_domains: ComputeDomainOptions
-    #: What to do when NVIDIA's device plugin is on the node (checked by ``run`` once connected).
+    #: What to do when NVIDIA's device plugin is on the node (checked by ``run`` once connected, and at every rescan).
     device_plugin: DevicePluginOptions = field(default_factory=DevicePluginOptions)
 
     @property

@@ -17,8 +17,9 @@ COEXISTENCE = EnvFlag(
     default=REFUSE,
     choices=(REFUSE, WITHHOLD),
     help="when NVIDIA's device plugin is on this node (its kubelet socket, or nvidia.com/ resources on the Node): "
-    "refuse to start, or, while the node is being migrated, withhold: publish none of the GPUs while it "
-    "advertises any (which ones it holds cannot be told) and publish them once it is gone",
+    "refuse to start (arrived later, none of the GPUs is published until it is gone, with an error), or, while "
+    "the node is being migrated, withhold: publish none of the GPUs while it advertises any (which ones it holds "
+    "cannot be told) and publish them once it is gone",
 )
 DEVICE_PLUGINS = EnvFlag(
     flag="--device-plugins-dir",
