@@ -308,3 +308,34 @@ def test_workloads_of_two_kinds_with_one_name_get_claims_of_their_own(capsys, tm
     (job,) = by_kind(docs, "Job")
     (claim,) = job["spec"]["template"]["spec"]["resourceClaims"]
     assert claim["resourceClaimTemplateName"] == "train-job-main-gpu"
+
+
+def _pod_with_init(init_gpus: int, main_gpus: int) -> dict:
+    def container(name: str, gpus: int) -> dict:
+        return {"name": name, "image": "i", "resources": {"limits": {"nvidia.com/gpu": gpus}}}
+
+    spec = {"initContainers": [container("fetch", init_gpus)], "containers": [container("main", main_gpus)]}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": spec}
+
+
+def test_an_init_container_shares_the_claim_of_an_app_container(capsys, tmp_path):
+    """(#35) The kubelet handed an init container's GPU on to the app containers: init 1 + main 1 was one GPU."""
+    assert main(["convert", _write_workloads(tmp_path, _pod_with_init(1, 1))]) == 0
+    out = capsys.readouterr().out
+    docs = assert_valid_and_fits(out, tmp_path, capsys)
+    (template,) = by_kind(docs, "ResourceClaimTemplate")
+    assert template["metadata"]["name"] == "p-main-gpu"
+    (pod,) = by_kind(docs, "Pod")
+    assert pod["spec"]["resourceClaims"] == [{"name": "main-gpu", "resourceClaimTemplateName": "p-main-gpu"}]
+    assert pod["spec"]["initContainers"][0]["resources"] == {"claims": [{"name": "main-gpu"}]}
+    assert "init container fetch: nvidia.com/gpu: 1 uses claim main-gpu" in out
+
+
+def test_an_init_container_asking_for_more_gets_its_own_claim_and_says_so(capsys, tmp_path):
+    assert main(["convert", _write_workloads(tmp_path, _pod_with_init(2, 1))]) == 0
+    out = capsys.readouterr().out
+    docs = assert_valid_and_fits(out, tmp_path, capsys)
+    assert {t["metadata"]["name"] for t in by_kind(docs, "ResourceClaimTemplate")} == {"p-main-gpu", "p-fetch-gpu"}
+    (pod,) = by_kind(docs, "Pod")
+    assert pod["spec"]["initContainers"][0]["resources"] == {"claims": [{"name": "fetch-gpu"}]}
+    assert "the pod now needs more GPUs than under the device plugin" in " ".join(out.replace("#", " ").split())

@@ -500,25 +500,64 @@ def _rewrite(result: Plan, original: Workload, config: PluginConfig, *, with_kin
         comments.append(
             "runtimeClassName: nvidia removed: the driver hands GPUs over by CDI, which needs no runtime class."
         )
-    for container, ask in asks:
-        ref = dns_label(f"{container.get('name', 'gpu')}-{ask.resource.split('/')[-1]}")
-        resources = container["resources"]
-        for key in ("limits", "requests"):
-            if isinstance(resources.get(key), dict):
-                resources[key].pop(ask.resource, None)
-                if not resources[key]:
-                    del resources[key]
-        resources.setdefault("claims", []).append({"name": ref})
-        owner = f"{workload.name}-{workload.kind}" if with_kind else workload.name
-        claim_name = dns_label(f"{owner}-{ref}", DNS_SUBDOMAIN_MAX_LENGTH)
-        shared = workload.kind in REPLICATED and ask.shared is not None
-        reference = "resourceClaimName" if shared else "resourceClaimTemplateName"
-        spec.setdefault("resourceClaims", []).append({"name": ref, reference: claim_name})
-        claim_comments = list(ask.comments)
-        if shared:
-            claim_comments.append(
-                f"One ResourceClaim for every pod of {workload.kind} {workload.name}: they share one device on one "
-                "node, however many replicas; the plugin spread replicas over any device with one free."
+    owner = f"{workload.name}-{workload.kind}" if with_kind else workload.name
+    # An init container (not a sidecar) has ended before the app containers start: the kubelet handed its
+    # plugin GPUs on to them, so the pod needed max(init, sum of app), not the sum of both.
+    init = {
+        id(c) for c in spec.get("initContainers") or [] if isinstance(c, dict) and c.get("restartPolicy") != "Always"
+    }
+    given: list[tuple[str, Ask]] = []
+    for container, ask in [(c, a) for c, a in asks if id(c) not in init]:
+        given.append((_give_claim(result, workload, spec, container, ask, owner=owner), ask))
+    for container, ask in [(c, a) for c, a in asks if id(c) in init]:
+        name = container.get("name", "gpu")
+        host = next((ref for ref, app in given if app.resource == ask.resource and app.count >= ask.count), None)
+        if host is not None:
+            _point_at_claim(spec, container, ask, host, reference=None)
+            comments.append(
+                f"init container {name}: {ask.resource}: {ask.count} uses claim {host} of an app container (and sees "
+                "all its devices): the kubelet handed the init container's GPUs on to the app containers."
             )
-        result.claims.append(Converted(_claim_object(workload, ask, claim_name, template=not shared), claim_comments))
+            continue
+        _give_claim(result, workload, spec, container, ask, owner=owner)
+        comments.append(
+            f"init container {name}: {ask.resource}: {ask.count}: no app container asks for as many, so it has a "
+            "claim of its own: the pod now needs more GPUs than under the device plugin, which handed the init "
+            "container's GPUs on to the app containers."
+        )
     result.workloads.append(Converted(workload.obj, comments))
+
+
+def _give_claim(
+    result: Plan, workload: Workload, spec: dict[str, Any], container: dict[str, Any], ask: Ask, *, owner: str
+) -> str:
+    """A claim (or template) of its own for ``container``'s ``ask``, added to ``result``; the pod's name for it."""
+    ref = dns_label(f"{container.get('name', 'gpu')}-{ask.resource.split('/')[-1]}")
+    claim_name = dns_label(f"{owner}-{ref}", DNS_SUBDOMAIN_MAX_LENGTH)
+    shared = workload.kind in REPLICATED and ask.shared is not None
+    reference = "resourceClaimName" if shared else "resourceClaimTemplateName"
+    _point_at_claim(spec, container, ask, ref, reference={reference: claim_name})
+    claim_comments = list(ask.comments)
+    if shared:
+        claim_comments.append(
+            f"One ResourceClaim for every pod of {workload.kind} {workload.name}: they share one device on one "
+            "node, however many replicas; the plugin spread replicas over any device with one free."
+        )
+    result.claims.append(Converted(_claim_object(workload, ask, claim_name, template=not shared), claim_comments))
+    return ref
+
+
+def _point_at_claim(
+    spec: dict[str, Any], container: dict[str, Any], ask: Ask, ref: str, *, reference: dict[str, str] | None
+) -> None:
+    """``container``'s limit for ``ask`` replaced by the pod's claim ``ref`` (added to the pod with ``reference``
+    unless that is None: the pod has it already)."""
+    resources = container["resources"]
+    for key in ("limits", "requests"):
+        if isinstance(resources.get(key), dict):
+            resources[key].pop(ask.resource, None)
+            if not resources[key]:
+                del resources[key]
+    resources.setdefault("claims", []).append({"name": ref})
+    if reference is not None:
+        spec.setdefault("resourceClaims", []).append({"name": ref, **reference})
