@@ -28,6 +28,14 @@ spec:
       exactly: {deviceClassName: gpu.dradriver.dev}
 """
 
+GPU_POD = """apiVersion: v1
+kind: Pod
+metadata: {name: p}
+spec:
+  containers:
+  - {name: main, image: i, resources: {limits: {nvidia.com/gpu: 1}}}
+"""
+
 #: File contents a careless user hands over, by name.
 FILES: dict[str, Callable[[Path], None]] = {
     "empty.yaml": lambda p: p.write_text(""),
@@ -40,6 +48,9 @@ FILES: dict[str, Callable[[Path], None]] = {
     "a-list.yaml": lambda p: p.write_text("- a\n- b\n"),
     "broken.yaml": lambda p: p.write_text("kind: [\n"),
     "pod.yaml": lambda p: p.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n"),
+    "containers-a-number.yaml": lambda p: p.write_text(GPU_POD.replace("containers:\n", "containers: 5\n#")),
+    "claims-a-string.yaml": lambda p: p.write_text(GPU_POD.replace("limits:", "claims: x, limits:")),
+    "resource-claims-a-mapping.yaml": lambda p: p.write_text(GPU_POD + "  resourceClaims: {}\n"),
 }
 
 #: (argv with FILE placeholders, the text every error names), each an exit-2 mistake.
@@ -82,6 +93,9 @@ CASES = [
     (["run", "--node-name", "n", "--mps-daemon-wrapper", "nsenter \\"], "no escaped character"),
     (["cd-daemon", "run", "--imex-command", "'x"], "no closing quotation"),
     (["cd-daemon", "check", "--imex-ctl-command", "'x"], "no closing quotation"),
+    (["convert", "containers-a-number.yaml"], "field spec.containers: expected a list, got a number"),
+    (["convert", "claims-a-string.yaml"], "field spec.containers[0].resources.claims: expected a list, got a string"),
+    (["convert", "resource-claims-a-mapping.yaml"], "field spec.resourceClaims: expected a list, got a mapping"),
 ]
 
 

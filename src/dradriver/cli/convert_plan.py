@@ -330,7 +330,7 @@ def gpu_asks(workload: Workload, config: PluginConfig) -> list[tuple[dict[str, A
     path = ".".join(POD_SPEC_PATHS[workload.kind])
     found = []
     for group in ("initContainers", "containers"):
-        for i, container in enumerate(spec.get(group) or []):
+        for i, container in enumerate(_list(spec.get(group), workload.source, f"{path}.{group}")):
             resources = container.get("resources") if isinstance(container, dict) else None
             if not isinstance(resources, dict):
                 continue
@@ -342,6 +342,16 @@ def gpu_asks(workload: Workload, config: PluginConfig) -> list[tuple[dict[str, A
                     if count:
                         found.append((container, device_ask(resource, count, config)))
     return found
+
+
+def _list(value: Any, source: str, where: str) -> list[Any]:
+    """``value`` where it is a list, [] where it is absent; ``ConvertError`` naming ``where`` otherwise (convert
+    cannot walk or add to it)."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ConvertError(f"{source}: field {where}: expected a list, got {type_name(value)}")
+    return value
 
 
 def _quantities(value: Any) -> dict[str, Any]:
@@ -500,6 +510,7 @@ def _rewrite(result: Plan, original: Workload, config: PluginConfig, *, with_kin
         comments.append(
             "runtimeClassName: nvidia removed: the driver hands GPUs over by CDI, which needs no runtime class."
         )
+    _check_claim_lists(workload, spec, asks)
     owner = f"{workload.name}-{workload.kind}" if with_kind else workload.name
     # An init container (not a sidecar) has ended before the app containers start: the kubelet handed its
     # plugin GPUs on to them, so the pod needed max(init, sum of app), not the sum of both.
@@ -526,6 +537,18 @@ def _rewrite(result: Plan, original: Workload, config: PluginConfig, *, with_kin
             "container's GPUs on to the app containers."
         )
     result.workloads.append(Converted(workload.obj, comments))
+
+
+def _check_claim_lists(workload: Workload, spec: dict[str, Any], asks: list[tuple[dict[str, Any], Ask]]) -> None:
+    """``ConvertError`` where a list convert adds a claim to (the pod's, a GPU container's) is something else."""
+    path = ".".join(POD_SPEC_PATHS[workload.kind])
+    _list(spec.get("resourceClaims"), workload.source, f"{path}.resourceClaims")
+    asking = {id(container) for container, _ask in asks}
+    for group in ("initContainers", "containers"):
+        for i, container in enumerate(spec.get(group) or []):
+            if id(container) in asking:
+                where = f"{path}.{group}[{i}].resources.claims"
+                _list(container["resources"].get("claims"), workload.source, where)
 
 
 def _give_claim(
@@ -558,6 +581,6 @@ def _point_at_claim(
             resources[key].pop(ask.resource, None)
             if not resources[key]:
                 del resources[key]
-    resources.setdefault("claims", []).append({"name": ref})
+    resources["claims"] = [*(resources.get("claims") or []), {"name": ref}]
     if reference is not None:
-        spec.setdefault("resourceClaims", []).append({"name": ref, **reference})
+        spec["resourceClaims"] = [*(spec.get("resourceClaims") or []), {"name": ref, **reference}]
