@@ -190,6 +190,11 @@ def test_standard_input(capsys, tmp_path, monkeypatch):
             "  - name: a\n    resources: {limits: {nvidia.com/gpu: half}}\n",
             "field spec.containers[0].resources.limits[nvidia.com/gpu]: 'half'; want a whole number of devices",
         ),
+        (
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n"
+            "  - name: a\n    resources: {requests: {nvidia.com/gpu: '1.5'}}\n",
+            "field spec.containers[0].resources.requests[nvidia.com/gpu]: '1.5'; want a whole number of devices",
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2(capsys, tmp_path, text, expected):
@@ -339,3 +344,15 @@ def test_an_init_container_asking_for_more_gets_its_own_claim_and_says_so(capsys
     (pod,) = by_kind(docs, "Pod")
     assert pod["spec"]["initContainers"][0]["resources"] == {"claims": [{"name": "fetch-gpu"}]}
     assert "the pod now needs more GPUs than under the device plugin" in " ".join(out.replace("#", " ").split())
+
+
+@pytest.mark.parametrize("quantity", ["2", "2.0", 2.0, "2000m", "2e0"])
+def test_a_whole_quantity_in_any_spelling_is_a_count(capsys, tmp_path, quantity):
+    """(#35) The API server takes "2.0" or "2000m" for an extended resource (a whole value): so does convert."""
+    pod = _pod_with_init(1, 1)
+    del pod["spec"]["initContainers"]
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = quantity
+    assert main(["convert", _write_workloads(tmp_path, pod)]) == 0, capsys.readouterr().err
+    docs = assert_valid_and_fits(capsys.readouterr().out, tmp_path, capsys)
+    (template,) = by_kind(docs, "ResourceClaimTemplate")
+    assert template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] == 2

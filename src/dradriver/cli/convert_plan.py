@@ -16,6 +16,7 @@ from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.driver.prepare.config import ConfigError, decode_config
 from dradriver.errors import DradriverError
 from dradriver.inputs import parse_yaml, type_name
+from dradriver.quantity import parse_quantity
 from dradriver.validation.names import DNS_LABEL_MAX_LENGTH, DNS_SUBDOMAIN_MAX_LENGTH
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -337,8 +338,9 @@ def gpu_asks(workload: Workload, config: PluginConfig) -> list[tuple[dict[str, A
             limits, requests = _quantities(resources.get("limits")), _quantities(resources.get("requests"))
             for resource in sorted({*requests, *limits}):
                 if is_gpu_resource(resource, config):
-                    where = f"{path}.{group}[{i}].resources.limits[{resource}]"
-                    count = _count(limits.get(resource, requests.get(resource)), workload.source, where)
+                    key = "limits" if resource in limits else "requests"
+                    where = f"{path}.{group}[{i}].resources.{key}[{resource}]"
+                    count = _count((limits if resource in limits else requests)[resource], workload.source, where)
                     if count:
                         found.append((container, device_ask(resource, count, config)))
     return found
@@ -359,10 +361,14 @@ def _quantities(value: Any) -> dict[str, Any]:
 
 
 def _count(value: Any, source: str, where: str) -> int:
-    text = str(value)
-    if type(value) is bool or not text.isdigit():
+    """The devices a quantity asks for: any quantity of a whole value ("2", "1.0", "1000m"), as the API server
+    takes for an extended resource; ``ConvertError`` for a fraction, a negative number or no quantity at all."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # YAML's 1.0: JSON's number, which the API server reads as the quantity 1
+    number = parse_quantity(value)
+    if number is None or number < 0 or number.denominator != 1:
         raise ConvertError(f"{source}: field {where}: {value!r}; want a whole number of devices")
-    return int(text)
+    return int(number)
 
 
 def plan(
