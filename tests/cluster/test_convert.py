@@ -82,3 +82,22 @@ def test_strict_validation_refuses_an_unknown_field(control_plane: ControlPlane)
             dryRun="All",
         )  # fmt: skip
     assert refused.value.status == 400 and "replicas" in str(refused.value)
+
+
+@pytest.mark.parametrize(("quantity", "taken"), [("2.0", True), ("2000m", True), ("1.5", False)])
+def test_the_api_server_takes_a_whole_gpu_quantity_in_any_spelling(
+    control_plane: ControlPlane, quantity: str, taken: bool
+) -> None:
+    """What convert counts (#35): an extended resource must be a whole value, however the quantity is written."""
+    container = {"name": "main", "image": "i", "resources": {"limits": {"nvidia.com/gpu": quantity}}}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": [container]}}
+
+    def post() -> Any:
+        return control_plane.kube.request("POST", "/api/v1/namespaces/default/pods", pod, dryRun="All")
+
+    if taken:
+        post()
+        return
+    with pytest.raises(ApiError) as refused:
+        post()
+    assert refused.value.status == 422 and "must be an integer" in str(refused.value)
