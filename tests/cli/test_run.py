@@ -482,11 +482,12 @@ def test_withhold_publishes_no_gpu_while_the_plugin_is_there_and_every_gpu_once_
     from support.nodes import inventory_of
 
     from dradriver.cli.flags.device_plugin import DevicePluginOptions
-    from dradriver.cli.run_assembly import offered
+    from dradriver.cli.run_assembly import DevicePluginWatch, offered
 
     inventory = inventory_of("dgx-a100-80gb")
     plugins = tmp_path / "device-plugins"
     plugins.mkdir()
+    watch = DevicePluginWatch()
     capacity = {"nvidia.com/gpu": "2"}
     cluster = SimpleNamespace(get_node=lambda name: {"status": {"capacity": capacity}})
 
@@ -494,15 +495,15 @@ def test_withhold_publishes_no_gpu_while_the_plugin_is_there_and_every_gpu_once_
         plugin = DevicePluginOptions(coexistence=coexistence, directory=plugins)
         return SimpleNamespace(node=SimpleNamespace(name="n"), device_plugin=plugin)
 
-    withheld = offered(options("withhold"), cluster, inventory)
+    withheld = offered(options("withhold"), cluster, inventory, watch)
     # It advertises 2 of the node's 8 GPUs, and not which: all are withheld, and the log says so.
     assert withheld.gpus == () and withheld.mig_devices == () and withheld.driver_version == inventory.driver_version
     assert "withholding every GPU" in caplog.text and "2 advertised; which GPUs it holds cannot be told" in caplog.text
     (plugins / "nvidia-gpu.sock").touch()
     capacity.clear()
-    assert offered(options("withhold"), cluster, inventory).gpus == ()
+    assert offered(options("withhold"), cluster, inventory, watch).gpus == ()
     (plugins / "nvidia-gpu.sock").unlink()
-    assert offered(options("withhold"), cluster, inventory) is inventory  # gone: every GPU published again
+    assert offered(options("withhold"), cluster, inventory, watch) is inventory  # gone: every GPU published again
 
 
 def test_refuse_withholds_every_gpu_with_an_error_when_the_plugin_arrives_while_running(tmp_path, caplog):
@@ -513,24 +514,76 @@ def test_refuse_withholds_every_gpu_with_an_error_when_the_plugin_arrives_while_
     from support.nodes import inventory_of
 
     from dradriver.cli.flags.device_plugin import DevicePluginOptions
-    from dradriver.cli.run_assembly import offered
+    from dradriver.cli.run_assembly import DevicePluginWatch, offered
 
     inventory = inventory_of("dgx-a100-80gb")
     plugins = tmp_path / "device-plugins"
     plugins.mkdir()
+    watch = DevicePluginWatch()
     cluster = SimpleNamespace(get_node=lambda name: {"status": {"capacity": {}}})
     options = SimpleNamespace(
         node=SimpleNamespace(name="n"), device_plugin=DevicePluginOptions(coexistence="refuse", directory=plugins)
     )
-    assert offered(options, cluster, inventory) is inventory
+    assert offered(options, cluster, inventory, watch) is inventory
     (plugins / "nvidia-gpu.sock").touch()
-    withheld = offered(options, cluster, inventory)
+    withheld = offered(options, cluster, inventory, watch)
     assert withheld.gpus == () and withheld.mig_devices == ()
     [record] = [r for r in caplog.records if "withholding every GPU" in r.getMessage()]
     assert record.levelname == "ERROR" and f"its kubelet socket {plugins}/nvidia-gpu.sock" in record.getMessage()
     assert "--device-plugin-coexistence withhold" in record.getMessage()  # the fix
     (plugins / "nvidia-gpu.sock").unlink()
-    assert offered(options, cluster, inventory) is inventory
+    assert offered(options, cluster, inventory, watch) is inventory
+
+
+@pytest.mark.parametrize("coexistence", ["withhold", "refuse"])
+def test_a_node_that_cannot_be_read_is_warned_once_per_error_and_keeps_withheld_gpus_withheld(
+    tmp_path, caplog, coexistence
+):
+    """One failed GET (a 403, a timeout) is no sign the plugin left: GPUs withheld stay withheld until the Node is
+    read again; the error is a WARNING once, not at every rescan."""
+    from types import SimpleNamespace
+
+    from support.nodes import inventory_of
+
+    from dradriver.cli.flags.device_plugin import DevicePluginOptions
+    from dradriver.cli.run_assembly import DevicePluginWatch, check_device_plugin, offered
+
+    inventory = inventory_of("dgx-a100-80gb")
+    answers: list[object] = [{"status": {"capacity": {}}}]
+
+    def get_node(name: str) -> object:
+        if isinstance(answers[0], Exception):
+            raise answers[0]
+        return answers[0]
+
+    options = SimpleNamespace(
+        node=SimpleNamespace(name="n"),
+        device_plugin=DevicePluginOptions(coexistence=coexistence, directory=tmp_path / "dp"),
+    )
+    cluster = SimpleNamespace(get_node=get_node)
+    watch = DevicePluginWatch()
+    forbidden = RuntimeError("GET /api/v1/nodes/n: HTTP 403: forbidden")
+    answers[0] = forbidden
+    assert not check_device_plugin(options, cluster).found  # at start the socket decides, and start goes on
+    assert offered(options, cluster, inventory, watch) is inventory  # publishing first: warned
+    assert offered(options, cluster, inventory, watch) is inventory  # a rescan: not again
+    warned = [r for r in caplog.records if "the Node cannot be read" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].levelname == "WARNING" and "HTTP 403: forbidden" in warned[0].getMessage()
+
+    answers[0] = {"status": {"capacity": {"nvidia.com/gpu": "8"}}}  # the plugin arrives: withheld
+    assert offered(options, cluster, inventory, watch).gpus == ()
+    answers[0] = forbidden  # the Node cannot be read again: still withheld, and said so
+    assert offered(options, cluster, inventory, watch).gpus == ()
+    answers[0] = RuntimeError("GET /api/v1/nodes/n: timed out")
+    assert offered(options, cluster, inventory, watch).gpus == ()
+    assert offered(options, cluster, inventory, watch).gpus == ()
+    # Once per distinct error: the 403, the 403 again after a good read, the timeout; not at the rescans between.
+    warned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("device plugin check")]
+    assert [w.rsplit(": ", 1)[-1] for w in warned] == ["forbidden", "forbidden", "timed out"]
+    kept = [r for r in caplog.records if r.getMessage().startswith("keeping every GPU withheld")]
+    assert len(kept) == 3 and all(r.levelname == "WARNING" for r in kept)
+    answers[0] = {"status": {"capacity": {}}}  # read again, the plugin gone: published
+    assert offered(options, cluster, inventory, watch) is inventory
 
 
 def test_the_coexistence_flag_takes_refuse_or_withhold_and_refuse_is_the_default(tmp_path, capsys, monkeypatch):

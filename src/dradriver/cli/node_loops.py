@@ -61,7 +61,7 @@ class Rescanner:
             node.health.update_inventory(fresh, mig_mode)
             # Withheld while NVIDIA's device plugin is on the node, whichever --device-plugin-coexistence: with
             # refuse, it arrived after the start check.
-            offer = offered(node.options, node.cluster, fresh)
+            offer = offered(node.options, node.cluster, fresh, node.plugin_watch)
             fresh_pools = pools_of(node.name, build_slice_specs(offer, node.settings, taints=node.health.taints))
         except DradriverError as err:
             log.warning("rediscovery failed; keeping the last inventory error=%s", err)

@@ -77,6 +77,7 @@ class NodeDriver:
     plugin: KubeletPlugin
     publisher: Publisher
     pools: Pools
+    plugin_watch: DevicePluginWatch
     usage: UsageSampler | None = None
 
     @property
@@ -161,6 +162,26 @@ def connect(options: RunOptions) -> tuple[KubeCluster, SliceSettings]:
     return cluster, settings
 
 
+@dataclass
+class DevicePluginWatch:
+    """What one look for NVIDIA's device plugin leaves to the next: whether the GPUs are withheld (a Node that
+    cannot be read then keeps them so: one failed read is no sign the plugin left) and the Node read error last
+    warned about (a WARNING once per distinct error, not at every rescan)."""
+
+    withholding: bool = False
+    unread_warned: str = ""
+
+    def note_unread(self, found: DevicePluginFound) -> None:
+        """Warn once that the Node could not be read (only the kubelet's socket decides then)."""
+        if found.node_unread and found.node_unread != self.unread_warned:
+            log.warning(
+                "device plugin check: the Node cannot be read for NVIDIA's device plugin's resources; only the "
+                "kubelet's socket directory decides (give the service account get on nodes) reason=%s",
+                found.node_unread,
+            )
+        self.unread_warned = found.node_unread
+
+
 def check_device_plugin(options: RunOptions, cluster: KubeCluster) -> DevicePluginFound:
     """Refuse to start (a ConfigError: one line, exit 2) where NVIDIA's device plugin is on the node, unless told
     the node is being migrated (``--device-plugin-coexistence withhold``: then the GPUs are withheld, see
@@ -168,7 +189,7 @@ def check_device_plugin(options: RunOptions, cluster: KubeCluster) -> DevicePlug
     found = look_for_device_plugin(options, cluster)
     if found.found and not options.device_plugin.withhold:
         raise ConfigError(f"{found.describe()}; both would hand out the same GPUs; {FIX}")
-    if found.node_unread:  # the API server's own failures are reported where the driver needs it
+    if found.node_unread:  # a WARNING when publishing first (offered): a failure to start stays its one line
         log.debug("device plugin check: only the kubelet's socket directory was looked at reason=%s", found.node_unread)
     return found
 
@@ -179,16 +200,25 @@ def look_for_device_plugin(options: RunOptions, cluster: KubeCluster) -> DeviceP
     return find_device_plugin(options.device_plugin.settings(node), lambda: cluster.get_node(node))
 
 
-def offered(options: RunOptions, cluster: KubeCluster, inventory: Inventory) -> Inventory:
+def offered(options: RunOptions, cluster: KubeCluster, inventory: Inventory, watch: DevicePluginWatch) -> Inventory:
     """What to publish of ``inventory``: all of it, or, while NVIDIA's device plugin is on the node, no GPU and no
     MIG device. Looked at when publishing first and at every rescan, in both modes: with ``withhold`` the node is
     being migrated; with ``refuse`` the plugin arrived after the start check (an ERROR, not an exit: pods already
     prepared keep running). The plugin advertises counts, not which GPUs it hands out: every GPU is withheld while
-    it advertises any, and published at the first rescan after it is gone."""
+    it advertises any, and published at the first rescan after it is gone (not while the Node cannot be read)."""
     found = look_for_device_plugin(options, cluster)
-    if not found.found:
+    watch.note_unread(found)
+    kept = watch.withholding and not found.found and bool(found.node_unread)
+    watch.withholding = found.found or kept
+    if not watch.withholding:
         return inventory
-    if options.device_plugin.withhold:
+    if kept:
+        log.warning(
+            "keeping every GPU withheld from the slices: the Node cannot be read to tell whether NVIDIA's device "
+            "plugin is gone reason=%s",
+            found.node_unread,
+        )
+    elif options.device_plugin.withhold:
         log.warning(
             "withholding every GPU from the slices (--device-plugin-coexistence withhold): %s (%d advertised; which "
             "GPUs it holds cannot be told); they are published once it is gone from the node",
@@ -221,7 +251,8 @@ def assemble(options: RunOptions, gpus: Gpus, cluster: KubeCluster, settings: Sl
             # Built once, from the inventory as reconciliation left it; the publisher validates them once too.
             # Kept as the publisher keeps them (JSON text, shared with it): the dict form would hold about 2 MB
             # more for the driver's whole life (docs/reliability.md, memory).
-            offer = offered(options, cluster, gpus.inventory)
+            plugin_watch = DevicePluginWatch()  # kept for every rescan's look (node_loops.py)
+            offer = offered(options, cluster, gpus.inventory, plugin_watch)
             pools = pools_of(options.node.name, build_slice_specs(offer, settings, taints=health.taints))
             publisher = build_publisher(options, cluster=cluster, settings=settings, pools=pools)
         except BaseException:
@@ -241,6 +272,7 @@ def assemble(options: RunOptions, gpus: Gpus, cluster: KubeCluster, settings: Sl
         plugin=plugin,
         publisher=publisher,
         pools=pools,
+        plugin_watch=plugin_watch,
     )
     node.usage = build_usage_sampler(node)
     return node
