@@ -63,7 +63,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     PLUGIN_DIR.add(parser, help=f"plugin directory (default: {DEFAULT_PLUGINS_DIR}/<driver-name>)")
     REGISTRY_DIR.add(parser)
     device_plugin.add_flags(parser, coexistence=False)
-    NODE_NAME.add(parser, help="this node's name: the device plugin check reads its Node's nvidia.com/ resources")
+    NODE_NAME.add(
+        parser, help="this node's name: the device plugin check reads its Node's nvidia.com/gpu* and mig-* resources"
+    )
     kube_client.add_flags(
         parser,
         kubeconfig_help="check the API server too (version, DRA API) through this kubeconfig file",

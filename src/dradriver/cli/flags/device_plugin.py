@@ -16,7 +16,8 @@ COEXISTENCE = EnvFlag(
     env="DRADRIVER_DEVICE_PLUGIN_COEXISTENCE",
     default=REFUSE,
     choices=(REFUSE, WITHHOLD),
-    help="when NVIDIA's device plugin is on this node (its kubelet socket, or nvidia.com/ resources on the Node): "
+    help="when NVIDIA's device plugin is on this node (its kubelet socket, or nvidia.com/gpu* or nvidia.com/mig-* "
+    "resources on the Node): "
     "refuse to start (arrived later, none of the GPUs is published until it is gone, with an error), or, while "
     "the node is being migrated, withhold: publish none of the GPUs while it advertises any (which ones it holds "
     "cannot be told) and publish them once it is gone",
@@ -25,7 +26,8 @@ DEVICE_PLUGINS = EnvFlag(
     flag="--device-plugins-dir",
     env="DRADRIVER_DEVICE_PLUGINS_DIR",
     default=str(DEVICE_PLUGINS_DIR),
-    help="the kubelet's device-plugins directory, where NVIDIA's device plugin registers (nvidia-*.sock)",
+    help="the kubelet's device-plugins directory, where NVIDIA's device plugin registers "
+    "(nvidia-gpu*.sock, nvidia-mig-*.sock)",
 )
 
 
