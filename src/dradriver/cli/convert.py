@@ -4,7 +4,6 @@ driver (the translation is cli/convert_plan.py; docs/migrating-from-device-plugi
 from __future__ import annotations
 
 import argparse
-import os
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,7 @@ from dradriver.cli.convert_plan import (
     plan,
     read_plugin_config,
 )
-from dradriver.cli.explain_input import MAX_FILES, STDIN, SUFFIXES, chart_classes
+from dradriver.cli.explain_input import STDIN, chart_classes, yaml_files
 from dradriver.inputs import InputError, load_yaml_file, parse_yaml, path_exists, read_stdin, type_name
 
 WRAP = 116
@@ -81,22 +80,9 @@ def _read(raw_path: str, found: Found) -> None:
     path = Path(raw_path)
     if not path_exists(path):
         raise InputError(f"{raw_path}: no such file or directory; pass a YAML file, a directory or -")
-    for file in _files(path):
+    for file in yaml_files(path):
         for number, doc in enumerate(load_yaml_file(file), start=1):
             _add(doc, f"{file} #{number}", found)
-
-
-def _files(path: Path) -> list[Path]:
-    if not path.is_dir():
-        return [path]
-    files: list[Path] = []
-    for folder, _dirs, names in os.walk(path, onerror=lambda _err: None):
-        files += [Path(folder, n) for n in names if Path(n).suffix in SUFFIXES and Path(folder, n).is_file()]
-        if len(files) > MAX_FILES:
-            raise InputError(
-                f"{path}: more than {MAX_FILES} YAML and JSON files; point at the directory that holds them"
-            )
-    return sorted(files)
 
 
 def _add(doc: Any, source: str, found: Found) -> None:

@@ -77,7 +77,7 @@ class Inputs:
 MAX_FILES = 10_000
 
 
-def _files(path: Path) -> list[Path]:
+def yaml_files(path: Path) -> list[Path]:
     """``path`` itself, or the YAML and JSON files under the directory ``path`` (symbolic links not followed)."""
     if not path.is_dir():
         return [path]
@@ -102,7 +102,7 @@ def load(paths: list[str], inputs: Inputs, *, want: tuple[str, ...] = KINDS) -> 
             if not path_exists(path):
                 inputs.errors.append(f"{raw_path}: no such file or directory")
                 continue
-            files = _files(path)
+            files = yaml_files(path)
         except InputError as err:
             inputs.errors.append(str(err))
             continue
