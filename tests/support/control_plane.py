@@ -47,9 +47,12 @@ FEATURE_GATES = (
 # the ComputeDomain tests the DaemonSet controller (per-domain daemon DaemonSets; the collector removes cliques). The
 # chart installed on the real node (tests/node/test_helm_install.py) needs DaemonSets too, and the root-CA publisher
 # (with --root-ca-file), without which a pod's service-account ca.crt is empty and the in-cluster client refuses it.
+# The quota recipe (tests/cluster/test_recipe_quotas.py) needs the resource-quota controller: quota admission refuses
+# every create in a namespace whose ResourceQuota has no status yet ("status unknown for quota").
 CONTROLLERS = (
     "resourceclaim-controller,serviceaccount-controller,deployment-controller,replicaset-controller,"
-    "namespace-controller,garbage-collector-controller,daemonset-controller,root-ca-certificate-publisher-controller"
+    "namespace-controller,garbage-collector-controller,daemonset-controller,root-ca-certificate-publisher-controller,"
+    "resourcequota-controller"
 )
 # v1alpha3 for DeviceTaintRule in its alpha form, as e2e/kind-config.yaml serves it (an example uses it).
 RUNTIME_CONFIG = "resource.k8s.io/v1=true,resource.k8s.io/v1alpha3=true"
