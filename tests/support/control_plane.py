@@ -38,9 +38,11 @@ OLDER_BUILD_SCRIPT = REPO / "scripts" / "build-older-apiservers"
 START_TIMEOUT = 90.0
 # Feature gates of the pinned release (1.37) our driver's slices and claims rely on, named even where that
 # release has them on by default, so a pin moved back to a release where they are off still turns them on.
+# GenericWorkload (beta in 1.37, off by default) serves Workload and PodGroup (scheduling.k8s.io/v1beta1, also named in
+# RUNTIME_CONFIG), the pod's spec.schedulingGroup, and adds the scheduler's GangScheduling plugin: the gang recipe.
 FEATURE_GATES = (
     "DRADeviceTaints=true,DRADeviceTaintRules=true,DRAPartitionableDevices=true,DRAConsumableCapacity=true,"
-    "DRAListTypeAttributes=true"
+    "DRAListTypeAttributes=true,GenericWorkload=true"
 )
 # The claim and service-account controllers the cluster tests need; the node tests' workloads (the example
 # scenarios' Deployments, namespaces) also need Deployments, ReplicaSets, namespace deletion and the garbage collector;
@@ -54,8 +56,9 @@ CONTROLLERS = (
     "namespace-controller,garbage-collector-controller,daemonset-controller,root-ca-certificate-publisher-controller,"
     "resourcequota-controller"
 )
-# v1alpha3 for DeviceTaintRule in its alpha form, as e2e/kind-config.yaml serves it (an example uses it).
-RUNTIME_CONFIG = "resource.k8s.io/v1=true,resource.k8s.io/v1alpha3=true"
+# v1alpha3 for DeviceTaintRule in its alpha form, as e2e/kind-config.yaml serves it (an example uses it);
+# scheduling.k8s.io/v1beta1 for Workload and PodGroup (a beta API, off unless named; the gang recipe).
+RUNTIME_CONFIG = "resource.k8s.io/v1=true,resource.k8s.io/v1alpha3=true,scheduling.k8s.io/v1beta1=true"
 
 
 def binaries_dir() -> Path:
