@@ -16,6 +16,7 @@ from dradriver.cli.flags import (
     logs,
     node,
     node_dirs,
+    node_labels,
     publishing,
     sharing,
     status,
@@ -29,6 +30,7 @@ from dradriver.cli.flags.health import HealthOptions
 from dradriver.cli.flags.kube_client import KubeClientOptions
 from dradriver.cli.flags.node import NodeOptions
 from dradriver.cli.flags.node_dirs import NodeDirs
+from dradriver.cli.flags.node_labels import NodeLabelOptions
 from dradriver.cli.flags.publishing import PublishingOptions
 from dradriver.cli.flags.sharing import SharingOptions
 from dradriver.cli.flags.status import StatusOptions
@@ -50,6 +52,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     health.add_flags(parser)
     compute_domains.add_flags(parser)
     device_plugin.add_flags(parser)
+    node_labels.add_flags(parser)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,6 +72,8 @@ class RunOptions:
     compute_domains: ComputeDomainOptions
     #: What to do when NVIDIA's device plugin is on the node (checked by ``run`` once connected, and at every rescan).
     device_plugin: DevicePluginOptions = field(default_factory=DevicePluginOptions)
+    #: Whether GPU Feature Discovery's labels are kept on the node's Node (``--node-labels``), and their MIG strategy.
+    node_labels: NodeLabelOptions = field(default_factory=NodeLabelOptions)
 
     @property
     def driver_name(self) -> str:
@@ -113,4 +118,5 @@ class RunOptions:
             claims=claims,
             compute_domains=compute_domains,
             device_plugin=DevicePluginOptions.from_args(args),
+            node_labels=NodeLabelOptions.from_args(args),
         )

@@ -1,5 +1,6 @@
 """What the node offers: ResourceSlices built from the inventory (``slices``: whole GPUs, MIG devices on shared
-counters, per Kubernetes version) and which devices prepared claims hold (``slice_map``).
+counters, per Kubernetes version), which devices prepared claims hold (``slice_map``) and the Node labels GPU
+Feature Discovery would write (``node_labels``).
 
 May import: :mod:`dradriver.driver.prepare` (the checkpoint), ``gpu`` and the leaves; never ``observe``.
 """
