@@ -16,9 +16,10 @@ def _load(path):
 
 
 class FakeReader:
-    def __init__(self, pod, claims=(), templates=(), taint_rules=()):
+    def __init__(self, pod, claims=(), templates=(), taint_rules=(), events=()):
         self.pod = pod
         self.taint_rules = list(taint_rules)
+        self.events = list(events)
         self.claims = {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in claims}
         self.templates = {(t["metadata"]["namespace"], t["metadata"]["name"]): t for t in templates}
 
@@ -42,6 +43,9 @@ class FakeReader:
 
     def list_device_taint_rules(self):
         return self.taint_rules
+
+    def list_pod_events(self, namespace, pod_uid, reason):
+        return [e for e in self.events if e["involvedObject"]["uid"] == pod_uid and e["reason"] == reason]
 
 
 def pod(*entries, statuses=()):
@@ -157,5 +161,63 @@ def test_pod_without_claims_is_not_pending_because_of_dra(capsys):
 def test_allocated_claim_is_reported_as_allocated(capsys):
     claim = copy.deepcopy(allocated_claim("ready", ["gpu-0000-07-00-0"]))
     reader = FakeReader(pod({"name": "gpus", "resourceClaimName": "ready"}), claims=[claim])
+    assert explain_pod_with(reader, "ml/trainer", "text") == 0
+    assert "already allocated" in capsys.readouterr().out
+
+
+def claim_creation_event(message, when="2026-11-27T16:00:00Z"):
+    return {
+        "involvedObject": {"kind": "Pod", "uid": "uid-trainer"},
+        "reason": "FailedResourceClaimCreation",
+        "lastTimestamp": when,
+        "message": message,
+    }
+
+
+# The resource-claim controller's event when the quota admission plugin refused the claim (tests/cluster: real text).
+QUOTA_REFUSAL = (
+    'PodResourceClaim gpus: create ResourceClaim trainer-gpus-x: resourceclaims.resource.k8s.io "trainer-gpus-x" is '
+    "forbidden: exceeded quota: gpus, requested: gpu.dradriver.dev.deviceclass.resource.k8s.io/devices=1, used: "
+    "gpu.dradriver.dev.deviceclass.resource.k8s.io/devices=2, limited: gpu.dradriver.dev.deviceclass.resource.k8s.io/"
+    "devices=2"
+)
+
+
+def test_a_claim_its_quota_has_no_room_for_is_explained_by_the_quota_not_the_devices(capsys):
+    stuck = pod({"name": "gpus", "resourceClaimTemplateName": "gpus"})
+    stuck["metadata"]["uid"] = "uid-trainer"
+    older = claim_creation_event(
+        "PodResourceClaim gpus: create ResourceClaim x: webhook said no", "2026-11-27T15:00:00Z"
+    )
+    reader = FakeReader(stuck, templates=[template(1)], events=[claim_creation_event(QUOTA_REFUSAL), older])
+    assert explain_pod_with(reader, "ml/trainer", "text") == 1
+    out = capsys.readouterr().out
+    assert "no ResourceClaim could be created from ResourceClaimTemplate ml/gpus" in out
+    assert "exceeded quota: gpus, requested: gpu.dradriver.dev.deviceclass.resource.k8s.io/devices=1" in out
+    assert "ResourceQuota ml/gpus has no room" in out and "kubectl describe resourcequota gpus -n ml" in out
+    assert explain_pod_with(reader, "ml/trainer", "json") == 1
+    [claim] = json.loads(capsys.readouterr().out)["claims"]
+    assert claim == {"podClaim": "gpus", "template": "ml/gpus", "fits": False, "quota": "gpus",
+                     "notCreated": QUOTA_REFUSAL.partition(": ")[2]}  # fmt: skip
+
+
+def test_another_refusal_of_the_claim_names_no_quota(capsys):
+    stuck = pod({"name": "gpus", "resourceClaimTemplateName": "gpus"})
+    stuck["metadata"]["uid"] = "uid-trainer"
+    refusal = claim_creation_event("PodResourceClaim gpus: create ResourceClaim x: admission webhook denied it")
+    reader = FakeReader(stuck, templates=[template(1)], events=[refusal])
+    assert explain_pod_with(reader, "ml/trainer", "text") == 1
+    out = capsys.readouterr().out
+    assert "admission webhook denied it" in out and "ResourceQuota" not in out
+
+
+def test_a_created_claim_is_explained_whatever_old_events_say(capsys):
+    generated = allocated_claim("trainer-gpus-x", ["gpu-0000-07-00-0"])
+    done = pod(
+        {"name": "gpus", "resourceClaimTemplateName": "gpus"},
+        statuses=[{"name": "gpus", "resourceClaimName": "trainer-gpus-x"}],
+    )
+    done["metadata"]["uid"] = "uid-trainer"
+    reader = FakeReader(done, claims=[generated], templates=[template(1)], events=[claim_creation_event(QUOTA_REFUSAL)])
     assert explain_pod_with(reader, "ml/trainer", "text") == 0
     assert "already allocated" in capsys.readouterr().out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -34,6 +35,11 @@ RBAC_HINT = (
     "dradriver explain --pod needs get on pods, resourceclaims and resourceclaimtemplates in the pod's "
     "namespace and list on deviceclasses, resourceslices, resourceclaims and devicetaintrules cluster-wide"
 )
+# The resource-claim controller's event on a pod whose claim it could not create from a template: a ResourceQuota
+# without room for the claim's devices, a webhook's refusal. Its message: "PodResourceClaim NAME: <error>".
+CLAIM_CREATION_FAILED = "FailedResourceClaimCreation"
+# The quota admission plugin's refusal names the quota: "exceeded quota: NAME, requested: …".
+EXCEEDED_QUOTA = re.compile(r"exceeded quota: ([^,\s]+)")
 
 
 class ClusterReader(Protocol):
@@ -54,6 +60,10 @@ class ClusterReader(Protocol):
     def list_claims(self) -> list[dict[str, Any]]: ...
 
     def list_device_taint_rules(self) -> list[dict[str, Any]]: ...
+
+    def list_pod_events(self, namespace: str, pod_uid: str, reason: str) -> list[dict[str, Any]]:
+        """Events about the pod with ``reason``; empty where they cannot be read (they only sharpen the answer)."""
+        ...
 
 
 _KINDS = {
@@ -153,6 +163,19 @@ class KubernetesReader:
     def list_claims(self) -> list[dict[str, Any]]:
         return self._list("resourceclaims")
 
+    def list_pod_events(self, namespace: str, pod_uid: str, reason: str) -> list[dict[str, Any]]:
+        path = f"/api/v1/namespaces/{quote(namespace)}/events"
+        query = [("fieldSelector", f"involvedObject.uid={pod_uid},reason={reason}"), ("limit", str(self._page_size))]
+        # Events only say why a claim was not created (which quota): without the right to list them, or from a
+        # server that serves none (a stand-in), explain still explains the template, as it did before it read them.
+        try:
+            page = self._request(path, f"Events of pod {namespace} (uid {pod_uid})", query)
+        except ClusterError as err:
+            if err.status not in (401, 403, 404):
+                raise
+            return []
+        return [item for item in page.get("items") or [] if isinstance(item, dict)]
+
     def list_device_taint_rules(self) -> list[dict[str, Any]]:
         # resource.k8s.io/v1 serves DeviceTaintRules from 1.37; an older server has none there (a 404 for the path,
         # which names no object).
@@ -217,6 +240,36 @@ def pod_claims(reader: ClusterReader, pod: dict[str, Any]) -> list[PodClaim]:
     return found
 
 
+@dataclass(frozen=True)
+class CreationFailure:
+    """Why the resource-claim controller could not create a pod claim's ResourceClaim from its template."""
+
+    message: str
+    quota: str  # the ResourceQuota that had no room for it, or "" when something else refused it
+
+
+def claim_creation_failures(reader: ClusterReader, pod: dict[str, Any]) -> dict[str, CreationFailure]:
+    """The newest ``FailedResourceClaimCreation`` event of each pod claim (by its name in spec.resourceClaims)."""
+    meta = pod.get("metadata") or {}
+    if not meta.get("uid"):
+        return {}
+    events = reader.list_pod_events(str(meta.get("namespace") or "default"), str(meta["uid"]), CLAIM_CREATION_FAILED)
+    failures: dict[str, CreationFailure] = {}
+    for event in sorted(events, key=_event_time):
+        subject, _, error = str(event.get("message") or "").partition(": ")
+        if not subject.startswith("PodResourceClaim ") or not error:
+            continue
+        quota = EXCEEDED_QUOTA.search(error)
+        failures[subject.removeprefix("PodResourceClaim ")] = CreationFailure(error, quota.group(1) if quota else "")
+    return failures
+
+
+def _event_time(event: dict[str, Any]) -> str:
+    # RFC 3339 in UTC: the strings sort as the times do.
+    return str(event.get("lastTimestamp") or event.get("eventTime") or (event.get("metadata") or {}).get(
+        "creationTimestamp") or "")  # fmt: skip
+
+
 def pinned_node(pod: dict[str, Any]) -> str | None:
     """The node the scheduler may use for ``pod``, where the pod names one: ``spec.nodeName``, or a
     ``kubernetes.io/hostname`` node selector (taken as the node's name, as kubelets set it). Other node
@@ -240,6 +293,8 @@ def explain_pod_with(reader: ClusterReader, pod_ref: str, output: str) -> int:
         return EXIT_FITS
     errors = [f"pod {pod_ref} claim {c.name}: {c.error}" for c in claims if c.obj is None]
     pending = [c for c in claims if c.obj is not None and not _allocation(c.obj)]
+    templates = any(c.obj.get("kind") == "ResourceClaimTemplate" for c in pending if c.obj)
+    failures = claim_creation_failures(reader, pod) if templates else {}
     slices: list[dict[str, Any]] = []
     classes: list[dict[str, Any]] = []
     all_claims: list[dict[str, Any]] = []
@@ -257,6 +312,10 @@ def explain_pod_with(reader: ClusterReader, pod_ref: str, output: str) -> int:
             name = Document(claim.obj, "").name
             results.append({"podClaim": claim.name, "name": name, "allocated": allocation})
             continue
+        if claim.obj.get("kind") == "ResourceClaimTemplate" and claim.name in failures:
+            template = Document(claim.obj, "").name
+            results.append({"podClaim": claim.name, "template": template, "notCreated": failures[claim.name]})
+            continue
         uid = (claim.obj.get("metadata") or {}).get("uid")
         others = [c for c in all_claims if _allocation(c) and (c.get("metadata") or {}).get("uid") != uid]
         doc = Document(claim.obj, f"pod {pod_ref} claim {claim.name}")
@@ -265,7 +324,7 @@ def explain_pod_with(reader: ClusterReader, pod_ref: str, output: str) -> int:
     _render_pod(pod_ref, results, errors, output)
     if errors:
         return EXIT_INVALID
-    fits = all(r["outcome"].fits for r in results if "outcome" in r)
+    fits = all(r["outcome"].fits for r in results if "outcome" in r) and not any("notCreated" in r for r in results)
     return EXIT_FITS if fits else EXIT_DOES_NOT_FIT
 
 
@@ -287,6 +346,11 @@ def _render_pod(pod_ref: str, results: list[dict[str, Any]], errors: list[str], 
         rendered = []
         for result in results:
             outcome: ClaimOutcome | None = result.get("outcome")
+            if "notCreated" in result:
+                failure: CreationFailure = result["notCreated"]
+                rendered.append({"podClaim": result["podClaim"], "template": result["template"], "fits": False,
+                                 "notCreated": failure.message, "quota": failure.quota})  # fmt: skip
+                continue
             if outcome is None:
                 rendered.append({**result, "fits": True})
                 continue
@@ -306,9 +370,25 @@ def _render_pod(pod_ref: str, results: list[dict[str, Any]], errors: list[str], 
         if outcome is not None:
             print(render_outcome(outcome))
             continue
+        if "notCreated" in result:
+            print(_render_not_created(result["podClaim"], result["template"], result["notCreated"]))
+            continue
         node = _allocated_node(result["allocated"])
         where = f" on node {node}" if node else ""
         print(f"claim {result['podClaim']}: ResourceClaim {result['name']} is already allocated{where}")
+
+
+def _render_not_created(pod_claim: str, template: str, failure: CreationFailure) -> str:
+    lines = [f"claim {pod_claim}: no ResourceClaim could be created from ResourceClaimTemplate {template}: "
+             f"{failure.message}"]  # fmt: skip
+    if failure.quota:
+        namespace = template.partition("/")[0]
+        lines.append(
+            f"  ResourceQuota {namespace}/{failure.quota} has no room for the claim's devices: free some (delete "
+            f"claims or pods of the namespace that hold them) or raise its limit (kubectl describe resourcequota "
+            f"{failure.quota} -n {namespace}); the resource claim controller retries by itself"
+        )
+    return "\n".join(lines)
 
 
 def explain_pod(args: argparse.Namespace) -> int:
