@@ -15,7 +15,7 @@ from dradriver.driver.observe.metrics import DELETED_CLAIMS
 from dradriver.driver.prepare.recheck import ClaimLookup, recheck_claims
 from dradriver.driver.publish.slices import build_slice_specs
 from dradriver.errors import DradriverError
-from dradriver.gpu.inventory import discover
+from dradriver.gpu.inventory import Inventory, discover
 from dradriver.plugin.cluster import ClusterError, NotFoundError
 from dradriver.plugin.cluster.kube import KubeCluster
 from dradriver.plugin.handler import ClaimRef
@@ -36,6 +36,7 @@ class Rescanner:
 
     def run(self) -> None:
         interval = self.node.options.publishing.rescan_interval or None
+        self.label_node(self.node.gpus.inventory, starting=True)
         while not self.stop.is_set():
             self.refresh.wait(interval)
             self.refresh.clear()
@@ -68,6 +69,7 @@ class Rescanner:
             return
         if fresh.driver_version != node.gpus.driver_root.version:
             self.follow_driver_upgrade(fresh.driver_version)
+        self.label_node(fresh)  # also when the slices did not change: a driver upgrade changes only labels
         if fresh_pools == node.pools:
             return
         log.info(
@@ -80,6 +82,21 @@ class Rescanner:
         node.gpus.inventory = fresh  # what /allocations and the usage sampler list
         node.driver.update_inventory(fresh, mig_mode)
         node.publisher.update(fresh_pools)
+
+    def label_node(self, inventory: Inventory, *, starting: bool = False) -> None:
+        """Keep GPU Feature Discovery's labels on the Node (``--node-labels gfd``; the labeler writes only what
+        changed), or at start remove those an earlier run wrote (``none``). Never in the way of serving: the
+        labeler's refusals are WARNINGs, and a bug of its own is logged here."""
+        labeler, enabled = self.node.labeler, self.node.options.node_labels.enabled
+        if labeler is None or not (enabled or starting):
+            return
+        try:
+            if enabled:
+                labeler.update(inventory)
+            else:
+                labeler.remove()
+        except Exception:
+            log.exception("node labels failed unexpectedly; retrying at the next rescan")
 
     def follow_driver_upgrade(self, version: str) -> None:
         """NVML reports another driver version than the root was discovered for (an in-place upgrade): find the

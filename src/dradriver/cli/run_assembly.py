@@ -27,6 +27,7 @@ from dradriver.driver.observe.usage import UsageSampler, pod_uid_of_pid
 from dradriver.driver.prepare.checkpoint import CheckpointStore
 from dradriver.driver.prepare.mps import DEFAULT_COMMAND, MpsControl
 from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions
+from dradriver.driver.publish.node_labeler import HostFacts, NodeLabeler, NodeLabelerOptions
 from dradriver.driver.publish.slices import SliceSettings, build_slice_specs, release_problem, shape_for
 from dradriver.errors import ConfigError
 from dradriver.gpu.backend import simulated_mps_command
@@ -48,6 +49,9 @@ if TYPE_CHECKING:  # loaded by cd_node.start only with --compute-domains (docs/r
 log = logging.getLogger("dradriver.run")
 
 Pools = dict[str, list[SliceSpec]]
+
+#: The host's sysfs as the driver's pod sees it (every container's /sys is the host's, read-only).
+HOST_SYSFS = Path("/sys")
 
 
 @dataclass(kw_only=True)
@@ -79,6 +83,7 @@ class NodeDriver:
     pools: Pools
     plugin_watch: DevicePluginWatch
     usage: UsageSampler | None = None
+    labeler: NodeLabeler | None = None
 
     @property
     def name(self) -> str:
@@ -275,6 +280,7 @@ def assemble(options: RunOptions, gpus: Gpus, cluster: KubeCluster, settings: Sl
         plugin_watch=plugin_watch,
     )
     node.usage = build_usage_sampler(node)
+    node.labeler = build_node_labeler(options, cluster, simulated=gpus.simulated)
     return node
 
 
@@ -387,6 +393,20 @@ def build_usage_sampler(node: NodeDriver) -> UsageSampler | None:
     if not node.options.status.samples_usage:
         return None
     return UsageSampler(node.gpus.lib, node.usage_devices, node.allocations, pod_of_pid=node.gpus.pod_of_pid)
+
+
+def build_node_labeler(options: RunOptions, cluster: KubeCluster, *, simulated: bool) -> NodeLabeler:
+    """What keeps GPU Feature Discovery's labels on the Node (``--node-labels gfd``) or removes them (``none``).
+    MPS sharing, for ``nvidia.com/mps.capable``: claims may share a GPU through MPS daemons. A simulated node has
+    no host whose machine type or PCI classes could be read."""
+    sharing = options.sharing
+    labeler_options = NodeLabelerOptions(
+        driver_name=options.driver_name,
+        node_name=options.node.name,
+        mig_strategy=options.node_labels.mig_strategy,
+        mps_sharing=sharing.gpu_sharing == "consumable" or sharing.consumable_shares is not None,
+    )
+    return NodeLabeler(cluster, labeler_options, host=HostFacts(None if simulated else HOST_SYSFS))
 
 
 def start_compute_domains(node: NodeDriver) -> ComputeDomainPlugin:

@@ -124,6 +124,24 @@ def test_get_node_returns_its_uid(api: ApiEnv) -> None:
     assert api.cluster.get_node("node-1")["metadata"]["uid"] == node["metadata"]["uid"]
 
 
+def test_patch_node_sends_a_merge_patch_that_sets_and_removes_labels(api: ApiEnv) -> None:
+    api.server.create("nodes", {"metadata": {"name": "node-1", "labels": {"team": "a", "nvidia.com/gpu.count": "8"}}})
+    patched = api.cluster.patch_node(
+        "node-1", {"metadata": {"labels": {"nvidia.com/gpu.count": None, "nvidia.com/gpu.present": "true"}}}
+    )
+    assert patched["metadata"]["labels"] == {"team": "a", "nvidia.com/gpu.present": "true"}
+    [patch] = [r for r in api.server.requests if r.method == "PATCH"]
+    assert patch.path == "/api/v1/nodes/node-1"
+    with pytest.raises(ClusterError, match="PATCH Node node-2: HTTP 404"):
+        api.cluster.patch_node("node-2", {"metadata": {"labels": {"a": "b"}}})
+
+
+def test_list_nodes_returns_every_node(api: ApiEnv) -> None:
+    for name in ("node-1", "node-2"):
+        api.server.create("nodes", {"metadata": {"name": name}})
+    assert sorted(n["metadata"]["name"] for n in api.cluster.list_nodes()) == ["node-1", "node-2"]
+
+
 def test_list_filters_by_driver_and_node_and_returns_a_resource_version(api: ApiEnv) -> None:
     api.server.create("resourceslices", a_slice("mine"))
     api.server.create("resourceslices", a_slice("other-node", node="node-2"))

@@ -94,3 +94,18 @@ def test_claims_and_nodes() -> None:
         cluster.update_resource_claim_status(claim)
     with pytest.raises(NotFoundError, match="ResourceClaim ns/missing"):
         cluster.get_resource_claim("ns", "missing")
+
+
+def test_patch_node_merges_labels_and_annotations_as_the_api_server_does() -> None:
+    cluster = MemoryCluster()
+    before = cluster.add_node("node-1")
+    cluster.patch_node("node-1", {"metadata": {"labels": {"team": "a", "nvidia.com/gpu.count": "8"}}})
+    patched = cluster.patch_node(
+        "node-1", {"metadata": {"labels": {"nvidia.com/gpu.count": None}, "annotations": {"a/b": "x"}}}
+    )
+    assert patched["metadata"]["labels"] == {"team": "a"}
+    assert patched["metadata"]["annotations"] == {"a/b": "x"}
+    assert patched["metadata"]["resourceVersion"] != before["metadata"]["resourceVersion"]
+    assert cluster.list_nodes() == [patched]
+    with pytest.raises(NotFoundError, match="Node node-2"):
+        cluster.patch_node("node-2", {"metadata": {"labels": {}}})

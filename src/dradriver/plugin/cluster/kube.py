@@ -434,6 +434,22 @@ class KubeCluster:
         result: JsonObject = self._send("GET", f"/api/v1/nodes/{quote(name)}", describe("Node", name))
         return result
 
+    def patch_node(self, name: str, patch: JsonObject) -> JsonObject:
+        path, what = f"/api/v1/nodes/{quote(name)}", describe("Node", name)
+        result: JsonObject = self._send("PATCH", path, what, body=patch, content_type=_MERGE_PATCH)
+        return result
+
+    def list_nodes(self) -> list[JsonObject]:
+        items: list[JsonObject] = []
+        query = [("limit", "500")]
+        while True:
+            result = self._send("GET", "/api/v1/nodes", "Nodes", query=query)
+            items.extend(result.get("items") or [])
+            token = (result.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+            query = [("limit", "500"), ("continue", str(token))]
+
     def server_version(self) -> JsonObject:
         result: JsonObject = self._send("GET", "/version", "the API server version")
         return result

@@ -50,6 +50,19 @@ def _slice_matches(obj: JsonObject, driver: str, node_name: str) -> bool:
     return bool(spec.get("driver") == driver and spec.get("nodeName") == node_name)
 
 
+def _merge_patch(target: JsonObject, patch: JsonObject) -> None:
+    """RFC 7386 in place: null removes a key, an object merges into an object, anything else replaces."""
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict):
+            if not isinstance(target.get(key), dict):
+                target[key] = {}
+            _merge_patch(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
+
+
 class _MemoryWatchStream:
     def __init__(self, events: queue.Queue[WatchEvent | None], unsubscribe: Callable[[], None]) -> None:
         self._events = events
@@ -171,6 +184,19 @@ class MemoryCluster:
             if node is None:
                 raise NotFoundError(f"get {describe('Node', name)}: not found", status=404)
             return copy.deepcopy(node)
+
+    def patch_node(self, name: str, patch: JsonObject) -> JsonObject:
+        with self._lock:
+            node = self.nodes.get(name)
+            if node is None:
+                raise NotFoundError(f"patch {describe('Node', name)}: not found", status=404)
+            _merge_patch(node, patch)
+            self._stamp(node, new=False)
+            return copy.deepcopy(node)
+
+    def list_nodes(self) -> list[JsonObject]:
+        with self._lock:
+            return [copy.deepcopy(n) for n in self.nodes.values()]
 
     def server_version(self) -> JsonObject:
         return dict(self.version)

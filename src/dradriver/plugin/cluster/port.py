@@ -114,6 +114,15 @@ class Cluster(Protocol):
         """The Node ``name``."""
         ...
 
+    def patch_node(self, name: str, patch: JsonObject) -> JsonObject:
+        """Apply the JSON merge patch ``patch`` (RFC 7386: null removes a key) to the Node ``name``, as a driver
+        keeps its labels and annotations there; returns the Node as stored."""
+        ...
+
+    def list_nodes(self) -> list[JsonObject]:
+        """Every Node."""
+        ...
+
     def server_version(self) -> JsonObject:
         """The API server's ``/version`` document (``major``, ``minor``, ``gitVersion``, …)."""
         ...
