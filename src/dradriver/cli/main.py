@@ -48,6 +48,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("dradriver.cli.demo", "run the whole driver on a simulated node, without a cluster"),
     "doctor": ("dradriver.cli.doctor", "check this node for the driver: NVML, driver files, CDI, runtime, kubelet"),
     "inventory": ("dradriver.cli.inventory", "list this node's GPUs and MIG devices"),
+    "node-labels": (
+        "dradriver.cli.node_labels",
+        "show GPU Feature Discovery's labels for this node, or remove those the driver wrote from nodes",
+    ),
     "explain": ("dradriver.cli.explain", "explain whether ResourceClaims fit a node's devices, and why not"),
     "run": ("dradriver.cli.run", "run the kubelet plugin (the DaemonSet entry point)"),
     "sim": (

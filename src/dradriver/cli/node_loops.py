@@ -36,7 +36,7 @@ class Rescanner:
 
     def run(self) -> None:
         interval = self.node.options.publishing.rescan_interval or None
-        self.label_node(self.node.gpus.inventory, starting=True)
+        self.label_node()  # at start, in this thread: never before the driver serves
         while not self.stop.is_set():
             self.refresh.wait(interval)
             self.refresh.clear()
@@ -83,17 +83,18 @@ class Rescanner:
         node.driver.update_inventory(fresh, mig_mode)
         node.publisher.update(fresh_pools)
 
-    def label_node(self, inventory: Inventory, *, starting: bool = False) -> None:
-        """Keep GPU Feature Discovery's labels on the Node (``--node-labels gfd``; the labeler writes only what
-        changed), or at start remove those an earlier run wrote (``none``). Never in the way of serving: the
-        labeler's refusals are WARNINGs, and a bug of its own is logged here."""
-        labeler, enabled = self.node.labeler, self.node.options.node_labels.enabled
-        if labeler is None or not (enabled or starting):
-            return
+    def label_node(self, inventory: Inventory | None = None) -> None:
+        """Keep GPU Feature Discovery's labels on the Node for ``inventory`` (``--node-labels gfd``; the labeler
+        writes only what changed), or, called without one at start, label the inventory found at start or remove
+        the labels an earlier run wrote (``none``). Never in the way of serving: the labeler's refusals are
+        WARNINGs, and a bug of its own is logged here."""
         try:
+            labeler, enabled = self.node.labeler, self.node.options.node_labels.enabled
+            if labeler is None:
+                return
             if enabled:
-                labeler.update(inventory)
-            else:
+                labeler.update(inventory or self.node.gpus.inventory)
+            elif inventory is None:
                 labeler.remove()
         except Exception:
             log.exception("node labels failed unexpectedly; retrying at the next rescan")

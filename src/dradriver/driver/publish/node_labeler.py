@@ -93,12 +93,12 @@ def changes_node(node: Mapping[str, Any], patch: Mapping[str, Any]) -> bool:
     return False
 
 
-def remove_written(cluster: Cluster, node_name: str, driver_name: str) -> list[str]:
+def remove_written(cluster: Cluster, node_name: str, driver_name: str) -> list[str] | None:
     """Remove from Node ``node_name`` the labels its annotation says the driver wrote, and the annotation; the
-    keys removed (none and no write when it has no annotation). Raises ClusterError."""
+    keys removed (None, and no write, when it has no annotation). Raises ClusterError."""
     node = cluster.get_node(node_name)
     if annotation_key(driver_name) not in ((node.get("metadata") or {}).get("annotations") or {}):
-        return []
+        return None
     keys = written_keys(node, driver_name)
     cluster.patch_node(node_name, labels_patch({}, previous=keys, driver_name=driver_name))
     return keys
