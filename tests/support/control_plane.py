@@ -51,10 +51,13 @@ FEATURE_GATES = (
 # (with --root-ca-file), without which a pod's service-account ca.crt is empty and the in-cluster client refuses it.
 # The quota recipe (tests/cluster/test_recipe_quotas.py) needs the resource-quota controller: quota admission refuses
 # every create in a namespace whose ResourceQuota has no status yet ("status unknown for quota").
+# The gang recipe (tests/node/test_recipe_gangs.py) needs the PodGroup protection controller: with GenericWorkload
+# admission puts the scheduling.k8s.io/podgroup-protection finalizer on every PodGroup, and only that controller
+# lifts it (once no pod names the group), so a PodGroup could never be deleted without it.
 CONTROLLERS = (
     "resourceclaim-controller,serviceaccount-controller,deployment-controller,replicaset-controller,"
     "namespace-controller,garbage-collector-controller,daemonset-controller,root-ca-certificate-publisher-controller,"
-    "resourcequota-controller"
+    "resourcequota-controller,podgroup-protection-controller"
 )
 # v1alpha3 for DeviceTaintRule in its alpha form, as e2e/kind-config.yaml serves it (an example uses it);
 # scheduling.k8s.io/v1beta1 for Workload and PodGroup (a beta API, off unless named; the gang recipe).
