@@ -232,7 +232,7 @@ def test_commands_page_shows_real_output(capsys, monkeypatch):
 def test_migration_page_commands_run(capsys, tmp_path, monkeypatch):
     """The commands of docs/migrating-from-device-plugin.md run (on our fixtures in the names it uses)."""
     text = (FIXTURES.parents[2] / "docs/migrating-from-device-plugin.md").read_text()
-    block = text.split("```console\n", 1)[1].split("```", 1)[0]
+    block = text.split("## `dradriver convert`", 1)[1].split("```console\n", 1)[1].split("```", 1)[0]
     (tmp_path / "workloads").mkdir()
     (tmp_path / "device-plugin-config.yaml").write_text((FIXTURES / "time-slicing-config.yaml").read_text())
     for name in ("limits-only-pod.yaml", "time-sliced-deployment.yaml", "mig-mixed-pod.yaml"):
