@@ -107,3 +107,85 @@ def test_converts_time_sliced_deployment_runs_two_replicas_on_one_gpu(
     finally:
         moved.delete(reversed(docs))
     wait_for("the shared claim to be unprepared", lambda: unprepared(move_node, uid), 90)
+
+
+def device_plugin_pod(name: str, *, product: str = PRODUCT, tolerate: bool = True) -> dict[str, Any]:
+    """A pod as written for NVIDIA's device plugin: one nvidia.com/gpu in its limits, GFD's labels in its node
+    selector, the GPU nodes' taint tolerated; no claim."""
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "nodeSelector": {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": product},
+        "containers": [
+            {"name": "app", "image": "busybox:1.36", "command": REPORT, "resources": {"limits": {"nvidia.com/gpu": 1}}}
+        ],
+    }
+    if tolerate:
+        spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec}
+
+
+@pytest.fixture
+def gpu_taint(move_node: RealNode, kube: Kube) -> Iterator[None]:
+    """The node tainted as GPU node pools commonly are (nvidia.com/gpu=present:NoSchedule), for the test."""
+
+    def taints() -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = kube.get("nodes", NODE)["spec"].get("taints") or []
+        return found
+
+    kube.patch("nodes", NODE, {"spec": {"taints": [*taints(), GPU_TAINT]}})
+    yield
+    kube.patch("nodes", NODE, {"spec": {"taints": [t for t in taints() if t["key"] != GPU_TAINT["key"]]}})
+
+
+def unschedulable_because(kube: Kube, name: str) -> str:
+    """The scheduler's message once it found no node for pod ``name``."""
+
+    def refused() -> str | None:
+        conditions = kube.get("pods", name, NAMESPACE).get("status", {}).get("conditions") or []
+        said = [c for c in conditions if c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"]
+        return str(said[0].get("message", "")) if said else None
+
+    message: str = wait_for(f"the scheduler to refuse pod {name}", refused, 60)
+    return message
+
+
+def test_a_pod_written_for_the_device_plugin_runs_unchanged_with_gfd_labels(
+    move_node: RealNode, moved: Workloads, kube: Kube, gpu_taint: None
+) -> None:
+    labels = wait_for("the driver's GFD labels on the Node", lambda: gfd_labels(kube), 60)
+    assert labels["nvidia.com/gpu.present"] == "true" and labels["nvidia.com/gpu.product"] == PRODUCT, labels
+    pod = device_plugin_pod(unique("dp-style"))
+    moved.apply([pod])
+    try:
+        [running] = moved.wait_running(pod, POD_TIMEOUT)
+        [seen] = devices_seen(move_node, running)
+        assert seen.split("=", 1)[1].startswith("GPU-"), seen
+        # The scheduler wrote the claim for the limit from our DeviceClass and allocated one of this node's GPUs.
+        claim_name = running["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
+        claim = kube.get("resourceclaims", claim_name, NAMESPACE)
+        [result] = claim["status"]["allocation"]["devices"]["results"]
+        assert (result["driver"], result["pool"]) == ("gpu.dradriver.dev", NODE), result
+        uid = claim["metadata"]["uid"]
+    finally:
+        moved.delete([pod])
+    wait_for("the scheduler's claim to be unprepared", lambda: unprepared(move_node, uid), 90)
+
+
+def test_the_gfd_labels_and_the_taint_are_what_places_such_a_pod(moved: Workloads, kube: Kube, gpu_taint: None) -> None:
+    """The check above can fail: another product in the selector, or no toleration of the taint, and the pod stays
+    Pending."""
+    wait_for("the driver's GFD labels on the Node", lambda: gfd_labels(kube), 60)
+    other = device_plugin_pod(unique("dp-h100"), product="NVIDIA-H100-80GB-HBM3")
+    untolerated = device_plugin_pod(unique("dp-untolerated"), tolerate=False)
+    moved.apply([other, untolerated])
+    try:
+        assert "didn't match Pod's node affinity/selector" in unschedulable_because(kube, other["metadata"]["name"])
+        assert "untolerated taint" in unschedulable_because(kube, untolerated["metadata"]["name"])
+    finally:
+        moved.delete([other, untolerated])
+
+
+def gfd_labels(kube: Kube) -> dict[str, str] | None:
+    """The Node's labels once the driver wrote GFD's product label on it."""
+    labels: dict[str, str] = kube.get("nodes", NODE)["metadata"].get("labels") or {}
+    return labels if "nvidia.com/gpu.product" in labels else None
