@@ -94,3 +94,70 @@ def test_remove_of_a_node_that_is_not_there_fails_naming_it(api, tmp_path, capsy
     err = capsys.readouterr().err
     assert "node/gone: cannot remove the labels" in err
     assert "the labels stay on gone" in err
+
+
+class RecordingLabeler:
+    def __init__(self) -> None:
+        self.updated: list[str] = []
+        self.removed = 0
+
+    def update(self, inventory) -> bool:
+        self.updated.append(inventory.driver_version)
+        return True
+
+    def remove(self) -> None:
+        self.removed += 1
+
+
+def rescanner_on(tmp_path, monkeypatch, *, enabled: bool, driver_version: str):
+    """A Rescanner over a simulated node whose slices are already published as discovery will find them, the
+    driver root at ``driver_version`` (another than the node's: an in-place upgrade) and a recording labeler."""
+    import threading
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from dradriver.cli import node_loops
+    from dradriver.cli.flags.node_labels import NodeLabelOptions
+    from dradriver.cli.run_assembly import pools_of
+    from dradriver.driver.publish.slices import SliceSettings, build_slice_specs
+    from dradriver.gpu.inventory import MigMode, discover
+    from dradriver.sim.fakelib import simulated_gpulib
+
+    gpulib, _ = simulated_gpulib("hgx-h100-80gb", node_name="node-a")
+    inventory = discover(gpulib)
+    settings = SliceSettings()
+    monkeypatch.setattr(node_loops, "offered", lambda _options, _cluster, fresh, _watch: fresh)
+    monkeypatch.setattr(node_loops.Rescanner, "follow_driver_upgrade", lambda self, version: None)
+    node = SimpleNamespace(
+        name="node-a",
+        options=SimpleNamespace(
+            gpus=SimpleNamespace(mig_mode=MigMode.STATIC), node_labels=NodeLabelOptions(enabled=enabled)
+        ),
+        gpus=SimpleNamespace(
+            lib=gpulib,
+            inventory=replace(inventory, driver_version=driver_version),
+            driver_root=SimpleNamespace(version=driver_version),
+        ),
+        health=SimpleNamespace(update_inventory=lambda *_: None, taints=lambda _device: []),
+        cluster=None,
+        plugin_watch=None,
+        settings=settings,
+        pools=pools_of("node-a", build_slice_specs(inventory, settings)),
+        labeler=RecordingLabeler(),
+    )
+    return node_loops.Rescanner(node, threading.Event()), node.labeler
+
+
+def test_a_rescan_labels_the_node_also_when_the_slices_did_not_change(tmp_path, monkeypatch):
+    rescanner, labeler = rescanner_on(tmp_path, monkeypatch, enabled=True, driver_version="570.10.01")
+    rescanner.label_node()  # at start: the inventory found at start
+    rescanner.rescan()  # the same slices, another driver version: the labels follow it
+    assert labeler.updated == ["570.10.01", "580.65.06"]
+    assert labeler.removed == 0
+
+
+def test_with_node_labels_none_the_start_removes_and_rescans_label_nothing(tmp_path, monkeypatch):
+    rescanner, labeler = rescanner_on(tmp_path, monkeypatch, enabled=False, driver_version="580.65.06")
+    rescanner.label_node()
+    rescanner.rescan()
+    assert (labeler.updated, labeler.removed) == ([], 1)

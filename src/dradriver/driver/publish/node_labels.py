@@ -26,7 +26,7 @@ from typing import Any
 
 from dradriver.gpu.inventory import GpuDevice, Inventory, MigPartition
 from dradriver.gpu.models import MIB
-from dradriver.validation.names import is_label_value
+from dradriver.validation.names import is_label_key, is_label_value
 
 #: The label keys this driver owns on a Node (and an admission policy lets it change): everything GFD writes.
 OWNED_LABEL_PREFIXES = ("nvidia.com/gpu.", "nvidia.com/cuda.", "nvidia.com/mig.", "nvidia.com/mig-", "nvidia.com/mps.")
@@ -93,7 +93,7 @@ def arch_family(major: int, minor: int) -> str:
 
 def gfd_labels(inventory: Inventory, options: LabelOptions) -> dict[str, str]:
     """The labels GFD would write for a node with ``inventory``; none at all for a node without GPUs. Labels
-    whose value Kubernetes would refuse (a machine type over 63 characters) are left out."""
+    Kubernetes would refuse (a machine type over 63 characters, a MIG profile name no key can hold) are left out."""
     if not inventory.gpus:
         return {}
     labels = {
@@ -107,7 +107,7 @@ def gfd_labels(inventory: Inventory, options: LabelOptions) -> dict[str, str]:
         f"{_GPU}.mode": gpu_mode(inventory.gpus, options.pci_classes),
         **clique_labels(inventory.gpus),
     }
-    return {key: value for key, value in labels.items() if is_label_value(value)}
+    return {key: value for key, value in labels.items() if is_label_key(key) and is_label_value(value)}
 
 
 def version_labels(driver_version: str, cuda_version: str) -> dict[str, str]:
