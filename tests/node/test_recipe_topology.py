@@ -156,7 +156,7 @@ def test_a_numa_node_with_one_nic_cannot_make_a_gpu_and_two_nics(
     def unschedulable() -> str:
         pods = workloads.pods_of(pod_doc)
         conditions = pods[0].get("status", {}).get("conditions") or [] if pods else []
-        scheduled = next((c for c in conditions if c["type"] == "PodScheduled"), {})
+        scheduled: dict[str, Any] = next((c for c in conditions if c["type"] == "PodScheduled"), {})
         return str(scheduled.get("message", "")) if scheduled.get("reason") == "Unschedulable" else ""
 
     message = wait_for("the scheduler to give up on the pod", unschedulable, 60)

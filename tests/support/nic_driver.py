@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,17 +116,17 @@ class NicDriver:
     def start(self) -> None:
         """Start it; returns once the kubelet has registered it and its slice lists every NIC."""
         self.process.start()
-        waits = (
-            ("the kubelet to register the NIC driver", self.registered),
-            ("the NIC driver's ResourceSlice", lambda: len(self.devices()) == len(self.nics)),
-        )
-        for what, done in waits:
-            try:
-                wait_for(what, lambda done=done: done() or not self.process.alive(), 60)
-            except TimeoutError as exc:
-                raise RuntimeError(f"{exc}:\n{self.process.tail()}") from None
-            if not self.process.alive():
-                raise RuntimeError(f"the NIC driver exited:\n{self.process.tail()}")
+        self._wait("the kubelet to register the NIC driver", self.registered)
+        self._wait("the NIC driver's ResourceSlice", lambda: len(self.devices()) == len(self.nics))
+
+    def _wait(self, what: str, done: Callable[[], bool]) -> None:
+        """Until ``done``; fails with the driver's log when it takes a minute or the driver exits."""
+        try:
+            wait_for(what, lambda: done() or not self.process.alive(), 60)
+        except TimeoutError as exc:
+            raise RuntimeError(f"{exc}:\n{self.process.tail()}") from None
+        if not self.process.alive():
+            raise RuntimeError(f"the NIC driver exited:\n{self.process.tail()}")
 
     def registered(self) -> bool:
         return "kubelet registered the plugin" in self.process.tail(400)
