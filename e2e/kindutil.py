@@ -63,6 +63,11 @@ class Backend(Protocol):
         backend cannot reconfigure its node)."""
         ...
 
+    def with_driver(self, needs: str) -> contextlib.AbstractContextManager[None]:
+        """The second DRA driver an example's "# Needs:" header names (its first word: the driver and DeviceClass
+        name) running beside ours, for the body of the block (skips where the backend has no such driver)."""
+        ...
+
 
 class Cluster:
     """kubectl bound to the e2e cluster's context."""
@@ -91,4 +96,9 @@ class Cluster:
     def configured(self, node_config: str) -> Iterator[None]:
         if node_config != self.node_config:  # the sim overlay's DaemonSet runs one configuration
             pytest.skip(f"written for a node {node_config!r}; the kind node is {self.node_config!r}")
+        yield
+
+    @contextlib.contextmanager
+    def with_driver(self, needs: str) -> Iterator[None]:
+        pytest.skip(f"needs {needs}: the kind cluster runs our driver alone (the local node runs the NIC driver)")
         yield

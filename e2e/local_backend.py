@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.nic_driver import NIC_DRIVER, running_nic_driver
 from support.node_pods import Workloads, claims_of, documents, pod_spec_of, status_devices, unprepared
 from support.real_node import RealNode, wait_for
 
@@ -80,6 +81,16 @@ class LocalCluster:
         finally:
             self._restart(mig_mode=None, extra=())
             wait_for(f"the slices of a {self.node_config!r} node", lambda: self._slices() == own, 90)
+
+    @contextlib.contextmanager
+    def with_driver(self, needs: str) -> Iterator[None]:
+        """The NIC driver (support.nic_driver: scripts/build-nic-driver's, NICs on the simulated GPUs' PCIe roots)
+        and its DeviceClass beside our driver, for the body of the block; any other driver skips."""
+        wanted = needs.split(maxsplit=1)[0].rstrip(",")
+        if wanted != NIC_DRIVER:
+            pytest.skip(f"needs {needs}: this node runs only the NIC driver {NIC_DRIVER} beside ours")
+        with running_nic_driver(self.node):
+            yield
 
     def _restart(self, *, mig_mode: str | None, extra: tuple[str, ...]) -> None:
         node = self.node
