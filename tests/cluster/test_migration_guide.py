@@ -320,10 +320,20 @@ def test_the_guide_moves_a_pool_and_back_as_written(
         run_step(step, workdir, env, example)
         if step.command == "kubectl apply -f workloads/":
             served_by_the_plugin(plane.kube)
+        if step.command.startswith("helm upgrade"):
+            assert guard_of_the_chart(plane.kube) == "refuse"
     # The chart's pod ran the driver with the page's guard setting (it withheld the GPUs while the Node still
     # advertised the plugin's), and went with the label.
     assert example.coexistence_seen == ["withhold"] and not example.drivers
     assert "withholding every GPU" in example.driver_logs["a100-1"]
+
+
+def guard_of_the_chart(kube: Kube) -> str | None:
+    """The chart DaemonSet's DRADRIVER_DEVICE_PLUGIN_COEXISTENCE."""
+    daemonset = kube.get("daemonsets", OUR_DAEMONSET, "dradriver")
+    [container] = daemonset["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container.get("env") or []}
+    return env.get("DRADRIVER_DEVICE_PLUGIN_COEXISTENCE")
 
 
 def served_by_the_plugin(kube: Kube) -> None:
