@@ -9,6 +9,7 @@ helpers from that tree) can match ours. See docs/recipes/topology.md."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -96,8 +97,9 @@ class NicDriver:
     def __init__(self, node: RealNode, nics: tuple[StandInNic, ...] = NICS) -> None:
         self.node = node
         self.nics = nics
-        root = node.root / "nic-driver"
-        self.sysfs = write_sysfs(root / "sys", nics)
+        sysfs = node.root / "nic-driver" / "sys"
+        shutil.rmtree(sysfs, ignore_errors=True)  # an earlier instance's, on this node
+        self.sysfs = write_sysfs(sysfs, nics)
         self.process = Component(
             "nic-driver",
             [
