@@ -9,6 +9,10 @@ RBAC and controller Deployment are there, the controller pod (our image, on this
 ComputeDomain written with kubectl into its claim templates and daemon DaemonSet and lets it go when it is
 deleted; uninstall leaves the CRDs (helm never deletes CRDs) and the controller's Lease, nothing else.
 
+GFD-compatible node labels are on (``nodeLabels.enabled=true``): the plugin pod labels the node as `dradriver
+node-labels show` says it would (under the own-node labels admission policy), and `helm uninstall`'s post-delete
+hook Job (our image, on this node, in its network) takes them and their annotation off again, then goes itself.
+
 The node fixture's own driver (a host process) is stopped for this module and started again after it: the pod
 takes its place, as a DaemonSet replacing a by-hand install would. The release owns the DeviceClasses while it
 is installed (the session's copies, the same objects generated from the chart, are deleted before and applied
@@ -22,7 +26,9 @@ each passes alone and in any order."""
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +44,8 @@ from support.image import archive as image_archive
 from support.node_pods import Workloads, cdi_specs_of, claims_of, documents, running, status_devices, unprepared
 from support.real_node import TAINT_KEY, RealNode, wait_for
 
+from dradriver.driver.publish.node_labels import OWNED_LABEL_PREFIXES
+
 REPO = Path(__file__).resolve().parents[2]
 RELEASE = "nodehelm"
 NAMESPACE = "dradriver-node"
@@ -50,6 +58,11 @@ CD_TEMPLATE = "two-node-job-channel"
 CD_FINALIZER = "resource.dradriver.dev/computeDomain"
 CD_CLASSES = ("compute-domain-default-channel.dradriver.dev", "compute-domain-daemon.dradriver.dev")
 DRIVER = "gpu.dradriver.dev"
+LABELS_ANNOTATION = f"{DRIVER}/node-labels"
+CLEANUP = f"{RELEASE}-dradriver-node-labels-cleanup"
+# Labels of the simulated node that no MIG device carved by a scenario changes.
+STABLE_LABELS = ("nvidia.com/gpu.present", "nvidia.com/gpu.product", "nvidia.com/gpu.count", "nvidia.com/gpu.memory",
+                 "nvidia.com/gpu.family", "nvidia.com/cuda.driver-version.full", "nvidia.com/mig.capable")  # fmt: skip
 IMAGE = f"localhost/dradriver:{VERSION}"
 SCENARIO = REPO / "examples/scenarios/01-one-gpu.yaml"
 DEVICE_CLASSES = REPO / "manifests/deviceclasses"
@@ -147,6 +160,13 @@ class Chart:
             raise AssertionError(f"{exc}\n{self.describe()}\n{self.node.tails(30)}") from None
         return pod
 
+    def node_labels(self) -> dict[str, str]:
+        """The labels the node's annotation says the driver wrote, with their values on the Node (none: {})."""
+        metadata = self.node.kube.get("nodes", self.node.name)["metadata"]
+        listed = (metadata.get("annotations") or {}).get(LABELS_ANNOTATION)
+        labels = metadata.get("labels") or {}
+        return {key: labels.get(key, "<missing>") for key in listed.split(",")} if listed is not None else {}
+
     def slices(self) -> list[dict[str, Any]]:
         return [
             s
@@ -169,6 +189,8 @@ def values_for(node: RealNode) -> dict[str, Any]:
         "cdiDir": str(node.cdi_dir),
         "nodeSelector": {"kubernetes.io/hostname": node.name},
         "tolerations": [{"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+        # GPU Feature Discovery's labels on the node (the uninstall hook's Job takes the values above too).
+        "nodeLabels": {"enabled": True},
         # ComputeDomains on: the controller pod (and the daemon pods it would create) on this node, in its network.
         "computeDomains": {
             "enabled": True,
@@ -263,6 +285,29 @@ def test_install_runs_our_image_as_the_plugin_pod_and_a_scenario_gets_its_gpu(
     # Written by the plugin pod's service account after the prepare, in the background.
     devices = wait_for("the claim's status.devices", lambda: status_devices(chart.node.kube, claim), 60)
     assert [d["driver"] for d in devices] == [DRIVER], devices
+
+
+def labels_show(node_name: str) -> dict[str, str]:
+    """What `dradriver node-labels show` says the sim preset's plugin writes on ``node_name`` (no cluster asked)."""
+    shown = subprocess.run([sys.executable, "-m", "dradriver", "node-labels", "show", "--gpu-backend", "sim",
+                            "--sim-profile", "mixed", "--mig-mode", "dynamic", "--node-name", node_name, "-o", "json"],
+                           capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    labels: dict[str, str] = json.loads(shown.stdout)
+    return labels
+
+
+def test_install_labels_the_node_as_gpu_feature_discovery_does(release: Chart) -> None:
+    chart = release
+    written = wait_for("the plugin pod to label the node", chart.node_labels, 60)
+    # Only labels of its own, each on the Node (the policy would have refused any other), and GFD's values.
+    assert all(key.startswith(OWNED_LABEL_PREFIXES) for key in written), written
+    assert "<missing>" not in written.values(), written
+    expected = labels_show(chart.node.name)
+    assert {k: written.get(k) for k in STABLE_LABELS} == {k: expected[k] for k in STABLE_LABELS}
+    assert written["nvidia.com/gpu.present"] == "true"
+    # Written by this pod or, after an upgrade, by the one before it (a restart finds them there): never refused.
+    log = chart.log(chart.wait_ready("the plugin pod to be Ready"))
+    assert "cannot write GPU Feature Discovery's labels" not in log, log
 
 
 def test_compute_domains_the_controller_pod_runs_and_turns_a_domain_into_its_objects(
@@ -380,10 +425,22 @@ def test_uninstall_removes_every_object_and_the_kubelet_wipes_the_slices(release
     assert {o["kind"] for o in objects} >= {"DaemonSet", "DeviceClass", "ClusterRole", "ValidatingAdmissionPolicy",
                                             "Deployment", "Role"}  # fmt: skip
 
+    assert wait_for("the plugin pod to label the node", chart.node_labels, 60)
+
     chart.save_logs()
     chart.helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "3m")
     left = chart.kubectl("get", "-f", str(manifest), "--ignore-not-found", "-o", "name")
     assert left.returncode == 0 and left.stdout.split() == [], left.stdout + left.stderr
+    # The post-delete hook ran (helm waits for its Job): the labels and their annotation are gone, and so are the
+    # hook's Job, account and node-patching role (deleted once it succeeded).
+    assert chart.node_labels() == {}, chart.node_labels()
+    labels = chart.node.kube.get("nodes", chart.node.name)["metadata"].get("labels") or {}
+    assert not [k for k in labels if k.startswith(OWNED_LABEL_PREFIXES)], labels
+    for kind, namespace in (("job", NAMESPACE), ("serviceaccount", NAMESPACE), ("clusterrole", ""),
+                            ("clusterrolebinding", "")):  # fmt: skip
+        found = chart.kubectl(*(["-n", namespace] if namespace else []), "get", kind, CLEANUP, "--ignore-not-found",
+                              "-o", "name")  # fmt: skip
+        assert found.returncode == 0 and found.stdout.strip() == "", f"{kind} {CLEANUP} left: {found.stdout}"
     wait_for("the plugin pod to be gone", lambda: not chart.pods(), ROLL_TIMEOUT)
     wait_for("the controller pod to be gone", lambda: not chart.controller_pods(), ROLL_TIMEOUT)
     # What stays, as documented: the CRDs (helm never deletes CRDs: that would delete every ComputeDomain) and

@@ -54,10 +54,12 @@ FEATURE_GATES = (
 # The gang recipe (tests/node/test_recipe_gangs.py) needs the PodGroup protection controller: with GenericWorkload
 # admission puts the scheduling.k8s.io/podgroup-protection finalizer on every PodGroup, and only that controller
 # lifts it (once no pod names the group), so a PodGroup could never be deleted without it.
+# The chart's uninstall hook (a Job taking the node labels off; tests/node/test_helm_install.py) needs the Job
+# controller: without it the Job never gets a pod and `helm uninstall` waits for it until its timeout.
 CONTROLLERS = (
     "resourceclaim-controller,serviceaccount-controller,deployment-controller,replicaset-controller,"
     "namespace-controller,garbage-collector-controller,daemonset-controller,root-ca-certificate-publisher-controller,"
-    "resourcequota-controller,podgroup-protection-controller"
+    "resourcequota-controller,podgroup-protection-controller,job-controller"
 )
 # v1alpha3 for DeviceTaintRule in its alpha form, as e2e/kind-config.yaml serves it (an example uses it);
 # scheduling.k8s.io/v1beta1 for Workload and PodGroup (a beta API, off unless named; the gang recipe).
