@@ -10,6 +10,7 @@ import subprocess
 import sys
 from typing import Any
 
+import kubernetes_validate
 import pytest
 from support.helm import CHART, PRESETS, RELEASE, preset_file, run_helm, template
 
@@ -162,6 +163,18 @@ def test_with_a_namespace_of_its_own_the_hook_runs_in_the_releases() -> None:
     assert one(objects, "Job", CLEANUP)["metadata"]["namespace"] == "dradriver"
     assert one(objects, "ServiceAccount", CLEANUP)["metadata"]["namespace"] == "dradriver"
     assert one(objects, "ClusterRoleBinding", CLEANUP)["subjects"][0]["namespace"] == "dradriver"
+
+
+@pytest.mark.parametrize("version", ["1.32.0", "1.33.0", "1.34.0", "1.35.0", "1.36.0", "1.37.0"])
+def test_on_every_object_passes_the_official_schemas_strictly(version: str) -> None:
+    objects = template(
+        "--kube-version", version, "--set", ON, "--set", "hostNetwork=true", "--set", "extraEnv[0].name=A",
+        "--set", "extraEnv[0].value=b", "--set", "extraVolumes[0].name=k", "--set", "extraVolumes[0].emptyDir.medium=",
+        "--set", "extraVolumeMounts[0].name=k", "--set", "extraVolumeMounts[0].mountPath=/k",
+    )  # fmt: skip
+    assert {o["kind"] for o in objects} >= {"Job", "ValidatingAdmissionPolicy"}
+    for obj in objects:
+        kubernetes_validate.validate(obj, version, strict=True)
 
 
 @pytest.mark.parametrize("preset", [None, *PRESETS])
