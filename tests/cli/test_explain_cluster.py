@@ -189,7 +189,8 @@ def test_a_claim_its_quota_has_no_room_for_is_explained_by_the_quota_not_the_dev
     older = claim_creation_event(
         "PodResourceClaim gpus: create ResourceClaim x: webhook said no", "2026-11-27T15:00:00Z"
     )
-    reader = FakeReader(stuck, templates=[template(1)], events=[claim_creation_event(QUOTA_REFUSAL), older])
+    newest = claim_creation_event(f"(combined from similar events): {QUOTA_REFUSAL}", "2026-11-27T16:01:00Z")
+    reader = FakeReader(stuck, templates=[template(1)], events=[claim_creation_event(QUOTA_REFUSAL), older, newest])
     assert explain_pod_with(reader, "ml/trainer", "text") == 1
     out = capsys.readouterr().out
     assert "no ResourceClaim could be created from ResourceClaimTemplate ml/gpus" in out

@@ -38,6 +38,8 @@ RBAC_HINT = (
 # The resource-claim controller's event on a pod whose claim it could not create from a template: a ResourceQuota
 # without room for the claim's devices, a webhook's refusal. Its message: "PodResourceClaim NAME: <error>".
 CLAIM_CREATION_FAILED = "FailedResourceClaimCreation"
+# What client-go's event recorder puts before a message once it has seen ten similar ones.
+AGGREGATED = "(combined from similar events): "
 # The quota admission plugin's refusal names the quota: "exceeded quota: NAME, requested: …".
 EXCEEDED_QUOTA = re.compile(r"exceeded quota: ([^,\s]+)")
 
@@ -256,7 +258,8 @@ def claim_creation_failures(reader: ClusterReader, pod: dict[str, Any]) -> dict[
     events = reader.list_pod_events(str(meta.get("namespace") or "default"), str(meta["uid"]), CLAIM_CREATION_FAILED)
     failures: dict[str, CreationFailure] = {}
     for event in sorted(events, key=_event_time):
-        subject, _, error = str(event.get("message") or "").partition(": ")
+        message = str(event.get("message") or "").removeprefix(AGGREGATED)
+        subject, _, error = message.partition(": ")
         if not subject.startswith("PodResourceClaim ") or not error:
             continue
         quota = EXCEEDED_QUOTA.search(error)
