@@ -165,6 +165,16 @@ def test_with_a_namespace_of_its_own_the_hook_runs_in_the_releases() -> None:
     assert one(objects, "ClusterRoleBinding", CLEANUP)["subjects"][0]["namespace"] == "dradriver"
 
 
+def test_the_notes_show_the_labels_when_on() -> None:
+    def notes(*values: str) -> str:
+        done = run_helm("install", RELEASE, str(CHART), "--namespace", "dradriver", "--dry-run=client", *values)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split("NOTES:", 1)[1]
+
+    assert "kubectl get nodes -L nvidia.com/gpu.product" in notes("--set", ON)
+    assert "nvidia.com/gpu.product" not in notes()
+
+
 @pytest.mark.parametrize("version", ["1.32.0", "1.33.0", "1.34.0", "1.35.0", "1.36.0", "1.37.0"])
 def test_on_every_object_passes_the_official_schemas_strictly(version: str) -> None:
     objects = template(
