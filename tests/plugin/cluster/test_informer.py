@@ -1,0 +1,261 @@
+"""The informer (list once, watch, relist on 410 or a broken watch) and the rate-limited work queue."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from dradriver.plugin.cluster.informer import Informer, Store, key_of
+from dradriver.plugin.cluster.port import ApiUnavailableError, WatchEvent, WatchExpiredError
+from dradriver.plugin.cluster.workqueue import WorkQueue
+
+DEADLINE = 10.0
+
+
+def _wait(what: str, condition: Callable[[], bool]) -> None:
+    end = time.monotonic() + DEADLINE
+    while not condition():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+class _Stream:
+    def __init__(self, events: queue.Queue[WatchEvent | None]) -> None:
+        self._events = events
+        self.closed = False
+
+    def __iter__(self) -> Iterator[WatchEvent]:
+        return self
+
+    def __next__(self) -> WatchEvent:
+        while not self.closed:
+            try:
+                event = self._events.get(timeout=0.02)
+            except queue.Empty:
+                continue
+            if event is None:
+                self.closed = True
+                break
+            return event
+        raise StopIteration
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Collection:
+    """A collection with resourceVersions, pages and watches; history older than ``compacted`` is gone (410)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.version = 0
+        self.history: list[tuple[int, WatchEvent]] = []
+        self.compacted = 0
+        self.watchers: list[queue.Queue[WatchEvent | None]] = []
+        self.pages = 0
+        self.watches = 0
+
+    def write(self, name: str, value: int | None) -> None:
+        """Create or change (``value``) or delete (None) object ``name``, telling the watches."""
+        with self.lock:
+            self.version += 1
+            if value is None:
+                obj = self.objects.pop(name)
+                obj = {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(self.version)}}
+                kind = "DELETED"
+            else:
+                kind = "MODIFIED" if name in self.objects else "ADDED"
+                obj = {"metadata": {"name": name, "resourceVersion": str(self.version)}, "value": value}
+                self.objects[name] = obj
+            event = WatchEvent(kind, obj)  # type: ignore[arg-type]
+            self.history.append((self.version, event))
+            for watcher in self.watchers:
+                watcher.put(event)
+
+    def break_watches(self, *, compact: bool) -> None:
+        """End every watch; with ``compact``, a watch from before now is refused (410)."""
+        with self.lock:
+            if compact:
+                self.compacted = self.version
+            for watcher in self.watchers:
+                watcher.put(None)
+            self.watchers.clear()
+
+    def list_page(self, *, limit: int, continue_token: str) -> tuple[list[dict[str, Any]], str, str]:
+        with self.lock:
+            self.pages += 1
+            names = sorted(self.objects)
+            start = int(continue_token or 0)
+            page = [self.objects[n] for n in names[start : start + limit]]
+            token = str(start + limit) if start + limit < len(names) else ""
+            return page, str(self.version), token
+
+    def watch(self, *, resource_version: str, timeout_seconds: int) -> _Stream:
+        with self.lock:
+            self.watches += 1
+            since = int(resource_version)
+            if since < self.compacted:
+                raise WatchExpiredError("too old", status=410)
+            events: queue.Queue[WatchEvent | None] = queue.Queue()
+            for version, event in self.history:
+                if version > since:
+                    events.put(event)
+            events.put(WatchEvent("BOOKMARK", {"metadata": {"resourceVersion": str(self.version)}}))
+            self.watchers.append(events)
+            return _Stream(events)
+
+
+@pytest.fixture
+def running() -> Iterator[Callable[[Collection], tuple[Informer, list[tuple[str, str]]]]]:
+    stops: list[tuple[threading.Event, Informer, threading.Thread]] = []
+
+    def start(collection: Collection, page_size: int = 2) -> tuple[Informer, list[tuple[str, str]]]:
+        informer = Informer(collection, name="things", page_size=page_size)
+        seen: list[tuple[str, str]] = []
+
+        def handler(old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+            kind = "added" if old is None else "deleted" if new is None else "changed"
+            seen.append((kind, key_of(new or old or {})))
+
+        informer.add_handler(handler)
+        stop = threading.Event()
+        thread = threading.Thread(target=informer.run, args=(stop,), daemon=True)
+        thread.start()
+        stops.append((stop, informer, thread))
+        _wait("the first list", informer.synced.is_set)
+        return informer, seen
+
+    yield start
+    for stop, informer, thread in stops:
+        stop.set()
+        informer.close()
+        thread.join(DEADLINE)
+        assert not thread.is_alive()
+
+
+def test_the_first_list_is_paginated_then_changes_come_from_the_watch(running: Any) -> None:
+    things = Collection()
+    for name in "abcde":
+        things.write(name, 1)
+    informer, seen = running(things)
+    assert things.pages == 3  # five objects, two a page
+    assert sorted(key for _, key in seen) == list("abcde")
+    things.write("f", 1)
+    things.write("a", 2)
+    things.write("b", None)
+    _wait("the watch's events", lambda: len(seen) == 8)
+    assert seen[5:] == [("added", "f"), ("changed", "a"), ("deleted", "b")]
+    assert informer.store.get("a")["value"] == 2 and informer.store.get("b") is None
+    assert (things.pages, informer.lists) == (3, 1)  # no list after the first
+
+
+def test_a_watch_the_server_ends_is_opened_again_without_a_list(running: Any) -> None:
+    things = Collection()
+    things.write("a", 1)
+    informer, seen = running(things)
+    _wait("a watch", lambda: things.watches == 1 and things.watchers)
+    things.break_watches(compact=False)
+    things.write("a", 2)  # while no watch runs: the next watch replays it from the last version seen
+    _wait("the change", lambda: ("changed", "a") in seen)
+    assert informer.lists == 1 and things.watches >= 2
+
+
+def test_a_change_missed_while_the_watch_was_too_old_is_repaired_by_the_relist(running: Any) -> None:
+    things = Collection()
+    for name in "abc":
+        things.write(name, 1)
+    informer, seen = running(things)
+    _wait("a watch", lambda: things.watchers)
+    with things.lock:  # the watch breaks, and the server forgets the history meanwhile (410 Gone)
+        things.watchers[0].put(None)
+        things.watchers.clear()
+    things.write("a", 2)
+    things.write("b", None)
+    things.write("d", 1)
+    things.break_watches(compact=True)
+    _wait("the relist's difference", lambda: len(seen) == 6)
+    assert sorted(seen[3:]) == [("added", "d"), ("changed", "a"), ("deleted", "b")]
+    assert informer.lists == 2
+    assert sorted(informer.store.list_keys()) == ["a", "c", "d"]
+
+
+def test_a_failing_list_is_retried(running: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    things = Collection()
+    things.write("a", 1)
+    real = things.list_page
+    failures = iter([True, True])
+
+    def flaky(**kwargs: Any) -> Any:
+        if next(failures, False):
+            raise ApiUnavailableError("HTTP 503")
+        return real(**kwargs)
+
+    monkeypatch.setattr(things, "list_page", flaky)
+    informer, seen = running(things)
+    assert seen == [("added", "a")] and informer.lists == 1
+
+
+def test_the_store_indexes_objects_and_keys_namespaced_ones_by_namespace() -> None:
+    store = Store({"label": lambda o: [o["metadata"].get("labels", {}).get("x", "")]})
+    store.put({"metadata": {"name": "a", "namespace": "n", "labels": {"x": "1"}}})
+    store.put({"metadata": {"name": "b", "labels": {"x": "1"}}})
+    assert [key_of(o) for o in store.by_index("label", "1")] == ["b", "n/a"]
+    store.put({"metadata": {"name": "b", "labels": {"x": "2"}}})  # moved to another value
+    assert [key_of(o) for o in store.by_index("label", "1")] == ["n/a"]
+    store.remove({"metadata": {"name": "a", "namespace": "n"}})
+    assert store.by_index("label", "1") == [] and store.get("n/a") is None
+
+
+# -- the work queue ------------------------------------------------------------------------------------
+
+
+def test_a_key_added_while_queued_is_queued_once() -> None:
+    work: WorkQueue[str] = WorkQueue()
+    for key in ("a", "b", "a", "a"):
+        work.add(key)
+    assert len(work) == 2
+    assert [work.get(0), work.get(0), work.get(0)] == ["a", "b", None]
+
+
+def test_a_key_in_progress_goes_to_no_second_worker_and_comes_back_when_done() -> None:
+    work: WorkQueue[str] = WorkQueue()
+    work.add("a")
+    assert work.get(0) == "a"
+    work.add("a")  # changed while a worker has it
+    assert work.get(0) is None
+    work.done("a")
+    assert work.get(0) == "a"
+    work.done("a")
+    assert work.get(0) is None
+
+
+def test_failures_back_off_exponentially_up_to_the_cap_until_forgotten() -> None:
+    now = [0.0]
+    work: WorkQueue[str] = WorkQueue(backoff_base=1.0, backoff_cap=5.0, clock=lambda: now[0])
+    assert [work.add_rate_limited("a") for _ in range(5)] == [1.0, 2.0, 4.0, 5.0, 5.0]
+    assert work.get(0) is None  # not due yet
+    now[0] = 1.0
+    assert work.get(0) == "a"
+    work.done("a")
+    work.forget("a")
+    assert work.add_rate_limited("a") == 1.0
+
+
+def test_a_waiting_worker_wakes_for_a_delayed_key_and_for_shut_down() -> None:
+    work: WorkQueue[str] = WorkQueue()
+    work.add_after("a", 0.05)
+    started = time.monotonic()
+    assert work.get(DEADLINE) == "a"
+    assert time.monotonic() - started >= 0.04
+    got: list[str | None] = []
+    waiter = threading.Thread(target=lambda: got.append(work.get()))
+    waiter.start()
+    work.shut_down()
+    waiter.join(DEADLINE)
+    assert got == [None]
