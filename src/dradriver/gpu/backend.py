@@ -14,6 +14,7 @@ from dradriver.gpu.interface import GpuLib
 if TYPE_CHECKING:
     from typing import TypeAlias
 
+    from dradriver.nvidia_install.pci_binding import SysfsWriter
     from dradriver.sim.node import SimulatedNode
 
     #: What :func:`open_gpu_backend` returns, for callers that may not name the simulator (a type only).
@@ -56,6 +57,12 @@ def simulated_driver_root(directory: Path, driver_version: str) -> Path:
     from dradriver.sim.driver_root import write_stub_driver_root
 
     return write_stub_driver_root(directory, driver_version)
+
+
+def attach_simulated_sysfs(node: SimulatedNode, host_root: Path) -> SysfsWriter:
+    """Give a simulated node its sysfs and ``/dev/vfio`` under ``host_root`` (written once: the bindings outlive a
+    driver process); returns the writer that answers for its kernel (VFIO passthrough)."""
+    return node.attach_sysfs(host_root)
 
 
 def simulated_proc_root(directory: Path) -> Path:

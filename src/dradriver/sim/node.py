@@ -40,6 +40,8 @@ from dradriver.gpu.products import (
 )
 from dradriver.inputs import InputError, path_exists, read_text
 from dradriver.sim.profiles import NodeProfile
+from dradriver.sim.sysfs import NVIDIA as NVIDIA_KERNEL_DRIVER
+from dradriver.sim.sysfs import SimKernel, gpu_functions, write_tree
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +195,8 @@ class SimulatedNode:
         self._faults: dict[str, list[int]] = {}  # NVML function name -> return codes of its next calls
         self._cleared: dict[int, int] = {}  # GPU index → last event sequence a reset discarded
         self.processes: dict[int, SimProcess] = {}  # PID → compute process (`sim process`, tests)
+        # The node's sysfs (VFIO passthrough): a GPU another kernel driver holds is not NVML's to see.
+        self.sysfs: SimKernel | None = None
         products = load_products()
         # NVML enumerates GPUs in PCI bus order.
         ordered = sorted(profile.gpus, key=lambda g: g.pci_bus_id)
@@ -227,7 +231,23 @@ class SimulatedNode:
         gpu = self.gpus[index]
         if gpu.lost:
             raise SimNvmlError(GPU_IS_LOST, f"GPU {gpu.pci_bus_id} has fallen off the bus")
+        if not self.nvml_sees(gpu):
+            raise SimNvmlError(GPU_IS_LOST, f"GPU {gpu.pci_bus_id} is not bound to the nvidia driver")
         return gpu
+
+    def nvml_sees(self, gpu: SimGpu) -> bool:
+        """Whether NVML counts ``gpu``: only GPUs the ``nvidia`` kernel driver holds (not one bound to vfio-pci)."""
+        return self.sysfs is None or self.sysfs.driver_of(gpu.pci_bus_id) == NVIDIA_KERNEL_DRIVER
+
+    def attach_sysfs(self, root: Path) -> SimKernel:
+        """Give the node a sysfs tree under ``root`` (written if absent) whose bindings NVML follows."""
+        write_tree(root, gpu_functions((g.pci_bus_id, g.product.pci_device_id) for g in self.gpus))
+        self.sysfs = SimKernel(root, self._holders)
+        return self.sysfs
+
+    def _holders(self, address: str) -> list[int]:
+        gpu = next((g for g in self.gpus if g.pci_bus_id == address), None)
+        return [p.pid for p in self.processes_on(gpu.index)] if gpu is not None else []
 
     def gpu_instance(self, index: int, gi_id: int) -> SimGpuInstance:
         gpu = self._mig_enabled_gpu(index)
