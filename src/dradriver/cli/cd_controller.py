@@ -24,7 +24,8 @@ from dradriver.cli.status_server import StatusServer
 from dradriver.computedomain.controller import Controller, ControllerSettings
 from dradriver.computedomain.kube import Rest
 from dradriver.computedomain.leader import LeaderElector
-from dradriver.computedomain.metrics import ApiWrites
+from dradriver.computedomain.metrics import ApiReads, ApiWrites
+from dradriver.computedomain.watching import WatchingController
 from dradriver.errors import ConfigError
 
 log = logging.getLogger("dradriver.cd-controller")
@@ -118,7 +119,24 @@ def _add_election_flags(parser: argparse.ArgumentParser) -> None:
         env="DRADRIVER_CD_INTERVAL",
         default=2.0,
         type=positive_seconds,
-        help="seconds between passes",
+        help="seconds between passes (with --watch false)",
+    )
+    add_env_option(
+        parser,
+        "--watch",
+        env="DRADRIVER_CD_WATCH",
+        default="true",
+        choices=("true", "false"),
+        help="watch the cluster into caches and reconcile the domains that changed (false: list everything "
+        "every --interval, as before informers)",
+    )
+    add_env_option(
+        parser,
+        "--resync",
+        env="DRADRIVER_CD_RESYNC",
+        default=600.0,
+        type=positive_seconds,
+        help="seconds between reconciles of every domain from the caches (with --watch true)",
     )
 
 
@@ -172,26 +190,32 @@ def run(args: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     controller = Controller(rest, settings)
+    watching = WatchingController(controller, rest, resync=args.resync) if args.watch == "true" else None
     server = None
-    writes = ApiWrites(rest.writes_so_far)
+    collectors = (ApiWrites(rest.writes_so_far), ApiReads(rest.reads_so_far))
     if serving.address:
         # Ready as soon as it runs (a standby replica too: nothing is sent to it); alive while no pass is stuck.
         server = StatusServer(
             serving.address,
             readiness=lambda: (True, {"leading": elector.leading.is_set()}),
-            liveness=controller.alive,
+            liveness=watching.alive if watching is not None else controller.alive,
         )
-        REGISTRY.register(writes)
+        for collector in collectors:
+            REGISTRY.register(collector)
         server.start()
 
     threading.Thread(target=elector.run, args=(stop,), name="leader-election", daemon=True).start()
-    log.info("ready identity=%s namespace=%s pid=%d", identity, args.namespace, os.getpid())
+    log.info("ready identity=%s namespace=%s watch=%s pid=%d", identity, args.namespace, args.watch, os.getpid())
     try:
-        controller.run(stop, leading=elector.leading.is_set, interval=args.interval)
+        if watching is not None:
+            watching.run(stop, leading=elector.leading.is_set)
+        else:
+            controller.run(stop, leading=elector.leading.is_set, interval=args.interval)
     finally:
         elector.release()
         rest.close()
         if server is not None:
             server.stop()
-            REGISTRY.unregister(writes)
+            for collector in collectors:
+                REGISTRY.unregister(collector)
     return 0

@@ -95,30 +95,46 @@ class Controller:
         snap = self.snapshot()
         self._progressed()
         for domain in snap.domains:
-            meta = domain["metadata"]
-            operation = "delete" if meta.get("deletionTimestamp") else "converge"
-            try:
-                if operation == "delete":
-                    self._delete(domain, snap)
-                else:
-                    self._converge(domain, snap)
-            except (ClusterError, DradriverError) as err:
-                metrics.RECONCILE_ERRORS.labels(operation).inc()
-                log.warning("reconcile failed domain=%s/%s error=%s", meta["namespace"], meta["name"], err)
+            self.reconcile(domain, snap)
             self._progressed()
         self._sweep(snap)
         metrics.record_domains(snap.domains)
 
+    def reconcile(self, domain: dict[str, Any], snap: Snapshot) -> bool:
+        """Converge (or take apart, once deleted) one domain as ``snap`` shows what exists (its objects at least);
+        whether it converged: False after an error (logged, counted) or while something stops it (its Ready
+        condition says what), so a caller driven by events tries it again later. A conflict (the domain or a
+        clique changed since it was read) is not an error: the change's own event brings the domain back."""
+        meta = domain["metadata"]
+        operation = "delete" if meta.get("deletionTimestamp") else "converge"
+        try:
+            if operation == "delete":
+                self._delete(domain, snap)
+                return True
+            return not self._converge(domain, snap)
+        except ConflictError as err:
+            log.info("domain changed meanwhile, again domain=%s/%s error=%s", meta["namespace"], meta["name"], err)
+        except (ClusterError, DradriverError) as err:
+            metrics.RECONCILE_ERRORS.labels(operation).inc()
+            log.warning("reconcile failed domain=%s/%s error=%s", meta["namespace"], meta["name"], err)
+        return False
+
+    def sweep(self, uid: str, snap: Snapshot) -> None:
+        """Remove what the vanished domain ``uid`` left (its objects as ``snap`` shows them)."""
+        log.info("removing what a vanished domain left uid=%s", uid)
+        self._delete({"metadata": {"uid": uid, "namespace": "", "name": ""}}, snap)
+
     # -- a live domain ---------------------------------------------------------------------------------
 
-    def _converge(self, domain: dict[str, Any], snap: Snapshot) -> None:
+    def _converge(self, domain: dict[str, Any], snap: Snapshot) -> list[str]:
+        """Make the domain's objects, number its daemons, write its status; what stops it converging."""
         meta = domain["metadata"]
         uid = meta["uid"]
         try:
             spec = api.parse_spec(domain)
         except DradriverError as err:
             self._write_status(domain, [], error=str(err))
-            return
+            return []  # the spec is immutable: trying again cannot help
         if api.FINALIZER not in (meta.get("finalizers") or []):
             domain = self.rest.json_patch(
                 path_of(api.API_VERSION, "computedomains", meta["namespace"], meta["name"]),
@@ -150,6 +166,7 @@ class Controller:
         nodes = self._number_cliques(uid, snap, problems)
         # The status is written whatever failed: a domain whose objects cannot be made says why.
         self._write_status(domain, nodes, num_nodes=spec.num_nodes, error="; ".join(problems), reason="CannotConverge")
+        return problems
 
     def _create(self, path: str, body: dict[str, Any], uid: str) -> list[str]:
         """Create ``body``; what went wrong, for the domain's Ready condition (nothing when it was made)."""
@@ -406,8 +423,7 @@ class Controller:
             gone.add(clique["metadata"].get("labels", {}).get(api.DOMAIN_LABEL, ""))
         for uid in sorted(gone - set(snap.by_uid) - {""}):
             try:
-                log.info("removing what a vanished domain left uid=%s", uid)
-                self._delete({"metadata": {"uid": uid, "namespace": "", "name": ""}}, snap)
+                self.sweep(uid, snap)
             except ClusterError as err:
                 log.warning("sweep failed uid=%s error=%s", uid, err)
 

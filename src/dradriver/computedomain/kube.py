@@ -12,16 +12,19 @@ import json
 import threading
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 from urllib.parse import quote
 
-from dradriver.plugin.cluster.kube import DEFAULT_REQUEST_TIMEOUT, error_for_status, load_transport
-from dradriver.plugin.cluster.port import ApiUnavailableError, JsonObject, NotFoundError
+from dradriver.plugin.cluster.kube import DEFAULT_REQUEST_TIMEOUT, KubeWatchStream, error_for_status, load_transport
+from dradriver.plugin.cluster.port import ApiUnavailableError, JsonObject, NotFoundError, WatchStream
 from dradriver.plugin.cluster.transport import Transport
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"  # JSON is YAML: the API server takes a JSON body under this type
+# One page of a list: its items, the list's resourceVersion, the next page's continue token (empty: the last).
+Page = tuple[list[JsonObject], str, str]
 
 
 def path_of(api_version: str, plural: str, namespace: str | None = None, name: str | None = None) -> str:
@@ -48,6 +51,7 @@ class Rest:
         self._timeout = timeout
         self._count_lock = threading.Lock()
         self.writes: Counter[str] = Counter()  # "VERB plural" -> requests sent
+        self.reads: Counter[str] = Counter()  # "GET plural", "LIST plural", "WATCH plural" -> requests sent
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: str | None = None) -> Rest:
@@ -61,6 +65,15 @@ class Rest:
         with self._count_lock:
             return dict(self.writes)
 
+    def reads_so_far(self) -> dict[str, int]:
+        """A copy of :attr:`reads` (``GET``, ``LIST`` and ``WATCH`` by resource)."""
+        with self._count_lock:
+            return dict(self.reads)
+
+    def _count_read(self, verb: str, path: str) -> None:
+        with self._count_lock:
+            self.reads[f"{verb} {resource_of(path)}"] += 1
+
     def request(
         self,
         method: str,
@@ -69,12 +82,15 @@ class Rest:
         query: list[tuple[str, str]] | None = None,
         body: Any = None,
         content_type: str = "application/json",
+        read: str = "GET",
     ) -> JsonObject:
-        """One request; the answer's JSON (``{}`` when empty)."""
+        """One request; the answer's JSON (``{}`` when empty). ``read``: how a GET is counted (``LIST``)."""
         what = path
         if method != "GET":
             with self._count_lock:
                 self.writes[f"{method} {resource_of(path)}"] += 1
+        else:
+            self._count_read(read, path)
         headers = {"Accept": "application/json", "Content-Type": content_type}
         payload = None if body is None else json.dumps(body).encode()
         try:
@@ -107,8 +123,46 @@ class Rest:
     def list(self, path: str, *, labels: str = "", fields: str = "") -> list[JsonObject]:
         query = [("labelSelector", labels)] if labels else []
         query += [("fieldSelector", fields)] if fields else []
-        items: list[JsonObject] = self.request("GET", path, query=query).get("items") or []
+        items: list[JsonObject] = self.request("GET", path, query=query, read="LIST").get("items") or []
         return items
+
+    def list_page(self, path: str, *, labels: str = "", limit: int = 500, continue_token: str = "") -> Page:
+        """One page of a list: its items, the list's resourceVersion and the next page's token (empty: none)."""
+        query = [("labelSelector", labels)] if labels else []
+        query += [("limit", str(limit))] + ([("continue", continue_token)] if continue_token else [])
+        answer = self.request("GET", path, query=query, read="LIST")
+        meta = answer.get("metadata") or {}
+        return answer.get("items") or [], str(meta.get("resourceVersion", "")), str(meta.get("continue") or "")
+
+    def watch(self, path: str, *, labels: str = "", resource_version: str, timeout_seconds: int) -> WatchStream:
+        """Changes of the collection after ``resource_version``, bookmarks on; the server ends it after about
+        ``timeout_seconds`` (a 410 Gone answer raises WatchExpiredError)."""
+        query = [("labelSelector", labels)] if labels else []
+        query += [
+            ("watch", "true"),
+            ("allowWatchBookmarks", "true"),
+            ("resourceVersion", resource_version),
+            ("timeoutSeconds", str(timeout_seconds)),
+        ]
+        self._count_read("WATCH", path)
+        try:
+            # The read timeout outlasts the server's own, so a silently dead connection ends the watch too.
+            response = self._api.request(
+                "GET",
+                path,
+                query=query,
+                headers={"Accept": "application/json"},
+                timeout=(self._timeout[0], timeout_seconds + 30.0),
+            )
+        except OSError as exc:
+            raise ApiUnavailableError(f"watch {path}: API server unreachable: {exc}") from exc
+        if not 200 <= response.status <= 299:
+            try:
+                data = response.read()
+            except OSError:
+                data = b""
+            raise error_for_status(response.status, data, path, "watch")
+        return KubeWatchStream(response, path)
 
     def create(self, path: str, body: JsonObject) -> JsonObject:
         return self.request("POST", path, body=body)
@@ -135,3 +189,29 @@ class Rest:
         except NotFoundError:
             return False
         return True
+
+
+class ListsAndWatches(Protocol):
+    """What :class:`Collection` needs of a client: :class:`Rest`, or the unit tests' stand-in."""
+
+    def list_page(self, path: str, *, labels: str = "", limit: int = 500, continue_token: str = "") -> Page: ...
+
+    def watch(self, path: str, *, labels: str = "", resource_version: str, timeout_seconds: int) -> WatchStream: ...
+
+
+@dataclass(frozen=True)
+class Collection:
+    """One collection (a path and a label selector) as an informer lists and watches it
+    (``plugin.cluster.informer.ListWatch``)."""
+
+    client: ListsAndWatches
+    path: str
+    labels: str = ""
+
+    def list_page(self, *, limit: int, continue_token: str) -> Page:
+        return self.client.list_page(self.path, labels=self.labels, limit=limit, continue_token=continue_token)
+
+    def watch(self, *, resource_version: str, timeout_seconds: int) -> WatchStream:
+        return self.client.watch(
+            self.path, labels=self.labels, resource_version=resource_version, timeout_seconds=timeout_seconds
+        )

@@ -31,6 +31,16 @@ RECONCILE_ERRORS = Counter(
     "ComputeDomains a pass could not converge or delete, by operation (the log names the domain and the cause)",
     ["operation"],
 )
+RECONCILES = Counter(
+    "dradriver_computedomain_reconciles_total",
+    "Reconciles of one domain from the informers' caches, by outcome (retry: tried again with backoff)",
+    ["outcome"],
+)
+RECONCILE_DURATION = Histogram(
+    "dradriver_computedomain_reconcile_duration_seconds",
+    "Time the reconcile of one domain took",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
+)
 DOMAINS = Gauge(
     "dradriver_computedomains",
     "ComputeDomains by status (Ready, NotReady, Deleting) as the leader's last pass found them",
@@ -77,6 +87,25 @@ class ApiWrites(Collector):
             labels=["verb", "resource"],
         )
         for key, count in sorted(self._writes().items()):
+            verb, _, resource = key.partition(" ")
+            family.add_metric([verb, resource], count)
+        yield family
+
+
+class ApiReads(Collector):
+    """``dradriver_computedomain_api_reads_total{verb, resource}``: GETs, LISTs and WATCHes the controller sent
+    ("VERB resource" → count, as ``computedomain.kube.Rest.reads_so_far`` gives it)."""
+
+    def __init__(self, reads: Callable[[], Mapping[str, int]]) -> None:
+        self._reads = reads
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "dradriver_computedomain_api_reads",
+            "Reading requests the controller sent to the API server (GET, LIST, WATCH), by verb and resource",
+            labels=["verb", "resource"],
+        )
+        for key, count in sorted(self._reads().items()):
             verb, _, resource = key.partition(" ")
             family.add_metric([verb, resource], count)
         yield family

@@ -295,6 +295,10 @@ class _KubeWatchStream:
             self._response.close()
 
 
+#: Watch events read from a streaming answer, for the other raw-JSON client (``computedomain/kube.py``).
+KubeWatchStream = _KubeWatchStream
+
+
 class KubeCluster:
     """The :class:`~dradriver.plugin.cluster.Cluster` port over a :class:`Transport`."""
 

@@ -1,0 +1,286 @@
+"""The ComputeDomain controller driven by informers and a work queue keyed by domain.
+
+While this replica leads: one informer per kind the controller reads (domains, cliques, daemon pods, DaemonSets,
+claim templates, labelled nodes) lists once, then watches into a local cache; each change queues the key of the
+domain it concerns (its own ``namespace/name``, or through the domain-UID label of a clique, pod, DaemonSet,
+template or node); workers reconcile one domain at a time from the caches (writes still go to the API server).
+An idle cluster costs open watches and nothing else; a change costs work for its domain only.
+
+Level-triggered still: the first list queues every domain (a restart or a failover converges everything), a relist
+after a broken watch delivers what it missed, a domain that did not converge is tried again with backoff, and
+every ``resync`` seconds every domain is queued again from the cache. Objects whose domain is not in the cache
+are a vanished domain's leftovers: swept once a list of domains from the API server confirms it is gone.
+Losing the Lease stops the informers and the workers; leading again starts from a fresh list.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from dradriver.computedomain import api, metrics
+from dradriver.computedomain.controller import STUCK_AFTER_SECONDS, Controller, Snapshot
+from dradriver.computedomain.kube import Collection, ListsAndWatches, path_of
+from dradriver.plugin.cluster.informer import Informer, key_of
+from dradriver.plugin.cluster.port import ClusterError, JsonObject
+from dradriver.plugin.cluster.workqueue import WorkQueue
+
+log = logging.getLogger(__name__)
+
+RESYNC_SECONDS = 600.0
+WORKERS = 2
+BY_UID = "uid"
+# A key for the leftovers of domain UID (no domain of that UID in the cache), beside the domains' namespace/name.
+ORPHAN = "orphan:"
+
+
+def _uid_label(obj: JsonObject) -> Iterable[str]:
+    """The domain UID an object was made for: its label, or for a clique the first part of its name."""
+    meta = obj.get("metadata") or {}
+    uid = (meta.get("labels") or {}).get(api.DOMAIN_LABEL)
+    if uid is None and obj.get("kind", "ComputeDomainClique") == "ComputeDomainClique" and "." in meta.get("name", ""):
+        uid = meta["name"].split(".", 1)[0]
+    return [uid] if uid else []
+
+
+def _own_uid(obj: JsonObject) -> Iterable[str]:
+    uid = (obj.get("metadata") or {}).get("uid")
+    return [uid] if uid else []
+
+
+@dataclass
+class _Session:
+    """One term as leader: its informers, queue and threads, all ended together."""
+
+    stop: threading.Event
+    informers: dict[str, Informer]
+    queue: WorkQueue[str]
+    threads: list[threading.Thread]
+
+
+class WatchingController:
+    """Runs :class:`Controller`'s reconcile of one domain from informers' caches, while leading."""
+
+    def __init__(
+        self,
+        controller: Controller,
+        client: ListsAndWatches,
+        *,
+        resync: float = RESYNC_SECONDS,
+        workers: int = WORKERS,
+        watch_timeout: int = 300,
+    ) -> None:
+        self.controller = controller
+        self.client = client
+        self.resync = resync
+        self.workers = workers
+        self.watch_timeout = watch_timeout
+        self.reconciled: list[str] = []  # keys in the order reconciled (the last 1000): what tests look at
+        self._busy: dict[str, float] = {}  # worker -> when its reconcile began (monotonic)
+        self._busy_lock = threading.Lock()
+        self.session: _Session | None = None
+
+    # -- informers -------------------------------------------------------------------------------------
+
+    def _informers(self) -> dict[str, Informer]:
+        ns, label = self.controller.ns, api.DOMAIN_LABEL
+        sources = {
+            "computedomains": (path_of(api.API_VERSION, "computedomains"), "", _own_uid),
+            "cliques": (path_of(api.API_VERSION, "computedomaincliques", ns), "", _uid_label),
+            "pods": (path_of("v1", "pods", ns), label, _uid_label),
+            "daemonsets": (path_of("apps/v1", "daemonsets", ns), label, _uid_label),
+            "templates": (path_of("resource.k8s.io/v1", "resourceclaimtemplates"), label, _uid_label),
+            "nodes": (path_of("v1", "nodes"), label, _uid_label),
+        }
+        return {
+            name: Informer(
+                Collection(self.client, path, labels),
+                name=name,
+                indices={BY_UID: index},
+                watch_timeout=self.watch_timeout,
+            )
+            for name, (path, labels, index) in sources.items()
+        }
+
+    def _snapshot(self, informers: dict[str, Informer], uid: str, domains: list[JsonObject]) -> Snapshot:
+        """What exists of domain ``uid``, from the caches, as the controller's reconcile reads it."""
+
+        def of(name: str) -> list[JsonObject]:
+            return informers[name].store.by_index(BY_UID, uid)
+
+        snap = Snapshot(
+            domains=domains,
+            cliques=of("cliques"),
+            pods=of("pods"),
+            daemonsets={d["metadata"]["name"] for d in of("daemonsets")},
+            templates=of("templates"),
+            nodes=of("nodes"),
+        )
+        snap.by_uid = {d["metadata"]["uid"]: d for d in domains}
+        return snap
+
+    def _handlers(self, session: _Session) -> None:
+        domains = session.informers["computedomains"]
+
+        def on_domain(old: JsonObject | None, new: JsonObject | None) -> None:
+            session.queue.add(key_of(new or old or {}))
+            if new is None and old is not None:
+                session.queue.add(ORPHAN + old["metadata"].get("uid", ""))  # gone: whatever it left, swept
+
+        def on_object(old: JsonObject | None, new: JsonObject | None) -> None:
+            uids = {*_uid_label(old or {}), *_uid_label(new or {})}  # a relabelled object concerns both
+            for uid in uids:
+                owners = domains.store.by_index(BY_UID, uid)
+                for owner in owners:
+                    session.queue.add(key_of(owner))
+                if not owners:
+                    session.queue.add(ORPHAN + uid)
+
+        domains.add_handler(on_domain)
+        for name, informer in session.informers.items():
+            if name != "computedomains":
+                informer.add_handler(on_object)
+
+    # -- one key ---------------------------------------------------------------------------------------
+
+    def process(self, session: _Session, key: str) -> bool:
+        """Reconcile the domain ``key`` (or sweep an orphan's leftovers); whether it is done."""
+        informers = session.informers
+        if key.startswith(ORPHAN):
+            return self._sweep(informers, key.removeprefix(ORPHAN))
+        domain = informers["computedomains"].store.get(key)
+        if domain is None:
+            return True  # deleted: its DELETED event queued its leftovers' sweep
+        uid = domain["metadata"]["uid"]
+        return self.controller.reconcile(domain, self._snapshot(informers, uid, [domain]))
+
+    def _sweep(self, informers: dict[str, Informer], uid: str) -> bool:
+        if not uid or informers["computedomains"].store.by_index(BY_UID, uid):
+            return True
+        snap = self._snapshot(informers, uid, [])
+        if not (snap.cliques or snap.pods or snap.daemonsets or snap.templates or snap.nodes):
+            return True
+        # The domain cache may lag the others' (an object made for a domain created a moment ago): the API
+        # server says whether the domain is gone. Rare: only for objects of a domain the cache does not know.
+        try:
+            listed = self.controller.rest.list(path_of(api.API_VERSION, "computedomains"))
+            if any(d["metadata"].get("uid") == uid for d in listed):
+                return True
+            self.controller.sweep(uid, snap)
+        except ClusterError as err:
+            log.warning("sweep failed uid=%s error=%s", uid, err)
+            return False
+        return True
+
+    def _work(self, session: _Session, leading: Callable[[], bool], name: str) -> None:
+        while not session.stop.is_set():
+            key = session.queue.get(timeout=1.0)
+            if key is None:
+                continue
+            try:
+                if not leading():
+                    continue
+                with self._busy_lock:
+                    self._busy[name] = time.monotonic()
+                started = time.monotonic()
+                done = False
+                try:
+                    done = self.process(session, key)
+                except Exception:  # a fault of one key must not end the worker
+                    log.exception("reconcile failed key=%s", key)
+                finally:
+                    with self._busy_lock:
+                        self._busy.pop(name, None)
+                metrics.RECONCILES.labels("ok" if done else "retry").inc()
+                metrics.RECONCILE_DURATION.observe(time.monotonic() - started)
+                self.reconciled = [*self.reconciled[-999:], key]
+                if done:
+                    session.queue.forget(key)
+                else:
+                    session.queue.add_rate_limited(key)
+            finally:
+                session.queue.done(key)
+
+    # -- leading ---------------------------------------------------------------------------------------
+
+    def _start(self, leading: Callable[[], bool]) -> _Session:
+        session = _Session(threading.Event(), self._informers(), WorkQueue(), [])
+        self._handlers(session)
+        for name, informer in session.informers.items():
+            session.threads.append(
+                threading.Thread(target=informer.run, args=(session.stop,), name=f"informer-{name}", daemon=True)
+            )
+        for n in range(self.workers):
+            session.threads.append(
+                threading.Thread(
+                    target=self._work, args=(session, leading, f"worker-{n}"), name=f"worker-{n}", daemon=True
+                )
+            )
+        for thread in session.threads:
+            thread.start()
+        self.session = session
+        return session
+
+    def _end(self, session: _Session) -> None:
+        session.stop.set()
+        session.queue.shut_down()
+        for informer in session.informers.values():
+            informer.close()
+        for thread in session.threads:
+            thread.join(10.0)
+        self.session = None
+        metrics.forget_domains()
+
+    def _synced(self, session: _Session) -> bool:
+        return all(i.synced.is_set() for i in session.informers.values())
+
+    def _walk(self, session: _Session) -> None:
+        """Queue every domain of the cache (and count it as a pass over them)."""
+        started = time.monotonic()
+        for key in session.informers["computedomains"].store.list_keys():
+            session.queue.add(key)
+        metrics.PASSES.labels("ok").inc()
+        metrics.PASS_DURATION.observe(time.monotonic() - started)
+
+    def run(self, stop: threading.Event, *, leading: Callable[[], bool], poll: float = 0.1) -> None:
+        """Informers and workers while ``leading()``, until ``stop`` is set."""
+        while not stop.is_set():
+            if not leading():
+                metrics.forget_domains()
+                stop.wait(poll)
+                continue
+            log.info("leading: starting informers and %d workers", self.workers)
+            session = self._start(leading)
+            try:
+                self._lead(session, stop, leading, poll)
+            finally:
+                log.info("stopping informers and workers")
+                self._end(session)
+
+    def _lead(self, session: _Session, stop: threading.Event, leading: Callable[[], bool], poll: float) -> None:
+        walked_at: float | None = None
+        counted = -1
+        while not stop.is_set() and leading():
+            if walked_at is None and self._synced(session):
+                self._walk(session)  # the first lists queued every domain already; the pass is counted here
+                walked_at = time.monotonic()
+            elif walked_at is not None and time.monotonic() - walked_at >= self.resync:
+                self._walk(session)
+                walked_at = time.monotonic()
+            domains = session.informers["computedomains"].store
+            if walked_at is not None and domains.changes != counted:
+                counted = domains.changes
+                metrics.record_domains(domains.objects())
+            stop.wait(poll)
+
+    def alive(self) -> tuple[bool, dict[str, Any]]:
+        """For /livez: no reconcile has made no progress for :data:`STUCK_AFTER_SECONDS`."""
+        with self._busy_lock:
+            oldest = min(self._busy.values(), default=None)
+        if oldest is not None and (idle := time.monotonic() - oldest) > STUCK_AFTER_SECONDS:
+            return False, {"failedCheck": "reconcile", "reason": f"a reconcile has run for {idle:.0f} s"}
+        return True, {}

@@ -1,0 +1,242 @@
+"""The ComputeDomain controller on informers and a work queue, on the in-memory API server (with watches)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from support.fake_rest import FakeRest
+
+from dradriver.computedomain import api
+from dradriver.computedomain.controller import Controller, ControllerSettings
+from dradriver.computedomain.kube import path_of
+from dradriver.computedomain.watching import WatchingController
+
+NS = "dradriver"
+DEADLINE = 15.0
+
+
+def _wait(what: str, condition: Callable[[], Any]) -> None:
+    end = time.monotonic() + DEADLINE
+    while not condition():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def _domain_path(name: str) -> str:
+    return path_of(api.API_VERSION, "computedomains", "team", name)
+
+
+def _daemonset_path(uid: str) -> str:
+    return path_of("apps/v1", "daemonsets", NS, f"computedomain-daemon-{uid}")
+
+
+def _domain(rest: FakeRest, name: str) -> str:
+    uid = f"uid-{name}"
+    rest.put(
+        _domain_path(name),
+        {
+            "apiVersion": api.API_VERSION,
+            "kind": "ComputeDomain",
+            "metadata": {"name": name, "namespace": "team", "uid": uid, "generation": 1},
+            "spec": {"numNodes": 1, "channel": {"resourceClaimTemplate": {"name": f"{name}-ch"}}},
+        },
+    )
+    return uid
+
+
+def _daemon_pod(rest: FakeRest, uid: str, node: str, *, ready: bool) -> None:
+    rest.put(
+        path_of("v1", "pods", NS, f"daemon-{node}"),
+        {
+            "metadata": {
+                "name": f"daemon-{node}",
+                "namespace": NS,
+                "labels": {api.DOMAIN_LABEL: uid, api.CLIQUE_LABEL: ""},
+            },
+            "spec": {"nodeName": node},
+            "status": {"podIP": "10.0.0.9", "conditions": [{"type": "Ready", "status": str(ready)}]},
+        },
+    )
+
+
+def _ready(rest: FakeRest, name: str) -> bool:
+    return (rest.find(_domain_path(name)) or {}).get("status", {}).get("status") == "Ready"
+
+
+class Running:
+    """A WatchingController in a thread; ``leading`` can be switched."""
+
+    def __init__(self, rest: FakeRest, *, resync: float = 600.0) -> None:
+        self.rest = rest
+        self.controller = Controller(rest, ControllerSettings(namespace=NS, image="dradriver:test"))  # type: ignore[arg-type]
+        self.watching = WatchingController(self.controller, rest, resync=resync)
+        self.leading = threading.Event()
+        self.leading.set()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(
+            target=self.watching.run, args=(self.stop,), kwargs={"leading": self.leading.is_set}
+        )
+        self.thread.start()
+
+    def end(self) -> None:
+        self.stop.set()
+        self.thread.join(DEADLINE)
+        assert not self.thread.is_alive()
+
+    def settled(self) -> None:
+        """Wait until the queue is empty and no worker is busy, twice in a row a little apart."""
+
+        def idle() -> bool:
+            session = self.watching.session
+            return session is not None and len(session.queue) == 0 and not self.watching._busy
+
+        for _ in range(2):
+            _wait("the controller to settle", idle)
+            time.sleep(0.2)
+        _wait("the controller to settle", idle)
+
+
+@pytest.fixture
+def rest() -> FakeRest:
+    return FakeRest()
+
+
+@pytest.fixture
+def start(rest: FakeRest) -> Iterator[Callable[..., Running]]:
+    started: list[Running] = []
+
+    def run(**options: Any) -> Running:
+        started.append(Running(rest, **options))
+        return started[-1]
+
+    yield run
+    for running in started:
+        running.end()
+
+
+def _reads(rest: FakeRest, *verbs: str) -> int:
+    return sum(count for key, count in rest.reads.items() if key.split(" ")[0] in verbs)
+
+
+def test_a_new_domain_gets_its_objects_and_an_idle_controller_sends_no_requests(
+    rest: FakeRest, start: Callable[..., Running]
+) -> None:
+    running = start()
+    uid = _domain(rest, "job")
+    _wait("the DaemonSet", lambda: rest.find(_daemonset_path(uid)))
+    assert rest.find(path_of("resource.k8s.io/v1", "resourceclaimtemplates", "team", "job-ch"))
+    _daemon_pod(rest, uid, "node-a", ready=True)
+    _wait("the domain Ready", lambda: _ready(rest, "job"))
+    running.settled()
+    lists = rest.reads.copy()
+    assert _reads(rest, "LIST") == 6  # one list per kind, once
+    writes = sum(rest.writes.values())
+    time.sleep(1.0)  # idle: nothing changes, so nothing may be asked or written
+    assert rest.reads == lists and sum(rest.writes.values()) == writes
+
+
+def test_a_change_to_one_domain_reconciles_only_that_domain(rest: FakeRest, start: Callable[..., Running]) -> None:
+    running = start()
+    uids = [_domain(rest, name) for name in ("one", "two", "three")]
+    for uid in uids:
+        _wait("the DaemonSets", lambda uid=uid: rest.find(_daemonset_path(uid)))
+    running.settled()
+    running.watching.reconciled.clear()
+    _daemon_pod(rest, uids[1], "node-b", ready=True)
+    _wait("domain two Ready", lambda: _ready(rest, "two"))
+    running.settled()
+    assert set(running.watching.reconciled) == {"team/two"}
+    assert not _ready(rest, "one") and not _ready(rest, "three")
+
+
+def test_a_change_missed_while_the_watch_was_broken_is_repaired_by_the_relist(
+    rest: FakeRest, start: Callable[..., Running]
+) -> None:
+    running = start()
+    uid = _domain(rest, "job")
+    _wait("the DaemonSet", lambda: rest.find(_daemonset_path(uid)))
+    running.settled()
+    lists = _reads(rest, "LIST")
+    with rest._lock:  # no watch sees this: they are broken, and the server forgets the history (410 Gone)
+        rest.break_watches()
+        rest.delete(_daemonset_path(uid))
+        rest.forget_history()
+    _wait("the DaemonSet made again", lambda: rest.find(_daemonset_path(uid)))
+    assert _reads(rest, "LIST") > lists  # through a relist
+
+
+def test_a_restarted_controller_converges_what_changed_while_none_ran(
+    rest: FakeRest, start: Callable[..., Running]
+) -> None:
+    first = start()
+    uid = _domain(rest, "job")
+    _wait("the DaemonSet", lambda: rest.find(_daemonset_path(uid)))
+    first.settled()
+    first.end()
+    rest.delete(_daemonset_path(uid))
+    other = _domain(rest, "later")
+    start()
+    _wait("both DaemonSets", lambda: rest.find(_daemonset_path(uid)) and rest.find(_daemonset_path(other)))
+
+
+def test_losing_the_lease_stops_informers_and_workers_and_leading_again_converges(
+    rest: FakeRest, start: Callable[..., Running]
+) -> None:
+    running = start()
+    uid = _domain(rest, "job")
+    _wait("the DaemonSet", lambda: rest.find(_daemonset_path(uid)))
+    running.leading.clear()
+    _wait("the session to end", lambda: running.watching.session is None)
+    assert not rest._watchers  # every watch closed
+    writes = sum(rest.writes.values())
+    rest.delete(_daemonset_path(uid))
+    time.sleep(0.3)
+    assert not rest.find(_daemonset_path(uid)) and sum(rest.writes.values()) == writes + 1  # our delete only
+    running.leading.set()
+    _wait("the DaemonSet made again", lambda: rest.find(_daemonset_path(uid)))
+
+
+def test_the_resync_reconciles_every_domain_again(rest: FakeRest, start: Callable[..., Running]) -> None:
+    running = start(resync=0.3)
+    _domain(rest, "job")
+    _wait("a first reconcile", lambda: "team/job" in running.watching.reconciled)
+    running.settled()
+    running.watching.reconciled.clear()
+    writes = sum(rest.writes.values())
+    _wait("a resync", lambda: "team/job" in running.watching.reconciled)
+    assert sum(rest.writes.values()) == writes  # converged already: nothing written
+
+
+def test_what_a_vanished_domain_left_is_swept(rest: FakeRest, start: Callable[..., Running]) -> None:
+    running = start()
+    uid = _domain(rest, "job")
+    _wait("the DaemonSet", lambda: rest.find(_daemonset_path(uid)))
+    running.settled()
+    domain = rest.get(_domain_path("job"))
+    rest.put(_domain_path("job"), {**domain, "metadata": {**domain["metadata"], "finalizers": []}})
+    rest.delete(_domain_path("job"))  # finalizer forced off: the controller never saw it being deleted
+    _wait("the DaemonSet swept", lambda: rest.find(_daemonset_path(uid)) is None)
+    assert rest.find(path_of("resource.k8s.io/v1", "resourceclaimtemplates", "team", "job-ch")) is None
+
+
+def test_a_failed_reconcile_is_tried_again_with_backoff(
+    rest: FakeRest, start: Callable[..., Running], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = rest.create
+    refusals = iter([True, True])
+
+    def flaky(path: str, body: dict[str, Any]) -> dict[str, Any]:
+        if body["kind"] == "DaemonSet" and next(refusals, False):
+            from dradriver.plugin.cluster.port import ApiUnavailableError
+
+            raise ApiUnavailableError(f"POST {path}: HTTP 503")
+        return real(path, body)
+
+    monkeypatch.setattr(rest, "create", flaky)
+    start()
+    uid = _domain(rest, "job")
+    _wait("the DaemonSet after two refusals", lambda: rest.find(_daemonset_path(uid)))
