@@ -240,3 +240,17 @@ def test_a_failed_reconcile_is_tried_again_with_backoff(
     start()
     uid = _domain(rest, "job")
     _wait("the DaemonSet after two refusals", lambda: rest.find(_daemonset_path(uid)))
+
+
+def test_a_restarted_controller_leaves_a_converged_domain_alone(rest: FakeRest, start: Callable[..., Running]) -> None:
+    first = start()
+    uid = _domain(rest, "job")
+    _daemon_pod(rest, uid, "node-a", ready=True)
+    _wait("the domain Ready", lambda: _ready(rest, "job"))
+    first.settled()
+    first.end()
+    writes = sum(rest.writes.values())
+    second = start()
+    _wait("a reconcile of the domain", lambda: "team/job" in second.watching.reconciled)
+    second.settled()
+    assert sum(rest.writes.values()) == writes  # no worker read a cache before every cache had its first list

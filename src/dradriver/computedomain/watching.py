@@ -214,16 +214,20 @@ class WatchingController:
             session.threads.append(
                 threading.Thread(target=informer.run, args=(session.stop,), name=f"informer-{name}", daemon=True)
             )
-        for n in range(self.workers):
-            session.threads.append(
-                threading.Thread(
-                    target=self._work, args=(session, leading, f"worker-{n}"), name=f"worker-{n}", daemon=True
-                )
-            )
         for thread in session.threads:
             thread.start()
         self.session = session
         return session
+
+    def _start_workers(self, session: _Session, leading: Callable[[], bool]) -> None:
+        """The workers, once every cache holds its first list: a domain reconciled from a cache still empty
+        of its pods or cliques would have its status rewritten as if it had no daemons."""
+        for n in range(self.workers):
+            worker = threading.Thread(
+                target=self._work, args=(session, leading, f"worker-{n}"), name=f"worker-{n}", daemon=True
+            )
+            session.threads.append(worker)
+            worker.start()
 
     def _end(self, session: _Session) -> None:
         session.stop.set()
@@ -266,6 +270,7 @@ class WatchingController:
         counted = -1
         while not stop.is_set() and leading():
             if walked_at is None and self._synced(session):
+                self._start_workers(session, leading)
                 self._walk(session)  # the first lists queued every domain already; the pass is counted here
                 walked_at = time.monotonic()
             elif walked_at is not None and time.monotonic() - walked_at >= self.resync:
