@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from dradriver.driver.prepare.vfio import PassthroughGpu
 from dradriver.gpu.inventory import GpuDevice, MigPartition
 
 STANDARD_DOMAIN = "resource.kubernetes.io"
@@ -40,6 +41,9 @@ def device_metadata_attributes(device: GpuDevice | MigPartition) -> dict[str, di
     gpu = device if isinstance(device, GpuDevice) else device.parent
     info = gpu.info
     attributes: dict[str, dict[str, Any]] = {"type": {"string": "gpu" if device is gpu else "mig"}}
+    if isinstance(device, PassthroughGpu):  # KubeVirt finds a passthrough device by its PCI address (below)
+        attributes["type"] = {"string": "vfio"}
+        attributes["iommuGroup"] = {"int": device.passthrough.function.iommu_group}
     if device.uuid:
         attributes["uuid"] = {"string": device.uuid}
     if isinstance(device, MigPartition):

@@ -39,6 +39,13 @@ from dradriver.driver.prepare.sharing import (
 )
 from dradriver.driver.prepare.steps import step_kinds
 from dradriver.driver.prepare.transaction import StepFailed, Transaction, crash_point
+from dradriver.driver.prepare.vfio import (
+    Passthrough,
+    PassthroughDevice,
+    PassthroughGpu,
+    PassthroughSteps,
+    passthrough_env,
+)
 from dradriver.errors import ClaimError, DeviceError, DradriverError
 from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode, MigPartition
@@ -77,6 +84,8 @@ class PlannedDevice:
 
     @property
     def gpu(self) -> GpuDevice:
+        if isinstance(self.device, PassthroughGpu):
+            return self.device.whole  # a claim on the GPU or any part of it excludes its passthrough device
         return self.device if isinstance(self.device, GpuDevice) else self.device.parent
 
 
@@ -127,12 +136,14 @@ class GpuDriver:
         mps: MpsControl | None = None,
         device_problem: DeviceProblem | None = None,
         holder_released: HolderReleased | None = None,
+        passthrough: Passthrough | None = None,
     ) -> None:
         """``device_problem`` says why a device must not be given to a new claim (its health: cause and time),
         or None when it may; consulted for each device of a claim that is not prepared yet (a claim prepared
         before its device turned unhealthy is returned as recorded: its pod learns of the fault from the health
         stream). ``holder_released`` says whether the cluster no longer allocates a device to the claim
-        prepared with it (so a new claim may take it over)."""
+        prepared with it (so a new claim may take it over). ``passthrough`` (``--passthrough``) offers every GPU for
+        VFIO passthrough too (:mod:`~dradriver.driver.prepare.vfio`)."""
         self.driver_name = options.driver_name
         self.pool = options.pool
         self.cdi = cdi
@@ -145,7 +156,10 @@ class GpuDriver:
         self.mig = MigSteps(gpulib) if gpulib is not None else None
         self.sharing = SharingSteps(gpulib, self.checkpoint, mps)
         self.cdi_step = CdiSpecStep(cdi)
-        self.step_kinds = step_kinds(cdi=self.cdi_step, sharing=self.sharing, mig=self.mig)
+        self.passthrough = passthrough
+        self.step_kinds = step_kinds(
+            cdi=self.cdi_step, sharing=self.sharing, mig=self.mig, vfio=passthrough.steps if passthrough else None
+        )
         self._lock = threading.Lock()
         self._gpu_locks: dict[str, threading.Lock] = {}
         self._devices: dict[str, GpuDevice | MigPartition] = {}
@@ -160,6 +174,8 @@ class GpuDriver:
     def update_inventory(self, inventory: Inventory, mig_mode: MigMode) -> None:
         """Use a fresh inventory (after rediscovery) for later prepares."""
         devices = {d.name: d for d in inventory.devices(mig_mode)}
+        if self.passthrough is not None:
+            devices.update({d.name: d for d in self.passthrough.refresh(inventory)})
         with self._lock:
             self._devices = devices
             self._gpus = inventory.gpus
@@ -445,6 +461,8 @@ class GpuDriver:
         """Declare the steps :meth:`_make_ready` will take for ``planned`` (MIG mode switches, rare and decided
         by what the hardware shows then, are recorded when they happen)."""
         device = planned.device
+        if isinstance(device, PassthroughGpu):
+            self._passthrough_steps(device).expect(txn, device.passthrough)
         if (
             self.mig_mode is MigMode.DYNAMIC
             and self.mig is not None
@@ -466,6 +484,9 @@ class GpuDriver:
     def _make_ready(self, txn: Transaction, planned: PlannedDevice) -> ReadyDevice:
         """Bring one device into the state its allocation needs (dynamic mode: MIG mode and carving)."""
         device, record = planned.device, _record_of(txn.record, planned.device.name)
+        if isinstance(device, PassthroughGpu):
+            nodes = self._passthrough_steps(device).bind(txn, device.passthrough)
+            return ReadyDevice(device, nodes, False, env=passthrough_env(device.passthrough))
         if isinstance(device, GpuDevice):
             if (
                 self.mig_mode is MigMode.DYNAMIC
@@ -495,7 +516,7 @@ class GpuDriver:
 
     def _with_sharing(self, record: ClaimRecord, ready: ReadyDevice) -> ReadyDevice:
         env, mounts = self.sharing.cdi_extras(record, _record_of(record, ready.name))
-        return replace(ready, env=env, mounts=mounts)
+        return replace(ready, env=ready.env + env, mounts=mounts)
 
     def check_mps_daemons(self) -> None:
         """Restart the MPS daemon of every prepared claim whose daemon died (a periodic check; also at
@@ -544,6 +565,15 @@ class GpuDriver:
             for d in record.devices
         )
 
+    def _passthrough_steps(self, device: PassthroughGpu) -> PassthroughSteps:
+        if self.passthrough is None:
+            raise DeviceError(f"device {device.name}: this driver was started without --passthrough")
+        return self.passthrough.steps
+
+    def passthrough_devices(self) -> list[PassthroughDevice]:
+        """The node's VFIO passthrough devices as last discovered (none without ``--passthrough``)."""
+        return self.passthrough.devices() if self.passthrough is not None else []
+
     def _users(self, uid: str, gpu: str) -> list[str]:
         """Other claims with a device on ``gpu``."""
         return [str(r) for r in self.checkpoint.records() if r.uid != uid and any(d.gpu == gpu for d in r.devices)]
@@ -583,6 +613,10 @@ class GpuDriver:
                 f"claim {record}: cannot re-write its missing CDI spec: device {device.name} is not offered by this "
                 "node now (GPU lost?); delete the claim's pod so the claim is unprepared"
             )
+        if isinstance(found, PassthroughGpu):
+            group = found.passthrough.function.iommu_group
+            nodes = (DeviceNode(f"/dev/vfio/{group}"), DeviceNode("/dev/vfio/vfio"))
+            return ReadyDevice(found, nodes, False, env=passthrough_env(found.passthrough))
         if isinstance(found, GpuDevice):
             return ReadyDevice(found, gpu_device_nodes(found.info), device.admin_access)
         candidates = self.gpulib.mig_devices(found.parent.uuid) if self.gpulib is not None else [found.existing]

@@ -83,6 +83,16 @@ class PassthroughDevice:
         return _product_by_device_id().get(int(self.function.device_id, 16), "NVIDIA GPU")
 
 
+@dataclass(frozen=True)
+class PassthroughGpu(GpuDevice):
+    """A passthrough device as the prepare recipe resolves it: a whole GPU (NVML's view of it, under the passthrough
+    device's name) with its sysfs side. It is a :class:`GpuDevice` so the recipe's whole-GPU rules (overlap with
+    every other claim on the GPU, its lock) hold for it; ``whole`` is the GPU under its own name."""
+
+    passthrough: PassthroughDevice
+    whole: GpuDevice
+
+
 def passthrough_name(gpu_name: str) -> str:
     return gpu_name + NAME_SUFFIX
 
@@ -111,6 +121,36 @@ class PassthroughCatalog:
             members = tuple(self.pci.group_members(function.iommu_group))
             found.append(PassthroughDevice(name, function, members, known))
         return found
+
+
+class Passthrough:
+    """VFIO passthrough on one node (``--passthrough``): its devices and its prepare step."""
+
+    def __init__(self, catalog: PassthroughCatalog, steps: PassthroughSteps) -> None:
+        self.catalog = catalog
+        self.steps = steps
+        self._devices: list[PassthroughDevice] = []
+
+    def refresh(self, inventory: Inventory) -> list[PassthroughGpu]:
+        """Read sysfs again; the devices a claim can be prepared with (those whose GPU NVML has described)."""
+        self._devices = self.catalog.devices(inventory)
+        return [
+            PassthroughGpu(
+                name=d.name,
+                info=d.gpu.info,
+                nvlink_domain=d.gpu.nvlink_domain,
+                mig_enabled=False,
+                mig_profiles=(),
+                passthrough=d,
+                whole=d.gpu,
+            )
+            for d in self._devices
+            if d.gpu is not None
+        ]
+
+    def devices(self) -> list[PassthroughDevice]:
+        """What the last :meth:`refresh` found, for the slices."""
+        return list(self._devices)
 
 
 @cache

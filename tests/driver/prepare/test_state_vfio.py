@@ -1,0 +1,159 @@
+"""VFIO passthrough through the driver's recipe (``GpuDriver`` with ``passthrough``) on a simulated node with its
+sysfs: prepare, unprepare, the refusals, and a kill at every point of prepare and unprepare that start-up
+reconciliation repairs, as the MIG fault walk does."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dradriver import faults
+from dradriver.driver.prepare.checkpoint import CheckpointStore
+from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions
+from dradriver.driver.prepare.vfio import Passthrough, PassthroughCatalog, PassthroughSteps, nvml_holders, nvml_sees
+from dradriver.gpu.errors import GpuIsLost
+from dradriver.gpu.inventory import MigMode, discover
+from dradriver.nvidia_install.cdi import CdiWriter
+from dradriver.nvidia_install.pci_binding import HostPci
+from dradriver.sim.fakelib import simulated_gpulib_on
+from dradriver.sim.node import SimulatedNode
+from dradriver.sim.profiles import load_node_profile
+from dradriver.sim.sysfs import FIRST_GROUP
+from tests.driver.prepare.test_state_mig import DRIVER, claim, ref
+
+GPU0 = "0000:1b:00.0"
+WHOLE = "gpu-0000-1b-00-0"
+VFIO = "gpu-0000-1b-00-0-vfio"
+
+
+class Crash(BaseException):
+    """Stands in for SIGKILL: nothing after the point runs, and the driver's memory is thrown away."""
+
+
+class VfioNode:
+    """A simulated H100 node with its sysfs; ``restart()`` builds a new driver on the same hardware and files."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.sim = SimulatedNode(load_node_profile("hgx-h100-80gb"), node_name="node-a")
+        self.root = tmp_path / "host"
+        self.kernel = self.sim.attach_sysfs(self.root)
+        self.pci = HostPci(self.root, self.kernel)
+        self.cdi_dir = tmp_path / "cdi"
+        self.state_dir = tmp_path / "state"
+        self.store: CheckpointStore | None = None
+        self.driver = self.restart()
+
+    def restart(self) -> GpuDriver:
+        if self.store is not None:
+            self.store.close()
+        self.gpulib = simulated_gpulib_on(self.sim)
+        self.store = CheckpointStore.open(self.state_dir, boot_id="boot-1")
+        steps = PassthroughSteps(
+            self.pci, nvml_sees=nvml_sees(self.gpulib), holders=nvml_holders(self.gpulib), return_timeout_s=5
+        )
+        self.driver = GpuDriver(
+            GpuDriverOptions(driver_name=DRIVER, pool="node-a", mig_mode=MigMode.DYNAMIC),
+            inventory=discover(self.gpulib),
+            cdi=CdiWriter(self.cdi_dir),
+            gpulib=self.gpulib,
+            checkpoint=self.store,
+            passthrough=Passthrough(PassthroughCatalog(self.pci), steps),
+        )
+        return self.driver
+
+    def close(self) -> None:
+        assert self.store is not None
+        self.store.close()
+
+    def assert_as_found(self, where: str = "") -> None:
+        assert self.pci.function(GPU0).driver == "nvidia", where
+        assert self.pci.driver_override(GPU0) is None, where
+        assert not self.pci.vfio_group_node(FIRST_GROUP).exists(), where
+        self.gpulib.probe(self.sim.gpus[0].uuid)  # NVML answers for it again
+        assert list(self.cdi_dir.glob("*.json")) == [], where
+        assert self.driver.checkpoint.records() == [], where
+
+
+@pytest.fixture
+def node(tmp_path: Path):  # type: ignore[no-untyped-def]
+    n = VfioNode(tmp_path)
+    yield n
+    n.close()
+
+
+def test_a_passthrough_claim_gets_the_vfio_group_and_the_pci_address(node: VfioNode) -> None:
+    result = node.driver.prepare_resource_claims([claim("vm", VFIO)])["vm"]
+    assert result.error is None
+    [device] = result.devices
+    assert device.device == VFIO
+    assert device.metadata is not None and device.metadata["type"] == {"string": "vfio"}
+    assert device.metadata["resource.kubernetes.io/pciBusID"] == {"string": GPU0}
+    spec = json.loads(next(node.cdi_dir.glob("*.json")).read_text())
+    [cdi_device] = spec["devices"]
+    edits = cdi_device["containerEdits"]
+    assert [n["path"] for n in edits["deviceNodes"]] == [f"/dev/vfio/{FIRST_GROUP}", "/dev/vfio/vfio"]
+    assert f"PCI_RESOURCE_GPU_DRADRIVER_DEV_VFIO={GPU0}" in edits["env"]
+    assert node.pci.function(GPU0).driver == "vfio-pci"
+    with pytest.raises(GpuIsLost):
+        node.gpulib.probe(node.sim.gpus[0].uuid)
+    assert node.driver.unprepare_resource_claims([ref("vm")]) == {"vm": None}
+    node.assert_as_found()
+
+
+def test_the_whole_gpu_and_its_passthrough_device_exclude_each_other(node: VfioNode) -> None:
+    assert node.driver.prepare_resource_claims([claim("pod", f"{WHOLE}-mig-1g10gb-0")])["pod"].error is None
+    error = node.driver.prepare_resource_claims([claim("vm", VFIO)])["vm"].error
+    assert error is not None and "overlaps" in error
+    assert node.pci.function(GPU0).driver == "nvidia"
+
+
+def test_a_process_on_the_gpu_refuses_the_claim(node: VfioNode) -> None:
+    node.sim.start_process(node.sim.gpus[0].uuid, pid=4242, memory_bytes=1 << 30)
+    error = node.driver.prepare_resource_claims([claim("vm", VFIO)])["vm"].error
+    assert error is not None and "processes 4242 use GPU" in error
+    node.sim.end_process(4242)
+    node.assert_as_found()
+
+
+def points_of_a_clean_run(node: VfioNode) -> tuple[list[str], list[str]]:
+    seen: list[str] = []
+    faults.observer = seen.append
+    try:
+        assert node.driver.prepare_resource_claims([claim("vm", VFIO)])["vm"].error is None
+        preparing = list(dict.fromkeys(seen))
+        seen.clear()
+        assert node.driver.unprepare_resource_claims([ref("vm")]) == {"vm": None}
+        return preparing, list(dict.fromkeys(seen))
+    finally:
+        faults.observer = None
+
+
+def test_a_kill_at_every_point_leaves_nothing_after_the_restart(tmp_path: Path) -> None:
+    probe = VfioNode(tmp_path / "probe")
+    preparing, unpreparing = points_of_a_clean_run(probe)
+    probe.close()
+    assert {"before:vfio-bind", "after:vfio-bind", "undone:vfio-bind"} <= {*preparing, *unpreparing}
+    for phase, points in (("prepare", preparing), ("unprepare", unpreparing)):
+        for i, point in enumerate(points):
+            node = VfioNode(tmp_path / f"{phase}-{i}")
+            if phase == "unprepare":
+                assert node.driver.prepare_resource_claims([claim("vm", VFIO)])["vm"].error is None
+
+            def crash(name: str, at: str = point) -> None:
+                if name == at:
+                    raise Crash(name)
+
+            faults.observer = crash
+            try:
+                with pytest.raises(Crash):
+                    if phase == "prepare":
+                        node.driver.prepare_resource_claims([claim("vm", VFIO)])
+                    else:
+                        node.driver.unprepare_resource_claims([ref("vm")])
+            finally:
+                faults.observer = None
+            node.restart().reconcile(lambda _ref: False)  # the claim is gone from the API server meanwhile
+            node.assert_as_found(f"{phase} killed at {point}")
+            node.close()
