@@ -1,0 +1,75 @@
+"""The scale harness at a small size, in CI: the real control plane, kwok (scripts/build-kwok) and 50 fake Nodes
+(40 DGX H100s, 10 GB200 trays) each with the slices our driver publishes; then one pod's claim explained by
+`dradriver explain --pod` while a scheduling gate holds it, and placed by the real scheduler once released. The full
+size (5,000 nodes) is benchmarks/bench_cluster_scale.py; docs/performance.md, "Cluster scale"."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support.cluster_fixtures import failures
+from support.scale import (
+    KWOK_ANNOTATION,
+    NodeGroup,
+    Probe,
+    ScaleCluster,
+    create_gated_probe,
+    release_probe,
+    scale_cluster,
+    time_explain,
+)
+
+GROUPS = [NodeGroup(40), NodeGroup(10, "gb200-nvl72-tray", prefix="gb200")]
+GPUS = 40 * 8 + 10 * 4
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[ScaleCluster]:
+    root = Path(tempfile.mkdtemp(prefix="dra-scale-", dir="/tmp"))
+    failed_before = failures()
+    with scale_cluster(root, GROUPS, workers=8) as cluster:
+        yield cluster
+    if failures() > failed_before:
+        sys.stderr.write(f"\nscale tests failed: control-plane and kwok logs kept in {root / 'logs'}\n")
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_kwok_keeps_every_node_ready_with_our_slices(fleet: ScaleCluster) -> None:
+    nodes = list(fleet.pool.pages("/api/v1/nodes", labelSelector="type=kwok"))
+    assert len(nodes) == 50
+    for node in nodes:
+        assert node["metadata"]["annotations"][KWOK_ANNOTATION] == "fake"
+        assert not node["spec"].get("taints"), node["metadata"]["name"]
+        ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
+        assert ready and ready[0]["status"] == "True"
+    slices = list(fleet.pool.pages("/apis/resource.k8s.io/v1/resourceslices"))
+    # One pool per node, named for it, owned by it; each GPU with its own UUID.
+    assert sorted(s["spec"]["pool"]["name"] for s in slices) == sorted(n["metadata"]["name"] for n in nodes)
+    assert all(s["spec"]["nodeName"] == s["spec"]["pool"]["name"] for s in slices)
+    assert all(s["metadata"]["ownerReferences"][0]["name"] == s["spec"]["nodeName"] for s in slices)
+    devices = [d for s in slices for d in s["spec"]["devices"]]
+    assert len(devices) == fleet.fleet.devices == GPUS
+    assert len({d["attributes"]["uuid"]["string"] for d in devices}) == GPUS
+    assert {d["attributes"]["productName"]["string"] for d in devices} >= {"NVIDIA GB200"}
+
+
+def test_explain_and_the_scheduler_place_the_same_pod(fleet: ScaleCluster) -> None:
+    probe = Probe(count=8)  # a whole DGX: only the H100 nodes have eight GPUs
+    create_gated_probe(fleet.pool, probe)
+    explained = time_explain(fleet.plane, probe, runs=1)
+    assert explained["exit"] == 0 and explained["fits"], explained
+    assert explained["node"].startswith("h100-")
+    placed = release_probe(fleet.plane, fleet.pool, probe)
+    assert placed["node"].startswith("h100-") and placed["phase"] == "Running"
+    # The scheduler's own histograms saw this pod's attempt and its SLI.
+    assert placed["attempt"]["observations"] >= 1 and placed["attempt"]["seconds"] > 0
+    assert placed["sli"]["observations"] >= 1
+    claim = fleet.plane.kube.get("resourceclaims", probe.name, "scale")
+    results = claim["status"]["allocation"]["devices"]["results"]
+    assert {r["pool"] for r in results} == {placed["node"]} and len(results) == 8
