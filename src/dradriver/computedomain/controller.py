@@ -1,8 +1,10 @@
 """The ComputeDomain controller: per domain, the workload claim template, the daemon claim template and the
 DaemonSet of IMEX daemons; clique indices; status and conditions; finalizer and a deletion that never hangs.
 
-Level-triggered: each pass lists what exists and converges it, so a missed event, a restart or a failover
-loses nothing. Writes happen only on a difference, and the controller is the only writer of daemon indices
+Level-triggered: :meth:`Controller.reconcile` converges one domain from what exists (a :class:`Snapshot`), so a
+missed event, a restart or a failover loses nothing. What exists comes from informers' caches
+(``watching.py``, the default), or with ``--watch false`` from lists each pass (:meth:`Controller.sync`). Writes
+happen only on a difference, and the controller is the only writer of daemon indices
 and of ComputeDomain status, so the daemons (one per node) never rewrite one shared object: each applies its
 own clique entry (server-side apply), the controller numbers them.
 """
