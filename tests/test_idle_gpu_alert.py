@@ -117,7 +117,7 @@ def test_the_dcgm_test_joins_the_allocation_series_the_driver_served() -> None:
     files = page_files(PAGE)
 
     def allocations(name: str) -> list[str]:
-        [test] = yaml.safe_load(files[name])["tests"]
+        test = yaml.safe_load(files[name])["tests"][0]  # the main test's first: the series as scraped
         return [s["series"] for s in test["input_series"] if s["series"].startswith("dradriver_device_allocation")]
 
     assert allocations("idle-gpu-dcgm-test.yaml") == allocations("idle-gpu-test.yaml") != []
