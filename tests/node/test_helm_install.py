@@ -9,9 +9,10 @@ RBAC and controller Deployment are there, the controller pod (our image, on this
 ComputeDomain written with kubectl into its claim templates and daemon DaemonSet and lets it go when it is
 deleted; uninstall leaves the CRDs (helm never deletes CRDs) and the controller's Lease, nothing else.
 
-GFD-compatible node labels are on (``nodeLabels.enabled=true``): the plugin pod labels the node as `dradriver
-node-labels show` says it would (under the own-node labels admission policy), and `helm uninstall`'s post-delete
-hook Job (our image, on this node, in its network) takes them and their annotation off again, then goes itself.
+GFD-compatible node labels are on (``nodeLabels.enabled=true``, MIG strategy mixed): the plugin pod labels the node
+as `dradriver node-labels show` says it would (under the own-node labels admission policy), the labels follow the
+MIG devices a scenario's claim carves and gives back, and `helm uninstall`'s post-delete hook Job (our image, on
+this node, in its network) takes them and their annotation off again, then goes itself.
 
 The node fixture's own driver (a host process) is stopped for this module and started again after it: the pod
 takes its place, as a DaemonSet replacing a by-hand install would. The release owns the DeviceClasses while it
@@ -62,9 +63,11 @@ LABELS_ANNOTATION = f"{DRIVER}/node-labels"
 CLEANUP = f"{RELEASE}-dradriver-node-labels-cleanup"
 # Labels of the simulated node that no MIG device carved by a scenario changes.
 STABLE_LABELS = ("nvidia.com/gpu.present", "nvidia.com/gpu.product", "nvidia.com/gpu.count", "nvidia.com/gpu.memory",
-                 "nvidia.com/gpu.family", "nvidia.com/cuda.driver-version.full", "nvidia.com/mig.capable")  # fmt: skip
+                 "nvidia.com/gpu.family", "nvidia.com/cuda.driver-version.full", "nvidia.com/mig.capable",
+                 "nvidia.com/mig.strategy")  # fmt: skip
 IMAGE = f"localhost/dradriver:{VERSION}"
 SCENARIO = REPO / "examples/scenarios/01-one-gpu.yaml"
+MIG_SCENARIO = REPO / "examples/scenarios/07-mig-partitions-one-parent.yaml"  # two 1g.5gb carved at prepare
 DEVICE_CLASSES = REPO / "manifests/deviceclasses"
 # kubelet 1.37 deletes a driver's slices 30 s after its last plugin instance unregistered.
 WIPE_TIMEOUT = 90.0
@@ -189,8 +192,10 @@ def values_for(node: RealNode) -> dict[str, Any]:
         "cdiDir": str(node.cdi_dir),
         "nodeSelector": {"kubernetes.io/hostname": node.name},
         "tolerations": [{"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
-        # GPU Feature Discovery's labels on the node (the uninstall hook's Job takes the values above too).
-        "nodeLabels": {"enabled": True},
+        # GPU Feature Discovery's labels on the node (the uninstall hook's Job takes the values above too), MIG
+        # devices labelled per profile; a short rescan interval so that they follow a carved device within seconds.
+        "nodeLabels": {"enabled": True, "migStrategy": "mixed"},
+        "rescanIntervalSeconds": 5,
         # ComputeDomains on: the controller pod (and the daemon pods it would create) on this node, in its network.
         "computeDomains": {
             "enabled": True,
@@ -290,7 +295,8 @@ def test_install_runs_our_image_as_the_plugin_pod_and_a_scenario_gets_its_gpu(
 def labels_show(node_name: str) -> dict[str, str]:
     """What `dradriver node-labels show` says the sim preset's plugin writes on ``node_name`` (no cluster asked)."""
     shown = subprocess.run([sys.executable, "-m", "dradriver", "node-labels", "show", "--gpu-backend", "sim",
-                            "--sim-profile", "mixed", "--mig-mode", "dynamic", "--node-name", node_name, "-o", "json"],
+                            "--sim-profile", "mixed", "--mig-mode", "dynamic", "--node-name", node_name,
+                            "--node-labels-mig-strategy", "mixed", "-o", "json"],
                            capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
     labels: dict[str, str] = json.loads(shown.stdout)
     return labels
@@ -308,6 +314,28 @@ def test_install_labels_the_node_as_gpu_feature_discovery_does(release: Chart) -
     # Written by this pod or, after an upgrade, by the one before it (a restart finds them there): never refused.
     log = chart.log(chart.wait_ready("the plugin pod to be Ready"))
     assert "cannot write GPU Feature Discovery's labels" not in log, log
+
+
+def test_the_labels_follow_a_mig_device_carved_and_destroyed(release: Chart) -> None:
+    """Dynamic MIG carves the scenario's two 1g.5gb devices at prepare and destroys them at unprepare: within a
+    rescan the node carries GFD's mixed-strategy labels of that profile, and then no longer."""
+    chart, docs = release, documents(MIG_SCENARIO)
+    profile = "nvidia.com/mig-1g.5gb"
+
+    def carved() -> dict[str, str] | None:
+        written = chart.node_labels()
+        return written if f"{profile}.count" in written else None
+
+    try:
+        [_template, scenario_pod] = chart.workloads.apply(docs)
+        chart.workloads.wait_running(scenario_pod)
+        written = wait_for(f"{profile}.count on the node", carved, 60)
+        assert written[f"{profile}.count"] == "2", written
+        assert written[f"{profile}.product"].endswith("-MIG-1g.5gb"), written
+    finally:
+        chart.workloads.delete(docs)
+    wait_for(f"{profile}.* to leave the node",
+             lambda: not [k for k in chart.node_labels() if k.startswith(f"{profile}.")], 90)  # fmt: skip
 
 
 def test_compute_domains_the_controller_pod_runs_and_turns_a_domain_into_its_objects(
