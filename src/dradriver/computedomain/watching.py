@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,9 @@ WORKERS = 2
 BY_UID = "uid"
 # A key for the leftovers of domain UID (no domain of that UID in the cache), beside the domains' namespace/name.
 ORPHAN = "orphan:"
+# A vanished domain's leftovers are looked at this long after the event that showed them: the caches catch up
+# with a deletion's own echoes first (a domain let go of by its finalizer has just deleted its objects).
+ORPHAN_DELAY = 1.0
 
 
 def _uid_label(obj: JsonObject) -> Iterable[str]:
@@ -79,7 +83,7 @@ class WatchingController:
         self.resync = resync
         self.workers = workers
         self.watch_timeout = watch_timeout
-        self.reconciled: list[str] = []  # keys in the order reconciled (the last 1000): what tests look at
+        self.reconciled: deque[str] = deque(maxlen=1000)  # the last keys reconciled, in order: what tests look at
         self._busy: dict[str, float] = {}  # worker -> when its reconcile began (monotonic)
         self._busy_lock = threading.Lock()
         self.session: _Session | None = None
@@ -129,7 +133,7 @@ class WatchingController:
         def on_domain(old: JsonObject | None, new: JsonObject | None) -> None:
             session.queue.add(key_of(new or old or {}))
             if new is None and old is not None:
-                session.queue.add(ORPHAN + old["metadata"].get("uid", ""))  # gone: whatever it left, swept
+                session.queue.add_after(ORPHAN + old["metadata"].get("uid", ""), ORPHAN_DELAY)  # what it left
 
         def on_object(old: JsonObject | None, new: JsonObject | None) -> None:
             uids = {*_uid_label(old or {}), *_uid_label(new or {})}  # a relabelled object concerns both
@@ -138,7 +142,7 @@ class WatchingController:
                 for owner in owners:
                     session.queue.add(key_of(owner))
                 if not owners:
-                    session.queue.add(ORPHAN + uid)
+                    session.queue.add_after(ORPHAN + uid, ORPHAN_DELAY)
 
         domains.add_handler(on_domain)
         for name, informer in session.informers.items():
@@ -162,7 +166,8 @@ class WatchingController:
         if not uid or informers["computedomains"].store.by_index(BY_UID, uid):
             return True
         snap = self._snapshot(informers, uid, [])
-        if not (snap.cliques or snap.pods or snap.daemonsets or snap.templates or snap.nodes):
+        # Daemon pods alone are not leftovers: their DaemonSet's deletion removes them (they end gracefully).
+        if not (snap.cliques or snap.daemonsets or snap.templates or snap.nodes):
             return True
         # The domain cache may lag the others' (an object made for a domain created a moment ago): the API
         # server says whether the domain is gone. Rare: only for objects of a domain the cache does not know.
@@ -197,7 +202,7 @@ class WatchingController:
                         self._busy.pop(name, None)
                 metrics.RECONCILES.labels("ok" if done else "retry").inc()
                 metrics.RECONCILE_DURATION.observe(time.monotonic() - started)
-                self.reconciled = [*self.reconciled[-999:], key]
+                self.reconciled.append(key)
                 if done:
                     session.queue.forget(key)
                 else:
