@@ -36,6 +36,11 @@ def test_the_rule_is_rendered_only_when_asked_with_the_labels_the_prometheus_sel
     assert alert["expr"].endswith("(100 * avg_over_time(dradriver_device_utilization_ratio[5m]))\n< 10")
 
 
+def test_the_chart_with_the_rule_lints_strictly() -> None:
+    done = run_helm("lint", "--strict", str(CHART), "--set", "metrics.prometheusRule.enabled=true")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def test_the_idle_gpu_values_reach_the_rule() -> None:
     alert = idle_alert(
         rendered_rule(
