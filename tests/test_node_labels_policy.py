@@ -220,6 +220,16 @@ def test_with_compute_domains_the_plugin_may_also_set_the_domain_label_and_no_ot
     assert rule(admit(request(), near, old, "computeDomains.enabled=true")) == [LABELS]
 
 
+def test_compute_domains_alone_also_get_the_policy() -> None:
+    """The ComputeDomain node plugin patches nodes under the same account (computedomain/rbac.yaml) without
+    nodeLabels: the policy narrows that too, and neither feature on renders none."""
+    names = [o["kind"] for o in template("--set", "computeDomains.enabled=true") if o["metadata"]["name"] == NAME]
+    assert sorted(names) == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    assert [o for o in template() if o["metadata"]["name"] == NAME] == []
+    off = ("computeDomains.enabled=true", "admissionPolicies.ownNodeLabels=false")
+    assert [o for o in template(*(a for v in off for a in ("--set", v))) if o["metadata"]["name"] == NAME] == []
+
+
 def test_a_renamed_driver_owns_its_own_annotation() -> None:
     old = node()
     ours = changed(old, annotations={"gpu.example.com/node-labels": "nvidia.com/gpu.count"})
