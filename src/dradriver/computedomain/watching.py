@@ -239,8 +239,10 @@ class WatchingController:
         session.queue.shut_down()
         for informer in session.informers.values():
             informer.close()
+        # One deadline for all: a list or a request in flight ends with its own timeout (daemon threads).
+        deadline = time.monotonic() + 10.0
         for thread in session.threads:
-            thread.join(10.0)
+            thread.join(max(0.0, deadline - time.monotonic()))
         self.session = None
         metrics.forget_domains()
 
