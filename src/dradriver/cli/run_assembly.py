@@ -27,14 +27,17 @@ from dradriver.driver.observe.usage import UsageSampler, pod_uid_of_pid
 from dradriver.driver.prepare.checkpoint import CheckpointStore
 from dradriver.driver.prepare.mps import DEFAULT_COMMAND, MpsControl
 from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions
+from dradriver.driver.prepare.vfio import Passthrough, PassthroughCatalog, PassthroughSteps, nvml_holders, nvml_sees
 from dradriver.driver.publish.node_labeler import HostFacts, NodeLabeler, NodeLabelerOptions
+from dradriver.driver.publish.passthrough import passthrough_slice_specs
 from dradriver.driver.publish.slices import SliceSettings, build_slice_specs, release_problem, shape_for
 from dradriver.errors import ConfigError
-from dradriver.gpu.backend import simulated_mps_command
+from dradriver.gpu.backend import attach_simulated_sysfs, simulated_mps_command
 from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.inventory import Inventory, MigMode, discover
 from dradriver.nvidia_install.cdi import CdiWriter
 from dradriver.nvidia_install.driver_root import DriverRoot
+from dradriver.nvidia_install.pci_binding import HostPci, SysfsWriter
 from dradriver.plugin.cluster import ClusterError, NotFoundError, kubernetes_minor_version
 from dradriver.plugin.cluster.claim_status import ClaimStatusWriter
 from dradriver.plugin.cluster.kube import KubeCluster
@@ -64,6 +67,8 @@ class Gpus:
     pod_of_pid: Callable[[int], str | None]
     inventory: Inventory
     driver_root: DriverRoot
+    #: The host's PCI devices, with ``--passthrough`` (on a simulated node, its own sysfs tree).
+    pci: HostPci | None = None
 
 
 @dataclass(kw_only=True)
@@ -118,6 +123,9 @@ def open_gpus(options: RunOptions) -> Gpus:
         node_name=options.node.name, nvml_library=options.driver_root.nvml_library(options.gpus.backend)
     )
     try:
+        # Before discovery: NVML does not see a GPU an earlier run left bound to vfio-pci.
+        attach = (lambda root: attach_simulated_sysfs(simulated, root)) if simulated is not None else None
+        pci = host_pci(options, attach) if options.passthrough.enabled else None
         inventory = discover(lib)
         log.info(
             "discovered gpus=%d mig_devices=%d driver=%s backend=%s",
@@ -137,7 +145,25 @@ def open_gpus(options: RunOptions) -> Gpus:
         pod_of_pid=simulated.pod_of_pid if simulated is not None else pod_uid_of_pid,
         inventory=inventory,
         driver_root=driver_root,
+        pci=pci,
     )
+
+
+def host_pci(options: RunOptions, attach_simulated: Callable[[Path], SysfsWriter] | None) -> HostPci:
+    """The host's sysfs for VFIO passthrough: ``--passthrough-host-root``, else ``/``; a simulated node's tree in the
+    plugin directory, written through its simulated kernel. Refused where the kernel has no IOMMU groups."""
+    root = options.passthrough.host_root
+    if attach_simulated is not None:
+        root = root or options.dirs.plugin / "sim-host"
+        return HostPci(root, attach_simulated(root))
+    pci = HostPci(root or Path("/"))
+    if not pci.iommu_enabled():
+        raise ConfigError(
+            f"--passthrough: {pci.sys / 'kernel/iommu_groups'} is empty, so no GPU can be passed through; turn the "
+            "IOMMU on (intel_iommu=on or amd_iommu=on on the kernel command line, VT-d or AMD-Vi in the firmware) "
+            "or run without --passthrough"
+        )
+    return pci
 
 
 def find_driver_root(options: RunOptions, version: str, *, simulated: bool) -> DriverRoot:
@@ -258,7 +284,8 @@ def assemble(options: RunOptions, gpus: Gpus, cluster: KubeCluster, settings: Sl
             # more for the driver's whole life (docs/reliability.md, memory).
             plugin_watch = DevicePluginWatch()  # kept for every rescan's look (node_loops.py)
             offer = offered(options, cluster, gpus.inventory, plugin_watch)
-            pools = pools_of(options.node.name, build_slice_specs(offer, settings, taints=health.taints))
+            specs = build_slice_specs(offer, settings, taints=health.taints)
+            pools = pools_of(options.node.name, specs + passthrough_slice_specs(driver.passthrough_devices()))
             publisher = build_publisher(options, cluster=cluster, settings=settings, pools=pools)
         except BaseException:
             plugin.stop()
@@ -325,7 +352,16 @@ def build_driver(
         mps=mps,
         device_problem=health.problem,
         holder_released=lambda ref, device: holder_released(cluster, name, node, ref, device),
+        passthrough=passthrough_of(gpus),
     )
+
+
+def passthrough_of(gpus: Gpus) -> Passthrough | None:
+    """VFIO passthrough's devices and step (``--passthrough``), over the GPU backend's NVML."""
+    if gpus.pci is None:
+        return None
+    steps = PassthroughSteps(gpus.pci, nvml_sees=nvml_sees(gpus.lib), holders=nvml_holders(gpus.lib))
+    return Passthrough(PassthroughCatalog(gpus.pci), steps)
 
 
 def build_plugin(
@@ -370,8 +406,9 @@ def reconcile_at_start(
         prepared = {record.uid for record in driver.checkpoint.records()}
         plugin.remove_unowned_device_metadata(prepared)
     mig_mode = options.gpus.mig_mode
-    if mig_mode is MigMode.DYNAMIC:
-        gpus.inventory = discover(gpus.lib)  # reconciliation may have destroyed MIG instances
+    if mig_mode is MigMode.DYNAMIC or gpus.pci is not None:
+        # Reconciliation may have destroyed MIG instances, or given a GPU back from vfio-pci to nvidia.
+        gpus.inventory = discover(gpus.lib)
         driver.update_inventory(gpus.inventory, mig_mode)
         health.update_inventory(gpus.inventory, mig_mode)
 

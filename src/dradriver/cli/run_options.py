@@ -17,6 +17,7 @@ from dradriver.cli.flags import (
     node,
     node_dirs,
     node_labels,
+    passthrough,
     publishing,
     sharing,
     status,
@@ -31,6 +32,7 @@ from dradriver.cli.flags.kube_client import KubeClientOptions
 from dradriver.cli.flags.node import NodeOptions
 from dradriver.cli.flags.node_dirs import NodeDirs
 from dradriver.cli.flags.node_labels import NodeLabelOptions
+from dradriver.cli.flags.passthrough import PassthroughOptions
 from dradriver.cli.flags.publishing import PublishingOptions
 from dradriver.cli.flags.sharing import SharingOptions
 from dradriver.cli.flags.status import StatusOptions
@@ -53,6 +55,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     compute_domains.add_flags(parser)
     device_plugin.add_flags(parser)
     node_labels.add_flags(parser)
+    passthrough.add_flags(parser)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,6 +77,8 @@ class RunOptions:
     device_plugin: DevicePluginOptions = field(default_factory=DevicePluginOptions)
     #: Whether GPU Feature Discovery's labels are kept on the node's Node (``--node-labels``), and their MIG strategy.
     node_labels: NodeLabelOptions = field(default_factory=NodeLabelOptions)
+    #: Whether GPUs are offered for VFIO passthrough too (``--passthrough``), and where the host's sysfs is.
+    passthrough: PassthroughOptions = field(default_factory=PassthroughOptions)
 
     @property
     def driver_name(self) -> str:
@@ -119,4 +124,5 @@ class RunOptions:
             compute_domains=compute_domains,
             device_plugin=DevicePluginOptions.from_args(args),
             node_labels=NodeLabelOptions.from_args(args),
+            passthrough=PassthroughOptions.from_args(args),
         )

@@ -14,8 +14,8 @@ from dradriver.gpu.interface import GpuLib
 if TYPE_CHECKING:
     from typing import TypeAlias
 
-    from dradriver.nvidia_install.pci_binding import SysfsWriter
     from dradriver.sim.node import SimulatedNode
+    from dradriver.sim.sysfs import SimKernel
 
     #: What :func:`open_gpu_backend` returns, for callers that may not name the simulator (a type only).
     OpenedBackend: TypeAlias = tuple[GpuLib, SimulatedNode | None]
@@ -59,7 +59,7 @@ def simulated_driver_root(directory: Path, driver_version: str) -> Path:
     return write_stub_driver_root(directory, driver_version)
 
 
-def attach_simulated_sysfs(node: SimulatedNode, host_root: Path) -> SysfsWriter:
+def attach_simulated_sysfs(node: SimulatedNode, host_root: Path) -> SimKernel:
     """Give a simulated node its sysfs and ``/dev/vfio`` under ``host_root`` (written once: the bindings outlive a
     driver process); returns the writer that answers for its kernel (VFIO passthrough)."""
     return node.attach_sysfs(host_root)

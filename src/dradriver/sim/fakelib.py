@@ -478,21 +478,11 @@ class FakeNvmlLibrary:
     # --- device identity ----------------------------------------------------------------------------------
 
     def nvmlDeviceGetCount_v2(self, count: Any) -> int:
-        _target(count).value = len(self._counted())
+        _target(count).value = len(self.node.gpus)
         return sim.SUCCESS
 
-    def _counted(self) -> list[SimGpu]:
-        # NVML counts the GPUs the nvidia kernel driver holds; one bound to vfio-pci drops out of its numbering.
-        return [g for g in self.node.gpus if self.node.nvml_sees(g)]
-
     def nvmlDeviceGetHandleByIndex_v2(self, index: Any, out: Any) -> int:
-        counted = self._counted()
-        position = _int(index)
-        if len(counted) != len(self.node.gpus):
-            if not 0 <= position < len(counted):
-                return sim.INVALID_ARGUMENT
-            position = counted[position].index
-        gpu = self.node.gpu(position)
+        gpu = self.node.gpu(_int(index))
         self._gpu_handle(out, gpu.index)
         return sim.SUCCESS
 

@@ -236,7 +236,8 @@ class SimulatedNode:
         return gpu
 
     def nvml_sees(self, gpu: SimGpu) -> bool:
-        """Whether NVML counts ``gpu``: only GPUs the ``nvidia`` kernel driver holds (not one bound to vfio-pci)."""
+        """Whether NVML answers for ``gpu``: only while the ``nvidia`` kernel driver holds it. A GPU bound to vfio-pci
+        stays counted here and answers GPU_IS_LOST (the adapter then retries it at every rescan, as a lost GPU)."""
         return self.sysfs is None or self.sysfs.driver_of(gpu.pci_bus_id) == NVIDIA_KERNEL_DRIVER
 
     def attach_sysfs(self, root: Path) -> SimKernel:
