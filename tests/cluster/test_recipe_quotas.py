@@ -77,6 +77,7 @@ def test_claims_over_the_quota_of_their_class_are_refused_at_creation(
     shell.next("kubectl describe resourcequota gpus -n team-a")
     shell.next("kubectl apply -f four-mig-devices.yaml")
     assert "exceeded quota: gpus" in shell.next("kubectl apply -f one-more-mig-device.yaml")
+    shell.next("kubectl apply -f profile-class-mig-device.yaml")  # a class of its own: not in the quota
     shell.check()
 
 
