@@ -43,12 +43,15 @@ ORPHAN_DELAY = 1.0
 
 
 def _uid_label(obj: JsonObject) -> Iterable[str]:
-    """The domain UID an object was made for: its label, or for a clique the first part of its name."""
-    meta = obj.get("metadata") or {}
-    uid = (meta.get("labels") or {}).get(api.DOMAIN_LABEL)
-    if uid is None and obj.get("kind", "ComputeDomainClique") == "ComputeDomainClique" and "." in meta.get("name", ""):
-        uid = meta["name"].split(".", 1)[0]
+    """The domain UID an object was made for: its label."""
+    uid = ((obj.get("metadata") or {}).get("labels") or {}).get(api.DOMAIN_LABEL)
     return [uid] if uid else []
+
+
+def _clique_uid(obj: JsonObject) -> Iterable[str]:
+    """A clique's domain UID: its label, else the first part of its name (``<domain uid>.<clique id>``)."""
+    name = str((obj.get("metadata") or {}).get("name", ""))
+    return _uid_label(obj) or ([name.split(".", 1)[0]] if "." in name else [])
 
 
 def _own_uid(obj: JsonObject) -> Iterable[str]:
@@ -94,7 +97,7 @@ class WatchingController:
         ns, label = self.controller.ns, api.DOMAIN_LABEL
         sources = {
             "computedomains": (path_of(api.API_VERSION, "computedomains"), "", _own_uid),
-            "cliques": (path_of(api.API_VERSION, "computedomaincliques", ns), "", _uid_label),
+            "cliques": (path_of(api.API_VERSION, "computedomaincliques", ns), "", _clique_uid),
             "pods": (path_of("v1", "pods", ns), label, _uid_label),
             "daemonsets": (path_of("apps/v1", "daemonsets", ns), label, _uid_label),
             "templates": (path_of("resource.k8s.io/v1", "resourceclaimtemplates"), label, _uid_label),
@@ -135,19 +138,21 @@ class WatchingController:
             if new is None and old is not None:
                 session.queue.add_after(ORPHAN + old["metadata"].get("uid", ""), ORPHAN_DELAY)  # what it left
 
-        def on_object(old: JsonObject | None, new: JsonObject | None) -> None:
-            uids = {*_uid_label(old or {}), *_uid_label(new or {})}  # a relabelled object concerns both
-            for uid in uids:
-                owners = domains.store.by_index(BY_UID, uid)
-                for owner in owners:
-                    session.queue.add(key_of(owner))
-                if not owners:
-                    session.queue.add_after(ORPHAN + uid, ORPHAN_DELAY)
+        def on_object(uids_of: Callable[[JsonObject], Iterable[str]]) -> Callable[..., None]:
+            def handler(old: JsonObject | None, new: JsonObject | None) -> None:
+                for uid in {*uids_of(old or {}), *uids_of(new or {})}:  # a relabelled object concerns both
+                    owners = domains.store.by_index(BY_UID, uid)
+                    for owner in owners:
+                        session.queue.add(key_of(owner))
+                    if not owners:
+                        session.queue.add_after(ORPHAN + uid, ORPHAN_DELAY)
+
+            return handler
 
         domains.add_handler(on_domain)
         for name, informer in session.informers.items():
             if name != "computedomains":
-                informer.add_handler(on_object)
+                informer.add_handler(on_object(_clique_uid if name == "cliques" else _uid_label))
 
     # -- one key ---------------------------------------------------------------------------------------
 
