@@ -32,7 +32,8 @@ from dradriver.driver.publish.node_labeler import HostFacts, NodeLabeler, NodeLa
 from dradriver.driver.publish.passthrough import passthrough_slice_specs
 from dradriver.driver.publish.slices import SliceSettings, build_slice_specs, release_problem, shape_for
 from dradriver.errors import ConfigError
-from dradriver.gpu.backend import attach_simulated_sysfs, simulated_mps_command
+from dradriver.gpu.backend import attach_simulated_sysfs, simulated_fabric_manager, simulated_mps_command
+from dradriver.gpu.fabric_manager import FabricManager
 from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.inventory import Inventory, MigMode, discover
 from dradriver.nvidia_install.cdi import CdiWriter
@@ -69,6 +70,8 @@ class Gpus:
     driver_root: DriverRoot
     #: The host's PCI devices, with ``--passthrough`` (on a simulated node, its own sysfs tree).
     pci: HostPci | None = None
+    #: Fabric Manager, with ``--fabric-manager-partitions`` (on a simulated node, its stand-in).
+    fabric_manager: FabricManager | None = None
 
 
 @dataclass(kw_only=True)
@@ -126,6 +129,8 @@ def open_gpus(options: RunOptions) -> Gpus:
         # Before discovery: NVML does not see a GPU an earlier run left bound to vfio-pci.
         attach = (lambda root: attach_simulated_sysfs(simulated, root)) if simulated is not None else None
         pci = host_pci(options, attach) if options.passthrough.enabled else None
+        stand_in = (lambda: simulated_fabric_manager(simulated)) if simulated is not None else None
+        fabric_manager = open_fabric_manager(stand_in) if options.fabric_manager.enabled else None
         inventory = discover(lib)
         log.info(
             "discovered gpus=%d mig_devices=%d driver=%s backend=%s",
@@ -146,7 +151,19 @@ def open_gpus(options: RunOptions) -> Gpus:
         inventory=inventory,
         driver_root=driver_root,
         pci=pci,
+        fabric_manager=fabric_manager,
     )
+
+
+def open_fabric_manager(stand_in: Callable[[], FabricManager] | None) -> FabricManager:
+    """Fabric Manager for ``--fabric-manager-partitions``: a simulated node's stand-in; a real node's client is
+    not written yet (NVIDIA's links libnvfm), so a real node is refused with what to do."""
+    if stand_in is None:
+        raise ConfigError(
+            "--fabric-manager-partitions: this version talks to Fabric Manager on simulated nodes only (--gpu-backend "
+            "sim with an NVSwitch profile such as hgx-h100-80gb); run without it on a real node"
+        )
+    return stand_in()
 
 
 def host_pci(options: RunOptions, attach_simulated: Callable[[Path], SysfsWriter] | None) -> HostPci:
@@ -284,6 +301,7 @@ def assemble(options: RunOptions, gpus: Gpus, cluster: KubeCluster, settings: Sl
             # more for the driver's whole life (docs/reliability.md, memory).
             plugin_watch = DevicePluginWatch()  # kept for every rescan's look (node_loops.py)
             offer = offered(options, cluster, gpus.inventory, plugin_watch)
+            settings = replace(settings, gpu_attributes=driver.partition_attributes())
             specs = build_slice_specs(offer, settings, taints=health.taints)
             pools = pools_of(options.node.name, specs + passthrough_slice_specs(driver.passthrough_devices()))
             publisher = build_publisher(options, cluster=cluster, settings=settings, pools=pools)
@@ -353,6 +371,7 @@ def build_driver(
         device_problem=health.problem,
         holder_released=lambda ref, device: holder_released(cluster, name, node, ref, device),
         passthrough=passthrough_of(gpus),
+        fabric_manager=gpus.fabric_manager,
     )
 
 

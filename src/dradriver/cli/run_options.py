@@ -10,6 +10,7 @@ from dradriver.cli.flags import (
     compute_domains,
     device_plugin,
     driver_root,
+    fabric_manager,
     gpus,
     health,
     kube_client,
@@ -26,6 +27,7 @@ from dradriver.cli.flags.claims import ClaimOptions
 from dradriver.cli.flags.compute_domains import ComputeDomainOptions
 from dradriver.cli.flags.device_plugin import DevicePluginOptions
 from dradriver.cli.flags.driver_root import DriverRootOptions
+from dradriver.cli.flags.fabric_manager import FabricManagerOptions
 from dradriver.cli.flags.gpus import GpuOptions
 from dradriver.cli.flags.health import HealthOptions
 from dradriver.cli.flags.kube_client import KubeClientOptions
@@ -56,6 +58,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     device_plugin.add_flags(parser)
     node_labels.add_flags(parser)
     passthrough.add_flags(parser)
+    fabric_manager.add_flags(parser)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,6 +82,8 @@ class RunOptions:
     node_labels: NodeLabelOptions = field(default_factory=NodeLabelOptions)
     #: Whether GPUs are offered for VFIO passthrough too (``--passthrough``), and where the host's sysfs is.
     passthrough: PassthroughOptions = field(default_factory=PassthroughOptions)
+    #: Whether Fabric Manager's NVSwitch partitions are published and activated (``--fabric-manager-partitions``).
+    fabric_manager: FabricManagerOptions = field(default_factory=FabricManagerOptions)
 
     @property
     def driver_name(self) -> str:
@@ -125,4 +130,5 @@ class RunOptions:
             device_plugin=DevicePluginOptions.from_args(args),
             node_labels=NodeLabelOptions.from_args(args),
             passthrough=PassthroughOptions.from_args(args),
+            fabric_manager=FabricManagerOptions.from_args(args),
         )

@@ -14,6 +14,7 @@ from dradriver.gpu.interface import GpuLib
 if TYPE_CHECKING:
     from typing import TypeAlias
 
+    from dradriver.gpu.fabric_manager import FabricManager
     from dradriver.sim.node import SimulatedNode
     from dradriver.sim.sysfs import SimKernel
 
@@ -84,3 +85,11 @@ def simulated_mps_command() -> list[str]:
     from dradriver.sim import mps_standin
 
     return mps_standin.command()
+
+
+def simulated_fabric_manager(node: SimulatedNode) -> FabricManager:
+    """Fabric Manager's stand-in on a simulated NVSwitch node (shared-NVSwitch partitions, their activation kept
+    beside the node's state file); ``FabricManagerError`` when the node has no NVSwitch fabric."""
+    from dradriver.sim.fabric_manager import SimFabricManager
+
+    return SimFabricManager.beside(node)

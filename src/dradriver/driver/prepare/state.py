@@ -26,6 +26,7 @@ from dradriver.driver.prepare.cdi_step import STEP_CDI_SPEC, CdiSpecStep, ReadyD
 from dradriver.driver.prepare.checkpoint import CheckpointStore, ClaimRecord, ClaimState, DeviceRecord
 from dradriver.driver.prepare.mig import STEP_MIG_MODE, MigSteps
 from dradriver.driver.prepare.mps import MpsControl
+from dradriver.driver.prepare.partitions import FabricPartitions
 from dradriver.driver.prepare.reconcile import ClaimExists, reconcile
 from dradriver.driver.prepare.sharing import (
     CONFIG_FIELD,
@@ -47,6 +48,7 @@ from dradriver.driver.prepare.vfio import (
     passthrough_env,
 )
 from dradriver.errors import ClaimError, DeviceError, DradriverError
+from dradriver.gpu.fabric_manager import FabricManager
 from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.inventory import GpuDevice, Inventory, MigMode, MigPartition
 from dradriver.gpu.models import DeviceNode, MigDevice
@@ -137,13 +139,16 @@ class GpuDriver:
         device_problem: DeviceProblem | None = None,
         holder_released: HolderReleased | None = None,
         passthrough: Passthrough | None = None,
+        fabric_manager: FabricManager | None = None,
     ) -> None:
         """``device_problem`` says why a device must not be given to a new claim (its health: cause and time),
         or None when it may; consulted for each device of a claim that is not prepared yet (a claim prepared
         before its device turned unhealthy is returned as recorded: its pod learns of the fault from the health
         stream). ``holder_released`` says whether the cluster no longer allocates a device to the claim
         prepared with it (so a new claim may take it over). ``passthrough`` (``--passthrough``) offers every GPU for
-        VFIO passthrough too (:mod:`~dradriver.driver.prepare.vfio`)."""
+        VFIO passthrough too (:mod:`~dradriver.driver.prepare.vfio`). ``fabric_manager``
+        (``--fabric-manager-partitions``) activates the NVSwitch partition of a claim's whole GPUs
+        (:mod:`~dradriver.driver.prepare.partitions`)."""
         self.driver_name = options.driver_name
         self.pool = options.pool
         self.cdi = cdi
@@ -157,8 +162,13 @@ class GpuDriver:
         self.sharing = SharingSteps(gpulib, self.checkpoint, mps)
         self.cdi_step = CdiSpecStep(cdi)
         self.passthrough = passthrough
+        self.partitions = FabricPartitions(fabric_manager, self.checkpoint) if fabric_manager is not None else None
         self.step_kinds = step_kinds(
-            cdi=self.cdi_step, sharing=self.sharing, mig=self.mig, vfio=passthrough.steps if passthrough else None
+            cdi=self.cdi_step,
+            sharing=self.sharing,
+            mig=self.mig,
+            vfio=passthrough.steps if passthrough else None,
+            partitions=self.partitions,
         )
         self._lock = threading.Lock()
         self._gpu_locks: dict[str, threading.Lock] = {}
@@ -293,6 +303,8 @@ class GpuDriver:
         locks); refused when a device is another claim's or the claim's configs conflict."""
         for plan in planned:
             self._expect_ready(txn, plan)
+        if self.partitions is not None:
+            self.partitions.expect(txn, str(ref), _whole_gpus(planned))
         self.sharing.expect(txn, {p.device.name: self._known_target(p) for p in planned})
         self.cdi_step.expect(txn)
         record = txn.record
@@ -310,6 +322,8 @@ class GpuDriver:
         try:
             crash_point("prepare-started")
             ready = [self._make_ready(txn, p) for p in planned]
+            if self.partitions is not None:
+                self.partitions.activate(txn)
             for device in record.devices:
                 self.sharing.apply_device(txn, device)
             self.sharing.apply_mps(txn)
@@ -574,6 +588,11 @@ class GpuDriver:
         """The node's VFIO passthrough devices as last discovered (none without ``--passthrough``)."""
         return self.passthrough.devices() if self.passthrough is not None else []
 
+    def partition_attributes(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """Each GPU's Fabric Manager attributes (``gpuModuleID``, ``partitionN``) by UUID; none without
+        ``--fabric-manager-partitions``."""
+        return self.partitions.gpu_attributes(self.gpus()) if self.partitions is not None else {}
+
     def _users(self, uid: str, gpu: str) -> list[str]:
         """Other claims with a device on ``gpu``."""
         return [str(r) for r in self.checkpoint.records() if r.uid != uid and any(d.gpu == gpu for d in r.devices)]
@@ -695,6 +714,12 @@ def _refuse_overlap(ref: ClaimRef, record: ClaimRecord, others: list[ClaimRecord
                         holder=holder,
                         device=theirs.name,
                     )
+
+
+def _whole_gpus(planned: Sequence[PlannedDevice]) -> list[GpuDevice]:
+    """The whole GPUs (passthrough ones too) a claim uses exclusively: those its fabric partition is made of."""
+    gpus = {p.gpu.name: p.gpu for p in planned if isinstance(p.device, GpuDevice) and not p.admin_access}
+    return [gpus[name] for name in sorted(gpus)]
 
 
 def _device_record(planned: PlannedDevice) -> DeviceRecord:

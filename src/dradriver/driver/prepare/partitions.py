@@ -1,0 +1,150 @@
+"""NVSwitch partitions through Fabric Manager (``--fabric-manager-partitions``): the prepare step that activates the
+partition whose GPU set equals a claim's whole GPUs, its undo and drift check, and the ``partitionN`` attributes.
+
+On an HGX node whose Fabric Manager runs in shared-NVSwitch mode, GPUs reach each other over NVLink only inside an
+activated partition (:mod:`dradriver.gpu.fabric_manager`). Every whole GPU (and VFIO passthrough GPU) is published
+with ``gpuModuleID`` and, for each partition size it belongs to, ``partition<size>`` = that partition's id: NVIDIA's
+attribute names (its ``FabricManagerPartitioning`` gate), under our domain. A claim that wants two GPUs with NVLink
+between them asks for two with one ``matchAttribute: gpu.dradriver.dev/partition2``.
+
+Step (recorded by the claim's :class:`~dradriver.driver.prepare.transaction.Transaction`, declared with the claim so
+a kill at any point is undone at start-up):
+
+- ``fabric-partition``: activate the partition whose GPU set equals the claim's whole GPUs. A claim whose GPUs no
+  partition equals is refused before anything changes, with the partitions that would fit. A partition already
+  active is accepted (a claim sharing the GPUs activated it; NVIDIA's client does the same).
+
+Undo deactivates the partition when it is active and no other prepared claim holds one of its GPUs (a shared GPU's
+other claims still need the fabric), so an intent whose activation never happened, or a partition deactivated
+already, is nothing to do.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from dradriver.driver.prepare.checkpoint import Action, CheckpointStore, ClaimRecord
+from dradriver.driver.prepare.transaction import StepKind, Transaction
+from dradriver.errors import ClaimError
+from dradriver.gpu.fabric_manager import (
+    FabricManager,
+    FabricManagerError,
+    FabricPartition,
+    check_partitions,
+    exact_partition,
+)
+from dradriver.gpu.inventory import GpuDevice
+
+log = logging.getLogger(__name__)
+
+STEP_FABRIC_PARTITION = "fabric-partition"
+MODULE_ID_ATTRIBUTE = "gpuModuleID"
+
+
+def partition_attribute(size: int) -> str:
+    """``partition2``: the attribute naming a GPU's partition of ``size`` GPUs (NVIDIA's name)."""
+    return f"partition{size}"
+
+
+class FabricPartitions:
+    """Fabric Manager's partitions as the driver uses them: the attributes of each GPU, the partition a claim's
+    GPUs form, and the recorded activation. Partitions are read from FM once at start (their GPU sets are fixed by
+    the baseboard); the activation state is asked again at every change."""
+
+    def __init__(self, fabric_manager: FabricManager, checkpoint: CheckpointStore) -> None:
+        self.fabric_manager = fabric_manager
+        self._checkpoint = checkpoint
+        self.layout = fabric_manager.supported_partitions()
+        check_partitions(self.layout)
+
+    def kinds(self) -> list[StepKind]:
+        return [StepKind(STEP_FABRIC_PARTITION, self.undo, self.drift)]
+
+    # --- publishing -------------------------------------------------------------------------------------------
+
+    def gpu_attributes(self, gpus: Sequence[GpuDevice]) -> dict[str, dict[str, dict[str, Any]]]:
+        """Each GPU's ``gpuModuleID`` and ``partition<size>`` attributes, by GPU UUID (none for a GPU FM does not
+        list)."""
+        attributes: dict[str, dict[str, dict[str, Any]]] = {}
+        for gpu in gpus:
+            found: dict[str, dict[str, Any]] = {}
+            for partition in self.layout:
+                member = next((g for g in partition.gpus if g.pci_bus_id == gpu.info.pci_bus_id), None)
+                if member is not None:
+                    found[MODULE_ID_ATTRIBUTE] = {"int": member.physical_id}
+                    found[partition_attribute(partition.size)] = {"int": partition.id}
+            if found:
+                attributes[gpu.uuid] = found
+        return attributes
+
+    # --- prepare ----------------------------------------------------------------------------------------------
+
+    def expect(self, txn: Transaction, claim: str, gpus: Sequence[GpuDevice]) -> None:
+        """Declare the activation of the partition ``gpus`` form (nothing for a claim without whole GPUs); refuse a
+        set no partition equals, naming those that would fit."""
+        if not gpus:
+            return
+        partition = exact_partition(self.layout, (g.info.pci_bus_id for g in gpus))
+        if partition is None:
+            raise ClaimError(self._no_partition(claim, gpus))
+        txn.expect(
+            STEP_FABRIC_PARTITION,
+            "",
+            {"partitionId": partition.id, "size": partition.size, "gpus": sorted(g.name for g in gpus)},
+        )
+
+    def activate(self, txn: Transaction) -> None:
+        """Activate the declared partition, if the claim declared one."""
+        params = txn.intent(STEP_FABRIC_PARTITION, "")
+        if params is not None:
+            txn.run(STEP_FABRIC_PARTITION, "", params, self._activate)
+            log.info("activated fabric partition claim=%s partition=%s", txn.record.uid, params["partitionId"])
+
+    def _activate(self, params: dict[str, Any]) -> dict[str, Any]:
+        partition_id = int(params["partitionId"])
+        if self._active(partition_id):
+            return {"alreadyActive": True}
+        self.fabric_manager.activate(partition_id)
+        return {}
+
+    def _no_partition(self, claim: str, gpus: Sequence[GpuDevice]) -> str:
+        wanted = {g.info.pci_bus_id for g in gpus}
+        holding = [p for p in self.layout if wanted <= p.pci_bus_ids]
+        same_size = [p for p in self.layout if p.size == len(gpus) and p.pci_bus_ids & wanted]
+        fits = [p.describe() for p in sorted({*holding[-1:], *same_size}, key=lambda p: p.id)]
+        return (
+            f"claim {claim}: GPUs {', '.join(sorted(g.name for g in gpus))} form no Fabric Manager partition, so "
+            f"NVLink between them cannot be activated; partitions that would fit: {', '.join(fits) or 'none'}. "
+            f"Ask for GPUs of one partition: a constraint matchAttribute <driver>/{partition_attribute(len(gpus))}"
+        )
+
+    # --- undo and drift ---------------------------------------------------------------------------------------
+
+    def undo(self, record: ClaimRecord, action: Action) -> None:
+        partition_id = int(action.params["partitionId"])
+        gpus = set(action.params.get("gpus", ()))
+        sharing = [
+            str(r) for r in self._checkpoint.records() if r.uid != record.uid and gpus & {d.gpu for d in r.devices}
+        ]
+        if sharing:
+            log.info("fabric partition stays active for claims %s claim=%s partition=%s", sharing, record, partition_id)
+            return
+        if not self._active(partition_id):
+            return  # never activated (a kill before the call), or deactivated already
+        self.fabric_manager.deactivate(partition_id)
+        log.info("deactivated fabric partition claim=%s partition=%s", record.uid, partition_id)
+
+    def drift(self, record: ClaimRecord, action: Action) -> str | None:
+        partition_id = int(action.params["partitionId"])
+        if self._active(partition_id):
+            return None
+        return f"Fabric Manager partition {partition_id} is not active any more"
+
+    def _active(self, partition_id: int) -> bool:
+        partitions: list[FabricPartition] = self.fabric_manager.supported_partitions()
+        found = next((p for p in partitions if p.id == partition_id), None)
+        if found is None:
+            raise FabricManagerError(f"Fabric Manager no longer reports partition {partition_id}")
+        return found.active
