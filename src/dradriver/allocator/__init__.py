@@ -6,6 +6,7 @@ allocation = allocate(claim, slices=[...], classes=[...], allocated=[...], node=
 
 from dradriver.allocator.allocator import allocate, explain_claim
 from dradriver.allocator.errors import AllocationError, Unsatisfiable
+from dradriver.allocator.pools import SlicesByNode
 from dradriver.allocator.report import ClaimReport, RequestReport, Stage
 from dradriver.allocator.search import AllocationInputs, AllocationOptions, ShareIDs, stable_share_id
 
@@ -16,6 +17,7 @@ __all__ = [
     "ClaimReport",
     "RequestReport",
     "ShareIDs",
+    "SlicesByNode",
     "Stage",
     "Unsatisfiable",
     "allocate",

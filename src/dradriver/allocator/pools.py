@@ -147,3 +147,33 @@ def all_devices(slices: list[dict[str, Any]]) -> dict[tuple[str, str, str], Devi
         for device in pool.devices:
             found[device.id] = device
     return found
+
+
+class SlicesByNode:
+    """The slices, indexed once by the node they serve, for questions asked node by node (explain over a fleet):
+    one node's search then reads its own pools' slices, not the whole cluster's.
+
+    :meth:`for_node` gives every slice of each pool with a slice on that node (``spec.nodeName``) or with a slice
+    that names no node (``allNodes``, ``nodeSelector``, per-device selection), whole pools and in their order:
+    what :func:`gather_pools` would find usable there, and each pool's newest generation decided as over all."""
+
+    def __init__(self, slices: list[dict[str, Any]]) -> None:
+        self._slices = slices
+        self._by_pool: dict[tuple[str, str], list[int]] = {}
+        self._by_node: dict[str, set[tuple[str, str]]] = {}
+        self._anywhere: set[tuple[str, str]] = set()
+        for position, slice_ in enumerate(slices):
+            spec = slice_.get("spec") or {}
+            key = (str(spec.get("driver", "")), str((spec.get("pool") or {}).get("name", "")))
+            self._by_pool.setdefault(key, []).append(position)
+            if spec.get("nodeName"):
+                self._by_node.setdefault(str(spec["nodeName"]), set()).add(key)
+            else:
+                self._anywhere.add(key)
+
+    def for_node(self, node: str | None) -> list[dict[str, Any]]:
+        """The slices a search on ``node`` needs (None: every slice)."""
+        if node is None:
+            return self._slices
+        keys = self._by_node.get(node, set()) | self._anywhere
+        return [self._slices[p] for p in sorted(p for key in keys for p in self._by_pool[key])]

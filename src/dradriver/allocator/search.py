@@ -257,6 +257,10 @@ class Search:
         start = self.position[id(self.results[-1].device)] + 1 if picked else 0
         if len(self.results) + needed - picked > MAX_RESULTS:
             return False
+        if not request.all_devices and len(self.order) - start < needed - picked:
+            # Fewer devices left in the order than still wanted: no combination from here fits. Without this a
+            # request for more devices than a node has tries every subset of them (2^n) before it says so.
+            return False
         if request.all_devices:
             device = self.all_lists[id(request)][picked]
             if not self.try_add(request, device, must=True):

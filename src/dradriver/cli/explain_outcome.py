@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from dradriver.allocator import AllocationError, ClaimReport, explain_claim
+from dradriver.allocator import AllocationError, ClaimReport, SlicesByNode, explain_claim
 from dradriver.cli.explain_input import Document
 
 EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_INVALID = 0, 1, 2
@@ -63,10 +63,14 @@ def explain_document(
     """Explain one claim on ``node``, or on every node of the slices (the first that fits is shown)."""
     outcome = ClaimOutcome(doc)
     candidates: list[str | None] = [node] if node else nodes_of(slices)
+    # Over every node, each node's search reads its own pools, not the fleet's: N slices read in all, not N².
+    # A node given by the user is searched over every slice: one search, whose hints can name the other nodes.
+    by_node = SlicesByNode(slices) if len(candidates) > 1 else None
     best: tuple[int, str | None, ClaimReport] | None = None
     for candidate in candidates:
+        own = by_node.for_node(candidate) if by_node else slices
         try:
-            report = explain_claim(doc.obj, slices=slices, classes=classes, allocated=allocated, node=candidate)
+            report = explain_claim(doc.obj, slices=own, classes=classes, allocated=allocated, node=candidate)
         except AllocationError as err:
             outcome.error = str(err)
             return outcome
