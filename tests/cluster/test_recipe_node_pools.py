@@ -192,6 +192,7 @@ def test_a_claim_of_the_full_training_pool_stays_pending_beside_free_inference_g
 ) -> None:
     shell = console(plane, recipe, "## A full pool does not spill into the other")
     shell.next("kubectl apply -f training.yaml")
+    shell.next("kubectl get pods -o custom-columns=POD:.metadata.name,NODE:.spec.nodeName")  # trainer bound first
     shell.next("kubectl apply -f finetune.yaml")
     shell.next("kubectl get pods -o custom-columns=POD:.metadata.name,NODE:.spec.nodeName")
     assert "cannot allocate all claims" in shell.next(
