@@ -659,14 +659,15 @@ def _resolved_configs(claim: AllocatedClaim, planned: Sequence[PlannedDevice]) -
     the first claim that carries a config, not with the driver (docs/reliability.md, memory)."""
     from dradriver.driver.prepare.config import ConfigSource, DeviceTarget, resolve_configs
 
-    # Admin access is monitoring another claim's device: its settings are that claim's, not this one's.
+    # Admin access is monitoring another claim's device: its settings are that claim's, not this one's. A passthrough
+    # device has none of ours (compute mode, sharing): the VM's guest driver owns the GPU.
     return resolve_configs(
         str(claim.ref),
         [ConfigSource(c.source, c.requests, c.parameters) for c in claim.config],
         [
             DeviceTarget(p.device.name, p.requests, "gpu" if isinstance(p.device, GpuDevice) else "mig")
             for p in planned
-            if not p.admin_access
+            if not p.admin_access and not isinstance(p.device, PassthroughGpu)
         ],
     )
 
