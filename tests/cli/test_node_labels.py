@@ -139,6 +139,7 @@ def rescanner_on(tmp_path, monkeypatch, *, enabled: bool, driver_version: str):
             driver_root=SimpleNamespace(version=driver_version),
         ),
         health=SimpleNamespace(update_inventory=lambda *_: None, taints=lambda _device: []),
+        driver=SimpleNamespace(passthrough_devices=lambda: []),
         cluster=None,
         plugin_watch=None,
         settings=settings,
