@@ -176,8 +176,8 @@ def test_each_pools_workload_lands_in_its_pool(plane: ControlPlane, recipe: Path
     shell.next("kubectl apply -f inference.yaml")
     shell.next("kubectl get pods -o custom-columns=POD:.metadata.name,NODE:.spec.nodeName")
     shell.next(
-        "kubectl get resourceclaims -o custom-columns=CLAIM:.metadata.name,POOL:.status.allocation.devices.results[0]"
-        ".pool,DEVICES:.status.allocation.devices.results[*].device"
+        "kubectl get resourceclaims -o custom-columns='CLAIM:.metadata.name,POOL:.status.allocation.devices.results[0]"
+        ".pool,DEVICES:.status.allocation.devices.results[*].device'"
     )
     shell.check()
     kube = plane.kube
@@ -196,9 +196,11 @@ def test_a_claim_of_the_full_training_pool_stays_pending_beside_free_inference_g
     shell.next("kubectl apply -f finetune.yaml")
     shell.next("kubectl get pods -o custom-columns=POD:.metadata.name,NODE:.spec.nodeName")
     assert "cannot allocate all claims" in shell.next(
-        "kubectl get pod finetune -o jsonpath={.status.conditions[0].message}"
+        "kubectl get pod finetune -o jsonpath='{.status.conditions[0].message}'"
     )
-    shell.next("dradriver explain --pod finetune")
+    explained = shell.next("dradriver explain --pod finetune")
+    assert "does NOT fit on node infer-1" in explained and 'productName is "NVIDIA H100 NVL" (4)' in explained
+    assert "train-1: does not fit: request gpu: 8 matching devices are allocated to other claims" in explained
     shell.next("echo $?")
     shell.check()
     kube = plane.kube
@@ -213,7 +215,7 @@ def test_a_pod_without_the_toleration_waits_rather_than_land_on_a_gpu_node(plane
     shell = console(plane, recipe, "## CPU pods stay off the GPU nodes")
     shell.next("kubectl cordon cpu-1")
     shell.next("kubectl apply -f web.yaml")
-    message = shell.next("kubectl get pod web -o jsonpath={.status.conditions[0].message}")
+    message = shell.next("kubectl get pod web -o jsonpath='{.status.conditions[0].message}'")
     assert "untolerated taint" in message
     assert not plane.kube.get("pods", "web", NAMESPACE)["spec"].get("nodeName")
     shell.next("kubectl uncordon cpu-1")
