@@ -16,10 +16,10 @@ MANIFESTS = sorted((ROOT / "manifests/deviceclasses").glob("*.yaml"))
 FIXTURE_SLICES = sorted((ROOT / "tests/fixtures/slices").glob("*.yaml"))
 
 
-def profile_of(path: Path) -> tuple[str, str]:
-    match = re.search(r"^# Profile: (\S+)(?: --mig-mode (\S+))?", path.read_text(), re.M)
-    assert match, f"{path.name} must start with a '# Profile: NAME [--mig-mode MODE]' comment"
-    return match.group(1), match.group(2) or "none"
+def profile_of(path: Path) -> tuple[str, str, list[str]]:
+    match = re.search(r"^# Profile: (\S+)(?: --mig-mode (\S+))?((?: --[a-z-]+ \S+)*)", path.read_text(), re.M)
+    assert match, f"{path.name} must start with a '# Profile: NAME [--mig-mode MODE] [FLAG VALUE]...' comment"
+    return match.group(1), match.group(2) or "none", match.group(3).split()
 
 
 def test_there_are_examples():
@@ -28,7 +28,7 @@ def test_there_are_examples():
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_example_fits_its_profile(path, capsys):
-    profile, mig_mode = profile_of(path)
+    profile, mig_mode, flags = profile_of(path)
     code = main(
         [
             "explain",
@@ -39,6 +39,7 @@ def test_example_fits_its_profile(path, capsys):
             mig_mode,
             "--classes",
             str(ROOT / "manifests/deviceclasses"),
+            *flags,
         ]
     )
     out = capsys.readouterr().out

@@ -30,6 +30,7 @@ from dradriver.cli.explain_outcome import (
     render_outcome,
 )
 from dradriver.cli.flags import kube_client
+from dradriver.cli.flags.fabric_manager import FABRIC_MANAGER_PARTITIONS
 from dradriver.cli.flags.gpus import MIG_MODE
 from dradriver.cli.flags.output import add_output_option
 from dradriver.cli.flags.publishing import COMPAT, KUBERNETES_VERSION, driver_name_of
@@ -88,6 +89,11 @@ def _add_device_options(parser: argparse.ArgumentParser) -> None:
     MIG_MODE.add(node, help="how MIG is published (chart value gpu.migMode)")
     GPU_SHARING.add(node, help="whole GPUs for one claim each, or as consumable capacity (chart value gpu.sharing)")
     CONSUMABLE_SHARES.add(node, help="NVIDIA's consumable shares (chart value gpu.consumableShares)")
+    FABRIC_MANAGER_PARTITIONS.add(
+        node,
+        help="Fabric Manager's NVSwitch partitions on whole GPUs (gpuModuleID, partition<size>) of an NVSwitch profile "
+        "(chart value fabricManagerPartitions.enabled)",
+    )
     KUBERNETES_VERSION.add(
         node,
         help="the cluster's Kubernetes minor version: the ResourceSlice rules --slices are checked by (up to 1.34 a "

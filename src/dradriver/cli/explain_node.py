@@ -12,6 +12,7 @@ import argparse
 from dataclasses import dataclass, replace
 from typing import Any
 
+from dradriver.cli.flags.fabric_manager import FABRIC_MANAGER_PARTITIONS
 from dradriver.cli.flags.publishing import KUBERNETES_VERSION
 from dradriver.cli.flags.sharing import CONSUMABLE_SHARES, GPU_SHARING
 from dradriver.computedomain import api as cd_api
@@ -32,6 +33,7 @@ class NodeSettings:
     gpu_sharing: str = "exclusive"
     consumable_shares: str | None = None
     kubernetes_version: str = "1.35"
+    fabric_partitions: bool = False
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> NodeSettings:
@@ -40,6 +42,7 @@ class NodeSettings:
             gpu_sharing=GPU_SHARING.value(args),
             consumable_shares=CONSUMABLE_SHARES.value(args) or None,
             kubernetes_version=KUBERNETES_VERSION.value(args),
+            fabric_partitions=FABRIC_MANAGER_PARTITIONS.value(args) == "true",
         )
 
     def describe(self) -> str:
@@ -49,8 +52,11 @@ class NodeSettings:
             if self.consumable_shares
             else f"--gpu-sharing {self.gpu_sharing} (gpu.sharing)"
         )
+        partitions = (
+            ", --fabric-manager-partitions true (fabricManagerPartitions.enabled)" if self.fabric_partitions else ""
+        )
         return (
-            f"--mig-mode {self.mig_mode} (gpu.migMode), {sharing}, "
+            f"--mig-mode {self.mig_mode} (gpu.migMode), {sharing}{partitions}, "
             f"--kubernetes-version {self.kubernetes_version} (the chart's kubernetesVersion, read from the API server "
             "when unset)"
         )
@@ -74,6 +80,13 @@ class NodeSettings:
                     + ("" if self.mig_mode == "static" else " with --mig-mode static (gpu.migMode: static)"),
                 ),
             ]
+        if not self.fabric_partitions:
+            tried.append(
+                (
+                    replace(self, fabric_partitions=True),
+                    "--fabric-manager-partitions true (chart value fabricManagerPartitions.enabled: true)",
+                )
+            )
         return [(settings, how) for settings, how in tried if settings.release_problem() is None]
 
     def release_problem(self) -> str | None:
@@ -98,18 +111,25 @@ class NodeSettings:
         """The ResourceSlices a simulated node of ``profile`` publishes with these settings, built by the driver's
         own slice builder. The node (and pool) is named after the profile: "fits on node dgx-a100-80gb"."""
         from dradriver.computedomain.fabric import clique_id
+        from dradriver.driver.prepare.partitions import gpu_attributes
         from dradriver.driver.publish.slices import as_resource_slices, build_slice_specs
-        from dradriver.gpu.backend import open_gpu_backend, sim_profile_name
+        from dradriver.gpu.backend import open_gpu_backend, sim_profile_name, simulated_fabric_manager
         from dradriver.gpu.inventory import discover
 
         node = sim_profile_name(profile)
-        gpulib, _ = open_gpu_backend("sim", sim_profile=profile, node_name=node)
+        gpulib, simulated = open_gpu_backend("sim", sim_profile=profile, node_name=node)
         try:
             inventory = discover(gpulib)
             clique = clique_id(gpulib)
+            partitions = (
+                simulated_fabric_manager(simulated).supported_partitions()
+                if self.fabric_partitions and simulated is not None and simulated.profile.nvswitch
+                else []
+            )
         finally:
             gpulib.close()
-        specs = build_slice_specs(inventory, self._slice_settings(driver))
+        settings = replace(self._slice_settings(driver), gpu_attributes=gpu_attributes(partitions, inventory.gpus))
+        specs = build_slice_specs(inventory, settings)
         return as_resource_slices(specs, node_name=node, driver=driver) + compute_domain_slices(clique, node)
 
 

@@ -48,6 +48,24 @@ def partition_attribute(size: int) -> str:
     return f"partition{size}"
 
 
+def gpu_attributes(
+    layout: Sequence[FabricPartition], gpus: Sequence[GpuDevice]
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each GPU's ``gpuModuleID`` and ``partition<size>`` attributes, by GPU UUID (none for a GPU FM does not
+    list)."""
+    attributes: dict[str, dict[str, dict[str, Any]]] = {}
+    for gpu in gpus:
+        found: dict[str, dict[str, Any]] = {}
+        for partition in layout:
+            member = next((g for g in partition.gpus if g.pci_bus_id == gpu.info.pci_bus_id), None)
+            if member is not None:
+                found[MODULE_ID_ATTRIBUTE] = {"int": member.physical_id}
+                found[partition_attribute(partition.size)] = {"int": partition.id}
+        if found:
+            attributes[gpu.uuid] = found
+    return attributes
+
+
 class FabricPartitions:
     """Fabric Manager's partitions as the driver uses them: the attributes of each GPU, the partition a claim's
     GPUs form, and the recorded activation. Partitions are read from FM once at start (their GPU sets are fixed by
@@ -65,19 +83,8 @@ class FabricPartitions:
     # --- publishing -------------------------------------------------------------------------------------------
 
     def gpu_attributes(self, gpus: Sequence[GpuDevice]) -> dict[str, dict[str, dict[str, Any]]]:
-        """Each GPU's ``gpuModuleID`` and ``partition<size>`` attributes, by GPU UUID (none for a GPU FM does not
-        list)."""
-        attributes: dict[str, dict[str, dict[str, Any]]] = {}
-        for gpu in gpus:
-            found: dict[str, dict[str, Any]] = {}
-            for partition in self.layout:
-                member = next((g for g in partition.gpus if g.pci_bus_id == gpu.info.pci_bus_id), None)
-                if member is not None:
-                    found[MODULE_ID_ATTRIBUTE] = {"int": member.physical_id}
-                    found[partition_attribute(partition.size)] = {"int": partition.id}
-            if found:
-                attributes[gpu.uuid] = found
-        return attributes
+        """See :func:`gpu_attributes`."""
+        return gpu_attributes(self.layout, gpus)
 
     # --- prepare ----------------------------------------------------------------------------------------------
 
