@@ -22,6 +22,7 @@ from dradriver.driver.publish.node_labeler import (
     remove_written,
 )
 from dradriver.driver.publish.node_labels import MigStrategy
+from dradriver.gpu.inventory import LostGpu
 from dradriver.plugin.cluster import ForbiddenError
 from dradriver.plugin.cluster.memory import MemoryCluster
 
@@ -129,6 +130,37 @@ def test_labels_node_feature_discovery_manages_are_left_to_it_with_one_warning(c
     warnings = [r for r in caplog.records if "Node Feature Discovery" in r.getMessage()]
     assert len(warnings) == 1
     assert "nvidia.com/gpu.count,nvidia.com/gpu.product" in warnings[0].getMessage()
+
+
+def test_owned_labels_someone_else_put_on_the_node_are_never_adopted_nor_removed(cluster, caplog):
+    # An administrator's (or the GPU Operator's) label, with the very value the driver would write.
+    cluster.patch_node("node-a", {"metadata": {"labels": {"nvidia.com/gpu.present": "true"}}})
+    labels = labeler(cluster)
+    with caplog.at_level(logging.WARNING):
+        labels.update(H100)
+        labels.update(replace(H100, gpus=H100.gpus[:4]))
+    assert "nvidia.com/gpu.present" not in cluster.get_node("node-a")["metadata"]["annotations"][ANNOTATION]
+    warnings = [r.getMessage() for r in caplog.records if "not written by this driver" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "labels=nvidia.com/gpu.present" in warnings[0]
+    labels.update(replace(H100, gpus=(), mig_devices=()))  # every GPU gone
+    assert labels_of(cluster) == {"team": "a", "nvidia.com/gpu.present": "true"}
+    labels.update(H100)
+    remove_written(cluster, "node-a", DRIVER)  # the uninstall hook
+    assert labels_of(cluster) == {"team": "a", "nvidia.com/gpu.present": "true"}
+
+
+def test_gpu_present_stays_while_the_gpus_have_only_fallen_off_the_bus(cluster):
+    labels = labeler(cluster)
+    labels.update(H100)
+    lost = tuple(
+        LostGpu(index=g.info.index, name=g.name, uuid=g.info.uuid, reason="fell off the bus") for g in H100.gpus
+    )
+    labels.update(replace(H100, gpus=(), mig_devices=(), lost_gpus=lost))
+    assert labels_of(cluster) == {"team": "a", "nvidia.com/gpu.present": "true"}
+    assert cluster.get_node("node-a")["metadata"]["annotations"][ANNOTATION] == "nvidia.com/gpu.present"
+    labels.update(replace(H100, gpus=(), mig_devices=()))  # no GPU at all any more
+    assert labels_of(cluster) == {"team": "a"}
 
 
 def test_remove_takes_off_exactly_what_the_annotation_lists(cluster):

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 NFD_LABELS_ANNOTATION = "nfd.node.kubernetes.io/feature-labels"
 #: NFD's own label namespace, which its annotation leaves out of the names it lists.
 NFD_DEFAULT_NAMESPACE = "feature.node.kubernetes.io"
+#: The GPU Operator's label, kept while a GPU has only fallen off the bus (the node still has GPUs).
+GPU_PRESENT = "nvidia.com/gpu.present"
 
 
 @dataclass(frozen=True)
@@ -113,8 +115,10 @@ class NodeLabeler:
         self._cluster = cluster
         self._options = options
         self._host = host
-        self._last: dict[str, str] | None = None  # the labels of the last successful update
+        # The labels of the last successful update, and whether GPUs had fallen off the bus then.
+        self._last: tuple[dict[str, str], bool] | None = None
         self._nfd_warned: frozenset[str] = frozenset()
+        self._foreign_warned: frozenset[str] = frozenset()
 
     def wanted(self, inventory: Inventory) -> dict[str, str]:
         """The labels for ``inventory`` on this host."""
@@ -131,16 +135,15 @@ class NodeLabeler:
         the Node at the first: a restart writes nothing when they are there); False when the API server refused
         or could not be reached (a WARNING; the next call tries again)."""
         labels = self.wanted(inventory)
-        if labels == self._last:
+        if (labels, bool(inventory.lost_gpus)) == self._last:
             return True
-        name, driver = self._options.node_name, self._options.driver_name
+        name = self._options.node_name
         try:
-            node = self._cluster.get_node(name)
-            ours = self._without_nfd_labels(labels, node)
-            patch = labels_patch(ours, previous=written_keys(node, driver), driver_name=driver)
-            if changes_node(node, patch):
+            patch = self._patch_for(labels, self._cluster.get_node(name), inventory)
+            if patch is not None:
                 self._cluster.patch_node(name, patch)
-                log.info("node labels written node=%s labels=%d", name, len(ours))
+                written = sum(value is not None for value in patch["metadata"]["labels"].values())
+                log.info("node labels written node=%s labels=%d", name, written)
         except ClusterError as err:
             log.warning(
                 "cannot write GPU Feature Discovery's labels on Node %s; retrying at the next rescan (the chart "
@@ -149,12 +152,41 @@ class NodeLabeler:
                 err,
             )
             return False
-        self._last = labels
+        self._last = (labels, bool(inventory.lost_gpus))
         return True
 
-    def _without_nfd_labels(self, wanted: dict[str, str], node: JsonObject) -> dict[str, str]:
-        """``wanted`` less the keys Node Feature Discovery manages on the Node (GFD through NFD still runs): we do
-        not fight over them; a WARNING names them, once per distinct set."""
+    def _patch_for(self, labels: dict[str, str], node: JsonObject, inventory: Inventory) -> dict[str, Any] | None:
+        """The merge patch that makes ``node`` carry ``labels``, None when it already does. Keys someone else
+        keeps are neither written nor removed nor listed: those Node Feature Discovery manages, and owned keys
+        that were on the Node before the driver wrote them (an administrator's, the GPU Operator's)."""
+        driver = self._options.driver_name
+        written = set(written_keys(node, driver))
+        left_alone = self._nfd_keys(node) | self._foreign_keys(node, written)
+        previous = written
+        ours = {key: value for key, value in labels.items() if key not in left_alone}
+        if inventory.lost_gpus and GPU_PRESENT in previous:
+            ours.setdefault(GPU_PRESENT, "true")  # a GPU fallen off the bus is not a node without GPUs
+        patch = labels_patch(ours, previous=previous, driver_name=driver)
+        return patch if changes_node(node, patch) else None
+
+    def _foreign_keys(self, node: JsonObject, written: set[str]) -> frozenset[str]:
+        """The owned keys on ``node`` that its annotation does not list and NFD does not manage: someone else's,
+        left alone; a WARNING names them, once per distinct set."""
+        present = (node.get("metadata") or {}).get("labels") or {}
+        foreign = frozenset(key for key in present if is_owned(key)) - written - nfd_managed(node)
+        if foreign and foreign != self._foreign_warned:
+            log.warning(
+                "some of GPU Feature Discovery's labels on Node %s were not written by this driver (an "
+                "administrator's, or the GPU Operator's); leaving them as they are labels=%s",
+                self._options.node_name,
+                ",".join(sorted(foreign)),
+            )
+        self._foreign_warned = foreign
+        return foreign
+
+    def _nfd_keys(self, node: JsonObject) -> frozenset[str]:
+        """The owned keys Node Feature Discovery manages on ``node`` (GFD through NFD still runs): we do not
+        fight over them; a WARNING names them, once per distinct set."""
         managed = frozenset(key for key in nfd_managed(node) if is_owned(key))
         if managed and managed != self._nfd_warned:
             log.warning(
@@ -164,7 +196,7 @@ class NodeLabeler:
                 ",".join(sorted(managed)),
             )
         self._nfd_warned = managed
-        return {key: value for key, value in wanted.items() if key not in managed}
+        return managed
 
     def remove(self) -> None:
         """Best effort: remove the labels an earlier run wrote (listed in the annotation), and the annotation; a
