@@ -132,6 +132,21 @@ def test_labels_node_feature_discovery_manages_are_left_to_it_with_one_warning(c
     assert "nvidia.com/gpu.count,nvidia.com/gpu.product" in warnings[0].getMessage()
 
 
+def test_a_key_nfd_takes_over_after_the_driver_wrote_it_is_left_to_nfd(cluster):
+    labels = labeler(cluster)
+    labels.update(H100)
+    # GPU Feature Discovery (through NFD) arrives later and takes the product over.
+    nfd = {"annotations": {NFD_LABELS_ANNOTATION: "nvidia.com/gpu.product"}, "labels": {}}
+    nfd["labels"] = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3-NFD"}
+    cluster.patch_node("node-a", {"metadata": nfd})
+    labels.update(replace(H100, gpus=H100.gpus[:4]))  # a GPU change
+    assert labels_of(cluster)["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3-NFD"
+    assert labels_of(cluster)["nvidia.com/gpu.count"] == "4"
+    assert "nvidia.com/gpu.product" not in cluster.get_node("node-a")["metadata"]["annotations"][ANNOTATION]
+    assert "nvidia.com/gpu.product" not in remove_written(cluster, "node-a", DRIVER)
+    assert labels_of(cluster)["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3-NFD"
+
+
 def test_owned_labels_someone_else_put_on_the_node_are_never_adopted_nor_removed(cluster, caplog):
     # An administrator's (or the GPU Operator's) label, with the very value the driver would write.
     cluster.patch_node("node-a", {"metadata": {"labels": {"nvidia.com/gpu.present": "true"}}})

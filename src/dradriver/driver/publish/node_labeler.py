@@ -162,7 +162,7 @@ class NodeLabeler:
         driver = self._options.driver_name
         written = set(written_keys(node, driver))
         left_alone = self._nfd_keys(node) | self._foreign_keys(node, written)
-        previous = written
+        previous = written - left_alone  # NFD may have taken over a key the driver wrote earlier
         ours = {key: value for key, value in labels.items() if key not in left_alone}
         if inventory.lost_gpus and GPU_PRESENT in previous:
             ours.setdefault(GPU_PRESENT, "true")  # a GPU fallen off the bus is not a node without GPUs
