@@ -2,7 +2,8 @@
 for KubeVirt's virt-launcher, with the claim template of examples/passthrough/kubevirt-vm.yaml, gets the GPU's
 /dev/vfio group node, the VFIO container node, KubeVirt's PCI_RESOURCE variable and the GPU's PCI address in its
 device metadata; while it runs the simulated node's sysfs shows the GPU on vfio-pci, and after the pod is deleted
-on nvidia again.
+on nvidia again; and NVIDIA's own passthrough manifest (its class vfio.gpu.nvidia.com) does the same on a node
+run with --compat nvidia.
 
 The node is this module's own (Node vfio-node: `running_node`, its driver run with --passthrough and device
 metadata on, its sysfs tree in the module's directory). A simulated node has no /dev/vfio: the CDI spec binds
@@ -25,6 +26,7 @@ from support.control_plane import ControlPlane
 from support.node_pods import Workloads, claims_of, unprepared
 from support.real_node import RealNode, wait_for
 
+from dradriver.driver.prepare.presets import NVIDIA
 from dradriver.gpu.inventory import gpu_name
 from dradriver.nvidia_install.pci_binding import HostPci
 
@@ -80,7 +82,7 @@ def launcher(name: str) -> list[dict[str, Any]]:
 
 def printed(node: RealNode, pod: dict[str, Any]) -> list[str]:
     def done() -> list[str] | None:
-        fresh = node.kube.get("pods", pod["metadata"]["name"], "default")
+        fresh = node.kube.get("pods", pod["metadata"]["name"], pod["metadata"]["namespace"])
         lines = [line for lines in node.container_output(fresh).values() for line in lines]
         return lines if "done" in lines else None
 
@@ -116,3 +118,51 @@ def test_a_launcher_pod_gets_the_vfio_group_and_the_gpu_comes_back_after_it(
     back = host.function(gpu.address)
     assert back.driver == "nvidia" and host.driver_override(gpu.address) is None
     assert not host.vfio_group_node(int(gpu.iommu_group or 0)).exists()
+
+
+# NVIDIA's own passthrough manifest (kubernetes-sigs/dra-driver-nvidia-gpu demo/specs/quickstart/v1, as fetched):
+# class vfio.gpu.nvidia.com, namespace gpu-test-vfio. Only its pod's image and command are replaced when applied
+# (the node has busybox and no registry); its claim template is applied as written.
+NVIDIA_MANIFEST = REPO / "tests/fixtures/nvidia-passthrough/gpu-test-vfiopci.yaml"
+NVIDIA_CLASSES = REPO / "src/dradriver/cli/data/deviceclasses/passthrough-nvidia.yaml"
+COMPAT_NODE = "vfio-compat"
+
+
+@pytest.fixture(scope="module")
+def compat_node(
+    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[RealNode, HostPci]]:
+    subprocess.run(
+        [kubectl(), "--kubeconfig", str(control_plane.kubeconfig), "apply", "--server-side", "-f", str(NVIDIA_CLASSES)],
+        check=True, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    host = tmp_path_factory.mktemp("vfio-compat") / "host"
+    args = ("--compat", "nvidia", "--passthrough", "true", "--passthrough-host-root", str(host))
+    with running_node(control_plane, name=COMPAT_NODE, driver_name=NVIDIA.driver_name, driver_args=args) as node:
+        yield node, HostPci(host)
+
+
+def test_nvidias_passthrough_manifest_runs_under_compat_nvidia(compat_node: tuple[RealNode, HostPci]) -> None:
+    node, host = compat_node
+    docs = [d for d in yaml.safe_load_all(NVIDIA_MANIFEST.read_text()) if d]
+    for doc in docs:
+        if doc["kind"] == "Pod":
+            [container] = doc["spec"]["containers"]
+            container["image"], container["command"] = "docker.io/library/busybox:1.36", ["sh", "-c", REPORT]
+            container.pop("args", None)
+    workloads = Workloads(node)
+    applied = workloads.apply(docs)
+    [pod_doc] = [d for d in applied if d["kind"] == "Pod"]
+    try:
+        [pod] = workloads.wait_running(pod_doc)
+        [claim] = claims_of(node.kube, pod)
+        [result] = claim["status"]["allocation"]["devices"]["results"]
+        assert result["driver"] == NVIDIA.driver_name and result["device"].endswith("-vfio")
+        [gpu] = [f for f in host.gpus() if result["device"] == gpu_name(f.address) + "-vfio"]
+        assert gpu.driver == "vfio-pci"
+        lines = printed(node, pod)
+        assert f"vfio: {gpu.iommu_group}" in lines and "vfio: vfio" in lines, lines
+    finally:
+        workloads.delete([d for d in applied if d["kind"] != "Namespace"])
+    wait_for("the claim to be unprepared", lambda: unprepared(node, claim["metadata"]["uid"]), 60)
+    assert host.function(gpu.address).driver == "nvidia"
