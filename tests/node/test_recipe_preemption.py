@@ -113,14 +113,18 @@ def page_pods(preempt_node: RealNode, busy_node: Path) -> Iterator[Path]:
     """The page's pods and templates deleted after each test, and their claims unprepared."""
     yield busy_node
     workloads = Workloads(preempt_node)
-    for name in ("notebook", "training", "notebook-mig", "training-mig"):
+    for name in ("notebook", "training", "notebook-mig", "training-mig", "notebook-device-plugin",
+                 "training-device-plugin"):  # fmt: skip
         docs = documents((busy_node / f"{name}.yaml").read_text())
         workloads.delete(reversed(docs))
     wait_for("every claim but the busy pod's to be unprepared", lambda: len(preempt_node.prepared_claims()) <= 1, 90)
 
 
 def only_claim(kube: Kube, pod_name: str) -> dict[str, Any]:
-    [claim] = claims_of(kube, kube.get("pods", pod_name, NAMESPACE))
+    """The pod's one claim: from its spec.resourceClaims, or the one the scheduler wrote for its extended resource."""
+    pod = kube.get("pods", pod_name, NAMESPACE)
+    extended = (pod.get("status", {}).get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    [claim] = [kube.get("resourceclaims", extended, NAMESPACE)] if extended else claims_of(kube, pod)
     return claim
 
 
@@ -196,4 +200,19 @@ def test_the_same_with_a_mig_device_on_one_gpu(preempt_node: RealNode, page_pods
     claim = assert_handed_over(preempt_node, victim, device, "training-mig")
     shown = sim_show(preempt_node)
     assert victim["metadata"]["uid"] not in shown and claim["metadata"]["uid"] in shown, shown
+    shell.check()
+
+
+def test_a_device_plugin_style_pod_is_not_preempted_either(preempt_node: RealNode, page_pods: Path) -> None:
+    shell = console(preempt_node, page_pods, "## Device-plugin style pods: preemption that stops working")
+    shell.next("kubectl apply -f notebook-device-plugin.yaml")
+    shell.next("kubectl wait --for=condition=Ready pod/notebook-dp --timeout=120s")
+    shell.next("kubectl apply -f training-device-plugin.yaml")
+    said = shell.next("kubectl get pod training-dp -o jsonpath={.status.conditions[0].message}")
+    assert "Preemption is not helpful for scheduling" in said, said
+    victim, device = assert_not_preempted(preempt_node, "notebook-dp", "training-dp")
+    assert victim["metadata"]["annotations"]["resource.kubernetes.io/extended-resource-claim"] == "true"
+    shell.next("kubectl delete pod notebook-dp")
+    shell.next("kubectl get pods training-dp")
+    assert allocated_device(assert_handed_over(preempt_node, victim, device, "training-dp")) == device
     shell.check()
