@@ -120,7 +120,7 @@ def test_gpus_no_partition_equals_are_refused_naming_the_partitions_that_would_f
     assert error is not None
     assert f"GPUs {GPUS[0]}, {GPUS[2]} form no Fabric Manager partition" in error
     assert "partition 1 (GPUs 1,2,3,4), partition 3 (GPUs 1,2), partition 4 (GPUs 3,4)" in error
-    assert "matchAttribute <driver>/partition2" in error
+    assert "matchAttribute gpu.dradriver.dev/partition2" in error
     node.assert_as_found()
 
 

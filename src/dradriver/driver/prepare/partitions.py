@@ -71,8 +71,10 @@ class FabricPartitions:
     GPUs form, and the recorded activation. Partitions are read from FM once at start (their GPU sets are fixed by
     the baseboard); the activation state is asked again at every change."""
 
-    def __init__(self, fabric_manager: FabricManager, checkpoint: CheckpointStore) -> None:
+    def __init__(self, fabric_manager: FabricManager, checkpoint: CheckpointStore, *, domain: str) -> None:
+        """``domain``: the driver's name, the domain of the attributes a refusal tells the claim to align on."""
         self.fabric_manager = fabric_manager
+        self.domain = domain
         self._checkpoint = checkpoint
         self.layout = fabric_manager.supported_partitions()
         check_partitions(self.layout)
@@ -124,7 +126,7 @@ class FabricPartitions:
         return (
             f"claim {claim}: GPUs {', '.join(sorted(g.name for g in gpus))} form no Fabric Manager partition, so "
             f"NVLink between them cannot be activated; partitions that would fit: {', '.join(fits) or 'none'}. "
-            f"Ask for GPUs of one partition: a constraint matchAttribute <driver>/{partition_attribute(len(gpus))}"
+            f"Ask for GPUs of one partition: a constraint matchAttribute {self.domain}/{partition_attribute(len(gpus))}"
         )
 
     # --- undo and drift ---------------------------------------------------------------------------------------

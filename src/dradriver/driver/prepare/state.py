@@ -162,7 +162,11 @@ class GpuDriver:
         self.sharing = SharingSteps(gpulib, self.checkpoint, mps)
         self.cdi_step = CdiSpecStep(cdi)
         self.passthrough = passthrough
-        self.partitions = FabricPartitions(fabric_manager, self.checkpoint) if fabric_manager is not None else None
+        self.partitions = (
+            FabricPartitions(fabric_manager, self.checkpoint, domain=options.driver_name)
+            if fabric_manager is not None
+            else None
+        )
         self.step_kinds = step_kinds(
             cdi=self.cdi_step,
             sharing=self.sharing,
