@@ -14,6 +14,7 @@ from support.nodes import inventory_of
 
 from dradriver.driver.publish.node_labeler import (
     NFD_LABELS_ANNOTATION,
+    WRITE_ATTEMPTS,
     HostFacts,
     NodeLabeler,
     NodeLabelerOptions,
@@ -23,7 +24,7 @@ from dradriver.driver.publish.node_labeler import (
 )
 from dradriver.driver.publish.node_labels import MigStrategy
 from dradriver.gpu.inventory import LostGpu
-from dradriver.plugin.cluster import ForbiddenError
+from dradriver.plugin.cluster import ConflictError, ForbiddenError
 from dradriver.plugin.cluster.memory import MemoryCluster
 
 DRIVER = "gpu.dradriver.dev"
@@ -176,6 +177,46 @@ def test_gpu_present_stays_while_the_gpus_have_only_fallen_off_the_bus(cluster):
     assert cluster.get_node("node-a")["metadata"]["annotations"][ANNOTATION] == "nvidia.com/gpu.present"
     labels.update(replace(H100, gpus=(), mig_devices=()))  # no GPU at all any more
     assert labels_of(cluster) == {"team": "a"}
+
+
+class RacingCluster(RefusingCluster):
+    """Before each of the first ``races`` Node patches it applies ``other`` first, as another writer of the Node
+    (the other pod of a rolling update) would between our read and our write."""
+
+    def __init__(self, other: dict[str, Any], races: int) -> None:
+        super().__init__()
+        self.other, self.races = other, races
+
+    def patch_node(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        if self.races and "resourceVersion" in patch["metadata"]:
+            self.races -= 1
+            super().patch_node(name, self.other)
+        return super().patch_node(name, patch)
+
+
+def test_a_write_that_lost_a_race_is_recomputed_so_no_key_is_orphaned():
+    # The old pod adds mig.strategy (and lists it) between the new pod's read and its write: written blindly, the
+    # new pod's annotation would drop the key and leave the label on the Node for ever.
+    other = {"labels": {"nvidia.com/mig.strategy": "mixed"}, "annotations": {ANNOTATION: "nvidia.com/mig.strategy"}}
+    cluster = RacingCluster({"metadata": other}, races=1)
+    cluster.add_node("node-a")
+    assert labeler(cluster).update(H100)
+    assert "nvidia.com/mig.strategy" not in labels_of(cluster)
+    assert labels_of(cluster)["nvidia.com/gpu.count"] == "8"
+    assert cluster.patches == 3  # the other writer's, ours refused (409), ours again
+
+
+def test_losing_every_race_is_a_refusal_retried_at_the_next_update(caplog):
+    cluster = RacingCluster({"metadata": {"labels": {"unrelated": "x"}}}, races=WRITE_ATTEMPTS)
+    cluster.add_node("node-a")
+    labels = labeler(cluster)
+    with caplog.at_level(logging.WARNING):
+        assert not labels.update(H100)
+    assert "has been modified" in caplog.text
+    assert labels.update(H100)
+    assert labels_of(cluster)["nvidia.com/gpu.count"] == "8"
+    with pytest.raises(ConflictError):
+        cluster.patch_node("node-a", {"metadata": {"resourceVersion": "1", "labels": {"x": "y"}}})
 
 
 def test_remove_takes_off_exactly_what_the_annotation_lists(cluster):

@@ -10,7 +10,7 @@ for schedulers and dashboards, never a reason for the driver not to serve.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ from dradriver.driver.publish.node_labels import (
     written_keys,
 )
 from dradriver.gpu.inventory import Inventory
-from dradriver.plugin.cluster.port import Cluster, ClusterError, JsonObject
+from dradriver.plugin.cluster.port import Cluster, ClusterError, ConflictError, JsonObject
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,9 @@ NFD_LABELS_ANNOTATION = "nfd.node.kubernetes.io/feature-labels"
 NFD_DEFAULT_NAMESPACE = "feature.node.kubernetes.io"
 #: The GPU Operator's label, kept while a GPU has only fallen off the bus (the node still has GPUs).
 GPU_PRESENT = "nvidia.com/gpu.present"
+#: How many times a write that lost a race with another writer of the Node (HTTP 409: the other pod of a rolling
+#: update, the uninstall hook) is recomputed from a fresh read before it is given up as a refusal.
+WRITE_ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
@@ -95,15 +98,41 @@ def changes_node(node: Mapping[str, Any], patch: Mapping[str, Any]) -> bool:
     return False
 
 
+def patch_read_node(
+    cluster: Cluster, node_name: str, make_patch: Callable[[JsonObject], dict[str, Any] | None]
+) -> dict[str, Any] | None:
+    """Patch Node ``node_name`` with what ``make_patch`` makes of it as read (nothing when it makes None), on
+    condition that nobody wrote it in between (its resourceVersion in the patch); when somebody did (409), read
+    and make it again, :data:`WRITE_ATTEMPTS` times in all. The patch sent, or None. Raises ClusterError."""
+    attempt = 1
+    while True:
+        node = cluster.get_node(node_name)
+        patch = make_patch(node)
+        if patch is None:
+            return None
+        patch["metadata"]["resourceVersion"] = (node.get("metadata") or {}).get("resourceVersion")
+        try:
+            cluster.patch_node(node_name, patch)
+        except ConflictError:
+            if attempt >= WRITE_ATTEMPTS:
+                raise
+            attempt += 1
+            continue
+        return patch
+
+
 def remove_written(cluster: Cluster, node_name: str, driver_name: str) -> list[str] | None:
     """Remove from Node ``node_name`` the labels its annotation says the driver wrote, and the annotation; the
     keys removed (None, and no write, when it has no annotation). Raises ClusterError."""
-    node = cluster.get_node(node_name)
-    if annotation_key(driver_name) not in ((node.get("metadata") or {}).get("annotations") or {}):
-        return None
-    keys = written_keys(node, driver_name)
-    cluster.patch_node(node_name, labels_patch({}, previous=keys, driver_name=driver_name))
-    return keys
+    annotation = annotation_key(driver_name)
+
+    def removal(node: JsonObject) -> dict[str, Any] | None:
+        if annotation not in ((node.get("metadata") or {}).get("annotations") or {}):
+            return None
+        return labels_patch({}, previous=written_keys(node, driver_name), driver_name=driver_name)
+
+    patch = patch_read_node(cluster, node_name, removal)
+    return None if patch is None else sorted(patch["metadata"]["labels"])
 
 
 class NodeLabeler:
@@ -139,9 +168,8 @@ class NodeLabeler:
             return True
         name = self._options.node_name
         try:
-            patch = self._patch_for(labels, self._cluster.get_node(name), inventory)
+            patch = patch_read_node(self._cluster, name, lambda node: self._patch_for(labels, node, inventory))
             if patch is not None:
-                self._cluster.patch_node(name, patch)
                 written = sum(value is not None for value in patch["metadata"]["labels"].values())
                 log.info("node labels written node=%s labels=%d", name, written)
         except ClusterError as err:

@@ -190,6 +190,10 @@ class MemoryCluster:
             node = self.nodes.get(name)
             if node is None:
                 raise NotFoundError(f"patch {describe('Node', name)}: not found", status=404)
+            # As the API server: a resourceVersion in the patch is a precondition, not a value to store.
+            version = (patch.get("metadata") or {}).get("resourceVersion")
+            if version is not None and version != node["metadata"]["resourceVersion"]:
+                raise ConflictError(f"patch {describe('Node', name)}: the object has been modified", status=409)
             _merge_patch(node, patch)
             self._stamp(node, new=False)
             return copy.deepcopy(node)

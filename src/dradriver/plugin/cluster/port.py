@@ -116,7 +116,8 @@ class Cluster(Protocol):
 
     def patch_node(self, name: str, patch: JsonObject) -> JsonObject:
         """Apply the JSON merge patch ``patch`` (RFC 7386: null removes a key) to the Node ``name``, as a driver
-        keeps its labels and annotations there; returns the Node as stored."""
+        keeps its labels and annotations there; returns the Node as stored. A ``metadata.resourceVersion`` in the
+        patch is a precondition: :class:`ConflictError` when the Node has changed since."""
         ...
 
     def list_nodes(self) -> list[JsonObject]:
