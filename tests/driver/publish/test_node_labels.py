@@ -125,13 +125,18 @@ def test_family_and_compute_labels_are_left_out_for_compute_capability_zero_and_
     assert got["nvidia.com/gpu.count"] == "1"
 
 
-def test_with_several_products_the_one_with_most_gpus_is_labelled_then_the_first_name():
+def test_with_several_products_one_with_a_gpu_without_mig_is_labelled_then_most_gpus_then_first_name():
     assert labelled_product(MIXED.gpus) == "NVIDIA A100-SXM4-40GB"  # 4 A100s, 2 L4s
     assert labels(MIXED)["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB"
     assert labels(MIXED)["nvidia.com/gpu.count"] == "4"  # the MIG-enabled one counts too
     l4s = [g for g in MIXED.gpus if g.info.product_name == "NVIDIA L4"]
     one_each = replace(MIXED, gpus=(l4s[0], MIXED.gpus[1]), mig_devices=())
     assert labels(one_each)["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB"  # a tie: the first name
+    # As GFD, whose full-GPU labels overwrite the MIG-enabled products': a product with a GPU without MIG wins.
+    all_mig = tuple(replace(g, mig_enabled=g.info.mig_capable) for g in MIXED.gpus)
+    assert labelled_product(all_mig) == "NVIDIA L4"
+    assert labels(replace(MIXED, gpus=all_mig, mig_devices=()))["nvidia.com/gpu.count"] == "2"
+    assert labelled_product(all_mig[:4]) == "NVIDIA A100-SXM4-40GB"  # every GPU has MIG on: the most GPUs
     only_l4 = labels(replace(MIXED, gpus=tuple(l4s), mig_devices=()))
     assert only_l4["nvidia.com/gpu.family"] == "ada-lovelace"
     assert only_l4["nvidia.com/mig.capable"] == "false"

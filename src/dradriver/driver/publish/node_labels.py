@@ -4,8 +4,10 @@ The names, values and rules are GFD's (NVIDIA/k8s-device-plugin ``internal/lm``)
 and dashboards written for a GFD node keep working on ours; ``nvidia.com/gpu.present`` is the GPU Operator's.
 Where GFD's own result depends on Go's map order we choose, and say how:
 
-- several products of whole GPUs on one node: GFD writes one product's labels over the other's; we label the
-  product with the most GPUs, then the first name in sort order;
+- several products of whole GPUs on one node: GFD writes the labels of the products whose GPUs all have MIG
+  enabled first and those of the products with a GPU without MIG over them, each group in no fixed order; we
+  label, among the products with a GPU without MIG (all products when there is none), the one with the most GPUs,
+  then the first name in sort order;
 - ``mig-strategy=mixed`` with one profile on parents of different products: the product part of
   ``nvidia.com/mig-<profile>.product`` is that of the first such MIG device by name;
 - no ``nvidia.com/gfd.timestamp``: it would change the Node at every pass; no ``-SHARED`` product suffix or
@@ -138,9 +140,13 @@ def version_labels(driver_version: str, cuda_version: str) -> dict[str, str]:
 
 
 def labelled_product(gpus: Iterable[GpuDevice]) -> str:
-    """The product whose labels a node of several products carries: the most GPUs, then the first name."""
+    """The product whose labels a node of several products carries: one with a GPU without MIG if there is one
+    (GFD's full-GPU labels overwrite those of the products whose GPUs all have MIG on), then the most GPUs, then
+    the first name."""
+    gpus = list(gpus)
     counts = Counter(g.info.product_name for g in gpus)
-    return min(counts, key=lambda name: (-counts[name], name))
+    candidates = {g.info.product_name for g in gpus if not g.mig_enabled} or set(counts)
+    return min(candidates, key=lambda name: (-counts[name], name))
 
 
 def gpu_product_labels(gpus: tuple[GpuDevice, ...]) -> dict[str, str]:
