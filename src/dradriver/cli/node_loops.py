@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 
 from dradriver.cli.run_assembly import NodeDriver, find_driver_root, mps_commands, offered, pools_of
 from dradriver.driver.observe.metrics import DELETED_CLAIMS
+from dradriver.driver.prepare.partitions import with_gpu_attributes
 from dradriver.driver.prepare.recheck import ClaimLookup, recheck_claims
 from dradriver.driver.publish.passthrough import passthrough_slice_specs
 from dradriver.driver.publish.slices import build_slice_specs
@@ -66,7 +67,8 @@ class Rescanner:
             offer = offered(node.options, node.cluster, fresh, node.plugin_watch)
             specs = build_slice_specs(offer, node.settings, taints=node.health.taints)
             # The passthrough devices as the last update_inventory read them from sysfs (a rescan later: the next).
-            fresh_pools = pools_of(node.name, specs + passthrough_slice_specs(node.driver.passthrough_devices()))
+            vfio = passthrough_slice_specs(node.driver.passthrough_devices())
+            fresh_pools = pools_of(node.name, specs + with_gpu_attributes(vfio, node.settings.gpu_attributes))
         except DradriverError as err:
             log.warning("rediscovery failed; keeping the last inventory error=%s", err)
             return

@@ -26,6 +26,7 @@ from dradriver.driver.observe.usage import Device as UsageDevice
 from dradriver.driver.observe.usage import UsageSampler, pod_uid_of_pid
 from dradriver.driver.prepare.checkpoint import CheckpointStore
 from dradriver.driver.prepare.mps import DEFAULT_COMMAND, MpsControl
+from dradriver.driver.prepare.partitions import with_gpu_attributes
 from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions
 from dradriver.driver.prepare.vfio import Passthrough, PassthroughCatalog, PassthroughSteps, nvml_holders, nvml_sees
 from dradriver.driver.publish.node_labeler import HostFacts, NodeLabeler, NodeLabelerOptions
@@ -303,7 +304,8 @@ def assemble(options: RunOptions, gpus: Gpus, cluster: KubeCluster, settings: Sl
             offer = offered(options, cluster, gpus.inventory, plugin_watch)
             settings = replace(settings, gpu_attributes=driver.partition_attributes())
             specs = build_slice_specs(offer, settings, taints=health.taints)
-            pools = pools_of(options.node.name, specs + passthrough_slice_specs(driver.passthrough_devices()))
+            vfio = with_gpu_attributes(passthrough_slice_specs(driver.passthrough_devices()), settings.gpu_attributes)
+            pools = pools_of(options.node.name, specs + vfio)
             publisher = build_publisher(options, cluster=cluster, settings=settings, pools=pools)
         except BaseException:
             plugin.stop()

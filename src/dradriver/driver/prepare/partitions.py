@@ -22,7 +22,7 @@ already, is nothing to do.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dradriver.driver.prepare.checkpoint import Action, CheckpointStore, ClaimRecord
@@ -64,6 +64,18 @@ def gpu_attributes(
         if found:
             attributes[gpu.uuid] = found
     return attributes
+
+
+def with_gpu_attributes(
+    specs: list[dict[str, Any]], attributes: Mapping[str, Mapping[str, dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """``specs`` with each device whose ``uuid`` attribute names a GPU of ``attributes`` given that GPU's attributes
+    (VFIO passthrough devices: NVIDIA publishes the partitions on them too)."""
+    for spec in specs:
+        for device in spec.get("devices", []):
+            uuid = device.get("attributes", {}).get("uuid", {}).get("string")
+            device["attributes"].update(attributes.get(uuid, {}) if uuid else {})
+    return specs
 
 
 class FabricPartitions:
