@@ -371,7 +371,19 @@ def time_explain(plane: ControlPlane, probe: Probe, *, runs: int = 3) -> dict[st
         answer = json.loads(done.stdout)
     (claim,) = answer["claims"]
     return {"seconds": seconds, "best_seconds": min(seconds), "exit": code, "fits": claim["fits"],
-            "node": claim.get("node")}  # fmt: skip
+            "node": claim.get("node"), "start_up_seconds": start_up_seconds(runs)}  # fmt: skip
+
+
+def start_up_seconds(runs: int = 3) -> float:
+    """The best wall time of `dradriver explain --help`: the interpreter, the imports and the command line, which
+    every explain pays before it reads the cluster (measured beside it, under the same load)."""
+    seconds = []
+    for _ in range(runs):
+        started = time.monotonic()
+        subprocess.run([sys.executable, "-m", "dradriver", "explain", "--help"], capture_output=True, check=True,
+                       timeout=120)  # fmt: skip
+        seconds.append(time.monotonic() - started)
+    return min(seconds)
 
 
 # --- the whole harness ------------------------------------------------------------------------------------------
