@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 from support.fake_rest import FakeRest
 
 from dradriver.computedomain import api
@@ -17,6 +18,7 @@ from dradriver.computedomain.watching import WatchingController
 
 NS = "dradriver"
 DEADLINE = 15.0
+RECONCILES = "dradriver_computedomain_reconciles_total"
 
 
 def _wait(what: str, condition: Callable[[], Any]) -> None:
@@ -237,9 +239,11 @@ def test_a_failed_reconcile_is_tried_again_with_backoff(
         return real(path, body)
 
     monkeypatch.setattr(rest, "create", flaky)
+    retries = REGISTRY.get_sample_value(RECONCILES, {"outcome": "retry"}) or 0.0
     start()
     uid = _domain(rest, "job")
     _wait("the DaemonSet after two refusals", lambda: rest.find(_daemonset_path(uid)))
+    assert (REGISTRY.get_sample_value(RECONCILES, {"outcome": "retry"}) or 0.0) >= retries + 2
 
 
 def test_a_restarted_controller_leaves_a_converged_domain_alone(rest: FakeRest, start: Callable[..., Running]) -> None:
