@@ -22,6 +22,7 @@ from typing import Any
 from dradriver.atomic_files import write_atomically
 from dradriver.computedomain import api
 from dradriver.computedomain.fabric import CharDevice
+from dradriver.computedomain.host_imex import HostImex
 from dradriver.computedomain.kube import Rest, path_of
 from dradriver.errors import ClaimError, ConfigError, DradriverError
 from dradriver.plugin.cluster.port import ClusterError, ConflictError, NotFoundError
@@ -106,8 +107,12 @@ class ComputeDomainDriver:
         state_dir: Path,
         cdi_dir: Path,
         daemon_mounts: Sequence[Mapping[str, Any]] = (),
+        host_imex: HostImex | None = None,
     ) -> None:
+        """``host_imex`` (``--imex-mode hostManaged``): channels come from the host's IMEX daemon; no daemon per
+        domain is pulled onto the node (:mod:`~dradriver.computedomain.host_imex`)."""
         self.facts = facts
+        self.host_imex = host_imex
         self.rest = rest
         self.namespace = namespace  # the driver's, where cliques and daemon pods live
         self.state_dir = state_dir
@@ -187,6 +192,8 @@ class ComputeDomainDriver:
             )
         domain = self._domain(config.domain_id, ref.namespace)
         channels = api.MAX_IMEX_CHANNELS if config.allocation_mode == api.ALL else 1
+        if self.host_imex is not None:
+            return self._host_managed_channel(ref, config, channels, self.host_imex)
         self.checkpoint.update(
             lambda c: c.__setitem__(
                 ref.uid, {"kind": "channel", "domain": config.domain_id, "namespace": ref.namespace, "name": ref.name}
@@ -203,7 +210,35 @@ class ComputeDomainDriver:
         ]
         return edits
 
+    def _host_managed_channel(
+        self, ref: ClaimRef, config: api.ChannelConfig, channels: int, host: HostImex
+    ) -> dict[str, Any]:
+        """The channel from the host's IMEX daemon: no Node label (the domain's DaemonSet runs nowhere), the
+        channel devices once ``nvidia-imex-ctl -q`` answers READY (one look; the kubelet retries)."""
+        edits: dict[str, Any] = {"env": [f"COMPUTE_DOMAIN_UUID={config.domain_id}"]}
+        if self.facts.clique_id:
+            state = host.state()
+            if not state.ready:
+                raise NotReadyError(host.not_ready_message(self.facts.node_name, state))
+            edits["deviceNodes"] = [
+                _node(CharDevice(f"{api.CHANNEL_DIR}/channel{i}", self.facts.channel_major, i)) for i in range(channels)
+            ]
+        entry = {
+            "kind": "channel",
+            "domain": config.domain_id,
+            "namespace": ref.namespace,
+            "name": ref.name,
+            "hostManaged": True,
+        }
+        self.checkpoint.update(lambda c: c.__setitem__(ref.uid, entry))
+        return edits
+
     def _prepare_daemon(self, ref: ClaimRef, config: api.DaemonConfig) -> dict[str, Any]:
+        if self.host_imex is not None:
+            raise ClaimError(
+                f"claim {ref}: node {self.facts.node_name} runs --imex-mode hostManaged: the host's IMEX daemon serves "
+                "every ComputeDomain here and no daemon per domain runs"
+            )
         # The daemon device carries the domain's IMEX files and management capability: a claim anyone can make in
         # their own namespace must never get it, only the controller's DaemonSet in the driver's namespace.
         if ref.namespace != self.namespace:
@@ -303,7 +338,7 @@ class ComputeDomainDriver:
         if entry is None:
             self._remove_cdi(ref.uid)
             return
-        if entry["kind"] == "channel":
+        if entry["kind"] == "channel" and not entry.get("hostManaged"):
             self._unlabel_node(entry["domain"])
         self._remove_cdi(ref.uid)
         self.checkpoint.update(lambda c: _drop(c, ref.uid))

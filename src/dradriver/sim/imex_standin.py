@@ -11,6 +11,8 @@ What it does, as the real tools do for what our daemon uses:
   ``IMEX_CMD_BIND_INTERFACE_IP:IMEX_CMD_PORT``. SIGUSR1 re-reads the hosts file and reconnects; SIGTERM exits.
 - ``ctl -c <cfg> -q`` prints ``READY`` when the local daemon has loaded its config (local readiness, as the real
   ``-q``); ``-N`` prints the node table: ``<id> <name> <address> <C|N|I>`` (connected, not connected, itself).
+- A host's IMEX service (host-managed ComputeDomains): with ``IMEX_CMD_ENABLED=1`` and ``IMEX_CMD_UNIX_DOMAIN_PATH``
+  the daemon also answers on that Unix socket, and ``ctl -q --u=<socket>`` asks there (what the node plugin runs).
 """
 
 from __future__ import annotations
@@ -142,7 +144,17 @@ class Daemon:
             return "\n".join(rows) + "\n"
 
     def serve_commands(self) -> None:
-        server = socket.create_server((self.bind, int(self.config.get("IMEX_CMD_PORT", "50005"))))
+        self.answer(socket.create_server((self.bind, int(self.config.get("IMEX_CMD_PORT", "50005")))))
+
+    def serve_unix(self, path: str) -> None:
+        if os.path.exists(path):
+            os.unlink(path)  # a socket a killed daemon left
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(path)
+        server.listen()
+        self.answer(server)
+
+    def answer(self, server: socket.socket) -> None:
         while True:
             client, _ = server.accept()
             with client:
@@ -156,6 +168,9 @@ def run_daemon(config_path: str) -> None:
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     for target in (daemon.serve_peers, daemon.dial):
         threading.Thread(target=target, daemon=True).start()
+    unix = daemon.config.get("IMEX_CMD_UNIX_DOMAIN_PATH", "")
+    if unix and daemon.config.get("IMEX_CMD_ENABLED") == "1":
+        threading.Thread(target=daemon.serve_unix, args=(unix,), daemon=True).start()
     daemon.serve_commands()
 
 
@@ -164,19 +179,37 @@ def run_ctl(config_path: str, request: str) -> None:
     address = (config["IMEX_CMD_BIND_INTERFACE_IP"], int(config.get("IMEX_CMD_PORT", "50005")))
     try:
         with socket.create_connection(address, timeout=2) as client:
-            client.sendall(request.encode() + b"\n")
-            chunks = []
-            while True:
-                chunk = client.recv(65536)
-                if not chunk:
-                    break
-                chunks.append(chunk)
+            sys.stdout.write(ask(client, request))
     except OSError as err:
         sys.exit(f"cannot connect to the IMEX daemon at {address[0]}:{address[1]}: {err}")
-    sys.stdout.write(b"".join(chunks).decode())
+
+
+def run_ctl_unix(path: str, request: str) -> None:
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.settimeout(2)
+            client.connect(path)
+            sys.stdout.write(ask(client, request))
+    except OSError as err:
+        sys.exit(f"cannot connect to the IMEX daemon at {path}: {err}")
+
+
+def ask(client: socket.socket, request: str) -> str:
+    client.sendall(request.encode() + b"\n")
+    chunks = []
+    while True:
+        chunk = client.recv(65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode()
 
 
 def main(argv: list[str]) -> None:
+    unix = [a.split("=", 1)[1] for a in argv[1:] if a.startswith("--u=")]
+    if argv[:1] == ["ctl"] and unix:
+        run_ctl_unix(unix[0], "q" if "-q" in argv[1:] else "N")
+        return
     if len(argv) < 3 or argv[1] != "-c" or argv[0] not in ("daemon", "ctl"):
         sys.exit("usage: imex_standin.py daemon -c <cfg> | ctl -c <cfg> (-q | -N)")
     if argv[0] == "daemon":
