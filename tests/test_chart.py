@@ -315,7 +315,7 @@ def test_nvidias_device_plugin_is_refused_by_default_and_withheld_while_a_node_p
 def test_device_classes_and_policies_can_be_left_out_or_renamed() -> None:
     kinds = {o["kind"] for o in objects_with("deviceClasses.gpu.enabled=false", "deviceClasses.mig.enabled=false",
              "deviceClasses.migProfiles.enabled=false", "admissionPolicies.ownNodeSlices=false",
-             "admissionPolicies.opaqueConfig=false")}  # fmt: skip
+             "admissionPolicies.opaqueConfig=false", "admissionPolicies.ownNodeLabels=false")}  # fmt: skip
     assert not kinds & {"DeviceClass", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     names = {
         o["metadata"]["name"]

@@ -1,5 +1,6 @@
-"""The chart's GFD-compatible node labels (nodeLabels), judged by the real helm: off by default with nothing of it
-rendered; on, the plugin gets its flags, `patch` on nodes, the ownNodeLabels admission policy and a post-delete
+"""The chart's GFD-compatible node labels (nodeLabels), judged by the real helm: off by default with no flag and no
+hook, but `patch` on nodes narrowed by the ownNodeLabels admission policy (turned off, the labels an earlier run
+wrote must still be removable); on, the plugin gets its flags, `patch` on nodes, the policy and a post-delete
 hook Job that takes the labels off at `helm uninstall`, run like the plugin (image, tolerations, network, the
 environment that reaches the API server). The policy's rules are tests/test_node_labels_policy.py's; the real
 install and uninstall, tests/node/test_helm_install_node_labels.py's."""
@@ -46,14 +47,27 @@ def cleanup_pod(objects: tuple[dict[str, Any], ...]) -> dict[str, Any]:
     return pod
 
 
-def test_off_by_default_and_nothing_of_it_renders() -> None:
+def test_off_by_default_with_no_flags_and_no_hook() -> None:
     default = objects_with()
     assert objects_with("nodeLabels.enabled=false", "nodeLabels.migStrategy=mixed") == default
-    assert not [o for o in default if "node-labels" in o["metadata"]["name"] or o["metadata"]["name"] == POLICY]
+    assert not [o for o in default if "node-labels" in o["metadata"]["name"]]
     assert not [o for o in default if HOOK in (o["metadata"].get("annotations") or {})]
     assert not {"DRADRIVER_NODE_LABELS", "DRADRIVER_NODE_LABELS_MIG_STRATEGY"} & plugin_env(default).keys()
-    plugin_role = one(default, "ClusterRole", "dradriver-kubelet-plugin")
-    assert [r["verbs"] for r in node_rules(plugin_role)] == [["get"]]
+
+
+def test_turned_off_again_the_plugin_may_still_remove_the_labels_under_the_policy() -> None:
+    # `helm upgrade --set nodeLabels.enabled=false`: the restarted pods run --node-labels none, which removes the
+    # labels the annotation lists; without patch (or with patch and no policy narrowing it) they would stay.
+    for values in ((), ("nodeLabels.enabled=false",)):
+        objects = objects_with(*values)
+        plugin_role = one(objects, "ClusterRole", "dradriver-kubelet-plugin")
+        assert [r["verbs"] for r in node_rules(plugin_role)] == [["get"], ["patch"]]
+        assert one(objects, "ValidatingAdmissionPolicyBinding", POLICY)["spec"]["policyName"] == POLICY
+        one(objects, "ValidatingAdmissionPolicy", POLICY)
+    # With the policy turned off nothing would narrow it: patch only while nodeLabels is on.
+    unnarrowed = objects_with("admissionPolicies.ownNodeLabels=false")
+    assert [r["verbs"] for r in node_rules(one(unnarrowed, "ClusterRole", "dradriver-kubelet-plugin"))] == [["get"]]
+    assert not [o for o in unnarrowed if o["metadata"]["name"] == POLICY]
 
 
 @pytest.mark.parametrize("strategy", ["none", "single", "mixed"])
@@ -82,6 +96,8 @@ def test_on_the_plugin_may_patch_nodes_and_the_policy_narrows_it() -> None:
     without = objects_with(ON, "admissionPolicies.ownNodeLabels=false")
     assert not [o for o in without if o["metadata"]["name"] == POLICY]
     assert plugin_env(without)["DRADRIVER_NODE_LABELS"] == "gfd"
+    plugin_role = one(without, "ClusterRole", "dradriver-kubelet-plugin")
+    assert [r["verbs"] for r in node_rules(plugin_role)] == [["get"], ["patch"]]
 
 
 def test_the_uninstall_hook_runs_after_its_account_and_rbac_and_all_go_once_it_succeeded() -> None:

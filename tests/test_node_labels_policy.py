@@ -220,12 +220,14 @@ def test_with_compute_domains_the_plugin_may_also_set_the_domain_label_and_no_ot
     assert rule(admit(request(), near, old, "computeDomains.enabled=true")) == [LABELS]
 
 
-def test_compute_domains_alone_also_get_the_policy() -> None:
-    """The ComputeDomain node plugin patches nodes under the same account (computedomain/rbac.yaml) without
-    nodeLabels: the policy narrows that too, and neither feature on renders none."""
-    names = [o["kind"] for o in template("--set", "computeDomains.enabled=true") if o["metadata"]["name"] == NAME]
-    assert sorted(names) == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
-    assert [o for o in template() if o["metadata"]["name"] == NAME] == []
+def test_the_policy_renders_whenever_it_is_on_whatever_the_features() -> None:
+    """The plugin's account may patch nodes whenever the policy is on (the labels of an earlier nodeLabels run are
+    removed after it is turned off; the ComputeDomain node plugin patches nodes too): the policy narrows that in
+    every case, and turned off renders none."""
+    for values in ([], ["computeDomains.enabled=true"], ["nodeLabels.enabled=false"]):
+        objects = template(*(a for v in values for a in ("--set", v)))
+        names = [o["kind"] for o in objects if o["metadata"]["name"] == NAME]
+        assert sorted(names) == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"], values
     off = ("computeDomains.enabled=true", "admissionPolicies.ownNodeLabels=false")
     assert [o for o in template(*(a for v in off for a in ("--set", v))) if o["metadata"]["name"] == NAME] == []
 

@@ -1,5 +1,6 @@
 """The ClusterRole grants exactly what `dradriver run` calls: every request a running driver makes (publish,
-update, delete obsolete slices, watch, prepare) is allowed by a rule, and every verb the role grants is used."""
+update, delete obsolete slices, watch, prepare, remove the node labels an earlier run wrote) is allowed by a rule,
+and every verb the role grants is used."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from integration.test_run_process import NODE, TIMEOUT, DriverProcess, allocated
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = "gpu.dradriver.dev"
+LABELS = f"{DRIVER}/node-labels"
 
 
 def granted() -> set[tuple[str, str, str]]:
@@ -55,7 +57,9 @@ def authorization(record: RequestRecord) -> tuple[str, str, str] | None:
 
 def test_the_role_is_exactly_what_the_driver_calls(root: Path) -> None:
     with FakeApiServer() as api:
-        api.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        # An earlier run's node labels (nodeLabels turned off since): --node-labels none removes them.
+        earlier = {"labels": {"nvidia.com/gpu.present": "true"}, "annotations": {LABELS: "nvidia.com/gpu.present"}}
+        api.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, **earlier}})
         # A slice left from an older pool layout: the driver must delete it.
         api.create(
             "resourceslices",
@@ -74,6 +78,12 @@ def test_the_role_is_exactly_what_the_driver_calls(root: Path) -> None:
         driver = DriverProcess(root, api.write_kubeconfig(root / "kubeconfig"))
         try:
             driver.wait_ready()
+
+            def node_metadata() -> dict:
+                return (api.get("nodes", NODE) or {}).get("metadata", {})
+
+            assert api.wait_until(lambda: not node_metadata().get("labels"), TIMEOUT), driver.log
+            assert LABELS not in node_metadata().get("annotations", {})
 
             def ours() -> list[dict]:
                 return [s for s in api.list("resourceslices") if s["spec"]["driver"] == DRIVER]
