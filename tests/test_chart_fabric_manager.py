@@ -1,5 +1,5 @@
-"""The chart's fabricManagerPartitions value (docs/partitions.md), judged by the real helm: off by default, on it
-hands `dradriver run` --fabric-manager-partitions through the variable it reads."""
+"""The chart's fabricManagerPartitions and computeDomains.imex values, judged by the real helm: off by default, on they hand
+`dradriver run` --fabric-manager-partitions and --imex-mode through the variables it reads."""
 
 from __future__ import annotations
 
@@ -29,3 +29,15 @@ def test_the_value_turns_the_flag_on(monkeypatch: Any) -> None:
     args = build_parser(["run"]).parse_args(["run"])
     resolve_env_values(args)
     assert args.fabric_manager_partitions == "true"
+
+
+def test_host_managed_imex_reaches_the_plugin_only_when_chosen(monkeypatch: Any) -> None:
+    assert "DRADRIVER_IMEX_MODE" not in env_with("computeDomains.enabled=true")
+    variables = env_with("computeDomains.enabled=true", "computeDomains.imex.mode=hostManaged")
+    assert variables["DRADRIVER_IMEX_MODE"] == "hostManaged"
+    assert variables["DRADRIVER_IMEX_HOST_SOCKET_PATH"] == "/etc/nvidia-imex/imex_ctrl.sock"
+    for name in ("DRADRIVER_IMEX_MODE", "DRADRIVER_IMEX_HOST_SOCKET_PATH"):
+        monkeypatch.setenv(name, variables[name])
+    args = build_parser(["run"]).parse_args(["run"])
+    resolve_env_values(args)
+    assert args.imex_mode == "hostManaged"

@@ -27,10 +27,13 @@ def start(
     node_uid: str | None,
     shape: SliceShape,
     imex_binaries: Sequence[tuple[str, str]] = (),
+    imex_ctl: Sequence[str] = ("nvidia-imex-ctl",),
 ) -> ComputeDomainPlugin:
     """Serve and publish; the node's clique and device numbers are read now and every --cd-fabric-interval.
-    Its plugin directory (socket, lock, checkpoint, per-domain daemon files) is beside the GPU driver's."""
+    Its plugin directory (socket, lock, checkpoint, per-domain daemon files) is beside the GPU driver's.
+    ``imex_ctl``: the host's ``nvidia-imex-ctl`` command line, asked with ``--imex-mode hostManaged``."""
     from dradriver.computedomain import api
+    from dradriver.computedomain.host_imex import HostImex
     from dradriver.computedomain.kube import Rest
     from dradriver.computedomain.plugin import ComputeDomainPlugin, ComputeDomainPluginOptions, read_facts
 
@@ -52,6 +55,7 @@ def start(
             {"hostPath": host, "containerPath": container, "options": ["ro", "nosuid", "nodev", "bind"]}
             for host, container in imex_binaries
         ],
+        host_imex=HostImex(imex_ctl, domains.imex_host_socket) if domains.host_managed else None,
     )
     plugin = ComputeDomainPlugin(
         plugin_options,

@@ -33,7 +33,12 @@ from dradriver.driver.publish.node_labeler import HostFacts, NodeLabeler, NodeLa
 from dradriver.driver.publish.passthrough import passthrough_slice_specs
 from dradriver.driver.publish.slices import SliceSettings, build_slice_specs, release_problem, shape_for
 from dradriver.errors import ConfigError
-from dradriver.gpu.backend import attach_simulated_sysfs, simulated_fabric_manager, simulated_mps_command
+from dradriver.gpu.backend import (
+    attach_simulated_sysfs,
+    simulated_fabric_manager,
+    simulated_imex_commands,
+    simulated_mps_command,
+)
 from dradriver.gpu.fabric_manager import FabricManager
 from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.inventory import Inventory, MigMode, discover
@@ -467,6 +472,16 @@ def build_node_labeler(options: RunOptions, cluster: KubeCluster, *, simulated: 
     return NodeLabeler(cluster, labeler_options, host=HostFacts(None if simulated else HOST_SYSFS))
 
 
+def host_imex_ctl(gpus: Gpus) -> list[str]:
+    """The host's ``nvidia-imex-ctl`` (``--imex-mode hostManaged``): run inside the driver root, as NVIDIA's plugin
+    does (its libraries are the driver's); the stand-in's on a simulated node."""
+    if gpus.simulated:
+        return simulated_imex_commands()[1]
+    root = gpus.driver_root
+    found = [f for f in root.binaries if f.path.name == "nvidia-imex-ctl"]
+    return ["chroot", str(root.container_root), f"/{found[0].path}" if found else "nvidia-imex-ctl"]
+
+
 def start_compute_domains(node: NodeDriver) -> ComputeDomainPlugin:
     """Serve ComputeDomains beside the GPU driver (``--compute-domains``)."""
     root = node.gpus.driver_root
@@ -480,6 +495,7 @@ def start_compute_domains(node: NodeDriver) -> ComputeDomainPlugin:
     return cd_node.start(
         node.options,
         imex_binaries=imex,
+        imex_ctl=host_imex_ctl(node.gpus),
         gpulib=node.gpus.lib,
         simulated=node.gpus.simulated,
         cluster=node.cluster,

@@ -15,6 +15,7 @@ from typing import Any
 
 from dradriver.computedomain import api
 from dradriver.computedomain.fabric import CHANNELS_DEVICE, clique_id, device_major, imex_mgmt_device
+from dradriver.computedomain.host_imex import HostImex
 from dradriver.computedomain.kube import Rest
 from dradriver.computedomain.node import ComputeDomainDriver, NodeFacts, slice_devices
 from dradriver.errors import DeviceError
@@ -61,6 +62,8 @@ class ComputeDomainPluginOptions:
     pod_uid: str | None = None
     refresh_interval: float = 10.0
     daemon_mounts: Sequence[Mapping[str, Any]] = ()
+    #: ``--imex-mode hostManaged``: the host's IMEX daemon serves the channels (None: one daemon per domain).
+    host_imex: HostImex | None = None
 
 
 class ComputeDomainPlugin:
@@ -84,6 +87,7 @@ class ComputeDomainPlugin:
             state_dir=options.plugin_dir,
             cdi_dir=options.cdi_dir,
             daemon_mounts=options.daemon_mounts,
+            host_imex=options.host_imex,
         )
         self.plugin = KubeletPlugin(
             KubeletPluginOptions(

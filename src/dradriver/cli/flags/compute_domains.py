@@ -52,10 +52,30 @@ CD_PROC_ROOT = EnvFlag(
     help="where /proc/devices and the NVIDIA capability files are read (a simulated node writes its own)",
 )
 
+# NVIDIA's names (its kubelet plugin's --imex-mode and --imex-host-socket-path; computedomain/host_imex.py's values).
+IMEX_MODE = EnvFlag(
+    flag="--imex-mode",
+    env="DRADRIVER_IMEX_MODE",
+    default="driverManaged",
+    choices=("driverManaged", "hostManaged"),
+    help="who runs nvidia-imex: driverManaged, one daemon per ComputeDomain on the nodes its workloads use (jobs "
+    "isolated from each other); hostManaged, the node's own nvidia-imex service serves every domain and channel 0 is "
+    "handed out once it answers READY (no isolation between jobs; what NVIDIA's HostManagedIMEXDaemon gate allows)",
+)
+IMEX_HOST_SOCKET_PATH = EnvFlag(
+    flag="--imex-host-socket-path",
+    env="DRADRIVER_IMEX_HOST_SOCKET_PATH",
+    default="/etc/nvidia-imex/imex_ctrl.sock",
+    metavar="PATH",
+    help="with --imex-mode hostManaged: the host daemon's control socket (IMEX_CMD_UNIX_DOMAIN_PATH in its config, "
+    "with IMEX_CMD_ENABLED=1), under the driver root; nvidia-imex-ctl -q asks it before a channel is handed out",
+)
+
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
     """Whether to serve ComputeDomains, and how."""
-    for flag in (COMPUTE_DOMAINS, CD_NAMESPACE, CD_READY_TIMEOUT, CD_FABRIC_INTERVAL, CD_PROC_ROOT):
+    flags = (COMPUTE_DOMAINS, CD_NAMESPACE, CD_READY_TIMEOUT, CD_FABRIC_INTERVAL, CD_PROC_ROOT, IMEX_MODE)
+    for flag in (*flags, IMEX_HOST_SOCKET_PATH):
         flag.add(parser)
 
 
@@ -68,6 +88,13 @@ class ComputeDomainOptions:
     namespace: str = DEFAULT_NAMESPACE
     fabric_interval: float = 10.0
     proc_root: Path = Path(DEFAULT_PROC_ROOT)
+    #: ``--imex-mode``: "driverManaged" or "hostManaged" (the host's IMEX service at ``imex_host_socket``).
+    imex_mode: str = "driverManaged"
+    imex_host_socket: str = "/etc/nvidia-imex/imex_ctrl.sock"
+
+    @property
+    def host_managed(self) -> bool:
+        return self.imex_mode == "hostManaged"
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ComputeDomainOptions:
@@ -76,4 +103,6 @@ class ComputeDomainOptions:
             namespace=CD_NAMESPACE.value(args),
             fabric_interval=CD_FABRIC_INTERVAL.value(args),
             proc_root=Path(CD_PROC_ROOT.value(args)),
+            imex_mode=IMEX_MODE.value(args),
+            imex_host_socket=IMEX_HOST_SOCKET_PATH.value(args),
         )
