@@ -1,5 +1,5 @@
-"""The chart's fabricManagerPartitions and computeDomains.imex values, judged by the real helm: off by default, on they hand
-`dradriver run` --fabric-manager-partitions and --imex-mode through the variables it reads."""
+"""The chart's fabricManagerPartitions and computeDomains.imex values, judged by the real helm: off by default, on
+they hand `dradriver run` --fabric-manager-partitions and --imex-mode through the variables it reads."""
 
 from __future__ import annotations
 
