@@ -20,7 +20,9 @@ def run_script(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[s
 
 
 def stamp() -> str:
-    files = " ".join(str(p) for p in [SOURCES / "go.mod", SOURCES / "go.sum", *sorted(SOURCES.glob("*.go"))])
+    # Its sources, pins and the script itself (its flags): as the script stamps what it built.
+    parts = [SOURCES / "go.mod", SOURCES / "go.sum", *sorted(SOURCES.glob("*.go")), BUILD_SCRIPT]
+    files = " ".join(str(p) for p in parts)
     done = subprocess.run(f"cat {files} | sha256sum | cut -c1-16", shell=True, capture_output=True, text=True,
                           check=True)  # fmt: skip
     return done.stdout
