@@ -246,13 +246,19 @@ def test_a_two_node_job_runs_with_its_channels_and_leaves_nothing_behind(cd_clus
     assert controller.get("/livez") == (200, "ok\n")
     code, body = controller.get("/readyz")
     assert code == 200 and json.loads(body) == {"ready": True, "leading": True}
-    # The IMEX daemons found each other through the names in their hosts files.
+    # The IMEX daemons found each other through the names in their hosts files. The domain's Ready says each daemon
+    # is Ready, not that they have connected yet (a daemon reads its clique every 0.5 s): polled, within TIMEOUT.
     daemon = cd_cluster["nodes"]["tray-a"].runner.daemon()
-    table = subprocess.run(
-        [*imex_standin.ctl_command(), "-c", f"{daemon.container.mounts['/imexd']}/imexd.cfg", "-N"],
-        capture_output=True, text=True, timeout=10, check=True,
-    ).stdout  # fmt: skip
-    assert sorted(line.split()[-1] for line in table.splitlines()) in (["C", "I"], ["I", "C"])
+
+    def peers() -> list[str]:
+        table = subprocess.run(
+            [*imex_standin.ctl_command(), "-c", f"{daemon.container.mounts['/imexd']}/imexd.cfg", "-N"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout  # fmt: skip
+        return sorted(line.split()[-1] for line in table.splitlines())
+
+    kube.wait("the IMEX daemons to connect", lambda: peers() == ["C", "I"], TIMEOUT)
+    assert peers() in (["C", "I"], ["I", "C"])
     _assert_no_refusals(cd_cluster)
 
     _delete_pods(cd_cluster, name, 2)
