@@ -1,7 +1,10 @@
 """The chart's ownNodeLabels admission policy in a real API server: with nodeLabels.enabled the plugin's service
 account may patch nodes, and the policy lets its token (bound to a pod on one node, so it carries that node) change
 only that Node's labels under the prefixes the driver owns and its one annotation; any other change is refused
-with the rule's message, while an admin's edit of the same Node is not judged.
+with the rule's message, while an admin's edit of the same Node is not judged. The driver's own NodeLabeler, on
+such a token, has the patches it really sends (labels, nulls for removed keys, its annotation, the resourceVersion
+precondition) judged by the policy: it writes, changes and removes its labels, leaves an admin's label under the
+owned prefixes alone, recomputes a write that lost a race (a real 409), and is refused another Node (a WARNING).
 
 The chart's plugin ServiceAccount, ClusterRole, binding and the policy are rendered with `helm template` under a
 release of their own (``nodelabels``) and applied; two Nodes of this module (tainted, so nothing schedules there)
@@ -10,17 +13,25 @@ more requests with our CEL interpreter."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
 from support.cluster_pods import kubectl
-from support.control_plane import ControlPlane
+from support.control_plane import ControlPlane, write_kubeconfig
 from support.helm import CHART, run_helm
 from support.kube_rest import ApiError, Credentials, Kube
+from support.nodes import inventory_of
+
+from dradriver.driver.publish.node_labeler import HostFacts, NodeLabeler, NodeLabelerOptions
+from dradriver.driver.publish.node_labels import MigStrategy
+from dradriver.plugin.cluster import Cluster, ConflictError
+from dradriver.plugin.cluster.kube import KubeCluster
 
 RELEASE = "nodelabels"
 NAMESPACE = "node-labels-policy"
@@ -195,3 +206,89 @@ def test_an_annotation_other_than_its_own_is_refused(plugin: Kube) -> None:
 def test_an_admin_is_not_judged_by_the_policy(plugin: Kube, kube: Kube) -> None:
     kube.patch("nodes", OTHER, {"metadata": {"labels": {"team": "x"}, "annotations": {"example.com/owner": "me"}}})
     kube.patch("nodes", OTHER, {"metadata": {"labels": {"team": None}, "annotations": {"example.com/owner": None}}})
+
+
+MIXED = inventory_of("mixed")
+ADMINS = "nvidia.com/gpu.present"  # an administrator's label under the owned prefixes, there before the driver
+
+
+@pytest.fixture
+def plugin_cluster(plugin: Kube, kube: Kube, control_plane: ControlPlane, tmp_path: Path) -> Cluster:
+    """The driver's cluster adapter on a token of the plugin's account bound to its pod on ``OWN``."""
+    token = bound_token(kube, kube.get("pods", f"plugin-on-{OWN}", NAMESPACE))
+    config = write_kubeconfig(tmp_path / "kubeconfig", control_plane.server, control_plane.pki.ca_cert, token=token)
+    return KubeCluster.from_kubeconfig(str(config))
+
+
+@pytest.fixture
+def admins_label(kube: Kube) -> Iterator[None]:
+    """``OWN`` with an administrator's ``nvidia.com/gpu.present=true``; afterwards as the module left it."""
+    kube.patch("nodes", OWN, {"metadata": {"labels": {ADMINS: "true"}}})
+    yield
+    extra = [key for key in labels_of(kube, OWN) if key != "kubernetes.io/hostname"]
+    kube.patch("nodes", OWN, {"metadata": {"labels": dict.fromkeys(extra), "annotations": {ANNOTATION: None}}})
+
+
+def labeler(cluster: Cluster, node: str) -> NodeLabeler:
+    options = NodeLabelerOptions(driver_name="gpu.dradriver.dev", node_name=node, mig_strategy=MigStrategy.MIXED)
+    return NodeLabeler(cluster, options, host=HostFacts(None))
+
+
+def listed(kube: Kube) -> list[str]:
+    return str((kube.get("nodes", OWN)["metadata"].get("annotations") or {}).get(ANNOTATION, "")).split(",")
+
+
+@pytest.mark.usefixtures("admins_label")
+def test_the_driver_writes_changes_and_removes_its_labels_as_the_policy_allows(
+    plugin_cluster: Cluster, kube: Kube
+) -> None:
+    labels = labeler(plugin_cluster, OWN)
+    assert labels.update(MIXED)
+    written = labels_of(kube, OWN)
+    assert written["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB"
+    assert written["nvidia.com/mig-3g.20gb.count"] == "1"
+    assert "nvidia.com/mig-3g.20gb.count" in listed(kube) and ADMINS not in listed(kube)
+    assert labels.update(replace(MIXED, mig_devices=()))  # the MIG devices gone: their keys set to null
+    assert not [key for key in labels_of(kube, OWN) if key.startswith("nvidia.com/mig-")]
+    labels.remove()  # what --node-labels none does at start
+    assert labels_of(kube, OWN) == {"kubernetes.io/hostname": OWN, ADMINS: "true"}
+    assert ANNOTATION not in (kube.get("nodes", OWN)["metadata"].get("annotations") or {})
+
+
+class RacedCluster:
+    """The plugin's adapter, but an admin edits the Node between the labeler's first read and its first write."""
+
+    def __init__(self, cluster: Cluster, admin: Kube) -> None:
+        self.cluster, self.admin, self.raced, self.conflicts = cluster, admin, False, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.cluster, name)
+
+    def patch_node(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        if not self.raced:
+            self.raced = True
+            self.admin.patch("nodes", name, {"metadata": {"labels": {"example.com/raced": "yes"}}})
+        try:
+            return self.cluster.patch_node(name, patch)
+        except ConflictError:
+            self.conflicts += 1
+            raise
+
+
+@pytest.mark.usefixtures("admins_label")
+def test_a_write_that_lost_a_race_gets_a_409_and_is_recomputed(plugin_cluster: Cluster, kube: Kube) -> None:
+    raced = RacedCluster(plugin_cluster, kube)
+    assert labeler(cast(Cluster, raced), OWN).update(MIXED)
+    assert raced.conflicts == 1
+    assert labels_of(kube, OWN)["nvidia.com/gpu.count"] == "4"
+    assert labels_of(kube, OWN)["example.com/raced"] == "yes"
+
+
+def test_another_node_is_refused_with_a_warning(
+    plugin_cluster: Cluster, kube: Kube, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING):
+        assert not labeler(plugin_cluster, OTHER).update(MIXED)
+    assert f"cannot write GPU Feature Discovery's labels on Node {OTHER}" in caplog.text
+    assert "may only change the Node it runs on" in caplog.text
+    assert "nvidia.com/gpu.product" not in labels_of(kube, OTHER)
