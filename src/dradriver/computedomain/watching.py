@@ -26,7 +26,7 @@ from typing import Any
 from dradriver.computedomain import api, metrics
 from dradriver.computedomain.controller import STUCK_AFTER_SECONDS, Controller, Snapshot
 from dradriver.computedomain.kube import Collection, ListsAndWatches, path_of
-from dradriver.plugin.cluster.informer import Informer, key_of
+from dradriver.plugin.cluster.informer import Informer, key_of, without_managed_fields
 from dradriver.plugin.cluster.port import ClusterError, JsonObject
 from dradriver.plugin.cluster.workqueue import WorkQueue
 
@@ -109,6 +109,7 @@ class WatchingController:
                 name=name,
                 indices={BY_UID: index},
                 watch_timeout=self.watch_timeout,
+                transform=without_managed_fields,  # the controller never reads them: memory for nothing
             )
             for name, (path, labels, index) in sources.items()
         }

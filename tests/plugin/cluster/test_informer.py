@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from dradriver.plugin.cluster.informer import Informer, Store, key_of
+from dradriver.plugin.cluster.informer import Informer, Store, key_of, without_managed_fields
 from dradriver.plugin.cluster.port import ApiUnavailableError, WatchEvent, WatchExpiredError
 
 DEADLINE = 10.0
@@ -209,3 +209,24 @@ def test_the_store_indexes_objects_and_keys_namespaced_ones_by_namespace() -> No
     assert [key_of(o) for o in store.by_index("label", "1")] == ["n/a"]
     store.remove({"metadata": {"name": "a", "namespace": "n"}})
     assert store.by_index("label", "1") == [] and store.get("n/a") is None
+
+
+def test_a_transform_is_applied_before_objects_are_stored() -> None:
+    obj = {"metadata": {"name": "a", "managedFields": [{"manager": "x"}]}, "spec": {}}
+    assert without_managed_fields(obj) == {"metadata": {"name": "a"}, "spec": {}}
+    assert obj["metadata"]["managedFields"] == [{"manager": "x"}]  # the original is left alone
+    things = Collection()
+    things.write("a", 1)
+    informer = Informer(things, name="things", transform=lambda o: {**o, "seen": True})
+    stop = threading.Event()
+    thread = threading.Thread(target=informer.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        _wait("the first list", informer.synced.is_set)
+        things.write("b", 1)
+        _wait("the watch's object", lambda: informer.store.get("b") is not None)
+        assert informer.store.get("a")["seen"] and informer.store.get("b")["seen"]
+    finally:
+        stop.set()
+        informer.close()
+        thread.join(DEADLINE)

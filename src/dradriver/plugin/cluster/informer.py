@@ -115,6 +115,15 @@ class Store:
                         del self._indices[name][value]
 
 
+def without_managed_fields(obj: JsonObject) -> JsonObject:
+    """``obj`` without ``metadata.managedFields`` (server-side apply's bookkeeping, often half an object's size),
+    as client-go's informers are commonly told to drop it; the object itself is left alone."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict) or "managedFields" not in meta:
+        return obj
+    return {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+
+
 def _version(obj: JsonObject | None) -> str:
     return str(((obj or {}).get("metadata") or {}).get("resourceVersion", ""))
 
@@ -132,9 +141,12 @@ class Informer:
         indices: dict[str, IndexFunction] | None = None,
         page_size: int = PAGE_SIZE,
         watch_timeout: int = WATCH_TIMEOUT_SECONDS,
+        transform: Callable[[JsonObject], JsonObject] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``transform``: applied to every object before it is stored (to drop what no reader needs)."""
         self.source = source
+        self._transform = transform or (lambda obj: obj)
         self.name = name
         self.store = Store(indices)
         self.synced = threading.Event()
@@ -186,7 +198,7 @@ class Informer:
         token, version = "", ""
         while True:
             page, page_version, token = self.source.list_page(limit=self._page_size, continue_token=token)
-            items.extend(page)
+            items.extend(self._transform(obj) for obj in page)
             version = version or page_version  # every page is of the first page's snapshot
             if not token:
                 break
@@ -222,12 +234,13 @@ class Informer:
                 version = event.resource_version or version
                 if event.type == "BOOKMARK":
                     continue
+                obj = self._transform(event.object)
                 if event.type == "DELETED":
-                    old = self.store.remove(event.object)
-                    self._deliver(old or event.object, None)
+                    old = self.store.remove(obj)
+                    self._deliver(old or obj, None)
                 else:
-                    old = self.store.put(event.object)
-                    self._deliver(old, event.object)
+                    old = self.store.put(obj)
+                    self._deliver(old, obj)
         finally:
             self.close()
         if not events and self._clock() - started < 1.0 and not self._stop.is_set():
