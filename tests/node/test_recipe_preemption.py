@@ -36,10 +36,28 @@ NAMESPACE = "default"
 TIMEOUT = 120.0
 
 
+BYSTANDER = "preempt-bystander"  # a Node object without a kubelet: the cluster is never this node's alone
+#: The scheduler's message (schedule_one.go's FitError): the filters' reasons, then preemption's, each over every
+#: Node of the cluster.
+SCHEDULER_MESSAGE = re.compile(
+    r"(?m)^0/\d+ nodes are available: (?P<filters>.*)\. preemption: 0/\d+ nodes are available: (?P<preemption>.*)\.$"
+)
+
+
+def on_the_node_alone(message: re.Match[str]) -> str:
+    """The scheduler's message as it reads in a cluster of the test's node alone: the scheduler counts every Node,
+    and a shared control plane (``scripts/test``) has others, which the pinned pod may not use ("N node(s) didn't
+    match Pod's node affinity/selector", an untolerated taint, ...) and whose preemption is not helpful either."""
+    filters = ", ".join(r for r in message["filters"].split(", ") if " node(s) " not in r)
+    preemption = re.sub(r"^\d+ (Preemption is not helpful for scheduling)$", r"1 \1", message["preemption"])
+    return f"0/1 nodes are available: {filters}. preemption: 0/1 nodes are available: {preemption}."
+
+
 def comparable(text: str) -> str:
-    """``kubectl get pods`` output without the AGE column's values (the header stays), and the generated claims'
-    names without their random suffix."""
+    """``kubectl get pods`` output without the AGE column's values (the header stays), the generated claims'
+    names without their random suffix, and the scheduler's message as on a cluster of the test's node alone."""
     text = re.sub(r"\b(training-gpu)-[a-z0-9]{5}\b", r"\1-xxxxx", text)
+    text = SCHEDULER_MESSAGE.sub(on_the_node_alone, text)
     return re.sub(r"(?m) +\d+[smhd](\d+[smhd])?$", "", text)
 
 
@@ -76,7 +94,17 @@ def filler(gpus: int) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def preempt_node(control_plane: ControlPlane, device_classes: None) -> Iterator[RealNode]:
+def bystander(control_plane: ControlPlane) -> Iterator[None]:
+    """Another Node in the cluster, as in a full ``scripts/test`` run: the scheduler's message counts it too."""
+    control_plane.kube.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": BYSTANDER}})
+    try:
+        yield
+    finally:
+        control_plane.kube.delete("nodes", BYSTANDER)
+
+
+@pytest.fixture(scope="module")
+def preempt_node(control_plane: ControlPlane, device_classes: None, bystander: None) -> Iterator[RealNode]:
     try:
         with running_node(control_plane, name=NODE, profile=PROFILE, mig_mode="dynamic") as node:
             wait_for(f"the slices of {NODE}", lambda: node_has_slices(node.kube), 60)
@@ -174,6 +202,7 @@ def test_a_high_priority_pod_waits_for_the_gpu_a_low_priority_pod_holds_until_th
     shell.next("kubectl get pods notebook training")
     said = shell.next("kubectl get pod training -o jsonpath={.status.conditions[0].message}")
     assert "cannot allocate all claims" in said and "Preemption is not helpful for scheduling" in said, said
+    assert not said.startswith("0/1 "), f"the scheduler counted only {NODE}, not {BYSTANDER}: {said}"
     victim, device = assert_not_preempted(preempt_node, "notebook", "training")
     assert "allocated to other claims" in shell.next("dradriver explain --pod default/training")
     shell.next("echo $?")
