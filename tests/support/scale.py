@@ -15,6 +15,7 @@ import re
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -193,6 +194,7 @@ def create_fleet(plane: ControlPlane, pool: Pool, groups: list[NodeGroup]) -> Fl
     templates = {(g.profile, g.mig_mode): slice_template(g.profile, g.mig_mode) for g in groups}
     work = [(f"{g.prefix}-{i:05d}", templates[g.profile, g.mig_mode]) for g in groups for i in range(g.count)]
     counted = [0, 0]  # slices, devices
+    counting = threading.Lock()  # += from many threads loses counts without it
 
     def one(item: tuple[str, str]) -> None:
         name, template = item
@@ -202,8 +204,9 @@ def create_fleet(plane: ControlPlane, pool: Pool, groups: list[NodeGroup]) -> Fl
         pool.request("PATCH", f"/api/v1/nodes/{name}", b'{"spec":{"taints":null}}')
         for obj in node_slices(template, name, node["metadata"]["uid"]):
             pool.request("POST", "/apis/resource.k8s.io/v1/resourceslices", json.dumps(obj).encode())
-            counted[0] += 1
-            counted[1] += len(obj["spec"].get("devices") or ())
+            with counting:
+                counted[0] += 1
+                counted[1] += len(obj["spec"].get("devices") or ())
 
     started = time.monotonic()
     pool.each(one, work)
