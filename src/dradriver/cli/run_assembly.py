@@ -27,7 +27,7 @@ from dradriver.driver.observe.usage import UsageSampler, pod_uid_of_pid
 from dradriver.driver.prepare.checkpoint import CheckpointStore
 from dradriver.driver.prepare.mps import DEFAULT_COMMAND, MpsControl
 from dradriver.driver.prepare.partitions import with_gpu_attributes
-from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions
+from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions, NodeFeatures
 from dradriver.driver.prepare.vfio import Passthrough, PassthroughCatalog, PassthroughSteps, nvml_holders, nvml_sees
 from dradriver.driver.publish.node_labeler import HostFacts, NodeLabeler, NodeLabelerOptions
 from dradriver.driver.publish.passthrough import passthrough_slice_specs
@@ -369,6 +369,7 @@ def build_driver(
             pool=node,
             mig_mode=options.gpus.mig_mode,
             consumable_shares=options.sharing.consumable_shares,
+            features=NodeFeatures(passthrough=passthrough_of(gpus), fabric_manager=gpus.fabric_manager),
         ),
         inventory=gpus.inventory,
         cdi=cdi,
@@ -377,8 +378,6 @@ def build_driver(
         mps=mps,
         device_problem=health.problem,
         holder_released=lambda ref, device: holder_released(cluster, name, node, ref, device),
-        passthrough=passthrough_of(gpus),
-        fabric_manager=gpus.fabric_manager,
     )
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from dradriver import faults
 from dradriver.driver.prepare.checkpoint import CheckpointStore
-from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions
+from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions, NodeFeatures
 from dradriver.driver.publish.slices import SliceSettings, build_slice_specs
 from dradriver.gpu.fabric_manager import FabricManagerError
 from dradriver.gpu.inventory import MigMode, discover
@@ -49,12 +49,17 @@ class HgxNode:
         gpulib = simulated_gpulib_on(self.sim)
         self.store = CheckpointStore.open(self.state_dir, boot_id="boot-1")
         self.driver = GpuDriver(
-            GpuDriverOptions(driver_name=DRIVER, pool="node-a", mig_mode=MigMode.NONE),
+            GpuDriverOptions(
+                driver_name=DRIVER,
+                pool="node-a",
+                mig_mode=MigMode.NONE,
+                # A new client, as a new process opens.
+                features=NodeFeatures(fabric_manager=SimFabricManager.beside(self.sim)),
+            ),
             inventory=discover(gpulib),
             cdi=CdiWriter(self.cdi_dir),
             gpulib=gpulib,
             checkpoint=self.store,
-            fabric_manager=SimFabricManager.beside(self.sim),  # a new client, as a new process opens
         )
         return self.driver
 

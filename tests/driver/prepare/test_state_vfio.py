@@ -11,7 +11,7 @@ import pytest
 
 from dradriver import faults
 from dradriver.driver.prepare.checkpoint import CheckpointStore
-from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions
+from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions, NodeFeatures
 from dradriver.driver.prepare.vfio import Passthrough, PassthroughCatalog, PassthroughSteps, nvml_holders, nvml_sees
 from dradriver.gpu.errors import GpuIsLost
 from dradriver.gpu.inventory import MigMode, discover
@@ -54,12 +54,16 @@ class VfioNode:
             self.pci, nvml_sees=nvml_sees(self.gpulib), holders=nvml_holders(self.gpulib), return_timeout_s=5
         )
         self.driver = GpuDriver(
-            GpuDriverOptions(driver_name=DRIVER, pool="node-a", mig_mode=MigMode.DYNAMIC),
+            GpuDriverOptions(
+                driver_name=DRIVER,
+                pool="node-a",
+                mig_mode=MigMode.DYNAMIC,
+                features=NodeFeatures(passthrough=Passthrough(PassthroughCatalog(self.pci), steps)),
+            ),
             inventory=discover(self.gpulib),
             cdi=CdiWriter(self.cdi_dir),
             gpulib=self.gpulib,
             checkpoint=self.store,
-            passthrough=Passthrough(PassthroughCatalog(self.pci), steps),
         )
         return self.driver
 

@@ -19,7 +19,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from dradriver.driver.prepare.cdi_step import STEP_CDI_SPEC, CdiSpecStep, ReadyDevice, build_claim_spec
@@ -108,15 +108,27 @@ class DeviceInUse(ClaimError):
 
 
 @dataclass(frozen=True, kw_only=True)
+class NodeFeatures:
+    """The opt-in hardware features a driver runs with (None: off): ``passthrough`` (``--passthrough``) offers every
+    GPU for VFIO passthrough too (:mod:`~dradriver.driver.prepare.vfio`); ``fabric_manager``
+    (``--fabric-manager-partitions``) activates the NVSwitch partition of a claim's whole GPUs
+    (:mod:`~dradriver.driver.prepare.partitions`)."""
+
+    passthrough: Passthrough | None = None
+    fabric_manager: FabricManager | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class GpuDriverOptions:
     """Whose devices a :class:`GpuDriver` prepares: the driver name and pool (this node) the allocations name,
-    how MIG is published, and ``consumable_shares`` (--consumable-shares: a share's config chooses how it is kept
-    apart, sharing.share_config)."""
+    how MIG is published, ``consumable_shares`` (--consumable-shares: a share's config chooses how it is kept
+    apart, sharing.share_config) and the opt-in hardware ``features``."""
 
     driver_name: str
     pool: str
     mig_mode: MigMode
     consumable_shares: str | None = None
+    features: NodeFeatures = field(default_factory=NodeFeatures)
 
 
 class GpuDriver:
@@ -138,17 +150,13 @@ class GpuDriver:
         mps: MpsControl | None = None,
         device_problem: DeviceProblem | None = None,
         holder_released: HolderReleased | None = None,
-        passthrough: Passthrough | None = None,
-        fabric_manager: FabricManager | None = None,
     ) -> None:
         """``device_problem`` says why a device must not be given to a new claim (its health: cause and time),
         or None when it may; consulted for each device of a claim that is not prepared yet (a claim prepared
         before its device turned unhealthy is returned as recorded: its pod learns of the fault from the health
         stream). ``holder_released`` says whether the cluster no longer allocates a device to the claim
-        prepared with it (so a new claim may take it over). ``passthrough`` (``--passthrough``) offers every GPU for
-        VFIO passthrough too (:mod:`~dradriver.driver.prepare.vfio`). ``fabric_manager``
-        (``--fabric-manager-partitions``) activates the NVSwitch partition of a claim's whole GPUs
-        (:mod:`~dradriver.driver.prepare.partitions`)."""
+        prepared with it (so a new claim may take it over)."""
+        passthrough, fabric_manager = options.features.passthrough, options.features.fabric_manager
         self.driver_name = options.driver_name
         self.pool = options.pool
         self.cdi = cdi
