@@ -24,6 +24,7 @@ VFIO_DRIVER = "vfio-pci"
 VFIO_MODULE = "vfio_pci"
 # PCI class 0x03 is a display controller (VGA 0x0300, 3D 0x0302): the GPU function itself, not its audio function.
 DISPLAY_CLASS_PREFIX = "0x03"
+BRIDGE_CLASS_PREFIX = "0x0604"
 
 
 class SysfsWriter(Protocol):
@@ -58,6 +59,12 @@ class PciFunction:
     @property
     def is_gpu(self) -> bool:
         return self.vendor == NVIDIA_VENDOR and self.pci_class.startswith(DISPLAY_CLASS_PREFIX)
+
+    @property
+    def is_bridge(self) -> bool:
+        """A PCI-to-PCI bridge (a switch port): VFIO lets it stay with its host driver (pcieport) in a group given
+        to a VM, and it must, since the host routes through it."""
+        return self.pci_class.startswith(BRIDGE_CLASS_PREFIX)
 
 
 class HostPci:

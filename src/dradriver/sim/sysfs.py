@@ -11,8 +11,8 @@ A file tree does not act on writes, so :class:`SimKernel` does what the kernel w
 names another driver; ``EBUSY`` to bind a function a driver holds already, or to unbind a GPU from ``nvidia``
 while a process has it open (the real driver waits for its clients instead; refusing is the same answer, sooner);
 ``ENOENT`` to bind to ``vfio-pci`` before its module is loaded. ``/dev/vfio/<group>`` appears once every function
-of the group is bound to ``vfio-pci`` or to no driver (a *viable* group: the kernel refuses to open the group
-otherwise) and goes when none is bound to ``vfio-pci``.
+of the group is bound to ``vfio-pci`` or to no driver, PCI bridges aside (a *viable* group: the kernel refuses to
+open the group otherwise) and goes when none is bound to ``vfio-pci``.
 """
 
 from __future__ import annotations
@@ -167,6 +167,8 @@ class SimKernel:
     def _update_group_node(self, address: str) -> None:
         group = self.group_of(address)
         members = [p.name for p in (self.sys / "kernel/iommu_groups" / str(group) / "devices").iterdir()]
+        # Bridges (class 0x0604, on pcieport) do not make a group unviable: the kernel lets them stay.
+        members = [m for m in members if not (self._device(m) / "class").read_text().startswith("0x0604")]
         drivers = [self.driver_of(m) for m in members]
         node = self.root / "dev/vfio" / str(group)
         viable = any(d == VFIO_PCI for d in drivers) and all(d in (VFIO_PCI, None) for d in drivers)

@@ -70,13 +70,20 @@ def node(tmp_path: Path) -> Iterator[Node]:
     yield make_node(tmp_path)
 
 
-def make_node(tmp_path: Path, *, companion: bool = False, vfio_loaded: bool = True) -> Node:
+BRIDGE = "0000:1a:00.0"  # a switch port in the GPU's group, as on boards whose ACS does not split them
+
+
+def make_node(tmp_path: Path, *, companion: bool = False, vfio_loaded: bool = True, bridge: bool = False) -> Node:
     sim = SimulatedNode(load_node_profile("hgx-h100-80gb"))
     root = tmp_path / "host"
     functions = gpu_functions((g.pci_bus_id, g.product.pci_device_id) for g in sim.gpus)
     if companion:
         functions.append(
             SimPciFunction(COMPANION, 0x22A3, pci_class=0x040300, driver="snd_hda_intel", group=FIRST_GROUP)
+        )
+    if bridge:
+        functions.append(
+            SimPciFunction(BRIDGE, 0x1000, pci_class=0x060400, vendor=0x1000, driver="pcieport", group=FIRST_GROUP)
         )
     write_tree(root, functions, vfio_loaded=vfio_loaded)
     kernel = sim.attach_sysfs(root)
@@ -185,3 +192,16 @@ def test_a_kill_at_every_point_is_repaired_by_the_recorded_undo(tmp_path: Path) 
             assert Transaction(record, node.store, kinds).rollback() is None, (point, occurrence)
             assert_as_found(node)
             assert node.pci.function(COMPANION).driver == "snd_hda_intel", (point, occurrence)
+
+
+def test_a_bridge_in_the_group_stays_on_its_driver(tmp_path: Path) -> None:
+    node = make_node(tmp_path, bridge=True)
+    device = node.device()
+    assert device.group_members == (GPU0,) and not device.group_shared
+    txn = node.transaction()
+    node.steps.expect(txn, device)
+    node.steps.bind(txn, device)  # the group is viable with its bridge on pcieport
+    assert node.pci.function(BRIDGE).driver == "pcieport"
+    assert node.pci.vfio_group_node(FIRST_GROUP).exists()
+    assert txn.rollback() is None
+    assert_as_found(node)

@@ -55,7 +55,7 @@ class PassthroughDevice:
 
     name: str
     function: PciFunction
-    group_members: tuple[str, ...]  # every function of its IOMMU group, itself included
+    group_members: tuple[str, ...]  # the functions of its IOMMU group that go to the VM (bridges stay), itself too
     gpu: GpuDevice | None
 
     @property
@@ -118,7 +118,9 @@ class PassthroughCatalog:
                 continue
             known = self._seen.get(function.address)
             name = passthrough_name(known.name if known is not None else gpu_name(function.address))
-            members = tuple(self.pci.group_members(function.iommu_group))
+            members = tuple(
+                a for a in self.pci.group_members(function.iommu_group) if not self.pci.function(a).is_bridge
+            )
             found.append(PassthroughDevice(name, function, members, known))
         return found
 
