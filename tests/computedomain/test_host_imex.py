@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from support.fake_rest import FakeRest
 
+from dradriver import faults
 from dradriver.computedomain import api
 from dradriver.computedomain.fabric import CharDevice
 from dradriver.computedomain.host_imex import HostImex
@@ -126,3 +127,34 @@ def test_a_node_outside_any_clique_gets_no_channel_device_and_asks_no_daemon(
     result = driver.prepare_resource_claims([_claim("c1", "channel-0", api.channel_config(UID, "Single"))])["c1"]
     assert result.error is None  # the host's daemon is not running: not asked
     assert "deviceNodes" not in _spec(tmp_path, "c1")["devices"][0]["containerEdits"]
+
+
+class Crash(BaseException):
+    """Stands in for SIGKILL: nothing after the point runs, and the driver's memory is thrown away."""
+
+
+@pytest.mark.parametrize("phase", ["retried", "unprepared"])
+def test_a_kill_between_the_record_and_the_cdi_spec_leaves_nothing_once_unprepared(
+    rest: FakeRest, tmp_path: Path, host: HostService, phase: str
+) -> None:
+    host.start()
+    claim = _claim("c1", "channel-0", api.channel_config(UID, "Single"))
+
+    def crash(name: str) -> None:
+        if name == "cd-channel-recorded":
+            raise Crash(name)
+
+    faults.observer = crash
+    try:
+        with pytest.raises(Crash):
+            _driver(rest, tmp_path, host).prepare_resource_claims([claim])
+    finally:
+        faults.observer = None
+    restarted = _driver(rest, tmp_path, host)  # a new process on the same checkpoint and CDI directory
+    if phase == "retried":
+        assert restarted.prepare_resource_claims([claim])["c1"].error is None  # the kubelet's retry
+        assert _spec(tmp_path, "c1")["devices"][0]["containerEdits"]["deviceNodes"]
+    assert restarted.unprepare_resource_claims([claim.ref]) == {"c1": None}
+    assert restarted.checkpoint.load() == {}
+    assert not list((tmp_path / "cdi").glob("*.json"))
+    assert "labels" not in rest.get(NODE_PATH)["metadata"]

@@ -25,6 +25,7 @@ from dradriver.computedomain.fabric import CharDevice
 from dradriver.computedomain.host_imex import HostImex
 from dradriver.computedomain.kube import Rest, path_of
 from dradriver.errors import ClaimError, ConfigError, DradriverError
+from dradriver.faults import fault_point
 from dradriver.plugin.cluster.port import ClusterError, ConflictError, NotFoundError
 from dradriver.plugin.handler import AllocatedClaim, ClaimRef, DeviceConfig, PreparedDevice, PrepareResult
 
@@ -231,6 +232,7 @@ class ComputeDomainDriver:
             "hostManaged": True,
         }
         self.checkpoint.update(lambda c: c.__setitem__(ref.uid, entry))
+        fault_point("cd-channel-recorded")  # recorded, CDI spec not written yet: unprepare removes both
         return edits
 
     def _prepare_daemon(self, ref: ClaimRef, config: api.DaemonConfig) -> dict[str, Any]:
