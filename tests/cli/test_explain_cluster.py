@@ -4,9 +4,11 @@ import copy
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
-from dradriver.cli.explain_cluster import explain_pod_with, pod_claims
+from dradriver.cli.explain_cluster import explain_pod_with, pod_claims, quota_has_room
+from dradriver.plugin.cluster import ForbiddenError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -16,8 +18,10 @@ def _load(path):
 
 
 class FakeReader:
-    def __init__(self, pod, claims=(), templates=(), taint_rules=(), events=()):
+    def __init__(self, pod, claims=(), templates=(), taint_rules=(), events=(), *, quotas=()):
         self.pod = pod
+        self.quotas = {(q["metadata"]["namespace"], q["metadata"]["name"]): q for q in quotas}
+        self.refused = {}  # what the reader may not read: method name -> the error it raises
         self.taint_rules = list(taint_rules)
         self.events = list(events)
         self.claims = {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in claims}
@@ -44,7 +48,14 @@ class FakeReader:
     def list_device_taint_rules(self):
         return self.taint_rules
 
+    def get_resource_quota(self, namespace, name):
+        if "get_resource_quota" in self.refused:
+            raise self.refused["get_resource_quota"]
+        return self.quotas.get((namespace, name))
+
     def list_pod_events(self, namespace, pod_uid, reason):
+        if "list_pod_events" in self.refused:
+            raise self.refused["list_pod_events"]
         return [e for e in self.events if e["involvedObject"]["uid"] == pod_uid and e["reason"] == reason]
 
 
@@ -89,10 +100,49 @@ def allocated_claim(name, devices):
     }
 
 
-def test_template_claim_not_yet_generated_is_explained_from_the_template(capsys):
+def test_a_claim_not_yet_generated_for_an_unscheduled_pod_is_not_called_a_fit(capsys):
+    # The template alone fits, but there is no claim for the scheduler to place: the pod is not about to run.
     reader = FakeReader(pod({"name": "gpus", "resourceClaimTemplateName": "gpus"}), templates=[template(2)])
+    assert explain_pod_with(reader, "ml/trainer", "text") == 1
+    out = capsys.readouterr().out
+    assert out.startswith(
+        "pod ml/trainer:\nclaim gpus: no ResourceClaim generated yet from ResourceClaimTemplate ml/gpus: "
+    ), out
+    assert "  what the template asks for, once its claim exists:\n  ResourceClaimTemplate ml/gpus" in out
+    assert "could not be read" not in out
+    assert explain_pod_with(reader, "ml/trainer", "json") == 1
+    [claim] = json.loads(capsys.readouterr().out)["claims"]
+    assert (claim["fits"], claim["claimGenerated"], claim["templateFits"]) == (False, False, True)
+
+
+def test_a_scheduled_pods_template_claim_is_explained_from_the_template(capsys):
+    scheduled = pod({"name": "gpus", "resourceClaimTemplateName": "gpus"})
+    scheduled["spec"]["nodeName"] = "node-a"
+    reader = FakeReader(scheduled, templates=[template(2)])
     assert explain_pod_with(reader, "ml/trainer", "text") == 0
-    assert "fits on node node-a" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "fits on node node-a" in out and "generated yet" not in out
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_events_it_may_not_read_are_named_with_the_rbac_for_them(capsys, status):
+    stuck = pod({"name": "gpus", "resourceClaimTemplateName": "gpus"})
+    stuck["metadata"]["uid"] = "uid-trainer"
+    reader = FakeReader(stuck, templates=[template(1)])
+    reader.refused["list_pod_events"] = ForbiddenError(
+        f"GET Events of pod ml: HTTP {status}: events is forbidden; dradriver explain --pod needs list on events",
+        status=status,
+    )
+    assert explain_pod_with(reader, "ml/trainer", "text") == 1
+    out = capsys.readouterr().out
+    assert "no ResourceClaim generated yet" in out
+    assert (
+        "  why it has not been created is not known: the pod's events could not be read: GET Events of pod ml: "
+        f"HTTP {status}: events is forbidden; dradriver explain --pod needs list on events\n"
+    ) in out
+    assert explain_pod_with(reader, "ml/trainer", "json") == 1
+    [claim] = json.loads(capsys.readouterr().out)["claims"]
+    assert f"HTTP {status}" in claim["eventsUnreadable"]
 
 
 def test_device_taint_rules_keep_the_devices_they_select_out_as_the_scheduler_does(capsys):
@@ -183,23 +233,87 @@ QUOTA_REFUSAL = (
 )
 
 
-def test_a_claim_its_quota_has_no_room_for_is_explained_by_the_quota_not_the_devices(capsys):
+GPU_DEVICES = "gpu.dradriver.dev.deviceclass.resource.k8s.io/devices"
+
+
+def resource_quota(used, hard=2, **more_used):
+    """ResourceQuota ml/gpus as the quota controller fills in its status: ``used`` of ``hard`` GPUs."""
+    limits = {GPU_DEVICES: str(hard)}
+    return {
+        "metadata": {"name": "gpus", "namespace": "ml"},
+        "spec": {"hard": limits},
+        "status": {"hard": limits, "used": {GPU_DEVICES: str(used), **more_used}},
+    }
+
+
+def quota_stuck_reader(*quotas):
+    """A pod whose claim the quota refused three times (a webhook once before), and ``quotas``."""
     stuck = pod({"name": "gpus", "resourceClaimTemplateName": "gpus"})
     stuck["metadata"]["uid"] = "uid-trainer"
     older = claim_creation_event(
         "PodResourceClaim gpus: create ResourceClaim x: webhook said no", "2026-11-27T15:00:00Z"
     )
     newest = claim_creation_event(f"(combined from similar events): {QUOTA_REFUSAL}", "2026-11-27T16:01:00Z")
-    reader = FakeReader(stuck, templates=[template(1)], events=[claim_creation_event(QUOTA_REFUSAL), older, newest])
+    events = [claim_creation_event(QUOTA_REFUSAL), older, newest]
+    return FakeReader(stuck, templates=[template(1)], events=events, quotas=quotas)
+
+
+def test_a_claim_its_quota_has_no_room_for_is_explained_by_the_quota_not_the_devices(capsys):
+    reader = quota_stuck_reader(resource_quota(used=2))
     assert explain_pod_with(reader, "ml/trainer", "text") == 1
     out = capsys.readouterr().out
     assert "no ResourceClaim could be created from ResourceClaimTemplate ml/gpus" in out
     assert "exceeded quota: gpus, requested: gpu.dradriver.dev.deviceclass.resource.k8s.io/devices=1" in out
+    assert "\n  last refused at 2026-11-27T16:01:00Z (the pod's newest FailedResourceClaimCreation event)\n" in out
     assert "ResourceQuota ml/gpus has no room" in out and "kubectl describe resourcequota gpus -n ml" in out
     assert explain_pod_with(reader, "ml/trainer", "json") == 1
     [claim] = json.loads(capsys.readouterr().out)["claims"]
     assert claim == {"podClaim": "gpus", "template": "ml/gpus", "fits": False, "quota": "gpus",
-                     "notCreated": QUOTA_REFUSAL.partition(": ")[2]}  # fmt: skip
+                     "notCreated": QUOTA_REFUSAL.partition(": ")[2], "refusedAt": "2026-11-27T16:01:00Z",
+                     "quotaNow": "full"}  # fmt: skip
+
+
+def test_a_quota_with_room_now_says_to_nudge_the_pod_or_wait_for_the_controllers_retry(capsys):
+    reader = quota_stuck_reader(resource_quota(used=1))
+    assert explain_pod_with(reader, "ml/trainer", "text") == 1  # still no claim: the pod still waits
+    out = capsys.readouterr().out
+    assert "  ResourceQuota ml/gpus has room for the claim's devices now: the resource claim controller creates" in out
+    assert 'kubectl annotate --overwrite pod trainer -n ml retried-at="$(date +%s)"' in out and "has no room" not in out
+    assert explain_pod_with(reader, "ml/trainer", "json") == 1
+    assert json.loads(capsys.readouterr().out)["claims"][0]["quotaNow"] == "has room"
+
+
+def test_a_quota_deleted_since_says_so(capsys):
+    assert explain_pod_with(quota_stuck_reader(), "ml/trainer", "text") == 1
+    out = capsys.readouterr().out
+    assert "  ResourceQuota ml/gpus no longer exists: the resource claim controller creates the claim" in out
+
+
+def test_a_quota_it_may_not_read_is_named_and_the_refusal_still_explained(capsys):
+    reader = quota_stuck_reader(resource_quota(used=1))
+    reader.refused["get_resource_quota"] = ForbiddenError("GET ResourceQuota ml/gpus: HTTP 403: no", status=403)
+    assert explain_pod_with(reader, "ml/trainer", "text") == 1
+    out = capsys.readouterr().out
+    assert (
+        "  ResourceQuota ml/gpus had no room for the claim's devices; whether it has now is not known (cannot read "
+        "it: GET ResourceQuota ml/gpus: HTTP 403: no): free some"
+    ) in out
+
+
+@pytest.mark.parametrize(
+    ("used", "requested", "room"),
+    [
+        ({GPU_DEVICES: "1", "requests.nvidia.com/gpu": "1"}, f"{GPU_DEVICES}=1,requests.nvidia.com/gpu=1", True),
+        ({GPU_DEVICES: "1", "requests.nvidia.com/gpu": "2"}, f"{GPU_DEVICES}=1,requests.nvidia.com/gpu=1", False),
+        ({GPU_DEVICES: "0"}, f"{GPU_DEVICES}=3", False),
+        ({}, f"{GPU_DEVICES}=2", True),  # nothing used yet
+        ({GPU_DEVICES: "2"}, "mig.dradriver.dev.deviceclass.resource.k8s.io/devices=1", True),  # no limit on it now
+    ],
+)
+def test_quota_room_is_what_the_claim_asked_for_against_each_limit(used, requested, room):
+    limits = {GPU_DEVICES: "2", "requests.nvidia.com/gpu": "2"}
+    quota = {"spec": {"hard": limits}, "status": {"hard": limits, "used": used}}
+    assert quota_has_room(quota, requested) is room
 
 
 def test_another_refusal_of_the_claim_names_no_quota(capsys):

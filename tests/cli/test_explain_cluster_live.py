@@ -17,6 +17,7 @@ from support.apiserver import FakeApiServer
 from dradriver.cli.explain_cluster import KubernetesReader
 from dradriver.cli.explain_node import NodeSettings
 from dradriver.cli.main import main
+from dradriver.plugin.cluster import ClusterError
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_CLASS = "gpu.dradriver.dev"
@@ -131,16 +132,16 @@ def test_claim_generated_from_a_template_fits_and_names_the_node(
     assert requests and all(r.method == "GET" and r.authorized for r in requests)
 
 
-def test_claim_not_yet_generated_is_explained_from_its_template(
+def test_claim_not_yet_generated_is_explained_from_its_template_but_not_called_a_fit(
     cluster: Cluster, capsys: pytest.CaptureFixture[str]
 ) -> None:
     cluster.add_node("node-a")
     cluster.add_template("two-gpus", claim_spec(2))
     cluster.add_pod("trainer", {"name": "gpus", "resourceClaimTemplateName": "two-gpus"})
-    assert cluster.explain("ml/trainer") == 0
-    assert "ResourceClaimTemplate ml/two-gpus (pod ml/trainer claim gpus): fits on node node-a" in (
-        capsys.readouterr().out
-    )
+    assert cluster.explain("ml/trainer") == 1  # no claim for the scheduler to place yet
+    out = capsys.readouterr().out
+    assert "claim gpus: no ResourceClaim generated yet from ResourceClaimTemplate ml/two-gpus" in out
+    assert "  ResourceClaimTemplate ml/two-gpus (pod ml/trainer claim gpus): fits on node node-a" in out
 
 
 def test_standalone_claim_fits_and_json_names_the_node(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
@@ -312,6 +313,42 @@ def test_forbidden_list_names_the_rbac_explain_needs(cluster: Cluster, capsys: p
     (line,) = capsys.readouterr().err.splitlines()
     assert "HTTP 403: resourceslices.resource.k8s.io is forbidden" in line
     assert "list on deviceclasses, resourceslices, resourceclaims and devicetaintrules cluster-wide" in line
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_events_the_reader_may_not_list_are_a_refusal_naming_the_rbac(cluster: Cluster, status: int) -> None:
+    cluster.server.fail_next("GET", "/namespaces/ml/events", status, message="events is forbidden")
+    reader = KubernetesReader(str(cluster.kubeconfig), None)
+    try:
+        with pytest.raises(ClusterError) as refused:
+            reader.list_pod_events("ml", "uid-trainer", "FailedResourceClaimCreation")
+    finally:
+        reader.close()
+    assert refused.value.status == status
+    assert f"HTTP {status}: events is forbidden" in str(refused.value)
+    assert "list on events in the pod's namespace" in str(refused.value)
+
+
+def test_events_a_server_does_not_serve_are_none(cluster: Cluster) -> None:
+    reader = KubernetesReader(str(cluster.kubeconfig), None)
+    mark = cluster.server.mark()
+    try:
+        assert reader.list_pod_events("ml", "uid-trainer", "FailedResourceClaimCreation") == []
+    finally:
+        reader.close()
+    [request] = cluster.server.requests_since(mark)
+    assert request.query["fieldSelector"] == "involvedObject.uid=uid-trainer,reason=FailedResourceClaimCreation"
+
+
+def test_a_pod_whose_events_may_not_be_read_says_so(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    cluster.add_node("node-a")
+    cluster.add_template("two-gpus", claim_spec(2))
+    cluster.add_pod("trainer", {"name": "gpus", "resourceClaimTemplateName": "two-gpus"})
+    cluster.server.fail_next("GET", "/namespaces/ml/events", 403, message="events is forbidden")
+    assert cluster.explain("ml/trainer") == 1
+    out = capsys.readouterr().out
+    assert "  why it has not been created is not known: the pod's events could not be read: " in out
+    assert "HTTP 403: events is forbidden; dradriver explain --pod needs get on pods" in out
 
 
 def test_unreachable_api_server_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,7 +6,7 @@ import argparse
 import json
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 from urllib.parse import quote
 
@@ -25,6 +25,7 @@ from dradriver.cli.flags.kube_client import KubeClientOptions
 from dradriver.errors import ConfigError
 from dradriver.plugin.cluster import ClusterError, ForbiddenError, NotFoundError
 from dradriver.plugin.cluster.kube import error_for_status, load_transport
+from dradriver.quantity import parse_quantity
 
 GROUP, VERSION = "resource.k8s.io", "v1"
 # (connect, read) seconds per request: explain is interactive, a hung API server must not hang it.
@@ -32,8 +33,9 @@ REQUEST_TIMEOUT = (5.0, 60.0)
 # Objects per LIST page, as kubectl asks for.
 PAGE_SIZE = 500
 RBAC_HINT = (
-    "dradriver explain --pod needs get on pods, resourceclaims and resourceclaimtemplates in the pod's "
-    "namespace and list on deviceclasses, resourceslices, resourceclaims and devicetaintrules cluster-wide"
+    "dradriver explain --pod needs get on pods, resourceclaims, resourceclaimtemplates and resourcequotas and list "
+    "on events in the pod's namespace, and list on deviceclasses, resourceslices, resourceclaims and "
+    "devicetaintrules cluster-wide"
 )
 # The resource-claim controller's event on a pod whose claim it could not create from a template: a ResourceQuota
 # without room for the claim's devices, a webhook's refusal. Its message: "PodResourceClaim NAME: <error>".
@@ -42,6 +44,10 @@ CLAIM_CREATION_FAILED = "FailedResourceClaimCreation"
 AGGREGATED = "(combined from similar events): "
 # The quota admission plugin's refusal names the quota: "exceeded quota: NAME, requested: …".
 EXCEEDED_QUOTA = re.compile(r"exceeded quota: ([^,\s]+)")
+# … and what the claim asked of it: "requested: NAME=QUANTITY,NAME=QUANTITY, used: …".
+REQUESTED = re.compile(r"requested: (\S+?), used: ")
+# The statuses of a refused read: explain says so and goes on without what it would have read.
+UNAUTHORIZED = (401, 403)
 
 
 class ClusterReader(Protocol):
@@ -63,8 +69,11 @@ class ClusterReader(Protocol):
 
     def list_device_taint_rules(self) -> list[dict[str, Any]]: ...
 
+    def get_resource_quota(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
     def list_pod_events(self, namespace: str, pod_uid: str, reason: str) -> list[dict[str, Any]]:
-        """Events about the pod with ``reason``; empty where they cannot be read (they only sharpen the answer)."""
+        """Events about the pod with ``reason``; empty where the server serves none. Raises :class:`ClusterError`
+        with status 401 or 403 where they may not be read (explain says so and goes on)."""
         ...
 
 
@@ -165,15 +174,19 @@ class KubernetesReader:
     def list_claims(self) -> list[dict[str, Any]]:
         return self._list("resourceclaims")
 
+    def get_resource_quota(self, namespace: str, name: str) -> dict[str, Any] | None:
+        path = f"/api/v1/namespaces/{quote(namespace)}/resourcequotas/{quote(name)}"
+        return self._get(path, f"ResourceQuota {namespace}/{name}")
+
     def list_pod_events(self, namespace: str, pod_uid: str, reason: str) -> list[dict[str, Any]]:
         path = f"/api/v1/namespaces/{quote(namespace)}/events"
         query = [("fieldSelector", f"involvedObject.uid={pod_uid},reason={reason}"), ("limit", str(self._page_size))]
-        # Events only say why a claim was not created (which quota): without the right to list them, or from a
-        # server that serves none (a stand-in), explain still explains the template, as it did before it read them.
+        # Events only say why a claim was not created (which quota): from a server that serves none (a stand-in)
+        # there is nothing to say; a refusal (401, 403) is the caller's to report.
         try:
             page = self._request(path, f"Events of pod {namespace} (uid {pod_uid})", query)
         except ClusterError as err:
-            if err.status not in (401, 403, 404):
+            if err.status != 404:
                 raise
             return []
         return [item for item in page.get("items") or [] if isinstance(item, dict)]
@@ -248,14 +261,35 @@ class CreationFailure:
 
     message: str
     quota: str  # the ResourceQuota that had no room for it, or "" when something else refused it
+    time: str = ""  # when the event last saw the refusal (RFC 3339), "" where it says none
+    quota_now: str = ""  # the quota as read now (QUOTA_FULL, QUOTA_HAS_ROOM, QUOTA_GONE, or why it is unknown)
 
 
-def claim_creation_failures(reader: ClusterReader, pod: dict[str, Any]) -> dict[str, CreationFailure]:
-    """The newest ``FailedResourceClaimCreation`` event of each pod claim (by its name in spec.resourceClaims)."""
+# What the named ResourceQuota says now about the claim the controller could not create.
+QUOTA_FULL, QUOTA_HAS_ROOM, QUOTA_GONE = "full", "has room", "gone"
+
+
+@dataclass(frozen=True)
+class CreationFailures:
+    """The newest refusal of each pod claim (by its name in spec.resourceClaims), and why the pod's events could
+    not be read ("" where they could)."""
+
+    by_claim: dict[str, CreationFailure]
+    unreadable: str = ""
+
+
+def claim_creation_failures(reader: ClusterReader, pod: dict[str, Any]) -> CreationFailures:
+    """The newest ``FailedResourceClaimCreation`` event of each pod claim, with its quota as it is now."""
     meta = pod.get("metadata") or {}
     if not meta.get("uid"):
-        return {}
-    events = reader.list_pod_events(str(meta.get("namespace") or "default"), str(meta["uid"]), CLAIM_CREATION_FAILED)
+        return CreationFailures({})
+    namespace = str(meta.get("namespace") or "default")
+    try:
+        events = reader.list_pod_events(namespace, str(meta["uid"]), CLAIM_CREATION_FAILED)
+    except ClusterError as err:
+        if err.status not in UNAUTHORIZED:
+            raise
+        return CreationFailures({}, unreadable=str(err))
     failures: dict[str, CreationFailure] = {}
     for event in sorted(events, key=_event_time):
         message = str(event.get("message") or "").removeprefix(AGGREGATED)
@@ -263,8 +297,43 @@ def claim_creation_failures(reader: ClusterReader, pod: dict[str, Any]) -> dict[
         if not subject.startswith("PodResourceClaim ") or not error:
             continue
         quota = EXCEEDED_QUOTA.search(error)
-        failures[subject.removeprefix("PodResourceClaim ")] = CreationFailure(error, quota.group(1) if quota else "")
-    return failures
+        failures[subject.removeprefix("PodResourceClaim ")] = CreationFailure(
+            error, quota.group(1) if quota else "", _event_time(event)
+        )
+    return CreationFailures({name: _with_quota_now(reader, namespace, f) for name, f in failures.items()})
+
+
+def _with_quota_now(reader: ClusterReader, namespace: str, failure: CreationFailure) -> CreationFailure:
+    """``failure`` with what its quota says now: whether what the claim asked for fits in it."""
+    if not failure.quota:
+        return failure
+    try:
+        quota = reader.get_resource_quota(namespace, failure.quota)
+    except ClusterError as err:
+        if err.status not in (*UNAUTHORIZED, 404):  # a 404 here names no quota: a server that serves none
+            raise
+        return replace(failure, quota_now=f"cannot read it: {err}")
+    if quota is None:
+        return replace(failure, quota_now=QUOTA_GONE)
+    requested = REQUESTED.search(failure.message)
+    if requested is None:
+        return replace(failure, quota_now="the refusal does not say what the claim asked for")
+    return replace(failure, quota_now=QUOTA_HAS_ROOM if quota_has_room(quota, requested.group(1)) else QUOTA_FULL)
+
+
+def quota_has_room(quota: dict[str, Any], requested: str) -> bool:
+    """Whether ``requested`` ("NAME=QUANTITY,…", as the quota admission plugin names it) fits in what ``quota``'s
+    status says is used of its hard limits: the figures admission checks a new claim against."""
+    status = quota.get("status") or {}
+    hard, used = status.get("hard") or (quota.get("spec") or {}).get("hard") or {}, status.get("used") or {}
+    for item in requested.split(","):
+        name, _, amount = item.partition("=")
+        wanted, limit = parse_quantity(amount), parse_quantity(hard.get(name))
+        if wanted is None or limit is None:  # no limit on it (any more), or a figure we cannot read
+            continue
+        if (parse_quantity(used.get(name, 0)) or 0) + wanted > limit:
+            return False
+    return True
 
 
 def _event_time(event: dict[str, Any]) -> str:
@@ -296,39 +365,73 @@ def explain_pod_with(reader: ClusterReader, pod_ref: str, output: str) -> int:
         return EXIT_FITS
     errors = [f"pod {pod_ref} claim {c.name}: {c.error}" for c in claims if c.obj is None]
     pending = [c for c in claims if c.obj is not None and not _allocation(c.obj)]
-    templates = any(c.obj.get("kind") == "ResourceClaimTemplate" for c in pending if c.obj)
-    failures = claim_creation_failures(reader, pod) if templates else {}
-    slices: list[dict[str, Any]] = []
-    classes: list[dict[str, Any]] = []
-    all_claims: list[dict[str, Any]] = []
-    if pending:
+    templates = any(_is_template(c.obj) for c in pending if c.obj)
+    failures = claim_creation_failures(reader, pod) if templates else CreationFailures({})
+    cluster = _ClusterState.read(reader) if pending else _ClusterState([], [], [])
+    scheduled = bool((pod.get("spec") or {}).get("nodeName"))
+    results = [
+        _explain_claim(claim, claim.obj, pod=pod, pod_ref=pod_ref, failures=failures, cluster=cluster,
+                       scheduled=scheduled)
+        for claim in claims
+        if claim.obj is not None
+    ]  # fmt: skip
+    _render_pod(pod_ref, results, errors, output, failures.unreadable)
+    if errors:
+        return EXIT_INVALID
+    waiting = any("notCreated" in r or "notGenerated" in r for r in results)
+    fits = all(r["outcome"].fits for r in results if "outcome" in r) and not waiting
+    return EXIT_FITS if fits else EXIT_DOES_NOT_FIT
+
+
+@dataclass(frozen=True)
+class _ClusterState:
+    """What a pending claim is explained against: the classes, the slices (with DeviceTaintRules' taints) and
+    every claim of the cluster."""
+
+    classes: list[dict[str, Any]]
+    slices: list[dict[str, Any]]
+    claims: list[dict[str, Any]]
+
+    @staticmethod
+    def read(reader: ClusterReader) -> _ClusterState:
         classes = reader.list_device_classes()
         # The scheduler adds the taints of DeviceTaintRules to the devices they select.
         slices = with_taint_rules(reader.list_resource_slices(), reader.list_device_taint_rules())
-        all_claims = reader.list_claims()
-    results: list[dict[str, Any]] = []
-    for claim in claims:
-        if claim.obj is None:
-            continue
-        allocation = _allocation(claim.obj)
-        if allocation:
-            name = Document(claim.obj, "").name
-            results.append({"podClaim": claim.name, "name": name, "allocated": allocation})
-            continue
-        if claim.obj.get("kind") == "ResourceClaimTemplate" and claim.name in failures:
-            template = Document(claim.obj, "").name
-            results.append({"podClaim": claim.name, "template": template, "notCreated": failures[claim.name]})
-            continue
-        uid = (claim.obj.get("metadata") or {}).get("uid")
-        others = [c for c in all_claims if _allocation(c) and (c.get("metadata") or {}).get("uid") != uid]
-        doc = Document(claim.obj, f"pod {pod_ref} claim {claim.name}")
-        outcome = explain_document(doc, slices=slices, classes=classes, allocated=others, node=pinned_node(pod))
-        results.append({"podClaim": claim.name, "outcome": outcome})
-    _render_pod(pod_ref, results, errors, output)
-    if errors:
-        return EXIT_INVALID
-    fits = all(r["outcome"].fits for r in results if "outcome" in r) and not any("notCreated" in r for r in results)
-    return EXIT_FITS if fits else EXIT_DOES_NOT_FIT
+        return _ClusterState(classes, slices, reader.list_claims())
+
+
+def _is_template(obj: dict[str, Any] | None) -> bool:
+    return obj is not None and obj.get("kind") == "ResourceClaimTemplate"
+
+
+def _explain_claim(
+    claim: PodClaim,
+    obj: dict[str, Any],
+    *,
+    pod: dict[str, Any],
+    pod_ref: str,
+    failures: CreationFailures,
+    cluster: _ClusterState,
+    scheduled: bool,
+) -> dict[str, Any]:
+    """One pod claim's result: allocated, not created (a refusal recorded), or explained against the cluster —
+    from its template, flagged ``notGenerated``, where the claim is still to be created for an unscheduled pod."""
+    allocation = _allocation(obj)
+    if allocation:
+        return {"podClaim": claim.name, "name": Document(obj, "").name, "allocated": allocation}
+    if _is_template(obj) and claim.name in failures.by_claim:
+        return {"podClaim": claim.name, "template": Document(obj, "").name, "notCreated": failures.by_claim[claim.name]}
+    uid = (obj.get("metadata") or {}).get("uid")
+    others = [c for c in cluster.claims if _allocation(c) and (c.get("metadata") or {}).get("uid") != uid]
+    doc = Document(obj, f"pod {pod_ref} claim {claim.name}")
+    outcome = explain_document(doc, slices=cluster.slices, classes=cluster.classes, allocated=others,
+                               node=pinned_node(pod))  # fmt: skip
+    result: dict[str, Any] = {"podClaim": claim.name, "outcome": outcome}
+    if _is_template(obj) and not scheduled:
+        # No claim yet, so nothing the scheduler can place: the template says what it will ask for, not that the
+        # pod fits.
+        result["notGenerated"] = doc.name
+    return result
 
 
 def _allocation(obj: dict[str, Any]) -> dict[str, Any] | None:
@@ -344,22 +447,10 @@ def _allocated_node(allocation: dict[str, Any]) -> str:
     return ""
 
 
-def _render_pod(pod_ref: str, results: list[dict[str, Any]], errors: list[str], output: str) -> None:
+def _render_pod(pod_ref: str, results: list[dict[str, Any]], errors: list[str], output: str, unreadable: str) -> None:
+    """The results as ``output`` asks; ``unreadable`` is why the pod's events could not be read ("" if they could)."""
     if output == "json":
-        rendered = []
-        for result in results:
-            outcome: ClaimOutcome | None = result.get("outcome")
-            if "notCreated" in result:
-                failure: CreationFailure = result["notCreated"]
-                rendered.append({"podClaim": result["podClaim"], "template": result["template"], "fits": False,
-                                 "notCreated": failure.message, "quota": failure.quota})  # fmt: skip
-                continue
-            if outcome is None:
-                rendered.append({**result, "fits": True})
-                continue
-            described = outcome_dict(outcome)
-            del described["source"]  # the object came from the API server, not a file
-            rendered.append({"podClaim": result["podClaim"], **described})
+        rendered = [_claim_json(result, unreadable) for result in results]
         json.dump({"pod": pod_ref, "errors": errors, "claims": rendered}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return
@@ -370,28 +461,77 @@ def _render_pod(pod_ref: str, results: list[dict[str, Any]], errors: list[str], 
     print(f"pod {pod_ref}:")
     for result in results:
         outcome = result.get("outcome")
-        if outcome is not None:
+        if outcome is not None and "notGenerated" in result:
+            print(_render_not_generated(result["podClaim"], result["notGenerated"], outcome, unreadable))
+        elif outcome is not None:
             print(render_outcome(outcome))
-            continue
-        if "notCreated" in result:
-            print(_render_not_created(result["podClaim"], result["template"], result["notCreated"]))
-            continue
-        node = _allocated_node(result["allocated"])
-        where = f" on node {node}" if node else ""
-        print(f"claim {result['podClaim']}: ResourceClaim {result['name']} is already allocated{where}")
+        elif "notCreated" in result:
+            print(_render_not_created(pod_ref, result["podClaim"], result["template"], result["notCreated"]))
+        else:
+            node = _allocated_node(result["allocated"])
+            where = f" on node {node}" if node else ""
+            print(f"claim {result['podClaim']}: ResourceClaim {result['name']} is already allocated{where}")
 
 
-def _render_not_created(pod_claim: str, template: str, failure: CreationFailure) -> str:
+def _claim_json(result: dict[str, Any], unreadable: str) -> dict[str, Any]:
+    """One claim's result as ``-o json`` prints it."""
+    outcome: ClaimOutcome | None = result.get("outcome")
+    if "notCreated" in result:
+        failure: CreationFailure = result["notCreated"]
+        return {"podClaim": result["podClaim"], "template": result["template"], "fits": False,
+                "notCreated": failure.message, "quota": failure.quota, "refusedAt": failure.time,
+                "quotaNow": failure.quota_now}  # fmt: skip
+    if outcome is None:
+        return {**result, "fits": True}
+    described = outcome_dict(outcome)
+    del described["source"]  # the object came from the API server, not a file
+    if "notGenerated" not in result:
+        return {"podClaim": result["podClaim"], **described}
+    return {"podClaim": result["podClaim"], **described, "fits": False, "claimGenerated": False,
+            "templateFits": outcome.fits, "eventsUnreadable": unreadable}  # fmt: skip
+
+
+def _render_not_generated(pod_claim: str, template: str, outcome: ClaimOutcome, unreadable: str) -> str:
+    lines = [f"claim {pod_claim}: no ResourceClaim generated yet from ResourceClaimTemplate {template}: the "
+             f"scheduler does not consider the pod until the resource claim controller has created it"]  # fmt: skip
+    if unreadable:
+        lines.append(f"  why it has not been created is not known: the pod's events could not be read: {unreadable}")
+    lines.append("  what the template asks for, once its claim exists:")
+    lines += [f"  {line}" if line else line for line in render_outcome(outcome).splitlines()]
+    return "\n".join(lines) + "\n"
+
+
+def _render_not_created(pod_ref: str, pod_claim: str, template: str, failure: CreationFailure) -> str:
     lines = [f"claim {pod_claim}: no ResourceClaim could be created from ResourceClaimTemplate {template}: "
              f"{failure.message}"]  # fmt: skip
+    if failure.time:
+        lines.append(f"  last refused at {failure.time} (the pod's newest {CLAIM_CREATION_FAILED} event)")
     if failure.quota:
-        namespace = template.partition("/")[0]
-        lines.append(
-            f"  ResourceQuota {namespace}/{failure.quota} has no room for the claim's devices: free some (delete "
-            f"claims or pods of the namespace that hold them) or raise its limit (kubectl describe resourcequota "
-            f"{failure.quota} -n {namespace}); the resource claim controller retries by itself"
-        )
+        lines.append(_quota_advice(pod_ref, failure))
     return "\n".join(lines)
+
+
+def _quota_advice(pod_ref: str, failure: CreationFailure) -> str:
+    """What to do about the quota that refused the claim, as it is now."""
+    namespace, _, pod = pod_ref.partition("/")
+    quota = f"ResourceQuota {namespace}/{failure.quota}"
+    retry = (
+        "the resource claim controller creates the claim at its next retry, which after repeated refusals can be "
+        "minutes away; any change to the pod makes it retry at once (kubectl annotate --overwrite pod "
+        f'{pod} -n {namespace} retried-at="$(date +%s)"), or wait'
+    )
+    if failure.quota_now == QUOTA_HAS_ROOM:
+        return f"  {quota} has room for the claim's devices now: {retry}"
+    if failure.quota_now == QUOTA_GONE:
+        return f"  {quota} no longer exists: {retry}"
+    advice = (
+        f"free some (delete claims or pods of the namespace that hold them) or raise its limit (kubectl describe "
+        f"resourcequota {failure.quota} -n {namespace}); the resource claim controller retries by itself"
+    )
+    if failure.quota_now == QUOTA_FULL:
+        return f"  {quota} has no room for the claim's devices: {advice}"
+    unknown = f"whether it has now is not known ({failure.quota_now})"
+    return f"  {quota} had no room for the claim's devices; {unknown}: {advice}"
 
 
 def explain_pod(args: argparse.Namespace) -> int:
