@@ -1,52 +1,43 @@
 """The end-to-end suite, on one of two backends with the same test bodies:
 
-- kind, where Docker, kind and kubectl exist: a real cluster with the driver (manifests/overlays/sim) as a
-  DaemonSet on a simulated GPU node. Start it with e2e/run-kind.sh.
-- the local node everywhere else: the `node` tests' real kubelet and containerd (scripts/build-node) on the real
-  control plane (scripts/build-control-plane), `dradriver run` on a simulated GPU node as a host process. It is
-  what `pytest` runs here and in CI; without those binaries it skips, or fails where the suite demands them
-  (tests/support/required.py: DRADRIVER_REQUIRE_ALL=1 or DRADRIVER_REQUIRE_NODE=1).
+- kind: a real cluster made with README's "Try it on kind" commands (e2e/kind_backend.py), the chart installed
+  with the sim preset as users install it (the image its only other value), its DaemonSet on a simulated GPU
+  node. Docker where its daemon answers, else podman; the node image scripts/build-kind made, else the public
+  kindest one. e2e/run-kind.sh runs it; scripts/test too (E2E_BACKEND=kind), after the rest.
+- the local node: the `node` tests' real kubelet and containerd (scripts/build-node) on the real control plane
+  (scripts/build-control-plane), `dradriver run` on a simulated GPU node as a host process; it alone can
+  reconfigure the node and run the NIC driver beside ours. Without those binaries it skips, or fails where the
+  suite demands them (tests/support/required.py: DRADRIVER_REQUIRE_ALL=1 or DRADRIVER_REQUIRE_NODE=1).
 
-E2E_BACKEND=kind or E2E_BACKEND=local picks one explicitly.
+E2E_BACKEND=kind or E2E_BACKEND=local picks one; unset, kind where a Docker daemon and kind exist, else local.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import re
 import shutil
-import subprocess
-import uuid
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import kind_backend
 import pytest
-from kindutil import DAEMONSET, NAMESPACE, ROOT, Backend, Cluster, kubectl_binary, run
+from kindutil import Backend
 from local_backend import LocalCluster
-from support import required
-
-REQUIRED_TOOLS = ("docker", "kind", "kubectl")
-IMAGE = "dradriver:e2e"
-# resource.k8s.io/v1 needs Kubernetes 1.34 or newer; override with KIND_NODE_IMAGE.
-NODE_IMAGE = os.environ.get("KIND_NODE_IMAGE", "kindest/node:v1.35.0")
 
 
 @functools.cache
-def missing_tools() -> list[str]:
-    missing = [tool for tool in REQUIRED_TOOLS if shutil.which(tool) is None]
-    if "docker" not in missing:
-        probe = subprocess.run(["docker", "info"], capture_output=True, text=True, check=False)
-        if probe.returncode != 0:
-            missing.append("a running Docker daemon")
-    return missing
+def docker_and_kind() -> bool:
+    """Whether a Docker daemon answers and kind is installed (a developer's laptop, a CI runner)."""
+    return kind_backend.provider() == "docker" and shutil.which("kind") is not None
 
 
 def backend() -> str:
     chosen = os.environ.get("E2E_BACKEND")
     if chosen:
         return chosen
-    return "local" if missing_tools() else "kind"
+    return "kind" if docker_and_kind() else "local"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -59,41 +50,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
+def kind_run(request: pytest.FixtureRequest) -> Iterator[kind_backend.KindRun]:
+    """README's kind quickstart up to the chart's install, on a cluster of its own; its logs kept (path printed)
+    when a test failed, the cluster deleted afterwards (unless E2E_KEEP_CLUSTER=1)."""
+    if backend() != "kind":
+        pytest.skip("README's kind quickstart runs on the kind backend (E2E_BACKEND=kind)")
+    # A directory of its own, not pytest's (whose old numbered directories other pytest runs remove): the podman
+    # wrapper and containers.conf must outlive the cluster; the logs of a failed run stay there.
+    with kind_backend.kind_cluster(Path(tempfile.mkdtemp(prefix="dradriver-kind-"))) as kind:
+        failed_before = request.session.testsfailed
+        yield kind
+        if request.session.testsfailed > failed_before:
+            print(f"kind e2e: logs of cluster {kind.name} in {kind.collect_logs()}")
+
+
+@pytest.fixture(scope="session")
 def cluster(request: pytest.FixtureRequest) -> Iterator[Backend]:
     if backend() == "local":
         yield LocalCluster(request.getfixturevalue("node"))
         return
-    missing = missing_tools()
-    if missing:
-        required.need_tools(
-            missing,
-            "E2E_BACKEND=kind runs the scenarios on kind",
-            "install Docker, kind and kubectl, or leave E2E_BACKEND unset for the local node",
-        )
-    yield from kind_cluster()
-
-
-def kind_cluster() -> Iterator[Cluster]:
-    """A kind cluster with the sim overlay installed and rolled out; deleted afterwards (unless
-    E2E_KEEP_CLUSTER=1)."""
-    name = f"dradriver-e2e-{uuid.uuid4().hex[:6]}"
-    # The Dockerfile copies NVIDIA's nvidia-cdi-hook from build/ (docs/image.md).
-    hook = run(str(ROOT / "scripts/build-cdi-hook"), timeout=1800).strip()
-    (ROOT / "build").mkdir(exist_ok=True)
-    shutil.copy2(hook, ROOT / "build/nvidia-cdi-hook")
-    run("docker", "build", "-t", IMAGE, str(ROOT), timeout=900)
-    config = str(ROOT / "e2e/kind-config.yaml")
-    run("kind", "create", "cluster", "--name", name, "--image", NODE_IMAGE, "--config", config, "--wait", "180s",
-        timeout=900)  # fmt: skip
-    try:
-        run("kind", "load", "docker-image", IMAGE, "--name", name, timeout=600)
-        cluster = Cluster(f"kind-{name}")
-        rendered = run(kubectl_binary(), "kustomize", str(ROOT / "manifests/overlays/sim"))
-        cluster.kubectl(
-            "apply", "--server-side", "-f", "-", input=re.sub(r"image: dradriver:\S+", f"image: {IMAGE}", rendered)
-        )
-        cluster.kubectl("-n", NAMESPACE, "rollout", "status", DAEMONSET, "--timeout=300s", timeout=320)
-        yield cluster
-    finally:
-        if os.environ.get("E2E_KEEP_CLUSTER") != "1":
-            subprocess.run(["kind", "delete", "cluster", "--name", name], capture_output=True, check=False, timeout=300)
+    kind: kind_backend.KindRun = request.getfixturevalue("kind_run")
+    yield kind.cluster()

@@ -6,7 +6,7 @@ import contextlib
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -18,9 +18,9 @@ NAMESPACE = "dradriver"
 DAEMONSET = "daemonset/dradriver-kubelet-plugin"
 
 
-def run(*args: str, timeout: float = 300, input: str | None = None) -> str:
+def run(*args: str, timeout: float = 300, input: str | None = None, env: Mapping[str, str] | None = None) -> str:
     """Run a command, returning its stdout; fail with its output when it fails."""
-    done = subprocess.run(args, capture_output=True, text=True, timeout=timeout, input=input, check=False)
+    done = subprocess.run(args, capture_output=True, text=True, timeout=timeout, input=input, env=env, check=False)
     if done.returncode != 0:
         raise AssertionError(f"{' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
     return done.stdout
@@ -70,16 +70,17 @@ class Backend(Protocol):
 
 
 class Cluster:
-    """kubectl bound to the e2e cluster's context."""
+    """kubectl bound to the e2e cluster's context (in the kubeconfig ``env`` names)."""
 
     backend = "kind"
-    node_config = "mixed --mig-mode dynamic"  # manifests/overlays/sim
+    node_config = "mixed --mig-mode dynamic"  # the chart's sim preset
 
-    def __init__(self, context: str) -> None:
+    def __init__(self, context: str, env: Mapping[str, str] | None = None) -> None:
         self.context = context
+        self.env = env
 
     def kubectl(self, *args: str, timeout: float = 300, input: str | None = None) -> str:
-        return run(kubectl_binary(), "--context", self.context, *args, timeout=timeout, input=input)
+        return run(kubectl_binary(), "--context", self.context, *args, timeout=timeout, input=input, env=self.env)
 
     def apply(self, path: Path) -> None:
         self.kubectl("apply", "-f", str(path))
