@@ -136,3 +136,29 @@ def test_killed_while_giving_the_gpu_back_the_next_unprepare_finishes(
         assert_given_back(root, "after the repeated unprepare")
     finally:
         driver.stop()
+
+
+def test_a_gpu_on_vfio_is_not_reported_lost_by_health(root: Path, api: FakeApiServer) -> None:
+    driver = DriverProcess(
+        root,
+        api.write_kubeconfig(root / "kubeconfig"),
+        "--passthrough",
+        "true",
+        "--passthrough-host-root",
+        str(root / "host"),
+        "--rescan-interval",
+        "1",
+        profile=PROFILE,
+    )
+    try:
+        driver.wait_ready()
+        claim = allocated_claim(api, "vm", [VFIO])
+        with KubeletClient(root / "registry").register() as plugin:
+            assert plugin.prepare([claim])[claim.uid].error == "", driver.log
+            # The rescan that finds GPU 0 gone from NVML republishes without it (its passthrough device stays).
+            assert api.wait_until(lambda: "republishing" in driver.log, TIMEOUT), driver.log
+            assert "device unhealthy" not in driver.log
+            assert plugin.unprepare([claim]) == {claim.uid: ""}
+        assert_given_back(root, "after unprepare")
+    finally:
+        driver.stop()

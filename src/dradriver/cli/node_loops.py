@@ -14,6 +14,7 @@ from dradriver.cli.run_assembly import NodeDriver, find_driver_root, mps_command
 from dradriver.driver.observe.metrics import DELETED_CLAIMS
 from dradriver.driver.prepare.partitions import with_gpu_attributes
 from dradriver.driver.prepare.recheck import ClaimLookup, recheck_claims
+from dradriver.driver.prepare.vfio import without_passthrough_losses
 from dradriver.driver.publish.passthrough import passthrough_slice_specs
 from dradriver.driver.publish.slices import build_slice_specs
 from dradriver.errors import DradriverError
@@ -60,7 +61,7 @@ class Rescanner:
         node = self.node
         mig_mode = node.options.gpus.mig_mode
         try:
-            fresh = discover(node.gpus.lib)
+            fresh = without_passthrough_losses(discover(node.gpus.lib), node.gpus.pci)
             node.health.update_inventory(fresh, mig_mode)
             # Withheld while NVIDIA's device plugin is on the node, whichever --device-plugin-coexistence: with
             # refuse, it arrived after the start check.

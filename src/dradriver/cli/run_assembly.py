@@ -28,7 +28,14 @@ from dradriver.driver.prepare.checkpoint import CheckpointStore
 from dradriver.driver.prepare.mps import DEFAULT_COMMAND, MpsControl
 from dradriver.driver.prepare.partitions import with_gpu_attributes
 from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions, NodeFeatures
-from dradriver.driver.prepare.vfio import Passthrough, PassthroughCatalog, PassthroughSteps, nvml_holders, nvml_sees
+from dradriver.driver.prepare.vfio import (
+    Passthrough,
+    PassthroughCatalog,
+    PassthroughSteps,
+    nvml_holders,
+    nvml_sees,
+    without_passthrough_losses,
+)
 from dradriver.driver.publish.node_labeler import HostFacts, NodeLabeler, NodeLabelerOptions
 from dradriver.driver.publish.passthrough import passthrough_slice_specs
 from dradriver.driver.publish.slices import SliceSettings, build_slice_specs, release_problem, shape_for
@@ -137,7 +144,7 @@ def open_gpus(options: RunOptions) -> Gpus:
         pci = host_pci(options, attach) if options.passthrough.enabled else None
         stand_in = (lambda: simulated_fabric_manager(simulated)) if simulated is not None else None
         fabric_manager = open_fabric_manager(stand_in) if options.fabric_manager.enabled else None
-        inventory = discover(lib)
+        inventory = without_passthrough_losses(discover(lib), pci)
         log.info(
             "discovered gpus=%d mig_devices=%d driver=%s backend=%s",
             len(inventory.gpus),
@@ -433,7 +440,7 @@ def reconcile_at_start(
     mig_mode = options.gpus.mig_mode
     if mig_mode is MigMode.DYNAMIC or gpus.pci is not None:
         # Reconciliation may have destroyed MIG instances, or given a GPU back from vfio-pci to nvidia.
-        gpus.inventory = discover(gpus.lib)
+        gpus.inventory = without_passthrough_losses(discover(gpus.lib), gpus.pci)
         driver.update_inventory(gpus.inventory, mig_mode)
         health.update_inventory(gpus.inventory, mig_mode)
 

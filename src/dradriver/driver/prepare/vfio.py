@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
@@ -295,6 +295,16 @@ class PassthroughSteps:
         address = str(action.params["address"])
         driver = self.pci.function(address).driver
         return None if driver == VFIO_DRIVER else f"PCI function {address} is bound to {driver or 'no driver'}"
+
+
+def without_passthrough_losses(inventory: Inventory, pci: HostPci | None) -> Inventory:
+    """``inventory`` less the GPUs it counts as lost because they are bound to ``vfio-pci`` (NVML cannot see a GPU
+    a VM holds): health monitoring must not report them lost, nor taint them when they come back."""
+    if pci is None or not inventory.lost_gpus:
+        return inventory
+    passed = {gpu_name(f.address) for f in pci.gpus() if f.driver == VFIO_DRIVER}
+    kept = tuple(g for g in inventory.lost_gpus if g.name not in passed)
+    return inventory if len(kept) == len(inventory.lost_gpus) else replace(inventory, lost_gpus=kept)
 
 
 def nvml_holders(gpulib: GpuLib) -> Callable[[str], list[int]]:
