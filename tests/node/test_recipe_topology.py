@@ -4,29 +4,53 @@ NICs under the PCIe roots of the session node's simulated ``mixed`` GPUs. A clai
 resource.kubernetes.io/pcieRoot`` across a GPU request and a NIC request gets a GPU and a NIC under one root, one
 with ``numaNode`` a GPU and two NICs on one NUMA node; without the constraint the same claim gets a NIC elsewhere,
 and NUMA node 0's one NIC cannot make a pair. Each pod's container shows both drivers' CDI edits. The manifests
-are the page's ``# file:`` blocks, applied as written (pinned to the node by support/node_pods.py)."""
+are the page's ``# file:`` blocks, applied as written (pinned to the node by support/node_pods.py); the commands of
+the page's two sections that run pods are run as written, in a directory holding those files, and must print
+what the page shows."""
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from support.nic_driver import NIC_DRIVER, NICS, NicDriver, running_nic_driver
-from support.node_pods import Workloads, claims_of, wait_gone
+from support.node_pods import Workloads, claims_of, pin_to, wait_gone
 from support.real_node import RealNode, wait_for
-from support.recipe_pages import documents, page_files
+from support.recipe_pages import Console, documents, page_files, transcript
 
+PAGE = "topology.md"
 GPU_DRIVER = "gpu.dradriver.dev"
 ROOT = "resource.kubernetes.io/pcieRoot"
 NUMA = "resource.kubernetes.io/numaNode"
+#: The page's listing of every claim's allocated devices.
+ALLOCATED_DEVICES = (
+    "kubectl get resourceclaim -o jsonpath='{range .items[*].status.allocation.devices.results[*]}{.request} "
+    '{.driver} {.device}{"\\n"}{end}\''
+)
 
 
 @pytest.fixture(scope="module")
 def nic_driver(node: RealNode) -> Iterator[NicDriver]:
     with running_nic_driver(node) as driver:
         yield driver
+
+
+@pytest.fixture(scope="module")
+def page_directory(node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding the page's files, their pods pinned to the node."""
+    directory = tmp_path_factory.mktemp("topology")
+    Console(directory, node.control_plane.kubeconfig, []).write_files(
+        PAGE, rewrite=lambda text: yaml.safe_dump_all([pin_to(doc, node.name) for doc in documents(text)])
+    )
+    return directory
+
+
+def console(node: RealNode, directory: Path, section: str) -> Console:
+    return Console(directory, node.control_plane.kubeconfig, transcript(PAGE, section), timeout=120)
 
 
 def attributes(node: RealNode) -> dict[tuple[str, str], dict[str, Any]]:
@@ -46,7 +70,7 @@ def value(attribute: dict[str, Any]) -> Any:
 
 
 def file_docs(name: str) -> list[dict[str, Any]]:
-    return documents(page_files("topology.md")[name])
+    return documents(page_files(PAGE)[name])
 
 
 def run_pod(workloads: Workloads, docs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
@@ -84,11 +108,22 @@ def test_the_nic_driver_publishes_its_nics_with_the_standard_attributes(node: Re
 
 
 def test_a_claim_matching_pcie_root_gets_a_gpu_and_a_nic_under_one_root(
-    node: RealNode, nic_driver: NicDriver, workloads: Workloads, applied: list[list[dict[str, Any]]]
+    node: RealNode,
+    nic_driver: NicDriver,
+    workloads: Workloads,
+    applied: list[list[dict[str, Any]]],
+    page_directory: Path,
 ) -> None:
     docs = file_docs("gpu-and-nic-same-root.yaml")
-    applied.append(docs)
-    results, output = run_pod(workloads, docs)
+    applied.append(docs)  # deleted after the test, should it fail before the page deletes them
+    shell = console(node, page_directory, "## A GPU and a NIC on one PCIe root")
+    shell.next("kubectl apply -f gpu-and-nic-same-root.yaml")
+    shell.next("kubectl wait --for=condition=Ready pod/gpu-and-nic-same-root --timeout=120s")
+    shell.next(ALLOCATED_DEVICES)
+    output = shell.next("kubectl logs gpu-and-nic-same-root")
+    [pod] = workloads.pods_of(docs[-1])
+    [claim] = claims_of(workloads.kube, pod)
+    results = claim["status"]["allocation"]["devices"]["results"]
     by_request = {r["request"]: r for r in results}
     assert sorted(by_request) == ["gpu", "nic"], results
     published = attributes(node)
@@ -99,6 +134,9 @@ def test_a_claim_matching_pcie_root_gets_a_gpu_and_a_nic_under_one_root(
     # The container got both: our GPU's variables and the NIC driver's CDI edit.
     assert "NIC_ENS2F0=0000:8c:00.0" in output, output
     assert "DRADRIVER_DEVICE_" in output, output
+    # The page frees the pair before its next section, which needs the same L4 and NIC.
+    shell.next("kubectl delete -f gpu-and-nic-same-root.yaml")
+    shell.check()
 
 
 def test_without_the_constraint_the_same_claim_gets_a_nic_under_another_root(
@@ -122,11 +160,23 @@ def test_without_the_constraint_the_same_claim_gets_a_nic_under_another_root(
 
 
 def test_a_claim_matching_numa_node_gets_a_gpu_and_two_nics_on_one_numa_node(
-    node: RealNode, nic_driver: NicDriver, workloads: Workloads, applied: list[list[dict[str, Any]]]
+    node: RealNode,
+    nic_driver: NicDriver,
+    workloads: Workloads,
+    applied: list[list[dict[str, Any]]],
+    page_directory: Path,
 ) -> None:
     docs = file_docs("gpu-and-nics-same-numa.yaml")
     applied.append(docs)
-    results, output = run_pod(workloads, docs)
+    shell = console(node, page_directory, "## A GPU and two NICs on one NUMA node")
+    shell.next("kubectl apply -f gpu-and-nics-same-numa.yaml")
+    shell.next("kubectl wait --for=condition=Ready pod/gpu-and-nics-same-numa --timeout=120s")
+    shell.next(ALLOCATED_DEVICES)
+    output = shell.next("kubectl logs gpu-and-nics-same-numa")
+    shell.check()
+    [pod] = workloads.pods_of(docs[-1])
+    [claim] = claims_of(workloads.kube, pod)
+    results = claim["status"]["allocation"]["devices"]["results"]
     published = attributes(node)
     devices = [published[(r["driver"], r["device"])] for r in results]
     assert sorted(r["driver"] for r in results) == [GPU_DRIVER, NIC_DRIVER, NIC_DRIVER], results

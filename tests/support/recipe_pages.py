@@ -86,8 +86,8 @@ class Console:
     """Runs a section's commands as a reader would, in a directory holding the page's files, with ``KUBECONFIG``
     set: ``kubectl`` (the test extras'), ``dradriver`` (this checkout's) and ``echo $?``. Each step's output must be
     the page's, after ``normalize`` (names with random suffixes): :meth:`check` lists every step that differed. A
-    read-only step (``get``, ``describe``, ``explain``) is asked again until it matches or ``timeout`` runs out, since
-    what it reads settles asynchronously."""
+    read-only step (``get``, ``describe``, ``logs``, ``explain``) is asked again until it matches or ``timeout`` runs
+    out, since what it reads settles asynchronously."""
 
     directory: Path
     kubeconfig: Path
@@ -115,7 +115,7 @@ class Console:
 
     def _settled(self, step: Step) -> str:
         words = step.command.split()
-        read_only = "get" in words or "describe" in words or words[:2] == ["dradriver", "explain"]
+        read_only = bool({"get", "describe", "logs"} & set(words)) or words[:2] == ["dradriver", "explain"]
         deadline = time.monotonic() + (self.timeout if read_only else 0)
         while True:
             self.last_code, output = self.run(step.command)
