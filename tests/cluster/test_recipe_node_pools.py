@@ -160,6 +160,41 @@ def products(kube: Kube, claim: dict[str, Any]) -> list[tuple[str, str]]:
     return found
 
 
+CORDON_PROBE = "cordon-probe"
+
+
+def cordon_seen_by_the_scheduler(kube: Kube) -> None:
+    """Return once the scheduler's cache has cpu-1 cordoned: ``kubectl cordon`` returns when the Node is written,
+    before the scheduler has it, and a pod applied at once could still be placed on cpu-1. A throwaway pod only
+    cpu-1 may take (its name as a matchFields affinity) must be reported unschedulable for the cordon; then it goes."""
+    only_cpu_1 = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [CPU_NODE]}]}
+    probe = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": CORDON_PROBE, "namespace": NAMESPACE},
+        "spec": {
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [only_cpu_1]}}},
+            "containers": [{"name": "probe", "image": "registry.k8s.io/pause:3.10"}],
+        },
+    }  # fmt: skip
+    kube.create("pods", probe, NAMESPACE)
+    try:
+        kube.wait("the scheduler to find cpu-1 cordoned", partial(refused_for_the_cordon, kube), TIMEOUT)
+    finally:
+        kube.delete("pods", CORDON_PROBE, NAMESPACE, gracePeriodSeconds="0")
+        kube.wait("the probe pod to go", lambda: kube.find("pods", CORDON_PROBE, NAMESPACE) is None, TIMEOUT)
+
+
+def refused_for_the_cordon(kube: Kube) -> bool:
+    conditions = kube.get("pods", CORDON_PROBE, NAMESPACE).get("status", {}).get("conditions") or []
+    return any(
+        c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
+        and "node(s) were unschedulable" in c.get("message", "")
+        for c in conditions
+    )  # fmt: skip
+
+
 def test_the_gpu_nodes_carry_the_pool_label_the_taint_and_gfd_labels(plane: ControlPlane, recipe: Path) -> None:
     for name, (_, product) in GPU_NODES.items():
         labels = labels_of(plane.kube, name)
@@ -214,6 +249,7 @@ def test_a_claim_of_the_full_training_pool_stays_pending_beside_free_inference_g
 def test_a_pod_without_the_toleration_waits_rather_than_land_on_a_gpu_node(plane: ControlPlane, recipe: Path) -> None:
     shell = console(plane, recipe, "## CPU pods stay off the GPU nodes")
     shell.next("kubectl cordon cpu-1")
+    cordon_seen_by_the_scheduler(plane.kube)
     shell.next("kubectl apply -f web.yaml")
     message = shell.next("kubectl get pod web -o jsonpath='{.status.conditions[0].message}'")
     assert "untolerated taint" in message
@@ -229,6 +265,7 @@ def test_a_pod_with_the_gpu_toleration_and_no_gpu_lands_on_a_gpu_node_unless_its
 ) -> None:
     shell = console(plane, recipe, "## A toleration lets a pod in, it does not keep it there", either_gpu_node)
     shell.next("kubectl cordon cpu-1")
+    cordon_seen_by_the_scheduler(plane.kube)
     shell.next("kubectl apply -f tolerant.yaml")
     shell.next("kubectl apply -f tolerant-cpu-only.yaml")
     shell.next("kubectl get pods -o custom-columns=POD:.metadata.name,NODE:.spec.nodeName")
