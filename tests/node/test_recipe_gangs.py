@@ -5,7 +5,9 @@ PodGroup and every pod say why); once the holder is deleted all four are bound t
 
 The node is this module's own (``running_node``: Node gang-node, h100-nvl-pairs, four GPUs), so no other test's
 pod or claim takes one of its GPUs. The manifests are the page's YAML blocks, applied as written (pinned to the
-node by support/node_pods.py's ``pin_to``)."""
+node by support/node_pods.py's ``pin_to``); the commands of the page's two sections that run the gang are run as
+written, in a directory holding those files, and must print what the page shows (ages and the claims' random
+suffixes aside; the blocks the page calls illustrative are not compared)."""
 
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ import yaml
 from support.cluster_fixtures import running_node
 from support.control_plane import ControlPlane
 from support.kube_rest import Kube
-from support.node_pods import Workloads, cdi_specs_of, claims_of, wait_gone
+from support.node_pods import Workloads, cdi_specs_of, claims_of, pin_to, wait_gone
 from support.real_node import RealNode, wait_for
+from support.recipe_pages import Console, documents, transcript
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "recipes" / "gangs.md"
@@ -34,6 +37,25 @@ HOLDER = "gpu-holder"
 DRIVER = "gpu.dradriver.dev"
 TIMEOUT = 120.0
 UNTESTED_HEADING = "\n## Kueue: "
+PODGROUP_CONDITION = (
+    "kubectl -n gang-demo get podgroup training -o jsonpath='{.status.conditions[0].type} "
+    "{.status.conditions[0].status} {.status.conditions[0].reason}: {.status.conditions[0].message}'"
+)
+PODS_AND_NODES = (
+    "kubectl -n gang-demo get pods -o custom-columns=NAME:.metadata.name,STATUS:.status.phase,NODE:.spec.nodeName"
+)
+
+
+def comparable(text: str) -> str:
+    """The generated claims' random suffixes, ages and column padding made one."""
+    text = re.sub(r"\b(gpu-holder-gpu|worker-\d-gpu)-[a-z0-9]{5}\b", r"\1-xxxxx", text)
+    text = re.sub(r"(?m) +\d+[smhd](\d+[smhd])?$", "", text)
+    return re.sub(r" +", " ", text)
+
+
+def console(node: RealNode, directory: Path, section: str) -> Console:
+    return Console(directory, node.control_plane.kubeconfig, transcript(PAGE.name, section), normalize=comparable,
+                   timeout=TIMEOUT)  # fmt: skip
 
 
 def page_blocks() -> list[list[dict[str, Any]]]:
@@ -81,13 +103,17 @@ def gang_node(control_plane: ControlPlane, device_classes: None) -> Iterator[Rea
 
 
 @pytest.fixture
-def recipe(gang_node: RealNode) -> Iterator[tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
-    """The page's two blocks: the namespace, template and holder; the PodGroup and its pods. Deleted after."""
+def recipe(gang_node: RealNode, tmp_path: Path) -> Iterator[tuple[list[dict[str, Any]], list[dict[str, Any]], Path]]:
+    """The page's two blocks: the namespace, template and holder; the PodGroup and its pods; a directory holding
+    them as the page's files, pinned to the node. Deleted after."""
     blocks = page_blocks()
     assert len(blocks) == 2, f"{PAGE} should have two YAML blocks, has {len(blocks)}"
     setup, gang = blocks
     workloads = Workloads(gang_node)
-    yield setup, gang
+    Console(tmp_path, gang_node.control_plane.kubeconfig, []).write_files(
+        PAGE.name, rewrite=lambda text: yaml.safe_dump_all([pin_to(doc, NODE) for doc in documents(text)])
+    )
+    yield setup, gang, tmp_path
     workloads.delete([*reversed(gang), *reversed(setup[1:])])
     workloads.delete(setup[:1])  # the namespace last: its deletion waits for what is left in it
 
@@ -138,20 +164,25 @@ def explain(node: RealNode, pod: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_gang_of_four_waits_for_a_fourth_gpu_then_all_four_start(
-    gang_node: RealNode, recipe: tuple[list[dict[str, Any]], list[dict[str, Any]]]
+    gang_node: RealNode, recipe: tuple[list[dict[str, Any]], list[dict[str, Any]], Path]
 ) -> None:
-    setup, gang = recipe
+    setup, gang, directory = recipe
     workloads = Workloads(gang_node)
     kube = workloads.kube
-    (holder,) = named(setup, "Pod")
+    assert [p["metadata"]["name"] for p in named(setup, "Pod")] == [HOLDER]
     pods = named(gang, "Pod")
     assert [p["metadata"]["name"] for p in pods] == [f"worker-{i}" for i in range(4)]
     assert named(gang, "PodGroup")[0]["spec"]["schedulingPolicy"] == {"gang": {"minCount": 4}}
 
-    workloads.apply(setup)
-    workloads.wait_running(holder, TIMEOUT)
-    workloads.apply(gang)
+    shell = console(gang_node, directory, "## Three free GPUs: none of the four is placed")
+    shell.next("kubectl apply -f holder.yaml")
+    shell.next("kubectl -n gang-demo wait --for=condition=Ready pod/gpu-holder --timeout=120s")
+    shell.next("kubectl apply -f gang.yaml")
     messages = assert_none_scheduled(workloads, pods)
+    shell.next("kubectl -n gang-demo get pods")
+    shell.next("kubectl -n gang-demo get resourceclaims")
+    shell.next(PODGROUP_CONDITION)
+    shell.check()
     # The three pods that fitted are turned away for the gang's sake, the fourth for want of a GPU.
     gang_said = "pod group is unschedulable, minCount (4) cannot be satisfied"
     assert any(m.startswith(gang_said) for m in messages), messages
@@ -164,9 +195,14 @@ def test_a_gang_of_four_waits_for_a_fourth_gpu_then_all_four_start(
     assert f"fits on node {NODE}" in explained.stdout, explained.stdout
     assert "3 not allocated to other claims" in explained.stdout, explained.stdout
 
-    workloads.delete([holder])
+    fourth = console(gang_node, directory, "## A fourth GPU: all four start")
+    fourth.next("kubectl -n gang-demo delete pod gpu-holder")
     wait_gone(kube, "pods", HOLDER, NAMESPACE)
     running = [workloads.wait_running(doc, TIMEOUT)[0] for doc in pods]
+    fourth.next(PODS_AND_NODES)
+    fourth.next("kubectl -n gang-demo get resourceclaims")
+    fourth.next("kubectl -n gang-demo get podgroup training -o jsonpath='{.status.conditions[0].reason}'")
+    fourth.check()
     assert {p["spec"]["nodeName"] for p in running} == {NODE}
     gpus = {allocated_gpu(kube, pod) for pod in running}
     assert len(gpus) == 4, f"four pods, four different GPUs: {gpus}"
