@@ -128,7 +128,7 @@ class NodeSettings:
             )
         finally:
             gpulib.close()
-        settings = replace(self._slice_settings(driver), gpu_attributes=gpu_attributes(partitions, inventory.gpus))
+        settings = replace(self._slice_settings(driver), gpu_attributes=gpu_attributes(partitions))
         specs = build_slice_specs(inventory, settings)
         return as_resource_slices(specs, node_name=node, driver=driver) + compute_domain_slices(clique, node)
 

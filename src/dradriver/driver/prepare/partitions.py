@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 STEP_FABRIC_PARTITION = "fabric-partition"
 MODULE_ID_ATTRIBUTE = "gpuModuleID"
+PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
 
 
 def partition_attribute(size: int) -> str:
@@ -48,33 +49,26 @@ def partition_attribute(size: int) -> str:
     return f"partition{size}"
 
 
-def gpu_attributes(
-    layout: Sequence[FabricPartition], gpus: Sequence[GpuDevice]
-) -> dict[str, dict[str, dict[str, Any]]]:
-    """Each GPU's ``gpuModuleID`` and ``partition<size>`` attributes, by GPU UUID (none for a GPU FM does not
-    list)."""
+def gpu_attributes(layout: Sequence[FabricPartition]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each GPU's ``gpuModuleID`` and ``partition<size>`` attributes, by PCI address: FM's GPU sets are fixed by the
+    baseboard, so a GPU NVML does not see at start (bound to vfio-pci by a claim) gets them too."""
     attributes: dict[str, dict[str, dict[str, Any]]] = {}
-    for gpu in gpus:
-        found: dict[str, dict[str, Any]] = {}
-        for partition in layout:
-            member = next((g for g in partition.gpus if g.pci_bus_id == gpu.info.pci_bus_id), None)
-            if member is not None:
-                found[MODULE_ID_ATTRIBUTE] = {"int": member.physical_id}
-                found[partition_attribute(partition.size)] = {"int": partition.id}
-        if found:
-            attributes[gpu.uuid] = found
+    for partition in layout:
+        for member in partition.gpus:
+            found = attributes.setdefault(member.pci_bus_id, {MODULE_ID_ATTRIBUTE: {"int": member.physical_id}})
+            found[partition_attribute(partition.size)] = {"int": partition.id}
     return attributes
 
 
 def with_gpu_attributes(
     specs: list[dict[str, Any]], attributes: Mapping[str, Mapping[str, dict[str, Any]]]
 ) -> list[dict[str, Any]]:
-    """``specs`` with each device whose ``uuid`` attribute names a GPU of ``attributes`` given that GPU's attributes
-    (VFIO passthrough devices: NVIDIA publishes the partitions on them too)."""
+    """``specs`` with each device whose PCI address (``resource.kubernetes.io/pciBusID``) is a GPU of ``attributes``
+    given that GPU's attributes (VFIO passthrough devices: NVIDIA publishes the partitions on them too)."""
     for spec in specs:
         for device in spec.get("devices", []):
-            uuid = device.get("attributes", {}).get("uuid", {}).get("string")
-            device["attributes"].update(attributes.get(uuid, {}) if uuid else {})
+            address = device.get("attributes", {}).get(PCI_BUS_ID_ATTRIBUTE, {}).get("string")
+            device["attributes"].update(attributes.get(address, {}) if address else {})
     return specs
 
 
@@ -96,9 +90,9 @@ class FabricPartitions:
 
     # --- publishing -------------------------------------------------------------------------------------------
 
-    def gpu_attributes(self, gpus: Sequence[GpuDevice]) -> dict[str, dict[str, dict[str, Any]]]:
+    def gpu_attributes(self) -> dict[str, dict[str, dict[str, Any]]]:
         """See :func:`gpu_attributes`."""
-        return gpu_attributes(self.layout, gpus)
+        return gpu_attributes(self.layout)
 
     # --- prepare ----------------------------------------------------------------------------------------------
 

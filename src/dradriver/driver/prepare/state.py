@@ -601,9 +601,9 @@ class GpuDriver:
         return self.passthrough.devices() if self.passthrough is not None else []
 
     def partition_attributes(self) -> dict[str, dict[str, dict[str, Any]]]:
-        """Each GPU's Fabric Manager attributes (``gpuModuleID``, ``partitionN``) by UUID; none without
+        """Each GPU's Fabric Manager attributes (``gpuModuleID``, ``partitionN``) by PCI address; none without
         ``--fabric-manager-partitions``."""
-        return self.partitions.gpu_attributes(self.gpus()) if self.partitions is not None else {}
+        return self.partitions.gpu_attributes() if self.partitions is not None else {}
 
     def _users(self, uid: str, gpu: str) -> list[str]:
         """Other claims with a device on ``gpu``."""

@@ -49,7 +49,7 @@ class SliceSettings:
     # numaNode as a list of ints (KEP-6072 list attributes, Kubernetes 1.36+ with DRAListTypeAttributes), as NVIDIA's
     # driver publishes it with that gate: a server without the gate would refuse the devices.
     list_attributes: bool = False
-    # Extra attributes of whole GPUs by UUID: Fabric Manager's gpuModuleID and partitionN
+    # Extra attributes of whole GPUs by PCI address: Fabric Manager's gpuModuleID and partitionN
     # (--fabric-manager-partitions, driver/prepare/partitions.py).
     gpu_attributes: Mapping[str, Mapping[str, dict[str, Any]]] = field(default_factory=dict)
 
@@ -87,7 +87,7 @@ def build_slice_specs(
     def device(d: GpuDevice | MigPartition, *, counters: bool = False) -> dict[str, Any]:
         built = _device(d, inventory, settings.driver, counters=counters, lists=settings.list_attributes)
         if isinstance(d, GpuDevice):
-            built["attributes"].update(settings.gpu_attributes.get(d.uuid, {}))
+            built["attributes"].update(settings.gpu_attributes.get(d.info.pci_bus_id, {}))
         if settings.gpu_sharing == "consumable" and isinstance(d, GpuDevice) and not counters:
             _make_consumable(built, d)
         elif settings.consumable_shares and not counters:
