@@ -21,6 +21,7 @@ from dradriver.errors import ConfigError, DeviceError
 from dradriver.gpu.models import ComputeMode, FabricState
 from dradriver.gpu.products import LOST_XIDS
 from dradriver.inputs import path_exists
+from dradriver.sim.fabric_manager import SimFabricManager
 from dradriver.sim.node import SimGpu, SimNvmlError, SimulatedNode, full_compute_instance_profile
 from dradriver.sim.profiles import load_node_profile
 
@@ -39,6 +40,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     _add_hardware_actions(actions)
     _add_fault_actions(actions)
     _add_workload_actions(actions)
+    _add_fabric_manager_action(actions)
     parser.set_defaults(handler=run, read_only=False)
     _add_imex_action(actions)
 
@@ -118,6 +120,16 @@ def _add_imex_action(actions: Any) -> None:
     imex.add_argument("tool", choices=("daemon", "ctl"))
     imex.add_argument("tool_args", nargs=argparse.REMAINDER, help="-c <cfg> [-q | -N]")
     imex.set_defaults(handler=_imex)
+
+
+def _add_fabric_manager_action(actions: Any) -> None:
+    """``partitions``: Fabric Manager's NVSwitch partitions on an HGX profile, as ``fmpm -l`` lists them; activate
+    or deactivate one out of band (docs/partitions.md)."""
+    partitions = actions.add_parser("partitions", help="list Fabric Manager's partitions; activate or deactivate one")
+    change = partitions.add_mutually_exclusive_group()
+    change.add_argument("--activate", type=int, metavar="ID", help="activate partition ID, as fmpm -a does")
+    change.add_argument("--deactivate", type=int, metavar="ID", help="deactivate partition ID, as fmpm -d does")
+    partitions.set_defaults(sim_action=_partitions)
 
 
 def _add_workload_actions(actions: Any) -> None:
@@ -307,6 +319,18 @@ def _fabric(node: SimulatedNode, args: argparse.Namespace) -> None:
     except ValueError as err:
         raise ConfigError(str(err)) from None
     print(f"fabric registration of {gpu.pci_bus_id}: {args.state} (status {args.status})")
+
+
+def _partitions(node: SimulatedNode, args: argparse.Namespace) -> None:
+    fabric_manager = SimFabricManager.beside(node)
+    if args.activate is not None:
+        fabric_manager.activate(args.activate)
+    elif args.deactivate is not None:
+        fabric_manager.deactivate(args.deactivate)
+    print(f"{'ID':<4}{'GPUS':<7}{'ACTIVE':<8}MODULES")
+    for partition in fabric_manager.supported_partitions():
+        modules = ",".join(str(g.physical_id) for g in partition.gpus)
+        print(f"{partition.id:<4}{partition.size:<7}{'yes' if partition.active else 'no':<8}{modules}")
 
 
 def _xid(node: SimulatedNode, args: argparse.Namespace) -> None:
