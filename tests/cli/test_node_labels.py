@@ -137,6 +137,7 @@ def rescanner_on(tmp_path, monkeypatch, *, enabled: bool, driver_version: str):
             lib=gpulib,
             inventory=replace(inventory, driver_version=driver_version),
             driver_root=SimpleNamespace(version=driver_version),
+            pci=None,  # no --passthrough
         ),
         health=SimpleNamespace(update_inventory=lambda *_: None, taints=lambda _device: []),
         driver=SimpleNamespace(passthrough_devices=lambda: []),
