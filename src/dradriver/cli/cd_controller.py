@@ -15,6 +15,7 @@ from typing import Any
 from prometheus_client import REGISTRY
 
 from dradriver.cli.flags import kube_client, logs, status
+from dradriver.cli.flags.compute_domains import IMEX_MODE
 from dradriver.cli.flags.env import add_env_option
 from dradriver.cli.flags.kube_client import KubeClientOptions
 from dradriver.cli.flags.logs import LogOptions
@@ -37,7 +38,8 @@ DEFAULT_METRICS_ADDRESS = ":8081"
 def register(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Turn each ComputeDomain into its claim templates and a DaemonSet of IMEX daemons, number the daemons of "
-        "each clique and report status, until SIGTERM. Replicas elect one leader on a Lease."
+        "each clique and report status, until SIGTERM. Replicas elect one leader on a Lease. With --imex-mode "
+        "hostManaged: the workload claim template alone, and each domain Ready once admitted."
     )
     kube_client.add_flags(parser, rate_limits=False)
     add_env_option(
@@ -102,6 +104,12 @@ def _add_daemon_flags(parser: argparse.ArgumentParser) -> None:
         default=18,
         type=positive_int,
         help="the most daemons of one clique (NVL72: 18 trays)",
+    )
+    IMEX_MODE.add(
+        parser,
+        help="who runs nvidia-imex, as the node plugins' --imex-mode: driverManaged, a DaemonSet of IMEX daemons per "
+        "ComputeDomain; hostManaged, the nodes' own nvidia-imex services: no DaemonSet, and a domain is Ready once "
+        "admitted (its workload claim template made; each node's service is asked at prepare)",
     )
 
 
@@ -170,6 +178,7 @@ def controller_settings(args: argparse.Namespace) -> ControllerSettings:
         max_nodes_per_domain=args.max_nodes_per_imex_domain,
         daemon_host_network=args.daemon_host_network == "true",
         daemon_env=daemon_env(args.daemon_env),
+        host_managed=IMEX_MODE.value(args) == "hostManaged",
     )
 
 
@@ -205,7 +214,14 @@ def run(args: argparse.Namespace) -> int:
         server.start()
 
     threading.Thread(target=elector.run, args=(stop,), name="leader-election", daemon=True).start()
-    log.info("ready identity=%s namespace=%s watch=%s pid=%d", identity, args.namespace, args.watch, os.getpid())
+    log.info(
+        "ready identity=%s namespace=%s watch=%s imex_mode=%s pid=%d",
+        identity,
+        args.namespace,
+        args.watch,
+        IMEX_MODE.value(args),
+        os.getpid(),
+    )
     try:
         if watching is not None:
             watching.run(stop, leading=elector.leading.is_set)

@@ -1,5 +1,7 @@
 """The ComputeDomain controller: per domain, the workload claim template, the daemon claim template and the
 DaemonSet of IMEX daemons; clique indices; status and conditions; finalizer and a deletion that never hangs.
+With ``host_managed`` (``--imex-mode hostManaged``) the workload template alone: the hosts' own IMEX services serve
+every domain, and a domain is Ready once admitted (:meth:`Controller._converge_host_managed`).
 
 Level-triggered: :meth:`Controller.reconcile` converges one domain from what exists (a :class:`Snapshot`), so a
 missed event, a restart or a failover loses nothing. What exists comes from informers' caches
@@ -34,6 +36,8 @@ STUCK_AFTER_SECONDS = 300.0
 CONTROLLER_MANAGER = "dradriver-cd-controller"
 DAEMON_CONTAINER = "imex-daemon"
 PROBE_TIMEOUT = 10
+# The Ready and DaemonsReady reason of a domain admitted under --imex-mode hostManaged.
+HOST_MANAGED_REASON = "HostManagedIMEX"
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,8 @@ class ControllerSettings:
     # server through its service address (no kube-proxy or CNI yet), as the chart's plugin pod can be set up too.
     daemon_host_network: bool = False
     daemon_env: tuple[dict[str, Any], ...] = ()
+    # ``--imex-mode hostManaged``: no IMEX daemon per domain (no DaemonSet, no daemon template, no cliques).
+    host_managed: bool = False
 
 
 @dataclass
@@ -137,19 +143,10 @@ class Controller:
         except DradriverError as err:
             self._write_status(domain, [], error=str(err))
             return []  # the spec is immutable: trying again cannot help
-        if api.FINALIZER not in (meta.get("finalizers") or []):
-            domain = self.rest.json_patch(
-                path_of(api.API_VERSION, "computedomains", meta["namespace"], meta["name"]),
-                [
-                    {"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
-                    _add_finalizer_op(meta),
-                ],
-            )
-        names = {
-            (t["metadata"]["namespace"], t["metadata"]["name"])
-            for t in snap.templates
-            if t["metadata"].get("labels", {}).get(api.DOMAIN_LABEL) == uid
-        }
+        domain = self._add_finalizer(domain)
+        names = self._template_names(uid, snap)
+        if self.settings.host_managed:
+            return self._converge_host_managed(domain, snap, names, spec.channel.resource_claim_template.name)
         daemon_name = api.daemon_object_name(uid)
         problems: list[str] = []
         if (self.ns, daemon_name) not in names:
@@ -169,6 +166,89 @@ class Controller:
         # The status is written whatever failed: a domain whose objects cannot be made says why.
         self._write_status(domain, nodes, num_nodes=spec.num_nodes, error="; ".join(problems), reason="CannotConverge")
         return problems
+
+    def _add_finalizer(self, domain: dict[str, Any]) -> dict[str, Any]:
+        """The domain with our finalizer (added now unless it has it)."""
+        meta = domain["metadata"]
+        if api.FINALIZER in (meta.get("finalizers") or []):
+            return domain
+        return self.rest.json_patch(
+            path_of(api.API_VERSION, "computedomains", meta["namespace"], meta["name"]),
+            [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
+                _add_finalizer_op(meta),
+            ],
+        )
+
+    @staticmethod
+    def _template_names(uid: str, snap: Snapshot) -> set[tuple[str, str]]:
+        """``(namespace, name)`` of every claim template made for domain ``uid``."""
+        return {
+            (t["metadata"]["namespace"], t["metadata"]["name"])
+            for t in snap.templates
+            if t["metadata"].get("labels", {}).get(api.DOMAIN_LABEL) == uid
+        }
+
+    def _converge_host_managed(
+        self, domain: dict[str, Any], snap: Snapshot, names: set[tuple[str, str]], workload: str
+    ) -> list[str]:
+        """``--imex-mode hostManaged``: the workload template only, and the domain Ready once admitted (its spec
+        valid, our finalizer on, its workload template made). Ready says nothing of the hosts' IMEX services: each
+        node's is asked at prepare, and a pod waits in ContainerCreating until it answers READY.
+
+        What a domain has left from ``driverManaged`` (its DaemonSet and daemon template, its cliques) is removed
+        once idle, when no Node carries its label: a labelled Node runs a workload that still uses the daemon
+        there (the plugin unlabels it at that claim's unprepare), and it keeps its daemon until then."""
+        meta = domain["metadata"]
+        uid = meta["uid"]
+        problems: list[str] = []
+        if (meta["namespace"], workload) not in names:
+            problems += self._create(
+                path_of("resource.k8s.io/v1", "resourceclaimtemplates", meta["namespace"]),
+                self._workload_template(domain),
+                uid,
+            )
+        busy = sorted(n["metadata"]["name"] for n in snap.nodes if _labels(n).get(api.DOMAIN_LABEL) == uid)
+        if busy:
+            log.info("daemons left from driverManaged kept while nodes use them domain=%s nodes=%s", uid, busy)
+        else:
+            self._remove_daemons(uid, snap, names)
+        self._write_host_managed_status(domain, problems, busy)
+        return problems
+
+    def _remove_daemons(self, uid: str, snap: Snapshot, names: set[tuple[str, str]]) -> None:
+        """Delete domain ``uid``'s DaemonSet, daemon template and cliques where ``snap`` shows them (ours: each
+        listed by our label for that domain)."""
+        daemon_name = api.daemon_object_name(uid)
+        if (self.ns, daemon_name) in names:
+            self.rest.delete(path_of("resource.k8s.io/v1", "resourceclaimtemplates", self.ns, daemon_name))
+            log.info("removed the daemon template left from driverManaged domain=%s", uid)
+        if daemon_name in snap.daemonsets:
+            self.rest.delete(path_of("apps/v1", "daemonsets", self.ns, daemon_name))
+            log.info("removed the DaemonSet left from driverManaged domain=%s", uid)
+        for clique in snap.cliques:
+            if _labels(clique).get(api.DOMAIN_LABEL) == uid:
+                self.rest.delete(path_of(api.API_VERSION, "computedomaincliques", self.ns, clique["metadata"]["name"]))
+
+    def _write_host_managed_status(self, domain: dict[str, Any], problems: list[str], busy: list[str]) -> None:
+        """Ready (the domain admitted) unless its workload template could not be made; no nodes listed."""
+        if problems:
+            self._write_status(domain, [], error="; ".join(problems), reason="CannotConverge")
+            return
+        left = (
+            f"; the DaemonSet left from driverManaged stays until node(s) {', '.join(busy)} unprepare its "
+            "workloads' channels"
+            if busy
+            else ""
+        )
+        self._write_status(
+            domain,
+            [],
+            host_managed=(
+                "admitted (--imex-mode hostManaged): no IMEX daemon per domain; each node's own nvidia-imex "
+                f"service is asked at prepare, and a pod waits until it answers READY{left}"
+            ),
+        )
 
     def _create(self, path: str, body: dict[str, Any], uid: str) -> list[str]:
         """Create ``body``; what went wrong, for the domain's Ready condition (nothing when it was made)."""
@@ -336,32 +416,26 @@ class Controller:
         num_nodes: int = 0,
         error: str = "",
         reason: str = "InvalidSpec",
+        host_managed: str = "",
     ) -> None:
+        """Write the domain's status where it differs. ``host_managed``: the Ready message of a domain admitted
+        under ``--imex-mode hostManaged`` (Ready, and DaemonsReady: it has no daemons of its own to wait for)."""
         old = domain.get("status") or {}
-        ready = sum(1 for n in nodes if n["status"] == api.READY)
-        overall = api.READY if not error and len(nodes) >= num_nodes and ready == len(nodes) else api.NOT_READY
-        wanted = f"{num_nodes} wanted" if num_nodes else "numNodes not set"
-        conditions = [
-            _condition(
-                old,
-                "Ready",
-                true=overall == api.READY,
-                reason=reason if error else ("AllDaemonsReady" if overall == api.READY else "WaitingForDaemons"),
-                message=error or f"{ready} of {len(nodes)} IMEX daemons Ready ({wanted})",
-                domain=domain,
-            ),
-            _condition(
-                old,
-                "DaemonsReady",
-                true=bool(nodes) and ready == len(nodes),
-                reason="DaemonsReady"
-                if nodes and ready == len(nodes)
-                else ("NoDaemons" if not nodes else "DaemonsNotReady"),
-                message=f"{ready}/{len(nodes)} Ready",
-                domain=domain,
-            ),
-        ]
-        status = {"status": overall, "nodes": nodes, "conditions": conditions}
+        if host_managed and not error:
+            conditions = [
+                _condition(old, "Ready", true=True, reason=HOST_MANAGED_REASON, message=host_managed, domain=domain),
+                _condition(
+                    old,
+                    "DaemonsReady",
+                    true=True,
+                    reason=HOST_MANAGED_REASON,
+                    message="no daemons of its own: the hosts' nvidia-imex services serve it",
+                    domain=domain,
+                ),
+            ]
+            status: dict[str, Any] = {"status": api.READY, "nodes": nodes, "conditions": conditions}
+        else:
+            status = _daemons_status(old, domain, nodes, num_nodes=num_nodes, error=error, reason=reason)
         if _comparable(old) == _comparable(status):
             return
         meta = domain["metadata"]
@@ -554,6 +628,42 @@ class Controller:
     def _progressed(self) -> None:
         if self._progress_at is not None:
             self._progress_at = time.monotonic()
+
+
+def _daemons_status(
+    old: dict[str, Any], domain: dict[str, Any], nodes: list[dict[str, Any]], *, num_nodes: int, error: str, reason: str
+) -> dict[str, Any]:
+    """The status of a domain served by daemons of its own (or one with an error): Ready once ``num_nodes``
+    daemons are listed and all are Ready."""
+    ready = sum(1 for n in nodes if n["status"] == api.READY)
+    overall = api.READY if not error and len(nodes) >= num_nodes and ready == len(nodes) else api.NOT_READY
+    wanted = f"{num_nodes} wanted" if num_nodes else "numNodes not set"
+    conditions = [
+        _condition(
+            old,
+            "Ready",
+            true=overall == api.READY,
+            reason=reason if error else ("AllDaemonsReady" if overall == api.READY else "WaitingForDaemons"),
+            message=error or f"{ready} of {len(nodes)} IMEX daemons Ready ({wanted})",
+            domain=domain,
+        ),
+        _condition(
+            old,
+            "DaemonsReady",
+            true=bool(nodes) and ready == len(nodes),
+            reason="DaemonsReady"
+            if nodes and ready == len(nodes)
+            else ("NoDaemons" if not nodes else "DaemonsNotReady"),
+            message=f"{ready}/{len(nodes)} Ready",
+            domain=domain,
+        ),
+    ]
+    return {"status": overall, "nodes": nodes, "conditions": conditions}
+
+
+def _labels(obj: dict[str, Any]) -> dict[str, Any]:
+    labels: dict[str, Any] = obj["metadata"].get("labels") or {}
+    return labels
 
 
 def _add_finalizer_op(meta: dict[str, Any]) -> dict[str, Any]:
