@@ -258,3 +258,56 @@ def test_a_restarted_controller_leaves_a_converged_domain_alone(rest: FakeRest, 
     _wait("a reconcile of the domain", lambda: "team/job" in second.watching.reconciled)
     second.settled()
     assert sum(rest.writes.values()) == writes  # no worker read a cache before every cache had its first list
+
+
+def test_a_domain_recreated_under_its_name_while_no_watch_ran_has_the_old_ones_leftovers_swept(
+    rest: FakeRest, start: Callable[..., Running]
+) -> None:
+    running = start()
+    old = _domain(rest, "job")
+    _wait("the DaemonSet", lambda: rest.find(_daemonset_path(old)))
+    running.settled()
+    domain = rest.get(_domain_path("job"))
+    with rest._lock:  # no watch sees this (410 Gone): the relist finds one domain "job" with another UID
+        rest.break_watches()
+        rest.put(_domain_path("job"), {**domain, "metadata": {**domain["metadata"], "finalizers": []}})
+        rest.delete(_domain_path("job"))  # finalizer forced off
+        new = "uid-job-2"
+        rest.put(
+            _domain_path("job"),
+            {**domain, "metadata": {"name": "job", "namespace": "team", "uid": new, "generation": 1}, "status": {}},
+        )
+        rest.forget_history()
+    _wait("the old DaemonSet swept", lambda: rest.find(_daemonset_path(old)) is None)
+    _wait("the new domain's DaemonSet", lambda: rest.find(_daemonset_path(new)))
+    _wait(
+        "the new domain's workload template",
+        lambda: (
+            (rest.find(path_of("resource.k8s.io/v1", "resourceclaimtemplates", "team", "job-ch")) or {})
+            .get("metadata", {})
+            .get("labels", {})
+            .get(api.DOMAIN_LABEL)
+            == new
+        ),
+    )
+
+
+def test_the_resync_sweeps_leftovers_no_event_named_again(
+    rest: FakeRest, start: Callable[..., Running], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    leftover = {"metadata": {"name": "computedomain-daemon-uid-gone", "namespace": NS}}
+    leftover["metadata"]["labels"] = {api.DOMAIN_LABEL: "uid-gone"}
+    rest.put(_daemonset_path("uid-gone"), leftover)
+    real, answers = rest.list, iter([True])
+
+    def stale(path: str, **selectors: str) -> list[dict[str, Any]]:
+        # The sweep's confirming list answers, once, as if the domain were still there (the only event that
+        # named the DaemonSet, its first list, is spent): only the resync can find it again.
+        items = real(path, **selectors)
+        if path.endswith("/computedomains") and next(answers, False):
+            items.append({"metadata": {"name": "gone", "namespace": "team", "uid": "uid-gone"}})
+        return items
+
+    monkeypatch.setattr(rest, "list", stale)
+    start(resync=0.3)
+    _wait("the leftover swept by the resync", lambda: rest.find(_daemonset_path("uid-gone")) is None)

@@ -136,8 +136,11 @@ class WatchingController:
 
         def on_domain(old: JsonObject | None, new: JsonObject | None) -> None:
             session.queue.add(key_of(new or old or {}))
-            if new is None and old is not None:
-                session.queue.add_after(ORPHAN + old["metadata"].get("uid", ""), ORPHAN_DELAY)  # what it left
+            gone = (old or {}).get("metadata", {}).get("uid", "")
+            if gone and gone != (new or {}).get("metadata", {}).get("uid"):
+                # Deleted, or deleted and made again under its name while no watch ran (a relist then says
+                # "changed", with a new UID): what the old UID left is swept.
+                session.queue.add_after(ORPHAN + gone, ORPHAN_DELAY)
 
         def on_object(uids_of: Callable[[JsonObject], Iterable[str]]) -> Callable[..., None]:
             def handler(old: JsonObject | None, new: JsonObject | None) -> None:
@@ -256,10 +259,17 @@ class WatchingController:
         return all(i.synced.is_set() for i in session.informers.values())
 
     def _walk(self, session: _Session) -> None:
-        """Queue every domain of the cache (and count it as a pass over them)."""
+        """Queue every domain of the cache, and a sweep of every domain UID the other caches hold objects of
+        that the domain cache lacks (leftovers no event names again); count it as a pass over them."""
         started = time.monotonic()
-        for key in session.informers["computedomains"].store.list_keys():
+        domains = session.informers["computedomains"].store
+        for key in domains.list_keys():
             session.queue.add(key)
+        known = set(domains.index_values(BY_UID))
+        for name, informer in session.informers.items():
+            if name != "computedomains":
+                for uid in set(informer.store.index_values(BY_UID)) - known:
+                    session.queue.add(ORPHAN + uid)
         metrics.PASSES.labels("ok").inc()
         metrics.PASS_DURATION.observe(time.monotonic() - started)
 

@@ -78,6 +78,11 @@ class Store:
         with self._lock:
             return [self._items[k] for k in sorted(self._indices[index].get(value, ()))]
 
+    def index_values(self, index: str) -> list[str]:
+        """Every value ``index`` files some object under."""
+        with self._lock:
+            return list(self._indices[index])
+
     def put(self, obj: JsonObject) -> JsonObject | None:
         """Store ``obj``; the object it replaced, if any."""
         key = key_of(obj)
