@@ -1,5 +1,6 @@
 """The chart's fabricManagerPartitions and computeDomains.imex values, judged by the real helm: off by default, on
-they hand `dradriver run` --fabric-manager-partitions and --imex-mode through the variables it reads."""
+they hand `dradriver run` --fabric-manager-partitions and --imex-mode through the variables it reads (and
+`dradriver cd-controller` --imex-mode)."""
 
 from __future__ import annotations
 
@@ -39,5 +40,21 @@ def test_host_managed_imex_reaches_the_plugin_only_when_chosen(monkeypatch: Any)
     for name in ("DRADRIVER_IMEX_MODE", "DRADRIVER_IMEX_HOST_SOCKET_PATH"):
         monkeypatch.setenv(name, variables[name])
     args = build_parser(["run"]).parse_args(["run"])
+    resolve_env_values(args)
+    assert args.imex_mode == "hostManaged"
+
+
+def test_the_imex_mode_reaches_the_compute_domain_controller_too(monkeypatch: Any) -> None:
+    def controller_env(*values: str) -> dict[str, Any]:
+        objects = template(*[a for v in ("computeDomains.enabled=true", *values) for a in ("--set", v)])
+        [deployment] = [o for o in objects if o["kind"] == "Deployment"]
+        [container] = deployment["spec"]["template"]["spec"]["containers"]
+        return {e["name"]: e.get("value") for e in container["env"]}
+
+    assert controller_env()["DRADRIVER_IMEX_MODE"] == "driverManaged"
+    variables = controller_env("computeDomains.imex.mode=hostManaged")
+    assert variables["DRADRIVER_IMEX_MODE"] == "hostManaged"
+    monkeypatch.setenv("DRADRIVER_IMEX_MODE", variables["DRADRIVER_IMEX_MODE"])
+    args = build_parser(["cd-controller"]).parse_args(["cd-controller"])
     resolve_env_values(args)
     assert args.imex_mode == "hostManaged"

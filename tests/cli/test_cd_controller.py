@@ -6,8 +6,9 @@ import logging
 
 import pytest
 
-from dradriver.cli.cd_controller import daemon_env
-from dradriver.cli.main import main
+from dradriver.cli.cd_controller import controller_settings, daemon_env
+from dradriver.cli.flags.env import resolve_env_values
+from dradriver.cli.main import build_parser, main
 from dradriver.errors import ConfigError
 
 
@@ -40,6 +41,7 @@ def test_a_wrong_daemon_env_is_refused_naming_the_entry(text: str, named: str) -
         (["--interval", "0"], "argument --interval: '0': use a finite number of seconds above 0"),
         (["--lease-duration", "-1"], "argument --lease-duration: '-1': use a finite number of seconds above 0"),
         (["--max-nodes-per-imex-domain", "0"], "argument --max-nodes-per-imex-domain: '0': use a whole number"),
+        (["--imex-mode", "hostmanaged"], "argument --imex-mode: invalid choice: 'hostmanaged'"),
         # Its own flags are checked before the kubeconfig is loaded (here there is none).
         (["--daemon-env", "A=1", "--kubeconfig", "/nonexistent/kubeconfig"], "--daemon-env is not JSON"),
     ],
@@ -56,3 +58,17 @@ def test_cd_controller_refuses_a_bad_setting_in_one_line_before_it_connects_or_l
         root.setLevel(level)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
+
+
+def test_imex_mode_is_driver_managed_unless_host_managed_is_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    def settings(*flags: str) -> bool:
+        args = build_parser(["cd-controller"]).parse_args(["cd-controller", *flags])
+        resolve_env_values(args)
+        return controller_settings(args).host_managed
+
+    assert settings() is False
+    assert settings("--imex-mode", "hostManaged") is True
+    # The chart's variable, as the node plugins read it.
+    monkeypatch.setenv("DRADRIVER_IMEX_MODE", "hostManaged")
+    assert settings() is True
+    assert settings("--imex-mode", "driverManaged") is False
