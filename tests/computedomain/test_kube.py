@@ -119,3 +119,36 @@ def test_a_deletion_seen_only_by_the_relist_is_delivered(
     api.drop_watches()
     _wait("the deletion", lambda: ("deleted", "node-1") in seen)
     assert informer.lists == 2 and informer.store.get("node-1") is None
+
+
+class _Answer:
+    def __init__(self, status: int, body: bytes) -> None:
+        self.status, self._body = status, body
+
+    def read(self) -> bytes:
+        return self._body
+
+
+class _Refusing:
+    """A transport whose API server answers every request 422, as the real one answers a failed JSON-patch test."""
+
+    def request(self, method: str, path: str, **_: Any) -> _Answer:
+        status = b'{"kind":"Status","status":"Failure","reason":"Invalid","code":422,"message":"the test failed"}'
+        return _Answer(422, status)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_failed_resource_version_test_of_a_json_patch_is_a_conflict() -> None:
+    from dradriver.plugin.cluster.port import ConflictError, InvalidObjectError
+
+    rest = Rest(_Refusing())  # type: ignore[arg-type]
+    guarded = [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": "7"},
+        {"op": "remove", "path": "/metadata/finalizers/0"},
+    ]
+    with pytest.raises(ConflictError):
+        rest.json_patch("/apis/x/v1/namespaces/a/things/b", guarded)
+    with pytest.raises(InvalidObjectError):  # unguarded: invalid is invalid
+        rest.json_patch("/apis/x/v1/namespaces/a/things/b", guarded[1:])

@@ -17,7 +17,14 @@ from typing import Any, Protocol
 from urllib.parse import quote
 
 from dradriver.plugin.cluster.kube import DEFAULT_REQUEST_TIMEOUT, KubeWatchStream, error_for_status, load_transport
-from dradriver.plugin.cluster.port import ApiUnavailableError, JsonObject, NotFoundError, WatchStream
+from dradriver.plugin.cluster.port import (
+    ApiUnavailableError,
+    ConflictError,
+    InvalidObjectError,
+    JsonObject,
+    NotFoundError,
+    WatchStream,
+)
 from dradriver.plugin.cluster.transport import Transport
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -174,7 +181,15 @@ class Rest:
         return self.request("PATCH", path, body=patch, content_type=MERGE_PATCH)
 
     def json_patch(self, path: str, operations: Sequence[JsonObject]) -> JsonObject:
-        return self.request("PATCH", path, body=list(operations), content_type=JSON_PATCH)
+        """A JSON patch. Guarded by a ``test`` of the resourceVersion, its refusal is a :class:`ConflictError`:
+        the API server answers a failed test 422, not 409, and an object changed since it was read is a conflict
+        (its caller tries again, counting no error)."""
+        try:
+            return self.request("PATCH", path, body=list(operations), content_type=JSON_PATCH)
+        except InvalidObjectError as err:
+            if any(op.get("op") == "test" and op.get("path") == "/metadata/resourceVersion" for op in operations):
+                raise ConflictError(str(err), status=err.status, reason=err.reason) from err
+            raise
 
     def apply(self, path: str, body: JsonObject, *, manager: str, force: bool = True) -> JsonObject:
         """Server-side apply of ``body`` (the fields ``manager`` owns, and only those) to the object at ``path``."""
