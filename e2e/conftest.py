@@ -14,9 +14,6 @@ E2E_BACKEND=kind or E2E_BACKEND=local picks one; unset, kind where a Docker daem
 
 from __future__ import annotations
 
-import functools
-import os
-import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,17 +24,8 @@ from kindutil import Backend
 from local_backend import LocalCluster
 
 
-@functools.cache
-def docker_and_kind() -> bool:
-    """Whether a Docker daemon answers and kind is installed (a developer's laptop, a CI runner)."""
-    return kind_backend.provider() == "docker" and shutil.which("kind") is not None
-
-
 def backend() -> str:
-    chosen = os.environ.get("E2E_BACKEND")
-    if chosen:
-        return chosen
-    return "kind" if docker_and_kind() else "local"
+    return kind_backend.backend()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

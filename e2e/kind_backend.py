@@ -48,6 +48,15 @@ def provider() -> str | None:
     return "podman" if shutil.which("podman") else None
 
 
+def backend() -> str:
+    """The e2e backend: $E2E_BACKEND, else kind where a Docker daemon and kind exist (a laptop, a CI runner), else
+    local."""
+    chosen = os.environ.get("E2E_BACKEND")
+    if chosen:
+        return chosen
+    return "kind" if provider() == "docker" and shutil.which("kind") else "local"
+
+
 def built_kind() -> Path | None:
     """scripts/build-kind's directory (kind, the node image's name), or None where it was not built."""
     printed = subprocess.run([str(ROOT / "scripts/build-kind"), "--print"], capture_output=True, text=True,
@@ -235,7 +244,11 @@ def kind_cluster(work: Path, *, workers: int = 0) -> Iterator[KindRun]:
     if missing:
         required.need_tools(missing, "the e2e suite runs on kind", "install Docker or podman (and kind, or run "
                             "scripts/build-kind), or set E2E_BACKEND=local for the local node")  # fmt: skip
-    kind = KindRun(work, workers=workers)
+    try:
+        kind = KindRun(work, workers=workers)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
     failed = True
     try:
         for line in setup_commands():
