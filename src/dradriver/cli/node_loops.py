@@ -15,7 +15,7 @@ from dradriver.driver.observe.metrics import DELETED_CLAIMS
 from dradriver.driver.prepare.partitions import with_gpu_attributes
 from dradriver.driver.prepare.recheck import ClaimLookup, recheck_claims
 from dradriver.driver.prepare.vfio import without_passthrough_losses
-from dradriver.driver.publish.passthrough import passthrough_slice_specs
+from dradriver.driver.publish.passthrough import passthrough_slice_specs, share_gpu_counters
 from dradriver.driver.publish.slices import build_slice_specs
 from dradriver.errors import DradriverError
 from dradriver.gpu.inventory import Inventory, discover
@@ -69,7 +69,8 @@ class Rescanner:
             specs = build_slice_specs(offer, node.settings, taints=node.health.taints)
             # The passthrough devices as the last update_inventory read them from sysfs (a rescan later: the next).
             vfio = passthrough_slice_specs(node.driver.passthrough_devices())
-            fresh_pools = pools_of(node.name, specs + with_gpu_attributes(vfio, node.settings.gpu_attributes))
+            vfio = with_gpu_attributes(vfio, node.settings.gpu_attributes)
+            fresh_pools = pools_of(node.name, share_gpu_counters(specs, vfio, shape=node.settings.shape))
         except DradriverError as err:
             log.warning("rediscovery failed; keeping the last inventory error=%s", err)
             return

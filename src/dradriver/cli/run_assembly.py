@@ -37,7 +37,7 @@ from dradriver.driver.prepare.vfio import (
     without_passthrough_losses,
 )
 from dradriver.driver.publish.node_labeler import HostFacts, NodeLabeler, NodeLabelerOptions
-from dradriver.driver.publish.passthrough import passthrough_slice_specs
+from dradriver.driver.publish.passthrough import passthrough_slice_specs, share_gpu_counters
 from dradriver.driver.publish.slices import SliceSettings, build_slice_specs, release_problem, shape_for
 from dradriver.errors import ConfigError
 from dradriver.gpu.backend import (
@@ -317,7 +317,7 @@ def assemble(options: RunOptions, gpus: Gpus, cluster: KubeCluster, settings: Sl
             settings = replace(settings, gpu_attributes=driver.partition_attributes())
             specs = build_slice_specs(offer, settings, taints=health.taints)
             vfio = with_gpu_attributes(passthrough_slice_specs(driver.passthrough_devices()), settings.gpu_attributes)
-            pools = pools_of(options.node.name, specs + vfio)
+            pools = pools_of(options.node.name, share_gpu_counters(specs, vfio, shape=settings.shape))
             publisher = build_publisher(options, cluster=cluster, settings=settings, pools=pools)
         except BaseException:
             plugin.stop()
