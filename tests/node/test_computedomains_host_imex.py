@@ -2,8 +2,10 @@
 GB200 tray whose driver runs `--compute-domains true --imex-mode hostManaged`, beside the host's own IMEX service
 (the IMEX stand-in with its control socket, as an admin's nvidia-imex.service would be). A worker of a ComputeDomain
 waits while the host's daemon is down (the plugin's prepare says it is not READY and the kubelet retries), starts
-once it answers READY with IMEX channel 0, and no daemon per domain runs: the Node gets no domain label, so the
-domain's DaemonSet has no pod. Deleting the worker and the domain leaves nothing behind.
+once it answers READY with IMEX channel 0, and no daemon per domain runs: the controller, `--imex-mode hostManaged`
+too, creates no DaemonSet and reports the domain Ready once admitted (before the host's daemon is up: Ready promises
+the claim template, and prepare asks the host), and the Node gets no domain label. Deleting the worker and the
+domain leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -33,6 +36,11 @@ class HostTray:
     def __init__(self, node: RealNode, driver: DriverRun, host: HostService) -> None:
         self.node, self.driver, self.host = node, driver, host
         self.workloads = Workloads(node)
+
+    def domain_status(self) -> dict[str, Any]:
+        domain = self.node.kube.get("computedomains", DOMAIN_DOC["metadata"]["name"], USER_NS)
+        status: dict[str, Any] = domain.get("status") or {}
+        return status
 
     def node_label(self) -> str | None:
         labels = self.node.kube.get("nodes", self.node.name)["metadata"].get("labels") or {}
@@ -57,7 +65,12 @@ def host_tray(node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Itera
         plugin_dir=node.kubelet.plugins_dir / GPU_DRIVER,
         cdi_dir=node.cdi_dir,
     )  # fmt: skip
-    controller = ControllerRun(node.control_plane.kubeconfig, node.logs / "cd-controller-hostimex.log", "hostimex")
+    controller = ControllerRun(
+        node.control_plane.kubeconfig,
+        node.logs / "cd-controller-hostimex.log",
+        "hostimex",
+        extra=("--imex-mode", "hostManaged"),
+    )
     tray = HostTray(node, driver, host)
     try:
         wait_for("the kubelet to register both drivers", lambda: node.registrations(driver) >= 2, 60)
@@ -81,6 +94,14 @@ def test_the_worker_gets_channel_0_from_the_hosts_imex_daemon_and_no_daemon_runs
     workloads.kubectl("apply", "-f", "-", input=yaml.safe_dump(DOMAIN_DOC))
     uid = kube.get("computedomains", DOMAIN_DOC["metadata"]["name"], USER_NS)["metadata"]["uid"]
     wait_for("the domain's claim template", lambda: kube.find("resourceclaimtemplates", TEMPLATE, USER_NS), 60)
+    # Ready once admitted, while the host's daemon is still down; no DaemonSet, no daemon claim template.
+    wait_for("the domain Ready", lambda: host_tray.domain_status().get("status") == "Ready", 60)
+    [ready] = [c for c in host_tray.domain_status()["conditions"] if c["type"] == "Ready"]
+    assert (ready["status"], ready["reason"]) == ("True", "HostManagedIMEX"), ready
+    assert host_tray.domain_status()["nodes"] == []
+    labelled = f"{api.DOMAIN_LABEL}={uid}"
+    assert not kube.list("daemonsets", NAMESPACE, labelSelector=labelled)
+    assert not kube.list("resourceclaimtemplates", NAMESPACE, labelSelector=labelled)
     [worker_doc] = workloads.apply([WORKER])
     # The host's daemon is down: the plugin says so and the kubelet keeps retrying.
     wait_for("a prepare refused for the host's daemon",
@@ -92,7 +113,8 @@ def test_the_worker_gets_channel_0_from_the_hosts_imex_daemon_and_no_daemon_runs
     assert f"COMPUTE_DOMAIN_UUID={uid}" in log, log
     # No daemon per domain: the Node is not labelled, so the domain's DaemonSet runs no pod.
     assert host_tray.node_label() is None
-    assert not kube.list("pods", NAMESPACE, labelSelector=f"{api.DOMAIN_LABEL}={uid}")
+    assert not kube.list("pods", NAMESPACE, labelSelector=labelled)
+    assert not kube.list("daemonsets", NAMESPACE, labelSelector=labelled)
 
     workloads.delete([worker_doc])
     deleted = workloads.kubectl("delete", "computedomain", DOMAIN_DOC["metadata"]["name"], "--timeout=60s")
