@@ -129,3 +129,33 @@ def test_any_failure_steps_down_and_is_retried(monkeypatch: pytest.MonkeyPatch) 
     finally:
         stop.set()
         thread.join(10)
+
+
+def test_a_leader_stops_leading_at_its_renew_deadline_with_no_failed_request() -> None:
+    """A replica cut off from the API server (its requests hang rather than fail) stops leading 10 s after its
+    last renewal, before a standby takes over at 15 s."""
+    rest = FakeRest()
+    clock = Clock()
+    a = _elector(rest, "a", clock)
+    assert a.try_acquire()
+    clock.now += 9.9
+    assert a.leading.is_set()
+    clock.now += 0.2
+    assert not a.leading.is_set()
+    assert a.try_acquire() and a.leading.is_set()  # renewed: leading again
+
+
+def test_lease_requests_are_bounded_within_the_renew_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    rest = FakeRest()
+    a = _elector(rest, "a")
+    timeouts: list[Any] = []
+    for verb in ("get", "create", "update"):
+        real = getattr(rest, verb)
+
+        def spy(*args: Any, real: Any = real, **options: Any) -> Any:
+            timeouts.append(options.get("timeout"))
+            return real(*args, **options)
+
+        monkeypatch.setattr(rest, verb, spy)
+    assert a.try_acquire() and a.try_acquire()  # create, then get and update
+    assert len(timeouts) == 4 and all(t is not None and 2 * sum(t) < a.leading.deadline for t in timeouts), timeouts

@@ -183,7 +183,7 @@ class FakeRest:
             raise NotFoundError(f"{verb} {path}: HTTP 404", status=404)
         return self.objects[path]
 
-    def get(self, path: str) -> dict[str, Any]:
+    def get(self, path: str, *, timeout: Any = None) -> dict[str, Any]:
         self.reads[f"GET {path}"] += 1
         if path not in self.objects:
             raise NotFoundError(f"GET {path}: HTTP 404", status=404)
@@ -204,14 +204,14 @@ class FakeRest:
                 if _in_collection(path, key) and _has_labels(obj, labels)
             ]
 
-    def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    def create(self, path: str, body: dict[str, Any], *, timeout: Any = None) -> dict[str, Any]:
         full = f"{path}/{body['metadata']['name']}"
         self.writes[f"POST {path}"] += 1
         if full in self.objects:
             raise ConflictError(f"POST {path}: HTTP 409: already exists", status=409)
         return self.put(full, body)
 
-    def update(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    def update(self, path: str, body: dict[str, Any], *, timeout: Any = None) -> dict[str, Any]:
         current = self._write("PUT", path)
         if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
             raise ConflictError(f"PUT {path}: HTTP 409", status=409)

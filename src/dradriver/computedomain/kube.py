@@ -90,8 +90,10 @@ class Rest:
         body: Any = None,
         content_type: str = "application/json",
         read: str = "GET",
+        timeout: tuple[float, float] | None = None,
     ) -> JsonObject:
-        """One request; the answer's JSON (``{}`` when empty). ``read``: how a GET is counted (``LIST``)."""
+        """One request; the answer's JSON (``{}`` when empty). ``read``: how a GET is counted (``LIST``);
+        ``timeout``: (connect, read) seconds, the client's own when None."""
         what = path
         if method != "GET":
             with self._count_lock:
@@ -102,7 +104,7 @@ class Rest:
         payload = None if body is None else json.dumps(body).encode()
         try:
             response = self._api.request(
-                method, path, query=query, headers=headers, body=payload, timeout=self._timeout
+                method, path, query=query, headers=headers, body=payload, timeout=timeout or self._timeout
             )
             data = response.read()
         except OSError as exc:  # the transport's: unreachable, TLS, proxy, timeout, no HTTP
@@ -117,8 +119,8 @@ class Rest:
 
     # -- conveniences ----------------------------------------------------------------------------------
 
-    def get(self, path: str) -> JsonObject:
-        return self.request("GET", path)
+    def get(self, path: str, *, timeout: tuple[float, float] | None = None) -> JsonObject:
+        return self.request("GET", path, timeout=timeout)
 
     def find(self, path: str) -> JsonObject | None:
         """The object, or None when it does not exist."""
@@ -171,11 +173,11 @@ class Rest:
             raise error_for_status(response.status, data, path, "watch")
         return KubeWatchStream(response, path)
 
-    def create(self, path: str, body: JsonObject) -> JsonObject:
-        return self.request("POST", path, body=body)
+    def create(self, path: str, body: JsonObject, *, timeout: tuple[float, float] | None = None) -> JsonObject:
+        return self.request("POST", path, body=body, timeout=timeout)
 
-    def update(self, path: str, body: JsonObject) -> JsonObject:
-        return self.request("PUT", path, body=body)
+    def update(self, path: str, body: JsonObject, *, timeout: tuple[float, float] | None = None) -> JsonObject:
+        return self.request("PUT", path, body=body, timeout=timeout)
 
     def merge_patch(self, path: str, patch: JsonObject) -> JsonObject:
         return self.request("PATCH", path, body=patch, content_type=MERGE_PATCH)
