@@ -311,3 +311,41 @@ def test_the_resync_sweeps_leftovers_no_event_named_again(
     monkeypatch.setattr(rest, "list", stale)
     start(resync=0.3)
     _wait("the leftover swept by the resync", lambda: rest.find(_daemonset_path("uid-gone")) is None)
+
+
+def test_a_new_term_waits_for_the_last_terms_worker_so_no_key_is_worked_on_twice_at_once(
+    rest: FakeRest, start: Callable[..., Running], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release, blocked, second = threading.Event(), threading.Event(), threading.Event()
+    active: list[str] = []
+    overlaps: list[str] = []
+    real = Controller.reconcile
+
+    def slow(self: Controller, domain: dict[str, Any], snap: Any) -> bool:
+        key = f"{domain['metadata']['namespace']}/{domain['metadata']['name']}"
+        if key in active:
+            overlaps.append(key)
+        if blocked.is_set():
+            second.set()
+        active.append(key)
+        try:
+            if not blocked.is_set():
+                blocked.set()
+                release.wait(DEADLINE)  # a reconcile whose requests are slow: it outlives its term
+            return real(self, domain, snap)
+        finally:
+            active.remove(key)
+
+    monkeypatch.setattr(Controller, "reconcile", slow)
+    running = start()
+    running.watching.end_deadline = 0.1
+    _domain(rest, "job")
+    _wait("a reconcile under way", blocked.is_set)
+    running.leading.clear()
+    _wait("the term to end", lambda: running.watching.session is None)
+    running.leading.set()
+    # A new term's first list queues the domain at once: with a worker of its own it would reconcile it now.
+    second.wait(1.0)
+    release.set()
+    _wait("the domain reconciled by the new term", second.is_set)
+    assert not overlaps

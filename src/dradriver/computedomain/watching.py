@@ -33,6 +33,8 @@ from dradriver.plugin.cluster.workqueue import WorkQueue
 log = logging.getLogger(__name__)
 
 RESYNC_SECONDS = 600.0
+# How long the end of a term waits for its threads before going on (a standby's wait, a clean stop's).
+END_DEADLINE = 10.0
 WORKERS = 2
 BY_UID = "uid"
 # A key for the leftovers of domain UID (no domain of that UID in the cache), beside the domains' namespace/name.
@@ -90,6 +92,8 @@ class WatchingController:
         self._busy: dict[str, float] = {}  # worker -> when its reconcile began (monotonic)
         self._busy_lock = threading.Lock()
         self.session: _Session | None = None
+        self.end_deadline = END_DEADLINE
+        self._leftover: list[threading.Thread] = []  # the last session's workers still busy when it ended
 
     # -- informers -------------------------------------------------------------------------------------
 
@@ -249,9 +253,11 @@ class WatchingController:
         for informer in session.informers.values():
             informer.close()
         # One deadline for all: a list or a request in flight ends with its own timeout (daemon threads).
-        deadline = time.monotonic() + 10.0
+        deadline = time.monotonic() + self.end_deadline
         for thread in session.threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+        # A worker still in a reconcile: the next session waits for it (see run).
+        self._leftover = [t for t in session.threads if t.is_alive() and t.name.startswith("worker-")]
         self.session = None
         metrics.forget_domains()
 
@@ -280,6 +286,12 @@ class WatchingController:
                 metrics.forget_domains()
                 stop.wait(poll)
                 continue
+            for worker in self._leftover:
+                # Never two workers on one key across sessions: the last session's reconcile ends first (each of
+                # its requests is bounded, so this wait is too).
+                log.info("waiting for the last term's worker to finish thread=%s", worker.name)
+                worker.join()
+            self._leftover = []
             log.info("leading: starting informers and %d workers", self.workers)
             session = self._start(leading)
             try:
