@@ -137,7 +137,9 @@ def table(results: dict[str, Any]) -> list[str]:
             rows.append(
                 f"| {name} | {figures['nodes']:,} | {figures['devices']:,} | {figures['create_seconds']} s | "
                 f"{probe['count']} x {probe['device_class']} ({'fits' if explained['fits'] else 'fits nowhere'}) | "
-                f"{explained['best_seconds']:.2f} s (start-up {explained['start_up_seconds']:.2f} s) | "
+                f"{explained['best_seconds']:.2f} s (start-up {explained['start_up_seconds']:.2f} s; reading the "
+                f"slices {explained['in_process']['read_slices_seconds']:.2f} s, allocator "
+                f"{explained['in_process']['allocator_seconds']:.2f} s) | "
                 f"{scheduled['attempt']['seconds']:.3f} s | "
                 f"{scheduled['sli']['seconds']:.3f} s |"
             )

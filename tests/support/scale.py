@@ -28,6 +28,9 @@ from urllib.parse import urlencode
 
 import urllib3
 
+from dradriver.cli.explain_cluster import KubernetesReader
+from dradriver.cli.explain_input import Document
+from dradriver.cli.explain_outcome import explain_document
 from support import required
 from support.cluster_pods import kubectl
 from support.control_plane import Component, ControlPlane, binaries_dir, missing_binaries
@@ -374,7 +377,29 @@ def time_explain(plane: ControlPlane, probe: Probe, *, runs: int = 3) -> dict[st
         answer = json.loads(done.stdout)
     (claim,) = answer["claims"]
     return {"seconds": seconds, "best_seconds": min(seconds), "exit": code, "fits": claim["fits"],
-            "node": claim.get("node"), "start_up_seconds": start_up_seconds(runs)}  # fmt: skip
+            "node": claim.get("node"), "start_up_seconds": start_up_seconds(runs),
+            "in_process": explain_parts(plane, probe)}  # fmt: skip
+
+
+def explain_parts(plane: ControlPlane, probe: Probe) -> dict[str, Any]:
+    """Where explain's time goes, in this process: reading every ResourceSlice (paginated, as `explain --pod` reads
+    them), then the allocator over them for the probe's claim, twice (the first also builds the CEL parser)."""
+    reader = KubernetesReader(str(plane.kubeconfig), None)
+    try:
+        started = time.monotonic()
+        slices = reader.list_resource_slices()
+        read = time.monotonic() - started
+        classes, claim = reader.list_device_classes(), reader.get_claim(NAMESPACE, probe.name)
+    finally:
+        reader.close()
+    assert claim is not None
+    allocator = []
+    for _ in range(2):
+        started = time.monotonic()
+        explain_document(Document(claim, "probe"), slices=slices, classes=classes, allocated=[], node=None)
+        allocator.append(time.monotonic() - started)
+    return {"slices": len(slices), "read_slices_seconds": read, "allocator_first_seconds": allocator[0],
+            "allocator_seconds": allocator[1]}  # fmt: skip
 
 
 def start_up_seconds(runs: int = 3) -> float:
