@@ -145,6 +145,15 @@ def test_daemons_left_from_driver_managed_stay_while_a_node_uses_them_then_go(re
     assert "stays until" not in _condition(rest, "Ready")["message"]
 
 
+def test_a_labelled_node_without_a_daemonset_left_holds_nothing_back(rest: FakeRest) -> None:
+    _domain(rest)
+    _driver_managed_leftovers(rest)
+    rest.delete(DAEMONSET)
+    _controller(rest).sync()
+    assert not rest.find(DAEMON_TEMPLATE) and not rest.find(CLIQUE)
+    assert "stays until" not in _condition(rest, "Ready")["message"]
+
+
 def test_a_daemonset_of_that_name_not_made_for_the_domain_is_never_deleted(rest: FakeRest) -> None:
     rest.put(DAEMONSET, {"kind": "DaemonSet", "metadata": {"name": f"computedomain-daemon-{UID}", "namespace": NS}})
     _domain(rest)

@@ -208,7 +208,8 @@ class Controller:
                 self._workload_template(domain),
                 uid,
             )
-        busy = sorted(n["metadata"]["name"] for n in snap.nodes if _labels(n).get(api.DOMAIN_LABEL) == uid)
+        left = api.daemon_object_name(uid) in snap.daemonsets
+        busy = sorted(n["metadata"]["name"] for n in snap.nodes if left and _labels(n).get(api.DOMAIN_LABEL) == uid)
         if busy:
             log.info("daemons left from driverManaged kept while nodes use them domain=%s nodes=%s", uid, busy)
         else:
