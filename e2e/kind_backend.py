@@ -79,6 +79,8 @@ def node_image() -> str:
     if os.environ.get("KIND_NODE_IMAGE"):
         return os.environ["KIND_NODE_IMAGE"]
     if built_kind() is None:
+        if required.demanding():  # scripts/test built it: a failed build fails here, not as a failed pull
+            required.need("scripts/build-kind's node image", "the kind e2e suite runs on it", "run scripts/build-kind")
         return PUBLIC_NODE_IMAGE
     # Run again: a built image missing from the engine's store (pruned, another engine) is imported.
     built = run_logged([str(ROOT / "scripts/build-kind")], timeout=3600).strip()
