@@ -51,7 +51,7 @@ class Collection:
     """A collection with resourceVersions, pages and watches; history older than ``compacted`` is gone (410)."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # a test may write several times under it: no watch sees one write alone
         self.objects: dict[str, dict[str, Any]] = {}
         self.version = 0
         self.history: list[tuple[int, WatchEvent]] = []
@@ -59,6 +59,7 @@ class Collection:
         self.watchers: list[queue.Queue[WatchEvent | None]] = []
         self.pages = 0
         self.watches = 0
+        self.timeouts: list[int] = []  # each watch's timeout_seconds
 
     def write(self, name: str, value: int | None) -> None:
         """Create or change (``value``) or delete (None) object ``name``, telling the watches."""
@@ -98,6 +99,7 @@ class Collection:
     def watch(self, *, resource_version: str, timeout_seconds: int) -> _Stream:
         with self.lock:
             self.watches += 1
+            self.timeouts.append(timeout_seconds)
             since = int(resource_version)
             if since < self.compacted:
                 raise WatchExpiredError("too old", status=410)
@@ -114,8 +116,10 @@ class Collection:
 def running() -> Iterator[Callable[[Collection], tuple[Informer, list[tuple[str, str]]]]]:
     stops: list[tuple[threading.Event, Informer, threading.Thread]] = []
 
-    def start(collection: Collection, page_size: int = 2) -> tuple[Informer, list[tuple[str, str]]]:
-        informer = Informer(collection, name="things", page_size=page_size)
+    def start(
+        collection: Collection, page_size: int = 2, watch_timeout: int = 300
+    ) -> tuple[Informer, list[tuple[str, str]]]:
+        informer = Informer(collection, name="things", page_size=page_size, watch_timeout=watch_timeout)
         seen: list[tuple[str, str]] = []
 
         def handler(old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
@@ -174,10 +178,11 @@ def test_a_change_missed_while_the_watch_was_too_old_is_repaired_by_the_relist(r
     with things.lock:  # the watch breaks, and the server forgets the history meanwhile (410 Gone)
         things.watchers[0].put(None)
         things.watchers.clear()
-    things.write("a", 2)
-    things.write("b", None)
-    things.write("d", 1)
-    things.break_watches(compact=True)
+        # Under the same lock: the re-watch cannot start before the compaction and replay these writes.
+        things.write("a", 2)
+        things.write("b", None)
+        things.write("d", 1)
+        things.break_watches(compact=True)
     _wait("the relist's difference", lambda: len(seen) == 6)
     assert sorted(seen[3:]) == [("added", "d"), ("changed", "a"), ("deleted", "b")]
     assert informer.lists == 2
@@ -198,6 +203,52 @@ def test_a_failing_list_is_retried(running: Any, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(things, "list_page", flaky)
     informer, seen = running(things)
     assert seen == [("added", "a")] and informer.lists == 1
+
+
+def test_a_watch_always_too_old_is_listed_again_with_backoff(running: Any) -> None:
+    things = Collection()
+    things.write("a", 1)
+    things.compacted = 10**9  # every watch is refused (410 Gone)
+    started = time.monotonic()
+    informer, _ = running(things)
+    _wait("three lists", lambda: informer.lists >= 3)
+    assert time.monotonic() - started >= 0.2 + 0.4  # backed off before the second list and the third
+
+
+def test_a_watch_that_ends_at_once_is_opened_again_from_where_it_was_without_a_list(
+    running: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    things = Collection()
+    things.write("a", 1)
+    real = things.watch
+    quiet = iter([True, True])
+
+    def ends_at_once(**kwargs: Any) -> Any:
+        if next(quiet, False):
+            with things.lock:
+                things.watches += 1
+            ended: queue.Queue[WatchEvent | None] = queue.Queue()
+            ended.put(None)
+            return _Stream(ended)  # nothing said, and ended at once
+        return real(**kwargs)
+
+    monkeypatch.setattr(things, "watch", ends_at_once)
+    informer, seen = running(things)
+    _wait("a watch that stays", lambda: things.watchers)
+    things.write("a", 2)
+    _wait("the change", lambda: ("changed", "a") in seen)
+    assert informer.lists == 1 and things.watches == 3
+
+
+def test_each_watch_asks_for_a_timeout_between_once_and_twice_the_setting(running: Any) -> None:
+    things = Collection()
+    running(things, watch_timeout=300)
+    for _ in range(5):
+        _wait("a watch", lambda: things.watchers)
+        things.break_watches(compact=False)
+    _wait("the watches", lambda: len(things.timeouts) >= 5)
+    assert all(300 <= t <= 600 for t in things.timeouts), things.timeouts
+    assert len(set(things.timeouts)) > 1  # spread: the watches of many informers do not end together
 
 
 def test_the_store_indexes_objects_and_keys_namespaced_ones_by_namespace() -> None:

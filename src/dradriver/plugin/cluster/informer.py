@@ -3,8 +3,11 @@
 As client-go's reflector and store promise: the first list is paginated (``limit``/``continue``) and the watch
 starts from the list's resourceVersion with bookmarks on, so an idle cluster costs an open watch and nothing else.
 A watch the server ends (its timeout, a dropped connection) is opened again from the last resourceVersion seen;
-a watch the server refuses as too old (410 Gone) or that fails is followed by a new list, whose difference with
-the cache is delivered as events, so an object deleted while no watch ran is still reported deleted.
+one that ends at once with nothing said is opened again from there too, after a backoff. A watch the server
+refuses as too old (410 Gone) or that fails is followed, after a backoff, by a new list, whose difference with
+the cache is delivered as events, so an object deleted while no watch ran is still reported deleted. Each watch
+asks the server to end it after between ``watch_timeout`` and twice that (at random, as client-go does), so the
+watches of many informers and replicas do not all end together.
 
 Generic: the resource comes in as a :class:`ListWatch` (a path and a label selector, say), and objects stay JSON.
 """
@@ -12,6 +15,7 @@ Generic: the resource comes in as a :class:`ListWatch` (a path and a label selec
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -30,6 +34,10 @@ PAGE_SIZE = 500
 WATCH_TIMEOUT_SECONDS = 300
 # A failing list or watch is retried after this, doubling up to the cap (client-go's reflector backs off too).
 RETRY_INITIAL, RETRY_CAP = 0.2, 30.0
+
+
+class _EndedAtOnce(ClusterError):
+    """A watch ended at once with nothing said (a server refusing quietly): watched again from where it was, later."""
 
 
 class ListWatch(Protocol):
@@ -181,8 +189,17 @@ class Informer:
                 version = self._watch(version)
                 delay = RETRY_INITIAL
             except WatchExpiredError as err:
-                log.info("watch too old, listing again informer=%s error=%s", self.name, err)
+                # Backed off too: a server whose history is always too short must not get a list per round trip.
+                log.info("watch too old, listing again informer=%s retry_in=%.1fs error=%s", self.name, delay, err)
                 version = ""
+                stop.wait(delay)
+                delay = min(delay * 2, RETRY_CAP)
+            except _EndedAtOnce as err:
+                log.warning(
+                    "watch ended at once, watching again informer=%s retry_in=%.1fs error=%s", self.name, delay, err
+                )
+                stop.wait(delay)  # from the same resourceVersion: the cache is still right, no list needed
+                delay = min(delay * 2, RETRY_CAP)
             except ClusterError as err:
                 log.warning("list or watch failed informer=%s retry_in=%.1fs error=%s", self.name, delay, err)
                 version = ""  # whatever was missed meanwhile, the next list finds
@@ -227,7 +244,8 @@ class Informer:
     def _watch(self, version: str) -> str:
         """Apply one watch's events; the resourceVersion to watch from next."""
         started = self._clock()
-        stream = self.source.watch(resource_version=version, timeout_seconds=self._watch_timeout)
+        timeout = random.randint(self._watch_timeout, 2 * self._watch_timeout)  # a spread, not a secret
+        stream = self.source.watch(resource_version=version, timeout_seconds=timeout)
         with self._lock:
             self._stream = stream
         events = 0
@@ -250,7 +268,7 @@ class Informer:
             self.close()
         if not events and self._clock() - started < 1.0 and not self._stop.is_set():
             # Ended at once with nothing said (a server refusing quietly): not a loop of empty watches.
-            raise ClusterError(f"the watch of {self.name} ended at once")
+            raise _EndedAtOnce(f"the watch of {self.name} ended at once")
         return version
 
     def _deliver(self, old: JsonObject | None, new: JsonObject | None) -> None:
