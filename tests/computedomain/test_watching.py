@@ -19,6 +19,7 @@ from dradriver.computedomain.watching import WatchingController
 NS = "dradriver"
 DEADLINE = 15.0
 RECONCILES = "dradriver_computedomain_reconciles_total"
+UNSYNCED = "dradriver_computedomain_informer_unsynced"
 
 
 def _wait(what: str, condition: Callable[[], Any]) -> None:
@@ -72,10 +73,10 @@ def _ready(rest: FakeRest, name: str) -> bool:
 class Running:
     """A WatchingController in a thread; ``leading`` can be switched."""
 
-    def __init__(self, rest: FakeRest, *, resync: float = 600.0) -> None:
+    def __init__(self, rest: FakeRest, *, resync: float = 600.0, **options: Any) -> None:
         self.rest = rest
         self.controller = Controller(rest, ControllerSettings(namespace=NS, image="dradriver:test"))  # type: ignore[arg-type]
-        self.watching = WatchingController(self.controller, rest, resync=resync)
+        self.watching = WatchingController(self.controller, rest, resync=resync, **options)
         self.leading = threading.Event()
         self.leading.set()
         self.stop = threading.Event()
@@ -349,3 +350,28 @@ def test_a_new_term_waits_for_the_last_terms_worker_so_no_key_is_worked_on_twice
     release.set()
     _wait("the domain reconciled by the new term", second.is_set)
     assert not overlaps
+
+
+def test_caches_that_never_sync_fail_livez_and_readyz_and_say_which(
+    rest: FakeRest, start: Callable[..., Running], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from dradriver.plugin.cluster.port import ForbiddenError
+
+    real = rest.list_page
+
+    def refused(path: str, **options: Any) -> Any:
+        if path.endswith("/computedomaincliques"):  # the controller's RBAC lacks it, say
+            raise ForbiddenError(f"GET {path}: HTTP 403: forbidden", status=403)
+        return real(path, **options)
+
+    monkeypatch.setattr(rest, "list_page", refused)
+    running = start(sync_timeout=0.3)
+    _wait("livez to fail", lambda: not running.watching.alive()[0])
+    ok, detail = running.watching.ready()
+    assert not ok and "cliques" in detail["reason"]
+    _wait("the metric", lambda: REGISTRY.get_sample_value(UNSYNCED, {"informer": "cliques"}) == 1)
+    assert REGISTRY.get_sample_value(UNSYNCED, {"informer": "pods"}) == 0
+    _wait("the log", lambda: "caches not synced" in caplog.text)
+    monkeypatch.setattr(rest, "list_page", real)  # the RBAC fixed
+    _wait("livez and readyz to pass", lambda: running.watching.alive()[0] and running.watching.ready()[0])
+    assert REGISTRY.get_sample_value(UNSYNCED, {"informer": "cliques"}) is None

@@ -146,6 +146,24 @@ def _add_election_flags(parser: argparse.ArgumentParser) -> None:
         type=positive_seconds,
         help="seconds between reconciles of every domain from the caches (with --watch true)",
     )
+    add_env_option(
+        parser,
+        "--sync-timeout",
+        env="DRADRIVER_CD_SYNC_TIMEOUT",
+        default=120.0,
+        type=positive_seconds,
+        help="seconds a new leader's caches may take to list everything before /livez and /readyz fail (with "
+        "--watch true; a list refused for RBAC or a missing CRD never ends)",
+    )
+    add_env_option(
+        parser,
+        "--watch-timeout",
+        env="DRADRIVER_CD_WATCH_TIMEOUT",
+        default=300,
+        type=positive_int,
+        help="each watch is asked to end after between this many seconds and twice as many (at random, so the "
+        "caches' watches do not end together); then opened again from where it was, with no list",
+    )
 
 
 def daemon_env(text: str) -> tuple[dict[str, Any], ...]:
@@ -182,6 +200,12 @@ def controller_settings(args: argparse.Namespace) -> ControllerSettings:
     )
 
 
+def _readiness(elector: LeaderElector, watching: WatchingController | None) -> tuple[bool, dict[str, Any]]:
+    """Ready (a standby too: nothing is sent to it) unless, leading, its caches never synced."""
+    ready, detail = watching.ready() if watching is not None else (True, {})
+    return ready, {"leading": elector.leading.is_set(), **detail}
+
+
 def run(args: argparse.Namespace) -> int:
     LogOptions.from_args(args).configure()
     # Every input checked before a port is bound: its own flags, then the kubeconfig, then the port (probed last).
@@ -199,14 +223,24 @@ def run(args: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     controller = Controller(rest, settings)
-    watching = WatchingController(controller, rest, resync=args.resync) if args.watch == "true" else None
+    watching = (
+        WatchingController(
+            controller,
+            rest,
+            resync=args.resync,
+            sync_timeout=args.sync_timeout,
+            watch_timeout=args.watch_timeout,
+        )
+        if args.watch == "true"
+        else None
+    )
     server = None
     collectors = (ApiWrites(rest.writes_so_far), ApiReads(rest.reads_so_far))
     if serving.address:
         # Ready as soon as it runs (a standby replica too: nothing is sent to it); alive while no pass is stuck.
         server = StatusServer(
             serving.address,
-            readiness=lambda: (True, {"leading": elector.leading.is_set()}),
+            readiness=lambda: _readiness(elector, watching),
             liveness=watching.alive if watching is not None else controller.alive,
         )
         for collector in collectors:

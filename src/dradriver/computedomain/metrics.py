@@ -31,6 +31,12 @@ RECONCILE_ERRORS = Counter(
     "ComputeDomains a pass could not converge or delete, by operation (the log names the domain and the cause)",
     ["operation"],
 )
+INFORMER_UNSYNCED = Gauge(
+    "dradriver_computedomain_informer_unsynced",
+    "1 while an informer of the leader has not synced its cache within --sync-timeout of the term's start (its "
+    "list fails: the log says why); nothing is reconciled meanwhile",
+    ["informer"],
+)
 RECONCILES = Counter(
     "dradriver_computedomain_reconciles_total",
     "Reconciles of one domain from the informers' caches, by outcome (retry: tried again with backoff)",

@@ -20,7 +20,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dradriver.computedomain import api, metrics
@@ -33,6 +33,9 @@ from dradriver.plugin.cluster.workqueue import WorkQueue
 log = logging.getLogger(__name__)
 
 RESYNC_SECONDS = 600.0
+# Caches whose first list has not succeeded this long after a term began (refused by RBAC, a CRD missing): the
+# controller does nothing, so /livez and /readyz fail and the log and a metric say which.
+SYNC_TIMEOUT_SECONDS = 120.0
 # How long the end of a term waits for its threads before going on (a standby's wait, a clean stop's).
 END_DEADLINE = 10.0
 WORKERS = 2
@@ -69,6 +72,8 @@ class _Session:
     informers: dict[str, Informer]
     queue: WorkQueue[str]
     threads: list[threading.Thread]
+    started: float = field(default_factory=time.monotonic)
+    warned_unsynced: bool = False
 
 
 class WatchingController:
@@ -82,8 +87,10 @@ class WatchingController:
         resync: float = RESYNC_SECONDS,
         workers: int = WORKERS,
         watch_timeout: int = 300,
+        sync_timeout: float = SYNC_TIMEOUT_SECONDS,
     ) -> None:
         self.controller = controller
+        self.sync_timeout = sync_timeout
         self.client = client
         self.resync = resync
         self.workers = workers
@@ -260,6 +267,7 @@ class WatchingController:
         self._leftover = [t for t in session.threads if t.is_alive() and t.name.startswith("worker-")]
         self.session = None
         metrics.forget_domains()
+        metrics.INFORMER_UNSYNCED.clear()
 
     def _synced(self, session: _Session) -> bool:
         return all(i.synced.is_set() for i in session.informers.values())
@@ -304,7 +312,10 @@ class WatchingController:
         walked_at: float | None = None
         counted = -1
         while not stop.is_set() and leading():
+            if walked_at is None:
+                self._report_unsynced(session)
             if walked_at is None and self._synced(session):
+                metrics.INFORMER_UNSYNCED.clear()  # synced, however late
                 self._start_workers(session, leading)
                 self._walk(session)  # the first lists queued every domain already; the pass is counted here
                 walked_at = time.monotonic()
@@ -317,8 +328,41 @@ class WatchingController:
                 metrics.record_domains(domains.objects())
             stop.wait(poll)
 
+    def unsynced(self) -> list[str]:
+        """The informers of this term whose first list has not succeeded ``sync_timeout`` seconds after it began
+        (none while not leading, or still within that time)."""
+        session = self.session
+        if session is None or time.monotonic() - session.started <= self.sync_timeout:
+            return []
+        return sorted(name for name, informer in session.informers.items() if not informer.synced.is_set())
+
+    def _report_unsynced(self, session: _Session) -> None:
+        """Log (once a term) and count the informers :meth:`unsynced` names."""
+        names = self.unsynced()
+        for name in session.informers:
+            metrics.INFORMER_UNSYNCED.labels(name).set(1 if name in names else 0)
+        if names and not session.warned_unsynced:
+            session.warned_unsynced = True
+            log.error(
+                "caches not synced after %.0f s, nothing is reconciled informers=%s (their list fails: see the "
+                "warnings above; a 403 needs the controller's RBAC, a 404 the ComputeDomain CRDs installed)",
+                self.sync_timeout,
+                ",".join(names),
+            )
+
+    def ready(self) -> tuple[bool, dict[str, Any]]:
+        """For /readyz: false while :meth:`unsynced` names an informer."""
+        names = self.unsynced()
+        if names:
+            return False, {"failedCheck": "caches", "reason": f"caches not synced: {', '.join(names)}"}
+        return True, {}
+
     def alive(self) -> tuple[bool, dict[str, Any]]:
-        """For /livez: no reconcile has made no progress for :data:`STUCK_AFTER_SECONDS`."""
+        """For /livez: no reconcile has made no progress for :data:`STUCK_AFTER_SECONDS`, and every cache
+        synced within ``sync_timeout`` of the term's start (a restart may cure a refusal: new RBAC, a CRD)."""
+        ready, detail = self.ready()
+        if not ready:
+            return ready, detail
         with self._busy_lock:
             oldest = min(self._busy.values(), default=None)
         if oldest is not None and (idle := time.monotonic() - oldest) > STUCK_AFTER_SECONDS:
