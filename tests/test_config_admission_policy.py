@@ -37,12 +37,13 @@ MPS_FIELDS = "sharing.mps allows"
 PERCENTAGE = "defaultActiveThreadPercentage must be an integer"
 MEMORY = "MPS memory limits"
 MODE_WITH_SHARING = "computeMode must be ExclusiveProcess (or unset)"
+IOMMU = "iommu allows"
 
 # The validations each entry of BAD must trip, in BAD's order: the rule its error names, so that a config denied
 # for another reason (a rule written wrong, or a typo in the table) does not pass as refused.
 RULES: list[tuple[str, ...]] = [
     (API_KIND,),  # an apiVersion of neither
-    (API_KIND,),  # VfioDeviceConfig in ours
+    (IOMMU,),  # VfioDeviceConfig in ours, IommuFDOnly
     (FIELDS,),
     (STRATEGY,),  # SpacePartitioning
     (STRATEGY,),  # missing
@@ -78,7 +79,7 @@ RULES: list[tuple[str, ...]] = [
     (FIELDS,),  # metadata
     (STRATEGY,),  # timeSlicingConfig on a MigDeviceConfig
     (CHOSEN_ONLY,),
-    (API_KIND, FIELDS),  # VfioDeviceConfig and its iommu
+    (IOMMU,),  # VfioDeviceConfig, iommu.devices
     (API_KIND, FIELDS),  # ComputeDomainChannelConfig and its domainID
     (API_KIND, FIELDS),  # ComputeDomainDaemonConfig and its domainID
     (API_KIND,),  # MpsConfig

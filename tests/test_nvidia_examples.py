@@ -113,14 +113,18 @@ def test_explain_with_the_preset_reports_an_nvidia_config_prepare_would_refuse(
         {
             "opaque": {
                 "driver": "gpu.nvidia.com",
-                "parameters": {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig"},
+                "parameters": {
+                    "apiVersion": "resource.nvidia.com/v1beta1",
+                    "kind": "VfioDeviceConfig",
+                    "iommu": {"backendPolicy": "IommuFDOnly"},
+                },
             }
         }
     ]
     path = tmp_path / "vfio.yaml"
     path.write_text(yaml.safe_dump(claim))
     assert main(["explain", "--compat", "nvidia", "--sim-profile", "mixed", str(path)]) == 2
-    assert "VfioDeviceConfig of resource.nvidia.com/v1beta1 is for GPU passthrough" in capsys.readouterr().err
+    assert "iommu.backendPolicy: 'IommuFDOnly' is not allowed" in capsys.readouterr().err
 
 
 class Driver:

@@ -73,6 +73,15 @@ GOOD: list[dict[str, Any]] = [
     nv_mig(),
     nv_mig(sharing={"strategy": "TimeSlicing"}),  # accepted, and sets nothing, as in NVIDIA's driver
     nv_mig(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 20, "multiUser": False}}),
+    # Passthrough devices' VfioDeviceConfig, ours and NVIDIA's (its gpu-test-vfio-config.yaml).
+    {"apiVersion": API, "kind": "VfioDeviceConfig"},
+    {"apiVersion": API, "kind": "VfioDeviceConfig", "iommu": {"backendPolicy": "PreferIommuFD"}},
+    {"apiVersion": NVIDIA, "kind": "VfioDeviceConfig"},
+    {
+        "apiVersion": NVIDIA,
+        "kind": "VfioDeviceConfig",
+        "iommu": {"backendPolicy": "LegacyOnly", "enableAPIDevice": True},
+    },
 ]
 
 BAD: list[tuple[dict[str, Any], str]] = [
@@ -82,8 +91,8 @@ BAD: list[tuple[dict[str, Any], str]] = [
         "(or NVIDIA's resource.nvidia.com/v1beta1)",
     ),
     (
-        {"apiVersion": API, "kind": "VfioDeviceConfig"},
-        "kind: 'VfioDeviceConfig' is not a kind of gpu.dradriver.dev/v1alpha1; allowed: GpuConfig, MigDeviceConfig",
+        {"apiVersion": API, "kind": "VfioDeviceConfig", "iommu": {"backendPolicy": "IommuFDOnly"}},
+        "VfioDeviceConfig: iommu.backendPolicy: 'IommuFDOnly' is not allowed; allowed: 'LegacyOnly' or 'PreferIommuFD'",
     ),
     (gpu(bogus=1), "GpuConfig: bogus: unknown field; allowed fields here: apiVersion, kind, sharing, computeMode"),
     (
@@ -189,9 +198,8 @@ BAD: list[tuple[dict[str, Any], str]] = [
         "sharing: mpsConfig is set but strategy is TimeSlicing",
     ),
     (
-        {"apiVersion": NVIDIA, "kind": "VfioDeviceConfig", "iommu": {"backendPolicy": "LegacyOnly"}},
-        "kind: VfioDeviceConfig of resource.nvidia.com/v1beta1 is for GPU passthrough to virtual machines (vfio-pci), "
-        "which this driver does not implement",
+        {"apiVersion": NVIDIA, "kind": "VfioDeviceConfig", "iommu": {"backendPolicy": "LegacyOnly", "devices": 1}},
+        "iommu.devices: unknown field; allowed fields here: backendPolicy, enableAPIDevice",
     ),
     (
         {"apiVersion": NVIDIA, "kind": "ComputeDomainChannelConfig", "domainID": "x"},

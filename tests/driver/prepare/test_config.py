@@ -15,6 +15,7 @@ from dradriver.driver.prepare.config import (
     DeviceTarget,
     GpuConfig,
     MigDeviceConfig,
+    VfioDeviceConfig,
     decode_config,
     resolve_configs,
     schema_text,
@@ -28,7 +29,8 @@ SCHEMA = Path(__file__).parents[3] / "api" / "config" / "gpu.dradriver.dev_v1alp
 @pytest.mark.parametrize("config", GOOD)
 def test_good_configs_decode(config: dict[str, Any]) -> None:
     decoded = decode_config(config)
-    assert isinstance(decoded, GpuConfig if config["kind"] == "GpuConfig" else MigDeviceConfig)
+    assert type(decoded).__name__ == config["kind"]
+    assert isinstance(decoded, GpuConfig | MigDeviceConfig | VfioDeviceConfig)
 
 
 @pytest.mark.parametrize(("config", "message"), BAD)
@@ -219,3 +221,38 @@ def test_every_config_in_the_examples_decodes() -> None:
     assert len(configs) >= 3
     for config in configs:
         decode_config(config)
+
+
+VFIO = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig", "iommu": {"enableAPIDevice": True}}
+PASSTHROUGH = DeviceTarget("gpu-0000-1b-00-0-vfio", ("vm",), "vfio")
+WHOLE = DeviceTarget("gpu-0000-29-00-0", ("gpu",), "gpu")
+
+
+def test_a_vfio_device_config_applies_to_passthrough_devices_only() -> None:
+    resolved = resolve_configs("c", [ConfigSource("FromClaim", (), VFIO)], [PASSTHROUGH, WHOLE])
+    assert set(resolved) == {PASSTHROUGH.name}
+    assert isinstance(resolved[PASSTHROUGH.name], VfioDeviceConfig)
+
+
+def test_a_vfio_device_config_naming_a_gpu_request_is_refused_saying_why() -> None:
+    with pytest.raises(ClaimError) as caught:
+        resolve_configs("c", [ConfigSource("FromClaim", ("vm", "gpu"), VFIO)], [PASSTHROUGH, WHOLE])
+    assert (
+        "is a VfioDeviceConfig for requests vm, gpu, but device gpu-0000-29-00-0 is a whole GPU; use kind GpuConfig "
+        "for it (VfioDeviceConfig is for passthrough devices only)"
+    ) in str(caught.value)
+
+
+def test_a_gpu_config_naming_a_passthrough_request_is_refused() -> None:
+    with pytest.raises(ClaimError) as caught:
+        resolve_configs("c", [ConfigSource("FromClaim", ("vm",), gpu())], [PASSTHROUGH])
+    assert "device gpu-0000-1b-00-0-vfio is a passthrough GPU; use kind VfioDeviceConfig for it" in str(caught.value)
+
+
+def test_a_vfio_device_config_for_every_request_of_a_claim_without_passthrough_devices_is_refused() -> None:
+    with pytest.raises(ClaimError) as caught:
+        resolve_configs("c", [ConfigSource("FromClaim", (), VFIO)], [WHOLE, MIG0])
+    assert (
+        "is a VfioDeviceConfig, which is for passthrough devices only, but device gpu-0000-29-00-0 is a whole GPU"
+        in (str(caught.value))
+    )

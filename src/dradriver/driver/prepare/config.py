@@ -1,5 +1,6 @@
-"""The opaque configuration API ``gpu.dradriver.dev/v1alpha1``: ``GpuConfig`` and ``MigDeviceConfig``; NVIDIA's
-``resource.nvidia.com/v1beta1`` of the same two kinds is accepted too and converted to ours.
+"""The opaque configuration API ``gpu.dradriver.dev/v1alpha1``: ``GpuConfig``, ``MigDeviceConfig`` and
+``VfioDeviceConfig`` (passthrough devices); NVIDIA's ``resource.nvidia.com/v1beta1`` of the same three kinds is
+accepted too and converted to ours.
 
 Decoding is strict: an unknown field, a wrong type or a value out of range is a :class:`ConfigError` naming the
 field path and what is allowed. Field names are NVIDIA's where the meaning is the same; ``timeSlicing``/``mps``
@@ -8,7 +9,7 @@ are ours and NVIDIA's ``timeSlicingConfig``/``mpsConfig`` are accepted too.
 NVIDIA's version is decoded by the same models after its own rules are checked (:func:`_nvidia_problems`): only
 NVIDIA's field names, no ``computeMode``, and on a MIG device strategy TimeSlicing is accepted and means what it
 means in NVIDIA's driver: nothing to set (a MIG device has its own scheduler), so it converts to no sharing. The
-kinds of that version this driver does not implement (VFIO passthrough, ComputeDomains) are refused saying so.
+kinds of that version this driver does not implement (ComputeDomains) are refused saying so.
 docs/nvidia-compatibility.md maps every NVIDIA field to ours.
 
 Resolution (:func:`resolve_configs`) follows the API's order: class configs, then claim configs; an entry that
@@ -41,6 +42,7 @@ NVIDIA_API_VERSION = "resource.nvidia.com/v1beta1"
 API_VERSIONS = (API_VERSION, NVIDIA_API_VERSION)
 GPU_CONFIG = "GpuConfig"
 MIG_DEVICE_CONFIG = "MigDeviceConfig"
+VFIO_DEVICE_CONFIG = "VfioDeviceConfig"
 MIB = 1024 * 1024
 MAX_LIMIT = 1024**6  # 1Ei: a bound far above any GPU's memory, so a limit always fits MPS's MiB argument
 
@@ -58,7 +60,6 @@ TIME_SLICING_ON_MIG = (
 
 #: Kinds of NVIDIA's version this driver does not implement, and what they are for.
 NVIDIA_UNSUPPORTED_KINDS: dict[str, str] = {
-    "VfioDeviceConfig": "GPU passthrough to virtual machines (vfio-pci)",
     "ComputeDomainChannelConfig": "ComputeDomain IMEX channels (multi-node NVLink)",
     "ComputeDomainDaemonConfig": "ComputeDomain IMEX daemons (multi-node NVLink)",
     "ComputeDomain": "ComputeDomains (a custom resource, not a device config)",
@@ -187,8 +188,35 @@ class MigDeviceConfig(_Strict):
     sharing: MigSharing | None = None
 
 
-AnyConfig = GpuConfig | MigDeviceConfig
-_KINDS: dict[str, type[GpuConfig] | type[MigDeviceConfig]] = {GPU_CONFIG: GpuConfig, MIG_DEVICE_CONFIG: MigDeviceConfig}
+class IommuConfig(_Strict):
+    """NVIDIA's IOMMU settings of a passthrough device. Every claim gets the legacy backend (the group's node and
+    ``/dev/vfio/vfio``): IOMMUFD is not offered, so ``PreferIommuFD`` falls back to it, as NVIDIA's does on a host
+    without ``/dev/iommu``, and the API device is always given (what KubeVirt needs)."""
+
+    backend_policy: Literal["LegacyOnly", "PreferIommuFD"] = Field(default="LegacyOnly", alias="backendPolicy")
+    enable_api_device: bool | None = Field(default=None, alias="enableAPIDevice")
+
+
+class VfioDeviceConfig(_Strict):
+    """Settings of a passthrough device (``--passthrough``): its IOMMU backend."""
+
+    api_version: Literal["gpu.dradriver.dev/v1alpha1"] = Field(alias="apiVersion")
+    kind: Literal["VfioDeviceConfig"]
+    iommu: IommuConfig | None = None
+
+
+AnyConfig = GpuConfig | MigDeviceConfig | VfioDeviceConfig
+_KINDS: dict[str, type[GpuConfig] | type[MigDeviceConfig] | type[VfioDeviceConfig]] = {
+    GPU_CONFIG: GpuConfig,
+    MIG_DEVICE_CONFIG: MigDeviceConfig,
+    VFIO_DEVICE_CONFIG: VfioDeviceConfig,
+}
+#: The config kind of each device kind, and what a device of that kind is called in errors.
+_KIND_OF_DEVICE = {
+    "gpu": (GPU_CONFIG, "whole GPU"),
+    "mig": (MIG_DEVICE_CONFIG, "MIG partition"),
+    "vfio": (VFIO_DEVICE_CONFIG, "passthrough GPU"),
+}
 
 
 def decode_config(parameters: Mapping[str, Any]) -> AnyConfig:
@@ -229,6 +257,7 @@ _NVIDIA_FIELDS: dict[tuple[str, str], tuple[str, ...]] = {
     (GPU_CONFIG, ""): ("apiVersion", "kind", "sharing"),
     (GPU_CONFIG, "sharing"): ("strategy", "timeSlicingConfig", "mpsConfig"),
     (MIG_DEVICE_CONFIG, "sharing"): ("strategy", "mpsConfig"),
+    (VFIO_DEVICE_CONFIG, ""): ("apiVersion", "kind", "iommu"),
 }
 
 
@@ -336,7 +365,7 @@ class DeviceTarget:
 
     name: str
     requests: tuple[str, ...]
-    kind: str  # "gpu" or "mig"
+    kind: str  # "gpu", "mig" or "vfio" (a passthrough device)
 
 
 def resolve_configs(
@@ -351,6 +380,7 @@ def resolve_configs(
             decoded.append((where, entry, decode_config(entry.parameters)))
         except ConfigError as err:
             raise ClaimError(f"claim {claim}: {where}: {err}") from None
+    _refuse_vfio_configs_without_passthrough(claim, decoded, devices)
     effective: dict[str, AnyConfig] = {}
     for device in devices:
         merged: dict[str, Any] | None = None
@@ -358,13 +388,17 @@ def resolve_configs(
         for where, entry, config in decoded:
             if entry.requests and not any(_serves(device.requests, r) for r in entry.requests):
                 continue
-            wanted = GPU_CONFIG if device.kind == "gpu" else MIG_DEVICE_CONFIG
+            wanted, called = _KIND_OF_DEVICE[device.kind]
             if config.kind != wanted:
                 if entry.requests:
                     raise ClaimError(
                         f"claim {claim}: {where} is a {config.kind} for requests {', '.join(entry.requests)}, but "
-                        f"device {device.name} is a {'whole GPU' if device.kind == 'gpu' else 'MIG partition'}; "
-                        f"use kind {wanted} for it"
+                        f"device {device.name} is a {called}; use kind {wanted} for it"
+                        + (
+                            f" ({VFIO_DEVICE_CONFIG} is for passthrough devices only)"
+                            if config.kind == VFIO_DEVICE_CONFIG
+                            else ""
+                        )
                     )
                 continue  # an entry for every request configures the devices of its own kind
             data = config.model_dump(by_alias=True, exclude_unset=True)
@@ -388,6 +422,25 @@ def resolve_configs(
     return effective
 
 
+def _refuse_vfio_configs_without_passthrough(
+    claim: str, decoded: Sequence[tuple[str, ConfigSource, AnyConfig]], devices: Sequence[DeviceTarget]
+) -> None:
+    """A VfioDeviceConfig that applies to devices of the claim none of which is a passthrough device is refused:
+    the claim asked for a VM's GPU and got something else (the scheduler writes an entry naming every request
+    without requests, so the per-kind check of :func:`resolve_configs` would pass it over silently)."""
+    for where, entry, config in decoded:
+        if config.kind != VFIO_DEVICE_CONFIG:
+            continue
+        served = [d for d in devices if not entry.requests or any(_serves(d.requests, r) for r in entry.requests)]
+        if served and not any(d.kind == "vfio" for d in served):
+            device = served[0]
+            raise ClaimError(
+                f"claim {claim}: {where} is a {VFIO_DEVICE_CONFIG}, which is for passthrough devices only, but "
+                f"device {device.name} is a {_KIND_OF_DEVICE[device.kind][1]}; drop the config, or ask for a "
+                "passthrough device (its DeviceClass selects type vfio; the driver runs with --passthrough)"
+            )
+
+
 def _serves(device_requests: Sequence[str], request: str) -> bool:
     # A config for a request with alternatives (firstAvailable) applies to whichever sub-request was allocated.
     return any(r == request or r.startswith(request + "/") for r in device_requests)
@@ -409,13 +462,14 @@ def mib(quantity: str) -> int:
 
 
 def json_schema() -> dict[str, Any]:
-    """The JSON schema of both kinds (one ``oneOf``), from the models."""
+    """The JSON schema of every kind (one ``oneOf``), from the models."""
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": API_VERSION,
         "oneOf": [
             GpuConfig.model_json_schema(by_alias=True, mode="validation"),
             MigDeviceConfig.model_json_schema(by_alias=True, mode="validation"),
+            VfioDeviceConfig.model_json_schema(by_alias=True, mode="validation"),
         ],
     }
 

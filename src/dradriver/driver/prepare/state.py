@@ -672,16 +672,21 @@ def _resolved_configs(claim: AllocatedClaim, planned: Sequence[PlannedDevice]) -
     from dradriver.driver.prepare.config import ConfigSource, DeviceTarget, resolve_configs
 
     # Admin access is monitoring another claim's device: its settings are that claim's, not this one's. A passthrough
-    # device has none of ours (compute mode, sharing): the VM's guest driver owns the GPU.
-    return resolve_configs(
+    # device takes only a VfioDeviceConfig (a GpuConfig or MigDeviceConfig naming it is refused, and the reverse), and
+    # what that asks is what every passthrough claim gets (the legacy group node and /dev/vfio/vfio): nothing to
+    # record. Sharing and compute modes are none of its business: the VM's guest driver owns the GPU.
+    resolved = resolve_configs(
         str(claim.ref),
         [ConfigSource(c.source, c.requests, c.parameters) for c in claim.config],
-        [
-            DeviceTarget(p.device.name, p.requests, "gpu" if isinstance(p.device, GpuDevice) else "mig")
-            for p in planned
-            if not p.admin_access and not isinstance(p.device, PassthroughGpu)
-        ],
+        [DeviceTarget(p.device.name, p.requests, _config_kind(p.device)) for p in planned if not p.admin_access],
     )
+    return {name: config for name, config in resolved.items() if config.kind != "VfioDeviceConfig"}
+
+
+def _config_kind(device: GpuDevice | MigPartition) -> str:
+    if isinstance(device, PassthroughGpu):
+        return "vfio"
+    return "gpu" if isinstance(device, GpuDevice) else "mig"
 
 
 def _refuse_multi_user_before_volta(ref: str, device: GpuDevice | MigPartition, config: AnyConfig | None) -> None:
