@@ -375,3 +375,89 @@ def test_caches_that_never_sync_fail_livez_and_readyz_and_say_which(
     monkeypatch.setattr(rest, "list_page", real)  # the RBAC fixed
     _wait("livez and readyz to pass", lambda: running.watching.alive()[0] and running.watching.ready()[0])
     assert REGISTRY.get_sample_value(UNSYNCED, {"informer": "cliques"}) is None
+
+
+class _Lagging:
+    """A watch whose events are held until ``release``: its cache lags the others'."""
+
+    def __init__(self, stream: Any, release: threading.Event) -> None:
+        self._stream, self._release = stream, release
+
+    def __iter__(self) -> _Lagging:
+        return self
+
+    def __next__(self) -> Any:
+        event = next(self._stream)
+        self._release.wait(DEADLINE)
+        return event
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+def _lagging(rest: FakeRest, monkeypatch: pytest.MonkeyPatch, plural: str) -> threading.Event:
+    """Hold the events of every watch of ``plural`` from now until the returned event is set."""
+    release = threading.Event()
+    real = rest.watch
+
+    def watch(path: str, **options: Any) -> Any:
+        stream = real(path, **options)
+        return _Lagging(stream, release) if path.endswith(f"/{plural}") else stream
+
+    monkeypatch.setattr(rest, "watch", watch)
+    return release
+
+
+def test_a_clique_entry_seen_before_its_daemons_pod_is_kept(
+    rest: FakeRest, start: Callable[..., Running], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = _lagging(rest, monkeypatch, "pods")
+    running = start()
+    uid = _domain(rest, "job")
+    _wait("the DaemonSet", lambda: rest.find(_daemonset_path(uid)))
+    running.settled()
+    pod = {"name": "daemon-a", "namespace": NS, "labels": {api.DOMAIN_LABEL: uid, api.CLIQUE_LABEL: "c"}}
+    rest.put(path_of("v1", "pods", NS, "daemon-a"), {"metadata": pod, "spec": {"nodeName": "node-a"}})
+    clique_path = path_of(api.API_VERSION, "computedomaincliques", NS, f"{uid}.c")
+    rest.put(
+        clique_path,
+        {
+            "apiVersion": api.API_VERSION,
+            "kind": "ComputeDomainClique",
+            "metadata": {"name": f"{uid}.c", "namespace": NS, "labels": {api.DOMAIN_LABEL: uid, api.CLIQUE_LABEL: "c"}},
+            "daemons": [{"nodeName": "node-a", "ipAddress": "10.0.0.1", "cliqueID": "c", "status": "Ready"}],
+        },
+    )
+
+    def decided() -> bool:
+        daemons = rest.get(clique_path).get("daemons") or []
+        return not daemons or daemons[0].get("index") is not None
+
+    try:
+        _wait("the clique's entry numbered or dropped", decided)
+        assert [d["nodeName"] for d in rest.get(clique_path)["daemons"]] == ["node-a"]  # kept, and numbered
+    finally:
+        release.set()
+
+
+def test_objects_of_a_domain_the_domain_cache_does_not_know_yet_are_not_swept(
+    rest: FakeRest, start: Callable[..., Running], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = _lagging(rest, monkeypatch, "computedomains")
+    running = start()
+    _wait(
+        "the caches synced",
+        lambda: running.watching.session is not None and running.watching._synced(running.watching.session),
+    )
+    uid = _domain(rest, "job")  # its event held: the domain cache lags
+    leftover = {"name": f"computedomain-daemon-{uid}", "namespace": NS, "labels": {api.DOMAIN_LABEL: uid}}
+    rest.put(_daemonset_path(uid), {"metadata": leftover})  # as if made by another replica a moment ago
+    try:
+        _wait(
+            "the sweep of what looks like a vanished domain's", lambda: f"orphan:{uid}" in running.watching.reconciled
+        )
+        assert rest.find(_daemonset_path(uid))  # the API server's list said the domain exists: nothing deleted
+    finally:
+        release.set()
+    _wait("the domain Ready to be reconciled", lambda: "team/job" in running.watching.reconciled)
+    assert rest.find(_daemonset_path(uid))

@@ -66,6 +66,9 @@ class Snapshot:
     templates: list[dict[str, Any]]
     nodes: list[dict[str, Any]]
     by_uid: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # A live list of domain ``uid``'s daemon pods, asked before a clique entry is dropped for want of its pod:
+    # for snapshots from caches, where the pods' may lag the cliques' (None: ``pods`` is fresh enough).
+    confirm_pods: Callable[[str], list[dict[str, Any]]] | None = None
 
 
 class Controller:
@@ -299,18 +302,13 @@ class Controller:
         A daemon is live in a clique when its pod (on that node, not being deleted) carries the clique's label:
         a node that moved to another clique leaves its old entry behind, which must go, or the node would be
         listed twice and the API server would refuse every status write (``status.nodes`` is a map by name)."""
-        live = {
-            (p["spec"].get("nodeName"), p["metadata"]["labels"].get(api.CLIQUE_LABEL))
-            for p in snap.pods
-            if p["metadata"].get("labels", {}).get(api.DOMAIN_LABEL) == uid
-            and not p["metadata"].get("deletionTimestamp")
-        }
+        live = self._confirmed_live(uid, snap)
         nodes: list[dict[str, Any]] = []
         for clique in snap.cliques:
             labels = clique["metadata"].get("labels", {})
             if labels.get(api.DOMAIN_LABEL) != uid:
                 continue
-            for d in self._converge_clique(clique, live, labels.get(api.CLIQUE_LABEL)):
+            for d in self._converge_clique(clique, live):
                 if d.get("index") is None:
                     problems.append(
                         f"clique {clique['metadata']['name']} is full: node {d.get('nodeName')} got no index (at "
@@ -349,15 +347,27 @@ class Controller:
             unique[node["name"]] = node
         return sorted(unique.values(), key=lambda n: n["name"])
 
+    @staticmethod
+    def _confirmed_live(uid: str, snap: Snapshot) -> set[tuple[str | None, str | None]]:
+        """``(node, clique ID)`` of domain ``uid``'s live daemons; where one of its clique entries would go for
+        want of its pod, as one live list of the domain's pods (``snap.confirm_pods``) says."""
+        live = _live_daemons(uid, snap.pods)
+        mine = [c for c in snap.cliques if _labels(c).get(api.DOMAIN_LABEL) == uid]
+        if snap.confirm_pods is not None and any(
+            len(_live_entries(c, live)) != len(c.get("daemons") or []) for c in mine
+        ):
+            # The pods' cache may not have the daemon's pod yet (its clique entry came first): the API server
+            # says. Rare: an entry goes only when its daemon does.
+            others = [p for p in snap.pods if _labels(p).get(api.DOMAIN_LABEL) != uid]
+            snap.pods = others + snap.confirm_pods(uid)
+            live = _live_daemons(uid, snap.pods)
+        return live
+
     def _converge_clique(
-        self, clique: dict[str, Any], live: set[tuple[str | None, str | None]], clique_id: str | None
+        self, clique: dict[str, Any], live: set[tuple[str | None, str | None]]
     ) -> list[dict[str, Any]]:
         """The clique's entries once those of nodes without a live daemon in it are gone and the rest numbered."""
-        daemons = [
-            d
-            for d in clique.get("daemons") or []
-            if (d.get("nodeName"), clique_id if clique_id is not None else d.get("cliqueID")) in live
-        ]
+        daemons = _live_entries(clique, live)
         if len(daemons) != len(clique.get("daemons") or []):
             clique = self._drop_entries(clique, {d["nodeName"] for d in daemons})
             daemons = clique.get("daemons") or []
@@ -660,6 +670,25 @@ def _daemons_status(
         ),
     ]
     return {"status": overall, "nodes": nodes, "conditions": conditions}
+
+
+def _live_daemons(uid: str, pods: list[dict[str, Any]]) -> set[tuple[str | None, str | None]]:
+    """``(node, clique ID)`` of each live daemon pod of domain ``uid`` (not being deleted)."""
+    return {
+        (p["spec"].get("nodeName"), p["metadata"]["labels"].get(api.CLIQUE_LABEL))
+        for p in pods
+        if _labels(p).get(api.DOMAIN_LABEL) == uid and not p["metadata"].get("deletionTimestamp")
+    }
+
+
+def _live_entries(clique: dict[str, Any], live: set[tuple[str | None, str | None]]) -> list[dict[str, Any]]:
+    """The clique's entries whose node runs a live daemon in that clique."""
+    clique_id = _labels(clique).get(api.CLIQUE_LABEL)
+    return [
+        d
+        for d in clique.get("daemons") or []
+        if (d.get("nodeName"), clique_id if clique_id is not None else d.get("cliqueID")) in live
+    ]
 
 
 def _labels(obj: dict[str, Any]) -> dict[str, Any]:

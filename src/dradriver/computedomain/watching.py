@@ -140,7 +140,12 @@ class WatchingController:
             nodes=of("nodes"),
         )
         snap.by_uid = {d["metadata"]["uid"]: d for d in domains}
+        snap.confirm_pods = self._list_daemon_pods
         return snap
+
+    def _list_daemon_pods(self, uid: str) -> list[JsonObject]:
+        """Domain ``uid``'s daemon pods as the API server lists them now (by its label)."""
+        return self.controller.rest.list(path_of("v1", "pods", self.controller.ns), labels=f"{api.DOMAIN_LABEL}={uid}")
 
     def _handlers(self, session: _Session) -> None:
         domains = session.informers["computedomains"]
