@@ -158,4 +158,14 @@ def test_lease_requests_are_bounded_within_the_renew_deadline(monkeypatch: pytes
 
         monkeypatch.setattr(rest, verb, spy)
     assert a.try_acquire() and a.try_acquire()  # create, then get and update
-    assert len(timeouts) == 4 and all(t is not None and 2 * sum(t) < a.leading.deadline for t in timeouts), timeouts
+    # Each request's read bounded by half the deadline (the default client waits 30 s), its connect shorter.
+    assert len(timeouts) == 4 and all(t is not None and t[0] < t[1] <= a.leading.deadline / 2 for t in timeouts), (
+        timeouts
+    )
+
+
+def test_a_short_lease_is_renewed_often_enough_that_one_slow_renewal_does_not_end_a_term() -> None:
+    short = LeaderElector(FakeRest(), namespace="dradriver", name="lease", identity="a", duration=4)  # type: ignore[arg-type]
+    assert short.leading.deadline == pytest.approx(4 * 2 / 3) and short.renew <= short.leading.deadline / 4
+    default = LeaderElector(FakeRest(), namespace="dradriver", name="lease", identity="a")  # type: ignore[arg-type]
+    assert (default.leading.deadline, default.renew) == (10.0, 2.0)  # client-go's 15/10/2

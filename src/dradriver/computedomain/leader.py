@@ -82,11 +82,14 @@ class LeaderElector:
         self.path = path_of("coordination.k8s.io/v1", "leases", namespace, name)
         self.collection = path_of("coordination.k8s.io/v1", "leases", namespace)
         self.namespace, self.name, self.identity = namespace, name, identity
-        self.duration, self.renew = duration, renew
-        deadline = renew_deadline if renew_deadline is not None else duration * 2 / 3
-        self.leading = Leadership(min(deadline, duration), clock)
-        # GET and PUT of one attempt, both within the deadline (a request otherwise may wait 30 s on a read).
-        self._timeout = (min(2.0, deadline / 4), deadline / 4)
+        deadline = min(renew_deadline if renew_deadline is not None else duration * 2 / 3, duration)
+        # At least four attempts within the deadline (client-go: every 2 s of 10), so one slow or failed renewal
+        # does not end a term: a short lease (the tests' 4 s) is renewed more often than every ``renew``.
+        self.duration, self.renew = duration, min(renew, deadline / 4)
+        self.leading = Leadership(deadline, clock)
+        # Each Lease request bounded within the deadline (a request otherwise may wait 30 s on a read), so a
+        # replica cut off tries again, and knows it, well before a standby takes over.
+        self._timeout = (min(2.0, deadline / 4), deadline / 2)
         self._clock = clock
         self._observed: tuple[Any, ...] | None = None  # the Lease record as last seen, and when (our clock)
         self._observed_at = 0.0
@@ -95,12 +98,13 @@ class LeaderElector:
         """Try every ``renew`` seconds until ``stop``; any failure, whatever its kind, steps down (clears
         ``leading``) and is retried, so a replica never goes on believing it leads while it cannot renew."""
         while not stop.is_set():
+            started = self._clock()  # every ``renew`` from one attempt's start to the next's, however long it took
             try:
                 self.try_acquire()
             except Exception:  # whatever broke, this replica cannot know it still holds the Lease
                 log.exception("lease attempt failed, stepping down lease=%s", self.name)
                 self._set(False)
-            stop.wait(self.renew)
+            stop.wait(max(0.0, self.renew - (self._clock() - started)))
 
     def _expired(self, spec: dict[str, Any]) -> bool:
         """Whether the holder has not renewed for the lease's duration, by when this replica saw it change."""
