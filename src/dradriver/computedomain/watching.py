@@ -26,7 +26,7 @@ from typing import Any
 from dradriver.computedomain import api, metrics
 from dradriver.computedomain.controller import STUCK_AFTER_SECONDS, Controller, Snapshot
 from dradriver.computedomain.kube import Collection, ListsAndWatches, path_of
-from dradriver.plugin.cluster.informer import Informer, key_of, without_managed_fields
+from dradriver.plugin.cluster.informer import Informer, key_of, metadata_only, without_managed_fields
 from dradriver.plugin.cluster.port import ClusterError, JsonObject
 from dradriver.plugin.cluster.workqueue import WorkQueue
 
@@ -120,7 +120,9 @@ class WatchingController:
                 name=name,
                 indices={BY_UID: index},
                 watch_timeout=self.watch_timeout,
-                transform=without_managed_fields,  # the controller never reads them: memory for nothing
+                # The controller never reads managedFields, nor more than the names and labels of Nodes and
+                # DaemonSets: memory for nothing.
+                transform=metadata_only if name in ("nodes", "daemonsets") else without_managed_fields,
             )
             for name, (path, labels, index) in sources.items()
         }

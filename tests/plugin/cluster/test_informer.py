@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from dradriver.plugin.cluster.informer import Informer, Store, key_of, without_managed_fields
+from dradriver.plugin.cluster.informer import Informer, Store, key_of, metadata_only, without_managed_fields
 from dradriver.plugin.cluster.port import ApiUnavailableError, WatchEvent, WatchExpiredError
 
 DEADLINE = 10.0
@@ -281,3 +281,19 @@ def test_a_transform_is_applied_before_objects_are_stored() -> None:
         stop.set()
         informer.close()
         thread.join(DEADLINE)
+
+
+def test_metadata_only_keeps_the_kind_and_metadata_without_managed_fields() -> None:
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": "n", "labels": {"a": "b"}, "resourceVersion": "7", "managedFields": [{"manager": "x"}]},
+        "spec": {"podCIDR": "10.0.0.0/24"},
+        "status": {"images": [{"names": ["big"]}] * 50},
+    }
+    assert metadata_only(node) == {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": "n", "labels": {"a": "b"}, "resourceVersion": "7"},
+    }
+    assert "managedFields" in node["metadata"] and "status" in node  # the object itself is left alone
