@@ -3,7 +3,7 @@ for KubeVirt's virt-launcher, with the claim template of examples/passthrough/ku
 /dev/vfio group node, the VFIO container node, KubeVirt's PCI_RESOURCE variable and the GPU's PCI address in its
 device metadata; while it runs the simulated node's sysfs shows the GPU on vfio-pci, and after the pod is deleted
 on nvidia again; and NVIDIA's own passthrough manifest (its class vfio.gpu.nvidia.com) does the same on a node
-run with --compat nvidia.
+run with --compat nvidia, and its manifest with a VfioDeviceConfig too.
 
 The node is this module's own (Node vfio-node: `running_node`, its driver run with --passthrough and device
 metadata on, its sysfs tree in the module's directory). A simulated node has no /dev/vfio: the CDI spec binds
@@ -162,6 +162,41 @@ def test_nvidias_passthrough_manifest_runs_under_compat_nvidia(compat_node: tupl
         assert gpu.driver == "vfio-pci"
         lines = printed(node, pod)
         assert f"vfio: {gpu.iommu_group}" in lines and "vfio: vfio" in lines, lines
+    finally:
+        workloads.delete([d for d in applied if d["kind"] != "Namespace"])
+    wait_for("the claim to be unprepared", lambda: unprepared(node, claim["metadata"]["uid"]), 60)
+    assert host.function(gpu.address).driver == "nvidia"
+
+
+# NVIDIA's passthrough manifest with a VfioDeviceConfig (iommu: LegacyOnly, enableAPIDevice: true), as fetched. Its
+# claim template and namespace are applied as written; its pod names another namespace (gpu-test-vfiopci, which it
+# does not create), so it runs here in the template's, with the image and command replaced as above.
+NVIDIA_CONFIG_MANIFEST = REPO / "tests/fixtures/nvidia-passthrough/gpu-test-vfio-config.yaml"
+
+
+def test_nvidias_vfio_config_manifest_runs_under_compat_nvidia(compat_node: tuple[RealNode, HostPci]) -> None:
+    node, host = compat_node
+    docs = [d for d in yaml.safe_load_all(NVIDIA_CONFIG_MANIFEST.read_text()) if d]
+    [template] = [d for d in docs if d["kind"] == "ResourceClaimTemplate"]
+    assert template["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]["kind"] == "VfioDeviceConfig"
+    for doc in docs:
+        if doc["kind"] == "Pod":
+            doc["metadata"]["namespace"] = template["metadata"]["namespace"]
+            [container] = doc["spec"]["containers"]
+            container["image"], container["command"] = "docker.io/library/busybox:1.36", ["sh", "-c", REPORT]
+            container.pop("args", None)
+    workloads = Workloads(node)
+    applied = workloads.apply(docs)
+    [pod_doc] = [d for d in applied if d["kind"] == "Pod"]
+    try:
+        [pod] = workloads.wait_running(pod_doc)
+        [claim] = claims_of(node.kube, pod)
+        [result] = claim["status"]["allocation"]["devices"]["results"]
+        assert result["driver"] == NVIDIA.driver_name and result["device"].endswith("-vfio")
+        [gpu] = [f for f in host.gpus() if result["device"] == gpu_name(f.address) + "-vfio"]
+        assert gpu.driver == "vfio-pci"
+        lines = printed(node, pod)
+        assert f"vfio: {gpu.iommu_group}" in lines and "vfio: vfio" in lines, lines  # enableAPIDevice: true
     finally:
         workloads.delete([d for d in applied if d["kind"] != "Namespace"])
     wait_for("the claim to be unprepared", lambda: unprepared(node, claim["metadata"]["uid"]), 60)
