@@ -273,7 +273,8 @@ class _Funnel:
             self.report.hints.append(
                 f"{sum(shortfalls.values())} devices need shared counters that other claims' devices "
                 f"already use (e.g. {shortfalls.most_common(1)[0][0]}): a partition cannot be "
-                f"allocated while its parent GPU, or an overlapping partition, is"
+                f"allocated while its parent GPU, or an overlapping partition, is; nor a GPU while its "
+                f"passthrough (-vfio) device is, or the reverse"
             )
         self.survivors = fitting
 

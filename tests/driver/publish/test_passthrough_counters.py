@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dradriver.allocator.allocator import allocate
+from dradriver.allocator.allocator import allocate, explain_claim
 from dradriver.allocator.errors import Unsatisfiable
 from dradriver.driver.prepare.vfio import PassthroughCatalog
 from dradriver.driver.publish.passthrough import passthrough_slice_specs, share_gpu_counters
@@ -111,3 +111,18 @@ def test_without_passthrough_the_slices_are_unchanged(tmp_path: Path, mode: MigM
     sim = SimulatedNode(load_node_profile("mixed"), node_name=NODE)
     specs = build_slice_specs(discover(simulated_gpulib_on(sim)), SliceSettings(mig_mode=mode))
     assert share_gpu_counters(specs, [], shape=SliceShape.V1_35) == specs
+
+
+def test_explain_says_the_gpus_counters_are_in_use(tmp_path: Path) -> None:
+    slices = pool(tmp_path, MigMode.NONE)
+    gpu = allocated(claim("gpu", "gpu.dradriver.dev", L4), slices)
+    report = explain_claim(
+        claim("vm", "vfio.gpu.dradriver.dev", L4), slices=slices, classes=CLASSES, node=NODE, allocated=[gpu]
+    )
+    assert not report.fits
+    [request] = report.requests
+    assert request.rejected["gpu.dradriver.dev/vm-node/gpu-0000-87-00-0-vfio"] == (
+        "shared counters exhausted by other claims: counter devices of counter set gpu-0000-87-00-0-counters has 0 "
+        "left, the device needs 1"
+    )
+    assert "nor a GPU while its passthrough (-vfio) device is, or the reverse" in request.hints[0]
