@@ -141,7 +141,7 @@ def metadata_only(obj: JsonObject) -> JsonObject:
     """``obj``'s kind and metadata (managedFields dropped) and nothing else: for a cache whose readers look at
     names and labels only, as client-go's metadata informers keep (a Node's status is most of its size)."""
     meta = without_managed_fields(obj).get("metadata") or {}
-    kept = {k: obj[k] for k in ("apiVersion", "kind") if k in obj}
+    kept: JsonObject = {k: obj[k] for k in ("apiVersion", "kind") if k in obj}
     return {**kept, "metadata": meta}
 
 
