@@ -374,7 +374,7 @@ def test_caches_that_never_sync_fail_livez_and_readyz_and_say_which(
     _wait("the log", lambda: "caches not synced" in caplog.text)
     monkeypatch.setattr(rest, "list_page", real)  # the RBAC fixed
     _wait("livez and readyz to pass", lambda: running.watching.alive()[0] and running.watching.ready()[0])
-    assert REGISTRY.get_sample_value(UNSYNCED, {"informer": "cliques"}) is None
+    _wait("the metric gone", lambda: REGISTRY.get_sample_value(UNSYNCED, {"informer": "cliques"}) is None)
 
 
 class _Lagging:
