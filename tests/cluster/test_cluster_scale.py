@@ -24,6 +24,8 @@ from support.scale import (
     time_explain,
 )
 
+from dradriver.cli.explain_cluster import KubernetesReader
+
 GROUPS = [NodeGroup(40), NodeGroup(10, "gb200-nvl72-tray", prefix="gb200")]
 GPUS = 40 * 8 + 10 * 4
 
@@ -73,3 +75,14 @@ def test_explain_and_the_scheduler_place_the_same_pod(fleet: ScaleCluster) -> No
     claim = fleet.plane.kube.get("resourceclaims", probe.name, "scale")
     results = claim["status"]["allocation"]["devices"]["results"]
     assert {r["pool"] for r in results} == {placed["node"]} and len(results) == 8
+
+
+def test_explain_reads_every_slice_page_by_page_from_the_real_api_server(fleet: ScaleCluster) -> None:
+    # Seven a page: the 50 slices come in 8 pages, which only a reader following `continue` gets all of.
+    reader = KubernetesReader(str(fleet.plane.kubeconfig), None, page_size=7)
+    try:
+        slices = reader.list_resource_slices()
+    finally:
+        reader.close()
+    assert len(slices) == 50 and {s["kind"] for s in slices} == {"ResourceSlice"}
+    assert len({s["metadata"]["name"] for s in slices}) == 50
