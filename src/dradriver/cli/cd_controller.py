@@ -206,6 +206,15 @@ def _readiness(elector: LeaderElector, watching: WatchingController | None) -> t
     return ready, {"leading": elector.leading.is_set(), **detail}
 
 
+def _watching(controller: Controller, rest: Rest, args: argparse.Namespace) -> WatchingController | None:
+    """The informer-driven controller, or None with --watch false (the old pass every --interval)."""
+    if args.watch != "true":
+        return None
+    return WatchingController(
+        controller, rest, resync=args.resync, sync_timeout=args.sync_timeout, watch_timeout=args.watch_timeout
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     LogOptions.from_args(args).configure()
     # Every input checked before a port is bound: its own flags, then the kubeconfig, then the port (probed last).
@@ -223,17 +232,7 @@ def run(args: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     controller = Controller(rest, settings)
-    watching = (
-        WatchingController(
-            controller,
-            rest,
-            resync=args.resync,
-            sync_timeout=args.sync_timeout,
-            watch_timeout=args.watch_timeout,
-        )
-        if args.watch == "true"
-        else None
-    )
+    watching = _watching(controller, rest, args)
     server = None
     collectors = (ApiWrites(rest.writes_so_far), ApiReads(rest.reads_so_far))
     if serving.address:
