@@ -8,8 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
+from support import fault_walk
+from support.fault_walk import crash_at
 
-from dradriver import faults
 from dradriver.driver.prepare.checkpoint import CheckpointStore
 from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions, NodeFeatures
 from dradriver.driver.publish.slices import SliceSettings, build_slice_specs
@@ -24,10 +25,6 @@ from tests.driver.prepare.test_state_mig import DRIVER, claim, ref
 
 # hgx-h100-80gb's GPUs in PCI order: module ids 1..8.
 GPUS = [f"gpu-0000-{bus}-00-0" for bus in ("1b", "43", "52", "61", "9d", "c3", "d1", "df")]
-
-
-class Crash(BaseException):
-    """Stands in for SIGKILL: nothing after the point runs, and the driver's memory is thrown away."""
 
 
 class HgxNode:
@@ -149,16 +146,13 @@ def test_a_partition_deactivated_behind_the_drivers_back_is_reported_as_drift(no
 
 
 def points_of_a_clean_run(node: HgxNode) -> tuple[list[str], list[str]]:
-    seen: list[str] = []
-    faults.observer = seen.append
-    try:
+    def prepare() -> None:
         assert node.driver.prepare_resource_claims([claim("pair", *GPUS[:2])])["pair"].error is None
-        preparing = list(dict.fromkeys(seen))
-        seen.clear()
+
+    def unprepare() -> None:
         assert node.driver.unprepare_resource_claims([ref("pair")]) == {"pair": None}
-        return preparing, list(dict.fromkeys(seen))
-    finally:
-        faults.observer = None
+
+    return fault_walk.points_of_a_clean_run(prepare, unprepare)
 
 
 def test_a_kill_at_every_point_leaves_no_partition_active_after_the_restart(tmp_path: Path) -> None:
@@ -174,20 +168,10 @@ def test_a_kill_at_every_point_leaves_no_partition_active_after_the_restart(tmp_
             node = HgxNode(tmp_path / f"{phase}-{i}")
             if phase == "unprepare":
                 assert node.driver.prepare_resource_claims([claim("pair", *GPUS[:2])])["pair"].error is None
-
-            def crash(name: str, at: str = point) -> None:
-                if name == at:
-                    raise Crash(name)
-
-            faults.observer = crash
-            try:
-                with pytest.raises(Crash):
-                    if phase == "prepare":
-                        node.driver.prepare_resource_claims([claim("pair", *GPUS[:2])])
-                    else:
-                        node.driver.unprepare_resource_claims([ref("pair")])
-            finally:
-                faults.observer = None
+            if phase == "prepare":
+                crash_at(point, node.driver.prepare_resource_claims, [claim("pair", *GPUS[:2])])
+            else:
+                crash_at(point, node.driver.unprepare_resource_claims, [ref("pair")])
             node.restart().reconcile(lambda _ref: False)  # the claim is gone from the API server meanwhile
             node.assert_as_found(f"{phase} killed at {point}")
             node.close()

@@ -8,8 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
+from support import fault_walk
+from support.fault_walk import crash_at
 
-from dradriver import faults
 from dradriver.driver.prepare.checkpoint import CheckpointStore
 from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions, NodeFeatures
 from dradriver.driver.prepare.vfio import Passthrough, PassthroughCatalog, PassthroughSteps, nvml_holders, nvml_sees
@@ -26,10 +27,6 @@ from tests.driver.prepare.test_state_mig import DRIVER, claim, ref
 GPU0 = "0000:1b:00.0"
 WHOLE = "gpu-0000-1b-00-0"
 VFIO = "gpu-0000-1b-00-0-vfio"
-
-
-class Crash(BaseException):
-    """Stands in for SIGKILL: nothing after the point runs, and the driver's memory is thrown away."""
 
 
 class VfioNode:
@@ -122,16 +119,13 @@ def test_a_process_on_the_gpu_refuses_the_claim(node: VfioNode) -> None:
 
 
 def points_of_a_clean_run(node: VfioNode) -> tuple[list[str], list[str]]:
-    seen: list[str] = []
-    faults.observer = seen.append
-    try:
+    def prepare() -> None:
         assert node.driver.prepare_resource_claims([claim("vm", VFIO)])["vm"].error is None
-        preparing = list(dict.fromkeys(seen))
-        seen.clear()
+
+    def unprepare() -> None:
         assert node.driver.unprepare_resource_claims([ref("vm")]) == {"vm": None}
-        return preparing, list(dict.fromkeys(seen))
-    finally:
-        faults.observer = None
+
+    return fault_walk.points_of_a_clean_run(prepare, unprepare)
 
 
 def test_a_kill_at_every_point_leaves_nothing_after_the_restart(tmp_path: Path) -> None:
@@ -144,20 +138,10 @@ def test_a_kill_at_every_point_leaves_nothing_after_the_restart(tmp_path: Path) 
             node = VfioNode(tmp_path / f"{phase}-{i}")
             if phase == "unprepare":
                 assert node.driver.prepare_resource_claims([claim("vm", VFIO)])["vm"].error is None
-
-            def crash(name: str, at: str = point) -> None:
-                if name == at:
-                    raise Crash(name)
-
-            faults.observer = crash
-            try:
-                with pytest.raises(Crash):
-                    if phase == "prepare":
-                        node.driver.prepare_resource_claims([claim("vm", VFIO)])
-                    else:
-                        node.driver.unprepare_resource_claims([ref("vm")])
-            finally:
-                faults.observer = None
+            if phase == "prepare":
+                crash_at(point, node.driver.prepare_resource_claims, [claim("vm", VFIO)])
+            else:
+                crash_at(point, node.driver.unprepare_resource_claims, [ref("vm")])
             node.restart().reconcile(lambda _ref: False)  # the claim is gone from the API server meanwhile
             node.assert_as_found(f"{phase} killed at {point}")
             node.close()
