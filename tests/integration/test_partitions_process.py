@@ -6,12 +6,11 @@ is refused; a process killed at every step of prepare or unprepare leaves no par
 from __future__ import annotations
 
 import json
-import signal
 from pathlib import Path
 
-import grpc
 import pytest
 from support.apiserver import FakeApiServer
+from support.fault_walk import killed_during
 
 from dradriver.driver.prepare.transaction import CRASH_ENV
 from dradriver.plugin.kubeletplugin.kubelet_client import KubeletClient
@@ -19,7 +18,6 @@ from integration.test_run_process import TIMEOUT, DriverProcess, allocated_claim
 
 PROFILE = "hgx-h100-80gb"
 GPUS = [f"gpu-0000-{bus}-00-0" for bus in ("1b", "43", "52", "61", "9d", "c3", "d1", "df")]
-LOST = r"StatusCode\.UNAVAILABLE"
 
 
 def start(root: Path, api: FakeApiServer, *extra: str) -> DriverProcess:
@@ -70,9 +68,9 @@ def test_killed_at_any_step_of_prepare_then_restarted_leaves_no_partition_active
     doomed = start(root, api)
     doomed.wait_ready()
     claim = allocated_claim(api, "crash", GPUS[:2])
-    with KubeletClient(root / "registry").register() as plugin, pytest.raises(grpc.RpcError, match=LOST):
-        plugin.prepare([claim], timeout=TIMEOUT)
-    assert doomed.proc.wait(TIMEOUT) == -signal.SIGKILL
+    killed_during(
+        doomed.proc, root / "registry", lambda plugin: plugin.prepare([claim], timeout=TIMEOUT), timeout=TIMEOUT
+    )
     monkeypatch.delenv(CRASH_ENV)
 
     driver = start(root, api)
@@ -101,9 +99,9 @@ def test_killed_while_deactivating_the_next_unprepare_finishes(
     monkeypatch.setenv(CRASH_ENV, "undone:fabric-partition")
     doomed = start(root, api)
     doomed.wait_ready()
-    with KubeletClient(root / "registry").register() as plugin, pytest.raises(grpc.RpcError, match=LOST):
-        plugin.unprepare([claim], timeout=TIMEOUT)
-    assert doomed.proc.wait(TIMEOUT) == -signal.SIGKILL
+    killed_during(
+        doomed.proc, root / "registry", lambda plugin: plugin.unprepare([claim], timeout=TIMEOUT), timeout=TIMEOUT
+    )
     monkeypatch.delenv(CRASH_ENV)
 
     driver = start(root, api)

@@ -1,15 +1,23 @@
-"""The in-process fault walk: the fault points a clean prepare and unprepare pass, and a kill at one of them.
+"""The fault walk: the fault points a clean prepare and unprepare pass, and a kill at one of them, in process or
+of a `dradriver run` process over gRPC.
 
 A kill is a ``Crash`` raised from ``faults.observer``: a ``BaseException``, so no ``except Exception`` in the driver
 catches it, and nothing after the point runs, as after SIGKILL."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
 from collections.abc import Callable
+from pathlib import Path
 
+import grpc
 import pytest
 
 from dradriver import faults
+from dradriver.plugin.kubeletplugin.kubelet_client import KubeletClient, RegisteredPlugin
+
+LOST = r"StatusCode\.UNAVAILABLE"  # what a gRPC call gets from a server that died during it
 
 
 class Crash(BaseException):
@@ -45,3 +53,13 @@ def crash_at(point: str, call: Callable[..., object], *args: object) -> None:
             call(*args)
     finally:
         faults.observer = None
+
+
+def killed_during(
+    proc: subprocess.Popen[str], registry: Path, call: Callable[[RegisteredPlugin], object], *, timeout: float
+) -> None:
+    """Makes `call` through a kubelet stand-in on `registry` to a driver process `proc` that kills itself during it
+    (started with its fault point set), and asserts that the call lost its server and `proc` died of SIGKILL."""
+    with KubeletClient(registry).register() as plugin, pytest.raises(grpc.RpcError, match=LOST):
+        call(plugin)
+    assert proc.wait(timeout) == -signal.SIGKILL
