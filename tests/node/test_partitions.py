@@ -15,11 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 from support.cluster_fixtures import running_node
 from support.cluster_pods import kubectl
 from support.control_plane import ControlPlane
-from support.node_pods import Workloads, claims_of, unprepared
+from support.node_pods import Workloads, claims_of, documents, on_busybox, unprepared
 from support.real_node import RealNode, wait_for
 
 from dradriver.driver.prepare.presets import NVIDIA
@@ -63,13 +62,8 @@ def active(node: RealNode) -> list[int]:
 
 
 def test_nvidias_partition_example_gets_one_partition_activated_while_it_runs(fm_node: RealNode) -> None:
-    docs = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
-    for doc in docs:
-        if doc["kind"] == "Pod":
-            # The node has busybox and no registry: only the image and command are replaced.
-            [container] = doc["spec"]["containers"]
-            container["image"], container["command"] = "docker.io/library/busybox:1.36", ["sh", "-c", "sleep 3600"]
-            container.pop("args", None)
+    docs = documents(MANIFEST)
+    on_busybox(docs, "sleep 3600")
     workloads = Workloads(fm_node)
     applied = workloads.apply(docs)
     [pod_doc] = [d for d in applied if d["kind"] == "Pod"]

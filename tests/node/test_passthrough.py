@@ -23,7 +23,7 @@ import yaml
 from support.cluster_fixtures import running_node
 from support.cluster_pods import kubectl
 from support.control_plane import ControlPlane
-from support.node_pods import Workloads, claims_of, unprepared
+from support.node_pods import Workloads, claims_of, documents, on_busybox, unprepared
 from support.real_node import RealNode, wait_for
 
 from dradriver.driver.prepare.presets import NVIDIA
@@ -144,12 +144,15 @@ def compat_node(
 
 def test_nvidias_passthrough_manifest_runs_under_compat_nvidia(compat_node: tuple[RealNode, HostPci]) -> None:
     node, host = compat_node
-    docs = [d for d in yaml.safe_load_all(NVIDIA_MANIFEST.read_text()) if d]
-    for doc in docs:
-        if doc["kind"] == "Pod":
-            [container] = doc["spec"]["containers"]
-            container["image"], container["command"] = "docker.io/library/busybox:1.36", ["sh", "-c", REPORT]
-            container.pop("args", None)
+    docs = documents(NVIDIA_MANIFEST)
+    on_busybox(docs, REPORT)
+    assert_the_pod_gets_a_gpu_on_vfio_until_deleted(node, host, docs)
+
+
+def assert_the_pod_gets_a_gpu_on_vfio_until_deleted(node: RealNode, host: HostPci, docs: list[dict[str, Any]]) -> None:
+    """Applies `docs` (one Pod and its claim template) on a --compat nvidia node: while the pod runs its GPU is on
+    vfio-pci and the GPU's VFIO group node and the VFIO container node are in it; once the pod is deleted and its
+    claim unprepared, the GPU is on nvidia again."""
     workloads = Workloads(node)
     applied = workloads.apply(docs)
     [pod_doc] = [d for d in applied if d["kind"] == "Pod"]
@@ -176,28 +179,11 @@ NVIDIA_CONFIG_MANIFEST = REPO / "tests/fixtures/nvidia-passthrough/gpu-test-vfio
 
 def test_nvidias_vfio_config_manifest_runs_under_compat_nvidia(compat_node: tuple[RealNode, HostPci]) -> None:
     node, host = compat_node
-    docs = [d for d in yaml.safe_load_all(NVIDIA_CONFIG_MANIFEST.read_text()) if d]
+    docs = documents(NVIDIA_CONFIG_MANIFEST)
     [template] = [d for d in docs if d["kind"] == "ResourceClaimTemplate"]
     assert template["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]["kind"] == "VfioDeviceConfig"
     for doc in docs:
         if doc["kind"] == "Pod":
             doc["metadata"]["namespace"] = template["metadata"]["namespace"]
-            [container] = doc["spec"]["containers"]
-            container["image"], container["command"] = "docker.io/library/busybox:1.36", ["sh", "-c", REPORT]
-            container.pop("args", None)
-    workloads = Workloads(node)
-    applied = workloads.apply(docs)
-    [pod_doc] = [d for d in applied if d["kind"] == "Pod"]
-    try:
-        [pod] = workloads.wait_running(pod_doc)
-        [claim] = claims_of(node.kube, pod)
-        [result] = claim["status"]["allocation"]["devices"]["results"]
-        assert result["driver"] == NVIDIA.driver_name and result["device"].endswith("-vfio")
-        [gpu] = [f for f in host.gpus() if result["device"] == gpu_name(f.address) + "-vfio"]
-        assert gpu.driver == "vfio-pci"
-        lines = printed(node, pod)
-        assert f"vfio: {gpu.iommu_group}" in lines and "vfio: vfio" in lines, lines  # enableAPIDevice: true
-    finally:
-        workloads.delete([d for d in applied if d["kind"] != "Namespace"])
-    wait_for("the claim to be unprepared", lambda: unprepared(node, claim["metadata"]["uid"]), 60)
-    assert host.function(gpu.address).driver == "nvidia"
+    on_busybox(docs, REPORT)
+    assert_the_pod_gets_a_gpu_on_vfio_until_deleted(node, host, docs)  # the container node: enableAPIDevice: true
