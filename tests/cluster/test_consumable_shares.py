@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from support.cluster_node import SimNode
+from support.cluster_node import SimNode, remove_nodes
 from support.cluster_pods import NAMESPACE, GatedPod, allocated_devices
 from support.control_plane import ControlPlane
 from support.kube_rest import Kube
@@ -50,11 +50,7 @@ def share_nodes(control_plane: ControlPlane, kube: Kube, device_classes: None) -
             )
         yield started
     finally:
-        for node in started.values():
-            (control_plane.logs / f"dradriver-{node.name}.log").write_text(node.driver.log)
-            node.stop()
-            kube.delete_all("resourceslices", fieldSelector=f"spec.nodeName={node.name}")
-            kube.delete("nodes", node.name)
+        remove_nodes(started.values(), kube, control_plane.logs)
 
 
 def template_spec(mode: str, kind: str) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from support.cluster_node import SimNode
+from support.cluster_node import SimNode, remove_nodes
 from support.cluster_pods import NAMESPACE, GatedPod, allocated_devices, claim_template
 from support.control_plane import ControlPlane
 from support.kube_rest import Kube
@@ -45,11 +45,7 @@ def vfio_nodes(control_plane: ControlPlane, kube: Kube, device_classes: None) ->
             )
         yield started
     finally:
-        for node in started.values():
-            (control_plane.logs / f"dradriver-{node.name}.log").write_text(node.driver.log)
-            node.stop()
-            kube.delete_all("resourceslices", fieldSelector=f"spec.nodeName={node.name}")
-            kube.delete("nodes", node.name)
+        remove_nodes(started.values(), kube, control_plane.logs)
         for name in created:
             kube.delete("deviceclasses", name)
 

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -185,3 +186,13 @@ class SimNode:
     def stop(self) -> None:
         self.driver.stop()
         self.keeper.stop()
+
+
+def remove_nodes(nodes: Iterable[SimNode], kube: Kube, logs: Path) -> None:
+    """Stops each node (its driver's log kept as ``logs/dradriver-<node>.log``) and deletes its slices and its Node,
+    so that a module's own nodes leave the shared control plane as they found it."""
+    for node in nodes:
+        (logs / f"dradriver-{node.name}.log").write_text(node.driver.log)
+        node.stop()
+        kube.delete_all("resourceslices", fieldSelector=f"spec.nodeName={node.name}")
+        kube.delete("nodes", node.name)
