@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cd_cluster import account_token
 from support.cluster_node import DRIVER, DriverRun, KubeletStandIn, SimNode
 from support.cluster_pods import GatedPod, allocated_devices, kubectl, kubectl_apply
 from support.control_plane import ControlPlane, NodeKeeper, write_kubeconfig
@@ -65,18 +66,7 @@ def plugin_pod(installed: None, nodes: dict[str, SimNode], kube: Kube) -> Iterat
 
 def bound_token(kube: Kube, pod: dict[str, Any]) -> str:
     """A TokenRequest for the plugin's account bound to ``pod`` (so the token carries the pod's node)."""
-    request = {
-        "apiVersion": "authentication.k8s.io/v1",
-        "kind": "TokenRequest",
-        "spec": {
-            "expirationSeconds": 600,
-            "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"],
-                               "uid": pod["metadata"]["uid"]},
-        },
-    }  # fmt: skip
-    path = f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{ACCOUNT}/token"
-    token: str = kube.request("POST", path, request)["status"]["token"]
-    return token
+    return account_token(kube, NAMESPACE, ACCOUNT, pod, expiration_s=600)
 
 
 def a_slice(node: str) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from typing import Any, cast
 
 import pytest
 import yaml
+from support.cd_cluster import account_token
 from support.cluster_pods import kubectl
 from support.control_plane import ControlPlane, write_kubeconfig
 from support.helm import CHART, run_helm
@@ -88,19 +89,7 @@ def plugin_pod_on(node: str) -> dict[str, Any]:
 
 def bound_token(kube: Kube, pod: dict[str, Any]) -> str:
     """A TokenRequest for the plugin's account bound to ``pod`` (so the token carries the pod's node)."""
-    request = {
-        "apiVersion": "authentication.k8s.io/v1",
-        "kind": "TokenRequest",
-        "spec": {
-            "expirationSeconds": 600,
-            "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"],
-                               "uid": pod["metadata"]["uid"]},
-        },
-    }  # fmt: skip
-    token: str = kube.request("POST", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{ACCOUNT}/token", request)[
-        "status"
-    ]["token"]
-    return token
+    return account_token(kube, NAMESPACE, ACCOUNT, pod, expiration_s=600)
 
 
 def refusal(writer: Kube, node: str, patch: dict[str, Any]) -> ApiError | None:

@@ -91,13 +91,24 @@ CONTROLLER_ACCOUNT = "dradriver-compute-domain-controller"
 def account_kubeconfig(plane: ControlPlane, account: str, path: Path, pod: dict[str, Any] | None = None) -> Path:
     """A kubeconfig with a token of the chart's service account ``account`` (TokenRequest API), bound to ``pod``
     when given (the token then names the pod's node, as the own-node slice policy wants)."""
-    spec: dict[str, Any] = {"expirationSeconds": 4 * 3600}
+    token = account_token(plane.kube, NAMESPACE, account, pod, expiration_s=4 * 3600)
+    return write_kubeconfig(path, plane.server, plane.pki.ca_cert, token=token)
+
+
+def account_token(
+    kube: Kube, namespace: str, account: str, pod: dict[str, Any] | None = None, *, expiration_s: int
+) -> str:
+    """A token of service account ``namespace/account`` from the TokenRequest API, bound to ``pod`` when given (the
+    token then names the pod's node, as the node authorizer and the own-node policies want)."""
+    spec: dict[str, Any] = {"expirationSeconds": expiration_s}
     if pod is not None:
         meta = pod["metadata"]
         spec["boundObjectRef"] = {"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"]}
     request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
-    answer = plane.kube.request("POST", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{account}/token", request)
-    return write_kubeconfig(path, plane.server, plane.pki.ca_cert, token=answer["status"]["token"])
+    token: str = kube.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token", request)[
+        "status"
+    ]["token"]
+    return token
 
 
 def refusals(log: str) -> list[str]:
