@@ -11,7 +11,7 @@ what the page shows."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -139,17 +139,28 @@ def test_a_claim_matching_pcie_root_gets_a_gpu_and_a_nic_under_one_root(
     shell.check()
 
 
+def renamed_copy(file: str, name: str, edit: Callable[[dict[str, Any]], None]) -> list[dict[str, Any]]:
+    """A copy of the page's ``file`` (a claim template and a pod using it), both renamed ``name``, the template's
+    claim spec changed by ``edit``."""
+    docs = copy.deepcopy(file_docs(file))
+    for doc in docs:
+        doc["metadata"]["name"] = name
+        if doc["kind"] == "ResourceClaimTemplate":
+            edit(doc["spec"]["spec"])
+        else:
+            doc["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] = name
+    return docs
+
+
 def test_without_the_constraint_the_same_claim_gets_a_nic_under_another_root(
     node: RealNode, nic_driver: NicDriver, workloads: Workloads, applied: list[list[dict[str, Any]]]
 ) -> None:
     """The alignment above is the constraint's doing: the scheduler left to itself takes another NIC."""
-    docs = copy.deepcopy(file_docs("gpu-and-nic-same-root.yaml"))
-    for doc in docs:
-        doc["metadata"]["name"] = "gpu-and-nic-any-root"
-        if doc["kind"] == "ResourceClaimTemplate":
-            del doc["spec"]["spec"]["devices"]["constraints"]
-        else:
-            doc["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] = "gpu-and-nic-any-root"
+
+    def without_constraints(claim_spec: dict[str, Any]) -> None:
+        del claim_spec["devices"]["constraints"]
+
+    docs = renamed_copy("gpu-and-nic-same-root.yaml", "gpu-and-nic-any-root", without_constraints)
     applied.append(docs)
     results, _ = run_pod(workloads, docs)
     by_request = {r["request"]: r for r in results}
@@ -189,16 +200,13 @@ def test_a_claim_matching_numa_node_gets_a_gpu_and_two_nics_on_one_numa_node(
 def test_a_numa_node_with_one_nic_cannot_make_a_gpu_and_two_nics(
     node: RealNode, nic_driver: NicDriver, workloads: Workloads, applied: list[list[dict[str, Any]]]
 ) -> None:
-    docs = copy.deepcopy(file_docs("gpu-and-nics-same-numa.yaml"))
-    for doc in docs:
-        doc["metadata"]["name"] = "a100-and-nics-same-numa"
-        if doc["kind"] == "ResourceClaimTemplate":
-            [gpu] = [r for r in doc["spec"]["spec"]["devices"]["requests"] if r["name"] == "gpu"]
-            gpu["exactly"]["selectors"][0]["cel"]["expression"] = (
-                'device.attributes["gpu.dradriver.dev"].productName == "NVIDIA A100-SXM4-40GB"'
-            )
-        else:
-            doc["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] = "a100-and-nics-same-numa"
+    def on_the_a100(claim_spec: dict[str, Any]) -> None:
+        [gpu] = [r for r in claim_spec["devices"]["requests"] if r["name"] == "gpu"]
+        gpu["exactly"]["selectors"][0]["cel"]["expression"] = (
+            'device.attributes["gpu.dradriver.dev"].productName == "NVIDIA A100-SXM4-40GB"'
+        )
+
+    docs = renamed_copy("gpu-and-nics-same-numa.yaml", "a100-and-nics-same-numa", on_the_a100)
     applied.append(docs)
     workloads.apply(docs)
     [pod_doc] = [doc for doc in docs if doc["kind"] == "Pod"]
