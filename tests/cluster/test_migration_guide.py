@@ -21,7 +21,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -30,11 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import required
-from support.cluster_fixtures import running_plane
+from support.cluster_fixtures import own_plane
 from support.cluster_node import DriverRun
 from support.cluster_pods import kubectl
-from support.control_plane import BUILD_SCRIPT, ControlPlane, NodeKeeper, binaries_dir, missing_binaries
+from support.control_plane import ControlPlane, NodeKeeper
 from support.helm import helm
 from support.kube_rest import ApiError, Kube
 
@@ -242,17 +240,7 @@ def plugin_daemonset() -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def plane() -> Iterator[ControlPlane]:
     """A control plane of this module's own: the page installs the chart under its default names."""
-    directory = binaries_dir()
-    missing = missing_binaries(directory)
-    if missing:
-        required.need(
-            "the real control plane",
-            f"the migration guide runs against it; {', '.join(missing)} not in {directory}",
-            f"build it with `{BUILD_SCRIPT.relative_to(REPO)}` (docs/cluster-tests.md)",
-            tier=required.CLUSTER,
-        )
-    root = Path(tempfile.mkdtemp(prefix="dra-mg-", dir="/tmp"))
-    yield from running_plane(ControlPlane(directory, root), ControlPlane.start, "migration guide test")
+    yield from own_plane(needed_by="the migration guide", prefix="dra-mg-", who="migration guide test")
 
 
 @pytest.fixture

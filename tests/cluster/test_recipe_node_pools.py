@@ -13,18 +13,16 @@ node selector could land on them."""
 from __future__ import annotations
 
 import re
-import tempfile
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support import required
-from support.cluster_fixtures import running_plane
+from support.cluster_fixtures import own_plane
 from support.cluster_node import SimNode
 from support.cluster_pods import allocated_devices
-from support.control_plane import BUILD_SCRIPT, ControlPlane, NodeKeeper, binaries_dir, missing_binaries
+from support.control_plane import ControlPlane, NodeKeeper
 from support.kube_rest import Kube
 from support.recipe_pages import Console, transcript
 
@@ -57,17 +55,7 @@ def either_gpu_node(text: str) -> str:
 
 @pytest.fixture(scope="module")
 def plane() -> Iterator[ControlPlane]:
-    directory = binaries_dir()
-    missing = missing_binaries(directory)
-    if missing:
-        required.need(
-            "the real control plane",
-            f"the node-pool recipe runs against it; {', '.join(missing)} not in {directory}",
-            f"build it with `{BUILD_SCRIPT.relative_to(REPO)}` (docs/cluster-tests.md)",
-            tier=required.CLUSTER,
-        )
-    root = Path(tempfile.mkdtemp(prefix="dra-np-", dir="/tmp"))  # short: unix socket paths are limited
-    yield from running_plane(ControlPlane(directory, root), ControlPlane.start, "node-pool recipe test")
+    yield from own_plane(needed_by="the node-pool recipe", prefix="dra-np-", who="node-pool recipe test")
 
 
 @pytest.fixture(scope="module")

@@ -55,6 +55,23 @@ def control_plane() -> Iterator[ControlPlane]:
     yield from running_plane(ControlPlane(directory, root), ControlPlane.start, "cluster tests")
 
 
+def own_plane(*, needed_by: str, prefix: str, who: str) -> Iterator[ControlPlane]:
+    """For a module's fixture: a control plane of the module's own in a new /tmp directory named ``prefix``, run as
+    ``running_plane`` runs it for ``who``; without its binaries the tests are skipped or failed, naming
+    ``needed_by`` as what runs against it."""
+    directory = binaries_dir()
+    missing = missing_binaries(directory)
+    if missing:
+        required.need(
+            "the real control plane",
+            f"{needed_by} runs against it; {', '.join(missing)} not in {directory}",
+            f"build it with `{BUILD_SCRIPT.relative_to(REPO)}` (docs/cluster-tests.md)",
+            tier=required.CLUSTER,
+        )
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))  # short: unix socket paths are limited
+    yield from running_plane(ControlPlane(directory, root), ControlPlane.start, who)
+
+
 def running_plane(plane: ControlPlane, start: Callable[[ControlPlane], None], who: str) -> Iterator[ControlPlane]:
     """``plane`` started with ``start`` for the body of a fixture, stopped after it; its directory removed, or
     kept with its logs (and said where) when a test failed meanwhile."""
