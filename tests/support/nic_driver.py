@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -54,13 +53,7 @@ NICS = (
 
 def binary() -> Path:
     """The built NIC driver; missing, the test stops (a skip, or a failure under DRADRIVER_REQUIRE_NODE)."""
-    override = os.environ.get("DRADRIVER_NIC_DRIVER_DIR")
-    if override:
-        path = Path(override) / "nic-driver"
-    else:
-        out = subprocess.run(["bash", str(BUILD_SCRIPT), "--print"], capture_output=True, text=True, check=True,
-                             timeout=30)  # fmt: skip
-        path = Path(out.stdout.strip())
+    path = required.built_by(BUILD_SCRIPT, dir_env="DRADRIVER_NIC_DRIVER_DIR", name="nic-driver")
     if not os.access(path, os.X_OK):
         required.need(
             "the NIC driver",

@@ -10,6 +10,8 @@ one; ``DRADRIVER_REQUIRE_CLUSTER=1`` (the control plane, the older API servers, 
 from __future__ import annotations
 
 import os
+import subprocess
+from pathlib import Path
 from typing import NoReturn
 
 import pytest
@@ -41,3 +43,13 @@ def need_tools(tools: list[str], why: str, fix: str, *, tier: str | None = None)
     """:func:`need` the ``tools`` found missing, all named in one message; nothing when there are none."""
     if tools:
         need(", ".join(tools), why, fix, tier=tier)
+
+
+def built_by(script: Path, *, dir_env: str, name: str) -> Path:
+    """Where the build ``script`` (scripts/build-*) puts its binary: ``name`` in the directory ``$dir_env`` names when
+    set, else the path ``script --print`` says. Whether it is there is the caller's to check (``need``)."""
+    override = os.environ.get(dir_env)
+    if override:
+        return Path(override) / name
+    out = subprocess.run(["bash", str(script), "--print"], capture_output=True, text=True, check=True, timeout=30)
+    return Path(out.stdout.strip())

@@ -50,13 +50,7 @@ PAGE = 500  # objects per LIST page, as kubectl asks for
 
 def kwok_binary() -> Path:
     """The built kwok; missing, the test stops (a skip, or a failure under DRADRIVER_REQUIRE_CLUSTER)."""
-    override = os.environ.get("DRADRIVER_KWOK_DIR")
-    if override:
-        path = Path(override) / "kwok"
-    else:
-        out = subprocess.run(["bash", str(KWOK_BUILD), "--print"], capture_output=True, text=True, check=True,
-                             timeout=30)  # fmt: skip
-        path = Path(out.stdout.strip())
+    path = required.built_by(KWOK_BUILD, dir_env="DRADRIVER_KWOK_DIR", name="kwok")
     if not os.access(path, os.X_OK) or not (path.parent / "stages.yaml").is_file():
         required.need(
             "kwok",
