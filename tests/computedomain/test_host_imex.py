@@ -17,10 +17,9 @@ from dradriver import faults
 from dradriver.computedomain import api
 from dradriver.computedomain.fabric import CharDevice
 from dradriver.computedomain.host_imex import HostImex
-from dradriver.computedomain.kube import path_of
 from dradriver.computedomain.node import ComputeDomainDriver, NodeFacts
 from dradriver.sim import imex_standin
-from tests.computedomain.test_node import CLIQUE, NODE, NODE_PATH, UID, _claim, _spec
+from tests.computedomain.test_node import CLIQUE, NODE, NODE_PATH, UID, _claim, _spec, node_and_domain
 
 
 class HostService:
@@ -54,13 +53,7 @@ class HostService:
 
 @pytest.fixture
 def rest() -> FakeRest:
-    rest = FakeRest()
-    rest.put(NODE_PATH, {"metadata": {"name": NODE}})
-    rest.put(
-        path_of(api.API_VERSION, "computedomains", "team", "job"),
-        {"metadata": {"name": "job", "namespace": "team", "uid": UID}, "spec": {}},
-    )
-    return rest
+    return node_and_domain()
 
 
 @pytest.fixture

@@ -25,8 +25,8 @@ NODE_PATH = path_of("v1", "nodes", None, NODE)
 CLIQUE_PATH = path_of(api.API_VERSION, "computedomaincliques", "dradriver", f"{UID}.{CLIQUE}")
 
 
-@pytest.fixture
-def rest() -> FakeRest:
+def node_and_domain() -> FakeRest:
+    """An API server stand-in with this node's Node and the ComputeDomain team/job (uid ``UID``)."""
     rest = FakeRest()
     rest.put(NODE_PATH, {"metadata": {"name": NODE}})
     rest.put(
@@ -34,6 +34,11 @@ def rest() -> FakeRest:
         {"metadata": {"name": "job", "namespace": "team", "uid": UID}, "spec": {}},
     )
     return rest
+
+
+@pytest.fixture
+def rest() -> FakeRest:
+    return node_and_domain()
 
 
 def _driver(rest: FakeRest, tmp_path: Path, clique: str = CLIQUE) -> ComputeDomainDriver:
