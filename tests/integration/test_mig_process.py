@@ -9,6 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 from support.apiserver import FakeApiServer
+from support.fault_walk import LOST, killed_during
 
 from dradriver.cli.main import main
 from dradriver.driver.prepare.transaction import CRASH_ENV
@@ -21,7 +22,6 @@ PROFILE = "hgx-h100-80gb"
 GPU = "gpu-0000-1b-00-0"
 PARTITION = f"{GPU}-mig-3g40gb-4"
 # What the kubelet sees of a call whose plugin process died under it: the connection lost, not an answer.
-LOST = r"StatusCode\.UNAVAILABLE"
 
 
 def start(root: Path, api: FakeApiServer) -> DriverProcess:
@@ -77,9 +77,10 @@ def test_killed_at_any_step_then_restarted_leaves_nothing_behind(
     doomed = start(root, api)
     doomed.wait_ready()
     claim = allocated_claim(api, "crash", [PARTITION])
-    with KubeletClient(root / "registry").register() as plugin, pytest.raises(grpc.RpcError, match=LOST):
-        plugin.prepare([claim], timeout=TIMEOUT)  # the process dies mid-call
-    assert doomed.proc.wait(TIMEOUT) == -signal.SIGKILL
+    # The process dies mid-call.
+    killed_during(
+        doomed.proc, root / "registry", lambda plugin: plugin.prepare([claim], timeout=TIMEOUT), timeout=TIMEOUT
+    )
     monkeypatch.delenv(CRASH_ENV)
 
     driver = start(root, api)
