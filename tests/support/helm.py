@@ -26,12 +26,7 @@ NAMESPACE = "dradriver"
 @functools.cache
 def helm() -> str:
     """Path of the helm binary: $HELM, else what scripts/build-helm built; without one, see support/required.py."""
-    path = (
-        os.environ.get("HELM")
-        or subprocess.run(
-            [str(BUILD_SCRIPT), "--print"], capture_output=True, text=True, check=True, timeout=30
-        ).stdout.strip()
-    )
+    path = required.named_or_built(BUILD_SCRIPT, env="HELM")
     if not os.access(path, os.X_OK):
         required.need(
             "helm",

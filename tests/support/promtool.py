@@ -21,12 +21,7 @@ BUILD_SCRIPT = REPO / "scripts/build-promtool"
 @functools.cache
 def promtool() -> str:
     """Path of promtool: $PROMTOOL, else what scripts/build-promtool built; without one, see support/required.py."""
-    path = (
-        os.environ.get("PROMTOOL")
-        or subprocess.run(
-            [str(BUILD_SCRIPT), "--print"], capture_output=True, text=True, check=True, timeout=30
-        ).stdout.strip()
-    )
+    path = required.named_or_built(BUILD_SCRIPT, env="PROMTOOL")
     if not os.access(path, os.X_OK):
         required.need(
             "promtool",

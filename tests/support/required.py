@@ -53,3 +53,14 @@ def built_by(script: Path, *, dir_env: str, name: str) -> Path:
         return Path(override) / name
     out = subprocess.run(["bash", str(script), "--print"], capture_output=True, text=True, check=True, timeout=30)
     return Path(out.stdout.strip())
+
+
+def named_or_built(script: Path, *, env: str) -> str:
+    """The binary ``$env`` names, else the path the build ``script`` (scripts/build-*) says with ``--print``. Whether
+    it is there is the caller's to check (``need``)."""
+    return (
+        os.environ.get(env)
+        or subprocess.run(
+            [str(script), "--print"], capture_output=True, text=True, check=True, timeout=30
+        ).stdout.strip()
+    )
