@@ -24,6 +24,9 @@ CLIQUE = "c1.7"
 UID = "uid-x"
 CLIQUE_PATH = path_of(api.API_VERSION, "computedomaincliques", NS, f"{UID}.{CLIQUE}")
 IP = "127.44.0.1"
+# Every IMEX stand-in here binds IP:50005 (and 127.44.0.2 for a peer): under xdist two of these tests at once would
+# find the port taken, and the daemon would see its IMEX exit and restart it. One worker runs them, one at a time.
+pytestmark = pytest.mark.xdist_group("imex-stand-in-127.44")
 
 
 def _wait(what: str, probe: Callable[[], Any], timeout: float = 15.0) -> Any:
