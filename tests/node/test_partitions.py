@@ -10,13 +10,12 @@ simulated state file, which the test reads as an admin would ask FM."""
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support.cluster_fixtures import running_node
-from support.cluster_pods import kubectl
+from support.cluster_pods import kubectl, kubectl_apply
 from support.control_plane import ControlPlane
 from support.node_pods import Workloads, claims_of, documents, on_busybox, unprepared
 from support.real_node import RealNode, wait_for
@@ -38,10 +37,7 @@ PAIRS = {
 
 @pytest.fixture(scope="module")
 def fm_node(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNode]:
-    subprocess.run(
-        [kubectl(), "--kubeconfig", str(control_plane.kubeconfig), "apply", "--server-side", "-f", str(CLASSES)],
-        check=True, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    kubectl_apply(kubectl(), control_plane.kubeconfig, CLASSES)
     host = tmp_path_factory.mktemp("fm-compat") / "host"
     args = ("--compat", "nvidia", "--passthrough", "true", "--passthrough-host-root", str(host))
     args += ("--fabric-manager-partitions", "true")

@@ -12,7 +12,6 @@ metadata on, its sysfs tree in the module's directory). A simulated node has no 
 from __future__ import annotations
 
 import json
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 from support.cluster_fixtures import running_node
-from support.cluster_pods import kubectl
+from support.cluster_pods import kubectl, kubectl_apply
 from support.control_plane import ControlPlane
 from support.node_pods import Workloads, claims_of, documents, on_busybox, unprepared
 from support.real_node import RealNode, wait_for
@@ -46,10 +45,7 @@ REPORT = (
 def vfio_node(
     control_plane: ControlPlane, device_classes: None, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[RealNode, HostPci]]:
-    subprocess.run(
-        [kubectl(), "--kubeconfig", str(control_plane.kubeconfig), "apply", "--server-side", "-f", str(CLASSES)],
-        check=True, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    kubectl_apply(kubectl(), control_plane.kubeconfig, CLASSES)
     host = tmp_path_factory.mktemp("vfio") / "host"
     args = ("--passthrough", "true", "--passthrough-host-root", str(host), "--device-metadata", "true")
     with running_node(control_plane, name=NODE, driver_args=args) as node:
@@ -132,10 +128,7 @@ COMPAT_NODE = "vfio-compat"
 def compat_node(
     control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[RealNode, HostPci]]:
-    subprocess.run(
-        [kubectl(), "--kubeconfig", str(control_plane.kubeconfig), "apply", "--server-side", "-f", str(NVIDIA_CLASSES)],
-        check=True, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    kubectl_apply(kubectl(), control_plane.kubeconfig, NVIDIA_CLASSES)
     host = tmp_path_factory.mktemp("vfio-compat") / "host"
     args = ("--compat", "nvidia", "--passthrough", "true", "--passthrough-host-root", str(host))
     with running_node(control_plane, name=COMPAT_NODE, driver_name=NVIDIA.driver_name, driver_args=args) as node:
