@@ -7,6 +7,7 @@ import copy
 import pytest
 
 from dradriver.allocator import SlicesByNode, Unsatisfiable, allocate, explain_claim
+from dradriver.allocator.errors import AllocationError
 from dradriver.allocator.search import AllocationInputs, Search
 from tests.allocator.test_allocator import allocated_claim, claim, exact
 
@@ -80,3 +81,27 @@ def test_more_devices_than_the_node_has_is_refused_without_trying_every_subset(w
     assert search.attempts <= 8
     with pytest.raises(Unsatisfiable):
         allocate(claim(exact(count=9)), slices=whole_gpus, classes=classes, node="node-a")
+
+
+def test_the_early_stop_never_turns_a_search_that_gave_up_into_a_fit(classes):
+    """24 GPUs and a firstAvailable claim of 25, else 1: trying every subset of 24 takes 2^24 placements, past the
+    search's budget, so the search gives up as it always did (as the scheduler's filter times out) rather than
+    stop early and fit the second subrequest."""
+    gpus = [{"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"}}} for i in range(24)]
+    spec = {"driver": "gpu.dradriver.dev", "nodeName": "node-a", "devices": gpus,
+            "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1}}  # fmt: skip
+    slices = [{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "s"}, "spec": spec}]
+    first_available = {"name": "gpus", "firstAvailable": [
+        {"name": "all", "deviceClassName": "gpu.dradriver.dev", "count": 25},
+        {"name": "one", "deviceClassName": "gpu.dradriver.dev", "count": 1},
+    ]}  # fmt: skip
+    search = Search(AllocationInputs(claim(first_available), slices=slices, classes=classes, node="node-a",
+                                     max_attempts=100_000))  # fmt: skip
+    with pytest.raises(AllocationError, match="gave up"):
+        search.run()
+    # Within the budget the early stop still answers at once: every subset of 4 GPUs is 15 placements at most.
+    four = [{**slices[0], "spec": {**spec, "devices": gpus[:4]}}]
+    small = Search(AllocationInputs(claim(first_available), slices=four, classes=classes, node="node-a",
+                                    max_attempts=100_000))  # fmt: skip
+    assert small.run()
+    assert small.attempts <= 8

@@ -116,6 +116,8 @@ class Search:
         self.claim = inputs.claim
         self.max_attempts = inputs.max_attempts
         self.attempts = 0
+        # Per request (by id), whether its search may stop where too few devices are left (_search_ends).
+        self.stop_early: dict[int, bool] = {}
         self.share_ids: ShareIDs = inputs.share_ids or stable_share_id
         self.claim_name = claim_name(inputs.claim)
         self.node = inputs.node
@@ -257,7 +259,9 @@ class Search:
         start = self.position[id(self.results[-1].device)] + 1 if picked else 0
         if len(self.results) + needed - picked > MAX_RESULTS:
             return False
-        if not request.all_devices and len(self.order) - start < needed - picked:
+        if not request.all_devices and picked == 0:
+            self.stop_early[id(request)] = self._search_ends(request)
+        if not request.all_devices and len(self.order) - start < needed - picked and self.stop_early[id(request)]:
             # Fewer devices left in the order than still wanted: no combination from here fits. Without this a
             # request for more devices than a node has tries every subset of them (2^n) before it says so.
             return False
@@ -282,6 +286,22 @@ class Search:
                 return True
             self.remove_last()
         return False
+
+    def _search_ends(self, request: Request) -> bool:
+        """Whether trying every subset of ``request``'s candidate devices (at most 2^c - 1 placements for c of
+        them) would end within the attempt budget: only then may its search stop early where too few devices are
+        left, without changing its answer. Past the budget the search gave up, as the scheduler's filter times
+        out, and must still give up, or a firstAvailable claim would fit on its next subrequest where the
+        scheduler would not get there. Decided once per start of the request's search, not per branch: branches
+        that each end within the budget can still add up past it. Selectors are not evaluated to count (a device
+        the search never reaches must not raise its runtime error), so c may be more than the candidates: the
+        bound only errs towards searching on."""
+        candidates = sum(
+            1
+            for device in self.order
+            if device.id not in self.allocating and (request.admin_access or device.id not in self.in_use)
+        )
+        return candidates < 63 and self.attempts + (1 << candidates) - 1 <= self.max_attempts
 
     def capacity_fits(self, request: Request, device: Device) -> bool:
         """Whether ``device`` has the capacity ``request`` consumes left (always, for plain requests)."""
