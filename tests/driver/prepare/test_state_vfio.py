@@ -145,3 +145,11 @@ def test_a_kill_at_every_point_leaves_nothing_after_the_restart(tmp_path: Path) 
             node.restart().reconcile(lambda _ref: False)  # the claim is gone from the API server meanwhile
             node.assert_as_found(f"{phase} killed at {point}")
             node.close()
+
+
+def test_admin_access_to_a_passthrough_device_is_refused_before_anything_changes(node: VfioNode) -> None:
+    assert node.driver.prepare_resource_claims([claim("train", WHOLE)])["train"].error is None
+    error = node.driver.prepare_resource_claims([claim("mon", VFIO, admin=True)])["mon"].error
+    assert error is not None and VFIO in error and "admin access" in error
+    assert node.pci.function(GPU0).driver == "nvidia"
+    assert [r.uid for r in node.driver.checkpoint.records()] == ["train"]

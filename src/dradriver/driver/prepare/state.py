@@ -444,6 +444,8 @@ class GpuDriver:
             )
             for name, requests in by_device.items()
         ]
+        for p in planned:
+            _refuse_admin_passthrough(str(claim.ref), p)
         configs = _resolved_configs(claim, planned) if claim.config else {}
         for p in planned:
             _refuse_multi_user_before_volta(str(claim.ref), p.device, configs.get(p.device.name))
@@ -687,6 +689,17 @@ def _config_kind(device: GpuDevice | MigPartition) -> str:
     if isinstance(device, PassthroughGpu):
         return "vfio"
     return "gpu" if isinstance(device, GpuDevice) else "mig"
+
+
+def _refuse_admin_passthrough(ref: str, planned: PlannedDevice) -> None:
+    """Admin access monitors a device another claim may hold; a passthrough device's prepare moves the GPU to
+    vfio-pci, which would take it from that claim, so admin access to one is refused before anything changes."""
+    if planned.admin_access and isinstance(planned.device, PassthroughGpu):
+        raise ClaimError(
+            f"claim {ref}: device {planned.device.name} is a VFIO passthrough device: admin access to it is refused, "
+            "because preparing it moves the GPU to vfio-pci and takes it from any claim that holds it; ask for "
+            f"the whole GPU {planned.device.whole.name} with admin access to monitor it"
+        )
 
 
 def _refuse_multi_user_before_volta(ref: str, device: GpuDevice | MigPartition, config: AnyConfig | None) -> None:
