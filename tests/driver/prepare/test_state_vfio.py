@@ -5,6 +5,7 @@ reconciliation repairs, as the MIG fault walk does."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from dradriver.nvidia_install.pci_binding import HostPci
 from dradriver.sim.fakelib import simulated_gpulib_on
 from dradriver.sim.node import SimulatedNode
 from dradriver.sim.profiles import load_node_profile
-from dradriver.sim.sysfs import FIRST_GROUP
+from dradriver.sim.sysfs import FIRST_GROUP, gpu_functions, write_tree
 from tests.driver.prepare.test_state_mig import DRIVER, claim, ref
 
 GPU0 = "0000:1b:00.0"
@@ -153,3 +154,21 @@ def test_admin_access_to_a_passthrough_device_is_refused_before_anything_changes
     assert error is not None and VFIO in error and "admin access" in error
     assert node.pci.function(GPU0).driver == "nvidia"
     assert [r.uid for r in node.driver.checkpoint.records()] == ["train"]
+
+
+def test_a_gpu_sharing_its_iommu_group_with_another_gpu_is_not_offered_nor_prepared(tmp_path: Path) -> None:
+    sim = SimulatedNode(load_node_profile("hgx-h100-80gb"), node_name="node-a")
+    functions = gpu_functions((g.pci_bus_id, g.product.pci_device_id) for g in sim.gpus)
+    functions[1] = replace(functions[1], group=FIRST_GROUP)  # the second GPU in the first GPU's group
+    write_tree(tmp_path / "host", functions)
+    node = VfioNode(tmp_path)
+    try:
+        second = node.sim.gpus[1].pci_bus_id
+        offered = {d.address for d in node.driver.passthrough_devices()}
+        assert GPU0 not in offered and second not in offered
+        assert node.sim.gpus[2].pci_bus_id in offered
+        error = node.driver.prepare_resource_claims([claim("vm", VFIO)])["vm"].error
+        assert error is not None and "not offered" in error
+        assert node.pci.function(GPU0).driver == "nvidia" and node.pci.function(second).driver == "nvidia"
+    finally:
+        node.close()

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
@@ -36,7 +36,13 @@ from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.inventory import GpuDevice, Inventory, gpu_name
 from dradriver.gpu.models import DeviceNode
 from dradriver.gpu.products import load_products
-from dradriver.nvidia_install.pci_binding import NVIDIA_DRIVER, VFIO_DRIVER, HostPci, PciFunction
+from dradriver.nvidia_install.pci_binding import (
+    DISPLAY_CLASS_PREFIX,
+    NVIDIA_DRIVER,
+    VFIO_DRIVER,
+    HostPci,
+    PciFunction,
+)
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +110,7 @@ class PassthroughCatalog:
     def __init__(self, pci: HostPci) -> None:
         self.pci = pci
         self._seen: dict[str, GpuDevice] = {}
+        self._told_shared: set[str] = set()  # GPUs whose group holds another GPU, logged once
 
     def devices(self, inventory: Inventory) -> list[PassthroughDevice]:
         """Every NVIDIA GPU function in an IOMMU group, bound to ``nvidia`` or ``vfio-pci``; none where the IOMMU
@@ -116,6 +123,10 @@ class PassthroughCatalog:
         for function in self.pci.gpus():
             if function.iommu_group is None or function.driver not in (NVIDIA_DRIVER, VFIO_DRIVER):
                 continue
+            others = other_displays_in_group(self.pci, function)
+            if others:
+                self._tell_shared(function.address, others)
+                continue
             known = self._seen.get(function.address)
             name = passthrough_name(known.name if known is not None else gpu_name(function.address))
             members = tuple(
@@ -123,6 +134,17 @@ class PassthroughCatalog:
             )
             found.append(PassthroughDevice(name, function, members, known))
         return found
+
+    def _tell_shared(self, address: str, others: Sequence[str]) -> None:
+        if address in self._told_shared:
+            return
+        self._told_shared.add(address)
+        log.info(
+            "GPU not offered for passthrough: its IOMMU group holds other GPUs, which would go to the VM too "
+            "address=%s others=%s",
+            address,
+            ",".join(others),
+        )
 
 
 class Passthrough:
@@ -224,6 +246,12 @@ class PassthroughSteps:
             raise DeviceError(
                 f"{device.name}: the vfio-pci kernel module is not loaded on the node; load it (modprobe vfio-pci, "
                 "and list it in /etc/modules-load.d) and the claim is retried"
+            )
+        others = other_displays_in_group(self.pci, self.pci.function(device.address))
+        if others:
+            raise DeviceError(
+                f"{device.name}: the IOMMU group of GPU {device.address} holds other GPUs ({', '.join(others)}), "
+                "which would leave the host with it; such a GPU is not offered for passthrough"
             )
         driver = self.pci.function(device.address).driver
         if driver not in (None, VFIO_DRIVER, NVIDIA_DRIVER):
@@ -330,6 +358,19 @@ def nvml_sees(gpulib: GpuLib) -> Callable[[str], bool]:
         return True
 
     return sees
+
+
+def other_displays_in_group(pci: HostPci, function: PciFunction) -> list[str]:
+    """The display-class functions (GPUs, of any vendor) of ``function``'s IOMMU group other than itself: binding
+    the group to vfio-pci would take them from the host, and a second claim on one would get the same group, so a
+    GPU with any is not offered for passthrough."""
+    if function.iommu_group is None:
+        return []
+    return [
+        a
+        for a in pci.group_members(function.iommu_group)
+        if a != function.address and pci.function(a).pci_class.startswith(DISPLAY_CLASS_PREFIX)
+    ]
 
 
 def _gpu_last(device: PassthroughDevice) -> Iterable[str]:
