@@ -184,3 +184,12 @@ def test_the_fabric_outlives_the_driver_in_the_state_file(node: HgxNode) -> None
     with pytest.raises(FabricManagerError, match="GPUs are in use by active partition 5"):
         node.fm.activate(2)
     node.fm.deactivate(5)
+
+
+def test_an_admin_claim_on_a_gpu_does_not_keep_its_partition_active(node: HgxNode) -> None:
+    assert node.driver.prepare_resource_claims([claim("pair", GPUS[0], GPUS[1])])["pair"].error is None
+    assert node.driver.prepare_resource_claims([claim("monitor", GPUS[0], admin=True)])["monitor"].error is None
+    assert node.driver.unprepare_resource_claims([ref("pair")]) == {"pair": None}
+    assert node.active() == []  # the monitoring claim made no partition step: nothing of it needs the fabric
+    assert node.driver.unprepare_resource_claims([ref("monitor")]) == {"monitor": None}
+    node.assert_as_found()

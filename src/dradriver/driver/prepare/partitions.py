@@ -14,9 +14,9 @@ a kill at any point is undone at start-up):
   partition equals is refused before anything changes, with the partitions that would fit. A partition already
   active is accepted (a claim sharing the GPUs activated it; NVIDIA's client does the same).
 
-Undo deactivates the partition when it is active and no other prepared claim holds one of its GPUs (a shared GPU's
-other claims still need the fabric), so an intent whose activation never happened, or a partition deactivated
-already, is nothing to do.
+Undo deactivates the partition when it is active and no other recorded claim declared the same partition (a shared
+GPU's other claims still need the fabric; an admin-access claim, which declares none, does not), so an intent
+whose activation never happened, or a partition deactivated already, is nothing to do.
 """
 
 from __future__ import annotations
@@ -139,9 +139,12 @@ class FabricPartitions:
 
     def undo(self, record: ClaimRecord, action: Action) -> None:
         partition_id = int(action.params["partitionId"])
-        gpus = set(action.params.get("gpus", ()))
+        # Only another claim that declared this same partition needs it (GPUs shared through consumable shares):
+        # a claim that merely names one of its GPUs (admin access, no partition step) does not keep it active.
         sharing = [
-            str(r) for r in self._checkpoint.records() if r.uid != record.uid and gpus & {d.gpu for d in r.devices}
+            str(r)
+            for r in self._checkpoint.records()
+            if r.uid != record.uid and any(_declares(a, partition_id) for a in r.actions)
         ]
         if sharing:
             log.info("fabric partition stays active for claims %s claim=%s partition=%s", sharing, record, partition_id)
@@ -163,3 +166,8 @@ class FabricPartitions:
         if found is None:
             raise FabricManagerError(f"Fabric Manager no longer reports partition {partition_id}")
         return found.active
+
+
+def _declares(action: Action, partition_id: int) -> bool:
+    """Whether ``action`` is a ``fabric-partition`` step (intent or done) for ``partition_id``."""
+    return action.step == STEP_FABRIC_PARTITION and int(action.params.get("partitionId", -1)) == partition_id
