@@ -18,7 +18,7 @@ from dradriver.driver.prepare.vfio import Passthrough, PassthroughCatalog, Passt
 from dradriver.gpu.errors import GpuIsLost
 from dradriver.gpu.inventory import MigMode, discover
 from dradriver.nvidia_install.cdi import CdiWriter
-from dradriver.nvidia_install.pci_binding import HostPci
+from dradriver.nvidia_install.pci_binding import HostPci, SysfsWriter
 from dradriver.sim.fakelib import simulated_gpulib_on
 from dradriver.sim.node import SimulatedNode
 from dradriver.sim.profiles import load_node_profile
@@ -172,3 +172,27 @@ def test_a_gpu_sharing_its_iommu_group_with_another_gpu_is_not_offered_nor_prepa
         assert node.pci.function(GPU0).driver == "nvidia" and node.pci.function(second).driver == "nvidia"
     finally:
         node.close()
+
+
+class RecordingKernel:
+    """The simulated kernel, with the sysfs paths written to it kept in order."""
+
+    def __init__(self, kernel: SysfsWriter) -> None:
+        self.kernel = kernel
+        self.paths: list[str] = []
+
+    def write(self, path: Path, value: str) -> None:
+        self.paths.append(str(path))
+        self.kernel.write(path, value)
+
+
+def test_a_refusal_of_any_passthrough_device_comes_before_the_first_bind(node: VfioNode) -> None:
+    second = node.sim.gpus[1]
+    recording = RecordingKernel(node.pci.writer)
+    node.pci.writer = recording
+    node.sim.start_process(second.uuid, pid=4343, memory_bytes=1 << 30)
+    error = node.driver.prepare_resource_claims([claim("vm", VFIO, f"{node.driver.gpus()[1].name}-vfio")])["vm"].error
+    assert error is not None and "processes 4343 use GPU" in error
+    assert not [p for p in recording.paths if p.endswith(("/bind", "/unbind"))]  # the first GPU never left nvidia
+    node.sim.end_process(4343)
+    node.assert_as_found()

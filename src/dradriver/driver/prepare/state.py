@@ -333,6 +333,7 @@ class GpuDriver:
         record = txn.record
         try:
             crash_point("prepare-started")
+            self._refuse_unusable(planned)
             ready = [self._make_ready(txn, p) for p in planned]
             if self.partitions is not None:
                 self.partitions.activate(txn)
@@ -508,6 +509,14 @@ class GpuDriver:
         if self.mig_mode is not MigMode.DYNAMIC and device.existing is not None:
             return device.existing.uuid
         return None
+
+    def _refuse_unusable(self, planned: Sequence[PlannedDevice]) -> None:
+        """Every check that can refuse a device, for all of the claim's devices, before the first change (the
+        overlap check has passed): a passthrough device refused after another was bound would move a GPU for
+        nothing."""
+        for plan in planned:
+            if isinstance(plan.device, PassthroughGpu):
+                self._passthrough_steps(plan.device).refuse_unusable(plan.device.passthrough)
 
     def _make_ready(self, txn: Transaction, planned: PlannedDevice) -> ReadyDevice:
         """Bring one device into the state its allocation needs (dynamic mode: MIG mode and carving)."""

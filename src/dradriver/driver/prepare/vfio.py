@@ -227,7 +227,7 @@ class PassthroughSteps:
 
     def bind(self, txn: Transaction, device: PassthroughDevice) -> tuple[DeviceNode, ...]:
         """Move the device's IOMMU group to ``vfio-pci``; returns the device nodes its container needs."""
-        self._refuse_unusable(device)
+        self.refuse_unusable(device)  # again: a process may have opened the GPU since the claim's check
         for address in _gpu_last(device):
             params = txn.intent(STEP_VFIO_BIND, device.name) or self._intent(device, address)
             txn.run(STEP_VFIO_BIND, device.name, {**params, "address": address}, self._to_vfio)
@@ -241,7 +241,10 @@ class PassthroughSteps:
         log.info("bound to vfio-pci claim=%s device=%s group=%s", txn.record.uid, device.name, group)
         return (DeviceNode(f"/dev/vfio/{group}"), DeviceNode("/dev/vfio/vfio"))
 
-    def _refuse_unusable(self, device: PassthroughDevice) -> None:
+    def refuse_unusable(self, device: PassthroughDevice) -> None:
+        """Raise :class:`DeviceError` when ``device`` cannot go to ``vfio-pci`` now (no module, another driver, a
+        process on the GPU, another GPU in its group); reads only. The recipe asks it of every passthrough device of
+        a claim before the first bind, so a refusal of the second device does not move the first."""
         if not self.pci.vfio_module_loaded():
             raise DeviceError(
                 f"{device.name}: the vfio-pci kernel module is not loaded on the node; load it (modprobe vfio-pci, "
