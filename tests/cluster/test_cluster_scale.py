@@ -1,6 +1,7 @@
 """The scale harness at a small size, in CI: the real control plane, kwok (scripts/build-kwok) and 50 fake Nodes
 (40 DGX H100s, 10 GB200 trays) each with the slices our driver publishes; then one pod's claim explained by
-`dradriver explain --pod` while a scheduling gate holds it, and placed by the real scheduler once released. The full
+`dradriver explain --pod` while a scheduling gate holds it, and placed by the real scheduler once released (one that
+fits nowhere refused by both); explain's paged reads of the slices counted. The full
 size (5,000 nodes) is benchmarks/bench_cluster_scale.py; docs/performance.md, "Cluster scale"."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.cluster_fixtures import failures
@@ -19,12 +21,15 @@ from support.scale import (
     Probe,
     ScaleCluster,
     create_gated_probe,
+    delete_probe,
     release_probe,
+    release_unschedulable_probe,
     scale_cluster,
     time_explain,
 )
 
 from dradriver.cli.explain_cluster import KubernetesReader
+from dradriver.plugin.cluster.transport import Transport
 
 GROUPS = [NodeGroup(40), NodeGroup(10, "gb200-nvl72-tray", prefix="gb200")]
 GPUS = 40 * 8 + 10 * 4
@@ -77,8 +82,34 @@ def test_explain_and_the_scheduler_place_the_same_pod(fleet: ScaleCluster) -> No
     assert {r["pool"] for r in results} == {placed["node"]} and len(results) == 8
 
 
-def test_explain_reads_every_slice_page_by_page_from_the_real_api_server(fleet: ScaleCluster) -> None:
-    # Seven a page: the 50 slices come in 8 pages, which only a reader following `continue` gets all of.
+def test_a_pod_that_fits_nowhere_is_refused_by_explain_and_the_scheduler_alike(fleet: ScaleCluster) -> None:
+    probe = Probe(name="too-big", count=9)  # nine GPUs: no node here has more than eight
+    create_gated_probe(fleet.pool, probe)
+    try:
+        explained = time_explain(fleet.plane, probe, runs=1)
+        assert explained["exit"] == 1 and explained["fits"] is False, explained
+        refused = release_unschedulable_probe(fleet.plane, fleet.pool, probe)
+        assert refused["node"] is None
+        assert refused["condition"]["status"] == "False" and refused["condition"]["reason"] == "Unschedulable"
+        # The scheduler's own histogram counted the failed attempt, with its time.
+        assert refused["attempt"]["observations"] >= 1 and refused["attempt"]["seconds"] > 0
+    finally:
+        delete_probe(fleet.pool, probe)
+
+
+def test_explain_reads_every_slice_page_by_page_from_the_real_api_server(
+    fleet: ScaleCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Seven a page: the 50 slices come in 8 pages, which only a reader following `continue` gets all of. Every
+    # request the reader sends is counted on its way out.
+    sent: list[tuple[str, str, dict[str, str]]] = []
+    send = Transport.request
+
+    def counted(transport: Transport, method: str, path: str, **options: Any) -> Any:
+        sent.append((method, path, dict(options.get("query") or [])))
+        return send(transport, method, path, **options)
+
+    monkeypatch.setattr(Transport, "request", counted)
     reader = KubernetesReader(str(fleet.plane.kubeconfig), None, page_size=7)
     try:
         slices = reader.list_resource_slices()
@@ -86,3 +117,7 @@ def test_explain_reads_every_slice_page_by_page_from_the_real_api_server(fleet: 
         reader.close()
     assert len(slices) == 50 and {s["kind"] for s in slices} == {"ResourceSlice"}
     assert len({s["metadata"]["name"] for s in slices}) == 50
+    assert [(method, path) for method, path, _ in sent] == [("GET", "/apis/resource.k8s.io/v1/resourceslices")] * 8
+    assert all(query["limit"] == "7" for _, _, query in sent)
+    # The first page asks from the start; each later one continues where the one before ended.
+    assert "continue" not in sent[0][2] and all(query.get("continue") for _, _, query in sent[1:])

@@ -347,6 +347,42 @@ def release_probe(plane: ControlPlane, pool: Pool, probe: Probe, timeout: float 
             **figures}  # fmt: skip
 
 
+def release_unschedulable_probe(
+    plane: ControlPlane, pool: Pool, probe: Probe, timeout: float = 120.0
+) -> dict[str, Any]:
+    """Lift the gate of a probe that fits on no node; wait for the scheduler to mark it unschedulable
+    (PodScheduled False) and count that attempt in its metrics: the condition and the scheduler's seconds for the
+    unschedulable attempts between lifting the gate and now."""
+    before = scheduler_snapshot(plane, "unschedulable")
+    path = f"/api/v1/namespaces/{NAMESPACE}/pods/{probe.name}"
+    pool.request("PATCH", path, b'{"spec":{"schedulingGates":null}}')
+    pod = plane.kube.wait("the scheduler to find the probe unschedulable",
+                          lambda: _unschedulable(pool.request("GET", path)), timeout)  # fmt: skip
+    plane.kube.wait("the scheduler to count the unschedulable attempt",
+                    lambda: scheduler_snapshot(plane, "unschedulable")["attempt"][1] > before["attempt"][1],
+                    timeout)  # fmt: skip
+    figures = scheduler_seconds(before, scheduler_snapshot(plane, "unschedulable"))
+    (condition,) = [c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled"]
+    return {"node": pod["spec"].get("nodeName"), "condition": condition, **figures}
+
+
+def delete_probe(pool: Pool, probe: Probe) -> None:
+    """The probe's pod and claim gone (already gone is fine)."""
+    for path in (f"/api/v1/namespaces/{NAMESPACE}/pods/{probe.name}",
+                 f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims/{probe.name}"):  # fmt: skip
+        try:
+            pool.request("DELETE", path)
+        except RuntimeError as error:
+            if "HTTP 404" not in str(error):
+                raise
+
+
+def _unschedulable(pod: dict[str, Any]) -> dict[str, Any] | None:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    scheduled = [c for c in conditions if c.get("type") == "PodScheduled"]
+    return pod if scheduled and scheduled[0].get("reason") == "Unschedulable" else None
+
+
 def _bound(pod: dict[str, Any]) -> dict[str, Any] | None:
     return pod if pod["spec"].get("nodeName") else None
 
