@@ -1,8 +1,8 @@
 """The scale harness at a small size, in CI: the real control plane, kwok (scripts/build-kwok) and 50 fake Nodes
 (40 DGX H100s, 10 GB200 trays) each with the slices our driver publishes; then one pod's claim explained by
 `dradriver explain --pod` while a scheduling gate holds it, and placed by the real scheduler once released (one that
-fits nowhere refused by both); explain's paged reads of the slices counted. The full
-size (5,000 nodes) is benchmarks/bench_cluster_scale.py; docs/performance.md, "Cluster scale"."""
+fits nowhere refused by both); explain's paged reads of the slices counted. The full size (5,000 nodes) is
+benchmarks/bench_cluster_scale.py; docs/performance.md, "Cluster scale"."""
 
 from __future__ import annotations
 
