@@ -193,3 +193,11 @@ def test_an_admin_claim_on_a_gpu_does_not_keep_its_partition_active(node: HgxNod
     assert node.active() == []  # the monitoring claim made no partition step: nothing of it needs the fabric
     assert node.driver.unprepare_resource_claims([ref("monitor")]) == {"monitor": None}
     node.assert_as_found()
+
+
+def test_gpus_held_by_another_active_partition_are_refused_before_anything_changes(node: HgxNode) -> None:
+    node.fm.activate(7)  # the first GPU's 1-GPU partition, activated by another tool
+    error = node.driver.prepare_resource_claims([claim("pair", GPUS[0], GPUS[1])])["pair"].error
+    assert error is not None and "partition 7 (GPUs 1) is active" in error and "prepare failed" not in error
+    assert node.active() == [7]
+    assert node.driver.checkpoint.records() == []

@@ -104,6 +104,7 @@ class FabricPartitions:
         partition = exact_partition(self.layout, (g.info.pci_bus_id for g in gpus))
         if partition is None:
             raise ClaimError(self._no_partition(claim, gpus))
+        self._refuse_overlapping_active(claim, partition)
         txn.expect(
             STEP_FABRIC_PARTITION,
             "",
@@ -123,6 +124,22 @@ class FabricPartitions:
             return {"alreadyActive": True}
         self.fabric_manager.activate(partition_id)
         return {}
+
+    def _refuse_overlapping_active(self, claim: str, partition: FabricPartition) -> None:
+        """FM refuses to activate a partition while another active one holds any of its GPUs: refuse the claim
+        before anything changes (its GPUs would be bound or carved for nothing), naming that partition."""
+        active = [
+            p
+            for p in self.fabric_manager.supported_partitions()
+            if p.active and p.id != partition.id and p.pci_bus_ids & partition.pci_bus_ids
+        ]
+        if active:
+            raise ClaimError(
+                f"claim {claim}: its GPUs form {partition.describe()}, but Fabric Manager "
+                f"{', '.join(p.describe() for p in active)} is active and holds some of them; a partition is "
+                "activated only while none of its GPUs is in another. The claim is retried once that partition "
+                "is deactivated (its claim unprepared, or fmpm -d by whoever activated it)"
+            )
 
     def _no_partition(self, claim: str, gpus: Sequence[GpuDevice]) -> str:
         wanted = {g.info.pci_bus_id for g in gpus}

@@ -334,9 +334,11 @@ class GpuDriver:
         try:
             crash_point("prepare-started")
             self._refuse_unusable(planned)
-            ready = [self._make_ready(txn, p) for p in planned]
             if self.partitions is not None:
+                # Before the devices are made ready, as NVIDIA's driver does: a GPU goes to vfio-pci inside its
+                # activated partition, and the undo (in reverse) gives it back to nvidia before deactivating.
                 self.partitions.activate(txn)
+            ready = [self._make_ready(txn, p) for p in planned]
             for device in record.devices:
                 self.sharing.apply_device(txn, device)
             self.sharing.apply_mps(txn)
