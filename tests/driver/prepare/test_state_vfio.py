@@ -4,7 +4,9 @@ reconciliation repairs, as the MIG fault walk does."""
 
 from __future__ import annotations
 
+import errno
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -196,3 +198,37 @@ def test_a_refusal_of_any_passthrough_device_comes_before_the_first_bind(node: V
     assert not [p for p in recording.paths if p.endswith(("/bind", "/unbind"))]  # the first GPU never left nvidia
     node.sim.end_process(4343)
     node.assert_as_found()
+
+
+class FailingKernel:
+    """The simulated kernel, refusing with EIO every bind of ``always`` and the first ``once`` bind of ``once``."""
+
+    def __init__(self, kernel: SysfsWriter, *, always: str, once: str) -> None:
+        self.kernel = kernel
+        self.always, self.once = f"/drivers/{always}/bind", f"/drivers/{once}/bind"
+        self.failed_once = False
+
+    def write(self, path: Path, value: str) -> None:
+        if str(path).endswith(self.always):
+            raise OSError(errno.EIO, "Input/output error")
+        if str(path).endswith(self.once) and not self.failed_once:
+            self.failed_once = True
+            raise OSError(errno.EIO, "Input/output error")
+        self.kernel.write(path, value)
+
+
+def test_a_bind_whose_own_restore_fails_is_a_claim_error_and_the_rollback_gives_the_gpu_back(node: VfioNode) -> None:
+    node.pci.writer = FailingKernel(node.pci.writer, always="vfio-pci", once="nvidia")
+    result = node.driver.prepare_resource_claims([claim("vm", VFIO)])["vm"]
+    assert result.error is not None and "prepare failed" in result.error and GPU0 in result.error
+    assert "putting it back failed too" in result.error
+    assert "everything done for the claim was undone" in result.error  # the kept intent was undone
+    node.assert_as_found()
+
+
+def test_a_gpu_gone_from_sysfs_is_a_claim_error(node: VfioNode) -> None:
+    node.driver.update_inventory(discover(node.gpulib), MigMode.DYNAMIC)
+    shutil.rmtree(node.root / "sys/bus/pci/devices" / GPU0)  # hot-removed (or the tree unmounted) after the refresh
+    error = node.driver.prepare_resource_claims([claim("vm", VFIO)])["vm"].error
+    assert error is not None and GPU0 in error
+    assert node.driver.checkpoint.records() == []

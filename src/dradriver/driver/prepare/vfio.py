@@ -218,7 +218,7 @@ class PassthroughSteps:
             txn.expect(STEP_VFIO_BIND, device.name, self._intent(device, address))
 
     def _intent(self, device: PassthroughDevice, address: str) -> dict[str, Any]:
-        function = self.pci.function(address)
+        function = self._function(address)
         previous = function.driver if function.driver != VFIO_DRIVER else None
         intent: dict[str, Any] = {"address": address, "group": device.function.iommu_group, "previousDriver": previous}
         if address == device.address and device.uuid is not None:
@@ -230,7 +230,11 @@ class PassthroughSteps:
         self.refuse_unusable(device)  # again: a process may have opened the GPU since the claim's check
         for address in _gpu_last(device):
             params = txn.intent(STEP_VFIO_BIND, device.name) or self._intent(device, address)
-            txn.run(STEP_VFIO_BIND, device.name, {**params, "address": address}, self._to_vfio)
+            try:
+                txn.run(STEP_VFIO_BIND, device.name, {**params, "address": address}, self._to_vfio)
+            except _LeftChanged as left:
+                # The intent stays recorded (the step raised no DradriverError), so the claim's rollback undoes it.
+                raise left.error from left
         group = device.function.iommu_group
         node = self.pci.vfio_group_node(int(group or 0))
         if not node.exists():
@@ -250,13 +254,16 @@ class PassthroughSteps:
                 f"{device.name}: the vfio-pci kernel module is not loaded on the node; load it (modprobe vfio-pci, "
                 "and list it in /etc/modules-load.d) and the claim is retried"
             )
-        others = other_displays_in_group(self.pci, self.pci.function(device.address))
+        try:
+            others = other_displays_in_group(self.pci, self._function(device.address))
+        except FileNotFoundError as err:
+            raise DeviceError(f"{device.name}: a function of the IOMMU group of {device.address}: {err}") from err
         if others:
             raise DeviceError(
                 f"{device.name}: the IOMMU group of GPU {device.address} holds other GPUs ({', '.join(others)}), "
                 "which would leave the host with it; such a GPU is not offered for passthrough"
             )
-        driver = self.pci.function(device.address).driver
+        driver = self._function(device.address).driver
         if driver not in (None, VFIO_DRIVER, NVIDIA_DRIVER):
             raise DeviceError(f"{device.name}: GPU {device.address} is bound to {driver}, not to nvidia or vfio-pci")
         pids = self._holders(device.uuid) if device.uuid is not None and driver == NVIDIA_DRIVER else []
@@ -269,7 +276,7 @@ class PassthroughSteps:
 
     def _to_vfio(self, params: dict[str, Any]) -> dict[str, Any]:
         address = str(params["address"])
-        function = self.pci.function(address)
+        function = self._function(address)
         if function.driver == VFIO_DRIVER:
             return {}
         try:
@@ -279,9 +286,26 @@ class PassthroughSteps:
             self.pci.bind(address, VFIO_DRIVER)
         except OSError as err:
             # Nothing is left half-done: the function goes back as it was, and the step's intent is dropped.
-            self._restore(address, function.driver)
-            raise DeviceError(_refusal(address, function.driver, err)) from err
+            refusal = _refusal(address, function.driver, err)
+            try:
+                self._restore(address, function.driver)
+            except OSError as restore_err:
+                # Left changed: the intent must stay so the claim's rollback (or start-up) finishes the restore.
+                raise _LeftChanged(
+                    DeviceError(f"{refusal}; putting it back failed too: {restore_err.strerror or restore_err}")
+                ) from restore_err
+            raise DeviceError(refusal) from err
         return {}
+
+    def _function(self, address: str) -> PciFunction:
+        """The PCI function at ``address``; :class:`DeviceError` when sysfs has none (removed from the bus)."""
+        try:
+            return self.pci.function(address)
+        except FileNotFoundError as err:
+            raise DeviceError(
+                f"PCI function {address} is not in sysfs any more ({err.strerror}): it was removed from the bus, or "
+                "the host's /sys is not where the driver reads it"
+            ) from err
 
     # --- undo ---------------------------------------------------------------------------------------------
 
@@ -324,7 +348,10 @@ class PassthroughSteps:
 
     def drift(self, _record: ClaimRecord, action: Action) -> str | None:
         address = str(action.params["address"])
-        driver = self.pci.function(address).driver
+        try:
+            driver = self.pci.function(address).driver
+        except FileNotFoundError:
+            return f"PCI function {address} is not in sysfs any more"
         return None if driver == VFIO_DRIVER else f"PCI function {address} is bound to {driver or 'no driver'}"
 
 
@@ -361,6 +388,15 @@ def nvml_sees(gpulib: GpuLib) -> Callable[[str], bool]:
         return True
 
     return sees
+
+
+class _LeftChanged(Exception):
+    """A ``vfio-bind`` change that failed and could not be put back: not a DradriverError, so ``Transaction.run``
+    keeps its intent; :meth:`PassthroughSteps.bind` raises ``error`` in its place."""
+
+    def __init__(self, error: DeviceError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def other_displays_in_group(pci: HostPci, function: PciFunction) -> list[str]:
