@@ -151,3 +151,9 @@ def test_a_kill_between_the_record_and_the_cdi_spec_leaves_nothing_once_unprepar
     assert restarted.checkpoint.load() == {}
     assert not list((tmp_path / "cdi").glob("*.json"))
     assert "labels" not in rest.get(NODE_PATH)["metadata"]
+
+
+@pytest.mark.parametrize(("answer", "ready"), [("READY", True), ("NOT_READY", False), ("UNAVAILABLE", False)])
+def test_only_an_answer_of_exactly_ready_is_ready(answer: str, ready: bool) -> None:
+    state = HostImex(["sh", "-c", f"echo {answer}"]).state()  # -q and --u=… become the script's $0 and $1
+    assert state.ready is ready and state.detail == answer

@@ -52,7 +52,8 @@ class HostImex:
         output = (done.stdout + done.stderr).strip()
         if done.returncode != 0:
             return HostImexState(False, f"{' '.join(self.command())} exited {done.returncode}: {output}")
-        return HostImexState(READY in done.stdout, output)
+        # Exactly READY: a substring test would take NOT_READY for ready.
+        return HostImexState(done.stdout.strip() == READY, output)
 
     def not_ready_message(self, node: str, state: HostImexState) -> str:
         """Why a channel is withheld, and what to check."""
