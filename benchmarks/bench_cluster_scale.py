@@ -11,8 +11,8 @@ node), created by parallel requests over one connection pool:
 * mig: ``--mig-nodes`` of them with dynamic MIG (208 devices a node: every GPU and every MIG placement).
 
 Then, for each probe pod (one claim, held Pending by a scheduling gate): `dradriver explain --pod` as a user runs
-it (a new process, over the admin kubeconfig; best of three), then the gate lifted and the real scheduler's own time
-for the pod read from its metrics (scheduler_scheduling_attempt_duration_seconds and
+it (a new process, over the admin kubeconfig; three runs, their best and median), then the gate lifted and the real
+scheduler's own time for the pod read from its metrics (scheduler_scheduling_attempt_duration_seconds and
 scheduler_pod_scheduling_sli_duration_seconds, before and after). A probe that fits nowhere is explained too, and the
 scheduler's unschedulable attempt timed.
 
@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import shutil
 import sys
 import tempfile
@@ -137,8 +138,10 @@ def table(results: dict[str, Any]) -> list[str]:
             rows.append(
                 f"| {name} | {figures['nodes']:,} | {figures['devices']:,} | {figures['create_seconds']} s | "
                 f"{probe['count']} x {probe['device_class']} ({'fits' if explained['fits'] else 'fits nowhere'}) | "
-                f"{explained['best_seconds']:.2f} s (start-up {explained['start_up_seconds']:.2f} s; reading the "
-                f"slices {explained['in_process']['read_slices_seconds']:.2f} s, allocator "
+                f"{explained['best_seconds']:.2f} s, median {explained['median_seconds']:.2f} s (start-up "
+                f"{explained['start_up_seconds']:.2f} s; reading the slices "
+                f"{explained['in_process']['read_slices_seconds']:.2f} s, allocator cold "
+                f"{explained['in_process']['allocator_first_seconds']:.2f} s, warm "
                 f"{explained['in_process']['allocator_seconds']:.2f} s) | "
                 f"{scheduled['attempt']['seconds']:.3f} s | "
                 f"{scheduled['sli']['seconds']:.3f} s |"
@@ -168,6 +171,7 @@ def main() -> int:
     }  # fmt: skip
     started = time.time()
     results: dict[str, Any] = {
+        "command": shlex.join([".venv/bin/python", "benchmarks/bench_cluster_scale.py", *sys.argv[1:]]),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "load_average_at_start": [round(x, 1) for x in os.getloadavg()],
         "target_explain_seconds": TARGET_SECONDS,
