@@ -150,3 +150,25 @@ def test_a_gpu_on_vfio_is_not_reported_lost_by_health(root: Path, api: FakeApiSe
         assert_given_back(root, "after unprepare")
     finally:
         driver.stop()
+
+
+def whole_gpu_published(api: FakeApiServer) -> bool:
+    return any(d["name"] == VFIO.removesuffix("-vfio") for s in our_slices(api) for d in s["spec"].get("devices", []))
+
+
+def test_the_gpu_is_republished_as_it_moves_to_vfio_and_back_without_a_rescan_interval(
+    root: Path, api: FakeApiServer
+) -> None:
+    driver = start(root, api)  # --rescan-interval 0: only the moves themselves ask for a rescan
+    try:
+        driver.wait_ready()
+        assert api.wait_until(lambda: whole_gpu_published(api), TIMEOUT), driver.log
+        claim = allocated_claim(api, "vm", [VFIO])
+        with KubeletClient(root / "registry").register() as plugin:
+            assert plugin.prepare([claim])[claim.uid].error == "", driver.log
+            assert api.wait_until(lambda: not whole_gpu_published(api), TIMEOUT), driver.log
+            assert plugin.unprepare([claim]) == {claim.uid: ""}
+        assert api.wait_until(lambda: whole_gpu_published(api), TIMEOUT), driver.log
+        assert_given_back(root, "after unprepare")
+    finally:
+        driver.stop()

@@ -141,6 +141,8 @@ class DriverProcess:
         rechecker = ClaimRechecker(node, self.stop, republish=rescanner.refresh.set)
         # A health change (a taint to add or remove, a lost GPU back) rescans at once, not at the next interval.
         node.health.subscribe(rescanner.refresh.set)
+        # A GPU moved to vfio-pci or back is republished at once, as a freed GPU is after a claim re-check.
+        node.driver.on_passthrough_moved(rescanner.refresh.set)
         self.status.node = node
         stopping: list[Callable[[StopBudget], None]] = []
         try:

@@ -232,3 +232,16 @@ def test_a_gpu_gone_from_sysfs_is_a_claim_error(node: VfioNode) -> None:
     error = node.driver.prepare_resource_claims([claim("vm", VFIO)])["vm"].error
     assert error is not None and GPU0 in error
     assert node.driver.checkpoint.records() == []
+
+
+def test_a_gpu_moved_to_vfio_or_back_asks_for_a_rescan(node: VfioNode) -> None:
+    asked: list[str] = []
+    node.driver.on_passthrough_moved(lambda: asked.append("rescan"))
+    assert node.driver.prepare_resource_claims([claim("pod", WHOLE)])["pod"].error is None
+    assert node.driver.unprepare_resource_claims([ref("pod")]) == {"pod": None}
+    assert asked == []  # a whole GPU never left NVML
+    assert node.driver.prepare_resource_claims([claim("vm", VFIO)])["vm"].error is None
+    assert asked == ["rescan"]  # NVML lost the GPU: it is no longer offered whole
+    assert node.driver.unprepare_resource_claims([ref("vm")]) == {"vm": None}
+    assert asked == ["rescan", "rescan"]  # NVML sees it again
+    node.assert_as_found()

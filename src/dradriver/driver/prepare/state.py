@@ -41,6 +41,7 @@ from dradriver.driver.prepare.sharing import (
 from dradriver.driver.prepare.steps import step_kinds
 from dradriver.driver.prepare.transaction import StepFailed, Transaction, crash_point
 from dradriver.driver.prepare.vfio import (
+    STEP_VFIO_BIND,
     Passthrough,
     PassthroughDevice,
     PassthroughGpu,
@@ -186,7 +187,19 @@ class GpuDriver:
         self._gpu_locks: dict[str, threading.Lock] = {}
         self._devices: dict[str, GpuDevice | MigPartition] = {}
         self._gpus: tuple[GpuDevice, ...] = ()
+        self._on_passthrough_moved: list[Callable[[], None]] = []
         self.update_inventory(inventory, options.mig_mode)
+
+    def on_passthrough_moved(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` after a prepare moved a GPU to vfio-pci or an unprepare gave it back: NVML lost or
+        sees the GPU again, so a rescan republishes it (whole, with its MIG devices, or not) at once instead of at
+        the next interval."""
+        self._on_passthrough_moved.append(callback)
+
+    def _passthrough_moved(self, record: ClaimRecord) -> None:
+        if any(a.step == STEP_VFIO_BIND for a in record.actions):
+            for callback in self._on_passthrough_moved:
+                callback()
 
     def gpus(self) -> tuple[GpuDevice, ...]:
         """This node's GPUs, as the last inventory showed them."""
@@ -285,6 +298,7 @@ class GpuDriver:
             ref.name,
             ",".join(d.name for d in record.devices),
         )
+        self._passthrough_moved(record)
         return self._reported(record)
 
     def _prepared_already(self, claim: AllocatedClaim, earlier: ClaimRecord) -> tuple[PreparedDevice, ...]:
@@ -377,8 +391,10 @@ class GpuDriver:
         if record is None:
             self.cdi.remove(ref.uid)  # a spec without a record can only be a leftover
             return
+        moved = replace(record, actions=list(record.actions))  # before the undo empties them
         self.roll_back(record, reason="unprepare", keep_mig_mode=True)
         log.info("unprepared claim=%s", ref.uid)
+        self._passthrough_moved(moved)
 
     def roll_back(self, record: ClaimRecord, *, reason: str, keep_mig_mode: bool = False) -> None:
         """Undo what ``record`` did; ``keep_mig_mode``: leave the MIG mode of a claim that completed as it is."""
