@@ -205,3 +205,20 @@ def test_a_bridge_in_the_group_stays_on_its_driver(tmp_path: Path) -> None:
     assert node.pci.vfio_group_node(FIRST_GROUP).exists()
     assert txn.rollback() is None
     assert_as_found(node)
+
+
+def test_a_gpu_whose_group_holds_another_display_function_is_not_offered_and_its_bind_is_refused(
+    tmp_path: Path,
+) -> None:
+    vga = "0000:1b:00.1"  # a BMC's VGA function (ASPEED), put in the GPU's group by a board without ACS
+    sim = SimulatedNode(load_node_profile("hgx-h100-80gb"))
+    functions = gpu_functions((g.pci_bus_id, g.product.pci_device_id) for g in sim.gpus)
+    functions.append(SimPciFunction(vga, 0x2000, pci_class=0x030000, vendor=0x1A03, driver=None, group=FIRST_GROUP))
+    write_tree(tmp_path / "host", functions)
+    node = make_node(tmp_path)  # on the tree written here
+    offered = {d.address for d in PassthroughCatalog(node.pci).devices(discover(node.gpulib))}
+    assert GPU0 not in offered and len(offered) == 7
+    device = PassthroughDevice("gpu-0000-1b-00-0-vfio", node.pci.function(GPU0), (vga, GPU0), None)
+    with pytest.raises(DeviceError, match=f"holds other GPUs \\({vga}\\)"):
+        node.steps.bind(node.transaction(), device)
+    assert_as_found(node)
