@@ -8,12 +8,13 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from support.cluster_node import DRIVER, SimNode
+from support.cluster_node import DRIVER, SimNode, remove_nodes
 from support.cluster_pods import NAMESPACE, GatedPod, allocated_devices, claim_template, kubectl, kubectl_apply
 from support.control_plane import ControlPlane
 from support.kube_rest import Kube
@@ -26,15 +27,46 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples" / "claims").glob("*.yaml"))
 
 
+def header(example: Path) -> tuple[str, str | None, tuple[str, ...]]:
+    """An example's "# Profile: NAME [--mig-mode MODE] [FLAG VALUE...]" header: the profile, the MIG mode (None:
+    any) and the driver flags it needs beyond them."""
+    line = next(line for line in example.read_text().splitlines() if line.startswith("# Profile:"))
+    words = line.removeprefix("# Profile:").split()
+    if "(any" in words:
+        return words[0], None, ()
+    rest = words[1:]
+    mode = None
+    if "--mig-mode" in rest:
+        at = rest.index("--mig-mode")
+        mode = rest[at + 1]
+        rest = rest[:at] + rest[at + 2 :]
+    return words[0], mode, tuple(rest)
+
+
 def node_for(example: Path, nodes: dict[str, SimNode]) -> SimNode:
-    """The simulated node an example is written for: its "# Profile: NAME [--mig-mode MODE]" header."""
-    header = next(line for line in example.read_text().splitlines() if line.startswith("# Profile:"))
-    words = header.removeprefix("# Profile:").split()
-    mode = words[words.index("--mig-mode") + 1] if "--mig-mode" in words and "(any" not in words else None
+    """The simulated node an example is written for (its header), among the session's and the module's own."""
+    profile, mode, extra = header(example)
     for node in nodes.values():
-        if node.profile == words[0] and mode in (None, node.mig_mode):
+        if node.profile == profile and mode in (None, node.mig_mode) and node.extra == extra:
             return node
-    raise AssertionError(f"{example.name}: no simulated node for {header!r}; add one to NODES in conftest.py")
+    raise AssertionError(f"{example.name}: no simulated node for {header(example)!r}; add one to NODES in conftest.py")
+
+
+@pytest.fixture(scope="module")
+def example_nodes(nodes: dict[str, SimNode], control_plane: ControlPlane, kube: Kube) -> Iterator[dict[str, SimNode]]:
+    """The session's nodes, plus one of this module's own for each header that needs driver flags of its own
+    (e.g. --fabric-manager-partitions true), removed again at the end of the module."""
+    own: dict[str, SimNode] = {}
+    for example in EXAMPLES:
+        profile, mode, extra = header(example)
+        if extra and not any(n.profile == profile and n.extra == extra for n in own.values()):
+            name = f"gpu-example-{len(own)}"
+            own[name] = SimNode.start(kube, control_plane.kubeconfig, control_plane.root / name, name,
+                                      profile=profile, mig_mode=mode or "none", extra=extra)  # fmt: skip
+    try:
+        yield {**nodes, **own}
+    finally:
+        remove_nodes(own.values(), kube, control_plane.logs)
 
 
 def status_devices(kube: Kube, claim: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -76,11 +108,11 @@ def prepare_and_unprepare(node: SimNode, pod: GatedPod) -> None:
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_every_example_is_scheduled_prepared_and_cleaned_up(
-    example: Path, nodes: dict[str, SimNode], control_plane: ControlPlane, kube: Kube
+    example: Path, example_nodes: dict[str, SimNode], control_plane: ControlPlane, kube: Kube
 ) -> None:
     [template] = [doc for doc in yaml.safe_load_all(example.read_text()) if doc]
     kubectl_apply(kubectl(), control_plane.kubeconfig, example)
-    node = node_for(example, nodes)
+    node = node_for(example, example_nodes)
     pod = GatedPod(kube, f"example-{example.stem}", template["metadata"]["name"], node=node.name).create()
     try:
         code, explained = pod.explain(control_plane.kubeconfig)
