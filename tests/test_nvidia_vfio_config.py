@@ -30,6 +30,7 @@ from dradriver.plugin.kubeletplugin.claims import allocated_claim
 from dradriver.sim.fakelib import simulated_gpulib_on
 from dradriver.sim.node import SimulatedNode
 from dradriver.sim.profiles import load_node_profile
+from dradriver.sim.sysfs import gpu_functions, write_tree
 from dradriver.validation.slices import SliceShape
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,8 +49,12 @@ NODE = "sim-node"
 class VfioDriver:
     """`dradriver run --compat nvidia --passthrough true` on a simulated H100 node: its slices and its driver."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, *, iommufd: bool = False) -> None:
         sim = SimulatedNode(load_node_profile("hgx-h100-80gb"), node_name=NODE)
+        # A kernel with IOMMUFD has /dev/iommu and a cdev per device on vfio-pci (sim/sysfs.py).
+        write_tree(
+            tmp_path / "host", gpu_functions((g.pci_bus_id, g.product.pci_device_id) for g in sim.gpus), iommufd=iommufd
+        )
         kernel = sim.attach_sysfs(tmp_path / "host")
         self.pci = HostPci(tmp_path / "host", kernel)
         gpulib = simulated_gpulib_on(sim)
@@ -62,7 +67,11 @@ class VfioDriver:
         self.store = CheckpointStore.open(tmp_path / "state", boot_id="boot-1")
         self.cdi_dir = tmp_path / "cdi"
         steps = PassthroughSteps(
-            self.pci, nvml_sees=nvml_sees(gpulib), holders=nvml_holders(gpulib), return_timeout_s=5
+            self.pci,
+            nvml_sees=nvml_sees(gpulib),
+            holders=nvml_holders(gpulib),
+            return_timeout_s=5,
+            release=gpulib.released,
         )
         self.driver = GpuDriver(
             GpuDriverOptions(
@@ -136,3 +145,64 @@ def test_a_vfio_device_config_on_a_whole_gpu_is_refused_saying_what_it_is_for(no
         in error
     )
     assert node.driver.checkpoint.records() == []
+
+
+def cdi_nodes(node: VfioDriver) -> list[str]:
+    spec = json.loads(next(node.cdi_dir.glob("*.json")).read_text())
+    [cdi_device] = spec["devices"]
+    return [n["path"] for n in cdi_device["containerEdits"]["deviceNodes"]]
+
+
+@pytest.mark.parametrize("iommufd", [False, True])
+def test_prefer_iommufd_gives_the_device_cdev_and_dev_iommu_where_the_node_has_iommufd(
+    tmp_path: Path, iommufd: bool
+) -> None:
+    node = VfioDriver(tmp_path, iommufd=iommufd)
+    try:
+        vfio = [d for s in node.slices for d in s["spec"].get("devices", []) if d["name"].endswith("-vfio")]
+        assert {d["attributes"]["iommuFDEnabled"]["bool"] for d in vfio} == {iommufd}
+        claim = template_claim()
+        claim["spec"]["devices"]["config"][0]["opaque"]["parameters"]["iommu"]["backendPolicy"] = "PreferIommuFD"
+        ref, error = node.prepare(claim, "uid-vm")
+        assert error is None, error
+        # As NVIDIA's driver gives them: the cdev and the IOMMUFD API device, else the legacy pair.
+        assert cdi_nodes(node) == (
+            ["/dev/vfio/devices/vfio0", "/dev/iommu"] if iommufd else ["/dev/vfio/20", "/dev/vfio/vfio"]
+        )
+        assert node.driver.unprepare_resource_claims([ref]) == {"uid-vm": None}
+        assert not (tmp_path / "host/dev/vfio/devices/vfio0").exists()  # the cdev went with vfio-pci
+    finally:
+        node.store.close()
+
+
+def test_legacy_only_keeps_the_group_node_on_a_node_with_iommufd(tmp_path: Path) -> None:
+    node = VfioDriver(tmp_path, iommufd=True)
+    try:
+        ref, error = node.prepare(template_claim(), "uid-vm")  # the manifest's own LegacyOnly
+        assert error is None, error
+        assert cdi_nodes(node) == ["/dev/vfio/20", "/dev/vfio/vfio"]
+        assert node.driver.unprepare_resource_claims([ref]) == {"uid-vm": None}
+    finally:
+        node.store.close()
+
+
+def test_a_missing_spec_is_written_again_with_the_nodes_the_claim_got(tmp_path: Path) -> None:
+    # PreferIommuFD gave the device's cdev and /dev/iommu: the spec written again (at the kubelet's retry of the
+    # prepare, and at start-up) gives the same, not the legacy pair.
+    node = VfioDriver(tmp_path, iommufd=True)
+    try:
+        claim = template_claim()
+        claim["spec"]["devices"]["config"][0]["opaque"]["parameters"]["iommu"]["backendPolicy"] = "PreferIommuFD"
+        ref, error = node.prepare(claim, "uid-vm")
+        assert error is None, error
+        assert cdi_nodes(node) == ["/dev/vfio/devices/vfio0", "/dev/iommu"]
+        for rewrite in ("retry", "start-up"):
+            next(node.cdi_dir.glob("*.json")).unlink()
+            if rewrite == "retry":
+                assert node.prepare(claim, "uid-vm")[1] is None
+            else:
+                node.driver.reconcile(lambda _ref: True)
+            assert cdi_nodes(node) == ["/dev/vfio/devices/vfio0", "/dev/iommu"], rewrite
+        assert node.driver.unprepare_resource_claims([ref]) == {"uid-vm": None}
+    finally:
+        node.store.close()

@@ -41,12 +41,17 @@ def write_atomically(path: Path, text: str) -> None:
         os.close(dir_fd)
 
 
-def sweep_dead_writers(path: Path) -> list[Path]:
-    """Remove the temp files of ``path`` whose writing process no longer exists; return what was removed."""
+def sweep_dead_writers(path: Path, *, writers_locked_out: bool = False) -> list[Path]:
+    """Remove the temp files of ``path`` whose writing process no longer exists; return what was removed.
+
+    ``path``'s name may be a glob pattern (``claim_*.json``): the temp files of every file it matches.
+    ``writers_locked_out``: the caller holds the lock every writer of ``path`` holds while it writes, so each temp
+    file is a killed writer's whatever PID it names (a PID from another PID namespace, or the one a container's
+    earlier run had and this process has now, says nothing here)."""
     removed = []
     for tmp in path.parent.glob(f".{path.name}.*.tmp"):
-        pid_text = tmp.name[len(path.name) + 2 :].split(".", 1)[0]
-        if not pid_text.isdigit() or _alive(int(pid_text)):
+        pid_text = tmp.name.rsplit(".", 3)[-3]  # .<name>.<pid>.<random>.tmp, as temp_file_for names it
+        if not pid_text.isdigit() or (not writers_locked_out and _alive(int(pid_text))):
             continue
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()

@@ -172,3 +172,44 @@ def test_the_gpu_is_republished_as_it_moves_to_vfio_and_back_without_a_rescan_in
         assert_given_back(root, "after unprepare")
     finally:
         driver.stop()
+
+
+def published(api: FakeApiServer) -> dict[str, dict]:
+    return {d["name"]: d for s in our_slices(api) for d in s["spec"].get("devices", [])}
+
+
+def test_a_driver_restarted_while_a_vm_holds_the_gpu_keeps_it_passed_through_and_gives_it_back(
+    root: Path, api: FakeApiServer
+) -> None:
+    first = start(root, api)
+    first.wait_ready()
+    assert api.wait_until(lambda: VFIO in published(api), TIMEOUT), first.log
+    before = published(api)[VFIO]
+    claim = allocated_claim(api, "vm", [VFIO])
+    with KubeletClient(root / "registry").register() as plugin:
+        assert plugin.prepare([claim])[claim.uid].error == "", first.log
+    first.stop()  # an upgrade or a crash: the VM keeps the GPU on vfio-pci meanwhile
+    for stale in our_slices(api):  # so what is checked below is what the restarted driver publishes
+        api.delete("resourceslices", stale["metadata"]["name"])
+
+    driver = start(root, api)
+    try:
+        driver.wait_ready()
+        assert host(root).function(GPU0).driver == "vfio-pci"  # start-up left the VM's GPU alone
+        assert api.wait_until(lambda: VFIO in published(api), TIMEOUT), driver.log
+        devices = published(api)
+        # Published as before the restart (its UUID and memory remembered), the whole GPU withheld, nothing tainted.
+        assert devices[VFIO]["attributes"] == before["attributes"], driver.log
+        assert devices[VFIO].get("capacity") == before.get("capacity")
+        assert not whole_gpu_published(api)
+        assert not [n for n, d in devices.items() if d.get("taints")], driver.log
+        # (The simulated NVML still counts the GPU and its adapter logs it unreadable; a real one does not count it.)
+        assert "device unhealthy" not in driver.log and "gpu-lost" not in driver.log, driver.log
+        with KubeletClient(root / "registry").register() as plugin:
+            assert plugin.prepare([claim])[claim.uid].error == "", driver.log  # the kubelet asks again: the same
+            assert plugin.unprepare([claim]) == {claim.uid: ""}, driver.log
+        assert_given_back(root, "after the unprepare by the restarted driver")
+        assert api.wait_until(lambda: whole_gpu_published(api), TIMEOUT), driver.log
+        assert not [n for n, d in published(api).items() if d.get("taints")], driver.log
+    finally:
+        driver.stop()

@@ -8,7 +8,15 @@ from pathlib import Path
 import pytest
 
 from dradriver.nvidia_install.pci_binding import HostPci
-from dradriver.sim.sysfs import FIRST_GROUP, SimKernel, SimPciFunction, gpu_functions, write_tree
+from dradriver.sim.sysfs import (
+    FIRST_GROUP,
+    SimKernel,
+    SimPciFunction,
+    end_process,
+    gpu_functions,
+    open_device_node,
+    write_tree,
+)
 
 GPU = "0000:07:00.0"
 AUDIO = "0000:07:00.1"
@@ -88,3 +96,33 @@ def test_the_tree_outlives_a_restart(tmp_path: Path) -> None:
     again = make(tmp_path)  # written only when absent: the bindings stay as the last driver left them
     assert again.function(GPU).driver == "vfio-pci"
     assert again.driver_override(GPU) == "vfio-pci"
+
+
+def test_a_process_holding_the_gpus_device_node_makes_its_unbind_busy_until_it_ends(tmp_path: Path) -> None:
+    write_tree(tmp_path, gpu_functions([(GPU, 0x2330)]))
+    pci = HostPci(tmp_path, SimKernel(tmp_path, minor_of=lambda a: 0 if a == GPU else None))
+    open_device_node(tmp_path, pid=900, command="nvidia-smi", minor=0)
+    assert [(h.pid, h.command) for h in pci.device_node_holders(0)] == [(900, "nvidia-smi")]
+    assert pci.device_node_holders(1) == []
+    assert errno_of(lambda: pci.unbind(GPU, "nvidia")) == errno.EBUSY
+    end_process(tmp_path, 900)
+    assert pci.device_node_holders(0) == []
+    pci.unbind(GPU, "nvidia")
+    assert pci.function(GPU).driver is None
+
+
+def test_with_iommufd_a_function_on_vfio_pci_has_its_device_cdev(tmp_path: Path) -> None:
+    write_tree(tmp_path, gpu_functions([(GPU, 0x2330), ("0000:08:00.0", 0x2330)]), iommufd=True)
+    pci = HostPci(tmp_path, SimKernel(tmp_path))
+    assert pci.iommufd_enabled() and pci.vfio_cdev(GPU) is None  # on nvidia: no cdev
+    for address in (GPU, "0000:08:00.0"):
+        pci.set_driver_override(address, "vfio-pci")
+        pci.unbind(address, "nvidia")
+        pci.bind(address, "vfio-pci")
+    assert (pci.vfio_cdev(GPU), pci.vfio_cdev("0000:08:00.0")) == ("vfio0", "vfio1")
+    assert (tmp_path / "dev/vfio/devices/vfio1").exists()
+    pci.unbind(GPU, "vfio-pci")
+    assert pci.vfio_cdev(GPU) is None and not (tmp_path / "dev/vfio/devices/vfio0").exists()
+    assert not HostPci(tmp_path / "elsewhere").iommufd_enabled()
+    (tmp_path / "elsewhere/sys/class/misc/iommu").mkdir(parents=True)  # the chart mounts /sys, not all of /dev
+    assert HostPci(tmp_path / "elsewhere").iommufd_enabled()

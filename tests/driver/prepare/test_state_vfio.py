@@ -18,13 +18,24 @@ from dradriver.driver.prepare.checkpoint import CheckpointStore
 from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions, NodeFeatures
 from dradriver.driver.prepare.vfio import Passthrough, PassthroughCatalog, PassthroughSteps, nvml_holders, nvml_sees
 from dradriver.gpu.errors import GpuIsLost
+from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.inventory import MigMode, discover
 from dradriver.nvidia_install.cdi import CdiWriter
 from dradriver.nvidia_install.pci_binding import HostPci, SysfsWriter
 from dradriver.sim.fakelib import simulated_gpulib_on
 from dradriver.sim.node import SimulatedNode
 from dradriver.sim.profiles import load_node_profile
-from dradriver.sim.sysfs import FIRST_GROUP, gpu_functions, write_tree
+from dradriver.sim.sysfs import (
+    FIRST_GROUP,
+    add_dri_nodes,
+    end_process,
+    gpu_functions,
+    hold_open,
+    open_device_node,
+    set_sriov_numvfs,
+    write_gpu_information,
+    write_tree,
+)
 from tests.driver.prepare.test_state_mig import DRIVER, claim, ref
 
 GPU0 = "0000:1b:00.0"
@@ -43,15 +54,22 @@ class VfioNode:
         self.cdi_dir = tmp_path / "cdi"
         self.state_dir = tmp_path / "state"
         self.store: CheckpointStore | None = None
+        self.gpulib: GpuLib | None = None
         self.driver = self.restart()
 
     def restart(self) -> GpuDriver:
         if self.store is not None:
             self.store.close()
+        if self.gpulib is not None:
+            self.gpulib.close()  # the old process's NVML session ends with it
         self.gpulib = simulated_gpulib_on(self.sim)
         self.store = CheckpointStore.open(self.state_dir, boot_id="boot-1")
         steps = PassthroughSteps(
-            self.pci, nvml_sees=nvml_sees(self.gpulib), holders=nvml_holders(self.gpulib), return_timeout_s=5
+            self.pci,
+            nvml_sees=nvml_sees(self.gpulib),
+            holders=nvml_holders(self.gpulib),
+            return_timeout_s=5,
+            release=self.gpulib.released,
         )
         self.driver = GpuDriver(
             GpuDriverOptions(
@@ -118,6 +136,22 @@ def test_a_process_on_the_gpu_refuses_the_claim(node: VfioNode) -> None:
     error = node.driver.prepare_resource_claims([claim("vm", VFIO)])["vm"].error
     assert error is not None and "processes 4242 use GPU" in error
     node.sim.end_process(4242)
+    node.assert_as_found()
+
+
+def test_a_process_holding_the_gpus_device_node_refuses_the_claim_touching_nothing(node: VfioNode) -> None:
+    # nvidia-smi in a loop has /dev/nvidia0 open without a CUDA context: NVML lists nothing, the unbind would hang.
+    recording = RecordingKernel(node.pci.writer)
+    node.pci.writer = recording
+    open_device_node(node.root, pid=5150, command="nvidia-smi", minor=node.sim.gpus[0].minor)
+    open_device_node(node.root, pid=5151, command="dcgm-exporter", minor=node.sim.gpus[1].minor)  # another GPU's
+    error = node.driver.prepare_resource_claims([claim("vm", VFIO)])["vm"].error
+    assert error is not None and "processes 5150 (nvidia-smi) have /dev/nvidia0 open" in error
+    assert "5151" not in error
+    assert recording.paths == [] and node.driver.checkpoint.records() == []
+    end_process(node.root, 5150)
+    assert node.driver.prepare_resource_claims([claim("vm", VFIO)])["vm"].error is None  # the kubelet's retry
+    assert node.driver.unprepare_resource_claims([ref("vm")]) == {"vm": None}
     node.assert_as_found()
 
 
@@ -245,3 +279,75 @@ def test_a_gpu_moved_to_vfio_or_back_asks_for_a_rescan(node: VfioNode) -> None:
     assert node.driver.unprepare_resource_claims([ref("vm")]) == {"vm": None}
     assert asked == ["rescan", "rescan"]  # NVML sees it again
     node.assert_as_found()
+
+
+def test_a_proc_the_driver_cannot_list_refuses_the_claim_naming_the_mount(node: VfioNode) -> None:
+    # No host /proc where the driver reads it: who holds the GPU is unknown, and an unbind with a holder would hang.
+    recording = RecordingKernel(node.pci.writer)
+    node.pci.writer = recording
+    shutil.rmtree(node.root / "proc")
+    error = node.driver.prepare_resource_claims([claim("vm", VFIO)])["vm"].error
+    assert error is not None and "cannot be listed" in error and "host-proc volume at /host/proc" in error
+    assert recording.paths == [] and node.driver.checkpoint.records() == []
+
+
+def test_the_holder_scan_uses_the_minor_the_nvidia_driver_gives_the_gpu_now(node: VfioNode) -> None:
+    # GPUs re-bound in another order: the nvidia driver now numbers the first GPU 5, whatever NVML said at start.
+    write_gpu_information(node.root, GPU0, minor=5)
+    open_device_node(node.root, pid=6000, command="nvidia-smi", minor=5)
+    error = node.driver.prepare_resource_claims([claim("vm", VFIO)])["vm"].error
+    assert error is not None and "processes 6000 (nvidia-smi) have /dev/nvidia5 open" in error
+    end_process(node.root, 6000)
+    open_device_node(node.root, pid=6001, command="trainer", minor=0)  # another GPU's node now
+    assert node.driver.prepare_resource_claims([claim("vm", VFIO)])["vm"].error is None
+    assert node.driver.unprepare_resource_claims([ref("vm")]) == {"vm": None}
+
+
+def test_a_process_on_the_gpus_dri_node_refuses_the_claim(node: VfioNode) -> None:
+    # An nvidia-drm client (a display server, a video encoder) holds the GPU as surely as one on /dev/nvidia0.
+    card, render = add_dri_nodes(node.root, GPU0, card=1)
+    hold_open(node.root, pid=7000, command="Xorg", path=card)
+    hold_open(node.root, pid=7001, command="ffmpeg", path=render)
+    error = node.driver.prepare_resource_claims([claim("vm", VFIO)])["vm"].error
+    assert (
+        error is not None and "processes 7000 (Xorg), 7001 (ffmpeg) have /dev/dri/card1, /dev/dri/renderD129" in error
+    )
+    assert node.driver.checkpoint.records() == []
+    end_process(node.root, 7000)
+    end_process(node.root, 7001)
+    assert node.driver.prepare_resource_claims([claim("vm", VFIO)])["vm"].error is None
+    assert node.driver.unprepare_resource_claims([ref("vm")]) == {"vm": None}
+    node.assert_as_found()
+
+
+def test_a_gpu_with_sriov_virtual_functions_is_refused_before_anything(node: VfioNode) -> None:
+    recording = RecordingKernel(node.pci.writer)
+    node.pci.writer = recording
+    set_sriov_numvfs(node.root, GPU0, 4)
+    error = node.driver.prepare_resource_claims([claim("vm", VFIO)])["vm"].error
+    assert error is not None and f"GPU {GPU0} has 4 SR-IOV virtual functions enabled" in error
+    assert recording.paths == [] and node.driver.checkpoint.records() == []
+    set_sriov_numvfs(node.root, GPU0, 0)
+    assert node.driver.prepare_resource_claims([claim("vm", VFIO)])["vm"].error is None
+    assert node.driver.unprepare_resource_claims([ref("vm")]) == {"vm": None}
+
+
+def test_a_gpu_on_vfio_pci_since_boot_is_not_offered(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # vfio-pci.ids= on the kernel command line: the GPU never was the nvidia driver's, so NVML never described it
+    # and no claim of ours holds it; a claim on it could not be prepared, so it is not offered (and said once why).
+    sim = SimulatedNode(load_node_profile("hgx-h100-80gb"))
+    functions = gpu_functions((g.pci_bus_id, g.product.pci_device_id) for g in sim.gpus)
+    write_tree(tmp_path / "host", [replace(f, driver="vfio-pci") if f.address == GPU0 else f for f in functions])
+    with caplog.at_level("INFO", logger="dradriver.driver.prepare.vfio"):
+        node = VfioNode(tmp_path)
+        node.driver.passthrough_devices()
+    try:
+        offered = [d.name for d in node.driver.passthrough_devices()]
+        assert VFIO not in offered and len(offered) == 7
+        told = [r.message for r in caplog.records if "bound to vfio-pci before this driver started" in r.message]
+        assert len(told) == 1 and GPU0 in told[0]
+        error = node.driver.prepare_resource_claims([claim("vm", VFIO)])["vm"].error
+        assert error is not None and f"device {VFIO} is not offered by this node" in error
+        assert node.pci.function(GPU0).driver == "vfio-pci"
+    finally:
+        node.close()

@@ -4,8 +4,9 @@ start-up reconciliation does with the record)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -21,12 +22,15 @@ from dradriver.driver.prepare.vfio import (
     nvml_holders,
     nvml_sees,
     passthrough_env,
+    recorded_gpus,
+    unread_addresses,
+    without_passthrough_losses,
 )
 from dradriver.driver.publish.passthrough import passthrough_slice_specs
 from dradriver.errors import DeviceError
 from dradriver.gpu.errors import GpuIsLost
 from dradriver.gpu.interface import GpuLib
-from dradriver.gpu.inventory import discover
+from dradriver.gpu.inventory import LostGpu, discover
 from dradriver.nvidia_install.pci_binding import HostPci
 from dradriver.sim.fakelib import simulated_gpulib_on
 from dradriver.sim.node import SimulatedNode
@@ -89,7 +93,9 @@ def make_node(tmp_path: Path, *, companion: bool = False, vfio_loaded: bool = Tr
     kernel = sim.attach_sysfs(root)
     gpulib = simulated_gpulib_on(sim)
     pci = HostPci(root, kernel)
-    steps = PassthroughSteps(pci, nvml_sees=nvml_sees(gpulib), holders=nvml_holders(gpulib), return_timeout_s=5)
+    steps = PassthroughSteps(
+        pci, nvml_sees=nvml_sees(gpulib), holders=nvml_holders(gpulib), return_timeout_s=5, release=gpulib.released
+    )
     state_dir = tmp_path / "state"
     return Node(sim, gpulib, pci, steps, CheckpointStore.open(state_dir), state_dir)
 
@@ -127,9 +133,10 @@ def test_bind_moves_the_group_to_vfio_and_nvml_loses_the_gpu_until_the_undo(tmp_
         node.gpulib.probe(node.sim.gpus[0].uuid)
     assert [a.params["address"] for a in txn.record.actions] == [COMPANION, GPU0]  # the GPU last
     assert passthrough_env(device)[0] == f"PCI_RESOURCE_GPU_DRADRIVER_DEV_VFIO={GPU0}"
-    # Still offered while bound, its UUID remembered from before.
+    # Still offered while bound, described as the claim's record keeps it (NVML cannot see it now).
     again = PassthroughCatalog(node.pci)
-    assert [d.function.driver for d in again.devices(discover(node.gpulib)) if d.address == GPU0] == ["vfio-pci"]
+    found = again.devices(discover(node.gpulib), [txn.record])
+    assert [(d.function.driver, d.uuid) for d in found if d.address == GPU0] == [("vfio-pci", node.sim.gpus[0].uuid)]
     assert txn.rollback() is None
     assert_as_found(node)
     assert node.pci.function(COMPANION).driver == "snd_hda_intel"
@@ -148,7 +155,7 @@ def test_a_process_on_the_gpu_refuses_the_claim_and_touches_nothing(node: Node) 
 
 def test_the_kernels_busy_refusal_is_undone_at_once(node: Node) -> None:
     # A holder NVML does not list (a process with /dev/nvidia0 open and no context): the kernel refuses the unbind.
-    steps = PassthroughSteps(node.pci, nvml_sees=nvml_sees(node.gpulib))
+    steps = PassthroughSteps(node.pci, nvml_sees=nvml_sees(node.gpulib), release=node.gpulib.released)
     node.sim.start_process(node.sim.gpus[0].uuid, pid=77, memory_bytes=0)
     record_txn = Transaction(node.transaction().record, node.store, {k.name: k for k in steps.kinds()})
     with pytest.raises(StepFailed, match="cannot leave the nvidia driver: a process has it open"):
@@ -221,4 +228,67 @@ def test_a_gpu_whose_group_holds_another_display_function_is_not_offered_and_its
     device = PassthroughDevice("gpu-0000-1b-00-0-vfio", node.pci.function(GPU0), (vga, GPU0), None)
     with pytest.raises(DeviceError, match=f"holds other GPUs \\({vga}\\)"):
         node.steps.bind(node.transaction(), device)
+    assert_as_found(node)
+
+
+def test_a_gpu_this_processs_nvml_does_not_count_is_given_back_without_waiting_for_it(node: Node) -> None:
+    # A real NVML counts GPUs at its start: a GPU a VM held then is not counted, here not even once started again.
+    steps = PassthroughSteps(
+        node.pci,
+        nvml_sees=lambda _uuid: False,
+        nvml_counts=lambda _uuid: False,
+        return_timeout_s=30,
+        release=node.gpulib.released,
+    )
+    txn = Transaction(node.transaction().record, node.store, {k.name: k for k in steps.kinds()})
+    steps.expect(txn, node.device())
+    steps.bind(txn, node.device())
+    started = time.monotonic()
+    assert txn.rollback() is None  # not a 30 s wait at every retry of the unprepare
+    assert time.monotonic() - started < 5
+    assert_as_found(node)
+
+
+def lost(index: int, name: str | None = None) -> LostGpu:
+    return LostGpu(index, name, None if name is None else f"GPU-{index}", "GPU is lost")
+
+
+def test_a_gpu_never_read_because_a_vm_holds_it_is_not_counted_lost(node: Node) -> None:
+    inventory = discover(node.gpulib)
+    gpus = inventory.gpus
+    addresses = [g.info.pci_bus_id for g in gpus]
+    # NVML read every GPU but the first and the fifth, which it counts (by index) but never read.
+    unread = replace(inventory, gpus=(*gpus[1:4], *gpus[5:]), lost_gpus=(lost(0), lost(4)))
+    assert unread_addresses(unread, addresses) == {0: addresses[0], 4: addresses[4]}
+    node.pci.set_driver_override(addresses[0], "vfio-pci")
+    with node.gpulib.released():  # this process's NVML holds every GPU open, as a real one does
+        node.pci.unbind(addresses[0], "nvidia")
+    node.pci.bind(addresses[0], "vfio-pci")
+    kept = without_passthrough_losses(unread, node.pci).lost_gpus
+    assert kept == (lost(4),)  # the fifth is on nvidia: lost indeed
+    # A real NVML does not count a GPU on vfio-pci at its start: the indices shift and nothing is unread.
+    assert unread_addresses(replace(inventory, gpus=gpus[1:], lost_gpus=()), addresses) == {}
+    # An unread index whose place the order cannot tell (two unread, one sysfs GPU between) stays lost.
+    two = replace(inventory, gpus=gpus[2:], lost_gpus=(lost(0), lost(1)))
+    assert unread_addresses(two, addresses[1:]) == {}
+
+
+def test_the_gpus_description_is_recorded_and_read_back_by_a_restarted_catalog(node: Node) -> None:
+    device = node.device()
+    txn = node.transaction()
+    node.steps.expect(txn, device)
+    node.steps.bind(txn, device)
+    assert device.gpu is not None
+    node.store.put(txn.record)
+    records = node.reopened().records()  # as a restarted driver reads them, from the JSON on disk
+    [(address, described)] = recorded_gpus(records).items()
+    assert (address, described.name, described.info) == (GPU0, device.gpu.name, device.gpu.info)
+    restarted = PassthroughCatalog(node.pci)  # NVML cannot describe the GPU now
+    [again] = [d for d in restarted.devices(discover(node.gpulib), records) if d.address == GPU0]
+    assert again.gpu == described and again.function.driver == "vfio-pci"
+    # Without the record nothing describes it (as a GPU bound to vfio-pci at boot): not offered, since its claim
+    # could not be prepared (test_a_gpu_on_vfio_pci_since_boot_is_not_offered).
+    assert [d for d in PassthroughCatalog(node.pci).devices(discover(node.gpulib)) if d.address == GPU0] == []
+    kinds = {k.name: k for k in node.steps.kinds()}
+    assert Transaction(records[0], node.store, kinds).rollback() is None
     assert_as_found(node)

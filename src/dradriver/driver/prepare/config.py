@@ -189,9 +189,10 @@ class MigDeviceConfig(_Strict):
 
 
 class IommuConfig(_Strict):
-    """NVIDIA's IOMMU settings of a passthrough device. Every claim gets the legacy backend (the group's node and
-    ``/dev/vfio/vfio``): IOMMUFD is not offered, so ``PreferIommuFD`` falls back to it, as NVIDIA's does on a host
-    without ``/dev/iommu``, and the API device is always given (what KubeVirt needs)."""
+    """NVIDIA's IOMMU settings of a passthrough device. ``LegacyOnly`` (the default, what KubeVirt uses) gives the
+    group's node and ``/dev/vfio/vfio``; ``PreferIommuFD`` gives the device's cdev and ``/dev/iommu`` where the node
+    has ``/dev/iommu``, else falls back to legacy, as NVIDIA's does. The API device is always given: without it the
+    other node is of no use (``enableAPIDevice: false`` does not take it away)."""
 
     backend_policy: Literal["LegacyOnly", "PreferIommuFD"] = Field(default="LegacyOnly", alias="backendPolicy")
     enable_api_device: bool | None = Field(default=None, alias="enableAPIDevice")

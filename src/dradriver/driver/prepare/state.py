@@ -47,6 +47,8 @@ from dradriver.driver.prepare.vfio import (
     PassthroughGpu,
     PassthroughSteps,
     passthrough_env,
+    prefers_iommufd,
+    recorded_iommufd,
 )
 from dradriver.errors import ClaimError, DeviceError, DradriverError
 from dradriver.gpu.fabric_manager import FabricManager
@@ -84,6 +86,7 @@ class PlannedDevice:
     config: dict[str, Any] | None = None  # the resolved opaque config (GpuConfig / MigDeviceConfig), if any
     share_ids: tuple[str, ...] = ()  # consumable shares (KEP-5075) of a multi-allocatable GPU
     consumed: tuple[tuple[str, str], ...] = ()  # what the shares consume, summed: capacity name → quantity
+    prefer_iommufd: bool = False  # a passthrough device whose VfioDeviceConfig asks for PreferIommuFD
 
     @property
     def gpu(self) -> GpuDevice:
@@ -207,10 +210,13 @@ class GpuDriver:
             return self._gpus
 
     def update_inventory(self, inventory: Inventory, mig_mode: MigMode) -> None:
-        """Use a fresh inventory (after rediscovery) for later prepares."""
+        """Use a fresh inventory (after rediscovery) for later prepares; ``FabricManagerError``, nothing changed,
+        when NVML's module id of a GPU disagrees with Fabric Manager's partitions (so a driver refuses to start)."""
+        if self.partitions is not None:
+            self.partitions.check_gpus(g.info for g in inventory.gpus)
         devices = {d.name: d for d in inventory.devices(mig_mode)}
         if self.passthrough is not None:
-            devices.update({d.name: d for d in self.passthrough.refresh(inventory)})
+            devices.update({d.name: d for d in self.passthrough.refresh(inventory, self.checkpoint.records())})
         with self._lock:
             self._devices = devices
             self._gpus = inventory.gpus
@@ -327,10 +333,12 @@ class GpuDriver:
     def _record_intents(self, ref: ClaimRef, txn: Transaction, planned: Sequence[PlannedDevice]) -> None:
         """The intent of every step, recorded with the claim before the first change (the caller holds the GPUs'
         locks); refused when a device is another claim's or the claim's configs conflict."""
+        if self.partitions is not None:
+            # Declared first, as it is activated first: the undo (in the record's reverse order) gives the GPUs back
+            # to their drivers before it deactivates their partition.
+            self.partitions.expect(txn, str(ref), _whole_gpus(planned))
         for plan in planned:
             self._expect_ready(txn, plan)
-        if self.partitions is not None:
-            self.partitions.expect(txn, str(ref), _whole_gpus(planned))
         self.sharing.expect(txn, {p.device.name: self._known_target(p) for p in planned})
         self.cdi_step.expect(txn)
         record = txn.record
@@ -466,6 +474,8 @@ class GpuDriver:
         for p in planned:
             _refuse_admin_passthrough(str(claim.ref), p)
         configs = _resolved_configs(claim, planned) if claim.config else {}
+        iommufd = {name for name, config in configs.items() if prefers_iommufd(config)}
+        configs = {name: config for name, config in configs.items() if config.kind != "VfioDeviceConfig"}
         for p in planned:
             _refuse_multi_user_before_volta(str(claim.ref), p.device, configs.get(p.device.name))
         return [
@@ -479,6 +489,7 @@ class GpuDriver:
                     bool(p.share_ids),
                     shares_mode=self.consumable_shares,
                 ),
+                prefer_iommufd=p.device.name in iommufd,
             )
             for p in planned
         ]
@@ -540,7 +551,7 @@ class GpuDriver:
         """Bring one device into the state its allocation needs (dynamic mode: MIG mode and carving)."""
         device, record = planned.device, _record_of(txn.record, planned.device.name)
         if isinstance(device, PassthroughGpu):
-            nodes = self._passthrough_steps(device).bind(txn, device.passthrough)
+            nodes = self._passthrough_steps(device).bind(txn, device.passthrough, prefer_iommufd=planned.prefer_iommufd)
             return ReadyDevice(device, nodes, False, env=passthrough_env(device.passthrough))
         if isinstance(device, GpuDevice):
             if (
@@ -674,8 +685,9 @@ class GpuDriver:
                 "node now (GPU lost?); delete the claim's pod so the claim is unprepared"
             )
         if isinstance(found, PassthroughGpu):
-            group = found.passthrough.function.iommu_group
-            nodes = (DeviceNode(f"/dev/vfio/{group}"), DeviceNode("/dev/vfio/vfio"))
+            # The nodes the claim got at prepare: the group's, or with PreferIommuFD the device's cdev.
+            iommufd = recorded_iommufd(record, device.name)
+            nodes = self._passthrough_steps(found).container_nodes(found.passthrough, prefer_iommufd=iommufd)
             return ReadyDevice(found, nodes, False, env=passthrough_env(found.passthrough))
         if isinstance(found, GpuDevice):
             return ReadyDevice(found, gpu_device_nodes(found.info), device.admin_access)
@@ -701,15 +713,15 @@ def _resolved_configs(claim: AllocatedClaim, planned: Sequence[PlannedDevice]) -
     from dradriver.driver.prepare.config import ConfigSource, DeviceTarget, resolve_configs
 
     # Admin access is monitoring another claim's device: its settings are that claim's, not this one's. A passthrough
-    # device takes only a VfioDeviceConfig (a GpuConfig or MigDeviceConfig naming it is refused, and the reverse), and
-    # what that asks is what every passthrough claim gets (the legacy group node and /dev/vfio/vfio): nothing to
-    # record. Sharing and compute modes are none of its business: the VM's guest driver owns the GPU.
+    # device takes only a VfioDeviceConfig (a GpuConfig or MigDeviceConfig naming it is refused, and the reverse);
+    # the caller reads its backend policy and records nothing of it. Sharing and compute modes are none of its
+    # business: the VM's guest driver owns the GPU.
     resolved = resolve_configs(
         str(claim.ref),
         [ConfigSource(c.source, c.requests, c.parameters) for c in claim.config],
         [DeviceTarget(p.device.name, p.requests, _config_kind(p.device)) for p in planned if not p.admin_access],
     )
-    return {name: config for name, config in resolved.items() if config.kind != "VfioDeviceConfig"}
+    return resolved
 
 
 def _config_kind(device: GpuDevice | MigPartition) -> str:

@@ -27,20 +27,22 @@ MAX_COUNTER_SETS_PER_SLICE = 8
 DEVICES_COUNTER = "devices"
 
 
-def passthrough_slice_specs(devices: Sequence[PassthroughDevice], *, iommufd: bool = False) -> list[dict[str, Any]]:
+def passthrough_slice_specs(devices: Sequence[PassthroughDevice]) -> list[dict[str, Any]]:
     """The passthrough devices as slice ``spec`` fragments (none when there are none)."""
-    built = [passthrough_device(d, iommufd=iommufd) for d in devices]
+    built = [passthrough_device(d) for d in devices]
     return [{"devices": built[i : i + MAX_DEVICES_PER_SLICE]} for i in range(0, len(built), MAX_DEVICES_PER_SLICE)]
 
 
-def passthrough_device(device: PassthroughDevice, *, iommufd: bool = False) -> dict[str, Any]:
+def passthrough_device(device: PassthroughDevice) -> dict[str, Any]:
+    """One passthrough device; ``iommuFDEnabled`` says the node offers IOMMUFD (``/dev/iommu``), which a claim's
+    ``VfioDeviceConfig`` may prefer (``iommu.backendPolicy: PreferIommuFD``)."""
     function = device.function
     attributes: dict[str, dict[str, Any]] = {
         "type": {"string": VFIO_TYPE},
         "deviceID": {"string": function.device_id},
         "vendorID": {"string": function.vendor},
         "productName": {"string": device.product_name},
-        "iommuFDEnabled": {"bool": iommufd},
+        "iommuFDEnabled": {"bool": device.iommufd},
         "iommuGroup": {"int": int(function.iommu_group or 0)},
         "iommuGroupShared": {"bool": device.group_shared},
         f"{STANDARD_DOMAIN}/pciBusID": {"string": device.address},
