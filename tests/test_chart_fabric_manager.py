@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from support.helm import template
+import pytest
+from support.helm import CHART, RELEASE, run_helm, template
 from test_chart import container_env
 
 from dradriver.cli.flags.env import resolve_env_values
@@ -58,3 +59,27 @@ def test_the_imex_mode_reaches_the_compute_domain_controller_too(monkeypatch: An
     args = build_parser(["cd-controller"]).parse_args(["cd-controller"])
     resolve_env_values(args)
     assert args.imex_mode == "hostManaged"
+
+
+def test_fabric_manager_s_address_and_timeout_reach_run_only_when_set(monkeypatch: Any) -> None:
+    variables = env_with("fabricManagerPartitions.enabled=true")
+    assert "DRADRIVER_FABRIC_MANAGER_ADDRESS" not in variables and "DRADRIVER_FABRIC_MANAGER_TIMEOUT" not in variables
+    variables = env_with(
+        "fabricManagerPartitions.enabled=true",
+        "fabricManagerPartitions.address=127.0.0.1:6666",
+        "fabricManagerPartitions.timeoutSeconds=3",
+    )
+    assert variables["DRADRIVER_FABRIC_MANAGER_ADDRESS"] == "127.0.0.1:6666"
+    for name in ("DRADRIVER_FABRIC_MANAGER_ADDRESS", "DRADRIVER_FABRIC_MANAGER_TIMEOUT"):
+        monkeypatch.setenv(name, variables[name])
+    args = build_parser(["run"]).parse_args(["run"])
+    resolve_env_values(args)
+    assert (args.fabric_manager_address, args.fabric_manager_timeout) == ("127.0.0.1:6666", 3.0)
+
+
+@pytest.mark.parametrize("value", ["address=run/socket", "timeoutSeconds=0"])
+def test_the_schema_refuses_an_address_or_timeout_run_would_refuse(value: str) -> None:
+    done = run_helm("template", RELEASE, str(CHART), "--set", f"fabricManagerPartitions.{value}")
+    assert done.returncode != 0, f"--set {value} was accepted"
+    assert "values don't meet the specifications of the schema" in done.stderr, done.stderr
+    assert value.split("=", maxsplit=1)[0] in done.stderr, done.stderr

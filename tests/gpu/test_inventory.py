@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from support.nodes import inventory_of
 
-from dradriver.gpu.errors import GpuError
+from dradriver.gpu.errors import GpuError, NvmlReleased
 from dradriver.gpu.inventory import GpuDevice, MigMode, MigPartition, discover, gpu_name, partition_name
 from dradriver.gpu.models import FabricInfo, FabricState, MigProfile, Placement
 from dradriver.sim.fakelib import simulated_gpulib
@@ -241,6 +241,24 @@ def test_a_lost_gpu_is_skipped_and_listed_and_the_others_are_offered():
     assert "fell off the bus" in lost.reason
     node.reset_gpu(5)
     assert discover(gpulib).gpus == before.gpus
+    gpulib.close()
+
+
+@pytest.mark.parametrize("call", ["probe", "mig_mode"])
+def test_nvml_let_go_for_an_unbind_elsewhere_fails_the_discovery_instead_of_losing_every_gpu(
+    monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    """A rescan that runs while NVML is let go for a stuck unbind (NvmlReleased) must not list the node's healthy
+    GPUs as lost (they would be tainted gpu-lost): the discovery fails, and the caller keeps the last inventory."""
+    gpulib, _ = simulated_gpulib("dgx-a100-40gb")
+    discover(gpulib)
+
+    def let_go(*_args: Any, **_kwargs: Any) -> Any:
+        raise NvmlReleased("NVML is let go while a GPU's unbind from the nvidia driver is still in the kernel")
+
+    monkeypatch.setattr(gpulib, call, let_go)
+    with pytest.raises(NvmlReleased):
+        discover(gpulib)
     gpulib.close()
 
 

@@ -7,6 +7,7 @@ DRADRIVER_GPU_TESTS_MAY_CHANGE_GPUS=1, and fault injection (XIDs, lost GPUs) is 
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -154,6 +155,58 @@ def test_gpus_report_identity_as_nvml_does(backend: Backend) -> None:
         assert (gpu.architecture, gpu.brand) == (product.architecture, "Nvidia")
         assert (gpu.pci_device_id, gpu.multiprocessors) == (product.pci_device_id, product.multiprocessors)
         assert gpu.mig_capable == product.mig_capable
+
+
+def test_the_module_id_is_read_where_nvml_answers_and_none_where_not_supported(backend: Backend) -> None:
+    # nvmlDeviceGetModuleId answers on HGX/DGX baseboards (FM's physicalId, from 1); NOT_SUPPORTED, 0, or a driver
+    # without the call is None, not an error (the GPU is still read).
+    gpus = backend.lib.gpus()
+    assert all(g.module_id is None or g.module_id >= 1 for g in gpus)
+    if backend.node is not None:
+        expected = list(range(1, len(gpus) + 1)) if backend.node.profile.nvswitch else [None] * len(gpus)
+        assert [g.module_id for g in gpus] == expected
+
+
+def test_a_driver_without_the_module_id_call_reads_the_gpus_without_one() -> None:
+    node = SimulatedNode(load_node_profile("hgx-h100-80gb"))
+    nvml = fake_pynvml(node)
+    library = nvml.nvmlLib
+
+    class OlderDriver:  # a libnvidia-ml.so.1 without the symbol: pynvml answers FUNCTION_NOT_FOUND
+        def __getattr__(self, name: str) -> Any:
+            if name == "nvmlDeviceGetModuleId":
+                raise AttributeError(name)
+            return getattr(library, name)
+
+    nvml.nvmlLib = OlderDriver()
+    gpus = NvmlGpuLib(nvml=nvml, pci_topology=SimPciTopology(node)).gpus()
+    assert len(gpus) == len(node.gpus) and {g.module_id for g in gpus} == {None}
+
+
+def test_each_module_id_read_passes_a_c_uint_of_its_own_not_pynvml_s_shared_default() -> None:
+    # pynvml's nvmlDeviceGetModuleId(handle, moduleId=c_uint()) writes into one default object shared by every
+    # thread: two rescans at once could read each other's module id.
+    node = SimulatedNode(load_node_profile("hgx-h100-80gb"))
+    nvml = fake_pynvml(node)
+    passed: list[Any] = []
+    original = nvml.nvmlDeviceGetModuleId
+
+    def recording(handle: Any, *args: Any) -> Any:
+        passed.extend(args)
+        return original(handle, *args)
+
+    nvml.nvmlDeviceGetModuleId = recording  # type: ignore[attr-defined]
+    gpus = NvmlGpuLib(nvml=nvml, pci_topology=SimPciTopology(node)).gpus()
+    assert [g.module_id for g in gpus] == list(range(1, len(node.gpus) + 1))
+    assert len(passed) == len(node.gpus) and len({id(p) for p in passed}) == len(passed)
+    assert all(type(p) is ctypes.c_uint for p in passed)
+
+
+def test_a_module_id_of_zero_is_none_as_nvidias_driver_reads_it() -> None:
+    node = SimulatedNode(load_node_profile("hgx-h100-80gb"))
+    node.gpus[0].module_id = 0  # what nvidia-smi -q shows as "Module ID : 0" on some boards
+    gpus = NvmlGpuLib(nvml=fake_pynvml(node), pci_topology=SimPciTopology(node)).gpus()
+    assert [g.module_id for g in gpus[:2]] == [None, 2]
 
 
 def test_mig_mode_is_reported_for_mig_gpus_and_not_supported_elsewhere(backend: Backend) -> None:

@@ -6,6 +6,7 @@ is refused; a process killed at every step of prepare or unprepare leaves no par
 from __future__ import annotations
 
 import json
+from importlib.resources import files
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,26 @@ def test_killed_while_deactivating_the_next_unprepare_finishes(
         assert active(root) == []
     finally:
         driver.stop()
+
+
+def test_a_board_whose_nvml_module_id_fm_places_elsewhere_stops_the_driver_at_start(
+    root: Path, api: FakeApiServer
+) -> None:
+    board = (files("dradriver.sim.data") / f"nodes/{PROFILE}.yaml").read_text()
+    misreported = board.replace('"0000:43:00.0", numaNode: 0, pcieRoot: pci0000:3c}', '"0000:43:00.0", moduleId: 5}')
+    assert misreported != board
+    (root / "misreported.yaml").write_text(misreported)
+    driver = DriverProcess(
+        root,
+        api.write_kubeconfig(root / "kubeconfig"),
+        "--fabric-manager-partitions",
+        "true",
+        profile=str(root / "misreported.yaml"),
+    )
+    assert driver.proc.wait(TIMEOUT) != 0
+    driver.ready.wait(TIMEOUT)  # the log read to its end
+    assert (
+        "NVML reports the GPU at 0000:43:00.0 as module 5, but Fabric Manager reports module 2 there (and module 5 "
+        "at 0000:9d:00.0)" in driver.log
+    )
+    assert not our_slices(api) and active(root) == []

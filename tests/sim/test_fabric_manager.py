@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from dradriver.cli.run_assembly import open_fabric_manager
-from dradriver.errors import ConfigError
 from dradriver.gpu.fabric_manager import (
     FabricManagerError,
     FabricPartition,
     PartitionGpu,
     check_partitions,
-    exact_partition,
+    partition_gpu,
+    partition_of_modules,
 )
 from dradriver.sim.fabric_manager import SimFabricManager, hgx_partitions
+from dradriver.sim.fakelib import simulated_gpulib_on
 from dradriver.sim.node import SimulatedNode
 from dradriver.sim.profiles import load_node_profile
 
@@ -67,11 +67,6 @@ def test_a_node_without_nvswitches_has_no_fabric_manager() -> None:
         SimFabricManager(node)
 
 
-def test_a_real_node_is_refused_until_its_client_is_written() -> None:
-    with pytest.raises(ConfigError, match="simulated nodes only"):
-        open_fabric_manager(None)
-
-
 def gpu(i: int) -> PartitionGpu:
     return PartitionGpu(i, f"0000:0{i}:00.0")
 
@@ -92,6 +87,51 @@ def test_a_partition_list_fm_must_never_report_is_refused(partitions: list[Fabri
 
 def test_only_the_exact_gpu_set_matches() -> None:
     layout = hgx_partitions([gpu(i) for i in range(1, 5)])
-    assert exact_partition(layout, ["0000:02:00.0", "0000:01:00.0"]) == layout[1]
-    assert exact_partition(layout, ["0000:01:00.0", "0000:03:00.0"]) is None
+    assert partition_of_modules(layout, [2, 1]) == layout[1]
+    assert partition_of_modules(layout, [1, 3]) is None
     assert hgx_partitions([gpu(i) for i in range(1, 4)]) == []  # FM's boards hold 4, 8 or 16 GPUs
+
+
+def test_a_gpu_fm_reports_under_two_identities_is_refused() -> None:
+    moved, renamed = PartitionGpu(1, "0000:02:00.0"), PartitionGpu(2, "0000:01:00.0")
+    with pytest.raises(FabricManagerError, match=r"module 1 at 0000:02:00.0 in partition 1 and at 0000:01:00.0"):
+        check_partitions([FabricPartition(0, False, (gpu(1),)), FabricPartition(1, False, (moved,))])
+    with pytest.raises(FabricManagerError, match=r"at 0000:01:00.0 as module 2 in partition 1 and as module 1"):
+        check_partitions([FabricPartition(0, False, (gpu(1),)), FabricPartition(1, False, (renamed,))])
+
+
+def test_the_fake_nvml_numbers_an_hgx_boards_modules_as_fm_does() -> None:
+    node = hgx()
+    gpus = simulated_gpulib_on(node).gpus()
+    members = {g.pci_bus_id: g.physical_id for p in SimFabricManager(node).supported_partitions() for g in p.gpus}
+    assert [g.module_id for g in gpus] == list(range(1, 9))
+    assert {g.pci_bus_id: g.module_id for g in gpus} == members
+
+
+@pytest.mark.parametrize("profile", ["h100-nvl-pairs", "mixed"])
+def test_a_board_without_nvswitches_has_no_module_ids(profile: str) -> None:
+    node = SimulatedNode(load_node_profile(profile), node_name="node-a")
+    assert {g.module_id for g in simulated_gpulib_on(node).gpus()} == {None}  # NVML: NOT_SUPPORTED
+
+
+def test_fm_s_gpu_is_found_by_module_id_cross_checked_with_the_pci_address() -> None:
+    layout = hgx_partitions([gpu(i) for i in range(1, 5)])
+    assert partition_gpu(layout, pci_bus_id="0000:02:00.0", module_id=2) == gpu(2)
+    assert partition_gpu(layout, pci_bus_id="0000:02:00.0", module_id=None) == gpu(2)  # no module id: by address
+    assert partition_gpu(layout, pci_bus_id="0000:09:00.0", module_id=9) is None  # a GPU FM does not list
+
+
+@pytest.mark.parametrize(
+    ("pci_bus_id", "module_id", "error"),
+    [
+        ("0000:02:00.0", 3, "at 0000:02:00.0 as module 3, but Fabric Manager reports module 2 there (and module 3 at "
+                            "0000:03:00.0)"),
+        ("0000:02:00.0", 7, "at 0000:02:00.0 as module 7, but Fabric Manager reports module 2 there"),
+        ("0000:09:00.0", 3, "at 0000:09:00.0 as module 3, but Fabric Manager reports module 3 at 0000:03:00.0"),
+    ],
+)  # fmt: skip
+def test_a_module_id_fm_places_elsewhere_is_refused_naming_both(pci_bus_id: str, module_id: int, error: str) -> None:
+    layout = hgx_partitions([gpu(i) for i in range(1, 5)])
+    with pytest.raises(FabricManagerError) as refused:
+        partition_gpu(layout, pci_bus_id=pci_bus_id, module_id=module_id)
+    assert str(refused.value) == f"NVML reports the GPU {error}"

@@ -69,6 +69,17 @@ class UnknownNvmlError(GpuError):
     code = 999
 
 
+class NvmlReleased(GpuError):
+    """This process's NVML is not running for now: it was let go for a GPU leaving the ``nvidia`` driver and is not
+    started again while that unbind is still in the kernel (or starting it failed). Retryable: the next call after
+    the unbind has returned starts it again."""
+
+
+class SessionEnded(NvmlReleased):
+    """A handle from an NVML session that ended (NVML was let go and started again) in the middle of an operation;
+    its handles mean nothing to the new session. Retryable."""
+
+
 _BY_CODE: dict[int, type[GpuError]] = {
     cls.code: cls
     for cls in (

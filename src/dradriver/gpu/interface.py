@@ -6,6 +6,8 @@ GPUs are addressed by UUID, never by NVML index: indices shift when a GPU drops 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 from dradriver.gpu.models import (
@@ -24,6 +26,16 @@ from dradriver.gpu.models import (
     SystemInfo,
     UnreadableGpu,
 )
+
+
+class StillChanging(Exception):
+    """Raised out of a ``GpuLib.released`` block that leaves a change of a GPU under way in the kernel (an unbind
+    from ``nvidia`` that has not returned): NVML is not started again until ``finished()`` is true, since starting
+    it would open that GPU again and the unbind would wait for this process."""
+
+    def __init__(self, *args: object, finished: Callable[[], bool] = lambda: True) -> None:
+        super().__init__(*args)
+        self.finished = finished
 
 
 class GpuLib(Protocol):
@@ -103,6 +115,11 @@ class GpuLib(Protocol):
 
     def rewatch_events(self) -> None:
         """Register for events anew after ``wait_for_event`` failed; ``GpuError`` while that still fails."""
+
+    def released(self) -> AbstractContextManager[None]:
+        """For the ``with`` block this process holds no GPU open (NVML shut down; other calls wait for its end), so
+        a GPU can leave the ``nvidia`` kernel driver; NVML afterwards counts and reads the GPUs afresh (not while a
+        :class:`StillChanging` raised out of the block is unfinished: calls fail with ``NvmlReleased`` meanwhile)."""
 
     def close(self) -> None:
         """Release NVML."""

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from dradriver.gpu.errors import GpuError
+from dradriver.gpu.errors import GpuError, NvmlReleased
 from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.models import FabricInfo, FabricState, GpuInfo, MigDevice, MigProfile, NvlinkPeerType, Placement
 
@@ -147,6 +147,8 @@ def discover(gpulib: GpuLib) -> Inventory:
     for info in readable:
         try:
             gpulib.probe(info.uuid)
+        except NvmlReleased:
+            raise  # NVML is let go for an unbind elsewhere, not the GPU lost: the rescan fails, the last one stands
         except GpuError as err:
             lost.append(_skipped(info, err))
             continue
@@ -157,6 +159,8 @@ def discover(gpulib: GpuLib) -> Inventory:
     for info in infos:
         try:
             gpu, existing = _read_gpu(gpulib, info, domains[info.uuid])
+        except NvmlReleased:
+            raise
         except GpuError as err:
             lost.append(_skipped(info, err))
             continue

@@ -94,6 +94,9 @@ class GpuInfo:
     # The memory-addressing mode on platforms with coherent CPU-GPU memory (HMM, ATS, or None when supported but
     # inactive); None on the others (NVML reports not supported), as on every discrete GPU of an x86 host.
     addressing_mode: str | None = None
+    # The GPU's module (slot) id on an HGX/DGX baseboard (nvmlDeviceGetModuleId), the physicalId Fabric Manager names
+    # it by; None where NVML reports none (NOT_SUPPORTED or 0, drivers older than the call).
+    module_id: int | None = None
 
 
 @dataclass(frozen=True)

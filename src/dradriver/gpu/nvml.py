@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import itertools
 import logging
 import math
@@ -18,10 +19,10 @@ import subprocess
 import threading
 import time
 import uuid as uuid_lib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from dradriver.gpu.caps import MigCapabilities, ProcMigCapabilities
 from dradriver.gpu.errors import (
@@ -31,8 +32,11 @@ from dradriver.gpu.errors import (
     LibraryNotFound,
     NotFound,
     NotSupported,
+    NvmlReleased,
+    SessionEnded,
     error_for_code,
 )
+from dradriver.gpu.interface import StillChanging
 from dradriver.gpu.models import (
     ComputeInstance,
     ComputeMode,
@@ -74,6 +78,25 @@ _MEMORY_ERROR_UNCORRECTED = 1
 _VOLATILE_ECC = 0
 _TEMPERATURE_GPU = 0  # NVML_TEMPERATURE_GPU: the GPU die
 _FIELD_GPU_RECOVERY_ACTION = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (drivers from the 565 branch on)
+#: The health loop's event wait is cut in slices this long, so a release of NVML (:meth:`NvmlGpuLib.released`)
+#: waits at most one slice for it; an event raised meanwhile stays queued in the event set.
+EVENT_WAIT_SLICE_S = 0.25
+
+_STILL_UNBINDING = (
+    "NVML is let go while a GPU's unbind from the nvidia driver is still in the kernel (a process holds the GPU "
+    "open); GPU calls resume once the unbind returns"
+)
+#: NVML calls that change a GPU: a method that made one is not run again when its session ends (:func:`_one_session`).
+_CHANGING_CALLS = frozenset(
+    {
+        "nvmlDeviceSetMigMode",
+        "nvmlDeviceCreateGpuInstanceWithPlacement",
+        "nvmlGpuInstanceDestroy",
+        "nvmlGpuInstanceCreateComputeInstance",
+        "nvmlComputeInstanceDestroy",
+        "nvmlDeviceSetComputeMode",
+    }
+)
 
 #: NVML_ERROR_FUNCTION_NOT_FOUND: the installed driver's NVML lacks the function.
 FUNCTION_NOT_FOUND = 13
@@ -199,6 +222,68 @@ def nvidia_smi_set_timeslice(gpu_uuid: str, value: int) -> None:
         )
 
 
+class _SessionGate:
+    """Who may use this process's NVML session: NVML calls share it, a release (:meth:`NvmlGpuLib.released`) takes
+    it alone, after the calls in flight and before any new one (a waiting release goes first, so back-to-back
+    event waits cannot starve it). The releasing thread's own calls pass through."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._sharers = 0
+        self._owner: int | None = None  # the thread that holds it alone
+        self._waiting = 0  # releases waiting for it
+        self._mine = threading.local()  # whether this thread shares it already (a nested call)
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        if self._owner == threading.get_ident() or getattr(self._mine, "sharing", False):
+            yield  # the releasing thread, or a call nested in one that already shares it
+            return
+        with self._cond:
+            while self._owner is not None or self._waiting:
+                self._cond.wait()
+            self._sharers += 1
+        self._mine.sharing = True
+        try:
+            yield
+        finally:
+            self._mine.sharing = False
+            with self._cond:
+                self._sharers -= 1
+                self._cond.notify_all()
+
+    def held_here(self) -> bool:
+        """Whether this thread shares it or holds it alone now."""
+        return self._owner == threading.get_ident() or bool(getattr(self._mine, "sharing", False))
+
+    @property
+    def sharers(self) -> int:
+        """How many threads share it now (for tests that must see a call in flight)."""
+        with self._cond:
+            return self._sharers
+
+    @contextlib.contextmanager
+    def alone(self) -> Iterator[None]:
+        if self._owner == threading.get_ident():
+            yield  # a release nested in this thread's own
+            return
+        if getattr(self._mine, "sharing", False):
+            # It would wait for this thread's own share to end: a deadlock, never a wait.
+            raise RuntimeError("NVML cannot be released from inside an NVML call of the same thread")
+        with self._cond:
+            self._waiting += 1
+            while self._owner is not None or self._sharers:
+                self._cond.wait()
+            self._waiting -= 1
+            self._owner = threading.get_ident()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._owner = None
+                self._cond.notify_all()
+
+
 def _load_library(nvml: Any, path: str) -> None:
     """Hand pynvml the library loaded from ``path``: pynvml loads ``libnvidia-ml.so.1`` by soname only when its
     ``nvmlLib`` is unset, so a library set first is the one every call uses."""
@@ -213,6 +298,32 @@ def _load_library(nvml: Any, path: str) -> None:
                 "--container-driver-root) or use --gpu-backend sim",
                 call="dlopen",
             ) from err
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _one_session(method: Callable[Concatenate[NvmlGpuLib, _P], _R]) -> Callable[Concatenate[NvmlGpuLib, _P], _R]:
+    """Run ``method``'s NVML calls in one NVML session: a handle it read before a release (:meth:`NvmlGpuLib.released`)
+    is refused after it (:class:`SessionEnded`), and the method runs once more in the new session, unless it had
+    already changed the GPU (then the retryable error is raised: running it again would change it twice)."""
+
+    def run(self: NvmlGpuLib, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if self._pinned_session() is not None:
+            return method(self, *args, **kwargs)  # nested in a method that holds the session already
+        self._local.changed = False
+        try:
+            with self._pin_session():
+                return method(self, *args, **kwargs)
+        except SessionEnded:
+            if self._changed_gpu():
+                raise
+        with self._pin_session():
+            return method(self, *args, **kwargs)
+
+    functools.update_wrapper(run, method)
+    return run
 
 
 class NvmlGpuLib:
@@ -242,6 +353,13 @@ class NvmlGpuLib:
         self._gpu_reset = gpu_reset if gpu_reset is not None else nvidia_smi_reset
         self._set_timeslice = timeslice_setter if timeslice_setter is not None else nvidia_smi_set_timeslice
         self._lock = threading.RLock()
+        self._gate = _SessionGate()
+        self._needs_init = False  # NVML is shut down since a release: started again at the next gpus()
+        self._released_why = ""  # why NVML is not running, while _needs_init
+        self._restart_when: Callable[[], bool] | None = None  # an unbind under way since a release: its end
+        self._releases = 0  # released() blocks this thread is in (nested ones start nothing)
+        self._session = 0  # NVML's session: counted up at each release (its handles end with it)
+        self._local = threading.local()  # the session a method runs in (_one_session), per thread
         self._closed = False
         self._gpus: list[GpuInfo] | None = None
         self._unreadable: dict[int, str] = {}  # NVML index → why the GPU could not be read (lost before discovery)
@@ -268,12 +386,60 @@ class NvmlGpuLib:
         self, function: str, *args: Any, device: str | None = None, context: str | None = None, **kwargs: Any
     ) -> Any:
         """``pynvml.<function>(*args)``, with NVML errors turned into typed ``GpuError``s (``context`` says what
-        was being attempted, for the message)."""
+        was being attempted, for the message). Waits while this process has released NVML; fails fast
+        (:class:`NvmlReleased`) while NVML stays shut down after one, and with :class:`SessionEnded` where the
+        calling method began in a session that has ended since (its handles would be stale)."""
+        if self._needs_init and not self._gate.held_here():
+            # Started lazily (gpus()) once the unbind that kept it shut down has returned. Never from inside the
+            # gate: gpus() takes the lock, which a release holds while it waits for the gate (lock, then gate).
+            with contextlib.suppress(NvmlReleased):
+                self.gpus()
         try:
-            return getattr(self._nvml, function)(*args, **kwargs)
+            with self._gate.shared():
+                self._refuse_ended(function, device)
+                result = getattr(self._nvml, function)(*args, **kwargs)
         except self._nvml.NVMLError as err:
             text = f"{context}: {err}" if context else str(err)
             raise error_for_code(err.value, text, device=device, call=function) from err
+        if function in _CHANGING_CALLS:
+            self._local.changed = True
+        return result
+
+    def _refuse_ended(self, function: str, device: str | None) -> None:
+        if self._needs_init:
+            raise NvmlReleased(self._released_why, device=device, call=function)
+        pinned = self._pinned_session()
+        if pinned is not None and pinned != self._session:
+            raise SessionEnded(
+                "NVML was let go and started again during this operation (a GPU left the nvidia driver); retry it",
+                device=device,
+                call=function,
+            )
+
+    def _lifecycle(self, function: str) -> None:
+        """``nvmlInit`` / ``nvmlShutdown`` themselves, errors typed; only under :meth:`released`'s lock and gate."""
+        try:
+            getattr(self._nvml, function)()
+        except self._nvml.NVMLError as err:
+            raise error_for_code(err.value, str(err), call=function) from err
+
+    def _pinned_session(self) -> int | None:
+        session: int | None = getattr(self._local, "session", None)
+        return session
+
+    def _changed_gpu(self) -> bool:
+        return bool(getattr(self._local, "changed", False))
+
+    @contextlib.contextmanager
+    def _pin_session(self) -> Iterator[None]:
+        """This thread's calls belong to the current session for the block (the outer one's again after it)."""
+        outer, outer_changed = self._pinned_session(), self._changed_gpu()
+        self._local.session, self._local.changed = self._session, False
+        try:
+            yield
+        finally:
+            self._local.session = outer
+            self._local.changed = outer_changed or self._local.changed
 
     def _handle(self, uuid: str) -> Any:
         """A device handle for a GPU or MIG UUID (GPU handles are cached: they never change)."""
@@ -312,8 +478,13 @@ class NvmlGpuLib:
 
     def gpus(self) -> list[GpuInfo]:
         """Every GPU that could be read. One that cannot (lost before discovery) is skipped, not fatal: it is
-        listed by ``unreadable_gpus`` and read again at the next call, so it joins once it answers."""
-        with self._lock:
+        listed by ``unreadable_gpus`` and read again at the next call, so it joins once it answers. Raises
+        :class:`NvmlReleased` while NVML cannot be started again after a release (an unbind still under way)."""
+        with self._lock, self._pin_session():
+            if self._needs_init:
+                self._start_again()
+                if self._needs_init:
+                    raise NvmlReleased(self._released_why, call="nvmlInit")
             if self._gpus is None:
                 self._gpus = []
                 for index in range(self._call("nvmlDeviceGetCount")):
@@ -377,6 +548,7 @@ class NvmlGpuLib:
             pcie_root=self._topology.pcie_root(bus_id),
             mig_capable=mig_capable,
             addressing_mode=self._addressing_mode(handle, uuid),
+            module_id=self._module_id(handle, uuid),
         )
 
     def _addressing_mode(self, handle: Any, uuid: str) -> str | None:
@@ -391,6 +563,20 @@ class NvmlGpuLib:
             raise
         return ADDRESSING_MODE_NAMES.get(int(mode))
 
+    def _module_id(self, handle: Any, uuid: str) -> int | None:
+        # HGX/DGX baseboards number their GPU modules from 1 (FM's physicalId). NOT_SUPPORTED, a driver without the
+        # call, and 0 (what some boards answer; NVIDIA's driver reads 0 as none too) all mean none, never an error.
+        if not hasattr(self._nvml, "nvmlDeviceGetModuleId"):
+            return None
+        try:
+            # A c_uint of this call's own: pynvml's default argument is one object shared by every thread.
+            module_id = int(self._call("nvmlDeviceGetModuleId", handle, ctypes.c_uint(), device=uuid))
+        except GpuError as err:
+            if isinstance(err, NotSupported) or err.code == FUNCTION_NOT_FOUND:
+                return None
+            raise
+        return module_id or None
+
     def _multiprocessors(self, handle: Any, uuid: str, name: str) -> int:
         # NVML reports SM counts only for MIG device handles; for a whole GPU we know them per product (0 when not).
         try:
@@ -401,10 +587,12 @@ class NvmlGpuLib:
 
     # --- MIG ----------------------------------------------------------------------------------------------
 
+    @_one_session
     def mig_mode(self, gpu_uuid: str) -> MigModeState:
         current, pending = self._call("nvmlDeviceGetMigMode", self._handle(gpu_uuid), device=gpu_uuid)
         return MigModeState(current=current == 1, pending=pending == 1)
 
+    @_one_session
     def set_mig_mode(self, gpu_uuid: str, enabled: bool) -> MigModeState:
         status = self._call("nvmlDeviceSetMigMode", self._handle(gpu_uuid), int(enabled), device=gpu_uuid)
         if status != 0:
@@ -412,6 +600,7 @@ class NvmlGpuLib:
             raise error_for_code(status, "MIG mode change not activated", device=gpu_uuid, call="nvmlDeviceSetMigMode")
         return self.mig_mode(gpu_uuid)
 
+    @_one_session
     def mig_profiles(self, gpu_uuid: str) -> list[MigProfile]:
         with self._lock:
             cached = self._profiles.get(gpu_uuid)
@@ -469,6 +658,7 @@ class NvmlGpuLib:
         known = ", ".join(f"{p.id} ({p.name})" for p in profiles) or "none: the GPU has no MIG"
         raise InvalidArgument(f"no MIG profile id {profile_id}; known: {known}", device=gpu_uuid, call=call)
 
+    @_one_session
     def gpu_instances(self, gpu_uuid: str) -> list[GpuInstance]:
         if not self._gpu_info(gpu_uuid).mig_capable or not self.mig_mode(gpu_uuid).current:
             return []
@@ -527,6 +717,7 @@ class NvmlGpuLib:
                 self._ci_profiles[key] = cached
         return cached
 
+    @_one_session
     def create_gpu_instance(self, gpu_uuid: str, profile_id: int, placement_start: int) -> GpuInstance:
         call = "nvmlDeviceCreateGpuInstanceWithPlacement"
         profile = self._profile(gpu_uuid, profile_id, call)
@@ -547,11 +738,13 @@ class NvmlGpuLib:
         )
         return created
 
+    @_one_session
     def destroy_gpu_instance(self, gpu_uuid: str, gpu_instance_id: int) -> None:
         gi = self._call("nvmlDeviceGetGpuInstanceById", self._handle(gpu_uuid), gpu_instance_id, device=gpu_uuid)
         self._call("nvmlGpuInstanceDestroy", gi, device=f"{gpu_uuid} GPU instance {gpu_instance_id}")
         log.info("destroyed GPU instance gpu=%s gi=%d", gpu_uuid, gpu_instance_id)
 
+    @_one_session
     def create_compute_instance(
         self, gpu_uuid: str, gpu_instance_id: int, slice_count: int | None = None
     ) -> ComputeInstance:
@@ -582,6 +775,7 @@ class NvmlGpuLib:
         log.info("created compute instance gpu=%s gi=%d ci=%d slices=%d", gpu_uuid, gpu_instance_id, ci_info.id, wanted)
         return ComputeInstance(id=ci_info.id, profile_id=ci_info.profileId, slice_count=choice.sliceCount)
 
+    @_one_session
     def destroy_compute_instance(self, gpu_uuid: str, gpu_instance_id: int, compute_instance_id: int) -> None:
         gi = self._call("nvmlDeviceGetGpuInstanceById", self._handle(gpu_uuid), gpu_instance_id, device=gpu_uuid)
         where = f"{gpu_uuid} GPU instance {gpu_instance_id}"
@@ -589,6 +783,7 @@ class NvmlGpuLib:
         self._call("nvmlComputeInstanceDestroy", ci, device=f"{where} compute instance {compute_instance_id}")
         log.info("destroyed compute instance gpu=%s gi=%d ci=%d", gpu_uuid, gpu_instance_id, compute_instance_id)
 
+    @_one_session
     def mig_devices(self, gpu_uuid: str) -> list[MigDevice]:
         if not self._gpu_info(gpu_uuid).mig_capable:
             return []
@@ -617,6 +812,7 @@ class NvmlGpuLib:
             )
         return devices
 
+    @_one_session
     def mig_device(self, gpu_uuid: str, gpu_instance_id: int, compute_instance_id: int) -> MigDevice:
         where = f"{gpu_uuid} GPU instance {gpu_instance_id}"
         gi = self._call("nvmlDeviceGetGpuInstanceById", self._handle(gpu_uuid), gpu_instance_id, device=gpu_uuid)
@@ -635,8 +831,18 @@ class NvmlGpuLib:
         )
 
     def reset_gpu(self, gpu_uuid: str) -> None:
-        self._gpu_reset(gpu_uuid)
+        with self._outside_nvml("nvidia-smi -r", gpu_uuid):
+            self._gpu_reset(gpu_uuid)
         log.info("reset GPU gpu=%s", gpu_uuid)
+
+    @contextlib.contextmanager
+    def _outside_nvml(self, call: str, gpu_uuid: str) -> Iterator[None]:
+        """Share the session for a tool that opens the GPUs itself (``nvidia-smi``): a release waits for it to end,
+        and none starts while NVML is let go (it would open the GPU that is leaving ``nvidia``)."""
+        with self._gate.shared():
+            if self._needs_init:
+                raise NvmlReleased(self._released_why, device=gpu_uuid, call=call)
+            yield
 
     def _capability_nodes(self, gpu_uuid: str, gi_id: int, ci_id: int) -> tuple[DeviceNode, ...]:
         # Missing capability files leave the MIG device listed but unpreparable: prepare says why.
@@ -648,19 +854,23 @@ class NvmlGpuLib:
 
     # --- compute mode -------------------------------------------------------------------------------------
 
+    @_one_session
     def compute_mode(self, device_uuid: str) -> ComputeMode:
         return ComputeMode(self._call("nvmlDeviceGetComputeMode", self._handle(device_uuid), device=device_uuid))
 
+    @_one_session
     def set_compute_mode(self, device_uuid: str, mode: ComputeMode) -> None:
         self._call("nvmlDeviceSetComputeMode", self._handle(device_uuid), int(mode), device=device_uuid)
         log.info("set compute mode device=%s mode=%s", device_uuid, mode.name)
 
     def set_timeslice(self, gpu_uuid: str, value: int) -> None:
-        self._set_timeslice(gpu_uuid, value)
+        with self._outside_nvml("nvidia-smi compute-policy", gpu_uuid):
+            self._set_timeslice(gpu_uuid, value)
         log.info("set time-slice gpu=%s value=%d", gpu_uuid, value)
 
     # --- NVLink -------------------------------------------------------------------------------------------
 
+    @_one_session
     def nvlinks(self, gpu_uuid: str) -> list[NvlinkConnection]:
         with self._lock:
             cached = self._links.get(gpu_uuid)
@@ -693,6 +903,7 @@ class NvmlGpuLib:
 
     # --- NVLink fabric ------------------------------------------------------------------------------------
 
+    @_one_session
     def fabric_info(self, gpu_uuid: str, *, fresh: bool = False) -> FabricInfo | None:
         with self._lock:
             if not fresh and gpu_uuid in self._fabric:
@@ -784,6 +995,7 @@ class NvmlGpuLib:
         except GpuError as err:
             log.warning("GPU health events not registered after the GPU came back gpu=%s error=%s", gpu_uuid, err)
 
+    @_one_session
     def probe(self, gpu_uuid: str) -> GpuProbe:
         """Cheap reads that tell whether a GPU answers and is fit: a fresh handle lookup (``GpuIsLost`` when it
         fell off the bus), the volatile uncorrectable ECC count, the NVLink fabric registration."""
@@ -809,6 +1021,7 @@ class NvmlGpuLib:
             recovery_action=recovery_action,
         )
 
+    @_one_session
     def usage(self, device_uuid: str) -> DeviceUsage:
         """One NVML read of each figure; NOT_SUPPORTED (and, for ECC on a MIG handle, INVALID_ARGUMENT) is None."""
         handle = self._handle(device_uuid)
@@ -872,34 +1085,50 @@ class NvmlGpuLib:
         with self._lock:
             if self._lost_before_watch:
                 return GpuEvent(gpu_uuid=self._lost_before_watch.pop(0), gpu_lost=True)
-            event_set = self._event_set
-            if event_set is None:
+            if self._event_set is None:
                 raise self._event_error or GpuError("GPU health events are not being watched")
         deadline = time.monotonic() + timeout_s
         while True:
-            remaining_ms = max(0, round((deadline - time.monotonic()) * 1000))
-            try:
-                data = self._nvml.nvmlEventSetWait_v2(event_set, remaining_ms)
-            except self._nvml.NVMLError as err:
-                if err.value == _TIMEOUT:
-                    return None
-                if err.value == _GPU_IS_LOST:
-                    return self._lost_gpu_event()
-                raise error_for_code(err.value, str(err), call="nvmlEventSetWait_v2") from err
+            remaining_s = max(0.0, deadline - time.monotonic())
+            data, gpu_uuid = self._wait_slice(min(remaining_s, EVENT_WAIT_SLICE_S))
+            if isinstance(data, int):
+                if data == _TIMEOUT:
+                    if remaining_s <= EVENT_WAIT_SLICE_S:
+                        return None
+                    continue
+                return self._lost_gpu_event()
             # Single-bit ECC events are registered (as NVIDIA's drivers do) but not reported: they were corrected.
             if data.eventType & _DOUBLE_BIT_ECC_EVENT:
-                return GpuEvent(gpu_uuid=self._event_gpu(data.device), ecc_double_bit=True)
+                return GpuEvent(gpu_uuid=gpu_uuid, ecc_double_bit=True)
             if data.eventType & _XID_EVENT:
                 return GpuEvent(
-                    gpu_uuid=self._event_gpu(data.device),
+                    gpu_uuid=gpu_uuid,
                     xid=int(data.eventData),
                     gpu_instance_id=None if data.gpuInstanceId == _NOT_ATTRIBUTABLE else int(data.gpuInstanceId),
                     compute_instance_id=(
                         None if data.computeInstanceId == _NOT_ATTRIBUTABLE else int(data.computeInstanceId)
                     ),
                 )
-            if remaining_ms == 0:
+            if remaining_s == 0:
                 return None
+
+    def _wait_slice(self, timeout_s: float) -> tuple[Any, str]:
+        """One ``nvmlEventSetWait_v2`` on the current event set (a release between two slices makes a new one):
+        the event and its GPU's UUID (read in the same session: the event's handle ends with it), or ``_TIMEOUT`` /
+        ``_GPU_IS_LOST`` as a number; other NVML errors raise."""
+        with self._gate.shared():
+            if self._needs_init:
+                raise NvmlReleased(self._released_why, call="nvmlEventSetWait_v2")
+            event_set = self._event_set
+            if event_set is None:  # NVML started again after a release, but its GPUs could not be registered
+                raise self._event_error or GpuError("GPU health events are not being watched")
+            try:
+                data = self._nvml.nvmlEventSetWait_v2(event_set, round(timeout_s * 1000))
+            except self._nvml.NVMLError as err:
+                if err.value in (_TIMEOUT, _GPU_IS_LOST):
+                    return int(err.value), ""
+                raise error_for_code(err.value, str(err), call="nvmlEventSetWait_v2") from err
+            return data, self._event_gpu(data.device)
 
     def _event_gpu(self, device: Any) -> str:
         uuid = self._event_uuids.get(self._address(device))
@@ -920,17 +1149,99 @@ class NvmlGpuLib:
             call="nvmlEventSetWait_v2",
         )
 
+    @contextlib.contextmanager
+    def released(self) -> Iterator[None]:
+        """This process holds no GPU for the ``with`` block: NVML is shut down (its health event set freed first)
+        once the NVML calls in flight are done, and started again after the block, handles, caches and health
+        events anew, so it also counts GPUs given back from ``vfio-pci`` since. Other threads' NVML calls wait
+        meanwhile (the health loop's event wait pauses, it does not fail); events raised in the block are lost.
+        A :class:`StillChanging` raised out of the block keeps NVML shut down until its change has finished
+        (calls fail fast with :class:`NvmlReleased` until then; the first :meth:`gpus` after it starts NVML).
+
+        Why a shutdown: ``nvmlInit`` attaches every GPU it opens a handle of, and an attached GPU's
+        ``/dev/nvidia<minor>`` stays open in this process until ``nvmlShutdown``, where the ``nvidia`` driver's
+        unbind waits for it. ``nvmlInitWithFlags(NVML_INIT_FLAG_NO_ATTACH)`` only defers the attach to the first
+        ``nvmlDeviceGetHandleBy*``, which discovery, probes and event registration make for every GPU anyway."""
+        with self._lock, self._gate.alone():
+            if not self._needs_init:  # not running already (a failed start, an unbind under way): nothing to shut
+                self._free_events()
+                try:
+                    self._lifecycle("nvmlShutdown")
+                except GpuError:
+                    if self._gpus is not None:
+                        self._watch_events()  # still running: its health events are watched again
+                    raise
+                self._forget_session("NVML is let go while a GPU leaves the nvidia driver")
+            self._releases += 1
+            try:
+                yield
+            except StillChanging as change:
+                if not change.finished():
+                    # Chained: with two unbinds stuck at once, NVML starts again only once both have returned.
+                    earlier, this = self._restart_when, change.finished
+                    self._restart_when = lambda: (earlier is None or earlier()) and this()
+                raise
+            finally:
+                self._releases -= 1
+                if not self._releases:  # the outermost block: NVML was let go for all of it
+                    self._start_again()
+
+    def _free_events(self) -> None:
+        event_set, self._event_set = self._event_set, None
+        if event_set is not None:
+            try:
+                self._call("nvmlEventSetFree", event_set)
+            except GpuError as err:
+                log.warning("could not free the NVML event set error=%s", err)
+
+    def _forget_session(self, why: str) -> None:
+        """NVML is shut down: its handles, and all read through them, end with the session."""
+        self._session += 1
+        self._needs_init, self._released_why = True, why
+        self._gpus, self._unreadable, self._event_error = None, {}, None
+        for cache in (self._handles, self._profiles, self._ci_profiles, self._links, self._fabric, self._event_uuids):
+            cache.clear()
+
+    def _start_again(self) -> None:
+        """NVML afresh after :meth:`released`: started, the GPUs counted and read again and registered for health
+        events; not while an unbind the release left under way has not returned (NVML would open that GPU again,
+        and the unbind would wait for this process). A failure is logged; the next :meth:`gpus` retries."""
+        if self._releases:
+            return  # asked from inside a released() block (the releasing thread's own call): it stays let go
+        if self._restart_when is not None:
+            if not self._restart_when():
+                if self._released_why != _STILL_UNBINDING:
+                    log.warning("NVML stays shut down until a GPU's unbind from nvidia returns")
+                self._released_why = _STILL_UNBINDING
+                return
+            self._restart_when = None
+        try:
+            self._lifecycle("nvmlInit")
+        except GpuError as err:
+            why = f"NVML could not be started again after it was let go ({err}); retried at each call"
+            if why != self._released_why:
+                log.error("NVML could not be started again; GPU calls fail until it can error=%s", err)
+            self._released_why = why
+            return
+        self._needs_init = False
+        try:
+            self.gpus()
+        except GpuError as err:
+            log.error("GPUs could not be counted again after NVML was released error=%s", err)
+
     def close(self) -> None:
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+            if self._needs_init:
+                return  # shut down since a release, never started again
             if self._event_set is not None:
                 try:
                     self._call("nvmlEventSetFree", self._event_set)
                 except GpuError as err:
                     log.warning("could not free the NVML event set error=%s", err)
-            self._call("nvmlShutdown")
+            self._lifecycle("nvmlShutdown")
 
 
 def _text(value: Any) -> str:

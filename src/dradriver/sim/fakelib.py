@@ -296,6 +296,7 @@ class FakeNvmlLibrary:
         self._module = module
         self._lock = threading.RLock()
         self._init_count = 0
+        self._counted = [gpu.index for gpu in node.gpus]  # the node's GPUs NVML enumerates, by NVML index
         self._handles: dict[Any, ctypes.Structure] = {}  # key → the struct a handle points at
         self._targets: dict[int, object] = {}  # struct address → what the handle means
         self._prune_floor = prune_handles_at
@@ -449,6 +450,11 @@ class FakeNvmlLibrary:
     def nvmlInitWithFlags(self, flags: Any) -> int:
         with self._lock:
             self._init_count += 1
+            if self._init_count == 1:
+                self.node.nvml_sessions += 1  # NVML attaches the GPUs: this process holds them open
+                self._counted = [
+                    gpu.index for gpu in self.node.gpus if not self.node.nvml_counts_at_init or self.node.nvml_sees(gpu)
+                ]
         return sim.SUCCESS
 
     def nvmlInit_v2(self) -> int:
@@ -457,6 +463,12 @@ class FakeNvmlLibrary:
     def nvmlShutdown(self) -> int:
         with self._lock:
             self._init_count -= 1
+            if self._init_count == 0:
+                self.node.nvml_sessions -= 1  # detached: the GPUs' device nodes are closed
+                # Every handle ends with the session (a real NVML frees its device structs): one kept across a
+                # shutdown and a new init answers INVALID_ARGUMENT, never for whatever GPU now sits at its address.
+                self._handles.clear()
+                self._targets.clear()
         return sim.SUCCESS
 
     def nvmlErrorString(self, code: Any) -> bytes:
@@ -478,17 +490,22 @@ class FakeNvmlLibrary:
     # --- device identity ----------------------------------------------------------------------------------
 
     def nvmlDeviceGetCount_v2(self, count: Any) -> int:
-        _target(count).value = len(self.node.gpus)
+        _target(count).value = len(self._counted)
         return sim.SUCCESS
 
     def nvmlDeviceGetHandleByIndex_v2(self, index: Any, out: Any) -> int:
-        gpu = self.node.gpu(_int(index))
+        position = _int(index)
+        if not 0 <= position < len(self._counted):
+            raise _Fail(sim.INVALID_ARGUMENT)
+        gpu = self.node.gpu(self._counted[position])
         self._gpu_handle(out, gpu.index)
         return sim.SUCCESS
 
     def nvmlDeviceGetHandleByUUID(self, uuid: Any, out: Any) -> int:
         wanted = _text(uuid)
         for gpu in self.node.gpus:
+            if gpu.uuid == wanted and gpu.index not in self._counted:
+                return sim.NOT_FOUND  # not the nvidia driver's when NVML started
             if gpu.uuid == wanted:
                 self.node.gpu(gpu.index)
                 self._gpu_handle(out, gpu.index)
@@ -507,7 +524,7 @@ class FakeNvmlLibrary:
         except ValueError:
             raise _Fail(sim.INVALID_ARGUMENT) from None
         for gpu in self.node.gpus:
-            if gpu.pci_bus_id == wanted:
+            if gpu.pci_bus_id == wanted and gpu.index in self._counted:
                 self.node.gpu(gpu.index)
                 self._gpu_handle(out, gpu.index)
                 return sim.SUCCESS
@@ -631,6 +648,15 @@ class FakeNvmlLibrary:
         if value is None:
             return sim.NOT_SUPPORTED
         _target(mode).value = value
+        return sim.SUCCESS
+
+    def nvmlDeviceGetModuleId(self, handle: Any, module_id: Any) -> int:
+        # NVSwitch baseboards (HGX/DGX) number their GPU modules 1..n. Other boards answer NOT_SUPPORTED here (real
+        # PCIe boards answer 1, 0 or NOT_SUPPORTED; none has Fabric Manager partitions to match).
+        value = self._gpu(handle).module_id
+        if value is None:
+            return sim.NOT_SUPPORTED
+        _target(module_id).value = value
         return sim.SUCCESS
 
     def nvmlDeviceGetAttributes_v2(self, handle: Any, attributes: Any) -> int:

@@ -125,6 +125,9 @@ class SimGpu:
     gpu_instances: dict[int, SimGpuInstance] = field(default_factory=dict)
     fabric_state: FabricState | None = None  # None: no fabric info at all (before Hopper)
     addressing_mode: int | None = None  # nvmlDeviceGetAddressingMode's value on coherent platforms; None: unsupported
+    # nvmlDeviceGetModuleId's value: on an NVSwitch baseboard 1..n in PCI order, as the Fabric Manager stand-in
+    # numbers its GPUs (the profile's moduleId, or a test, sets another: a misreported board); None: NOT_SUPPORTED.
+    module_id: int | None = None
     fabric_status: int = SUCCESS  # NVML return code of the registration, meaningful once COMPLETED
     ecc_volatile: int = 0  # uncorrectable ECC errors since the last reset (NVML_VOLATILE_ECC)
     ecc_aggregate: int = 0  # uncorrectable ECC errors over the GPU's life (NVML_AGGREGATE_ECC)
@@ -197,6 +200,13 @@ class SimulatedNode:
         self.processes: dict[int, SimProcess] = {}  # PID → compute process (`sim process`, tests)
         # The node's sysfs (VFIO passthrough): a GPU another kernel driver holds is not NVML's to see.
         self.sysfs: SimKernel | None = None
+        # Initialised NVML sessions on this node (the fake library counts them): a session attaches every GPU, so
+        # while one is open this process holds each GPU the nvidia driver has, and its unbind is refused.
+        self.nvml_sessions = 0
+        # As a real NVML does: count only the GPUs the nvidia driver has when NVML starts (a GPU on vfio-pci then is
+        # not counted, NOT_FOUND, until NVML starts again). Off by default: a GPU on vfio-pci stays counted and
+        # answers GPU_IS_LOST (see nvml_sees), which the rest of the simulator's scenarios are written for.
+        self.nvml_counts_at_init = False
         products = load_products()
         # NVML enumerates GPUs in PCI bus order.
         ordered = sorted(profile.gpus, key=lambda g: g.pci_bus_id)
@@ -209,6 +219,7 @@ class SimulatedNode:
                 product=products[spec.product],
                 numa_node=spec.numa_node,
                 pcie_root=spec.pcie_root,
+                module_id=spec.module_id if spec.module_id is not None else (i + 1 if profile.nvswitch else None),
             )
             for i, spec in enumerate(ordered)
         ]
@@ -243,12 +254,16 @@ class SimulatedNode:
     def attach_sysfs(self, root: Path) -> SimKernel:
         """Give the node a sysfs tree under ``root`` (written if absent) whose bindings NVML follows."""
         write_tree(root, gpu_functions((g.pci_bus_id, g.product.pci_device_id) for g in self.gpus))
-        self.sysfs = SimKernel(root, self._holders)
+        self.sysfs = SimKernel(root, self._holders, self._minor_of)
         return self.sysfs
+
+    def _minor_of(self, address: str) -> int | None:
+        return next((g.minor for g in self.gpus if g.pci_bus_id == address), None)
 
     def _holders(self, address: str) -> list[int]:
         gpu = next((g for g in self.gpus if g.pci_bus_id == address), None)
-        return [p.pid for p in self.processes_on(gpu.index)] if gpu is not None else []
+        ours = [os.getpid()] if self.nvml_sessions > 0 else []  # an open NVML session holds every GPU
+        return [*(p.pid for p in self.processes_on(gpu.index)), *ours] if gpu is not None else []
 
     def gpu_instance(self, index: int, gi_id: int) -> SimGpuInstance:
         gpu = self._mig_enabled_gpu(index)

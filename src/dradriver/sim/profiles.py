@@ -50,6 +50,7 @@ class GpuSpec:
     pcie_root: str | None = None
     mig_enabled: bool = False
     mig_devices: tuple[MigDeviceSpec, ...] = ()
+    module_id: int | None = None  # what nvmlDeviceGetModuleId answers instead of the board's numbering
 
     @classmethod
     def read(cls, raw: object, where: str) -> GpuSpec:
@@ -65,6 +66,7 @@ class GpuSpec:
             pcie_root=None if fields.value("pcieRoot", None) is None else fields.string("pcieRoot", pattern=_PCIE_ROOT),
             mig_enabled=fields.boolean("migEnabled", False),
             mig_devices=tuple(MigDeviceSpec.read(value, at) for at, value in fields.items("migDevices")),
+            module_id=None if fields.value("moduleId", None) is None else fields.integer("moduleId", ge=0),
         )
         fields.done()
         return spec

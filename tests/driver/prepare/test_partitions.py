@@ -5,7 +5,10 @@ and unprepare that start-up reconciliation repairs, as the MIG and VFIO fault wa
 from __future__ import annotations
 
 import json
+import logging
+import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from support import fault_walk
@@ -201,3 +204,78 @@ def test_gpus_held_by_another_active_partition_are_refused_before_anything_chang
     assert error is not None and "partition 7 (GPUs 1) is active" in error and "prepare failed" not in error
     assert node.active() == [7]
     assert node.driver.checkpoint.records() == []
+
+
+# --- matching by module id (NVML's nvmlDeviceGetModuleId = FM's physicalId) -------------------------------------
+
+
+def test_a_gpu_whose_nvml_module_id_fm_places_elsewhere_stops_the_driver_at_start_naming_both(node: HgxNode) -> None:
+    node.sim.gpus[1].module_id = 5  # a misreported board: FM's module 2 sits at 0000:43:00.0, its module 5 elsewhere
+    with pytest.raises(FabricManagerError) as refused:
+        node.restart()
+    assert str(refused.value).startswith(
+        "Fabric Manager's partitions refused: NVML reports the GPU at 0000:43:00.0 as module 5, but Fabric Manager "
+        "reports module 2 there (and module 5 at 0000:9d:00.0). A mis-cabled or misreported baseboard"
+    )
+    assert "without --fabric-manager-partitions" in str(refused.value)
+    assert node.active() == []
+
+
+def test_two_gpus_with_swapped_module_ids_are_both_named(node: HgxNode) -> None:
+    node.sim.gpus[0].module_id, node.sim.gpus[1].module_id = 2, 1
+    with pytest.raises(FabricManagerError) as refused:
+        node.restart()
+    assert "GPU at 0000:1b:00.0 as module 2, but Fabric Manager reports module 1 there" in str(refused.value)
+    assert "GPU at 0000:43:00.0 as module 1, but Fabric Manager reports module 2 there" in str(refused.value)
+
+
+def test_without_module_ids_gpus_are_matched_by_pci_address_a_warning_logged_once_each(
+    node: HgxNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    for gpu in node.sim.gpus:
+        gpu.module_id = None  # NVML answers NOT_SUPPORTED (a driver older than the call answers alike)
+    caplog.set_level(logging.INFO, logger="dradriver.driver.prepare.partitions")
+    driver = node.restart()
+    driver.update_inventory(discover(simulated_gpulib_on(node.sim)), MigMode.NONE)  # a rescan: not logged again
+    records = [r for r in caplog.records if "matched to Fabric Manager's module by PCI address" in r.msg]
+    fallbacks = [r.getMessage() for r in records]
+    assert len(fallbacks) == 8 and fallbacks[1].endswith("gpu=0000:43:00.0 module=2")
+    # A WARNING: NVIDIA's driver refuses a GPU without a module id; this driver matches it by address instead.
+    assert {r.levelno for r in records} == {logging.WARNING} and "NVIDIA's driver refuses" in fallbacks[0]
+    assert driver.prepare_resource_claims([claim("pair", GPUS[0], GPUS[1])])["pair"].error is None
+    assert node.active() == [3]
+    assert driver.partition_attributes()["0000:43:00.0"]["gpuModuleID"] == {"int": 2}  # FM's physicalId
+
+
+def test_a_rescan_that_reads_a_module_id_fm_places_elsewhere_keeps_the_last_inventory(
+    node: HgxNode, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from dradriver.cli import node_loops
+    from dradriver.cli.run_assembly import pools_of
+
+    settings = SliceSettings(driver=DRIVER, mig_mode=MigMode.NONE, gpu_attributes=node.driver.partition_attributes())
+    inventory = discover(simulated_gpulib_on(node.sim))
+    pools = pools_of("node-a", build_slice_specs(inventory, settings))
+    monkeypatch.setattr(node_loops, "offered", lambda _options, _cluster, fresh, _watch: fresh)
+    node.sim.gpus[1].module_id = 5  # read anew (the GPU back from vfio-pci, or found again): now misreported
+    rescanner = node_loops.Rescanner(
+        SimpleNamespace(  # type: ignore[arg-type]  # the parts of a NodeDriver a rescan reads
+            options=SimpleNamespace(gpus=SimpleNamespace(mig_mode=MigMode.NONE)),
+            gpus=SimpleNamespace(lib=simulated_gpulib_on(node.sim), pci=None, inventory=inventory),
+            health=SimpleNamespace(update_inventory=lambda *_: None, taints=lambda _device: []),
+            driver=node.driver,
+            cluster=None,
+            plugin_watch=None,
+            settings=settings,
+            pools=pools,
+        ),
+        threading.Event(),
+    )
+    before = node.driver.gpus()
+    rescanner.rescan()
+    assert any(
+        "rediscovery failed; keeping the last inventory" in r.getMessage()
+        and "NVML reports the GPU at 0000:43:00.0 as module 5" in r.getMessage()
+        for r in caplog.records
+    )
+    assert node.driver.gpus() is before and rescanner.node.pools is pools

@@ -7,6 +7,11 @@ with ``gpuModuleID`` and, for each partition size it belongs to, ``partition<siz
 attribute names (its ``FabricManagerPartitioning`` gate), under our domain. A claim that wants two GPUs with NVLink
 between them asks for two with one ``matchAttribute: gpu.dradriver.dev/partition2``.
 
+GPUs are matched to FM's partition members as NVIDIA's driver matches them, by module id (NVML's
+``nvmlDeviceGetModuleId`` is FM's physicalId), cross-checked with the PCI address: a GPU whose module id FM places
+at another address refuses the partitions (at start and at every rescan), naming both. A GPU NVML gives no module id
+(an older driver) is matched by PCI address, a WARNING logged once per GPU: NVIDIA's driver refuses such a GPU.
+
 Step (recorded by the claim's :class:`~dradriver.driver.prepare.transaction.Transaction`, declared with the claim so
 a kill at any point is undone at start-up):
 
@@ -16,26 +21,31 @@ a kill at any point is undone at start-up):
 
 Undo deactivates the partition when it is active and no other recorded claim declared the same partition (a shared
 GPU's other claims still need the fabric; an admin-access claim, which declares none, does not), so an intent
-whose activation never happened, or a partition deactivated already, is nothing to do.
+whose activation never happened, a partition deactivated already, or one FM no longer lists (its list "can be fewer
+than the max due to hardware availability"; NVIDIA's driver reads it as not active; logged), is nothing to do.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from dradriver.driver.prepare.checkpoint import Action, CheckpointStore, ClaimRecord
 from dradriver.driver.prepare.transaction import StepKind, Transaction
 from dradriver.errors import ClaimError
 from dradriver.gpu.fabric_manager import (
+    UNKNOWN_PCI_BUS_ID,
     FabricManager,
     FabricManagerError,
     FabricPartition,
+    PartitionGpu,
     check_partitions,
-    exact_partition,
+    partition_gpu,
+    partition_of_modules,
 )
 from dradriver.gpu.inventory import GpuDevice
+from dradriver.gpu.models import GpuInfo
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +65,8 @@ def gpu_attributes(layout: Sequence[FabricPartition]) -> dict[str, dict[str, dic
     attributes: dict[str, dict[str, dict[str, Any]]] = {}
     for partition in layout:
         for member in partition.gpus:
+            if member.pci_bus_id == UNKNOWN_PCI_BUS_ID:
+                continue  # refused by check_partitions at start; never published under no address
             found = attributes.setdefault(member.pci_bus_id, {MODULE_ID_ATTRIBUTE: {"int": member.physical_id}})
             found[partition_attribute(partition.size)] = {"int": partition.id}
     return attributes
@@ -84,6 +96,36 @@ class FabricPartitions:
         self._checkpoint = checkpoint
         self.layout = fabric_manager.supported_partitions()
         check_partitions(self.layout)
+        self._matched_by_address: set[str] = set()  # GPUs NVML gives no module id, logged once each
+
+    def check_gpus(self, gpus: Iterable[GpuInfo]) -> None:
+        """Refuse the partitions when NVML's module id of any of ``gpus`` disagrees with FM's physicalId at its PCI
+        address (``FabricManagerError`` naming each disagreement); log, once per GPU, those FM lists that NVML
+        gives no module id, matched by PCI address instead (a WARNING: NVIDIA's driver refuses them)."""
+        disagreements: list[str] = []
+        for info in gpus:
+            try:
+                member = partition_gpu(self.layout, pci_bus_id=info.pci_bus_id, module_id=info.module_id)
+            except FabricManagerError as err:
+                disagreements.append(str(err))
+                continue
+            if member is not None and info.module_id is None and info.pci_bus_id not in self._matched_by_address:
+                self._matched_by_address.add(info.pci_bus_id)
+                log.warning(
+                    "NVML reports no module id for the GPU (nvmlDeviceGetModuleId not supported by this driver); "
+                    "matched to Fabric Manager's module by PCI address, where NVIDIA's driver refuses the GPU "
+                    "gpu=%s module=%d",
+                    info.pci_bus_id,
+                    member.physical_id,
+                )
+        if disagreements:
+            raise FabricManagerError(
+                "Fabric Manager's partitions refused: "
+                + "; ".join(disagreements)
+                + ". A mis-cabled or misreported baseboard would have NVLink activated between other GPUs than a "
+                "claim's: compare each GPU's Module ID in nvidia-smi -q with Fabric Manager's partitions, or run "
+                "without --fabric-manager-partitions"
+            )
 
     def kinds(self) -> list[StepKind]:
         return [StepKind(STEP_FABRIC_PARTITION, self.undo, self.drift)]
@@ -101,7 +143,7 @@ class FabricPartitions:
         set no partition equals, naming those that would fit."""
         if not gpus:
             return
-        partition = exact_partition(self.layout, (g.info.pci_bus_id for g in gpus))
+        partition = self._partition_of(gpus)
         if partition is None:
             raise ClaimError(self._no_partition(claim, gpus))
         self._refuse_overlapping_active(claim, partition)
@@ -110,6 +152,16 @@ class FabricPartitions:
             "",
             {"partitionId": partition.id, "size": partition.size, "gpus": sorted(g.name for g in gpus)},
         )
+
+    def _partition_of(self, gpus: Sequence[GpuDevice]) -> FabricPartition | None:
+        """The partition whose GPUs are exactly ``gpus``, FM's members found by module id (PCI address where NVML
+        gives none; :func:`~dradriver.gpu.fabric_manager.partition_gpu`)."""
+        members: list[PartitionGpu | None] = [
+            partition_gpu(self.layout, pci_bus_id=g.info.pci_bus_id, module_id=g.info.module_id) for g in gpus
+        ]
+        if any(m is None for m in members):
+            return None
+        return partition_of_modules(self.layout, (m.physical_id for m in members if m is not None))
 
     def activate(self, txn: Transaction) -> None:
         """Activate the declared partition, if the claim declared one."""
@@ -128,10 +180,11 @@ class FabricPartitions:
     def _refuse_overlapping_active(self, claim: str, partition: FabricPartition) -> None:
         """FM refuses to activate a partition while another active one holds any of its GPUs: refuse the claim
         before anything changes (its GPUs would be bound or carved for nothing), naming that partition."""
+        # By module id (FM's own GPU identity): a GPU FM now reports without a PCI address still counts.
         active = [
             p
             for p in self.fabric_manager.supported_partitions()
-            if p.active and p.id != partition.id and p.pci_bus_ids & partition.pci_bus_ids
+            if p.active and p.id != partition.id and p.module_ids & partition.module_ids
         ]
         if active:
             raise ClaimError(
@@ -166,7 +219,16 @@ class FabricPartitions:
         if sharing:
             log.info("fabric partition stays active for claims %s claim=%s partition=%s", sharing, record, partition_id)
             return
-        if not self._active(partition_id):
+        active = self._reported_active(partition_id)
+        if active is None:
+            log.warning(
+                "Fabric Manager no longer lists the fabric partition (its list can shrink with the hardware "
+                "available); nothing to deactivate claim=%s partition=%s",
+                record.uid,
+                partition_id,
+            )
+            return
+        if not active:
             return  # never activated (a kill before the call), or deactivated already
         self.fabric_manager.deactivate(partition_id)
         log.info("deactivated fabric partition claim=%s partition=%s", record.uid, partition_id)
@@ -178,11 +240,17 @@ class FabricPartitions:
         return f"Fabric Manager partition {partition_id} is not active any more"
 
     def _active(self, partition_id: int) -> bool:
+        """Whether FM reports the partition active; ``FabricManagerError`` when FM no longer lists it."""
+        active = self._reported_active(partition_id)
+        if active is None:
+            raise FabricManagerError(f"Fabric Manager no longer reports partition {partition_id}")
+        return active
+
+    def _reported_active(self, partition_id: int) -> bool | None:
+        """Whether FM reports the partition active, None when FM does not list it."""
         partitions: list[FabricPartition] = self.fabric_manager.supported_partitions()
         found = next((p for p in partitions if p.id == partition_id), None)
-        if found is None:
-            raise FabricManagerError(f"Fabric Manager no longer reports partition {partition_id}")
-        return found.active
+        return None if found is None else found.active
 
 
 def _declares(action: Action, partition_id: int) -> bool:
