@@ -108,3 +108,92 @@ def test_explain_says_a_node_outside_any_clique_has_no_channel(capsys: pytest.Ca
     code = main(["explain", str(EXAMPLES / "two-node-job.yaml"), "--sim-profile", "hgx-h200"])
     assert code == 1
     assert "compute-domain.dradriver.dev/type is (missing)" in capsys.readouterr().out
+
+
+def test_with_compat_nvidia_the_chart_serves_nvidias_compute_domain_api() -> None:
+    """compat nvidia: NVIDIA's CRDs (ours, the group swapped, no short name as NVIDIA's, kept on uninstall),
+    DeviceClasses, RBAC, the controller's --compat, the node-labels policy's label and the ResourceSlice policy's
+    driver names; the CRDs of crds/ (ours, short name cd) stay, unused."""
+    rendered = template("--set", "computeDomains.enabled=true", "--set", "compat=nvidia", "--include-crds")
+    ours = {
+        crd["metadata"]["name"]: crd
+        for crd in (yaml.safe_load(p.read_text()) for p in sorted((ROOT / "deployments/helm/dradriver/crds").iterdir()))
+    }
+    crds = {o["metadata"]["name"]: o for o in rendered if o["kind"] == "CustomResourceDefinition"}
+    assert {name: crds[name] for name in ours} == ours
+    crds = {name: crd for name, crd in crds.items() if name not in ours}
+    assert set(crds) == {"computedomains.resource.nvidia.com", "computedomaincliques.resource.nvidia.com"}
+    for name, crd in crds.items():
+        assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+        spec = ours[name.replace("nvidia.com", "dradriver.dev")]["spec"]
+        names = {k: v for k, v in spec["names"].items() if k != "shortNames"}
+        assert crd["spec"] == {**spec, "group": "resource.nvidia.com", "names": names}
+    assert ours["computedomains.resource.dradriver.dev"]["spec"]["names"]["shortNames"] == ["cd"]
+    classes = [o for o in rendered if o["kind"] == "DeviceClass" and "compute-domain" in o["metadata"]["name"]]
+    assert [(c["metadata"]["name"], c["spec"]) for c in classes] == [
+        (c["metadata"]["name"], c["spec"]) for c in api.device_classes(api.NVIDIA)
+    ]
+    groups = {g for o in rendered if "compute-domain" in o["metadata"]["name"] for r in o.get("rules") or []
+              for g in r["apiGroups"]}  # fmt: skip
+    assert "resource.nvidia.com" in groups and "resource.dradriver.dev" not in groups
+    controller = next(o for o in rendered if o["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "DRADRIVER_COMPAT", "value": "nvidia"} in controller["env"]
+    policy = next(
+        o
+        for o in rendered
+        if o["kind"] == "ValidatingAdmissionPolicy" and o["metadata"]["name"] == "dradriver-nodes-own-labels"
+    )
+    keys = next(v for v in policy["spec"]["variables"] if v["name"] == "ownedKeys")
+    assert keys["expression"] == '["resource.nvidia.com/computeDomain"]'
+    slices = next(o for o in rendered if o["metadata"]["name"] == "dradriver-resourceslices-own-node")
+    drivers = '["gpu.nvidia.com", "compute-domain.nvidia.com"]'
+    assert [v for v in slices["spec"]["validations"] if drivers in v["expression"]]
+    for document in rendered:
+        kubernetes_validate.validate(document, "1.37.0", strict=True)
+
+
+def test_nvidias_names_are_its_drivers() -> None:
+    """What NVIDIA's compute-domain controller and plugin name (cmd/compute-domain-*, api/nvidia.com/resource)."""
+    names = api.NVIDIA
+    assert (names.api_version, names.driver_name, names.cdi_vendor) == (
+        "resource.nvidia.com/v1beta1", "compute-domain.nvidia.com", "k8s.compute-domain.nvidia.com"
+    )  # fmt: skip
+    assert (names.domain_label, names.clique_label, names.target_label, names.finalizer) == (
+        "resource.nvidia.com/computeDomain", "resource.nvidia.com/computeDomain.cliqueID",
+        "resource.nvidia.com/computeDomainTarget", "resource.nvidia.com/computeDomain",
+    )  # fmt: skip
+    assert (names.channel_class, names.daemon_class) == (
+        "compute-domain-default-channel.nvidia.com", "compute-domain-daemon.nvidia.com"
+    )  # fmt: skip
+    assert api.names_of("nvidia") is api.NVIDIA and api.names_of("none") is api.OURS
+
+
+def test_the_claim_template_of_a_domain_under_nvidias_names_is_the_one_nvidias_controller_makes() -> None:
+    domain = {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "ComputeDomain",
+        "metadata": {"name": "imex", "namespace": "team", "uid": "u1"},
+        "spec": {"numNodes": 0, "channel": {"resourceClaimTemplate": {"name": "imex-ch"}, "allocationMode": "All"}},
+    }
+    template = api.workload_claim_template(domain, api.NVIDIA)
+    assert template["metadata"]["labels"] == {
+        "resource.nvidia.com/computeDomain": "u1", "resource.nvidia.com/computeDomainTarget": "Workload"
+    }  # fmt: skip
+    devices = template["spec"]["spec"]["devices"]
+    assert devices["requests"] == [
+        {"name": "channel", "exactly": {"deviceClassName": "compute-domain-default-channel.nvidia.com"}}
+    ]
+    assert devices["config"][0]["opaque"] == {
+        "driver": "compute-domain.nvidia.com",
+        "parameters": {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainChannelConfig",
+                       "domainID": "u1", "allocationMode": "All"},
+    }  # fmt: skip
+    assert api.parse_config(devices["config"][0]["opaque"]["parameters"], api.NVIDIA).domain_id == "u1"
+
+
+@pytest.mark.parametrize(("names", "other"), [(api.OURS, api.NVIDIA), (api.NVIDIA, api.OURS)])
+def test_a_config_of_the_other_group_is_refused_naming_the_group_served(
+    names: api.ComputeDomainNames, other: api.ComputeDomainNames
+) -> None:
+    with pytest.raises(ClaimError, match=f"apiVersion: Input should be '{names.api_version}'"):
+        api.parse_config(api.channel_config("u1", "Single", other), names)

@@ -92,6 +92,88 @@ def test_a_domain_gets_its_finalizer_templates_and_daemonset(rest: FakeRest, con
     assert _status(rest)["status"] == "NotReady"
 
 
+def test_under_nvidias_names_a_domain_of_nvidias_group_gets_nvidias_finalizer_labels_classes_and_daemons(
+    rest: FakeRest,
+) -> None:
+    """--compat nvidia: the controller serves resource.nvidia.com and writes only NVIDIA's names; its daemons are
+    told (DRADRIVER_COMPAT) so their cliques are of that group too."""
+    names = api.NVIDIA
+    path = path_of(names.api_version, "computedomains", "team", "job")
+    rest.put(
+        path,
+        {
+            "apiVersion": names.api_version,
+            "kind": "ComputeDomain",
+            "metadata": {"name": "job", "namespace": "team", "uid": UID, "generation": 1},
+            "spec": {"numNodes": 1, "channel": {"resourceClaimTemplate": {"name": "job-ch"}}},
+        },
+    )
+    _domain(rest)  # one of our group, which this controller does not serve
+    settings = ControllerSettings(namespace=NS, image="dradriver:test", names=names)
+    Controller(rest, settings).sync()  # type: ignore[arg-type]
+    assert rest.get(path)["metadata"]["finalizers"] == ["resource.nvidia.com/computeDomain"]
+    assert "finalizers" not in rest.get(CD_PATH)["metadata"]
+    workload = rest.get(path_of("resource.k8s.io/v1", "resourceclaimtemplates", "team", "job-ch"))
+    assert workload == api.workload_claim_template(rest.get(path), names) | {"metadata": workload["metadata"]}
+    assert workload["metadata"]["labels"][names.domain_label] == UID
+    daemon = rest.get(path_of("resource.k8s.io/v1", "resourceclaimtemplates", NS, f"computedomain-daemon-{UID}"))
+    request = daemon["spec"]["spec"]["devices"]["requests"][0]
+    assert request["exactly"]["deviceClassName"] == "compute-domain-daemon.nvidia.com"
+    pod = rest.get(path_of("apps/v1", "daemonsets", NS, f"computedomain-daemon-{UID}"))["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"resource.nvidia.com/computeDomain": UID}
+    assert {"name": "DRADRIVER_COMPAT", "value": "nvidia"} in pod["containers"][0]["env"]
+    assert rest.get(path)["status"]["status"] == "NotReady"
+
+
+def _nvidias_objects(rest: FakeRest, uid: str) -> list[str]:
+    """What NVIDIA's controller makes for domain ``uid`` (team/job): the workload and daemon claim templates and the
+    IMEX DaemonSet, each with its label and its finalizer (and another's, which stays); their paths."""
+    names = api.NVIDIA
+    paths = [
+        path_of("resource.k8s.io/v1", "resourceclaimtemplates", "team", "job-ch"),
+        path_of("resource.k8s.io/v1", "resourceclaimtemplates", NS, f"computedomain-daemon-{uid}"),
+        path_of("apps/v1", "daemonsets", NS, f"computedomain-daemon-{uid}"),
+    ]
+    for path in paths:
+        namespace, name = path.split("/")[-3], path.split("/")[-1]
+        meta = {"name": name, "namespace": namespace, "labels": {names.domain_label: uid}}
+        rest.put(path, {"metadata": meta | {"finalizers": [names.finalizer, "example.com/other"]}})
+    return paths
+
+
+@pytest.mark.parametrize("domain_left", [True, False], ids=["domain-deleted", "domain-vanished"])
+def test_under_nvidias_names_objects_nvidias_controller_made_lose_its_finalizer_and_go(
+    rest: FakeRest, domain_left: bool
+) -> None:
+    """NVIDIA's controller finalizes its templates and DaemonSets with resource.nvidia.com/computeDomain and takes
+    it off itself before deleting them; adopted under --compat nvidia, ours takes it off too (and only it), so
+    they do not stay Terminating, and the sweep does not DELETE them again every pass."""
+    rest.finalizing = True
+    names = api.NVIDIA
+    path = path_of(names.api_version, "computedomains", "team", "job")
+    if domain_left:
+        meta = {"name": "job", "namespace": "team", "uid": UID, "finalizers": [names.finalizer]}
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        spec = {"numNodes": 1, "channel": {"resourceClaimTemplate": {"name": "job-ch"}}}
+        rest.put(path, {"apiVersion": names.api_version, "kind": "ComputeDomain", "metadata": meta, "spec": spec})
+    made = _nvidias_objects(rest, UID)
+    for leftover in made:
+        rest.delete(leftover)  # as a DELETE before ours ran would have left them: Terminating
+    controller = Controller(rest, ControllerSettings(namespace=NS, image="dradriver:test", names=names))  # type: ignore[arg-type]
+    controller.sync()
+    for leftover in made:
+        assert rest.get(leftover)["metadata"]["finalizers"] == ["example.com/other"]
+    assert not rest.find(path)
+    rest.writes.clear()
+    controller.sync()  # still Terminating, held by another's finalizer: nothing of ours to do
+    assert not rest.writes, rest.writes
+    for leftover in made:  # what holds them now is another's; no more writes of ours
+        rest.json_patch(leftover, [{"op": "remove", "path": "/metadata/finalizers/0"}])
+    controller.sync()
+    assert not any(rest.find(leftover) for leftover in made)
+    assert not [write for write in rest.writes if write.startswith("DELETE")]
+
+
 def test_daemon_pods_are_in_the_pod_network_unless_asked_and_get_the_extra_environment(rest: FakeRest) -> None:
     _domain(rest)
     Controller(rest, ControllerSettings(namespace=NS, image="dradriver:test")).sync()  # type: ignore[arg-type]

@@ -124,6 +124,37 @@ def test_the_daemon_stops_imex_and_leaves_its_clique_on_stop(running: Running) -
     assert _entry(rest, "n1") is None
 
 
+def test_under_nvidias_names_the_daemon_joins_a_clique_of_nvidias_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DRADRIVER_COMPAT=nvidia (what the controller run --compat nvidia gives its daemons): the clique entry in
+    resource.nvidia.com, labelled with NVIDIA's labels, and the pod's clique label NVIDIA's."""
+    rest = FakeRest()
+    rest.put(path_of("v1", "pods", NS, "daemon-n1"), {"metadata": {"name": "daemon-n1"}})
+    imex, ctl = simulated_imex_commands()
+    env = {"COMPUTE_DOMAIN_UUID": UID, "CLIQUE_ID": CLIQUE, "NODE_NAME": "n1", "POD_IP": IP, "POD_NAME": "daemon-n1",
+           "POD_NAMESPACE": NS, "POD_UID": "pod-uid"}  # fmt: skip
+    settings = settings_from_env(
+        env, config_dir=tmp_path / "imexd", hosts_file=tmp_path / "hosts", imex_command=imex, imex_ctl_command=ctl,
+        names=api.NVIDIA,
+    )  # fmt: skip
+    (tmp_path / "hosts").write_text("127.0.0.1\tlocalhost\n")
+    monkeypatch.setenv("IMEX_STANDIN_HOSTS", str(tmp_path / "hosts"))
+    stop = threading.Event()
+    thread = threading.Thread(target=ImexDaemon(rest, settings).run, args=(stop,), daemon=True)  # type: ignore[arg-type]
+    thread.start()
+    try:
+        path = path_of(api.NVIDIA.api_version, "computedomaincliques", NS, f"{UID}.{CLIQUE}")
+        clique = _wait("the entry in NVIDIA's group", lambda: rest.find(path))
+        assert clique["metadata"]["labels"] == {api.NVIDIA.domain_label: UID, api.NVIDIA.clique_label: CLIQUE}
+        assert rest.find(CLIQUE_PATH) is None
+        labels = rest.get(path_of("v1", "pods", NS, "daemon-n1"))["metadata"]["labels"]
+        assert labels == {api.NVIDIA.clique_label: CLIQUE}
+    finally:
+        stop.set()
+        thread.join(20)
+
+
 def test_settings_need_the_domain_from_the_claim() -> None:
     with pytest.raises(ConfigError, match="COMPUTE_DOMAIN_UUID is not set"):
         settings_from_env(

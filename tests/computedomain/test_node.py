@@ -91,6 +91,48 @@ def test_a_channel_is_injected_once_the_daemon_is_ready(rest: FakeRest, tmp_path
     assert rest.get(NODE_PATH)["metadata"]["labels"] == {api.DOMAIN_LABEL: UID}
 
 
+def test_under_nvidias_names_a_driver_managed_channel_and_daemon_prepare_and_unprepare_in_nvidias_names(
+    tmp_path: Path,
+) -> None:
+    """--compat nvidia, driverManaged IMEX: the clique read is of resource.nvidia.com, the Node label NVIDIA's, the
+    CDI kind k8s.compute-domain.nvidia.com; configs of NVIDIA's apiVersion are taken (ours refused), and unprepare
+    takes the label off again."""
+    names = api.NVIDIA
+    rest = FakeRest()
+    rest.put(NODE_PATH, {"metadata": {"name": NODE}})
+    domain = {"metadata": {"name": "job", "namespace": "team", "uid": UID}, "spec": {}}
+    rest.put(path_of(names.api_version, "computedomains", "team", "job"), domain)
+    facts = NodeFacts(NODE, CLIQUE, 237, CharDevice("/dev/nvidia-caps/nvidia-cap1", 236, 1, 0o400))
+    driver = ComputeDomainDriver(
+        facts=facts,
+        rest=rest,  # type: ignore[arg-type]
+        namespace="dradriver",
+        state_dir=tmp_path / "state",
+        cdi_dir=tmp_path / "cdi",
+        names=names,
+    )
+    clique = path_of(names.api_version, "computedomaincliques", "dradriver", f"{UID}.{CLIQUE}")
+    rest.put(clique, {"metadata": {"name": f"{UID}.{CLIQUE}"}, "daemons": [{"nodeName": NODE, "status": "Ready"}]})
+
+    ours = driver.prepare_resource_claims([_claim("c0", "channel-0", api.channel_config(UID, "Single"))])["c0"]
+    assert ours.error and "resource.nvidia.com/v1beta1" in ours.error
+    claims = [
+        _claim("c1", "channel-0", api.channel_config(UID, "Single", names)),
+        _claim("d1", "daemon-0", api.daemon_config(UID, names), namespace="dradriver"),
+    ]
+    results = driver.prepare_resource_claims(claims)
+    assert {uid: result.error for uid, result in results.items()} == {"c1": None, "d1": None}
+    assert results["c1"].devices[0].cdi_device_ids == ("k8s.compute-domain.nvidia.com/claim=c1-channel-0",)
+    spec = json.loads((tmp_path / "cdi" / "k8s.compute-domain.nvidia.com-claim_c1.json").read_text())
+    assert spec["kind"] == "k8s.compute-domain.nvidia.com/claim"
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"][0]["path"] == "/dev/nvidia-caps-imex-channels/channel0"
+    assert rest.get(NODE_PATH)["metadata"]["labels"] == {"resource.nvidia.com/computeDomain": UID}
+    refs = [ClaimRef("team", "claim-c1", "c1"), ClaimRef("dradriver", "claim-d1", "d1")]
+    assert driver.unprepare_resource_claims(refs) == {"c1": None, "d1": None}
+    assert not rest.get(NODE_PATH)["metadata"].get("labels")
+    assert not list((tmp_path / "cdi").glob("*.json"))
+
+
 def test_a_channel_waits_for_the_daemon_then_asks_the_kubelet_to_retry(rest: FakeRest, tmp_path: Path) -> None:
     driver = _driver(rest, tmp_path)
     _ready(rest, "NotReady")

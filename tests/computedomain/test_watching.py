@@ -73,9 +73,12 @@ def _ready(rest: FakeRest, name: str) -> bool:
 class Running:
     """A WatchingController in a thread; ``leading`` can be switched."""
 
-    def __init__(self, rest: FakeRest, *, resync: float = 600.0, **options: Any) -> None:
+    def __init__(
+        self, rest: FakeRest, *, resync: float = 600.0, names: api.ComputeDomainNames = api.OURS, **options: Any
+    ) -> None:
         self.rest = rest
-        self.controller = Controller(rest, ControllerSettings(namespace=NS, image="dradriver:test"))  # type: ignore[arg-type]
+        settings = ControllerSettings(namespace=NS, image="dradriver:test", names=names)
+        self.controller = Controller(rest, settings)  # type: ignore[arg-type]
         self.watching = WatchingController(self.controller, rest, resync=resync, **options)
         self.leading = threading.Event()
         self.leading.set()
@@ -224,6 +227,25 @@ def test_what_a_vanished_domain_left_is_swept(rest: FakeRest, start: Callable[..
     rest.delete(_domain_path("job"))  # finalizer forced off: the controller never saw it being deleted
     _wait("the DaemonSet swept", lambda: rest.find(_daemonset_path(uid)) is None)
     assert rest.find(path_of("resource.k8s.io/v1", "resourceclaimtemplates", "team", "job-ch")) is None
+
+
+def test_under_nvidias_names_a_vanished_domains_objects_nvidias_controller_finalized_are_swept(
+    rest: FakeRest, start: Callable[..., Running]
+) -> None:
+    """The DaemonSet cache keeps metadata only, finalizers with it: NVIDIA's finalizer comes off the DaemonSet and
+    the templates its controller made before the sweep deletes them, so none stays Terminating."""
+    rest.finalizing = True
+    names, uid = api.NVIDIA, "uid-nvidias"
+    made = [
+        path_of("resource.k8s.io/v1", "resourceclaimtemplates", "team", "job-ch"),
+        path_of("resource.k8s.io/v1", "resourceclaimtemplates", NS, f"computedomain-daemon-{uid}"),
+        _daemonset_path(uid),
+    ]
+    for path in made:
+        meta = {"name": path.split("/")[-1], "namespace": path.split("/")[-3], "labels": {names.domain_label: uid}}
+        rest.put(path, {"metadata": meta | {"finalizers": [names.finalizer]}})
+    start(names=names)
+    _wait("NVIDIA's objects swept", lambda: not any(rest.find(path) for path in made))
 
 
 def test_a_failed_reconcile_is_tried_again_with_backoff(

@@ -10,6 +10,7 @@ domain leaves nothing behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from support.cd_cluster import NAMESPACE, ControllerRun, install_chart_parts
+from support.cd_cluster import NAMESPACE, ControllerRun, install_chart_parts, install_nvidia_chart_parts
 from support.cluster_node import DriverRun
 from support.node_pods import Workloads
 from support.real_node import RealNode, wait_for
@@ -33,60 +34,95 @@ TIMEOUT = 120.0
 
 
 class HostTray:
-    def __init__(self, node: RealNode, driver: DriverRun, host: HostService) -> None:
-        self.node, self.driver, self.host = node, driver, host
+    def __init__(
+        self, node: RealNode, driver: DriverRun, host: HostService, names: api.ComputeDomainNames = api.OURS
+    ) -> None:
+        self.node, self.driver, self.host, self.names = node, driver, host, names
         self.workloads = Workloads(node)
 
+    def domain(self, name: str, namespace: str) -> dict[str, Any]:
+        """The ComputeDomain ``namespace/name`` of the tray's group (ours, or NVIDIA's under --compat nvidia)."""
+        found: dict[str, Any] = self.node.kube.request(
+            "GET", f"/apis/{self.names.api_version}/namespaces/{namespace}/computedomains/{name}"
+        )
+        return found
+
     def domain_status(self) -> dict[str, Any]:
-        domain = self.node.kube.get("computedomains", DOMAIN_DOC["metadata"]["name"], USER_NS)
-        status: dict[str, Any] = domain.get("status") or {}
+        status: dict[str, Any] = self.domain(DOMAIN_DOC["metadata"]["name"], USER_NS).get("status") or {}
         return status
 
     def node_label(self) -> str | None:
         labels = self.node.kube.get("nodes", self.node.name)["metadata"].get("labels") or {}
-        value: str | None = labels.get(api.DOMAIN_LABEL)
+        value: str | None = labels.get(self.names.domain_label)
         return value
 
 
-@pytest.fixture(scope="module")
-def host_tray(node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostTray]:
-    rendered = install_chart_parts(node.control_plane)
-    host = HostService(tmp_path_factory.mktemp("host-imex"))
+# Under --compat nvidia: the chart's parts rendered with compat=nvidia, in a release and namespace of their own.
+NVIDIA_RELEASE = "dradriver-nv"
+
+
+@contextlib.contextmanager
+def host_managed_tray(node: RealNode, root: Path, *, compat: str = "none") -> Iterator[HostTray]:
+    """The tray's driver and the controller, both ``--imex-mode hostManaged`` (and ``--compat compat``), beside the
+    host's IMEX service (not started); the chart's parts they need installed, and removed again at the end."""
+    names = api.names_of(compat)
+    plane = node.control_plane
+    if compat == "nvidia":
+        namespace, gpu_driver = NVIDIA_RELEASE, "gpu.nvidia.com"
+        rendered = install_nvidia_chart_parts(plane, NVIDIA_RELEASE, namespace)
+        flags: tuple[str, ...] = ("--compat", "nvidia")
+    else:
+        namespace, gpu_driver = NAMESPACE, GPU_DRIVER
+        rendered = install_chart_parts(plane)
+        flags = ("--driver-name", GPU_DRIVER, "--compat", "none")
+    host = HostService(root / "host-imex")
     driver = DriverRun(
-        node.root / "hostimex-driver",
+        node.root / f"hostimex-driver-{compat}",
         node.name,
-        node.control_plane.kubeconfig,
+        plane.kubeconfig,
         profile=PROFILE,
         mig_mode="none",
         version="1.37",
-        extra=("--driver-name", GPU_DRIVER, "--compute-domains", "true", "--cd-namespace", NAMESPACE,
+        extra=(*flags, "--compute-domains", "true", "--cd-namespace", namespace,
                "--imex-mode", "hostManaged", "--imex-host-socket-path", str(host.socket)),
         registry_dir=node.kubelet.registry_dir,
-        plugin_dir=node.kubelet.plugins_dir / GPU_DRIVER,
+        plugin_dir=node.kubelet.plugins_dir / gpu_driver,
         cdi_dir=node.cdi_dir,
     )  # fmt: skip
     controller = ControllerRun(
-        node.control_plane.kubeconfig,
-        node.logs / "cd-controller-hostimex.log",
-        "hostimex",
-        extra=("--imex-mode", "hostManaged"),
+        plane.kubeconfig,
+        node.logs / f"cd-controller-hostimex-{compat}.log",
+        f"hostimex-{compat}",
+        extra=("--imex-mode", "hostManaged", "--namespace", namespace, "--compat", compat),
     )
-    tray = HostTray(node, driver, host)
+    tray = HostTray(node, driver, host, names)
     try:
         wait_for("the kubelet to register both drivers", lambda: node.registrations(driver) >= 2, 60)
         yield tray
     finally:
         tray.workloads.kubectl("delete", "--ignore-not-found", "--wait=false", "pod", WORKER["metadata"]["name"])
-        tray.workloads.kubectl(
-            "delete", "--ignore-not-found", "--timeout=60s", "computedomain", DOMAIN_DOC["metadata"]["name"]
+        tray.workloads.kubectl(  # the kind in full: both groups' CRDs may be served
+            "delete",
+            "--ignore-not-found",
+            "--timeout=60s",
+            f"computedomains.{names.group}",
+            DOMAIN_DOC["metadata"]["name"],
         )
         controller.stop()
         driver.stop()
         host.stop()
-        (node.logs / "hostimex-driver.log").write_text(driver.log)
-        ours = [o for o in yaml.safe_load_all(rendered.read_text()) if o and "compute-domain" in o["metadata"]["name"]]
+        (node.logs / f"hostimex-driver-{compat}.log").write_text(driver.log)
+        # Ours: the CRDs stay for the other modules. NVIDIA's: its CRDs go too (and the domains left of them).
+        ours = [o for o in yaml.safe_load_all(rendered.read_text())
+                if o and (compat == "nvidia" or "compute-domain" in o["metadata"]["name"])]  # fmt: skip
         rendered.write_text(yaml.safe_dump_all(ours))
-        tray.workloads.kubectl("delete", "--ignore-not-found", "-f", str(rendered))
+        tray.workloads.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", str(rendered))
+
+
+@pytest.fixture(scope="module")
+def host_tray(node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostTray]:
+    with host_managed_tray(node, tmp_path_factory.mktemp("host-imex")) as tray:
+        yield tray
 
 
 def test_the_worker_gets_channel_0_from_the_hosts_imex_daemon_and_no_daemon_runs(host_tray: HostTray) -> None:

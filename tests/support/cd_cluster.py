@@ -36,7 +36,7 @@ from dradriver.sim import imex_standin
 from support.cluster_node import DriverRun, KubeletStandIn, SimNode
 from support.cluster_pods import kubectl
 from support.control_plane import ControlPlane, NodeKeeper, write_kubeconfig
-from support.helm import template
+from support.helm import CHART, run_helm, template
 from support.kube_rest import ApiError, Kube
 
 NAMESPACE = "dradriver"
@@ -79,6 +79,51 @@ def install_chart_parts(plane: ControlPlane) -> Path:
     run("apply", "--server-side", "--force-conflicts", "-f", str(rendered))
     for account in (PLUGIN_ACCOUNT, DAEMON_ACCOUNT, CONTROLLER_ACCOUNT):
         kube.wait(f"service account {account}", lambda a=account: kube.find("serviceaccounts", a, NAMESPACE))
+    return rendered
+
+
+def nvidia_chart_parts(release: str, namespace: str) -> list[dict[str, Any]]:
+    """What ``compat: nvidia`` renders for ComputeDomains, in a release and namespace of its own (so nothing of
+    :func:`chart_parts`' is replaced): NVIDIA's CRDs first, then the service accounts, the RBAC of
+    resource.nvidia.com and NVIDIA's ComputeDomain DeviceClasses."""
+    done = run_helm("template", release, str(CHART), "--namespace", namespace,
+                    "--set", "computeDomains.enabled=true", "--set", "compat=nvidia")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rendered = [d for d in yaml.safe_load_all(done.stdout) if d]
+    crds = [o for o in rendered if o["kind"] == "CustomResourceDefinition"]
+    rest = [
+        o for o in rendered
+        if o["kind"] in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount")
+        or (o["kind"] == "DeviceClass" and "compute-domain" in o["metadata"]["name"])
+    ]  # fmt: skip
+    return crds + rest
+
+
+def install_nvidia_chart_parts(plane: ControlPlane, release: str, namespace: str) -> Path:
+    """:func:`nvidia_chart_parts` applied (the CRDs Established), in ``namespace`` (made if missing); the rendered
+    file returned (``kubectl delete -f`` it to remove them again)."""
+
+    def run(*args: str) -> None:
+        done = subprocess.run([kubectl(), "--kubeconfig", str(plane.kubeconfig), *args], capture_output=True,
+                              text=True, timeout=120, check=False)  # fmt: skip
+        assert done.returncode == 0, f"kubectl {' '.join(args)}:\n{done.stdout}{done.stderr}"
+
+    kube = plane.kube
+    parts = nvidia_chart_parts(release, namespace)
+    crds = plane.root / f"{release}-crds.yaml"
+    crds.write_text(yaml.safe_dump_all([o for o in parts if o["kind"] == "CustomResourceDefinition"]))
+    run("apply", "--server-side", "-f", str(crds))
+    run("wait", "--for=condition=Established", "crd/computedomains.resource.nvidia.com",
+        "crd/computedomaincliques.resource.nvidia.com")  # fmt: skip
+    if kube.find("namespaces", namespace) is None:
+        kube.create("namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    kube.wait(f"the {namespace} namespace's default ServiceAccount", lambda: kube.find("serviceaccounts", "default",
+                                                                                       namespace))  # fmt: skip
+    rendered = plane.root / f"{release}-chart.yaml"
+    rendered.write_text(yaml.safe_dump_all(parts))
+    run("apply", "--server-side", "--force-conflicts", "-f", str(rendered))
+    for account in (o["metadata"]["name"] for o in parts if o["kind"] == "ServiceAccount"):
+        kube.wait(f"service account {account}", lambda a=account: kube.find("serviceaccounts", a, namespace))
     return rendered
 
 

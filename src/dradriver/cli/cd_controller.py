@@ -6,7 +6,6 @@ import argparse
 import json
 import logging
 import os
-import signal
 import socket
 import threading
 import uuid
@@ -19,9 +18,12 @@ from dradriver.cli.flags.compute_domains import IMEX_MODE
 from dradriver.cli.flags.env import add_env_option
 from dradriver.cli.flags.kube_client import KubeClientOptions
 from dradriver.cli.flags.logs import LogOptions
+from dradriver.cli.flags.publishing import COMPAT
 from dradriver.cli.flags.status import StatusOptions
 from dradriver.cli.flags.values import positive_int, positive_seconds
 from dradriver.cli.status_server import StatusServer
+from dradriver.cli.stop_signals import StopOnSignals
+from dradriver.computedomain.api import names_of
 from dradriver.computedomain.controller import Controller, ControllerSettings
 from dradriver.computedomain.kube import Rest
 from dradriver.computedomain.leader import LeaderElector
@@ -51,6 +53,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     _add_daemon_flags(parser)
     _add_election_flags(parser)
+    COMPAT.add(
+        parser,
+        help="whose ComputeDomain API to serve, as the node plugins' --compat: 'none', ours (resource.dradriver.dev, "
+        "compute-domain.dradriver.dev); 'nvidia', NVIDIA's (resource.nvidia.com, compute-domain.nvidia.com, its "
+        "DeviceClasses and labels), so NVIDIA's ComputeDomains apply unedited (docs/nvidia-compatibility.md)",
+    )
     status.METRICS_ADDRESS.add(
         parser,
         default=DEFAULT_METRICS_ADDRESS,
@@ -197,6 +205,7 @@ def controller_settings(args: argparse.Namespace) -> ControllerSettings:
         daemon_host_network=args.daemon_host_network == "true",
         daemon_env=daemon_env(args.daemon_env),
         host_managed=IMEX_MODE.value(args) == "hostManaged",
+        names=names_of(COMPAT.value(args)),
     )
 
 
@@ -229,42 +238,41 @@ def run(args: argparse.Namespace) -> int:
         rest, namespace=args.namespace, name=LEASE_NAME, identity=identity, duration=args.lease_duration
     )
     stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    controller = Controller(rest, settings)
-    watching = _watching(controller, rest, args)
-    server = None
-    collectors = (ApiWrites(rest.writes_so_far), ApiReads(rest.reads_so_far))
-    if serving.address:
-        # Ready as soon as it runs (a standby replica too: nothing is sent to it); alive while no pass is stuck.
-        server = StatusServer(
-            serving.address,
-            readiness=lambda: _readiness(elector, watching),
-            liveness=watching.alive if watching is not None else controller.alive,
-        )
-        for collector in collectors:
-            REGISTRY.register(collector)
-        server.start()
-
-    threading.Thread(target=elector.run, args=(stop,), name="leader-election", daemon=True).start()
-    log.info(
-        "ready identity=%s namespace=%s watch=%s imex_mode=%s pid=%d",
-        identity,
-        args.namespace,
-        args.watch,
-        IMEX_MODE.value(args),
-        os.getpid(),
-    )
-    try:
-        if watching is not None:
-            watching.run(stop, leading=elector.leading.is_set)
-        else:
-            controller.run(stop, leading=elector.leading.is_set, interval=args.interval)
-    finally:
-        elector.release()
-        rest.close()
-        if server is not None:
-            server.stop()
+    with StopOnSignals(stop):
+        controller = Controller(rest, settings)
+        watching = _watching(controller, rest, args)
+        server = None
+        collectors = (ApiWrites(rest.writes_so_far), ApiReads(rest.reads_so_far))
+        if serving.address:
+            # Ready as soon as it runs (a standby replica too: nothing is sent to it); alive while no pass is stuck.
+            server = StatusServer(
+                serving.address,
+                readiness=lambda: _readiness(elector, watching),
+                liveness=watching.alive if watching is not None else controller.alive,
+            )
             for collector in collectors:
-                REGISTRY.unregister(collector)
+                REGISTRY.register(collector)
+            server.start()
+
+        threading.Thread(target=elector.run, args=(stop,), name="leader-election", daemon=True).start()
+        log.info(
+            "ready identity=%s namespace=%s watch=%s imex_mode=%s pid=%d",
+            identity,
+            args.namespace,
+            args.watch,
+            IMEX_MODE.value(args),
+            os.getpid(),
+        )
+        try:
+            if watching is not None:
+                watching.run(stop, leading=elector.leading.is_set)
+            else:
+                controller.run(stop, leading=elector.leading.is_set, interval=args.interval)
+        finally:
+            elector.release()
+            rest.close()
+            if server is not None:
+                server.stop()
+                for collector in collectors:
+                    REGISTRY.unregister(collector)
     return 0

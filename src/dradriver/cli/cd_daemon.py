@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import threading
 from pathlib import Path
 
@@ -12,7 +11,10 @@ from dradriver.cli.flags import kube_client, logs
 from dradriver.cli.flags.env import add_env_option
 from dradriver.cli.flags.kube_client import KubeClientOptions
 from dradriver.cli.flags.logs import LogOptions
+from dradriver.cli.flags.publishing import COMPAT
 from dradriver.cli.flags.values import command_line
+from dradriver.cli.stop_signals import StopOnSignals
+from dradriver.computedomain.api import names_of
 from dradriver.computedomain.daemon import ImexDaemon, local_ready, settings_from_env
 from dradriver.computedomain.kube import Rest
 from dradriver.errors import ConfigError
@@ -34,6 +36,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                    type=command_line, help="the IMEX control tool, split like a shell line")  # fmt: skip
     add_env_option(parser, "--host-imex-socket", env="DRADRIVER_HOST_IMEX_SOCKET", default=HOST_IMEX_SOCKET,
                    help="a host nvidia-imex service's control socket: refuse to run beside it")  # fmt: skip
+    COMPAT.add(parser, help="the controller's --compat, which it passes to its daemons: 'nvidia' writes the cliques "
+               "and labels under NVIDIA's group, resource.nvidia.com")  # fmt: skip
     logs.add_flags(parser, level=False)
     parser.set_defaults(handler=run)
 
@@ -45,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
         hosts_file=Path(args.hosts_file),
         imex_command=args.imex_command,
         imex_ctl_command=args.imex_ctl_command,
+        names=names_of(COMPAT.value(args)),
     )
     if args.action == "check":
         return 0 if local_ready(settings) else 1
@@ -58,11 +63,10 @@ def run(args: argparse.Namespace) -> int:
     kube = KubeClientOptions.from_args(args)
     kube.check()  # after this node's own checks, as run orders them; before anything starts
     stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
     rest = Rest(kube.transport())
     try:
-        ImexDaemon(rest, settings).run(stop)
+        with StopOnSignals(stop):
+            ImexDaemon(rest, settings).run(stop)
     finally:
         rest.close()
     return 0

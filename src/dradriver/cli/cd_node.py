@@ -38,7 +38,8 @@ def start(
     from dradriver.computedomain.plugin import ComputeDomainPlugin, ComputeDomainPluginOptions, read_facts
 
     domains, node = options.compute_domains, options.node.name
-    plugin_dir = options.dirs.plugin.parent / api.DRIVER_NAME
+    names = api.names_of(domains.compat)
+    plugin_dir = options.dirs.plugin.parent / names.driver_name
     proc = domains.proc_root
     if simulated and proc == Path(DEFAULT_PROC_ROOT):
         proc = simulated_proc_root(plugin_dir / "proc")
@@ -56,10 +57,11 @@ def start(
             for host, container in imex_binaries
         ],
         host_imex=HostImex(imex_ctl, domains.imex_host_socket) if domains.host_managed else None,
+        names=names,
     )
     plugin = ComputeDomainPlugin(
         plugin_options,
-        read=lambda: read_facts(gpulib, node, proc),
+        read=lambda: read_facts(gpulib, node, proc, host_managed=domains.host_managed),
         cluster=cluster,
         rest=Rest(options.kube.transport()),
     )

@@ -1,34 +1,93 @@
 """The ComputeDomain API: group, names, labels, the CRDs' typed models and the opaque configs.
 
-Field names are NVIDIA's (``resource.nvidia.com/v1beta1``), so a user's ComputeDomain ports by changing its
-``apiVersion``; the group is our own so both drivers can be installed side by side.
+Field names are NVIDIA's (``resource.nvidia.com/v1beta1``). Every name the driver gives the cluster (API group,
+driver, DeviceClasses, labels, finalizer) comes from one :class:`ComputeDomainNames`: :data:`OURS` by default, so
+both drivers can be installed side by side, or :data:`NVIDIA` under ``--compat nvidia``, so a ComputeDomain written
+for NVIDIA's driver applies as written (:func:`names_of`). The module's constants are :data:`OURS`'s.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dradriver.errors import ClaimError
 
-GROUP = "resource.dradriver.dev"
 VERSION = "v1beta1"
-API_VERSION = f"{GROUP}/{VERSION}"
-DRIVER_NAME = "compute-domain.dradriver.dev"
-CDI_VENDOR = f"k8s.{DRIVER_NAME}"
 
-CHANNEL_CLASS = "compute-domain-default-channel.dradriver.dev"
-DAEMON_CLASS = "compute-domain-daemon.dradriver.dev"
 
-#: On a Node: the UID of the ComputeDomain whose daemon runs there (the DaemonSet's node selector).
-#: On generated objects: the UID of the domain they belong to.
-DOMAIN_LABEL = f"{GROUP}/computeDomain"
-#: On a daemon pod: the clique its node is in ("" for a node without multi-node NVLink).
-CLIQUE_LABEL = f"{GROUP}/computeDomain.cliqueID"
-#: On generated claim templates: "Workload" or "Daemon".
-TARGET_LABEL = f"{GROUP}/computeDomainTarget"
-FINALIZER = f"{GROUP}/computeDomain"
+@dataclass(frozen=True, kw_only=True)
+class ComputeDomainNames:
+    """The names of one ComputeDomain API: its group (the CRDs', the opaque configs' and the labels' prefix), its
+    DRA driver and its two DeviceClasses. Chosen once at start and handed to what needs them."""
+
+    group: str
+    driver_name: str
+    channel_class: str
+    daemon_class: str
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{VERSION}"
+
+    @property
+    def cdi_vendor(self) -> str:
+        return f"k8s.{self.driver_name}"
+
+    @property
+    def domain_label(self) -> str:
+        """On a Node: the UID of the ComputeDomain whose daemon runs there (the DaemonSet's node selector).
+        On generated objects: the UID of the domain they belong to."""
+        return f"{self.group}/computeDomain"
+
+    @property
+    def clique_label(self) -> str:
+        """On a daemon pod: the clique its node is in ("" for a node without multi-node NVLink)."""
+        return f"{self.group}/computeDomain.cliqueID"
+
+    @property
+    def target_label(self) -> str:
+        """On generated claim templates: "Workload" or "Daemon"."""
+        return f"{self.group}/computeDomainTarget"
+
+    @property
+    def finalizer(self) -> str:
+        return f"{self.group}/computeDomain"
+
+
+OURS = ComputeDomainNames(
+    group="resource.dradriver.dev",
+    driver_name="compute-domain.dradriver.dev",
+    channel_class="compute-domain-default-channel.dradriver.dev",
+    daemon_class="compute-domain-daemon.dradriver.dev",
+)
+# NVIDIA's (api/nvidia.com/resource/v1beta1, cmd/compute-domain-controller/computedomain.go): what --compat nvidia
+# serves, so NVIDIA's ComputeDomains and their pods apply unedited.
+NVIDIA = ComputeDomainNames(
+    group="resource.nvidia.com",
+    driver_name="compute-domain.nvidia.com",
+    channel_class="compute-domain-default-channel.nvidia.com",
+    daemon_class="compute-domain-daemon.nvidia.com",
+)
+
+
+def names_of(compat: str) -> ComputeDomainNames:
+    """The names ``--compat`` chooses: NVIDIA's for "nvidia", ours otherwise ("none")."""
+    return NVIDIA if compat == "nvidia" else OURS
+
+
+GROUP = OURS.group
+API_VERSION = OURS.api_version
+DRIVER_NAME = OURS.driver_name
+CDI_VENDOR = OURS.cdi_vendor
+CHANNEL_CLASS = OURS.channel_class
+DAEMON_CLASS = OURS.daemon_class
+DOMAIN_LABEL = OURS.domain_label
+CLIQUE_LABEL = OURS.clique_label
+TARGET_LABEL = OURS.target_label
+FINALIZER = OURS.finalizer
 
 READY = "Ready"
 NOT_READY = "NotReady"
@@ -81,7 +140,8 @@ class ComputeDomainSpec(_Strict):
 class ChannelConfig(_Strict):
     """Opaque config of a channel claim; the controller writes it into the workload claim template."""
 
-    api_version: Literal["resource.dradriver.dev/v1beta1"] = Field(alias="apiVersion")
+    # The names' api_version, checked by parse_config (ours or NVIDIA's, as --compat chose).
+    api_version: str = Field(alias="apiVersion")
     kind: Literal["ComputeDomainChannelConfig"]
     domain_id: str = Field(alias="domainID", min_length=1)
     allocation_mode: Literal["Single", "All"] = Field(default="Single", alias="allocationMode")
@@ -90,7 +150,7 @@ class ChannelConfig(_Strict):
 class DaemonConfig(_Strict):
     """Opaque config of a daemon claim; the controller writes it into the daemon claim template."""
 
-    api_version: Literal["resource.dradriver.dev/v1beta1"] = Field(alias="apiVersion")
+    api_version: str = Field(alias="apiVersion")
     kind: Literal["ComputeDomainDaemonConfig"]
     domain_id: str = Field(alias="domainID", min_length=1)
 
@@ -104,8 +164,9 @@ def parse_spec(obj: dict[str, Any]) -> ComputeDomainSpec:
         raise ClaimError(f"ComputeDomain {meta.get('namespace')}/{meta.get('name')}: {_first_error(err)}") from None
 
 
-def parse_config(parameters: Any) -> ChannelConfig | DaemonConfig:
-    """An opaque config of this driver; ``ClaimError`` naming the field and the fix when it is invalid."""
+def parse_config(parameters: Any, names: ComputeDomainNames = OURS) -> ChannelConfig | DaemonConfig:
+    """An opaque config of the driver ``names`` name; ``ClaimError`` naming the field and the fix when it is
+    invalid (an apiVersion other than ``names.api_version`` among them)."""
     kind = parameters.get("kind") if isinstance(parameters, dict) else None
     model: type[ChannelConfig] | type[DaemonConfig]
     if kind == "ComputeDomainChannelConfig":
@@ -114,9 +175,11 @@ def parse_config(parameters: Any) -> ChannelConfig | DaemonConfig:
         model = DaemonConfig
     else:
         raise ClaimError(
-            f"opaque config kind {kind!r} is not one of {DRIVER_NAME}'s: use ComputeDomainChannelConfig or "
+            f"opaque config kind {kind!r} is not one of {names.driver_name}'s: use ComputeDomainChannelConfig or "
             "ComputeDomainDaemonConfig (the controller writes them into the claim templates it generates)"
         )
+    if "apiVersion" in parameters and parameters["apiVersion"] != names.api_version:
+        raise ClaimError(f"opaque config {kind}: apiVersion: Input should be {names.api_version!r}")
     try:
         return model.model_validate(parameters)
     except ValidationError as err:
@@ -129,21 +192,22 @@ def _first_error(err: ValidationError) -> str:
     return f"{where}: {first['msg']}"
 
 
-def channel_config(domain_uid: str, allocation_mode: str) -> dict[str, Any]:
+def channel_config(domain_uid: str, allocation_mode: str, names: ComputeDomainNames = OURS) -> dict[str, Any]:
     return {
-        "apiVersion": API_VERSION,
+        "apiVersion": names.api_version,
         "kind": "ComputeDomainChannelConfig",
         "domainID": domain_uid,
         "allocationMode": allocation_mode,
     }
 
 
-def daemon_config(domain_uid: str) -> dict[str, Any]:
-    return {"apiVersion": API_VERSION, "kind": "ComputeDomainDaemonConfig", "domainID": domain_uid}
+def daemon_config(domain_uid: str, names: ComputeDomainNames = OURS) -> dict[str, Any]:
+    return {"apiVersion": names.api_version, "kind": "ComputeDomainDaemonConfig", "domainID": domain_uid}
 
 
-def workload_claim_template(domain: dict[str, Any]) -> dict[str, Any]:
-    """The ResourceClaimTemplate a ComputeDomain gets in its namespace: one channel, the domain's config."""
+def workload_claim_template(domain: dict[str, Any], names: ComputeDomainNames = OURS) -> dict[str, Any]:
+    """The ResourceClaimTemplate a ComputeDomain gets in its namespace: one channel, the domain's config, under
+    ``names``' class, driver and labels."""
     meta = domain.get("metadata") or {}
     spec = parse_spec(domain)
     uid = str(meta.get("uid") or "<uid of the ComputeDomain>")
@@ -152,18 +216,18 @@ def workload_claim_template(domain: dict[str, Any]) -> dict[str, Any]:
         "kind": "ResourceClaimTemplate",
         "metadata": {
             "name": spec.channel.resource_claim_template.name,
-            "labels": {DOMAIN_LABEL: uid, TARGET_LABEL: "Workload"},
+            "labels": {names.domain_label: uid, names.target_label: "Workload"},
         },
         "spec": {
             "spec": {
                 "devices": {
-                    "requests": [{"name": "channel", "exactly": {"deviceClassName": CHANNEL_CLASS}}],
+                    "requests": [{"name": "channel", "exactly": {"deviceClassName": names.channel_class}}],
                     "config": [
                         {
                             "requests": ["channel"],
                             "opaque": {
-                                "driver": DRIVER_NAME,
-                                "parameters": channel_config(uid, spec.channel.allocation_mode),
+                                "driver": names.driver_name,
+                                "parameters": channel_config(uid, spec.channel.allocation_mode, names),
                             },
                         }
                     ],
@@ -176,8 +240,9 @@ def workload_claim_template(domain: dict[str, Any]) -> dict[str, Any]:
     return template
 
 
-def device_classes() -> list[dict[str, Any]]:
-    """The two DeviceClasses (NVIDIA's selectors, our driver name); the chart ships them (templates/computedomain)."""
+def device_classes(names: ComputeDomainNames = OURS) -> list[dict[str, Any]]:
+    """The two DeviceClasses (NVIDIA's selectors, ``names``' class and driver names); the chart ships them
+    (templates/computedomain)."""
 
     def device_class(name: str, expression: str) -> dict[str, Any]:
         return {
@@ -187,11 +252,12 @@ def device_classes() -> list[dict[str, Any]]:
             "spec": {"selectors": [{"cel": {"expression": expression}}]},
         }
 
-    attributes = f"device.attributes['{DRIVER_NAME}']"
+    driver = names.driver_name
+    attributes = f"device.attributes['{driver}']"
     return [
         device_class(
-            CHANNEL_CLASS,
-            f"device.driver == '{DRIVER_NAME}' && {attributes}.type == 'channel' && {attributes}.id == 0",
+            names.channel_class,
+            f"device.driver == '{driver}' && {attributes}.type == 'channel' && {attributes}.id == 0",
         ),
-        device_class(DAEMON_CLASS, f"device.driver == '{DRIVER_NAME}' && {attributes}.type == 'daemon'"),
+        device_class(names.daemon_class, f"device.driver == '{driver}' && {attributes}.type == 'daemon'"),
     ]

@@ -53,6 +53,8 @@ class ControllerSettings:
     daemon_env: tuple[dict[str, Any], ...] = ()
     # ``--imex-mode hostManaged``: no IMEX daemon per domain (no DaemonSet, no daemon template, no cliques).
     host_managed: bool = False
+    # ``--compat``'s: the group of the ComputeDomains it serves, and every name it writes (labels, classes, driver).
+    names: api.ComputeDomainNames = api.OURS
 
 
 @dataclass
@@ -62,7 +64,7 @@ class Snapshot:
     domains: list[dict[str, Any]]
     cliques: list[dict[str, Any]]
     pods: list[dict[str, Any]]
-    daemonsets: set[str]
+    daemonsets: dict[str, dict[str, Any]]  # name: metadata
     templates: list[dict[str, Any]]
     nodes: list[dict[str, Any]]
     by_uid: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -78,6 +80,7 @@ class Controller:
         self.rest = rest
         self.settings = settings
         self.ns = settings.namespace
+        self.names = settings.names
         self._progress_at: float | None = None  # monotonic: the running pass's last step; None between passes
         # Objects whose name a create found taken by one not made for its domain: read, not created again, each
         # pass until that object goes (a POST every pass would be a steady write for nothing).
@@ -86,17 +89,18 @@ class Controller:
     # -- one pass --------------------------------------------------------------------------------------
 
     def snapshot(self) -> Snapshot:
-        label = api.DOMAIN_LABEL
+        label = self.names.domain_label
         # What domains left behind is listed before the domains: an object made for a domain created meanwhile
         # then always has its domain in the list, so the sweep never mistakes it for an orphan.
-        cliques = self.rest.list(path_of(api.API_VERSION, "computedomaincliques", self.ns))
+        cliques = self.rest.list(path_of(self.names.api_version, "computedomaincliques", self.ns))
         pods = self.rest.list(path_of("v1", "pods", self.ns), labels=label)
         daemonsets = {
-            d["metadata"]["name"] for d in self.rest.list(path_of("apps/v1", "daemonsets", self.ns), labels=label)
+            d["metadata"]["name"]: d["metadata"]
+            for d in self.rest.list(path_of("apps/v1", "daemonsets", self.ns), labels=label)
         }
         templates = self.rest.list(path_of("resource.k8s.io/v1", "resourceclaimtemplates"), labels=label)
         nodes = self.rest.list(path_of("v1", "nodes"), labels=label)
-        domains = self.rest.list(path_of(api.API_VERSION, "computedomains"))
+        domains = self.rest.list(path_of(self.names.api_version, "computedomains"))
         snap = Snapshot(domains, cliques, pods, daemonsets, templates, nodes)
         snap.by_uid = {d["metadata"]["uid"]: d for d in snap.domains}
         return snap
@@ -173,23 +177,22 @@ class Controller:
     def _add_finalizer(self, domain: dict[str, Any]) -> dict[str, Any]:
         """The domain with our finalizer (added now unless it has it)."""
         meta = domain["metadata"]
-        if api.FINALIZER in (meta.get("finalizers") or []):
+        if self.names.finalizer in (meta.get("finalizers") or []):
             return domain
         return self.rest.json_patch(
-            path_of(api.API_VERSION, "computedomains", meta["namespace"], meta["name"]),
+            path_of(self.names.api_version, "computedomains", meta["namespace"], meta["name"]),
             [
                 {"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
-                _add_finalizer_op(meta),
+                _add_finalizer_op(meta, self.names.finalizer),
             ],
         )
 
-    @staticmethod
-    def _template_names(uid: str, snap: Snapshot) -> set[tuple[str, str]]:
+    def _template_names(self, uid: str, snap: Snapshot) -> set[tuple[str, str]]:
         """``(namespace, name)`` of every claim template made for domain ``uid``."""
         return {
             (t["metadata"]["namespace"], t["metadata"]["name"])
             for t in snap.templates
-            if t["metadata"].get("labels", {}).get(api.DOMAIN_LABEL) == uid
+            if t["metadata"].get("labels", {}).get(self.names.domain_label) == uid
         }
 
     def _converge_host_managed(
@@ -212,7 +215,9 @@ class Controller:
                 uid,
             )
         left = api.daemon_object_name(uid) in snap.daemonsets
-        busy = sorted(n["metadata"]["name"] for n in snap.nodes if left and _labels(n).get(api.DOMAIN_LABEL) == uid)
+        busy = sorted(
+            n["metadata"]["name"] for n in snap.nodes if left and _labels(n).get(self.names.domain_label) == uid
+        )
         if busy:
             log.info("daemons left from driverManaged kept while nodes use them domain=%s nodes=%s", uid, busy)
         else:
@@ -225,14 +230,18 @@ class Controller:
         listed by our label for that domain)."""
         daemon_name = api.daemon_object_name(uid)
         if (self.ns, daemon_name) in names:
-            self.rest.delete(path_of("resource.k8s.io/v1", "resourceclaimtemplates", self.ns, daemon_name))
+            self._delete_templates(uid, snap, only=daemon_name)
             log.info("removed the daemon template left from driverManaged domain=%s", uid)
         if daemon_name in snap.daemonsets:
-            self.rest.delete(path_of("apps/v1", "daemonsets", self.ns, daemon_name))
+            self._finalize_and_delete(
+                path_of("apps/v1", "daemonsets", self.ns, daemon_name), snap.daemonsets[daemon_name]
+            )
             log.info("removed the DaemonSet left from driverManaged domain=%s", uid)
         for clique in snap.cliques:
-            if _labels(clique).get(api.DOMAIN_LABEL) == uid:
-                self.rest.delete(path_of(api.API_VERSION, "computedomaincliques", self.ns, clique["metadata"]["name"]))
+            if _labels(clique).get(self.names.domain_label) == uid:
+                self.rest.delete(
+                    path_of(self.names.api_version, "computedomaincliques", self.ns, clique["metadata"]["name"])
+                )
 
     def _write_host_managed_status(self, domain: dict[str, Any], problems: list[str], busy: list[str]) -> None:
         """Ready (the domain admitted) unless its workload template could not be made; no nodes listed."""
@@ -259,8 +268,9 @@ class Controller:
         meta = body["metadata"]
         what = f"{body['kind']} {meta['namespace']}/{meta['name']}"
         taken = (
-            f"{what} exists but was not made for this ComputeDomain (no label {api.DOMAIN_LABEL}={uid}): delete or "
-            "rename that object, or recreate the ComputeDomain naming another spec.channel.resourceClaimTemplate.name"
+            f"{what} exists but was not made for this ComputeDomain (no label {self.names.domain_label}={uid}): "
+            "delete or rename that object, or recreate the ComputeDomain naming another "
+            "spec.channel.resourceClaimTemplate.name"
         )
         key = f"{path}/{meta['name']}"
         if key in self._taken:
@@ -271,7 +281,7 @@ class Controller:
             except ClusterError as err:
                 return [f"{taken} (reading it again failed: {err})"]
             else:
-                if (existing["metadata"].get("labels") or {}).get(api.DOMAIN_LABEL) != uid:
+                if (existing["metadata"].get("labels") or {}).get(self.names.domain_label) != uid:
                     return [taken]
                 self._taken.discard(key)
                 return []
@@ -286,7 +296,7 @@ class Controller:
                 existing = self.rest.get(key)
             except ClusterError:
                 return []
-            if (existing["metadata"].get("labels") or {}).get(api.DOMAIN_LABEL) == uid:
+            if (existing["metadata"].get("labels") or {}).get(self.names.domain_label) == uid:
                 return []
             log.warning("name taken by an object not made for the domain object=%s uid=%s", what, uid)
             self._taken.add(key)
@@ -306,7 +316,7 @@ class Controller:
         nodes: list[dict[str, Any]] = []
         for clique in snap.cliques:
             labels = clique["metadata"].get("labels", {})
-            if labels.get(api.DOMAIN_LABEL) != uid:
+            if labels.get(self.names.domain_label) != uid:
                 continue
             for d in self._converge_clique(clique, live):
                 if d.get("index") is None:
@@ -328,7 +338,7 @@ class Controller:
         # Nodes without multi-node NVLink run a daemon that joins no clique: reported from the pod, index -1.
         for pod in snap.pods:
             labels = pod["metadata"].get("labels", {})
-            if labels.get(api.DOMAIN_LABEL) == uid and labels.get(api.CLIQUE_LABEL, None) == "":
+            if labels.get(self.names.domain_label) == uid and labels.get(self.names.clique_label, None) == "":
                 nodes.append(
                     {
                         "name": pod["spec"].get("nodeName", ""),
@@ -347,27 +357,26 @@ class Controller:
             unique[node["name"]] = node
         return sorted(unique.values(), key=lambda n: n["name"])
 
-    @staticmethod
-    def _confirmed_live(uid: str, snap: Snapshot) -> set[tuple[str | None, str | None]]:
+    def _confirmed_live(self, uid: str, snap: Snapshot) -> set[tuple[str | None, str | None]]:
         """``(node, clique ID)`` of domain ``uid``'s live daemons; where one of its clique entries would go for
         want of its pod, as one live list of the domain's pods (``snap.confirm_pods``) says."""
-        live = _live_daemons(uid, snap.pods)
-        mine = [c for c in snap.cliques if _labels(c).get(api.DOMAIN_LABEL) == uid]
+        live = _live_daemons(uid, snap.pods, self.names)
+        mine = [c for c in snap.cliques if _labels(c).get(self.names.domain_label) == uid]
         if snap.confirm_pods is not None and any(
-            len(_live_entries(c, live)) != len(c.get("daemons") or []) for c in mine
+            len(_live_entries(c, live, self.names)) != len(c.get("daemons") or []) for c in mine
         ):
             # The pods' cache may not have the daemon's pod yet (its clique entry came first): the API server
             # says. Rare: an entry goes only when its daemon does.
-            others = [p for p in snap.pods if _labels(p).get(api.DOMAIN_LABEL) != uid]
+            others = [p for p in snap.pods if _labels(p).get(self.names.domain_label) != uid]
             snap.pods = others + snap.confirm_pods(uid)
-            live = _live_daemons(uid, snap.pods)
+            live = _live_daemons(uid, snap.pods, self.names)
         return live
 
     def _converge_clique(
         self, clique: dict[str, Any], live: set[tuple[str | None, str | None]]
     ) -> list[dict[str, Any]]:
         """The clique's entries once those of nodes without a live daemon in it are gone and the rest numbered."""
-        daemons = _live_entries(clique, live)
+        daemons = _live_entries(clique, live, self.names)
         if len(daemons) != len(clique.get("daemons") or []):
             clique = self._drop_entries(clique, {d["nodeName"] for d in daemons})
             daemons = clique.get("daemons") or []
@@ -385,7 +394,9 @@ class Controller:
             if entry.get("nodeName") not in keep:
                 operations.append({"op": "remove", "path": f"/daemons/{position}"})
                 log.info("dropping clique entry clique=%s node=%s", meta["name"], entry.get("nodeName"))
-        return self.rest.json_patch(path_of(api.API_VERSION, "computedomaincliques", self.ns, meta["name"]), operations)
+        return self.rest.json_patch(
+            path_of(self.names.api_version, "computedomaincliques", self.ns, meta["name"]), operations
+        )
 
     def _assign_indices(self, clique: dict[str, Any], daemons: list[dict[str, Any]]) -> dict[str, Any]:
         taken = {d["index"] for d in daemons if d.get("index") is not None}
@@ -408,13 +419,13 @@ class Controller:
         if len(indices) == numbered:
             return clique  # a full clique: nothing new to number, nothing to write until an index frees up
         body = {
-            "apiVersion": api.API_VERSION,
+            "apiVersion": self.names.api_version,
             "kind": "ComputeDomainClique",
             "metadata": {"name": clique["metadata"]["name"], "namespace": self.ns},
             "daemons": [{"nodeName": node, "index": index} for node, index in sorted(indices.items())],
         }
         return self.rest.apply(
-            path_of(api.API_VERSION, "computedomaincliques", self.ns, clique["metadata"]["name"]),
+            path_of(self.names.api_version, "computedomaincliques", self.ns, clique["metadata"]["name"]),
             body,
             manager=CONTROLLER_MANAGER,
         )
@@ -451,7 +462,7 @@ class Controller:
             return
         meta = domain["metadata"]
         self.rest.merge_patch(
-            path_of(api.API_VERSION, "computedomains", meta["namespace"], meta["name"]) + "/status",
+            path_of(self.names.api_version, "computedomains", meta["namespace"], meta["name"]) + "/status",
             {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": status},
         )
 
@@ -463,37 +474,82 @@ class Controller:
         finalizer. Running workload pods keep their channels until they end (unprepare needs no domain)."""
         meta = domain["metadata"]
         uid = meta["uid"]
-        for template in snap.templates:
-            if template["metadata"].get("labels", {}).get(api.DOMAIN_LABEL) == uid:
-                tmeta = template["metadata"]
-                self.rest.delete(
-                    path_of("resource.k8s.io/v1", "resourceclaimtemplates", tmeta["namespace"], tmeta["name"])
-                )
-        self.rest.delete(path_of("apps/v1", "daemonsets", self.ns, api.daemon_object_name(uid)))
+        self._delete_templates(uid, snap)
+        daemon_name = api.daemon_object_name(uid)
+        daemonset = path_of("apps/v1", "daemonsets", self.ns, daemon_name)
+        if daemon_name in snap.daemonsets:
+            self._finalize_and_delete(daemonset, snap.daemonsets[daemon_name])
+        else:
+            self.rest.delete(daemonset)
         self._unlabel_nodes(uid, snap)
         for clique in snap.cliques:
-            if clique["metadata"].get("labels", {}).get(api.DOMAIN_LABEL) == uid:
-                self.rest.delete(path_of(api.API_VERSION, "computedomaincliques", self.ns, clique["metadata"]["name"]))
+            if clique["metadata"].get("labels", {}).get(self.names.domain_label) == uid:
+                self.rest.delete(
+                    path_of(self.names.api_version, "computedomaincliques", self.ns, clique["metadata"]["name"])
+                )
         finalizers = meta.get("finalizers") or []
-        if api.FINALIZER in finalizers:
+        if self.names.finalizer in finalizers:
             self.rest.json_patch(
-                path_of(api.API_VERSION, "computedomains", meta["namespace"], meta["name"]),
+                path_of(self.names.api_version, "computedomains", meta["namespace"], meta["name"]),
                 [
                     {"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
-                    {"op": "remove", "path": f"/metadata/finalizers/{finalizers.index(api.FINALIZER)}"},
+                    {"op": "remove", "path": f"/metadata/finalizers/{finalizers.index(self.names.finalizer)}"},
                 ],
             )
             log.info("domain deleted domain=%s/%s uid=%s", meta["namespace"], meta["name"], uid)
 
+    def _delete_templates(self, uid: str, snap: Snapshot, *, only: str = "") -> None:
+        """Delete the claim templates ``snap`` lists for domain ``uid`` (only the one named ``only``, if given)."""
+        for template in snap.templates:
+            tmeta = template["metadata"]
+            if tmeta.get("labels", {}).get(self.names.domain_label) == uid and only in ("", tmeta["name"]):
+                path = path_of("resource.k8s.io/v1", "resourceclaimtemplates", tmeta["namespace"], tmeta["name"])
+                whole = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", **template}
+                self._finalize_and_delete(path, tmeta, whole=whole)
+
+    def _finalize_and_delete(self, path: str, meta: dict[str, Any], *, whole: dict[str, Any] | None = None) -> None:
+        """Delete the object at ``path`` (``meta`` its metadata as listed), our names' finalizer taken off first.
+        Ours never carries it, but NVIDIA's controller puts resource.nvidia.com/computeDomain on the templates and
+        DaemonSets it makes and takes it off itself before deleting them; under --compat nvidia we adopt those by
+        label, and a DELETE alone would leave them Terminating for good. Gone meanwhile is done; one deleted already
+        (Terminating on another's finalizer) is not deleted again at every pass.
+
+        A ``whole`` object (a claim template) is written back without it, as NVIDIA's controller does: the API
+        server compares an opaque config's parameters as the bytes they were written with and refuses a patch of a
+        ResourceClaimTemplate ("spec: field is immutable": a patch re-encodes them, keys sorted), not a PUT that sends
+        them as they came (kube.Rest writes compact JSON, as NVIDIA's Go controller did). Otherwise (a DaemonSet,
+        cached as metadata) a JSON patch. Either is refused if the object changed since it was listed (a conflict:
+        tried again)."""
+        finalizers = list(meta.get("finalizers") or [])
+        if self.names.finalizer in finalizers:
+            try:
+                if whole is not None:
+                    kept = [f for f in finalizers if f != self.names.finalizer]
+                    self.rest.update(path, {**whole, "metadata": {**meta, "finalizers": kept}})
+                else:
+                    self.rest.json_patch(
+                        path,
+                        [
+                            {"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
+                            {"op": "remove", "path": f"/metadata/finalizers/{finalizers.index(self.names.finalizer)}"},
+                        ],
+                    )
+            except NotFoundError:
+                return
+            log.info("removed the finalizer NVIDIA's controller set path=%s", path)
+        if meta.get("deletionTimestamp"):
+            return  # deleted already: what holds it now is another's finalizer, and a second DELETE changes nothing
+        self.rest.delete(path)
+
     def _unlabel_nodes(self, uid: str, snap: Snapshot) -> None:
         for node in snap.nodes:
-            if node["metadata"].get("labels", {}).get(api.DOMAIN_LABEL) == uid:
+            if node["metadata"].get("labels", {}).get(self.names.domain_label) == uid:
                 self.rest.merge_patch(
                     path_of("v1", "nodes", None, node["metadata"]["name"]),
                     {
                         "metadata": {
                             "resourceVersion": node["metadata"]["resourceVersion"],
-                            "labels": {api.DOMAIN_LABEL: None},
+                            "labels": {self.names.domain_label: None},
                         }
                     },
                 )
@@ -503,11 +559,11 @@ class Controller:
         and the finalizer forced off): node labels, DaemonSets, templates, cliques."""
         gone = set()
         for node in snap.nodes:
-            gone.add(node["metadata"]["labels"][api.DOMAIN_LABEL])
+            gone.add(node["metadata"]["labels"][self.names.domain_label])
         for template in snap.templates:
-            gone.add(template["metadata"]["labels"][api.DOMAIN_LABEL])
+            gone.add(template["metadata"]["labels"][self.names.domain_label])
         for clique in snap.cliques:
-            gone.add(clique["metadata"].get("labels", {}).get(api.DOMAIN_LABEL, ""))
+            gone.add(clique["metadata"].get("labels", {}).get(self.names.domain_label, ""))
         for uid in sorted(gone - set(snap.by_uid) - {""}):
             try:
                 self.sweep(uid, snap)
@@ -518,10 +574,10 @@ class Controller:
 
     def _owner(self, domain: dict[str, Any]) -> dict[str, Any]:
         meta = domain["metadata"]
-        return {"apiVersion": api.API_VERSION, "kind": "ComputeDomain", "name": meta["name"], "uid": meta["uid"]}
+        return {"apiVersion": self.names.api_version, "kind": "ComputeDomain", "name": meta["name"], "uid": meta["uid"]}
 
     def _workload_template(self, domain: dict[str, Any]) -> dict[str, Any]:
-        template = api.workload_claim_template(domain)
+        template = api.workload_claim_template(domain, self.names)
         template["metadata"]["ownerReferences"] = [self._owner(domain)]
         return template
 
@@ -532,16 +588,19 @@ class Controller:
             "metadata": {
                 "name": api.daemon_object_name(uid),
                 "namespace": self.ns,
-                "labels": {api.DOMAIN_LABEL: uid, api.TARGET_LABEL: "Daemon"},
+                "labels": {self.names.domain_label: uid, self.names.target_label: "Daemon"},
             },
             "spec": {
                 "spec": {
                     "devices": {
-                        "requests": [{"name": "daemon", "exactly": {"deviceClassName": api.DAEMON_CLASS}}],
+                        "requests": [{"name": "daemon", "exactly": {"deviceClassName": self.names.daemon_class}}],
                         "config": [
                             {
                                 "requests": ["daemon"],
-                                "opaque": {"driver": api.DRIVER_NAME, "parameters": api.daemon_config(uid)},
+                                "opaque": {
+                                    "driver": self.names.driver_name,
+                                    "parameters": api.daemon_config(uid, self.names),
+                                },
                             }
                         ],
                     }
@@ -549,9 +608,13 @@ class Controller:
             },
         }
 
+    def _compat_env(self) -> list[dict[str, Any]]:
+        """The daemons' ``--compat`` (their cliques' group, their labels): none with ours, their pods as before."""
+        return [{"name": "DRADRIVER_COMPAT", "value": "nvidia"}] if self.names == api.NVIDIA else []
+
     def _daemonset(self, uid: str) -> dict[str, Any]:
         name = api.daemon_object_name(uid)
-        labels = {api.DOMAIN_LABEL: uid}
+        labels = {self.names.domain_label: uid}
 
         def field_env(env: str, path: str) -> dict[str, Any]:
             return {"name": env, "valueFrom": {"fieldRef": {"fieldPath": path}}}
@@ -596,6 +659,7 @@ class Controller:
                                         "name": "MAX_NODES_PER_IMEX_DOMAIN",
                                         "value": str(self.settings.max_nodes_per_domain),
                                     },
+                                    *self._compat_env(),
                                     *(dict(e) for e in self.settings.daemon_env),
                                 ],
                                 "resources": {"claims": [{"name": "compute-domain-daemon"}]},
@@ -672,18 +736,22 @@ def _daemons_status(
     return {"status": overall, "nodes": nodes, "conditions": conditions}
 
 
-def _live_daemons(uid: str, pods: list[dict[str, Any]]) -> set[tuple[str | None, str | None]]:
+def _live_daemons(
+    uid: str, pods: list[dict[str, Any]], names: api.ComputeDomainNames
+) -> set[tuple[str | None, str | None]]:
     """``(node, clique ID)`` of each live daemon pod of domain ``uid`` (not being deleted)."""
     return {
-        (p["spec"].get("nodeName"), p["metadata"]["labels"].get(api.CLIQUE_LABEL))
+        (p["spec"].get("nodeName"), p["metadata"]["labels"].get(names.clique_label))
         for p in pods
-        if _labels(p).get(api.DOMAIN_LABEL) == uid and not p["metadata"].get("deletionTimestamp")
+        if _labels(p).get(names.domain_label) == uid and not p["metadata"].get("deletionTimestamp")
     }
 
 
-def _live_entries(clique: dict[str, Any], live: set[tuple[str | None, str | None]]) -> list[dict[str, Any]]:
+def _live_entries(
+    clique: dict[str, Any], live: set[tuple[str | None, str | None]], names: api.ComputeDomainNames
+) -> list[dict[str, Any]]:
     """The clique's entries whose node runs a live daemon in that clique."""
-    clique_id = _labels(clique).get(api.CLIQUE_LABEL)
+    clique_id = _labels(clique).get(names.clique_label)
     return [
         d
         for d in clique.get("daemons") or []
@@ -696,10 +764,10 @@ def _labels(obj: dict[str, Any]) -> dict[str, Any]:
     return labels
 
 
-def _add_finalizer_op(meta: dict[str, Any]) -> dict[str, Any]:
+def _add_finalizer_op(meta: dict[str, Any], finalizer: str) -> dict[str, Any]:
     if meta.get("finalizers"):
-        return {"op": "add", "path": "/metadata/finalizers/-", "value": api.FINALIZER}
-    return {"op": "add", "path": "/metadata/finalizers", "value": [api.FINALIZER]}
+        return {"op": "add", "path": "/metadata/finalizers/-", "value": finalizer}
+    return {"op": "add", "path": "/metadata/finalizers", "value": [finalizer]}
 
 
 def _pod_ready(pod: dict[str, Any]) -> bool:

@@ -42,6 +42,8 @@ class DaemonSettings:
     imex_ctl_command: tuple[str, ...]
     max_nodes: int = api.MAX_NODES_PER_IMEX_DOMAIN
     poll: float = 0.5
+    # ``--compat``'s (the controller passes DRADRIVER_COMPAT to its daemons): the cliques' group and the labels.
+    names: api.ComputeDomainNames = api.OURS
 
     @property
     def config_file(self) -> Path:
@@ -59,12 +61,13 @@ def settings_from_env(
     hosts_file: Path,
     imex_command: Sequence[str],
     imex_ctl_command: Sequence[str],
+    names: api.ComputeDomainNames = api.OURS,
 ) -> DaemonSettings:
     """Settings from the pod's environment (downward API, and the CDI edits of the daemon claim)."""
     if not env.get("COMPUTE_DOMAIN_UUID"):
         raise ConfigError(
             "COMPUTE_DOMAIN_UUID is not set: the daemon claim's CDI edits did not reach this container; run it only "
-            "from the ComputeDomain's DaemonSet, with the compute-domain.dradriver.dev plugin on the node"
+            f"from the ComputeDomain's DaemonSet, with the {names.driver_name} plugin on the node"
         )
     missing = [name for name in ("NODE_NAME", "POD_NAME", "POD_NAMESPACE", "POD_UID", "POD_IP") if not env.get(name)]
     if missing:
@@ -82,6 +85,7 @@ def settings_from_env(
         imex_command=tuple(imex_command),
         imex_ctl_command=tuple(imex_ctl_command),
         max_nodes=int(env.get("MAX_NODES_PER_IMEX_DOMAIN") or api.MAX_NODES_PER_IMEX_DOMAIN),
+        names=names,
     )
 
 
@@ -120,7 +124,7 @@ class ImexDaemon:
         self.rest = rest
         self.s = settings
         self.clique_path = path_of(
-            api.API_VERSION,
+            settings.names.api_version,
             "computedomaincliques",
             settings.namespace,
             api.clique_object_name(settings.domain_uid, settings.clique_id),
@@ -206,17 +210,20 @@ class ImexDaemon:
 
     def _label_pod(self) -> None:
         path = path_of("v1", "pods", self.s.namespace, self.s.pod_name)
-        self.rest.merge_patch(path, {"metadata": {"labels": {api.CLIQUE_LABEL: self.s.clique_id}}})
+        self.rest.merge_patch(path, {"metadata": {"labels": {self.s.names.clique_label: self.s.clique_id}}})
 
     def _apply_entry(self, status: str) -> None:
         """Create or update this node's entry, and only it (the clique is created on first apply)."""
         body: dict[str, Any] = {
-            "apiVersion": api.API_VERSION,
+            "apiVersion": self.s.names.api_version,
             "kind": "ComputeDomainClique",
             "metadata": {
                 "name": api.clique_object_name(self.s.domain_uid, self.s.clique_id),
                 "namespace": self.s.namespace,
-                "labels": {api.DOMAIN_LABEL: self.s.domain_uid, api.CLIQUE_LABEL: self.s.clique_id},
+                "labels": {
+                    self.s.names.domain_label: self.s.domain_uid,
+                    self.s.names.clique_label: self.s.clique_id,
+                },
                 "ownerReferences": [
                     {"apiVersion": "v1", "kind": "Pod", "name": self.s.pod_name, "uid": self.s.pod_uid}
                 ],

@@ -1,5 +1,6 @@
-"""What the node tells about multi-node NVLink: its clique (from NVML's fabric info) and the IMEX devices'
-numbers (from ``/proc``). Both readers take the root they read under, so the simulator can give a fake one."""
+"""What the node tells about multi-node NVLink: its clique (from NVML's fabric info), the IMEX devices'
+numbers (from ``/proc``) and whether its GPU driver's IMEX finds peers by name. The readers of ``/proc`` take the
+root they read under, so the simulator can give a fake one."""
 
 from __future__ import annotations
 
@@ -14,6 +15,29 @@ from dradriver.gpu.models import FabricState
 CHANNELS_DEVICE = "nvidia-caps-imex-channels"
 CAPS_DEVICE = "nvidia-caps"
 IMEX_MGMT_CAPABILITY = "driver/nvidia/capabilities/fabric-imex-mgmt"
+#: The oldest GPU driver whose IMEX daemon finds its peers by DNS name, as a driver-managed domain's daemons do
+#: (NVIDIA's IMEXDaemonsWithDNSNamesMinDriverVersion: its plugin refuses to start below it).
+IMEX_DNS_NAMES_MIN_DRIVER = "570.158.01"
+_IMEX_DNS_NAMES_MIN_NUMBERS = (570, 158, 1)  # compared as NVIDIA's version.ParseGeneric does: 01 is 1
+
+
+def old_driver_problem(driver_version: str) -> str:
+    """Why a node with GPU driver ``driver_version`` cannot run driver-managed IMEX daemons; "" when it can (or
+    when the version is not numbers and dots, which NVML never reports)."""
+    found = _version_numbers(driver_version)
+    if found is None or found >= _IMEX_DNS_NAMES_MIN_NUMBERS:
+        return ""
+    return (
+        f"GPU driver {driver_version} is older than {IMEX_DNS_NAMES_MIN_DRIVER}, the first whose IMEX daemon finds "
+        "its peers by DNS name, as driver-managed ComputeDomains' daemons do: upgrade the node's GPU driver to "
+        f"{IMEX_DNS_NAMES_MIN_DRIVER} or newer, or run the node's own nvidia-imex service and serve domains from it "
+        "with --imex-mode hostManaged (the chart's computeDomains.imex.mode), which works on older drivers"
+    )
+
+
+def _version_numbers(version: str) -> tuple[int, ...] | None:
+    match = re.fullmatch(r"\d+(\.\d+)*", version.strip())
+    return tuple(int(part) for part in match.group().split(".")) if match else None
 
 
 def clique_id(gpulib: GpuLib) -> str:

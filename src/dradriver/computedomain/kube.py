@@ -101,7 +101,10 @@ class Rest:
         else:
             self._count_read(read, path)
         headers = {"Accept": "application/json", "Content-Type": content_type}
-        payload = None if body is None else json.dumps(body).encode()
+        # Compact, as Go clients write: the API server keeps an opaque config's parameters as the bytes it was sent
+        # and refuses a write back of a ResourceClaimTemplate whose bytes differ (its spec is immutable), so a PUT of
+        # a template NVIDIA's controller made must send its parameters as compact as they came.
+        payload = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         try:
             response = self._api.request(
                 method, path, query=query, headers=headers, body=payload, timeout=timeout or self._timeout

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dradriver.atomic_files import write_atomically
+from dradriver.atomic_files import sweep_dead_writers, write_atomically
 from dradriver.computedomain import api
 from dradriver.computedomain.fabric import CharDevice
 from dradriver.computedomain.host_imex import HostImex
@@ -109,10 +109,13 @@ class ComputeDomainDriver:
         cdi_dir: Path,
         daemon_mounts: Sequence[Mapping[str, Any]] = (),
         host_imex: HostImex | None = None,
+        names: api.ComputeDomainNames = api.OURS,
     ) -> None:
         """``host_imex`` (``--imex-mode hostManaged``): channels come from the host's IMEX daemon; no daemon per
-        domain is pulled onto the node (:mod:`~dradriver.computedomain.host_imex`)."""
+        domain is pulled onto the node (:mod:`~dradriver.computedomain.host_imex`). ``names``: ``--compat``'s (the
+        domains' group, the node label, the CDI vendor, the opaque configs' apiVersion)."""
         self.facts = facts
+        self.names = names
         self.host_imex = host_imex
         self.rest = rest
         self.namespace = namespace  # the driver's, where cliques and daemon pods live
@@ -154,7 +157,7 @@ class ComputeDomainDriver:
         for device in claim.devices:
             if device.pool != self.facts.node_name or device.device not in (CHANNEL_DEVICE, DAEMON_DEVICE):
                 raise ClaimError(f"claim {claim.ref}: device {device.pool}/{device.device} is not on this node")
-            config = _config_for(device.request, claim.config)
+            config = _config_for(device.request, claim.config, self.names)
             if device.device == CHANNEL_DEVICE:
                 if not isinstance(config, api.ChannelConfig):
                     raise ClaimError(
@@ -176,7 +179,7 @@ class ComputeDomainDriver:
                     pool=device.pool,
                     device=device.device,
                     requests=(device.request.split("/", 1)[0],),
-                    cdi_device_ids=(f"{api.CDI_VENDOR}/claim={name}",),
+                    cdi_device_ids=(f"{self.names.cdi_vendor}/claim={name}",),
                 )
             )
         return prepared
@@ -276,7 +279,7 @@ class ComputeDomainDriver:
 
     def _domain(self, uid: str, namespace: str | None) -> dict[str, Any]:
         """The ComputeDomain with ``uid``; for a channel it must be in the claim's namespace."""
-        items = self.rest.list(path_of(api.API_VERSION, "computedomains", namespace))
+        items = self.rest.list(path_of(self.names.api_version, "computedomains", namespace))
         for item in items:
             if item["metadata"].get("uid") == uid:
                 if item["metadata"].get("deletionTimestamp"):
@@ -294,18 +297,19 @@ class ComputeDomainDriver:
         with self._label_lock:
             for _ in range(5):
                 node = self.rest.get(path)
-                current = (node["metadata"].get("labels") or {}).get(api.DOMAIN_LABEL)
+                current = (node["metadata"].get("labels") or {}).get(self.names.domain_label)
                 if current == uid:
                     return
                 if current:
+                    label = self.names.domain_label
                     raise NotReadyError(
-                        f"node {self.facts.node_name} serves ComputeDomain {current} (label {api.DOMAIN_LABEL}); "
+                        f"node {self.facts.node_name} serves ComputeDomain {current} (label {label}); "
                         f"one domain per node: {domain['metadata']['name']} gets this node once that one is done"
                     )
                 patch = {
                     "metadata": {
                         "resourceVersion": node["metadata"]["resourceVersion"],
-                        "labels": {api.DOMAIN_LABEL: uid},
+                        "labels": {self.names.domain_label: uid},
                     }
                 }
                 try:
@@ -320,7 +324,10 @@ class ComputeDomainDriver:
         """One look at this node's clique entry, never a wait: a prepare runs under the node-wide handler lock
         (rolling updates), and the daemon pod's own prepare, which the entry waits on, needs that lock too."""
         path = path_of(
-            api.API_VERSION, "computedomaincliques", self.namespace, api.clique_object_name(uid, self.facts.clique_id)
+            self.names.api_version,
+            "computedomaincliques",
+            self.namespace,
+            api.clique_object_name(uid, self.facts.clique_id),
         )
         try:
             clique = self.rest.get(path)
@@ -357,7 +364,7 @@ class ComputeDomainDriver:
                 node = self.rest.get(path)
             except NotFoundError:
                 return
-            if (node["metadata"].get("labels") or {}).get(api.DOMAIN_LABEL) != uid:
+            if (node["metadata"].get("labels") or {}).get(self.names.domain_label) != uid:
                 return
             try:
                 self.rest.merge_patch(
@@ -365,25 +372,34 @@ class ComputeDomainDriver:
                     {
                         "metadata": {
                             "resourceVersion": node["metadata"]["resourceVersion"],
-                            "labels": {api.DOMAIN_LABEL: None},
+                            "labels": {self.names.domain_label: None},
                         }
                     },
                 )
             except ClusterError as err:
                 raise DradriverError(
-                    f"removing label {api.DOMAIN_LABEL} from node {self.facts.node_name}: {err}"
+                    f"removing label {self.names.domain_label} from node {self.facts.node_name}: {err}"
                 ) from None
             log.info("node unlabelled node=%s domain=%s", self.facts.node_name, uid)
 
     # -- CDI -------------------------------------------------------------------------------------------
 
+    def remove_interrupted_writes(self) -> list[Path]:
+        """Remove the temp files of the checkpoint and of this driver's CDI specs that a killed write left (never
+        another program's); the caller holds the lock every prepare and unprepare holds, so none is in progress."""
+        specs = self.cdi_dir / f"{self.names.cdi_vendor}-claim_*.json"
+        return [
+            *sweep_dead_writers(self.checkpoint.path, writers_locked_out=True),
+            *sweep_dead_writers(specs, writers_locked_out=True),
+        ]
+
     def _cdi_path(self, claim_uid: str) -> Path:
-        return self.cdi_dir / f"{api.CDI_VENDOR}-claim_{claim_uid}.json"
+        return self.cdi_dir / f"{self.names.cdi_vendor}-claim_{claim_uid}.json"
 
     def _write_cdi(self, claim_uid: str, name: str, edits: dict[str, Any]) -> None:
         spec = {
             "cdiVersion": "0.5.0",
-            "kind": f"{api.CDI_VENDOR}/claim",
+            "kind": f"{self.names.cdi_vendor}/claim",
             "devices": [{"name": name, "containerEdits": edits}],
         }
         self.cdi_dir.mkdir(parents=True, exist_ok=True)
@@ -393,13 +409,15 @@ class ComputeDomainDriver:
         self._cdi_path(claim_uid).unlink(missing_ok=True)
 
 
-def _config_for(request: str, configs: Sequence[DeviceConfig]) -> api.ChannelConfig | api.DaemonConfig | None:
+def _config_for(
+    request: str, configs: Sequence[DeviceConfig], names: api.ComputeDomainNames
+) -> api.ChannelConfig | api.DaemonConfig | None:
     """The config that applies to ``request``: the last one naming it (or every request); claim wins over class."""
     base = request.split("/", 1)[0]
     chosen = None
     for config in configs:
         if not config.requests or request in config.requests or base in config.requests:
-            chosen = api.parse_config(config.parameters)
+            chosen = api.parse_config(config.parameters, names)
     return chosen
 
 

@@ -6,6 +6,7 @@ process, with its own registration socket, plugin directory and checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -14,25 +15,35 @@ from pathlib import Path
 from typing import Any
 
 from dradriver.computedomain import api
-from dradriver.computedomain.fabric import CHANNELS_DEVICE, clique_id, device_major, imex_mgmt_device
+from dradriver.computedomain.fabric import (
+    CHANNELS_DEVICE,
+    clique_id,
+    device_major,
+    imex_mgmt_device,
+    old_driver_problem,
+)
 from dradriver.computedomain.host_imex import HostImex
 from dradriver.computedomain.kube import Rest
 from dradriver.computedomain.node import ComputeDomainDriver, NodeFacts, slice_devices
 from dradriver.errors import DeviceError
 from dradriver.gpu.interface import GpuLib
 from dradriver.plugin.cluster.port import Cluster
-from dradriver.plugin.kubeletplugin.lifecycle import StopBudget
-from dradriver.plugin.kubeletplugin.plugin import KubeletPlugin, KubeletPluginOptions
+from dradriver.plugin.kubeletplugin.lifecycle import StopBudget, exclusive
+from dradriver.plugin.kubeletplugin.plugin import SERIALIZE_LOCK_NAME, KubeletPlugin, KubeletPluginOptions
 from dradriver.plugin.resourceslice.publisher import Publisher, PublisherOptions, SliceSpec
 from dradriver.validation.slices import SliceShape
 
 log = logging.getLogger(__name__)
 
 
-def read_facts(gpulib: GpuLib, node_name: str, proc_root: Path) -> NodeFacts:
+def read_facts(gpulib: GpuLib, node_name: str, proc_root: Path, *, host_managed: bool = False) -> NodeFacts:
     """The node's clique and IMEX device numbers; a fabric that is not registered is a ``problem``, not an
-    exception, so the GPU driver beside us keeps serving while ComputeDomains wait for the fabric manager."""
+    exception, so the GPU driver beside us keeps serving while ComputeDomains wait for the fabric manager. So is
+    a GPU driver too old for driver-managed IMEX daemons (unless ``host_managed``: the host's IMEX serves)."""
     try:
+        too_old = "" if host_managed else old_driver_problem(gpulib.system().driver_version)
+        if too_old:
+            return NodeFacts(node_name, "", 0, None, problem=too_old)
         clique = clique_id(gpulib)
         if not clique:
             return NodeFacts(node_name, "", 0, None)
@@ -64,6 +75,8 @@ class ComputeDomainPluginOptions:
     daemon_mounts: Sequence[Mapping[str, Any]] = ()
     #: ``--imex-mode hostManaged``: the host's IMEX daemon serves the channels (None: one daemon per domain).
     host_imex: HostImex | None = None
+    #: ``--compat``'s: the driver name it registers and publishes, and every name of the domains it serves.
+    names: api.ComputeDomainNames = api.OURS
 
 
 class ComputeDomainPlugin:
@@ -88,10 +101,11 @@ class ComputeDomainPlugin:
             cdi_dir=options.cdi_dir,
             daemon_mounts=options.daemon_mounts,
             host_imex=options.host_imex,
+            names=options.names,
         )
         self.plugin = KubeletPlugin(
             KubeletPluginOptions(
-                driver_name=api.DRIVER_NAME,
+                driver_name=options.names.driver_name,
                 node_name=facts.node_name,
                 registry_dir=options.registry_dir,
                 plugin_dir=options.plugin_dir,
@@ -102,16 +116,34 @@ class ComputeDomainPlugin:
             claim_source=cluster,
         )
         publishing = PublisherOptions(
-            driver=api.DRIVER_NAME, node_name=facts.node_name, node_uid=options.node_uid, shape=options.shape
+            driver=options.names.driver_name, node_name=facts.node_name, node_uid=options.node_uid, shape=options.shape
         )
         self.publisher = Publisher(cluster, publishing, pools=_pools(facts))
+        self._driver_name = options.names.driver_name
+        # Rolling updates: the other pod's prepares and unprepares hold this lock while they write.
+        self._writers_lock = options.plugin_dir / SERIALIZE_LOCK_NAME if options.pod_uid else None
         self._log_facts(facts)
 
     def start(self) -> None:
+        """Take the instance lock, remove what a killed write left, then serve and publish."""
+        self.plugin.lock()
+        self._remove_interrupted_writes()
         self.plugin.start()
         self.publisher.start()
         if self._interval > 0:
             self._thread.start()
+
+    def _remove_interrupted_writes(self) -> None:
+        # Only a prepare or an unprepare writes the checkpoint and the CDI specs, under the instance lock (held
+        # now) or, in rolling-update mode, the pods' shared lock as well: with both, no write is in progress.
+        with exclusive(self._writers_lock) if self._writers_lock else contextlib.nullcontext():
+            try:
+                leftovers = self.driver.remove_interrupted_writes()
+            except OSError as err:  # a leftover only takes space: never a reason not to serve
+                log.warning("cannot remove ComputeDomain temp files a crash left error=%s", err)
+                return
+        for leftover in leftovers:
+            log.info("removed a ComputeDomain file write cut short by a crash path=%s", leftover)
 
     def stop(self, budget: StopBudget | None = None) -> None:
         self._stop.set()
@@ -131,15 +163,14 @@ class ComputeDomainPlugin:
         while not self._stop.wait(self._interval):
             self.refresh()
 
-    @staticmethod
-    def _log_facts(facts: NodeFacts) -> None:
+    def _log_facts(self, facts: NodeFacts) -> None:
         if facts.problem:
             log.warning("compute domains unavailable node=%s problem=%s", facts.node_name, facts.problem)
         else:
             log.info(
                 "compute domains ready node=%s driver=%s clique=%s",
                 facts.node_name,
-                api.DRIVER_NAME,
+                self._driver_name,
                 facts.clique_id or "(none)",
             )
 

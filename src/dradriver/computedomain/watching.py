@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dradriver.computedomain import api, metrics
+from dradriver.computedomain import metrics
 from dradriver.computedomain.controller import STUCK_AFTER_SECONDS, Controller, Snapshot
 from dradriver.computedomain.kube import Collection, ListsAndWatches, path_of
 from dradriver.plugin.cluster.informer import Informer, key_of, metadata_only, without_managed_fields
@@ -47,16 +47,21 @@ ORPHAN = "orphan:"
 ORPHAN_DELAY = 1.0
 
 
-def _uid_label(obj: JsonObject) -> Iterable[str]:
-    """The domain UID an object was made for: its label."""
-    uid = ((obj.get("metadata") or {}).get("labels") or {}).get(api.DOMAIN_LABEL)
-    return [uid] if uid else []
+@dataclass(frozen=True)
+class _DomainUid:
+    """The domain UID an object was made for, read from ``label`` (the controller's names' domain label)."""
 
+    label: str
 
-def _clique_uid(obj: JsonObject) -> Iterable[str]:
-    """A clique's domain UID: its label, else the first part of its name (``<domain uid>.<clique id>``)."""
-    name = str((obj.get("metadata") or {}).get("name", ""))
-    return _uid_label(obj) or ([name.split(".", 1)[0]] if "." in name else [])
+    def of_labelled(self, obj: JsonObject) -> Iterable[str]:
+        """An object's domain UID: its label."""
+        uid = ((obj.get("metadata") or {}).get("labels") or {}).get(self.label)
+        return [uid] if uid else []
+
+    def of_clique(self, obj: JsonObject) -> Iterable[str]:
+        """A clique's domain UID: its label, else the first part of its name (``<domain uid>.<clique id>``)."""
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        return self.of_labelled(obj) or ([name.split(".", 1)[0]] if "." in name else [])
 
 
 def _own_uid(obj: JsonObject) -> Iterable[str]:
@@ -101,18 +106,20 @@ class WatchingController:
         self.session: _Session | None = None
         self.end_deadline = END_DEADLINE
         self._leftover: list[threading.Thread] = []  # the last session's workers still busy when it ended
+        self._domain_uid = _DomainUid(controller.names.domain_label)
 
     # -- informers -------------------------------------------------------------------------------------
 
     def _informers(self) -> dict[str, Informer]:
-        ns, label = self.controller.ns, api.DOMAIN_LABEL
+        ns, names = self.controller.ns, self.controller.names
+        label, labelled = names.domain_label, self._domain_uid.of_labelled
         sources = {
-            "computedomains": (path_of(api.API_VERSION, "computedomains"), "", _own_uid),
-            "cliques": (path_of(api.API_VERSION, "computedomaincliques", ns), "", _clique_uid),
-            "pods": (path_of("v1", "pods", ns), label, _uid_label),
-            "daemonsets": (path_of("apps/v1", "daemonsets", ns), label, _uid_label),
-            "templates": (path_of("resource.k8s.io/v1", "resourceclaimtemplates"), label, _uid_label),
-            "nodes": (path_of("v1", "nodes"), label, _uid_label),
+            "computedomains": (path_of(names.api_version, "computedomains"), "", _own_uid),
+            "cliques": (path_of(names.api_version, "computedomaincliques", ns), "", self._domain_uid.of_clique),
+            "pods": (path_of("v1", "pods", ns), label, labelled),
+            "daemonsets": (path_of("apps/v1", "daemonsets", ns), label, labelled),
+            "templates": (path_of("resource.k8s.io/v1", "resourceclaimtemplates"), label, labelled),
+            "nodes": (path_of("v1", "nodes"), label, labelled),
         }
         return {
             name: Informer(
@@ -137,7 +144,7 @@ class WatchingController:
             domains=domains,
             cliques=of("cliques"),
             pods=of("pods"),
-            daemonsets={d["metadata"]["name"] for d in of("daemonsets")},
+            daemonsets={d["metadata"]["name"]: d["metadata"] for d in of("daemonsets")},
             templates=of("templates"),
             nodes=of("nodes"),
         )
@@ -147,7 +154,8 @@ class WatchingController:
 
     def _list_daemon_pods(self, uid: str) -> list[JsonObject]:
         """Domain ``uid``'s daemon pods as the API server lists them now (by its label)."""
-        return self.controller.rest.list(path_of("v1", "pods", self.controller.ns), labels=f"{api.DOMAIN_LABEL}={uid}")
+        label = self.controller.names.domain_label
+        return self.controller.rest.list(path_of("v1", "pods", self.controller.ns), labels=f"{label}={uid}")
 
     def _handlers(self, session: _Session) -> None:
         domains = session.informers["computedomains"]
@@ -174,7 +182,8 @@ class WatchingController:
         domains.add_handler(on_domain)
         for name, informer in session.informers.items():
             if name != "computedomains":
-                informer.add_handler(on_object(_clique_uid if name == "cliques" else _uid_label))
+                uid_of = self._domain_uid
+                informer.add_handler(on_object(uid_of.of_clique if name == "cliques" else uid_of.of_labelled))
 
     # -- one key ---------------------------------------------------------------------------------------
 
@@ -199,7 +208,7 @@ class WatchingController:
         # The domain cache may lag the others' (an object made for a domain created a moment ago): the API
         # server says whether the domain is gone. Rare: only for objects of a domain the cache does not know.
         try:
-            listed = self.controller.rest.list(path_of(api.API_VERSION, "computedomains"))
+            listed = self.controller.rest.list(path_of(self.controller.names.api_version, "computedomains"))
             if any(d["metadata"].get("uid") == uid for d in listed):
                 return True
             self.controller.sweep(uid, snap)

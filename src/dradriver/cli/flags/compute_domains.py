@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dradriver.cli.flags.env import EnvFlag
+from dradriver.cli.flags.publishing import COMPAT
 from dradriver.cli.flags.values import interval_seconds, non_negative_float
 
 DEFAULT_NAMESPACE = "dradriver"
@@ -91,6 +92,8 @@ class ComputeDomainOptions:
     #: ``--imex-mode``: "driverManaged" or "hostManaged" (the host's IMEX service at ``imex_host_socket``).
     imex_mode: str = "driverManaged"
     imex_host_socket: str = "/etc/nvidia-imex/imex_ctrl.sock"
+    #: ``--compat`` (the GPU driver's flag): "nvidia" serves NVIDIA's ComputeDomain names (computedomain.api.NVIDIA).
+    compat: str = "none"
 
     @property
     def host_managed(self) -> bool:
@@ -105,4 +108,5 @@ class ComputeDomainOptions:
             proc_root=Path(CD_PROC_ROOT.value(args)),
             imex_mode=IMEX_MODE.value(args),
             imex_host_socket=IMEX_HOST_SOCKET_PATH.value(args),
+            compat=COMPAT.value(args),
         )
