@@ -3,11 +3,13 @@
 - kind: a real cluster made with README's "Try it on kind" commands (e2e/kind_backend.py), the chart installed
   with the sim preset as users install it (the image its only other value), its DaemonSet on a simulated GPU
   node. Docker where its daemon answers, else podman; the node image scripts/build-kind made, else the public
-  kindest one. e2e/run-kind.sh runs it; scripts/test too (E2E_BACKEND=kind), after the rest.
+  kindest one. A scenario for another node configuration gets it by `helm upgrade` of the release (and back);
+  one that needs the NIC driver gets it as a DaemonSet beside ours (kindutil.Cluster, e2e/nic_driver_kind.py).
+  e2e/run-kind.sh runs it; scripts/test too (E2E_BACKEND=kind), after the rest.
 - the local node: the `node` tests' real kubelet and containerd (scripts/build-node) on the real control plane
-  (scripts/build-control-plane), `dradriver run` on a simulated GPU node as a host process; it alone can
-  reconfigure the node and run the NIC driver beside ours. Without those binaries it skips, or fails where the
-  suite demands them (tests/support/required.py: DRADRIVER_REQUIRE_ALL=1 or DRADRIVER_REQUIRE_NODE=1).
+  (scripts/build-control-plane), `dradriver run` on a simulated GPU node as a host process, restarted with other
+  flags for a scenario's node, the NIC driver a host process beside it. Without those binaries it skips, or fails
+  where the suite demands them (tests/support/required.py: DRADRIVER_REQUIRE_ALL=1 or DRADRIVER_REQUIRE_NODE=1).
 
 E2E_BACKEND=kind or E2E_BACKEND=local picks one; unset, kind where a Docker daemon and kind exist, else local.
 """

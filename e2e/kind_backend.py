@@ -12,7 +12,7 @@ import resource
 import shutil
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -185,12 +185,13 @@ class KindRun:
     """README's "Try it on kind", run for the suite: the cluster it creates (a name of its own, this host's
     config), the environment its commands run in (kubectl and helm of the suite, a kubeconfig of its own)."""
 
-    def __init__(self, work: Path, *, workers: int = 0) -> None:
+    def __init__(self, work: Path, *, workers: int = 0, install_values: Sequence[str] = ()) -> None:
         engine = provider()
         assert engine, "no container engine"
         self.work = work
         self.name = f"dradriver-e2e-{uuid.uuid4().hex[:6]}"
         self.engine = engine
+        self.install_values = list(install_values)
         sandbox = Sandbox.here(engine)
         self.config = kind_config(work, image=node_image(), sandbox=sandbox, workers=workers)
         tools = work / "tools"
@@ -204,8 +205,11 @@ class KindRun:
         self.env["PATH"] = f"{tools}:{extra.get('PATH', os.environ['PATH'])}"
 
     def command(self, line: str) -> str:
-        """One README command as the suite runs it: its cluster name, config and image archive."""
+        """One README command as the suite runs it: its cluster name, config and image archive (and the chart's
+        install with the ``--set`` values a module asked for, as a user adds them)."""
         line = line.replace("--name dradriver", f"--name {self.name}")
+        if line.startswith("helm install") and self.install_values:
+            line += "".join(f" --set {value}" for value in self.install_values)
         line = line.replace("e2e/kind-config.yaml", str(self.config))
         line = line.replace("dradriver.tar", str(self.work / "dradriver.tar"))
         if self.engine == "docker":
@@ -238,16 +242,17 @@ def setup_commands() -> list[str]:
 
 
 @contextlib.contextmanager
-def kind_cluster(work: Path, *, workers: int = 0) -> Iterator[KindRun]:
+def kind_cluster(work: Path, *, workers: int = 0, install_values: Sequence[str] = ()) -> Iterator[KindRun]:
     """A cluster from README's quickstart, chart installed and rolled out; its logs kept in ``work`` when the
     set-up or the block fails (the caller exports them for a failed test), deleted afterwards with ``work``
-    (unless E2E_KEEP_CLUSTER=1 or there are logs)."""
+    (unless E2E_KEEP_CLUSTER=1 or there are logs). ``install_values`` are ``--set`` values added to the chart's
+    install."""
     missing = missing_tools()
     if missing:
         required.need_tools(missing, "the e2e suite runs on kind", "install Docker or podman (and kind, or run "
                             "scripts/build-kind), or set E2E_BACKEND=local for the local node")  # fmt: skip
     try:
-        kind = KindRun(work, workers=workers)
+        kind = KindRun(work, workers=workers, install_values=install_values)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise

@@ -32,6 +32,9 @@ class LocalCluster:
     def kubectl(self, *args: str, timeout: float = 300, input: str | None = None) -> str:
         return self._workloads.kubectl(*args, timeout=timeout, input=input)
 
+    def own_nodes(self) -> set[str]:
+        return {self.node.name}
+
     def apply(self, path: Path) -> None:
         self._workloads.apply(documents(path))
 

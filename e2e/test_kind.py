@@ -65,7 +65,9 @@ def allocated_devices(cluster: Backend, namespace: str, pod: str) -> list[dict[s
 
 def test_the_driver_publishes_the_simulated_node(cluster: Backend) -> None:
     slices = json.loads(cluster.kubectl("get", "resourceslices", "-o", "json"))["items"]
-    devices = [d for s in slices if s["spec"]["driver"] == DRIVER for d in s["spec"].get("devices", [])]
+    nodes = cluster.own_nodes()
+    own = [s for s in slices if s["spec"]["driver"] == DRIVER and s["spec"].get("nodeName") in nodes]
+    devices = [d for s in own for d in s["spec"].get("devices", [])]
     kinds = {d["attributes"]["type"]["string"] for d in devices}
     assert kinds == {"gpu", "mig"}, kinds  # mixed profile, dynamic MIG
 
