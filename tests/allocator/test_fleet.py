@@ -1,7 +1,8 @@
 """The allocator over a fleet, as `explain` asks it node by node: each node's search reads its own pools
 (SlicesByNode) and gives the answer it gives over the whole slice set (whole GPUs, MIG partitions on shared
 counters, consumable capacity, pools and devices that select their nodes; firstAvailable, All and adminAccess
-claims); a request for more devices than a node has is refused without trying every subset."""
+claims); a request for more devices than a node has is refused without trying every subset, also where the node
+has too many devices to bound that at once (dynamic MIG)."""
 
 import copy
 
@@ -214,3 +215,25 @@ def test_the_early_stop_never_turns_a_search_that_gave_up_into_a_fit(classes):
                                     max_attempts=100_000))  # fmt: skip
     assert small.run()
     assert small.attempts <= 8
+
+
+@pytest.fixture(scope="module")
+def dgx_h100_dynamic_mig():
+    """A DGX H100 as `dradriver run` publishes it with dynamic MIG: 8 whole GPUs and every MIG placement (208
+    devices) on shared counters."""
+    from support.sim_slices import published_slices
+
+    return published_slices("hgx-h100-80gb", "dynamic", node="node-m")
+
+
+def test_more_gpus_than_a_mig_node_has_is_refused_without_trying_every_subset(dgx_h100_dynamic_mig, classes):
+    """208 devices are too many to bound trying every subset, so the search cannot stop early at once; once the
+    class's selector has refused the MIG placements, the 8 GPUs left bound it, and the search stops early."""
+    slices = dgx_h100_dynamic_mig
+    search = Search(AllocationInputs(claim(exact(count=9)), slices=slices, classes=classes, node="node-m"))
+    assert len(search.order) > 63
+    assert not search.run()
+    # Trying every subset of the eight GPUs was 255 placements; the first branch places the eight, and no more.
+    assert search.attempts <= 8
+    with pytest.raises(Unsatisfiable):
+        allocate(claim(exact(count=9)), slices=slices, classes=classes, node="node-m")

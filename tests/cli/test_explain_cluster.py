@@ -1,13 +1,14 @@
 """``dradriver explain --pod``: assembling a pod's claims from a cluster (through a fake reader)."""
 
 import copy
+import gc
 import json
 from pathlib import Path
 
 import pytest
 import yaml
 
-from dradriver.cli.explain_cluster import explain_pod_with, pod_claims, quota_has_room
+from dradriver.cli.explain_cluster import explain_pod_with, peek_continue, pod_claims, quota_has_room
 from dradriver.plugin.cluster import ForbiddenError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -336,3 +337,72 @@ def test_a_created_claim_is_explained_whatever_old_events_say(capsys):
     reader = FakeReader(done, claims=[generated], templates=[template(1)], events=[claim_creation_event(QUOTA_REFUSAL)])
     assert explain_pod_with(reader, "ml/trainer", "text") == 0
     assert "already allocated" in capsys.readouterr().out
+
+
+class CollectorWatchingReader(FakeReader):
+    """Records whether Python's cyclic garbage collector was on while the slices were read; fails the read of
+    claims with ``error`` where one is given."""
+
+    def __init__(self, *args, error=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.collector_on_while_reading = None
+        self.error = error
+
+    def list_resource_slices(self):
+        self.collector_on_while_reading = gc.isenabled()
+        return super().list_resource_slices()
+
+    def list_claims(self):
+        if self.error:
+            raise self.error
+        return super().list_claims()
+
+
+@pytest.mark.parametrize("error", [None, ForbiddenError("resourceclaims is forbidden", status=403)])
+def test_the_cluster_is_read_with_the_collector_paused_and_left_as_it_was(capsys, error):
+    """Over a large fleet the collector's scans of every object read cost more than parsing them
+    (docs/performance.md): it is off during the read, and on again, nothing left frozen, after explain, also when
+    a read fails; a freeze the process made itself is kept."""
+    reader = CollectorWatchingReader(pod({"name": "gpus", "resourceClaimTemplateName": "gpus"}),
+                                     templates=[template(2)], error=error)  # fmt: skip
+    frozen = gc.get_freeze_count()
+    assert gc.isenabled()
+    if error:
+        with pytest.raises(ForbiddenError):
+            explain_pod_with(reader, "ml/trainer", "json")
+    else:
+        assert explain_pod_with(reader, "ml/trainer", "json") == 1  # no claim generated yet from the template
+    assert reader.collector_on_while_reading is False
+    assert gc.isenabled()
+    assert gc.get_freeze_count() == frozen
+
+
+def test_a_freeze_the_process_made_is_kept(capsys):
+    reader = FakeReader(pod({"name": "gpus", "resourceClaimTemplateName": "gpus"}), templates=[template(2)])
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        assert explain_pod_with(reader, "ml/trainer", "json") == 1
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
+
+
+@pytest.mark.parametrize(
+    ("page", "token"),
+    [
+        # The API server's layout: the list's metadata, then its items.
+        (b'{"kind":"ResourceSliceList","apiVersion":"resource.k8s.io/v1","metadata":{"resourceVersion":"7",'
+         b'"continue":"eyJ2IjoibWV0YS5rOHMuaW8vdjEifQ"},"items":[{"metadata":{"name":"a"}}]}',
+         "eyJ2IjoibWV0YS5rOHMuaW8vdjEifQ"),
+        # The last page: no token in the metadata; one in an item is not the list's.
+        (b'{"metadata":{"resourceVersion":"7"},"items":[{"metadata":{"continue":"no"}}]}', ""),
+        # Items first: nothing told from the first bytes (the parsed page gives the token).
+        (b'{"items":[],"metadata":{"continue":"abc"}}', ""),
+        (b"{}", ""),
+    ],
+    ids=["api-server", "last-page", "items-first", "empty"],
+)  # fmt: skip
+def test_the_next_pages_token_is_read_from_the_pages_first_bytes(page, token):
+    """explain asks for the next page while it parses this one, with the token read before the items."""
+    assert peek_continue(page) == token

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import difflib
+import functools
 from collections import Counter
 from typing import Any
 
@@ -51,14 +52,22 @@ def _selector_hint(ref: SelectorRef, devices: list[Device]) -> str:
             values = Counter(_capacity_text(d, domain, name) for d in devices)
         shown = ", ".join(f"{v} ({n})" for v, n in values.most_common(4))
         part = f"{qualified} is {shown}"
-        candidates = [v.strip('"') for v in values if v != "(missing)"]
+        candidates = tuple(v.strip('"') for v in values if v != "(missing)")
         for literal in literals:
-            close = difflib.get_close_matches(literal, candidates, n=1, cutoff=0.5)
-            if close and close[0] != literal:
-                part += f'; closest to "{literal}": "{close[0]}"'
+            close = _closest(literal, candidates)
+            if close and close != literal:
+                part += f'; closest to "{literal}": "{close}"'
         parts.append(part)
     where = f"among the {len(devices)} devices that reached it, " if parts else ""
     return f"no device passes {ref.label} ({ref.selector.expression}); {where}{'; '.join(parts)}".rstrip("; ")
+
+
+@functools.lru_cache(maxsize=4096)
+def _closest(literal: str, candidates: tuple[str, ...]) -> str | None:
+    """The candidate closest to ``literal`` (difflib, cutoff 0.5), or None. Remembered: over a fleet every node of
+    a kind asks the same question, and difflib's answer was about half of each such node's diagnosis."""
+    close = difflib.get_close_matches(literal, candidates, n=1, cutoff=0.5)
+    return close[0] if close else None
 
 
 def _capacity_text(device: Device, domain: str, name: str) -> str:

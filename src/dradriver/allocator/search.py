@@ -7,6 +7,7 @@ reader must take apart.
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -261,9 +262,9 @@ class Search:
             return False
         if not request.all_devices and picked == 0:
             self.stop_early[id(request)] = self._search_ends(request)
-        if not request.all_devices and len(self.order) - start < needed - picked and self.stop_early[id(request)]:
-            # Fewer devices left in the order than still wanted: no combination from here fits. Without this a
-            # request for more devices than a node has tries every subset of them (2^n) before it says so.
+        if not request.all_devices and self._too_few_left(request, start, needed - picked):
+            # No combination from here fits. Without this a request for more devices than a node has tries every
+            # subset of them (2^n) before it says so.
             return False
         if request.all_devices:
             device = self.all_lists[id(request)][picked]
@@ -285,6 +286,8 @@ class Search:
             if self._fill(group, request, picked + 1):
                 return True
             self.remove_last()
+            if self._too_few_left(request, self.position[id(device)] + 1, needed - picked):
+                return False  # what is left after this device cannot fill the request either
         return False
 
     def _search_ends(self, request: Request) -> bool:
@@ -295,13 +298,48 @@ class Search:
         scheduler would not get there. Decided once per start of the request's search, not per branch: branches
         that each end within the budget can still add up past it. Selectors are not evaluated to count (a device
         the search never reaches must not raise its runtime error), so c may be more than the candidates: the
-        bound only errs towards searching on."""
+        bound only errs towards searching on. Devices its selectors have already refused are not counted (the
+        search never places them), nor, for a request picked part-way, are its own picks taken for others'."""
+        own = {id(placed.device) for placed in self.results if placed.request is request}
         candidates = sum(
             1
             for device in self.order
-            if device.id not in self.allocating and (request.admin_access or device.id not in self.in_use)
+            if (id(device) in own or device.id not in self.allocating)
+            and (request.admin_access or device.id not in self.in_use)
+            and self._may_match(request, device)
         )
         return candidates < 63 and self.attempts + (1 << candidates) - 1 <= self.max_attempts
+
+    def _may_match(self, request: Request, device: Device) -> bool:
+        known = self._selections.get((id(request), id(device)))
+        return known is None or known.matched
+
+    def _too_few_left(self, request: Request, start: int, wanted: int) -> bool:
+        """Whether ``request``'s search, wanting ``wanted`` more devices from ``start`` in the order, may stop: fewer
+        devices are left than that, or fewer that its selectors have matched where they have judged every device
+        left (none is judged here, so no runtime error is raised early). Only where trying every subset would end
+        within the budget (``_search_ends``, asked again here: what the selectors have said since the request's
+        search began can show that it would); the current attempt count only makes that bound stricter."""
+        if len(self.order) - start >= wanted and not self._judged_too_few(request, start, wanted):
+            return False
+        if not self.stop_early[id(request)]:
+            self.stop_early[id(request)] = self._search_ends(request)
+        return self.stop_early[id(request)]
+
+    def _judged_too_few(self, request: Request, start: int, wanted: int) -> bool:
+        """Whether the devices from ``start`` that the search would try are all judged by ``request``'s selectors
+        and fewer than ``wanted`` of them matched."""
+        matched = 0
+        for device in itertools.islice(self.order, start, None):
+            if device.id in self.allocating or (not request.admin_access and device.id in self.in_use):
+                continue
+            known = self._selections.get((id(request), id(device)))
+            if known is None:
+                return False
+            matched += known.matched
+            if matched >= wanted:
+                return False
+        return True
 
     def capacity_fits(self, request: Request, device: Device) -> bool:
         """Whether ``device`` has the capacity ``request`` consumes left (always, for plain requests)."""

@@ -18,7 +18,15 @@ import sys
 from typing import Any
 
 from dradriver.cel import CelCompileError, CelEvaluationError, compile_selector
-from dradriver.cli.explain_input import Document, Inputs, chart_classes, check_claim, check_class, load
+from dradriver.cli.explain_input import (
+    Document,
+    Inputs,
+    chart_classes,
+    check_claim,
+    check_class,
+    load,
+    passthrough_classes,
+)
 from dradriver.cli.explain_node import NodeSettings
 from dradriver.cli.explain_outcome import (
     EXIT_DOES_NOT_FIT,
@@ -33,6 +41,7 @@ from dradriver.cli.flags import kube_client
 from dradriver.cli.flags.fabric_manager import FABRIC_MANAGER_PARTITIONS
 from dradriver.cli.flags.gpus import MIG_MODE
 from dradriver.cli.flags.output import add_output_option
+from dradriver.cli.flags.passthrough import PASSTHROUGH
 from dradriver.cli.flags.publishing import COMPAT, KUBERNETES_VERSION, driver_name_of
 from dradriver.cli.flags.sharing import CONSUMABLE_SHARES, GPU_SHARING, SharingOptions
 from dradriver.errors import ConfigError
@@ -94,6 +103,11 @@ def _add_device_options(parser: argparse.ArgumentParser) -> None:
         help="Fabric Manager's NVSwitch partitions on whole GPUs (gpuModuleID, partition<size>) of an NVSwitch profile "
         "(chart value fabricManagerPartitions.enabled)",
     )
+    PASSTHROUGH.add(
+        node,
+        help="also offer every GPU as a VFIO passthrough device (<gpu>-vfio, type vfio, consuming its GPU's counters; "
+        "DeviceClass vfio.gpu.dradriver.dev) as run --passthrough true does (chart value passthrough.enabled)",
+    )
     KUBERNETES_VERSION.add(
         node,
         help="the cluster's Kubernetes minor version: the ResourceSlice rules --slices are checked by (up to 1.34 a "
@@ -134,8 +148,9 @@ def _driver_name(args: argparse.Namespace) -> str:
 
 
 def _builtin_classes(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The DeviceClasses the driver's install brings: the chart's, with its --compat preset's names."""
-    return chart_classes(args.compat)
+    """The DeviceClasses the driver's install brings: the chart's, with its --compat preset's names, and the one
+    ``passthrough.enabled`` adds (a claim of it fits only with --passthrough, which explain then names)."""
+    return chart_classes(args.compat) + passthrough_classes(args.compat)
 
 
 def _builtin_class_names(args: argparse.Namespace) -> str:
@@ -148,9 +163,10 @@ def _builtin_class_names(args: argparse.Namespace) -> str:
         folded = ",".join(m.group(1) for m in profiles)
         plain.append(f"mig-{{{folded}}}.{profiles[0].group(2)} (one per MIG profile)")
     preset = " with compat=nvidia" if args.compat == "nvidia" else ""
+    vfio = ", ".join(str(c["metadata"]["name"]) for c in passthrough_classes(args.compat))
     return (
         f"the DeviceClasses the chart installs{preset}: {', '.join(plain)}, and with computeDomains.enabled "
-        f"{', '.join(domains)}; --classes FILE|DIR to use your cluster's"
+        f"{', '.join(domains)}; with passthrough.enabled {vfio}; --classes FILE|DIR to use your cluster's"
     )
 
 
@@ -216,7 +232,7 @@ def _load_inputs(args: argparse.Namespace, settings: NodeSettings) -> tuple[Inpu
     already allocated."""
     from dradriver.driver.publish.slices import shape_for
 
-    inputs = Inputs(slice_shape=shape_for(settings.kubernetes_version))
+    inputs = Inputs(slice_shape=shape_for(settings.kubernetes_version), compute_domains=settings.compute_domains)
     load(args.claims, inputs)
     if args.classes:
         load(args.classes, inputs, want=("DeviceClass",))

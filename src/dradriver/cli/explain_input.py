@@ -35,9 +35,18 @@ def chart_classes(compat: str = "none") -> list[dict[str, Any]]:
     assumes is what a default install has, not a second list."""
     folder = resources.files("dradriver.cli").joinpath("data/deviceclasses")
     classes: list[dict[str, Any]] = []
-    for name in ("nvidia" if compat == "nvidia" else "default", "computedomains"):
+    sets = ("nvidia", "computedomains-nvidia") if compat == "nvidia" else ("default", "computedomains")
+    for name in sets:
         classes += parse_yaml(folder.joinpath(f"{name}.yaml").read_text(), source=f"the chart's {name} DeviceClasses")
     return classes
+
+
+def passthrough_classes(compat: str = "none") -> list[dict[str, Any]]:
+    """The DeviceClass the chart adds with ``passthrough.enabled`` (``vfio.gpu.dradriver.dev``; NVIDIA's
+    ``vfio.gpu.nvidia.com`` with ``compat: nvidia``), rendered from the chart as :func:`chart_classes` are."""
+    name = "passthrough-nvidia" if compat == "nvidia" else "passthrough"
+    text = resources.files("dradriver.cli").joinpath(f"data/deviceclasses/{name}.yaml").read_text()
+    return parse_yaml(text, source="the chart's passthrough DeviceClass")
 
 
 @dataclass
@@ -69,6 +78,8 @@ class Inputs:
     skipped: list[str] = field(default_factory=list)
     #: Whose rules ResourceSlices are checked by (``--kubernetes-version``).
     slice_shape: SliceShape = SliceShape.V1_35
+    #: Whose ComputeDomains are read as their channel claim (``--compat``: ours, or NVIDIA's group and classes).
+    compute_domains: compute_domain.ComputeDomainNames = compute_domain.OURS
 
     def of_kind(self, *kinds: str) -> list[Document]:
         return [d for d in self.documents if d.kind in kinds]
@@ -149,11 +160,12 @@ def _add(doc: Any, source: str, inputs: Inputs, want: tuple[str, ...]) -> None:
                 want,
             )
         return
-    if kind == "ComputeDomain" and doc.get("apiVersion") == compute_domain.API_VERSION and "ResourceClaim" in want:
+    names = inputs.compute_domains
+    if kind == "ComputeDomain" and doc.get("apiVersion") == names.api_version and "ResourceClaim" in want:
         # What a ComputeDomain asks of a node is the channel claim of the template it generates.
         domain = Document(doc, source).name
         try:
-            doc = compute_domain.workload_claim_template(doc)
+            doc = compute_domain.workload_claim_template(doc, names)
         except DradriverError as err:
             inputs.errors.append(f"{source}: {err}")
             return
