@@ -10,10 +10,12 @@ from typing import Any
 import pytest
 import yaml
 from support.cel_admission import evaluate
+from support.helm import template
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGIN = "system:serviceaccount:dradriver:dradriver-kubelet-plugin"
 NODE_CLAIM = "authentication.kubernetes.io/node-name"
+NAME = "dradriver-resourceslices-own-node"
 
 
 def policy() -> dict[str, Any]:
@@ -46,9 +48,12 @@ def rule(fragment: str) -> str:
     return message
 
 
-def admit(req: dict[str, Any], obj: dict[str, Any] | None, old: dict[str, Any] | None) -> list[str]:
-    """Denial messages; empty when admitted (also when the policy does not apply)."""
-    spec = policy()["spec"]
+def admit(
+    req: dict[str, Any], obj: dict[str, Any] | None, old: dict[str, Any] | None, *, spec: dict[str, Any] | None = None
+) -> list[str]:
+    """Denial messages; empty when admitted (also when the policy does not apply); by ``spec`` (the base manifest's
+    policy when None)."""
+    spec = spec or policy()["spec"]
     if req["operation"] not in spec["matchConstraints"]["resourceRules"][0]["operations"]:
         return []
     if not all(evaluate(c["expression"], request=req, object=obj, oldObject=old) for c in spec["matchConditions"]):
@@ -86,6 +91,19 @@ def test_the_plugin_may_write_its_own_nodes_slices(operation: str, obj: Any, old
 )
 def test_the_plugin_may_not_touch_other_nodes_or_drivers(operation: str, obj: Any, old: Any, why: str) -> None:
     assert admit(request(operation), obj, old) == [rule(why)]
+
+
+def test_under_compat_nvidia_with_compute_domains_the_plugin_may_write_nvidias_two_drivers_slices() -> None:
+    """The chart with compat=nvidia and computeDomains.enabled: gpu.nvidia.com and compute-domain.nvidia.com; ours
+    are then other drivers."""
+    rendered = template("--set", "computeDomains.enabled=true", "--set", "compat=nvidia")
+    [nvidia] = [o for o in rendered if o["kind"] == "ValidatingAdmissionPolicy" and o["metadata"]["name"] == NAME]
+    spec = nvidia["spec"]
+    for driver in ("gpu.nvidia.com", "compute-domain.nvidia.com"):
+        assert admit(request("CREATE"), slice_on("node-a", driver=driver), None, spec=spec) == []
+    for driver in ("gpu.dradriver.dev", "compute-domain.dradriver.dev"):
+        [denial] = admit(request("CREATE"), slice_on("node-a", driver=driver), None, spec=spec)
+        assert "ResourceSlices of driver gpu.nvidia.com or compute-domain.nvidia.com" in denial
 
 
 def test_a_token_without_a_node_is_denied() -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 from support.cel_admission import evaluate, evaluate_variable
+from support.helm import template
 
 from dradriver.cel.errors import CelError
 from tests.driver.prepare.config_table import BAD, GOOD, NVIDIA, gpu
@@ -160,6 +161,20 @@ def test_under_the_nvidia_preset_configs_the_models_refuse_are_denied(
 def test_other_drivers_configs_and_claims_without_config_are_not_judged() -> None:
     assert denials(claim({"anything": True}, driver="gpu.nvidia.com")) == []
     assert denials({"kind": "ResourceClaim", "spec": {"devices": {"requests": []}}}) == []
+
+
+def test_a_compute_domain_config_given_the_gpu_driver_is_denied_naming_the_compute_domain_driver() -> None:
+    """NVIDIA's ComputeDomain configs are served, by the ComputeDomain driver: the denial says which driver to name."""
+    channel = {"apiVersion": NVIDIA, "kind": "ComputeDomainChannelConfig"}
+    [message] = messages(API_KIND)
+    assert message in denials(claim(channel, driver="gpu.nvidia.com"), driver="gpu.nvidia.com")
+    assert message.endswith(
+        "ComputeDomainDaemonConfig are the ComputeDomain driver's: give them driver compute-domain.dradriver.dev)"
+    )
+    nvidia = next(o for o in template("--set", "compat=nvidia") if o["metadata"]["name"] == "dradriver-opaque-config")
+    [rendered] = [v["message"] for v in nvidia["spec"]["validations"] if API_KIND in v["message"]]
+    assert rendered.startswith("gpu.nvidia.com config:")
+    assert rendered.endswith("give them driver compute-domain.nvidia.com)")
 
 
 def test_a_denial_names_the_field() -> None:

@@ -16,7 +16,7 @@ import pytest
 from support import required
 from support.gpu_acceptance import host
 from support.gpu_acceptance.container import parse_workloads
-from support.gpu_acceptance.host_checks import inventory_problems, junit_counts
+from support.gpu_acceptance.host_checks import inventory_problems, junit_counts, release_problems
 from support.gpu_acceptance.mps_checks import limit_problems
 from support.gpu_acceptance.report import CHECK_NAMES, EXIT_NO_GPU
 
@@ -177,6 +177,20 @@ def test_inventory_and_nvidia_smi_are_compared_field_by_field() -> None:
     assert inventory_problems(INVENTORY, [other]) == [
         f"{other['uuid']}: in nvidia-smi, not in the inventory",
         f"{UUID}: in the inventory, not in nvidia-smi",
+    ]
+
+
+def test_the_release_probe_fails_on_a_gpu_node_left_open_or_gpus_counted_differently() -> None:
+    held = ["/dev/nvidia0", "/dev/nvidia-uvm", "/dev/nvidiactl"]
+    probe = {"before": [UUID], "after": [UUID], "openBefore": held, "openDuring": [], "openAfter": held}
+    assert release_problems(probe) == []
+    assert release_problems({**probe, "openDuring": ["/dev/nvidiactl"]}) == []  # the control node holds no GPU
+    assert release_problems({**probe, "openDuring": ["/dev/nvidia0", "/dev/dri/renderD128"]}) == [
+        "still open while NVML is let go: /dev/nvidia0, /dev/dri/renderD128 (an unbind would wait for them)"
+    ]
+    assert release_problems({**probe, "after": []}) == [f"GPUs before the release {[UUID]}, after it []"]
+    assert release_problems({**probe, "openBefore": ["/dev/nvidiactl"]}) == [
+        "no /dev/nvidiaN open before the release: the probe shows nothing (NVML attaches lazily?)"
     ]
 
 

@@ -220,6 +220,17 @@ def test_with_compute_domains_the_plugin_may_also_set_the_domain_label_and_no_ot
     assert rule(admit(request(), near, old, "computeDomains.enabled=true")) == [LABELS]
 
 
+def test_under_compat_nvidia_the_domain_label_the_plugin_may_set_is_nvidias() -> None:
+    """With compat nvidia the node plugin labels Nodes resource.nvidia.com/computeDomain (NVIDIA's name); ours is
+    then a label it does not own."""
+    values = ("computeDomains.enabled=true", "compat=nvidia")
+    old = node()
+    nvidia = changed(old, labels={"resource.nvidia.com/computeDomain": "a-uid"})
+    assert admit(request(), nvidia, old, *values) == []
+    assert admit(request(), old, nvidia, *values) == []
+    assert rule(admit(request(), changed(old, labels={DOMAIN_LABEL: "a-uid"}), old, *values)) == [LABELS]
+
+
 def test_the_policy_renders_whenever_it_is_on_whatever_the_features() -> None:
     """The plugin's account may patch nodes whenever the policy is on (the labels of an earlier nodeLabels run are
     removed after it is turned off; the ComputeDomain node plugin patches nodes too): the policy narrows that in

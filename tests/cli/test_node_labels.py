@@ -140,7 +140,7 @@ def rescanner_on(tmp_path, monkeypatch, *, enabled: bool, driver_version: str):
             pci=None,  # no --passthrough
         ),
         health=SimpleNamespace(update_inventory=lambda *_: None, taints=lambda _device: []),
-        driver=SimpleNamespace(passthrough_devices=lambda: []),
+        driver=SimpleNamespace(passthrough_devices=lambda: [], partitions=None),  # no --fabric-manager-partitions
         cluster=None,
         plugin_watch=None,
         settings=settings,

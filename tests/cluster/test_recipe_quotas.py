@@ -41,6 +41,14 @@ def end_pods(kube: Kube) -> None:
         kube.delete("pods", name, NAMESPACE, gracePeriodSeconds="0")
 
 
+def trainer_claim_was_created(kube: Kube) -> bool:
+    """The page's other outcome of the wait for room: the controller's own retry came between the quota's recount
+    and the wait, so the trainer's claim took the room (quota admission let it in: the recount had happened) and the
+    wait for 0 used timed out."""
+    statuses = kube.get("pods", "trainer", NAMESPACE).get("status", {}).get("resourceClaimStatuses") or []
+    return bool(statuses and statuses[0].get("resourceClaimName"))
+
+
 def quota_has_status(kube: Kube) -> bool:
     path = f"/api/v1/namespaces/{NAMESPACE}/resourcequotas/{QUOTA}"
     try:
@@ -123,10 +131,17 @@ def test_explain_names_the_quota_that_keeps_a_pods_claim_from_being_created(
     assert kube.get("pods", "trainer", NAMESPACE)["status"].get("phase") == "Pending"
     # Room in the quota, and a change to the pod so the controller tries again now rather than after its back-off.
     shell.next("kubectl delete -f two-gpus.yaml")
-    shell.next(f"kubectl wait resourcequota/gpus -n team-a --for=jsonpath='{GPU_DEVICES_USED}'=0 --timeout=60s")
+    shell.next(
+        f"kubectl wait resourcequota/gpus -n team-a --for=jsonpath='{GPU_DEVICES_USED}'=0 --timeout=60s",
+        or_else=lambda output: "timed out" in output and trainer_claim_was_created(kube),
+    )
     shell.next("kubectl annotate pod trainer -n team-a quota-freed=true")
     claim = shell.next(
         "kubectl get pod trainer -n team-a -o jsonpath={.status.resourceClaimStatuses[0].resourceClaimName}"
     )
     assert kube.find("resourceclaims", claim, NAMESPACE), claim
-    shell.check()
+    try:
+        shell.check()
+    except AssertionError as err:
+        quota = kube.get("resourcequotas", QUOTA, NAMESPACE).get("status")
+        raise AssertionError(f"{err}\nthe quota now: {quota}") from None

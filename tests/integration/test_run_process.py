@@ -654,3 +654,14 @@ def test_withhold_publishes_no_gpu_beside_nvidias_device_plugin_and_every_gpu_on
         assert eventually(lambda: {FIRST_GPU, SECOND_GPU} <= published()), driver.log
     finally:
         driver.stop()
+
+
+def test_sigquit_writes_every_threads_stack_to_the_log_and_the_driver_goes_on_serving(
+    driver: DriverProcess, root: Path
+) -> None:
+    driver.proc.send_signal(signal.SIGQUIT)
+    assert eventually(lambda: "Current thread" in driver.log or "Thread 0x" in driver.log), driver.log
+    assert eventually(lambda: "run_until_stopped" in driver.log), driver.log  # the main thread, where it waits
+    with KubeletClient(root / "registry").register() as plugin:
+        assert plugin.unprepare([Claim("default", "x", "uid-x")]) == {"uid-x": ""}
+    assert driver.stop(signal.SIGTERM) == 0

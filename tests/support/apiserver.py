@@ -636,8 +636,11 @@ class FakeApiServer:
 
     # -- watches -----------------------------------------------------------------------------------
 
-    def _open_watch(self, watch: _Watch, since: str) -> list[tuple[str, dict[str, Any]]] | ApiError:
-        """Register a watch; return the events it must replay first (or the error to send)."""
+    def _open_watch(self, watch: _Watch, since: str) -> tuple[list[tuple[str, dict[str, Any]]], str] | ApiError:
+        """Register a watch; return the events it must replay first and the resourceVersion they bring it to (or
+        the error to send). A bookmark sent after the replay carries that version, never a later one: a change made
+        meanwhile is queued to the watch after the bookmark, and a bookmark past it would let a client that resumes
+        from the bookmark skip it (as the API server, which bookmarks only versions whose events it sent)."""
         with self._cond:
             replay: list[tuple[str, dict[str, Any]]] = []
             if since in ("", "0"):
@@ -659,7 +662,7 @@ class FakeApiServer:
                 ]
             self._watches.append(watch)
             self._cond.notify_all()
-            return replay
+            return replay, str(self._rv)
 
     def _close_watch(self, watch: _Watch) -> None:
         with self._cond:
@@ -930,7 +933,8 @@ class _Handler(BaseHTTPRequestHandler):
             if isinstance(opened, ApiError):
                 self._chunk({"type": "ERROR", "object": opened.status()})
                 return
-            for kind, obj in opened:
+            replay, replayed_to = opened
+            for kind, obj in replay:
                 self._chunk({"type": kind, "object": obj})
             if query.get("allowWatchBookmarks") in ("true", "1"):
                 self._chunk(
@@ -939,7 +943,7 @@ class _Handler(BaseHTTPRequestHandler):
                         "object": {
                             "apiVersion": resource.api_version,
                             "kind": resource.kind,
-                            "metadata": {"resourceVersion": api.resource_version},
+                            "metadata": {"resourceVersion": replayed_to},
                         },
                     }
                 )

@@ -3,6 +3,7 @@ and a kubelet stand-in that calls the plugin for pods the scheduler bound to it.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -18,6 +19,9 @@ from support.kube_rest import Kube
 
 DRIVER = "gpu.dradriver.dev"
 READY_TIMEOUT = 60.0
+# Twice Kubernetes' grace period: the driver's own stop budget (25 s) and the teardown after it, on a CI machine
+# whose two cores also run a kubelet, containerd and a control plane. Past it the driver counts as hung.
+STOP_TIMEOUT = 60.0
 
 
 class DriverRun:
@@ -72,7 +76,10 @@ class DriverRun:
         # output: a driver that exits closes its stderr a moment before its exit status can be read, so only the
         # line itself says it serves.
         if not self._ready.wait(READY_TIMEOUT) or not self.ready_seen or self.proc.poll() is not None:
-            self.stop()
+            try:
+                self.stop()
+            except AssertionError as hung:
+                raise RuntimeError(f"dradriver run for {node} did not become ready, nor stop: {hung}") from None
             raise RuntimeError(f"dradriver run for {node} did not become ready:\n{self.log}")
 
     @property
@@ -94,9 +101,23 @@ class DriverRun:
     def stop(self, signum: int = signal.SIGTERM) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signum)
-        code = self.proc.wait(30)
+        try:
+            code = self.proc.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            stacks = self._kill_with_stacks()
+            raise AssertionError(f"dradriver run did not stop in {STOP_TIMEOUT:g} s:\n{stacks}") from None
         self._reader.join(10)
         return code
+
+    def _kill_with_stacks(self) -> str:
+        """Kill a driver that outlived its stop; its log, ending with every thread's stack (its SIGQUIT dump)."""
+        self.proc.send_signal(signal.SIGQUIT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(2)  # time for the dump; the driver goes on running after it
+        self.proc.kill()
+        self.proc.wait()
+        self._reader.join(10)
+        return self.log[-20000:]
 
 
 class KubeletStandIn:
@@ -184,15 +205,27 @@ class SimNode:
         return self.root / "cdi"
 
     def stop(self) -> None:
-        self.driver.stop()
-        self.keeper.stop()
+        try:
+            self.driver.stop()
+        finally:
+            self.keeper.stop()
 
 
 def remove_nodes(nodes: Iterable[SimNode], kube: Kube, logs: Path) -> None:
     """Stops each node (its driver's log kept as ``logs/dradriver-<node>.log``) and deletes its slices and its Node,
     so that a module's own nodes leave the shared control plane as they found it."""
-    for node in nodes:
-        (logs / f"dradriver-{node.name}.log").write_text(node.driver.log)
-        node.stop()
-        kube.delete_all("resourceslices", fieldSelector=f"spec.nodeName={node.name}")
-        kube.delete("nodes", node.name)
+    failures: list[str] = []
+    for node in nodes:  # every node is removed, whichever step fails
+        steps = (
+            node.stop,
+            lambda node=node: (logs / f"dradriver-{node.name}.log").write_text(node.driver.log),
+            lambda node=node: kube.delete_all("resourceslices", fieldSelector=f"spec.nodeName={node.name}"),
+            lambda node=node: kube.delete("nodes", node.name),
+        )
+        for step in steps:
+            try:
+                step()
+            except Exception as err:  # reported once every node is gone
+                failures.append(f"{node.name}: {err}")
+    if failures:
+        raise AssertionError("removing the nodes failed:\n" + "\n".join(failures))

@@ -97,6 +97,9 @@ class FakeRest:
         self.writes: Counter[str] = Counter()
         self.reads: Counter[str] = Counter()  # "GET path", "LIST path", "WATCH path"
         self.conflicts = 0  # the next N writes fail with 409
+        # The API's finalizer rule, when True: a DELETE of an object with finalizers only marks it (deletionTimestamp),
+        # and the write that leaves a marked object without finalizers removes it.
+        self.finalizing = False
         self._versions = itertools.count(1)
         self.version = 0
         self._lock = threading.RLock()
@@ -107,6 +110,15 @@ class FakeRest:
     def put(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
         """Store ``obj`` at ``path`` as if created (uid and resourceVersion set)."""
         with self._lock:
+            meta = obj.get("metadata") or {}
+            if (
+                self.finalizing
+                and path in self.objects
+                and meta.get("deletionTimestamp")
+                and not meta.get("finalizers")
+            ):
+                self._remove(path)
+                return copy.deepcopy(obj)
             stored = copy.deepcopy(obj)
             meta = stored.setdefault("metadata", {})
             meta.setdefault("uid", f"uid-{path.rsplit('/', 1)[-1]}")
@@ -256,14 +268,24 @@ class FakeRest:
     def delete(self, path: str, *, propagation: str = "Background") -> bool:
         self.writes[f"DELETE {path}"] += 1
         with self._lock:
-            gone = self.objects.pop(path, None)
-            if gone is None:
+            current = self.objects.get(path)
+            if current is None:
                 return False
+            meta = current["metadata"]
+            if self.finalizing and meta.get("finalizers"):
+                if not meta.get("deletionTimestamp"):  # marked once; a DELETE again changes nothing
+                    self.put(path, {**current, "metadata": {**meta, "deletionTimestamp": "2026-01-01T00:00:00Z"}})
+            else:
+                self._remove(path)
+            return True
+
+    def _remove(self, path: str) -> None:
+        with self._lock:
+            gone = self.objects.pop(path)
             self.version = next(self._versions)
             self._record(
                 "DELETED", path, {**gone, "metadata": {**gone["metadata"], "resourceVersion": str(self.version)}}
             )
-            return True
 
     def close(self) -> None:
         pass

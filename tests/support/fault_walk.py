@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,6 +23,38 @@ LOST = r"StatusCode\.UNAVAILABLE"  # what a gRPC call gets from a server that di
 
 class Crash(BaseException):
     """Stands in for SIGKILL: nothing after the point runs, and the driver's memory is thrown away."""
+
+
+class Changes:
+    """Every change the driver makes to the node, in order; the process is killed (:class:`Crash`) right after the
+    ``kill_after``-th since :meth:`arm`, once the change is made.
+
+    A change made on another thread (the unbind write runs on one, for its deadline) raises nothing there, where the
+    exception would be lost: the process counts as dead from then on, and its next change, on any thread, raises
+    :class:`Crash` before it is made (wrappers call :meth:`before` first), as nothing is changed after SIGKILL."""
+
+    def __init__(self) -> None:
+        self.made: list[str] = []
+        self.kill_after: int | None = None
+        self.dead = False
+
+    def arm(self, kill_after: int | None) -> None:
+        self.made.clear()
+        self.kill_after = kill_after
+        self.dead = False
+
+    def before(self) -> None:
+        """Called before each change: a killed process makes none."""
+        if self.dead:
+            raise Crash("a change after the kill")
+
+    def record(self, change: str) -> None:
+        self.made.append(change)
+        if len(self.made) != self.kill_after:
+            return
+        self.dead = True
+        if threading.current_thread() is threading.main_thread():
+            raise Crash(change)
 
 
 def points_of_a_clean_run(

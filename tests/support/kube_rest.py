@@ -28,6 +28,7 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "pods": ("/api/v1", True),
     "serviceaccounts": ("/api/v1", True),
     "events": ("/api/v1", True),
+    "resourcequotas": ("/api/v1", True),
     "leases": ("/apis/coordination.k8s.io/v1", True),
     "resourceslices": ("/apis/resource.k8s.io/v1", False),
     "deviceclasses": ("/apis/resource.k8s.io/v1", False),

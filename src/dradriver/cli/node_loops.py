@@ -62,6 +62,8 @@ class Rescanner:
         mig_mode = node.options.gpus.mig_mode
         try:
             fresh = without_passthrough_losses(discover(node.gpus.lib), node.gpus.pci)
+            if node.driver.partitions is not None:  # a GPU read anew (back from vfio-pci, found again): its module id
+                node.driver.partitions.check_gpus(g.info for g in fresh.gpus)
             node.health.update_inventory(fresh, mig_mode)
             # Withheld while NVIDIA's device plugin is on the node, whichever --device-plugin-coexistence: with
             # refuse, it arrived after the start check.

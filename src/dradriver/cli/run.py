@@ -8,8 +8,10 @@ Its flags are read by group (``cli/run_options.py`` over ``cli/flags/``), its pa
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -28,10 +30,12 @@ from dradriver.cli.run_assembly import (
     start_compute_domains,
 )
 from dradriver.cli.run_options import RunOptions
+from dradriver.cli.stop_signals import StopOnSignals
 from dradriver.driver.observe.metrics import NodeCollector, register_node_collector
 from dradriver.driver.observe.usage import UsageCollector
 from dradriver.driver.publish.slices import SliceSettings
 from dradriver.gpu.errors import DriverNotLoaded, LibraryNotFound
+from dradriver.gpu.fabric_manager import FabricManagerNotReady
 from dradriver.nvidia_install.driver_root import DriverFilesMissing
 from dradriver.plugin.cluster.kube import KubeCluster
 from dradriver.plugin.kubeletplugin.lifecycle import StopBudget
@@ -59,6 +63,16 @@ def run(args: argparse.Namespace) -> int:
     return DriverProcess(RunOptions.from_args(args)).serve()
 
 
+def _dump_stacks_on_sigquit() -> None:
+    """`kill -QUIT` writes every thread's stack to the log and the driver goes on serving: how a stuck stop or
+    prepare is diagnosed on a node without a debugger. Not where stderr is no file (run in-process, output captured)."""
+    try:
+        sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError
+        return
+    faulthandler.register(signal.SIGQUIT, all_threads=True, chain=False)
+
+
 class DriverProcess:
     """One driver instance: the cluster connection (every flag checked against the cluster's release), the status
     endpoint, discovery, slice publishing, the kubelet plugin and periodic rediscovery, started in that order and
@@ -71,8 +85,11 @@ class DriverProcess:
 
     def serve(self) -> int:
         """Run until SIGTERM or SIGINT; release everything on the way out, whatever happened."""
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: self.stop.set())
+        _dump_stacks_on_sigquit()
+        with StopOnSignals(self.stop):
+            return self._serve_until_signalled()
+
+    def _serve_until_signalled(self) -> int:
         # Before any port is bound, GPU discovered or file written: the flags that depend on the cluster's release
         # (read from the API server unless --kubernetes-version names it) are checked against it.
         cluster, settings = connect(self.options)
@@ -100,33 +117,46 @@ class DriverProcess:
             try:
                 self._serve(gpus, cluster, settings)
             finally:
-                gpus.lib.close()
+                gpus.close()
         finally:
             if server:
                 server.stop()
 
     def _wait_for_driver(self) -> Gpus | None:
         """Open NVML and discover the driver root, waiting (``--wait-for-driver``) while either is missing, as
-        when the GPU Operator installs the driver after this pod started. None when stopped meanwhile."""
+        when the GPU Operator installs the driver after this pod started, or while Fabric Manager is not there yet
+        or still starting (``--fabric-manager-partitions``). None when stopped meanwhile."""
         deadline = time.monotonic() + self.options.driver_root.wait_for_driver
         while True:
             try:
                 gpus = open_gpus(self.options)
                 self.status.waiting_for = None
                 return gpus
-            except (LibraryNotFound, DriverNotLoaded, DriverFilesMissing) as err:
+            except (LibraryNotFound, DriverNotLoaded, DriverFilesMissing, FabricManagerNotReady) as err:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise
                 self.status.waiting_for = str(err)
-                log.warning(
-                    "waiting for the NVIDIA driver; not ready until it is there (the GPU Operator installs it after "
-                    "this pod starts; otherwise fix the driver root) missing=%s retry_in=%ds",
-                    err,
-                    DRIVER_WAIT_INTERVAL,
-                )
+                self._log_waiting(err)
                 if self.stop.wait(min(DRIVER_WAIT_INTERVAL, left)):
                     return None
+
+    @staticmethod
+    def _log_waiting(err: Exception) -> None:
+        if isinstance(err, FabricManagerNotReady):
+            log.warning(
+                "waiting for Fabric Manager; not ready until it answers (it starts beside the NVIDIA driver, often "
+                "after this pod) error=%s retry_in=%ds",
+                err,
+                DRIVER_WAIT_INTERVAL,
+            )
+            return
+        log.warning(
+            "waiting for the NVIDIA driver; not ready until it is there (the GPU Operator installs it after "
+            "this pod starts; otherwise fix the driver root) missing=%s retry_in=%ds",
+            err,
+            DRIVER_WAIT_INTERVAL,
+        )
 
     def _serve(self, gpus: Gpus, cluster: KubeCluster, settings: SliceSettings) -> None:
         """Assemble, serve until stopped; the checkpoint is closed on the way out."""

@@ -32,6 +32,7 @@ from dradriver.driver.prepare.vfio import (
     Passthrough,
     PassthroughCatalog,
     PassthroughSteps,
+    nvml_counts,
     nvml_holders,
     nvml_sees,
     without_passthrough_losses,
@@ -49,8 +50,10 @@ from dradriver.gpu.backend import (
 from dradriver.gpu.fabric_manager import FabricManager
 from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.inventory import Inventory, MigMode, discover
+from dradriver.gpu.nvfm import LIBRARY_NAMES as NVFM_LIBRARY_NAMES
+from dradriver.gpu.nvfm import NvfmFabricManager
 from dradriver.nvidia_install.cdi import CdiWriter
-from dradriver.nvidia_install.driver_root import DriverRoot
+from dradriver.nvidia_install.driver_root import DriverRoot, find_library
 from dradriver.nvidia_install.pci_binding import HostPci, SysfsWriter
 from dradriver.plugin.cluster import ClusterError, NotFoundError, kubernetes_minor_version
 from dradriver.plugin.cluster.claim_status import ClaimStatusWriter
@@ -85,6 +88,13 @@ class Gpus:
     pci: HostPci | None = None
     #: Fabric Manager, with ``--fabric-manager-partitions`` (on a simulated node, its stand-in).
     fabric_manager: FabricManager | None = None
+
+    def close(self) -> None:
+        """Close Fabric Manager's client (its library shut down by its last client), then the GPU backend."""
+        try:
+            close_fabric_manager(self.fabric_manager)
+        finally:
+            self.lib.close()
 
 
 @dataclass(kw_only=True)
@@ -134,16 +144,18 @@ class NodeDriver:
 
 def open_gpus(options: RunOptions) -> Gpus:
     """Open the GPU backend, discover the GPUs, then the driver's files for their driver version. Raises
-    LibraryNotFound, DriverNotLoaded or DriverFilesMissing while the driver is not there (nothing left open)."""
+    LibraryNotFound, DriverNotLoaded or DriverFilesMissing while the driver is not there, FabricManagerNotReady while
+    Fabric Manager is (nothing left open)."""
     lib, simulated = options.gpus.open_backend(
         node_name=options.node.name, nvml_library=options.driver_root.nvml_library(options.gpus.backend)
     )
+    fabric_manager: FabricManager | None = None
     try:
         # Before discovery: NVML does not see a GPU an earlier run left bound to vfio-pci.
         attach = (lambda root: attach_simulated_sysfs(simulated, root)) if simulated is not None else None
         pci = host_pci(options, attach) if options.passthrough.enabled else None
         stand_in = (lambda: simulated_fabric_manager(simulated)) if simulated is not None else None
-        fabric_manager = open_fabric_manager(stand_in) if options.fabric_manager.enabled else None
+        fabric_manager = open_fabric_manager(options, stand_in) if options.fabric_manager.enabled else None
         inventory = without_passthrough_losses(discover(lib), pci)
         log.info(
             "discovered gpus=%d mig_devices=%d driver=%s backend=%s",
@@ -154,7 +166,10 @@ def open_gpus(options: RunOptions) -> Gpus:
         )
         driver_root = find_driver_root(options, inventory.driver_version, simulated=simulated is not None)
     except BaseException:
-        lib.close()
+        try:
+            close_fabric_manager(fabric_manager)
+        finally:
+            lib.close()
         raise
     return Gpus(
         lib=lib,
@@ -168,20 +183,58 @@ def open_gpus(options: RunOptions) -> Gpus:
     )
 
 
-def open_fabric_manager(stand_in: Callable[[], FabricManager] | None) -> FabricManager:
-    """Fabric Manager for ``--fabric-manager-partitions``: a simulated node's stand-in; a real node's client is
-    not written yet (NVIDIA's links libnvfm), so a real node is refused with what to do."""
-    if stand_in is None:
-        raise ConfigError(
-            "--fabric-manager-partitions: this version talks to Fabric Manager on simulated nodes only (--gpu-backend "
-            "sim with an NVSwitch profile such as hgx-h100-80gb); run without it on a real node"
-        )
-    return stand_in()
+def open_fabric_manager(options: RunOptions, stand_in: Callable[[], FabricManager] | None) -> FabricManager:
+    """Fabric Manager for ``--fabric-manager-partitions``: a simulated node's stand-in, else the host's FM through
+    its client library in the driver root, asked once for its partitions, so that a node whose FM is missing, not
+    running or not in shared-NVSwitch mode stops at start saying what to install or start (FabricManagerNotReady
+    where FM is not there yet or still starting: a start waits for it as for the driver)."""
+    if stand_in is not None:
+        return stand_in()
+    root = Path(options.driver_root.container_driver_root or options.driver_root.driver_root or "/")
+    fm = options.fabric_manager
+    client = NvfmFabricManager(fabric_manager_library(root), address=fm.address_in(root), timeout_ms=fm.timeout_ms)
+    try:
+        partitions = client.supported_partitions()
+    except BaseException:
+        client.close()
+        raise
+    log.info(
+        "connected to Fabric Manager address=%s library=%s partitions=%d active=%s",
+        client.address,
+        client.library_path,
+        len(partitions),
+        [p.id for p in partitions if p.active],
+    )
+    return client
+
+
+def close_fabric_manager(fabric_manager: FabricManager | None) -> None:
+    """End the host FM client's library session (``fmLibShutdown`` by its last client); a stand-in has none."""
+    if isinstance(fabric_manager, NvfmFabricManager):
+        fabric_manager.close()
+
+
+def fabric_manager_library(root: Path) -> str:
+    """FM's client library in the driver root ``root``, found as its loader would (linker cache, ld.so.conf, the
+    usual directories), as NVML is; ``ConfigError`` naming the package to install when it is not there."""
+    for name in NVFM_LIBRARY_NAMES:
+        found, how = find_library(root, name)
+        if found is not None:
+            log.info("loading Fabric Manager's client library path=%s found_by=%s", root / found, how)
+            return str(root / found)
+    raise ConfigError(
+        f"--fabric-manager-partitions: Fabric Manager's client library ({NVFM_LIBRARY_NAMES[0]}) is not in the driver "
+        f"root {root}: install Fabric Manager's SDK package of the driver's branch where the driver is "
+        "(nvidia-fabricmanager-dev-<branch> on Debian and Ubuntu, nvidia-fabricmanager-devel-<branch> on RPM "
+        "distributions) "
+        "beside Fabric Manager itself (nvidia-fabricmanager-<branch>), or run without --fabric-manager-partitions"
+    )
 
 
 def host_pci(options: RunOptions, attach_simulated: Callable[[Path], SysfsWriter] | None) -> HostPci:
     """The host's sysfs for VFIO passthrough: ``--passthrough-host-root``, else ``/``; a simulated node's tree in the
-    plugin directory, written through its simulated kernel. Refused where the kernel has no IOMMU groups."""
+    plugin directory, written through its simulated kernel. Refused where the kernel has no IOMMU groups, or where
+    the host's ``/proc`` is not there to read."""
     root = options.passthrough.host_root
     if attach_simulated is not None:
         root = root or options.dirs.plugin / "sim-host"
@@ -192,6 +245,13 @@ def host_pci(options: RunOptions, attach_simulated: Callable[[Path], SysfsWriter
             f"--passthrough: {pci.sys / 'kernel/iommu_groups'} is empty, so no GPU can be passed through; turn the "
             "IOMMU on (intel_iommu=on or amd_iommu=on on the kernel command line, VT-d or AMD-Vi in the firmware) "
             "or run without --passthrough"
+        )
+    if not pci.proc_listable():
+        # Prepare reads it for processes holding a GPU before the unbind, and refuses every claim without it.
+        raise ConfigError(
+            f"--passthrough: {pci.root / 'proc'} lists no process, or only a container's own, so which processes "
+            "hold a GPU cannot be told before it leaves the nvidia driver; mount the host's /proc there (the chart's "
+            "host-proc volume at /host/proc) or run without --passthrough"
         )
     return pci
 
@@ -392,7 +452,14 @@ def passthrough_of(gpus: Gpus) -> Passthrough | None:
     """VFIO passthrough's devices and step (``--passthrough``), over the GPU backend's NVML."""
     if gpus.pci is None:
         return None
-    steps = PassthroughSteps(gpus.pci, nvml_sees=nvml_sees(gpus.lib), holders=nvml_holders(gpus.lib))
+    lib = gpus.lib
+    steps = PassthroughSteps(
+        gpus.pci,
+        nvml_sees=nvml_sees(lib),
+        holders=nvml_holders(lib),
+        nvml_counts=nvml_counts(lib),
+        release=lib.released,  # NVML holds every GPU open: let go for each unbind from nvidia
+    )
     return Passthrough(PassthroughCatalog(gpus.pci), steps)
 
 

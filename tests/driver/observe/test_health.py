@@ -12,8 +12,9 @@ from dradriver.errors import ConfigError
 from dradriver.gpu.errors import GpuError, GpuIsLost
 from dradriver.gpu.inventory import MigMode, MigPartition, discover
 from dradriver.gpu.models import GpuEvent
+from dradriver.nvidia_install.pci_binding import HostPci
 from dradriver.plugin.handler import DeviceToleration, HealthStatus
-from dradriver.sim.fakelib import simulated_gpulib
+from dradriver.sim.fakelib import simulated_gpulib, simulated_gpulib_on
 from dradriver.sim.node import SimulatedNode
 from dradriver.sim.profiles import load_node_profile
 
@@ -495,4 +496,27 @@ def test_unmonitored_saved_by_an_earlier_run_clears_once_this_run_reads_events(t
     finally:
         restarted.stop()
     assert not any(c.cause.value == "unmonitored" for c in read_conditions(state))
+    gpulib.close()
+
+
+def test_a_gpu_lost_after_nvml_renumbered_the_gpus_is_not_named_after_the_one_that_sat_at_its_index(tmp_path: Path):
+    # NVML started again for a passthrough unbind counts the GPUs afresh: the one on vfio-pci is not counted and the
+    # others shift down. A GPU then lost before it is read is known by its new index only.
+    node = SimulatedNode(load_node_profile("hgx-h100-80gb"))
+    kernel = node.attach_sysfs(tmp_path / "host")
+    node.nvml_counts_at_init = True  # as a real NVML
+    gpulib = simulated_gpulib_on(node)
+    pci = HostPci(tmp_path / "host", kernel)
+    health = GpuHealth(inventory=discover(gpulib), mig_mode=MigMode.STATIC, pool="node-a")
+    moved = node.gpus[0].pci_bus_id
+    with gpulib.released():
+        pci.set_driver_override(moved, "vfio-pci")
+        pci.unbind(moved, "nvidia")
+        pci.bind(moved, "vfio-pci")
+        node.lose_gpu(2)  # NVML's index 1 once it starts again; index 1 was GPU 1 before
+    inventory = discover(gpulib)
+    assert [(g.index, g.uuid) for g in inventory.lost_gpus] == [(1, None)]
+    health.update_inventory(inventory, MigMode.STATIC)
+    assert [(g.index, g.uuid) for g in health.lost_gpus(inventory)] == [(1, None)]
+    assert unhealthy(health) == set()  # GPU 1 answers: it is neither named lost nor tainted
     gpulib.close()

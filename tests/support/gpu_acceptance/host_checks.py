@@ -189,6 +189,62 @@ USAGE_PROBE = (
 )
 
 
+# The passthrough unbind's precondition on real hardware: inside ``released()`` this process holds no GPU device
+# node (the nvidia driver's unbind would wait for it), and afterwards NVML counts the same GPUs and watches events.
+RELEASE_PROBE = (
+    "import json, os\n"
+    "from dradriver.gpu.nvml import NvmlGpuLib\n"
+    "def held():\n"
+    "    found = []\n"
+    "    for fd in os.listdir('/proc/self/fd'):\n"
+    "        try:\n"
+    "            target = os.readlink(f'/proc/self/fd/{fd}')\n"
+    "        except OSError:\n"
+    "            continue\n"
+    "        if target.startswith(('/dev/nvidia', '/dev/dri/')):\n"
+    "            found.append(target)\n"
+    "    return sorted(found)\n"
+    "lib = NvmlGpuLib()\n"
+    "before = [g.uuid for g in lib.gpus()]\n"
+    "lib.wait_for_event(0.01)  # the health event set (registered by gpus()) answers: it holds the GPUs too\n"
+    "open_before = held()\n"
+    "with lib.released():\n"
+    "    open_during = held()\n"
+    "after = [g.uuid for g in lib.gpus()]\n"
+    "lib.wait_for_event(0.01)\n"
+    "open_after = held()\n"
+    "lib.close()\n"
+    "print(json.dumps({'before': before, 'after': after, 'openBefore': open_before, 'openDuring': open_during,\n"
+    "                  'openAfter': open_after}))\n"
+)
+
+
+def release_problems(probe: dict[str, Any]) -> list[str]:
+    """What the release probe's answer shows wrong: a GPU device node still open inside ``released()``, or GPUs
+    counted differently afterwards."""
+    problems = []
+    gpu_nodes = [n for n in probe["openDuring"] if re.fullmatch(r"/dev/nvidia\d+|/dev/dri/.+", n)]
+    if gpu_nodes:
+        problems.append(f"still open while NVML is let go: {', '.join(gpu_nodes)} (an unbind would wait for them)")
+    if sorted(probe["before"]) != sorted(probe["after"]):
+        problems.append(f"GPUs before the release {probe['before']}, after it {probe['after']}")
+    if not any(re.fullmatch(r"/dev/nvidia\d+", n) for n in probe["openBefore"]):
+        problems.append("no /dev/nvidiaN open before the release: the probe shows nothing (NVML attaches lazily?)")
+    return problems
+
+
+def check_nvml_release(ctx: Context) -> CheckResult:
+    if ctx.rehearse:
+        return skipped("nvml-release", "rehearsal: no real NVML")
+    rc, out, err = ctx.python_run(["-c", RELEASE_PROBE], timeout=60)
+    try:
+        probe = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return failed("nvml-release", f"the release probe exited {rc}: {(out + err).strip()[-600:]}")
+    left = ", ".join(probe["openDuring"]) or "nothing"
+    return judged("nvml-release", release_problems(probe), f"open while let go: {left}; GPUs counted again", **probe)
+
+
 def check_usage_nvml(ctx: Context) -> CheckResult:
     if ctx.rehearse:
         return skipped("usage-nvml", "rehearsal: no real NVML")

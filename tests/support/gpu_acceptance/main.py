@@ -22,6 +22,7 @@ from support.gpu_acceptance.host_checks import (
     check_doctor,
     check_inventory,
     check_nvml_contract,
+    check_nvml_release,
     check_usage_nvml,
 )
 from support.gpu_acceptance.host_workloads import check_workloads_on_host
@@ -36,6 +37,7 @@ HOST_CHECKS: tuple[tuple[str, Callable[[Context], CheckResult]], ...] = (
     ("doctor", check_doctor),
     ("inventory-vs-nvidia-smi", check_inventory),
     ("usage-nvml", check_usage_nvml),
+    ("nvml-release", check_nvml_release),
     ("workloads-on-host", check_workloads_on_host),
 )
 SESSION_CHECKS = report.CHECK_NAMES[report.CHECK_NAMES.index("run-registration") : -1]

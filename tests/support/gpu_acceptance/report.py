@@ -23,6 +23,7 @@ CHECKS: tuple[tuple[str, str], ...] = (
     ("doctor", "dradriver doctor against this host: no check fails"),
     ("inventory-vs-nvidia-smi", "dradriver inventory agrees with nvidia-smi: identity, memory, MIG profiles"),
     ("usage-nvml", "usage read from the real NVML; what answers NOT_SUPPORTED recorded"),
+    ("nvml-release", "NVML let go as before a passthrough unbind: no /dev/nvidiaN open, the same GPUs after"),
     ("workloads-on-host", "the CUDA PTX program, OpenCL and EGL probes on the host itself (the baseline)"),
     ("run-registration", "dradriver run --gpu-backend nvml --driver-root / registers with a kubelet-like client"),
     ("run-slices", "the ResourceSlices it publishes: valid, one device per GPU, attributes as nvidia-smi says"),

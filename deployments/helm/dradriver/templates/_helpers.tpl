@@ -53,6 +53,19 @@ device.driver == {{ .driver | quote }} &&
 {{- if eq .Values.compat "nvidia" -}}gpu.nvidia.com{{- else -}}{{ .Values.driverName }}{{- end -}}
 {{- end -}}
 
+{{/* ComputeDomains' names (computedomain/api.py's OURS and NVIDIA): NVIDIA's with compat nvidia, so its
+ComputeDomains apply unedited. cdGroup: the CRDs' API group, the labels' and the finalizer's prefix; cdSuffix: the
+suffix of the driver's and the DeviceClasses' names. */}}
+{{- define "dradriver.cdGroup" -}}
+{{- if eq .Values.compat "nvidia" -}}resource.nvidia.com{{- else -}}resource.dradriver.dev{{- end -}}
+{{- end -}}
+{{- define "dradriver.cdSuffix" -}}
+{{- if eq .Values.compat "nvidia" -}}nvidia.com{{- else -}}dradriver.dev{{- end -}}
+{{- end -}}
+{{- define "dradriver.cdDriverName" -}}
+compute-domain.{{ include "dradriver.cdSuffix" . }}
+{{- end -}}
+
 {{/* The resource.k8s.io version of the DeviceClasses: the newest one the cluster serves among those its release
 has (v1 from 1.34; v1beta2 from 1.33; v1beta1 from 1.32). A real install asks the API server which versions it
 serves; `helm template` lists every version it knows, so there --kube-version (and --api-versions) decide. */}}

@@ -192,6 +192,7 @@ class GpuHealth:
         self._board = HealthBoard()
         self._published: tuple[Any, ...] | None = None  # what subscribers last heard, to tell them only of changes
         self._unreadable: set[int] = set()  # NVML indices of GPUs lost before they could be read
+        self._counted: int | None = None  # how many GPUs NVML counted at the last inventory (None: none yet)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if state_path is not None:
@@ -215,8 +216,7 @@ class GpuHealth:
                 else:
                     gi = device.existing.gpu_instance_id if device.existing else None
                     devices[device.name] = _Device(device.parent.uuid, gi)
-            for gpu in inventory.gpus:
-                self._state.gpus[gpu.info.index] = (gpu.uuid, gpu.name)
+            self._remember_indices(inventory)
             self._unreadable = {g.index for g in inventory.lost_gpus if g.uuid is None}
             lost = {g.uuid: g for g in self._named(inventory.lost_gpus) if g.uuid is not None}
             for name, known in self._state.devices.items():
@@ -230,6 +230,23 @@ class GpuHealth:
                     self._add(Condition(uuid, Cause.LOST, "", self.policy.taint_effect, now, now, message))
             self._state.devices = devices
         self._changed()
+
+    def _remember_indices(self, inventory: Inventory) -> None:
+        """Record which GPU each NVML index names (caller holds the lock). Indices hold within one enumeration only:
+        NVML started again (after a release for a passthrough unbind, or a restart) counts the GPUs afresh, and one
+        on ``vfio-pci`` then is not counted, so the others shift. Where a GPU read now sits at another index than
+        recorded, or an index recorded for another GPU, or the count changed, the old indices are forgotten: a GPU
+        lost before it could be read stays unnamed rather than named after the GPU that sat at its index before."""
+        seen = {gpu.info.index: (gpu.uuid, gpu.name) for gpu in inventory.gpus}
+        seen.update({g.index: (g.uuid, g.name) for g in inventory.lost_gpus if g.uuid is not None and g.name})
+        count = 1 + max([*seen, *(g.index for g in inventory.lost_gpus)], default=-1)
+        known = self._state.gpus
+        where = {uuid: index for index, (uuid, _name) in known.items()}
+        moved = any(known.get(i, entry)[0] != entry[0] or where.get(entry[0], i) != i for i, entry in seen.items())
+        if moved or (self._counted is not None and count != self._counted):
+            self._state.gpus = {}
+        self._state.gpus.update(seen)
+        self._counted = count
 
     def _named(self, lost: Iterable[LostGpu]) -> list[LostGpu]:
         return [
