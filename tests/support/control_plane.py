@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import urllib3
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
@@ -479,8 +480,8 @@ class NodeKeeper:
         while not self._stop.wait(self.RENEW_SECONDS):
             try:
                 self._renew()
-            except (ApiError, OSError):
-                continue  # the API server is going away at the end of the session
+            except (ApiError, OSError, urllib3.exceptions.HTTPError):
+                continue  # the API server is going away at the end of the session (urllib3 wraps a refused connection)
 
     def stop(self) -> None:
         self._stop.set()

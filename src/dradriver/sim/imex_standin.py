@@ -8,7 +8,8 @@ What it does, as the real tools do for what our daemon uses:
   hosts file (``IMEX_STANDIN_HOSTS``, default ``/etc/hosts``). Its own node is the line that resolves to
   ``IMEX_CMD_BIND_INTERFACE_IP``; without one it exits with the real daemon's message. It listens for peers on
   ``<own address>:SERVER_PORT``, dials every other resolvable peer, and serves the command port on
-  ``IMEX_CMD_BIND_INTERFACE_IP:IMEX_CMD_PORT``. SIGUSR1 re-reads the hosts file and reconnects; SIGTERM exits.
+  ``IMEX_CMD_BIND_INTERFACE_IP:IMEX_CMD_PORT``. SIGUSR1 re-reads the hosts file and reconnects; SIGTERM exits. A
+  client that is slow to ask holds up no other, and one that hangs up first never ends the daemon.
 - ``ctl -c <cfg> -q`` prints ``READY`` when the local daemon has loaded its config (local readiness, as the real
   ``-q``); ``-N`` prints the node table: ``<id> <name> <address> <C|N|I>`` (connected, not connected, itself).
 - A host's IMEX service (host-managed ComputeDomains): with ``IMEX_CMD_ENABLED=1`` and ``IMEX_CMD_UNIX_DOMAIN_PATH``
@@ -17,6 +18,7 @@ What it does, as the real tools do for what our daemon uses:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -24,6 +26,8 @@ import sys
 import threading
 import time
 
+# How long a connection may take to ask or to read its answer before it is dropped.
+CLIENT_TIMEOUT = 10.0
 # What dradriver's daemon maps unused names to (computedomain/imexconf.py's SENTINEL_ADDRESS).
 SENTINEL = "255.255.255.255"
 KEYS = {
@@ -108,7 +112,9 @@ class Daemon:
         server = socket.create_server((self.bind, self.port))
         while True:
             peer, _ = server.accept()
-            with peer:
+            # A peer that hangs up first ends its own connection, never this service (the real daemon serves on).
+            with contextlib.suppress(OSError), peer:
+                peer.settimeout(CLIENT_TIMEOUT)
                 peer.sendall(f"{self.own}\n".encode())
 
     def dial(self) -> None:
@@ -155,11 +161,17 @@ class Daemon:
         self.answer(server)
 
     def answer(self, server: socket.socket) -> None:
+        # Each client in a thread of its own: one that is slow to ask (a ctl on a loaded machine) never holds up the
+        # next, and one that hangs up first (a ctl killed by its caller's timeout) never ends the daemon.
         while True:
             client, _ = server.accept()
-            with client:
-                request = client.recv(16).decode().strip()
-                client.sendall(("READY\n" if request == "q" else self.table()).encode())
+            threading.Thread(target=self.answer_one, args=(client,), daemon=True).start()
+
+    def answer_one(self, client: socket.socket) -> None:
+        with contextlib.suppress(OSError), client:
+            client.settimeout(CLIENT_TIMEOUT)
+            request = client.recv(16).decode().strip()
+            client.sendall(("READY\n" if request == "q" else self.table()).encode())
 
 
 def run_daemon(config_path: str) -> None:
