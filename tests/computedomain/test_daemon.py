@@ -98,7 +98,8 @@ def test_the_daemon_joins_runs_imex_and_follows_its_peers(running: Running) -> N
     assert f"{IP}\tcompute-domain-daemon-0000" in hosts
     # Every other name of the node list has the sentinel address, which IMEX never dials or lists as a peer.
     assert hosts.count("255.255.255.255\tcompute-domain-daemon-") == api.MAX_NODES_PER_IMEX_DOMAIN - 1
-    assert _table(settings) == f"0 compute-domain-daemon-0000 {IP} I\n"
+    # Read until it answers: a ctl on a loaded machine may time out once, which is no fault of the daemon.
+    _wait("IMEX's table of itself", lambda: _table(settings) == f"0 compute-domain-daemon-0000 {IP} I\n")
     assert (settings.config_dir / "nodes.cfg").read_text().count("\n") == api.MAX_NODES_PER_IMEX_DOMAIN
     assert daemon.process is not None
     first = daemon.process.pid
