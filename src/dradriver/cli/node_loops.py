@@ -10,7 +10,14 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 
-from dradriver.cli.run_assembly import NodeDriver, find_driver_root, mps_commands, offered, pools_of
+from dradriver.cli.run_assembly import (
+    NodeDriver,
+    find_driver_root,
+    mps_commands,
+    offered,
+    pools_of,
+    use_driver_tools,
+)
 from dradriver.driver.observe.metrics import DELETED_CLAIMS
 from dradriver.driver.prepare.partitions import with_gpu_attributes
 from dradriver.driver.prepare.recheck import ClaimLookup, recheck_claims
@@ -126,6 +133,7 @@ class Rescanner:
             return
         node.gpus.driver_root = fresh
         node.driver.cdi.driver_root = fresh
+        use_driver_tools(node.gpus.lib, fresh, simulated=node.gpus.simulated)
         if node.driver.sharing.mps is not None:  # new daemons start the new driver's binary and libraries
             node.driver.sharing.mps.use(**mps_commands(node.options.sharing, fresh, simulated=node.gpus.simulated))
         prepared = sorted(record.uid for record in node.checkpoint.records())

@@ -52,6 +52,7 @@ from dradriver.gpu.interface import GpuLib
 from dradriver.gpu.inventory import Inventory, MigMode, discover
 from dradriver.gpu.nvfm import LIBRARY_NAMES as NVFM_LIBRARY_NAMES
 from dradriver.gpu.nvfm import NvfmFabricManager
+from dradriver.gpu.nvml import NvidiaSmi, NvmlGpuLib
 from dradriver.nvidia_install.cdi import CdiWriter
 from dradriver.nvidia_install.driver_root import DriverRoot, find_library
 from dradriver.nvidia_install.pci_binding import HostPci, SysfsWriter
@@ -165,6 +166,7 @@ def open_gpus(options: RunOptions) -> Gpus:
             options.gpus.backend,
         )
         driver_root = find_driver_root(options, inventory.driver_version, simulated=simulated is not None)
+        use_driver_tools(lib, driver_root, simulated=simulated is not None)
     except BaseException:
         try:
             close_fabric_manager(fabric_manager)
@@ -577,14 +579,34 @@ def start_compute_domains(node: NodeDriver) -> ComputeDomainPlugin:
     )
 
 
+def _driver_library_path(driver_root: DriverRoot) -> str:
+    """LD_LIBRARY_PATH for the driver's own tools run from this process: the directories of the driver root the
+    libraries came from, where this container sees them."""
+    return ":".join(str(driver_root.container_root / d) for d in driver_root.source_dirs)
+
+
+def use_driver_tools(lib: GpuLib, driver_root: DriverRoot, *, simulated: bool) -> None:
+    """NVML's backend runs the driver root's ``nvidia-smi`` (GPU reset, time-slice), with its libraries: in the
+    driver's pod neither is on PATH or in the loader's cache (at start, and after an in-place driver upgrade)."""
+    if not simulated and isinstance(lib, NvmlGpuLib):
+        lib.use_nvidia_smi(nvidia_smi_of(driver_root))
+
+
+def nvidia_smi_of(driver_root: DriverRoot) -> NvidiaSmi:
+    """The driver root's ``nvidia-smi`` as this process runs it; the one on PATH where the root has none."""
+    binary = next((b.path for b in driver_root.binaries if b.path.name == "nvidia-smi"), None)
+    if binary is None:
+        return NvidiaSmi()
+    libraries = _driver_library_path(driver_root)
+    return NvidiaSmi(
+        (str(driver_root.container_root / binary),), (("LD_LIBRARY_PATH", libraries),) if libraries else ()
+    )
+
+
 def mps_commands(sharing: SharingOptions, driver_root: DriverRoot, *, simulated: bool) -> dict[str, Any]:
     """MpsControl's commands and daemon environment for ``driver_root`` (at start, and after an in-place driver
     upgrade). The daemon loads libcuda like any CUDA program: from the driver root, wherever the host keeps it."""
-    env = (
-        {}
-        if simulated
-        else {"LD_LIBRARY_PATH": ":".join(str(driver_root.container_root / d) for d in driver_root.source_dirs)}
-    )
+    env = {} if simulated else {"LD_LIBRARY_PATH": _driver_library_path(driver_root)}
     wrapper = list(sharing.mps_daemon_wrapper)
     return {
         "command": _mps_command(sharing, driver_root, simulated=simulated),

@@ -20,6 +20,7 @@ import threading
 import time
 import uuid as uuid_lib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
@@ -191,35 +192,52 @@ class SysfsPciTopology:
         return None
 
 
-def nvidia_smi_reset(gpu_uuid: str) -> None:
-    """Reset a GPU with ``nvidia-smi --gpu-reset`` (NVML has no public reset call; mig-parted does the same)."""
-    try:
-        done = subprocess.run(
-            ["nvidia-smi", "--gpu-reset", "-i", gpu_uuid], capture_output=True, text=True, timeout=120, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as err:
-        raise GpuError(f"cannot run nvidia-smi to reset the GPU: {err}", device=gpu_uuid, call="nvidia-smi -r") from err
-    if done.returncode != 0:
-        raise GpuError(
-            f"GPU reset failed: {(done.stdout + done.stderr).strip()}; stop every process using the GPU and retry",
-            device=gpu_uuid,
-            call="nvidia-smi -r",
-        )
+@dataclass(frozen=True)
+class NvidiaSmi:
+    """How this process runs the driver's ``nvidia-smi``, for the two things NVML has no public call for. In the
+    driver's pod the tool is the driver root's (``/driver-root/usr/bin/nvidia-smi``, not on PATH, its
+    libnvidia-ml found through ``LD_LIBRARY_PATH``): ``dradriver run`` says where once it found the root
+    (:meth:`NvmlGpuLib.use_nvidia_smi`); until then, and outside a pod, the one on PATH."""
 
+    command: tuple[str, ...] = ("nvidia-smi",)
+    env: tuple[tuple[str, str], ...] = ()  # added to this process's environment
 
-def nvidia_smi_set_timeslice(gpu_uuid: str, value: int) -> None:
-    """Set a GPU's time-slice with ``nvidia-smi compute-policy --set-timeslice`` (NVML's only time-slice setters
-    are the vGPU scheduler's; NVIDIA's DRA driver does the same)."""
-    call = "nvidia-smi compute-policy --set-timeslice"
-    command = ["nvidia-smi", "compute-policy", "-i", gpu_uuid, "--set-timeslice", str(value)]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        raise GpuError(f"cannot run nvidia-smi to set the time-slice: {err}", device=gpu_uuid, call=call) from err
-    if done.returncode != 0:
-        raise GpuError(
-            f"setting the time-slice failed: {(done.stdout + done.stderr).strip()}", device=gpu_uuid, call=call
+    def reset(self, gpu_uuid: str) -> None:
+        """Reset a GPU with ``nvidia-smi --gpu-reset`` (mig-parted does the same)."""
+        done = self._run(["--gpu-reset", "-i", gpu_uuid], gpu_uuid, "nvidia-smi -r", "reset the GPU", timeout=120)
+        if done.returncode != 0:
+            raise GpuError(
+                f"GPU reset failed: {(done.stdout + done.stderr).strip()}; stop every process using the GPU and retry",
+                device=gpu_uuid,
+                call="nvidia-smi -r",
+            )
+
+    def set_timeslice(self, gpu_uuid: str, value: int) -> None:
+        """Set a GPU's time-slice with ``nvidia-smi compute-policy --set-timeslice`` (NVML's only time-slice setters
+        are the vGPU scheduler's; NVIDIA's DRA driver does the same)."""
+        call = "nvidia-smi compute-policy --set-timeslice"
+        done = self._run(
+            ["compute-policy", "-i", gpu_uuid, "--set-timeslice", str(value)], gpu_uuid, call, "set the time-slice"
         )
+        if done.returncode != 0:
+            raise GpuError(
+                f"setting the time-slice failed: {(done.stdout + done.stderr).strip()}", device=gpu_uuid, call=call
+            )
+
+    def _run(
+        self, arguments: list[str], gpu_uuid: str, call: str, purpose: str, *, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        try:
+            return subprocess.run(
+                [*self.command, *arguments],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+                env={**os.environ, **dict(self.env)},
+            )
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise GpuError(f"cannot run {self.command[0]} to {purpose}: {err}", device=gpu_uuid, call=call) from err
 
 
 class _SessionGate:
@@ -350,8 +368,9 @@ class NvmlGpuLib:
             _load_library(nvml, library_path)
         self._topology = pci_topology if pci_topology is not None else SysfsPciTopology()
         self._capabilities = mig_capabilities if mig_capabilities is not None else ProcMigCapabilities()
-        self._gpu_reset = gpu_reset if gpu_reset is not None else nvidia_smi_reset
-        self._set_timeslice = timeslice_setter if timeslice_setter is not None else nvidia_smi_set_timeslice
+        self._gpu_reset = gpu_reset  # None: nvidia-smi's (tests give their own)
+        self._set_timeslice = timeslice_setter
+        self._smi = NvidiaSmi()
         self._lock = threading.RLock()
         self._gate = _SessionGate()
         self._needs_init = False  # NVML is shut down since a release: started again at the next gpus()
@@ -830,9 +849,13 @@ class NvmlGpuLib:
             capability_nodes=self._capability_nodes(gpu_uuid, gpu_instance_id, compute_instance_id),
         )
 
+    def use_nvidia_smi(self, smi: NvidiaSmi) -> None:
+        """Run this ``nvidia-smi`` from now on (the driver root's, once found; again after an in-place upgrade)."""
+        self._smi = smi
+
     def reset_gpu(self, gpu_uuid: str) -> None:
         with self._outside_nvml("nvidia-smi -r", gpu_uuid):
-            self._gpu_reset(gpu_uuid)
+            (self._gpu_reset or self._smi.reset)(gpu_uuid)
         log.info("reset GPU gpu=%s", gpu_uuid)
 
     @contextlib.contextmanager
@@ -865,7 +888,7 @@ class NvmlGpuLib:
 
     def set_timeslice(self, gpu_uuid: str, value: int) -> None:
         with self._outside_nvml("nvidia-smi compute-policy", gpu_uuid):
-            self._set_timeslice(gpu_uuid, value)
+            (self._set_timeslice or self._smi.set_timeslice)(gpu_uuid, value)
         log.info("set time-slice gpu=%s value=%d", gpu_uuid, value)
 
     # --- NVLink -------------------------------------------------------------------------------------------
