@@ -1,6 +1,8 @@
 """scripts/gpu-acceptance where there is no GPU (here and in CI): every check skipped, in under a minute, with the
 report's shape; and what of the kit can be judged without a GPU (tests/support/gpu_acceptance): the workloads
-built and run against a fake libcuda, the comparisons the checks make, the imports each side may use."""
+built and run against a fake libcuda, the comparisons the checks make, the imports each side may use, and what
+keeps one scarce GPU run useful when something goes wrong (the report on disk as it grows, a session that runs
+out of time, a leftover the last check must see)."""
 
 from __future__ import annotations
 
@@ -16,9 +18,12 @@ import pytest
 from support import required
 from support.gpu_acceptance import host
 from support.gpu_acceptance.container import parse_workloads
-from support.gpu_acceptance.host_checks import inventory_problems, junit_counts, release_problems
+from support.gpu_acceptance.host_checks import Context, inventory_problems, junit_counts, release_problems
+from support.gpu_acceptance.kit import install_venv
+from support.gpu_acceptance.left_as_found import check_left_as_found
 from support.gpu_acceptance.mps_checks import limit_problems
-from support.gpu_acceptance.report import CHECK_NAMES, EXIT_NO_GPU
+from support.gpu_acceptance.report import CHECK_NAMES, EXIT_NO_GPU, Report, passed
+from support.gpu_acceptance.session import Recorder
 
 REPO = Path(__file__).resolve().parents[1]
 UUID = "GPU-2759b7b7-3fe6-db9e-e789-517091f13056"
@@ -238,3 +243,55 @@ def test_junit_reports_are_counted(tmp_path: Path) -> None:
     )
     counts = junit_counts(tmp_path / "r.xml")
     assert (counts["passed"], counts["failed"], counts["skippedTests"]) == (1, {"t::b": "boom"}, {"t::c": "no MIG"})
+
+
+def test_the_report_is_on_disk_after_every_result_so_a_killed_run_leaves_what_it_found(tmp_path: Path) -> None:
+    rep = Report(out=tmp_path)
+    rep.add(passed("doctor", "8 OK"))
+    document = json.loads((tmp_path / "report.json").read_text())
+    assert document["partial"] is True
+    checks = {c["name"]: c for c in document["checks"]}
+    assert checks["doctor"]["status"] == "pass"
+    assert checks["nvml-contract"]["reason"] == "not reached"
+    assert rep.pending()[0] == "nvml-contract"  # writing it recorded nothing for the checks not yet run
+
+
+def test_left_as_found_sees_each_driver_instance_s_specs_and_a_session_that_never_stopped_its_drivers(
+    tmp_path: Path,
+) -> None:
+    ctx = Context(REPO, tmp_path, tmp_path / "out", sys.executable, time.monotonic() + 60, rehearse=True)
+    clean = {"driverExitHook": 0, "driverExitNoHook": 0, "containersLeft": []}
+    assert check_left_as_found(ctx, clean).status == "pass"
+    spec = tmp_path / "node/b/cdi/k8s.gpu.dradriver.dev-claim_uid-1.json"
+    spec.parent.mkdir(parents=True)
+    spec.write_text("{}")
+    result = check_left_as_found(ctx, {"driverExitHook": 0})
+    assert result.status == "fail"
+    assert f"CDI spec left: {spec}" in result.reason
+    assert "driverExitNoHook: unknown, the node session ended before it stopped that driver instance" in result.reason
+
+
+def test_a_session_near_its_deadline_skips_what_it_cannot_finish_and_an_error_fails_only_its_checks(
+    tmp_path: Path,
+) -> None:
+    rec = Recorder(tmp_path / "results.json", deadline=time.time() + Recorder.RESERVE_S - 1)
+    assert rec.timed("mps", lambda: passed("mps", "held")).reason == "out of time: the run's deadline is near"
+
+    def broken() -> None:
+        rec.add(passed("container-nohook-nvidia-smi", "held"))
+        raise OSError("runc: permission denied")
+
+    rec = Recorder(tmp_path / "results.json")
+    rec.guarded(["container-nohook-nvidia-smi", "container-nohook-cuda"], broken)
+    assert [(r.name, r.status, r.reason) for r in rec.results] == [
+        ("container-nohook-nvidia-smi", "pass", "held"),
+        ("container-nohook-cuda", "fail", "OSError: runc: permission denied"),
+    ]
+
+
+def test_wheels_for_another_python_are_refused_before_any_venv_is_made(tmp_path: Path) -> None:
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "wheels/pip-25.3-py3-none-any.whl").write_bytes(b"")
+    problem = install_venv(tmp_path, tmp_path / "venv", "3.99", timeout=10)
+    assert problem.startswith("the kit's wheels are for Python 3.99; this machine has 3.")
+    assert not (tmp_path / "venv").exists()

@@ -167,12 +167,20 @@ class Runtime:
     work: Path
 
     def _runc(self, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+        """runc's answer; one that cannot start (a noexec /tmp) or outlives ``timeout`` is an answer too (126, 124),
+        so a check fails saying so and the session goes on to unprepare."""
         # runc is Debian's, linked to libseccomp: the kit carries that library in case the host has none.
         env = {**os.environ, "LD_LIBRARY_PATH": str(self.kit.runc_libs)}
         command = [str(self.kit.runc), "--root", str(self.work / "runc-state"), *args]
-        return subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout, check=False, env=env, stdin=subprocess.DEVNULL
-        )
+        try:
+            return subprocess.run(
+                command, capture_output=True, text=True, timeout=timeout, check=False, env=env, stdin=subprocess.DEVNULL
+            )
+        except OSError as err:
+            return subprocess.CompletedProcess(command, 126, "", f"cannot run runc: {err}")
+        except subprocess.TimeoutExpired as err:
+            output = f"timed out after {timeout} s: {_text(err.stdout)}{_text(err.stderr)}"
+            return subprocess.CompletedProcess(command, 124, "", output)
 
     def bundle(self, name: str, cdi_dir: Path, devices: list[str], args: list[str]) -> tuple[Path, dict[str, Any]]:
         """A fresh bundle (a copy of the image, so one run's linker cache never reaches the next) with the CDI
@@ -184,13 +192,16 @@ class Runtime:
         shutil.copytree(self.kit.rootfs, bundle / "rootfs", symlinks=True)
         config = bundle / "config.json"
         config.write_text(json.dumps(base_config(args), indent=2))
-        done = subprocess.run(
-            [str(self.kit.cdi_apply), "-spec-dir", str(cdi_dir), "-config", str(config), *devices],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        try:
+            done = subprocess.run(
+                [str(self.kit.cdi_apply), "-spec-dir", str(cdi_dir), "-config", str(config), *devices],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as err:
+            return bundle, {"error": f"cdi-apply: {err}"}
         try:
             applied: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
@@ -198,7 +209,7 @@ class Runtime:
         return bundle, applied
 
     def run(
-        self, name: str, cdi_dir: Path, devices: list[str], workloads: list[str], *, timeout: float = 180
+        self, name: str, cdi_dir: Path, devices: list[str], workloads: list[str], *, timeout: float = 90
     ) -> ContainerRun:
         """Run ``workloads`` (names of run-workloads.sh) in a container with the claim's ``devices``."""
         script = f"{WORKLOAD_DIR}/run-workloads.sh"
@@ -207,11 +218,10 @@ class Runtime:
         if applied.get("error"):
             return ContainerRun(name, -1, "", 0.0, {}, applied, edits_of(config))
         started = time.monotonic()
-        try:
-            done = self._runc("run", "--bundle", str(bundle), name, timeout=timeout)
-            rc, output = done.returncode, done.stdout + done.stderr
-        except subprocess.TimeoutExpired as err:
-            rc, output = 124, f"timed out after {timeout} s: {_text(err.stdout)}{_text(err.stderr)}"
+        # The workloads take seconds: a run that takes minutes is stuck (an MPS client waiting on its server).
+        done = self._runc("run", "--bundle", str(bundle), name, timeout=timeout)
+        rc, output = done.returncode, done.stdout + done.stderr
+        if rc == 124:
             self._runc("kill", name, "KILL", timeout=30)
         seconds = time.monotonic() - started
         self._runc("delete", "--force", name, timeout=30)

@@ -7,6 +7,7 @@ It never changes anything on the GPU.
 from __future__ import annotations
 
 import csv
+import hashlib
 import os
 import re
 import shutil
@@ -26,6 +27,8 @@ SMI_FIELDS = (
     "compute_mode",
     "mig.mode.current",
     "compute_cap",
+    # Off, every NVML start on an idle GPU can take seconds: recorded to read the timings by.
+    "persistence_mode",
 )
 MPS_PROGRAMS = ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server", "mps_standin")
 
@@ -152,3 +155,14 @@ def shipped_library(soname: str) -> str:
         if line.strip().startswith(soname + " ") and "=>" in line and "x86-64" in line:
             return line.split("=>")[-1].strip()
     return ""
+
+
+def tree_hash(root: Path) -> str:
+    """A short hash of the Python sources below ``root`` (names and contents): which driver code a report is of,
+    where no git history travels."""
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]

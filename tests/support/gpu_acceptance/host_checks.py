@@ -19,6 +19,8 @@ from support.gpu_acceptance.kit import Unpacked
 from support.gpu_acceptance.report import CheckResult, failed, judged, passed, skipped
 
 MIB = 1024 * 1024
+#: What lets tests/gpu change a GPU's MIG or compute mode (never on a lent machine: others share it).
+MAY_CHANGE_GPUS = "DRADRIVER_GPU_TESTS_MAY_CHANGE_GPUS"
 
 
 @dataclass
@@ -44,8 +46,15 @@ class Context:
         return self.deadline - time.monotonic()
 
     def env(self) -> dict[str, str]:
+        """The checks' environment: this one, the checkout on PYTHONPATH, NVIDIA's tools on PATH (the lent machines
+        keep them in /usr/local/nvidia/bin, on no PATH: MPS's control daemon starts its server from PATH), and never
+        the contract tests' permission to change a GPU's modes."""
         pythonpath = os.pathsep.join(str(self.repo / p) for p in self.paths)
-        return {**os.environ, "PYTHONPATH": pythonpath, "GRPC_VERBOSITY": "ERROR", "PYTHONUNBUFFERED": "1"}
+        path = os.environ.get("PATH", "")
+        tools = {os.path.dirname(t) for t in map(host.find_tool, ("nvidia-smi", "nvidia-cuda-mps-control")) if t}
+        path = os.pathsep.join([*sorted(tools - set(path.split(os.pathsep))), path])
+        env = {k: v for k, v in os.environ.items() if k != MAY_CHANGE_GPUS}
+        return {**env, "PATH": path, "PYTHONPATH": pythonpath, "GRPC_VERBOSITY": "ERROR", "PYTHONUNBUFFERED": "1"}
 
     def python_run(self, args: list[str], timeout: float) -> tuple[int, str, str]:
         """(exit status, stdout, stderr) of the check interpreter run with ``args`` in the checkout."""
@@ -250,8 +259,8 @@ def check_usage_nvml(ctx: Context) -> CheckResult:
         return skipped("usage-nvml", "rehearsal: no real NVML")
     rc, out, err = ctx.python_run(["-c", USAGE_PROBE], timeout=60)
     try:
-        usages = json.loads(out)
-    except ValueError:
+        usages = json.loads(out.strip().splitlines()[-1])  # a library that prints on its own cannot spoil it
+    except (ValueError, IndexError):
         return failed("usage-nvml", f"reading usage exited {rc}: {(out + err).strip()[-600:]}")
     missing = {u["uuid"]: [k for k, v in u.items() if v is None] for u in usages}
     problems = [f"{u}: memory not reported" for u, keys in missing.items() if "memory_used_bytes" in keys]

@@ -60,7 +60,9 @@ def check_workloads_on_host(ctx: Context) -> CheckResult:
     outcomes: dict[str, dict[str, object]] = {}
     for program, (library, marker) in PROBES.items():
         shipped = host.shipped_library(library)
-        code, text = host.run_text([str(ctx.kit.workload(program))], timeout=120, env=env)
+        # Each takes seconds; one that hangs (an EGL or OpenCL loader waiting on something) costs a minute at most.
+        timeout = max(5.0, min(60.0, ctx.remaining() - 45))
+        code, text = host.run_text([str(ctx.kit.workload(program))], timeout=timeout, env=env)
         kind = program.split("-")[0]
         ok = code == 0 and marker in text and (kind == "cuda" or "NVIDIA" in text)
         outcomes[program] = {

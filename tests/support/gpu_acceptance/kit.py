@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -62,7 +63,8 @@ class Unpacked:
         return self.rootfs / WORKLOAD_DIR.lstrip("/") / name
 
     def missing(self) -> list[str]:
-        paths = [self.runc, self.hook, self.cdi_apply, *(self.workload(n) for n in WORKLOADS)]
+        paths = [self.runc, self.runc_libs / "libseccomp.so.2", self.hook, self.cdi_apply, self.loaders]
+        paths += [self.workload(n) for n in WORKLOADS]
         return [str(p) for p in paths if not p.exists()]
 
 
@@ -88,33 +90,40 @@ def venv_python(venv: Path) -> Path:
     return venv / "bin/python"
 
 
-def install_venv(kit: Path, venv: Path, *, timeout: float) -> str:
+def interpreter(target: str) -> str | None:
+    """A Python of the wheels' version: this one, else ``python<target>`` on PATH; None when there is none."""
+    if f"{sys.version_info.major}.{sys.version_info.minor}" == target:
+        return sys.executable
+    return shutil.which(f"python{target}")
+
+
+def install_venv(kit: Path, venv: Path, target: str, *, timeout: float) -> str:
     """A virtual environment at ``venv`` with every wheel of the kit, installed offline; returns what failed, or ''.
 
-    The venv is made without pip (the interpreter may have no ensurepip) and pip runs from its own wheel."""
+    The venv is made without pip (the interpreter may have no ensurepip) and pip runs from its own wheel, told to
+    read no configuration of the machine's (a pip.conf or PIP_* variable asking for an index, hashes or --user)."""
     wheels = sorted((kit / "wheels").glob("*.whl"))
     pip = next((w for w in wheels if w.name.startswith("pip-")), None)
     if pip is None:
         return f"no pip wheel in {kit / 'wheels'}: run scripts/gpu-acceptance --prepare"
-    made = subprocess.run(
-        [sys.executable, "-m", "venv", "--without-pip", "--clear", str(venv)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    if made.returncode != 0:
-        return f"python -m venv: {made.stderr.strip()[-500:]}"
+    python = interpreter(target)
+    if python is None:
+        return (
+            f"the kit's wheels are for Python {target}; this machine has {sys.version.split()[0]} and no python{target}"
+        )
+    pip_env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    pip_env |= {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INPUT": "1"}
     others = [str(w) for w in wheels if w != pip]
-    command = [str(venv_python(venv)), f"{pip}/pip", "install", "-q", "--no-index", "--no-deps", "--no-cache-dir"]
-    installed = subprocess.run(
-        [*command, "--disable-pip-version-check", str(pip), *others],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env={**os.environ, "PIP_NO_INPUT": "1"},
+    pip_install = [str(venv_python(venv)), f"{pip}/pip", "install", "-q", "--no-index", "--no-deps", "--no-cache-dir"]
+    steps = (
+        ("python -m venv", [python, "-m", "venv", "--without-pip", "--clear", str(venv)], None),
+        ("pip install from the wheelhouse", [*pip_install, "--disable-pip-version-check", str(pip), *others], pip_env),
     )
-    if installed.returncode != 0:
-        return f"pip install from the wheelhouse: {installed.stderr.strip()[-800:]}"
+    for what, command, env in steps:
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False, env=env)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            return f"{what}: {err}"
+        if done.returncode != 0:
+            return f"{what}: {done.stderr.strip()[-800:]}"
     return ""

@@ -6,6 +6,7 @@ on the GPU machine this runs before the kit's venv exists, and starts that venv'
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,6 +44,7 @@ HOST_CHECKS: tuple[tuple[str, Callable[[Context], CheckResult]], ...] = (
 )
 SESSION_CHECKS = report.CHECK_NAMES[report.CHECK_NAMES.index("run-registration") : -1]
 LOGS = ("driver-a.log", "driver-b.log")
+SESSION_STOP_S = 20.0  # for the node session to unprepare and stop its drivers once told to stop
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -92,8 +95,10 @@ def set_up(ctx: Context, kit: Path, args: argparse.Namespace) -> str:
         # A rehearsal on another Python than the wheels': the interpreter at hand, with the checkout's src.
         ctx.python = args.python or sys.executable
         return ""
-    problem = install_venv(kit, ctx.work / "venv", timeout=max(30.0, ctx.remaining() - 120))
-    ctx.python, ctx.paths = str(venv_python(ctx.work / "venv")), ("tests",)
+    problem = install_venv(kit, ctx.work / "venv", target, timeout=max(30.0, ctx.remaining() - 120))
+    # The dependencies from the kit's wheels, dradriver from the checkout that travelled with it (also what pytest's
+    # pythonpath gives the contract tests): every check runs the same driver code, the commit the report names.
+    ctx.python = str(venv_python(ctx.work / "venv"))
     return problem
 
 
@@ -121,6 +126,7 @@ def session_config(ctx: Context) -> SessionConfig:
         smi_gpus=ctx.smi,
         found_modes=ctx.found,
         host_probes=ctx.host_probes,
+        deadline=time.time() + ctx.remaining() - SESSION_STOP_S,
     )
 
 
@@ -135,11 +141,13 @@ def run_session(ctx: Context, rep: Report) -> dict[str, object]:
         proc = subprocess.Popen(
             command, cwd=ctx.repo, env=ctx.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
+        stopped: BaseException | None = None
         try:
-            code = proc.wait(max(10.0, ctx.remaining() - 30))
+            code = proc.wait(max(10.0, ctx.remaining() - SESSION_STOP_S - 30))
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            code = proc.wait()
+            code = stop_session(proc)
+        except BaseException as err:  # this run is being stopped: the session unprepares what it holds first
+            code, stopped = stop_session(proc), err
     try:
         document = json.loads(Path(cfg.results).read_text())
     except (OSError, ValueError):
@@ -151,7 +159,22 @@ def run_session(ctx: Context, rep: Report) -> dict[str, object]:
         if name not in rep.results:
             rep.add(failed(name, f"the node session ended (exit {code}) before this check: {tail}"))
     notes: dict[str, object] = document.get("notes", {})
+    if stopped is not None:
+        raise stopped  # after its results are in the report
     return notes
+
+
+def stop_session(proc: subprocess.Popen[bytes]) -> int:
+    """SIGTERM, so that the session unprepares its claims and stops its drivers and containers; SIGKILL to
+    whatever of its process group is left after :data:`SESSION_STOP_S`."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        return proc.wait(SESSION_STOP_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        return proc.wait()
 
 
 def host_facts(ctx: Context, rep: Report) -> None:
@@ -159,6 +182,8 @@ def host_facts(ctx: Context, rep: Report) -> None:
     ctx.smi = [] if ctx.rehearse else host.smi_gpus()
     ctx.found = host.gpu_modes(ctx.smi)
     rep.host.update(
+        path=os.environ.get("PATH", ""),
+        tools={name: host.find_tool(name) for name in ("nvidia-smi", "nvidia-cuda-mps-control", "ldconfig")},
         driverVersion=ctx.smi[0].get("driver_version") if ctx.smi else None,
         gpuNames=[g.get("name", "?") for g in ctx.smi] or (["simulated hgx-h100-80gb"] if ctx.rehearse else []),
         gpus=ctx.smi,
@@ -190,6 +215,17 @@ def run_checks(ctx: Context, rep: Report, args: argparse.Namespace) -> None:
                 (ctx.out / name).write_text((ctx.work / "logs" / name).read_text())
 
 
+def code_facts(kit: Path) -> dict[str, object]:
+    """Which driver code runs (the checkout that travelled), and whether it is what the kit was prepared from."""
+    prepared = manifest(kit) or {}
+    src = host.tree_hash(REPO / "src")
+    return {
+        "preparedFrom": prepared.get("commit"),
+        "srcHash": src,
+        "srcChangedSincePrepare": bool(prepared) and prepared.get("srcHash") != src,
+    }
+
+
 def finish(rep: Report, out: Path) -> int:
     document = rep.document()
     if rep.host.get("kitProblem"):
@@ -206,16 +242,33 @@ def main(argv: list[str] | None = None) -> int:
         from support.gpu_acceptance.prepare import prepare
 
         return prepare(args.kit.resolve())
+    started = time.monotonic()  # the deadline counts from here: nvidia-smi's first answer may take a while
     work = args.work or Path(tempfile.mkdtemp(prefix="gpu-acc-", dir="/tmp"))
     out = args.out or work / "out"
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     rep = Report(rehearsal=args.rehearse)
     presence = host.gpu_presence()
-    rep.host.update(gpu=presence.present, gpuPresence=presence.why)
+    rep.host.update(gpu=presence.present, gpuPresence=presence.why, **code_facts(args.kit))
     if not presence.present and not args.rehearse:
         rep.skip_rest(f"no GPU: skipped ({presence.why})")
         return finish(rep, out)
-    ctx = Context(REPO, work, out, sys.executable, time.monotonic() + args.deadline, rehearse=args.rehearse)
-    run_checks(ctx, rep, args)
+    rep.out = out  # from here on report.json follows every result
+    ctx = Context(REPO, work, out, sys.executable, started + args.deadline, rehearse=args.rehearse)
+    # Whoever stops this run (the device tool past its time limit) gets the report of what ran, and the session's
+    # claims unprepared: SIGTERM unwinds like an error.
+    signal.signal(signal.SIGTERM, _stopped)
+    try:
+        run_checks(ctx, rep, args)
+    except BaseException as err:  # the kit's own failure, or a stop: the report says so and keeps what held
+        rep.host["kitProblem"] = f"the kit stopped: {type(err).__name__}: {err}"
+        rep.host["kitTraceback"] = traceback.format_exc()[-2000:]
     return finish(rep, out)
+
+
+class Stopped(Exception):
+    """SIGTERM arrived: the run ends, reporting what it found."""
+
+
+def _stopped(signum: int, _frame: object) -> None:
+    raise Stopped(f"signal {signal.Signals(signum).name}")

@@ -195,17 +195,9 @@ def phase_without_hook(cfg: SessionConfig, rec: Recorder, api: Any, runtime: Run
             return
         node.register()
         node.published()
-        rec_guarded(rec, NOHOOK, lambda: nohook_checks(node, rec, runtime))
+        rec.guarded(NOHOOK, lambda: nohook_checks(node, rec, runtime))
         mps_checks(node, rec, runtime)
     except Exception as err:  # whatever broke, the checks not yet recorded say so
         rec.fail_missing([*NOHOOK, "mps", "mps-unprepare"], f"{type(err).__name__}: {err}")
     finally:
         rec.note("driverExitNoHook", node.close())
-
-
-def rec_guarded(rec: Recorder, names: list[str], step: Any) -> None:
-    """Run ``step``; an exception fails those of ``names`` it left without a result."""
-    try:
-        step()
-    except Exception as err:  # reported as these checks' failure
-        rec.fail_missing(names, f"{type(err).__name__}: {err}")

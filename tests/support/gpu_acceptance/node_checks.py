@@ -210,6 +210,20 @@ def check_unprepare(node: Node, held: dict[str, Any]) -> CheckResult:
     return judged("unprepare-whole-gpu", problems, "unprepared; its CDI spec is gone")
 
 
+def container_checks(node: Node, rec: Recorder, runtime: Runtime, held: dict[str, Any]) -> None:
+    """The prepared claim's container with the hook: the workloads, then a bare start for its time."""
+    if rec.out_of_time():
+        rec.skip([f"container-hook-{w}" for w in ("nvidia-smi", "cuda", "opencl", "egl")], "out of time")
+        return
+    run = runtime.run("hook", node.dirs.cdi, held["cdi_ids"], ALL_WORKLOADS)
+    for result in judge_container(run, "hook", node.cfg, held["gpu_uuid"]):
+        rec.add(result)
+    rec.note(
+        "containerStartSecondsHook",
+        round(runtime.run("hook-true", node.dirs.cdi, held["cdi_ids"], ["true"]).seconds, 3),
+    )
+
+
 def whole_gpu_checks(node: Node, rec: Recorder, runtime: Runtime) -> None:
     """Prepare a whole GPU, run the container with the hook, read the metrics, unprepare."""
     held: dict[str, Any] = {}
@@ -217,13 +231,8 @@ def whole_gpu_checks(node: Node, rec: Recorder, runtime: Runtime) -> None:
     if rec.timed("prepare-whole-gpu", lambda: check_prepare(node, held)).status != "pass":
         rec.skip(dependent, "prepare-whole-gpu failed")
     else:
-        run = runtime.run("hook", node.dirs.cdi, held["cdi_ids"], ALL_WORKLOADS)
-        for result in judge_container(run, "hook", node.cfg, held["gpu_uuid"]):
-            rec.add(result)
-        rec.note(
-            "containerStartSecondsHook",
-            round(runtime.run("hook-true", node.dirs.cdi, held["cdi_ids"], ["true"]).seconds, 3),
-        )
+        # Whatever breaks in the container runs, the claim is still unprepared below.
+        rec.guarded(dependent[:-1], lambda: container_checks(node, rec, runtime, held))
         rec.timed("usage-metrics", lambda: check_usage_metrics(node, held["claim"].name, held["gpu_uuid"]))
     if "claim" in held:
         rec.timed("unprepare-whole-gpu", lambda: check_unprepare(node, held))
@@ -298,6 +307,10 @@ def check_time_slicing(node: Node) -> CheckResult:
     after = compute_policy(node.cfg, gpu_uuid)
     problems = [f"prepare: {result.error}"] if result.error else []
     problems += [f"unprepare: {error}"] if error else []
+    # Unprepare resets the time-slice to Default (none can be read back through NVML): on a GPU found at another
+    # time-slice that is a change to the machine, said here.
+    if node.cfg.real and not before.startswith("cannot") and after != before:
+        problems.append(f"the compute policy is not as found: before {before!r}, after {after!r}")
     return judged(
         "time-slicing",
         problems,

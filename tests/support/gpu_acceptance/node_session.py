@@ -8,6 +8,7 @@ they come (the outer kit reads them, and fails what is missing if this process d
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
@@ -25,19 +26,26 @@ WITH_HOOK = SESSION_CHECKS[: SESSION_CHECKS.index("container-nohook-nvidia-smi")
 
 
 def run_session(cfg: SessionConfig) -> None:
-    rec = Recorder(Path(cfg.results))
+    rec = Recorder(Path(cfg.results), cfg.deadline)
     runtime = Runtime(Unpacked(Path(cfg.kit_root)), Path(cfg.work))
-    # The slices are judged by slice_rules and our validator in the checks, so the stand-in stores without its
-    # schema check (whose package is too large to carry).
-    with FakeApiServer(validate=False) as api:
-        api.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
-        phase_with_hook(cfg, rec, api, runtime)
-        rec.skip_missing(WITH_HOOK, "not reached: an earlier check of the first driver instance failed")
-        phase_without_hook(cfg, rec, api, runtime)
-    rec.note("containersLeft", runtime.leftovers())
+    try:
+        # The slices are judged by slice_rules and our validator in the checks, so the stand-in stores without its
+        # schema check (whose package is too large to carry).
+        with FakeApiServer(validate=False) as api:
+            api.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+            # Each phase stops its driver instance (unpreparing what it holds) however it ends; an error fails the
+            # phase's checks still without a result, and the next phase runs.
+            rec.guarded(WITH_HOOK, lambda: phase_with_hook(cfg, rec, api, runtime))
+            rec.skip_missing(WITH_HOOK, "not reached: an earlier check of the first driver instance failed")
+            phase_without_hook(cfg, rec, api, runtime)
+    finally:
+        rec.note("containersLeft", runtime.leftovers())
 
 
 def main(argv: list[str]) -> int:
+    # The outer kit stops a session that runs out of time with SIGTERM: unwind, so the phases' own `finally`
+    # stop the drivers and the claims they hold are unprepared.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     run_session(SessionConfig.load(Path(argv[0])))
     return 0
 

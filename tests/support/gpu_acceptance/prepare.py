@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from support.gpu_acceptance import host
 from support.gpu_acceptance.kit import REPO, TARGET_PYTHON, WORKLOAD_DIR, WORKLOADS
 
 #: Debian packages the kit takes files from (the release of the machine that prepares it).
@@ -313,6 +314,10 @@ def prepare(kit: Path) -> int:
     manifest = {
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "targetPython": TARGET_PYTHON,
+        "commit": subprocess.run(
+            ["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True, check=False
+        ).stdout.strip(),
+        "srcHash": host.tree_hash(REPO / "src"),
         "wheels": wheels,
         "sources": sources,
         "bytes": {"kit": kit_bytes, "tree": tree_bytes, "travels": kit_bytes + tree_bytes, "limit": TRAVEL_LIMIT},

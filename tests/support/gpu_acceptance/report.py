@@ -6,6 +6,7 @@ bad flag, no prepared kit where a GPU needs one); 3 no GPU here, so every check 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
 import time
@@ -90,9 +91,15 @@ class Report:
     host: dict[str, Any] = field(default_factory=dict)
     results: dict[str, CheckResult] = field(default_factory=dict)
     rehearsal: bool = False
+    #: Where ``report.json`` is rewritten after each result (marked partial), so a run killed from outside still
+    #: leaves what it had found; None: only at the end.
+    out: Path | None = None
 
     def add(self, result: CheckResult) -> None:
         self.results[result.name] = result
+        if self.out is not None:
+            with contextlib.suppress(OSError):  # the final write says so, if it fails too
+                write_json({**self.document(), "partial": True}, self.out)
 
     def pending(self) -> list[str]:
         return [name for name in CHECK_NAMES if name not in self.results]
@@ -102,8 +109,8 @@ class Report:
         for name in self.pending():
             self.add(skipped(name, reason))
 
-    def exit_status(self) -> int:
-        statuses = [r.status for r in self.results.values()]
+    def exit_status(self, results: list[CheckResult]) -> int:
+        statuses = [r.status for r in results]
         if FAIL in statuses:
             return EXIT_FAILED
         if not self.host.get("gpu") and PASS not in statuses:
@@ -111,9 +118,9 @@ class Report:
         return EXIT_HELD
 
     def document(self) -> dict[str, Any]:
-        """The JSON report: the host, every check in catalogue order, the counts and the exit status."""
-        self.skip_rest("not reached")
-        ordered = [self.results[name] for name in CHECK_NAMES]
+        """The JSON report: the host, every check in catalogue order (one without a result: not reached), the
+        counts and the exit status."""
+        ordered = [self.results.get(name) or skipped(name, "not reached") for name in CHECK_NAMES]
         counts = {status: sum(r.status == status for r in ordered) for status in (PASS, FAIL, SKIP)}
         return {
             "tool": "gpu-acceptance",
@@ -124,7 +131,7 @@ class Report:
             "host": {"machine": platform.machine(), "python": platform.python_version(), **self.host},
             "checks": [{"title": r.title, **asdict(r)} for r in ordered],
             "counts": counts,
-            "exitStatus": self.exit_status(),
+            "exitStatus": self.exit_status(ordered),
         }
 
 
@@ -152,10 +159,19 @@ def summary(document: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_json(document: dict[str, Any], out: Path) -> Path:
+    """Write ``report.json`` into ``out`` whole or not at all (a run killed mid-write keeps the last one)."""
+    out.mkdir(parents=True, exist_ok=True)
+    report = out / "report.json"
+    partial = out / ".report.json.partial"
+    partial.write_text(json.dumps(document, indent=2) + "\n")
+    partial.replace(report)
+    return report
+
+
 def write(document: dict[str, Any], out: Path) -> tuple[Path, Path]:
     """Write ``report.json`` and ``summary.txt`` into ``out``; return their paths."""
-    out.mkdir(parents=True, exist_ok=True)
-    report, text = out / "report.json", out / "summary.txt"
-    report.write_text(json.dumps(document, indent=2) + "\n")
+    report = write_json(document, out)
+    text = out / "summary.txt"
     text.write_text(summary(document))
     return report, text

@@ -42,6 +42,7 @@ class SessionConfig:
     smi_gpus: list[dict[str, str]]
     found_modes: dict[str, dict[str, str]]
     host_probes: dict[str, str]  # "opencl"/"egl" -> '' when the probe ran on the host, else why it does not apply
+    deadline: float = 0.0  # time.time() by which the session must have stopped its drivers (0: none)
 
     @classmethod
     def load(cls, path: Path) -> SessionConfig:
@@ -59,8 +60,12 @@ class Recorder:
     """The session's results and notes (figures no one check owns), rewritten to ``path`` after each result, so a
     crash keeps what was already known."""
 
-    def __init__(self, path: Path) -> None:
+    #: What a check needs left before the deadline to start: the drivers' stops and unprepares come after it.
+    RESERVE_S = 40.0
+
+    def __init__(self, path: Path, deadline: float = 0.0) -> None:
         self.path = path
+        self.deadline = deadline
         self.results: list[CheckResult] = []
         self.notes: dict[str, Any] = {}
 
@@ -98,8 +103,21 @@ class Recorder:
         for name in names:
             self.add(failed(name, reason))
 
+    def out_of_time(self) -> bool:
+        return bool(self.deadline) and time.time() > self.deadline - self.RESERVE_S
+
+    def guarded(self, names: Iterable[str], step: Callable[[], object]) -> None:
+        """Run ``step``; an exception fails those of ``names`` it left without a result, and the session goes on."""
+        try:
+            step()
+        except Exception as err:  # reported as these checks' failure
+            self.fail_missing(names, f"{type(err).__name__}: {err}")
+
     def timed(self, name: str, check: Callable[[], CheckResult]) -> CheckResult:
-        """Run ``check``; an exception it raises is its failure, with the traceback's end in the details."""
+        """Run ``check``; an exception it raises is its failure, with the traceback's end in the details. Skipped
+        when the run's deadline is too near to start it."""
+        if self.out_of_time():
+            return self.add(skipped(name, "out of time: the run's deadline is near"))
         started = time.monotonic()
         try:
             result = check()
