@@ -413,10 +413,14 @@ def test_a_wrapped_mps_daemon_is_named_by_its_host_paths(tmp_path):
     assert commands["wrapper"] == ["nsenter", "--target", "1", "--mount", "--", "systemd-run", "--scope", "--"]
     daemon = commands["daemon_command"]
     assert daemon[0] == "env" and daemon[1].startswith("LD_LIBRARY_PATH=/run/nvidia/driver/")
-    assert daemon[2] == "/run/nvidia/driver/usr/bin/nvidia-cuda-mps-control"
+    # The control daemon starts nvidia-cuda-mps-server for its first client: from its own directory, first on PATH.
+    assert daemon[2] == "PATH=/run/nvidia/driver/usr/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    assert daemon[3] == "/run/nvidia/driver/usr/bin/nvidia-cuda-mps-control"
     assert commands["command"][0].startswith(str(mounted))  # control calls stay in the container
     unwrapped = mps_commands(SharingOptions(), root, simulated=False)
     assert unwrapped["wrapper"] == [] and unwrapped["daemon_command"] == []
+    # Unwrapped, the daemon runs in this container: the binary's directory where the container mounts the root.
+    assert unwrapped["env"]["PATH"].startswith(f"{mounted}/usr/bin:")
 
 
 def test_the_mps_shm_size_is_a_quantity_of_at_least_one_mebibyte():

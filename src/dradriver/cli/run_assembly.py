@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from dradriver.cli import cd_node
@@ -66,6 +67,9 @@ from dradriver.plugin.resourceslice.publisher import Publisher, PublisherOptions
 
 if TYPE_CHECKING:  # loaded by cd_node.start only with --compute-domains (docs/reliability.md, memory)
     from dradriver.computedomain.plugin import ComputeDomainPlugin
+
+#: The PATH a root shell on a Linux host has, after which a driver tool's own directory is searched.
+STANDARD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 log = logging.getLogger("dradriver.run")
 
@@ -605,8 +609,13 @@ def nvidia_smi_of(driver_root: DriverRoot) -> NvidiaSmi:
 
 def mps_commands(sharing: SharingOptions, driver_root: DriverRoot, *, simulated: bool) -> dict[str, Any]:
     """MpsControl's commands and daemon environment for ``driver_root`` (at start, and after an in-place driver
-    upgrade). The daemon loads libcuda like any CUDA program: from the driver root, wherever the host keeps it."""
+    upgrade). The daemon loads libcuda like any CUDA program: from the driver root, wherever the host keeps it; and
+    it starts ``nvidia-cuda-mps-server`` for its first client, from the control binary's directory put first on
+    PATH (the driver root's binaries are on no PATH of the driver's pod or of the host)."""
     env = {} if simulated else {"LD_LIBRARY_PATH": _driver_library_path(driver_root)}
+    control = _mps_binary(driver_root)
+    if not simulated and not sharing.mps_control_command and control is not None:
+        env["PATH"] = f"{(driver_root.container_root / control).parent}:{os.environ.get('PATH', STANDARD_PATH)}"
     wrapper = list(sharing.mps_daemon_wrapper)
     return {
         "command": _mps_command(sharing, driver_root, simulated=simulated),
@@ -624,9 +633,15 @@ def _mps_daemon_command(sharing: SharingOptions, driver_root: DriverRoot, *, sim
         return _mps_command(sharing, driver_root, simulated=simulated)
     host = driver_root.host_root
     libraries = ":".join(str(host / d) for d in driver_root.source_dirs)
-    binary = next((b.path for b in driver_root.binaries if b.path.name == DEFAULT_COMMAND[0]), None)
-    command = [str(host / binary)] if binary is not None else list(DEFAULT_COMMAND)
-    return ["env", f"LD_LIBRARY_PATH={libraries}", *command]
+    binary = _mps_binary(driver_root)
+    if binary is None:
+        return ["env", f"LD_LIBRARY_PATH={libraries}", *DEFAULT_COMMAND]
+    return ["env", f"LD_LIBRARY_PATH={libraries}", f"PATH={(host / binary).parent}:{STANDARD_PATH}", str(host / binary)]
+
+
+def _mps_binary(driver_root: DriverRoot) -> PurePosixPath | None:
+    """The root-relative path of the driver root's MPS control binary, None when it has none."""
+    return next((b.path for b in driver_root.binaries if b.path.name == DEFAULT_COMMAND[0]), None)
 
 
 def _mps_command(sharing: SharingOptions, driver_root: DriverRoot, *, simulated: bool) -> list[str]:
@@ -634,9 +649,9 @@ def _mps_command(sharing: SharingOptions, driver_root: DriverRoot, *, simulated:
         return list(sharing.mps_control_command)
     if simulated:
         return simulated_mps_command()
-    for binary in driver_root.binaries:
-        if binary.path.name == DEFAULT_COMMAND[0]:
-            return [str(driver_root.container_root / binary.path), *DEFAULT_COMMAND[1:]]
+    binary = _mps_binary(driver_root)
+    if binary is not None:
+        return [str(driver_root.container_root / binary), *DEFAULT_COMMAND[1:]]
     return list(DEFAULT_COMMAND)
 
 
