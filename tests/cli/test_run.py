@@ -16,7 +16,11 @@ import pytest
 
 from dradriver.cli.main import main
 from dradriver.errors import ConfigError
+from dradriver.gpu.nvml import NvmlGpuLib
 from dradriver.sim.driver_root import write_stub_driver_root
+from dradriver.sim.fakelib import fake_pynvml
+from dradriver.sim.node import SimulatedNode
+from dradriver.sim.profiles import load_node_profile
 
 
 @pytest.fixture(autouse=True)
@@ -369,7 +373,8 @@ def test_an_in_place_driver_upgrade_is_followed_for_new_prepares_naming_claims_o
     node = _node(tmp_path)
     node.options.driver_root = _root_options(driver_root=str(root))
     driver_root = node.options.driver_root.discover("580.65.06", simulated=False, plugin_dir=tmp_path / "plugin")
-    node.gpus = SimpleNamespace(simulated=False, driver_root=driver_root)
+    lib = NvmlGpuLib(nvml=fake_pynvml(SimulatedNode(load_node_profile("dgx-a100-80gb"))))
+    node.gpus = SimpleNamespace(simulated=False, driver_root=driver_root, lib=lib)
     mps_uses: list[dict[str, object]] = []
     node.driver = SimpleNamespace(
         cdi=SimpleNamespace(driver_root=driver_root),
@@ -391,6 +396,9 @@ def test_an_in_place_driver_upgrade_is_followed_for_new_prepares_naming_claims_o
     # New MPS daemons start from the new driver's files too (daemons already serving keep theirs).
     [commands] = mps_uses
     assert str(commands["env"]["LD_LIBRARY_PATH"]).startswith(str(root))  # type: ignore[index]
+    # And a reset or time-slice runs the new driver's nvidia-smi with its libraries.
+    assert lib.nvidia_smi.command == (str(root / "usr/bin/nvidia-smi"),)
+    assert dict(lib.nvidia_smi.env)["LD_LIBRARY_PATH"].startswith(str(root))
 
 
 def test_a_wrapped_mps_daemon_is_named_by_its_host_paths(tmp_path):

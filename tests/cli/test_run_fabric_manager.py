@@ -6,7 +6,6 @@ the library, without FM's socket or with FM outside shared-NVSwitch mode stops a
 from __future__ import annotations
 
 import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 
 import pytest
 from support.nvfm_standin import FmStandin, bound_socket, build
+from support.short_dirs import short_dir
 
 from dradriver.cli import run, run_assembly
 from dradriver.cli.flags.driver_root import DriverRootOptions
@@ -44,14 +44,11 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def root(built: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A driver root with FM's client library in it (the stand-in's table and log beside, under fm/)."""
-    directory = Path(tempfile.mkdtemp(prefix="nvfm-", dir="/tmp"))  # short: FM's socket lives below it
-    try:
+    with short_dir("nvfm-") as directory:  # FM's socket lives below it
         standin = FmStandin(directory / "fm", built, monkeypatch)
         (directory / "usr/lib64").mkdir(parents=True)
         shutil.copyfile(standin.library, directory / "usr/lib64/libnvfm.so.1")
         yield directory
-    finally:
-        shutil.rmtree(directory)
 
 
 def run_options(*flags: str) -> Any:
@@ -163,6 +160,7 @@ def nvml_node(root: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[DriverPro
     board = SimulatedNode(load_node_profile("hgx-h100-80gb"), node_name="n")
     monkeypatch.setattr(GpuOptions, "open_backend", lambda *_, **__: (simulated_gpulib_on(board), None))
     monkeypatch.setattr(run_assembly, "find_driver_root", lambda *_, **__: root)
+    monkeypatch.setattr(run_assembly, "use_driver_tools", lambda *_, **__: None)  # no nvidia-smi in this root
     monkeypatch.setattr(run, "DRIVER_WAIT_INTERVAL", 0.0)
     kubeconfig = root / "kubeconfig"  # read, never used: nothing here talks to an API server
     kubeconfig.write_text(

@@ -849,6 +849,11 @@ class NvmlGpuLib:
             capability_nodes=self._capability_nodes(gpu_uuid, gpu_instance_id, compute_instance_id),
         )
 
+    @property
+    def nvidia_smi(self) -> NvidiaSmi:
+        """The ``nvidia-smi`` a reset or time-slice runs (unless a test gave its own setters)."""
+        return self._smi
+
     def use_nvidia_smi(self, smi: NvidiaSmi) -> None:
         """Run this ``nvidia-smi`` from now on (the driver root's, once found; again after an in-place upgrade)."""
         self._smi = smi
