@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
 
 import pytest
 from support.fake_rest import FakeRest
+from support.short_dirs import short_dir
 
 from dradriver.computedomain import api
 from dradriver.computedomain.fabric import IMEX_DNS_NAMES_MIN_DRIVER
@@ -29,10 +28,8 @@ OLD_DRIVER = "570.148.08"  # the last R570 release before IMEX took DNS names
 
 @pytest.fixture
 def root() -> Iterator[Path]:
-    """A short directory under /tmp: pytest's tmp_path can exceed the 107-byte unix socket path limit."""
-    path = Path(tempfile.mkdtemp(prefix="cd-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    with short_dir("cd-") as path:
+        yield path
 
 
 @pytest.fixture

@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support.apiserver import FakeApiServer
+from support.short_dirs import short_dir
 
 NODE = "node-a"
 
 
 @pytest.fixture
 def root() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))  # short: unix socket paths are limited
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    with short_dir("dra-") as path:
+        yield path
 
 
 @pytest.fixture

@@ -14,13 +14,13 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support import required
 from support.nodes import inventory_of
+from support.short_dirs import short_dir
 
 from dradriver.driver.prepare.mps import MpsControl
 from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions
@@ -61,20 +61,18 @@ def _missing() -> list[str]:
 def world() -> Iterator[Path]:
     required.need_tools(_missing(), "a real CDI consumer runs our specs",
                         "apt-get install podman runc busybox-static and run as root (`scripts/test` does)")  # fmt: skip
-    root = Path(tempfile.mkdtemp(prefix="dra-cdi-", dir="/tmp"))
-    for folder in ("cdi", "empty", "rootfs/bin", "store", "run", "tmp"):
-        (root / folder).mkdir(parents=True)
-    shutil.copy(str(shutil.which("busybox")), root / "rootfs/bin/busybox")
-    for applet in ("sh", "env", "ls", "cat", "echo", "grep", "sort"):
-        (root / "rootfs/bin" / applet).symlink_to("busybox")
-    (root / "containers.conf").write_text(CONTAINERS_CONF)
-    probe = podman_run(root, [], "true")
-    if probe.returncode != 0:
-        shutil.rmtree(root, ignore_errors=True)
-        required.need("a podman that runs containers", probe.stderr.strip()[-300:],
-                      "podman with runc, as root (see the module docstring)")  # fmt: skip
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
+    with short_dir("dra-cdi-") as root:
+        for folder in ("cdi", "empty", "rootfs/bin", "store", "run", "tmp"):
+            (root / folder).mkdir(parents=True)
+        shutil.copy(str(shutil.which("busybox")), root / "rootfs/bin/busybox")
+        for applet in ("sh", "env", "ls", "cat", "echo", "grep", "sort"):
+            (root / "rootfs/bin" / applet).symlink_to("busybox")
+        (root / "containers.conf").write_text(CONTAINERS_CONF)
+        probe = podman_run(root, [], "true")
+        if probe.returncode != 0:
+            required.need("a podman that runs containers", probe.stderr.strip()[-300:],
+                          "podman with runc, as root (see the module docstring)")  # fmt: skip
+        yield root
 
 
 def podman_run(root: Path, cdi_ids: list[str], script: str) -> subprocess.CompletedProcess[str]:

@@ -15,9 +15,7 @@ runs) builds both and demands them, so there a missing one fails (support/requir
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
@@ -27,6 +25,7 @@ from support import required
 from support.bare_container import FAMILIES, PROBE, Podman, biarch_glibc, make_rootfs, podman_missing
 from support.driver_layouts import LAYOUTS, Layout, Stubs, build_layout, build_stubs, need_layout_tools
 from support.nodes import inventory_of
+from support.short_dirs import short_dir
 
 from dradriver.cli.flags.driver_root import DriverRootOptions
 from dradriver.driver.prepare.state import GpuDriver, GpuDriverOptions
@@ -70,9 +69,8 @@ def world() -> Iterator[Path]:
     required.need_tools(podman_missing(), "bare containers run the driver layouts",
                         "apt-get install podman runc util-linux and run as root (`scripts/test` does)")  # fmt: skip
     need_layout_tools()
-    base = Path(tempfile.mkdtemp(prefix="dra-layouts-", dir="/tmp"))
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
+    with short_dir("dra-layouts-") as base:
+        yield base
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,8 @@ from support.apiserver import FakeApiServer
 
 from dradriver.cli.explain_node import NodeSettings
 from dradriver.gpu.backend import sim_profile_name
-from integration.test_run_process import DRIVER, TIMEOUT, DriverProcess, our_slices
+from integration.test_run_process import DRIVER, TIMEOUT, our_slices
+from integration.test_vfio_process import start
 
 NODES = [
     ("mixed", "none", ()),
@@ -60,20 +61,8 @@ def test_explain_s_node_is_what_run_publishes(
     assert any(name.endswith("-vfio") for name in explained_devices)
     node = sim_profile_name(profile)
     api.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
-    driver = DriverProcess(
-        root,
-        api.write_kubeconfig(root / "kubeconfig"),
-        "--passthrough",
-        "true",
-        "--passthrough-host-root",
-        str(root / "host"),
-        "--mig-mode",
-        mig_mode,
-        *flags,
-        "--node-name",  # after DriverProcess's own, so this one counts
-        node,
-        profile=profile,
-    )
+    # --node-name comes after DriverProcess's own, so this one counts.
+    driver = start(root, api, "--mig-mode", mig_mode, *flags, "--node-name", node, profile=profile)
     try:
         driver.wait_ready()
         # The publisher writes the pool's slices one by one: wait until every device is there, then compare.

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support.kubelet_plugin_fakes import DRIVER, make_claim
+from support.short_dirs import short_dir
 
 from dradriver.plugin.kubeletplugin.kubelet_client import Claim, KubeletClient, discover
 
@@ -22,10 +21,9 @@ TIMEOUT = 20.0
 
 @pytest.fixture
 def dirs() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
-    (path / "claims.json").write_text(json.dumps([make_claim("a", "uid-a")]))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    with short_dir("dra-") as path:
+        (path / "claims.json").write_text(json.dumps([make_claim("a", "uid-a")]))
+        yield path
 
 
 def start(dirs: Path) -> subprocess.Popen[str]:

@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import stat
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -36,6 +34,7 @@ from support import required
 from support.driver_layouts import LAYOUTS, VERSION, Layout, build_layout, build_stubs, need_layout_tools
 from support.gpu_host import GpuHost, build_gpu_host, need_mknod
 from support.nodes import inventory_of
+from support.short_dirs import short_dir
 
 from dradriver.gpu.caps import ProcMigCapabilities
 from dradriver.gpu.inventory import GpuDevice, MigPartition
@@ -109,15 +108,12 @@ def world() -> Iterator[World]:
     need_layout_tools()
     need_mknod()
     nvcdi, hook = built("build-nvcdi", "NVIDIA's CDI generator"), built("build-cdi-hook", "nvidia-cdi-hook")
-    base = Path(tempfile.mkdtemp(prefix="dra-nvcdi-", dir="/tmp"))
-    try:
+    with short_dir("dra-nvcdi-") as base:
         stubs = build_stubs(base / "stubs", VERSION)
         layouts = {name: build_layout(name, base / "roots", stubs) for name in LAYOUTS}
         node_file = base / "node.json"
         node_file.write_text(json.dumps(mock_node()))
         yield World(base, build_gpu_host(base / "node", INVENTORY), layouts, nvcdi, hook, node_file)
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def mock_node() -> dict[str, Any]:

@@ -23,7 +23,11 @@ VFIO = "gpu-0000-1b-00-0-vfio"
 GROUP = 20  # the simulated node's IOMMU groups start there (sim/sysfs.py)
 
 
-def start(root: Path, api: FakeApiServer, *, rescan_interval: str = "0") -> DriverProcess:
+def start(
+    root: Path, api: FakeApiServer, *extra: str, rescan_interval: str = "0", profile: str = PROFILE
+) -> DriverProcess:
+    """`dradriver run --passthrough` on the simulated node in ``root`` (its sysfs in ``root/host``); ``extra`` flags
+    come last, so they override the ones before."""
     return DriverProcess(
         root,
         api.write_kubeconfig(root / "kubeconfig"),
@@ -33,7 +37,8 @@ def start(root: Path, api: FakeApiServer, *, rescan_interval: str = "0") -> Driv
         str(root / "host"),
         "--rescan-interval",
         rescan_interval,
-        profile=PROFILE,
+        *extra,
+        profile=profile,
     )
 
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.kubelet_plugin_fakes import DRIVER, FakeClaimSource, FakeHandler
+from support.short_dirs import short_dir
 
 from dradriver.plugin.handler import HealthBoard
 from dradriver.plugin.kubeletplugin.kubelet_client import KubeletClient
@@ -19,10 +18,8 @@ from dradriver.plugin.kubeletplugin.plugin import KubeletPlugin, KubeletPluginOp
 
 @pytest.fixture
 def sock_dir() -> Iterator[Path]:
-    """A short directory under /tmp: pytest's tmp_path can exceed the 107-byte unix socket path limit."""
-    path = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    with short_dir("dra-") as path:
+        yield path
 
 
 @pytest.fixture
