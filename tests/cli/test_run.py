@@ -10,7 +10,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 import pytest
 
@@ -294,7 +294,7 @@ def _node(tmp_path, *, pod_uid=None, **parts):
         publishing=PublishingOptions(rescan_interval=0),
         sharing=SharingOptions(),
         driver_root=_root_options(),
-        dirs=SimpleNamespace(plugin=tmp_path / "plugin"),
+        dirs=SimpleNamespace(plugin=tmp_path / "plugin", state=tmp_path / "plugin"),
     )
     return SimpleNamespace(
         options=options,
@@ -395,10 +395,12 @@ def test_an_in_place_driver_upgrade_is_followed_for_new_prepares_naming_claims_o
     assert "upgraded in place from 580.65.06 to 590.10.01" in caplog.text and "claims=claim-a,claim-b" in caplog.text
     # New MPS daemons start from the new driver's files too (daemons already serving keep theirs).
     [commands] = mps_uses
-    assert str(commands["env"]["LD_LIBRARY_PATH"]).startswith(str(root))  # type: ignore[index]
-    # And a reset or time-slice runs the new driver's nvidia-smi with its libraries.
+    links = Path(commands["env"]["LD_LIBRARY_PATH"])  # type: ignore[index]
+    assert (links / "libcuda.so.1").resolve().name == "libcuda.so.590.10.01"
+    # And a reset or time-slice runs the new driver's nvidia-smi with its NVML.
     assert lib.nvidia_smi.command == (str(root / "usr/bin/nvidia-smi"),)
-    assert dict(lib.nvidia_smi.env)["LD_LIBRARY_PATH"].startswith(str(root))
+    [nvml] = lib.nvidia_smi.preload
+    assert nvml.startswith(str(root)) and nvml.endswith("libnvidia-ml.so.590.10.01")
 
 
 def test_a_wrapped_mps_daemon_is_named_by_its_host_paths(tmp_path):
@@ -416,19 +418,27 @@ def test_a_wrapped_mps_daemon_is_named_by_its_host_paths(tmp_path):
     wrapped = SharingOptions(
         mps_daemon_wrapper=("nsenter", "--target", "1", "--mount", "--", "systemd-run", "--scope", "--")
     )
-    commands = mps_commands(wrapped, root, simulated=False)
+    state = tmp_path / "state"
+    commands = mps_commands(wrapped, root, simulated=False, state_dir=state)
     # The wrapper apart: the daemon's shm mount namespace goes between it and the daemon (docs/sharing.md).
     assert commands["wrapper"] == ["nsenter", "--target", "1", "--mount", "--", "systemd-run", "--scope", "--"]
     daemon = commands["daemon_command"]
-    assert daemon[0] == "env" and daemon[1].startswith("LD_LIBRARY_PATH=/run/nvidia/driver/")
-    # The control daemon starts nvidia-cuda-mps-server for its first client: from its own directory, first on PATH.
+    # Its libraries: links to the host's paths, in the state directory (the same path on the host).
+    host_links = state / "driver-libraries/580.65.06-host"
+    assert daemon[:2] == ["env", f"LD_LIBRARY_PATH={host_links}"]
+    assert (
+        os.readlink(host_links / "libcuda.so.1") == "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06"
+    )
+    # The control daemon starts nvidia-cuda-mps-server for its first client: its own directory goes first on PATH.
     assert daemon[2] == "PATH=/run/nvidia/driver/usr/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     assert daemon[3] == "/run/nvidia/driver/usr/bin/nvidia-cuda-mps-control"
     assert commands["command"][0].startswith(str(mounted))  # control calls stay in the container
-    unwrapped = mps_commands(SharingOptions(), root, simulated=False)
-    assert unwrapped["wrapper"] == [] and unwrapped["daemon_command"] == []
-    # Unwrapped, the daemon runs in this container: the binary's directory where the container mounts the root.
-    assert unwrapped["env"]["PATH"].startswith(f"{mounted}/usr/bin:")
+    unwrapped = mps_commands(SharingOptions(), root, simulated=False, state_dir=state)
+    # Unwrapped, the daemon runs in this container: the binary's directory where the container mounts the root,
+    # on the daemon's PATH alone (on the plugin's own, `unshare` would be the host's, run on this image's loader).
+    assert unwrapped["wrapper"] == [] and "PATH" not in unwrapped["env"]
+    assert unwrapped["daemon_command"][1].startswith(f"PATH={mounted}/usr/bin:")
+    assert unwrapped["daemon_command"][2] == f"{mounted}/usr/bin/nvidia-cuda-mps-control"
 
 
 def test_the_mps_shm_size_is_a_quantity_of_at_least_one_mebibyte():

@@ -1,7 +1,9 @@
-"""The driver's own `nvidia-smi` (GPU reset, time-slice: NVML has no public call for either) is the driver root's,
-run with the driver root's libraries: in the driver's pod it is at /driver-root/usr/bin/nvidia-smi or below
-/usr/local/nvidia, on no PATH, and its libnvidia-ml is in no loader cache of the image. Where the root has none,
-the one on PATH is tried, as before."""
+"""The driver's own tools run from its pod with the driver root's libraries and never the host's C library.
+
+`nvidia-smi` (GPU reset, time-slice: NVML has no public call for either) is the driver root's, with the root's
+libnvidia-ml preloaded (the image's loader knows none; /usr/local/nvidia/bin is on no PATH). The MPS daemon's
+LD_LIBRARY_PATH is a directory of links to the driver's libraries alone: on a Debian-like root the libraries'
+own directory holds that system's libc.so.6 too, which this image's processes must never load."""
 
 from __future__ import annotations
 
@@ -10,10 +12,12 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from dradriver.cli.run_assembly import nvidia_smi_of, use_driver_tools
+from dradriver.cli.flags.sharing import SharingOptions
+from dradriver.cli.run_assembly import mps_commands, nvidia_smi_of, use_driver_tools
 from dradriver.gpu.errors import GpuError
 from dradriver.gpu.nvml import NvidiaSmi, NvmlGpuLib
-from dradriver.nvidia_install.driver_root import DriverFile, DriverRoot
+from dradriver.nvidia_install.driver_root import DriverFile, DriverRoot, discover_driver_root
+from dradriver.sim.driver_root import write_stub_driver_root
 from dradriver.sim.fakelib import SimMigCapabilities, SimPciTopology, fake_pynvml
 from dradriver.sim.node import SimulatedNode
 from dradriver.sim.profiles import load_node_profile
@@ -21,21 +25,23 @@ from dradriver.sim.profiles import load_node_profile
 # A root laid out as the lent H100 host's (driver 580 in /usr/local/nvidia), seen by the container at its path.
 SMI = PurePosixPath("usr/local/nvidia/bin/nvidia-smi")
 LIBRARIES = PurePosixPath("usr/local/nvidia/lib64")
+NVML = "libnvidia-ml.so.580.95.05"
 RECORDING_SMI = """#!/bin/sh
 printf '%s\\n' "$*" >>"$(dirname "$0")/calls"
-printf '%s\\n' "$LD_LIBRARY_PATH" >>"$(dirname "$0")/library-paths"
+printf '%s\\n' "$LD_PRELOAD" >>"$(dirname "$0")/preloads"
 """
 
 
 def driver_root(container_root: Path, *, binaries: tuple[PurePosixPath, ...] = (SMI,)) -> DriverRoot:
     libcuda = DriverFile(LIBRARIES / "libcuda.so.580.95.05", ("/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05",))
+    nvml = DriverFile(LIBRARIES / NVML, (f"/usr/lib/x86_64-linux-gnu/{NVML}",))
     return DriverRoot(
         host_root=PurePosixPath("/"),
         container_root=container_root,
         version="580.95.05",
         machine="x86_64",
         libcuda=libcuda,
-        libraries=(libcuda,),
+        libraries=(libcuda, nvml),
         symlinks=(),
         firmware=(),
         binaries=tuple(DriverFile(b, (f"/usr/bin/{b.name}",)) for b in binaries),
@@ -74,14 +80,16 @@ def calls(root: Path) -> list[str]:
     return (root / SMI.parent / "calls").read_text().splitlines()
 
 
-def test_the_time_slice_is_set_with_the_driver_root_s_nvidia_smi_and_its_libraries(root: Path, lib: NvmlGpuLib) -> None:
+def test_the_time_slice_is_set_with_the_driver_root_s_nvidia_smi_and_its_nvml_preloaded(
+    root: Path, lib: NvmlGpuLib
+) -> None:
     gpu = lib.gpus()[0].uuid
     use_driver_tools(lib, driver_root(root), simulated=False)
 
     lib.set_timeslice(gpu, 2)
 
     assert calls(root) == [f"compute-policy -i {gpu} --set-timeslice 2"]
-    assert (root / SMI.parent / "library-paths").read_text().splitlines() == [str(root / LIBRARIES)]
+    assert (root / SMI.parent / "preloads").read_text().splitlines() == [str(root / LIBRARIES / NVML)]
 
 
 def test_a_gpu_reset_runs_the_same_nvidia_smi(root: Path, lib: NvmlGpuLib) -> None:
@@ -103,3 +111,27 @@ def test_a_missing_nvidia_smi_is_an_error_naming_the_path_tried(tmp_path: Path, 
 
     with pytest.raises(GpuError, match=rf"cannot run {tmp_path / SMI} to set the time-slice"):
         lib.set_timeslice(gpu, 1)
+
+
+def test_the_mps_daemon_s_libraries_are_the_driver_s_alone_where_they_sit_beside_the_host_s_libc(
+    tmp_path: Path,
+) -> None:
+    # A Debian or Ubuntu host's root, as `--driver-root /` mounts it: libcuda in the multiarch directory, beside
+    # the host's own C library.
+    mounted = write_stub_driver_root(tmp_path / "driver-root", "580.65.06", machine="x86_64")
+    multiarch = mounted / "usr/lib/x86_64-linux-gnu"
+    (multiarch / "libc.so.6").write_text("the host's glibc\n")
+    root = discover_driver_root(host_root="/", container_root=mounted, version="580.65.06", machine="x86_64")
+    state = tmp_path / "state"
+
+    commands = mps_commands(SharingOptions(), root, simulated=False, state_dir=state)
+
+    links = Path(commands["env"]["LD_LIBRARY_PATH"])
+    assert links.parent == state / "driver-libraries" and not (links / "libc.so.6").exists()
+    assert (links / "libcuda.so.1").resolve() == multiarch / "libcuda.so.580.65.06"
+    assert (links / "libnvidia-ml.so.1").resolve() == multiarch / "libnvidia-ml.so.580.65.06"
+    assert all(link.resolve().parent == multiarch for link in links.iterdir())
+    # Asked again (a restart, the next claim), the same directory is kept as it is.
+    inode = links.stat().st_ino
+    assert mps_commands(SharingOptions(), root, simulated=False, state_dir=state)["env"] == commands["env"]
+    assert links.stat().st_ino == inode

@@ -135,7 +135,11 @@ class Rescanner:
         node.driver.cdi.driver_root = fresh
         use_driver_tools(node.gpus.lib, fresh, simulated=node.gpus.simulated)
         if node.driver.sharing.mps is not None:  # new daemons start the new driver's binary and libraries
-            node.driver.sharing.mps.use(**mps_commands(node.options.sharing, fresh, simulated=node.gpus.simulated))
+            node.driver.sharing.mps.use(
+                **mps_commands(
+                    node.options.sharing, fresh, simulated=node.gpus.simulated, state_dir=node.options.dirs.state
+                )
+            )
         prepared = sorted(record.uid for record in node.checkpoint.records())
         log.warning(
             "NVIDIA driver upgraded in place from %s to %s: new prepares use the new files; prepared claims keep "

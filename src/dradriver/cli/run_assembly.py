@@ -56,6 +56,7 @@ from dradriver.gpu.nvfm import NvfmFabricManager
 from dradriver.gpu.nvml import NvidiaSmi, NvmlGpuLib
 from dradriver.nvidia_install.cdi import CdiWriter
 from dradriver.nvidia_install.driver_root import DriverRoot, find_library
+from dradriver.nvidia_install.library_links import library_links
 from dradriver.nvidia_install.pci_binding import HostPci, SysfsWriter
 from dradriver.plugin.cluster import ClusterError, NotFoundError, kubernetes_minor_version
 from dradriver.plugin.cluster.claim_status import ClaimStatusWriter
@@ -433,7 +434,7 @@ def build_driver(
     mps = MpsControl(
         root=options.dirs.state / "mps",
         shm_size=options.sharing.mps_shm_size,
-        **mps_commands(options.sharing, gpus.driver_root, simulated=gpus.simulated),
+        **mps_commands(options.sharing, gpus.driver_root, simulated=gpus.simulated, state_dir=options.dirs.state),
     )
     name, node = options.driver_name, options.node.name
     return GpuDriver(
@@ -583,60 +584,65 @@ def start_compute_domains(node: NodeDriver) -> ComputeDomainPlugin:
     )
 
 
-def _driver_library_path(driver_root: DriverRoot) -> str:
-    """LD_LIBRARY_PATH for the driver's own tools run from this process: the directories of the driver root the
-    libraries came from, where this container sees them."""
-    return ":".join(str(driver_root.container_root / d) for d in driver_root.source_dirs)
-
-
 def use_driver_tools(lib: GpuLib, driver_root: DriverRoot, *, simulated: bool) -> None:
-    """NVML's backend runs the driver root's ``nvidia-smi`` (GPU reset, time-slice), with its libraries: in the
-    driver's pod neither is on PATH or in the loader's cache (at start, and after an in-place driver upgrade)."""
+    """NVML's backend runs the driver root's ``nvidia-smi`` (GPU reset, time-slice) with the root's NVML preloaded:
+    the image's loader finds no libnvidia-ml.so.1 of its own (at start, and after an in-place driver upgrade)."""
     if not simulated and isinstance(lib, NvmlGpuLib):
         lib.use_nvidia_smi(nvidia_smi_of(driver_root))
 
 
 def nvidia_smi_of(driver_root: DriverRoot) -> NvidiaSmi:
-    """The driver root's ``nvidia-smi`` as this process runs it; the one on PATH where the root has none."""
+    """The driver root's ``nvidia-smi`` as this process runs it, with the root's ``libnvidia-ml`` in LD_PRELOAD
+    (what NVIDIA's DRA driver does too; never LD_LIBRARY_PATH, whose directory may hold the host's C library); the
+    one on PATH where the root has none."""
     binary = next((b.path for b in driver_root.binaries if b.path.name == "nvidia-smi"), None)
     if binary is None:
         return NvidiaSmi()
-    libraries = _driver_library_path(driver_root)
-    return NvidiaSmi(
-        (str(driver_root.container_root / binary),), (("LD_LIBRARY_PATH", libraries),) if libraries else ()
-    )
+    nvml = next((f.path for f in driver_root.libraries if f.path.name.startswith("libnvidia-ml.so")), None)
+    preload = (str(driver_root.container_root / nvml),) if nvml is not None else ()
+    return NvidiaSmi((str(driver_root.container_root / binary),), preload)
 
 
-def mps_commands(sharing: SharingOptions, driver_root: DriverRoot, *, simulated: bool) -> dict[str, Any]:
+def mps_commands(
+    sharing: SharingOptions, driver_root: DriverRoot, *, simulated: bool, state_dir: Path
+) -> dict[str, Any]:
     """MpsControl's commands and daemon environment for ``driver_root`` (at start, and after an in-place driver
-    upgrade). The daemon loads libcuda like any CUDA program: from the driver root, wherever the host keeps it; and
-    it starts ``nvidia-cuda-mps-server`` for its first client, from the control binary's directory put first on
-    PATH (the driver root's binaries are on no PATH of the driver's pod or of the host)."""
-    env = {} if simulated else {"LD_LIBRARY_PATH": _driver_library_path(driver_root)}
-    control = _mps_binary(driver_root)
-    if not simulated and not sharing.mps_control_command and control is not None:
-        env["PATH"] = f"{(driver_root.container_root / control).parent}:{os.environ.get('PATH', STANDARD_PATH)}"
+    upgrade). The daemon loads libcuda like any CUDA program, from a directory of links to the driver root's
+    libraries alone (nvidia_install/library_links.py: the directories they came from may hold the host's C
+    library, which the image's processes started with the same environment must never load)."""
+    env = {} if simulated else {"LD_LIBRARY_PATH": str(library_links(driver_root, state_dir, host=False))}
     wrapper = list(sharing.mps_daemon_wrapper)
+    daemon = _mps_daemon_command(sharing, driver_root, simulated=simulated, state_dir=state_dir, wrapped=bool(wrapper))
     return {
         "command": _mps_command(sharing, driver_root, simulated=simulated),
-        "daemon_command": _mps_daemon_command(sharing, driver_root, simulated=simulated) if wrapper else [],
+        "daemon_command": daemon,
         "wrapper": wrapper,
         "env": env,
     }
 
 
-def _mps_daemon_command(sharing: SharingOptions, driver_root: DriverRoot, *, simulated: bool) -> list[str]:
-    """How a claim's daemon starts after --mps-daemon-wrapper. The wrapper runs it in the host's namespaces, where
-    the driver root is at its host path: the binary and its libraries are named there (a simulated node's
-    stand-in, or an explicit --mps-control-command, are taken as given)."""
+def _mps_daemon_command(
+    sharing: SharingOptions, driver_root: DriverRoot, *, simulated: bool, state_dir: Path, wrapped: bool
+) -> list[str]:
+    """How a claim's daemon starts ([]: as the control command). It starts ``nvidia-cuda-mps-server`` for its first
+    client, found on its PATH: the control binary's directory goes first there, in the daemon's environment only
+    (on the driver's own PATH it would also pick the host's ``nsenter`` or ``unshare`` over the image's). After
+    --mps-daemon-wrapper it runs in the host's namespaces, where the driver root is at its host path: the binary
+    and its libraries are named there (a simulated node's stand-in, or an explicit --mps-control-command, are
+    taken as given)."""
     if simulated or sharing.mps_control_command:
-        return _mps_command(sharing, driver_root, simulated=simulated)
-    host = driver_root.host_root
-    libraries = ":".join(str(host / d) for d in driver_root.source_dirs)
+        return _mps_command(sharing, driver_root, simulated=simulated) if wrapped else []
     binary = _mps_binary(driver_root)
+    if not wrapped:
+        if binary is None:
+            return []
+        located = driver_root.container_root / binary
+        return ["env", f"PATH={located.parent}:{os.environ.get('PATH', STANDARD_PATH)}", str(located)]
+    libraries = f"LD_LIBRARY_PATH={library_links(driver_root, state_dir, host=True)}"
     if binary is None:
-        return ["env", f"LD_LIBRARY_PATH={libraries}", *DEFAULT_COMMAND]
-    return ["env", f"LD_LIBRARY_PATH={libraries}", f"PATH={(host / binary).parent}:{STANDARD_PATH}", str(host / binary)]
+        return ["env", libraries, *DEFAULT_COMMAND]
+    host = driver_root.host_root / binary
+    return ["env", libraries, f"PATH={host.parent}:{STANDARD_PATH}", str(host)]
 
 
 def _mps_binary(driver_root: DriverRoot) -> PurePosixPath | None:

@@ -195,12 +195,13 @@ class SysfsPciTopology:
 @dataclass(frozen=True)
 class NvidiaSmi:
     """How this process runs the driver's ``nvidia-smi``, for the two things NVML has no public call for. In the
-    driver's pod the tool is the driver root's (``/driver-root/usr/bin/nvidia-smi``, not on PATH, its
-    libnvidia-ml found through ``LD_LIBRARY_PATH``): ``dradriver run`` says where once it found the root
-    (:meth:`NvmlGpuLib.use_nvidia_smi`); until then, and outside a pod, the one on PATH."""
+    driver's pod the tool is the driver root's (``/driver-root/usr/bin/nvidia-smi``, or below
+    ``/usr/local/nvidia``), and the image's loader finds no ``libnvidia-ml.so.1``: ``preload`` names the root's, so
+    the tool's own ``dlopen`` of the soname finds it loaded. ``dradriver run`` says which once it found the root
+    (:meth:`NvmlGpuLib.use_nvidia_smi`); until then, and outside a pod, the one on PATH as it is."""
 
     command: tuple[str, ...] = ("nvidia-smi",)
-    env: tuple[tuple[str, str], ...] = ()  # added to this process's environment
+    preload: tuple[str, ...] = ()  # put before any LD_PRELOAD this process has
 
     def reset(self, gpu_uuid: str) -> None:
         """Reset a GPU with ``nvidia-smi --gpu-reset`` (mig-parted does the same)."""
@@ -224,6 +225,12 @@ class NvidiaSmi:
                 f"setting the time-slice failed: {(done.stdout + done.stderr).strip()}", device=gpu_uuid, call=call
             )
 
+    def _env(self) -> dict[str, str]:
+        if not self.preload:
+            return dict(os.environ)
+        preload = [*self.preload, *(p for p in os.environ.get("LD_PRELOAD", "").split(":") if p)]
+        return {**os.environ, "LD_PRELOAD": ":".join(preload)}
+
     def _run(
         self, arguments: list[str], gpu_uuid: str, call: str, purpose: str, *, timeout: float = 60
     ) -> subprocess.CompletedProcess[str]:
@@ -234,7 +241,7 @@ class NvidiaSmi:
                 text=True,
                 timeout=timeout,
                 check=False,
-                env={**os.environ, **dict(self.env)},
+                env=self._env(),
             )
         except (OSError, subprocess.TimeoutExpired) as err:
             raise GpuError(f"cannot run {self.command[0]} to {purpose}: {err}", device=gpu_uuid, call=call) from err
