@@ -215,9 +215,8 @@ def run_command(cfg: SessionConfig, dirs: NodeDirs, kubeconfig: Path, extra: lis
     command += ["--log-format", "json", "--metrics-address", "127.0.0.1:0", "--usage-interval", "1"]
     command += ["--mig-mode", "static", "--wait-for-driver", "0", "--cdi-hook-source", "none"]
     if cfg.real:
+        # MPS's control binary as a node finds it: discovered in the driver root (no --mps-control-command).
         command += ["--gpu-backend", "nvml", "--driver-root", "/"]
-        if cfg.mps_control:
-            command += ["--mps-control-command", cfg.mps_control]
     else:
         command += [
             "--gpu-backend",
