@@ -135,3 +135,14 @@ def test_the_mps_daemon_s_libraries_are_the_driver_s_alone_where_they_sit_beside
     inode = links.stat().st_ino
     assert mps_commands(SharingOptions(), root, simulated=False, state_dir=state)["env"] == commands["env"]
     assert links.stat().st_ino == inode
+
+
+def test_links_that_no_longer_match_the_root_are_rewritten(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    first = write_stub_driver_root(tmp_path / "first", "580.65.06", machine="x86_64")
+    second = write_stub_driver_root(tmp_path / "second", "580.65.06", machine="x86_64")
+    for mounted in (first, second):
+        root = discover_driver_root(host_root="/", container_root=mounted, version="580.65.06", machine="x86_64")
+        links = Path(mps_commands(SharingOptions(), root, simulated=False, state_dir=state)["env"]["LD_LIBRARY_PATH"])
+        assert (links / "libcuda.so.1").resolve().is_relative_to(mounted)
+    assert [p.name for p in links.parent.iterdir()] == ["580.65.06-container"]  # nothing left aside

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import tempfile
 from pathlib import Path, PurePosixPath
 
 from dradriver.nvidia_install.driver_root import DriverRoot
@@ -35,15 +36,22 @@ def library_links(driver_root: DriverRoot, state_dir: Path, *, host: bool) -> Pa
     directory = state_dir / LINKS_DIR / f"{driver_root.version}-{'host' if host else 'container'}"
     if _links_in(directory) == wanted:
         return directory
-    staging = directory.with_name(f".{directory.name}.{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    # Made aside and renamed into place: two pods of a rolling update (each PID 1 in its container) never share a
+    # half-written directory.
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
     for name, target in wanted.items():
         (staging / name).symlink_to(target)
-    old = directory.with_name(f".{directory.name}.{os.getpid()}.old")
+    old = Path(tempfile.mkdtemp(prefix=f".{directory.name}.old.", dir=directory.parent))
     with contextlib.suppress(FileNotFoundError):
-        directory.rename(old)
-    staging.rename(directory)
+        directory.replace(old / "links")
+    staging.chmod(0o755)
+    try:
+        staging.rename(directory)
+    except OSError:
+        if _links_in(directory) != wanted:  # not another pod's identical links, written meanwhile
+            raise
+        shutil.rmtree(staging, ignore_errors=True)
     shutil.rmtree(old, ignore_errors=True)
     return directory
 
