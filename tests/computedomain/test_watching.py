@@ -134,7 +134,9 @@ def test_a_new_domain_gets_its_objects_and_an_idle_controller_sends_no_requests(
     running = start()
     uid = _domain(rest, "job")
     _wait("the DaemonSet", lambda: rest.find(_daemonset_path(uid)))
-    assert rest.find(path_of("resource.k8s.io/v1", "resourceclaimtemplates", "team", "job-ch"))
+    # Created after the DaemonSet, in the same pass: a loaded machine may show the one before the other.
+    template = path_of("resource.k8s.io/v1", "resourceclaimtemplates", "team", "job-ch")
+    _wait("the workload's claim template", lambda: rest.find(template))
     _daemon_pod(rest, uid, "node-a", ready=True)
     _wait("the domain Ready", lambda: _ready(rest, "job"))
     running.settled()
